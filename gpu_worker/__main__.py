@@ -1,0 +1,19 @@
+"""python -m gpu_worker {pack,boot} ..."""
+import sys
+
+USAGE = "usage: python -m gpu_worker {pack,boot} [options]  (--help after a command for its options)"
+
+
+def main(argv):
+    if not argv or argv[0] not in ("pack", "boot"):
+        print(USAGE, file=sys.stderr)
+        return 2
+    if argv[0] == "pack":
+        from .pack import main as command
+    else:
+        from .boot import main as command
+    return command(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

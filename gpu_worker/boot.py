@@ -1,0 +1,63 @@
+"""`python -m gpu_worker boot --ccir F --journal DIR --service-grants G [--device cpu|cuda]`."""
+import argparse
+import logging
+import os
+import sys
+
+from .grants import GrantFileError, Grants
+
+
+def _device_name(choice):
+    import torch
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("boot: --device cuda requested but no CUDA device is available")
+    return choice
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(prog="python -m gpu_worker boot")
+    parser.add_argument("--ccir", required=True, help="the complete runtime file")
+    parser.add_argument("--journal", required=True, help="journal directory (holds service.sock)")
+    parser.add_argument("--service-grants", required=True, help="deployment grant file written by the gateway")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s device %(levelname)s %(message)s")
+
+    from .device import Device, DeviceBootError
+    from .journal import JournalError
+    from .runtime_file import RuntimeFile, RuntimeFileError
+    from .server import Server
+
+    def fail(message, code=2):
+        print(f"boot: {message}", file=sys.stderr, flush=True)
+        return code
+
+    try:
+        grants = Grants(args.service_grants)
+    except GrantFileError as exc:
+        return fail(str(exc))
+    try:
+        runtime = RuntimeFile.open(args.ccir)
+    except (OSError, RuntimeFileError) as exc:
+        return fail(f"cannot open runtime file {args.ccir}: {exc}")
+    try:
+        os.makedirs(args.journal, exist_ok=True)
+        device = Device(runtime, args.journal, grants, device=_device_name(args.device))
+    except (JournalError, RuntimeFileError, DeviceBootError, OSError) as exc:
+        return fail(str(exc), 3)
+    socket_path = os.path.join(args.journal, "service.sock")
+
+    def ready():
+        print(f"device ready: socket {socket_path} boot {device.boot} recovered {device.recovered} transfers "
+              f"in {device.boot_seconds:.3f}s on {device.tables.device}"
+              + (f"; {device.dropped}" if device.dropped else ""), flush=True)
+
+    try:
+        Server(device, socket_path).run(on_ready=ready)
+    except JournalError as exc:
+        return fail(f"stopped on journal error, restart to recover: {exc}", 1)
+    finally:
+        device.close()
+    return 0

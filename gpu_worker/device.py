@@ -1,0 +1,443 @@
+"""The device state machine: tables, receipts, the mutation protocol and the journal.
+
+Everything here runs on one owner thread (see server.py). A tick takes a batch of commands:
+reads are answered first, against state that is entirely saved; then mutations are validated,
+applied and appended to the journal until the tick's 16-record budget is used (the rest wait
+for the next tick); then one commit_tick (one fdatasync) makes them saved and their replies go
+out. Replay at boot runs the same apply functions over the recovered transfers, so a receipt
+read after a restart is rebuilt from the same values and renders to the same bytes.
+"""
+import bisect
+import logging
+import time
+from dataclasses import dataclass
+from enum import IntEnum
+
+import msgpack
+
+from . import ids
+from .journal import (MAX_RECORDS_PER_TICK, JournalLock, JournalWriter, TransferKind, record_count,
+                      recover)
+from .filelayer import OsFileLayer
+from .protocol import DeviceError, dumps, reply
+from .tables import P, R, Source, Tables, Terminal, join16, split16
+
+log = logging.getLogger("gpu_worker.device")
+
+MUTATION_SCHEMA = "aotx.shared.mutation.v1"
+RECEIPT_SCHEMA = "aotx.shared.receipt.v1"
+ADMISSION_VERSION = 1
+BASE = "/aotx/v1/shared"
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 200
+
+
+class Kind(IntEnum):
+    PARTICIPANT_REGISTER = 1
+
+
+KIND_NAMES = {Kind.PARTICIPANT_REGISTER: "participant.register"}
+TERMINAL_NAMES = {t: t.name.lower() for t in Terminal if t != Terminal.NONE}
+SOURCE_NAMES = {Source.JOURNAL: "journal", Source.FILE: "file"}
+
+
+@dataclass
+class Admission:
+    """The decoded admission transfer: what the journal records for one new operation."""
+    kind: int
+    principal: bytes
+    sequence: int
+    key: bytes
+    op: bytes
+    target: bytes
+    canonical: bytes
+
+    def encode(self):
+        return msgpack.packb([ADMISSION_VERSION, self.kind, self.principal, self.sequence, self.key,
+                              self.op, self.target, self.canonical], use_bin_type=True)
+
+    @classmethod
+    def decode(cls, payload):
+        fields = msgpack.unpackb(payload, raw=False)
+        if not isinstance(fields, list) or len(fields) != 8 or fields[0] != ADMISSION_VERSION:
+            raise ValueError("unknown admission layout")
+        return cls(*fields[1:])
+
+
+class Device:
+    def __init__(self, runtime, journal_dir, grants, *, device="cpu", fs=None):
+        self.runtime = runtime
+        self.incarnation = runtime.incarnation
+        self.generation = runtime.generation
+        profile = runtime.shared_profile
+        if profile is None:
+            raise DeviceBootError(f"runtime file {runtime.path} has no shared profile; run pack --shared")
+        runtime.check_bootable()
+        self.capacities = profile["capacities"]
+        self.tables = Tables(self.capacities, device)
+        self.grants = grants
+        self.fs = fs or OsFileLayer()
+        self.journal_dir = journal_dir
+        self.lock = JournalLock(journal_dir)
+        # host-side indexes only: ID -> row; the tensors hold every value
+        self.by_principal = {}      # principal bytes -> participant row
+        self.participant_ids = {}   # participant row -> (principal, lineage raw, participant raw)
+        self.by_sequence = {}       # (participant row, sequence) -> receipt row
+        self.by_key = {}            # (participant row, key) -> receipt row
+        self.by_op = {}             # op raw -> receipt row
+        self.sequences = {}         # participant row -> ascending sequences with a live receipt
+        self.free_receipts = list(range(self.capacities["receipts"] - 1, -1, -1))
+        self.free_participants = list(range(self.capacities["participants"] - 1, -1, -1))
+        self.admissions = 0
+        self._pending = {}          # journal transfer seq -> receipt row awaiting its save
+        self.boot = 0
+        self._save_generation = self.generation
+        started = time.perf_counter()
+        try:
+            recovery = recover(journal_dir, self.fs, self.incarnation)
+            for transfer in recovery.transfers:
+                self._replay(transfer)
+        except Exception:
+            self.lock.release()
+            raise
+        self.recovered = len(recovery.transfers)
+        self.dropped = recovery.dropped
+        if recovery.dropped:
+            log.warning("%s", recovery.dropped)
+        self.writer = JournalWriter(journal_dir, self.fs, self.incarnation, recovery)
+        self.boot += 1
+        self._save_generation = self.generation
+        self.writer.append(TransferKind.BOOT, msgpack.packb({"boot": self.boot, "generation": self.generation}))
+        while self.writer.queued_records:
+            self.writer.commit_tick()
+        self.boot_seconds = time.perf_counter() - started
+
+    def close(self):
+        self.writer.close()
+        self.lock.release()
+
+    # ---- replay -------------------------------------------------------------------------
+
+    def _replay(self, transfer):
+        if transfer.kind == TransferKind.BOOT:
+            info = msgpack.unpackb(transfer.payload, raw=False)
+            self.boot = info["boot"]
+            self._save_generation = info["generation"]
+        elif transfer.kind == TransferKind.ADMISSION:
+            rrow = self._apply_admission(Admission.decode(transfer.payload))
+            self._mark_saved(rrow, transfer, terminal=True)
+        else:
+            raise DeviceBootError(f"journal transfer {transfer.seq} has kind {transfer.kind} this device cannot replay")
+
+    # ---- the tick ------------------------------------------------------------------------
+
+    def tick(self, batch):
+        """batch: list of (conn, msg). Returns (replies [(conn, reply)], deferred [(conn, msg)])."""
+        try:
+            self.grants.reload()
+        except Exception as exc:  # a half-written grant file must not stop the device
+            log.warning("grant reload failed, keeping previous grants: %s", exc)
+        replies, mutations = [], []
+        for conn, msg in batch:
+            handler = MUTATIONS.get(msg.get("op"))
+            if handler is not None:
+                mutations.append((conn, msg, handler))
+            else:
+                replies.append((conn, self._read(msg)))
+        waiting, deferred = [], []
+        budget = MAX_RECORDS_PER_TICK
+        for i, (conn, msg, handler) in enumerate(mutations):
+            try:
+                outcome = handler(self, msg, budget)
+            except DeviceError as err:
+                replies.append((conn, reply(msg.get("id"), err.status, err.body())))
+                continue
+            if outcome is None:  # does not fit this tick's record budget
+                deferred.extend((c, m) for c, m, _ in mutations[i:])
+                break
+            status, rrow, records = outcome
+            budget -= records
+            waiting.append((conn, msg.get("id"), status, rrow))
+        while self.writer.queued_records:
+            for transfer in self.writer.commit_tick():
+                rrow = self._pending.pop(transfer.seq, None)
+                if rrow is not None:
+                    self._mark_saved(rrow, transfer, terminal=True)
+        for conn, req_id, status, rrow in waiting:
+            replies.append((conn, self._receipt_reply(req_id, status, rrow)))
+        return replies, deferred
+
+    def _read(self, msg):
+        req_id = msg.get("id")
+        handler = READS.get(msg.get("op"))
+        try:
+            if handler is None:
+                raise DeviceError(400, "unknown_command", f"unknown device command {msg.get('op')!r}")
+            status, body = handler(self, msg)
+            return reply(req_id, status, dumps(body))
+        except DeviceError as err:
+            return reply(req_id, err.status, err.body())
+
+    # ---- principals, grants, participants ----------------------------------------------
+
+    def _principal(self, msg, action):
+        hexid = msg.get("principal")
+        if not isinstance(hexid, str) or not ids.HEX32.match(hexid):
+            raise DeviceError(400, "bad_principal", "command lacks a principal id")
+        if not self.grants.allows(hexid, action):
+            raise DeviceError(403, "grant_missing", f"principal has no current {action} grant")
+        return bytes.fromhex(hexid)
+
+    def _participant_view(self, principal):
+        prow = self.by_principal.get(principal)
+        if prow is None:
+            return {"id": None, "registered": False,
+                    "lineage": ids.lineage(self.incarnation, principal).hex(),
+                    "next_sequence": "1", "retry_floor": "1"}
+        row = self.tables.row(self.tables.participants, prow)
+        _, lineage, par = self.participant_ids[prow]
+        return {"id": ids.participant_id(par), "registered": True, "lineage": lineage.hex(),
+                "next_sequence": str(row[P.NEXT_SEQUENCE]), "retry_floor": str(row[P.RETRY_FLOOR])}
+
+    # ---- the mutation protocol (SPEC "Mutations and retries") --------------------------
+
+    def _admit(self, msg, kind, budget, make_target):
+        """Common checks of every mutation. Returns (status, rrow, records) or None to defer."""
+        principal = self._principal(msg, "shared_write")
+        args = msg.get("args") or {}
+        lineage, key, sequence, canonical = (args.get("lineage"), args.get("operation_key"),
+                                             args.get("sequence"), args.get("canonical"))
+        if not (isinstance(lineage, str) and isinstance(key, str) and isinstance(sequence, int)
+                and isinstance(canonical, bytes)):
+            raise DeviceError(400, "bad_command", "mutation lacks lineage, operation_key, sequence or canonical bytes")
+        if len(canonical) > self.capacities["command_bytes"]:
+            raise DeviceError(400, "command_too_large",
+                              f"canonical operation is {len(canonical)} bytes; the limit is {self.capacities['command_bytes']}")
+        view = self._participant_view(principal)
+        if lineage != view["lineage"]:
+            raise DeviceError(409, "stale_lineage", "lineage is not the participant's current lineage",
+                              lineage=view["lineage"])
+        floor, next_seq = int(view["retry_floor"]), int(view["next_sequence"])
+        if sequence < floor:
+            raise DeviceError(410, "below_retry_floor", f"sequence {sequence} is below the retry floor {floor}",
+                              retry_floor=str(floor))
+        prow = self.by_principal.get(principal)
+        rrow = self.by_sequence.get((prow, sequence)) if prow is not None else None
+        if rrow is not None:
+            n = self.tables.receipts[rrow, R.COMMAND_LEN].item()
+            if self.tables.get_bytes(self.tables.command_bytes, rrow, n) != canonical:
+                raise DeviceError(409, "operation_changed",
+                                  f"sequence {sequence} was admitted with different operation bytes")
+            return 200, rrow, 0
+        if sequence > next_seq:
+            raise DeviceError(409, "future_sequence", f"sequence {sequence} is ahead of the next sequence {next_seq}",
+                              next_sequence=str(next_seq))
+        key_raw = bytes.fromhex(key)
+        if prow is not None and (prow, key_raw) in self.by_key:
+            raise DeviceError(409, "operation_key_in_use",
+                              "operation key belongs to another live operation of this participant")
+        if kind != Kind.PARTICIPANT_REGISTER and prow is None:
+            raise DeviceError(409, "participant_not_registered", "register the participant first")
+        if not self.free_receipts:
+            raise DeviceError(507, "receipt_table_full",
+                              "the receipt table is full; record a retirement to free receipts")
+        target = make_target(principal, prow)
+        admission = Admission(int(kind), principal, sequence, key_raw,
+                              ids.operation(self.incarnation, self.admissions + 1), target, canonical)
+        payload = admission.encode()
+        records = record_count(len(payload))
+        if records > budget and budget < MAX_RECORDS_PER_TICK:
+            return None
+        rrow = self._apply_admission(admission)
+        seq = self.writer.append(TransferKind.ADMISSION, payload)
+        self._pending[seq] = rrow
+        return 202, rrow, records
+
+    def _apply_admission(self, a):
+        """Apply one admission to the tables (live and at replay)."""
+        self.admissions += 1
+        t = self.tables
+        if a.kind == Kind.PARTICIPANT_REGISTER:
+            prow = self.free_participants.pop()
+            hi, lo = split16(a.principal)
+            t.write_row(t.participants, prow, {P.STATE: 1, P.NEXT_SEQUENCE: a.sequence, P.RETRY_FLOOR: 1,
+                                               P.PRINCIPAL_HI: hi, P.PRINCIPAL_LO: lo})
+            self.by_principal[a.principal] = prow
+            self.participant_ids[prow] = (a.principal, ids.lineage(self.incarnation, a.principal),
+                                          ids.participant(self.incarnation, a.principal))
+            terminal = Terminal.SUCCEEDED
+        else:
+            raise DeviceBootError(f"unknown admission kind {a.kind}")
+        prow = self.by_principal[a.principal]
+        rrow = self.free_receipts.pop()
+        key_hi, key_lo = split16(a.key)
+        op_hi, op_lo = split16(a.op)
+        tg_hi, tg_lo = split16(a.target)
+        t.write_row(t.receipts, rrow, {
+            R.STATE: 1, R.PARTICIPANT: prow, R.SEQUENCE: a.sequence, R.KIND: a.kind,
+            R.KEY_HI: key_hi, R.KEY_LO: key_lo, R.OP_HI: op_hi, R.OP_LO: op_lo,
+            R.TARGET_HI: tg_hi, R.TARGET_LO: tg_lo, R.COMMAND_LEN: len(a.canonical), R.RESULT_LEN: 0,
+            R.TERMINAL: terminal})
+        t.put_bytes(t.command_bytes, rrow, a.canonical)
+        t.participants[prow, P.NEXT_SEQUENCE] = a.sequence + 1
+        if a.kind == Kind.PARTICIPANT_REGISTER:
+            t.participants[prow, P.REGISTERED_BY] = rrow
+        self.by_sequence[(prow, a.sequence)] = rrow
+        self.by_key[(prow, a.key)] = rrow
+        self.by_op[a.op] = rrow
+        self.sequences.setdefault(prow, []).append(a.sequence)
+        return rrow
+
+    def _mark_saved(self, rrow, transfer, *, terminal):
+        """Record the save fields of the transfer that made this receipt's admission saved."""
+        t = self.tables
+        values = {R.ADM_TRANSFER: transfer.seq, R.ADM_BOOT: self.boot,
+                  R.ADM_GENERATION: self._save_generation, R.ADM_SOURCE: Source.JOURNAL}
+        if terminal:
+            values.update({R.TERM_TRANSFER: transfer.seq, R.TERM_BOOT: self.boot,
+                           R.TERM_GENERATION: self._save_generation, R.TERM_SOURCE: Source.JOURNAL})
+        t.write_row(t.receipts, rrow, values)
+        t.put_digest(rrow, 0, transfer.digest)
+        if terminal:
+            t.put_digest(rrow, 1, transfer.digest)
+
+    # ---- receipts ----------------------------------------------------------------------
+
+    def _save_fields(self, rrow, row, which, transfer_col, boot_col, gen_col, source_col):
+        if not row[transfer_col]:
+            return None
+        return {"source": SOURCE_NAMES[Source(row[source_col])],
+                "file_incarnation": self.incarnation.hex(),
+                "generation": str(row[gen_col]), "boot": str(row[boot_col]),
+                "commit_digest": self.tables.get_digest(rrow, which).hex()}
+
+    def receipt(self, rrow, *, own=True):
+        t = self.tables
+        row = t.row(t.receipts, rrow)
+        principal, lineage, par = self.participant_ids[row[R.PARTICIPANT]]
+        kind = Kind(row[R.KIND])
+        op = join16(row[R.OP_HI], row[R.OP_LO])
+        target = join16(row[R.TARGET_HI], row[R.TARGET_LO])
+        admission = self._save_fields(rrow, row, 0, R.ADM_TRANSFER, R.ADM_BOOT, R.ADM_GENERATION, R.ADM_SOURCE)
+        terminal = self._save_fields(rrow, row, 1, R.TERM_TRANSFER, R.TERM_BOOT, R.TERM_GENERATION, R.TERM_SOURCE)
+        status = row[R.TERMINAL]
+        return {
+            "schema": RECEIPT_SCHEMA,
+            "operation": ids.operation_id(lineage, op),
+            "participant": ids.participant_id(par),
+            "sequence": str(row[R.SEQUENCE]) if own else None,
+            "operation_key": join16(row[R.KEY_HI], row[R.KEY_LO]).hex(),
+            "kind": KIND_NAMES[kind],
+            "target": self._target_id(kind, lineage, target),
+            "transport": {"accepted": True},
+            "device": {"committed": True},
+            "admission": {"saved": admission is not None, "save": admission},
+            "terminal": {"saved": terminal is not None,
+                         "status": TERMINAL_NAMES.get(status) if terminal is not None else None,
+                         "save": terminal},
+            "pending_bytes": 0 if admission is not None else int(row[R.COMMAND_LEN]),
+            "disk_error": None,
+            "result": {"length": row[R.RESULT_LEN], "input_tokens": None, "output_tokens": None,
+                       "finish": None},
+            "effective": {"model_digest": None, "page_limit": None},
+        }
+
+    @staticmethod
+    def _target_id(kind, lineage, target):
+        if kind == Kind.PARTICIPANT_REGISTER:
+            return ids.participant_id(target)
+        raise ValueError(kind)
+
+    def _receipt_reply(self, req_id, status, rrow):
+        receipt = self.receipt(rrow)
+        return reply(req_id, status, dumps(receipt),
+                     {"Location": f"{BASE}/operations/{receipt['operation']}"} if status == 202 else None)
+
+    # ---- reads -------------------------------------------------------------------------
+
+    def capabilities(self, msg):
+        hexid = msg.get("principal")
+        self._principal(msg, "shared_read")
+        runtime = self.runtime
+        card = runtime.json("gen/card")
+        profile = runtime.runtime_profile
+        models = [{"name": card["name"], "digest": runtime.model_digest("gen"),
+                   "media_types": card["capabilities"]["media_types"],
+                   "automatic_memory": card["capabilities"]["automatic_memory"]}]
+        embedding = runtime.json("emb/card") if runtime.has("emb/card") else None
+        return 200, {
+            "schema": "aotx.shared.capabilities.v1",
+            "schemas": {"mutation": MUTATION_SCHEMA, "receipt": RECEIPT_SCHEMA},
+            "models": models,
+            "embedding_model": ({"name": embedding["name"], "digest": runtime.model_digest("emb")}
+                                if embedding else None),
+            "limits": {**{k: str(v) for k, v in self.capacities.items()},
+                       "input_bytes": "2048", "media_link_bytes": "73", "media_rows": "8",
+                       "max_output_tokens": str(profile["max_output_tokens"])},
+            "page_size": str(profile["page_size"]),
+            "page_grant": str(profile["page_grant"]),
+            "grants": sorted(self.grants.actions(hexid)),
+            "journal": {"hold": False, "cause": None, "pending_bytes": 0, "disk_error": None,
+                        "bytes": str(self.writer.durable_bytes)},
+            "runtime": {"file_incarnation": self.incarnation.hex(), "generation": str(self.generation),
+                        "boot": str(self.boot)},
+        }
+
+    def get_participant(self, msg):
+        return 200, self._participant_view(self._principal(msg, "shared_read"))
+
+    def list_operations(self, msg):
+        principal = self._principal(msg, "shared_read")
+        args = msg.get("args") or {}
+        cursor, limit = args.get("cursor"), args.get("limit", DEFAULT_LIMIT)
+        if not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+            raise DeviceError(400, "bad_limit", f"limit must be 1..{MAX_LIMIT}")
+        prow = self.by_principal.get(principal)
+        seqs = self.sequences.get(prow, []) if prow is not None else []
+        start = bisect.bisect_right(seqs, int(cursor)) if cursor else 0
+        page = seqs[start:start + limit]
+        items = [self.receipt(self.by_sequence[(prow, s)]) for s in page]
+        more = start + limit < len(seqs)
+        return 200, {"items": items, "next_cursor": str(page[-1]) if more and page else None}
+
+    def get_operation(self, msg):
+        principal = self._principal(msg, "shared_read")
+        op = (msg.get("args") or {}).get("operation", "")
+        m = ids.OPERATION_ID.match(op)
+        rrow = self.by_op.get(bytes.fromhex(m.group(2))) if m else None
+        if rrow is not None:
+            prow = self.tables.receipts[rrow, R.PARTICIPANT].item()
+            if self.participant_ids[prow][0] != principal or op != self.receipt(rrow)["operation"]:
+                rrow = None
+        if rrow is None:
+            raise DeviceError(404, "operation_not_found", f"no operation {op} visible to this principal")
+        return 200, self.receipt(rrow)
+
+    def ping(self, msg):
+        return 200, {"ok": True, "boot": str(self.boot), "usage": self.tables.usage(),
+                     "journal_bytes": str(self.writer.durable_bytes)}
+
+    def register(self, msg, budget):
+        def target(principal, prow):
+            if prow is not None:
+                raise DeviceError(409, "already_registered", "the participant is already registered")
+            if not self.free_participants:
+                raise DeviceError(507, "participant_capacity", "the participant table is full")
+            return ids.participant(self.incarnation, principal)
+        return self._admit(msg, Kind.PARTICIPANT_REGISTER, budget, target)
+
+
+class DeviceBootError(Exception):
+    pass
+
+
+READS = {
+    "ping": Device.ping,
+    "capabilities": Device.capabilities,
+    "participant.get": Device.get_participant,
+    "operations.list": Device.list_operations,
+    "operations.get": Device.get_operation,
+}
+MUTATIONS = {
+    "participant.register": Device.register,
+}

@@ -1,0 +1,84 @@
+"""The socket protocol between gateway and device: the only seam between the two.
+
+A frame is a 4-byte big-endian length followed by one msgpack map. Requests carry
+``{"v": PROTOCOL_VERSION, "id": int, "op": str, "principal": hex|None, "args": {...}}``;
+replies carry ``{"id": int, "status": int, "body": bytes, "headers": {...}}`` where ``body`` is
+the exact JSON the gateway sends to its client (the device renders receipts once, so a receipt
+read back after a restart is the same bytes). See docs/protocol.md.
+"""
+import json
+import struct
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+LENGTH = struct.Struct(">I")
+MAX_FRAME = 1 << 24
+
+
+class ProtocolError(Exception):
+    pass
+
+
+class DeviceError(Exception):
+    """A client-visible refusal: HTTP status, stable code, one-line message, optional details."""
+
+    def __init__(self, status, code, message, **details):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details
+
+    def body(self):
+        return dumps({"error": {"code": self.code, "message": self.message, **self.details}})
+
+
+def dumps(obj):
+    """Deterministic compact JSON: the same state always renders to the same bytes."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def encode_frame(obj):
+    payload = msgpack.packb(obj, use_bin_type=True)
+    if len(payload) > MAX_FRAME:
+        raise ProtocolError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME}")
+    return LENGTH.pack(len(payload)) + payload
+
+
+def decode_payload(payload):
+    obj = msgpack.unpackb(payload, raw=False)
+    if not isinstance(obj, dict):
+        raise ProtocolError("frame is not a map")
+    return obj
+
+
+class FrameBuffer:
+    """Splits a byte stream into frames; feed() returns the complete frames received so far."""
+
+    def __init__(self):
+        self._buf = bytearray()
+
+    def feed(self, data):
+        self._buf += data
+        frames = []
+        buf = self._buf
+        pos = 0
+        while len(buf) - pos >= 4:
+            (n,) = LENGTH.unpack_from(buf, pos)
+            if n > MAX_FRAME:
+                raise ProtocolError(f"frame of {n} bytes exceeds {MAX_FRAME}")
+            if len(buf) - pos - 4 < n:
+                break
+            frames.append(decode_payload(bytes(buf[pos + 4 : pos + 4 + n])))
+            pos += 4 + n
+        if pos:
+            del buf[:pos]
+        return frames
+
+
+def reply(req_id, status, body, headers=None):
+    msg = {"id": req_id, "status": status, "body": body}
+    if headers:
+        msg["headers"] = headers
+    return msg

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class SharedApiConfig(AppConfig):
+    name = "shared_api"
+    verbose_name = "AOTX Shared"

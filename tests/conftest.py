@@ -1,0 +1,56 @@
+"""Shared fixtures: a tiny random-weight runtime file (seconds to pack and boot), grant files,
+and helpers that wait on conditions instead of sleeping."""
+import json
+import os
+import secrets
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+def wait_for(condition, timeout=30.0, interval=0.02, what="condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_grants(path, principals):
+    """principals: {principal_id_hex: [actions]}"""
+    doc = {"schema": "aotx.grants.v1", "written_at_ns": time.time_ns(),
+           "principals": {pid: {"name": pid[:8], "actions": sorted(a)} for pid, a in principals.items()}}
+    tmp = f"{path}.tmp"
+    Path(tmp).write_text(json.dumps(doc))
+    os.replace(tmp, path)
+
+
+ALL = ["shared_read", "shared_write", "shared_manage", "chat"]
+
+
+@pytest.fixture(scope="session")
+def tiny_runtime(tmp_path_factory):
+    from gpu_worker.pack import pack_tiny
+    path = tmp_path_factory.mktemp("runtime") / "tiny.aotxccir"
+    pack_tiny(str(path), shared=True)
+    return str(path)
+
+
+@pytest.fixture
+def principal_id():
+    return secrets.token_hex(16)

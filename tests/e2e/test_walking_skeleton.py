@@ -1,0 +1,121 @@
+"""The whole path with real processes: daphne gateway + device on loopback, kill -9, reboot."""
+import json
+import secrets
+import subprocess
+
+import pytest
+
+from tests.conftest import PYTHON, ROOT
+from tests.harness import Stack
+
+pytestmark = pytest.mark.e2e
+BASE = "/aotx/v1/shared"
+
+
+@pytest.fixture
+def stack(tiny_runtime, tmp_path):
+    s = Stack(tmp_path, tiny_runtime)
+    yield s
+    s.stop()
+
+
+def envelope(participant, key=None, sequence=None):
+    return {"schema": "aotx.shared.mutation.v1", "lineage": participant["lineage"],
+            "operation_key": key or secrets.token_hex(16), "sequence": sequence or participant["next_sequence"]}
+
+
+def test_register_kill_dash_nine_and_read_the_same_receipt(stack):
+    token = stack.principal("alice")
+    stack.boot_device()
+    stack.serve()
+    status, headers, body = stack.http("GET", f"{BASE}/capabilities", token=token)
+    assert status == 200 and headers["Cache-Control"] == "no-store"
+    caps = json.loads(body)
+    assert caps["schemas"]["mutation"] == "aotx.shared.mutation.v1" and "shared_write" in caps["grants"]
+    status, _, body = stack.http("GET", f"{BASE}/participant", token=token)
+    participant = json.loads(body)
+    assert status == 200 and participant["registered"] is False and participant["next_sequence"] == "1"
+
+    request = envelope(participant)
+    status, headers, receipt_bytes = stack.http("POST", f"{BASE}/participant", request, token=token)
+    assert status == 202, receipt_bytes
+    receipt = json.loads(receipt_bytes)
+    assert headers["Location"] == f"{BASE}/operations/{receipt['operation']}"
+    assert receipt["admission"]["saved"] and receipt["terminal"]["status"] == "succeeded"
+
+    stack.device.kill()  # kill -9: no chance to flush anything
+    status, _, body = stack.http("GET", f"{BASE}/participant", token=token)
+    assert status == 503 and json.loads(body)["error"]["code"] == "device_unavailable"
+
+    stack.boot_device()
+    status, _, again = stack.http("GET", f"{BASE}/operations/{receipt['operation']}", token=token)
+    assert status == 200 and again == receipt_bytes
+    status, _, retry = stack.http("POST", f"{BASE}/participant", request, token=token)
+    assert status == 200 and retry == receipt_bytes
+    status, _, body = stack.http("GET", f"{BASE}/operations", token=token)
+    assert [r["operation"] for r in json.loads(body)["items"]] == [receipt["operation"]]
+    status, _, body = stack.http("GET", f"{BASE}/capabilities", token=token)
+    assert json.loads(body)["runtime"]["boot"] == "2"
+
+
+def test_the_gateway_refuses_bad_requests_before_the_device(stack):
+    token = stack.principal("bob")
+    stack.boot_device()
+    stack.serve()
+    participant = json.loads(stack.http("GET", f"{BASE}/participant", token=token)[2])
+    good = envelope(participant)
+    cases = [
+        (None, b'{"schema": "aotx.shared.mutation.v1"', "invalid_json"),
+        (None, b'\xff\xfe{}', "invalid_utf8"),
+        (None, json.dumps(good)[:-1].encode() + b', "sequence": "1"}', "duplicate_key"),
+        (dict(good, extra=1), None, "unknown_field"),
+        (dict(good, sequence=1), None, "bad_field"),
+        (dict(good, sequence="01"), None, "bad_field"),
+        (dict(good, operation_key="0" * 32), None, "bad_field"),
+        (dict(good, lineage="ABC"), None, "bad_field"),
+        ({k: v for k, v in good.items() if k != "sequence"}, None, "missing_field"),
+    ]
+    for body, raw, code in cases:
+        status, headers, out = stack.http("POST", f"{BASE}/participant", body, token=token, raw=raw)
+        assert status == 400, (code, out)
+        assert json.loads(out)["error"]["code"] == code
+        assert headers["Cache-Control"] == "no-store"
+    assert json.loads(stack.http("GET", f"{BASE}/participant", token=token)[2])["registered"] is False
+    assert stack.http("GET", f"{BASE}/operations/op-nothex", token=token)[0] == 400
+
+    status, headers, body = stack.http("GET", f"{BASE}/capabilities")
+    assert status == 401 and headers["WWW-Authenticate"].startswith("Bearer")
+    assert stack.http("GET", f"{BASE}/capabilities", token="aotx_wrong")[0] == 401
+    status, headers, body = stack.http("GET", "/aotx/v1/shared/nowhere", token=token)
+    assert status == 404 and headers["Cache-Control"] == "no-store" and json.loads(body)["error"]["code"] == "not_found"
+
+
+def test_revoking_a_grant_denies_the_next_request(stack):
+    token = stack.principal("carol")
+    stack.boot_device()
+    stack.serve()
+    assert stack.http("GET", f"{BASE}/participant", token=token)[0] == 200
+    stack.manage("principal", "revoke", "carol", "--actions", "shared_read", "--config", str(stack.config))
+    status, _, body = stack.http("GET", f"{BASE}/participant", token=token)
+    assert status == 403 and json.loads(body)["error"]["code"] == "grant_missing"
+
+
+def test_boot_refuses_a_missing_grant_file_and_a_second_device(stack, tmp_path):
+    out = subprocess.run([PYTHON, "-m", "gpu_worker", "boot", "--ccir", stack.runtime, "--journal",
+                          str(tmp_path / "j2"), "--service-grants", str(tmp_path / "missing.json")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "missing.json" in out.stderr
+    stack.principal("dave")
+    stack.boot_device()
+    out = subprocess.run([PYTHON, "-m", "gpu_worker", "boot", "--ccir", stack.runtime, "--journal",
+                          str(stack.journal), "--service-grants", str(stack.grants)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3 and "locked" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_serve_refuses_a_bad_config_with_one_line(tmp_path):
+    bad = tmp_path / "gateway.json"
+    bad.write_text('{"listen": "nowhere"}')
+    out = subprocess.run([PYTHON, "manage.py", "serve", "--config", str(bad)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode != 0 and "gateway config" in out.stderr
