@@ -1,0 +1,649 @@
+"""The journal: transfers split into type 37 / class A records, group commit, and recovery.
+
+docs/journal.md describes the byte layout and the reader's rules; this module implements exactly
+that and nothing else. Payloads are opaque bytes here; their meaning belongs to the device.
+All segment file I/O goes through a `FileLayer` so tests can inject faults.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import os
+import re
+import struct
+import zlib
+from collections import deque
+from dataclasses import dataclass
+from enum import IntEnum
+
+from gpu_worker.filelayer import AppendFile, FileLayer
+
+TYPE_SHARED = 37
+CLASS_A = 0x41
+MAX_DATA = 160
+PART_HEADER_SIZE = 32
+MAX_RECORDS_PER_TICK = 16
+
+SEGMENT_MAGIC = b"AOTXJNL1"
+SEGMENT_VERSION = 1
+# magic 0, version 8, header_size 10, segment_no 12, file_incarnation 16.
+SEGMENT_HEADER = struct.Struct("<8sHHI16s")
+SEGMENT_HEADER_SIZE = SEGMENT_HEADER.size
+# type 0, class 1, kind 2, part_index 4, part_count 6, data_length 8, reserved 10,
+# transfer_length 12, transfer_seq 16, checksum 24, reserved 28.
+PART_HEADER = struct.Struct("<BBHHHHHIQII")
+CHECKSUM_OFFSET = 24
+assert SEGMENT_HEADER.size == 32 and PART_HEADER.size == PART_HEADER_SIZE
+
+MAX_PARTS = 0xFFFF
+MAX_PAYLOAD = MAX_PARTS * MAX_DATA
+ZERO_DIGEST = bytes(32)
+LOCK_NAME = "lock"
+
+_RECORD_START = bytes((TYPE_SHARED, CLASS_A))
+_ZERO_CHECKSUM = bytes(4)
+_SEGMENT_NAME = re.compile(r"(\d{8,})\.journal")
+
+
+class TransferKind(IntEnum):
+    BOOT = 1
+    ADMISSION = 2
+    LEASE = 3
+    OUTPUT = 4
+    COMPLETION = 5
+    RETIREMENT = 6
+    CHECKPOINT = 7
+
+
+_KINDS = frozenset(TransferKind)
+
+
+class JournalError(Exception):
+    pass
+
+
+class JournalCorrupt(JournalError):
+    def __init__(self, file: str, offset: int, reason: str):
+        super().__init__(f"journal damaged: {file}: offset {offset}: {reason}")
+        self.file = file
+        self.offset = offset
+        self.reason = reason
+
+
+class JournalLocked(JournalError):
+    pass
+
+
+class JournalIOError(JournalError):
+    """A write or fdatasync failed. `errno` tells a full disk (ENOSPC) from a broken one."""
+
+    def __init__(self, err: int, message: str):
+        super().__init__(message)
+        self.errno = err
+
+
+def segment_name(segment_no: int) -> str:
+    return "%08d.journal" % segment_no
+
+
+def record_count(payload_len: int) -> int:
+    return max(1, -(-payload_len // MAX_DATA))
+
+
+def encode_segment_header(segment_no: int, incarnation: bytes) -> bytes:
+    return SEGMENT_HEADER.pack(
+        SEGMENT_MAGIC, SEGMENT_VERSION, SEGMENT_HEADER_SIZE, segment_no, incarnation
+    )
+
+
+def encode_transfer(kind: int, transfer_seq: int, payload: bytes) -> list[bytes]:
+    kind = TransferKind(kind)
+    payload = bytes(payload)
+    length = len(payload)
+    if length > MAX_PAYLOAD:
+        raise ValueError(f"transfer of {length} bytes exceeds {MAX_PAYLOAD}")
+    if not 1 <= transfer_seq < 1 << 64:
+        raise ValueError(f"transfer_seq {transfer_seq} out of range")
+    count = record_count(length)
+    kind = kind.value  # plain int: struct packs it without a __index__ call
+    pack, crc32 = PART_HEADER.pack, zlib.crc32
+    records = []
+    for index in range(count):
+        data = payload[index * MAX_DATA:(index + 1) * MAX_DATA]
+        size = len(data)
+        checksum = crc32(data, crc32(pack(
+            TYPE_SHARED, CLASS_A, kind, index, count, size, 0, length, transfer_seq, 0, 0
+        )))
+        records.append(pack(
+            TYPE_SHARED, CLASS_A, kind, index, count, size, 0, length, transfer_seq, checksum, 0
+        ) + data)
+    return records
+
+
+def chain_digest(previous: bytes, kind: int, transfer_seq: int, payload: bytes) -> bytes:
+    h = hashlib.sha256(previous)
+    h.update(kind.to_bytes(2, "little"))
+    h.update(transfer_seq.to_bytes(8, "little"))
+    h.update(payload)
+    return h.digest()
+
+
+@dataclass
+class Transfer:
+    kind: TransferKind
+    seq: int
+    payload: bytes
+    digest: bytes
+    segment: int
+    offset: int
+
+
+@dataclass
+class RecoveryResult:
+    transfers: list[Transfer]
+    next_seq: int
+    last_digest: bytes
+    segment: int  # the segment the writer continues; 0 when the journal has none
+    end_offset: int  # where the writer continues in it; below the header size: rewrite it
+    dropped: str | None
+    durable_bytes: int = 0  # journal bytes kept, all segments together
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def _read_record(data: bytes, pos: int):
+    """The fields of the record at pos when it is intact (type, class, length, checksum),
+    else the reason it is not. Intact says nothing yet about whether it belongs there."""
+    if len(data) - pos < PART_HEADER_SIZE:
+        return "record header cut short by end of file"
+    fields = PART_HEADER.unpack_from(data, pos)
+    if fields[0] != TYPE_SHARED:
+        return f"record type {fields[0]}, expected {TYPE_SHARED}"
+    if fields[1] != CLASS_A:
+        return f"record class {fields[1]:#04x}, expected {CLASS_A:#04x}"
+    if fields[5] > MAX_DATA:
+        return f"data length {fields[5]} over {MAX_DATA}"
+    end = pos + PART_HEADER_SIZE + fields[5]
+    if end > len(data):
+        return "record cut short by end of file"
+    view = memoryview(data)
+    checksum = zlib.crc32(view[pos:pos + CHECKSUM_OFFSET])
+    checksum = zlib.crc32(_ZERO_CHECKSUM, checksum)
+    checksum = zlib.crc32(view[pos + CHECKSUM_OFFSET + 4:end], checksum)
+    if checksum != fields[9]:
+        return "checksum mismatch"
+    return fields
+
+
+def _next_intact_record(data: bytes, start: int) -> int | None:
+    pos = data.find(_RECORD_START, start)
+    while pos != -1:
+        if not isinstance(_read_record(data, pos), str):
+            return pos
+        pos = data.find(_RECORD_START, pos + 1)
+    return None
+
+
+class _Open:
+    """A transfer whose first parts have been read."""
+
+    __slots__ = ("kind", "count", "length", "seq", "start", "parts")
+
+    def __init__(self, kind, count, length, seq, start):
+        self.kind, self.count, self.length, self.seq, self.start = kind, count, length, seq, start
+        self.parts: list[bytes] = []
+
+
+class _Recovery:
+    def __init__(self, directory, fs, incarnation, start_digest, after_seq):
+        self.directory = directory
+        self.fs = fs
+        self.incarnation = incarnation
+        self.after_seq = after_seq
+        self.digest = start_digest
+        self.transfers: list[Transfer] = []
+        self.next_seq: int | None = None  # None until the first transfer is read
+
+    def run(self) -> RecoveryResult:
+        numbers = list_segments(self.directory, self.fs)
+        for previous, number in zip(numbers, numbers[1:]):
+            if number != previous + 1:
+                raise JournalCorrupt(self._path(number), 0, f"segment {previous + 1} is missing")
+        kept, segment, end, dropped = 0, 0, 0, None
+        for i, number in enumerate(numbers):
+            data = self.fs.read_file(self._path(number))
+            final = i == len(numbers) - 1
+            segment = number
+            end, dropped = self._segment(number, data, final)
+            kept += end
+        if self.next_seq is None:
+            self.next_seq = self.after_seq + 1
+        elif self.next_seq <= self.after_seq:
+            raise JournalCorrupt(
+                self._path(segment), end,
+                f"journal ends at transfer seq {self.next_seq - 1}, "
+                f"before checkpoint seq {self.after_seq}",
+            )
+        return RecoveryResult(
+            self.transfers, self.next_seq, self.digest, segment, end, dropped, kept
+        )
+
+    def _path(self, number: int) -> str:
+        return os.path.join(self.directory, segment_name(number))
+
+    def _segment(self, number: int, data: bytes, final: bool) -> tuple[int, str | None]:
+        path = self._path(number)
+        header = data[:SEGMENT_HEADER_SIZE]
+        if len(header) < SEGMENT_HEADER_SIZE or not any(header):
+            # A segment whose creation a crash interrupted: only at the very end, and empty.
+            if final and _next_intact_record(data, 0) is None:
+                torn = f"dropped torn segment header at {path} offset 0" if data else None
+                return 0, torn
+            reason = "segment header cut short" if len(header) < 32 else "segment header is zero"
+            raise JournalCorrupt(path, 0, reason)
+        self._check_segment_header(path, number, header)
+
+        pos = SEGMENT_HEADER_SIZE
+        current: _Open | None = None
+        while pos < len(data):
+            record = _read_record(data, pos)
+            if isinstance(record, str):
+                if _next_intact_record(data, pos + 1) is None:
+                    if final:
+                        return self._torn_tail(path, data, pos, current)
+                    # Only the end of the journal can be torn; a later segment exists.
+                    record += f", yet segment {number + 1} follows"
+                raise JournalCorrupt(path, pos, record)
+            _, _, kind, index, count, size, reserved, length, seq, _, reserved2 = record
+            self._check_part(path, pos, kind, index, count, size, reserved, length, reserved2)
+            end = pos + PART_HEADER_SIZE + size
+            if current is None:
+                if index != 0:
+                    raise JournalCorrupt(
+                        path, pos, f"part {index} of transfer seq {seq} without its first part"
+                    )
+                self._check_seq(path, pos, seq)
+                current = _Open(kind, count, length, seq, pos)
+            elif seq != current.seq:
+                raise JournalCorrupt(
+                    path, pos,
+                    f"transfer seq {seq} interrupts incomplete transfer seq {current.seq} "
+                    f"at offset {current.start}",
+                )
+            elif (kind, count, length) != (current.kind, current.count, current.length):
+                raise JournalCorrupt(
+                    path, pos, f"part {index} of transfer seq {seq} disagrees with its first part"
+                )
+            elif index != len(current.parts):
+                raise JournalCorrupt(
+                    path, pos,
+                    f"part {index} of transfer seq {seq} where part {len(current.parts)} belongs",
+                )
+            current.parts.append(data[pos + PART_HEADER_SIZE:end])
+            if index == count - 1:
+                self._accept(current, number)
+                current = None
+            pos = end
+        if current is not None:
+            if final:
+                return self._torn_tail(path, data, pos, current)
+            # The writer never starts a segment inside a transfer.
+            raise JournalCorrupt(
+                path, current.start, f"transfer seq {current.seq} is cut off by the segment end"
+            )
+        return pos, None
+
+    def _torn_tail(self, path: str, data: bytes, pos: int, current: _Open | None):
+        if current is None and len(data) - pos >= PART_HEADER_SIZE:
+            fields = PART_HEADER.unpack_from(data, pos)
+            expected = self.after_seq + 1 if self.next_seq is None else self.next_seq
+            if fields[:2] == (TYPE_SHARED, CLASS_A) and fields[8] == expected:
+                current = _Open(fields[2], fields[4], fields[7], fields[8], pos)
+        if current is None:
+            # Zero fill, garbage, or a header too short to say which transfer it began.
+            return pos, f"dropped torn tail of {len(data) - pos} bytes at {path} offset {pos}"
+        return current.start, (
+            f"dropped incomplete final transfer seq {current.seq} at {path} offset {current.start}"
+        )
+
+    def _check_segment_header(self, path: str, number: int, header: bytes) -> None:
+        magic, version, header_size, segment_no, incarnation = SEGMENT_HEADER.unpack(header)
+        if magic != SEGMENT_MAGIC:
+            raise JournalCorrupt(path, 0, f"segment magic {magic!r}, expected {SEGMENT_MAGIC!r}")
+        if version != SEGMENT_VERSION or header_size != SEGMENT_HEADER_SIZE:
+            raise JournalCorrupt(
+                path, 0, f"segment version {version} header size {header_size} not supported"
+            )
+        if segment_no != number:
+            raise JournalCorrupt(path, 0, f"segment header says segment {segment_no}")
+        if incarnation != self.incarnation:
+            raise JournalCorrupt(
+                path, 0,
+                f"segment belongs to file incarnation {incarnation.hex()}, "
+                f"not {self.incarnation.hex()}",
+            )
+
+    @staticmethod
+    def _check_part(path, pos, kind, index, count, size, reserved, length, reserved2) -> None:
+        # An intact record that breaks these was written wrong, not torn: always corruption.
+        if reserved or reserved2:
+            raise JournalCorrupt(path, pos, "reserved field not zero")
+        if kind not in _KINDS:
+            raise JournalCorrupt(path, pos, f"unknown transfer kind {kind}")
+        if count != record_count(length) or index >= count:
+            raise JournalCorrupt(
+                path, pos, f"part {index} of {count} for a transfer of {length} bytes"
+            )
+        if size != min(MAX_DATA, length - index * MAX_DATA):
+            raise JournalCorrupt(path, pos, f"part {index} holds {size} data bytes")
+
+    def _check_seq(self, path: str, pos: int, seq: int) -> None:
+        if self.next_seq is None:
+            # The oldest segments may be gone once a checkpoint holds their transfers.
+            if not 1 <= seq <= self.after_seq + 1:
+                raise JournalCorrupt(
+                    path, pos,
+                    f"journal starts at transfer seq {seq} after checkpoint seq {self.after_seq}",
+                )
+        elif seq != self.next_seq:
+            raise JournalCorrupt(
+                path, pos, f"transfer seq {seq} where seq {self.next_seq} belongs"
+            )
+
+    def _accept(self, current: _Open, number: int) -> None:
+        self.next_seq = current.seq + 1
+        if current.seq <= self.after_seq:
+            return
+        payload = b"".join(current.parts)
+        kind = TransferKind(current.kind)
+        self.digest = chain_digest(self.digest, kind, current.seq, payload)
+        self.transfers.append(
+            Transfer(kind, current.seq, payload, self.digest, number, current.start)
+        )
+
+
+def list_segments(directory: str, fs: FileLayer) -> list[int]:
+    if not fs.exists(directory):
+        return []
+    numbers = []
+    for name in fs.listdir(directory):
+        match = _SEGMENT_NAME.fullmatch(name)
+        if match and segment_name(int(match.group(1))) == name:
+            numbers.append(int(match.group(1)))
+    return sorted(numbers)
+
+
+def recover(
+    directory: str,
+    fs: FileLayer,
+    incarnation: bytes,
+    *,
+    start_digest: bytes = ZERO_DIGEST,
+    after_seq: int = 0,
+) -> RecoveryResult:
+    """Read every segment in order and return the saved transfers after `after_seq`.
+
+    A torn tail (an unacknowledged write cut by a crash) is dropped; anything else that does not
+    fit raises JournalCorrupt naming the file and offset. See docs/journal.md.
+    """
+    if len(incarnation) != 16:
+        raise ValueError("file incarnation must be 16 bytes")
+    return _Recovery(directory, fs, bytes(incarnation), bytes(start_digest), after_seq).run()
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+class _Queued:
+    __slots__ = ("kind", "seq", "payload", "digest", "records", "written", "offset")
+
+    def __init__(self, kind, seq, payload, digest, records):
+        self.kind, self.seq, self.payload, self.digest = kind, seq, payload, digest
+        self.records = records
+        self.written = 0
+        self.offset = 0
+
+
+class JournalWriter:
+    """Appends transfers and makes them durable in ticks: one write and one fdatasync each.
+
+    `append` only queues (and pre-encodes, so the tick does nothing but join and write);
+    `commit_tick` writes at most MAX_RECORDS_PER_TICK records and reports the transfers whose
+    last part became durable. `next_seq` is the seq the next `append` gets; `last_digest` is the
+    commit digest of the last durable transfer.
+    """
+
+    def __init__(self, directory: str, fs: FileLayer, incarnation: bytes, recovery: RecoveryResult):
+        if len(incarnation) != 16:
+            raise ValueError("file incarnation must be 16 bytes")
+        self._dir = directory
+        self._fs = fs
+        self._incarnation = bytes(incarnation)
+        self._next_seq = recovery.next_seq
+        self._digest = recovery.last_digest
+        self._queued_digest = recovery.last_digest
+        self._pending: deque[_Queued] = deque()
+        self._queued = 0
+        self._failed: int | None = None
+        self._file: AppendFile | None = None
+        self._segment = recovery.segment
+        self._offset = recovery.end_offset
+        self._durable_bytes = recovery.durable_bytes
+        try:
+            if self._segment == 0 or self._offset < SEGMENT_HEADER_SIZE:
+                self._open_new_segment(max(self._segment, 1))
+            else:
+                self._file = fs.open_append(self._path(self._segment))
+                if self._file.size() != self._offset:
+                    # Cut the dropped torn tail before anything new follows it, or the next
+                    # recovery would see damage followed by valid records: corruption.
+                    self._file.truncate(self._offset)
+                    self._file.fdatasync()
+        except OSError as e:
+            if self._file is not None:
+                self._file.close()
+            raise JournalIOError(e.errno or errno.EIO, f"journal {directory}: {e}") from e
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
+
+    @property
+    def last_digest(self) -> bytes:
+        return self._digest
+
+    @property
+    def durable_bytes(self) -> int:
+        return self._durable_bytes
+
+    @property
+    def segment(self) -> int:
+        return self._segment
+
+    @property
+    def offset(self) -> int:
+        return self._offset
+
+    @property
+    def queued_records(self) -> int:
+        return self._queued
+
+    @property
+    def at_transfer_boundary(self) -> bool:
+        """No transfer is partly written, so a new segment may start."""
+        return not self._pending or self._pending[0].written == 0
+
+    def append(self, kind: int, payload: bytes) -> int:
+        self._check_usable()
+        seq = self._next_seq
+        payload = bytes(payload)
+        records = encode_transfer(kind, seq, payload)
+        kind = TransferKind(kind)
+        # The chain order is fixed at append time (a failed tick keeps the queue in order), so
+        # the digest is computed here, off the tick's critical path.
+        self._queued_digest = chain_digest(self._queued_digest, kind, seq, payload)
+        self._pending.append(_Queued(kind, seq, payload, self._queued_digest, records))
+        self._queued += len(records)
+        self._next_seq = seq + 1
+        return seq
+
+    def commit_tick(self) -> list[Transfer]:
+        self._check_usable()
+        if not self._queued:
+            return []
+        chunks: list[bytes] = []
+        plan: list[tuple[_Queued, int, int]] = []  # (transfer, records taken, first offset)
+        room = MAX_RECORDS_PER_TICK
+        offset = self._offset
+        for queued in self._pending:
+            taken = queued.records[queued.written:queued.written + room]
+            plan.append((queued, len(taken), offset))
+            chunks += taken
+            offset += sum(map(len, taken))
+            room -= len(taken)
+            if not room:
+                break
+        data = b"".join(chunks)
+        try:
+            self._file.write(data)
+            self._file.fdatasync()
+        except OSError as e:
+            raise self._tick_failed(e) from e
+        done = []
+        for queued, count, first in plan:
+            if not queued.written:
+                queued.offset = first
+            queued.written += count
+            if queued.written == len(queued.records):
+                self._pending.popleft()
+                done.append(Transfer(
+                    queued.kind, queued.seq, queued.payload, queued.digest,
+                    self._segment, queued.offset,
+                ))
+        self._queued -= len(chunks)
+        self._offset += len(data)
+        self._durable_bytes += len(data)
+        if done:
+            self._digest = done[-1].digest
+        return done
+
+    def start_new_segment(self) -> None:
+        self._check_usable()
+        if not self.at_transfer_boundary:
+            # Recovery refuses a transfer split across segments (it cannot cut both files).
+            raise JournalError("a transfer is partly written; commit it before a new segment")
+        previous = self._file
+        try:
+            self._open_new_segment(self._segment + 1)
+        except OSError as e:
+            err = e.errno or errno.EIO
+            if err != errno.ENOSPC:
+                self._failed = err
+            # The old segment stays current: a header-only or torn new file left behind is
+            # harmless, since recovery treats it as the (empty) end of the journal.
+            raise JournalIOError(err, f"journal {self._dir}: new segment: {e}") from e
+        previous.close()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    # -----------------------------------------------------------------------------------------
+
+    def _path(self, number: int) -> str:
+        return os.path.join(self._dir, segment_name(number))
+
+    def _check_usable(self) -> None:
+        if self._failed is not None:
+            raise JournalIOError(
+                self._failed,
+                f"journal {self._dir} failed earlier ({os.strerror(self._failed)}); "
+                "the writer is unusable",
+            )
+        if self._file is None:
+            raise JournalError("journal writer is closed")
+
+    def _open_new_segment(self, number: int) -> None:
+        path = self._path(number)
+        handle = self._fs.open_append(path)
+        try:
+            if handle.size():
+                handle.truncate(0)  # a torn header left by an interrupted creation
+            handle.write(encode_segment_header(number, self._incarnation))
+            handle.fdatasync()
+            self._fs.fsync_dir(self._dir)
+        except OSError:
+            handle.close()
+            try:
+                self._fs.remove(path)
+            except OSError:
+                pass
+            raise
+        self._file = handle
+        self._segment = number
+        self._offset = SEGMENT_HEADER_SIZE
+        self._durable_bytes += SEGMENT_HEADER_SIZE
+
+    def _tick_failed(self, e: OSError) -> JournalIOError:
+        # Never retry the fdatasync: after a failed writeback Linux may mark the pages clean,
+        # so a second fdatasync can succeed without the data. Cut back to what is known
+        # durable instead; a later tick rewrites the queued records from the start.
+        err = e.errno or errno.EIO
+        try:
+            self._file.truncate(self._offset)
+        except OSError:
+            self._failed = errno.EIO  # the tail is unknown now
+        if err != errno.ENOSPC:
+            self._failed = err
+        return JournalIOError(err, f"journal {self._path(self._segment)}: {e}")
+
+
+# ---------------------------------------------------------------------------------------------
+# One device per journal
+
+
+class JournalLock:
+    """An exclusive flock on DIR/lock, held for the life of the device.
+
+    flock belongs to the open file description, so a second JournalLock conflicts even inside
+    the same process. The lock file is never removed: removing it would let two processes lock
+    two different inodes.
+    """
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, LOCK_NAME)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise JournalLocked(
+                f"journal {directory} is locked by another device (pid {holder})"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def __enter__(self) -> JournalLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
