@@ -19,7 +19,8 @@ from . import ids
 from .journal import (MAX_RECORDS_PER_TICK, JournalLock, JournalWriter, TransferKind, record_count,
                       recover)
 from .filelayer import OsFileLayer
-from .protocol import DeviceError, dumps, reply
+from .grants import GrantFileError
+from .protocol import DeviceError, RawJSON, dumps, reply
 from .tables import P, R, Source, Tables, Terminal, join16, split16
 
 log = logging.getLogger("gpu_worker.device")
@@ -68,6 +69,7 @@ class Device:
     def __init__(self, runtime, journal_dir, grants, *, device="cpu", fs=None):
         self.runtime = runtime
         self.incarnation = runtime.incarnation
+        self._incarnation_hex = runtime.incarnation.hex()
         self.generation = runtime.generation
         profile = runtime.shared_profile
         if profile is None:
@@ -76,6 +78,7 @@ class Device:
         self.capacities = profile["capacities"]
         self.tables = Tables(self.capacities, device)
         self.grants = grants
+        self._grant_problem = None
         self.fs = fs or OsFileLayer()
         self.journal_dir = journal_dir
         self.lock = JournalLock(journal_dir)
@@ -86,6 +89,8 @@ class Device:
         self.by_key = {}            # (participant row, key) -> receipt row
         self.by_op = {}             # op raw -> receipt row
         self.sequences = {}         # participant row -> ascending sequences with a live receipt
+        self._lineages = {}         # principal -> lineage raw (a pure function, cached)
+        self._rendered = {}         # receipt row -> rendered own-view receipt bytes (derived)
         self.free_receipts = list(range(self.capacities["receipts"] - 1, -1, -1))
         self.free_participants = list(range(self.capacities["participants"] - 1, -1, -1))
         self.admissions = 0
@@ -135,8 +140,11 @@ class Device:
         """batch: list of (conn, msg). Returns (replies [(conn, reply)], deferred [(conn, msg)])."""
         try:
             self.grants.reload()
-        except Exception as exc:  # a half-written grant file must not stop the device
-            log.warning("grant reload failed, keeping previous grants: %s", exc)
+            self._grant_problem = None
+        except GrantFileError as exc:  # a bad rewrite must not stop the device; say so once
+            if str(exc) != self._grant_problem:
+                self._grant_problem = str(exc)
+                log.warning("grant reload failed, keeping previous grants: %s", exc)
         replies, mutations = [], []
         for conn, msg in batch:
             handler = MUTATIONS.get(msg.get("op"))
@@ -192,12 +200,18 @@ class Device:
         prow = self.by_principal.get(principal)
         if prow is None:
             return {"id": None, "registered": False,
-                    "lineage": ids.lineage(self.incarnation, principal).hex(),
+                    "lineage": self._lineage(principal).hex(),
                     "next_sequence": "1", "retry_floor": "1"}
         row = self.tables.row(self.tables.participants, prow)
         _, lineage, par = self.participant_ids[prow]
         return {"id": ids.participant_id(par), "registered": True, "lineage": lineage.hex(),
                 "next_sequence": str(row[P.NEXT_SEQUENCE]), "retry_floor": str(row[P.RETRY_FLOOR])}
+
+    def _lineage(self, principal):
+        lineage = self._lineages.get(principal)
+        if lineage is None:
+            lineage = self._lineages[principal] = ids.lineage(self.incarnation, principal)
+        return lineage
 
     # ---- the mutation protocol (SPEC "Mutations and retries") --------------------------
 
@@ -224,7 +238,7 @@ class Device:
         prow = self.by_principal.get(principal)
         rrow = self.by_sequence.get((prow, sequence)) if prow is not None else None
         if rrow is not None:
-            n = self.tables.receipts[rrow, R.COMMAND_LEN].item()
+            n = self.tables.value(self.tables.receipts, rrow, R.COMMAND_LEN)
             if self.tables.get_bytes(self.tables.command_bytes, rrow, n) != canonical:
                 raise DeviceError(409, "operation_changed",
                                   f"sequence {sequence} was admitted with different operation bytes")
@@ -263,7 +277,7 @@ class Device:
             t.write_row(t.participants, prow, {P.STATE: 1, P.NEXT_SEQUENCE: a.sequence, P.RETRY_FLOOR: 1,
                                                P.PRINCIPAL_HI: hi, P.PRINCIPAL_LO: lo})
             self.by_principal[a.principal] = prow
-            self.participant_ids[prow] = (a.principal, ids.lineage(self.incarnation, a.principal),
+            self.participant_ids[prow] = (a.principal, self._lineage(a.principal),
                                           ids.participant(self.incarnation, a.principal))
             terminal = Terminal.SUCCEEDED
         else:
@@ -279,9 +293,10 @@ class Device:
             R.TARGET_HI: tg_hi, R.TARGET_LO: tg_lo, R.COMMAND_LEN: len(a.canonical), R.RESULT_LEN: 0,
             R.TERMINAL: terminal})
         t.put_bytes(t.command_bytes, rrow, a.canonical)
-        t.participants[prow, P.NEXT_SEQUENCE] = a.sequence + 1
+        t.write_row(t.participants, prow, {P.NEXT_SEQUENCE: a.sequence + 1})
         if a.kind == Kind.PARTICIPANT_REGISTER:
-            t.participants[prow, P.REGISTERED_BY] = rrow
+            t.write_row(t.participants, prow, {P.REGISTERED_BY: rrow})
+        self._rendered.pop(rrow, None)
         self.by_sequence[(prow, a.sequence)] = rrow
         self.by_key[(prow, a.key)] = rrow
         self.by_op[a.op] = rrow
@@ -300,47 +315,49 @@ class Device:
         t.put_digest(rrow, 0, transfer.digest)
         if terminal:
             t.put_digest(rrow, 1, transfer.digest)
+        self._rendered.pop(rrow, None)
 
     # ---- receipts ----------------------------------------------------------------------
 
-    def _save_fields(self, rrow, row, which, transfer_col, boot_col, gen_col, source_col):
+    def _save_json(self, rrow, row, which, transfer_col, boot_col, gen_col, source_col):
         if not row[transfer_col]:
-            return None
-        return {"source": SOURCE_NAMES[Source(row[source_col])],
-                "file_incarnation": self.incarnation.hex(),
-                "generation": str(row[gen_col]), "boot": str(row[boot_col]),
-                "commit_digest": self.tables.get_digest(rrow, which).hex()}
+            return "null"
+        return (f'{{"boot":"{row[boot_col]}","commit_digest":"{self.tables.get_digest(rrow, which).hex()}",'
+                f'"file_incarnation":"{self._incarnation_hex}","generation":"{row[gen_col]}",'
+                f'"source":"{SOURCE_NAMES[row[source_col]]}"}}')
 
-    def receipt(self, rrow, *, own=True):
+    def receipt_bytes(self, rrow, *, own=True):
+        """A receipt as canonical JSON (sorted keys, compact), read from its tensor row.
+
+        Rendered from a fixed template because every value is a hex ID, a decimal counter or
+        a fixed word (nothing to escape); test_device checks the output is canonical JSON.
+        """
         t = self.tables
         row = t.row(t.receipts, rrow)
-        principal, lineage, par = self.participant_ids[row[R.PARTICIPANT]]
+        _, lineage, par = self.participant_ids[row[R.PARTICIPANT]]
         kind = Kind(row[R.KIND])
-        op = join16(row[R.OP_HI], row[R.OP_LO])
-        target = join16(row[R.TARGET_HI], row[R.TARGET_LO])
-        admission = self._save_fields(rrow, row, 0, R.ADM_TRANSFER, R.ADM_BOOT, R.ADM_GENERATION, R.ADM_SOURCE)
-        terminal = self._save_fields(rrow, row, 1, R.TERM_TRANSFER, R.TERM_BOOT, R.TERM_GENERATION, R.TERM_SOURCE)
-        status = row[R.TERMINAL]
-        return {
-            "schema": RECEIPT_SCHEMA,
-            "operation": ids.operation_id(lineage, op),
-            "participant": ids.participant_id(par),
-            "sequence": str(row[R.SEQUENCE]) if own else None,
-            "operation_key": join16(row[R.KEY_HI], row[R.KEY_LO]).hex(),
-            "kind": KIND_NAMES[kind],
-            "target": self._target_id(kind, lineage, target),
-            "transport": {"accepted": True},
-            "device": {"committed": True},
-            "admission": {"saved": admission is not None, "save": admission},
-            "terminal": {"saved": terminal is not None,
-                         "status": TERMINAL_NAMES.get(status) if terminal is not None else None,
-                         "save": terminal},
-            "pending_bytes": 0 if admission is not None else int(row[R.COMMAND_LEN]),
-            "disk_error": None,
-            "result": {"length": row[R.RESULT_LEN], "input_tokens": None, "output_tokens": None,
-                       "finish": None},
-            "effective": {"model_digest": None, "page_limit": None},
-        }
+        admission = self._save_json(rrow, row, 0, R.ADM_TRANSFER, R.ADM_BOOT, R.ADM_GENERATION, R.ADM_SOURCE)
+        terminal = self._save_json(rrow, row, 1, R.TERM_TRANSFER, R.TERM_BOOT, R.TERM_GENERATION, R.TERM_SOURCE)
+        saved = admission != "null"
+        ended = terminal != "null"
+        status = f'"{TERMINAL_NAMES[row[R.TERMINAL]]}"' if ended else "null"
+        sequence = f'"{row[R.SEQUENCE]}"' if own else "null"
+        return (
+            f'{{"admission":{{"save":{admission},"saved":{"true" if saved else "false"}}},'
+            f'"device":{{"committed":true}},"disk_error":null,'
+            f'"effective":{{"model_digest":null,"page_limit":null}},'
+            f'"kind":"{KIND_NAMES[kind]}",'
+            f'"operation":"{ids.operation_id(lineage, join16(row[R.OP_HI], row[R.OP_LO]))}",'
+            f'"operation_key":"{join16(row[R.KEY_HI], row[R.KEY_LO]).hex()}",'
+            f'"participant":"{ids.participant_id(par)}",'
+            f'"pending_bytes":{0 if saved else row[R.COMMAND_LEN]},'
+            f'"result":{{"finish":null,"input_tokens":null,"length":{row[R.RESULT_LEN]},"output_tokens":null}},'
+            f'"schema":"{RECEIPT_SCHEMA}",'
+            f'"sequence":{sequence},'
+            f'"target":"{self._target_id(kind, lineage, join16(row[R.TARGET_HI], row[R.TARGET_LO]))}",'
+            f'"terminal":{{"save":{terminal},"saved":{"true" if ended else "false"},"status":{status}}},'
+            f'"transport":{{"accepted":true}}}}'
+        ).encode()
 
     @staticmethod
     def _target_id(kind, lineage, target):
@@ -348,10 +365,23 @@ class Device:
             return ids.participant_id(target)
         raise ValueError(kind)
 
+    def rendered_receipt(self, rrow):
+        """The owner's view of a receipt, rendered once per change of its row (a derived cache)."""
+        body = self._rendered.get(rrow)
+        if body is None:
+            body = self._rendered[rrow] = RawJSON(self.receipt_bytes(rrow))
+        return body
+
     def _receipt_reply(self, req_id, status, rrow):
-        receipt = self.receipt(rrow)
-        return reply(req_id, status, dumps(receipt),
-                     {"Location": f"{BASE}/operations/{receipt['operation']}"} if status == 202 else None)
+        body = self.rendered_receipt(rrow)
+        headers = None
+        if status == 202:
+            t = self.tables
+            row = t.row(t.receipts, rrow)
+            lineage = self.participant_ids[row[R.PARTICIPANT]][1]
+            op = ids.operation_id(lineage, join16(row[R.OP_HI], row[R.OP_LO]))
+            headers = {"Location": f"{BASE}/operations/{op}"}
+        return reply(req_id, status, bytes(body), headers)
 
     # ---- reads -------------------------------------------------------------------------
 
@@ -396,7 +426,7 @@ class Device:
         seqs = self.sequences.get(prow, []) if prow is not None else []
         start = bisect.bisect_right(seqs, int(cursor)) if cursor else 0
         page = seqs[start:start + limit]
-        items = [self.receipt(self.by_sequence[(prow, s)]) for s in page]
+        items = [self.rendered_receipt(self.by_sequence[(prow, s)]) for s in page]
         more = start + limit < len(seqs)
         return 200, {"items": items, "next_cursor": str(page[-1]) if more and page else None}
 
@@ -406,12 +436,13 @@ class Device:
         m = ids.OPERATION_ID.match(op)
         rrow = self.by_op.get(bytes.fromhex(m.group(2))) if m else None
         if rrow is not None:
-            prow = self.tables.receipts[rrow, R.PARTICIPANT].item()
-            if self.participant_ids[prow][0] != principal or op != self.receipt(rrow)["operation"]:
+            prow = self.tables.value(self.tables.receipts, rrow, R.PARTICIPANT)
+            principal_of, lineage, _ = self.participant_ids[prow]
+            if principal_of != principal or m.group(1) != lineage.hex():
                 rrow = None
         if rrow is None:
             raise DeviceError(404, "operation_not_found", f"no operation {op} visible to this principal")
-        return 200, self.receipt(rrow)
+        return 200, self.rendered_receipt(rrow)
 
     def ping(self, msg):
         return 200, {"ok": True, "boot": str(self.boot), "usage": self.tables.usage(),

@@ -34,9 +34,32 @@ class DeviceError(Exception):
         return dumps({"error": {"code": self.code, "message": self.message, **self.details}})
 
 
+class RawJSON(bytes):
+    """Already-rendered JSON bytes, embedded verbatim by dumps() (receipts are rendered once)."""
+
+
+_MARK = "\x00raw{}\x00"
+
+
 def dumps(obj):
-    """Deterministic compact JSON: the same state always renders to the same bytes."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    """Deterministic compact JSON (sorted keys): the same state always renders to the same bytes.
+
+    RawJSON values inside obj are spliced in as they are, so a list of receipts contains each
+    receipt's exact bytes."""
+    if isinstance(obj, RawJSON):
+        return bytes(obj)
+    raws = []
+
+    def default(o):
+        if isinstance(o, RawJSON):
+            raws.append(o)
+            return _MARK.format(len(raws) - 1)
+        raise TypeError(f"{type(o).__name__} is not JSON serialisable")
+
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=default).encode()
+    for i, raw in enumerate(raws):
+        text = text.replace(json.dumps(_MARK.format(i)).encode(), bytes(raw), 1)
+    return text
 
 
 def encode_frame(obj):

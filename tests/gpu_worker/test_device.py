@@ -144,3 +144,12 @@ def test_operations_list_pages_with_a_cursor(rig, principal_id):
     assert len(page["items"]) == 1 and page["next_cursor"] is None
     status, body, _ = rig.call("operations.get", principal_id, {"operation": "op-" + "0" * 32 + "-" + "1" * 32})
     assert status == 404 and body["error"]["code"] == "operation_not_found"
+
+
+def test_receipts_render_as_canonical_json(rig, principal_id):
+    from gpu_worker.protocol import dumps
+    _, receipt, msg = rig.call("participant.register", principal_id, rig.register_args(principal_id))
+    assert dumps(json.loads(msg["body"])) == msg["body"]
+    rrow = rig.device.by_op[bytes.fromhex(receipt["operation"].split("-")[2])]
+    foreign = rig.device.receipt_bytes(rrow, own=False)
+    assert json.loads(foreign)["sequence"] is None and dumps(json.loads(foreign)) == foreign

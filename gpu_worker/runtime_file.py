@@ -1,0 +1,474 @@
+"""The runtime file (.aotxccir): one container holding everything the device needs except credentials.
+
+docs/runtime-file.md describes the byte layout; this module is the only code that reads or writes it.
+A file is two superblock slots (A at 0, B at 4096) followed by 4096-aligned extents. The valid
+superblock with the highest generation names the current directory extent, and the directory names
+every component extent. Writers never touch bytes that the current superblock reaches: they add
+extents after the end of the file, make them durable, and only then write the *other* slot. A crash
+at any point therefore leaves the previous generation readable.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import math
+import mmap
+import os
+import struct
+import sys
+from dataclasses import dataclass, replace
+from typing import Any, Iterable
+
+import torch
+
+if sys.byteorder != "little":  # extents hold raw little-endian tensors that boot maps without conversion
+    raise ImportError("gpu_worker.runtime_file requires a little-endian host")
+
+MAGIC = b"AOTXCCIR"
+FORMAT_VERSION = 1
+SLOT_SIZE = 4096
+SLOT_OFFSETS = (0, SLOT_SIZE)
+SLOT_NAMES = ("A", "B")
+DATA_START = 2 * SLOT_SIZE
+ALIGN = 4096
+
+# magic, format_version, header_size, required_features, optional_features, file_incarnation,
+# generation, directory_offset, directory_length, directory_sha256, checksum (sha256 of the
+# preceding 104 bytes). The rest of the 4096-byte slot is zero.
+SUPERBLOCK = struct.Struct("<8sIIQQ16sQQQ32s32s")
+CHECKSUM_OFFSET = SUPERBLOCK.size - 32
+
+FEATURE_BASE = 1 << 0
+FEATURE_SHARED = 1 << 1
+KNOWN_REQUIRED = FEATURE_BASE | FEATURE_SHARED
+FEATURE_NAMES = {FEATURE_BASE: "base", FEATURE_SHARED: "shared"}
+
+DIRECTORY_SCHEMA = "aotx.ccir.directory.v1"
+KINDS = ("tensor", "json", "text", "bytes")
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "int64": torch.int64,
+    "uint8": torch.uint8,
+}
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+DEFAULT_CAPACITIES = {
+    "participants": 1024,
+    "spaces": 1024,
+    "conversations": 4096,
+    "members": 4096,
+    "receipts": 1024,
+    "command_bytes": 8192,
+    "result_bytes": 65536,
+}
+# Treat the two profiles below as read-only templates: copy before changing.
+DEFAULT_SHARED_PROFILE = {
+    "schema": "aotx.shared.profile.v1",
+    "capacities": dict(DEFAULT_CAPACITIES),
+    "journal_file_cap_bytes": 1 << 30,
+    "checkpoint_journal_bytes": 1 << 28,
+}
+DEFAULT_RUNTIME_PROFILE = {
+    "schema": "aotx.runtime.profile.v1",
+    "page_size": 16,
+    "kv_pages": 2048,
+    # 160 pages = 2560 tokens: a full 2048-byte input, 256 output tokens and the chat template.
+    "page_grant": 160,
+    "deadline_ms": 120000,
+    "min_free_disk_bytes": 64 << 20,
+    "max_output_tokens": 256,
+}
+
+
+class RuntimeFileError(Exception):
+    """A runtime file that cannot be used; the message is one line and names the file."""
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    kind: str
+    offset: int
+    length: int
+    sha256: str
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "offset": self.offset,
+            "length": self.length,
+            "sha256": self.sha256,
+            "dtype": self.dtype,
+            "shape": list(self.shape) if self.shape is not None else None,
+        }
+
+
+@dataclass(frozen=True)
+class _Superblock:
+    required_features: int
+    optional_features: int
+    file_incarnation: bytes
+    generation: int
+    directory_offset: int
+    directory_length: int
+    directory_sha256: bytes
+    format_version: int = FORMAT_VERSION
+    header_size: int = SUPERBLOCK.size
+
+    def pack(self) -> bytes:
+        raw = SUPERBLOCK.pack(
+            MAGIC, self.format_version, self.header_size, self.required_features,
+            self.optional_features, self.file_incarnation, self.generation,
+            self.directory_offset, self.directory_length, self.directory_sha256, bytes(32),
+        )
+        body = raw[:CHECKSUM_OFFSET]
+        return (body + hashlib.sha256(body).digest()).ljust(SLOT_SIZE, b"\0")
+
+    @classmethod
+    def unpack(cls, slot: bytes) -> "_Superblock":
+        """Decode one slot; ValueError says why it is not a valid superblock."""
+        (magic, version, header_size, required, optional, incarnation, generation,
+         dir_offset, dir_length, dir_sha256, checksum) = SUPERBLOCK.unpack_from(slot)
+        if magic != MAGIC:
+            raise ValueError("bad magic")
+        if hashlib.sha256(slot[:CHECKSUM_OFFSET]).digest() != checksum:
+            raise ValueError("checksum mismatch")
+        if header_size != SUPERBLOCK.size:
+            raise ValueError(f"header size {header_size}")
+        return cls(required, optional, incarnation, generation, dir_offset, dir_length,
+                   dir_sha256, version, header_size)
+
+
+def canonical_json(value: Any) -> bytes:
+    """The one JSON encoding the file uses, so equal values give equal bytes and digests."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+
+
+def _describe_features(bits: int) -> str:
+    names = [FEATURE_NAMES.get(1 << i, f"bit {i}") for i in range(64) if bits >> i & 1]
+    return f"{bits:#x} ({', '.join(names)})" if names else "0x0"
+
+
+class RuntimeFile:
+    """A read-only view of one runtime file, mapped into memory."""
+
+    def __init__(self, path: str, mapping: mmap.mmap, slot: int, superblock: _Superblock,
+                 components: dict[str, Component]):
+        self.path = path
+        self.slot = slot
+        self.incarnation = superblock.file_incarnation
+        self.generation = superblock.generation
+        self.required_features = superblock.required_features
+        self.optional_features = superblock.optional_features
+        self.components = components
+        self._superblock = superblock
+        self._mapping = mapping
+        self._view = memoryview(mapping)
+
+    @classmethod
+    def open(cls, path, *, known_required: int = KNOWN_REQUIRED, verify: bool = True) -> "RuntimeFile":
+        path = os.fspath(path)
+        try:
+            with open(path, "rb") as f:
+                if os.fstat(f.fileno()).st_size < DATA_START:
+                    raise RuntimeFileError(f"{path}: too short to be a runtime file")
+                # A private (copy-on-write) mapping of a read-only descriptor: the file can never be
+                # changed through it, and a stray in-place op on a weight tensor copies one page
+                # instead of crashing the process the way a PROT_READ mapping would.
+                mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        except OSError as exc:
+            raise RuntimeFileError(f"{path}: cannot open: {exc.strerror or exc}") from None
+        try:
+            slot, superblock, directory = _choose_superblock(path, mapping)
+            unknown = superblock.required_features & ~known_required
+            if unknown:
+                raise RuntimeFileError(
+                    f"{path}: requires feature bits {_describe_features(unknown)} unknown to this "
+                    f"reader (it knows {_describe_features(known_required)})")
+            if not superblock.required_features & FEATURE_BASE:
+                raise RuntimeFileError(f"{path}: base feature bit is not set")
+            components = _parse_directory(path, directory, len(mapping))
+            runtime = cls(path, mapping, slot, superblock, components)
+        except BaseException:
+            mapping.close()
+            raise
+        if verify:
+            runtime.verify()
+        return runtime
+
+    def verify(self) -> None:
+        """Check every extent against its recorded sha256."""
+        for component in sorted(self.components.values(), key=lambda c: c.offset):
+            extent = self._view[component.offset:component.offset + component.length]
+            if hashlib.sha256(extent).hexdigest() != component.sha256:
+                raise RuntimeFileError(
+                    f"{self.path}: component {component.name!r} fails its sha256 check")
+
+    def _component(self, name: str, kind: str | None = None) -> Component:
+        component = self.components.get(name)
+        if component is None:
+            raise RuntimeFileError(f"{self.path}: no component {name!r}")
+        if kind is not None and component.kind != kind:
+            raise RuntimeFileError(f"{self.path}: component {name!r} is {component.kind}, not {kind}")
+        return component
+
+    def bytes(self, name: str) -> memoryview:
+        component = self._component(name)
+        return self._view[component.offset:component.offset + component.length].toreadonly()
+
+    def json(self, name: str) -> Any:
+        self._component(name, "json")
+        return json.loads(self.bytes(name).tobytes())
+
+    def text(self, name: str) -> str:
+        self._component(name, "text")
+        return self.bytes(name).tobytes().decode("utf-8")
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """A zero-copy CPU tensor over the mapping (copy it to the device or to keep it mutable)."""
+        component = self._component(name, "tensor")
+        dtype = DTYPES[component.dtype]
+        count = math.prod(component.shape)
+        if count == 0:
+            return torch.empty(component.shape, dtype=dtype)
+        # torch keeps a reference to the object it is given but not a buffer export; handing it
+        # its own slice of the mapping is what keeps the pages mapped after close().
+        extent = self._view[component.offset:component.offset + component.length]
+        return torch.frombuffer(extent, dtype=dtype, count=count).view(component.shape)
+
+    def names(self, prefix: str = "") -> list[str]:
+        return sorted(name for name in self.components if name.startswith(prefix))
+
+    def has(self, name: str) -> bool:
+        return name in self.components
+
+    def model_digest(self, prefix: str = "gen") -> str:
+        """Identifies a model by its components' digests, independent of where the extents lie."""
+        lines = "".join(f"{name}:{self.components[name].sha256}\n" for name in self.names(prefix + "/"))
+        return hashlib.sha256(lines.encode("utf-8")).hexdigest()
+
+    @property
+    def shared_profile(self) -> dict | None:
+        return self.json("shared_profile") if self.has("shared_profile") else None
+
+    @property
+    def runtime_profile(self) -> dict:
+        return self.json("runtime_profile")
+
+    def check_bootable(self) -> None:
+        for name in ("gen/card", "gen/tokenizer", "gen/chat_template", "runtime_profile"):
+            self._component(name)
+        if self.has("shared_profile"):
+            if not self.required_features & FEATURE_SHARED:
+                raise RuntimeFileError(f"{self.path}: shared profile present but its feature bit is not set")
+            if not self.has("emb/card"):
+                raise RuntimeFileError(f"{self.path}: shared profile requires an embedding model")
+
+    def close(self) -> None:
+        try:
+            self._view.release()
+            self._mapping.close()
+        except BufferError:
+            # Tensors or views handed out earlier still point into the mapping; it is unmapped
+            # when the last of them is garbage collected.
+            pass
+
+    def __enter__(self) -> "RuntimeFile":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"RuntimeFile({self.path!r}, generation={self.generation}, "
+                f"slot={SLOT_NAMES[self.slot]}, components={len(self.components)})")
+
+
+def _choose_superblock(path: str, mapping: mmap.mmap) -> tuple[int, _Superblock, bytes]:
+    valid, reasons = [], []
+    for slot, offset in enumerate(SLOT_OFFSETS):
+        try:
+            superblock = _Superblock.unpack(mapping[offset:offset + SLOT_SIZE])
+            start, end = superblock.directory_offset, superblock.directory_offset + superblock.directory_length
+            if start < DATA_START or end > len(mapping):
+                raise ValueError("directory outside the file")
+            directory = mapping[start:end]
+            if hashlib.sha256(directory).digest() != superblock.directory_sha256:
+                raise ValueError("directory digest mismatch")
+        except ValueError as exc:
+            reasons.append(f"{SLOT_NAMES[slot]}: {exc}")
+            continue
+        valid.append((superblock.generation, slot, superblock, directory))
+    if not valid:
+        raise RuntimeFileError(f"{path}: no valid superblock ({'; '.join(reasons)})")
+    _, slot, superblock, directory = max(valid, key=lambda v: (v[0], v[1]))
+    if superblock.format_version != FORMAT_VERSION:
+        raise RuntimeFileError(f"{path}: format version {superblock.format_version} is not supported")
+    return slot, superblock, directory
+
+
+def _parse_directory(path: str, raw: bytes, file_size: int) -> dict[str, Component]:
+    try:
+        directory = json.loads(raw)
+        if directory.get("schema") != DIRECTORY_SCHEMA:
+            raise ValueError(f"schema {directory.get('schema')!r}")
+        components = {}
+        for entry in directory["components"]:
+            shape = tuple(entry["shape"]) if entry["shape"] is not None else None
+            component = Component(entry["name"], entry["kind"], entry["offset"], entry["length"],
+                                  entry["sha256"], entry["dtype"], shape)
+            _check_entry(component, file_size)
+            if component.name in components:
+                raise ValueError(f"duplicate component {component.name!r}")
+            components[component.name] = component
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise RuntimeFileError(f"{path}: bad directory: {exc}") from None
+    return components
+
+
+def _check_entry(c: Component, file_size: int) -> None:
+    if c.kind not in KINDS:
+        raise ValueError(f"{c.name!r} has unknown kind {c.kind!r}")
+    if c.offset < DATA_START or c.offset % ALIGN or c.length < 0 or c.offset + c.length > file_size:
+        raise ValueError(f"{c.name!r} extent {c.offset}+{c.length} is outside the data area")
+    if c.kind == "tensor":
+        if c.dtype not in DTYPES or c.shape is None:
+            raise ValueError(f"{c.name!r} has dtype {c.dtype!r} and shape {c.shape!r}")
+        if math.prod(c.shape) * DTYPES[c.dtype].itemsize != c.length:
+            raise ValueError(f"{c.name!r} length {c.length} does not match {c.dtype}{list(c.shape)}")
+
+
+def _encode(name: str, kind: str, payload: Any) -> tuple[memoryview | bytes, str | None, tuple | None]:
+    """The extent bytes for one component, with the tensor dtype and shape when it is a tensor."""
+    if not isinstance(name, str) or not name or "\n" in name:
+        raise ValueError(f"invalid component name {name!r}")
+    if kind == "tensor":
+        if not isinstance(payload, torch.Tensor):
+            raise TypeError(f"component {name!r}: tensor payload must be a torch.Tensor")
+        tensor = payload.detach().cpu().contiguous()
+        if tensor.dtype not in DTYPE_NAMES:
+            raise ValueError(f"component {name!r}: dtype {tensor.dtype} is not storable")
+        raw = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+        return raw, DTYPE_NAMES[tensor.dtype], tuple(tensor.shape)
+    if kind == "json":
+        if isinstance(payload, (str, bytes, bytearray)):
+            raw = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
+            json.loads(raw)  # stored as given (tokenizer JSON stays as the library wrote it), but valid
+            return raw, None, None
+        return canonical_json(payload), None, None
+    if kind == "text":
+        return payload.encode("utf-8"), None, None
+    if kind == "bytes":
+        return memoryview(payload).cast("B"), None, None
+    raise ValueError(f"component {name!r}: unknown kind {kind!r}")
+
+
+def _align(offset: int) -> int:
+    return -(-offset // ALIGN) * ALIGN
+
+
+class _ExtentWriter:
+    """Appends aligned extents to an open file, hashing each one as it is written."""
+
+    def __init__(self, f, end: int):
+        self.f = f
+        self.end = end
+        f.seek(end)
+
+    def _put(self, raw) -> tuple[int, int, str]:
+        offset = _align(self.end)
+        self.f.write(bytes(offset - self.end))
+        self.f.write(raw)
+        self.end = offset + len(raw)
+        return offset, len(raw), hashlib.sha256(raw).hexdigest()
+
+    def put(self, name: str, kind: str, payload: Any) -> Component:
+        raw, dtype, shape = _encode(name, kind, payload)
+        offset, length, digest = self._put(raw)
+        return Component(name, kind, offset, length, digest, dtype, shape)
+
+    def put_directory(self, components: dict[str, Component]) -> tuple[int, int, bytes]:
+        directory = {"schema": DIRECTORY_SCHEMA,
+                     "components": [components[name].to_json() for name in sorted(components)]}
+        offset, length, digest = self._put(canonical_json(directory))
+        return offset, length, bytes.fromhex(digest)
+
+
+def _collect(writer: _ExtentWriter, components: Iterable) -> dict[str, Component]:
+    written = {}
+    for name, kind, payload in components:
+        if name in written:
+            raise ValueError(f"component {name!r} given twice")
+        written[name] = writer.put(name, kind, payload)
+    return written
+
+
+def _fsync_directory(path: str) -> None:
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def create(path, components: Iterable, *, required: int = FEATURE_BASE, optional: int = 0) -> None:
+    """Write a brand-new file from (name, kind, payload) triples, consumed one at a time."""
+    path = os.fspath(path)
+    if not required & FEATURE_BASE:
+        raise ValueError("every runtime file requires FEATURE_BASE")
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(bytes(DATA_START))  # both slots; slot B stays zero (invalid) until the first append
+            writer = _ExtentWriter(f, DATA_START)
+            written = _collect(writer, components)
+            dir_offset, dir_length, dir_digest = writer.put_directory(written)
+            superblock = _Superblock(required, optional, os.urandom(16), 1, dir_offset, dir_length, dir_digest)
+            f.seek(SLOT_OFFSETS[0])
+            f.write(superblock.pack())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_directory(path)
+
+
+def append(path, components: Iterable, *, set_required: int = 0) -> int:
+    """Add components (replacing same-named ones) and publish them in the other slot; returns the generation."""
+    path = os.fspath(path)
+    if set_required & ~KNOWN_REQUIRED:
+        raise ValueError(f"unknown required feature bits {set_required:#x}")
+    with open(path, "r+b") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeFileError(f"{path}: another writer holds the file") from None
+        with RuntimeFile.open(path, verify=False) as current:
+            entries, slot, superblock = dict(current.components), current.slot, current._superblock
+        # Start after everything in the file, including any tail a crashed append left behind:
+        # no extent the current superblock can reach is ever overwritten.
+        writer = _ExtentWriter(f, os.fstat(f.fileno()).st_size)
+        entries.update(_collect(writer, components))
+        dir_offset, dir_length, dir_digest = writer.put_directory(entries)
+        f.flush()
+        os.fsync(f.fileno())  # the new extents are durable before any superblock names them
+        successor = replace(superblock, generation=superblock.generation + 1,
+                            required_features=superblock.required_features | set_required,
+                            directory_offset=dir_offset, directory_length=dir_length,
+                            directory_sha256=dir_digest)
+        f.seek(SLOT_OFFSETS[1 - slot])
+        f.write(successor.pack())
+        f.flush()
+        os.fsync(f.fileno())
+    return successor.generation

@@ -1,0 +1,256 @@
+import fcntl
+import hashlib
+import os
+
+import pytest
+import torch
+
+from gpu_worker import runtime_file
+from gpu_worker.runtime_file import (ALIGN, DATA_START, FEATURE_BASE, FEATURE_SHARED, SLOT_OFFSETS, SLOT_SIZE,
+                                     SUPERBLOCK, RuntimeFile, RuntimeFileError)
+
+
+def components():
+    return [
+        ("gen/tensor/w", "tensor", torch.arange(12, dtype=torch.float32).reshape(3, 4).to(torch.bfloat16)),
+        ("gen/tensor/h", "tensor", torch.tensor([1.5, -2.0], dtype=torch.float16)),
+        ("gen/card", "json", {"name": "x", "layers": 2}),
+        ("ids", "tensor", torch.arange(5, dtype=torch.int64)),
+        ("mask", "tensor", torch.tensor([[1, 0], [0, 255]], dtype=torch.uint8)),
+        ("scalar", "tensor", torch.tensor(3.25)),
+        ("template", "text", "héllo {{ x }}"),
+        ("blob", "bytes", b"\x00\x01\x02"),
+    ]
+
+
+@pytest.fixture
+def path(tmp_path):
+    path = tmp_path / "r.aotxccir"
+    runtime_file.create(path, components())
+    return path
+
+
+def slot_fields(path, slot):
+    with open(path, "rb") as f:
+        f.seek(SLOT_OFFSETS[slot])
+        return SUPERBLOCK.unpack(f.read(SUPERBLOCK.size))
+
+
+def corrupt(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_superblock_layout_has_the_documented_offsets():
+    assert SUPERBLOCK.format == "<8sIIQQ16sQQQ32s32s"
+    assert SUPERBLOCK.size == 136
+    assert runtime_file.CHECKSUM_OFFSET == 104
+
+
+def test_superblock_round_trips_and_fills_its_slot():
+    superblock = runtime_file._Superblock(FEATURE_BASE, 0, bytes(range(16)), 7, 8192, 100, b"d" * 32)
+    raw = superblock.pack()
+    assert len(raw) == SLOT_SIZE and raw[SUPERBLOCK.size:] == bytes(SLOT_SIZE - SUPERBLOCK.size)
+    assert runtime_file._Superblock.unpack(raw) == superblock
+    assert hashlib.sha256(raw[:104]).digest() == raw[104:136]
+
+
+def test_it_reads_back_every_kind_of_component(path):
+    with RuntimeFile.open(path) as runtime:
+        for name, kind, payload in components():
+            if kind == "tensor":
+                assert runtime.components[name].dtype == runtime_file.DTYPE_NAMES[payload.dtype]
+                assert torch.equal(runtime.tensor(name), payload)
+            elif kind == "json":
+                assert runtime.json(name) == payload
+            elif kind == "text":
+                assert runtime.text(name) == payload
+            else:
+                assert bytes(runtime.bytes(name)) == payload
+
+
+def test_it_starts_every_extent_aligned_after_the_superblocks(path):
+    with RuntimeFile.open(path) as runtime:
+        offsets = [c.offset for c in runtime.components.values()]
+    assert min(offsets) >= DATA_START
+    assert all(offset % ALIGN == 0 for offset in offsets)
+    fields = slot_fields(path, 0)
+    assert fields[7] >= DATA_START and fields[7] % ALIGN == 0  # directory offset
+
+
+def test_a_new_file_has_generation_1_in_slot_a_and_an_empty_slot_b(path):
+    magic, version, header_size, required, optional, incarnation, generation, *_ = slot_fields(path, 0)
+    assert (magic, version, header_size, required, generation) == (b"AOTXCCIR", 1, 136, FEATURE_BASE, 1)
+    assert slot_fields(path, 1)[0] == bytes(8)
+    with RuntimeFile.open(path) as runtime:
+        assert (runtime.slot, runtime.generation, runtime.incarnation) == (0, 1, incarnation)
+
+
+def test_each_new_file_gets_a_fresh_incarnation(tmp_path):
+    runtime_file.create(tmp_path / "a", components())
+    runtime_file.create(tmp_path / "b", components())
+    assert slot_fields(tmp_path / "a", 0)[5] != slot_fields(tmp_path / "b", 0)[5]
+
+
+def test_append_writes_the_other_slot_with_the_next_generation(path):
+    incarnation = slot_fields(path, 0)[5]
+    assert runtime_file.append(path, [("extra", "text", "one")]) == 2
+    assert slot_fields(path, 1)[6] == 2 and slot_fields(path, 0)[6] == 1
+    assert runtime_file.append(path, [("extra", "text", "two")]) == 3
+    assert slot_fields(path, 0)[6] == 3 and slot_fields(path, 1)[6] == 2
+    with RuntimeFile.open(path) as runtime:
+        assert (runtime.slot, runtime.generation, runtime.incarnation) == (0, 3, incarnation)
+        assert runtime.text("extra") == "two"
+
+
+def test_append_reuses_existing_extents_and_replaces_same_named_components(path):
+    with RuntimeFile.open(path) as before:
+        old = dict(before.components)
+    size = os.path.getsize(path)
+    runtime_file.append(path, [("gen/card", "json", {"name": "y"}), ("new", "bytes", b"z")])
+    with RuntimeFile.open(path) as after:
+        assert after.json("gen/card") == {"name": "y"}
+        assert after.components["gen/card"].offset >= size
+        assert after.components["new"].offset >= size
+        for name, component in old.items():
+            if name != "gen/card":
+                assert after.components[name] == component
+        assert torch.equal(after.tensor("gen/tensor/w"), components()[0][2])
+
+
+def test_append_sets_required_bits(path):
+    runtime_file.append(path, [("shared_profile", "json", {})], set_required=FEATURE_SHARED)
+    with RuntimeFile.open(path) as runtime:
+        assert runtime.required_features == FEATURE_BASE | FEATURE_SHARED
+
+
+def test_append_refuses_unknown_required_bits(path):
+    with pytest.raises(ValueError):
+        runtime_file.append(path, [], set_required=1 << 5)
+
+
+def test_append_refuses_while_another_writer_holds_the_file(path):
+    with open(path, "rb") as other:
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(RuntimeFileError, match="another writer"):
+            runtime_file.append(path, [("x", "text", "y")])
+
+
+def test_it_falls_back_to_the_older_slot_when_the_newer_checksum_is_corrupt(path):
+    runtime_file.append(path, [("gen/card", "json", {"name": "new"})])
+    corrupt(path, SLOT_OFFSETS[1] + runtime_file.CHECKSUM_OFFSET)
+    with RuntimeFile.open(path) as runtime:
+        assert (runtime.slot, runtime.generation) == (0, 1)
+        assert runtime.json("gen/card") == {"name": "x", "layers": 2}
+
+
+def test_it_falls_back_when_the_newer_directory_does_not_match_its_digest(path):
+    runtime_file.append(path, [("gen/card", "json", {"name": "new"})])
+    directory_offset = slot_fields(path, 1)[7]
+    corrupt(path, directory_offset + 3)
+    with RuntimeFile.open(path) as runtime:
+        assert runtime.generation == 1
+
+
+def test_it_refuses_a_file_without_a_valid_superblock(path):
+    runtime_file.append(path, [("extra", "text", "one")])
+    corrupt(path, SLOT_OFFSETS[0] + 20)
+    corrupt(path, SLOT_OFFSETS[1])
+    with pytest.raises(RuntimeFileError, match="no valid superblock") as error:
+        RuntimeFile.open(path)
+    assert str(path) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_it_refuses_a_file_too_short_or_missing(tmp_path):
+    (tmp_path / "short").write_bytes(b"AOTXCCIR")
+    with pytest.raises(RuntimeFileError, match="too short"):
+        RuntimeFile.open(tmp_path / "short")
+    with pytest.raises(RuntimeFileError, match="cannot open"):
+        RuntimeFile.open(tmp_path / "missing")
+
+
+def test_it_names_the_component_whose_extent_is_corrupt(path):
+    with RuntimeFile.open(path) as runtime:
+        offset = runtime.components["gen/tensor/w"].offset
+    corrupt(path, offset + 5)
+    with pytest.raises(RuntimeFileError, match="'gen/tensor/w' fails its sha256 check"):
+        RuntimeFile.open(path)
+    with RuntimeFile.open(path, verify=False) as runtime:  # boot may skip hashing; the directory is still checked
+        assert runtime.has("gen/tensor/w")
+
+
+def test_an_older_reader_refuses_a_required_shared_file(path):
+    with RuntimeFile.open(path, known_required=FEATURE_BASE) as runtime:
+        assert runtime.required_features == FEATURE_BASE
+    runtime_file.append(path, [("shared_profile", "json", {})], set_required=FEATURE_SHARED)
+    with pytest.raises(RuntimeFileError, match=r"requires feature bits 0x2 \(shared\) unknown to this reader"):
+        RuntimeFile.open(path, known_required=FEATURE_BASE)
+
+
+def test_optional_bits_do_not_stop_a_reader(tmp_path):
+    runtime_file.create(tmp_path / "o", components(), optional=1 << 40)
+    with RuntimeFile.open(tmp_path / "o") as runtime:
+        assert runtime.optional_features == 1 << 40
+
+
+def test_tensors_are_views_of_the_mapping_that_outlive_close(path):
+    runtime = RuntimeFile.open(path)
+    first, second = runtime.tensor("gen/tensor/w"), runtime.tensor("gen/tensor/w")
+    assert first.data_ptr() == second.data_ptr()
+    runtime.close()
+    assert torch.equal(first, components()[0][2])
+
+
+def test_writing_to_a_tensor_never_changes_the_file(path):
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    with RuntimeFile.open(path) as runtime:
+        runtime.tensor("ids").add_(1)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+
+
+def test_names_has_and_kind_checks(path):
+    with RuntimeFile.open(path) as runtime:
+        assert runtime.names("gen/tensor/") == ["gen/tensor/h", "gen/tensor/w"]
+        assert runtime.has("blob") and not runtime.has("nope")
+        with pytest.raises(RuntimeFileError, match="no component 'nope'"):
+            runtime.bytes("nope")
+        with pytest.raises(RuntimeFileError, match="is tensor, not json"):
+            runtime.json("ids")
+
+
+def test_model_digest_covers_names_and_contents_not_positions(tmp_path):
+    runtime_file.create(tmp_path / "a", components())
+    runtime_file.create(tmp_path / "b", [("padding", "bytes", b"p" * 10000)] + components()[::-1])
+    runtime_file.create(tmp_path / "c", [("gen/card", "json", {"name": "other"})] + components()[3:])
+    with RuntimeFile.open(tmp_path / "a") as a, RuntimeFile.open(tmp_path / "b") as b, \
+            RuntimeFile.open(tmp_path / "c") as c:
+        assert a.components["gen/card"].offset != b.components["gen/card"].offset
+        assert a.model_digest() == b.model_digest()
+        assert a.model_digest() != c.model_digest()
+        lines = "".join(f"{n}:{a.components[n].sha256}\n" for n in ["gen/card", "gen/tensor/h", "gen/tensor/w"])
+        assert a.model_digest("gen") == hashlib.sha256(lines.encode()).hexdigest()
+
+
+def test_create_refuses_duplicates_and_leaves_nothing_behind(tmp_path):
+    with pytest.raises(ValueError, match="given twice"):
+        runtime_file.create(tmp_path / "d", components() + [("blob", "bytes", b"")])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_create_refuses_unstorable_payloads(tmp_path):
+    with pytest.raises(ValueError, match="not storable"):
+        runtime_file.create(tmp_path / "d", [("x", "tensor", torch.zeros(2, dtype=torch.int32))])
+    with pytest.raises(ValueError, match="unknown kind"):
+        runtime_file.create(tmp_path / "d", [("x", "pickle", b"")])
+    with pytest.raises(ValueError, match="FEATURE_BASE"):
+        runtime_file.create(tmp_path / "d", [], required=FEATURE_SHARED)
+
+
+def test_profiles_and_bootability_checks(path):
+    with RuntimeFile.open(path) as runtime:
+        assert runtime.shared_profile is None
+        with pytest.raises(RuntimeFileError, match="no component 'gen/tokenizer'"):
+            runtime.check_bootable()
