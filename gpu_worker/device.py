@@ -136,8 +136,12 @@ class Device:
 
     # ---- the tick ------------------------------------------------------------------------
 
-    def tick(self, batch):
-        """batch: list of (conn, msg). Returns (replies [(conn, reply)], deferred [(conn, msg)])."""
+    def tick(self, inbox):
+        """Handle commands from the front of inbox (a deque of (conn, msg)) until this tick's
+        record budget is used; what is left stays queued for the next tick. Returns
+        [(conn, reply)]: replies go out only after the tick's commit, so every mutation reply
+        reports a saved admission, and a read that follows a mutation in the same tick is
+        answered after that mutation is saved (reads never see unsaved state)."""
         try:
             self.grants.reload()
             self._grant_problem = None
@@ -145,24 +149,27 @@ class Device:
             if str(exc) != self._grant_problem:
                 self._grant_problem = str(exc)
                 log.warning("grant reload failed, keeping previous grants: %s", exc)
-        replies, mutations = [], []
-        for conn, msg in batch:
-            handler = MUTATIONS.get(msg.get("op"))
-            if handler is not None:
-                mutations.append((conn, msg, handler))
-            else:
-                replies.append((conn, self._read(msg)))
-        waiting, deferred = [], []
+        replies, late_reads, waiting = [], [], []
         budget = MAX_RECORDS_PER_TICK
-        for i, (conn, msg, handler) in enumerate(mutations):
+        while inbox:
+            conn, msg = inbox[0]
+            handler = MUTATIONS.get(msg.get("op"))
+            if handler is None:
+                inbox.popleft()
+                if waiting:
+                    late_reads.append((conn, msg))
+                else:
+                    replies.append((conn, self._read(msg)))
+                continue
             try:
                 outcome = handler(self, msg, budget)
             except DeviceError as err:
+                inbox.popleft()
                 replies.append((conn, reply(msg.get("id"), err.status, err.body())))
                 continue
             if outcome is None:  # does not fit this tick's record budget
-                deferred.extend((c, m) for c, m, _ in mutations[i:])
                 break
+            inbox.popleft()
             status, rrow, records = outcome
             budget -= records
             waiting.append((conn, msg.get("id"), status, rrow))
@@ -173,7 +180,9 @@ class Device:
                     self._mark_saved(rrow, transfer, terminal=True)
         for conn, req_id, status, rrow in waiting:
             replies.append((conn, self._receipt_reply(req_id, status, rrow)))
-        return replies, deferred
+        for conn, msg in late_reads:
+            replies.append((conn, self._read(msg)))
+        return replies
 
     def _read(self, msg):
         req_id = msg.get("id")
@@ -227,15 +236,18 @@ class Device:
         if len(canonical) > self.capacities["command_bytes"]:
             raise DeviceError(400, "command_too_large",
                               f"canonical operation is {len(canonical)} bytes; the limit is {self.capacities['command_bytes']}")
-        view = self._participant_view(principal)
-        if lineage != view["lineage"]:
+        prow = self.by_principal.get(principal)
+        if prow is None:
+            expected, floor, next_seq = self._lineage(principal), 1, 1
+        else:
+            row = self.tables.row(self.tables.participants, prow)
+            expected, floor, next_seq = self.participant_ids[prow][1], row[P.RETRY_FLOOR], row[P.NEXT_SEQUENCE]
+        if lineage != expected.hex():
             raise DeviceError(409, "stale_lineage", "lineage is not the participant's current lineage",
-                              lineage=view["lineage"])
-        floor, next_seq = int(view["retry_floor"]), int(view["next_sequence"])
+                              lineage=expected.hex())
         if sequence < floor:
             raise DeviceError(410, "below_retry_floor", f"sequence {sequence} is below the retry floor {floor}",
                               retry_floor=str(floor))
-        prow = self.by_principal.get(principal)
         rrow = self.by_sequence.get((prow, sequence)) if prow is not None else None
         if rrow is not None:
             n = self.tables.value(self.tables.receipts, rrow, R.COMMAND_LEN)
@@ -271,19 +283,18 @@ class Device:
         """Apply one admission to the tables (live and at replay)."""
         self.admissions += 1
         t = self.tables
+        rrow = self.free_receipts.pop()
         if a.kind == Kind.PARTICIPANT_REGISTER:
             prow = self.free_participants.pop()
             hi, lo = split16(a.principal)
-            t.write_row(t.participants, prow, {P.STATE: 1, P.NEXT_SEQUENCE: a.sequence, P.RETRY_FLOOR: 1,
-                                               P.PRINCIPAL_HI: hi, P.PRINCIPAL_LO: lo})
+            t.write_row(t.participants, prow, {P.STATE: 1, P.NEXT_SEQUENCE: a.sequence + 1, P.RETRY_FLOOR: 1,
+                                               P.PRINCIPAL_HI: hi, P.PRINCIPAL_LO: lo, P.REGISTERED_BY: rrow})
             self.by_principal[a.principal] = prow
             self.participant_ids[prow] = (a.principal, self._lineage(a.principal),
                                           ids.participant(self.incarnation, a.principal))
             terminal = Terminal.SUCCEEDED
         else:
             raise DeviceBootError(f"unknown admission kind {a.kind}")
-        prow = self.by_principal[a.principal]
-        rrow = self.free_receipts.pop()
         key_hi, key_lo = split16(a.key)
         op_hi, op_lo = split16(a.op)
         tg_hi, tg_lo = split16(a.target)
@@ -293,9 +304,6 @@ class Device:
             R.TARGET_HI: tg_hi, R.TARGET_LO: tg_lo, R.COMMAND_LEN: len(a.canonical), R.RESULT_LEN: 0,
             R.TERMINAL: terminal})
         t.put_bytes(t.command_bytes, rrow, a.canonical)
-        t.write_row(t.participants, prow, {P.NEXT_SEQUENCE: a.sequence + 1})
-        if a.kind == Kind.PARTICIPANT_REGISTER:
-            t.write_row(t.participants, prow, {P.REGISTERED_BY: rrow})
         self._rendered.pop(rrow, None)
         self.by_sequence[(prow, a.sequence)] = rrow
         self.by_key[(prow, a.key)] = rrow

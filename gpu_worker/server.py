@@ -8,6 +8,7 @@ hand-off between threads (an owner thread beside the event loop spent most of it
 re-acquiring the GIL after every syscall).
 """
 import asyncio
+import collections
 import logging
 import os
 import signal
@@ -46,7 +47,7 @@ class Server:
     def __init__(self, device, socket_path):
         self.device = device
         self.socket_path = socket_path
-        self.inbox = []
+        self.inbox = collections.deque()
         self.loop = None
         self.failure = None
         self._scheduled = False
@@ -59,9 +60,8 @@ class Server:
 
     def _tick(self):
         self._scheduled = False
-        batch, self.inbox = self.inbox, []
         try:
-            replies, deferred = self.device.tick(batch)
+            replies = self.device.tick(self.inbox)
         except BaseException as exc:  # a journal I/O error stops the device so a restart recovers
             self.failure = exc
             self.loop.stop()
@@ -72,8 +72,7 @@ class Server:
         for conn, frames in by_conn.items():
             if not conn.transport.is_closing():
                 conn.transport.write(b"".join(frames))
-        if deferred:
-            self.inbox[:0] = deferred
+        if self.inbox:  # what did not fit this tick's record budget
             self._scheduled = True
             self.loop.call_soon(self._tick)
 

@@ -1,4 +1,5 @@
 """The device state machine in-process: registration as a full mutation, retries, restarts."""
+import collections
 import json
 import secrets
 
@@ -32,8 +33,9 @@ class Rig:
         return self.device
 
     def call(self, op, principal, args=None):
-        [(conn, msg)], deferred = self.device.tick([("c", self.msg(op, principal, args))])
-        assert not deferred
+        inbox = collections.deque([("c", self.msg(op, principal, args))])
+        [(conn, msg)] = self.device.tick(inbox)
+        assert not inbox
         return msg["status"], json.loads(msg["body"]), msg
 
     def msg(self, op, principal, args=None):
@@ -122,12 +124,12 @@ def test_a_second_device_on_the_same_journal_refuses(rig):
 def test_a_tick_writes_at_most_sixteen_records_and_defers_the_rest(tiny_runtime, tmp_path):
     principals = [secrets.token_hex(16) for _ in range(40)]
     rig = Rig(tiny_runtime, tmp_path, {p: ALL for p in principals})
-    batch = [("c", rig.msg("participant.register", p, rig.register_args(p))) for p in principals]
+    batch = collections.deque(("c", rig.msg("participant.register", p, rig.register_args(p))) for p in principals)
     before = rig.device.writer.durable_bytes
     records_total = 0
     ticks = 0
     while batch:
-        replies, batch = rig.device.tick(batch)
+        replies = rig.device.tick(batch)
         written = rig.device.writer.durable_bytes - before
         before = rig.device.writer.durable_bytes
         assert written <= MAX_RECORDS_PER_TICK * (32 + 160)
