@@ -155,3 +155,31 @@ def test_receipts_render_as_canonical_json(rig, principal_id):
     rrow = rig.device.by_op[bytes.fromhex(receipt["operation"].split("-")[2])]
     foreign = rig.device.receipt_bytes(rrow, own=False)
     assert json.loads(foreign)["sequence"] is None and dumps(json.loads(foreign)) == foreign
+
+
+def test_truncating_the_final_transfer_anywhere_boots_and_drops_only_it(tiny_runtime, tmp_path):
+    from gpu_worker.journal import JournalCorrupt
+    principals = [secrets.token_hex(16) for _ in range(3)]
+    rig = Rig(tiny_runtime, tmp_path, {p: ALL for p in principals})
+    receipts = [rig.call("participant.register", p, rig.register_args(p))[2]["body"] for p in principals]
+    rig.device.close()
+    segment = tmp_path / "journal" / "00000001.journal"
+    full = segment.read_bytes()
+    start = full.rindex(b"\x25\x41\x02\x00\x00\x00\x02\x00")  # type 37, class A, kind 2, part 0 of 2
+    offsets = sorted(set(range(start, len(full), 7)) | {start, start + 1, len(full) - 1})
+    for cut in offsets:
+        segment.write_bytes(full[:cut])
+        device = Device(RuntimeFile.open(tiny_runtime), rig.journal, Grants(rig.grants_path))
+        try:
+            survivors = [device.rendered_receipt(r) for r in sorted(device.by_op.values())]
+            assert sorted(survivors) == sorted(receipts[:2]), cut
+            assert bool(device.dropped) == (cut > start)
+        finally:
+            device.close()
+        segment.write_bytes(full)
+    damaged = bytearray(full)
+    damaged[40] ^= 0x01  # inside the first record (the boot transfer)
+    segment.write_bytes(bytes(damaged))
+    with pytest.raises(JournalCorrupt) as err:
+        Device(RuntimeFile.open(tiny_runtime), rig.journal, Grants(rig.grants_path))
+    assert "00000001.journal" in str(err.value) and "offset 32" in str(err.value)
