@@ -1,26 +1,27 @@
 """The device state machine: tables, receipts, the mutation protocol and the journal.
 
-Everything here runs on one owner thread (see server.py). A tick takes a batch of commands:
-reads are answered first, against state that is entirely saved; then mutations are validated,
-applied and appended to the journal until the tick's 16-record budget is used (the rest wait
-for the next tick); then one commit_tick (one fdatasync) makes them saved and their replies go
-out. Replay at boot runs the same apply functions over the recovered transfers, so a receipt
-read after a restart is rebuilt from the same values and renders to the same bytes.
+Everything here runs on the device's one thread (see server.py). A tick handles commands in
+arrival order until its 16-record journal budget is used (the rest wait for the next tick),
+then one commit_tick (one fdatasync) makes its admissions saved and its replies go out. Reads
+that arrive before the tick's first mutation see only saved state; reads after it are answered
+after the commit. Replay at boot runs the same apply functions over the recovered transfers,
+so a receipt read after a restart is rebuilt from the same values and renders to the same bytes.
 """
 import bisect
 import logging
 import time
-from dataclasses import dataclass
-from enum import IntEnum
+from dataclasses import dataclass, field
 
 import msgpack
 
 from . import ids
-from .journal import (MAX_RECORDS_PER_TICK, JournalLock, JournalWriter, TransferKind, record_count,
-                      recover)
 from .filelayer import OsFileLayer
 from .grants import GrantFileError
+from .kinds import KIND_NAMES, Kind
+from .journal import (MAX_RECORDS_PER_TICK, JournalLock, JournalWriter, TransferKind, record_count,
+                      recover)
 from .protocol import DeviceError, RawJSON, dumps, reply
+from .spaces import SpaceCommands
 from .tables import P, R, Source, Tables, Terminal, join16, split16
 
 log = logging.getLogger("gpu_worker.device")
@@ -33,29 +34,25 @@ DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
 
 
-class Kind(IntEnum):
-    PARTICIPANT_REGISTER = 1
-
-
-KIND_NAMES = {Kind.PARTICIPANT_REGISTER: "participant.register"}
 TERMINAL_NAMES = {t: t.name.lower() for t in Terminal if t != Terminal.NONE}
 SOURCE_NAMES = {Source.JOURNAL: "journal", Source.FILE: "file"}
 
 
 @dataclass
 class Admission:
-    """The decoded admission transfer: what the journal records for one new operation."""
+    """The decoded admission transfer: what the journal records for one new operation.
+    `extra` holds the kind's validated arguments (IDs, never rows), so replay re-resolves them."""
     kind: int
     principal: bytes
     sequence: int
     key: bytes
     op: bytes
-    target: bytes
     canonical: bytes
+    extra: dict = field(default_factory=dict)
 
     def encode(self):
         return msgpack.packb([ADMISSION_VERSION, self.kind, self.principal, self.sequence, self.key,
-                              self.op, self.target, self.canonical], use_bin_type=True)
+                              self.op, self.canonical, self.extra], use_bin_type=True)
 
     @classmethod
     def decode(cls, payload):
@@ -65,7 +62,15 @@ class Admission:
         return cls(*fields[1:])
 
 
-class Device:
+class DeviceBootError(Exception):
+    pass
+
+
+def _rows_free(n):
+    return list(range(n - 1, -1, -1))  # pop() hands out row 0 first
+
+
+class Device(SpaceCommands):
     def __init__(self, runtime, journal_dir, grants, *, device="cpu", fs=None):
         self.runtime = runtime
         self.incarnation = runtime.incarnation
@@ -84,6 +89,7 @@ class Device:
         self.lock = JournalLock(journal_dir)
         # host-side indexes only: ID -> row; the tensors hold every value
         self.by_principal = {}      # principal bytes -> participant row
+        self.by_participant = {}    # participant raw id -> participant row
         self.participant_ids = {}   # participant row -> (principal, lineage raw, participant raw)
         self.by_sequence = {}       # (participant row, sequence) -> receipt row
         self.by_key = {}            # (participant row, key) -> receipt row
@@ -91,10 +97,12 @@ class Device:
         self.sequences = {}         # participant row -> ascending sequences with a live receipt
         self._lineages = {}         # principal -> lineage raw (a pure function, cached)
         self._rendered = {}         # receipt row -> rendered own-view receipt bytes (derived)
-        self.free_receipts = list(range(self.capacities["receipts"] - 1, -1, -1))
-        self.free_participants = list(range(self.capacities["participants"] - 1, -1, -1))
-        self.admissions = 0
+        self.free_receipts = _rows_free(self.capacities["receipts"])
+        self.free_participants = _rows_free(self.capacities["participants"])
+        self._release_on_save = {}  # transfer seq -> receipt rows a retirement frees once it is saved
         self._pending = {}          # journal transfer seq -> receipt row awaiting its save
+        self.init_spaces()
+        self.admissions = 0
         self.boot = 0
         self._save_generation = self.generation
         started = time.perf_counter()
@@ -129,8 +137,8 @@ class Device:
             self.boot = info["boot"]
             self._save_generation = info["generation"]
         elif transfer.kind == TransferKind.ADMISSION:
-            rrow = self._apply_admission(Admission.decode(transfer.payload))
-            self._mark_saved(rrow, transfer, terminal=True)
+            rrow = self._apply_admission(Admission.decode(transfer.payload), None)
+            self._mark_saved(rrow, transfer)
         else:
             raise DeviceBootError(f"journal transfer {transfer.seq} has kind {transfer.kind} this device cannot replay")
 
@@ -162,7 +170,7 @@ class Device:
                     replies.append((conn, self._read(msg)))
                 continue
             try:
-                outcome = handler(self, msg, budget)
+                outcome = self._admit(msg, handler, budget)
             except DeviceError as err:
                 inbox.popleft()
                 replies.append((conn, reply(msg.get("id"), err.status, err.body())))
@@ -175,9 +183,10 @@ class Device:
             waiting.append((conn, msg.get("id"), status, rrow))
         while self.writer.queued_records:
             for transfer in self.writer.commit_tick():
+                self.free_receipts.extend(self._release_on_save.pop(transfer.seq, ()))
                 rrow = self._pending.pop(transfer.seq, None)
                 if rrow is not None:
-                    self._mark_saved(rrow, transfer, terminal=True)
+                    self._mark_saved(rrow, transfer)
         for conn, req_id, status, rrow in waiting:
             replies.append((conn, self._receipt_reply(req_id, status, rrow)))
         for conn, msg in late_reads:
@@ -205,33 +214,42 @@ class Device:
             raise DeviceError(403, "grant_missing", f"principal has no current {action} grant")
         return bytes.fromhex(hexid)
 
-    def _participant_view(self, principal):
-        prow = self.by_principal.get(principal)
-        if prow is None:
-            return {"id": None, "registered": False,
-                    "lineage": self._lineage(principal).hex(),
-                    "next_sequence": "1", "retry_floor": "1"}
-        row = self.tables.row(self.tables.participants, prow)
-        _, lineage, par = self.participant_ids[prow]
-        return {"id": ids.participant_id(par), "registered": True, "lineage": lineage.hex(),
-                "next_sequence": str(row[P.NEXT_SEQUENCE]), "retry_floor": str(row[P.RETRY_FLOOR])}
-
     def _lineage(self, principal):
         lineage = self._lineages.get(principal)
         if lineage is None:
             lineage = self._lineages[principal] = ids.lineage(self.incarnation, principal)
         return lineage
 
+    def _participant_view(self, prow, *, own):
+        _, lineage, par = self.participant_ids[prow]
+        row = self.tables.row(self.tables.participants, prow)
+        return {"id": ids.participant_id(par), "registered": True, "lineage": lineage.hex(),
+                "next_sequence": str(row[P.NEXT_SEQUENCE]) if own else None,
+                "retry_floor": str(row[P.RETRY_FLOOR]) if own else None}
+
+    def _caller_row(self, principal):
+        prow = self.by_principal.get(principal)
+        if prow is None:
+            raise DeviceError(409, "participant_not_registered", "register the participant first (POST /participant)")
+        return prow
+
+    @staticmethod
+    def _args(msg):
+        args = msg.get("args")
+        return args if isinstance(args, dict) else {}
+
     # ---- the mutation protocol (SPEC "Mutations and retries") --------------------------
 
-    def _admit(self, msg, kind, budget, make_target):
-        """Common checks of every mutation. Returns (status, rrow, records) or None to defer."""
-        principal = self._principal(msg, "shared_write")
-        args = msg.get("args") or {}
+    def _admit(self, msg, handler, budget):
+        """Every mutation: envelope, retry and sequence rules, then the kind's own checks.
+        Returns (status, rrow, records) or None when it does not fit the tick's budget."""
+        kind, action, prepare = handler
+        principal = self._principal(msg, action)
+        args = self._args(msg)
         lineage, key, sequence, canonical = (args.get("lineage"), args.get("operation_key"),
                                              args.get("sequence"), args.get("canonical"))
-        if not (isinstance(lineage, str) and isinstance(key, str) and isinstance(sequence, int)
-                and isinstance(canonical, bytes)):
+        if not (isinstance(lineage, str) and isinstance(key, str) and ids.HEX32.match(key)
+                and isinstance(sequence, int) and isinstance(canonical, bytes)):
             raise DeviceError(400, "bad_command", "mutation lacks lineage, operation_key, sequence or canonical bytes")
         if len(canonical) > self.capacities["command_bytes"]:
             raise DeviceError(400, "command_too_large",
@@ -263,67 +281,117 @@ class Device:
             raise DeviceError(409, "operation_key_in_use",
                               "operation key belongs to another live operation of this participant")
         if kind != Kind.PARTICIPANT_REGISTER and prow is None:
-            raise DeviceError(409, "participant_not_registered", "register the participant first")
-        if not self.free_receipts:
+            raise DeviceError(409, "participant_not_registered", "register the participant first (POST /participant)")
+        # one receipt slot stays in reserve so that a full table can always record a retirement
+        if len(self.free_receipts) < (1 if kind == Kind.RETIREMENT else 2):
             raise DeviceError(507, "receipt_table_full",
-                              "the receipt table is full; record a retirement to free receipts")
-        target = make_target(principal, prow)
+                              "the receipt table is full; record a retirement (POST /retirements) to free receipts")
+        extra = prepare(self, principal, prow, args, key_raw, sequence)
         admission = Admission(int(kind), principal, sequence, key_raw,
-                              ids.operation(self.incarnation, self.admissions + 1), target, canonical)
+                              ids.operation(self.incarnation, self.admissions + 1), canonical, extra)
         payload = admission.encode()
         records = record_count(len(payload))
         if records > budget and budget < MAX_RECORDS_PER_TICK:
             return None
-        rrow = self._apply_admission(admission)
         seq = self.writer.append(TransferKind.ADMISSION, payload)
+        rrow = self._apply_admission(admission, seq)
         self._pending[seq] = rrow
         return 202, rrow, records
 
-    def _apply_admission(self, a):
-        """Apply one admission to the tables (live and at replay)."""
+    def _apply_admission(self, a, transfer_seq):
+        """Apply one admission to the tables, live (transfer_seq: its journal transfer, not yet
+        saved) and at replay (transfer_seq None: saved)."""
         self.admissions += 1
         t = self.tables
         rrow = self.free_receipts.pop()
         if a.kind == Kind.PARTICIPANT_REGISTER:
             prow = self.free_participants.pop()
             hi, lo = split16(a.principal)
-            t.write_row(t.participants, prow, {P.STATE: 1, P.NEXT_SEQUENCE: a.sequence + 1, P.RETRY_FLOOR: 1,
-                                               P.PRINCIPAL_HI: hi, P.PRINCIPAL_LO: lo, P.REGISTERED_BY: rrow})
+            t.write_row(t.participants, prow, {P.STATE: 1, P.RETRY_FLOOR: 1, P.PRINCIPAL_HI: hi,
+                                               P.PRINCIPAL_LO: lo, P.REGISTERED_BY: rrow})
+            par = ids.participant(self.incarnation, a.principal)
             self.by_principal[a.principal] = prow
-            self.participant_ids[prow] = (a.principal, self._lineage(a.principal),
-                                          ids.participant(self.incarnation, a.principal))
-            terminal = Terminal.SUCCEEDED
+            self.by_participant[par] = prow
+            self.participant_ids[prow] = (a.principal, self._lineage(a.principal), par)
+            target = prow
         else:
-            raise DeviceBootError(f"unknown admission kind {a.kind}")
+            prow = self.by_principal[a.principal]
+            apply = APPLY.get(a.kind)
+            if apply is None:
+                raise DeviceBootError(f"unknown admission kind {a.kind}")
+            target = apply(self, a, prow, transfer_seq)
         key_hi, key_lo = split16(a.key)
         op_hi, op_lo = split16(a.op)
-        tg_hi, tg_lo = split16(a.target)
         t.write_row(t.receipts, rrow, {
             R.STATE: 1, R.PARTICIPANT: prow, R.SEQUENCE: a.sequence, R.KIND: a.kind,
-            R.KEY_HI: key_hi, R.KEY_LO: key_lo, R.OP_HI: op_hi, R.OP_LO: op_lo,
-            R.TARGET_HI: tg_hi, R.TARGET_LO: tg_lo, R.COMMAND_LEN: len(a.canonical), R.RESULT_LEN: 0,
-            R.TERMINAL: terminal})
+            R.KEY_HI: key_hi, R.KEY_LO: key_lo, R.OP_HI: op_hi, R.OP_LO: op_lo, R.TARGET: target,
+            R.CREATED: self.admissions, R.COMMAND_LEN: len(a.canonical), R.RESULT_LEN: 0,
+            R.TERMINAL: Terminal.SUCCEEDED})
         t.put_bytes(t.command_bytes, rrow, a.canonical)
-        self._rendered.pop(rrow, None)
+        t.write_row(t.participants, prow, {P.NEXT_SEQUENCE: a.sequence + 1})
         self.by_sequence[(prow, a.sequence)] = rrow
         self.by_key[(prow, a.key)] = rrow
         self.by_op[a.op] = rrow
         self.sequences.setdefault(prow, []).append(a.sequence)
+        self._rendered.pop(rrow, None)
         return rrow
 
-    def _mark_saved(self, rrow, transfer, *, terminal):
-        """Record the save fields of the transfer that made this receipt's admission saved."""
+    def _mark_saved(self, rrow, transfer):
+        """Record the save fields of the transfer that saved this receipt's admission; the
+        kinds so far finish at admission, so the same transfer saves the terminal result."""
         t = self.tables
-        values = {R.ADM_TRANSFER: transfer.seq, R.ADM_BOOT: self.boot,
-                  R.ADM_GENERATION: self._save_generation, R.ADM_SOURCE: Source.JOURNAL}
-        if terminal:
-            values.update({R.TERM_TRANSFER: transfer.seq, R.TERM_BOOT: self.boot,
-                           R.TERM_GENERATION: self._save_generation, R.TERM_SOURCE: Source.JOURNAL})
-        t.write_row(t.receipts, rrow, values)
+        t.write_row(t.receipts, rrow, {
+            R.ADM_TRANSFER: transfer.seq, R.ADM_BOOT: self.boot, R.ADM_GENERATION: self._save_generation,
+            R.ADM_SOURCE: Source.JOURNAL, R.TERM_TRANSFER: transfer.seq, R.TERM_BOOT: self.boot,
+            R.TERM_GENERATION: self._save_generation, R.TERM_SOURCE: Source.JOURNAL})
         t.put_digest(rrow, 0, transfer.digest)
-        if terminal:
-            t.put_digest(rrow, 1, transfer.digest)
+        t.put_digest(rrow, 1, transfer.digest)
         self._rendered.pop(rrow, None)
+
+    # ---- retirements (SPEC: retirement advances the persisted floor before reuse) ------
+
+    def _prepare_retirement(self, principal, prow, args, key, sequence):
+        floor = args.get("retry_floor")
+        if not isinstance(floor, int) or floor < 1:
+            raise DeviceError(400, "bad_field", "retry_floor must be a positive decimal counter")
+        current = self.tables.value(self.tables.participants, prow, P.RETRY_FLOOR)
+        if floor <= current:
+            raise DeviceError(409, "retry_floor_not_advanced", f"the retry floor is already {current}",
+                              retry_floor=str(current))
+        if floor > sequence:
+            raise DeviceError(409, "retry_floor_ahead",
+                              f"retry_floor {floor} is above this retirement's own sequence {sequence}")
+        t = self.tables
+        for seq in self.sequences.get(prow, ()):
+            if seq >= floor:
+                break
+            rrow = self.by_sequence[(prow, seq)]
+            if not t.value(t.receipts, rrow, R.TERM_TRANSFER):
+                raise DeviceError(409, "unfinished_operations",
+                                  f"operation at sequence {seq} has no saved terminal result yet", sequence=str(seq))
+        return {"retry_floor": floor}
+
+    def _apply_retirement(self, a, prow, transfer_seq):
+        floor = a.extra["retry_floor"]
+        t = self.tables
+        seqs = self.sequences.get(prow, [])
+        cut = bisect.bisect_left(seqs, floor)
+        freed = []
+        for seq in seqs[:cut]:
+            rrow = self.by_sequence.pop((prow, seq))
+            row = t.row(t.receipts, rrow)
+            del self.by_key[(prow, join16(row[R.KEY_HI], row[R.KEY_LO]))]
+            del self.by_op[join16(row[R.OP_HI], row[R.OP_LO])]
+            t.write_row(t.receipts, rrow, {R.STATE: 0})
+            self._rendered.pop(rrow, None)
+            freed.append(rrow)
+        del seqs[:cut]
+        t.write_row(t.participants, prow, {P.RETRY_FLOOR: floor})
+        if transfer_seq is None:
+            self.free_receipts.extend(freed)
+        else:  # reusable only once the floor that retired them is saved
+            self._release_on_save[transfer_seq] = freed
+        return prow
 
     # ---- receipts ----------------------------------------------------------------------
 
@@ -334,6 +402,11 @@ class Device:
                 f'"file_incarnation":"{self._incarnation_hex}","generation":"{row[gen_col]}",'
                 f'"source":"{SOURCE_NAMES[row[source_col]]}"}}')
 
+    def operation_id(self, rrow, row=None):
+        row = row or self.tables.row(self.tables.receipts, rrow)
+        lineage = self.participant_ids[row[R.PARTICIPANT]][1]
+        return ids.operation_id(lineage, join16(row[R.OP_HI], row[R.OP_LO]))
+
     def receipt_bytes(self, rrow, *, own=True):
         """A receipt as canonical JSON (sorted keys, compact), read from its tensor row.
 
@@ -342,7 +415,7 @@ class Device:
         """
         t = self.tables
         row = t.row(t.receipts, rrow)
-        _, lineage, par = self.participant_ids[row[R.PARTICIPANT]]
+        par = self.participant_ids[row[R.PARTICIPANT]][2]
         kind = Kind(row[R.KIND])
         admission = self._save_json(rrow, row, 0, R.ADM_TRANSFER, R.ADM_BOOT, R.ADM_GENERATION, R.ADM_SOURCE)
         terminal = self._save_json(rrow, row, 1, R.TERM_TRANSFER, R.TERM_BOOT, R.TERM_GENERATION, R.TERM_SOURCE)
@@ -355,23 +428,24 @@ class Device:
             f'"device":{{"committed":true}},"disk_error":null,'
             f'"effective":{{"model_digest":null,"page_limit":null}},'
             f'"kind":"{KIND_NAMES[kind]}",'
-            f'"operation":"{ids.operation_id(lineage, join16(row[R.OP_HI], row[R.OP_LO]))}",'
+            f'"operation":"{self.operation_id(rrow, row)}",'
             f'"operation_key":"{join16(row[R.KEY_HI], row[R.KEY_LO]).hex()}",'
             f'"participant":"{ids.participant_id(par)}",'
             f'"pending_bytes":{0 if saved else row[R.COMMAND_LEN]},'
             f'"result":{{"finish":null,"input_tokens":null,"length":{row[R.RESULT_LEN]},"output_tokens":null}},'
             f'"schema":"{RECEIPT_SCHEMA}",'
             f'"sequence":{sequence},'
-            f'"target":"{self._target_id(kind, lineage, join16(row[R.TARGET_HI], row[R.TARGET_LO]))}",'
+            f'"target":"{self._target_id(kind, row[R.TARGET])}",'
             f'"terminal":{{"save":{terminal},"saved":{"true" if ended else "false"},"status":{status}}},'
             f'"transport":{{"accepted":true}}}}'
         ).encode()
 
-    @staticmethod
-    def _target_id(kind, lineage, target):
-        if kind == Kind.PARTICIPANT_REGISTER:
-            return ids.participant_id(target)
-        raise ValueError(kind)
+    def _target_id(self, kind, target):
+        if kind in (Kind.PARTICIPANT_REGISTER, Kind.RETIREMENT):
+            return ids.participant_id(self.participant_ids[target][2])
+        if kind == Kind.CONVERSATION_CREATE:
+            return self.conversation_id(target)
+        return self.space_id(target)
 
     def rendered_receipt(self, rrow):
         """The owner's view of a receipt, rendered once per change of its row (a derived cache)."""
@@ -381,15 +455,8 @@ class Device:
         return body
 
     def _receipt_reply(self, req_id, status, rrow):
-        body = self.rendered_receipt(rrow)
-        headers = None
-        if status == 202:
-            t = self.tables
-            row = t.row(t.receipts, rrow)
-            lineage = self.participant_ids[row[R.PARTICIPANT]][1]
-            op = ids.operation_id(lineage, join16(row[R.OP_HI], row[R.OP_LO]))
-            headers = {"Location": f"{BASE}/operations/{op}"}
-        return reply(req_id, status, bytes(body), headers)
+        headers = {"Location": f"{BASE}/operations/{self.operation_id(rrow)}"} if status == 202 else None
+        return reply(req_id, status, bytes(self.rendered_receipt(rrow)), headers)
 
     # ---- reads -------------------------------------------------------------------------
 
@@ -422,17 +489,27 @@ class Device:
         }
 
     def get_participant(self, msg):
-        return 200, self._participant_view(self._principal(msg, "shared_read"))
+        principal = self._principal(msg, "shared_read")
+        prow = self.by_principal.get(principal)
+        if prow is None:
+            return 200, {"id": None, "registered": False, "lineage": self._lineage(principal).hex(),
+                         "next_sequence": "1", "retry_floor": "1"}
+        return 200, self._participant_view(prow, own=True)
+
+    def get_other_participant(self, msg):
+        principal = self._principal(msg, "shared_read")
+        m = ids.PARTICIPANT_ID.match(str(self._args(msg).get("participant", "")))
+        prow = self.by_participant.get(bytes.fromhex(m.group(1))) if m else None
+        if prow is None:
+            raise DeviceError(404, "participant_not_found", "no such registered participant")
+        return 200, self._participant_view(prow, own=self.by_principal.get(principal) == prow)
 
     def list_operations(self, msg):
         principal = self._principal(msg, "shared_read")
-        args = msg.get("args") or {}
-        cursor, limit = args.get("cursor"), args.get("limit", DEFAULT_LIMIT)
-        if not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
-            raise DeviceError(400, "bad_limit", f"limit must be 1..{MAX_LIMIT}")
+        cursor, limit = self.page_args(msg)
         prow = self.by_principal.get(principal)
         seqs = self.sequences.get(prow, []) if prow is not None else []
-        start = bisect.bisect_right(seqs, int(cursor)) if cursor else 0
+        start = bisect.bisect_right(seqs, cursor) if cursor is not None else 0
         page = seqs[start:start + limit]
         items = [self.rendered_receipt(self.by_sequence[(prow, s)]) for s in page]
         more = start + limit < len(seqs)
@@ -440,43 +517,92 @@ class Device:
 
     def get_operation(self, msg):
         principal = self._principal(msg, "shared_read")
-        op = (msg.get("args") or {}).get("operation", "")
+        op = str(self._args(msg).get("operation", ""))
         m = ids.OPERATION_ID.match(op)
-        rrow = self.by_op.get(bytes.fromhex(m.group(2))) if m else None
-        if rrow is not None:
-            prow = self.tables.value(self.tables.receipts, rrow, R.PARTICIPANT)
-            principal_of, lineage, _ = self.participant_ids[prow]
-            if principal_of != principal or m.group(1) != lineage.hex():
-                rrow = None
-        if rrow is None:
+        if not m:
             raise DeviceError(404, "operation_not_found", f"no operation {op} visible to this principal")
-        return 200, self.rendered_receipt(rrow)
+        raw = bytes.fromhex(m.group(2))
+        rrow = self.by_op.get(raw)
+        caller = self.by_principal.get(principal)
+        if rrow is not None:
+            t = self.tables
+            row = t.row(t.receipts, rrow)
+            if self.participant_ids[row[R.PARTICIPANT]][1].hex() == m.group(1):
+                if row[R.PARTICIPANT] == caller:
+                    return 200, self.rendered_receipt(rrow)
+                if self.receipt_visible_to(principal, caller, row):
+                    return 200, RawJSON(self.receipt_bytes(rrow, own=False))
+        elif (caller is not None and self.participant_ids[caller][1].hex() == m.group(1)
+              and ids.operation_counter(self.incarnation, raw) is not None):
+            raise DeviceError(410, "operation_retired", f"operation {op} was retired", )
+        raise DeviceError(404, "operation_not_found", f"no operation {op} visible to this principal")
 
     def ping(self, msg):
         return 200, {"ok": True, "boot": str(self.boot), "usage": self.tables.usage(),
                      "journal_bytes": str(self.writer.durable_bytes)}
 
-    def register(self, msg, budget):
-        def target(principal, prow):
-            if prow is not None:
-                raise DeviceError(409, "already_registered", "the participant is already registered")
-            if not self.free_participants:
-                raise DeviceError(507, "participant_capacity", "the participant table is full")
-            return ids.participant(self.incarnation, principal)
-        return self._admit(msg, Kind.PARTICIPANT_REGISTER, budget, target)
+    def page_args(self, msg):
+        """(cursor int | None, limit) of a list read; the gateway already checked the syntax."""
+        args = self._args(msg)
+        cursor, limit = args.get("cursor"), args.get("limit", DEFAULT_LIMIT)
+        if not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+            raise DeviceError(400, "bad_limit", f"limit must be 1..{MAX_LIMIT}")
+        if cursor is not None:
+            if not isinstance(cursor, str) or not cursor.isdigit():
+                raise DeviceError(400, "bad_cursor", "cursor must be a decimal string")
+            cursor = int(cursor)
+        return cursor, limit
 
+    # ---- registration ------------------------------------------------------------------
 
-class DeviceBootError(Exception):
-    pass
+    def _prepare_register(self, principal, prow, args, key, sequence):
+        if prow is not None:
+            raise DeviceError(409, "already_registered", "the participant is already registered")
+        if not self.free_participants:
+            raise DeviceError(507, "participant_capacity", "the participant table is full")
+        return {}
+
+    def _prepare_cancellation(self, principal, prow, args, key, sequence):
+        target = args.get("target_sequence")
+        if not isinstance(target, int) or target < 1:
+            raise DeviceError(400, "bad_field", "target_sequence must be a positive decimal counter")
+        floor = self.tables.value(self.tables.participants, prow, P.RETRY_FLOOR)
+        if target < floor:
+            raise DeviceError(410, "below_retry_floor", f"target_sequence {target} is below the retry floor {floor}")
+        rrow = self.by_sequence.get((prow, target))
+        if rrow is None:
+            raise DeviceError(404, "operation_not_found", f"no operation at sequence {target}")
+        kind = KIND_NAMES[Kind(self.tables.value(self.tables.receipts, rrow, R.KIND))]
+        raise DeviceError(409, "not_cancellable",
+                          f"the operation at sequence {target} ({kind}) finished at admission and cannot be cancelled",
+                          target_sequence=str(target))
 
 
 READS = {
     "ping": Device.ping,
     "capabilities": Device.capabilities,
     "participant.get": Device.get_participant,
+    "participants.get": Device.get_other_participant,
     "operations.list": Device.list_operations,
     "operations.get": Device.get_operation,
+    "spaces.list": Device.list_spaces,
+    "spaces.get": Device.get_space,
+    "members.list": Device.list_members,
+    "conversations.list": Device.list_conversations,
+    "conversations.get": Device.get_conversation,
 }
+# op -> (kind, gateway action the principal needs, prepare(device, principal, prow, args, key, sequence))
 MUTATIONS = {
-    "participant.register": Device.register,
+    "participant.register": (Kind.PARTICIPANT_REGISTER, "shared_write", Device._prepare_register),
+    "spaces.create": (Kind.SPACE_CREATE, "shared_write", Device._prepare_space),
+    "members.set": (Kind.MEMBER_SET, "shared_manage", Device._prepare_member),
+    "conversations.create": (Kind.CONVERSATION_CREATE, "shared_write", Device._prepare_conversation),
+    "retirements.record": (Kind.RETIREMENT, "shared_write", Device._prepare_retirement),
+    "cancellations.record": (None, "shared_write", Device._prepare_cancellation),
+}
+APPLY = {
+    Kind.SPACE_CREATE: Device._apply_space,
+    Kind.MEMBER_SET: Device._apply_member,
+    Kind.CONVERSATION_CREATE: Device._apply_conversation,
+    Kind.RETIREMENT: Device._apply_retirement,
 }

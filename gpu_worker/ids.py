@@ -27,8 +27,34 @@ def participant(incarnation, principal):
     return _h(b"aotx/participant\0", incarnation, principal)
 
 
+def _pad(incarnation):
+    return int.from_bytes(_h(b"aotx/operation-pad\0", incarnation)[:8], "little")
+
+
 def operation(incarnation, counter):
-    return _h(b"aotx/operation\0", incarnation, counter.to_bytes(8, "little"))
+    """8 bytes of masked admission counter + an 8-byte tag: the device can tell a retired
+    operation ID it issued (410) from one it never issued (404) without keeping a list."""
+    masked = (counter ^ _pad(incarnation)).to_bytes(8, "little")
+    return masked + _h(b"aotx/operation\0", incarnation, counter.to_bytes(8, "little"))[:8]
+
+
+def operation_counter(incarnation, raw):
+    """The admission counter of an operation ID this file issued, else None."""
+    counter = int.from_bytes(raw[:8], "little") ^ _pad(incarnation)
+    return counter if operation(incarnation, counter) == raw else None
+
+
+SPACE_ID = re.compile(r"spc-([0-9a-f]{32})-([0-9a-f]{32})\Z")
+CONVERSATION_ID = re.compile(r"con-([0-9a-f]{32})-([0-9a-f]{32})\Z")
+PARTICIPANT_ID = re.compile(r"par-([0-9a-f]{32})\Z")
+
+
+def space_id(lineage_raw, raw):
+    return f"spc-{lineage_raw.hex()}-{raw.hex()}"
+
+
+def conversation_id(lineage_raw, raw):
+    return f"con-{lineage_raw.hex()}-{raw.hex()}"
 
 
 def participant_id(raw):

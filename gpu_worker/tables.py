@@ -19,6 +19,51 @@ class P(IntEnum):
     REGISTERED_BY = 5  # receipt row of the registration
 
 
+class S(IntEnum):
+    """spaces columns"""
+    STATE = 0          # 0 free, 1 live
+    OWNER = 1          # participant row of the creator
+    SCOPE = 2          # Scope
+    ID_HI = 3          # the 32-hex id after spc-{lineage}-
+    ID_LO = 4
+    CREATED = 5        # admission counter of the creating operation (list order and cursor)
+    OP_HI = 6          # the creating operation
+    OP_LO = 7
+
+
+class M(IntEnum):
+    """members columns: explicit rights rows"""
+    STATE = 0
+    SPACE = 1          # space row
+    PARTICIPANT = 2    # participant row
+    RIGHTS = 3         # Right bits; 0 is a zero-rights row
+    CREATED = 4
+
+
+class C(IntEnum):
+    """conversations columns (the row is the conversation's execution slot)"""
+    STATE = 0
+    SPACE = 1
+    CREATOR = 2        # participant row; its lineage is in the ID
+    ID_HI = 3
+    ID_LO = 4
+    CREATED = 5
+    OP_HI = 6
+    OP_LO = 7
+
+
+class Scope(IntEnum):
+    PRIVATE = 1
+    ROOM = 2
+    INSTANCE = 3
+
+
+class Right(IntEnum):
+    READ = 1
+    WRITE = 2
+    MANAGE = 4
+
+
 class R(IntEnum):
     """receipts columns"""
     STATE = 0          # 0 free, 1 live
@@ -29,8 +74,8 @@ class R(IntEnum):
     KEY_LO = 5
     OP_HI = 6
     OP_LO = 7
-    TARGET_HI = 8
-    TARGET_LO = 9
+    TARGET = 8         # row of the target in the table the kind names
+    CREATED = 9        # admission counter
     COMMAND_LEN = 10
     RESULT_LEN = 11
     TERMINAL = 12      # Terminal code, 0 while running
@@ -78,6 +123,9 @@ class Tables:
         u8 = dict(dtype=torch.uint8, device=self.device)
         n_rec = capacities["receipts"]
         self.participants = torch.zeros((capacities["participants"], len(P)), **i64)
+        self.spaces = torch.zeros((capacities["spaces"], len(S)), **i64)
+        self.members = torch.zeros((capacities["members"], len(M)), **i64)
+        self.conversations = torch.zeros((capacities["conversations"], len(C)), **i64)
         self.receipts = torch.zeros((n_rec, len(R)), **i64)
         # [row, 0] admission commit digest, [row, 1] terminal commit digest
         self.receipt_digests = torch.zeros((n_rec, 2, 32), **u8)
@@ -85,7 +133,8 @@ class Tables:
         self.result_bytes = torch.zeros((n_rec, capacities["result_bytes"]), **u8)
         # On the CPU, numpy views share the tensors' memory: scalar reads and writes without a
         # torch dispatch each (a few microseconds apiece, most of a registration's cost).
-        self._views = ({id(t): t.numpy() for t in (self.participants, self.receipts, self.receipt_digests,
+        self._views = ({id(t): t.numpy() for t in (self.participants, self.spaces, self.members,
+                                                   self.conversations, self.receipts, self.receipt_digests,
                                                    self.command_bytes, self.result_bytes)}
                        if self.device.type == "cpu" else None)
 
@@ -136,7 +185,6 @@ class Tables:
         return self.receipt_digests[row, which].cpu().numpy().tobytes()
 
     def usage(self):
-        return {
-            "participants": int((self.participants[:, P.STATE] != 0).sum()),
-            "receipts": int((self.receipts[:, R.STATE] != 0).sum()),
-        }
+        tables = {"participants": self.participants, "spaces": self.spaces, "members": self.members,
+                  "conversations": self.conversations, "receipts": self.receipts}
+        return {name: int((t[:, 0] != 0).sum()) for name, t in tables.items()}

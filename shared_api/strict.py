@@ -88,7 +88,7 @@ def resource_id(value, prefix):
 class Mutation:
     """A parsed mutation: the envelope, the operation's own fields and its canonical bytes."""
 
-    def __init__(self, request, fields=()):
+    def __init__(self, request, fields=(), required=()):
         body = request.data
         if not isinstance(body, dict):
             raise ApiError(400, "invalid_json", "body must be a JSON object")
@@ -96,7 +96,7 @@ class Mutation:
         unknown = sorted(set(body) - allowed)
         if unknown:
             raise ApiError(400, "unknown_field", f"unknown field(s): {', '.join(unknown)}", fields=unknown)
-        missing = [f for f in ENVELOPE if f not in body]
+        missing = [f for f in (*ENVELOPE, *required) if f not in body]
         if missing:
             raise ApiError(400, "missing_field", f"missing field(s): {', '.join(missing)}", fields=missing)
         if body["schema"] != MUTATION_SCHEMA:

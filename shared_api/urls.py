@@ -5,6 +5,14 @@ from . import views
 urlpatterns = [
     path("capabilities", views.CapabilitiesView.as_view()),
     path("participant", views.ParticipantView.as_view()),
+    path("participants/<str:participant>", views.OtherParticipantView.as_view()),
+    path("spaces", views.SpacesView.as_view()),
+    path("spaces/<str:space>", views.SpaceView.as_view()),
+    path("spaces/<str:space>/members", views.MembersView.as_view()),
+    path("spaces/<str:space>/conversations", views.ConversationsView.as_view()),
+    path("conversations/<str:conversation>", views.ConversationView.as_view()),
     path("operations", views.OperationsView.as_view()),
     path("operations/<str:operation>", views.OperationView.as_view()),
+    path("retirements", views.RetirementsView.as_view()),
+    path("cancellations", views.CancellationsView.as_view()),
 ]

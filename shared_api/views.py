@@ -5,13 +5,15 @@ from rest_framework.views import APIView
 from .auth import require_action
 from .device_client import device_response
 from .errors import ApiError
-from .strict import Mutation, decimal_counter, resource_id
+from .strict import Mutation, decimal_counter, hex32, resource_id
 
 MAX_LIMIT = 200
+SCOPES = ("private", "room", "instance")
+PERMISSIONS = ("read", "write", "manage")
 
 
-def list_args(request):
-    args = {}
+def list_args(request, **extra):
+    args = dict(extra)
     cursor = request.query_params.get("cursor")
     if cursor is not None:
         decimal_counter(cursor, "cursor")
@@ -21,10 +23,14 @@ def list_args(request):
         if not limit.isdigit() or not 1 <= int(limit) <= MAX_LIMIT:
             raise ApiError(400, "bad_limit", f"limit must be an integer 1..{MAX_LIMIT}")
         args["limit"] = int(limit)
-    unknown = sorted(set(request.query_params) - {"cursor", "limit"})
+    no_query(request, allowed=("cursor", "limit"))
+    return args
+
+
+def no_query(request, allowed=()):
+    unknown = sorted(set(request.query_params) - set(allowed))
     if unknown:
         raise ApiError(400, "unknown_parameter", f"unknown query parameter(s): {', '.join(unknown)}")
-    return args
 
 
 class SharedView(APIView):
@@ -38,16 +44,80 @@ class SharedView(APIView):
 
 class CapabilitiesView(SharedView):
     def get(self, request):
+        no_query(request)
         return device_response("capabilities", request)
 
 
 class ParticipantView(SharedView):
     def get(self, request):
+        no_query(request)
         return device_response("participant.get", request)
 
     def post(self, request):
-        mutation = Mutation(request)
-        return device_response("participant.register", request, mutation.args())
+        return device_response("participant.register", request, Mutation(request).args())
+
+
+class OtherParticipantView(SharedView):
+    def get(self, request, participant):
+        no_query(request)
+        return device_response("participants.get", request, {"participant": resource_id(participant, "par")})
+
+
+class SpacesView(SharedView):
+    def get(self, request):
+        return device_response("spaces.list", request, list_args(request))
+
+    def post(self, request):
+        mutation = Mutation(request, ("id", "scope"))
+        fields = mutation.fields
+        if "id" in fields:
+            hex32(fields["id"], "id")
+        if fields.get("scope", "private") not in SCOPES:
+            raise ApiError(400, "bad_field", "scope must be private, room or instance")
+        return device_response("spaces.create", request, mutation.args(**fields))
+
+
+class SpaceView(SharedView):
+    def get(self, request, space):
+        no_query(request)
+        return device_response("spaces.get", request, {"space": resource_id(space, "spc")})
+
+
+class MembersView(SharedView):
+    write_action = "shared_manage"
+
+    def get(self, request, space):
+        return device_response("members.list", request, list_args(request, space=resource_id(space, "spc")))
+
+    def post(self, request, space):
+        mutation = Mutation(request, ("participant", "permissions"), required=("participant", "permissions"))
+        fields = mutation.fields
+        resource_id(fields["participant"], "par")
+        permissions = fields["permissions"]
+        if (not isinstance(permissions, list) or any(p not in PERMISSIONS for p in permissions)
+                or len(set(permissions)) != len(permissions)):
+            raise ApiError(400, "bad_field", "permissions must be an array of distinct values of read, write, manage")
+        return device_response("members.set", request,
+                               mutation.args(space=resource_id(space, "spc"), **fields))
+
+
+class ConversationsView(SharedView):
+    def get(self, request, space):
+        return device_response("conversations.list", request,
+                               list_args(request, space=resource_id(space, "spc")))
+
+    def post(self, request, space):
+        mutation = Mutation(request, ("id",))
+        if "id" in mutation.fields:
+            hex32(mutation.fields["id"], "id")
+        return device_response("conversations.create", request,
+                               mutation.args(space=resource_id(space, "spc"), **mutation.fields))
+
+
+class ConversationView(SharedView):
+    def get(self, request, conversation):
+        no_query(request)
+        return device_response("conversations.get", request, {"conversation": resource_id(conversation, "con")})
 
 
 class OperationsView(SharedView):
@@ -57,4 +127,19 @@ class OperationsView(SharedView):
 
 class OperationView(SharedView):
     def get(self, request, operation):
+        no_query(request)
         return device_response("operations.get", request, {"operation": resource_id(operation, "op")})
+
+
+class RetirementsView(SharedView):
+    def post(self, request):
+        mutation = Mutation(request, ("retry_floor",), required=("retry_floor",))
+        floor = decimal_counter(mutation.fields["retry_floor"], "retry_floor")
+        return device_response("retirements.record", request, mutation.args(retry_floor=floor))
+
+
+class CancellationsView(SharedView):
+    def post(self, request):
+        mutation = Mutation(request, ("target_sequence",), required=("target_sequence",))
+        target = decimal_counter(mutation.fields["target_sequence"], "target_sequence")
+        return device_response("cancellations.record", request, mutation.args(target_sequence=target))

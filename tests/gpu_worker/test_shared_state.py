@@ -1,0 +1,238 @@
+"""Spaces, members, conversations, retirements and capacity at the device (SPEC "Scope",
+"Resources", "Mutations and retries", "Capacity"), including replay after a restart."""
+import collections
+import json
+import secrets
+
+import pytest
+import rfc8785
+
+from gpu_worker.device import Device
+from gpu_worker.grants import Grants
+from gpu_worker.pack import pack_tiny
+from gpu_worker.runtime_file import RuntimeFile
+from tests.conftest import ALL, write_grants
+
+BASE = "/aotx/v1/shared"
+
+
+class World:
+    """A device with named principals; mutate() builds canonical bytes like the gateway."""
+
+    def __init__(self, runtime, tmp_path, names, actions=None):
+        self.runtime = runtime
+        self.journal = str(tmp_path / "journal")
+        self.grants_path = str(tmp_path / "grants.json")
+        self.principals = {n: secrets.token_hex(16) for n in names}
+        self.actions = {n: list(actions or ALL) for n in names}
+        self.write_grants()
+        self.ids = iter(range(1, 1 << 30))
+        self.device = None
+        self.boot()
+        self.par = {}
+        for name in names:
+            self.mutate(name, "participant.register", "/participant", {})
+            self.par[name] = self.read(name, "participant.get")[1]["id"]
+
+    def write_grants(self):
+        write_grants(self.grants_path, {self.principals[n]: a for n, a in self.actions.items()})
+
+    def boot(self):
+        if self.device is not None:
+            self.device.close()
+        self.device = Device(RuntimeFile.open(self.runtime), self.journal, Grants(self.grants_path))
+
+    def send(self, name, op, args):
+        inbox = collections.deque([("c", {"v": 1, "id": next(self.ids), "op": op, "principal": self.principals[name],
+                                          "args": args})])
+        [(_, msg)] = self.device.tick(inbox)
+        return msg["status"], json.loads(msg["body"])
+
+    def read(self, name, op, **args):
+        return self.send(name, op, args)
+
+    def mutate(self, name, op, path, fields, *, sequence=None, key=None):
+        """fields: the body's own fields; a space in the path is passed as the gateway does."""
+        me = self.read(name, "participant.get")[1]
+        sequence = sequence or int(me["next_sequence"])
+        key = key or secrets.token_hex(16)
+        body = {"schema": "aotx.shared.mutation.v1", "lineage": me["lineage"], "operation_key": key,
+                "sequence": str(sequence), **fields}
+        canonical = rfc8785.dumps({"method": "POST", "path": BASE + path, "body": body})
+        args = {"lineage": me["lineage"], "operation_key": key, "sequence": sequence, "canonical": canonical}
+        args.update(fields)
+        if path.startswith("/spaces/"):
+            args["space"] = path.split("/")[2]
+        for counter in ("retry_floor", "target_sequence"):
+            if counter in args:
+                args[counter] = int(args[counter])
+        return self.send(name, op, args)
+
+    def space(self, name, **fields):
+        status, receipt = self.mutate(name, "spaces.create", "/spaces", fields)
+        assert status == 202, receipt
+        return receipt["target"]
+
+    def member(self, name, space, who, permissions):
+        return self.mutate(name, "members.set", f"/spaces/{space}/members",
+                           {"participant": self.par[who], "permissions": permissions})
+
+
+@pytest.fixture
+def world(tiny_runtime, tmp_path):
+    w = World(tiny_runtime, tmp_path, ["owner", "reader", "writer", "manager", "outsider"])
+    yield w
+    w.device.close()
+
+
+def code(result):
+    return result[0], result[1].get("error", {}).get("code")
+
+
+def test_a_space_id_uses_the_creator_lineage_and_the_operation_key_by_default(world):
+    key = secrets.token_hex(16)
+    status, receipt = world.mutate("owner", "spaces.create", "/spaces", {}, key=key)
+    lineage = world.read("owner", "participant.get")[1]["lineage"]
+    assert status == 202 and receipt["target"] == f"spc-{lineage}-{key}"
+    space = world.read("owner", "spaces.get", space=receipt["target"])[1]
+    assert space["scope"] == "private" and space["owner"] == world.par["owner"]
+    assert space["created_by_operation"] == receipt["operation"] and space["rights"] == ["manage", "read", "write"]
+    explicit = "ab" * 16
+    assert world.space("owner", id=explicit, scope="room").endswith(explicit)
+    assert code(world.mutate("owner", "spaces.create", "/spaces", {"id": explicit})) == (409, "space_exists")
+
+
+def test_member_rows_grant_exactly_their_rights_and_outsiders_see_404(world):
+    space = world.space("owner")
+    for who, perms in (("reader", ["read"]), ("writer", ["write"]), ("manager", ["manage"])):
+        assert world.member("owner", space, who, perms)[0] == 202
+    assert world.read("reader", "spaces.get", space=space)[0] == 200
+    assert code(world.read("writer", "spaces.get", space=space)) == (403, "right_missing")
+    assert code(world.read("outsider", "spaces.get", space=space)) == (404, "space_not_found")
+    assert code(world.mutate("reader", "conversations.create", f"/spaces/{space}/conversations", {})) == \
+        (403, "right_missing")
+    status, receipt = world.mutate("writer", "conversations.create", f"/spaces/{space}/conversations", {})
+    assert status == 202
+    assert code(world.read("writer", "conversations.get", conversation=receipt["target"])) == (403, "right_missing")
+    assert world.read("reader", "conversations.get", conversation=receipt["target"])[1]["space"] == space
+    assert world.member("manager", space, "outsider", ["read"])[0] == 202
+    assert code(world.member("reader", space, "outsider", ["write"])) == (403, "right_missing")
+    assert world.read("outsider", "spaces.get", space=space)[0] == 200
+    assert code(world.member("owner", space, "owner", [])) == (409, "owner_rights_fixed")
+    members = world.read("owner", "members.list", space=space)[1]["items"]
+    assert members[0] == {"participant": world.par["owner"], "permissions": ["manage", "read", "write"],
+                          "explicit": False}
+    assert {m["participant"]: m["permissions"] for m in members[1:]} == {
+        world.par["reader"]: ["read"], world.par["writer"]: ["write"], world.par["manager"]: ["manage"],
+        world.par["outsider"]: ["read"]}
+    assert world.member("owner", space, "outsider", [])[0] == 202
+    assert code(world.read("outsider", "spaces.get", space=space)) == (404, "space_not_found")
+
+
+def test_an_instance_space_admits_every_registered_participant_unless_a_zero_rights_row_blocks(world):
+    space = world.space("owner", scope="instance")
+    assert world.read("outsider", "spaces.get", space=space)[1]["rights"] == ["read", "write"]
+    assert [s["id"] for s in world.read("reader", "spaces.list")[1]["items"]] == [space]
+    assert world.member("owner", space, "outsider", [])[0] == 202
+    assert code(world.read("outsider", "spaces.get", space=space)) == (404, "space_not_found")
+    assert world.read("outsider", "spaces.list")[1]["items"] == []
+    private = world.space("owner")
+    assert code(world.read("reader", "spaces.get", space=private)) == (404, "space_not_found")
+
+
+def test_current_grants_intersect_with_membership_even_for_the_owner(world):
+    space = world.space("owner")
+    world.actions["owner"] = ["shared_write"]
+    world.write_grants()
+    assert code(world.read("owner", "spaces.get", space=space)) == (403, "grant_missing")
+    world.actions["owner"] = ["shared_read", "shared_write"]
+    world.write_grants()
+    assert world.read("owner", "spaces.get", space=space)[1]["rights"] == ["read", "write"]
+    assert code(world.member("owner", space, "reader", ["read"])) == (403, "grant_missing")
+
+
+def test_retirement_frees_receipts_below_the_floor_and_retired_ids_answer_410(world):
+    _, first = world.mutate("owner", "spaces.create", "/spaces", {}, key="01" * 16)
+    world.space("owner")
+    me = world.read("owner", "participant.get")[1]
+    assert me["next_sequence"] == "4"
+    assert code(world.mutate("owner", "retirements.record", "/retirements", {"retry_floor": "9"})) == \
+        (409, "retry_floor_ahead")
+    status, retirement = world.mutate("owner", "retirements.record", "/retirements", {"retry_floor": "3"})
+    assert status == 202 and retirement["kind"] == "retirement"
+    assert world.read("owner", "participant.get")[1]["retry_floor"] == "3"
+    assert code(world.read("owner", "operations.get", operation=first["operation"])) == (410, "operation_retired")
+    fake = first["operation"][:-1] + ("0" if first["operation"][-1] != "0" else "1")
+    assert code(world.read("owner", "operations.get", operation=fake)) == (404, "operation_not_found")
+    assert code(world.mutate("owner", "spaces.create", "/spaces", {}, sequence=2)) == (410, "below_retry_floor")
+    status, reused = world.mutate("owner", "spaces.create", "/spaces", {"id": "02" * 16}, key="01" * 16)
+    assert status == 202 and reused["operation"] != first["operation"]
+    assert code(world.read("owner", "operations.get", operation=first["operation"])) == (410, "operation_retired")
+    assert code(world.mutate("owner", "retirements.record", "/retirements", {"retry_floor": "2"})) == \
+        (409, "retry_floor_not_advanced")
+    world.boot()
+    assert world.read("owner", "participant.get")[1]["retry_floor"] == "3"
+    assert code(world.read("owner", "operations.get", operation=first["operation"])) == (410, "operation_retired")
+    assert world.read("owner", "operations.get", operation=reused["operation"])[0] == 200
+
+
+def test_cancelling_an_operation_that_finished_at_admission_is_a_clear_409(world):
+    world.space("owner")
+    assert code(world.mutate("owner", "cancellations.record", "/cancellations", {"target_sequence": "2"})) == \
+        (409, "not_cancellable")
+    assert code(world.mutate("owner", "cancellations.record", "/cancellations", {"target_sequence": "7"})) == \
+        (404, "operation_not_found")
+    assert world.read("owner", "participant.get")[1]["next_sequence"] == "3"
+
+
+def test_fixed_capacities_answer_507_and_a_retirement_frees_the_receipt_table(tmp_path):
+    runtime = str(tmp_path / "small.aotxccir")
+    pack_tiny(runtime, shared=True, capacity={"participants": 2, "spaces": 2, "receipts": 6})
+    w = World(runtime, tmp_path, ["a", "b"])
+    w.space("a")
+    w.space("a")
+    assert code(w.mutate("a", "spaces.create", "/spaces", {})) == (507, "space_capacity")
+    space = w.read("a", "spaces.list")[1]["items"][0]["id"]
+    assert w.mutate("a", "conversations.create", f"/spaces/{space}/conversations", {})[0] == 202
+    # 6 receipts: 2 registrations + 3 of a's; one slot stays reserved for a retirement
+    assert code(w.mutate("b", "spaces.create", "/spaces", {})) == (507, "receipt_table_full")
+    assert w.mutate("a", "retirements.record", "/retirements", {"retry_floor": "4"})[0] == 202
+    assert w.mutate("b", "conversations.create", f"/spaces/{space}/conversations", {})[0] == 404
+    assert code(w.mutate("b", "spaces.create", "/spaces", {})) == (507, "space_capacity")
+    status, _ = w.member("a", space, "b", ["read", "write"])
+    assert status == 202
+    assert w.mutate("b", "conversations.create", f"/spaces/{space}/conversations", {})[0] == 202
+    w.device.close()
+
+
+def test_everything_replays_to_the_same_reads_after_a_restart(world):
+    space = world.space("owner", scope="room")
+    world.member("owner", space, "reader", ["read"])
+    conv = world.mutate("owner", "conversations.create", f"/spaces/{space}/conversations", {})[1]["target"]
+    before = [world.read("reader", op, **args) for op, args in (
+        ("spaces.list", {}), ("members.list", {"space": space}), ("conversations.list", {"space": space}),
+        ("conversations.get", {"conversation": conv}), ("operations.list", {}))]
+    listed = world.read("owner", "operations.list")[1]["items"]
+    world.boot()
+    after = [world.read("reader", op, **args) for op, args in (
+        ("spaces.list", {}), ("members.list", {"space": space}), ("conversations.list", {"space": space}),
+        ("conversations.get", {"conversation": conv}), ("operations.list", {}))]
+    assert before == after
+    assert world.read("owner", "operations.list")[1]["items"] == listed
+    foreign = world.read("reader", "operations.get", operation=listed[-1]["operation"])[1]
+    assert foreign["sequence"] is None and foreign["operation"] == listed[-1]["operation"]
+    other = world.read("reader", "participants.get", participant=world.par["owner"])[1]
+    assert other["next_sequence"] is None and other["retry_floor"] is None and other["id"] == world.par["owner"]
+
+
+def test_lists_page_with_cursor_and_limit(world):
+    made = [world.space("owner") for _ in range(5)]
+    seen, cursor = [], None
+    while True:
+        args = {"limit": 2, **({"cursor": cursor} if cursor else {})}
+        page = world.read("owner", "spaces.list", **args)[1]
+        seen += [s["id"] for s in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == made
