@@ -44,6 +44,10 @@ def operation_counter(incarnation, raw):
     return counter if operation(incarnation, counter) == raw else None
 
 
+def memory_owner(incarnation, space):
+    return _h(b"aotx/memory-owner\0", incarnation, space.encode())
+
+
 SPACE_ID = re.compile(r"spc-([0-9a-f]{32})-([0-9a-f]{32})\Z")
 CONVERSATION_ID = re.compile(r"con-([0-9a-f]{32})-([0-9a-f]{32})\Z")
 PARTICIPANT_ID = re.compile(r"par-([0-9a-f]{32})\Z")

@@ -113,6 +113,16 @@ class SpaceCommands:
 
     # ---- IDs and views -------------------------------------------------------------------
 
+    def memory_owner(self, scope, space):
+        """Whose memory a space's conversations share. A room uses its exact space ID; an
+        instance space the instance; each private space its own owner (derived from the space
+        ID, so two private spaces never share one, even with one participant owning both)."""
+        if scope == Scope.ROOM:
+            return space
+        if scope == Scope.INSTANCE:
+            return "instance"
+        return "private-" + ids.memory_owner(self.incarnation, space).hex()
+
     def space_id(self, srow):
         row = self.tables.row(self.tables.spaces, srow)
         return ids.space_id(self.participant_ids[row[S.OWNER]][1], join16(row[S.ID_HI], row[S.ID_LO]))
@@ -124,8 +134,9 @@ class SpaceCommands:
     def _space_view(self, srow, rights):
         row = self.tables.row(self.tables.spaces, srow)
         _, lineage, par = self.participant_ids[row[S.OWNER]]
-        return {"id": ids.space_id(lineage, join16(row[S.ID_HI], row[S.ID_LO])),
-                "scope": SCOPE_NAMES[row[S.SCOPE]], "owner": ids.participant_id(par),
+        space = ids.space_id(lineage, join16(row[S.ID_HI], row[S.ID_LO]))
+        return {"id": space, "scope": SCOPE_NAMES[row[S.SCOPE]], "owner": ids.participant_id(par),
+                "memory_owner": self.memory_owner(row[S.SCOPE], space),
                 "created_by_operation": ids.operation_id(lineage, join16(row[S.OP_HI], row[S.OP_LO])),
                 "rights": right_names(rights)}
 

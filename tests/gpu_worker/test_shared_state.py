@@ -98,7 +98,12 @@ def test_a_space_id_uses_the_creator_lineage_and_the_operation_key_by_default(wo
     assert space["scope"] == "private" and space["owner"] == world.par["owner"]
     assert space["created_by_operation"] == receipt["operation"] and space["rights"] == ["manage", "read", "write"]
     explicit = "ab" * 16
-    assert world.space("owner", id=explicit, scope="room").endswith(explicit)
+    room = world.space("owner", id=explicit, scope="room")
+    assert room.endswith(explicit)
+    assert world.read("owner", "spaces.get", space=room)[1]["memory_owner"] == room
+    other = world.space("owner")
+    owners = {world.read("owner", "spaces.get", space=s)[1]["memory_owner"] for s in (receipt["target"], other)}
+    assert len(owners) == 2 and all(o.startswith("private-") for o in owners)
     assert code(world.mutate("owner", "spaces.create", "/spaces", {"id": explicit})) == (409, "space_exists")
 
 
