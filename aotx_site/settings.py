@@ -86,12 +86,13 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     _broker = VAR_DIR / "celery"
-    for _sub in ("out", "processed"):
+    for _sub in ("out", "processed", "control"):
         (_broker / _sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://"
     CELERY_BROKER_TRANSPORT_OPTIONS = {"data_folder_in": str(_broker / "out"),
                                        "data_folder_out": str(_broker / "out"),
-                                       "processed_folder": str(_broker / "processed")}
+                                       "processed_folder": str(_broker / "processed"),
+                                       "control_folder": str(_broker / "control")}
     CELERY_RESULT_BACKEND = None
 CELERY_BEAT_SCHEDULE = {"sample-capacity": {"task": "shared_api.tasks.sample_capacity", "schedule": 60.0}}
 
