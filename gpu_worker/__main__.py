@@ -1,15 +1,17 @@
-"""python -m gpu_worker {pack,boot} ..."""
+"""python -m gpu_worker {pack,boot,checkpoint} ..."""
 import sys
 
-USAGE = "usage: python -m gpu_worker {pack,boot} [options]  (--help after a command for its options)"
+USAGE = "usage: python -m gpu_worker {pack,boot,checkpoint} [options]  (--help after a command for its options)"
 
 
 def main(argv):
-    if not argv or argv[0] not in ("pack", "boot"):
+    if not argv or argv[0] not in ("pack", "boot", "checkpoint"):
         print(USAGE, file=sys.stderr)
         return 2
     if argv[0] == "pack":
         from .pack import main as command
+    elif argv[0] == "checkpoint":
+        from .checkpoint_cli import main as command
     else:
         from .boot import main as command
     return command(argv[1:])

@@ -8,18 +8,19 @@ after the commit. Replay at boot runs the same apply functions over the recovere
 so a receipt read after a restart is rebuilt from the same values and renders to the same bytes.
 """
 import bisect
+import errno
 import logging
 import time
 from dataclasses import dataclass, field
 
 import msgpack
 
-from . import ids
+from . import checkpoint, ids, runtime_file
 from .filelayer import OsFileLayer
 from .grants import GrantFileError
 from .kinds import KIND_NAMES, Kind
-from .journal import (MAX_RECORDS_PER_TICK, JournalLock, JournalWriter, TransferKind, record_count,
-                      recover)
+from .journal import (MAX_RECORDS_PER_TICK, JournalIOError, JournalLock, JournalWriter, TransferKind,
+                      record_count, recover)
 from .protocol import DeviceError, RawJSON, dumps, reply
 from .spaces import SpaceCommands
 from .tables import P, R, Source, Tables, Terminal, join16, split16
@@ -31,6 +32,7 @@ RECEIPT_SCHEMA = "aotx.shared.receipt.v1"
 ADMISSION_VERSION = 1
 BASE = "/aotx/v1/shared"
 DEFAULT_LIMIT = 50
+DISK_FULL_MARGIN = 4 << 20
 MAX_LIMIT = 200
 
 
@@ -66,28 +68,77 @@ class DeviceBootError(Exception):
     pass
 
 
-def _rows_free(n):
-    return list(range(n - 1, -1, -1))  # pop() hands out row 0 first
 
 
 class Device(SpaceCommands):
-    def __init__(self, runtime, journal_dir, grants, *, device="cpu", fs=None):
+    def __init__(self, runtime, journal_dir, grants, *, device="cpu", fs=None, serve=True):
+        """serve=False opens the state for an offline command (checkpoint): no grant check,
+        no boot recorded."""
         self.runtime = runtime
         self.incarnation = runtime.incarnation
         self._incarnation_hex = runtime.incarnation.hex()
-        self.generation = runtime.generation
         profile = runtime.shared_profile
         if profile is None:
             raise DeviceBootError(f"runtime file {runtime.path} has no shared profile; run pack --shared")
         runtime.check_bootable()
         self.capacities = profile["capacities"]
-        self.tables = Tables(self.capacities, device)
+        self.file_cap = profile["journal_file_cap_bytes"]
+        self.checkpoint_bytes = profile["checkpoint_journal_bytes"]
+        self.min_free_disk = runtime.runtime_profile["min_free_disk_bytes"]
+        self.table_device = device
         self.grants = grants
         self._grant_problem = None
         self.fs = fs or OsFileLayer()
         self.journal_dir = journal_dir
+        self.hold = None            # {"cause", "since_ns", "disk_error"} while persistent admission pauses
+        self.hold_incidents = []    # ended holds, newest last (ops: admin console, capacity task)
         self.lock = JournalLock(journal_dir)
-        # host-side indexes only: ID -> row; the tensors hold every value
+        started = time.perf_counter()
+        try:
+            recovery = self._load()
+            if serve:
+                self._check_fresh_grants()
+            self.writer = JournalWriter(journal_dir, self.fs, self.incarnation, recovery)
+        except Exception:
+            self.lock.release()
+            raise
+        self._journal_base = self.writer.durable_bytes - recovery.durable_bytes
+        self.recovered = len(recovery.transfers)
+        self.dropped = recovery.dropped
+        if recovery.dropped:
+            log.warning("%s", recovery.dropped)
+        if serve:
+            self.boot += 1
+            self.last_boot_ns = time.time_ns()
+            self._save_generation = self.generation
+            self.writer.append(TransferKind.BOOT, msgpack.packb(
+                {"boot": self.boot, "generation": self.generation, "at_ns": self.last_boot_ns}))
+            while self.writer.queued_records:
+                self.writer.commit_tick()
+        self.boot_seconds = time.perf_counter() - started
+
+    def _load(self):
+        """(Re)build every table and index from the runtime file's checkpoint plus the journal."""
+        self.generation = self.runtime.generation
+        self.tables = Tables(self.capacities, self.table_device)
+        self.admissions = 0
+        self.boot = 0
+        self.last_boot_ns = 0
+        self._save_generation = self.generation
+        self.checkpoint_seq, self.checkpoint_digest = 0, bytes(32)
+        if self.runtime.has(checkpoint.STATE):
+            self.checkpoint_seq, self.checkpoint_digest, self._save_generation = checkpoint.load_state(
+                self, self.runtime.bytes(checkpoint.STATE))
+        self._index_tables()
+        recovery = recover(self.journal_dir, self.fs, self.incarnation, start_digest=self.checkpoint_digest,
+                           after_seq=self.checkpoint_seq)
+        for transfer in recovery.transfers:
+            self._replay(transfer)
+        return recovery
+
+    def _index_tables(self):
+        """Host-side indexes, derived from the tensors (empty, or just loaded from a checkpoint)."""
+        t = self.tables
         self.by_principal = {}      # principal bytes -> participant row
         self.by_participant = {}    # participant raw id -> participant row
         self.participant_ids = {}   # participant row -> (principal, lineage raw, participant raw)
@@ -97,33 +148,39 @@ class Device(SpaceCommands):
         self.sequences = {}         # participant row -> ascending sequences with a live receipt
         self._lineages = {}         # principal -> lineage raw (a pure function, cached)
         self._rendered = {}         # receipt row -> rendered own-view receipt bytes (derived)
-        self.free_receipts = _rows_free(self.capacities["receipts"])
-        self.free_participants = _rows_free(self.capacities["participants"])
         self._release_on_save = {}  # transfer seq -> receipt rows a retirement frees once it is saved
         self._pending = {}          # journal transfer seq -> receipt row awaiting its save
+        for prow, row in enumerate(t.participants.tolist()):
+            if row[P.STATE]:
+                self._index_participant(prow, join16(row[P.PRINCIPAL_HI], row[P.PRINCIPAL_LO]))
+        for rrow, row in enumerate(t.receipts.tolist()):
+            if row[R.STATE]:
+                self._index_receipt(rrow, row[R.PARTICIPANT], row[R.SEQUENCE], join16(row[R.KEY_HI], row[R.KEY_LO]),
+                                    join16(row[R.OP_HI], row[R.OP_LO]))
+        for seqs in self.sequences.values():
+            seqs.sort()
+        self.free_participants = t.unused_rows(t.participants)
+        self.free_receipts = t.unused_rows(t.receipts)
         self.init_spaces()
-        self.admissions = 0
-        self.boot = 0
-        self._save_generation = self.generation
-        started = time.perf_counter()
-        try:
-            recovery = recover(journal_dir, self.fs, self.incarnation)
-            for transfer in recovery.transfers:
-                self._replay(transfer)
-        except Exception:
-            self.lock.release()
-            raise
-        self.recovered = len(recovery.transfers)
-        self.dropped = recovery.dropped
-        if recovery.dropped:
-            log.warning("%s", recovery.dropped)
-        self.writer = JournalWriter(journal_dir, self.fs, self.incarnation, recovery)
-        self.boot += 1
-        self._save_generation = self.generation
-        self.writer.append(TransferKind.BOOT, msgpack.packb({"boot": self.boot, "generation": self.generation}))
-        while self.writer.queued_records:
-            self.writer.commit_tick()
-        self.boot_seconds = time.perf_counter() - started
+
+    def _index_participant(self, prow, principal):
+        par = ids.participant(self.incarnation, principal)
+        self.by_principal[principal] = prow
+        self.by_participant[par] = prow
+        self.participant_ids[prow] = (principal, self._lineage(principal), par)
+
+    def _index_receipt(self, rrow, prow, sequence, key, op):
+        self.by_sequence[(prow, sequence)] = rrow
+        self.by_key[(prow, key)] = rrow
+        self.by_op[op] = rrow
+        self.sequences.setdefault(prow, []).append(sequence)
+
+    def _check_fresh_grants(self):
+        """SPEC: restore requires fresh deployment grants."""
+        if self.last_boot_ns and self.grants.written_at_ns <= self.last_boot_ns:
+            raise DeviceBootError(
+                f"restore requires fresh deployment grants: {self.grants.path} was written before this runtime "
+                f"file's last boot; run `python manage.py write_grants --config gateway.json`, then boot again")
 
     def close(self):
         self.writer.close()
@@ -136,11 +193,93 @@ class Device(SpaceCommands):
             info = msgpack.unpackb(transfer.payload, raw=False)
             self.boot = info["boot"]
             self._save_generation = info["generation"]
+            self.last_boot_ns = info.get("at_ns", 0)
         elif transfer.kind == TransferKind.ADMISSION:
             rrow = self._apply_admission(Admission.decode(transfer.payload), None)
             self._mark_saved(rrow, transfer)
         else:
             raise DeviceBootError(f"journal transfer {transfer.seq} has kind {transfer.kind} this device cannot replay")
+
+    # ---- holds and checkpoints (SPEC "Recorded state and recovery") --------------------
+
+    @property
+    def journal_bytes(self):
+        """Bytes of the active journal (since the last checkpoint trimmed it)."""
+        return self.writer.durable_bytes - self._journal_base
+
+    def check_hold(self):
+        """Pause persistent admission on file-cap or disk pressure; lift it once both clear."""
+        try:
+            free, _ = self.fs.statvfs(self.journal_dir)
+        except OSError as exc:
+            free, error = 0, f"statvfs: {exc.strerror}"
+        else:
+            error = None
+        cause = ("file_cap" if self.journal_bytes >= self.file_cap else
+                 "low_disk" if free < self.min_free_disk else None)
+        if (cause is None and self.hold and self.hold["cause"] == "disk_full"
+                and free < max(self.min_free_disk, DISK_FULL_MARGIN)):
+            cause = "disk_full"  # after an ENOSPC, wait for real room, not for the bytes the cut gave back
+        if cause and not self.hold:
+            self.hold = {"cause": cause, "since_ns": time.time_ns(), "disk_error": error}
+            log.warning("journal hold: %s (journal %d bytes, cap %d; %d bytes free, minimum %d)", cause,
+                        self.journal_bytes, self.file_cap, free, self.min_free_disk)
+        elif cause and self.hold and self.hold["cause"] != "disk_full":
+            self.hold["cause"] = cause
+        elif not cause and self.hold:
+            self.hold_incidents.append({**self.hold, "ended_ns": time.time_ns()})
+            del self.hold_incidents[:-100]
+            log.warning("journal hold lifted (%s)", self.hold["cause"])
+            self.hold = None
+
+    def _disk_full(self, err, waiting):
+        """ENOSPC while saving a tick: the writer cut the journal back to its durable end. Nothing
+        of this tick was saved, so rebuild the tables from what is, hold, and refuse the tick."""
+        log.warning("journal write failed (%s); rebuilding from the saved state and holding", err)
+        self.writer.close()
+        self.runtime = runtime_file.RuntimeFile.open(self.runtime.path, verify=False)
+        recovery = self._load()
+        self.writer = JournalWriter(self.journal_dir, self.fs, self.incarnation, recovery)
+        self._journal_base = self.writer.durable_bytes - recovery.durable_bytes
+        self.hold = {"cause": "disk_full", "since_ns": time.time_ns(), "disk_error": f"ENOSPC: {err}"}
+        refusal = DeviceError(429, "journal_hold", "the journal cannot save new operations right now "
+                                                   "(no space left on device); retry later", **self._hold_details())
+        return [(conn, reply(req_id, refusal.status, refusal.body())) for conn, req_id, _, _ in waiting]
+
+    def _hold_details(self):
+        return {"cause": self.hold["cause"], "disk_error": self.hold["disk_error"],
+                "pending_bytes": self.writer.queued_records * 192}
+
+    def checkpoint(self):
+        """Fold the journal into the runtime file now (between ticks)."""
+        try:
+            result = checkpoint.write(self)
+        except OSError as exc:
+            log.warning("checkpoint failed: %s", exc)
+            raise DeviceError(507, "checkpoint_failed", f"checkpoint failed: {exc}") from None
+        self.check_hold()
+        return result
+
+    def after_checkpoint(self, generation, last_seq, last_digest):
+        t = self.tables
+        live = t.receipts[:, R.STATE] != 0
+        for col, value in ((R.ADM_SOURCE, Source.FILE), (R.TERM_SOURCE, Source.FILE),
+                           (R.ADM_GENERATION, generation), (R.TERM_GENERATION, generation)):
+            t.receipts[live, col] = int(value)
+        self._rendered.clear()
+        self.generation = self._save_generation = generation
+        self.checkpoint_seq, self.checkpoint_digest = last_seq, last_digest
+        self._journal_base = self.writer.durable_bytes - self.writer.offset
+        self.runtime = runtime_file.RuntimeFile.open(self.runtime.path, verify=False)
+
+    def idle(self):
+        """Between ticks: hold state, and the automatic checkpoint past its journal size."""
+        self.check_hold()
+        if self.journal_bytes >= self.checkpoint_bytes and not self.writer.queued_records:
+            try:
+                self.checkpoint()
+            except DeviceError:
+                pass
 
     # ---- the tick ------------------------------------------------------------------------
 
@@ -157,6 +296,7 @@ class Device(SpaceCommands):
             if str(exc) != self._grant_problem:
                 self._grant_problem = str(exc)
                 log.warning("grant reload failed, keeping previous grants: %s", exc)
+        self.check_hold()
         replies, late_reads, waiting = [], [], []
         budget = MAX_RECORDS_PER_TICK
         while inbox:
@@ -181,12 +321,18 @@ class Device(SpaceCommands):
             status, rrow, records = outcome
             budget -= records
             waiting.append((conn, msg.get("id"), status, rrow))
-        while self.writer.queued_records:
-            for transfer in self.writer.commit_tick():
-                self.free_receipts.extend(self._release_on_save.pop(transfer.seq, ()))
-                rrow = self._pending.pop(transfer.seq, None)
-                if rrow is not None:
-                    self._mark_saved(rrow, transfer)
+        try:
+            while self.writer.queued_records:
+                for transfer in self.writer.commit_tick():
+                    self.free_receipts.extend(self._release_on_save.pop(transfer.seq, ()))
+                    rrow = self._pending.pop(transfer.seq, None)
+                    if rrow is not None:
+                        self._mark_saved(rrow, transfer)
+        except JournalIOError as err:
+            if err.errno != errno.ENOSPC:
+                raise  # EIO and the like: stop admitting; the process exits and a restart recovers
+            replies.extend(self._disk_full(err, waiting))
+            waiting = []
         for conn, req_id, status, rrow in waiting:
             replies.append((conn, self._receipt_reply(req_id, status, rrow)))
         for conn, msg in late_reads:
@@ -282,6 +428,10 @@ class Device(SpaceCommands):
                               "operation key belongs to another live operation of this participant")
         if kind != Kind.PARTICIPANT_REGISTER and prow is None:
             raise DeviceError(409, "participant_not_registered", "register the participant first (POST /participant)")
+        if self.hold:
+            raise DeviceError(429, "journal_hold", f"persistent admission is paused ({self.hold['cause']}); "
+                                                   "reads, receipts and save status stay available",
+                              **self._hold_details())
         # one receipt slot stays in reserve so that a full table can always record a retirement
         if len(self.free_receipts) < (1 if kind == Kind.RETIREMENT else 2):
             raise DeviceError(507, "receipt_table_full",
@@ -309,10 +459,7 @@ class Device(SpaceCommands):
             hi, lo = split16(a.principal)
             t.write_row(t.participants, prow, {P.STATE: 1, P.RETRY_FLOOR: 1, P.PRINCIPAL_HI: hi,
                                                P.PRINCIPAL_LO: lo, P.REGISTERED_BY: rrow})
-            par = ids.participant(self.incarnation, a.principal)
-            self.by_principal[a.principal] = prow
-            self.by_participant[par] = prow
-            self.participant_ids[prow] = (a.principal, self._lineage(a.principal), par)
+            self._index_participant(prow, a.principal)
             target = prow
         else:
             prow = self.by_principal[a.principal]
@@ -329,10 +476,7 @@ class Device(SpaceCommands):
             R.TERMINAL: Terminal.SUCCEEDED})
         t.put_bytes(t.command_bytes, rrow, a.canonical)
         t.write_row(t.participants, prow, {P.NEXT_SEQUENCE: a.sequence + 1})
-        self.by_sequence[(prow, a.sequence)] = rrow
-        self.by_key[(prow, a.key)] = rrow
-        self.by_op[a.op] = rrow
-        self.sequences.setdefault(prow, []).append(a.sequence)
+        self._index_receipt(rrow, prow, a.sequence, a.key, a.op)
         self._rendered.pop(rrow, None)
         return rrow
 
@@ -482,8 +626,7 @@ class Device(SpaceCommands):
             "page_size": str(profile["page_size"]),
             "page_grant": str(profile["page_grant"]),
             "grants": sorted(self.grants.actions(hexid)),
-            "journal": {"hold": False, "cause": None, "pending_bytes": 0, "disk_error": None,
-                        "bytes": str(self.writer.durable_bytes)},
+            "journal": self.journal_state(),
             "runtime": {"file_incarnation": self.incarnation.hex(), "generation": str(self.generation),
                         "boot": str(self.boot)},
         }
@@ -537,9 +680,21 @@ class Device(SpaceCommands):
             raise DeviceError(410, "operation_retired", f"operation {op} was retired", )
         raise DeviceError(404, "operation_not_found", f"no operation {op} visible to this principal")
 
+    def journal_state(self):
+        hold = self.hold or {}
+        return {"hold": bool(self.hold), "cause": hold.get("cause"), "since_ns": hold.get("since_ns"),
+                "pending_bytes": self.writer.queued_records * 192, "disk_error": hold.get("disk_error"),
+                "bytes": str(self.journal_bytes), "file_cap_bytes": str(self.file_cap),
+                "checkpoint_seq": str(self.checkpoint_seq)}
+
     def ping(self, msg):
-        return 200, {"ok": True, "boot": str(self.boot), "usage": self.tables.usage(),
-                     "journal_bytes": str(self.writer.durable_bytes)}
+        """Ops status (no principal: the socket is local and mode 0660)."""
+        return 200, {"ok": True, "boot": str(self.boot), "generation": str(self.generation),
+                     "usage": self.tables.usage(), "capacities": self.capacities,
+                     "journal": self.journal_state(), "hold_incidents": self.hold_incidents}
+
+    def checkpoint_command(self, msg):
+        return 200, self.checkpoint() or {"generation": self.generation, "folded": 0}
 
     def page_args(self, msg):
         """(cursor int | None, limit) of a list read; the gateway already checked the syntax."""
@@ -580,6 +735,7 @@ class Device(SpaceCommands):
 
 READS = {
     "ping": Device.ping,
+    "checkpoint": Device.checkpoint_command,
     "capabilities": Device.capabilities,
     "participant.get": Device.get_participant,
     "participants.get": Device.get_other_participant,

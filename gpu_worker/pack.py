@@ -123,9 +123,16 @@ def _capacities(capacity: dict | None) -> dict:
     return parse_capacity(",".join(f"{key}={value}" for key, value in merged.items()))
 
 
-def shared_profile(capacity: dict | None = None) -> dict:
+JOURNAL_LIMITS = ("journal_file_cap_bytes", "checkpoint_journal_bytes")
+
+
+def shared_profile(capacity: dict | None = None, journal_limits: dict | None = None) -> dict:
     profile = copy.deepcopy(DEFAULT_SHARED_PROFILE)
     profile["capacities"] = _capacities(capacity)
+    for key, value in (journal_limits or {}).items():
+        if key not in JOURNAL_LIMITS or type(value) is not int or value <= 0:
+            raise ValueError(f"journal limit {key}={value!r}: keys are {', '.join(JOURNAL_LIMITS)}, positive integers")
+        profile[key] = value
     return profile
 
 
@@ -142,13 +149,13 @@ def _runtime_profile(overrides: dict | None) -> dict:
 
 
 def _write(runtime_path, components: Iterable, *, shared: bool, capacity: dict | None,
-           runtime_profile: dict | None, started: float) -> dict:
+           runtime_profile: dict | None, started: float, journal_limits: dict | None = None) -> dict:
     if capacity is not None and not shared:
         raise ValueError("capacity applies only to a shared profile")
     # Built (and so validated) before the file is created, not after the slow model components.
     profiles = [("runtime_profile", "json", _runtime_profile(runtime_profile))]
     if shared:
-        profiles.append(("shared_profile", "json", shared_profile(capacity)))
+        profiles.append(("shared_profile", "json", shared_profile(capacity, journal_limits)))
     required = FEATURE_BASE | (FEATURE_SHARED if shared else 0)
     runtime_file.create(runtime_path, _chain(profiles, components), required=required)
     return _summary(runtime_path, started)
@@ -411,7 +418,8 @@ def embedding_components(model_dir, *, name: str | None = None, source: dict | N
 
 
 def pack_default(runtime_path, *, shared: bool = False, capacity: dict | None = None, progress: bool = True,
-                 gguf_path=None, embedding_dir=None, runtime_profile: dict | None = None) -> dict:
+                 gguf_path=None, embedding_dir=None, runtime_profile: dict | None = None,
+                 journal_limits: dict | None = None) -> dict:
     """Pack SmolLM2-135M-Instruct and all-MiniLM-L6-v2 from their PyPI packages (or the given local models)."""
     started = time.monotonic()
     if gguf_path is None:
@@ -428,7 +436,7 @@ def pack_default(runtime_path, *, shared: bool = False, capacity: dict | None = 
     else:
         emb = embedding_components(embedding_dir)
     return _write(runtime_path, _chain(gen, emb), shared=shared, capacity=capacity,
-                  runtime_profile=runtime_profile, started=started)
+                  runtime_profile=runtime_profile, started=started, journal_limits=journal_limits)
 
 
 def _chain(*iterables: Iterable) -> Iterator:
@@ -582,12 +590,13 @@ def _tiny_embedding(seed: int) -> Iterator:
 
 
 def pack_tiny(runtime_path, *, shared: bool = False, capacity: dict | None = None, seed: int = 0,
-              with_embedding: bool = True, runtime_profile: dict | None = None) -> dict:
+              with_embedding: bool = True, runtime_profile: dict | None = None,
+              journal_limits: dict | None = None) -> dict:
     """A complete runtime with random weights and real tokenizers, for fast tests."""
     started = time.monotonic()
     components = _chain(_tiny_generation(seed), _tiny_embedding(seed) if with_embedding else ())
     return _write(runtime_path, components, shared=shared, capacity=capacity,
-                  runtime_profile=runtime_profile, started=started)
+                  runtime_profile=runtime_profile, started=started, journal_limits=journal_limits)
 
 
 # ---- command line -----------------------------------------------------------------------------
@@ -607,6 +616,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--runtime", required=True, metavar="F", help="runtime file (.aotxccir) to write")
     parser.add_argument("--shared", action="store_true", help="include (or add) the shared profile")
     parser.add_argument("--capacity", metavar="K=V,...", help="shared capacities, e.g. participants=2048")
+    parser.add_argument("--journal-limits", metavar="K=V,...",
+                        help="journal_file_cap_bytes=N,checkpoint_journal_bytes=N for a new shared profile")
     parser.add_argument("--tiny", action="store_true", help="random-weight tiny models (tests)")
     parser.add_argument("--seed", type=int, help="random seed for --tiny (default 0)")
     parser.add_argument("--no-embedding", action="store_true", help="omit the embedding model (--tiny only)")
@@ -624,6 +635,14 @@ def _run(args) -> str:
     if args.capacity is not None and not args.shared:
         raise _UsageError("--capacity requires --shared")
     capacity = parse_capacity(args.capacity) if args.capacity is not None else None
+    limits = None
+    if args.journal_limits is not None:
+        if not args.shared:
+            raise _UsageError("--journal-limits requires --shared")
+        try:
+            limits = {k: int(v) for k, v in (item.split("=", 1) for item in args.journal_limits.split(","))}
+        except ValueError:
+            raise _UsageError("--journal-limits takes K=V pairs with integer values") from None
     started = time.monotonic()
     repack = args.tiny or args.gguf or args.embedding
     if os.path.exists(args.runtime) and not args.force:
@@ -636,10 +655,11 @@ def _run(args) -> str:
         status = "packed"
         if args.tiny:
             summary = pack_tiny(args.runtime, shared=args.shared, capacity=capacity, seed=args.seed or 0,
-                                with_embedding=not args.no_embedding)
+                                with_embedding=not args.no_embedding, journal_limits=limits)
         else:
             summary = pack_default(args.runtime, shared=args.shared, capacity=capacity,
-                                   progress=sys.stderr.isatty(), gguf_path=args.gguf, embedding_dir=args.embedding)
+                                   progress=sys.stderr.isatty(), gguf_path=args.gguf, embedding_dir=args.embedding,
+                                   journal_limits=limits)
     if args.shared:
         with RuntimeFile.open(args.runtime, verify=False) as packed:
             if not packed.has("emb/card"):

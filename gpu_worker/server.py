@@ -16,6 +16,7 @@ import signal
 from .protocol import PROTOCOL_VERSION, FrameBuffer, ProtocolError, encode_frame, reply
 
 log = logging.getLogger("gpu_worker.server")
+IDLE_SECONDS = 1.0
 VERSION_REFUSED = (b'{"error":{"code":"protocol_version","message":"unsupported device protocol version; '
                    b'expected 1"}}')
 
@@ -76,6 +77,16 @@ class Server:
             self._scheduled = True
             self.loop.call_soon(self._tick)
 
+    def _idle(self):
+        """Once a second: lift or start a journal hold, run the automatic checkpoint."""
+        try:
+            self.device.idle()
+        except BaseException as exc:
+            self.failure = exc
+            self.loop.stop()
+            return
+        self.loop.call_later(IDLE_SECONDS, self._idle)
+
     async def _serve(self):
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)  # we hold the journal lock, so no live device owns it
@@ -87,6 +98,7 @@ class Server:
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         server = self.loop.run_until_complete(self._serve())
+        self.loop.call_later(IDLE_SECONDS, self._idle)
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self.loop.stop)
         if on_ready:

@@ -27,18 +27,26 @@ def right_names(bits):
     return sorted(name for name, bit in RIGHT_NAMES.items() if bits & bit)
 
 
-def _rows_free(n):
-    return list(range(n - 1, -1, -1))
-
-
 class SpaceCommands:
     def init_spaces(self):
+        """Indexes of the space tables, derived from the tensors (empty or from a checkpoint)."""
+        t = self.tables
         self.by_space = {}          # (lineage raw, id raw) -> space row
         self.by_conversation = {}   # (lineage raw, id raw) -> conversation row
         self.member_rows = {}       # (space row, participant row) -> member row
-        self.free_spaces = _rows_free(self.capacities["spaces"])
-        self.free_members = _rows_free(self.capacities["members"])
-        self.free_conversations = _rows_free(self.capacities["conversations"])
+        for srow, row in enumerate(t.spaces.tolist()):
+            if row[S.STATE]:
+                self.by_space[(self.participant_ids[row[S.OWNER]][1], join16(row[S.ID_HI], row[S.ID_LO]))] = srow
+        for crow, row in enumerate(t.conversations.tolist()):
+            if row[C.STATE]:
+                key = (self.participant_ids[row[C.CREATOR]][1], join16(row[C.ID_HI], row[C.ID_LO]))
+                self.by_conversation[key] = crow
+        for mrow, row in enumerate(t.members.tolist()):
+            if row[M.STATE]:
+                self.member_rows[(row[M.SPACE], row[M.PARTICIPANT])] = mrow
+        self.free_spaces = t.unused_rows(t.spaces)
+        self.free_members = t.unused_rows(t.members)
+        self.free_conversations = t.unused_rows(t.conversations)
 
     # ---- rights ------------------------------------------------------------------------
 

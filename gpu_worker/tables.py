@@ -184,6 +184,11 @@ class Tables:
             return self._views[id(self.receipt_digests)][row, which].tobytes()
         return self.receipt_digests[row, which].cpu().numpy().tobytes()
 
+    @staticmethod
+    def unused_rows(table):
+        """Free rows of a table, highest first, so pop() hands out the lowest free row."""
+        return torch.nonzero(table[:, 0] == 0).flatten().flip(0).tolist()
+
     def usage(self):
         tables = {"participants": self.participants, "spaces": self.spaces, "members": self.members,
                   "conversations": self.conversations, "receipts": self.receipts}

@@ -69,6 +69,7 @@ class Stack:
         return out.stdout.strip().splitlines()[-1]
 
     def boot_device(self):
+        self.manage("write_grants", "--config", str(self.config))  # restore requires fresh grants
         self.device = Process([PYTHON, "-m", "gpu_worker", "boot", "--ccir", str(self.runtime), "--journal",
                                str(self.journal), "--service-grants", str(self.grants), "--device", "cpu"],
                               self.env, self.base / "device.log", "device ready")

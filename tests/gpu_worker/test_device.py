@@ -21,6 +21,7 @@ class Rig:
         self.runtime_path = runtime_path
         self.journal = str(tmp_path / "journal")
         self.grants_path = str(tmp_path / "grants.json")
+        self.principals = principals
         write_grants(self.grants_path, principals)
         self.ids = iter(range(1, 1 << 30))
         self.device = None
@@ -29,6 +30,7 @@ class Rig:
     def boot(self):
         if self.device is not None:
             self.device.close()
+            write_grants(self.grants_path, self.principals)  # restore requires fresh grants
         self.device = Device(RuntimeFile.open(self.runtime_path), self.journal, Grants(self.grants_path))
         return self.device
 
@@ -169,6 +171,7 @@ def test_truncating_the_final_transfer_anywhere_boots_and_drops_only_it(tiny_run
     offsets = sorted(set(range(start, len(full), 7)) | {start, start + 1, len(full) - 1})
     for cut in offsets:
         segment.write_bytes(full[:cut])
+        write_grants(rig.grants_path, rig.principals)
         device = Device(RuntimeFile.open(tiny_runtime), rig.journal, Grants(rig.grants_path))
         try:
             survivors = [device.rendered_receipt(r) for r in sorted(device.by_op.values())]

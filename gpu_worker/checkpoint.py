@@ -1,0 +1,116 @@
+"""Checkpoints: the journal folded into state extents of the runtime file (docs/checkpoint.md).
+
+A checkpoint appends two components to the runtime file and flips its superblock:
+  "state/current"       msgpack: counters, the last folded transfer (seq + commit digest) and
+                        the live rows of every table (row indices + raw little-endian values)
+  "audit/<generation>"  msgpack: every transfer folded by this checkpoint, [seq, kind, payload,
+                        digest], so the file keeps its logical audit prefix
+Then the journal moves to a new segment and the old segments are removed. A crash anywhere in
+between is safe: until the superblock flip the old state + the whole journal hold everything;
+after it, recovery skips the transfers the checkpoint already holds (seq <= last_seq).
+"""
+import logging
+import os
+import time
+
+import msgpack
+import numpy as np
+import torch
+
+from . import runtime_file
+from .journal import list_segments, recover, segment_name
+from .tables import R, Source
+
+log = logging.getLogger("gpu_worker.checkpoint")
+STATE = "state/current"
+STATE_VERSION = 1
+ROW_TABLES = ("participants", "spaces", "members", "conversations", "receipts")
+
+
+def encode_state(device, last_seq, last_digest, generation):
+    t = device.tables
+    tables = {}
+    for name in ROW_TABLES:
+        table = getattr(t, name)
+        rows = torch.nonzero(table[:, 0] != 0).flatten()
+        tables[name] = [rows.cpu().numpy().astype("<i8").tobytes(),
+                        table[rows].cpu().numpy().astype("<i8").tobytes()]
+    live = torch.nonzero(t.receipts[:, R.STATE] != 0).flatten()
+    lengths = t.receipts[live, R.COMMAND_LEN].tolist()
+    commands = b"".join(t.get_bytes(t.command_bytes, r, n) for r, n in zip(live.tolist(), lengths))
+    results = b"".join(t.get_bytes(t.result_bytes, r, n)
+                       for r, n in zip(live.tolist(), t.receipts[live, R.RESULT_LEN].tolist()))
+    digests = t.receipt_digests[live].cpu().numpy().tobytes()
+    return msgpack.packb({
+        "version": STATE_VERSION, "generation": generation, "last_seq": last_seq, "last_digest": last_digest,
+        "admissions": device.admissions, "boot": device.boot, "last_boot_ns": device.last_boot_ns,
+        "tables": tables, "digests": digests, "commands": commands, "results": results,
+        "written_ns": time.time_ns(),
+    }, use_bin_type=True)
+
+
+def load_state(device, blob):
+    """Fill the device's (empty) tables from a state blob; returns (last_seq, last_digest)."""
+    state = msgpack.unpackb(blob, raw=False)
+    if state.get("version") != STATE_VERSION:
+        raise ValueError(f"state extent version {state.get('version')} is not supported")
+    t = device.tables
+    for name in ROW_TABLES:
+        table = getattr(t, name)
+        rows_raw, data = state["tables"][name]
+        rows = torch.from_numpy(np.frombuffer(rows_raw, dtype="<i8").copy())
+        if len(rows):
+            values = torch.from_numpy(np.frombuffer(data, dtype="<i8").copy()).view(len(rows), table.shape[1])
+            table[rows.to(t.device)] = values.to(t.device)
+    live = torch.nonzero(t.receipts[:, R.STATE] != 0).flatten()
+    if len(live):
+        t.receipt_digests[live] = torch.from_numpy(
+            np.frombuffer(state["digests"], dtype=np.uint8).copy()).view(len(live), 2, 32).to(t.device)
+        # everything this checkpoint holds is now saved in the file, at its generation
+        for col, value in ((R.ADM_SOURCE, Source.FILE), (R.TERM_SOURCE, Source.FILE),
+                           (R.ADM_GENERATION, state["generation"]), (R.TERM_GENERATION, state["generation"])):
+            t.receipts[live, col] = int(value)
+    pos = {"commands": 0, "results": 0}
+    for r in live.tolist():
+        row = t.row(t.receipts, r)
+        for key, table, col in (("commands", t.command_bytes, R.COMMAND_LEN), ("results", t.result_bytes, R.RESULT_LEN)):
+            n = row[col]
+            t.put_bytes(table, r, state[key][pos[key]:pos[key] + n])
+            pos[key] += n
+    device.admissions = state["admissions"]
+    device.boot = state["boot"]
+    device.last_boot_ns = state["last_boot_ns"]
+    return state["last_seq"], state["last_digest"], state["generation"]
+
+
+def audit_blob(transfers):
+    return msgpack.packb([[tr.seq, int(tr.kind), tr.payload, tr.digest] for tr in transfers], use_bin_type=True)
+
+
+def write(device):
+    """Fold the device's journal into the runtime file (device idle: nothing queued)."""
+    started = time.perf_counter()
+    writer = device.writer
+    last_seq, last_digest = writer.next_seq - 1, writer.last_digest
+    if last_seq <= device.checkpoint_seq:
+        return None
+    folded = recover(device.journal_dir, device.fs, device.incarnation, start_digest=device.checkpoint_digest,
+                     after_seq=device.checkpoint_seq).transfers
+    generation = device.generation + 1
+    state = encode_state(device, last_seq, last_digest, generation)
+    new_generation = runtime_file.append(device.runtime.path, [
+        (STATE, "bytes", state), (f"audit/{generation:08d}", "bytes", audit_blob(folded))])
+    if new_generation != generation:
+        raise RuntimeError(f"runtime file moved to generation {new_generation}, expected {generation}")
+    # from here on the file holds every folded transfer: trim the journal
+    old = list_segments(device.journal_dir, device.fs)
+    writer.start_new_segment()
+    for number in old:
+        device.fs.remove(os.path.join(device.journal_dir, segment_name(number)))
+    device.fs.fsync_dir(device.journal_dir)
+    device.after_checkpoint(generation, last_seq, last_digest)
+    seconds = time.perf_counter() - started
+    log.info("checkpoint: generation %d folds %d transfers through seq %d (%d state bytes) in %.3fs",
+             generation, len(folded), last_seq, len(state), seconds)
+    return {"generation": generation, "folded": len(folded), "last_seq": last_seq, "state_bytes": len(state),
+            "seconds": seconds}

@@ -1,0 +1,173 @@
+"""Faults (SPEC "Recorded state and recovery"): journal holds, ENOSPC, EIO, power loss,
+checkpoints and fresh grants on restore."""
+import collections
+import errno
+import json
+import os
+import secrets
+import subprocess
+
+import pytest
+
+from gpu_worker.device import Device, DeviceBootError
+from gpu_worker.filelayer import FaultyFileLayer
+from gpu_worker.grants import Grants
+from gpu_worker.journal import JournalIOError, list_segments
+from gpu_worker.pack import pack_tiny
+from gpu_worker.runtime_file import RuntimeFile
+from tests.conftest import PYTHON, ROOT, write_grants
+from tests.gpu_worker.test_shared_state import World, code
+
+
+def runtime(tmp_path, **limits):
+    path = str(tmp_path / "faults.aotxccir")
+    pack_tiny(path, shared=True, runtime_profile={"min_free_disk_bytes": 1}, journal_limits=limits or None)
+    return path
+
+
+class FaultyWorld(World):
+    """A World whose device does all journal I/O through a FaultyFileLayer."""
+
+    def __init__(self, runtime, tmp_path, names, fs):
+        self.fs = fs
+        super().__init__(runtime, tmp_path, names)
+
+    def boot(self):
+        if self.device is not None:
+            self.device.close()
+            self.write_grants()
+        self.device = Device(RuntimeFile.open(self.runtime), self.journal, Grants(self.grants_path), fs=self.fs)
+
+
+def saved_state(world, name):
+    return (world.read(name, "participant.get")[1], world.read(name, "spaces.list")[1],
+            world.read(name, "operations.list")[1])
+
+
+def test_a_checkpoint_folds_the_journal_into_the_file_and_trims_it(tmp_path):
+    w = World(runtime(tmp_path), tmp_path, ["a", "b"])
+    space = w.space("a")
+    w.member("a", space, "b", ["read"])
+    before = w.read("a", "operations.list")[1]["items"]
+    assert {r["admission"]["save"]["source"] for r in before} == {"journal"}
+    result = w.device.checkpoint()
+    assert result["generation"] == 2 and result["folded"] >= 4
+    assert list_segments(w.journal, w.device.fs) == [2]
+    after = w.read("a", "operations.list")[1]["items"]
+    assert [r["operation"] for r in after] == [r["operation"] for r in before]
+    assert {(r["admission"]["save"]["source"], r["admission"]["save"]["generation"]) for r in after} == {("file", "2")}
+    assert [r["admission"]["save"]["commit_digest"] for r in after] == \
+        [r["admission"]["save"]["commit_digest"] for r in before]
+    new = w.space("a")
+    w.boot()
+    again = w.read("a", "operations.list")[1]["items"]
+    assert again[:len(after)] == after
+    last = w.read("a", "operations.get", operation=again[-1]["operation"])[1]
+    assert last["target"] == new and last["admission"]["save"]["source"] == "journal"
+    assert last["admission"]["save"]["generation"] == "2"
+    assert w.read("b", "spaces.get", space=space)[0] == 200
+    audit = RuntimeFile.open(w.runtime)
+    assert audit.has("audit/00000002") and audit.generation == 2
+
+
+def test_the_checkpoint_command_works_offline_and_boot_continues_from_it(tmp_path):
+    w = World(runtime(tmp_path), tmp_path, ["a"])
+    w.space("a")
+    before = w.read("a", "operations.list")[1]["items"]
+    w.device.close()
+    out = subprocess.run([PYTHON, "-m", "gpu_worker", "checkpoint", "--ccir", w.runtime, "--journal", w.journal],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "offline" in out.stdout, out.stderr
+    w.device = None
+    w.write_grants()
+    w.boot()
+    after = w.read("a", "operations.list")[1]["items"]
+    assert [r["operation_key"] for r in after] == [r["operation_key"] for r in before]
+    assert {r["admission"]["save"]["source"] for r in after} == {"file"}
+
+
+def test_a_file_cap_holds_new_mutations_with_429_until_a_checkpoint(tmp_path):
+    w = World(runtime(tmp_path, journal_file_cap_bytes=2500), tmp_path, ["a"])
+    space = w.space("a")
+    while not w.device.hold:
+        assert w.mutate("a", "conversations.create", f"/spaces/{space}/conversations", {})[0] == 202
+        w.device.check_hold()
+    state = saved_state(w, "a")
+    status, body = w.mutate("a", "spaces.create", "/spaces", {})
+    assert status == 429 and body["error"]["code"] == "journal_hold" and body["error"]["cause"] == "file_cap"
+    assert saved_state(w, "a") == state
+    caps = w.read("a", "capabilities")[1]["journal"]
+    assert caps["hold"] is True and caps["cause"] == "file_cap" and caps["pending_bytes"] == 0
+    assert w.read("a", "operations.get", operation=state[2]["items"][0]["operation"])[0] == 200
+    w.device.checkpoint()
+    assert w.device.hold is None and w.device.hold_incidents[-1]["cause"] == "file_cap"
+    assert w.mutate("a", "spaces.create", "/spaces", {})[0] == 202
+
+
+def test_enospc_refuses_the_tick_with_429_changes_nothing_and_lifts_when_space_returns(tmp_path):
+    fs = FaultyFileLayer()
+    w = FaultyWorld(runtime(tmp_path), tmp_path, ["a"], fs)
+    w.space("a")
+    state = saved_state(w, "a")
+    fs.space = 100  # the next tick's write runs out of space part-way
+    status, body = w.mutate("a", "spaces.create", "/spaces", {})
+    assert status == 429 and body["error"]["code"] == "journal_hold"
+    assert body["error"]["disk_error"].startswith("ENOSPC")
+    assert saved_state(w, "a") == state
+    assert w.read("a", "capabilities")[1]["journal"]["cause"] == "disk_full"
+    assert w.mutate("a", "spaces.create", "/spaces", {})[0] == 429
+    fs.space = 1 << 30
+    status, receipt = w.mutate("a", "spaces.create", "/spaces", {})
+    assert status == 202
+    w.boot()
+    assert saved_state(w, "a")[2]["items"][-1] == receipt
+
+
+def test_eio_stops_the_device_and_a_restart_recovers_every_saved_receipt(tmp_path):
+    fs = FaultyFileLayer()
+    w = FaultyWorld(runtime(tmp_path), tmp_path, ["a"], fs)
+    w.space("a")
+    state = saved_state(w, "a")
+    fs.fail_fdatasync(errno.EIO)
+    with pytest.raises(JournalIOError):
+        w.mutate("a", "spaces.create", "/spaces", {})
+    w.device.lock.release()
+    w.device = None
+    w.write_grants()
+    w.fs = FaultyFileLayer()
+    w.boot()
+    assert saved_state(w, "a") == state
+
+
+@pytest.mark.parametrize("mode", ["cut", "zeros", "garbage", "prefix"])
+def test_power_loss_keeps_every_saved_receipt(tmp_path, mode):
+    fs = FaultyFileLayer(seed=7)
+    w = FaultyWorld(runtime(tmp_path), tmp_path, ["a", "b"], fs)
+    for _ in range(5):
+        w.space("a")
+        w.space("b")
+    saved = {n: saved_state(w, n) for n in ("a", "b")}
+
+    class PowerCut(BaseException):
+        pass
+
+    def cut():
+        raise PowerCut
+    w.device.writer._file.fdatasync = cut  # the tick's write happens, its fdatasync never does
+    with pytest.raises(PowerCut):
+        w.mutate("a", "spaces.create", "/spaces", {})
+    fs.lose_unsynced(mode)
+    w.device.lock.release()
+    w.device = None
+    w.write_grants()
+    w.boot()
+    assert {n: saved_state(w, n) for n in ("a", "b")} == saved
+
+
+def test_restore_requires_fresh_deployment_grants(tmp_path):
+    w = World(runtime(tmp_path), tmp_path, ["a"])
+    w.device.close()
+    with pytest.raises(DeviceBootError, match="fresh deployment grants.*write_grants"):
+        Device(RuntimeFile.open(w.runtime), w.journal, Grants(w.grants_path))
+    w.write_grants()
+    Device(RuntimeFile.open(w.runtime), w.journal, Grants(w.grants_path)).close()
