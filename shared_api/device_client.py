@@ -18,10 +18,15 @@ CONNECT_TIMEOUT = 2.0
 
 
 class DeviceClient:
+    """A pool of device connections: a request borrows one and returns it when its reply has
+    arrived (daphne may run each request on a new thread, so per-thread sockets would mean a
+    new connection per request)."""
+
     def __init__(self, socket_path, timeout):
         self.socket_path = socket_path
         self.timeout = timeout
-        self._local = threading.local()
+        self._idle = []
+        self._lock = threading.Lock()
         self._ids = itertools.count(1)
 
     def _connect(self):
@@ -52,33 +57,35 @@ class DeviceClient:
         frame = encode_frame({"v": PROTOCOL_VERSION, "id": req_id, "op": op, "principal": principal_id,
                               "args": args or {}})
         for attempt in (0, 1):
-            sock = getattr(self._local, "sock", None)
+            with self._lock:
+                sock = self._idle.pop() if self._idle else None
             fresh = sock is None
             if fresh:
-                sock = self._local.sock = self._connect()
+                sock = self._connect()
             try:
                 sock.sendall(frame)
                 (n,) = LENGTH.unpack(self._recv_exact(sock, 4))
                 msg = decode_payload(self._recv_exact(sock, n))
                 if msg.get("id") != req_id:
                     raise ProtocolError("reply id does not match request")
-                return msg
             except socket.timeout:
-                self._drop()
+                sock.close()
                 raise ApiError(503, "device_timeout",
                                f"the device did not answer within {self.timeout:g}s; retry the exact request") from None
             except (OSError, ConnectionError, ProtocolError) as exc:
-                self._drop()
+                sock.close()
                 # a pooled connection may have gone stale across a device restart: retry once on a
-                # fresh one (safe: a request the old device never read was never admitted)
+                # fresh one (safe: an exact retry of a mutation answers its existing receipt)
                 if fresh or attempt:
                     raise ApiError(503, "device_unavailable", f"the device connection failed: {exc}") from None
-
-    def _drop(self):
-        sock = getattr(self._local, "sock", None)
-        self._local.sock = None
-        if sock is not None:
-            sock.close()
+                with self._lock:  # the device restarted: every pooled connection is stale
+                    stale, self._idle = self._idle, []
+                for other in stale:
+                    other.close()
+                continue
+            with self._lock:
+                self._idle.append(sock)
+            return msg
 
 
 _client = None

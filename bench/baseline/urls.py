@@ -1,0 +1,5 @@
+from django.urls import path
+
+from bench.baseline.ledger.views import Mutate
+
+urlpatterns = [path("m", Mutate.as_view())]
