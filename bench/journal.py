@@ -21,7 +21,7 @@ from pathlib import Path
 import rfc8785
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[0] = str(ROOT)  # not bench/: bench/http.py would shadow the standard library http
 
 from gpu_worker import ids  # noqa: E402
 from gpu_worker.device import Admission, Kind  # noqa: E402

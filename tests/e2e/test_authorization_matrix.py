@@ -1,0 +1,390 @@
+"""Who may call which shared route, through the real gateway and device (SPEC "Scope",
+"Resources"; DESIGN §4): one table of the expected status for every (persona, route).
+
+Rules the table encodes:
+- no credential or a wrong one: 401 with WWW-Authenticate, on every route;
+- the gateway action first: GET needs shared_read, POST participant/spaces/conversations/
+  cancellations/retirements need shared_write, POST members needs shared_manage (403 grant_missing);
+- then the device: a resource the caller may not see is 404 (never 403), a visible resource
+  without the needed right is 403 right_missing; the owner has every right, a member row gives
+  exactly its rights, an instance space gives read+write to every registered participant unless a
+  zero-rights row blocks it; current grants intersect with those stored rights;
+- every response carries Cache-Control: no-store.
+
+One stack serves the whole module. Each persona's own mutations change only that persona's
+state (its own spaces, conversations, receipts and retry floor; member writes re-set an
+existing zero-rights row), so the persona tests do not depend on each other's order.
+"""
+import json
+import re
+import secrets
+
+import pytest
+
+from tests.harness import Stack
+
+pytestmark = pytest.mark.e2e
+BASE = "/aotx/v1/shared"
+SCHEMA = "aotx.shared.mutation.v1"
+ALL_ACTIONS = "shared_read,shared_write,shared_manage"
+
+# ---- routes: name -> (method, path template). Executed in this order for every persona: GETs
+# first, then mutations, cancellation before retirement (which retires sequence 1) and
+# registration last (so an unregistered persona stays unregistered for the other routes).
+ROUTES = {
+    "GET capabilities": ("GET", "/capabilities"),
+    "GET participant": ("GET", "/participant"),
+    "GET participants/{par}": ("GET", "/participants/{owner_par}"),
+    "GET spaces": ("GET", "/spaces"),
+    "GET spaces/{private}": ("GET", "/spaces/{private}"),
+    "GET spaces/{instance}": ("GET", "/spaces/{instance}"),
+    "GET spaces/{ghost}": ("GET", "/spaces/{ghost_space}"),
+    "GET spaces/{private}/members": ("GET", "/spaces/{private}/members"),
+    "GET spaces/{instance}/members": ("GET", "/spaces/{instance}/members"),
+    "GET spaces/{private}/conversations": ("GET", "/spaces/{private}/conversations"),
+    "GET spaces/{instance}/conversations": ("GET", "/spaces/{instance}/conversations"),
+    "GET conversations/{private}": ("GET", "/conversations/{private_con}"),
+    "GET conversations/{instance}": ("GET", "/conversations/{instance_con}"),
+    "GET conversations/{ghost}": ("GET", "/conversations/{ghost_con}"),
+    "GET operations": ("GET", "/operations"),
+    "GET operations/{private}": ("GET", "/operations/{private_op}"),
+    "GET operations/{instance}": ("GET", "/operations/{instance_op}"),
+    "POST spaces": ("POST", "/spaces"),
+    "POST spaces/{private}/members": ("POST", "/spaces/{private}/members"),
+    "POST spaces/{instance}/members": ("POST", "/spaces/{instance}/members"),
+    "POST spaces/{private}/conversations": ("POST", "/spaces/{private}/conversations"),
+    "POST spaces/{instance}/conversations": ("POST", "/spaces/{instance}/conversations"),
+    "POST cancellations": ("POST", "/cancellations"),
+    "POST retirements": ("POST", "/retirements"),
+    "POST participant": ("POST", "/participant"),
+}
+
+# ---- expected results: a status, or (status, error code)
+OK, NEW = 200, 202
+GRANT = (403, "grant_missing")
+RIGHT = (403, "right_missing")
+NO_SPACE = (404, "space_not_found")
+NO_CON = (404, "conversation_not_found")
+NO_OP = (404, "operation_not_found")
+UNREG = (409, "participant_not_registered")
+REGISTERED = (409, "already_registered")
+NOT_CANCELLABLE = (409, "not_cancellable")
+UNAUTH = (401, "unauthenticated")
+
+
+def _everywhere(value):
+    return {route: value for route in ROUTES}
+
+
+# What each persona may do on the instance space without a member row: read + write.
+_IMPLICIT_INSTANCE = {
+    "GET spaces/{instance}": OK, "GET spaces/{instance}/members": OK,
+    "GET spaces/{instance}/conversations": OK, "GET conversations/{instance}": OK,
+    "GET operations/{instance}": OK,
+    "POST spaces/{instance}/members": RIGHT, "POST spaces/{instance}/conversations": NEW,
+}
+_INVISIBLE_PRIVATE = {
+    "GET spaces/{private}": NO_SPACE, "GET spaces/{private}/members": NO_SPACE,
+    "GET spaces/{private}/conversations": NO_SPACE, "GET conversations/{private}": NO_CON,
+    "GET operations/{private}": NO_OP,
+    "POST spaces/{private}/members": NO_SPACE, "POST spaces/{private}/conversations": NO_SPACE,
+}
+_OWN_READS = {
+    "GET capabilities": OK, "GET participant": OK, "GET participants/{par}": OK, "GET spaces": OK,
+    "GET spaces/{ghost}": NO_SPACE, "GET conversations/{ghost}": NO_CON, "GET operations": OK,
+}
+_REGISTERED_WRITER = {
+    "POST spaces": NEW, "POST cancellations": NOT_CANCELLABLE, "POST retirements": NEW,
+    "POST participant": REGISTERED,
+}
+
+EXPECTED = {
+    # owns the private space and the instance space (and a conversation in each)
+    "owner": {
+        **_OWN_READS, **_REGISTERED_WRITER,
+        "GET spaces/{private}": OK, "GET spaces/{instance}": OK,
+        "GET spaces/{private}/members": OK, "GET spaces/{instance}/members": OK,
+        "GET spaces/{private}/conversations": OK, "GET spaces/{instance}/conversations": OK,
+        "GET conversations/{private}": OK, "GET conversations/{instance}": OK,
+        "GET operations/{private}": OK, "GET operations/{instance}": OK,
+        "POST spaces/{private}/members": NEW, "POST spaces/{instance}/members": NEW,
+        "POST spaces/{private}/conversations": NEW, "POST spaces/{instance}/conversations": NEW,
+    },
+    # member row [read] on the private space
+    "reader": {
+        **_OWN_READS, **_REGISTERED_WRITER, **_IMPLICIT_INSTANCE,
+        "GET spaces/{private}": OK, "GET spaces/{private}/members": OK,
+        "GET spaces/{private}/conversations": OK, "GET conversations/{private}": OK,
+        "GET operations/{private}": OK,
+        "POST spaces/{private}/members": RIGHT, "POST spaces/{private}/conversations": RIGHT,
+    },
+    # member row [write]: the space is visible but unreadable. A receipt is readable only where
+    # its target space is readable (spaces.py receipt_visible_to), so the creating receipt is 404.
+    "writer": {
+        **_OWN_READS, **_REGISTERED_WRITER, **_IMPLICIT_INSTANCE,
+        "GET spaces/{private}": RIGHT, "GET spaces/{private}/members": RIGHT,
+        "GET spaces/{private}/conversations": RIGHT, "GET conversations/{private}": RIGHT,
+        "GET operations/{private}": NO_OP,
+        "POST spaces/{private}/members": RIGHT, "POST spaces/{private}/conversations": NEW,
+    },
+    # member row [manage]
+    "manager": {
+        **_OWN_READS, **_REGISTERED_WRITER, **_IMPLICIT_INSTANCE,
+        "GET spaces/{private}": RIGHT, "GET spaces/{private}/members": RIGHT,
+        "GET spaces/{private}/conversations": RIGHT, "GET conversations/{private}": RIGHT,
+        "GET operations/{private}": NO_OP,
+        "POST spaces/{private}/members": NEW, "POST spaces/{private}/conversations": RIGHT,
+    },
+    # registered, no member row anywhere
+    "outsider": {**_OWN_READS, **_REGISTERED_WRITER, **_IMPLICIT_INSTANCE, **_INVISIBLE_PRIVATE},
+    # registered, a zero-rights row on the instance space: that blocks implicit instance access
+    "zero": {
+        **_OWN_READS, **_REGISTERED_WRITER, **_INVISIBLE_PRIVATE,
+        "GET spaces/{instance}": NO_SPACE, "GET spaces/{instance}/members": NO_SPACE,
+        "GET spaces/{instance}/conversations": NO_SPACE, "GET conversations/{instance}": NO_CON,
+        "GET operations/{instance}": NO_OP,
+        "POST spaces/{instance}/members": NO_SPACE, "POST spaces/{instance}/conversations": NO_SPACE,
+    },
+    # every grant, never registered: sees nothing, every mutation but registration is 409
+    "newcomer": {
+        **_OWN_READS, **_INVISIBLE_PRIVATE,
+        "GET spaces/{instance}": NO_SPACE, "GET spaces/{instance}/members": NO_SPACE,
+        "GET spaces/{instance}/conversations": NO_SPACE, "GET conversations/{instance}": NO_CON,
+        "GET operations/{instance}": NO_OP,
+        "POST spaces": UNREG, "POST spaces/{private}/members": UNREG, "POST spaces/{instance}/members": UNREG,
+        "POST spaces/{private}/conversations": UNREG, "POST spaces/{instance}/conversations": UNREG,
+        "POST cancellations": UNREG, "POST retirements": UNREG, "POST participant": NEW,
+    },
+    # the next three hold member rows [read, write, manage] on the private space; only the
+    # missing grant limits them. Without shared_read: every GET is refused, mutations still work
+    # (on the instance space its implicit read+write intersects with write+manage grants -> write).
+    "no_read": {
+        **_everywhere(GRANT), **_REGISTERED_WRITER,
+        "POST spaces/{private}/members": NEW, "POST spaces/{instance}/members": RIGHT,
+        "POST spaces/{private}/conversations": NEW, "POST spaces/{instance}/conversations": NEW,
+    },
+    # without shared_write (registered first, then shared_write revoked: registering needs it)
+    "no_write": {
+        **_OWN_READS, **_IMPLICIT_INSTANCE,
+        "GET spaces/{private}": OK, "GET spaces/{private}/members": OK,
+        "GET spaces/{private}/conversations": OK, "GET conversations/{private}": OK,
+        "GET operations/{private}": OK,
+        "POST spaces": GRANT, "POST spaces/{private}/members": NEW, "POST spaces/{instance}/members": RIGHT,
+        "POST spaces/{private}/conversations": GRANT, "POST spaces/{instance}/conversations": GRANT,
+        "POST cancellations": GRANT, "POST retirements": GRANT, "POST participant": GRANT,
+    },
+    # without shared_manage
+    "no_manage": {
+        **_OWN_READS, **_REGISTERED_WRITER, **_IMPLICIT_INSTANCE,
+        "GET spaces/{private}": OK, "GET spaces/{private}/members": OK,
+        "GET spaces/{private}/conversations": OK, "GET conversations/{private}": OK,
+        "GET operations/{private}": OK,
+        "POST spaces/{private}/members": GRANT, "POST spaces/{instance}/members": GRANT,
+        "POST spaces/{private}/conversations": NEW,
+    },
+    "anonymous": _everywhere(UNAUTH),
+    "wrong_token": _everywhere(UNAUTH),
+}
+
+# principal actions at creation (no_write gets all three and loses shared_write after registering)
+ACTIONS = {
+    "owner": ALL_ACTIONS, "reader": ALL_ACTIONS, "writer": ALL_ACTIONS, "manager": ALL_ACTIONS,
+    "outsider": ALL_ACTIONS, "zero": ALL_ACTIONS, "newcomer": ALL_ACTIONS,
+    "no_read": "shared_write,shared_manage", "no_write": ALL_ACTIONS,
+    "no_manage": "shared_read,shared_write", "revokee": ALL_ACTIONS,
+}
+PRIVATE_ROWS = {"reader": ["read"], "writer": ["write"], "manager": ["manage"],
+                "no_read": ["read", "write", "manage"], "no_write": ["read", "write", "manage"],
+                "no_manage": ["read", "write", "manage"], "revokee": ["read"]}
+
+
+def test_the_table_covers_every_persona_and_route():
+    for persona, row in EXPECTED.items():
+        assert set(row) == set(ROUTES), (persona, sorted(set(ROUTES) ^ set(row)))
+    # ROUTES names every path of shared_api/urls.py (each with its GET and/or POST)
+    from shared_api import urls
+    shape = lambda text: re.sub(r"<[^>]*>|\{[^}]*\}", "*", text.lstrip("/"))  # noqa: E731
+    assert {shape(str(p.pattern)) for p in urls.urlpatterns} == {shape(path) for _, path in ROUTES.values()}
+
+
+def _json(body):
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+class World:
+    def __init__(self, stack):
+        self.stack = stack
+        self.tokens = {}
+        self.ids = {}
+
+    def call(self, persona, method, path, body=None):
+        token = {"anonymous": None, "wrong_token": "aotx_" + secrets.token_urlsafe(32)}.get(
+            persona, self.tokens.get(persona))
+        return self.stack.http(method, BASE + path, body, token=token)
+
+    def envelope(self, persona):
+        """The persona's own lineage and next sequence: from GET /participant, or (without
+        shared_read) from the 409 details a mutation with a wrong lineage / future sequence returns."""
+        if persona in ("anonymous", "wrong_token"):
+            return {"schema": SCHEMA, "lineage": "ab" * 16, "operation_key": secrets.token_hex(16), "sequence": "1"}
+        if "shared_read" in ACTIONS[persona]:
+            status, _, body = self.call(persona, "GET", "/participant")
+            assert status == 200, (persona, body)
+            me = json.loads(body)
+            lineage, sequence = me["lineage"], me["next_sequence"]
+        else:
+            probe = {"schema": SCHEMA, "lineage": "0" * 32, "operation_key": secrets.token_hex(16), "sequence": "1"}
+            status, _, body = self.call(persona, "POST", "/spaces", probe)
+            assert status == 409 and json.loads(body)["error"]["code"] == "stale_lineage", (persona, body)
+            lineage = json.loads(body)["error"]["lineage"]
+            probe.update(lineage=lineage, sequence=str(1 << 40))
+            status, _, body = self.call(persona, "POST", "/spaces", probe)
+            if status == 409 and json.loads(body)["error"]["code"] == "future_sequence":
+                sequence = json.loads(body)["error"]["next_sequence"]
+            else:  # unregistered: the probe stops at participant_not_registered
+                sequence = "1"
+        return {"schema": SCHEMA, "lineage": lineage, "operation_key": secrets.token_hex(16), "sequence": sequence}
+
+    def mutate(self, persona, path, **fields):
+        status, headers, body = self.call(persona, "POST", path, {**self.envelope(persona), **fields})
+        return status, headers, body
+
+
+def _created(result):
+    status, _, body = result
+    assert status == 202, body
+    return json.loads(body)
+
+
+@pytest.fixture(scope="module")
+def world(tiny_runtime, tmp_path_factory):
+    stack = Stack(tmp_path_factory.mktemp("authz"), tiny_runtime)
+    try:
+        w = World(stack)
+        for persona, actions in ACTIONS.items():
+            w.tokens[persona] = stack.principal(persona, actions=actions)
+        stack.boot_device()
+        stack.serve()
+        for persona in ACTIONS:
+            if persona != "newcomer":
+                _created(w.mutate(persona, "/participant"))
+        for persona in ACTIONS:
+            if "shared_read" in ACTIONS[persona]:
+                w.ids[persona] = json.loads(w.call(persona, "GET", "/participant")[2])["id"]
+        # no_read cannot read its own participant; the owner reads it through the member list below
+        private = _created(w.mutate("owner", "/spaces"))
+        instance = _created(w.mutate("owner", "/spaces", scope="instance"))
+        private_con = _created(w.mutate("owner", f"/spaces/{private['target']}/conversations"))
+        instance_con = _created(w.mutate("owner", f"/spaces/{instance['target']}/conversations"))
+        for persona, permissions in PRIVATE_ROWS.items():
+            if persona == "no_read":
+                continue
+            _created(w.mutate("owner", f"/spaces/{private['target']}/members", participant=w.ids[persona],
+                              permissions=permissions))
+        _created(w.mutate("owner", f"/spaces/{instance['target']}/members", participant=w.ids["zero"],
+                          permissions=[]))
+        # no_read's participant id: a no_read mutation's receipt names it
+        no_read_space = _created(w.mutate("no_read", "/spaces"))
+        w.ids["no_read"] = no_read_space["participant"]
+        _created(w.mutate("owner", f"/spaces/{private['target']}/members", participant=w.ids["no_read"],
+                          permissions=PRIVATE_ROWS["no_read"]))
+        stack.manage("principal", "revoke", "no_write", "--actions", "shared_write", "--config", str(stack.config))
+        lineage = private["target"].split("-")[1]
+        w.params = {
+            "owner_par": w.ids["owner"], "private": private["target"], "instance": instance["target"],
+            "ghost_space": f"spc-{lineage}-{'7' * 32}", "private_con": private_con["target"],
+            "instance_con": instance_con["target"], "ghost_con": f"con-{lineage}-{'7' * 32}",
+            "private_op": private["operation"], "instance_op": instance["operation"],
+        }
+        yield w
+    finally:
+        stack.stop()
+
+
+def _body_for(world, route):
+    """Each mutation's own fields. Member writes re-set zero's zero-rights row (created on the
+    instance space during setup; on the private space zero has no access either way), so a
+    successful one changes nobody's access."""
+    if route.startswith("POST spaces/") and route.endswith("/members"):
+        return {"participant": world.ids["zero"], "permissions": []}
+    if route == "POST cancellations":
+        return {"target_sequence": "1"}
+    if route == "POST retirements":
+        return {"retry_floor": "2"}
+    return {}
+
+
+@pytest.mark.parametrize("persona", list(EXPECTED))
+def test_authorization_matrix(world, persona):
+    failures = []
+    for route, (method, template) in ROUTES.items():
+        path = template.format(**world.params)
+        if method == "GET":
+            status, headers, body = world.call(persona, "GET", path)
+        else:
+            status, headers, body = world.call(persona, "POST", path,
+                                               {**world.envelope(persona), **_body_for(world, route)})
+        expected = EXPECTED[persona][route]
+        want_status, want_code = expected if isinstance(expected, tuple) else (expected, None)
+        parsed = _json(body)
+        got_code = parsed.get("error", {}).get("code") if isinstance(parsed, dict) and status >= 400 else None
+        problems = []
+        if (status, got_code) != (want_status, want_code):
+            problems.append(f"expected {want_status} {want_code or ''}".rstrip())
+        if headers.get("Cache-Control") != "no-store":
+            problems.append(f"Cache-Control is {headers.get('Cache-Control')!r}")
+        if status == 401 and not (headers.get("WWW-Authenticate") or "").startswith("Bearer"):
+            problems.append("401 without a Bearer WWW-Authenticate challenge")
+        if status >= 400 and not (isinstance(parsed, dict) and set(parsed) == {"error"}
+                                  and isinstance(parsed["error"].get("message"), str)):
+            problems.append("error body is not {\"error\": {code, message, ...}}")
+        if status == 202 and not headers.get("Location", "").startswith(f"{BASE}/operations/op-"):
+            problems.append("202 without a Location of the new operation")
+        if problems:
+            failures.append(f"{persona} {method} {path} [{route}] -> {status} {body[:300]!r}: {'; '.join(problems)}")
+    assert not failures, "\n".join(failures)
+
+
+def test_device_rights_are_stored_rights_intersected_with_current_grants(world):
+    private = world.params["private"]
+    rights = {}
+    for persona in ("owner", "reader", "no_write", "no_manage"):
+        status, _, body = world.call(persona, "GET", f"/spaces/{private}")
+        assert status == 200, (persona, body)
+        rights[persona] = json.loads(body)["rights"]
+    assert rights == {"owner": ["manage", "read", "write"], "reader": ["read"],
+                      "no_write": ["manage", "read"], "no_manage": ["read", "write"]}
+    status, _, body = world.call("outsider", "GET", f"/spaces/{world.params['instance']}")
+    assert status == 200 and json.loads(body)["rights"] == ["read", "write"]
+
+
+def test_a_revoked_grant_takes_effect_on_the_next_request(world):
+    stack, private = world.stack, world.params["private"]
+    own = _created(world.mutate("revokee", "/spaces"))["target"]
+    status, _, body = world.call("revokee", "GET", f"/spaces/{own}")
+    assert status == 200 and json.loads(body)["rights"] == ["manage", "read", "write"]
+    assert world.call("revokee", "GET", f"/spaces/{private}")[0] == 200
+    envelope = world.envelope("revokee")
+
+    # the device intersects its stored owner rights with the rewritten grant file at once
+    stack.manage("principal", "revoke", "revokee", "--actions", "shared_manage", "--config", str(stack.config))
+    status, _, body = world.call("revokee", "GET", f"/spaces/{own}")
+    assert status == 200 and json.loads(body)["rights"] == ["read", "write"], body
+
+    stack.manage("principal", "revoke", "revokee", "--actions", "shared_read", "--config", str(stack.config))
+    for path in (f"/spaces/{own}", f"/spaces/{private}", "/participant", "/operations"):
+        status, headers, body = world.call("revokee", "GET", path)
+        assert (status, json.loads(body)["error"]["code"]) == (403, "grant_missing"), (path, body)
+        assert headers["Cache-Control"] == "no-store"
+    # the other grants still work: a mutation at the next sequence is admitted
+    status, _, body = world.call("revokee", "POST", "/spaces", envelope)
+    assert status == 202, body
+
+    # revoking the whole principal makes its token unknown
+    stack.manage("principal", "revoke", "revokee", "--config", str(stack.config))
+    status, headers, body = world.call("revokee", "POST", "/spaces", world.envelope("anonymous"))
+    assert status == 401 and headers["WWW-Authenticate"].startswith("Bearer"), body
+    assert headers["Cache-Control"] == "no-store"
