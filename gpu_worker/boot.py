@@ -45,7 +45,9 @@ def main(argv):
     try:
         os.makedirs(args.journal, exist_ok=True)
         device = Device(runtime, args.journal, grants, device=_device_name(args.device))
-    except (JournalError, RuntimeFileError, DeviceBootError, OSError) as exc:
+    except (DeviceBootError, RuntimeFileError) as exc:  # configuration: profile, grants, file
+        return fail(str(exc), 2)
+    except (JournalError, OSError) as exc:  # the journal refused: locked, damaged, unreadable
         return fail(str(exc), 3)
     socket_path = os.path.join(args.journal, "service.sock")
 
