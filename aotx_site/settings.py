@@ -105,7 +105,16 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
-SPECTACULAR_SETTINGS = {"TITLE": "AOTX Shared", "VERSION": "1", "SERVE_INCLUDE_SCHEMA": False}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "AOTX Shared",
+    "VERSION": "1",
+    "OAS_VERSION": "3.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVE_AUTHENTICATION": [],  # the schema is public; a stray Authorization header is ignored
+    "SCHEMA_PATH_PREFIX": "/aotx/v1/shared",
+    "POSTPROCESSING_HOOKS": ["shared_api.openapi.postprocess"],  # components: shared_api/openapi.py
+}
 
 # gateway.json: listen address, device socket, grant file (see README "Configuration")
 AOTX_GATEWAY_CONFIG = os.environ.get("AOTX_GATEWAY_CONFIG", str(VAR_DIR / "gateway.json"))

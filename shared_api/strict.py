@@ -44,6 +44,8 @@ def loads_strict(raw):
         return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except ValueError as exc:
         raise ApiError(400, "invalid_json", f"body is not JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "invalid_json", "body nests too deeply") from None
 
 
 class StrictJSONParser(BaseParser):
@@ -107,7 +109,11 @@ class Mutation:
         if self.sequence == 0:
             raise ApiError(400, "bad_field", "sequence starts at 1")
         self.fields = {k: body[k] for k in fields if k in body}
-        self.canonical = rfc8785.dumps({"method": request.method, "path": request.path, "body": body})
+        try:
+            self.canonical = rfc8785.dumps({"method": request.method, "path": request.path, "body": body})
+        except (rfc8785.CanonicalizationError, RecursionError) as exc:
+            # RFC 8785 has no form for infinities, integers beyond 2^53 or lone surrogates
+            raise ApiError(400, "bad_field", f"body has a value with no canonical JSON form: {exc}") from None
 
     def args(self, **extra):
         return {"lineage": self.lineage, "operation_key": self.operation_key, "sequence": self.sequence,

@@ -1,13 +1,17 @@
 """The shared routes (DESIGN §4). Views are thin: check the gateway action, parse strictly,
 call the device, pass its bytes through. The device re-checks grants and membership."""
+import re
+
 from rest_framework.views import APIView
 
 from .auth import require_action
 from .device_client import device_response
 from .errors import ApiError
+from .openapi import doc
 from .strict import Mutation, decimal_counter, hex32, resource_id
 
 MAX_LIMIT = 200
+DIGITS = re.compile(r"[0-9]{1,4}")  # ASCII digits only: str.isdigit() also accepts "²" and "٣"
 SCOPES = ("private", "room", "instance")
 PERMISSIONS = ("read", "write", "manage")
 
@@ -20,7 +24,7 @@ def list_args(request, **extra):
         args["cursor"] = cursor
     limit = request.query_params.get("limit")
     if limit is not None:
-        if not limit.isdigit() or not 1 <= int(limit) <= MAX_LIMIT:
+        if not DIGITS.fullmatch(limit) or not 1 <= int(limit) <= MAX_LIMIT:
             raise ApiError(400, "bad_limit", f"limit must be an integer 1..{MAX_LIMIT}")
         args["limit"] = int(limit)
     no_query(request, allowed=("cursor", "limit"))
@@ -43,30 +47,36 @@ class SharedView(APIView):
 
 
 class CapabilitiesView(SharedView):
+    @doc("capabilities.get")
     def get(self, request):
         no_query(request)
         return device_response("capabilities", request)
 
 
 class ParticipantView(SharedView):
+    @doc("participant.get")
     def get(self, request):
         no_query(request)
         return device_response("participant.get", request)
 
+    @doc("participant.register")
     def post(self, request):
         return device_response("participant.register", request, Mutation(request).args())
 
 
 class OtherParticipantView(SharedView):
+    @doc("participants.get")
     def get(self, request, participant):
         no_query(request)
         return device_response("participants.get", request, {"participant": resource_id(participant, "par")})
 
 
 class SpacesView(SharedView):
+    @doc("spaces.list")
     def get(self, request):
         return device_response("spaces.list", request, list_args(request))
 
+    @doc("spaces.create")
     def post(self, request):
         mutation = Mutation(request, ("id", "scope"))
         fields = mutation.fields
@@ -78,6 +88,7 @@ class SpacesView(SharedView):
 
 
 class SpaceView(SharedView):
+    @doc("spaces.get")
     def get(self, request, space):
         no_query(request)
         return device_response("spaces.get", request, {"space": resource_id(space, "spc")})
@@ -86,9 +97,11 @@ class SpaceView(SharedView):
 class MembersView(SharedView):
     write_action = "shared_manage"
 
+    @doc("members.list")
     def get(self, request, space):
         return device_response("members.list", request, list_args(request, space=resource_id(space, "spc")))
 
+    @doc("members.set")
     def post(self, request, space):
         mutation = Mutation(request, ("participant", "permissions"), required=("participant", "permissions"))
         fields = mutation.fields
@@ -102,10 +115,12 @@ class MembersView(SharedView):
 
 
 class ConversationsView(SharedView):
+    @doc("conversations.list")
     def get(self, request, space):
         return device_response("conversations.list", request,
                                list_args(request, space=resource_id(space, "spc")))
 
+    @doc("conversations.create")
     def post(self, request, space):
         mutation = Mutation(request, ("id",))
         if "id" in mutation.fields:
@@ -115,23 +130,27 @@ class ConversationsView(SharedView):
 
 
 class ConversationView(SharedView):
+    @doc("conversations.get")
     def get(self, request, conversation):
         no_query(request)
         return device_response("conversations.get", request, {"conversation": resource_id(conversation, "con")})
 
 
 class OperationsView(SharedView):
+    @doc("operations.list")
     def get(self, request):
         return device_response("operations.list", request, list_args(request))
 
 
 class OperationView(SharedView):
+    @doc("operations.get")
     def get(self, request, operation):
         no_query(request)
         return device_response("operations.get", request, {"operation": resource_id(operation, "op")})
 
 
 class RetirementsView(SharedView):
+    @doc("retirements.record")
     def post(self, request):
         mutation = Mutation(request, ("retry_floor",), required=("retry_floor",))
         floor = decimal_counter(mutation.fields["retry_floor"], "retry_floor")
@@ -139,6 +158,7 @@ class RetirementsView(SharedView):
 
 
 class CancellationsView(SharedView):
+    @doc("cancellations.record")
     def post(self, request):
         mutation = Mutation(request, ("target_sequence",), required=("target_sequence",))
         target = decimal_counter(mutation.fields["target_sequence"], "target_sequence")

@@ -1,0 +1,595 @@
+"""The OpenAPI 3.1 description of /aotx/v1/shared (DESIGN §4), served at /aotx/v1/openapi.json.
+
+One table, OPERATIONS, says for every route and method: its grant, request body, query and path
+parameters, success response and every error status with the codes it carries. `doc(key)` turns
+an entry into the view method's @extend_schema; `postprocess` (a SPECTACULAR postprocessing
+hook) adds the hand-written component schemas below and the general description.
+
+Each error response narrows the one error body `{"error": {"code", "message", ...}}` to the codes
+listed for that status, and lists them in its description, so the schema, the schemathesis run
+(tests/e2e/test_schemathesis.py) and tests/shared_api/test_openapi.py (which collects every
+ApiError/DeviceError code from the source) keep each other honest: a new error code or route
+fails a test until it is documented here.
+"""
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+
+# ---- patterns (the gateway's own checks: shared_api/strict.py, views.py) ---------------------
+
+HEX32 = "[0-9a-f]{32}"
+COUNTER = "^(0|[1-9][0-9]{0,18})$"          # decimal string, no leading zeros, < 2**63
+POSITIVE = "^[1-9][0-9]{0,18}$"             # a counter of at least 1
+ID_PATTERNS = {
+    "par": f"^par-{HEX32}$",
+    "spc": f"^spc-{HEX32}-{HEX32}$",
+    "con": f"^con-{HEX32}-{HEX32}$",
+    "op": f"^op-{HEX32}-{HEX32}$",
+    "mem": f"^mem-{HEX32}-{HEX32}$",
+}
+MAX_LIMIT = 200
+MUTATION_SCHEMA = "aotx.shared.mutation.v1"
+RECEIPT_SCHEMA = "aotx.shared.receipt.v1"
+
+
+def ref(name):
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def nullable(schema):
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def string(pattern, description=None):
+    out = {"type": "string", "pattern": pattern}
+    if description:
+        out["description"] = description
+    return out
+
+
+def obj(properties, required=None, *, closed=False, description=None):
+    out = {"type": "object", "properties": properties,
+           "required": list(properties) if required is None else list(required)}
+    if closed:
+        out["additionalProperties"] = False
+    if description:
+        out["description"] = description
+    return out
+
+
+def listing(item, description):
+    return obj({"items": {"type": "array", "items": ref(item)},
+                "next_cursor": nullable(ref("Counter"))},
+               description=f"{description} `next_cursor` is null on the last page; pass it as `cursor`.")
+
+
+def mutation_body(name, fields=None, required=(), description=""):
+    """A POST body: the mutation envelope plus the route's own fields, nothing else."""
+    properties = {"schema": {"type": "string", "enum": [MUTATION_SCHEMA]},
+                  "lineage": ref("Lineage"),
+                  "operation_key": ref("OperationKey"),
+                  "sequence": string(POSITIVE, "the participant's next sequence (GET /participant), "
+                                               "or the original sequence for an exact retry")}
+    properties.update(fields or {})
+    return obj(properties, ("schema", "lineage", "operation_key", "sequence", *required), closed=True,
+               description=f"{name}: the mutation envelope (schema, lineage, operation_key, sequence) "
+                           f"{'plus ' + description if description else 'and nothing else'}. "
+                           "Unknown fields, duplicate keys, invalid UTF-8 and non-JSON are refused with 400 "
+                           "before the device sees the request.")
+
+
+SAVE = obj({"source": {"type": "string", "enum": ["journal", "file"]},
+            "file_incarnation": ref("Hex32"),
+            "generation": ref("Counter"),
+            "boot": ref("Counter"),
+            "commit_digest": string("^[0-9a-f]{64}$", "hash chain over saved transfers")},
+           description="where the save was acknowledged")
+
+SCHEMAS = {
+    "Hex32": string(f"^{HEX32}$", "32 lowercase hexadecimal digits"),
+    "Lineage": string(f"^{HEX32}$", "the participant's current lineage (GET /participant)"),
+    "OperationKey": string(f"^{HEX32}$", "caller-chosen, nonzero, 32 lowercase hexadecimal digits"),
+    "Counter": string(COUNTER, "a decimal string without leading zeros"),
+    "ParticipantId": string(ID_PATTERNS["par"], "par-{32 hex}"),
+    "SpaceId": string(ID_PATTERNS["spc"], "spc-{lineage}-{32 hex}"),
+    "ConversationId": string(ID_PATTERNS["con"], "con-{lineage}-{32 hex}"),
+    "OperationId": string(ID_PATTERNS["op"], "op-{lineage}-{32 hex}, assigned by the device"),
+    "ResourceId": {"anyOf": [ref("ParticipantId"), ref("SpaceId"), ref("ConversationId"),
+                             ref("OperationId"), string(ID_PATTERNS["mem"], "mem-{lineage}-{32 hex}")]},
+    "Permission": {"type": "string", "enum": ["read", "write", "manage"]},
+    "Save": SAVE,
+    "Receipt": obj({
+        "schema": {"type": "string", "enum": [RECEIPT_SCHEMA]},
+        "operation": ref("OperationId"),
+        "participant": ref("ParticipantId"),
+        "sequence": nullable(ref("Counter")),
+        "operation_key": ref("Hex32"),
+        "kind": string("^[a-z_.]+$", "participant.register, space.create, member.set, conversation.create, "
+                                     "retirement, ..."),
+        "target": ref("ResourceId"),
+        "transport": obj({"accepted": {"type": "boolean"}}),
+        "device": obj({"committed": {"type": "boolean"}}),
+        "admission": obj({"saved": {"type": "boolean"}, "save": nullable(ref("Save"))}),
+        "terminal": obj({"saved": {"type": "boolean"},
+                         "status": {"enum": ["succeeded", "failed", "cancelled", "interrupted",
+                                             "deadline_exceeded", None]},
+                         "save": nullable(ref("Save"))}),
+        "pending_bytes": {"type": "integer", "minimum": 0},
+        "disk_error": nullable({"type": "string"}),
+        "result": obj({"length": {"type": "integer", "minimum": 0},
+                       "input_tokens": nullable({"type": "integer", "minimum": 0}),
+                       "output_tokens": nullable({"type": "integer", "minimum": 0}),
+                       "finish": nullable({"type": "string"})}),
+        "effective": obj({"model_digest": nullable(string("^[0-9a-f]{64}$")),
+                          "page_limit": nullable(ref("Counter"))}),
+    }, description=f"{RECEIPT_SCHEMA}. `sequence` is null for a reader other than the owner. `target` is "
+                   "the created or addressed resource. More keys may be added."),
+    "Participant": obj({
+        "id": nullable(ref("ParticipantId")),
+        "registered": {"type": "boolean"},
+        "lineage": ref("Hex32"),
+        "next_sequence": nullable(ref("Counter")),
+        "retry_floor": nullable(ref("Counter")),
+    }, description="An unregistered principal sees `id` null, `registered` false and the lineage it must "
+                   "register under with `next_sequence` \"1\". Another participant's counters are null."),
+    "Space": obj({
+        "id": ref("SpaceId"),
+        "scope": {"type": "string", "enum": ["private", "room", "instance"]},
+        "owner": ref("ParticipantId"),
+        "created_by_operation": ref("OperationId"),
+        "rights": {"type": "array", "items": ref("Permission"), "uniqueItems": True,
+                   "description": "the caller's effective rights (stored rights intersected with current grants)"},
+    }),
+    "Conversation": obj({
+        "id": ref("ConversationId"),
+        "space": ref("SpaceId"),
+        "slot": ref("Counter"),
+        "created_by_operation": ref("OperationId"),
+    }),
+    "Member": obj({
+        "participant": ref("ParticipantId"),
+        "permissions": {"type": "array", "items": ref("Permission"), "uniqueItems": True},
+        "explicit": {"type": "boolean", "description": "false for the owner's implicit row"},
+    }),
+    "SpaceList": listing("Space", "Spaces the caller can see, in creation order."),
+    "MemberList": listing("Member", "The owner (first page only, explicit false), then explicit member rows."),
+    "ConversationList": listing("Conversation", "Conversations of the space, in creation order."),
+    "ReceiptList": listing("Receipt", "The caller's own live receipts, in sequence order."),
+    "Capabilities": obj({
+        "schema": {"type": "string", "enum": ["aotx.shared.capabilities.v1"]},
+        "schemas": obj({"mutation": {"type": "string", "enum": [MUTATION_SCHEMA]},
+                        "receipt": {"type": "string", "enum": [RECEIPT_SCHEMA]}}),
+        "models": {"type": "array", "items": obj({
+            "name": {"type": "string"},
+            "digest": string("^[0-9a-f]{64}$"),
+            "media_types": {"type": "array", "items": {"type": "string"}},
+            "automatic_memory": {"type": "boolean"}})},
+        "embedding_model": nullable(obj({"name": {"type": "string"}, "digest": string("^[0-9a-f]{64}$")})),
+        "limits": {"type": "object", "additionalProperties": ref("Counter"),
+                   "required": ["participants", "spaces", "conversations", "members", "receipts",
+                                "command_bytes", "result_bytes", "input_bytes", "media_link_bytes",
+                                "media_rows", "max_output_tokens"]},
+        "page_size": ref("Counter"),
+        "page_grant": ref("Counter"),
+        "grants": {"type": "array", "items": {"type": "string"}},
+        "journal": obj({"hold": {"type": "boolean"},
+                        "cause": nullable({"type": "string"}),
+                        "pending_bytes": {"type": "integer", "minimum": 0},
+                        "disk_error": nullable({"type": "string"}),
+                        "bytes": ref("Counter")}),
+        "runtime": obj({"file_incarnation": ref("Hex32"), "generation": ref("Counter"), "boot": ref("Counter")}),
+    }),
+    "Error": obj({"error": obj({
+        "code": {"type": "string"},
+        "message": {"type": "string"},
+        "fields": {"type": "array", "items": {"type": "string"}},
+        "lineage": ref("Hex32"),
+        "next_sequence": ref("Counter"),
+        "retry_floor": ref("Counter"),
+        "sequence": ref("Counter"),
+        "target_sequence": ref("Counter"),
+        "cause": {"type": "string"},
+        "disk_error": nullable({"type": "string"}),
+        "pending_bytes": {"type": "integer", "minimum": 0},
+    }, ("code", "message"))}, closed=True,
+        description="The one error body. `code` is stable; `message` is one line for people; some codes add "
+                    "details (`fields`, `lineage`, `next_sequence`, `retry_floor`, `sequence`, `target_sequence`; "
+                    "a journal hold adds `cause`, `disk_error`, `pending_bytes`)."),
+    "ParticipantRegisterRequest": mutation_body("Register the calling principal's participant"),
+    "SpaceCreateRequest": mutation_body(
+        "Create a space",
+        {"id": ref("Hex32"),
+         "scope": {"type": "string", "enum": ["private", "room", "instance"], "default": "private"}},
+        description="`id` (32 hex; omitted: the operation key) and `scope` (default private)"),
+    "MemberSetRequest": mutation_body(
+        "Set a participant's explicit rights",
+        {"participant": ref("ParticipantId"),
+         "permissions": {"type": "array", "items": ref("Permission"), "uniqueItems": True, "maxItems": 3,
+                         "description": "[] removes all explicit rights and leaves a zero-rights row"}},
+        ("participant", "permissions"), "`participant` and `permissions`"),
+    "ConversationCreateRequest": mutation_body(
+        "Create a conversation", {"id": ref("Hex32")},
+        description="`id` (32 hex; omitted: the operation key)"),
+    "RetirementRequest": mutation_body(
+        "Retire receipts below a new retry floor",
+        {"retry_floor": string(POSITIVE, "every receipt below it must have a saved terminal result; "
+                                         "at most this retirement's own sequence")},
+        ("retry_floor",), "`retry_floor`"),
+    "CancellationRequest": mutation_body(
+        "Cancel the operation at a sequence",
+        {"target_sequence": string(POSITIVE, "the exact sequence of the operation to cancel")},
+        ("target_sequence",), "`target_sequence`"),
+}
+
+# ---- error codes: one line each; the statuses and routes are in OPERATIONS -------------------
+
+CODES = {
+    # 400
+    "unknown_parameter": "a query parameter this route does not take",
+    "bad_limit": f"`limit` is not an integer 1..{MAX_LIMIT}",
+    "bad_cursor": "`cursor` is not a decimal string (device check)",
+    "bad_id": "a path or body ID is malformed (prefix, 32 lowercase hex per part)",
+    "bad_field": "a field or counter has the wrong type or value (envelope `schema`, lineage, zero operation "
+                 "key, sequence 0 or with leading zeros, scope, id, permissions, cursor, counters)",
+    "invalid_json": "the body is not JSON, not an object, or uses NaN/Infinity",
+    "invalid_utf8": "the body is not valid UTF-8",
+    "duplicate_key": "a JSON object repeats a key",
+    "unknown_field": "a field this route does not take (listed in `fields`)",
+    "missing_field": "a required field is absent (listed in `fields`)",
+    "command_too_large": "the canonical operation bytes exceed the receipt's command capacity",
+    "bad_command": "gateway/device protocol fault: malformed mutation command (not expected)",
+    "bad_principal": "gateway/device protocol fault: command without principal (not expected)",
+    "unknown_command": "gateway/device protocol fault: the device does not know the command "
+                       "(gateway and device versions differ)",
+    "protocol_version": "gateway/device protocol fault: the device speaks another protocol version",
+    # 401 / 403
+    "unauthenticated": "no, malformed, unknown or revoked Bearer token (`WWW-Authenticate` is set)",
+    "grant_missing": "the principal lacks the gateway action this route needs",
+    "right_missing": "the space is visible but the participant lacks the right this route needs",
+    # 404
+    "not_found": "no route (e.g. an empty path parameter)",
+    "participant_not_found": "no such registered participant",
+    "space_not_found": "no such space, or not visible to the caller",
+    "conversation_not_found": "no such conversation, or not visible to the caller",
+    "operation_not_found": "no such operation visible to the caller",
+    # 409
+    "stale_lineage": "`lineage` is not the participant's current lineage (the current one is in `lineage`)",
+    "operation_changed": "this sequence was admitted with different canonical operation bytes",
+    "future_sequence": "`sequence` is ahead of the next sequence (given in `next_sequence`)",
+    "operation_key_in_use": "the operation key belongs to another live operation of this participant",
+    "participant_not_registered": "register the participant first (POST /participant)",
+    "already_registered": "the participant is already registered",
+    "space_exists": "the space ID is taken",
+    "owner_rights_fixed": "the owner's rights cannot be changed",
+    "conversation_exists": "the conversation ID is taken",
+    "retry_floor_not_advanced": "`retry_floor` does not advance the current floor (given in `retry_floor`)",
+    "retry_floor_ahead": "`retry_floor` is above this retirement's own sequence",
+    "unfinished_operations": "an operation below the floor has no saved terminal result (its `sequence`)",
+    "not_cancellable": "the target operation already finished and cannot be cancelled",
+    # 410
+    "below_retry_floor": "the sequence is below the saved retry floor (given in `retry_floor`)",
+    "operation_retired": "the operation was retired",
+    # 413 / 415 / 429
+    "body_too_large": "the body exceeds 65536 bytes",
+    "unsupported_media_type": "the body is not `application/json`",
+    "journal_hold": "a journal hold pauses persistent admission (`cause`, `disk_error`, `pending_bytes`)",
+    # 503
+    "device_unavailable": "the device is not reachable; nothing was admitted",
+    "device_timeout": "the device did not answer in time; the mutation may have been admitted, "
+                      "so retry it exactly",
+    "gateway_misconfigured": "the gateway configuration cannot be read",
+    # 507
+    "receipt_table_full": "the receipt table is full; record a retirement to free receipts",
+    "participant_capacity": "the participant table is full",
+    "space_capacity": "the space table is full",
+    "member_capacity": "the member table is full",
+    "conversation_capacity": "the conversation table is full",
+}
+
+STATUS_TEXT = {
+    400: "Bad request: refused before any state changed.",
+    401: "Unauthenticated.",
+    403: "Forbidden.",
+    404: "Not found (also for resources the caller may not see).",
+    409: "Conflict: nothing changed.",
+    410: "Gone: below the retry floor.",
+    413: "Payload too large.",
+    415: "Unsupported media type.",
+    429: "Journal hold: a file cap or low disk pauses persistent admission; the mutation changed no "
+         "state. Reads, receipts and save status stay available. Retry later.",
+    503: "Device unavailable.",
+    507: "Insufficient storage: a fixed capacity of this runtime profile is used up; nothing changed.",
+}
+
+PROTOCOL_400 = ("bad_principal", "unknown_command", "protocol_version")
+QUERY_400 = ("unknown_parameter",)
+LIST_400 = ("unknown_parameter", "bad_limit", "bad_field", "bad_cursor")
+ENVELOPE_400 = ("invalid_json", "invalid_utf8", "duplicate_key", "unknown_field", "missing_field", "bad_field",
+                "command_too_large", "bad_command")
+SEQUENCE_409 = ("stale_lineage", "operation_changed", "future_sequence", "operation_key_in_use")
+COMMON = {401: ("unauthenticated",), 403: ("grant_missing",),
+          503: ("device_unavailable", "device_timeout", "gateway_misconfigured")}
+
+PATH_PARAMETERS = {
+    "participant": ("ParticipantId", "par-{32 hex}"),
+    "space": ("SpaceId", "spc-{lineage}-{32 hex}"),
+    "conversation": ("ConversationId", "con-{lineage}-{32 hex}"),
+    "operation": ("OperationId", "op-{lineage}-{32 hex}"),
+}
+
+
+def _read(summary, success, errors=None, *, path=None, listing=False, description=""):
+    errors = dict(errors or {})
+    errors[400] = (*(LIST_400 if listing else QUERY_400), *errors.get(400, ()))
+    if path:
+        errors[400] = ("bad_id", *errors[400])
+        errors[404] = (*errors.get(404, ()), "not_found")
+    return {"method": "GET", "summary": summary, "grant": "shared_read", "success": {200: success},
+            "errors": errors, "path": path, "listing": listing, "body": None, "description": description}
+
+
+def _mutation(summary, body, errors=None, *, grant="shared_write", path=None, description=""):
+    errors = dict(errors or {})
+    errors[400] = (*ENVELOPE_400, *(("bad_id",) if path or body == "MemberSetRequest" else ()), *errors.get(400, ()))
+    registered = () if body == "ParticipantRegisterRequest" else ("participant_not_registered",)
+    errors[409] = (*SEQUENCE_409, *registered, *errors.get(409, ()))
+    errors[410] = ("below_retry_floor", *errors.get(410, ()))
+    errors[413] = ("body_too_large",)
+    errors[415] = ("unsupported_media_type",)
+    errors[429] = ("journal_hold",)
+    errors[507] = ("receipt_table_full", *errors.get(507, ()))
+    if path:
+        errors[404] = (*errors.get(404, ()), "not_found")
+    return {"method": "POST", "summary": summary, "grant": grant, "body": body, "errors": errors, "path": path,
+            "listing": False, "description": description,
+            "success": {202: "Receipt", 200: "Receipt"}}
+
+
+OPERATIONS = {
+    "capabilities.get": _read(
+        "Capabilities", "Capabilities",
+        description="Schema versions, models (name, digest, media types, automatic memory), limits, page grant, "
+                    "the caller's grants and the journal hold state."),
+    "participant.get": _read(
+        "The caller's own participant", "Participant",
+        description="Registered or not; gives the lineage and next sequence every mutation needs."),
+    "participant.register": _mutation(
+        "Register the caller's participant", "ParticipantRegisterRequest",
+        {409: ("already_registered",), 507: ("participant_capacity",)}),
+    "participants.get": _read(
+        "Another participant", "Participant", {404: ("participant_not_found",)}, path="participant",
+        description="Its sequence counters are null unless it is the caller's own."),
+    "spaces.list": _read("Spaces visible to the caller", "SpaceList", listing=True),
+    "spaces.create": _mutation(
+        "Create a space", "SpaceCreateRequest",
+        {409: ("space_exists",), 507: ("space_capacity",)},
+        description="An omitted `id` uses the operation key; `scope` is private (default), room or instance "
+                    "and never changes."),
+    "spaces.get": _read(
+        "One space", "Space", {403: ("right_missing",), 404: ("space_not_found",)}, path="space"),
+    "members.list": _read(
+        "Members of a space", "MemberList", {403: ("right_missing",), 404: ("space_not_found",)},
+        path="space", listing=True),
+    "members.set": _mutation(
+        "Set a member's explicit rights", "MemberSetRequest",
+        {403: ("right_missing",), 404: ("space_not_found", "participant_not_found"),
+         409: ("owner_rights_fixed",), 507: ("member_capacity",)},
+        grant="shared_manage", path="space",
+        description="Needs the manage right on the space. `permissions: []` leaves a zero-rights row, which also "
+                    "blocks implicit instance access."),
+    "conversations.list": _read(
+        "Conversations of a space", "ConversationList", {403: ("right_missing",), 404: ("space_not_found",)},
+        path="space", listing=True),
+    "conversations.create": _mutation(
+        "Create a conversation in a space", "ConversationCreateRequest",
+        {403: ("right_missing",), 404: ("space_not_found",), 409: ("conversation_exists",),
+         507: ("conversation_capacity",)},
+        path="space", description="Needs the write right on the space. An omitted `id` uses the operation key."),
+    "conversations.get": _read(
+        "One conversation", "Conversation", {403: ("right_missing",), 404: ("conversation_not_found",)},
+        path="conversation"),
+    "operations.list": _read("The caller's own receipts", "ReceiptList", listing=True),
+    "operations.get": _read(
+        "One receipt", "Receipt", {404: ("operation_not_found",), 410: ("operation_retired",)},
+        path="operation",
+        description="The owner's receipt, or (with read right on its target space) another participant's, "
+                    "with null `sequence`."),
+    "retirements.record": _mutation(
+        "Retire receipts below a new retry floor", "RetirementRequest",
+        {409: ("retry_floor_not_advanced", "retry_floor_ahead", "unfinished_operations")},
+        description="Every receipt below `retry_floor` must have a saved terminal result; the floor is saved "
+                    "before any receipt slot is reused."),
+    "cancellations.record": _mutation(
+        "Cancel the operation at a sequence", "CancellationRequest",
+        {404: ("operation_not_found",), 409: ("not_cancellable",)},
+        description="Cancellation cannot undo committed memory; disconnecting never cancels."),
+}
+
+
+def error_schema(codes):
+    if not codes:
+        return ref("Error")
+    return {"allOf": [ref("Error"),
+                      {"properties": {"error": {"properties": {"code": {"type": "string", "enum": list(codes)}}}}}]}
+
+
+def error_description(status, codes):
+    lines = [STATUS_TEXT[status]]
+    if codes:
+        lines.append("Codes:")
+        lines.extend(f"- `{code}`: {CODES[code]}" for code in codes)
+    return "\n".join(lines)
+
+
+def operation_errors(key):
+    """{status: (codes...)} for one operation, the common ones included."""
+    spec = OPERATIONS[key]
+    errors = {status: tuple(codes) for status, codes in COMMON.items()}
+    for status, codes in spec["errors"].items():
+        merged = errors.get(status, ()) + tuple(codes)
+        errors[status] = tuple(dict.fromkeys(merged + (PROTOCOL_400 if status == 400 else ())))
+    return dict(sorted(errors.items()))
+
+
+def _parameters(spec):
+    params = []
+    if spec["path"]:
+        name = spec["path"]
+        component, shape = PATH_PARAMETERS[name]
+        params.append(OpenApiParameter(name, ref(component), OpenApiParameter.PATH, required=True,
+                                       description=f"{shape}, lowercase hex; anything else is 400 `bad_id`"))
+    if spec["listing"]:
+        params.append(OpenApiParameter("cursor", ref("Counter"), OpenApiParameter.QUERY, required=False,
+                                       description="`next_cursor` of the previous page"))
+        params.append(OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT},
+                                       OpenApiParameter.QUERY, required=False,
+                                       description=f"page size, 1..{MAX_LIMIT} (default 50)"))
+    if spec["method"] == "POST":
+        location = {"type": "string", "pattern": f"^/aotx/v1/shared/operations/op-{HEX32}-{HEX32}$"}
+        params.append(OpenApiParameter("Location", location, OpenApiParameter.HEADER, response=[202], required=True,
+                                       description="the new receipt"))
+    params.append(OpenApiParameter("WWW-Authenticate", {"type": "string"}, OpenApiParameter.HEADER,
+                                   response=[401], required=True, description='`Bearer realm="aotx"`'))
+    return params
+
+
+def doc(key):
+    """@extend_schema for the view method that implements OPERATIONS[key]."""
+    spec = OPERATIONS[key]
+    responses = {}
+    for status, component in spec["success"].items():
+        text = {200: "OK." if spec["method"] == "GET" else "Exact retry: the same receipt as the original.",
+                202: "New operation admitted and saved: its receipt (`Location` names it)."}[status]
+        responses[status] = OpenApiResponse(response=ref(component), description=text)
+    for status, codes in operation_errors(key).items():
+        responses[status] = OpenApiResponse(response=error_schema(codes), description=error_description(status, codes))
+    description = " ".join(filter(None, [spec["description"], f"Needs the `{spec['grant']}` gateway action."]))
+    return extend_schema(
+        operation_id=key.replace(".", "_"),
+        summary=spec["summary"],
+        description=description,
+        tags=[key.split(".")[0]],
+        parameters=_parameters(spec),
+        request={"application/json": ref(spec["body"])} if spec["body"] else None,
+        responses=responses,
+    )
+
+
+class BearerScheme(OpenApiAuthenticationExtension):
+    target_class = "shared_api.auth.BearerAuthentication"
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer",
+                "description": "A principal's token (`manage.py principal create`, shown once)."}
+
+
+GENERAL = """\
+Persistent shared conversations (SPEC.md, DESIGN.md §4). Base path `/aotx/v1/shared`.
+
+Every route needs `Authorization: Bearer <token>` (401 with `WWW-Authenticate` otherwise) and every
+response carries `Cache-Control: no-store`. GET needs the `shared_read` gateway action; participant
+registration, spaces, conversations, retirements and cancellations need `shared_write`; members need
+`shared_manage`. The device intersects current grants with stored membership on every admission and read.
+
+Every POST is a mutation: `{"schema": "aotx.shared.mutation.v1", "lineage", "operation_key", "sequence"}`
+plus the route's own fields. A new operation answers 202 with its receipt and `Location`; an exact retry
+(same sequence, same canonical bytes) answers 200 with the same receipt; changed input, a future sequence
+or a stale lineage 409; below the retry floor 410; a journal hold 429; a full fixed capacity 507.
+Counters are decimal strings; IDs are `par-{32hex}`, `spc-|con-|op-|mem-{lineage}-{32hex}`, lowercase.
+
+Every error has the one body `{"error": {"code": "...", "message": "...", ...details}}`; each response
+below lists its codes. Outside any single route: 405 `method_not_allowed` (a method the route does not
+have), 406 `not_acceptable` (an `Accept` header that excludes `application/json`), 500 `internal_error`
+(a gateway bug; see the gateway log)."""
+
+
+def postprocess(result, generator, request, public):
+    """SPECTACULAR postprocessing hook: components, description, required POST bodies."""
+    components = result.setdefault("components", {})
+    components.setdefault("schemas", {}).update(SCHEMAS)
+    result.setdefault("info", {})["description"] = GENERAL
+    for item in result.get("paths", {}).values():
+        body = item.get("post", {}).get("requestBody")
+        if body is not None:
+            body["required"] = True
+    return result
+
+
+# ---- docs/api.md is rendered from the same table (tests/shared_api/test_openapi.py compares) ----
+
+ROUTES = {  # OPERATIONS key -> path under the base (the views' URLconf; the test checks it matches)
+    "capabilities.get": "/capabilities", "participant.get": "/participant", "participant.register": "/participant",
+    "participants.get": "/participants/{participant}", "spaces.list": "/spaces", "spaces.create": "/spaces",
+    "spaces.get": "/spaces/{space}", "members.list": "/spaces/{space}/members",
+    "members.set": "/spaces/{space}/members", "conversations.list": "/spaces/{space}/conversations",
+    "conversations.create": "/spaces/{space}/conversations", "conversations.get": "/conversations/{conversation}",
+    "operations.list": "/operations", "operations.get": "/operations/{operation}",
+    "retirements.record": "/retirements", "cancellations.record": "/cancellations",
+}
+
+
+def _field_text(schema):
+    if "$ref" in schema:
+        name = schema["$ref"].rsplit("/", 1)[1]
+        target = SCHEMAS[name]
+        if "enum" in target:
+            return _field_text(target)
+        return f"{name} `{target['pattern']}`" if "pattern" in target else name
+    if "enum" in schema:
+        text = " \\| ".join(f'`"{v}"`' for v in schema["enum"])
+        return text + (f" (default `\"{schema['default']}\"`)" if "default" in schema else "")
+    if schema.get("type") == "array":
+        return f"array of {_field_text(schema['items'])}"
+    return f"`{schema['pattern']}`" if "pattern" in schema else schema.get("type", "")
+
+
+def render_markdown():
+    """docs/api.md: a short reference rendered from OPERATIONS, SCHEMAS and CODES."""
+    out = ["# AOTX Shared API reference", "",
+           "<!-- Rendered from shared_api/openapi.py (the same table as /aotx/v1/openapi.json). Regenerate with",
+           "     .venv/bin/python -c 'import django, os; os.environ[\"DJANGO_SETTINGS_MODULE\"] = "
+           "\"aotx_site.settings\"; django.setup(); from shared_api.openapi import render_markdown as r; "
+           "open(\"docs/api.md\", \"w\").write(r())'",
+           "     tests/shared_api/test_openapi.py fails when this file and the schema differ. -->", "",
+           "The machine-readable contract is `GET /aotx/v1/openapi.json` (OpenAPI 3.1, no token needed).", "",
+           GENERAL, "", "## Routes", "",
+           "| method | path | gateway action | body | success |", "|---|---|---|---|---|"]
+    for key, spec in OPERATIONS.items():
+        success = " · ".join(f"{s} {c}" for s, c in sorted(spec["success"].items(), reverse=True))
+        out.append(f"| {spec['method']} | `/aotx/v1/shared{ROUTES[key]}` | `{spec['grant']}` | "
+                   f"{spec['body'] or '-'} | {success} |")
+    out += ["", "List reads take `cursor` (a counter: the previous page's `next_cursor`) and `limit` "
+                f"(1..{MAX_LIMIT}, default 50) and answer `{{\"items\": [...], \"next_cursor\": ... | null}}`. "
+                "Path IDs that do not match their pattern are 400 `bad_id`; any other query parameter is 400 "
+                "`unknown_parameter`.", ""]
+    for key, spec in OPERATIONS.items():
+        out += [f"## {spec['method']} {ROUTES[key]}", "", f"{spec['summary']}. "
+                + " ".join(filter(None, [spec["description"], f"Needs `{spec['grant']}`."])), ""]
+        if spec["body"]:
+            body = SCHEMAS[spec["body"]]
+            out.append("Body fields (besides `schema`, `lineage`, `operation_key`, `sequence`):" if len(
+                body["properties"]) > 4 else "Body: the mutation envelope only.")
+            for name, field in list(body["properties"].items())[4:]:
+                need = "required" if name in body["required"] else "optional"
+                out.append(f"- `{name}` ({need}): {_field_text(field)}"
+                           + (f" — {field['description']}" if field.get("description") else ""))
+            out.append("")
+        out.append("Errors: " + "; ".join(
+            f"{status} " + (", ".join(f"`{c}`" for c in codes) or "-")
+            for status, codes in operation_errors(key).items()))
+        out.append("")
+    out += ["## Error codes", "", "| status | code | meaning |", "|---|---|---|"]
+    statuses = {}
+    for key in OPERATIONS:
+        for status, codes in operation_errors(key).items():
+            for code in codes:
+                statuses.setdefault(code, set()).add(status)
+    for code in sorted(CODES, key=lambda c: (min(statuses[c]), c)):
+        status = ", ".join(str(s) for s in sorted(statuses[code]))
+        out.append(f"| {status} | `{code}` | {CODES[code].replace('|', '/')} |")
+    out += ["", "## Components", ""]
+    for name in ("Receipt", "Participant", "Space", "Conversation", "Member", "Capabilities", "Error"):
+        schema = SCHEMAS[name]
+        keys = ", ".join(f"`{k}`" for k in schema["properties"])
+        out.append(f"- **{name}**: {keys}." + (f" {schema['description']}" if schema.get("description") else ""))
+    return "\n".join(out) + "\n"
