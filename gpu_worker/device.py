@@ -257,6 +257,10 @@ class Device(SpaceCommands):
         except OSError as exc:
             log.warning("checkpoint failed: %s", exc)
             raise DeviceError(507, "checkpoint_failed", f"checkpoint failed: {exc}") from None
+        if result and self.hold and self.hold["cause"] == "disk_full":
+            # the checkpoint wrote its extents and freed the folded journal: space is back
+            self.hold_incidents.append({**self.hold, "ended_ns": time.time_ns()})
+            self.hold = None
         self.check_hold()
         return result
 
@@ -570,7 +574,7 @@ class Device(SpaceCommands):
         return (
             f'{{"admission":{{"save":{admission},"saved":{"true" if saved else "false"}}},'
             f'"device":{{"committed":true}},"disk_error":null,'
-            f'"effective":{{"model_digest":null,"page_limit":null}},'
+            f'"effective":{{"model_digest":null,"page_limit":null}},"journal_hold":null,'
             f'"kind":"{KIND_NAMES[kind]}",'
             f'"operation":"{self.operation_id(rrow, row)}",'
             f'"operation_key":"{join16(row[R.KEY_HI], row[R.KEY_LO]).hex()}",'
@@ -592,11 +596,18 @@ class Device(SpaceCommands):
         return self.space_id(target)
 
     def rendered_receipt(self, rrow):
-        """The owner's view of a receipt, rendered once per change of its row (a derived cache)."""
+        """The owner's view of a receipt, rendered once per change of its row (a derived cache),
+        with the current journal hold spliced in while there is one."""
         body = self._rendered.get(rrow)
         if body is None:
             body = self._rendered[rrow] = RawJSON(self.receipt_bytes(rrow))
-        return body
+        return self.with_hold(body)
+
+    def with_hold(self, body):
+        if not self.hold:
+            return body
+        hold = dumps({k: self.hold[k] for k in ("cause", "since_ns", "disk_error")})
+        return RawJSON(body.replace(b'"journal_hold":null', b'"journal_hold":' + hold, 1))
 
     def _receipt_reply(self, req_id, status, rrow):
         headers = {"Location": f"{BASE}/operations/{self.operation_id(rrow)}"} if status == 202 else None
@@ -674,7 +685,7 @@ class Device(SpaceCommands):
                 if row[R.PARTICIPANT] == caller:
                     return 200, self.rendered_receipt(rrow)
                 if self.receipt_visible_to(principal, caller, row):
-                    return 200, RawJSON(self.receipt_bytes(rrow, own=False))
+                    return 200, self.with_hold(RawJSON(self.receipt_bytes(rrow, own=False)))
         elif (caller is not None and self.participant_ids[caller][1].hex() == m.group(1)
               and ids.operation_counter(self.incarnation, raw) is not None):
             raise DeviceError(410, "operation_retired", f"operation {op} was retired", )

@@ -115,6 +115,9 @@ SCHEMAS = {
                          "save": nullable(ref("Save"))}),
         "pending_bytes": {"type": "integer", "minimum": 0},
         "disk_error": nullable({"type": "string"}),
+        "journal_hold": nullable(obj({"cause": {"enum": ["file_cap", "low_disk", "disk_full"]},
+                                      "since_ns": {"type": "integer"},
+                                      "disk_error": nullable({"type": "string"})})),
         "result": obj({"length": {"type": "integer", "minimum": 0},
                        "input_tokens": nullable({"type": "integer", "minimum": 0}),
                        "output_tokens": nullable({"type": "integer", "minimum": 0}),
@@ -122,7 +125,8 @@ SCHEMAS = {
         "effective": obj({"model_digest": nullable(string("^[0-9a-f]{64}$")),
                           "page_limit": nullable(ref("Counter"))}),
     }, description=f"{RECEIPT_SCHEMA}. `sequence` is null for a reader other than the owner. `target` is "
-                   "the created or addressed resource. More keys may be added."),
+                   "the created or addressed resource. `journal_hold` is the device's current journal hold "
+                   "(null when none): new mutations answer 429 while it lasts. More keys may be added."),
     "Participant": obj({
         "id": nullable(ref("ParticipantId")),
         "registered": {"type": "boolean"},
