@@ -68,6 +68,11 @@ WSGI_APPLICATION = None
 
 DATABASES = {"default": dj_database_url.parse(
     os.environ.get("DATABASE_URL", f"sqlite:///{VAR_DIR / 'gateway.sqlite3'}"), conn_max_age=60)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Under ASGI each request's sync code runs on a fresh thread, so persistent connections would
+    # mean one new PostgreSQL connection per request: use psycopg's pool instead.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"] = {"pool": {"min_size": 2, "max_size": 32, "timeout": 10}}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"

@@ -55,6 +55,7 @@ BASE = "/aotx/v1/shared"
 SCHEMA = "aotx.shared.mutation.v1"
 PG = "postgresql://postgres@127.0.0.1:5432"
 BASELINE_DB = "aotx_bench_baseline"
+GATEWAY_DB = "aotx_bench_gateway"
 
 
 class BenchError(Exception):
@@ -217,7 +218,10 @@ def run_aotx(base, args, clients_max, fresh_count):
     pack_tiny(str(runtime), shared=True, capacity={"participants": max(256, participants), "spaces": 400_000,
                                                     "receipts": 400_000, "command_bytes": 1024, "result_bytes": 16})
     (base / "aotx").mkdir()
-    stack = Stack(base / "aotx", str(runtime))
+    # the gateway's production configuration: PostgreSQL (pooled), like the baseline
+    pg_admin(f"DROP DATABASE IF EXISTS {GATEWAY_DB} WITH (FORCE)")
+    pg_admin(f"CREATE DATABASE {GATEWAY_DB}")
+    stack = Stack(base / "aotx", str(runtime), database_url=f"{PG}/{GATEWAY_DB}")
     try:
         made = create_principals(stack, "c", clients_max)
         pool = create_principals(stack, "f", fresh_count) if fresh_count else []
@@ -242,6 +246,7 @@ def run_aotx(base, args, clients_max, fresh_count):
         return results, gateway_errors(stack.gateway.output())
     finally:
         stack.stop()
+        pg_admin(f"DROP DATABASE IF EXISTS {GATEWAY_DB} WITH (FORCE)")
 
 
 def gateway_errors(log):

@@ -41,7 +41,7 @@ class Process:
 class Stack:
     """A runtime file, a journal, a gateway database and config in one temporary directory."""
 
-    def __init__(self, base, runtime):
+    def __init__(self, base, runtime, database_url=None):
         self.base = Path(base)
         self.runtime = runtime
         self.journal = self.base / "journal"
@@ -52,7 +52,7 @@ class Stack:
                                            "socket": str(self.journal / "service.sock"),
                                            "grants_file": str(self.grants)}))
         self.env = dict(os.environ, AOTX_VAR_DIR=str(self.base / "var"),
-                        DATABASE_URL=f"sqlite:///{self.base / 'gateway.sqlite3'}",
+                        DATABASE_URL=database_url or f"sqlite:///{self.base / 'gateway.sqlite3'}",
                         AOTX_GATEWAY_CONFIG=str(self.config), AOTX_DEVICE_TIMEOUT="10",
                         DJANGO_SETTINGS_MODULE="aotx_site.settings")
         self.env.pop("REDIS_URL", None)
