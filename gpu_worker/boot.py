@@ -50,16 +50,26 @@ def main(argv):
     except (JournalError, OSError) as exc:  # the journal refused: locked, damaged, unreadable
         return fail(str(exc), 3)
     socket_path = os.path.join(args.journal, "service.sock")
+    server = Server(device, socket_path)
+    try:
+        from .engine.engine import Engine
+        from .runner import Runner
+        device.runner = Runner(Engine(runtime, device.tables.device.type), server.deliver)
+    except Exception as exc:  # a runtime whose model cannot load serves no inputs: say why, stop
+        device.close()
+        return fail(f"cannot load the generation model of {args.ccir}: {exc}", 2)
 
     def ready():
+        device.runner.start()  # after the loop exists: its events come back through the loop
         print(f"device ready: socket {socket_path} boot {device.boot} recovered {device.recovered} transfers "
               f"in {device.boot_seconds:.3f}s on {device.tables.device}"
               + (f"; {device.dropped}" if device.dropped else ""), flush=True)
 
     try:
-        Server(device, socket_path).run(on_ready=ready)
+        server.run(on_ready=ready)
     except JournalError as exc:
         return fail(f"stopped on journal error, restart to recover: {exc}", 1)
     finally:
+        device.runner.stop()
         device.close()
     return 0

@@ -22,8 +22,9 @@ from .kinds import KIND_NAMES, Kind
 from .journal import (MAX_RECORDS_PER_TICK, JournalIOError, JournalLock, JournalWriter, TransferKind,
                       record_count, recover)
 from .protocol import DeviceError, RawJSON, dumps, reply
+from .inputs import ENGINE_RECORDS_PER_TICK, FINISH_NAMES, InputCommands
 from .spaces import SpaceCommands
-from .tables import P, R, Source, Tables, Terminal, join16, split16
+from .tables import Finish, P, R, Source, Tables, Terminal, join16, split16
 
 log = logging.getLogger("gpu_worker.device")
 
@@ -70,13 +71,14 @@ class DeviceBootError(Exception):
 
 
 
-class Device(SpaceCommands):
+class Device(SpaceCommands, InputCommands):
     def __init__(self, runtime, journal_dir, grants, *, device="cpu", fs=None, serve=True):
         """serve=False opens the state for an offline command (checkpoint): no grant check,
         no boot recorded."""
         self.runtime = runtime
         self.incarnation = runtime.incarnation
         self._incarnation_hex = runtime.incarnation.hex()
+        self.model_digest = runtime.model_digest("gen")
         profile = runtime.shared_profile
         if profile is None:
             raise DeviceBootError(f"runtime file {runtime.path} has no shared profile; run pack --shared")
@@ -113,8 +115,8 @@ class Device(SpaceCommands):
             self._save_generation = self.generation
             self.writer.append(TransferKind.BOOT, msgpack.packb(
                 {"boot": self.boot, "generation": self.generation, "at_ns": self.last_boot_ns}))
-            while self.writer.queued_records:
-                self.writer.commit_tick()
+            self.interrupt_unfinished()
+            self._commit()
         self.boot_seconds = time.perf_counter() - started
 
     def _load(self):
@@ -162,6 +164,10 @@ class Device(SpaceCommands):
         self.free_participants = t.unused_rows(t.participants)
         self.free_receipts = t.unused_rows(t.receipts)
         self.init_spaces()
+        self.init_inputs()
+        self._on_saved = {}         # journal transfer seq -> what to apply once it is saved
+        self._cancel_when_leased = set()
+        self._admission_deferred = False
 
     def _index_participant(self, prow, principal):
         par = ids.participant(self.incarnation, principal)
@@ -197,6 +203,12 @@ class Device(SpaceCommands):
         elif transfer.kind == TransferKind.ADMISSION:
             rrow = self._apply_admission(Admission.decode(transfer.payload), None)
             self._mark_saved(rrow, transfer)
+        elif transfer.kind == TransferKind.LEASE:
+            self.replay_lease(transfer)
+        elif transfer.kind == TransferKind.OUTPUT:
+            self._apply_output(msgpack.unpackb(transfer.payload), transfer)
+        elif transfer.kind == TransferKind.COMPLETION:
+            self._apply_completion(msgpack.unpackb(transfer.payload), transfer)
         else:
             raise DeviceBootError(f"journal transfer {transfer.seq} has kind {transfer.kind} this device cannot replay")
 
@@ -277,8 +289,9 @@ class Device(SpaceCommands):
         self.runtime = runtime_file.RuntimeFile.open(self.runtime.path, verify=False)
 
     def idle(self):
-        """Between ticks: hold state, and the automatic checkpoint past its journal size."""
+        """Between ticks: hold state, deadlines, and the automatic checkpoint past its journal size."""
         self.check_hold()
+        self.check_deadlines()
         if self.journal_bytes >= self.checkpoint_bytes and not self.writer.queued_records:
             try:
                 self.checkpoint()
@@ -301,8 +314,12 @@ class Device(SpaceCommands):
                 self._grant_problem = str(exc)
                 log.warning("grant reload failed, keeping previous grants: %s", exc)
         self.check_hold()
+        self.check_deadlines()
         replies, late_reads, waiting = [], [], []
         budget = MAX_RECORDS_PER_TICK
+        if not self._admission_deferred:  # engine work first, but never starving a big admission
+            budget -= self.journal_engine_work(ENGINE_RECORDS_PER_TICK)
+        self._admission_deferred = False
         while inbox:
             conn, msg = inbox[0]
             handler = MUTATIONS.get(msg.get("op"))
@@ -320,18 +337,14 @@ class Device(SpaceCommands):
                 replies.append((conn, reply(msg.get("id"), err.status, err.body())))
                 continue
             if outcome is None:  # does not fit this tick's record budget
+                self._admission_deferred = True
                 break
             inbox.popleft()
             status, rrow, records = outcome
             budget -= records
             waiting.append((conn, msg.get("id"), status, rrow))
         try:
-            while self.writer.queued_records:
-                for transfer in self.writer.commit_tick():
-                    self.free_receipts.extend(self._release_on_save.pop(transfer.seq, ()))
-                    rrow = self._pending.pop(transfer.seq, None)
-                    if rrow is not None:
-                        self._mark_saved(rrow, transfer)
+            self._commit()
         except JournalIOError as err:
             if err.errno != errno.ENOSPC:
                 raise  # EIO and the like: stop admitting; the process exits and a restart recovers
@@ -342,6 +355,24 @@ class Device(SpaceCommands):
         for conn, msg in late_reads:
             replies.append((conn, self._read(msg)))
         return replies
+
+    def _commit(self):
+        """One fdatasync per tick (more only for a transfer larger than a tick's 16 records)."""
+        while self.writer.queued_records:
+            for transfer in self.writer.commit_tick():
+                self.free_receipts.extend(self._release_on_save.pop(transfer.seq, ()))
+                rrow = self._pending.pop(transfer.seq, None)
+                if rrow is not None:
+                    self._mark_saved(rrow, transfer)
+                    if self.tables.value(self.tables.receipts, rrow, R.KIND) == Kind.INPUT:
+                        self.to_lease.append(rrow)
+                callback = self._on_saved.pop(transfer.seq, None)
+                if callback is not None:
+                    callback(transfer)
+
+    @property
+    def internal_work(self):
+        return self.engine_work()
 
     def _read(self, msg):
         req_id = msg.get("id")
@@ -458,6 +489,7 @@ class Device(SpaceCommands):
         self.admissions += 1
         t = self.tables
         rrow = self.free_receipts.pop()
+        t.write_row(t.receipts, rrow, {col: 0 for col in R})  # a reused slot starts clean
         if a.kind == Kind.PARTICIPANT_REGISTER:
             prow = self.free_participants.pop()
             hi, lo = split16(a.principal)
@@ -470,29 +502,49 @@ class Device(SpaceCommands):
             apply = APPLY.get(a.kind)
             if apply is None:
                 raise DeviceBootError(f"unknown admission kind {a.kind}")
-            target = apply(self, a, prow, transfer_seq)
+            target = apply(self, a, prow, transfer_seq, rrow)
         key_hi, key_lo = split16(a.key)
         op_hi, op_lo = split16(a.op)
         t.write_row(t.receipts, rrow, {
             R.STATE: 1, R.PARTICIPANT: prow, R.SEQUENCE: a.sequence, R.KIND: a.kind,
             R.KEY_HI: key_hi, R.KEY_LO: key_lo, R.OP_HI: op_hi, R.OP_LO: op_lo, R.TARGET: target,
             R.CREATED: self.admissions, R.COMMAND_LEN: len(a.canonical), R.RESULT_LEN: 0,
-            R.TERMINAL: Terminal.SUCCEEDED})
+            R.TERMINAL: Terminal.SUCCEEDED, R.FINISH: 0, R.LEASE: 0, R.INPUT_TOKENS: 0, R.OUTPUT_TOKENS: 0,
+            R.TERM_TRANSFER: 0, R.ADM_TRANSFER: 0, **self._kind_columns(a)})
         t.put_bytes(t.command_bytes, rrow, a.canonical)
         t.write_row(t.participants, prow, {P.NEXT_SEQUENCE: a.sequence + 1})
         self._index_receipt(rrow, prow, a.sequence, a.key, a.op)
         self._rendered.pop(rrow, None)
         return rrow
 
+    def _kind_columns(self, a):
+        if a.kind == Kind.INPUT:
+            return self._input_columns(a)
+        if a.kind == Kind.CANCELLATION:
+            prow = self.by_principal[a.principal]
+            hi, lo = split16(join16(*[self.tables.value(self.tables.receipts,
+                                                        self.by_sequence[(prow, a.extra["target_sequence"])], c)
+                                      for c in (R.OP_HI, R.OP_LO)]))
+            return {R.TARGET_OP_HI: hi, R.TARGET_OP_LO: lo}
+        return {}
+
     def _mark_saved(self, rrow, transfer):
-        """Record the save fields of the transfer that saved this receipt's admission; the
-        kinds so far finish at admission, so the same transfer saves the terminal result."""
+        """Record the save fields of the transfer that saved this receipt's admission. Every
+        kind but an input finishes at admission: the same transfer saves its terminal result."""
         t = self.tables
         t.write_row(t.receipts, rrow, {
             R.ADM_TRANSFER: transfer.seq, R.ADM_BOOT: self.boot, R.ADM_GENERATION: self._save_generation,
-            R.ADM_SOURCE: Source.JOURNAL, R.TERM_TRANSFER: transfer.seq, R.TERM_BOOT: self.boot,
-            R.TERM_GENERATION: self._save_generation, R.TERM_SOURCE: Source.JOURNAL})
+            R.ADM_SOURCE: Source.JOURNAL})
         t.put_digest(rrow, 0, transfer.digest)
+        if t.value(t.receipts, rrow, R.KIND) != Kind.INPUT:
+            self._mark_terminal_saved(rrow, transfer)
+        self._rendered.pop(rrow, None)
+
+    def _mark_terminal_saved(self, rrow, transfer):
+        t = self.tables
+        t.write_row(t.receipts, rrow, {
+            R.TERM_TRANSFER: transfer.seq, R.TERM_BOOT: self.boot, R.TERM_GENERATION: self._save_generation,
+            R.TERM_SOURCE: Source.JOURNAL})
         t.put_digest(rrow, 1, transfer.digest)
         self._rendered.pop(rrow, None)
 
@@ -519,20 +571,22 @@ class Device(SpaceCommands):
                                   f"operation at sequence {seq} has no saved terminal result yet", sequence=str(seq))
         return {"retry_floor": floor}
 
-    def _apply_retirement(self, a, prow, transfer_seq):
+    def _apply_retirement(self, a, prow, transfer_seq, rrow):
         floor = a.extra["retry_floor"]
         t = self.tables
         seqs = self.sequences.get(prow, [])
         cut = bisect.bisect_left(seqs, floor)
         freed = []
         for seq in seqs[:cut]:
-            rrow = self.by_sequence.pop((prow, seq))
-            row = t.row(t.receipts, rrow)
+            freed_row = self.by_sequence.pop((prow, seq))
+            row = t.row(t.receipts, freed_row)
             del self.by_key[(prow, join16(row[R.KEY_HI], row[R.KEY_LO]))]
             del self.by_op[join16(row[R.OP_HI], row[R.OP_LO])]
-            t.write_row(t.receipts, rrow, {R.STATE: 0})
-            self._rendered.pop(rrow, None)
-            freed.append(rrow)
+            if row[R.KIND] == Kind.INPUT:
+                self.conversation_inputs[row[R.TARGET]].remove(freed_row)
+            t.write_row(t.receipts, freed_row, {R.STATE: 0})
+            self._rendered.pop(freed_row, None)
+            freed.append(freed_row)
         del seqs[:cut]
         t.write_row(t.participants, prow, {P.RETRY_FLOOR: floor})
         if transfer_seq is None:
@@ -571,28 +625,40 @@ class Device(SpaceCommands):
         ended = terminal != "null"
         status = f'"{TERMINAL_NAMES[row[R.TERMINAL]]}"' if ended else "null"
         sequence = f'"{row[R.SEQUENCE]}"' if own else "null"
+        if kind == Kind.INPUT:
+            effective = f'{{"model_digest":"{self.model_digest}","page_limit":"{row[R.PAGE_LIMIT]}"}}'
+            finish = FINISH_NAMES.get(Finish(row[R.FINISH])) if ended else None
+            tokens_in, tokens_out = (row[R.INPUT_TOKENS], row[R.OUTPUT_TOKENS]) if ended else ("null", "null")
+        else:
+            effective, finish, tokens_in, tokens_out = '{"model_digest":null,"page_limit":null}', None, "null", "null"
+        finish = f'"{finish}"' if finish else "null"
         return (
             f'{{"admission":{{"save":{admission},"saved":{"true" if saved else "false"}}},'
             f'"device":{{"committed":true}},"disk_error":null,'
-            f'"effective":{{"model_digest":null,"page_limit":null}},"journal_hold":null,'
+            f'"effective":{effective},"journal_hold":null,'
             f'"kind":"{KIND_NAMES[kind]}",'
             f'"operation":"{self.operation_id(rrow, row)}",'
             f'"operation_key":"{join16(row[R.KEY_HI], row[R.KEY_LO]).hex()}",'
             f'"participant":"{ids.participant_id(par)}",'
             f'"pending_bytes":{0 if saved else row[R.COMMAND_LEN]},'
-            f'"result":{{"finish":null,"input_tokens":null,"length":{row[R.RESULT_LEN]},"output_tokens":null}},'
+            f'"result":{{"finish":{finish},"input_tokens":{tokens_in},"length":{row[R.RESULT_LEN]},'
+            f'"output_tokens":{tokens_out}}},'
             f'"schema":"{RECEIPT_SCHEMA}",'
             f'"sequence":{sequence},'
-            f'"target":"{self._target_id(kind, row[R.TARGET])}",'
+            f'"target":"{self._target_id(kind, row)}",'
             f'"terminal":{{"save":{terminal},"saved":{"true" if ended else "false"},"status":{status}}},'
             f'"transport":{{"accepted":true}}}}'
         ).encode()
 
-    def _target_id(self, kind, target):
+    def _target_id(self, kind, row):
+        target = row[R.TARGET]
         if kind in (Kind.PARTICIPANT_REGISTER, Kind.RETIREMENT):
             return ids.participant_id(self.participant_ids[target][2])
-        if kind == Kind.CONVERSATION_CREATE:
+        if kind in (Kind.CONVERSATION_CREATE, Kind.INPUT):
             return self.conversation_id(target)
+        if kind == Kind.CANCELLATION:
+            lineage = self.participant_ids[row[R.PARTICIPANT]][1]
+            return ids.operation_id(lineage, join16(row[R.TARGET_OP_HI], row[R.TARGET_OP_LO]))
         return self.space_id(target)
 
     def rendered_receipt(self, rrow):
@@ -669,9 +735,8 @@ class Device(SpaceCommands):
         more = start + limit < len(seqs)
         return 200, {"items": items, "next_cursor": str(page[-1]) if more and page else None}
 
-    def get_operation(self, msg):
-        principal = self._principal(msg, "shared_read")
-        op = str(self._args(msg).get("operation", ""))
+    def visible_receipt(self, principal, op):
+        """(receipt row, own) of an operation the principal may read; 410 once retired, else 404."""
         m = ids.OPERATION_ID.match(op)
         if not m:
             raise DeviceError(404, "operation_not_found", f"no operation {op} visible to this principal")
@@ -683,13 +748,20 @@ class Device(SpaceCommands):
             row = t.row(t.receipts, rrow)
             if self.participant_ids[row[R.PARTICIPANT]][1].hex() == m.group(1):
                 if row[R.PARTICIPANT] == caller:
-                    return 200, self.rendered_receipt(rrow)
+                    return rrow, True
                 if self.receipt_visible_to(principal, caller, row):
-                    return 200, self.with_hold(RawJSON(self.receipt_bytes(rrow, own=False)))
+                    return rrow, False
         elif (caller is not None and self.participant_ids[caller][1].hex() == m.group(1)
               and ids.operation_counter(self.incarnation, raw) is not None):
-            raise DeviceError(410, "operation_retired", f"operation {op} was retired", )
+            raise DeviceError(410, "operation_retired", f"operation {op} was retired")
         raise DeviceError(404, "operation_not_found", f"no operation {op} visible to this principal")
+
+    def get_operation(self, msg):
+        principal = self._principal(msg, "shared_read")
+        rrow, own = self.visible_receipt(principal, str(self._args(msg).get("operation", "")))
+        if own:
+            return 200, self.rendered_receipt(rrow)
+        return 200, self.with_hold(RawJSON(self.receipt_bytes(rrow, own=False)))
 
     def journal_state(self):
         hold = self.hold or {}
@@ -728,21 +800,6 @@ class Device(SpaceCommands):
             raise DeviceError(507, "participant_capacity", "the participant table is full")
         return {}
 
-    def _prepare_cancellation(self, principal, prow, args, key, sequence):
-        target = args.get("target_sequence")
-        if not isinstance(target, int) or target < 1:
-            raise DeviceError(400, "bad_field", "target_sequence must be a positive decimal counter")
-        floor = self.tables.value(self.tables.participants, prow, P.RETRY_FLOOR)
-        if target < floor:
-            raise DeviceError(410, "below_retry_floor", f"target_sequence {target} is below the retry floor {floor}")
-        rrow = self.by_sequence.get((prow, target))
-        if rrow is None:
-            raise DeviceError(404, "operation_not_found", f"no operation at sequence {target}")
-        kind = KIND_NAMES[Kind(self.tables.value(self.tables.receipts, rrow, R.KIND))]
-        raise DeviceError(409, "not_cancellable",
-                          f"the operation at sequence {target} ({kind}) finished at admission and cannot be cancelled",
-                          target_sequence=str(target))
-
 
 READS = {
     "ping": Device.ping,
@@ -752,6 +809,7 @@ READS = {
     "participants.get": Device.get_other_participant,
     "operations.list": Device.list_operations,
     "operations.get": Device.get_operation,
+    "operations.result": Device.read_result,
     "spaces.list": Device.list_spaces,
     "spaces.get": Device.get_space,
     "members.list": Device.list_members,
@@ -765,11 +823,14 @@ MUTATIONS = {
     "members.set": (Kind.MEMBER_SET, "shared_manage", Device._prepare_member),
     "conversations.create": (Kind.CONVERSATION_CREATE, "shared_write", Device._prepare_conversation),
     "retirements.record": (Kind.RETIREMENT, "shared_write", Device._prepare_retirement),
-    "cancellations.record": (None, "shared_write", Device._prepare_cancellation),
+    "cancellations.record": (Kind.CANCELLATION, "shared_write", Device._prepare_cancellation),
+    "conversations.input": (Kind.INPUT, "shared_write", Device._prepare_input),
 }
 APPLY = {
     Kind.SPACE_CREATE: Device._apply_space,
     Kind.MEMBER_SET: Device._apply_member,
     Kind.CONVERSATION_CREATE: Device._apply_conversation,
     Kind.RETIREMENT: Device._apply_retirement,
+    Kind.INPUT: Device._apply_input,
+    Kind.CANCELLATION: Device._apply_cancellation,
 }

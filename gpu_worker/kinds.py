@@ -8,8 +8,11 @@ class Kind(IntEnum):
     MEMBER_SET = 3
     CONVERSATION_CREATE = 4
     RETIREMENT = 5
+    INPUT = 6
+    CANCELLATION = 7
 
 
 KIND_NAMES = {Kind.PARTICIPANT_REGISTER: "participant.register", Kind.SPACE_CREATE: "space.create",
               Kind.MEMBER_SET: "member.set", Kind.CONVERSATION_CREATE: "conversation.create",
-              Kind.RETIREMENT: "retirement"}
+              Kind.RETIREMENT: "retirement", Kind.INPUT: "conversation.input",
+              Kind.CANCELLATION: "cancellation"}

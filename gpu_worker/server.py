@@ -16,7 +16,7 @@ import signal
 from .protocol import PROTOCOL_VERSION, FrameBuffer, ProtocolError, encode_frame, reply
 
 log = logging.getLogger("gpu_worker.server")
-IDLE_SECONDS = 1.0
+IDLE_SECONDS = 0.1
 VERSION_REFUSED = (b'{"error":{"code":"protocol_version","message":"unsupported device protocol version; '
                    b'expected 1"}}')
 
@@ -73,19 +73,38 @@ class Server:
         for conn, frames in by_conn.items():
             if not conn.transport.is_closing():
                 conn.transport.write(b"".join(frames))
-        if self.inbox:  # what did not fit this tick's record budget
+        if self.inbox or self.device.internal_work:  # what did not fit this tick's record budget
             self._scheduled = True
             self.loop.call_soon(self._tick)
 
     def _idle(self):
-        """Once a second: lift or start a journal hold, run the automatic checkpoint."""
+        """Ten times a second: holds, deadlines, stale output to journal, automatic checkpoint."""
         try:
             self.device.idle()
         except BaseException as exc:
             self.failure = exc
             self.loop.stop()
             return
+        self._schedule_if_work()
         self.loop.call_later(IDLE_SECONDS, self._idle)
+
+    def _schedule_if_work(self):
+        if not self._scheduled and (self.inbox or self.device.internal_work):
+            self._scheduled = True
+            self.loop.call_soon(self._tick)
+
+    def engine_events(self, events):
+        """The engine thread's events, on this loop's thread (call_soon_threadsafe)."""
+        try:
+            self.device.engine_events(events)
+        except BaseException as exc:
+            self.failure = exc
+            self.loop.stop()
+            return
+        self._schedule_if_work()
+
+    def deliver(self, events):
+        self.loop.call_soon_threadsafe(self.engine_events, events)
 
     async def _serve(self):
         if os.path.exists(self.socket_path):

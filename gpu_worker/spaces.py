@@ -113,7 +113,7 @@ class SpaceCommands:
         kind = row[R.KIND]
         if kind in (Kind.SPACE_CREATE, Kind.MEMBER_SET):
             srow = row[R.TARGET]
-        elif kind == Kind.CONVERSATION_CREATE:
+        elif kind in (Kind.CONVERSATION_CREATE, Kind.INPUT):  # members may read each other's input results
             srow = self.tables.value(self.tables.conversations, row[R.TARGET], C.SPACE)
         else:
             return False
@@ -243,7 +243,7 @@ class SpaceCommands:
             raise DeviceError(507, "space_capacity", f"the space table is full ({self.capacities['spaces']})")
         return {"id": raw, "scope": int(scope)}
 
-    def _apply_space(self, a, prow, transfer_seq):
+    def _apply_space(self, a, prow, transfer_seq, rrow):
         srow = self.free_spaces.pop()
         id_hi, id_lo = split16(a.extra["id"])
         op_hi, op_lo = split16(a.op)
@@ -272,7 +272,7 @@ class SpaceCommands:
                 "participant": self.participant_ids[member][2],
                 "rights": sum(RIGHT_NAMES[p] for p in permissions)}
 
-    def _apply_member(self, a, prow, transfer_seq):
+    def _apply_member(self, a, prow, transfer_seq, rrow):
         srow = self.by_space[tuple(a.extra["space"])]
         member = self.by_participant[a.extra["participant"]]
         t = self.tables
@@ -297,7 +297,7 @@ class SpaceCommands:
         space = ids.SPACE_ID.match(args["space"])
         return {"space": [bytes.fromhex(space.group(1)), bytes.fromhex(space.group(2))], "id": raw}
 
-    def _apply_conversation(self, a, prow, transfer_seq):
+    def _apply_conversation(self, a, prow, transfer_seq, rrow):
         srow = self.by_space[tuple(a.extra["space"])]
         crow = self.free_conversations.pop()
         id_hi, id_lo = split16(a.extra["id"])

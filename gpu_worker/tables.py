@@ -89,6 +89,12 @@ class R(IntEnum):
     TERM_SOURCE = 20
     INPUT_TOKENS = 21
     OUTPUT_TOKENS = 22
+    FINISH = 23        # Finish code of an input's generation
+    PAGE_LIMIT = 24    # effective page limit of an input (recorded apart from the caller bytes)
+    MAX_OUTPUT = 25    # effective max_output_tokens of an input
+    LEASE = 26         # journal transfer seq of the lease that started it, 0 before
+    TARGET_OP_HI = 27  # a cancellation's target operation
+    TARGET_OP_LO = 28
 
 
 class Terminal(IntEnum):
@@ -98,6 +104,16 @@ class Terminal(IntEnum):
     CANCELLED = 3
     INTERRUPTED = 4
     DEADLINE_EXCEEDED = 5
+
+
+class Finish(IntEnum):
+    NONE = 0
+    STOP = 1
+    LENGTH = 2
+    CANCELLED = 3
+    DEADLINE = 4
+    INTERRUPTED = 5
+    FAILED = 6
 
 
 class Source(IntEnum):

@@ -218,6 +218,35 @@ SCHEMAS = {
         {"retry_floor": string(POSITIVE, "every receipt below it must have a saved terminal result; "
                                          "at most this retirement's own sequence")},
         ("retry_floor",), "`retry_floor`"),
+    "InputRequest": mutation_body(
+        "Submit a conversation input",
+        {"text": {"type": "string", "description": "may be empty only when media is present"},
+         "model": {"type": "string", "description": "a model name or digest from /capabilities"},
+         "max_output_tokens": {"type": "integer", "minimum": 1, "default": 256},
+         "pages": {"type": "integer", "minimum": 1, "description": "page limit; default the page grant"},
+         "temperature": {"type": "number", "minimum": 0, "maximum": 2, "default": 0},
+         "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 1},
+         "media": {"type": "array", "maxItems": 8, "items": obj({
+             "type": {"type": "string", "enum": ["image", "audio"]},
+             "sha256": string("^[0-9a-f]{64}$")}, ("type", "sha256"), closed=True)}},
+        ("text", "model"),
+        "`text` and `model`, optionally `max_output_tokens`, `pages`, `temperature`, `top_p`, `media`; the text "
+        "and 73 bytes per media link fit 2048 UTF-8 bytes"),
+    "Result": obj({
+        "operation": ref("OperationId"),
+        "offset": {"type": "integer", "minimum": 0},
+        "length": {"type": "integer", "minimum": 0},
+        "next_offset": {"type": "integer", "minimum": 0},
+        "bytes": {"type": "string", "contentEncoding": "base64"},
+        "text": nullable({"type": "string"}),
+        "complete": {"type": "boolean"},
+        "status": {"type": "string", "enum": ["admitted", "running", "succeeded", "failed", "cancelled",
+                                               "interrupted", "deadline_exceeded"]},
+        "finish": nullable({"type": "string"}),
+        "input_tokens": nullable({"type": "integer", "minimum": 0}),
+        "output_tokens": nullable({"type": "integer", "minimum": 0}),
+    }, description="Exact saved result bytes from `offset`; `text` is null unless the span is complete UTF-8 "
+                   "(nothing is ever replaced). Token counts and finish once the terminal result is saved."),
     "CancellationRequest": mutation_body(
         "Cancel the operation at a sequence",
         {"target_sequence": string(POSITIVE, "the exact sequence of the operation to cancel")},
@@ -245,6 +274,10 @@ CODES = {
     "unknown_command": "gateway/device protocol fault: the device does not know the command "
                        "(gateway and device versions differ)",
     "protocol_version": "gateway/device protocol fault: the device speaks another protocol version",
+    "input_too_large": "the text and 73 bytes per media link exceed 2048 UTF-8 bytes",
+    "too_many_media": "more than 8 media references",
+    "reserved_token": "the text contains a reserved media control token",
+    "bad_offset": "`offset` is not an integer 0..the result length",
     # 401 / 403
     "unauthenticated": "no, malformed, unknown or revoked Bearer token (`WWW-Authenticate` is set)",
     "grant_missing": "the principal lacks the gateway action this route needs",
@@ -255,6 +288,7 @@ CODES = {
     "space_not_found": "no such space, or not visible to the caller",
     "conversation_not_found": "no such conversation, or not visible to the caller",
     "operation_not_found": "no such operation visible to the caller",
+    "media_not_found": "a media reference names no source uploaded by this participant",
     # 409
     "stale_lineage": "`lineage` is not the participant's current lineage (the current one is in `lineage`)",
     "operation_changed": "this sequence was admitted with different canonical operation bytes",
@@ -269,6 +303,13 @@ CODES = {
     "retry_floor_ahead": "`retry_floor` is above this retirement's own sequence",
     "unfinished_operations": "an operation below the floor has no saved terminal result (its `sequence`)",
     "not_cancellable": "the target operation already finished and cannot be cancelled",
+    "already_finished": "the target input already ended",
+    "model_not_available": "the requested model is not served (see /capabilities)",
+    "model_lacks_media": "the requested model takes no media of that type",
+    "page_limit_exceeds_grant": "`pages` exceeds the runtime profile's page grant",
+    "page_limit_exceeds_pool": "`pages` exceeds the KV page pool",
+    "no_result": "the operation has no result bytes (it is not an input)",
+    "deadline_exceeded": "the input ran past its execution deadline",
     # 410
     "below_retry_floor": "the sequence is below the saved retry floor (given in `retry_floor`)",
     "operation_retired": "the operation was retired",
@@ -301,6 +342,7 @@ STATUS_TEXT = {
     429: "Journal hold: a file cap or low disk pauses persistent admission; the mutation changed no "
          "state. Reads, receipts and save status stay available. Retry later.",
     503: "Device unavailable.",
+    504: "Execution deadline exceeded.",
     507: "Insufficient storage: a fixed capacity of this runtime profile is used up; nothing changed.",
 }
 
@@ -402,9 +444,25 @@ OPERATIONS = {
         {409: ("retry_floor_not_advanced", "retry_floor_ahead", "unfinished_operations")},
         description="Every receipt below `retry_floor` must have a saved terminal result; the floor is saved "
                     "before any receipt slot is reused."),
+    "conversations.input": _mutation(
+        "Submit an input to a conversation", "InputRequest",
+        {400: ("input_too_large", "too_many_media", "reserved_token"), 403: ("right_missing",),
+         404: ("conversation_not_found", "media_not_found"),
+         409: ("model_not_available", "model_lacks_media", "page_limit_exceeds_grant", "page_limit_exceeds_pool")},
+        path="conversation",
+        description="Needs the write right on the conversation's space. Runs the model once the admission is "
+                    "saved; the receipt's terminal result is saved when generation ends. Earlier turns of the "
+                    "conversation form the context, as far as the page limit allows."),
+    "operations.result": _read(
+        "Result bytes of an input", "Result",
+        {400: ("bad_offset",), 404: ("operation_not_found",), 409: ("no_result",), 410: ("operation_retired",),
+         504: ("deadline_exceeded",)},
+        path="operation",
+        description="Query `offset` (bytes, default 0). Readers of the conversation's space may read another "
+                    "member's result. An input past its execution deadline answers 504."),
     "cancellations.record": _mutation(
         "Cancel the operation at a sequence", "CancellationRequest",
-        {404: ("operation_not_found",), 409: ("not_cancellable",)},
+        {404: ("operation_not_found",), 409: ("not_cancellable", "already_finished")},
         description="Cancellation cannot undo committed memory; disconnecting never cancels."),
 }
 
@@ -529,6 +587,7 @@ ROUTES = {  # OPERATIONS key -> path under the base (the views' URLconf; the tes
     "conversations.create": "/spaces/{space}/conversations", "conversations.get": "/conversations/{conversation}",
     "operations.list": "/operations", "operations.get": "/operations/{operation}",
     "retirements.record": "/retirements", "cancellations.record": "/cancellations",
+    "conversations.input": "/conversations/{conversation}/inputs", "operations.result": "/operations/{operation}/result",
 }
 
 

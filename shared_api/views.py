@@ -12,6 +12,9 @@ from .strict import Mutation, decimal_counter, hex32, resource_id
 
 MAX_LIMIT = 200
 DIGITS = re.compile(r"[0-9]{1,4}")  # ASCII digits only: str.isdigit() also accepts "²" and "٣"
+DIGITS_ANY = re.compile(r"[0-9]{1,18}")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+INPUT_FIELDS = ("text", "model", "max_output_tokens", "pages", "temperature", "top_p", "media")
 SCOPES = ("private", "room", "instance")
 PERMISSIONS = ("read", "write", "manage")
 
@@ -134,6 +137,50 @@ class ConversationView(SharedView):
     def get(self, request, conversation):
         no_query(request)
         return device_response("conversations.get", request, {"conversation": resource_id(conversation, "con")})
+
+
+def _integer(fields, name):
+    value = fields.get(name)
+    if value is not None and (type(value) is not int):  # bool is an int subclass; floats are refused
+        raise ApiError(400, "bad_field", f"{name} must be a JSON integer")
+
+
+def _number(fields, name):
+    value = fields.get(name)
+    if value is not None and (type(value) not in (int, float)):
+        raise ApiError(400, "bad_field", f"{name} must be a JSON number")
+
+
+class InputsView(SharedView):
+    @doc("conversations.input")
+    def post(self, request, conversation):
+        mutation = Mutation(request, INPUT_FIELDS, required=("text", "model"))
+        fields = mutation.fields
+        if not isinstance(fields["text"], str) or not isinstance(fields["model"], str):
+            raise ApiError(400, "bad_field", "text and model must be strings")
+        for name in ("max_output_tokens", "pages"):
+            _integer(fields, name)
+        for name in ("temperature", "top_p"):
+            _number(fields, name)
+        media = fields.get("media", [])
+        if (not isinstance(media, list) or len(media) > 8
+                or any(not isinstance(m, dict) or set(m) != {"type", "sha256"} or m["type"] not in ("image", "audio")
+                       or not isinstance(m["sha256"], str) or not SHA256.fullmatch(m["sha256"]) for m in media)):
+            raise ApiError(400, "bad_field", "media must be at most 8 rows of {type: image|audio, sha256: 64 "
+                                             "lowercase hex}")
+        return device_response("conversations.input", request,
+                               mutation.args(conversation=resource_id(conversation, "con"), **fields))
+
+
+class ResultView(SharedView):
+    @doc("operations.result")
+    def get(self, request, operation):
+        no_query(request, allowed=("offset",))
+        offset = request.query_params.get("offset", "0")
+        if not DIGITS_ANY.fullmatch(offset):
+            raise ApiError(400, "bad_offset", "offset must be a non-negative integer")
+        return device_response("operations.result", request,
+                               {"operation": resource_id(operation, "op"), "offset": int(offset)})
 
 
 class OperationsView(SharedView):

@@ -49,11 +49,14 @@ ROUTES = {
     "GET operations": ("GET", "/operations"),
     "GET operations/{private}": ("GET", "/operations/{private_op}"),
     "GET operations/{instance}": ("GET", "/operations/{instance_op}"),
+    "GET operations/{private}/result": ("GET", "/operations/{private_input}/result"),
     "POST spaces": ("POST", "/spaces"),
     "POST spaces/{private}/members": ("POST", "/spaces/{private}/members"),
     "POST spaces/{instance}/members": ("POST", "/spaces/{instance}/members"),
     "POST spaces/{private}/conversations": ("POST", "/spaces/{private}/conversations"),
     "POST spaces/{instance}/conversations": ("POST", "/spaces/{instance}/conversations"),
+    "POST conversations/{private}/inputs": ("POST", "/conversations/{private_con}/inputs"),
+    "POST conversations/{instance}/inputs": ("POST", "/conversations/{instance_con}/inputs"),
     "POST cancellations": ("POST", "/cancellations"),
     "POST retirements": ("POST", "/retirements"),
     "POST participant": ("POST", "/participant"),
@@ -82,12 +85,14 @@ _IMPLICIT_INSTANCE = {
     "GET spaces/{instance}/conversations": OK, "GET conversations/{instance}": OK,
     "GET operations/{instance}": OK,
     "POST spaces/{instance}/members": RIGHT, "POST spaces/{instance}/conversations": NEW,
+    "POST conversations/{instance}/inputs": NEW,
 }
 _INVISIBLE_PRIVATE = {
     "GET spaces/{private}": NO_SPACE, "GET spaces/{private}/members": NO_SPACE,
     "GET spaces/{private}/conversations": NO_SPACE, "GET conversations/{private}": NO_CON,
     "GET operations/{private}": NO_OP,
     "POST spaces/{private}/members": NO_SPACE, "POST spaces/{private}/conversations": NO_SPACE,
+    "POST conversations/{private}/inputs": NO_CON, "GET operations/{private}/result": NO_OP,
 }
 _OWN_READS = {
     "GET capabilities": OK, "GET participant": OK, "GET participants/{par}": OK, "GET spaces": OK,
@@ -109,6 +114,8 @@ EXPECTED = {
         "GET operations/{private}": OK, "GET operations/{instance}": OK,
         "POST spaces/{private}/members": NEW, "POST spaces/{instance}/members": NEW,
         "POST spaces/{private}/conversations": NEW, "POST spaces/{instance}/conversations": NEW,
+        "POST conversations/{private}/inputs": NEW, "POST conversations/{instance}/inputs": NEW,
+        "GET operations/{private}/result": OK,
     },
     # member row [read] on the private space
     "reader": {
@@ -117,6 +124,7 @@ EXPECTED = {
         "GET spaces/{private}/conversations": OK, "GET conversations/{private}": OK,
         "GET operations/{private}": OK,
         "POST spaces/{private}/members": RIGHT, "POST spaces/{private}/conversations": RIGHT,
+        "POST conversations/{private}/inputs": RIGHT, "GET operations/{private}/result": OK,
     },
     # member row [write]: the space is visible but unreadable. A receipt is readable only where
     # its target space is readable (spaces.py receipt_visible_to), so the creating receipt is 404.
@@ -126,6 +134,7 @@ EXPECTED = {
         "GET spaces/{private}/conversations": RIGHT, "GET conversations/{private}": RIGHT,
         "GET operations/{private}": NO_OP,
         "POST spaces/{private}/members": RIGHT, "POST spaces/{private}/conversations": NEW,
+        "POST conversations/{private}/inputs": NEW, "GET operations/{private}/result": NO_OP,
     },
     # member row [manage]
     "manager": {
@@ -134,6 +143,7 @@ EXPECTED = {
         "GET spaces/{private}/conversations": RIGHT, "GET conversations/{private}": RIGHT,
         "GET operations/{private}": NO_OP,
         "POST spaces/{private}/members": NEW, "POST spaces/{private}/conversations": RIGHT,
+        "POST conversations/{private}/inputs": RIGHT, "GET operations/{private}/result": NO_OP,
     },
     # registered, no member row anywhere
     "outsider": {**_OWN_READS, **_REGISTERED_WRITER, **_IMPLICIT_INSTANCE, **_INVISIBLE_PRIVATE},
@@ -144,6 +154,7 @@ EXPECTED = {
         "GET spaces/{instance}/conversations": NO_SPACE, "GET conversations/{instance}": NO_CON,
         "GET operations/{instance}": NO_OP,
         "POST spaces/{instance}/members": NO_SPACE, "POST spaces/{instance}/conversations": NO_SPACE,
+        "POST conversations/{instance}/inputs": NO_CON,
     },
     # every grant, never registered: sees nothing, every mutation but registration is 409
     "newcomer": {
@@ -153,6 +164,7 @@ EXPECTED = {
         "GET operations/{instance}": NO_OP,
         "POST spaces": UNREG, "POST spaces/{private}/members": UNREG, "POST spaces/{instance}/members": UNREG,
         "POST spaces/{private}/conversations": UNREG, "POST spaces/{instance}/conversations": UNREG,
+        "POST conversations/{private}/inputs": UNREG, "POST conversations/{instance}/inputs": UNREG,
         "POST cancellations": UNREG, "POST retirements": UNREG, "POST participant": NEW,
     },
     # the next three hold member rows [read, write, manage] on the private space; only the
@@ -162,6 +174,7 @@ EXPECTED = {
         **_everywhere(GRANT), **_REGISTERED_WRITER,
         "POST spaces/{private}/members": NEW, "POST spaces/{instance}/members": RIGHT,
         "POST spaces/{private}/conversations": NEW, "POST spaces/{instance}/conversations": NEW,
+        "POST conversations/{private}/inputs": NEW, "POST conversations/{instance}/inputs": NEW,
     },
     # without shared_write (registered first, then shared_write revoked: registering needs it)
     "no_write": {
@@ -171,6 +184,8 @@ EXPECTED = {
         "GET operations/{private}": OK,
         "POST spaces": GRANT, "POST spaces/{private}/members": NEW, "POST spaces/{instance}/members": RIGHT,
         "POST spaces/{private}/conversations": GRANT, "POST spaces/{instance}/conversations": GRANT,
+        "POST conversations/{private}/inputs": GRANT, "POST conversations/{instance}/inputs": GRANT,
+        "GET operations/{private}/result": OK,
         "POST cancellations": GRANT, "POST retirements": GRANT, "POST participant": GRANT,
     },
     # without shared_manage
@@ -181,6 +196,7 @@ EXPECTED = {
         "GET operations/{private}": OK,
         "POST spaces/{private}/members": GRANT, "POST spaces/{instance}/members": GRANT,
         "POST spaces/{private}/conversations": NEW,
+        "POST conversations/{private}/inputs": NEW, "GET operations/{private}/result": OK,
     },
     "anonymous": _everywhere(UNAUTH),
     "wrong_token": _everywhere(UNAUTH),
@@ -279,6 +295,8 @@ def world(tiny_runtime, tmp_path_factory):
         instance = _created(w.mutate("owner", "/spaces", scope="instance"))
         private_con = _created(w.mutate("owner", f"/spaces/{private['target']}/conversations"))
         instance_con = _created(w.mutate("owner", f"/spaces/{instance['target']}/conversations"))
+        private_input = _created(w.mutate("owner", f"/conversations/{private_con['target']}/inputs",
+                                          text="hi", model="tiny-llama", max_output_tokens=2))
         for persona, permissions in PRIVATE_ROWS.items():
             if persona == "no_read":
                 continue
@@ -298,6 +316,7 @@ def world(tiny_runtime, tmp_path_factory):
             "ghost_space": f"spc-{lineage}-{'7' * 32}", "private_con": private_con["target"],
             "instance_con": instance_con["target"], "ghost_con": f"con-{lineage}-{'7' * 32}",
             "private_op": private["operation"], "instance_op": instance["operation"],
+            "private_input": private_input["operation"],
         }
         yield w
     finally:
@@ -310,6 +329,8 @@ def _body_for(world, route):
     successful one changes nobody's access."""
     if route.startswith("POST spaces/") and route.endswith("/members"):
         return {"participant": world.ids["zero"], "permissions": []}
+    if route.startswith("POST conversations/"):
+        return {"text": "hi", "model": "tiny-llama", "max_output_tokens": 2}
     if route == "POST cancellations":
         return {"target_sequence": "1"}
     if route == "POST retirements":

@@ -78,6 +78,10 @@ class World:
                 case.body["target_sequence"] = str(int(me["next_sequence"]) - 1)
             if "retry_floor" in case.body:  # retire everything before this retirement
                 case.body["retry_floor"] = me["next_sequence"]
+            if "model" in case.body:  # the served model, a short generation
+                case.body["model"] = "tiny-llama"
+                case.body["max_output_tokens"] = 2
+                case.body.pop("pages", None)
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +122,10 @@ def test_the_gateway_conforms_to_its_own_schema(world):
             if plan == "anchored" and response.status_code == 202:
                 retry = case.call(base_url=world.base_url, headers=headers, timeout=30)
                 check(operation, "exact retry", case, retry)
-                if retry.status_code != 200 or retry.content != response.content:
+                same = (retry.content == response.content if b'"conversation.input"' not in response.content
+                        # an input's receipt moves on as it runs: the retry must name the same operation
+                        else json.loads(retry.content).get("operation") == json.loads(response.content)["operation"])
+                if retry.status_code != 200 or not same:
                     failures.setdefault((operation.label, "exact retry", retry.status_code),
                                         f"{operation.label}: an exact retry answered {retry.status_code} "
                                         f"{retry.content[:300]!r}, not 200 with the same receipt")
@@ -126,7 +133,7 @@ def test_the_gateway_conforms_to_its_own_schema(world):
         run()
 
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 16
+    assert len(operations) == 18
     for operation in operations:
         plans = ["generated", "negative"]
         if operation.method.upper() == "POST" or operation.path_parameters:

@@ -52,7 +52,7 @@ class World:
     def read(self, name, op, **args):
         return self.send(name, op, args)
 
-    def mutate(self, name, op, path, fields, *, sequence=None, key=None):
+    def mutate(self, name, op, path, fields, *, sequence=None, key=None, extra=None):
         """fields: the body's own fields; a space in the path is passed as the gateway does."""
         me = self.read(name, "participant.get")[1]
         sequence = sequence or int(me["next_sequence"])
@@ -64,6 +64,7 @@ class World:
         args.update(fields)
         if path.startswith("/spaces/"):
             args["space"] = path.split("/")[2]
+        args.update(extra or {})
         for counter in ("retry_floor", "target_sequence"):
             if counter in args:
                 args[counter] = int(args[counter])

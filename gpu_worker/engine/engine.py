@@ -1,0 +1,170 @@
+"""The generation engine: requests in, one token per running request per step out.
+
+One owner thread calls `submit`, `step` and `cancel`. Each `step` is one scheduling round: admit a
+group (scheduler.py), decode every request that was already running by one token in a single batched
+forward, and prefill the newly admitted group, which yields each of them its first token. A request
+finishes on a stop token or stop string ("stop"), at its output limit or page capacity ("length"),
+or when cancelled ("cancelled"); its pages return to the pool at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from gpu_worker.engine.block_manager import BlockManager, pages_for
+from gpu_worker.engine.model import Llama
+from gpu_worker.engine.model_runner import ModelRunner
+from gpu_worker.engine.sampling import sample
+from gpu_worker.engine.scheduler import EngineRefusal, Scheduler
+from gpu_worker.engine.sequence import FINISH_CANCELLED, Sequence, Status
+from gpu_worker.engine.tokenizer import Tokenizer
+from gpu_worker.runtime_file import RuntimeFile
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    total: int     # pages in the KV pool (runtime profile kv_pages)
+    free: int      # pages on the free list
+    owned: int     # pages held by running requests (their whole page limits)
+    used: int      # owned pages that already hold keys and values
+    reserved: int  # owned pages kept for tokens not generated yet
+    pending: int   # page limits of the requests waiting for admission
+    running: int
+    waiting: int
+
+
+# (request_id, token_id, released output bytes, finish reason or None)
+StepEvent = tuple[object, int, bytes, "str | None"]
+
+
+class Engine:
+    def __init__(self, runtime_file, device: str = "cpu", seed: int = 0, *, dtype: torch.dtype | None = None,
+                 max_running: int = 256, cuda_graphs: bool = True):
+        runtime = runtime_file if isinstance(runtime_file, RuntimeFile) else RuntimeFile.open(runtime_file)
+        self.device = torch.device(device)
+        if dtype is None:
+            dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        profile = runtime.runtime_profile
+        self.card = runtime.json("gen/card")
+        self.page_size, self.page_grant = profile["page_size"], profile["page_grant"]
+        self.seed = seed
+        self.tokenizer = Tokenizer.from_runtime(runtime)
+        self.model = Llama.from_runtime(runtime, self.device, dtype)
+        self.block_manager = BlockManager(profile["kv_pages"])
+        self.scheduler = Scheduler(self.block_manager, page_grant=self.page_grant, max_running=max_running)
+        self.runner = ModelRunner(self.model, num_pages=profile["kv_pages"], page_size=self.page_size,
+                                  max_batch=max_running, max_pages_per_seq=self.page_grant,
+                                  cuda_graphs=cuda_graphs and self.device.type == "cuda")
+        self.default_stop_ids = frozenset({self.card["eos_token_id"]} if self.card.get("eos_token_id") is not None
+                                          else ())
+        self._sequences: dict[object, Sequence] = {}
+        self._generated = 0
+
+    # ---- requests ---------------------------------------------------------------------------------
+
+    def submit(self, request_id, prompt_ids: list[int], *, max_new_tokens: int, temperature: float = 0.0,
+               top_p: float = 1.0, stop=(), page_limit: int | None = None, seed: int | None = None,
+               ignore_eos: bool = False) -> Sequence:
+        """Queue a request. `stop` holds token ids (int) and strings (str) that end it besides the model's EOS
+        (unless `ignore_eos`, which benchmarks use to generate exactly max_new_tokens).
+        `page_limit` defaults to the pages its prompt and max_new_tokens need, at most the page grant; it is
+        reserved whole at admission, and a request that reaches it finishes with "length"."""
+        if request_id in self._sequences:
+            raise EngineRefusal("duplicate_request", f"request {request_id!r} is already queued or running")
+        prompt_ids = [int(t) for t in prompt_ids]
+        if not prompt_ids:
+            raise EngineRefusal("empty_prompt", "the prompt has no tokens")
+        vocab = self.card["vocab_size"]
+        if not all(0 <= t < vocab for t in prompt_ids):
+            raise EngineRefusal("token_out_of_range", f"prompt token ids must lie in [0, {vocab})")
+        if type(max_new_tokens) is not int or max_new_tokens < 1:
+            raise EngineRefusal("invalid_max_new_tokens", f"max_new_tokens must be a positive integer, not {max_new_tokens!r}")
+        if not 0 <= temperature < float("inf"):
+            raise EngineRefusal("invalid_temperature", f"temperature must be finite and >= 0, not {temperature!r}")
+        if not 0 < top_p <= 1:
+            raise EngineRefusal("invalid_top_p", f"top_p must lie in (0, 1], not {top_p!r}")
+        if page_limit is None:
+            page_limit = min(pages_for(len(prompt_ids) + max_new_tokens - 1, self.page_size), self.page_grant)
+        if type(page_limit) is not int or page_limit < 1:
+            raise EngineRefusal("invalid_page_limit", f"page limit must be a positive integer, not {page_limit!r}")
+        capacity = min(page_limit * self.page_size, self.card["max_position_embeddings"])
+        if len(prompt_ids) > capacity:
+            raise EngineRefusal("prompt_exceeds_page_limit",
+                                f"a prompt of {len(prompt_ids)} tokens does not fit in {page_limit} pages "
+                                f"of {self.page_size} tokens (or the model's {self.card['max_position_embeddings']})")
+        stop_ids = frozenset(s for s in stop if isinstance(s, int))
+        stop_strings = tuple(s.encode("utf-8") for s in stop if isinstance(s, str) and s)
+        if seed is None:
+            # Derived from the engine seed and the request id, so a rerun reproduces every sampled request.
+            digest = hashlib.sha256(f"{self.seed}:{request_id!r}".encode()).digest()
+            seed = int.from_bytes(digest[:8], "little") >> 1
+        seq = Sequence(request_id, prompt_ids, max_new_tokens, page_limit, capacity, float(temperature), float(top_p),
+                       stop_ids if ignore_eos else self.default_stop_ids | stop_ids, stop_strings, seed)
+        self.scheduler.add(seq)  # raises EngineRefusal for a page limit above the pool or the grant
+        self._sequences[request_id] = seq
+        return seq
+
+    def cancel(self, request_id) -> bool:
+        """Stop a waiting or running request now and free its pages; False when it is unknown or already finished."""
+        seq = self._sequences.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.release(seq)
+        seq.finish(FINISH_CANCELLED)
+        return True
+
+    def get(self, request_id) -> Sequence | None:
+        return self._sequences.get(request_id)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._sequences)
+
+    @property
+    def pool(self) -> PoolStats:
+        running = self.scheduler.running
+        owned = self.block_manager.num_allocated
+        used = sum(pages_for(seq.num_cached, self.page_size) for seq in running)
+        return PoolStats(total=self.block_manager.num_pages, free=self.block_manager.num_free, owned=owned,
+                         used=used, reserved=owned - used, pending=self.scheduler.pending_pages,
+                         running=len(running), waiting=len(self.scheduler.waiting))
+
+    # ---- execution ----------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self) -> list[StepEvent]:
+        decoding = list(self.scheduler.running)
+        group = self.scheduler.admit()
+        for seq in group:
+            if seq.temperature > 0:
+                seq.generator = torch.Generator(device=self.device).manual_seed(seq.seed)
+        events = []
+        if decoding:
+            events += self._advance(decoding, self.runner.decode(decoding))
+        if group:
+            events += self._advance(group, self.runner.prefill(group))
+        return events
+
+    def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepEvent]:
+        tokens = sample(logits, [s.temperature for s in seqs], [s.top_p for s in seqs], [s.generator for s in seqs])
+        events = []
+        for seq, token in zip(seqs, tokens):
+            released, reason = seq.append(token, self.tokenizer.token_bytes(token))
+            if reason is not None:
+                self.scheduler.release(seq)
+                del self._sequences[seq.request_id]
+            events.append((seq.request_id, token, released, reason))
+        return events
+
+    def generate(self, prompts: list[list[int]], **settings) -> list[Sequence]:
+        """Run `prompts` (token ids) to completion together; keyword settings as for `submit`."""
+        seqs = []
+        for prompt in prompts:
+            self._generated += 1
+            seqs.append(self.submit(f"generate-{self._generated}", prompt, **settings))
+        while any(seq.status is not Status.FINISHED for seq in seqs):
+            self.step()
+        return seqs

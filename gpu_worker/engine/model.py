@@ -1,0 +1,165 @@
+"""The generation model: a LLaMA forward over the runtime file's tensors, attending through a paged KV pool.
+
+One function serves prefill and decode. Inputs are a padded batch `[B, Q]` of tokens with their
+positions; each token's key and value are written into the pool at its slot
+(`page * page_size + offset`), then every row gathers its keys and values through its block table
+and attends with a causal mask built from positions. Prefill is `Q` = longest prompt, decode is
+`Q = 1`; rows may be at any length. Padding tokens write to a scratch page no sequence owns and
+read at most position 0, so they never disturb a real row and never produce NaN.
+
+Weights follow docs/runtime-file.md: `(out, in)` matrices, Q/K rows in the `rotate_half` RoPE
+layout. Q, K and V are concatenated into one matrix, as are gate and up, so each layer runs three
+matrix products instead of seven; that matters most for small batches, where launch and
+dispatch overhead rivals the arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_card(cls, card: dict) -> "ModelConfig":
+        if card.get("architecture") != "llama":
+            raise ValueError(f"model architecture {card.get('architecture')!r} is not llama")
+        return cls(**{name: card[name] for name in cls.__dataclass_fields__})
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # In float32 whatever the compute dtype, as the reference implementation does.
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def rope_tables(config: ModelConfig, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin `[length, head_dim]` in float32 for the `rotate_half` layout (frequencies repeated twice)."""
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
+    angles = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x @ weight.T
+
+
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q `[B, Q, heads, D]`, keys and values `[B, L, kv_heads, D]`, mask `[B, 1, Q, L]` -> `[B, Q, heads * D]`.
+
+    The query heads that share a KV head are folded into the query dimension, so grouped-query
+    attention becomes plain attention over the KV heads: no copies of keys and values, and every
+    scaled_dot_product_attention backend (masks included) applies."""
+    batch, queries, heads, dim = q.shape
+    kv_heads = keys.shape[2]
+    group = heads // kv_heads
+    q = q.view(batch, queries, kv_heads, group, dim).permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, group * queries, dim)
+    out = F.scaled_dot_product_attention(q, keys.transpose(1, 2), values.transpose(1, 2),
+                                         attn_mask=mask.repeat(1, 1, group, 1))
+    out = out.view(batch, kv_heads, group, queries, dim).permute(0, 3, 1, 2, 4)
+    return out.reshape(batch, queries, heads * dim)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Layer:
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self.input_norm = tensors["input_layernorm"]
+        self.qkv = torch.cat([tensors["q_proj"], tensors["k_proj"], tensors["v_proj"]])
+        self.o = tensors["o_proj"]
+        self.post_norm = tensors["post_attention_layernorm"]
+        self.gate_up = torch.cat([tensors["gate_proj"], tensors["up_proj"]])
+        self.down = tensors["down_proj"]
+
+
+class Llama:
+    def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], device, dtype: torch.dtype):
+        self.config, self.device, self.dtype = config, torch.device(device), dtype
+
+        def weight(name):
+            return tensors[name].to(device=self.device, dtype=dtype)
+
+        self.embed = weight("embed_tokens")
+        self.norm = weight("norm")
+        self.lm_head = self.embed if config.tie_word_embeddings else weight("lm_head")
+        layer_keys = ("input_layernorm", "post_attention_layernorm", "q_proj", "k_proj", "v_proj", "o_proj",
+                      "gate_proj", "up_proj", "down_proj")
+        self.layers = [Layer({key: weight(f"layers.{i}.{key}") for key in layer_keys})
+                       for i in range(config.num_layers)]
+        cos, sin = rope_tables(config, config.max_position_embeddings, self.device)
+        # Cast like the reference does (float32 tables, rounded to the compute dtype at use).
+        self.cos, self.sin = cos.to(dtype), sin.to(dtype)
+
+    @classmethod
+    def from_runtime(cls, runtime, device="cpu", dtype: torch.dtype = torch.float32) -> "Llama":
+        config = ModelConfig.from_card(runtime.json("gen/card"))
+        prefix = "gen/tensor/"
+        tensors = {name[len(prefix):]: runtime.tensor(name) for name in runtime.names(prefix)}
+        return cls(config, tensors, device, dtype)
+
+    def new_kv_cache(self, num_pages: int, page_size: int) -> torch.Tensor:
+        """The paged KV pool: `[layers, 2 (k, v), num_pages, page_size, kv_heads, head_dim]`.
+
+        Zeroed, not empty: masked-out slots still enter the attention product with weight 0, and 0 * NaN
+        from uninitialised memory would be NaN."""
+        c = self.config
+        return torch.zeros(c.num_layers, 2, num_pages, page_size, c.num_kv_heads, c.head_dim,
+                           device=self.device, dtype=self.dtype)
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                 block_tables: torch.Tensor, kv_cache: torch.Tensor, last: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits `[B, V]` at index `last[b]` of each row, or `[B, Q, V]` at every position when `last` is None.
+
+        tokens, positions, slots: `[B, Q]` int64; block_tables: `[B, pages]` int64 page ids, enough pages
+        for the longest row (extra entries may name any page: the causal mask hides them)."""
+        c = self.config
+        batch, queries = tokens.shape
+        page_size = kv_cache.shape[3]
+        context = block_tables.shape[1] * page_size
+        # Key j is visible to a query at position p when j <= p: causal within the row and it hides the
+        # block-table padding beyond the row's length. Shared by every layer.
+        mask = (torch.arange(context, device=tokens.device) <= positions[..., None]).unsqueeze(1)
+        cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)
+        slots = slots.reshape(-1)
+
+        x = F.embedding(tokens, self.embed)
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
+            qkv = linear(h, layer.qkv).view(batch, queries, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+            q, k, v = qkv.split([c.num_heads, c.num_kv_heads, c.num_kv_heads], dim=2)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+
+            pool = kv_cache[i].view(2, -1, c.num_kv_heads, c.head_dim)  # [k/v, slot, kv_head, head_dim]
+            pool.index_copy_(1, slots, torch.stack((k, v)).view(2, -1, c.num_kv_heads, c.head_dim))
+            keys, values = kv_cache[i][:, block_tables].view(2, batch, context, c.num_kv_heads, c.head_dim)
+            x = x + linear(attention(q, keys, values, mask), layer.o)
+
+            h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
+            gate, up = linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + linear(F.silu(gate) * up, layer.down)
+
+        if last is not None:
+            x = x[torch.arange(batch, device=x.device), last]
+        return linear(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head)

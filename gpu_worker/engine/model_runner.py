@@ -1,0 +1,145 @@
+"""Turns scheduled sequences into model inputs over the paged KV pool and returns next-token logits.
+
+The pool has one page beyond the runtime profile's `kv_pages`: the scratch page. Padding tokens
+(short prompts in a prefill batch, empty rows of a CUDA-graph batch) write their keys and values
+there and their block tables point there, so padding never touches a page a sequence owns and the
+pool's accounting stays exactly the profile's.
+
+On CUDA the decode step is replayed from CUDA graphs. A decode step of a small model is hundreds
+of tiny kernels, and launching them one by one from Python costs more than running them; a graph
+launches them all at once. Graphs need fixed shapes, so batches are padded up to a batch-size bucket
+and block tables up to a page-count bucket, and one graph is captured per bucket pair on first use.
+CPU never takes that path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gpu_worker.engine.block_manager import pages_for
+from gpu_worker.engine.model import Llama
+from gpu_worker.engine.sequence import Sequence
+
+# Padded tokens per prefill forward: bounds the activation memory of a large admission group.
+PREFILL_TOKENS = 8192
+
+
+def _buckets(limit: int, small: tuple[int, ...]) -> list[int]:
+    return sorted({*(n for n in small if n < limit), limit})
+
+
+class ModelRunner:
+    def __init__(self, model: Llama, *, num_pages: int, page_size: int, max_batch: int, max_pages_per_seq: int,
+                 cuda_graphs: bool = False):
+        self.model = model
+        self.page_size = page_size
+        self.scratch_page = num_pages
+        self.kv_cache = model.new_kv_cache(num_pages + 1, page_size)
+        self.graphs = DecodeGraphs(self, max_batch, max_pages_per_seq) if cuda_graphs else None
+
+    def _tensors(self, *rows_of_rows) -> list[torch.Tensor]:
+        return [torch.tensor(rows, dtype=torch.int64).to(self.model.device, non_blocking=True) for rows in rows_of_rows]
+
+    def _slot(self, seq: Sequence, position: int) -> int:
+        return seq.pages[position // self.page_size] * self.page_size + position % self.page_size
+
+    def _table(self, seq: Sequence, pages: int) -> list[int]:
+        own = seq.pages[:pages]
+        return own + [self.scratch_page] * (pages - len(own))
+
+    def prefill_inputs(self, seqs: list[Sequence]) -> list[torch.Tensor]:
+        """tokens, positions, slots `[B, longest prompt]`, block tables `[B, pages]`, last `[B]`."""
+        width = max(len(seq.prompt_ids) for seq in seqs)
+        pages = pages_for(width, self.page_size)
+        scratch = self.scratch_page * self.page_size
+        tokens, positions, slots, tables, last = [], [], [], [], []
+        for seq in seqs:
+            n, pad = len(seq.prompt_ids), width - len(seq.prompt_ids)
+            tokens.append(seq.prompt_ids + [0] * pad)
+            positions.append(list(range(n)) + [0] * pad)
+            slots.append([self._slot(seq, p) for p in range(n)] + [scratch] * pad)
+            tables.append(self._table(seq, pages))
+            last.append(n - 1)
+        return self._tensors(tokens, positions, slots, tables, last)
+
+    def decode_inputs(self, seqs: list[Sequence], batch: int | None = None,
+                      pages: int | None = None) -> list[torch.Tensor]:
+        """tokens, positions, slots `[batch, 1]` and block tables `[batch, pages]` for each sequence's newest
+        token, padded with scratch rows up to `batch` rows and `pages` pages (default: just enough)."""
+        batch = batch or len(seqs)
+        pages = pages or max(pages_for(seq.length, self.page_size) for seq in seqs)
+        rows = [([seq.last_token], [seq.length - 1], [self._slot(seq, seq.length - 1)], self._table(seq, pages))
+                for seq in seqs]
+        rows += [([0], [0], [self.scratch_page * self.page_size], [self.scratch_page] * pages)] * (batch - len(seqs))
+        return self._tensors(*map(list, zip(*rows)))
+
+    def prefill(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Writes every prompt's keys and values; returns logits `[len(seqs), vocab]` after each prompt."""
+        logits, chunk, width = [], [], 0
+        for seq in seqs:
+            width = max(width, len(seq.prompt_ids))
+            if chunk and (len(chunk) + 1) * width > PREFILL_TOKENS:
+                logits.append(self._prefill(chunk))
+                chunk, width = [], len(seq.prompt_ids)
+            chunk.append(seq)
+        logits.append(self._prefill(chunk))
+        return torch.cat(logits)
+
+    def _prefill(self, seqs: list[Sequence]) -> torch.Tensor:
+        tokens, positions, slots, tables, last = self.prefill_inputs(seqs)
+        return self.model(tokens, positions, slots, tables, self.kv_cache, last=last)
+
+    def decode(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Writes each sequence's newest token; returns logits `[len(seqs), vocab]` for the token after it."""
+        if self.graphs is not None:
+            pages = max(pages_for(seq.length, self.page_size) for seq in seqs)
+            batch, pages = self.graphs.bucket(len(seqs), pages)
+            return self.graphs.replay(*self.decode_inputs(seqs, batch, pages))[:len(seqs)]
+        return self.model(*self.decode_inputs(seqs), self.kv_cache)[:, -1]
+
+
+class DecodeGraphs:
+    """CUDA graphs of the decode step, one per (batch bucket, page bucket), captured on first use."""
+
+    def __init__(self, runner: ModelRunner, max_batch: int, max_pages: int):
+        self.runner = runner
+        self.batch_sizes = _buckets(max_batch, (1, 2, 4, 8, *range(16, max_batch, 16)))
+        self.page_counts = _buckets(max_pages, tuple(2 ** i for i in range(max_pages.bit_length())))
+        device = runner.model.device
+        # Static inputs every graph reads; a graph for bucket (b, p) reads their leading [:b] rows, [:p] pages.
+        self.tokens = torch.zeros(max_batch, 1, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(max_batch, 1, dtype=torch.int64, device=device)
+        self.slots = torch.zeros(max_batch, 1, dtype=torch.int64, device=device)
+        self.tables = torch.zeros(max_batch, max_pages, dtype=torch.int64, device=device)
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = None  # one memory pool for all graphs: they never run at the same time
+
+    def bucket(self, batch: int, pages: int) -> tuple[int, int]:
+        return (next(b for b in self.batch_sizes if b >= batch), next(p for p in self.page_counts if p >= pages))
+
+    def replay(self, tokens, positions, slots, tables) -> torch.Tensor:
+        batch, pages = tables.shape
+        static = (self.tokens[:batch], self.positions[:batch], self.slots[:batch], self.tables[:batch, :pages])
+        for destination, source in zip(static, (tokens, positions, slots, tables)):
+            destination.copy_(source)
+        if (batch, pages) not in self.graphs:
+            self.graphs[batch, pages] = self._capture(static)
+        graph, logits = self.graphs[batch, pages]
+        graph.replay()
+        return logits
+
+    def _capture(self, static) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        model, kv_cache = self.runner.model, self.runner.kv_cache
+        # Warm up on a side stream first (as torch.cuda.graph expects), so kernel selection and lazy
+        # initialisation happen outside the capture. It computes this very step, so its writes are the
+        # same ones the replay makes.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            model(*static, kv_cache)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = model(*static, kv_cache)[:, -1]
+        self.pool = graph.pool()
+        return graph, logits

@@ -1,0 +1,82 @@
+"""The engine's own thread: the device's tick loop never waits on a forward pass.
+
+The tick loop hands requests over with submit/cancel (a queue); this thread runs engine steps
+while any request is waiting or running and delivers each step's events back to the tick loop
+with `deliver(events)` (the server passes loop.call_soon_threadsafe), so shared state is only
+ever touched on the tick loop's thread. Events are (request_id, token_id, bytes, finish) as the
+engine yields them; a refusal or a cancellation becomes an event with its finish reason too, so
+the tick loop learns every end in one place.
+"""
+import logging
+import queue
+import threading
+
+from .engine.scheduler import EngineRefusal
+
+log = logging.getLogger("gpu_worker.runner")
+
+
+class Runner:
+    def __init__(self, engine, deliver):
+        self.engine = engine
+        self.deliver = deliver
+        self.commands = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self.failure = None
+
+    def start(self):
+        self.thread.start()
+
+    def submit(self, request_id, prompt_ids, **settings):
+        self.commands.put(("submit", request_id, prompt_ids, settings))
+
+    def cancel(self, request_id, reason="cancelled"):
+        self.commands.put(("cancel", request_id, reason))
+
+    def stop(self):
+        self.commands.put(None)
+        self.thread.join(timeout=30)
+
+    def _apply(self, command, events):
+        kind, request_id = command[0], command[1]
+        if kind == "submit":
+            try:
+                self.engine.submit(request_id, command[2], **command[3])
+            except EngineRefusal as refusal:
+                log.warning("engine refused %r: %s", request_id, refusal)
+                events.append((request_id, None, b"", f"failed:{refusal.code}"))
+        elif self.engine.cancel(request_id):
+            events.append((request_id, None, b"", command[2]))
+
+    def _run(self):
+        try:
+            while True:
+                events = []
+                if self.engine.has_work:
+                    command = self._poll()
+                else:
+                    command = self.commands.get()
+                    command = _STOP if command is None else command
+                while command is not None:
+                    if command is _STOP:
+                        return
+                    self._apply(command, events)
+                    command = self._poll()
+                if self.engine.has_work:
+                    events += self.engine.step()
+                if events:
+                    self.deliver(events)
+        except BaseException as exc:  # the device stops: a restart marks unfinished inputs interrupted
+            log.exception("engine failed")
+            self.failure = exc
+            self.deliver([(None, None, b"", "engine_failed")])
+
+    def _poll(self):
+        try:
+            command = self.commands.get_nowait()
+        except queue.Empty:
+            return None
+        return _STOP if command is None else command
+
+
+_STOP = object()

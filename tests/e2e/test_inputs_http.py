@@ -1,0 +1,51 @@
+"""A conversation input through the real gateway and device (tiny random-weight model)."""
+import base64
+import json
+import secrets
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.harness import Stack
+
+pytestmark = pytest.mark.e2e
+BASE = "/aotx/v1/shared"
+
+
+def mutate(stack, token, path, fields):
+    me = json.loads(stack.http("GET", f"{BASE}/participant", token=token)[2])
+    body = {"schema": "aotx.shared.mutation.v1", "lineage": me["lineage"], "operation_key": secrets.token_hex(16),
+            "sequence": me["next_sequence"], **fields}
+    status, _, out = stack.http("POST", BASE + path, body, token=token)
+    return status, json.loads(out)
+
+
+def test_an_input_is_admitted_runs_and_reads_back(tiny_runtime, tmp_path):
+    stack = Stack(tmp_path, tiny_runtime)
+    try:
+        token = stack.principal("writer")
+        stack.boot_device()
+        stack.serve()
+        assert mutate(stack, token, "/participant", {})[0] == 202
+        space = mutate(stack, token, "/spaces", {})[1]["target"]
+        conversation = mutate(stack, token, f"/spaces/{space}/conversations", {})[1]["target"]
+        status, receipt = mutate(stack, token, f"/conversations/{conversation}/inputs",
+                                 {"text": "hello", "model": "tiny-llama", "max_output_tokens": 16})
+        assert status == 202 and receipt["kind"] == "conversation.input", receipt
+
+        def done():
+            out = json.loads(stack.http("GET", f"{BASE}/operations/{receipt['operation']}", token=token)[2])
+            return out if out["terminal"]["saved"] else None
+        final = wait_for(done, 60, interval=0.05, what="the input's terminal result")
+        assert final["terminal"]["status"] == "succeeded" and 1 <= final["result"]["output_tokens"] <= 16
+        status, _, body = stack.http("GET", f"{BASE}/operations/{receipt['operation']}/result?offset=0", token=token)
+        result = json.loads(body)
+        assert status == 200 and result["complete"] and len(base64.b64decode(result["bytes"])) == result["length"]
+        assert result["length"] == final["result"]["length"]
+        for bad in ({"text": "x", "model": "tiny-llama", "pages": 1.0}, {"text": "x", "model": "tiny-llama", "top_p": True},
+                    {"text": "<|image|>", "model": "tiny-llama"}, {"text": 1, "model": "tiny-llama"}):
+            assert mutate(stack, token, f"/conversations/{conversation}/inputs", bad)[0] == 400
+        status, _, body = stack.http("GET", f"{BASE}/operations/{receipt['operation']}/result?offset=-1", token=token)
+        assert status == 400 and json.loads(body)["error"]["code"] == "bad_offset"
+    finally:
+        stack.stop()

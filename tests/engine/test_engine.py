@@ -1,0 +1,84 @@
+"""The step loop on the tiny model: events, byte streams, stop conditions, greedy equivalence with transformers."""
+import pytest
+import torch
+
+from gpu_worker.engine import Engine, Status
+
+PROMPTS = [list(range(20, 40)), list(range(50, 58)), list(range(100, 145)), [7]]
+
+
+@pytest.fixture
+def engine(tiny_gen):
+    return Engine(tiny_gen)
+
+
+def test_each_step_yields_one_token_per_running_request(engine):
+    seqs = [engine.submit(f"r{i}", prompt, max_new_tokens=6 + i, ignore_eos=True) for i, prompt in enumerate(PROMPTS)]
+    streams = {seq.request_id: bytearray() for seq in seqs}
+    steps = 0
+    while engine.has_work:
+        events = engine.step()
+        steps += 1
+        ids = [event[0] for event in events]
+        assert len(ids) == len(set(ids))
+        for request_id, token, released, reason in events:
+            streams[request_id] += released
+    assert steps == 6 + len(PROMPTS) - 1
+    for seq in seqs:
+        assert (seq.status, seq.finish_reason) == (Status.FINISHED, "length")
+        assert bytes(streams[seq.request_id]) == bytes(seq.output_bytes)
+        assert bytes(seq.output_bytes) == engine.tokenizer.decode_bytes(seq.output_ids)
+    assert engine.pool.free == engine.pool.total
+
+
+def test_greedy_tokens_match_transformers_generate(engine, tiny_reference):
+    seqs = engine.generate(PROMPTS, max_new_tokens=20, ignore_eos=True)
+    for prompt, seq in zip(PROMPTS, seqs):
+        with torch.no_grad():
+            expected = tiny_reference.generate(torch.tensor([prompt]), max_new_tokens=20, min_new_tokens=20,
+                                               do_sample=False)[0, len(prompt):].tolist()
+        assert seq.output_ids == expected
+
+
+def test_a_stop_string_ends_the_request_before_it(engine):
+    # Sampled hot with a fixed seed: the tiny model's greedy output only repeats one token.
+    prompt = engine.tokenizer.encode("The capital of France is")
+    settings = dict(max_new_tokens=12, ignore_eos=True, temperature=30.0, seed=5)
+    [free] = engine.generate([prompt], **settings)
+    text = bytes(free.output_bytes)
+    stop = engine.tokenizer.decode_bytes(free.output_ids[4:6]).decode("utf-8", errors="ignore")
+    assert stop.strip()
+    [stopped] = engine.generate([prompt], stop=(stop,), **settings)
+    assert stopped.finish_reason == "stop"
+    assert bytes(stopped.output_bytes) == text[:text.find(stop.encode())]
+
+
+def test_a_stop_token_ends_the_request_without_its_bytes(engine):
+    settings = dict(max_new_tokens=8, ignore_eos=True, temperature=30.0, seed=5)
+    [free] = engine.generate([PROMPTS[0]], **settings)
+    stop_token = free.output_ids[3]
+    [stopped] = engine.generate([PROMPTS[0]], stop=(stop_token,), **settings)
+    first = free.output_ids.index(stop_token)
+    assert first > 0
+    assert stopped.output_ids == free.output_ids[:first + 1] and stopped.finish_reason == "stop"
+    assert bytes(stopped.output_bytes) == engine.tokenizer.decode_bytes(free.output_ids[:first])
+
+
+def test_the_models_eos_stops_by_default(engine):
+    seq = engine.submit("a", PROMPTS[0], max_new_tokens=5)
+    assert engine.card["eos_token_id"] in seq.stop_token_ids
+    assert engine.card["eos_token_id"] not in engine.submit("b", PROMPTS[0], max_new_tokens=5,
+                                                            ignore_eos=True).stop_token_ids
+
+
+def test_a_request_submitted_while_others_run_joins_the_next_step(tiny_gen, engine):
+    first = engine.submit("a", PROMPTS[0], max_new_tokens=10, ignore_eos=True)
+    engine.step()
+    engine.step()
+    late = engine.submit("b", PROMPTS[1], max_new_tokens=3, ignore_eos=True)
+    assert {event[0] for event in engine.step()} == {"a", "b"}
+    while engine.has_work:
+        engine.step()
+    [alone] = Engine(tiny_gen).generate([PROMPTS[1]], max_new_tokens=3, ignore_eos=True)
+    [first_alone] = Engine(tiny_gen).generate([PROMPTS[0]], max_new_tokens=10, ignore_eos=True)
+    assert (late.output_ids, first.output_ids) == (alone.output_ids, first_alone.output_ids)

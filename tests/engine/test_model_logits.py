@@ -1,0 +1,143 @@
+"""The engine's forward against transformers' LlamaForCausalLM holding the same weights (float32, CPU).
+
+Tolerance: max |ours - reference| <= 1e-4 x max |reference logit|. Measured on the development
+machine (worst over each test's steps): tiny model 5.3e-7 relative, SmolLM2-135M 2.2e-6 relative
+(about 8e-5 absolute on logits of scale ~37). The bound leaves a factor of 45 of headroom, while a
+wrong RoPE, norm, mask or page lookup shows up as differences of order 1.
+"""
+import pytest
+import torch
+
+from gpu_worker.engine import Engine
+
+RELATIVE_TOLERANCE = 1e-4
+
+
+def assert_logits_close(ours, reference):
+    scale = reference.abs().max().item()
+    diff = (ours - reference).abs().max().item()
+    assert diff <= RELATIVE_TOLERANCE * scale, f"max abs diff {diff:.3g} on logits of scale {scale:.3g}"
+
+
+def admit(engine, prompts):
+    """Sequences admitted (pages allocated) but not yet run, so the test drives the runner itself."""
+    seqs = [engine.submit(f"r{i}", prompt, max_new_tokens=1000, ignore_eos=True) for i, prompt in enumerate(prompts)]
+    assert engine.scheduler.admit() == seqs
+    return seqs
+
+
+def reference_logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0]
+
+
+def prompts_for(vocab, lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+@torch.inference_mode()
+def check_prefill_then_decode(runtime, reference, prompt_len, decode_steps):
+    """Prefill one prompt, then feed `decode_steps` further tokens one decode step at a time."""
+    engine = Engine(runtime)
+    assert engine.page_size == 16 and prompt_len + decode_steps > 2 * 16  # crosses at least two page boundaries
+    [ids] = prompts_for(engine.card["vocab_size"], [prompt_len + decode_steps])
+    expected = reference_logits(reference, ids)
+    [seq] = admit(engine, [ids[:prompt_len]])
+    assert_logits_close(engine.runner.prefill([seq])[0], expected[prompt_len - 1])
+    for position in range(prompt_len, prompt_len + decode_steps):
+        seq.append(ids[position], b"")
+        assert_logits_close(engine.runner.decode([seq])[0], expected[position])
+
+
+@torch.inference_mode()
+def check_batch_matches_each_alone(runtime, reference, lengths, decode_steps):
+    """Prompts of different lengths prefilled and decoded together give each one's logits alone (and the reference's)."""
+    engine = Engine(runtime)
+    vocab = engine.card["vocab_size"]
+    prompts = prompts_for(vocab, lengths, seed=1)
+    continuations = prompts_for(vocab, [decode_steps] * len(lengths), seed=2)
+    together = admit(engine, prompts)
+    batched = [engine.runner.prefill(together)]
+    for step in range(decode_steps):
+        for seq, continuation in zip(together, continuations):
+            seq.append(continuation[step], b"")
+        batched.append(engine.runner.decode(together))
+    for i, (prompt, continuation) in enumerate(zip(prompts, continuations)):
+        alone_engine = Engine(runtime)
+        [alone] = admit(alone_engine, [prompt])
+        alone_logits = [alone_engine.runner.prefill([alone])[0]]
+        for token in continuation:
+            alone.append(token, b"")
+            alone_logits.append(alone_engine.runner.decode([alone])[0])
+        expected = reference_logits(reference, prompt + continuation)[len(prompt) - 1:]
+        for step, logits in enumerate(batched):
+            assert_logits_close(logits[i], alone_logits[step])
+            assert_logits_close(logits[i], expected[step])
+
+
+# ---- tiny random model ----------------------------------------------------------------------------
+
+@torch.inference_mode()
+def test_prefill_logits_at_every_position_match_transformers(tiny_gen, tiny_reference):
+    engine = Engine(tiny_gen)
+    [ids] = prompts_for(engine.card["vocab_size"], [70])
+    [seq] = admit(engine, [ids])
+    tokens, positions, slots, tables, _ = engine.runner.prefill_inputs([seq])
+    ours = engine.model(tokens, positions, slots, tables, engine.runner.kv_cache)[0]
+    assert_logits_close(ours, reference_logits(tiny_reference, ids))
+
+
+def test_decode_through_the_paged_pool_matches_transformers_across_pages(tiny_gen, tiny_reference):
+    check_prefill_then_decode(tiny_gen, tiny_reference, prompt_len=13, decode_steps=40)
+
+
+def test_a_batch_of_different_lengths_matches_each_sequence_alone(tiny_gen, tiny_reference):
+    check_batch_matches_each_alone(tiny_gen, tiny_reference, lengths=[5, 16, 17, 40], decode_steps=20)
+
+
+@torch.inference_mode()
+def test_decode_padded_to_a_cuda_graph_bucket_gives_the_same_logits(tiny_gen):
+    """The fixed-shape inputs CUDA graphs replay (scratch rows and pages) run eagerly here on CPU."""
+    engine = Engine(tiny_gen)
+    seqs = admit(engine, prompts_for(engine.card["vocab_size"], [3, 20, 33]))
+    engine.runner.prefill(seqs)
+    for seq in seqs:
+        seq.append(7, b"")
+    kv_cache = engine.runner.kv_cache
+    before = kv_cache.clone()
+    exact = engine.runner.decode(seqs)
+    exact_cache = kv_cache.clone()
+    kv_cache.copy_(before)
+    padded = engine.model(*engine.runner.decode_inputs(seqs, batch=8, pages=8), kv_cache)[:, -1]
+    assert padded.shape[0] == 8
+    assert_logits_close(padded[:3], exact)
+    # Padding rows wrote only to the scratch page: pages nobody owns are untouched, owned pages hold
+    # what the unpadded step wrote.
+    owned = [page for seq in seqs for page in seq.pages]
+    unowned = [page for page in range(engine.runner.scratch_page) if page not in owned]
+    assert torch.equal(kv_cache[:, :, unowned], before[:, :, unowned])
+    assert torch.allclose(kv_cache[:, :, owned], exact_cache[:, :, owned], atol=1e-5)
+
+
+# ---- SmolLM2-135M-Instruct ------------------------------------------------------------------------
+
+@pytest.mark.real_model
+@torch.inference_mode()
+def test_real_model_prefill_logits_match_transformers(real_gen, real_reference):
+    engine = Engine(real_gen)
+    ids = engine.tokenizer.encode_chat([{"role": "user", "content": "What is the capital of France?"}])
+    [seq] = admit(engine, [ids])
+    tokens, positions, slots, tables, _ = engine.runner.prefill_inputs([seq])
+    ours = engine.model(tokens, positions, slots, tables, engine.runner.kv_cache)[0]
+    assert_logits_close(ours, reference_logits(real_reference, ids))
+
+
+@pytest.mark.real_model
+def test_real_model_decode_through_the_paged_pool_matches_transformers(real_gen, real_reference):
+    check_prefill_then_decode(real_gen, real_reference, prompt_len=20, decode_steps=16)
+
+
+@pytest.mark.real_model
+def test_real_model_batch_of_different_lengths_matches_each_alone(real_gen, real_reference):
+    check_batch_matches_each_alone(real_gen, real_reference, lengths=[7, 18, 33], decode_steps=4)

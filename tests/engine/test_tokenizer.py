@@ -1,0 +1,113 @@
+import pytest
+from tokenizers import Tokenizer as HFTokenizer
+
+from gpu_worker.engine import Tokenizer
+
+MIXED_TEXT = "Grüße aus Köln — 東京で2026年に会いましょう 🙂👍🏽 naïve café ½ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢\n\ttabs"
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "You answer in one word."}, {"role": "user", "content": "Capital of Peru?"}],
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! 🙂"},
+     {"role": "user", "content": "Count to 3: 1 2 3"}],
+]
+
+# Exercises what transformers' environment adds to plain Jinja: trim/lstrip blocks, tojson without HTML
+# escaping, loop controls, raise_exception, the {% generation %} tag and the special-token variables.
+FEATURE_TEMPLATE = """{{ bos_token }}
+{% for message in messages %}
+    {% if message['role'] == 'tool' %}{{ raise_exception('no tools') }}{% endif %}
+    {% if loop.index > 3 %}{% break %}{% endif %}
+    {% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] }}{{ eos_token }}{% endgeneration %}
+    {% else %}{{ message['role'] }}: {{ message | tojson }}
+    {% endif %}
+{% endfor %}
+{% if add_generation_prompt %}assistant:{% endif %}"""
+
+
+def tokenizers(runtime, template=None):
+    """Ours and transformers' PreTrainedTokenizerFast over the same tokenizer JSON and template."""
+    from transformers import PreTrainedTokenizerFast
+
+    ours = Tokenizer.from_runtime(runtime)
+    if template is not None:
+        ours = Tokenizer(runtime.bytes("gen/tokenizer").tobytes().decode(), template, vocab_size=ours.vocab_size,
+                         bos_token_id=ours.bos_token_id, eos_token_id=ours.eos_token_id)
+    raw = HFTokenizer.from_str(runtime.bytes("gen/tokenizer").tobytes().decode())
+    theirs = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token=raw.id_to_token(ours.bos_token_id),
+                                     eos_token=raw.id_to_token(ours.eos_token_id))
+    theirs.chat_template = template or runtime.text("gen/chat_template")
+    return ours, theirs
+
+
+def check_chat_template_matches_transformers(runtime, template=None):
+    ours, theirs = tokenizers(runtime, template)
+    for messages in CONVERSATIONS:
+        for add_generation_prompt in (True, False):
+            expected = theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+            assert ours.apply_chat_template(messages, add_generation_prompt=add_generation_prompt) == expected
+        expected_ids = theirs.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+        assert ours.encode_chat(messages) == expected_ids
+
+
+def check_token_bytes_are_exact(tokenizer):
+    ids = tokenizer.encode(MIXED_TEXT)
+    pieces = [tokenizer.token_bytes(i) for i in ids]
+    assert b"".join(pieces) == MIXED_TEXT.encode("utf-8")
+    assert tokenizer.decode(ids) == MIXED_TEXT
+
+    def is_utf8(raw):
+        try:
+            raw.decode("utf-8")
+            return True
+        except UnicodeDecodeError:
+            return False
+    # The point of token bytes: some tokens hold only part of a character.
+    assert not all(is_utf8(piece) for piece in pieces)
+
+
+def test_2026_is_four_tokens(tiny_gen):
+    tokenizer = Tokenizer.from_runtime(tiny_gen)
+    assert len(tokenizer.encode("2026")) == 4
+    assert [tokenizer.token_bytes(i) for i in tokenizer.encode("2026")] == [b"2", b"0", b"2", b"6"]
+
+
+def test_token_bytes_concatenate_to_the_utf8_text_even_inside_characters(tiny_gen):
+    check_token_bytes_are_exact(Tokenizer.from_runtime(tiny_gen))
+
+
+def test_special_tokens_stand_for_their_text(tiny_gen):
+    tokenizer = Tokenizer.from_runtime(tiny_gen)
+    assert tokenizer.token_bytes(tokenizer.eos_token_id) == b"<|im_end|>"
+    assert tokenizer.encode("<|im_start|>user")[0] == tokenizer.bos_token_id
+
+
+def test_the_chat_template_renders_as_transformers_renders_it(tiny_gen):
+    check_chat_template_matches_transformers(tiny_gen)
+
+
+def test_transformers_template_extensions_render_the_same(tiny_gen):
+    check_chat_template_matches_transformers(tiny_gen, FEATURE_TEMPLATE)
+
+
+def test_a_template_error_is_raised(tiny_gen):
+    import jinja2
+
+    ours, _ = tokenizers(tiny_gen, FEATURE_TEMPLATE)
+    with pytest.raises(jinja2.exceptions.TemplateError, match="no tools"):
+        ours.apply_chat_template([{"role": "tool", "content": "x"}])
+
+
+@pytest.mark.real_model
+def test_real_tokenizer_splits_2026_into_four_digits(real_gen):
+    assert len(Tokenizer.from_runtime(real_gen).encode("2026")) == 4
+
+
+@pytest.mark.real_model
+def test_real_token_bytes_concatenate_to_the_utf8_text(real_gen):
+    check_token_bytes_are_exact(Tokenizer.from_runtime(real_gen))
+
+
+@pytest.mark.real_model
+def test_real_chat_template_renders_as_transformers_renders_it(real_gen):
+    check_chat_template_matches_transformers(real_gen)

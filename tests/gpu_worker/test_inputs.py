@@ -1,0 +1,185 @@
+"""Conversation inputs at the device with the real engine (tiny random weights): admission,
+lease, output and completion transfers, result reads by offset, cancellation, deadline, and
+interrupted after a restart."""
+import base64
+import collections
+import queue
+import time
+
+import pytest
+
+from gpu_worker.engine.engine import Engine
+from gpu_worker.journal import TransferKind, recover
+from gpu_worker.leases import decode as decode_lease
+from gpu_worker.pack import pack_tiny
+from gpu_worker.runner import Runner
+from tests.gpu_worker.test_shared_state import World, code
+
+
+class EngineWorld(World):
+    def __init__(self, runtime, tmp_path, names):
+        super().__init__(runtime, tmp_path, names)
+        self.events = queue.SimpleQueue()
+        self.attach()
+
+    def attach(self):
+        self.device.runner = Runner(Engine(self.runtime, "cpu"), self.events.put)
+        self.device.runner.start()
+
+    def boot(self):
+        if self.device is not None and self.device.runner is not None:
+            self.device.runner.stop()
+        super().boot()
+
+    def pump(self, until, timeout=60):
+        """Run ticks and feed engine events until `until()` holds."""
+        deadline = time.monotonic() + timeout
+        while not until():
+            assert time.monotonic() < deadline, "timed out pumping the device"
+            try:
+                self.device.engine_events(self.events.get(timeout=0.02))
+            except queue.Empty:
+                pass
+            self.device.check_deadlines()
+            self.device.tick(collections.deque())
+
+    def conversation(self, name):
+        space = self.space(name)
+        status, receipt = self.mutate(name, "conversations.create", f"/spaces/{space}/conversations", {})
+        assert status == 202
+        return space, receipt["target"]
+
+    def say(self, name, conversation, text, **fields):
+        return self.mutate(name, "conversations.input", f"/conversations/{conversation}/inputs",
+                           {"text": text, "model": "tiny-llama", **fields}, extra={"conversation": conversation})
+
+    def finished(self, name, op):
+        return lambda: self.read(name, "operations.get", operation=op)[1]["terminal"]["saved"]
+
+
+@pytest.fixture
+def runtime(tmp_path):
+    path = str(tmp_path / "engine.aotxccir")
+    pack_tiny(path, shared=True, runtime_profile={"kv_pages": 64, "page_grant": 16, "deadline_ms": 60000})
+    return path
+
+
+@pytest.fixture
+def world(runtime, tmp_path):
+    w = EngineWorld(runtime, tmp_path, ["a", "b"])
+    yield w
+    if w.device.runner is not None:
+        w.device.runner.stop()
+    w.device.close()
+
+
+def test_an_input_runs_and_its_result_reads_back_exactly_by_offset(world):
+    space, conversation = world.conversation("a")
+    status, receipt = world.say("a", conversation, "hello there", max_output_tokens=20)
+    assert status == 202 and receipt["kind"] == "conversation.input" and receipt["target"] == conversation
+    assert receipt["terminal"]["saved"] is False and receipt["effective"]["page_limit"] == "16"
+    assert receipt["effective"]["model_digest"] == world.device.model_digest
+    world.pump(world.finished("a", receipt["operation"]))
+    done = world.read("a", "operations.get", operation=receipt["operation"])[1]
+    assert done["terminal"]["status"] == "succeeded" and done["result"]["finish"] in ("stop", "length")
+    assert done["result"]["output_tokens"] >= 1 and done["result"]["input_tokens"] > 3
+    whole = world.read("a", "operations.result", operation=receipt["operation"])[1]
+    data = base64.b64decode(whole["bytes"])
+    assert whole["length"] == len(data) == done["result"]["length"] and whole["next_offset"] == len(data)
+    for offset in range(len(data) + 1):
+        part = world.read("a", "operations.result", operation=receipt["operation"], offset=offset)[1]
+        assert base64.b64decode(part["bytes"]) == data[offset:]
+        try:
+            expected = data[offset:].decode("utf-8")
+        except UnicodeDecodeError:
+            expected = None
+        assert part["text"] == expected
+    transfers = recover(world.journal, world.device.fs, world.device.incarnation).transfers
+    kinds = [t.kind for t in transfers]
+    assert TransferKind.LEASE in kinds and TransferKind.OUTPUT in kinds and TransferKind.COMPLETION in kinds
+    lease = next(t for t in transfers if t.kind == TransferKind.LEASE)
+    revision, rows = decode_lease(lease.payload)
+    assert revision == 3 and rows[0].retention_mode == 1 and rows[0].sequence == int(receipt["sequence"])
+    world.member("a", space, "b", ["read"])
+    other = world.read("b", "operations.result", operation=receipt["operation"])[1]
+    assert other["bytes"] == whole["bytes"]
+    world.boot()
+    world.attach()
+    again = world.read("a", "operations.get", operation=receipt["operation"])[1]
+    assert again == done
+
+
+def test_inputs_are_refused_precisely_before_anything_is_admitted(world):
+    _, conversation = world.conversation("a")
+    before = world.read("a", "participant.get")[1]
+    assert code(world.say("a", conversation, "x", pages=17)) == (409, "page_limit_exceeds_grant")
+    assert code(world.say("a", conversation, "x", model="gpt-9")) == (409, "model_not_available")
+    assert code(world.say("a", conversation, "", media=[])) == (400, "bad_field")
+    assert code(world.say("a", conversation, "x" * 1977, media=[{"type": "image", "sha256": "a" * 64}])) == \
+        (400, "input_too_large")
+    assert code(world.say("a", conversation, "see", media=[{"type": "image", "sha256": "a" * 64}])) == \
+        (404, "media_not_found")
+    assert code(world.say("b", conversation, "not mine")) == (404, "conversation_not_found")
+    assert world.read("a", "participant.get")[1] == before
+
+
+def slow_engine(world, seconds=0.02):
+    """Each engine step takes at least `seconds`, so a test can act while generation runs."""
+    engine = world.device.runner.engine
+    step = engine.step
+    engine.step = lambda: (time.sleep(seconds), step())[1]
+
+
+def test_cancellation_stops_generation_and_keeps_what_was_saved(world):
+    _, conversation = world.conversation("a")
+    slow_engine(world)
+    status, receipt = world.say("a", conversation, "count", max_output_tokens=120, temperature=1.0)
+    world.pump(lambda: world.device.executions and world.device.runner.engine.pool.owned)
+    status, cancel = world.mutate("a", "cancellations.record", "/cancellations",
+                                  {"target_sequence": receipt["sequence"]})
+    assert status == 202 and cancel["target"] == receipt["operation"] and cancel["kind"] == "cancellation"
+    world.pump(world.finished("a", receipt["operation"]))
+    done = world.read("a", "operations.get", operation=receipt["operation"])[1]
+    assert done["terminal"]["status"] == "cancelled" and done["result"]["finish"] == "cancelled"
+    world.pump(lambda: world.device.runner.engine.pool.owned == 0)  # its pages go back to the pool
+    assert code(world.mutate("a", "cancellations.record", "/cancellations",
+                             {"target_sequence": receipt["sequence"]})) == (409, "already_finished")
+
+
+def test_a_passed_deadline_stops_the_input_and_its_result_reads_504(world):
+    _, conversation = world.conversation("a")
+    slow_engine(world)
+    _, receipt = world.say("a", conversation, "slow", max_output_tokens=120, temperature=1.0)
+    world.pump(lambda: world.device.executions and world.device.runner.engine.pool.owned)
+    for execution in world.device.executions.values():
+        execution.deadline_ns = 0  # the deadline passes now
+    world.pump(world.finished("a", receipt["operation"]))
+    assert world.read("a", "operations.get", operation=receipt["operation"])[1]["terminal"]["status"] == \
+        "deadline_exceeded"
+    assert code(world.read("a", "operations.result", operation=receipt["operation"])) == (504, "deadline_exceeded")
+    world.pump(lambda: world.device.runner.engine.pool.owned == 0)  # its pages go back to the pool
+
+
+def test_an_unfinished_input_becomes_interrupted_after_a_restart_and_never_runs(world):
+    _, conversation = world.conversation("a")
+    world.device.runner.stop()
+    world.device.runner = None  # admitted and saved, never leased
+    status, receipt = world.say("a", conversation, "lost", max_output_tokens=8)
+    assert status == 202, receipt
+    world.boot()
+    world.attach()
+    done = world.read("a", "operations.get", operation=receipt["operation"])[1]
+    assert done["terminal"]["status"] == "interrupted" and done["result"]["length"] == 0
+    world.pump(lambda: True)
+    assert not world.device.executions and not world.device.to_lease
+
+
+def test_the_conversation_context_carries_earlier_turns(world):
+    _, conversation = world.conversation("a")
+    _, first = world.say("a", conversation, "first", max_output_tokens=8)
+    world.pump(world.finished("a", first["operation"]))
+    _, second = world.say("a", conversation, "second", max_output_tokens=8)
+    world.pump(world.finished("a", second["operation"]))
+    one = world.read("a", "operations.get", operation=first["operation"])[1]["result"]["input_tokens"]
+    two = world.read("a", "operations.get", operation=second["operation"])[1]["result"]["input_tokens"]
+    assert two > one + 8
