@@ -2,9 +2,13 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularJSONAPIView
 
+from shared_api import openai_views
+
 urlpatterns = [
     path("aotx/v1/shared/", include("shared_api.urls")),
     path("aotx/v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
+    path("v1/chat/completions", openai_views.chat_completions),
+    path("v1/models", openai_views.models),
     path("admin/", admin.site.urls),
 ]
 handler404 = "shared_api.errors.not_found"

@@ -22,6 +22,7 @@ from .kinds import KIND_NAMES, Kind
 from .journal import (MAX_RECORDS_PER_TICK, JournalIOError, JournalLock, JournalWriter, TransferKind,
                       record_count, recover)
 from .protocol import DeviceError, RawJSON, dumps, reply
+from .chat import ChatCommands
 from .inputs import ENGINE_RECORDS_PER_TICK, FINISH_NAMES, InputCommands
 from .spaces import SpaceCommands
 from .tables import Finish, P, R, Source, Tables, Terminal, join16, split16
@@ -71,7 +72,7 @@ class DeviceBootError(Exception):
 
 
 
-class Device(SpaceCommands, InputCommands):
+class Device(SpaceCommands, InputCommands, ChatCommands):
     def __init__(self, runtime, journal_dir, grants, *, device="cpu", fs=None, serve=True):
         """serve=False opens the state for an offline command (checkpoint): no grant check,
         no boot recorded."""
@@ -165,6 +166,7 @@ class Device(SpaceCommands, InputCommands):
         self.free_receipts = t.unused_rows(t.receipts)
         self.init_spaces()
         self.init_inputs()
+        self.init_chat()
         self._on_saved = {}         # journal transfer seq -> what to apply once it is saved
         self._cancel_when_leased = set()
         self._admission_deferred = False
@@ -323,6 +325,12 @@ class Device(SpaceCommands, InputCommands):
         while inbox:
             conn, msg = inbox[0]
             handler = MUTATIONS.get(msg.get("op"))
+            if msg.get("op") == "chat.completions":  # answered later, from the engine's events
+                inbox.popleft()
+                refusal = self.start_chat(conn, msg)
+                if refusal is not None:
+                    replies.append((conn, refusal))
+                continue
             if handler is None:
                 inbox.popleft()
                 if waiting:
@@ -810,6 +818,7 @@ READS = {
     "operations.list": Device.list_operations,
     "operations.get": Device.get_operation,
     "operations.result": Device.read_result,
+    "models.list": Device.list_models,
     "spaces.list": Device.list_spaces,
     "spaces.get": Device.get_space,
     "members.list": Device.list_members,

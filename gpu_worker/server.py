@@ -30,6 +30,9 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport):
         self.transport = transport
 
+    def connection_lost(self, exc):
+        self.server.device.connection_closed(self)
+
     def data_received(self, data):
         try:
             msgs = self.frames.feed(data)
@@ -67,12 +70,7 @@ class Server:
             self.failure = exc
             self.loop.stop()
             return
-        by_conn = {}
-        for conn, msg in replies:
-            by_conn.setdefault(conn, []).append(encode_frame(msg))
-        for conn, frames in by_conn.items():
-            if not conn.transport.is_closing():
-                conn.transport.write(b"".join(frames))
+        self._send(replies)
         if self.inbox or self.device.internal_work:  # what did not fit this tick's record budget
             self._scheduled = True
             self.loop.call_soon(self._tick)
@@ -101,7 +99,18 @@ class Server:
             self.failure = exc
             self.loop.stop()
             return
+        self._send(self.device.outbox)
+        self.device.outbox = []
         self._schedule_if_work()
+
+    @staticmethod
+    def _send(replies):
+        by_conn = {}
+        for conn, msg in replies:
+            by_conn.setdefault(conn, []).append(encode_frame(msg))
+        for conn, frames in by_conn.items():
+            if not conn.transport.is_closing():
+                conn.transport.write(b"".join(frames))
 
     def deliver(self, events):
         self.loop.call_soon_threadsafe(self.engine_events, events)

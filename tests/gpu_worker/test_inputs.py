@@ -183,3 +183,23 @@ def test_the_conversation_context_carries_earlier_turns(world):
     one = world.read("a", "operations.get", operation=first["operation"])[1]["result"]["input_tokens"]
     two = world.read("a", "operations.get", operation=second["operation"])[1]["result"]["input_tokens"]
     assert two > one + 8
+
+
+def test_inputs_beyond_the_page_budget_wait_and_share_the_pool_with_chat(world):
+    _, conversation = world.conversation("a")
+    slow_engine(world, 0.01)
+    # kv_pages 64; every request reserves its whole page limit up front (an input: 16)
+    chat = world.device.start_chat("chat-conn", {"id": 99, "principal": world.principals["a"], "args": {
+        "model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}})
+    assert chat is None
+    receipts = [world.say("a", conversation, f"input {i}", max_output_tokens=100, temperature=1.0)[1]
+                for i in range(4)]
+    engine = world.device.runner.engine
+    seen = []
+    world.pump(lambda: seen.append(engine.pool) or (engine.pool.running == 4 and engine.pool.waiting >= 1))
+    # the chat and three inputs own the pool; the fourth input's 16 pages do not fit, so it waits
+    assert engine.pool.pending == 16 and engine.pool.owned + 16 > engine.pool.total
+    world.pump(lambda: all(world.read("a", "operations.get", operation=r["operation"])[1]["terminal"]["saved"]
+                           for r in receipts), timeout=120)
+    assert max(p.running for p in seen) == 4 and engine.pool.owned == 0
+    assert any(reply["id"] == 99 for _, reply in world.device.outbox)
