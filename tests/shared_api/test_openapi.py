@@ -145,7 +145,11 @@ def test_every_operation_documents_auth_errors_and_the_error_body(schema):
             assert re.fullmatch(body["properties"]["sequence"]["pattern"].strip("^$"), "12"), where
 
 
-SOURCES = [*sorted((ROOT / "gpu_worker").glob("*.py")), *sorted((ROOT / "shared_api").glob("*.py"))]
+# The OpenAI-compatible routes (/v1/chat/completions, /v1/models) follow OpenAI's API reference and
+# error shape, not this document: their modules are not scanned.
+OPENAI_COMPATIBLE = {"chat.py", "openai_views.py"}
+SOURCES = [path for path in (*sorted((ROOT / "gpu_worker").glob("*.py")), *sorted((ROOT / "shared_api").glob("*.py")))
+           if path.name not in OPENAI_COMPATIBLE]
 RAISED = re.compile(r"\b(?:DeviceError|ApiError|error_response)\(\s*(\d{3}),\s*\"([a-z0-9_]+)\"")
 
 
