@@ -125,6 +125,7 @@ SPECTACULAR_SETTINGS = {
 AOTX_GATEWAY_CONFIG = os.environ.get("AOTX_GATEWAY_CONFIG", str(VAR_DIR / "gateway.json"))
 AOTX_DEVICE_TIMEOUT = float(os.environ.get("AOTX_DEVICE_TIMEOUT", "30"))
 AOTX_MAX_BODY_BYTES = 65536
+DATA_UPLOAD_MAX_MEMORY_SIZE = (8 << 20) + 4096  # media uploads (PUT /aotx/v1/media/{sha256})
 
 LOGGING = {
     "version": 1,

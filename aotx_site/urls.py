@@ -3,9 +3,11 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularJSONAPIView
 
 from shared_api import openai_views
+from shared_api.views import MediaView
 
 urlpatterns = [
     path("aotx/v1/shared/", include("shared_api.urls")),
+    path("aotx/v1/media/<str:sha256>", MediaView.as_view()),
     path("aotx/v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
     path("v1/chat/completions", openai_views.chat_completions),
     path("v1/models", openai_views.models),

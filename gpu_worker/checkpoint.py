@@ -45,6 +45,8 @@ def encode_state(device, last_seq, last_digest, generation):
         "version": STATE_VERSION, "generation": generation, "last_seq": last_seq, "last_digest": last_digest,
         "admissions": device.admissions, "boot": device.boot, "last_boot_ns": device.last_boot_ns,
         "tables": tables, "digests": digests, "commands": commands, "results": results,
+        "media": {sha: [entry["length"], entry["type"], [device.participant_ids[p][2] for p in sorted(entry["owners"])]]
+                  for sha, entry in device.media.items()},
         "written_ns": time.time_ns(),
     }, use_bin_type=True)
 
@@ -80,7 +82,7 @@ def load_state(device, blob):
     device.admissions = state["admissions"]
     device.boot = state["boot"]
     device.last_boot_ns = state["last_boot_ns"]
-    return state["last_seq"], state["last_digest"], state["generation"]
+    return state["last_seq"], state["last_digest"], state["generation"], state.get("media", {})
 
 
 def audit_blob(transfers):

@@ -23,7 +23,7 @@ from .journal import (MAX_RECORDS_PER_TICK, JournalIOError, JournalLock, Journal
                       record_count, recover)
 from .protocol import DeviceError, RawJSON, dumps, reply
 from .chat import ChatCommands
-from .inputs import ENGINE_RECORDS_PER_TICK, FINISH_NAMES, InputCommands
+from .inputs import ENGINE_RECORDS_PER_TICK, FINISH_NAMES, InputCommands, MediaCommands
 from .spaces import SpaceCommands
 from .tables import Finish, P, R, Source, Tables, Terminal, join16, split16
 
@@ -72,7 +72,7 @@ class DeviceBootError(Exception):
 
 
 
-class Device(SpaceCommands, InputCommands, ChatCommands):
+class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
     def __init__(self, runtime, journal_dir, grants, *, device="cpu", fs=None, serve=True):
         """serve=False opens the state for an offline command (checkpoint): no grant check,
         no boot recorded."""
@@ -129,10 +129,13 @@ class Device(SpaceCommands, InputCommands, ChatCommands):
         self.last_boot_ns = 0
         self._save_generation = self.generation
         self.checkpoint_seq, self.checkpoint_digest = 0, bytes(32)
+        media = {}
         if self.runtime.has(checkpoint.STATE):
-            self.checkpoint_seq, self.checkpoint_digest, self._save_generation = checkpoint.load_state(
+            self.checkpoint_seq, self.checkpoint_digest, self._save_generation, media = checkpoint.load_state(
                 self, self.runtime.bytes(checkpoint.STATE))
         self._index_tables()
+        self.media = {sha: {"length": length, "type": kind, "owners": {self.by_participant[p] for p in owners}}
+                      for sha, (length, kind, owners) in media.items()}
         recovery = recover(self.journal_dir, self.fs, self.incarnation, start_digest=self.checkpoint_digest,
                            after_seq=self.checkpoint_seq)
         for transfer in recovery.transfers:
@@ -211,6 +214,8 @@ class Device(SpaceCommands, InputCommands, ChatCommands):
             self._apply_output(msgpack.unpackb(transfer.payload), transfer)
         elif transfer.kind == TransferKind.COMPLETION:
             self._apply_completion(msgpack.unpackb(transfer.payload), transfer)
+        elif transfer.kind == TransferKind.MEDIA:
+            self.apply_media(transfer.payload, transfer)
         else:
             raise DeviceBootError(f"journal transfer {transfer.seq} has kind {transfer.kind} this device cannot replay")
 
@@ -317,7 +322,7 @@ class Device(SpaceCommands, InputCommands, ChatCommands):
                 log.warning("grant reload failed, keeping previous grants: %s", exc)
         self.check_hold()
         self.check_deadlines()
-        replies, late_reads, waiting = [], [], []
+        replies, late_reads, waiting, media_replies = [], [], [], []
         budget = MAX_RECORDS_PER_TICK
         if not self._admission_deferred:  # engine work first, but never starving a big admission
             budget -= self.journal_engine_work(ENGINE_RECORDS_PER_TICK)
@@ -330,6 +335,21 @@ class Device(SpaceCommands, InputCommands, ChatCommands):
                 refusal = self.start_chat(conn, msg)
                 if refusal is not None:
                     replies.append((conn, refusal))
+                continue
+            if msg.get("op") == "media.put":
+                inbox.popleft()
+                try:
+                    outcome = self.put_media(conn, msg)
+                except DeviceError as err:
+                    replies.append((conn, reply(msg.get("id"), err.status, err.body())))
+                    continue
+                if isinstance(outcome, tuple):
+                    replies.append((conn, reply(msg.get("id"), outcome[0], dumps(outcome[1]))))
+                    continue
+                seq = self.writer.append(TransferKind.MEDIA, outcome)
+                self._on_saved[seq] = lambda transfer, p=outcome: self.apply_media(p, transfer)
+                budget -= record_count(len(outcome))
+                media_replies.append((conn, msg.get("id"), msg["args"]["sha256"]))
                 continue
             if handler is None:
                 inbox.popleft()
@@ -360,6 +380,12 @@ class Device(SpaceCommands, InputCommands, ChatCommands):
             waiting = []
         for conn, req_id, status, rrow in waiting:
             replies.append((conn, self._receipt_reply(req_id, status, rrow)))
+        for conn, req_id, sha in media_replies:
+            if sha in self.media:
+                replies.append((conn, reply(req_id, 201, dumps(self._media_view(sha)))))
+            else:  # the tick was refused (ENOSPC): nothing saved
+                refusal = DeviceError(429, "journal_hold", "the journal cannot save new operations right now")
+                replies.append((conn, reply(req_id, 429, refusal.body())))
         for conn, msg in late_reads:
             replies.append((conn, self._read(msg)))
         return replies

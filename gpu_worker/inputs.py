@@ -13,6 +13,7 @@ saved but which has no COMPLETION when the device restarts becomes `interrupted`
 never run again.
 """
 import base64
+import hashlib
 import json
 import os
 import time
@@ -71,16 +72,13 @@ class InputCommands:
         self.executions = {}           # receipt row -> Execution (leased, not yet completed)
         self.to_lease = []             # receipt rows whose admission is saved, awaiting their lease
         self.runner = None             # set by the server when an engine runs
-        self.media = {}                # media sha256 hex -> owner participant row (uploads)
+        self.media = {}                # media sha256 hex -> {length, type, owners: participant rows}
         t = self.tables
         for rrow in sorted(self.by_op.values(), key=lambda r: t.value(t.receipts, r, R.CREATED)):
             if t.value(t.receipts, rrow, R.KIND) == Kind.INPUT:
                 self.conversation_inputs.setdefault(t.value(t.receipts, rrow, R.TARGET), []).append(rrow)
 
     # ---- admission ---------------------------------------------------------------------
-
-    def media_owner(self, sha256):
-        return self.media.get(sha256)
 
     def _model_index(self, name):
         card = self.runtime.json("gen/card")
@@ -108,8 +106,8 @@ class InputCommands:
                                                       f"{INPUT_BYTES} ({MEDIA_LINK_BYTES} per media link)")
         card = self._model_index(args.get("model"))
         for row in media:
-            owner = self.media_owner(row.get("sha256")) if isinstance(row, dict) else None
-            if owner != prow:
+            owners = self.media_owner(row.get("sha256")) if isinstance(row, dict) else set()
+            if prow not in owners:
                 raise DeviceError(404, "media_not_found",
                                   f"no media source {row.get('sha256') if isinstance(row, dict) else row!r} "
                                   "owned by this participant")
@@ -423,3 +421,68 @@ class InputCommands:
             "input_tokens": row[R.INPUT_TOKENS] if ended else None,
             "output_tokens": row[R.OUTPUT_TOKENS] if ended else None,
         }
+
+
+MAX_MEDIA_BYTES = 8 << 20
+MEDIA_TYPES = ("image", "audio")
+
+
+class MediaCommands:
+    """Media sources (`PUT /aotx/v1/media/{sha256}`): content-addressed files under
+    <journal>/media/, each owned by the participants that uploaded it. The bytes are written and
+    fsynced (file, then directory) before the MEDIA transfer that records the owner is appended,
+    so a saved owner always has its bytes."""
+
+    def media_dir(self):
+        return os.path.join(self.journal_dir, "media")
+
+    def media_owner(self, sha256):
+        return self.media.get(sha256, {}).get("owners", set())
+
+    def _prepare_media(self, principal, prow, args):
+        sha, data, kind = args.get("sha256"), args.get("data"), args.get("type")
+        if not isinstance(sha, str) or len(sha) != 64 or not isinstance(data, bytes):
+            raise DeviceError(400, "bad_field", "media upload needs sha256 and the bytes")
+        if kind not in MEDIA_TYPES:
+            raise DeviceError(400, "bad_field", "media type must be image or audio")
+        if len(data) > MAX_MEDIA_BYTES:
+            raise DeviceError(413, "media_too_large", f"a media source is at most {MAX_MEDIA_BYTES} bytes")
+        if hashlib.sha256(data).hexdigest() != sha:
+            raise DeviceError(400, "digest_mismatch", "the bytes do not hash to the sha256 in the path")
+
+    def put_media(self, conn, msg):
+        """Returns (status, body) now, or None when the MEDIA transfer is appended (reply once saved)."""
+        principal = self._principal(msg, "shared_write")
+        prow = self._caller_row(principal)
+        args = self._args(msg)
+        self._prepare_media(principal, prow, args)
+        if self.hold:
+            raise DeviceError(429, "journal_hold", f"persistent admission is paused ({self.hold['cause']})")
+        sha = args["sha256"]
+        if prow in self.media_owner(sha):
+            return 200, self._media_view(sha)
+        os.makedirs(self.media_dir(), exist_ok=True)
+        path = os.path.join(self.media_dir(), sha)
+        if not os.path.exists(path):
+            tmp = f"{path}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(args["data"])
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            self.fs.fsync_dir(self.media_dir())
+        return msgpack.packb([self.participant_ids[prow][2], bytes.fromhex(sha), len(args["data"]), args["type"]],
+                             use_bin_type=True)
+
+    def apply_media(self, payload, transfer=None):
+        par, sha, length, kind = msgpack.unpackb(payload)
+        prow = self.by_participant.get(par)
+        if prow is None:
+            raise JournalCorrupt(os.path.join(self.journal_dir, segment_name(transfer.segment)), transfer.offset,
+                                 f"media transfer seq {transfer.seq} names no participant")
+        entry = self.media.setdefault(sha.hex(), {"length": length, "type": kind, "owners": set()})
+        entry["owners"].add(prow)
+
+    def _media_view(self, sha):
+        entry = self.media[sha]
+        return {"sha256": sha, "length": entry["length"], "type": entry["type"]}

@@ -55,6 +55,7 @@ class TransferKind(IntEnum):
     COMPLETION = 5
     RETIREMENT = 6
     CHECKPOINT = 7
+    MEDIA = 8
 
 
 _KINDS = frozenset(TransferKind)

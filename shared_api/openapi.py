@@ -232,6 +232,9 @@ SCHEMAS = {
         ("text", "model"),
         "`text` and `model`, optionally `max_output_tokens`, `pages`, `temperature`, `top_p`, `media`; the text "
         "and 73 bytes per media link fit 2048 UTF-8 bytes"),
+    "Sha256": string("^[0-9a-f]{64}$", "a media source's sha256: 64 lowercase hex"),
+    "Media": obj({"sha256": string("^[0-9a-f]{64}$"), "length": {"type": "integer", "minimum": 0},
+                  "type": {"type": "string", "enum": ["image", "audio"]}}),
     "Result": obj({
         "operation": ref("OperationId"),
         "offset": {"type": "integer", "minimum": 0},
@@ -278,6 +281,8 @@ CODES = {
     "too_many_media": "more than 8 media references",
     "reserved_token": "the text contains a reserved media control token",
     "bad_offset": "`offset` is not an integer 0..the result length",
+    "digest_mismatch": "the uploaded bytes do not hash to the sha256 in the path",
+    "media_too_large": "a media source is larger than 8 MiB",
     # 401 / 403
     "unauthenticated": "no, malformed, unknown or revoked Bearer token (`WWW-Authenticate` is set)",
     "grant_missing": "the principal lacks the gateway action this route needs",
@@ -360,6 +365,7 @@ PATH_PARAMETERS = {
     "space": ("SpaceId", "spc-{lineage}-{32 hex}"),
     "conversation": ("ConversationId", "con-{lineage}-{32 hex}"),
     "operation": ("OperationId", "op-{lineage}-{32 hex}"),
+    "sha256": ("Sha256", "64 lowercase hex"),
 }
 
 
@@ -460,6 +466,15 @@ OPERATIONS = {
         path="operation",
         description="Query `offset` (bytes, default 0). Readers of the conversation's space may read another "
                     "member's result. An input past its execution deadline answers 504."),
+    "media.put": {
+        "method": "PUT", "summary": "Upload a media source", "grant": "shared_write", "body": None,
+        "path": "sha256", "listing": False, "success": {200: "Media", 201: "Media"},
+        "errors": {400: ("bad_id", "bad_field", "digest_mismatch"), 404: ("not_found",),
+                   409: ("participant_not_registered",),
+                   413: ("media_too_large",), 415: ("unsupported_media_type",), 429: ("journal_hold",)},
+        "description": "The raw bytes with Content-Type image/* or audio/*; they must hash to the path's sha256. "
+                       "The source is owned by the caller's participant (201 new owner, 200 already owned); "
+                       "inputs may reference it in `media`."},
     "cancellations.record": _mutation(
         "Cancel the operation at a sequence", "CancellationRequest",
         {404: ("operation_not_found",), 409: ("not_cancellable", "already_finished")},
@@ -519,7 +534,9 @@ def doc(key):
     spec = OPERATIONS[key]
     responses = {}
     for status, component in spec["success"].items():
-        text = {200: "OK." if spec["method"] == "GET" else "Exact retry: the same receipt as the original.",
+        text = {200: {"GET": "OK.", "PUT": "Already owned by the caller: nothing changed."}.get(
+                    spec["method"], "Exact retry: the same receipt as the original."),
+                201: "Saved: the caller's participant now owns this source.",
                 202: "New operation admitted and saved: its receipt (`Location` names it)."}[status]
         responses[status] = OpenApiResponse(response=ref(component), description=text)
     for status, codes in operation_errors(key).items():
@@ -579,6 +596,12 @@ def postprocess(result, generator, request, public):
 
 # ---- docs/api.md is rendered from the same table (tests/shared_api/test_openapi.py compares) ----
 
+def full_path(key):
+    """ROUTES holds paths under the base, or absolute ones (media uploads live outside it)."""
+    path = ROUTES[key]
+    return path if path.startswith("/aotx/") else "/aotx/v1/shared" + path
+
+
 ROUTES = {  # OPERATIONS key -> path under the base (the views' URLconf; the test checks it matches)
     "capabilities.get": "/capabilities", "participant.get": "/participant", "participant.register": "/participant",
     "participants.get": "/participants/{participant}", "spaces.list": "/spaces", "spaces.create": "/spaces",
@@ -587,7 +610,7 @@ ROUTES = {  # OPERATIONS key -> path under the base (the views' URLconf; the tes
     "conversations.create": "/spaces/{space}/conversations", "conversations.get": "/conversations/{conversation}",
     "operations.list": "/operations", "operations.get": "/operations/{operation}",
     "retirements.record": "/retirements", "cancellations.record": "/cancellations",
-    "conversations.input": "/conversations/{conversation}/inputs", "operations.result": "/operations/{operation}/result",
+    "media.put": "/aotx/v1/media/{sha256}", "conversations.input": "/conversations/{conversation}/inputs", "operations.result": "/operations/{operation}/result",
 }
 
 
@@ -619,7 +642,7 @@ def render_markdown():
            "| method | path | gateway action | body | success |", "|---|---|---|---|---|"]
     for key, spec in OPERATIONS.items():
         success = " · ".join(f"{s} {c}" for s, c in sorted(spec["success"].items(), reverse=True))
-        out.append(f"| {spec['method']} | `/aotx/v1/shared{ROUTES[key]}` | `{spec['grant']}` | "
+        out.append(f"| {spec['method']} | `{full_path(key)}` | `{spec['grant']}` | "
                    f"{spec['body'] or '-'} | {success} |")
     out += ["", "List reads take `cursor` (a counter: the previous page's `next_cursor`) and `limit` "
                 f"(1..{MAX_LIMIT}, default 50) and answer `{{\"items\": [...], \"next_cursor\": ... | null}}`. "

@@ -2,6 +2,7 @@
 call the device, pass its bytes through. The device re-checks grants and membership."""
 import re
 
+from rest_framework.parsers import BaseParser
 from rest_framework.views import APIView
 
 from .auth import require_action
@@ -14,6 +15,7 @@ MAX_LIMIT = 200
 DIGITS = re.compile(r"[0-9]{1,4}")  # ASCII digits only: str.isdigit() also accepts "²" and "٣"
 DIGITS_ANY = re.compile(r"[0-9]{1,18}")
 SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_MEDIA_BYTES = 8 << 20
 INPUT_FIELDS = ("text", "model", "max_output_tokens", "pages", "temperature", "top_p", "media")
 SCOPES = ("private", "room", "instance")
 PERMISSIONS = ("read", "write", "manage")
@@ -181,6 +183,32 @@ class ResultView(SharedView):
             raise ApiError(400, "bad_offset", "offset must be a non-negative integer")
         return device_response("operations.result", request,
                                {"operation": resource_id(operation, "op"), "offset": int(offset)})
+
+
+class RawBytesParser(BaseParser):
+    media_type = "*/*"
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        data = stream.read(MAX_MEDIA_BYTES + 1) if stream is not None else b""
+        if len(data) > MAX_MEDIA_BYTES:
+            raise ApiError(413, "media_too_large", f"a media source is at most {MAX_MEDIA_BYTES} bytes")
+        return data
+
+
+class MediaView(SharedView):
+    """PUT /aotx/v1/media/{sha256}: upload a media source owned by the caller's participant.
+    The type comes from Content-Type (image/* or audio/*); the bytes must hash to the path."""
+    parser_classes = [RawBytesParser]
+
+    @doc("media.put")
+    def put(self, request, sha256):
+        if not SHA256.fullmatch(sha256):
+            raise ApiError(400, "bad_id", "the path must be the 64 lowercase hex sha256 of the bytes")
+        kind = request.content_type.split("/", 1)[0]
+        if kind not in ("image", "audio"):
+            raise ApiError(415, "unsupported_media_type", "Content-Type must be image/* or audio/*")
+        data = request.data if isinstance(request.data, bytes) else b""
+        return device_response("media.put", request, {"sha256": sha256, "data": data, "type": kind})
 
 
 class OperationsView(SharedView):

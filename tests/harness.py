@@ -96,7 +96,7 @@ class Stack:
         """Returns (status, headers, body bytes)."""
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data, method=method)
-        if data is not None:
+        if data is not None and "Content-Type" not in (headers or {}):
             req.add_header("Content-Type", "application/json")
         if token:
             req.add_header("Authorization", f"Bearer {token}")

@@ -1,5 +1,6 @@
 """A conversation input through the real gateway and device (tiny random-weight model)."""
 import base64
+import hashlib
 import json
 import secrets
 
@@ -47,5 +48,14 @@ def test_an_input_is_admitted_runs_and_reads_back(tiny_runtime, tmp_path):
             assert mutate(stack, token, f"/conversations/{conversation}/inputs", bad)[0] == 400
         status, _, body = stack.http("GET", f"{BASE}/operations/{receipt['operation']}/result?offset=-1", token=token)
         assert status == 400 and json.loads(body)["error"]["code"] == "bad_offset"
+        data = b"RIFF....WAVEfmt " * 4
+        sha = hashlib.sha256(data).hexdigest()
+        put = lambda raw, kind="audio/wav": stack.http("PUT", f"/aotx/v1/media/{sha}", raw=raw, token=token,
+                                                       headers={"Content-Type": kind})
+        assert put(data)[0] == 201 and put(data)[0] == 200
+        assert put(data + b"!")[0] == 400 and put(data, "text/plain")[0] == 415
+        status, out = mutate(stack, token, f"/conversations/{conversation}/inputs",
+                             {"text": "listen", "model": "tiny-llama", "media": [{"type": "audio", "sha256": sha}]})
+        assert status == 409 and out["error"]["code"] == "model_lacks_media"
     finally:
         stack.stop()

@@ -67,7 +67,8 @@ class World:
 
     def anchor(self, case):
         for name in case.path_parameters or {}:
-            case.path_parameters[name] = self.ids[name]
+            if name in self.ids:  # a media sha256 stays generated: any upload is its own source
+                case.path_parameters[name] = self.ids[name]
         if isinstance(case.body, dict):
             me = self.participant()
             case.body["lineage"] = me["lineage"]
@@ -133,7 +134,7 @@ def test_the_gateway_conforms_to_its_own_schema(world):
         run()
 
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 18
+    assert len(operations) == 19
     for operation in operations:
         plans = ["generated", "negative"]
         if operation.method.upper() == "POST" or operation.path_parameters:

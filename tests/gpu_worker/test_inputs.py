@@ -203,3 +203,23 @@ def test_inputs_beyond_the_page_budget_wait_and_share_the_pool_with_chat(world):
                            for r in receipts), timeout=120)
     assert max(p.running for p in seen) == 4 and engine.pool.owned == 0
     assert any(reply["id"] == 99 for _, reply in world.device.outbox)
+
+
+def test_media_sources_are_owned_by_their_uploader_and_survive_a_checkpoint(world):
+    import hashlib
+    _, conversation = world.conversation("a")
+    data = b"\x89PNG not really" * 10
+    sha = hashlib.sha256(data).hexdigest()
+    assert code(world.read("a", "media.put", sha256=sha, data=data + b"x", type="image")) == (400, "digest_mismatch")
+    status, body = world.read("a", "media.put", sha256=sha, data=data, type="image")
+    assert status == 201 and body == {"sha256": sha, "length": len(data), "type": "image"}
+    assert world.read("a", "media.put", sha256=sha, data=data, type="image")[0] == 200
+    media = [{"type": "image", "sha256": sha}]
+    # the tiny model takes no media: ownership passes, model compatibility refuses
+    assert code(world.say("a", conversation, "look", media=media)) == (409, "model_lacks_media")
+    world.device.checkpoint()
+    world.boot()
+    world.attach()
+    assert code(world.say("a", conversation, "look", media=media)) == (409, "model_lacks_media")
+    space_b, conversation_b = world.conversation("b")
+    assert code(world.say("b", conversation_b, "look", media=media)) == (404, "media_not_found")
