@@ -23,7 +23,7 @@ from .journal import (MAX_RECORDS_PER_TICK, JournalIOError, JournalLock, Journal
                       record_count, recover)
 from .protocol import DeviceError, RawJSON, dumps, reply
 from .chat import ChatCommands
-from .inputs import ENGINE_RECORDS_PER_TICK, FINISH_NAMES, InputCommands, MediaCommands
+from .inputs import ENGINE_RECORDS_PER_TICK, FINISH_NAMES, TERMINAL_NAMES, InputCommands, MediaCommands
 from .spaces import SpaceCommands
 from .tables import Finish, P, R, Source, Tables, Terminal, join16, split16
 
@@ -38,7 +38,6 @@ DISK_FULL_MARGIN = 4 << 20
 MAX_LIMIT = 200
 
 
-TERMINAL_NAMES = {t: t.name.lower() for t in Terminal if t != Terminal.NONE}
 SOURCE_NAMES = {Source.JOURNAL: "journal", Source.FILE: "file"}
 
 

@@ -24,7 +24,8 @@ import msgpack
 from . import ids, leases
 from .journal import JournalCorrupt, TransferKind, record_count, segment_name
 from .kinds import Kind
-from .protocol import DeviceError, RawJSON
+from .protocol import DeviceError
+from .spaces import Right
 from .tables import Finish, P, R, Terminal
 
 OUTPUT_CHUNK = 480            # bytes per OUTPUT transfer: 4 records with its header
@@ -88,8 +89,7 @@ class InputCommands:
                           f"model {name!r} is not served here; see /capabilities for the models")
 
     def _prepare_input(self, principal, prow, args, key, sequence):
-        from .spaces import Right
-        crow = self._conversation_row(args.get("conversation"), principal, prow, Right.WRITE)
+        self._conversation_row(args.get("conversation"), principal, prow, Right.WRITE)  # 404 / 403 first
         text, media = args.get("text"), args.get("media") or []
         if not isinstance(text, str) or not isinstance(media, list):
             raise DeviceError(400, "bad_field", "text must be a string and media an array")

@@ -285,7 +285,7 @@ class SpaceCommands:
         return srow
 
     def _prepare_conversation(self, principal, prow, args, key, sequence):
-        srow = self._space_row(args.get("space"), principal, prow, Right.WRITE)
+        self._space_row(args.get("space"), principal, prow, Right.WRITE)  # 404 / 403 before anything else
         raw = self._resource_key(args, key)
         lineage = self.participant_ids[prow][1]
         if (lineage, raw) in self.by_conversation:

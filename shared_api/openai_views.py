@@ -125,12 +125,16 @@ def _request_args(body):
     return args
 
 
+def _usage(result):
+    return {"prompt_tokens": result["prompt_tokens"], "completion_tokens": result["completion_tokens"],
+            "total_tokens": result["prompt_tokens"] + result["completion_tokens"]}
+
+
 def _completion(completion_id, created, model, result):
     return {"id": completion_id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": result["text"]},
                          "finish_reason": result["finish_reason"], "logprobs": None}],
-            "usage": {"prompt_tokens": result["prompt_tokens"], "completion_tokens": result["completion_tokens"],
-                      "total_tokens": result["prompt_tokens"] + result["completion_tokens"]}}
+            "usage": _usage(result)}
 
 
 def _chunk(completion_id, created, model, delta, finish=None, usage=None):
@@ -208,10 +212,8 @@ async def chat_completions(request):
                 yield _chunk(completion_id, created, args["model"], {"content": tail})
             yield _chunk(completion_id, created, args["model"], {}, result["finish_reason"])
             if include_usage:
-                usage = {"prompt_tokens": result["prompt_tokens"], "completion_tokens": result["completion_tokens"],
-                         "total_tokens": result["prompt_tokens"] + result["completion_tokens"]}
                 chunk = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                         "model": args["model"], "choices": [], "usage": usage}
+                         "model": args["model"], "choices": [], "usage": _usage(result)}
                 yield f"data: {json.dumps(chunk)}\n\n"
             yield "data: [DONE]\n\n"
         except ApiError as err:

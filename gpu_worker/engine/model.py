@@ -58,22 +58,45 @@ def rope_tables(config: ModelConfig, length: int, device) -> tuple[torch.Tensor,
     return angles.cos(), angles.sin()
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return x @ weight.T
+# oneDNN lays a packed weight out for this many rows; of 1, 8 and 64, 8 measured best for decode
+# steps of 1 to 8 requests, and larger products (prefill) still run at full speed.
+PACKED_BATCH_HINT = 8
+
+
+class Linear:
+    """`x @ weight.T` for an `(out, in)` weight.
+
+    On CPU in float32 the weight is packed once for oneDNN's inner product (the kernel PyTorch's
+    own compiler uses for frozen CPU linears). For the skinny products of decoding (a handful of rows
+    against a 576-wide matrix) MKL's path, which `torch.matmul` and transformers take, reads the
+    weights at about half the memory bandwidth on the development machine: a SmolLM2 decode step
+    measured 57 ms with it and 34 ms with oneDNN at 1 request, 77 ms and 41 ms at 8. Both accumulate
+    in float32; results differ only in summation order."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight, self.packed = weight, None
+        if weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+            self.weight, self.packed = None, torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_BATCH_HINT)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return x @ self.weight.T
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 
 
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """q `[B, Q, heads, D]`, keys and values `[B, L, kv_heads, D]`, mask `[B, 1, Q, L]` -> `[B, Q, heads * D]`.
+    """q `[B, Q, heads, D]`, keys and values `[B, L, kv_heads, D]` -> `[B, Q, heads * D]`.
 
     The query heads that share a KV head are folded into the query dimension, so grouped-query
     attention becomes plain attention over the KV heads: no copies of keys and values, and every
-    scaled_dot_product_attention backend (masks included) applies."""
+    scaled_dot_product_attention backend (masks included) applies. `mask` is `[B, 1, group * Q, L]`:
+    the `[B, 1, Q, L]` mask repeated once per query head of a group."""
     batch, queries, heads, dim = q.shape
     kv_heads = keys.shape[2]
     group = heads // kv_heads
     q = q.view(batch, queries, kv_heads, group, dim).permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, group * queries, dim)
     out = F.scaled_dot_product_attention(q, keys.transpose(1, 2), values.transpose(1, 2),
-                                         attn_mask=mask.repeat(1, 1, group, 1))
+                                         attn_mask=mask)
     out = out.view(batch, kv_heads, group, queries, dim).permute(0, 3, 1, 2, 4)
     return out.reshape(batch, queries, heads * dim)
 
@@ -86,11 +109,11 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 class Layer:
     def __init__(self, tensors: dict[str, torch.Tensor]):
         self.input_norm = tensors["input_layernorm"]
-        self.qkv = torch.cat([tensors["q_proj"], tensors["k_proj"], tensors["v_proj"]])
-        self.o = tensors["o_proj"]
+        self.qkv = Linear(torch.cat([tensors["q_proj"], tensors["k_proj"], tensors["v_proj"]]))
+        self.o = Linear(tensors["o_proj"])
         self.post_norm = tensors["post_attention_layernorm"]
-        self.gate_up = torch.cat([tensors["gate_proj"], tensors["up_proj"]])
-        self.down = tensors["down_proj"]
+        self.gate_up = Linear(torch.cat([tensors["gate_proj"], tensors["up_proj"]]))
+        self.down = Linear(tensors["down_proj"])
 
 
 class Llama:
@@ -102,7 +125,7 @@ class Llama:
 
         self.embed = weight("embed_tokens")
         self.norm = weight("norm")
-        self.lm_head = self.embed if config.tie_word_embeddings else weight("lm_head")
+        self.lm_head = Linear(self.embed if config.tie_word_embeddings else weight("lm_head"))
         layer_keys = ("input_layernorm", "post_attention_layernorm", "q_proj", "k_proj", "v_proj", "o_proj",
                       "gate_proj", "up_proj", "down_proj")
         self.layers = [Layer({key: weight(f"layers.{i}.{key}") for key in layer_keys})
@@ -140,26 +163,29 @@ class Llama:
         # Key j is visible to a query at position p when j <= p: causal within the row and it hides the
         # block-table padding beyond the row's length. Shared by every layer.
         mask = (torch.arange(context, device=tokens.device) <= positions[..., None]).unsqueeze(1)
+        mask = mask.repeat(1, 1, c.num_heads // c.num_kv_heads, 1)  # the layout attention() folds queries into
         cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)
         slots = slots.reshape(-1)
 
         x = F.embedding(tokens, self.embed)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
-            qkv = linear(h, layer.qkv).view(batch, queries, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+            qkv = layer.qkv(h).view(batch, queries, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
             q, k, v = qkv.split([c.num_heads, c.num_kv_heads, c.num_kv_heads], dim=2)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
 
             pool = kv_cache[i].view(2, -1, c.num_kv_heads, c.head_dim)  # [k/v, slot, kv_head, head_dim]
             pool.index_copy_(1, slots, torch.stack((k, v)).view(2, -1, c.num_kv_heads, c.head_dim))
-            keys, values = kv_cache[i][:, block_tables].view(2, batch, context, c.num_kv_heads, c.head_dim)
-            x = x + linear(attention(q, keys, values, mask), layer.o)
+            # index_select over whole pages: a plain copy per page, several times faster than advanced indexing
+            pages = kv_cache[i].view(2, kv_cache.shape[2], -1).index_select(1, block_tables.reshape(-1))
+            keys, values = pages.view(2, batch, context, c.num_kv_heads, c.head_dim)
+            x = x + layer.o(attention(q, keys, values, mask))
 
             h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
-            gate, up = linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + linear(F.silu(gate) * up, layer.down)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
 
         if last is not None:
             x = x[torch.arange(batch, device=x.device), last]
-        return linear(rms_norm(x, self.norm, c.rms_norm_eps), self.lm_head)
+        return self.lm_head(rms_norm(x, self.norm, c.rms_norm_eps))

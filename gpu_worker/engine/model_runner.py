@@ -139,7 +139,8 @@ class DecodeGraphs:
             model(*static, kv_cache)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: other device threads may keep using CUDA while this one captures.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             logits = model(*static, kv_cache)[:, -1]
         self.pool = graph.pool()
         return graph, logits

@@ -3,7 +3,6 @@ import collections
 import json
 import secrets
 
-import msgpack
 import pytest
 import rfc8785
 

@@ -1,10 +1,6 @@
 """Faults (SPEC "Recorded state and recovery"): journal holds, ENOSPC, EIO, power loss,
 checkpoints and fresh grants on restore."""
-import collections
 import errno
-import json
-import os
-import secrets
 import subprocess
 
 import pytest
@@ -15,7 +11,7 @@ from gpu_worker.grants import Grants
 from gpu_worker.journal import JournalIOError, list_segments
 from gpu_worker.pack import pack_tiny
 from gpu_worker.runtime_file import RuntimeFile
-from tests.conftest import PYTHON, ROOT, write_grants
+from tests.conftest import PYTHON, ROOT
 from tests.gpu_worker.test_shared_state import World, code
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import pytest
 import rfc8785
 from hypothesis import HealthCheck, settings, strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
+from hypothesis.stateful import (RuleBasedStateMachine, invariant, precondition, rule,
                                  run_state_machine_as_test)
 
 from gpu_worker.device import Device
