@@ -254,9 +254,14 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         """ENOSPC while saving a tick: the writer cut the journal back to its durable end. Nothing
         of this tick was saved, so rebuild the tables from what is, hold, and refuse the tick."""
         log.warning("journal write failed (%s); rebuilding from the saved state and holding", err)
+        if self.runner is not None:  # their unsaved outputs are gone: stop them, they end at the next boot
+            for rrow in self.executions:
+                self.runner.cancel(("input", rrow))
+        runner = self.runner
         self.writer.close()
         self.runtime = runtime_file.RuntimeFile.open(self.runtime.path, verify=False)
         recovery = self._load()
+        self.runner = runner
         self.writer = JournalWriter(self.journal_dir, self.fs, self.incarnation, recovery)
         self._journal_base = self.writer.durable_bytes - recovery.durable_bytes
         self.hold = {"cause": "disk_full", "since_ns": time.time_ns(), "disk_error": f"ENOSPC: {err}"}
