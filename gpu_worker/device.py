@@ -95,6 +95,7 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         self.hold = None            # {"cause", "since_ns", "disk_error"} while persistent admission pauses
         self.hold_incidents = []    # ended holds, newest last (ops: admin console, capacity task)
         self.lock = JournalLock(journal_dir)
+        self.init_chat()  # chats are not state: a rebuild of the tables keeps them
         started = time.perf_counter()
         try:
             recovery = self._load()
@@ -168,7 +169,6 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         self.free_receipts = t.unused_rows(t.receipts)
         self.init_spaces()
         self.init_inputs()
-        self.init_chat()
         self._on_saved = {}         # journal transfer seq -> what to apply once it is saved
         self._cancel_when_leased = set()
         self._admission_deferred = False
