@@ -81,7 +81,8 @@ class Engine:
         if not all(0 <= t < vocab for t in prompt_ids):
             raise EngineRefusal("token_out_of_range", f"prompt token ids must lie in [0, {vocab})")
         if type(max_new_tokens) is not int or max_new_tokens < 1:
-            raise EngineRefusal("invalid_max_new_tokens", f"max_new_tokens must be a positive integer, not {max_new_tokens!r}")
+            raise EngineRefusal("invalid_max_new_tokens",
+                                f"max_new_tokens must be a positive integer, not {max_new_tokens!r}")
         if not 0 <= temperature < float("inf"):
             raise EngineRefusal("invalid_temperature", f"temperature must be finite and >= 0, not {temperature!r}")
         if not 0 < top_p <= 1:

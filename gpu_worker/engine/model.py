@@ -8,7 +8,7 @@ and attends with a causal mask built from positions. Prefill is `Q` = longest pr
 read at most position 0, so they never disturb a real row and never produce NaN.
 
 Weights follow docs/runtime-file.md: `(out, in)` matrices, Q/K rows in the `rotate_half` RoPE
-layout. Q, K and V are concatenated into one matrix, as are gate and up, so each layer runs three
+layout. Q, K and V are concatenated into one matrix, as are gate and up, so each layer runs four
 matrix products instead of seven; that matters most for small batches, where launch and
 dispatch overhead rivals the arithmetic.
 """
@@ -43,10 +43,10 @@ class ModelConfig:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # In float32 whatever the compute dtype, as the reference implementation does.
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    # Computed in float32 whatever the compute dtype, as the reference does. The reference rounds to the
+    # compute dtype before applying the weight, the fused op after: identical in float32, within one
+    # rounding in bfloat16.
+    return F.rms_norm(x, weight.shape, weight, eps)
 
 
 def rope_tables(config: ModelConfig, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,7 +94,8 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: t
     batch, queries, heads, dim = q.shape
     kv_heads = keys.shape[2]
     group = heads // kv_heads
-    q = q.view(batch, queries, kv_heads, group, dim).permute(0, 2, 3, 1, 4).reshape(batch, kv_heads, group * queries, dim)
+    q = q.view(batch, queries, kv_heads, group, dim).permute(0, 2, 3, 1, 4)
+    q = q.reshape(batch, kv_heads, group * queries, dim)
     out = F.scaled_dot_product_attention(q, keys.transpose(1, 2), values.transpose(1, 2),
                                          attn_mask=mask)
     out = out.view(batch, kv_heads, group, queries, dim).permute(0, 3, 1, 2, 4)
@@ -171,9 +172,9 @@ class Llama:
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = layer.qkv(h).view(batch, queries, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
-            q, k, v = qkv.split([c.num_heads, c.num_kv_heads, c.num_kv_heads], dim=2)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+            qk, v = qkv.split([c.num_heads + c.num_kv_heads, c.num_kv_heads], dim=2)
+            qk = qk * cos + rotate_half(qk) * sin  # queries and keys rotated together
+            q, k = qk.split([c.num_heads, c.num_kv_heads], dim=2)
 
             pool = kv_cache[i].view(2, -1, c.num_kv_heads, c.head_dim)  # [k/v, slot, kv_head, head_dim]
             pool.index_copy_(1, slots, torch.stack((k, v)).view(2, -1, c.num_kv_heads, c.head_dim))

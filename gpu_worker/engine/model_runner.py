@@ -111,7 +111,9 @@ class DecodeGraphs:
         self.positions = torch.zeros(max_batch, 1, dtype=torch.int64, device=device)
         self.slots = torch.zeros(max_batch, 1, dtype=torch.int64, device=device)
         self.tables = torch.zeros(max_batch, max_pages, dtype=torch.int64, device=device)
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # One static output every graph writes its leading rows of, so no graph holds its own logits.
+        self.logits = torch.empty(max_batch, runner.model.config.vocab_size, dtype=runner.model.dtype, device=device)
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.pool = None  # one memory pool for all graphs: they never run at the same time
 
     def bucket(self, batch: int, pages: int) -> tuple[int, int]:
@@ -124,11 +126,10 @@ class DecodeGraphs:
             destination.copy_(source)
         if (batch, pages) not in self.graphs:
             self.graphs[batch, pages] = self._capture(static)
-        graph, logits = self.graphs[batch, pages]
-        graph.replay()
-        return logits
+        self.graphs[batch, pages].replay()
+        return self.logits[:batch]
 
-    def _capture(self, static) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, static) -> torch.cuda.CUDAGraph:
         model, kv_cache = self.runner.model, self.runner.kv_cache
         # Warm up on a side stream first (as torch.cuda.graph expects), so kernel selection and lazy
         # initialisation happen outside the capture. It computes this very step, so its writes are the
@@ -141,6 +142,6 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         # thread_local: other device threads may keep using CUDA while this one captures.
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            logits = model(*static, kv_cache)[:, -1]
+            self.logits[:len(static[0])].copy_(model(*static, kv_cache)[:, -1])
         self.pool = graph.pool()
-        return graph, logits
+        return graph

@@ -111,9 +111,6 @@ class Tokenizer:
     def decode(self, ids) -> str:
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
-    def token_text(self, token_id: int) -> str:
-        return self._tokenizer.id_to_token(token_id) or ""
-
     def _special_tokens(self) -> dict[str, str]:
         # transformers passes its special_tokens_map to the template; these two are what the card knows.
         names = {}

@@ -82,3 +82,31 @@ def test_a_request_submitted_while_others_run_joins_the_next_step(tiny_gen, engi
     [alone] = Engine(tiny_gen).generate([PROMPTS[1]], max_new_tokens=3, ignore_eos=True)
     [first_alone] = Engine(tiny_gen).generate([PROMPTS[0]], max_new_tokens=10, ignore_eos=True)
     assert (late.output_ids, first.output_ids) == (alone.output_ids, first_alone.output_ids)
+
+
+def test_decode_through_graph_buckets_gives_the_same_tokens(tiny_gen, monkeypatch):
+    """DecodeGraphs' buckets, static buffers and padding on CPU, with each "captured graph" replayed
+    eagerly (what a CUDA graph replay computes); only the capture itself needs a GPU."""
+    from gpu_worker.engine.model_runner import DecodeGraphs
+
+    class EagerGraph:
+        def __init__(self, graphs, static):
+            self.graphs, self.static = graphs, static
+            self.replays = 0
+
+        def replay(self):
+            self.replays += 1
+            model = self.graphs.runner.model
+            self.graphs.logits[:len(self.static[0])].copy_(model(*self.static, self.graphs.runner.kv_cache)[:, -1])
+
+    monkeypatch.setattr(DecodeGraphs, "_capture", lambda self, static: EagerGraph(self, static))
+    graphed = Engine(tiny_gen)
+    graphed.runner.graphs = DecodeGraphs(graphed.runner, max_batch=16, max_pages=graphed.page_grant)
+    settings = dict(max_new_tokens=40, ignore_eos=True)
+    prompts = PROMPTS + [list(range(200, 203))]  # 5 requests: bucket 8
+    expected = [seq.output_ids for seq in Engine(tiny_gen).generate(prompts, **settings)]
+    assert [seq.output_ids for seq in graphed.generate(prompts, **settings)] == expected
+    graphs = graphed.runner.graphs.graphs
+    # The longest row grows from 46 to 84 tokens while decoding: 3 to 6 pages, so page buckets 4 and 8.
+    assert {batch for batch, _ in graphs} == {8} and {pages for _, pages in graphs} == {4, 8}
+    assert sum(graph.replays for graph in graphs.values()) == 39

@@ -1,0 +1,219 @@
+"""Generation tokens/s of the engine beside transformers, same weights and same prompts, in one run.
+
+    .venv/bin/python bench/generate.py                      # CPU, SmolLM2-135M-Instruct, 1 and 8 requests
+    .venv/bin/python bench/generate.py --device cuda --random-weights   # GPU: 1, 64, 256 requests
+
+Every request gets the same number of prompt tokens and generates exactly --new-tokens greedily
+(end-of-sequence does not stop either side), so every system does the same work. Columns:
+
+- engine: all requests submitted at once, then `step()` until done (one batched decode per step).
+- hf batch: transformers `generate` on one batch of all the prompts (equal lengths, so no padding).
+- hf 1-by-1: transformers `generate` serving the requests one after another, as a server without
+  batching would; its rate does not depend on the count, so it is the 1-request rate.
+- hf paged: transformers' continuous-batching `generate_batch` (default on CUDA, `--paged` on CPU),
+  including the set-up each call does (sizing its cache, capturing graphs).
+
+Rates include prefill. Each system is warmed up once first. Both sides compute in float32 on CPU
+and bfloat16 on CUDA. The engine's greedy tokens are checked against transformers' batch output.
+"""
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[0] = str(ROOT)  # not bench/: bench/http.py would shadow the standard library http
+
+import torch  # noqa: E402
+
+from gpu_worker import pack, runtime_file  # noqa: E402
+from gpu_worker.engine import Engine  # noqa: E402
+from gpu_worker.engine.reference import transformers_model  # noqa: E402
+from gpu_worker.runtime_file import DEFAULT_RUNTIME_PROFILE, RuntimeFile  # noqa: E402
+
+DEFAULT_RUNTIME = ROOT / "var" / "identity.aotxccir"
+QUESTIONS = [
+    "Tell me about the history of the printing press and how it changed the spread of knowledge in Europe.",
+    "Explain how a refrigerator works, step by step, for someone who has never studied physics at all.",
+    "Write a short story about a lighthouse keeper who finds a message in a bottle on a stormy night.",
+    "What are the main differences between a comet and an asteroid, and where in the solar system are they found?",
+    "Describe a good weekly routine for someone learning to play the piano as an adult beginner.",
+    "Why do leaves change colour in autumn? Please explain the chemistry in simple words for a child.",
+    "Give me advice on planning a two-week trip through Japan by train, including which cities to visit.",
+    "How do vaccines train the immune system, and why are some given as several doses over time?",
+]
+SMOLLM2_SHAPE = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_layers": 30,
+                 "num_heads": 9, "num_kv_heads": 3, "head_dim": 64}
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(device, run):
+    synchronize(device)
+    start = time.perf_counter()
+    result = run()
+    synchronize(device)
+    return time.perf_counter() - start, result
+
+
+# ---- runtime files --------------------------------------------------------------------------------
+
+def synthetic_tokenizer(vocab_size: int):
+    """A byte-level BPE of the model's vocabulary size (specials, 256 bytes, then byte pairs), so every
+    id the random model emits has bytes."""
+    specials = pack.TINY_SPECIAL_TOKENS
+    alphabet = list(pack._bytes_to_unicode().values())
+    pairs = [(a, b) for a in alphabet for b in alphabet][:vocab_size - len(specials) - len(alphabet)]
+    tokens = specials + alphabet + [a + b for a, b in pairs]
+    types = [pack.TOKEN_TYPE_CONTROL] * len(specials) + [1] * (len(tokens) - len(specials))
+    return pack.byte_level_tokenizer(tokens, pairs, types, "smollm")
+
+
+def random_weights_runtime(path, kv_pages: int, seed: int = 0):
+    """A SmolLM2-135M-shaped runtime with random bfloat16 weights (the GPU machine has no model files)."""
+    c, g = SMOLLM2_SHAPE, torch.Generator().manual_seed(seed)
+    h, i, d = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+    q, kv = c["num_heads"] * d, c["num_kv_heads"] * d
+
+    def weight(*shape):
+        return (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
+
+    def components():
+        yield "runtime_profile", "json", {**DEFAULT_RUNTIME_PROFILE, "kv_pages": kv_pages}
+        yield "gen/card", "json", {"name": "random-smollm2-135m", "architecture": "llama", **c,
+                                   "rope_theta": 100000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 8192,
+                                   "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2,
+                                   "capabilities": dict(pack.NO_CAPABILITIES), "source": {"random_seed": seed}}
+        yield "gen/tokenizer", "json", synthetic_tokenizer(c["vocab_size"]).to_str()
+        yield "gen/chat_template", "text", pack.CHATML_TEMPLATE
+        yield "gen/tensor/embed_tokens", "tensor", weight(c["vocab_size"], h)
+        yield "gen/tensor/norm", "tensor", torch.ones(h, dtype=torch.bfloat16)
+        shapes = {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q),
+                  "gate_proj": (i, h), "up_proj": (i, h), "down_proj": (h, i)}
+        for n in range(c["num_layers"]):
+            for norm in ("input_layernorm", "post_attention_layernorm"):
+                yield f"gen/tensor/layers.{n}.{norm}", "tensor", torch.ones(h, dtype=torch.bfloat16)
+            for key, shape in shapes.items():
+                yield f"gen/tensor/layers.{n}.{key}", "tensor", weight(*shape)
+
+    runtime_file.create(path, components())
+
+
+def open_runtime(args, workdir, most_requests):
+    if args.random_weights:
+        path = os.path.join(workdir, "random.aotxccir")
+        pages = most_requests * -(-(args.prompt_tokens + args.new_tokens) // DEFAULT_RUNTIME_PROFILE["page_size"])
+        random_weights_runtime(path, kv_pages=max(pages, DEFAULT_RUNTIME_PROFILE["page_grant"]))
+    elif args.runtime:
+        path = args.runtime
+    elif DEFAULT_RUNTIME.exists():
+        path = str(DEFAULT_RUNTIME)
+    else:
+        path = os.path.join(workdir, "default.aotxccir")
+        print(f"packing the default runtime into {path} ...", file=sys.stderr)
+        pack.pack_default(path, progress=False)
+    return RuntimeFile.open(path)
+
+
+def make_prompts(engine, count, length, random_ids):
+    if random_ids:
+        g = torch.Generator().manual_seed(1)
+        return torch.randint(3, engine.card["vocab_size"], (count, length), generator=g).tolist()
+    prompts = []
+    for n in range(count):
+        question = QUESTIONS[n % len(QUESTIONS)]
+        ids = engine.tokenizer.encode_chat([{"role": "user", "content": " ".join([question] * 4)}])
+        # The chat prompt's last `length` tokens: it still ends with the assistant turn's header.
+        prompts.append(ids[-length:])
+    return prompts
+
+
+# ---- the systems ----------------------------------------------------------------------------------
+
+def run_engine(engine, prompts, new_tokens):
+    return [seq.output_ids for seq in engine.generate(prompts, max_new_tokens=new_tokens, ignore_eos=True)]
+
+
+def run_hf_batch(model, prompts, new_tokens, device):
+    ids = torch.tensor(prompts, device=device)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=False)
+    return out[:, ids.shape[1]:].tolist()
+
+
+def run_hf_paged(model, prompts, new_tokens):
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    with torch.no_grad():
+        results = model.generate_batch(inputs=prompts, generation_config=config)
+    return [result.generated_tokens for result in results.values()]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--runtime", help=f"runtime file (default {DEFAULT_RUNTIME}, packed if missing)")
+    parser.add_argument("--random-weights", action="store_true",
+                        help="SmolLM2-135M-shaped random weights and random prompt ids (no model files needed)")
+    parser.add_argument("--requests", help="comma-separated request counts (default 1,8 on CPU; 1,64,256 on CUDA)")
+    parser.add_argument("--prompt-tokens", type=int, help="tokens per prompt (default 64 on CPU, 128 on CUDA)")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--paged", action=argparse.BooleanOptionalAction,
+                        help="also time transformers generate_batch (default: on CUDA only)")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    counts = [int(n) for n in (args.requests or ("1,64,256" if device.type == "cuda" else "1,8")).split(",")]
+    args.prompt_tokens = args.prompt_tokens or (128 if device.type == "cuda" else 64)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+
+    with tempfile.TemporaryDirectory() as workdir:
+        runtime = open_runtime(args, workdir, max(counts))
+        engine = Engine(runtime, device=args.device)
+        reference = transformers_model(runtime, dtype=dtype, device=device)
+        reference.generation_config.eos_token_id = None  # generate exactly --new-tokens, as the engine does
+        print(f"model {engine.card['name']} on {device} ({dtype}), {torch.get_num_threads()} CPU threads, "
+              f"{args.prompt_tokens} prompt tokens, {args.new_tokens} new tokens per request", flush=True)
+
+        prompts = make_prompts(engine, max(counts), args.prompt_tokens, args.random_weights)
+        run_engine(engine, prompts[:2], 4)  # warm-up (CUDA: first graphs captured, kernels chosen)
+        run_hf_batch(reference, prompts[:2], 4, device)
+        rows = []
+        for count in counts:
+            batch = prompts[:count]
+            tokens = count * args.new_tokens
+            ours_s, ours = timed(device, lambda: run_engine(engine, batch, args.new_tokens))
+            hf_s, theirs = timed(device, lambda: run_hf_batch(reference, batch, args.new_tokens, device))
+            same = sum(a == b for a, b in zip(ours, theirs))
+            paged = None
+            if args.paged if args.paged is not None else device.type == "cuda":
+                try:
+                    paged_s, _ = timed(device, lambda: run_hf_paged(reference, batch, args.new_tokens))
+                    paged = tokens / paged_s
+                except Exception as exc:  # an optional baseline: report it, keep the table
+                    print(f"hf paged generate_batch unavailable: {type(exc).__name__}: {exc}", file=sys.stderr)
+            rows.append((count, tokens / ours_s, tokens / hf_s, paged, same))
+            print(f"  {count} requests: engine {tokens / ours_s:.1f} tok/s, hf batch {tokens / hf_s:.1f} tok/s, "
+                  f"identical greedy outputs {same}/{count}", flush=True)
+
+    one_by_one = next((hf for count, _, hf, _, _ in rows if count == 1), None)
+    print()
+    print(f"{'requests':>8} | {'engine':>9} | {'hf batch':>9} | {'hf 1-by-1':>9} | {'hf paged':>9} | "
+          f"{'vs batch':>8} | {'vs 1-by-1':>9} | same tokens")
+    for count, ours, hf, paged, same in rows:
+        sequential = f"{one_by_one:9.1f}" if one_by_one else f"{'-':>9}"
+        versus_sequential = f"{ours / one_by_one:8.2f}x" if one_by_one else f"{'-':>9}"
+        paged_text = f"{paged:9.1f}" if paged else f"{'-':>9}"
+        print(f"{count:>8} | {ours:9.1f} | {hf:9.1f} | {sequential} | {paged_text} | {ours / hf:7.2f}x | "
+              f"{versus_sequential} | {same}/{count}")
+    print("(tokens/s, prefill included; hf 1-by-1 = the 1-request rate of transformers generate)")
+
+
+if __name__ == "__main__":
+    main()
