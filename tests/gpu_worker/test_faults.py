@@ -193,3 +193,16 @@ def test_restore_requires_fresh_deployment_grants(tmp_path):
         Device(RuntimeFile.open(w.runtime), w.journal, Grants(w.grants_path))
     w.write_grants()
     Device(RuntimeFile.open(w.runtime), w.journal, Grants(w.grants_path)).close()
+
+
+def test_the_device_checkpoints_by_itself_past_the_journal_threshold(tmp_path):
+    w = World(runtime(tmp_path, checkpoint_journal_bytes=3000), tmp_path, ["a"])
+    sizes = []
+    while w.device.generation == 1:
+        assert len(sizes) < 50, "no automatic checkpoint"
+        w.space("a")
+        sizes.append(w.device.journal_bytes)
+        w.device.idle()
+    assert sizes[-1] >= 3000 and all(size < 3000 for size in sizes[:-1])  # exactly past the threshold
+    assert w.device.journal_bytes < 3000
+    assert {r["admission"]["save"]["source"] for r in w.read("a", "operations.list")[1]["items"]} == {"file"}
