@@ -205,8 +205,8 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
             self._save_generation = info["generation"]
             self.last_boot_ns = info.get("at_ns", 0)
         elif transfer.kind == TransferKind.ADMISSION:
-            rrow = self._apply_admission(Admission.decode(transfer.payload), None)
-            self._mark_saved(rrow, transfer)
+            admission = Admission.decode(transfer.payload)
+            self._mark_saved(self._apply_admission(admission, None), transfer, admission.kind)
         elif transfer.kind == TransferKind.LEASE:
             self.replay_lease(transfer)
         elif transfer.kind == TransferKind.OUTPUT:
@@ -399,10 +399,11 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         while self.writer.queued_records:
             for transfer in self.writer.commit_tick():
                 self.free_receipts.extend(self._release_on_save.pop(transfer.seq, ()))
-                rrow = self._pending.pop(transfer.seq, None)
-                if rrow is not None:
-                    self._mark_saved(rrow, transfer)
-                    if self.tables.value(self.tables.receipts, rrow, R.KIND) == Kind.INPUT:
+                pending = self._pending.pop(transfer.seq, None)
+                if pending is not None:
+                    rrow, kind = pending
+                    self._mark_saved(rrow, transfer, kind)
+                    if kind == Kind.INPUT:
                         self.to_lease.append(rrow)
                 callback = self._on_saved.pop(transfer.seq, None)
                 if callback is not None:
@@ -518,7 +519,7 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
             return None
         seq = self.writer.append(TransferKind.ADMISSION, payload)
         rrow = self._apply_admission(admission, seq)
-        self._pending[seq] = rrow
+        self._pending[seq] = (rrow, kind)
         return 202, rrow, records
 
     def _apply_admission(self, a, transfer_seq):
@@ -527,7 +528,7 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         self.admissions += 1
         t = self.tables
         rrow = self.free_receipts.pop()
-        t.write_row(t.receipts, rrow, {col: 0 for col in R})  # a reused slot starts clean
+        t.clear_row(t.receipts, rrow)  # a reused slot starts clean
         if a.kind == Kind.PARTICIPANT_REGISTER:
             prow = self.free_participants.pop()
             hi, lo = split16(a.principal)
@@ -547,8 +548,7 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
             R.STATE: 1, R.PARTICIPANT: prow, R.SEQUENCE: a.sequence, R.KIND: a.kind,
             R.KEY_HI: key_hi, R.KEY_LO: key_lo, R.OP_HI: op_hi, R.OP_LO: op_lo, R.TARGET: target,
             R.CREATED: self.admissions, R.COMMAND_LEN: len(a.canonical), R.RESULT_LEN: 0,
-            R.TERMINAL: Terminal.SUCCEEDED, R.FINISH: 0, R.LEASE: 0, R.INPUT_TOKENS: 0, R.OUTPUT_TOKENS: 0,
-            R.TERM_TRANSFER: 0, R.ADM_TRANSFER: 0, **self._kind_columns(a)})
+            R.TERMINAL: Terminal.SUCCEEDED, **self._kind_columns(a)})
         t.put_bytes(t.command_bytes, rrow, a.canonical)
         t.write_row(t.participants, prow, {P.NEXT_SEQUENCE: a.sequence + 1})
         self._index_receipt(rrow, prow, a.sequence, a.key, a.op)
@@ -566,16 +566,18 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
             return {R.TARGET_OP_HI: hi, R.TARGET_OP_LO: lo}
         return {}
 
-    def _mark_saved(self, rrow, transfer):
+    def _mark_saved(self, rrow, transfer, kind):
         """Record the save fields of the transfer that saved this receipt's admission. Every
         kind but an input finishes at admission: the same transfer saves its terminal result."""
         t = self.tables
-        t.write_row(t.receipts, rrow, {
-            R.ADM_TRANSFER: transfer.seq, R.ADM_BOOT: self.boot, R.ADM_GENERATION: self._save_generation,
-            R.ADM_SOURCE: Source.JOURNAL})
+        values = {R.ADM_TRANSFER: transfer.seq, R.ADM_BOOT: self.boot, R.ADM_GENERATION: self._save_generation,
+                  R.ADM_SOURCE: Source.JOURNAL}
         t.put_digest(rrow, 0, transfer.digest)
-        if t.value(t.receipts, rrow, R.KIND) != Kind.INPUT:
-            self._mark_terminal_saved(rrow, transfer)
+        if kind != Kind.INPUT:
+            values.update({R.TERM_TRANSFER: transfer.seq, R.TERM_BOOT: self.boot,
+                           R.TERM_GENERATION: self._save_generation, R.TERM_SOURCE: Source.JOURNAL})
+            t.put_digest(rrow, 1, transfer.digest)
+        t.write_row(t.receipts, rrow, values)
         self._rendered.pop(rrow, None)
 
     def _mark_terminal_saved(self, rrow, transfer):

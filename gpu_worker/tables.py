@@ -164,6 +164,12 @@ class Tables:
         cols = torch.tensor(list(values), dtype=torch.int64, device=self.device)
         table[row, cols] = torch.tensor(list(values.values()), dtype=torch.int64, device=self.device)
 
+    def clear_row(self, table, row):
+        if self._views is not None:
+            self._views[id(table)][row] = 0
+        else:
+            table[row] = 0
+
     def row(self, table, row):
         if self._views is not None:
             return self._views[id(table)][row].tolist()
