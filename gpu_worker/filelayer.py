@@ -10,51 +10,52 @@ from __future__ import annotations
 import errno
 import os
 import random
+from typing import Protocol
 
 
-class AppendFile:
+class AppendFile(Protocol):
     """An open segment file: appends only, plus the truncate that cuts a failed tail."""
 
     def write(self, data: bytes) -> None:
-        raise NotImplementedError
+        ...
 
     def fdatasync(self) -> None:
-        raise NotImplementedError
+        ...
 
     def truncate(self, length: int) -> None:
-        raise NotImplementedError
+        ...
 
     def size(self) -> int:
-        raise NotImplementedError
+        ...
 
     def close(self) -> None:
-        raise NotImplementedError
+        ...
 
 
-class FileLayer:
+class FileLayer(Protocol):
     """Every file operation the journal performs. Errors are `OSError` with an errno."""
 
     def open_append(self, path: str) -> AppendFile:
-        raise NotImplementedError
+        ...
 
     def read_file(self, path: str) -> bytes:
-        raise NotImplementedError
+        ...
 
     def listdir(self, directory: str) -> list[str]:
-        raise NotImplementedError
+        ...
 
     def exists(self, path: str) -> bool:
-        raise NotImplementedError
+        ...
 
     def fsync_dir(self, directory: str) -> None:
-        raise NotImplementedError
+        ...
 
     def remove(self, path: str) -> None:
-        raise NotImplementedError
+        ...
 
     def statvfs(self, directory: str) -> tuple[int, int]:
         """(free bytes available to this process, total bytes) of the file system."""
-        raise NotImplementedError
+        ...
 
 
 class OsAppendFile(AppendFile):
