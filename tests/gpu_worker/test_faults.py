@@ -206,3 +206,20 @@ def test_the_device_checkpoints_by_itself_past_the_journal_threshold(tmp_path):
     assert sizes[-1] >= 3000 and all(size < 3000 for size in sizes[:-1])  # exactly past the threshold
     assert w.device.journal_bytes < 3000
     assert {r["admission"]["save"]["source"] for r in w.read("a", "operations.list")[1]["items"]} == {"file"}
+
+
+def test_low_free_disk_holds_admission_and_the_hold_lifts_when_space_returns(tmp_path):
+    path = str(tmp_path / "lowdisk.aotxccir")
+    pack_tiny(path, shared=True, runtime_profile={"min_free_disk_bytes": 1 << 20})
+    fs = FaultyFileLayer()
+    w = FaultyWorld(path, tmp_path, ["a"], fs)
+    w.space("a")
+    state = saved_state(w, "a")
+    fs.space = 1 << 19  # statvfs now reports less free space than the runtime profile's minimum
+    status, body = w.mutate("a", "spaces.create", "/spaces", {})
+    assert status == 429 and body["error"]["cause"] == "low_disk" and saved_state(w, "a") == state
+    assert w.read("a", "capabilities")[1]["journal"]["cause"] == "low_disk"
+    fs.space = 1 << 30
+    w.device.idle()
+    assert w.device.hold is None and w.device.hold_incidents[-1]["cause"] == "low_disk"
+    assert w.mutate("a", "spaces.create", "/spaces", {})[0] == 202
