@@ -1,4 +1,5 @@
 """Celery ops tasks: thin wrappers over device commands."""
+import json
 import logging
 
 from celery import shared_task
@@ -13,7 +14,13 @@ def sample_capacity():
 
     from . import config
     from .device_client import DeviceClient
+    from .errors import ApiError
     cfg = config.load(settings.AOTX_GATEWAY_CONFIG)
-    msg = DeviceClient(cfg["socket"], 10).call("ping", None)
-    log.warning("device ping: %s %s", msg["status"], msg["body"][:200])
-    return msg["status"]
+    try:
+        msg = DeviceClient(cfg["socket"], 10).call("ping", None)
+    except ApiError as exc:  # the device is starting or down: say so, try again next minute
+        log.warning("capacity sample skipped: %s", exc.message)
+        return None
+    status = json.loads(msg["body"])
+    log.warning("capacity: %s; journal %s", status["usage"], status["journal"])
+    return status
