@@ -19,7 +19,7 @@ import torch
 
 from . import runtime_file
 from .journal import list_segments, recover, segment_name
-from .tables import R, Source
+from .tables import R
 
 log = logging.getLogger("gpu_worker.checkpoint")
 STATE = "state/current"
@@ -68,10 +68,7 @@ def load_state(device, blob):
     if len(live):
         t.receipt_digests[live] = torch.from_numpy(
             np.frombuffer(state["digests"], dtype=np.uint8).copy()).view(len(live), 2, 32).to(t.device)
-        # everything this checkpoint holds is now saved in the file, at its generation
-        for col, value in ((R.ADM_SOURCE, Source.FILE), (R.TERM_SOURCE, Source.FILE),
-                           (R.ADM_GENERATION, state["generation"]), (R.TERM_GENERATION, state["generation"])):
-            t.receipts[live, col] = int(value)
+        t.mark_folded(state["generation"])
     pos = {"commands": 0, "results": 0}
     for r in live.tolist():
         row = t.row(t.receipts, r)

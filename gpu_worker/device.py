@@ -39,6 +39,9 @@ MAX_LIMIT = 200
 
 
 SOURCE_NAMES = {Source.JOURNAL: "journal", Source.FILE: "file"}
+# (transfer, boot, generation, source) columns of the admission (0) and terminal (1) save fields
+SAVE_COLUMNS = ((R.ADM_TRANSFER, R.ADM_BOOT, R.ADM_GENERATION, R.ADM_SOURCE),
+                (R.TERM_TRANSFER, R.TERM_BOOT, R.TERM_GENERATION, R.TERM_SOURCE))
 
 
 @dataclass
@@ -95,17 +98,17 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         self.hold = None            # {"cause", "since_ns", "disk_error"} while persistent admission pauses
         self.hold_incidents = []    # ended holds, newest last (ops: admin console, capacity task)
         self.lock = JournalLock(journal_dir)
-        self.init_chat()  # chats are not state: a rebuild of the tables keeps them
+        self.init_chat()  # chats and the engine runner are not state: a rebuild of the tables keeps them
+        self.runner = None  # set by boot (or a test) when an engine runs
         started = time.perf_counter()
         try:
             recovery = self._load()
             if serve:
                 self._check_fresh_grants()
-            self.writer = JournalWriter(journal_dir, self.fs, self.incarnation, recovery)
+            self._open_writer(recovery)
         except Exception:
             self.lock.release()
             raise
-        self._journal_base = self.writer.durable_bytes - recovery.durable_bytes
         self.recovered = len(recovery.transfers)
         self.dropped = recovery.dropped
         if recovery.dropped:
@@ -141,6 +144,10 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         for transfer in recovery.transfers:
             self._replay(transfer)
         return recovery
+
+    def _open_writer(self, recovery):
+        self.writer = JournalWriter(self.journal_dir, self.fs, self.incarnation, recovery)
+        self._journal_base = self.writer.durable_bytes - recovery.durable_bytes  # bytes before the active journal
 
     def _index_tables(self):
         """Host-side indexes, derived from the tensors (empty, or just loaded from a checkpoint)."""
@@ -245,10 +252,13 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         elif cause and self.hold and self.hold["cause"] != "disk_full":
             self.hold["cause"] = cause
         elif not cause and self.hold:
-            self.hold_incidents.append({**self.hold, "ended_ns": time.time_ns()})
-            del self.hold_incidents[:-100]
-            log.warning("journal hold lifted (%s)", self.hold["cause"])
-            self.hold = None
+            self._end_hold()
+
+    def _end_hold(self):
+        self.hold_incidents.append({**self.hold, "ended_ns": time.time_ns()})
+        del self.hold_incidents[:-100]
+        log.warning("journal hold lifted (%s)", self.hold["cause"])
+        self.hold = None
 
     def _disk_full(self, err, waiting):
         """ENOSPC while saving a tick: the writer cut the journal back to its durable end. Nothing
@@ -257,13 +267,9 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         if self.runner is not None:  # their unsaved outputs are gone: stop them, they end at the next boot
             for rrow in self.executions:
                 self.runner.cancel(("input", rrow))
-        runner = self.runner
         self.writer.close()
         self.runtime = runtime_file.RuntimeFile.open(self.runtime.path, verify=False)
-        recovery = self._load()
-        self.runner = runner
-        self.writer = JournalWriter(self.journal_dir, self.fs, self.incarnation, recovery)
-        self._journal_base = self.writer.durable_bytes - recovery.durable_bytes
+        self._open_writer(self._load())
         self.hold = {"cause": "disk_full", "since_ns": time.time_ns(), "disk_error": f"ENOSPC: {err}"}
         refusal = DeviceError(429, "journal_hold", "the journal cannot save new operations right now "
                                                    "(no space left on device); retry later", **self._hold_details())
@@ -271,7 +277,7 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
 
     def _hold_details(self):
         return {"cause": self.hold["cause"], "disk_error": self.hold["disk_error"],
-                "pending_bytes": self.writer.queued_records * 192}
+                "pending_bytes": self.writer.queued_bytes}
 
     def checkpoint(self):
         """Fold the journal into the runtime file now (between ticks)."""
@@ -281,18 +287,12 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
             log.warning("checkpoint failed: %s", exc)
             raise DeviceError(507, "checkpoint_failed", f"checkpoint failed: {exc}") from None
         if result and self.hold and self.hold["cause"] == "disk_full":
-            # the checkpoint wrote its extents and freed the folded journal: space is back
-            self.hold_incidents.append({**self.hold, "ended_ns": time.time_ns()})
-            self.hold = None
+            self._end_hold()  # the checkpoint wrote its extents and freed the folded journal: space is back
         self.check_hold()
         return result
 
     def after_checkpoint(self, generation, last_seq, last_digest):
-        t = self.tables
-        live = t.receipts[:, R.STATE] != 0
-        for col, value in ((R.ADM_SOURCE, Source.FILE), (R.TERM_SOURCE, Source.FILE),
-                           (R.ADM_GENERATION, generation), (R.TERM_GENERATION, generation)):
-            t.receipts[live, col] = int(value)
+        self.tables.mark_folded(generation)
         self._rendered.clear()
         self.generation = self._save_generation = generation
         self.checkpoint_seq, self.checkpoint_digest = last_seq, last_digest
@@ -559,33 +559,29 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         if a.kind == Kind.INPUT:
             return self._input_columns(a)
         if a.kind == Kind.CANCELLATION:
-            prow = self.by_principal[a.principal]
-            hi, lo = split16(join16(*[self.tables.value(self.tables.receipts,
-                                                        self.by_sequence[(prow, a.extra["target_sequence"])], c)
-                                      for c in (R.OP_HI, R.OP_LO)]))
-            return {R.TARGET_OP_HI: hi, R.TARGET_OP_LO: lo}
+            target = self.tables.row(self.tables.receipts,
+                                     self.by_sequence[(self.by_principal[a.principal], a.extra["target_sequence"])])
+            return {R.TARGET_OP_HI: target[R.OP_HI], R.TARGET_OP_LO: target[R.OP_LO]}
         return {}
 
     def _mark_saved(self, rrow, transfer, kind):
         """Record the save fields of the transfer that saved this receipt's admission. Every
         kind but an input finishes at admission: the same transfer saves its terminal result."""
-        t = self.tables
-        values = {R.ADM_TRANSFER: transfer.seq, R.ADM_BOOT: self.boot, R.ADM_GENERATION: self._save_generation,
-                  R.ADM_SOURCE: Source.JOURNAL}
-        t.put_digest(rrow, 0, transfer.digest)
-        if kind != Kind.INPUT:
-            values.update({R.TERM_TRANSFER: transfer.seq, R.TERM_BOOT: self.boot,
-                           R.TERM_GENERATION: self._save_generation, R.TERM_SOURCE: Source.JOURNAL})
-            t.put_digest(rrow, 1, transfer.digest)
-        t.write_row(t.receipts, rrow, values)
-        self._rendered.pop(rrow, None)
+        self._record_save(rrow, transfer, (0, 1) if kind != Kind.INPUT else (0,))
 
     def _mark_terminal_saved(self, rrow, transfer):
+        self._record_save(rrow, transfer, (1,))
+
+    def _record_save(self, rrow, transfer, which):
+        """Save fields of a transfer into the admission (0) and/or terminal (1) columns."""
         t = self.tables
-        t.write_row(t.receipts, rrow, {
-            R.TERM_TRANSFER: transfer.seq, R.TERM_BOOT: self.boot, R.TERM_GENERATION: self._save_generation,
-            R.TERM_SOURCE: Source.JOURNAL})
-        t.put_digest(rrow, 1, transfer.digest)
+        values = {}
+        for w in which:
+            transfer_col, boot_col, gen_col, source_col = SAVE_COLUMNS[w]
+            values.update({transfer_col: transfer.seq, boot_col: self.boot, gen_col: self._save_generation,
+                           source_col: Source.JOURNAL})
+            t.put_digest(rrow, w, transfer.digest)
+        t.write_row(t.receipts, rrow, values)
         self._rendered.pop(rrow, None)
 
     # ---- retirements (SPEC: retirement advances the persisted floor before reuse) ------
@@ -637,7 +633,8 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
 
     # ---- receipts ----------------------------------------------------------------------
 
-    def _save_json(self, rrow, row, which, transfer_col, boot_col, gen_col, source_col):
+    def _save_json(self, rrow, row, which):
+        transfer_col, boot_col, gen_col, source_col = SAVE_COLUMNS[which]
         if not row[transfer_col]:
             return "null"
         return (f'{{"boot":"{row[boot_col]}","commit_digest":"{self.tables.get_digest(rrow, which).hex()}",'
@@ -659,8 +656,8 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         row = t.row(t.receipts, rrow)
         par = self.participant_ids[row[R.PARTICIPANT]][2]
         kind = Kind(row[R.KIND])
-        admission = self._save_json(rrow, row, 0, R.ADM_TRANSFER, R.ADM_BOOT, R.ADM_GENERATION, R.ADM_SOURCE)
-        terminal = self._save_json(rrow, row, 1, R.TERM_TRANSFER, R.TERM_BOOT, R.TERM_GENERATION, R.TERM_SOURCE)
+        admission = self._save_json(rrow, row, 0)
+        terminal = self._save_json(rrow, row, 1)
         saved = admission != "null"
         ended = terminal != "null"
         status = f'"{TERMINAL_NAMES[row[R.TERMINAL]]}"' if ended else "null"
@@ -806,7 +803,7 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
     def journal_state(self):
         hold = self.hold or {}
         return {"hold": bool(self.hold), "cause": hold.get("cause"), "since_ns": hold.get("since_ns"),
-                "pending_bytes": self.writer.queued_records * 192, "disk_error": hold.get("disk_error"),
+                "pending_bytes": self.writer.queued_bytes, "disk_error": hold.get("disk_error"),
                 "bytes": str(self.journal_bytes), "file_cap_bytes": str(self.file_cap),
                 "checkpoint_seq": str(self.checkpoint_seq)}
 

@@ -72,7 +72,6 @@ class InputCommands:
         self.conversation_inputs = {}  # conversation row -> input receipt rows in admission order
         self.executions = {}           # receipt row -> Execution (leased, not yet completed)
         self.to_lease = []             # receipt rows whose admission is saved, awaiting their lease
-        self.runner = None             # set by the server when an engine runs
         self.media = {}                # media sha256 hex -> {length, type, owners: participant rows}
         t = self.tables
         for rrow in sorted(self.by_op.values(), key=lambda r: t.value(t.receipts, r, R.CREATED)):

@@ -475,6 +475,11 @@ class JournalWriter:
         return self._queued
 
     @property
+    def queued_bytes(self) -> int:
+        """Bytes appended but not yet durable (what a receipt or a hold reports as pending)."""
+        return sum(len(r) for q in self._pending for r in q.records[q.written:])
+
+    @property
     def at_transfer_boundary(self) -> bool:
         """No transfer is partly written, so a new segment may start."""
         return not self._pending or self._pending[0].written == 0

@@ -206,6 +206,13 @@ class Tables:
             return self._views[id(self.receipt_digests)][row, which].tobytes()
         return self.receipt_digests[row, which].cpu().numpy().tobytes()
 
+    def mark_folded(self, generation):
+        """Every live receipt is now saved in the runtime file, at this generation (a checkpoint)."""
+        live = self.receipts[:, R.STATE] != 0
+        for col, value in ((R.ADM_SOURCE, Source.FILE), (R.TERM_SOURCE, Source.FILE),
+                           (R.ADM_GENERATION, generation), (R.TERM_GENERATION, generation)):
+            self.receipts[live, col] = int(value)
+
     @staticmethod
     def unused_rows(table):
         """Free rows of a table, highest first, so pop() hands out the lowest free row."""
