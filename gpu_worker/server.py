@@ -1,6 +1,7 @@
 """The device process: the socket server on DIR/service.sock, and the tick loop.
 
-One thread owns everything. Frames read from every connection collect in an inbox; a tick is
+One thread owns the shared state (the engine computes on its own thread, runner.py, and hands its
+events back to this loop). Frames read from every connection collect in an inbox; a tick is
 scheduled as soon as the first one arrives, and it takes all that arrived since the previous
 tick. While a tick's fdatasync blocks this thread, the kernel keeps queuing requests on the
 sockets, so the next tick's batch grows exactly when the disk is slow: group commit without any
