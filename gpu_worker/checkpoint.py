@@ -90,6 +90,8 @@ def write(device):
     """Fold the device's journal into the runtime file (device idle: nothing queued)."""
     started = time.perf_counter()
     writer = device.writer
+    if writer.queued_records:
+        raise RuntimeError("checkpoint with unsaved transfers queued")
     last_seq, last_digest = writer.next_seq - 1, writer.last_digest
     if last_seq <= device.checkpoint_seq:
         return None

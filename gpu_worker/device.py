@@ -1,10 +1,10 @@
 """The device state machine: tables, receipts, the mutation protocol and the journal.
 
-Everything here runs on the device's one thread (see server.py). A tick handles commands in
+Everything here runs on the device's one thread (see server.py). A tick gathers commands in
 arrival order until its 16-record journal budget is used (the rest wait for the next tick),
-then one commit_tick (one fdatasync) makes its admissions saved and its replies go out. Reads
-that arrive before the tick's first mutation see only saved state; reads after it are answered
-after the commit. Replay at boot runs the same apply functions over the recovered transfers,
+then one write and one fdatasync make its admissions saved and its replies go out (the server
+runs that I/O on its own thread while the next tick gathers). Reads are answered at once only
+while nothing is unsaved; otherwise after the saves before them. Replay at boot runs the same apply functions over the recovered transfers,
 so a receipt read after a restart is rebuilt from the same values and renders to the same bytes.
 """
 import bisect
@@ -42,6 +42,20 @@ SOURCE_NAMES = {Source.JOURNAL: "journal", Source.FILE: "file"}
 # (transfer, boot, generation, source) columns of the admission (0) and terminal (1) save fields
 SAVE_COLUMNS = ((R.ADM_TRANSFER, R.ADM_BOOT, R.ADM_GENERATION, R.ADM_SOURCE),
                 (R.TERM_TRANSFER, R.TERM_BOOT, R.TERM_GENERATION, R.TERM_SOURCE))
+
+
+class Batch:
+    """One tick's commands between gather() and answer(): replies wait until `last_seq` (the
+    last journal transfer appended by then) is saved."""
+
+    __slots__ = ("replies", "waiting", "media", "reads", "last_seq")
+
+    def __init__(self):
+        self.replies = []   # (conn, reply) ready now: refusals, chat refusals, reads of saved state
+        self.waiting = []   # (conn, req_id, status, receipt row) of admitted mutations
+        self.media = []     # (conn, req_id, sha256) of appended media uploads
+        self.reads = []     # (conn, msg) reads that must not see the unsaved state before them
+        self.last_seq = 0
 
 
 @dataclass
@@ -260,9 +274,10 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         log.warning("journal hold lifted (%s)", self.hold["cause"])
         self.hold = None
 
-    def _disk_full(self, err, waiting):
+    def refuse_unsaved(self, err, batches):
         """ENOSPC while saving a tick: the writer cut the journal back to its durable end. Nothing
-        of this tick was saved, so rebuild the tables from what is, hold, and refuse the tick."""
+        unsaved survives, so rebuild the tables from what is saved, hold, and refuse every
+        admission of the unsaved batches; their other replies are answered from the saved state."""
         log.warning("journal write failed (%s); rebuilding from the saved state and holding", err)
         if self.runner is not None:  # their unsaved outputs are gone: stop them, they end at the next boot
             for rrow in self.executions:
@@ -273,7 +288,13 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         self.hold = {"cause": "disk_full", "since_ns": time.time_ns(), "disk_error": f"ENOSPC: {err}"}
         refusal = DeviceError(429, "journal_hold", "the journal cannot save new operations right now "
                                                    "(no space left on device); retry later", **self._hold_details())
-        return [(conn, reply(req_id, refusal.status, refusal.body())) for conn, req_id, _, _ in waiting]
+        replies = []
+        for batch in batches:
+            batch.replies.extend((conn, reply(req_id, refusal.status, refusal.body()))
+                                 for conn, req_id, _, _ in batch.waiting)
+            batch.waiting = []
+            replies.extend(self.answer(batch))
+        return replies
 
     def _hold_details(self):
         return {"cause": self.hold["cause"], "disk_error": self.hold["disk_error"],
@@ -312,11 +333,23 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
     # ---- the tick ------------------------------------------------------------------------
 
     def tick(self, inbox):
+        """One tick, synchronously (boot, tests, offline commands): gather, commit, answer.
+        Returns [(conn, reply)]."""
+        batch = self.gather(inbox)
+        try:
+            self._commit()
+        except JournalIOError as err:
+            if err.errno != errno.ENOSPC:
+                raise  # EIO and the like: stop admitting; the process exits and a restart recovers
+            return self.refuse_unsaved(err, [batch])
+        return self.answer(batch)
+
+    def gather(self, inbox):
         """Handle commands from the front of inbox (a deque of (conn, msg)) until this tick's
-        record budget is used; what is left stays queued for the next tick. Returns
-        [(conn, reply)]: replies go out only after the tick's commit, so every mutation reply
-        reports a saved admission, and a read that follows a mutation in the same tick is
-        answered after that mutation is saved (reads never see unsaved state)."""
+        record budget is used; what is left stays queued for the next tick. Admissions are
+        applied and appended to the journal; every reply waits in the returned Batch until the
+        batch is saved (answer()), so a mutation reply reports a saved admission and a read
+        never sees unsaved state: a read is answered at once only while nothing is unsaved."""
         try:
             self.grants.reload()
             self._grant_problem = None
@@ -326,39 +359,29 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
                 log.warning("grant reload failed, keeping previous grants: %s", exc)
         self.check_hold()
         self.check_deadlines()
-        replies, late_reads, waiting, media_replies = [], [], [], []
+        batch = Batch()
+        replies, waiting = batch.replies, batch.waiting
         budget = MAX_RECORDS_PER_TICK
         if not self._admission_deferred:  # engine work first, but never starving a big admission
             budget -= self.journal_engine_work(ENGINE_RECORDS_PER_TICK)
         self._admission_deferred = False
+        writer = self.writer
         while inbox:
             conn, msg = inbox[0]
-            handler = MUTATIONS.get(msg.get("op"))
-            if msg.get("op") == "chat.completions":  # answered later, from the engine's events
-                inbox.popleft()
-                refusal = self.start_chat(conn, msg)
-                if refusal is not None:
-                    replies.append((conn, refusal))
-                continue
-            if msg.get("op") == "media.put":
-                inbox.popleft()
-                try:
-                    outcome = self.put_media(conn, msg)
-                except DeviceError as err:
-                    replies.append((conn, reply(msg.get("id"), err.status, err.body())))
-                    continue
-                if isinstance(outcome, tuple):
-                    replies.append((conn, reply(msg.get("id"), outcome[0], dumps(outcome[1]))))
-                    continue
-                seq = self.writer.append(TransferKind.MEDIA, outcome)
-                self._on_saved[seq] = lambda transfer, p=outcome: self.apply_media(p, transfer)
-                budget -= record_count(len(outcome))
-                media_replies.append((conn, msg.get("id"), msg["args"]["sha256"]))
-                continue
+            op = msg.get("op")
+            handler = MUTATIONS.get(op)
             if handler is None:
+                if op == "checkpoint" and writer.queued_records:
+                    break  # a checkpoint folds saved state only: it waits until nothing is queued
                 inbox.popleft()
-                if waiting:
-                    late_reads.append((conn, msg))
+                if op == "chat.completions":  # answered later, from the engine's events
+                    refusal = self.start_chat(conn, msg)
+                    if refusal is not None:
+                        replies.append((conn, refusal))
+                elif op == "media.put":
+                    budget -= self._gather_media(conn, msg, batch)
+                elif writer.durable_seq < writer.next_seq - 1:
+                    batch.reads.append((conn, msg))
                 else:
                     replies.append((conn, self._read(msg)))
                 continue
@@ -375,39 +398,57 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
             status, rrow, records = outcome
             budget -= records
             waiting.append((conn, msg.get("id"), status, rrow))
+        batch.last_seq = writer.next_seq - 1
+        return batch
+
+    def _gather_media(self, conn, msg, batch):
+        """A media upload in a tick: refused, already there, or appended. Returns records used."""
         try:
-            self._commit()
-        except JournalIOError as err:
-            if err.errno != errno.ENOSPC:
-                raise  # EIO and the like: stop admitting; the process exits and a restart recovers
-            replies.extend(self._disk_full(err, waiting))
-            waiting = []
-        for conn, req_id, status, rrow in waiting:
+            outcome = self.put_media(conn, msg)
+        except DeviceError as err:
+            batch.replies.append((conn, reply(msg.get("id"), err.status, err.body())))
+            return 0
+        if isinstance(outcome, tuple):
+            batch.replies.append((conn, reply(msg.get("id"), outcome[0], dumps(outcome[1]))))
+            return 0
+        seq = self.writer.append(TransferKind.MEDIA, outcome)
+        self._on_saved[seq] = lambda transfer, p=outcome: self.apply_media(p, transfer)
+        batch.media.append((conn, msg.get("id"), msg["args"]["sha256"]))
+        return record_count(len(outcome))
+
+    def answer(self, batch):
+        """The replies of a batch whose transfers are all saved (or refused: refuse_unsaved)."""
+        replies = batch.replies
+        for conn, req_id, status, rrow in batch.waiting:
             replies.append((conn, self._receipt_reply(req_id, status, rrow)))
-        for conn, req_id, sha in media_replies:
+        for conn, req_id, sha in batch.media:
             if sha in self.media:
                 replies.append((conn, reply(req_id, 201, dumps(self._media_view(sha)))))
             else:  # the tick was refused (ENOSPC): nothing saved
                 refusal = DeviceError(429, "journal_hold", "the journal cannot save new operations right now")
                 replies.append((conn, reply(req_id, 429, refusal.body())))
-        for conn, msg in late_reads:
+        for conn, msg in batch.reads:
             replies.append((conn, self._read(msg)))
         return replies
 
     def _commit(self):
         """One fdatasync per tick (more only for a transfer larger than a tick's 16 records)."""
         while self.writer.queued_records:
-            for transfer in self.writer.commit_tick():
-                self.free_receipts.extend(self._release_on_save.pop(transfer.seq, ()))
-                pending = self._pending.pop(transfer.seq, None)
-                if pending is not None:
-                    rrow, kind = pending
-                    self._mark_saved(rrow, transfer, kind)
-                    if kind == Kind.INPUT:
-                        self.to_lease.append(rrow)
-                callback = self._on_saved.pop(transfer.seq, None)
-                if callback is not None:
-                    callback(transfer)
+            self.saved(self.writer.commit_tick())
+
+    def saved(self, transfers):
+        """Transfers just made durable, oldest first: their admissions and results are saved."""
+        for transfer in transfers:
+            self.free_receipts.extend(self._release_on_save.pop(transfer.seq, ()))
+            pending = self._pending.pop(transfer.seq, None)
+            if pending is not None:
+                rrow, kind = pending
+                self._mark_saved(rrow, transfer, kind)
+                if kind == Kind.INPUT:
+                    self.to_lease.append(rrow)
+            callback = self._on_saved.pop(transfer.seq, None)
+            if callback is not None:
+                callback(transfer)
 
     @property
     def internal_work(self):
