@@ -2,9 +2,8 @@
 
 Everything here runs on the device's one thread (see server.py). A tick gathers commands in
 arrival order until its 16-record journal budget is used (the rest wait for the next tick),
-then one write and one fdatasync make its admissions saved and its replies go out (the server
-runs that I/O on its own thread while the next tick gathers). Reads are answered at once only
-while nothing is unsaved; otherwise after the saves before them. Replay at boot runs the same apply functions over the recovered transfers,
+then one write and one fdatasync make its admissions saved and its replies go out. Reads are
+answered at once only while nothing is unsaved; otherwise after the tick's commit. Replay at boot runs the same apply functions over the recovered transfers,
 so a receipt read after a restart is rebuilt from the same values and renders to the same bytes.
 """
 import bisect
@@ -45,17 +44,15 @@ SAVE_COLUMNS = ((R.ADM_TRANSFER, R.ADM_BOOT, R.ADM_GENERATION, R.ADM_SOURCE),
 
 
 class Batch:
-    """One tick's commands between gather() and answer(): replies wait until `last_seq` (the
-    last journal transfer appended by then) is saved."""
+    """One tick's commands between gather() and answer(): every reply waits for the commit."""
 
-    __slots__ = ("replies", "waiting", "media", "reads", "last_seq")
+    __slots__ = ("replies", "waiting", "media", "reads")
 
     def __init__(self):
         self.replies = []   # (conn, reply) ready now: refusals, chat refusals, reads of saved state
         self.waiting = []   # (conn, req_id, status, receipt row) of admitted mutations
         self.media = []     # (conn, req_id, sha256) of appended media uploads
         self.reads = []     # (conn, msg) reads that must not see the unsaved state before them
-        self.last_seq = 0
 
 
 @dataclass
@@ -365,14 +362,11 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         if not self._admission_deferred:  # engine work first, but never starving a big admission
             budget -= self.journal_engine_work(ENGINE_RECORDS_PER_TICK)
         self._admission_deferred = False
-        writer = self.writer
         while inbox:
             conn, msg = inbox[0]
             op = msg.get("op")
             handler = MUTATIONS.get(op)
             if handler is None:
-                if op == "checkpoint" and writer.queued_records:
-                    break  # a checkpoint folds saved state only: it waits until nothing is queued
                 inbox.popleft()
                 if op == "chat.completions":  # answered later, from the engine's events
                     refusal = self.start_chat(conn, msg)
@@ -380,7 +374,7 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
                         replies.append((conn, refusal))
                 elif op == "media.put":
                     budget -= self._gather_media(conn, msg, batch)
-                elif writer.durable_seq < writer.next_seq - 1:
+                elif self.writer.queued_records:
                     batch.reads.append((conn, msg))
                 else:
                     replies.append((conn, self._read(msg)))
@@ -398,7 +392,6 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
             status, rrow, records = outcome
             budget -= records
             waiting.append((conn, msg.get("id"), status, rrow))
-        batch.last_seq = writer.next_seq - 1
         return batch
 
     def _gather_media(self, conn, msg, batch):

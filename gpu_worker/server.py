@@ -2,26 +2,18 @@
 
 One thread owns the shared state (the engine computes on its own thread, runner.py, and hands its
 events back to this loop). Frames read from every connection collect in an inbox; a tick is
-scheduled as soon as the first one arrives, and it gathers what arrived, up to its 16-record
-budget (Device.gather). Its write and fdatasync run on the journal I/O thread, and while they
-do, this thread reads the sockets and gathers the next tick, so the disk and the interpreter work
-at the same time; the next tick's I/O starts when this one's is done (one tick in flight, at most
-one gathered ahead). A batch's replies go out once every transfer it appended is saved.
-
-The I/O thread does nothing but write + fdatasync (TickIO.run) and wake the loop: one GIL
-hand-off per tick, not one per syscall (an owner thread beside the event loop, tried first,
-spent most of its time re-acquiring the GIL after every socket syscall).
+scheduled as soon as the first one arrives, and it takes all that arrived since the previous
+tick. While a tick's fdatasync blocks this thread, the kernel keeps queuing requests on the
+sockets, so the next tick's batch grows exactly when the disk is slow: group commit without any
+hand-off between threads (an owner thread beside the event loop spent most of its time
+re-acquiring the GIL after every syscall).
 """
 import asyncio
 import collections
-import errno
 import logging
 import os
-import queue
 import signal
-import threading
 
-from .journal import JournalIOError
 from .protocol import PROTOCOL_VERSION, FrameBuffer, ProtocolError, encode_frame, reply
 
 log = logging.getLogger("gpu_worker.server")
@@ -64,10 +56,6 @@ class Server:
         self.loop = None
         self.failure = None
         self._scheduled = False
-        self.batches = collections.deque()  # gathered, not yet answered (oldest first)
-        self._io = None                      # the TickIO in flight on the I/O thread
-        self._io_queue = queue.SimpleQueue()
-        self._io_thread = None
 
     def submit(self, conn, msg):
         self.inbox.append((conn, msg))
@@ -76,70 +64,31 @@ class Server:
             self.loop.call_soon(self._tick)
 
     def _tick(self):
-        """Gather a batch unless one already waits for the disk behind the tick in flight."""
         self._scheduled = False
-        if self._gathered_ahead():
-            return  # _io_done schedules the next gather
         try:
-            self.batches.append(self.device.gather(self.inbox))
-            self._flush()
+            replies = self.device.tick(self.inbox)
         except BaseException as exc:  # a journal I/O error stops the device so a restart recovers
-            self._fail(exc)
-
-    def _gathered_ahead(self):
-        return len(self.batches) > (1 if self._io is not None else 0)
-
-    def _flush(self):
-        """Answer the batches that are saved; start the next tick's I/O; gather again if asked."""
-        device = self.device
-        while self.batches and self.batches[0].last_seq <= device.writer.durable_seq:
-            self._send(device.answer(self.batches.popleft()))
-        if self._io is None and device.writer.queued_records:
-            self._io = device.writer.begin_tick()
-            self._io_queue.put(self._io)
-        self._schedule_if_work()
-
-    def _io_done(self):
-        """The I/O thread finished the tick in flight (on this loop's thread)."""
-        tick, self._io = self._io, None
-        try:
-            try:
-                self.device.saved(self.device.writer.finish_tick(tick))
-            except JournalIOError as err:
-                if err.errno != errno.ENOSPC:
-                    raise  # EIO and the like: stop admitting; the process exits and a restart recovers
-                self._send(self.device.refuse_unsaved(err, self.batches))
-                self.batches.clear()
-            self._flush()
-        except BaseException as exc:
-            self._fail(exc)
-
-    def _io_worker(self):
-        while True:
-            tick = self._io_queue.get()
-            if tick is None:
-                return
-            tick.run()
-            self.loop.call_soon_threadsafe(self._io_done)
-
-    def _fail(self, exc):
-        self.failure = exc
-        self.loop.stop()
+            self.failure = exc
+            self.loop.stop()
+            return
+        self._send(replies)
+        if self.inbox or self.device.internal_work:  # what did not fit this tick's record budget
+            self._scheduled = True
+            self.loop.call_soon(self._tick)
 
     def _idle(self):
         """Ten times a second: holds, deadlines, stale output to journal, automatic checkpoint."""
         try:
             self.device.idle()
         except BaseException as exc:
-            self._fail(exc)
+            self.failure = exc
+            self.loop.stop()
             return
         self._schedule_if_work()
         self.loop.call_later(IDLE_SECONDS, self._idle)
 
     def _schedule_if_work(self):
-        if self._scheduled or self._gathered_ahead():
-            return
-        if self.inbox or self.device.internal_work:
+        if not self._scheduled and (self.inbox or self.device.internal_work):
             self._scheduled = True
             self.loop.call_soon(self._tick)
 
@@ -148,7 +97,8 @@ class Server:
         try:
             self.device.engine_events(events)
         except BaseException as exc:
-            self._fail(exc)
+            self.failure = exc
+            self.loop.stop()
             return
         self._send(self.device.outbox)
         self.device.outbox = []
@@ -177,8 +127,6 @@ class Server:
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         server = self.loop.run_until_complete(self._serve())
-        self._io_thread = threading.Thread(target=self._io_worker, name="journal-io", daemon=True)
-        self._io_thread.start()
         self.loop.call_later(IDLE_SECONDS, self._idle)
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self.loop.stop)
@@ -187,8 +135,6 @@ class Server:
         try:
             self.loop.run_forever()
         finally:
-            self._io_queue.put(None)
-            self._io_thread.join()
             server.close()
             try:
                 os.unlink(self.socket_path)
