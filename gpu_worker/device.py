@@ -2,8 +2,9 @@
 
 Everything here runs on the device's one thread (see server.py). A tick gathers commands in
 arrival order until its 16-record journal budget is used (the rest wait for the next tick),
-then one write and one fdatasync make its admissions saved and its replies go out. Reads are
-answered at once only while nothing is unsaved; otherwise after the tick's commit. Replay at boot runs the same apply functions over the recovered transfers,
+then one write and one fdatasync make its admissions saved and its replies go out (the server
+gathers the next tick while the fdatasync runs). Reads are answered at once only while nothing is
+unsaved; otherwise once the saves before them are done. Replay at boot runs the same apply functions over the recovered transfers,
 so a receipt read after a restart is rebuilt from the same values and renders to the same bytes.
 """
 import bisect
@@ -44,15 +45,17 @@ SAVE_COLUMNS = ((R.ADM_TRANSFER, R.ADM_BOOT, R.ADM_GENERATION, R.ADM_SOURCE),
 
 
 class Batch:
-    """One tick's commands between gather() and answer(): every reply waits for the commit."""
+    """One tick's commands between gather() and answer(): every reply waits until `last_seq`, the
+    last journal transfer appended by then, is saved."""
 
-    __slots__ = ("replies", "waiting", "media", "reads")
+    __slots__ = ("replies", "waiting", "media", "reads", "last_seq")
 
     def __init__(self):
         self.replies = []   # (conn, reply) ready now: refusals, chat refusals, reads of saved state
         self.waiting = []   # (conn, req_id, status, receipt row) of admitted mutations
         self.media = []     # (conn, req_id, sha256) of appended media uploads
         self.reads = []     # (conn, msg) reads that must not see the unsaved state before them
+        self.last_seq = 0
 
 
 @dataclass
@@ -110,6 +113,7 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         self.hold_incidents = []    # ended holds, newest last (ops: admin console, capacity task)
         self.lock = JournalLock(journal_dir)
         self.init_chat()  # chats and the engine runner are not state: a rebuild of the tables keeps them
+        self.checkpoint_waiters = []  # (conn, msg) checkpoint commands waiting for an empty journal queue
         self.runner = None  # set by boot (or a test) when an engine runs
         started = time.perf_counter()
         try:
@@ -368,7 +372,9 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
             handler = MUTATIONS.get(op)
             if handler is None:
                 inbox.popleft()
-                if op == "chat.completions":  # answered later, from the engine's events
+                if op == "checkpoint":  # folds saved state only: runs once nothing is queued
+                    self.checkpoint_waiters.append((conn, msg))
+                elif op == "chat.completions":  # answered later, from the engine's events
                     refusal = self.start_chat(conn, msg)
                     if refusal is not None:
                         replies.append((conn, refusal))
@@ -392,6 +398,7 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
             status, rrow, records = outcome
             budget -= records
             waiting.append((conn, msg.get("id"), status, rrow))
+        batch.last_seq = self.writer.next_seq - 1
         return batch
 
     def _gather_media(self, conn, msg, batch):
@@ -422,7 +429,15 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
                 replies.append((conn, reply(req_id, 429, refusal.body())))
         for conn, msg in batch.reads:
             replies.append((conn, self._read(msg)))
+        replies.extend(self.run_checkpoints())
         return replies
+
+    def run_checkpoints(self):
+        """Answer the waiting checkpoint commands if nothing is queued for the journal now."""
+        if not self.checkpoint_waiters or self.writer.queued_records:
+            return []
+        waiters, self.checkpoint_waiters = self.checkpoint_waiters, []
+        return [(conn, self._read(msg)) for conn, msg in waiters]
 
     def _commit(self):
         """One fdatasync per tick (more only for a transfer larger than a tick's 16 records)."""

@@ -28,6 +28,10 @@ class AppendFile(Protocol):
     def size(self) -> int:
         ...
 
+    def fileno(self) -> int:
+        """The descriptor, for an fdatasync made by the device's helper process (syncer.py)."""
+        ...
+
     def close(self) -> None:
         ...
 
@@ -81,6 +85,9 @@ class OsAppendFile(AppendFile):
 
     def size(self) -> int:
         return os.fstat(self._fd).st_size
+
+    def fileno(self) -> int:
+        return self._fd
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -410,12 +410,39 @@ class _Queued:
         self.offset = 0
 
 
+class TickIO:
+    """One tick's write + fdatasync, prepared by JournalWriter.begin_tick."""
+
+    __slots__ = ("file", "data", "plan", "records", "error")
+
+    def __init__(self, file, data, plan, records):
+        self.file, self.data, self.plan, self.records = file, data, plan, records
+        self.error: OSError | None = None
+
+    def run(self) -> None:
+        """The tick's I/O: write, then fdatasync (the device's server has its helper process
+        make the fdatasync instead, syncer.py, and sets `error` from the helper's errno)."""
+        self.write()
+        if self.error is None:
+            try:
+                self.file.fdatasync()
+            except OSError as e:
+                self.error = e
+
+    def write(self) -> None:
+        try:
+            self.file.write(self.data)
+        except OSError as e:
+            self.error = e
+
+
 class JournalWriter:
     """Appends transfers and makes them durable in ticks: one write and one fdatasync each.
 
     `append` only queues (and pre-encodes, so the tick does nothing but join and write);
     `commit_tick` writes at most MAX_RECORDS_PER_TICK records and reports the transfers whose
-    last part became durable. `next_seq` is the seq the next `append` gets; `last_digest` is the
+    last part became durable (`begin_tick`/`finish_tick` split it around the I/O, so the device
+    can admit the next tick while this one's fdatasync runs). `next_seq` is the seq the next `append` gets; `last_digest` is the
     commit digest of the last durable transfer.
     """
 
@@ -430,6 +457,8 @@ class JournalWriter:
         self._queued_digest = recovery.last_digest
         self._pending: deque[_Queued] = deque()
         self._queued = 0
+        self._in_flight: TickIO | None = None
+        self._durable_seq = recovery.next_seq - 1
         self._failed: int | None = None
         self._file: AppendFile | None = None
         self._segment = recovery.segment
@@ -457,6 +486,11 @@ class JournalWriter:
     @property
     def last_digest(self) -> bytes:
         return self._digest
+
+    @property
+    def durable_seq(self) -> int:
+        """The seq of the last durable transfer (0 when there is none)."""
+        return self._durable_seq
 
     @property
     def durable_bytes(self) -> int:
@@ -499,9 +533,22 @@ class JournalWriter:
         return seq
 
     def commit_tick(self) -> list[Transfer]:
-        self._check_usable()
-        if not self._queued:
+        """One tick, synchronously: begin_tick, its write and fdatasync, finish_tick."""
+        tick = self.begin_tick()
+        if tick is None:
             return []
+        tick.run()
+        return self.finish_tick(tick)
+
+    def begin_tick(self) -> TickIO | None:
+        """Take the next tick's records (at most MAX_RECORDS_PER_TICK, in queue order) for one
+        write and one fdatasync (TickIO). While its fdatasync runs, `append` may queue the
+        following tick; `finish_tick` publishes the result. One tick is in flight at a time."""
+        self._check_usable()
+        if self._in_flight is not None:
+            raise JournalError("a tick is already in flight")
+        if not self._queued:
+            return None
         chunks: list[bytes] = []
         plan: list[tuple[_Queued, int, int]] = []  # (transfer, records taken, first offset)
         room = MAX_RECORDS_PER_TICK
@@ -514,14 +561,23 @@ class JournalWriter:
             room -= len(taken)
             if not room:
                 break
-        data = b"".join(chunks)
-        try:
-            self._file.write(data)
-            self._file.fdatasync()
-        except OSError as e:
-            raise self._tick_failed(e) from e
+        self._in_flight = TickIO(self._file, b"".join(chunks), plan, len(chunks))
+        return self._in_flight
+
+    @property
+    def in_flight(self) -> bool:
+        return self._in_flight is not None
+
+    def finish_tick(self, tick: TickIO) -> list[Transfer]:
+        """Publish a tick whose I/O ran: the transfers whose last part is now durable, oldest
+        first. A failed write or fdatasync raises JournalIOError (see _tick_failed)."""
+        if tick is not self._in_flight:
+            raise JournalError("finish_tick of a tick that is not in flight")
+        self._in_flight = None
+        if tick.error is not None:
+            raise self._tick_failed(tick.error) from tick.error
         done = []
-        for queued, count, first in plan:
+        for queued, count, first in tick.plan:
             if not queued.written:
                 queued.offset = first
             queued.written += count
@@ -531,11 +587,12 @@ class JournalWriter:
                     queued.kind, queued.seq, queued.payload, queued.digest,
                     self._segment, queued.offset,
                 ))
-        self._queued -= len(chunks)
-        self._offset += len(data)
-        self._durable_bytes += len(data)
+        self._queued -= tick.records
+        self._offset += len(tick.data)
+        self._durable_bytes += len(tick.data)
         if done:
             self._digest = done[-1].digest
+            self._durable_seq = done[-1].seq
         return done
 
     def start_new_segment(self) -> None:

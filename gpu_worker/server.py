@@ -2,18 +2,22 @@
 
 One thread owns the shared state (the engine computes on its own thread, runner.py, and hands its
 events back to this loop). Frames read from every connection collect in an inbox; a tick is
-scheduled as soon as the first one arrives, and it takes all that arrived since the previous
-tick. While a tick's fdatasync blocks this thread, the kernel keeps queuing requests on the
-sockets, so the next tick's batch grows exactly when the disk is slow: group commit without any
-hand-off between threads (an owner thread beside the event loop spent most of its time
-re-acquiring the GIL after every syscall).
+scheduled as soon as the first one arrives, and it gathers what arrived, up to its 16-record
+budget (Device.gather). This thread writes the tick's records and the fdatasync helper process
+(syncer.py) makes them durable; while it does, this thread reads the sockets and gathers the next
+tick, so the disk and the interpreter work at the same time. The next tick's write and fdatasync
+start when this one's are done (one tick in flight, at most one gathered ahead). A batch's
+replies go out once every transfer it appended is saved.
 """
 import asyncio
 import collections
+import errno
 import logging
 import os
 import signal
 
+from .journal import JournalIOError
+from .syncer import Syncer
 from .protocol import PROTOCOL_VERSION, FrameBuffer, ProtocolError, encode_frame, reply
 
 log = logging.getLogger("gpu_worker.server")
@@ -56,6 +60,9 @@ class Server:
         self.loop = None
         self.failure = None
         self._scheduled = False
+        self.batches = collections.deque()  # gathered, not yet answered (oldest first)
+        self._io = None                      # the TickIO whose fdatasync the helper is making
+        self.syncer = None
 
     def submit(self, conn, msg):
         self.inbox.append((conn, msg))
@@ -64,31 +71,81 @@ class Server:
             self.loop.call_soon(self._tick)
 
     def _tick(self):
+        """Gather a batch unless one already waits for the disk behind the tick in flight."""
         self._scheduled = False
+        if self._gathered_ahead():
+            return  # _complete gathers the next one
         try:
-            replies = self.device.tick(self.inbox)
+            self.batches.append(self.device.gather(self.inbox))
+            self._flush()
         except BaseException as exc:  # a journal I/O error stops the device so a restart recovers
-            self.failure = exc
-            self.loop.stop()
+            self._fail(exc)
+
+    def _gathered_ahead(self):
+        """True while no batch may be gathered: one already waits behind the tick in flight, or a
+        checkpoint command waits for the journal queue to drain."""
+        return (len(self.batches) > (1 if self._io is not None else 0)
+                or bool(self.device.checkpoint_waiters and self.device.writer.queued_records))
+
+    def _flush(self):
+        """Answer the batches that are saved; start the next tick's I/O; gather again if asked."""
+        device = self.device
+        while self.batches and self.batches[0].last_seq <= device.writer.durable_seq:
+            self._send(device.answer(self.batches.popleft()))
+        self._send(device.run_checkpoints())
+        if self._io is None and device.writer.queued_records:
+            self._io = tick = device.writer.begin_tick()
+            tick.write()
+            if tick.error is None:
+                self.syncer.request(tick.file)
+            else:
+                self._complete(tick)  # nothing to sync: ENOSPC or the like, now
+                return
+        self._schedule_if_work()
+
+    def _synced(self):
+        """The helper answered (a reader callback on this loop's thread)."""
+        try:
+            err = self.syncer.result()
+        except BaseException as exc:
+            self._fail(exc)
             return
-        self._send(replies)
-        if self.inbox or self.device.internal_work:  # what did not fit this tick's record budget
-            self._scheduled = True
-            self.loop.call_soon(self._tick)
+        if err:
+            self._io.error = OSError(err, os.strerror(err))
+        self._complete(self._io)
+
+    def _complete(self, tick):
+        self._io = None
+        try:
+            try:
+                self.device.saved(self.device.writer.finish_tick(tick))
+            except JournalIOError as err:
+                if err.errno != errno.ENOSPC:
+                    raise  # EIO and the like: stop admitting; the process exits and a restart recovers
+                self._send(self.device.refuse_unsaved(err, self.batches))
+                self.batches.clear()
+            self._flush()
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _fail(self, exc):
+        self.failure = exc
+        self.loop.stop()
 
     def _idle(self):
         """Ten times a second: holds, deadlines, stale output to journal, automatic checkpoint."""
         try:
             self.device.idle()
         except BaseException as exc:
-            self.failure = exc
-            self.loop.stop()
+            self._fail(exc)
             return
         self._schedule_if_work()
         self.loop.call_later(IDLE_SECONDS, self._idle)
 
     def _schedule_if_work(self):
-        if not self._scheduled and (self.inbox or self.device.internal_work):
+        if self._scheduled or self._gathered_ahead():
+            return
+        if self.inbox or self.device.internal_work:
             self._scheduled = True
             self.loop.call_soon(self._tick)
 
@@ -97,8 +154,7 @@ class Server:
         try:
             self.device.engine_events(events)
         except BaseException as exc:
-            self.failure = exc
-            self.loop.stop()
+            self._fail(exc)
             return
         self._send(self.device.outbox)
         self.device.outbox = []
@@ -127,6 +183,8 @@ class Server:
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         server = self.loop.run_until_complete(self._serve())
+        self.syncer = Syncer()
+        self.loop.add_reader(self.syncer.fileno(), self._synced)
         self.loop.call_later(IDLE_SECONDS, self._idle)
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self.loop.stop)
@@ -135,6 +193,8 @@ class Server:
         try:
             self.loop.run_forever()
         finally:
+            self.loop.remove_reader(self.syncer.fileno())
+            self.syncer.close()
             server.close()
             try:
                 os.unlink(self.socket_path)
