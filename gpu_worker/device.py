@@ -21,7 +21,7 @@ from .grants import GrantFileError
 from .kinds import KIND_NAMES, Kind
 from .journal import (MAX_RECORDS_PER_TICK, JournalIOError, JournalLock, JournalWriter, TransferKind,
                       record_count, recover)
-from .protocol import DeviceError, RawJSON, dumps, reply
+from .protocol import DeviceError, RawJSON, dumps, pack, reply
 from .chat import ChatCommands
 from .inputs import ENGINE_RECORDS_PER_TICK, FINISH_NAMES, TERMINAL_NAMES, InputCommands, MediaCommands
 from .spaces import SpaceCommands
@@ -71,8 +71,8 @@ class Admission:
     extra: dict = field(default_factory=dict)
 
     def encode(self):
-        return msgpack.packb([ADMISSION_VERSION, self.kind, self.principal, self.sequence, self.key,
-                              self.op, self.canonical, self.extra], use_bin_type=True)
+        return pack([ADMISSION_VERSION, self.kind, self.principal, self.sequence, self.key, self.op,
+                     self.canonical, self.extra])
 
     @classmethod
     def decode(cls, payload):

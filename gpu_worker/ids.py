@@ -5,6 +5,7 @@ id), so an unregistered principal already sees the lineage it must register unde
 Operation IDs come from the device's admission counter, so they differ from operation keys,
 are unique for the life of the file, and replay to the same value.
 """
+import functools
 import hashlib
 import re
 
@@ -27,6 +28,7 @@ def participant(incarnation, principal):
     return _h(b"aotx/participant\0", incarnation, principal)
 
 
+@functools.lru_cache(maxsize=4)
 def _pad(incarnation):
     return int.from_bytes(_h(b"aotx/operation-pad\0", incarnation)[:8], "little")
 

@@ -15,6 +15,7 @@ import errno
 import logging
 import os
 import signal
+import threading
 
 from .journal import JournalIOError
 from .syncer import Syncer
@@ -186,8 +187,9 @@ class Server:
         self.syncer = Syncer()
         self.loop.add_reader(self.syncer.fileno(), self._synced)
         self.loop.call_later(IDLE_SECONDS, self._idle)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self.loop.add_signal_handler(sig, self.loop.stop)
+        if threading.current_thread() is threading.main_thread():  # tests run a server on a thread
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.loop.add_signal_handler(sig, self.loop.stop)
         if on_ready:
             on_ready()
         try:

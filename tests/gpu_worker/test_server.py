@@ -1,0 +1,219 @@
+"""The tick loop with its fdatasync helper (server.py, syncer.py), run for real on a thread:
+pipelined ticks, checkpoints under load, a full disk, and the helper's own protocol."""
+import collections
+import errno
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+
+import pytest
+import rfc8785
+
+from gpu_worker import ids
+from gpu_worker.device import Device
+from gpu_worker.filelayer import FaultyFileLayer, OsFileLayer
+from gpu_worker.grants import Grants
+from gpu_worker.pack import pack_tiny
+from gpu_worker.protocol import LENGTH, decode_payload, encode_frame
+from gpu_worker.runtime_file import RuntimeFile
+from gpu_worker.server import Server
+from gpu_worker.syncer import Syncer
+from tests.conftest import ALL, write_grants
+
+
+class _File:
+    def __init__(self, fd):
+        self.fd = fd
+
+    def fileno(self):
+        return self.fd
+
+
+def test_the_helper_syncs_the_file_it_was_given_and_reports_errno(tmp_path):
+    syncer = Syncer()
+    try:
+        fd = os.open(tmp_path / "segment", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        os.write(fd, b"x" * 100)
+        file = _File(fd)
+        syncer.request(file)  # sends the descriptor
+        assert syncer.result() == 0
+        syncer.request(file)  # the same file: no descriptor
+        assert syncer.result() == 0
+        read_end, write_end = os.pipe()
+        syncer.request(_File(read_end))  # a pipe cannot be synced: its errno comes back
+        assert syncer.result() == errno.EINVAL
+        for n in (fd, read_end, write_end):
+            os.close(n)
+    finally:
+        syncer.close()
+    assert syncer.process.returncode == 0
+
+
+def test_the_helper_exits_when_the_device_dies():
+    syncer = Syncer()
+    syncer.sock.close()  # what a kill -9 of the device does to its end
+    assert syncer.process.wait(10) == 0
+
+
+def test_the_device_stops_when_its_helper_is_gone():
+    syncer = Syncer()
+    syncer.process.kill()
+    syncer.process.wait()
+    with pytest.raises(RuntimeError, match="fdatasync helper"):
+        syncer.result()
+    syncer.close()
+
+
+class LiveDevice:
+    """A Device served by a real Server on a thread; clients talk to DIR/service.sock."""
+
+    def __init__(self, runtime, tmp_path, n_principals, fs=None):
+        self.runtime, self.tmp_path, self.fs = runtime, tmp_path, fs
+        self.principals = [secrets.token_bytes(16) for _ in range(n_principals)]
+        self.grants = str(tmp_path / "grants.json")
+        self.journal = str(tmp_path / "journal")
+        self.device = self.server = self.thread = None
+
+    def start(self):
+        write_grants(self.grants, {p.hex(): ALL for p in self.principals})
+        self.device = Device(RuntimeFile.open(self.runtime), self.journal, Grants(self.grants),
+                             fs=self.fs or OsFileLayer())
+        self.server = Server(self.device, os.path.join(self.journal, "service.sock"))
+        ready = threading.Event()
+        self.thread = threading.Thread(target=self.server.run, kwargs={"on_ready": ready.set}, daemon=True)
+        self.thread.start()
+        assert ready.wait(30)
+        return self
+
+    def stop(self):
+        self.server.loop.call_soon_threadsafe(self.server.loop.stop)
+        self.thread.join(30)
+        self.device.close()
+        assert self.server.failure is None
+
+    def connect(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(self.server.socket_path)
+        s.settimeout(30)
+        return s
+
+    def register_frame(self, principal, req_id):
+        lineage = ids.lineage(self.device.incarnation, principal).hex()
+        body = {"schema": "aotx.shared.mutation.v1", "lineage": lineage, "operation_key": secrets.token_hex(16),
+                "sequence": "1"}
+        canonical = rfc8785.dumps({"method": "POST", "path": "/aotx/v1/shared/participant", "body": body})
+        return encode_frame({"v": 1, "id": req_id, "op": "participant.register", "principal": principal.hex(),
+                             "args": {"lineage": lineage, "operation_key": body["operation_key"], "sequence": 1,
+                                      "canonical": canonical}})
+
+
+def call(sock, frame):
+    sock.sendall(frame)
+    (n,) = LENGTH.unpack(_exactly(sock, 4))
+    return decode_payload(_exactly(sock, n))
+
+
+def _exactly(sock, n):
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, "device closed the connection"
+        data += chunk
+    return data
+
+
+def register_all(live, principals, clients):
+    """Closed-loop clients registering `principals`; returns {principal: reply}."""
+    replies, queue, lock = {}, collections.deque(principals), threading.Lock()
+
+    def client():
+        sock = live.connect()
+        with sock:
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    principal = queue.popleft()
+                replies[principal] = call(sock, live.register_frame(principal, len(replies) + 1))
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return replies
+
+
+def registered_after_restart(live):
+    """{principal: receipt} of every participant the journal holds, read by a fresh device."""
+    device = Device(RuntimeFile.open(live.runtime), live.journal, Grants(live.grants))
+    try:
+        out = {}
+        for principal in live.principals:
+            inbox = collections.deque([("c", {"v": 1, "id": 1, "op": "operations.list", "principal": principal.hex(),
+                                               "args": {}})])
+            [(_, msg)] = device.tick(inbox)
+            items = json.loads(msg["body"])["items"]
+            if items:
+                out[principal] = items
+        return out
+    finally:
+        device.close()
+
+
+def test_concurrent_registrations_are_saved_before_their_replies(tiny_runtime, tmp_path):
+    live = LiveDevice(tiny_runtime, tmp_path, 200).start()
+    try:
+        replies = register_all(live, live.principals, 16)
+    finally:
+        live.stop()
+    assert {r["status"] for r in replies.values()} == {202}
+    write_grants(live.grants, {p.hex(): ALL for p in live.principals})  # restore requires fresh grants
+    saved = registered_after_restart(live)
+    assert set(saved) == set(live.principals)
+    for principal, reply in replies.items():
+        assert saved[principal] == [json.loads(reply["body"])]  # byte-identical after the restart
+
+
+def test_a_checkpoint_command_under_load_folds_only_saved_state(tiny_runtime, tmp_path):
+    live = LiveDevice(tiny_runtime, tmp_path, 300).start()
+    try:
+        load = threading.Thread(target=lambda: replies.update(register_all(live, live.principals, 8)))
+        replies = {}
+        load.start()
+        while len(replies) < 20:
+            time.sleep(0.01)
+        with live.connect() as sock:
+            answer = call(sock, encode_frame({"v": 1, "id": 1, "op": "checkpoint", "principal": None, "args": {}}))
+        load.join(120)
+    finally:
+        live.stop()
+    assert answer["status"] == 200, answer
+    result = json.loads(answer["body"])
+    assert result["generation"] == 2 and result["folded"] >= 20
+    assert {r["status"] for r in replies.values()} == {202}
+    write_grants(live.grants, {p.hex(): ALL for p in live.principals})
+    assert set(registered_after_restart(live)) == set(live.principals)
+
+
+def test_a_full_disk_refuses_the_unsaved_ticks_and_keeps_every_saved_one(tmp_path):
+    runtime = str(tmp_path / "faults.aotxccir")
+    pack_tiny(runtime, shared=True, runtime_profile={"min_free_disk_bytes": 1})  # only ENOSPC holds
+    fs = FaultyFileLayer()
+    live = LiveDevice(runtime, tmp_path, 400, fs=fs).start()
+    try:
+        fs.space = 40_000  # about 100 registrations fit; the rest of the disk is "full"
+        replies = register_all(live, live.principals, 8)
+    finally:
+        live.stop()
+    statuses = collections.Counter(r["status"] for r in replies.values())
+    assert set(statuses) == {202, 429} and statuses[202] > 0, statuses
+    refused = [json.loads(r["body"])["error"]["code"] for r in replies.values() if r["status"] == 429]
+    assert set(refused) == {"journal_hold"}
+    fs.space = None
+    write_grants(live.grants, {p.hex(): ALL for p in live.principals})
+    saved = registered_after_restart(live)
+    assert set(saved) == {p for p, r in replies.items() if r["status"] == 202}  # nothing refused was kept
