@@ -178,8 +178,10 @@ def test_concurrent_registrations_are_saved_before_their_replies(tiny_runtime, t
         assert saved[principal] == [json.loads(reply["body"])]  # byte-identical after the restart
 
 
-def test_a_checkpoint_command_under_load_folds_only_saved_state(tiny_runtime, tmp_path):
-    live = LiveDevice(tiny_runtime, tmp_path, 300).start()
+def test_a_checkpoint_command_under_load_folds_only_saved_state(tmp_path):
+    runtime = str(tmp_path / "own.aotxccir")  # a checkpoint writes into the runtime file: not the shared one
+    pack_tiny(runtime, shared=True)
+    live = LiveDevice(runtime, tmp_path, 300).start()
     try:
         load = threading.Thread(target=lambda: replies.update(register_all(live, live.principals, 8)))
         replies = {}
