@@ -4,8 +4,9 @@ Everything here runs on the device's one thread (see server.py). A tick gathers 
 arrival order until its 16-record journal budget is used (the rest wait for the next tick),
 then one write and one fdatasync make its admissions saved and its replies go out (the server
 gathers the next tick while the fdatasync runs). Reads are answered at once only while nothing is
-unsaved; otherwise once the saves before them are done. Replay at boot runs the same apply functions over the recovered transfers,
-so a receipt read after a restart is rebuilt from the same values and renders to the same bytes.
+unsaved; otherwise once the saves before them are done. Replay at boot runs the same apply
+functions over the recovered transfers, so a receipt read after a restart is rebuilt from the
+same values and renders to the same bytes.
 """
 import bisect
 import errno
