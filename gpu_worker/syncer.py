@@ -32,7 +32,8 @@ class Syncer:
     def __init__(self):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self.process = subprocess.Popen([sys.executable, "-m", "gpu_worker.syncer", str(theirs.fileno())],
+            # Run as a script (standard library only): it needs no package path, whatever the cwd.
+            self.process = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(theirs.fileno())],
                                             pass_fds=[theirs.fileno()])
         finally:
             theirs.close()
