@@ -1,0 +1,88 @@
+"""CPU per saved registration inside the device, without the disk or the sockets.
+
+    .venv/bin/python bench/tick_cpu.py [--registrations 40000]
+
+bench/journal.py measures the whole device at its socket; this one tells where a busy device's
+interpreter time goes. A real Device (tiny runtime, real journal files) takes registrations in
+ticks of 8 (a full 16-record tick); its file layer skips only the fdatasync. Each phase is
+timed per chunk of 800 registrations and the best chunk is printed, because this machine's CPU
+speed drifts between minutes: decode (frames -> messages), gather (admission: checks, tables,
+journal encoding), commit (write + save bookkeeping), answer (receipts rendered and framed).
+"""
+import argparse
+import collections
+import json
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[0] = str(ROOT)  # not bench/: bench/http.py would shadow the standard library http
+
+from bench.journal import registration_frame  # noqa: E402
+from gpu_worker import filelayer  # noqa: E402
+from gpu_worker.device import Device  # noqa: E402
+from gpu_worker.grants import Grants  # noqa: E402
+from gpu_worker.pack import pack_tiny  # noqa: E402
+from gpu_worker.protocol import FrameBuffer, encode_frame  # noqa: E402
+from gpu_worker.runtime_file import RuntimeFile  # noqa: E402
+
+CHUNK = 800
+TICK = 8
+
+
+class NoSyncFile(filelayer.OsAppendFile):
+    def fdatasync(self):
+        pass
+
+
+class NoSyncLayer(filelayer.OsFileLayer):
+    def open_append(self, path):
+        handle = super().open_append(path)
+        return NoSyncFile(handle.path, handle.fileno())
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--registrations", type=int, default=40_000)
+    args = parser.parse_args()
+    n = args.registrations // CHUNK * CHUNK
+    (ROOT / "var").mkdir(exist_ok=True)
+    base = Path(tempfile.mkdtemp(prefix="bench-tick-", dir=ROOT / "var"))
+    runtime = base / "bench.aotxccir"
+    pack_tiny(str(runtime), shared=True, capacity={"participants": n, "receipts": n, "command_bytes": 512,
+                                                    "result_bytes": 16})
+    incarnation = RuntimeFile.open(str(runtime), verify=False).incarnation
+    principals = [secrets.token_bytes(16) for _ in range(n)]
+    grants = base / "grants.json"
+    grants.write_text(json.dumps({"schema": "aotx.grants.v1", "written_at_ns": time.time_ns(), "principals": {
+        p.hex(): {"name": "bench", "actions": ["shared_read", "shared_write"]} for p in principals}}))
+    device = Device(RuntimeFile.open(str(runtime)), str(base / "journal"), Grants(str(grants)), fs=NoSyncLayer())
+    frames = [registration_frame(incarnation, p, i) for i, p in enumerate(principals, 1)]
+    buffer = FrameBuffer()
+    best = collections.defaultdict(lambda: float("inf"))
+    for start in range(0, n, CHUNK):
+        spent = collections.Counter()
+        for i in range(start, start + CHUNK, TICK):
+            t0 = time.perf_counter()
+            inbox = collections.deque(("bench", msg) for frame in frames[i:i + TICK] for msg in buffer.feed(frame))
+            t1 = time.perf_counter()
+            batch = device.gather(inbox)
+            t2 = time.perf_counter()
+            device._commit()
+            t3 = time.perf_counter()
+            replies = [encode_frame(msg) for _, msg in device.answer(batch)]
+            t4 = time.perf_counter()
+            assert len(replies) == TICK and not inbox
+            spent.update(decode=t1 - t0, gather=t2 - t1, commit=t3 - t2, answer=t4 - t3, total=t4 - t0)
+        for phase, seconds in spent.items():
+            best[phase] = min(best[phase], seconds / CHUNK * 1e6)
+    device.close()
+    print(f"{n} registrations in ticks of {TICK}; best of {n // CHUNK} chunks, microseconds per registration:")
+    print("  ".join(f"{phase} {us:.1f}" for phase, us in best.items()))
+
+
+if __name__ == "__main__":
+    main()
