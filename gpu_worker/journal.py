@@ -442,8 +442,8 @@ class JournalWriter:
     `append` only queues (and pre-encodes, so the tick does nothing but join and write);
     `commit_tick` writes at most MAX_RECORDS_PER_TICK records and reports the transfers whose
     last part became durable (`begin_tick`/`finish_tick` split it around the I/O, so the device
-    can admit the next tick while this one's fdatasync runs). `next_seq` is the seq the next `append` gets; `last_digest` is the
-    commit digest of the last durable transfer.
+    can admit the next tick while this one's fdatasync runs). `next_seq` is the seq the next
+    `append` gets; `last_digest` is the commit digest of the last durable transfer.
     """
 
     def __init__(self, directory: str, fs: FileLayer, incarnation: bytes, recovery: RecoveryResult):
@@ -563,10 +563,6 @@ class JournalWriter:
                 break
         self._in_flight = TickIO(self._file, b"".join(chunks), plan, len(chunks))
         return self._in_flight
-
-    @property
-    def in_flight(self) -> bool:
-        return self._in_flight is not None
 
     def finish_tick(self, tick: TickIO) -> list[Transfer]:
         """Publish a tick whose I/O ran: the transfers whose last part is now durable, oldest
