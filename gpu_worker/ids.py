@@ -14,10 +14,7 @@ OPERATION_ID = re.compile(r"op-([0-9a-f]{32})-([0-9a-f]{32})\Z")
 
 
 def _h(tag, *parts):
-    h = hashlib.sha256(tag)
-    for p in parts:
-        h.update(p)
-    return h.digest()[:16]
+    return hashlib.sha256(tag + b"".join(parts)).digest()[:16]
 
 
 def lineage(incarnation, principal):

@@ -59,6 +59,7 @@ class TransferKind(IntEnum):
 
 
 _KINDS = frozenset(TransferKind)
+_KIND_OF = {k.value: k for k in TransferKind}  # a dict lookup: an IntEnum call costs ~1 us
 
 
 class JournalError(Exception):
@@ -100,7 +101,8 @@ def encode_segment_header(segment_no: int, incarnation: bytes) -> bytes:
 
 
 def encode_transfer(kind: int, transfer_seq: int, payload: bytes) -> list[bytes]:
-    kind = TransferKind(kind)
+    if kind not in _KIND_OF:
+        raise ValueError(f"{kind!r} is not a valid TransferKind")
     payload = bytes(payload)
     length = len(payload)
     if length > MAX_PAYLOAD:
@@ -108,7 +110,7 @@ def encode_transfer(kind: int, transfer_seq: int, payload: bytes) -> list[bytes]
     if not 1 <= transfer_seq < 1 << 64:
         raise ValueError(f"transfer_seq {transfer_seq} out of range")
     count = record_count(length)
-    kind = kind.value  # plain int: struct packs it without a __index__ call
+    kind = int(kind)  # plain int: struct packs it without a __index__ call
     pack, crc32 = PART_HEADER.pack, zlib.crc32
     records = []
     for index in range(count):
@@ -523,7 +525,7 @@ class JournalWriter:
         seq = self._next_seq
         payload = bytes(payload)
         records = encode_transfer(kind, seq, payload)
-        kind = TransferKind(kind)
+        kind = _KIND_OF[kind]
         # The chain order is fixed at append time (a failed tick keeps the queue in order), so
         # the digest is computed here, off the tick's critical path.
         self._queued_digest = chain_digest(self._queued_digest, kind, seq, payload)

@@ -89,7 +89,7 @@ class LiveDevice:
         return self
 
     def stop(self):
-        self.server.loop.call_soon_threadsafe(self.server.loop.stop)
+        self.server.stop()
         self.thread.join(30)
         self.device.close()
         assert self.server.failure is None
