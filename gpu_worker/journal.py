@@ -91,7 +91,7 @@ def segment_name(segment_no: int) -> str:
 
 
 def record_count(payload_len: int) -> int:
-    return max(1, -(-payload_len // MAX_DATA))
+    return (payload_len + MAX_DATA - 1) // MAX_DATA or 1
 
 
 def encode_segment_header(segment_no: int, incarnation: bytes) -> bytes:
@@ -113,15 +113,14 @@ def encode_transfer(kind: int, transfer_seq: int, payload: bytes) -> list[bytes]
     kind = int(kind)  # plain int: struct packs it without a __index__ call
     pack, crc32 = PART_HEADER.pack, zlib.crc32
     records = []
+    start = 0
     for index in range(count):
-        data = payload[index * MAX_DATA:(index + 1) * MAX_DATA]
-        size = len(data)
-        checksum = crc32(data, crc32(pack(
-            TYPE_SHARED, CLASS_A, kind, index, count, size, 0, length, transfer_seq, 0, 0
-        )))
-        records.append(pack(
-            TYPE_SHARED, CLASS_A, kind, index, count, size, 0, length, transfer_seq, checksum, 0
-        ) + data)
+        data = payload[start:start + MAX_DATA]
+        start += MAX_DATA
+        header = pack(TYPE_SHARED, CLASS_A, kind, index, count, len(data), 0, length, transfer_seq, 0, 0)
+        # the checksum covers the header with its checksum field (bytes 24-27) zero, then the data
+        records.append(b"".join((header[:CHECKSUM_OFFSET], crc32(data, crc32(header)).to_bytes(4, "little"),
+                                 header[CHECKSUM_OFFSET + 4:], data)))
     return records
 
 
