@@ -96,20 +96,24 @@ class FrameBuffer:
         self._buf = bytearray()
 
     def feed(self, data):
-        self._buf += data
-        frames = []
         buf = self._buf
-        pos = 0
-        while len(buf) - pos >= 4:
-            (n,) = LENGTH.unpack_from(buf, pos)
+        if buf:
+            buf += data
+            data = buf
+        frames = []
+        pos, end = 0, len(data)
+        while end - pos >= 4:
+            (n,) = LENGTH.unpack_from(data, pos)
             if n > MAX_FRAME:
                 raise ProtocolError(f"frame of {n} bytes exceeds {MAX_FRAME}")
-            if len(buf) - pos - 4 < n:
+            if end - pos - 4 < n:
                 break
-            frames.append(decode_payload(bytes(buf[pos + 4 : pos + 4 + n])))
+            frames.append(decode_payload(data[pos + 4:pos + 4 + n]))
             pos += 4 + n
-        if pos:
+        if data is buf:
             del buf[:pos]
+        elif pos < end:  # the usual read holds whole frames: nothing to keep, nothing copied
+            buf += data[pos:]
         return frames
 
 
