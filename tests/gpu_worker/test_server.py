@@ -219,3 +219,34 @@ def test_a_full_disk_refuses_the_unsaved_ticks_and_keeps_every_saved_one(tmp_pat
     write_grants(live.grants, {p.hex(): ALL for p in live.principals})
     saved = registered_after_restart(live)
     assert set(saved) == {p for p, r in replies.items() if r["status"] == 202}  # nothing refused was kept
+
+
+def test_a_client_that_does_not_read_gets_every_reply_in_order_and_stalls_no_one(tiny_runtime, tmp_path):
+    """Replies beyond the socket buffer wait in the connection's queue for EPOLLOUT, in order,
+    while the loop keeps serving other connections."""
+    live = LiveDevice(tiny_runtime, tmp_path, 2).start()
+    slow_principal, other = live.principals
+    n = 3000
+    try:
+        slow = live.connect()
+        frames = b"".join(encode_frame({"v": 1, "id": i, "op": "capabilities", "principal": slow_principal.hex(),
+                                        "args": {}}) for i in range(1, n + 1))
+        sender = threading.Thread(target=slow.sendall, args=(frames,))
+        sender.start()
+        time.sleep(0.5)  # the device answers until the slow client's socket buffer is full
+        with live.connect() as sock:  # another client is served meanwhile
+            answer = call(sock, live.register_frame(other, 1))
+        assert answer["status"] == 202
+        ids_seen, size = [], 0
+        while len(ids_seen) < n:
+            (length,) = LENGTH.unpack(_exactly(slow, 4))
+            msg = decode_payload(_exactly(slow, length))
+            assert msg["status"] == 200
+            ids_seen.append(msg["id"])
+            size += 4 + length
+        sender.join(30)
+        slow.close()
+    finally:
+        live.stop()
+    assert ids_seen == list(range(1, n + 1))
+    assert size > 1 << 20  # far more than a unix socket buffer holds
