@@ -1,11 +1,13 @@
 """The whole path with real processes: daphne gateway + device on loopback, kill -9, reboot."""
 import json
 import secrets
+import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHON, ROOT
+from tests.conftest import PYTHON, ROOT, wait_for
 from tests.harness import Stack
 
 pytestmark = pytest.mark.e2e
@@ -119,3 +121,14 @@ def test_serve_refuses_a_bad_config_with_one_line(tmp_path):
     out = subprocess.run([PYTHON, "manage.py", "serve", "--config", str(bad)], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode != 0 and "gateway config" in out.stderr
+
+
+def test_sigterm_stops_the_device_cleanly(stack):
+    stack.principal("erin")
+    device = stack.boot_device()
+    children = Path(f"/proc/{device.proc.pid}/task/{device.proc.pid}/children").read_text().split()
+    helpers = [int(pid) for pid in children if b"syncer.py" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(helpers) == 1  # the fdatasync helper
+    assert device.kill(signal.SIGTERM) == 0
+    assert not (stack.journal / "service.sock").exists()
+    wait_for(lambda: not Path(f"/proc/{helpers[0]}").exists(), 10, what="the helper's exit")
