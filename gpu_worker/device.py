@@ -733,7 +733,7 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
             f'"device":{{"committed":true}},"disk_error":null,'
             f'"effective":{effective},"journal_hold":null,'
             f'"kind":"{KIND_NAMES[kind]}",'
-            f'"operation":"{self.operation_id(rrow, row)}",'
+            f'"operation":"{ids.operation_id(lineage, join16(row[R.OP_HI], row[R.OP_LO]))}",'
             f'"operation_key":"{join16(row[R.KEY_HI], row[R.KEY_LO]).hex()}",'
             f'"participant":"par-{par.hex()}",'
             f'"pending_bytes":{0 if saved else row[R.COMMAND_LEN]},'

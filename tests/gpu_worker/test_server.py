@@ -19,6 +19,7 @@ from gpu_worker.grants import Grants
 from gpu_worker.pack import pack_tiny
 from gpu_worker.protocol import LENGTH, decode_payload, encode_frame
 from gpu_worker.runtime_file import RuntimeFile
+from gpu_worker import server as server_module
 from gpu_worker.server import Server
 from gpu_worker.syncer import Syncer
 from tests.conftest import ALL, write_grants
@@ -221,19 +222,25 @@ def test_a_full_disk_refuses_the_unsaved_ticks_and_keeps_every_saved_one(tmp_pat
     assert set(saved) == {p for p, r in replies.items() if r["status"] == 202}  # nothing refused was kept
 
 
-def test_a_client_that_does_not_read_gets_every_reply_in_order_and_stalls_no_one(tiny_runtime, tmp_path):
-    """Replies beyond the socket buffer wait in the connection's queue for EPOLLOUT, in order,
-    while the loop keeps serving other connections."""
+def test_a_client_that_does_not_read_gets_backpressure_and_every_reply_in_order(tiny_runtime, tmp_path,
+                                                                                 monkeypatch):
+    """Replies beyond the socket buffer wait in the connection's queue for EPOLLOUT, in order; past
+    HIGH_WATER the device stops reading that connection (the client's sends block) and keeps serving
+    the others."""
+    monkeypatch.setattr(server_module, "HIGH_WATER", 256 << 10)
     live = LiveDevice(tiny_runtime, tmp_path, 2).start()
     slow_principal, other = live.principals
-    n = 3000
+    n = 10_000
     try:
         slow = live.connect()
         frames = b"".join(encode_frame({"v": 1, "id": i, "op": "capabilities", "principal": slow_principal.hex(),
                                         "args": {}}) for i in range(1, n + 1))
         sender = threading.Thread(target=slow.sendall, args=(frames,))
         sender.start()
-        time.sleep(0.5)  # the device answers until the slow client's socket buffer is full
+        time.sleep(1.0)  # the device answers until the slow client's queue passes HIGH_WATER
+        [conn] = [c for c in live.server._conns.values()]
+        assert sender.is_alive()  # its sends block: the device stopped reading it
+        assert 256 << 10 < len(conn.out) < 2 << 20
         with live.connect() as sock:  # another client is served meanwhile
             answer = call(sock, live.register_frame(other, 1))
         assert answer["status"] == 202
@@ -249,4 +256,4 @@ def test_a_client_that_does_not_read_gets_every_reply_in_order_and_stalls_no_one
     finally:
         live.stop()
     assert ids_seen == list(range(1, n + 1))
-    assert size > 1 << 20  # far more than a unix socket buffer holds
+    assert size > 8 << 20  # far more than a socket buffer or HIGH_WATER holds
