@@ -37,6 +37,7 @@ VERSION_REFUSED = (b'{"error":{"code":"protocol_version","message":"unsupported 
 # A connection whose unsent replies pass this many bytes is not read until they drain below it:
 # a client that sends without reading gets backpressure, not a device that grows without bound.
 HIGH_WATER = 4 << 20
+ACCEPT_PAUSE = 1.0  # seconds without accepting after accept() fails (out of descriptors)
 _IN = select.EPOLLIN
 _OUT = select.EPOLLOUT
 _GONE = select.EPOLLHUP | select.EPOLLERR
@@ -72,6 +73,7 @@ class Server:
         self._wake_lock = threading.RLock()  # re-entrant: stop() may run in a signal handler
         self._from_threads = collections.deque()  # engine events queued by deliver()
         self._stop_asked = False
+        self._accept_paused_until = None
 
     # ---- the tick pipeline -------------------------------------------------------------
 
@@ -242,8 +244,11 @@ class Server:
                 sock, _ = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # EMFILE and the like: the gateway retries; say so
-                log.warning("accept failed: %s", exc)
+            except OSError as exc:  # EMFILE and the like: stop accepting a while (level-triggered
+                # epoll would report the waiting connection again at once); served connections go on
+                log.warning("accept failed, pausing new connections for %.1f s: %s", ACCEPT_PAUSE, exc)
+                self._epoll.unregister(listener.fileno())
+                self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE
                 return
             sock.setblocking(False)
             conn = Connection(sock)
@@ -341,6 +346,9 @@ class Server:
                 if time.monotonic() >= next_idle and self._running:
                     self._idle()
                     next_idle = time.monotonic() + IDLE_SECONDS
+                    if self._accept_paused_until is not None and time.monotonic() >= self._accept_paused_until:
+                        self._accept_paused_until = None
+                        epoll.register(listen_fd, _IN)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

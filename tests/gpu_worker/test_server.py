@@ -257,3 +257,29 @@ def test_a_client_that_does_not_read_gets_backpressure_and_every_reply_in_order(
         live.stop()
     assert ids_seen == list(range(1, n + 1))
     assert size > 8 << 20  # far more than a socket buffer or HIGH_WATER holds
+
+
+def test_out_of_descriptors_pauses_accepting_and_then_serves(tiny_runtime, tmp_path, monkeypatch, caplog):
+    """accept() failing (EMFILE) must not spin the loop on the still-waiting connection: the device
+    stops accepting for ACCEPT_PAUSE, keeps serving, then accepts again."""
+    monkeypatch.setattr(server_module, "ACCEPT_PAUSE", 0.3)
+    real_accept = socket.socket.accept
+    failures = []
+
+    def accept(sock):
+        if len(failures) < 3:
+            failures.append(time.monotonic())
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_accept(sock)
+
+    monkeypatch.setattr(socket.socket, "accept", accept)
+    live = LiveDevice(tiny_runtime, tmp_path, 1).start()
+    try:
+        with live.connect() as sock:
+            answer = call(sock, live.register_frame(live.principals[0], 1))
+    finally:
+        live.stop()
+    assert answer["status"] == 202
+    assert len(failures) == 3
+    assert all(b - a >= 0.3 for a, b in zip(failures, failures[1:]))  # paused between attempts
+    assert sum("pausing new connections" in r.getMessage() for r in caplog.records) == 3
