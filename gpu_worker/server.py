@@ -93,9 +93,13 @@ class Server:
             self._fail(exc)
 
     def _gathered_ahead(self):
-        """True while no batch may be gathered: one already waits behind the tick in flight, or a
-        checkpoint command waits for the journal queue to drain."""
-        return (len(self.batches) > (1 if self._io is not None else 0)
+        """True while no batch may be gathered: one already waits behind the tick in flight; a
+        batch not yet answered holds reads that wait for its saves (gathering applies admissions
+        to the tables, and those reads must see saved state only); or a checkpoint command waits
+        for the journal queue to drain."""
+        batches = self.batches
+        return (len(batches) > (1 if self._io is not None else 0)
+                or any(batch.reads for batch in batches)
                 or bool(self.device.checkpoint_waiters and self.device.writer.queued_records))
 
     def _flush(self):

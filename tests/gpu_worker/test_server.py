@@ -283,3 +283,57 @@ def test_out_of_descriptors_pauses_accepting_and_then_serves(tiny_runtime, tmp_p
     assert len(failures) == 3
     assert all(b - a >= 0.3 for a, b in zip(failures, failures[1:]))  # paused between attempts
     assert sum("pausing new connections" in r.getMessage() for r in caplog.records) == 3
+
+
+class _HeldSyncer:
+    """Stands in for the helper so a test decides when a tick's fdatasync 'completes'."""
+
+    def __init__(self):
+        self.requests = 0
+
+    def request(self, file):
+        self.requests += 1
+
+    def result(self):
+        return 0
+
+
+def test_a_deferred_read_never_sees_a_batch_gathered_behind_it(tiny_runtime, tmp_path):
+    """A read that waits for the saves before it is answered from saved state only: the loop does
+    not gather (and apply) the next batch while a batch in flight still holds such a read."""
+    live = LiveDevice(tiny_runtime, tmp_path, 2)
+    write_grants(live.grants, {p.hex(): ALL for p in live.principals})
+    device = Device(RuntimeFile.open(tiny_runtime), live.journal, Grants(live.grants))
+    live.device = device
+    server = Server(device, os.path.join(live.journal, "service.sock"))
+    server.syncer = _HeldSyncer()
+    first, second = live.principals
+    ours, theirs = socket.socketpair()
+    conn = server_module.Connection(ours)
+    try:
+        def request(req_id, op, principal, frame=None):
+            msg = decode_payload(frame[4:]) if frame else {"v": 1, "id": req_id, "op": op,
+                                                           "principal": principal.hex(), "args": {}}
+            server.submit(conn, msg)
+
+        request(1, None, None, live.register_frame(first, 1))           # something unsaved ...
+        request(2, "participant.get", second)                           # ... so this read waits
+        server._tick()                                                  # batch 1 in flight
+        request(3, None, None, live.register_frame(second, 3))          # registers `second`
+        server._tick()
+        server._synced()                                                # batch 1 saved and answered
+        while server.inbox or server.batches:
+            server._tick()
+            server._synced()
+        theirs.settimeout(10)
+        replies = {}
+        while len(replies) < 3:
+            (n,) = LENGTH.unpack(_exactly(theirs, 4))
+            msg = decode_payload(_exactly(theirs, n))
+            replies[msg["id"]] = msg
+    finally:
+        ours.close()
+        theirs.close()
+        device.close()
+    assert replies[1]["status"] == 202 and replies[3]["status"] == 202
+    assert json.loads(replies[2]["body"])["registered"] is False  # not the unsaved registration behind it
