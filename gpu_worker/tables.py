@@ -137,17 +137,6 @@ def join16(hi, lo):
     return _HALVES.pack(hi, lo)
 
 
-_ZERO_ROWS = {}
-
-
-def _zeros(cols):
-    """Zero bytes for one int64 row of `cols` columns."""
-    zeros = _ZERO_ROWS.get(cols)
-    if zeros is None:
-        zeros = _ZERO_ROWS[cols] = bytes(8 * cols)
-    return zeros
-
-
 def width(columns):
     """Number of columns of a column class."""
     return 1 + max(v for k, v in vars(columns).items() if k.isupper())
@@ -195,7 +184,7 @@ class Tables:
     def clear_row(self, table, row):
         if self._flat is not None:
             _, cols, raw = self._flat[id(table)]
-            raw[row * cols * 8:(row + 1) * cols * 8] = _zeros(cols)
+            raw[row * cols * 8:(row + 1) * cols * 8] = bytes(8 * cols)
         else:
             table[row] = 0
 
