@@ -7,6 +7,10 @@ Each client is a closed loop on its own connection: send one registration for a 
 principal, wait for its saved receipt (status 202), repeat. Registrations are encoded before a
 phase starts and one epoll loop drives every connection, so the clients spend as little CPU as
 possible (they share the machine with the device).
+
+Beside the rates it prints the device process's CPU over each phase (user + system, from /proc)
+and that CPU per saved registration: when the device is near one full core, its interpreter, not
+the disk, sets the rate, and the microseconds per registration say how far from the ceiling it is.
 """
 import argparse
 import json
@@ -50,6 +54,12 @@ def raw_fdatasync_rate(directory, seconds, size):
         os.close(fd)
         os.unlink(path)
     return n / (time.perf_counter() - start)
+
+
+def process_cpu_seconds(pid):
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def registration_frame(incarnation, principal, req_id):
@@ -152,9 +162,12 @@ def main():
         sock = str(journal / "service.sock")
         rows = []
         for c in client_counts:
+            cpu_before, wall_before = process_cpu_seconds(device.pid), time.perf_counter()
             rate = phase(sock, iter(frames[:max_frames]), c, args.seconds)
+            cpu = process_cpu_seconds(device.pid) - cpu_before
+            busy = cpu / (time.perf_counter() - wall_before)
             frames = frames[max_frames:]
-            rows.append((c, rate))
+            rows.append((c, rate, busy))
     finally:
         device.terminate()
         device.wait(30)
@@ -163,9 +176,13 @@ def main():
     print(f"raw fdatasync: {fsync_small:,.0f}/s with {records * RECORD_BYTES}-byte appends (one registration), "
           f"{fsync_rate:,.0f}/s with {tick_bytes}-byte appends (one full tick)")
     print(f"ceiling at {MAX_RECORDS_PER_TICK} records/tick: {ceiling:,.0f} registrations/s")
-    print(f"{'clients':>8} {'saved reg/s':>12} {'x fdatasync':>12} {'x ceiling':>10}")
-    for c, rate in rows:
-        print(f"{c:>8} {rate:>12,.0f} {rate / fsync_rate:>12.2f} {rate / ceiling:>10.2f}")
+    print(f"{'clients':>8} {'saved reg/s':>12} {'x fdatasync':>12} {'x ceiling':>10} {'device cpu':>11} "
+          f"{'cpu us/reg':>11}")
+    for c, rate, busy in rows:
+        print(f"{c:>8} {rate:>12,.0f} {rate / fsync_rate:>12.2f} {rate / ceiling:>10.2f} {busy:>10.0%} "
+              f"{busy / rate * 1e6:>11.0f}")
+    print("device cpu: the device process's user + system time over the phase (1.0 = one core busy); "
+          "cpu us/reg: that time per saved registration")
 
 
 if __name__ == "__main__":
