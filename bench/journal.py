@@ -27,7 +27,8 @@ from pathlib import Path
 import rfc8785
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[0] = str(ROOT)  # not bench/: bench/http.py would shadow the standard library http
+if Path(sys.path[0]).resolve() == ROOT / "bench":  # run as a script: bench/http.py would shadow http
+    sys.path[0] = str(ROOT)
 
 from gpu_worker import ids  # noqa: E402
 from gpu_worker.device import Admission, Kind  # noqa: E402

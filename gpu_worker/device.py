@@ -713,7 +713,7 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         """
         t = self.tables
         row = t.row(t.receipts, rrow)
-        _, lineage, par = self.participant_ids[row[R.PARTICIPANT]]
+        par = self.participant_ids[row[R.PARTICIPANT]][2]
         kind = row[R.KIND]
         admission = self._save_json(rrow, row, 0)
         terminal = self._save_json(rrow, row, 1)
@@ -733,9 +733,9 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
             f'"device":{{"committed":true}},"disk_error":null,'
             f'"effective":{effective},"journal_hold":null,'
             f'"kind":"{KIND_NAMES[kind]}",'
-            f'"operation":"{ids.operation_id(lineage, join16(row[R.OP_HI], row[R.OP_LO]))}",'
+            f'"operation":"{self.operation_id(rrow, row)}",'
             f'"operation_key":"{join16(row[R.KEY_HI], row[R.KEY_LO]).hex()}",'
-            f'"participant":"par-{par.hex()}",'
+            f'"participant":"{ids.participant_id(par)}",'
             f'"pending_bytes":{0 if saved else row[R.COMMAND_LEN]},'
             f'"result":{{"finish":{finish},"input_tokens":{tokens_in},"length":{row[R.RESULT_LEN]},'
             f'"output_tokens":{tokens_out}}},'

@@ -58,8 +58,7 @@ class TransferKind(IntEnum):
     MEDIA = 8
 
 
-_KINDS = frozenset(TransferKind)
-_KIND_OF = {k.value: k for k in TransferKind}  # a dict lookup: an IntEnum call costs ~1 us
+_KIND_OF = {k.value: k for k in TransferKind}  # kind by value: a dict lookup, where an IntEnum call costs ~1 us
 
 
 class JournalError(Exception):
@@ -334,7 +333,7 @@ class _Recovery:
         # An intact record that breaks these was written wrong, not torn: always corruption.
         if reserved or reserved2:
             raise JournalCorrupt(path, pos, "reserved field not zero")
-        if kind not in _KINDS:
+        if kind not in _KIND_OF:
             raise JournalCorrupt(path, pos, f"unknown transfer kind {kind}")
         if count != record_count(length) or index >= count:
             raise JournalCorrupt(

@@ -9,10 +9,10 @@ the interpreter work at the same time. The next tick's write and fdatasync start
 are done (one tick in flight, at most one gathered ahead). A batch's replies go out once every
 transfer it appended is saved.
 
-The loop is a plain level-triggered epoll over non-blocking sockets, not asyncio: a busy device
-spends its time per request in the loop itself (asyncio's handles, transports and selector
-objects measured ~60 us per registration on the CI machine; this loop does one recv and one send
-per request and little else). Other threads reach the loop only through `deliver` and `stop`,
+The loop is a plain level-triggered epoll over non-blocking sockets, not asyncio: a busy device's
+time per request went largely to the loop (asyncio's 256 KiB reads, handles and transports came
+to ~60 us per registration on the CI machine); this one does one recv and one send per request
+and little else. Other threads reach the loop only through `deliver` and `stop`,
 which queue work and write to an eventfd the loop polls.
 """
 import collections
@@ -31,7 +31,9 @@ from .protocol import PROTOCOL_VERSION, FrameBuffer, ProtocolError, encode_frame
 
 log = logging.getLogger("gpu_worker.server")
 IDLE_SECONDS = 0.1
-RECV_BYTES = 1 << 16  # not larger: recv(n) allocates n bytes first, and a 256 KiB request measured 18 us against 3 us (glibc serves it with mmap)
+# Not larger: recv(n) allocates n bytes before it reads; 256 KiB (asyncio's size) measured 18 us a
+# call here against 3 us for 64 KiB.
+RECV_BYTES = 1 << 16
 VERSION_REFUSED = (b'{"error":{"code":"protocol_version","message":"unsupported device protocol version; '
                    b'expected 1"}}')
 # A connection whose unsent replies pass this many bytes is not read until they drain below it:
@@ -69,7 +71,7 @@ class Server:
         self._running = False
         self._conns = {}                     # fd -> Connection
         self._epoll = None
-        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # closed when run() ends
+        self._wake = None                    # run()'s eventfd: other threads wake the loop through it
         self._wake_lock = threading.RLock()  # re-entrant: stop() may run in a signal handler
         self._from_threads = collections.deque()  # engine events queued by deliver()
         self._stop_asked = False
@@ -275,7 +277,7 @@ class Server:
     # ---- other threads -----------------------------------------------------------------
 
     def deliver(self, events):
-        """From the engine thread: hand events to the loop (dropped once the loop has ended)."""
+        """From the engine thread: hand events to the loop (dropped while no loop runs)."""
         with self._wake_lock:
             if self._wake is not None:
                 self._from_threads.append(events)
@@ -312,6 +314,8 @@ class Server:
 
     def run(self, on_ready=None):
         listener = self._listen()
+        with self._wake_lock:
+            self._wake = os.eventfd(1 if self._stop_asked else 0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._epoll = epoll = select.epoll()
         self.syncer = Syncer()
         listen_fd, sync_fd, wake_fd = listener.fileno(), self.syncer.fileno(), self._wake

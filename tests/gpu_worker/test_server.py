@@ -10,9 +10,8 @@ import threading
 import time
 
 import pytest
-import rfc8785
 
-from gpu_worker import ids
+from bench.journal import registration_frame
 from gpu_worker.device import Device
 from gpu_worker.filelayer import FaultyFileLayer, OsFileLayer
 from gpu_worker.grants import Grants
@@ -102,13 +101,7 @@ class LiveDevice:
         return s
 
     def register_frame(self, principal, req_id):
-        lineage = ids.lineage(self.device.incarnation, principal).hex()
-        body = {"schema": "aotx.shared.mutation.v1", "lineage": lineage, "operation_key": secrets.token_hex(16),
-                "sequence": "1"}
-        canonical = rfc8785.dumps({"method": "POST", "path": "/aotx/v1/shared/participant", "body": body})
-        return encode_frame({"v": 1, "id": req_id, "op": "participant.register", "principal": principal.hex(),
-                             "args": {"lineage": lineage, "operation_key": body["operation_key"], "sequence": 1,
-                                      "canonical": canonical}})
+        return registration_frame(self.device.incarnation, principal, req_id)
 
 
 def call(sock, frame):
