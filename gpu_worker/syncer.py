@@ -18,6 +18,7 @@ answers a 4-byte little-endian errno, 0 for success. End of file on either side 
 """
 import errno
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -88,4 +89,9 @@ def serve(sock):
 
 
 if __name__ == "__main__":
+    # The helper shares the device's process group, so Ctrl-C or a supervisor's SIGTERM to the
+    # group reaches it too; it must outlive the device's own orderly stop and exit only when the
+    # device's end of the socket closes (a stop, a crash or kill -9 alike).
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     serve(socket.socket(fileno=int(sys.argv[1])))

@@ -5,6 +5,7 @@ import errno
 import json
 import os
 import secrets
+import signal
 import socket
 import threading
 import time
@@ -47,6 +48,26 @@ def test_the_helper_syncs_the_file_it_was_given_and_reports_errno(tmp_path):
         assert syncer.result() == errno.EINVAL
         for n in (fd, read_end, write_end):
             os.close(n)
+    finally:
+        syncer.close()
+    assert syncer.process.returncode == 0
+
+
+def test_the_helper_outlives_a_signal_to_the_process_group(tmp_path):
+    """Ctrl-C or a supervisor's SIGTERM reaches the whole group; the device stops in order and the
+    helper must still answer until the device closes its end."""
+    syncer = Syncer()
+    try:
+        fd = os.open(tmp_path / "segment", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        syncer.request(_File(fd))
+        assert syncer.result() == 0  # it is serving: its signal dispositions are set
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            os.kill(syncer.process.pid, sig)
+        time.sleep(0.2)
+        assert syncer.process.poll() is None
+        syncer.request(_File(fd))
+        assert syncer.result() == 0
+        os.close(fd)
     finally:
         syncer.close()
     assert syncer.process.returncode == 0
