@@ -1,5 +1,6 @@
 """`python -m gpu_worker boot --ccir F --journal DIR --service-grants G [--device cpu|cuda]`."""
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -61,6 +62,10 @@ def main(argv):
 
     def ready():
         device.runner.start()  # after the loop exists: its events come back through the loop
+        # What boot built (torch, the model, the indexes: ~200k objects) lives as long as the
+        # process: keep it out of the cyclic GC's full collections, which otherwise scanned all of
+        # it every few thousand admissions (~100 ms each; see docs/architecture.md)
+        gc.freeze()
         print(f"device ready: socket {socket_path} boot {device.boot} recovered {device.recovered} transfers "
               f"in {device.boot_seconds:.3f}s on {device.tables.device}"
               + (f"; {device.dropped}" if device.dropped else ""), flush=True)

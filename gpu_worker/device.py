@@ -26,7 +26,7 @@ from .protocol import DeviceError, RawJSON, dumps, pack, reply
 from .chat import ChatCommands
 from .inputs import ENGINE_RECORDS_PER_TICK, FINISH_NAMES, TERMINAL_NAMES, InputCommands, MediaCommands
 from .spaces import SpaceCommands
-from .tables import Finish, P, R, Source, Tables, Terminal, join16, split16
+from .tables import Finish, P, R, Source, Tables, Terminal, join16, split16, width
 
 log = logging.getLogger("gpu_worker.device")
 
@@ -43,12 +43,18 @@ SOURCE_NAMES = {Source.JOURNAL: "journal", Source.FILE: "file"}
 # Plain-int copies of enum members the per-request path compares with (an IntEnum member read
 # costs ~80 ns on Python 3.11; dict lookups by int find the IntEnum keys all the same).
 _INPUT, _CANCELLATION, _JOURNAL = int(Kind.INPUT), int(Kind.CANCELLATION), int(Source.JOURNAL)
-_PARTICIPANT_TARGETS = frozenset((Kind.PARTICIPANT_REGISTER, Kind.RETIREMENT))
-_CONVERSATION_TARGETS = frozenset((Kind.CONVERSATION_CREATE, Kind.INPUT))
+_PARTICIPANT_TARGETS = frozenset((int(Kind.PARTICIPANT_REGISTER), int(Kind.RETIREMENT)))
+_CONVERSATION_TARGETS = frozenset((int(Kind.CONVERSATION_CREATE), int(Kind.INPUT)))
 _ADMISSION_ONLY, _ADMISSION_AND_TERMINAL = (0,), (0, 1)
 # (transfer, boot, generation, source) columns of the admission (0) and terminal (1) save fields
+# (consecutive columns: _record_save writes the four at once)
 SAVE_COLUMNS = ((R.ADM_TRANSFER, R.ADM_BOOT, R.ADM_GENERATION, R.ADM_SOURCE),
                 (R.TERM_TRANSFER, R.TERM_BOOT, R.TERM_GENERATION, R.TERM_SOURCE))
+assert all(cols == tuple(range(cols[0], cols[0] + 4)) for cols in SAVE_COLUMNS)
+_RECEIPT_WIDTH = width(R)
+_ADMISSION_TRANSFER = int(TransferKind.ADMISSION)
+HEX32_MATCH = ids.HEX32.match
+_REGISTER, _RETIREMENT, _SUCCEEDED = int(Kind.PARTICIPANT_REGISTER), int(Kind.RETIREMENT), int(Terminal.SUCCEEDED)
 
 
 class Batch:
@@ -108,6 +114,7 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
             raise DeviceBootError(f"runtime file {runtime.path} has no shared profile; run pack --shared")
         runtime.check_bootable()
         self.capacities = profile["capacities"]
+        self._command_bytes = self.capacities["command_bytes"]
         self.file_cap = profile["journal_file_cap_bytes"]
         self.checkpoint_bytes = profile["checkpoint_journal_bytes"]
         self.min_free_disk = runtime.runtime_profile["min_free_disk_bytes"]
@@ -176,13 +183,13 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         t = self.tables
         self.by_principal = {}      # principal bytes -> participant row
         self.by_participant = {}    # participant raw id -> participant row
-        self.participant_ids = {}   # participant row -> (principal, lineage raw, participant raw)
+        # participant row -> (principal, lineage raw, participant raw, lineage hex, participant ID):
+        # a plain tuple of atoms, which the cyclic GC stops tracking (a NamedTuple stays tracked)
+        self.participant_ids = {}
         self.by_sequence = {}       # (participant row, sequence) -> receipt row
         self.by_key = {}            # (participant row, key) -> receipt row
         self.by_op = {}             # op raw -> receipt row
-        self.sequences = {}         # participant row -> ascending sequences with a live receipt
-        self._lineages = {}         # principal -> lineage raw (a pure function, cached)
-        self._rendered = {}         # receipt row -> rendered own-view receipt bytes (derived)
+        self._lineages = {}         # unregistered principal -> lineage raw (a pure function, cached)
         self._release_on_save = {}  # transfer seq -> receipt rows a retirement frees once it is saved
         self._pending = {}          # journal transfer seq -> receipt row awaiting its save
         for prow, row in enumerate(t.participants.tolist()):
@@ -192,8 +199,6 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
             if row[R.STATE]:
                 self._index_receipt(rrow, row[R.PARTICIPANT], row[R.SEQUENCE], join16(row[R.KEY_HI], row[R.KEY_LO]),
                                     join16(row[R.OP_HI], row[R.OP_LO]))
-        for seqs in self.sequences.values():
-            seqs.sort()
         self.free_participants = t.unused_rows(t.participants)
         self.free_receipts = t.unused_rows(t.receipts)
         self.init_spaces()
@@ -206,13 +211,13 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         par = ids.participant(self.incarnation, principal)
         self.by_principal[principal] = prow
         self.by_participant[par] = prow
-        self.participant_ids[prow] = (principal, self._lineage(principal), par)
+        lineage = self._lineages.pop(principal, None) or ids.lineage(self.incarnation, principal)
+        self.participant_ids[prow] = (principal, lineage, par, lineage.hex(), ids.participant_id(par))
 
     def _index_receipt(self, rrow, prow, sequence, key, op):
         self.by_sequence[(prow, sequence)] = rrow
         self.by_key[(prow, key)] = rrow
         self.by_op[op] = rrow
-        self.sequences.setdefault(prow, []).append(sequence)
 
     def _check_fresh_grants(self):
         """SPEC: restore requires fresh deployment grants."""
@@ -322,7 +327,6 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
 
     def after_checkpoint(self, generation, last_seq, last_digest):
         self.tables.mark_folded(generation)
-        self._rendered.clear()
         self.generation = self._save_generation = generation
         self.checkpoint_seq, self.checkpoint_digest = last_seq, last_digest
         self._journal_base = self.writer.durable_bytes - self.writer.offset
@@ -484,7 +488,7 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
 
     def _principal(self, msg, action):
         hexid = msg.get("principal")
-        if not isinstance(hexid, str) or not ids.HEX32.match(hexid):
+        if type(hexid) is not str or not HEX32_MATCH(hexid):
             raise DeviceError(400, "bad_principal", "command lacks a principal id")
         if not self.grants.allows(hexid, action):
             raise DeviceError(403, "grant_missing", f"principal has no current {action} grant")
@@ -497,11 +501,18 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         return lineage
 
     def _participant_view(self, prow, *, own):
-        _, lineage, par = self.participant_ids[prow]
+        _, _, _, lineage_hex, par_id = self.participant_ids[prow]
         row = self.tables.row(self.tables.participants, prow)
-        return {"id": ids.participant_id(par), "registered": True, "lineage": lineage.hex(),
+        return {"id": par_id, "registered": True, "lineage": lineage_hex,
                 "next_sequence": str(row[P.NEXT_SEQUENCE]) if own else None,
                 "retry_floor": str(row[P.RETRY_FLOOR]) if own else None}
+
+    def live_sequences(self, prow):
+        """The sequences of a participant's live receipts, ascending: every sequence from the retry
+        floor up, since sequences are admitted one after another and a retirement frees exactly
+        those below its floor (a range, so the device keeps no list per participant)."""
+        _, next_seq, floor = self.tables.row(self.tables.participants, prow)[:3]
+        return range(floor, next_seq)
 
     def _caller_row(self, principal):
         prow = self.by_principal.get(principal)
@@ -518,27 +529,30 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
 
     def _admit(self, msg, handler, budget):
         """Every mutation: envelope, retry and sequence rules, then the kind's own checks.
-        Returns (status, rrow, records) or None when it does not fit the tick's budget."""
+        Returns (status, rrow, records) or None when it does not fit the tick's budget.
+        (The busiest path of a device: see bench/tick_cpu.py before making it slower.)"""
         kind, action, prepare = handler
         principal = self._principal(msg, action)
-        args = self._args(msg)
+        args = msg.get("args")
+        if not isinstance(args, dict):
+            args = {}
         lineage, key, sequence, canonical = (args.get("lineage"), args.get("operation_key"),
                                              args.get("sequence"), args.get("canonical"))
-        if not (isinstance(lineage, str) and isinstance(key, str) and ids.HEX32.match(key)
-                and isinstance(sequence, int) and isinstance(canonical, bytes)):
+        if not (type(lineage) is str and type(key) is str and HEX32_MATCH(key)
+                and type(sequence) is int and type(canonical) is bytes):
             raise DeviceError(400, "bad_command", "mutation lacks lineage, operation_key, sequence or canonical bytes")
-        if len(canonical) > self.capacities["command_bytes"]:
+        if len(canonical) > self._command_bytes:
             raise DeviceError(400, "command_too_large",
-                              f"canonical operation is {len(canonical)} bytes; the limit is {self.capacities['command_bytes']}")
+                              f"canonical operation is {len(canonical)} bytes; the limit is {self._command_bytes}")
         prow = self.by_principal.get(principal)
         if prow is None:
-            expected, floor, next_seq = self._lineage(principal), 1, 1
+            expected, floor, next_seq = self._lineage(principal).hex(), 1, 1
         else:
             row = self.tables.row(self.tables.participants, prow)
-            expected, floor, next_seq = self.participant_ids[prow][1], row[P.RETRY_FLOOR], row[P.NEXT_SEQUENCE]
-        if lineage != expected.hex():
+            expected, floor, next_seq = self.participant_ids[prow][3], row[P.RETRY_FLOOR], row[P.NEXT_SEQUENCE]
+        if lineage != expected:
             raise DeviceError(409, "stale_lineage", "lineage is not the participant's current lineage",
-                              lineage=expected.hex())
+                              lineage=expected)
         if sequence < floor:
             raise DeviceError(410, "below_retry_floor", f"sequence {sequence} is below the retry floor {floor}",
                               retry_floor=str(floor))
@@ -556,24 +570,24 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         if prow is not None and (prow, key_raw) in self.by_key:
             raise DeviceError(409, "operation_key_in_use",
                               "operation key belongs to another live operation of this participant")
-        if kind != Kind.PARTICIPANT_REGISTER and prow is None:
+        if kind != _REGISTER and prow is None:
             raise DeviceError(409, "participant_not_registered", "register the participant first (POST /participant)")
         if self.hold:
             raise DeviceError(429, "journal_hold", f"persistent admission is paused ({self.hold['cause']}); "
                                                    "reads, receipts and save status stay available",
                               **self._hold_details())
         # one receipt slot stays in reserve so that a full table can always record a retirement
-        if len(self.free_receipts) < (1 if kind == Kind.RETIREMENT else 2):
+        if len(self.free_receipts) < (1 if kind == _RETIREMENT else 2):
             raise DeviceError(507, "receipt_table_full",
                               "the receipt table is full; record a retirement (POST /retirements) to free receipts")
         extra = prepare(self, principal, prow, args, key_raw, sequence)
-        admission = Admission(int(kind), principal, sequence, key_raw,
-                              ids.operation(self.incarnation, self.admissions + 1), canonical, extra)
+        admission = Admission(kind, principal, sequence, key_raw, ids.operation(self.incarnation, self.admissions + 1),
+                              canonical, extra)
         payload = admission.encode()
         records = record_count(len(payload))
         if records > budget and budget < MAX_RECORDS_PER_TICK:
             return None
-        seq = self.writer.append(TransferKind.ADMISSION, payload)
+        seq = self.writer.append(_ADMISSION_TRANSFER, payload)
         rrow = self._apply_admission(admission, seq)
         self._pending[seq] = (rrow, kind)
         return 202, rrow, records
@@ -584,12 +598,10 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         self.admissions += 1
         t = self.tables
         rrow = self.free_receipts.pop()
-        t.clear_row(t.receipts, rrow)  # a reused slot starts clean
-        if a.kind == Kind.PARTICIPANT_REGISTER:
+        if a.kind == _REGISTER:
             prow = self.free_participants.pop()
             hi, lo = split16(a.principal)
-            t.write_row(t.participants, prow, {P.STATE: 1, P.RETRY_FLOOR: 1, P.PRINCIPAL_HI: hi,
-                                               P.PRINCIPAL_LO: lo, P.REGISTERED_BY: rrow})
+            t.put_cols(t.participants, prow, 0, [1, a.sequence + 1, 1, hi, lo, rrow])
             self._index_participant(prow, a.principal)
             target = prow
         else:
@@ -598,27 +610,30 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
             if apply is None:
                 raise DeviceBootError(f"unknown admission kind {a.kind}")
             target = apply(self, a, prow, transfer_seq, rrow)
-        key_hi, key_lo = split16(a.key)
-        op_hi, op_lo = split16(a.op)
-        t.write_row(t.receipts, rrow, {
-            R.STATE: 1, R.PARTICIPANT: prow, R.SEQUENCE: a.sequence, R.KIND: a.kind,
-            R.KEY_HI: key_hi, R.KEY_LO: key_lo, R.OP_HI: op_hi, R.OP_LO: op_lo, R.TARGET: target,
-            R.CREATED: self.admissions, R.COMMAND_LEN: len(a.canonical), R.RESULT_LEN: 0,
-            R.TERMINAL: Terminal.SUCCEEDED, **self._kind_columns(a)})
+            t.set(t.participants, prow, P.NEXT_SEQUENCE, a.sequence + 1)
+        row = [0] * _RECEIPT_WIDTH  # the whole row is written: a reused slot starts clean
+        row[R.STATE] = 1
+        row[R.PARTICIPANT] = prow
+        row[R.SEQUENCE] = a.sequence
+        row[R.KIND] = a.kind
+        row[R.KEY_HI], row[R.KEY_LO] = split16(a.key)
+        row[R.OP_HI], row[R.OP_LO] = split16(a.op)
+        row[R.TARGET] = target
+        row[R.CREATED] = self.admissions
+        row[R.COMMAND_LEN] = len(a.canonical)
+        row[R.TERMINAL] = _SUCCEEDED
+        if a.kind in _KIND_COLUMNS:
+            for col, value in _KIND_COLUMNS[a.kind](self, a).items():
+                row[col] = value
+        t.put_cols(t.receipts, rrow, 0, row)
         t.put_bytes(t.command_bytes, rrow, a.canonical)
-        t.write_row(t.participants, prow, {P.NEXT_SEQUENCE: a.sequence + 1})
         self._index_receipt(rrow, prow, a.sequence, a.key, a.op)
-        self._rendered.pop(rrow, None)
         return rrow
 
-    def _kind_columns(self, a):
-        if a.kind == Kind.INPUT:
-            return self._input_columns(a)
-        if a.kind == Kind.CANCELLATION:
-            target = self.tables.row(self.tables.receipts,
-                                     self.by_sequence[(self.by_principal[a.principal], a.extra["target_sequence"])])
-            return {R.TARGET_OP_HI: target[R.OP_HI], R.TARGET_OP_LO: target[R.OP_LO]}
-        return {}
+    def _cancellation_columns(self, a):
+        target = self.tables.row(self.tables.receipts,
+                                 self.by_sequence[(self.by_principal[a.principal], a.extra["target_sequence"])])
+        return {R.TARGET_OP_HI: target[R.OP_HI], R.TARGET_OP_LO: target[R.OP_LO]}
 
     def _mark_saved(self, rrow, transfer, kind):
         """Record the save fields of the transfer that saved this receipt's admission. Every
@@ -631,17 +646,10 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
     def _record_save(self, rrow, transfer, which):
         """Save fields of a transfer into the admission (0) and/or terminal (1) columns."""
         t = self.tables
-        values = {}
-        seq, boot, generation, digest = transfer.seq, self.boot, self._save_generation, transfer.digest
+        fields = (transfer.seq, self.boot, self._save_generation, _JOURNAL)
         for w in which:
-            transfer_col, boot_col, gen_col, source_col = SAVE_COLUMNS[w]
-            values[transfer_col] = seq
-            values[boot_col] = boot
-            values[gen_col] = generation
-            values[source_col] = _JOURNAL
-            t.put_digest(rrow, w, digest)
-        t.write_row(t.receipts, rrow, values)
-        self._rendered.pop(rrow, None)
+            t.put_cols(t.receipts, rrow, SAVE_COLUMNS[w][0], fields)
+            t.put_digest(rrow, w, transfer.digest)
 
     # ---- retirements (SPEC: retirement advances the persisted floor before reuse) ------
 
@@ -657,9 +665,8 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
             raise DeviceError(409, "retry_floor_ahead",
                               f"retry_floor {floor} is above this retirement's own sequence {sequence}")
         t = self.tables
-        for seq in self.sequences.get(prow, ()):
-            if seq >= floor:
-                break
+        seqs = self.live_sequences(prow)
+        for seq in seqs[:bisect.bisect_left(seqs, floor)]:
             rrow = self.by_sequence[(prow, seq)]
             if not t.value(t.receipts, rrow, R.TERM_TRANSFER):
                 raise DeviceError(409, "unfinished_operations",
@@ -669,10 +676,9 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
     def _apply_retirement(self, a, prow, transfer_seq, rrow):
         floor = a.extra["retry_floor"]
         t = self.tables
-        seqs = self.sequences.get(prow, [])
-        cut = bisect.bisect_left(seqs, floor)
+        seqs = self.live_sequences(prow)
         freed = []
-        for seq in seqs[:cut]:
+        for seq in seqs[:bisect.bisect_left(seqs, floor)]:
             freed_row = self.by_sequence.pop((prow, seq))
             row = t.row(t.receipts, freed_row)
             del self.by_key[(prow, join16(row[R.KEY_HI], row[R.KEY_LO]))]
@@ -680,9 +686,7 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
             if row[R.KIND] == Kind.INPUT:
                 self.conversation_inputs[row[R.TARGET]].remove(freed_row)
             t.write_row(t.receipts, freed_row, {R.STATE: 0})
-            self._rendered.pop(freed_row, None)
             freed.append(freed_row)
-        del seqs[:cut]
         t.write_row(t.participants, prow, {P.RETRY_FLOOR: floor})
         if transfer_seq is None:
             self.free_receipts.extend(freed)
@@ -702,8 +706,7 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
 
     def operation_id(self, rrow, row=None):
         row = row or self.tables.row(self.tables.receipts, rrow)
-        lineage = self.participant_ids[row[R.PARTICIPANT]][1]
-        return ids.operation_id(lineage, join16(row[R.OP_HI], row[R.OP_LO]))
+        return ids.operation_id(self.participant_ids[row[R.PARTICIPANT]][1], join16(row[R.OP_HI], row[R.OP_LO]))
 
     def receipt_bytes(self, rrow, *, own=True):
         """A receipt as canonical JSON (sorted keys, compact), read from its tensor row.
@@ -713,7 +716,7 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         """
         t = self.tables
         row = t.row(t.receipts, rrow)
-        par = self.participant_ids[row[R.PARTICIPANT]][2]
+        _, lineage, _, _, par_id = self.participant_ids[row[R.PARTICIPANT]]
         kind = row[R.KIND]
         admission = self._save_json(rrow, row, 0)
         terminal = self._save_json(rrow, row, 1)
@@ -733,49 +736,46 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
             f'"device":{{"committed":true}},"disk_error":null,'
             f'"effective":{effective},"journal_hold":null,'
             f'"kind":"{KIND_NAMES[kind]}",'
-            f'"operation":"{self.operation_id(rrow, row)}",'
+            f'"operation":"{ids.operation_id(lineage, join16(row[R.OP_HI], row[R.OP_LO]))}",'
             f'"operation_key":"{join16(row[R.KEY_HI], row[R.KEY_LO]).hex()}",'
-            f'"participant":"{ids.participant_id(par)}",'
+            f'"participant":"{par_id}",'
             f'"pending_bytes":{0 if saved else row[R.COMMAND_LEN]},'
             f'"result":{{"finish":{finish},"input_tokens":{tokens_in},"length":{row[R.RESULT_LEN]},'
             f'"output_tokens":{tokens_out}}},'
             f'"schema":"{RECEIPT_SCHEMA}",'
             f'"sequence":{sequence},'
-            f'"target":"{self._target_id(kind, row)}",'
+            f'"target":"{self._target_id(kind, row, lineage)}",'
             f'"terminal":{{"save":{terminal},"saved":{"true" if ended else "false"},"status":{status}}},'
             f'"transport":{{"accepted":true}}}}'
         ).encode()
 
-    def _target_id(self, kind, row):
+    def _target_id(self, kind, row, lineage):
         target = row[R.TARGET]
         if kind in _PARTICIPANT_TARGETS:
-            return ids.participant_id(self.participant_ids[target][2])
+            return self.participant_ids[target][4]
         if kind in _CONVERSATION_TARGETS:
             return self.conversation_id(target)
         if kind == _CANCELLATION:
-            lineage = self.participant_ids[row[R.PARTICIPANT]][1]
             return ids.operation_id(lineage, join16(row[R.TARGET_OP_HI], row[R.TARGET_OP_LO]))
         return self.space_id(target)
 
-    def rendered_receipt(self, rrow):
-        """The owner's view of a receipt, rendered once per change of its row (a derived cache),
-        with the current journal hold spliced in while there is one."""
-        body = self._rendered.get(rrow)
-        if body is None:
-            body = self._rendered[rrow] = RawJSON(self.receipt_bytes(rrow))
-        return self.with_hold(body)
+    def receipt_json(self, rrow):
+        """The owner's view of a receipt (bytes), with the current journal hold spliced in while
+        there is one. Rendered from its row at every read: no cache to keep in step with the row
+        (and none to grow by a kilobyte per receipt)."""
+        return self.with_hold(self.receipt_bytes(rrow))
 
     def with_hold(self, body):
         if not self.hold:
             return body
         hold = dumps({k: self.hold[k] for k in ("cause", "since_ns", "disk_error")})
-        return RawJSON(body.replace(b'"journal_hold":null', b'"journal_hold":' + hold, 1))
+        return body.replace(b'"journal_hold":null', b'"journal_hold":' + hold, 1)
 
     def _receipt_reply(self, req_id, status, rrow):
-        body = self.rendered_receipt(rrow)
+        body = self.receipt_json(rrow)
         if status != 202:
-            return reply(req_id, status, bytes(body))
-        return reply(req_id, status, bytes(body), {"Location": f"{BASE}/operations/{self.operation_id(rrow)}"})
+            return reply(req_id, status, body)
+        return reply(req_id, status, body, {"Location": f"{BASE}/operations/{self.operation_id(rrow)}"})
 
     # ---- reads -------------------------------------------------------------------------
 
@@ -826,10 +826,10 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         principal = self._principal(msg, "shared_read")
         cursor, limit = self.page_args(msg)
         prow = self.by_principal.get(principal)
-        seqs = self.sequences.get(prow, []) if prow is not None else []
+        seqs = self.live_sequences(prow) if prow is not None else range(0)
         start = bisect.bisect_right(seqs, cursor) if cursor is not None else 0
         page = seqs[start:start + limit]
-        items = [self.rendered_receipt(self.by_sequence[(prow, s)]) for s in page]
+        items = [RawJSON(self.receipt_json(self.by_sequence[(prow, s)])) for s in page]
         more = start + limit < len(seqs)
         return 200, {"items": items, "next_cursor": str(page[-1]) if more and page else None}
 
@@ -858,8 +858,8 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         principal = self._principal(msg, "shared_read")
         rrow, own = self.visible_receipt(principal, str(self._args(msg).get("operation", "")))
         if own:
-            return 200, self.rendered_receipt(rrow)
-        return 200, self.with_hold(RawJSON(self.receipt_bytes(rrow, own=False)))
+            return 200, RawJSON(self.receipt_json(rrow))
+        return 200, RawJSON(self.with_hold(self.receipt_bytes(rrow, own=False)))
 
     def journal_state(self):
         hold = self.hold or {}
@@ -924,6 +924,11 @@ MUTATIONS = {
     "retirements.record": (Kind.RETIREMENT, "shared_write", Device._prepare_retirement),
     "cancellations.record": (Kind.CANCELLATION, "shared_write", Device._prepare_cancellation),
     "conversations.input": (Kind.INPUT, "shared_write", Device._prepare_input),
+}
+# kinds whose receipt rows carry columns of their own: kind -> (device, admission) -> {column: value}
+_KIND_COLUMNS = {
+    int(Kind.INPUT): Device._input_columns,
+    int(Kind.CANCELLATION): Device._cancellation_columns,
 }
 APPLY = {
     Kind.SPACE_CREATE: Device._apply_space,

@@ -180,7 +180,6 @@ class InputCommands:
         t = self.tables
         for rrow in rrows:
             t.write_row(t.receipts, rrow, {R.LEASE: transfer.seq})
-            self._rendered.pop(rrow, None)
         if not live:
             return
         deadline = time.time_ns() + self.runtime.runtime_profile["deadline_ms"] * 1_000_000
@@ -319,7 +318,6 @@ class InputCommands:
                                                "not follow the saved result")
         t.put_bytes(t.result_bytes, rrow, data, offset)
         t.write_row(t.receipts, rrow, {R.RESULT_LEN: offset + len(data)})
-        self._rendered.pop(rrow, None)
 
     def _apply_completion(self, fields, transfer):
         actor, sequence, finish, input_tokens, output_tokens = fields

@@ -141,9 +141,9 @@ class SpaceCommands:
 
     def _space_view(self, srow, rights):
         row = self.tables.row(self.tables.spaces, srow)
-        _, lineage, par = self.participant_ids[row[S.OWNER]]
+        _, lineage, _, _, owner = self.participant_ids[row[S.OWNER]]
         space = ids.space_id(lineage, join16(row[S.ID_HI], row[S.ID_LO]))
-        return {"id": space, "scope": SCOPE_NAMES[row[S.SCOPE]], "owner": ids.participant_id(par),
+        return {"id": space, "scope": SCOPE_NAMES[row[S.SCOPE]], "owner": owner,
                 "memory_owner": self.memory_owner(row[S.SCOPE], space),
                 "created_by_operation": ids.operation_id(lineage, join16(row[S.OP_HI], row[S.OP_LO])),
                 "rights": right_names(rights)}

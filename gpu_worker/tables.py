@@ -126,6 +126,14 @@ class Source(IntEnum):
 
 
 _HALVES = struct.Struct("<qq")
+_INT64S = {}  # n -> struct of n native int64 (the tensors' own layout), for run writes
+
+
+def _int64s(n):
+    s = _INT64S.get(n)
+    if s is None:
+        s = _INT64S[n] = struct.Struct(f"={n}q")
+    return s
 
 
 def split16(b):
@@ -180,6 +188,22 @@ class Tables:
             return
         cols = torch.tensor(list(values), dtype=torch.int64, device=self.device)
         table[row, cols] = torch.tensor(list(values.values()), dtype=torch.int64, device=self.device)
+
+    def put_cols(self, table, row, first, values):
+        """Write consecutive columns first, first + 1, ... of a row in one step (a whole row:
+        first 0 and width() values, so nothing of a reused row's old content stays)."""
+        if self._flat is not None:
+            _, cols, raw = self._flat[id(table)]
+            _int64s(len(values)).pack_into(raw, (row * cols + first) * 8, *values)
+        else:
+            table[row, first:first + len(values)] = torch.tensor(values, dtype=torch.int64, device=self.device)
+
+    def set(self, table, row, col, value):
+        if self._flat is not None:
+            flat, cols, _ = self._flat[id(table)]
+            flat[row * cols + col] = value
+        else:
+            table[row, col] = value
 
     def clear_row(self, table, row):
         if self._flat is not None:

@@ -173,7 +173,7 @@ def test_truncating_the_final_transfer_anywhere_boots_and_drops_only_it(tiny_run
         write_grants(rig.grants_path, rig.principals)
         device = Device(RuntimeFile.open(tiny_runtime), rig.journal, Grants(rig.grants_path))
         try:
-            survivors = [device.rendered_receipt(r) for r in sorted(device.by_op.values())]
+            survivors = [device.receipt_json(r) for r in sorted(device.by_op.values())]
             assert sorted(survivors) == sorted(receipts[:2]), cut
             assert bool(device.dropped) == (cut > start)
         finally:
