@@ -9,20 +9,22 @@ import functools
 import hashlib
 import re
 
+_sha256 = hashlib.sha256
 HEX32 = re.compile(r"[0-9a-f]{32}\Z")
 OPERATION_ID = re.compile(r"op-([0-9a-f]{32})-([0-9a-f]{32})\Z")
 
 
-def _h(tag, *parts):
-    return hashlib.sha256(tag + b"".join(parts)).digest()[:16]
+def _h(tag, data):
+    """The first 16 bytes of SHA-256(tag || data)."""
+    return _sha256(tag + data).digest()[:16]
 
 
 def lineage(incarnation, principal):
-    return _h(b"aotx/lineage\0", incarnation, principal)
+    return _h(b"aotx/lineage\0", incarnation + principal)
 
 
 def participant(incarnation, principal):
-    return _h(b"aotx/participant\0", incarnation, principal)
+    return _h(b"aotx/participant\0", incarnation + principal)
 
 
 @functools.lru_cache(maxsize=4)
@@ -34,7 +36,7 @@ def operation(incarnation, counter):
     """8 bytes of masked admission counter + an 8-byte tag: the device can tell a retired
     operation ID it issued (410) from one it never issued (404) without keeping a list."""
     masked = (counter ^ _pad(incarnation)).to_bytes(8, "little")
-    return masked + _h(b"aotx/operation\0", incarnation, counter.to_bytes(8, "little"))[:8]
+    return masked + _h(b"aotx/operation\0", incarnation + counter.to_bytes(8, "little"))[:8]
 
 
 def operation_counter(incarnation, raw):
@@ -44,7 +46,7 @@ def operation_counter(incarnation, raw):
 
 
 def memory_owner(incarnation, space):
-    return _h(b"aotx/memory-owner\0", incarnation, space.encode())
+    return _h(b"aotx/memory-owner\0", incarnation + space.encode())
 
 
 SPACE_ID = re.compile(r"spc-([0-9a-f]{32})-([0-9a-f]{32})\Z")

@@ -43,6 +43,7 @@ ZERO_DIGEST = bytes(32)
 LOCK_NAME = "lock"
 
 _RECORD_START = bytes((TYPE_SHARED, CLASS_A))
+_KIND_SEQ = struct.Struct("<HQ")
 _ZERO_CHECKSUM = bytes(4)
 _SEGMENT_NAME = re.compile(r"(\d{8,})\.journal")
 
@@ -112,21 +113,18 @@ def encode_transfer(kind: int, transfer_seq: int, payload: bytes) -> list[bytes]
     kind = int(kind)  # plain int: struct packs it without a __index__ call
     pack, crc32 = PART_HEADER.pack, zlib.crc32
     records = []
-    start = 0
     for index in range(count):
-        data = payload[start:start + MAX_DATA]
-        start += MAX_DATA
-        header = pack(TYPE_SHARED, CLASS_A, kind, index, count, len(data), 0, length, transfer_seq, 0, 0)
+        data = payload[index * MAX_DATA:(index + 1) * MAX_DATA]
+        n = len(data)
         # the checksum covers the header with its checksum field (bytes 24-27) zero, then the data
-        records.append(b"".join((header[:CHECKSUM_OFFSET], crc32(data, crc32(header)).to_bytes(4, "little"),
-                                 header[CHECKSUM_OFFSET + 4:], data)))
+        checksum = crc32(data, crc32(pack(TYPE_SHARED, CLASS_A, kind, index, count, n, 0, length, transfer_seq, 0, 0)))
+        records.append(pack(TYPE_SHARED, CLASS_A, kind, index, count, n, 0, length, transfer_seq, checksum, 0) + data)
     return records
 
 
 def chain_digest(previous: bytes, kind: int, transfer_seq: int, payload: bytes) -> bytes:
     h = hashlib.sha256(previous)
-    h.update(kind.to_bytes(2, "little"))
-    h.update(transfer_seq.to_bytes(8, "little"))
+    h.update(_KIND_SEQ.pack(kind, transfer_seq))  # kind u16 LE, then transfer_seq u64 LE
     h.update(payload)
     return h.digest()
 
