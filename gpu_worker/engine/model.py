@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from gpu_worker.engine import cpu_linear
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -61,24 +63,40 @@ def rope_tables(config: ModelConfig, length: int, device) -> tuple[torch.Tensor,
 # oneDNN lays a packed weight out for this many rows; of 1, 8 and 64, 8 measured best for decode
 # steps of 1 to 8 requests, and larger products (prefill) still run at full speed.
 PACKED_BATCH_HINT = 8
+# Above this many rows a product is bound by arithmetic, not by reading the weights: cpu_linear's
+# kernel (no cache blocking) gives way to widening the weight and MKL's sgemm.
+KERNEL_MAX_ROWS = 64
 
 
 class Linear:
-    """`x @ weight.T` for an `(out, in)` weight.
+    """`x @ weight.T` for an `(out, in)` weight, given as stored in the runtime file (bfloat16).
 
-    On CPU in float32 the weight is packed once for oneDNN's inner product (the kernel PyTorch's
-    own compiler uses for frozen CPU linears). For the skinny products of decoding (a handful of rows
-    against a 576-wide matrix) MKL's path, which `torch.matmul` and transformers take, reads the
-    weights at about half the memory bandwidth on the development machine: a SmolLM2 decode step
-    measured 57 ms with it and 34 ms with oneDNN at 1 request, 77 ms and 41 ms at 8. Both accumulate
-    in float32; results differ only in summation order."""
+    On CPU in float32, the bfloat16 weight is kept as it is and multiplied by cpu_linear's kernel,
+    which widens it in registers: a decode step streams every weight of the model once, so half the
+    bytes is nearly half the time (docs/engine.md has the figures). Where that kernel is not
+    available, the weight is widened to float32 once and packed for oneDNN's inner product, which
+    reads it about twice as fast as the MKL path `torch.matmul` takes for a few rows. On CUDA the
+    weight is cast to the compute dtype. Every path sums in float32 on CPU; results differ only in
+    summation order."""
 
-    def __init__(self, weight: torch.Tensor):
-        self.weight, self.packed = weight, None
-        if weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available():
-            self.weight, self.packed = None, torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_BATCH_HINT)
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
+        self.weight, self.packed, self.kernel = None, None, None
+        on_cpu_float32 = weight.device.type == "cpu" and dtype == torch.float32
+        kernel = cpu_linear.linear_bf16() if on_cpu_float32 and weight.dtype == torch.bfloat16 else None
+        if kernel is not None:
+            self.weight, self.kernel = weight.contiguous(), kernel
+        elif on_cpu_float32 and torch.backends.mkldnn.is_available():
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.float(), PACKED_BATCH_HINT)
+        else:
+            self.weight = weight.to(dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel is not None:
+            rows = x.reshape(-1, x.shape[-1])
+            if rows.shape[0] > KERNEL_MAX_ROWS:  # prefill: compute-bound, where MKL's blocking wins
+                return x @ self.weight.float().T
+            y = self.kernel(rows.contiguous(), self.weight)
+            return y.view(*x.shape[:-1], y.shape[-1])
         if self.packed is None:
             return x @ self.weight.T
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
@@ -108,28 +126,29 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Layer:
-    def __init__(self, tensors: dict[str, torch.Tensor]):
-        self.input_norm = tensors["input_layernorm"]
-        self.qkv = Linear(torch.cat([tensors["q_proj"], tensors["k_proj"], tensors["v_proj"]]))
-        self.o = Linear(tensors["o_proj"])
-        self.post_norm = tensors["post_attention_layernorm"]
-        self.gate_up = Linear(torch.cat([tensors["gate_proj"], tensors["up_proj"]]))
-        self.down = Linear(tensors["down_proj"])
+    def __init__(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype):
+        """tensors: as stored in the runtime file, on the model's device."""
+        self.input_norm = tensors["input_layernorm"].to(dtype)
+        self.qkv = Linear(torch.cat([tensors["q_proj"], tensors["k_proj"], tensors["v_proj"]]), dtype)
+        self.o = Linear(tensors["o_proj"], dtype)
+        self.post_norm = tensors["post_attention_layernorm"].to(dtype)
+        self.gate_up = Linear(torch.cat([tensors["gate_proj"], tensors["up_proj"]]), dtype)
+        self.down = Linear(tensors["down_proj"], dtype)
 
 
 class Llama:
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], device, dtype: torch.dtype):
         self.config, self.device, self.dtype = config, torch.device(device), dtype
 
-        def weight(name):
-            return tensors[name].to(device=self.device, dtype=dtype)
+        def stored(name):  # in the runtime file's dtype (Linear and the embedding lookup convert), copied
+            return tensors[name].to(device=self.device, copy=True)  # off the file's mapping
 
-        self.embed = weight("embed_tokens")
-        self.norm = weight("norm")
-        self.lm_head = Linear(self.embed if config.tie_word_embeddings else weight("lm_head"))
+        self.embed = stored("embed_tokens")
+        self.norm = stored("norm").to(dtype)
+        self.lm_head = Linear(self.embed if config.tie_word_embeddings else stored("lm_head"), dtype)
         layer_keys = ("input_layernorm", "post_attention_layernorm", "q_proj", "k_proj", "v_proj", "o_proj",
                       "gate_proj", "up_proj", "down_proj")
-        self.layers = [Layer({key: weight(f"layers.{i}.{key}") for key in layer_keys})
+        self.layers = [Layer({key: stored(f"layers.{i}.{key}") for key in layer_keys}, dtype)
                        for i in range(config.num_layers)]
         cos, sin = rope_tables(config, config.max_position_embeddings, self.device)
         # Cast like the reference does (float32 tables, rounded to the compute dtype at use).
@@ -168,7 +187,7 @@ class Llama:
         cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)
         slots = slots.reshape(-1)
 
-        x = F.embedding(tokens, self.embed)
+        x = F.embedding(tokens, self.embed).to(self.dtype)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = layer.qkv(h).view(batch, queries, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
