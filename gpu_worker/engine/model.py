@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from gpu_worker.engine import cpu_linear
+from gpu_worker.engine import cpu_ops
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def rope_tables(config: ModelConfig, length: int, device) -> tuple[torch.Tensor,
 # oneDNN lays a packed weight out for this many rows; of 1, 8 and 64, 8 measured best for decode
 # steps of 1 to 8 requests, and larger products (prefill) still run at full speed.
 PACKED_BATCH_HINT = 8
-# Above this many rows a product is bound by arithmetic, not by reading the weights: cpu_linear's
+# Above this many rows a product is bound by arithmetic, not by reading the weights: the bfloat16
 # kernel (no cache blocking) gives way to widening the weight and MKL's sgemm.
 KERNEL_MAX_ROWS = 64
 
@@ -71,7 +71,7 @@ KERNEL_MAX_ROWS = 64
 class Linear:
     """`x @ weight.T` for an `(out, in)` weight, given as stored in the runtime file (bfloat16).
 
-    On CPU in float32, the bfloat16 weight is kept as it is and multiplied by cpu_linear's kernel,
+    On CPU in float32, the bfloat16 weight is kept as it is and multiplied by cpu_ops' linear_bf16,
     which widens it in registers: a decode step streams every weight of the model once, so half the
     bytes is nearly half the time (docs/engine.md has the figures). Where that kernel is not
     available, the weight is widened to float32 once and packed for oneDNN's inner product, which
@@ -82,9 +82,9 @@ class Linear:
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
         self.weight, self.packed, self.kernel = None, None, None
         on_cpu_float32 = weight.device.type == "cpu" and dtype == torch.float32
-        kernel = cpu_linear.linear_bf16() if on_cpu_float32 and weight.dtype == torch.bfloat16 else None
-        if kernel is not None:
-            self.weight, self.kernel = weight.contiguous(), kernel
+        aotx = cpu_ops.ops() if on_cpu_float32 and weight.dtype == torch.bfloat16 else None
+        if aotx is not None:
+            self.weight, self.kernel = weight.contiguous(), aotx.linear_bf16
         elif on_cpu_float32 and torch.backends.mkldnn.is_available():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.float(), PACKED_BATCH_HINT)
         else:
@@ -139,6 +139,8 @@ class Layer:
 class Llama:
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], device, dtype: torch.dtype):
         self.config, self.device, self.dtype = config, torch.device(device), dtype
+        # CPU float32: the norms and decode attention of cpu_ops (None elsewhere, or where it cannot build)
+        self.cpu_ops = cpu_ops.ops() if self.device.type == "cpu" and dtype == torch.float32 else None
 
         def stored(name):  # in the runtime file's dtype (Linear and the embedding lookup convert), copied
             return tensors[name].to(device=self.device, copy=True)  # off the file's mapping
@@ -180,16 +182,24 @@ class Llama:
         batch, queries = tokens.shape
         page_size = kv_cache.shape[3]
         context = block_tables.shape[1] * page_size
-        # Key j is visible to a query at position p when j <= p: causal within the row and it hides the
-        # block-table padding beyond the row's length. Shared by every layer.
-        mask = (torch.arange(context, device=tokens.device) <= positions[..., None]).unsqueeze(1)
-        mask = mask.repeat(1, 1, c.num_heads // c.num_kv_heads, 1)  # the layout attention() folds queries into
+        aotx = self.cpu_ops
+        norm = rms_norm if aotx is None else (lambda x, weight, eps: aotx.rms_norm(x.contiguous(), weight, eps))
+        paged_decode = aotx is not None and queries == 1
+        if paged_decode:  # each row sees its keys 0..position where they lie in the pool
+            lengths = positions[:, 0] + 1
+            block_tables = block_tables.contiguous()
+            scale = c.head_dim ** -0.5  # scaled_dot_product_attention's default, as the reference uses
+        else:
+            # Key j is visible to a query at position p when j <= p: causal within the row and it hides the
+            # block-table padding beyond the row's length. Shared by every layer.
+            mask = (torch.arange(context, device=tokens.device) <= positions[..., None]).unsqueeze(1)
+            mask = mask.repeat(1, 1, c.num_heads // c.num_kv_heads, 1)  # the layout attention() folds queries into
         cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)
         slots = slots.reshape(-1)
 
         x = F.embedding(tokens, self.embed).to(self.dtype)
         for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
+            h = norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = layer.qkv(h).view(batch, queries, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
             qk, v = qkv.split([c.num_heads + c.num_kv_heads, c.num_kv_heads], dim=2)
             qk = qk * cos + rotate_half(qk) * sin  # queries and keys rotated together
@@ -197,15 +207,20 @@ class Llama:
 
             pool = kv_cache[i].view(2, -1, c.num_kv_heads, c.head_dim)  # [k/v, slot, kv_head, head_dim]
             pool.index_copy_(1, slots, torch.stack((k, v)).view(2, -1, c.num_kv_heads, c.head_dim))
-            # index_select over whole pages: a plain copy per page, several times faster than advanced indexing
-            pages = kv_cache[i].view(2, kv_cache.shape[2], -1).index_select(1, block_tables.reshape(-1))
-            keys, values = pages.view(2, batch, context, c.num_kv_heads, c.head_dim)
-            x = x + layer.o(attention(q, keys, values, mask))
+            if paged_decode:
+                out = aotx.paged_decode_attention(q.reshape(batch, c.num_heads, c.head_dim).contiguous(), pool[0],
+                                                  pool[1], block_tables, lengths, page_size, scale)
+                x = x + layer.o(out.view(batch, 1, c.num_heads * c.head_dim))
+            else:
+                # index_select over whole pages: a plain copy per page, several times faster than advanced indexing
+                pages = kv_cache[i].view(2, kv_cache.shape[2], -1).index_select(1, block_tables.reshape(-1))
+                keys, values = pages.view(2, batch, context, c.num_kv_heads, c.head_dim)
+                x = x + layer.o(attention(q, keys, values, mask))
 
-            h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
+            h = norm(x, layer.post_norm, c.rms_norm_eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
 
         if last is not None:
             x = x[torch.arange(batch, device=x.device), last]
-        return self.lm_head(rms_norm(x, self.norm, c.rms_norm_eps))
+        return self.lm_head(norm(x, self.norm, c.rms_norm_eps))

@@ -1,0 +1,67 @@
+"""The engine's CPU operators (cpu_ops.cpp): `torch.ops.aotx_cpu.linear_bf16`, `rms_norm` and
+`paged_decode_attention`.
+
+`ops()` returns `torch.ops.aotx_cpu`, building the extension first when this virtualenv has no
+build of the current source (about 20 s, once; `make setup` does it). It is None where the CPU
+lacks AVX2 and FMA, or the build fails (no C++ compiler): the model then uses PyTorch's own
+operators with weights widened to float32 once (model.py), which is correct but slower.
+
+    python -c "from gpu_worker.engine.cpu_ops import main; main()"   # build and check (make setup does)
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_ops.cpp")
+log = logging.getLogger("gpu_worker.engine")
+
+
+def build_directory() -> Path:
+    """Per virtualenv (the build is tied to its torch), else under the user's cache."""
+    prefix = Path(sys.prefix) / "aotx-build" / "cpu_ops"
+    try:
+        prefix.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        prefix = Path(os.path.expanduser("~/.cache/aotx-build/cpu_ops"))
+        prefix.mkdir(parents=True, exist_ok=True)
+    return prefix
+
+
+@functools.cache
+def ops():
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return None
+    from torch.utils.cpp_extension import load
+    try:
+        import ninja  # the build tool torch's loader runs: the pip package's, PATH or not
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+        # -fopenmp: at::parallel_for is OpenMP code in the headers; the library then binds to the
+        # libgomp.so.1 torch has already loaded, so both share one thread pool
+        load("aotx_cpu_ops", [str(SOURCE)], extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
+             extra_ldflags=["-fopenmp"], build_directory=str(build_directory()), is_python_module=False)
+    except Exception as exc:  # no compiler, no ninja: PyTorch's operators still serve
+        log.warning("CPU operators unavailable (%s); using PyTorch's with float32 weights", exc)
+        return None
+    return torch.ops.aotx_cpu
+
+
+def main():
+    aotx = ops()
+    if aotx is None:
+        raise SystemExit("cpu_ops: not available on this machine (see the warning above)")
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(9, 576, generator=g), torch.randn(100, 576, generator=g).bfloat16()
+    diff = (aotx.linear_bf16(x, w) - x @ w.float().T).abs().max().item()
+    if diff > 1e-4:
+        raise SystemExit(f"cpu_ops: linear_bf16 differs from the float32 product by {diff}")
+    print(f"cpu_ops: built in {build_directory()}; linear_bf16 within {diff:.2g} of the float32 product")
+
+
+if __name__ == "__main__":
+    main()
