@@ -7,6 +7,8 @@ lacks AVX2 and FMA, or the build fails (no C++ compiler): the model then uses Py
 operators with weights widened to float32 once (model.py), which is correct but slower.
 
     python -c "from gpu_worker.engine.cpu_ops import main; main()"   # build and check (make setup does)
+
+The check fails (exit 1) only when a built operator computes a wrong product.
 """
 from __future__ import annotations
 
@@ -53,8 +55,9 @@ def ops():
 
 def main():
     aotx = ops()
-    if aotx is None:
-        raise SystemExit("cpu_ops: not available on this machine (see the warning above)")
+    if aotx is None:  # setup goes on: the engine runs on PyTorch's operators (tests/engine says so)
+        print("cpu_ops: not built on this machine (see the warning above); the engine will use PyTorch's operators")
+        return
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(9, 576, generator=g), torch.randn(100, 576, generator=g).bfloat16()
     diff = (aotx.linear_bf16(x, w) - x @ w.float().T).abs().max().item()
