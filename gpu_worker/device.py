@@ -511,8 +511,8 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         """The sequences of a participant's live receipts, ascending: every sequence from the retry
         floor up, since sequences are admitted one after another and a retirement frees exactly
         those below its floor (a range, so the device keeps no list per participant)."""
-        _, next_seq, floor = self.tables.row(self.tables.participants, prow)[:3]
-        return range(floor, next_seq)
+        row = self.tables.row(self.tables.participants, prow)
+        return range(row[P.RETRY_FLOOR], row[P.NEXT_SEQUENCE])
 
     def _caller_row(self, principal):
         prow = self.by_principal.get(principal)

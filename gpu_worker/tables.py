@@ -205,13 +205,6 @@ class Tables:
         else:
             table[row, col] = value
 
-    def clear_row(self, table, row):
-        if self._flat is not None:
-            _, cols, raw = self._flat[id(table)]
-            raw[row * cols * 8:(row + 1) * cols * 8] = bytes(8 * cols)
-        else:
-            table[row] = 0
-
     def row(self, table, row):
         if self._flat is not None:
             flat, cols, _ = self._flat[id(table)]

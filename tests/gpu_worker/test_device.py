@@ -1,5 +1,6 @@
 """The device state machine in-process: registration as a full mutation, retries, restarts."""
 import collections
+import gc
 import json
 import secrets
 
@@ -185,3 +186,24 @@ def test_truncating_the_final_transfer_anywhere_boots_and_drops_only_it(tiny_run
     with pytest.raises(JournalCorrupt) as err:
         Device(RuntimeFile.open(tiny_runtime), rig.journal, Grants(rig.grants_path))
     assert "00000001.journal" in str(err.value) and "offset 32" in str(err.value)
+
+
+def test_admissions_leave_nothing_for_the_cyclic_gc_to_scan(tiny_runtime, tmp_path):
+    """What an admission adds for the life of the device (index entries, participant names, the
+    rendered receipt) must be objects the cyclic GC does not track (ints, bytes, str, tuples of
+    those), or every full collection scans all of them: on a busy device those collections cost
+    more than the admissions (docs/architecture.md, "The device's memory")."""
+    principals = [secrets.token_hex(16) for _ in range(150)]
+    rig = Rig(tiny_runtime, tmp_path, {p: ALL for p in principals})
+    commands = [("c", rig.msg("participant.register", p, rig.register_args(p))) for p in principals]
+    inbox = collections.deque(commands)  # `commands` keeps them: only what the device adds is counted
+    gc.collect()
+    before = len(gc.get_objects())
+    statuses = []
+    while inbox:
+        statuses += [msg["status"] for _, msg in rig.device.tick(inbox)]
+    assert statuses == [202] * len(principals)
+    rig.call("operations.list", principals[0])  # reads render receipts too: nothing is kept
+    gc.collect()
+    assert len(gc.get_objects()) - before < len(principals) // 10
+    rig.device.close()
