@@ -5,7 +5,9 @@ positions; each token's key and value are written into the pool at its slot
 (`page * page_size + offset`), then every row gathers its keys and values through its block table
 and attends with a causal mask built from positions. Prefill is `Q` = longest prompt, decode is
 `Q = 1`; rows may be at any length. Padding tokens write to a scratch page no sequence owns and
-read at most position 0, so they never disturb a real row and never produce NaN.
+read at most position 0, so they never disturb a real row and never produce NaN. On CPU in float32
+a decode step reads each row's keys and values in place instead (cpu_ops.paged_decode_attention),
+and products and norms run on cpu_ops too.
 
 Weights follow docs/runtime-file.md: `(out, in)` matrices, Q/K rows in the `rotate_half` RoPE
 layout. Q, K and V are concatenated into one matrix, as are gate and up, so each layer runs four
