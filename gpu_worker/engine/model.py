@@ -84,7 +84,8 @@ class Linear:
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
         self.weight, self.packed, self.kernel = None, None, None
         on_cpu_float32 = weight.device.type == "cpu" and dtype == torch.float32
-        aotx = cpu_ops.ops() if on_cpu_float32 and weight.dtype == torch.bfloat16 else None
+        usable = on_cpu_float32 and weight.dtype == torch.bfloat16 and weight.shape[1] % 8 == 0  # 8 per step
+        aotx = cpu_ops.ops() if usable else None
         if aotx is not None:
             self.weight, self.kernel = weight.contiguous(), aotx.linear_bf16
         elif on_cpu_float32 and torch.backends.mkldnn.is_available():

@@ -55,6 +55,8 @@ def test_the_model_multiplies_bfloat16_weights_with_it_on_cpu(aotx):
     assert torch.allclose(linear(x), x @ w.float().T, rtol=1e-5, atol=1e-5)
     big = torch.randn(5, 20, 64)  # more rows than the kernel takes: widened weight, same result
     assert torch.allclose(linear(big), big @ w.float().T, rtol=1e-5, atol=1e-5)
+    odd = torch.randn(4, 12).bfloat16()  # an input width the kernel does not take: PyTorch's path
+    assert Linear(odd, torch.float32).kernel is None
 
 
 @pytest.mark.parametrize("shape", [(1, 576), (8, 1, 576), (3, 5, 24)])

@@ -1,0 +1,32 @@
+#!/bin/bash
+# The GPU half of issue 5 in one prepared run on a lent device (docs/engine.md, "CUDA"): the CUDA
+# engine tests, then bench/generate.py on random weights of the SmolLM2-135M shape (1, 64 and 256
+# requests beside transformers generate and generate_batch). Logs land in $OUT.
+#
+# The device image has torch, transformers, tokenizers, msgpack, safetensors, pytest and
+# pytest-timeout, but not gguf (pack.py imports it). Before the run, here, in the repo's root:
+#
+#   grep -qx '/.whl/' .git/info/exclude || echo /.whl/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux2014_x86_64 -d .whl gguf==0.19.0
+#
+# then: run(command="bash scripts/gpu_check.sh", carry=[".whl"], timeout_s=540), and give_back.
+set -o pipefail
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site || exit 1
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$OUT/gpu.txt"
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
+    2>&1 | tee -a "$OUT/gpu.txt"
+# correctness first: graphs against eager, CUDA float32 against CPU, reproducible sampling
+timeout 240 python3 -m pytest tests/engine/test_cuda.py -p no:cacheprovider 2>&1 | tee "$OUT/test_cuda.log"
+tests=$?
+# then the benchmark (the issue's targets: >= 20x eager generate at 1 request, >= 10x generate_batch at 256)
+timeout 270 python3 bench/generate.py --device cuda --random-weights 2>&1 | tee "$OUT/generate.log"
+bench=$?
+echo "test_cuda exit $tests, generate exit $bench" | tee -a "$OUT/gpu.txt"
+[ "$tests" = 0 ] && [ "$bench" = 0 ]
