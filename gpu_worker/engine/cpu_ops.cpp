@@ -147,6 +147,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
   const int64_t B = q.size(0), heads = q.size(1), D = q.size(2), kv_heads = k_pool.size(1), slots = k_pool.size(0);
   const int64_t pages = block_tables.size(1);
   TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "paged_decode_attention: heads must be a multiple of kv_heads");
+  TORCH_CHECK(page_size > 0, "paged_decode_attention: page_size must be positive");
   const int64_t group = heads / kv_heads;
   const int64_t* bt = block_tables.data_ptr<int64_t>();
   const int64_t* len = lengths.data_ptr<int64_t>();

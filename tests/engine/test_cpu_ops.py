@@ -102,3 +102,5 @@ def test_paged_decode_attention_refuses_rows_outside_the_pool(aotx):
         aotx.paged_decode_attention(q, pool, pool, torch.tensor([[0]]), torch.tensor([17]), 16, 1.0)
     with pytest.raises(RuntimeError, match="page outside the pool"):
         aotx.paged_decode_attention(q, pool, pool, torch.tensor([[2]]), torch.tensor([3]), 16, 1.0)
+    with pytest.raises(RuntimeError, match="page_size must be positive"):
+        aotx.paged_decode_attention(q, pool, pool, torch.tensor([[0]]), torch.tensor([1]), 0, 1.0)
