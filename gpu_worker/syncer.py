@@ -34,8 +34,11 @@ class Syncer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             # Run as a script (standard library only): it needs no package path, whatever the cwd.
+            # In a session of its own: Ctrl-C or a supervisor's SIGTERM to the device's process
+            # group must not reach it, not even while it starts (before it can ignore signals, a
+            # group SIGTERM right after "device ready" killed it and the orderly stop exited 1).
             self.process = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(theirs.fileno())],
-                                            pass_fds=[theirs.fileno()])
+                                            pass_fds=[theirs.fileno()], start_new_session=True)
         finally:
             theirs.close()
         self.sock = ours
@@ -89,9 +92,9 @@ def serve(sock):
 
 
 if __name__ == "__main__":
-    # The helper shares the device's process group, so Ctrl-C or a supervisor's SIGTERM to the
-    # group reaches it too; it must outlive the device's own orderly stop and exit only when the
-    # device's end of the socket closes (a stop, a crash or kill -9 alike).
+    # It must outlive the device's own orderly stop and exit only when the device's end of the
+    # socket closes (a stop, a crash or kill -9 alike). Group signals do not reach it (its own
+    # session); a signal sent to it directly is ignored too.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     serve(socket.socket(fileno=int(sys.argv[1])))

@@ -129,6 +129,7 @@ def test_sigterm_stops_the_device_cleanly(stack):
     children = Path(f"/proc/{device.proc.pid}/task/{device.proc.pid}/children").read_text().split()
     helpers = [int(pid) for pid in children if b"syncer.py" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     assert len(helpers) == 1  # the fdatasync helper
-    assert device.kill(signal.SIGTERM) == 0
+    code = device.kill(signal.SIGTERM)
+    assert code == 0, device.output()[-3000:]
     assert not (stack.journal / "service.sock").exists()
     wait_for(lambda: not Path(f"/proc/{helpers[0]}").exists(), 10, what="the helper's exit")

@@ -73,6 +73,16 @@ def test_the_helper_outlives_a_signal_to_the_process_group(tmp_path):
     assert syncer.process.returncode == 0
 
 
+def test_the_helper_is_out_of_reach_of_signals_to_the_devices_group_from_its_start():
+    """A SIGTERM to the device's group right after "device ready" must not find a helper that has
+    not yet set its signal dispositions: it runs in a group (and session) of its own."""
+    syncer = Syncer()
+    try:
+        assert os.getpgid(syncer.process.pid) == syncer.process.pid != os.getpgid(0)
+    finally:
+        syncer.close()
+
+
 def test_the_helper_exits_when_the_device_dies():
     syncer = Syncer()
     syncer.sock.close()  # what a kill -9 of the device does to its end
