@@ -62,7 +62,7 @@ def main(argv):
 
     def ready():
         device.runner.start()  # after the loop exists: its events come back through the loop
-        # What boot built (torch, the model, the indexes: ~200k objects) lives as long as the
+        # What boot built (torch, the model, the indexes: ~370k objects) lives as long as the
         # process: keep it out of the cyclic GC's full collections, which otherwise scanned all of
         # it every few thousand admissions (~100 ms each; see docs/architecture.md)
         gc.freeze()

@@ -38,8 +38,6 @@ class DeviceError(Exception):
 class RawJSON(bytes):
     """Already-rendered JSON bytes, embedded verbatim by dumps() (receipts are rendered once)."""
 
-    __slots__ = ()  # no __dict__: the device caches one per receipt, and the cyclic GC skips these
-
 
 _MARK = "\x00raw{}\x00"
 
