@@ -610,7 +610,7 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
             if apply is None:
                 raise DeviceBootError(f"unknown admission kind {a.kind}")
             target = apply(self, a, prow, transfer_seq, rrow)
-            t.set(t.participants, prow, P.NEXT_SEQUENCE, a.sequence + 1)
+            t.write_row(t.participants, prow, {P.NEXT_SEQUENCE: a.sequence + 1})
         row = [0] * _RECEIPT_WIDTH  # the whole row is written: a reused slot starts clean
         row[R.STATE] = 1
         row[R.PARTICIPANT] = prow

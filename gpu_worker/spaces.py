@@ -197,11 +197,11 @@ class SpaceCommands:
         items = []
         if cursor is None:
             owner = t.value(t.spaces, srow, S.OWNER)
-            items.append({"participant": ids.participant_id(self.participant_ids[owner][2]),
+            items.append({"participant": self.participant_ids[owner][4],
                           "permissions": right_names(ALL_RIGHTS), "explicit": False})
         for mrow in rows:
             row = t.row(members, mrow)
-            items.append({"participant": ids.participant_id(self.participant_ids[row[M.PARTICIPANT]][2]),
+            items.append({"participant": self.participant_ids[row[M.PARTICIPANT]][4],
                           "permissions": right_names(row[M.RIGHTS]), "explicit": True})
         return 200, {"items": items, "next_cursor": next_cursor}
 

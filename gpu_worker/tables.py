@@ -198,13 +198,6 @@ class Tables:
         else:
             table[row, first:first + len(values)] = torch.tensor(values, dtype=torch.int64, device=self.device)
 
-    def set(self, table, row, col, value):
-        if self._flat is not None:
-            flat, cols, _ = self._flat[id(table)]
-            flat[row * cols + col] = value
-        else:
-            table[row, col] = value
-
     def row(self, table, row):
         if self._flat is not None:
             flat, cols, _ = self._flat[id(table)]
