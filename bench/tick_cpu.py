@@ -6,7 +6,7 @@ bench/journal.py measures the whole device at its socket; this one tells where a
 interpreter time goes. A real Device (tiny runtime, real journal files) takes registrations in
 ticks of 8 (a full 16-record tick); its file layer skips only the fdatasync. Each phase is
 timed per chunk of 800 registrations and the best chunk is printed, because this machine's CPU
-speed drifts between minutes: decode (frames -> messages), gather (admission: checks, tables,
+speed drifts between minutes: decode (frame payloads -> messages), gather (admission: checks, tables,
 journal encoding), commit (write + save bookkeeping), answer (receipts rendered and framed).
 The mean over all chunks follows: it includes the cyclic GC's collections, which a best chunk
 may miss.
@@ -29,7 +29,7 @@ from gpu_worker import filelayer  # noqa: E402
 from gpu_worker.device import Device  # noqa: E402
 from gpu_worker.grants import Grants  # noqa: E402
 from gpu_worker.pack import pack_tiny  # noqa: E402
-from gpu_worker.protocol import FrameBuffer, encode_frame  # noqa: E402
+from gpu_worker.protocol import decode_payload, encode_frame  # noqa: E402
 from gpu_worker.runtime_file import RuntimeFile  # noqa: E402
 
 CHUNK = 800
@@ -63,16 +63,15 @@ def main():
     grants.write_text(json.dumps({"schema": "aotx.grants.v1", "written_at_ns": time.time_ns(), "principals": {
         p.hex(): {"name": "bench", "actions": ["shared_read", "shared_write"]} for p in principals}}))
     device = Device(RuntimeFile.open(str(runtime)), str(base / "journal"), Grants(str(grants)), fs=NoSyncLayer())
-    frames = [registration_frame(incarnation, p, i) for i, p in enumerate(principals, 1)]
+    payloads = [registration_frame(incarnation, p, i)[4:] for i, p in enumerate(principals, 1)]  # as sockio hands them
     gc.freeze()  # as boot does once the device is ready
-    buffer = FrameBuffer()
     best = collections.defaultdict(lambda: float("inf"))
     overall = collections.Counter()
     for start in range(0, n, CHUNK):
         spent = collections.Counter()
         for i in range(start, start + CHUNK, TICK):
             t0 = time.perf_counter()
-            inbox = collections.deque(("bench", msg) for frame in frames[i:i + TICK] for msg in buffer.feed(frame))
+            inbox = collections.deque(("bench", decode_payload(p)) for p in payloads[i:i + TICK])
             t1 = time.perf_counter()
             batch = device.gather(inbox)
             t2 = time.perf_counter()

@@ -83,38 +83,14 @@ def encode_frame(obj):
 
 
 def decode_payload(payload):
-    obj = msgpack.unpackb(payload, raw=False)
+    """One frame's payload as a map; ProtocolError for anything else (the connection is closed)."""
+    try:
+        obj = msgpack.unpackb(payload, raw=False)
+    except (ValueError, TypeError) as exc:  # msgpack's errors (ExtraData, FormatError ...) are ValueErrors
+        raise ProtocolError(f"frame is not msgpack: {exc}") from None
     if not isinstance(obj, dict):
         raise ProtocolError("frame is not a map")
     return obj
-
-
-class FrameBuffer:
-    """Splits a byte stream into frames; feed() returns the complete frames received so far."""
-
-    def __init__(self):
-        self._buf = bytearray()
-
-    def feed(self, data):
-        buf = self._buf
-        if buf:
-            buf += data
-            data = buf
-        frames = []
-        pos, end = 0, len(data)
-        while end - pos >= 4:
-            (n,) = LENGTH.unpack_from(data, pos)
-            if n > MAX_FRAME:
-                raise ProtocolError(f"frame of {n} bytes exceeds {MAX_FRAME}")
-            if end - pos - 4 < n:
-                break
-            frames.append(decode_payload(data[pos + 4:pos + 4 + n]))
-            pos += 4 + n
-        if data is buf:
-            del buf[:pos]
-        elif pos < end:  # the usual read holds whole frames: nothing to keep, nothing copied
-            buf += data[pos:]
-        return frames
 
 
 def reply(req_id, status, body, headers=None):

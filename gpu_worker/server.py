@@ -2,18 +2,20 @@
 
 One thread owns the shared state (the engine computes on its own thread, runner.py, and hands its
 events back to this loop). Frames read from every connection collect in an inbox; after each
-round of socket events a tick gathers what arrived, up to its 16-record budget (Device.gather).
+round of events a tick gathers what arrived, up to its 16-record budget (Device.gather).
 This thread writes the tick's records and the fdatasync helper process (syncer.py) makes them
-durable; while it does, this thread reads the sockets and gathers the next tick, so the disk and
-the interpreter work at the same time. The next tick's write and fdatasync start when this one's
-are done (one tick in flight, at most one gathered ahead). A batch's replies go out once every
-transfer it appended is saved.
+durable; while it does, this thread gathers the next tick, so the disk and the interpreter work
+at the same time. The next tick's write and fdatasync start when this one's are done (one tick in
+flight, at most one gathered ahead). A batch's replies go out once every transfer it appended is
+saved.
 
-The loop is a plain level-triggered epoll over non-blocking sockets, not asyncio: a busy device's
-time per request went largely to the loop (asyncio's 256 KiB reads, handles and transports came
-to ~60 us per registration on the CI machine); this one does one recv and one send per request
-and little else. Other threads reach the loop only through `deliver` and `stop`,
-which queue work and write to an eventfd the loop polls.
+The sockets themselves belong to a native thread (sockio.cpp): it accepts, reads, splits frames
+and sends, holding no interpreter lock, and hands this loop whole frame payloads through one
+eventfd. On a busy device the socket work (epoll, one recv and one send per request, each send
+waking a client) had taken about 45% of this thread's time; it now runs on the other core. This
+loop decodes each payload, checks the protocol version and answers through `io.send`, one call per
+round of replies. Other threads reach the loop only through `deliver` and `stop`, which queue work
+and write to an eventfd the loop polls.
 """
 import collections
 import errno
@@ -25,36 +27,31 @@ import socket
 import threading
 import time
 
+from . import sockio
 from .journal import JournalIOError
 from .syncer import Syncer
-from .protocol import PROTOCOL_VERSION, FrameBuffer, ProtocolError, encode_frame, reply
+from .protocol import MAX_FRAME, PROTOCOL_VERSION, ProtocolError, decode_payload, encode_frame, reply
 
 log = logging.getLogger("gpu_worker.server")
 IDLE_SECONDS = 0.1
-# Not larger: recv(n) allocates n bytes before it reads; 256 KiB (asyncio's size) measured 18 us a
-# call here against 3 us for 64 KiB.
-RECV_BYTES = 1 << 16
 VERSION_REFUSED = (b'{"error":{"code":"protocol_version","message":"unsupported device protocol version; '
                    b'expected 1"}}')
-# A connection whose unsent replies pass this many bytes is not read until they drain below it:
-# a client that sends without reading gets backpressure, not a device that grows without bound.
+# A connection whose unsent replies pass this many bytes is not read until they drain below it,
+# nor one with this many requests not yet answered: a client that sends without reading gets
+# backpressure, not a device that grows without bound.
 HIGH_WATER = 4 << 20
+MAX_IN_FLIGHT = 128
 ACCEPT_PAUSE = 1.0  # seconds without accepting after accept() fails (out of descriptors)
 _IN = select.EPOLLIN
-_OUT = select.EPOLLOUT
-_GONE = select.EPOLLHUP | select.EPOLLERR
 
 
 class Connection:
-    """One gateway connection: its socket, the frames being read, the bytes not yet sent."""
-    __slots__ = ("sock", "fd", "frames", "out", "events", "closed")
+    """One gateway connection as the device sees it: the native loop's id for it. Replies and
+    the device's per-connection state (chat streams) are keyed by this object."""
+    __slots__ = ("id", "closed")
 
-    def __init__(self, sock):
-        self.sock = sock
-        self.fd = sock.fileno()
-        self.frames = FrameBuffer()
-        self.out = bytearray()  # what a full socket buffer did not take yet (EPOLLOUT pending)
-        self.events = _IN       # what epoll watches for it
+    def __init__(self, conn_id):
+        self.id = conn_id
         self.closed = False
 
 
@@ -69,13 +66,12 @@ class Server:
         self.syncer = None
         self._want_tick = False
         self._running = False
-        self._conns = {}                     # fd -> Connection
-        self._epoll = None
+        self.io = None                       # the native socket loop (sockio), while run() runs
+        self._conns = {}                     # conn id -> Connection, from its first frame
         self._wake = None                    # run()'s eventfd: other threads wake the loop through it
         self._wake_lock = threading.RLock()  # re-entrant: stop() may run in a signal handler
         self._from_threads = collections.deque()  # engine events queued by deliver()
         self._stop_asked = False
-        self._accept_paused_until = None
 
     # ---- the tick pipeline -------------------------------------------------------------
 
@@ -105,19 +101,28 @@ class Server:
                 or bool(self.device.checkpoint_waiters and self.device.writer.queued_records))
 
     def _flush(self):
-        """Answer the batches that are saved; start the next tick's I/O; gather again if asked."""
+        """Start the next tick's I/O; answer the batches that are saved; gather again if asked.
+
+        The I/O goes first so the disk does not wait while the answers are rendered (they read
+        state the next tick cannot have changed: no batch is gathered behind deferred reads)."""
         device = self.device
+        saved = []
         while self.batches and self.batches[0].last_seq <= device.writer.durable_seq:
-            self._send(device.answer(self.batches.popleft()))
-        self._send(device.run_checkpoints())
+            saved.append(self.batches.popleft())
+        self._send(device.run_checkpoints())  # before the next tick takes records off the queue
+        failed = None
         if self._io is None and device.writer.queued_records:
             self._io = tick = device.writer.begin_tick()
             tick.write()
             if tick.error is None:
                 self.syncer.request(tick.file)
             else:
-                self._complete(tick)  # nothing to sync: ENOSPC or the like, now
-                return
+                failed = tick  # nothing to sync: ENOSPC or the like, now
+        if saved:
+            self._send([r for batch in saved for r in device.answer(batch)])
+        if failed is not None:
+            self._complete(failed)
+            return
         self._schedule_if_work()
 
     def _synced(self):
@@ -176,6 +181,7 @@ class Server:
     # ---- sockets -----------------------------------------------------------------------
 
     def _send(self, replies):
+        """Hand replies to the socket thread: one (conn id, frames, count) per connection."""
         if not replies:
             return
         by_conn = {}
@@ -185,90 +191,42 @@ class Server:
                 by_conn[conn] = [encode_frame(msg)]
             else:
                 frames.append(encode_frame(msg))
-        for conn, frames in by_conn.items():
-            if conn.closed:
-                continue
-            data = frames[0] if len(frames) == 1 else b"".join(frames)
-            if conn.out:  # earlier bytes still wait for room: keep the order
-                conn.out += data
-                self._watch(conn)
-                continue
-            try:
-                sent = conn.sock.send(data)
-            except BlockingIOError:
-                sent = 0
-            except OSError:
-                self._close(conn)
-                continue
-            if sent < len(data):
-                conn.out += data[sent:]
-                self._watch(conn)
+        self.io.send([(conn.id, frames[0] if len(frames) == 1 else b"".join(frames), len(frames))
+                      for conn, frames in by_conn.items() if not conn.closed])
 
-    def _write_pending(self, conn):
-        try:
-            sent = conn.sock.send(conn.out)
-        except BlockingIOError:
-            return
-        except OSError:
-            self._close(conn)
-            return
-        del conn.out[:sent]
-        self._watch(conn)
+    def _arrived(self, events):
+        """What the socket thread read: frame payloads, connections gone, warnings."""
+        conns = self._conns
+        for conn_id, data in events:
+            conn = conns.get(conn_id)
+            if type(data) is bytes:
+                if conn is None:
+                    conn = conns[conn_id] = Connection(conn_id)
+                elif conn.closed:
+                    continue
+                try:
+                    msg = decode_payload(data)
+                except ProtocolError as exc:
+                    log.warning("closing connection: %s", exc)
+                    self.io.close(conn_id)
+                    self._closed(conn)
+                    continue
+                if msg.get("v") != PROTOCOL_VERSION:
+                    self._send([(conn, reply(msg.get("id"), 400, VERSION_REFUSED))])
+                    continue
+                self.inbox.append((conn, msg))
+                self._want_tick = True
+            elif data is None:  # the peer closed, the connection failed, or its frame was too large
+                if conn is not None:
+                    self._closed(conn)
+            else:
+                log.warning("%s", data)
 
-    def _watch(self, conn):
-        """Poll for room while replies wait; stop reading while too many of them wait."""
-        events = (_OUT if len(conn.out) > HIGH_WATER else _IN | _OUT) if conn.out else _IN
-        if events != conn.events:
-            conn.events = events
-            self._epoll.modify(conn.fd, events)
-
-    def _read(self, conn):
-        try:
-            data = conn.sock.recv(RECV_BYTES)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._close(conn)
-            return
-        try:
-            msgs = conn.frames.feed(data)
-        except ProtocolError as exc:
-            log.warning("closing connection: %s", exc)
-            self._close(conn)
-            return
-        for msg in msgs:
-            if msg.get("v") != PROTOCOL_VERSION:
-                self._send([(conn, reply(msg.get("id"), 400, VERSION_REFUSED))])
-                continue
-            self.submit(conn, msg)
-
-    def _accept(self, listener):
-        while True:
-            try:
-                sock, _ = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # EMFILE and the like: stop accepting a while (level-triggered
-                # epoll would report the waiting connection again at once); served connections go on
-                log.warning("accept failed, pausing new connections for %.1f s: %s", ACCEPT_PAUSE, exc)
-                self._epoll.unregister(listener.fileno())
-                self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE
-                return
-            sock.setblocking(False)
-            conn = Connection(sock)
-            self._conns[conn.fd] = conn
-            self._epoll.register(conn.fd, _IN)
-
-    def _close(self, conn):
+    def _closed(self, conn):
         if conn.closed:
             return
         conn.closed = True
-        del self._conns[conn.fd]
-        self._epoll.unregister(conn.fd)
-        conn.sock.close()
-        conn.out.clear()
+        del self._conns[conn.id]
         try:
             self.device.connection_closed(conn)
         except BaseException as exc:
@@ -314,12 +272,13 @@ class Server:
 
     def run(self, on_ready=None):
         listener = self._listen()
+        self.io = io = sockio.load().Loop(listener.fileno(), HIGH_WATER, MAX_IN_FLIGHT, MAX_FRAME, ACCEPT_PAUSE)
         with self._wake_lock:
             self._wake = os.eventfd(1 if self._stop_asked else 0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._epoll = epoll = select.epoll()
+        epoll = select.epoll()
         self.syncer = Syncer()
-        listen_fd, sync_fd, wake_fd = listener.fileno(), self.syncer.fileno(), self._wake
-        for fd in (listen_fd, sync_fd, wake_fd):
+        io_fd, sync_fd, wake_fd = io.fileno(), self.syncer.fileno(), self._wake
+        for fd in (io_fd, sync_fd, wake_fd):
             epoll.register(fd, _IN)
         on_main = threading.current_thread() is threading.main_thread()  # tests run a server on a thread
         previous = {}
@@ -327,24 +286,18 @@ class Server:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, lambda *_: self.stop())
         self._running = True
-        conns = self._conns
         next_idle = time.monotonic() + IDLE_SECONDS
         try:
+            io.start()
             if on_ready:
                 on_ready()
             while self._running:
                 timeout = 0 if self._want_tick else max(0.0, next_idle - time.monotonic())
-                for fd, events in epoll.poll(timeout):
-                    conn = conns.get(fd)
-                    if conn is not None:
-                        if events & _OUT:
-                            self._write_pending(conn)
-                        if events & (_IN | _GONE) and not conn.closed:
-                            self._read(conn)
+                for fd, _ in epoll.poll(timeout):
+                    if fd == io_fd:
+                        self._arrived(io.take())
                     elif fd == sync_fd:
                         self._synced()
-                    elif fd == listen_fd:
-                        self._accept(listener)
                     elif fd == wake_fd:
                         self._woken()
                     if not self._running:
@@ -354,16 +307,13 @@ class Server:
                 if time.monotonic() >= next_idle and self._running:
                     self._idle()
                     next_idle = time.monotonic() + IDLE_SECONDS
-                    if self._accept_paused_until is not None and time.monotonic() >= self._accept_paused_until:
-                        self._accept_paused_until = None
-                        epoll.register(listen_fd, _IN)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            for conn in list(conns.values()):
+            io.stop()  # closes every connection
+            for conn in self._conns.values():
                 conn.closed = True
-                conn.sock.close()
-            conns.clear()
+            self._conns.clear()
             epoll.close()
             with self._wake_lock:
                 os.close(self._wake)

@@ -20,6 +20,7 @@ from gpu_worker.pack import pack_tiny
 from gpu_worker.protocol import LENGTH, decode_payload, encode_frame
 from gpu_worker.runtime_file import RuntimeFile
 from gpu_worker import server as server_module
+from gpu_worker import sockio
 from gpu_worker.server import Server
 from gpu_worker.syncer import Syncer
 from tests.conftest import ALL, write_grants
@@ -264,7 +265,7 @@ def test_a_client_that_does_not_read_gets_backpressure_and_every_reply_in_order(
         time.sleep(1.0)  # the device answers until the slow client's queue passes HIGH_WATER
         [conn] = [c for c in live.server._conns.values()]
         assert sender.is_alive()  # its sends block: the device stopped reading it
-        assert 256 << 10 < len(conn.out) < 2 << 20
+        assert 256 << 10 < live.server.io.pending(conn.id) < 2 << 20
         with live.connect() as sock:  # another client is served meanwhile
             answer = call(sock, live.register_frame(other, 1))
         assert answer["status"] == 202
@@ -287,26 +288,40 @@ def test_out_of_descriptors_pauses_accepting_and_then_serves(tiny_runtime, tmp_p
     """accept() failing (EMFILE) must not spin the loop on the still-waiting connection: the device
     stops accepting for ACCEPT_PAUSE, keeps serving, then accepts again."""
     monkeypatch.setattr(server_module, "ACCEPT_PAUSE", 0.3)
-    real_accept = socket.socket.accept
-    failures = []
-
-    def accept(sock):
-        if len(failures) < 3:
-            failures.append(time.monotonic())
-            raise OSError(errno.EMFILE, "Too many open files")
-        return real_accept(sock)
-
-    monkeypatch.setattr(socket.socket, "accept", accept)
     live = LiveDevice(tiny_runtime, tmp_path, 1).start()
     try:
-        with live.connect() as sock:
-            answer = call(sock, live.register_frame(live.principals[0], 1))
+        with live.connect() as served:  # accepted before the failures: served throughout
+            live.server.io.fail_accepts(3, errno.EMFILE)
+            started = time.monotonic()
+            with live.connect() as sock:
+                answer = call(sock, live.register_frame(live.principals[0], 1))
+            waited = time.monotonic() - started
+            assert call(served, encode_frame({"v": 1, "id": 2, "op": "capabilities",
+                                              "principal": live.principals[0].hex(), "args": {}}))["status"] == 200
     finally:
         live.stop()
     assert answer["status"] == 202
-    assert len(failures) == 3
-    assert all(b - a >= 0.3 for a, b in zip(failures, failures[1:]))  # paused between attempts
-    assert sum("pausing new connections" in r.getMessage() for r in caplog.records) == 3
+    warnings = [r for r in caplog.records if "pausing new connections for 0.3 s: [Errno 24]" in r.getMessage()]
+    assert len(warnings) == 3
+    assert waited >= 0.9  # three pauses before the accept that served it
+    assert all(b.created - a.created >= 0.25 for a, b in zip(warnings, warnings[1:]))
+
+
+def test_a_frame_that_is_not_msgpack_closes_only_its_connection(tiny_runtime, tmp_path, caplog):
+    live = LiveDevice(tiny_runtime, tmp_path, 1).start()
+    try:
+        with live.connect() as good, live.connect() as bad:
+            bad.sendall(LENGTH.pack(3) + b"\x81\xa1\xff")   # a map whose key is not UTF-8
+            assert bad.recv(1) == b""                      # closed, nothing answered
+            with live.connect() as huge:
+                huge.sendall(LENGTH.pack((1 << 24) + 1))    # longer than MAX_FRAME: refused at once
+                assert huge.recv(1) == b""
+            assert call(good, live.register_frame(live.principals[0], 1))["status"] == 202
+    finally:
+        live.stop()
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("closing connection: frame is not msgpack" in m for m in messages)
+    assert any(f"closing connection: frame of {(1 << 24) + 1} bytes exceeds {1 << 24}" in m for m in messages)
 
 
 class _HeldSyncer:
@@ -322,6 +337,19 @@ class _HeldSyncer:
         return 0
 
 
+class _RecordingIO:
+    """Stands in for the native socket loop: keeps the replies sent to each connection."""
+
+    def __init__(self):
+        self.sent = collections.defaultdict(list)
+
+    def send(self, items):
+        for conn_id, data, count in items:
+            frames = sockio.load().split([data], 1 << 24)
+            assert len(frames) == count
+            self.sent[conn_id] += [decode_payload(f) for f in frames]
+
+
 def test_a_deferred_read_never_sees_a_batch_gathered_behind_it(tiny_runtime, tmp_path):
     """A read that waits for the saves before it is answered from saved state only: the loop does
     not gather (and apply) the next batch while a batch in flight still holds such a read."""
@@ -331,9 +359,9 @@ def test_a_deferred_read_never_sees_a_batch_gathered_behind_it(tiny_runtime, tmp
     live.device = device
     server = Server(device, os.path.join(live.journal, "service.sock"))
     server.syncer = _HeldSyncer()
+    server.io = _RecordingIO()
     first, second = live.principals
-    ours, theirs = socket.socketpair()
-    conn = server_module.Connection(ours)
+    conn = server_module.Connection(2)
     try:
         def request(req_id, op, principal, frame=None):
             msg = decode_payload(frame[4:]) if frame else {"v": 1, "id": req_id, "op": op,
@@ -349,15 +377,8 @@ def test_a_deferred_read_never_sees_a_batch_gathered_behind_it(tiny_runtime, tmp
         while server.inbox or server.batches:
             server._tick()
             server._synced()
-        theirs.settimeout(10)
-        replies = {}
-        while len(replies) < 3:
-            (n,) = LENGTH.unpack(_exactly(theirs, 4))
-            msg = decode_payload(_exactly(theirs, n))
-            replies[msg["id"]] = msg
+        replies = {msg["id"]: msg for msg in server.io.sent[conn.id]}
     finally:
-        ours.close()
-        theirs.close()
         device.close()
     assert replies[1]["status"] == 202 and replies[3]["status"] == 202
     assert json.loads(replies[2]["body"])["registered"] is False  # not the unsaved registration behind it
