@@ -12,7 +12,7 @@ saved.
 The sockets themselves belong to a native thread (sockio.cpp): it accepts, reads, splits frames
 and sends, holding no interpreter lock, and hands this loop whole frame payloads through one
 eventfd. On a busy device the socket work (epoll, one recv and one send per request, each send
-waking a client) had taken about 45% of this thread's time; it now runs on the other core. This
+waking a client) had taken about 40% of this thread's time; it now runs on the other core. This
 loop decodes each payload, checks the protocol version and answers through `io.send`, one call per
 round of replies. Other threads reach the loop only through `deliver` and `stop`, which queue work
 and write to an eventfd the loop polls.

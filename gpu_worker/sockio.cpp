@@ -1,7 +1,7 @@
 // The device's socket I/O: one native thread that accepts, reads, splits frames and sends, with
 // no interpreter lock (server.py owns the protocol, the ticks and every reply's content).
 //
-// Why native: on a busy device the interpreter spent about 45% of its time in the socket loop
+// Why native: on a busy device the interpreter spent about 40% of its time in the socket loop
 // (epoll, one recv and one send per request, each send waking a client); this thread does those
 // system calls on the other core while the interpreter admits the next tick. See docs/protocol.md
 // ("The device's socket loop") for the contract between the two.
