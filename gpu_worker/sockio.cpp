@@ -109,8 +109,11 @@ class Loop {
       close_fds();
       throw std::runtime_error(std::string("sockio: ") + strerror(err));
     }
-    watch(EPOLL_CTL_ADD, listen_fd_, EPOLLIN, LISTENER);
-    watch(EPOLL_CTL_ADD, cmd_fd_, EPOLLIN, COMMANDS);
+    if (!watch(EPOLL_CTL_ADD, listen_fd_, EPOLLIN, LISTENER) || !watch(EPOLL_CTL_ADD, cmd_fd_, EPOLLIN, COMMANDS)) {
+      int err = errno;
+      close_fds();
+      throw std::runtime_error(std::string("sockio: cannot watch the listening socket: ") + strerror(err));
+    }
   }
 
   ~Loop() {
@@ -183,11 +186,11 @@ class Loop {
     ep_ = ready_fd_ = cmd_fd_ = -1;
   }
 
-  void watch(int op, int fd, uint32_t events, uint64_t tag) {
+  bool watch(int op, int fd, uint32_t events, uint64_t tag) {
     epoll_event ev{};
     ev.events = events;
     ev.data.u64 = tag;
-    epoll_ctl(ep_, op, fd, &ev);
+    return epoll_ctl(ep_, op, fd, &ev) == 0;
   }
 
   void log(const std::string& line) { out_events_.push_back(Event{0, LOG, line}); }

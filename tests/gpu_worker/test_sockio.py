@@ -1,0 +1,143 @@
+"""The native socket loop (gpu_worker/sockio.cpp) on its own, without a device: frames in, replies
+out, backpressure by requests in flight and by reply bytes, closes both ways."""
+import select
+import socket
+import time
+
+import pytest
+
+from gpu_worker import sockio
+from gpu_worker.protocol import LENGTH, encode_frame
+
+MAX_FRAME = 1 << 24
+
+
+@pytest.fixture
+def loop(tmp_path):
+    loops = []
+
+    def make(high_water=1 << 20, max_in_flight=128):
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(tmp_path / f"s{len(loops)}.sock"))
+        listener.listen(16)
+        listener.setblocking(False)
+        io = sockio.load().Loop(listener.fileno(), high_water, max_in_flight, MAX_FRAME, 1.0)
+        io.start()
+        loops.append((io, listener))
+
+        def connect():
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.connect(listener.getsockname())
+            c.settimeout(10)
+            return c
+        return io, connect
+
+    yield make
+    for io, listener in loops:
+        io.stop()
+        listener.close()
+
+
+def take_until(io, count, timeout=10.0):
+    """Events from io until `count` of them arrived (or the timeout)."""
+    got, deadline = [], time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        select.select([io.fileno()], [], [], 0.05)
+        got += io.take()
+    return got
+
+
+def settle(io, seconds=0.3):
+    """Whatever arrives within `seconds` (to show that nothing more does)."""
+    time.sleep(seconds)
+    return io.take()
+
+
+def frames(start, n):
+    return b"".join(encode_frame({"v": 1, "id": i}) for i in range(start, start + n))
+
+
+def test_frames_arrive_in_order_and_replies_go_back(loop):
+    io, connect = loop()
+    with connect() as client:
+        client.sendall(frames(1, 5))
+        events = take_until(io, 5)
+        assert [payload for _, payload in events] == [encode_frame({"v": 1, "id": i})[4:] for i in range(1, 6)]
+        [conn_id] = {c for c, _ in events}
+        io.send([(conn_id, b"".join(encode_frame({"id": i}) for i in range(1, 6)), 5)])
+        expected = b"".join(encode_frame({"id": i}) for i in range(1, 6))
+        got = b""
+        while len(got) < len(expected):
+            got += client.recv(65536)
+        assert got == expected
+    assert take_until(io, 1) == [(conn_id, None)]  # the peer closed
+
+
+def test_a_connection_is_not_read_while_its_requests_in_flight_reach_the_cap(loop):
+    io, connect = loop(max_in_flight=3)
+    with connect() as client:
+        client.sendall(frames(1, 5))        # one read takes all five (the cap applies to the next read)
+        first = take_until(io, 5)
+        conn_id = first[0][0]
+        client.sendall(frames(6, 4))
+        assert settle(io) == []             # five in flight >= 3: not read
+        io.send([(conn_id, frames(100, 2), 2)])
+        assert settle(io) == []             # three still in flight
+        io.send([(conn_id, frames(200, 1), 1)])
+        assert len(take_until(io, 4)) == 4  # two in flight: read again
+
+
+def test_replies_past_high_water_stop_reading_until_they_drain(loop):
+    io, connect = loop(high_water=64 << 10)
+    with connect() as client:
+        client.sendall(frames(1, 1))
+        [(conn_id, _)] = take_until(io, 1)
+        big = encode_frame({"body": b"x" * (4 << 20)})
+        io.send([(conn_id, big, 1)])        # far more than the socket buffer: most of it waits
+        client.sendall(frames(2, 1))
+        assert settle(io) == []
+        assert io.pending(conn_id) > 64 << 10
+        got = b""
+        while len(got) < len(big):
+            got += client.recv(1 << 20)
+        assert got == big
+        assert [p for _, p in take_until(io, 1)] == [encode_frame({"v": 1, "id": 2})[4:]]
+        assert io.pending(conn_id) == 0
+
+
+def test_close_drops_the_connection_and_what_it_had_to_send(loop):
+    io, connect = loop()
+    with connect() as client:
+        client.sendall(frames(1, 1))
+        [(conn_id, _)] = take_until(io, 1)
+        io.close(conn_id)
+        assert client.recv(1) == b""
+        io.send([(conn_id, b"late", 1)])  # an id that is gone is ignored
+        assert io.pending(conn_id) == -1
+    assert settle(io) == []               # a close the interpreter asked for is not reported back
+
+
+def test_a_frame_over_the_limit_closes_its_connection_with_a_warning(loop):
+    io, connect = loop()
+    with connect() as client:
+        client.sendall(LENGTH.pack(MAX_FRAME + 1))
+        events = take_until(io, 2)
+        assert client.recv(1) == b""
+    warning, closed = events
+    assert warning == (0, f"closing connection: frame of {MAX_FRAME + 1} bytes exceeds {MAX_FRAME}")
+    assert closed[1] is None
+
+
+def test_bad_arguments_are_refused(tmp_path):
+    module = sockio.load()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with listener:
+        with pytest.raises(ValueError):
+            module.Loop(listener.fileno(), 0, 1, 1, 1.0)
+        with pytest.raises(OSError, match="cannot watch"):
+            module.Loop(-1, 1, 1, 1, 1.0)
+        io = module.Loop(listener.fileno(), 1, 1, 1, 1.0)
+        with pytest.raises(TypeError):
+            io.send([(2, "text", 1)])
+        with pytest.raises(TypeError):
+            io.send([(2, b"x")])
