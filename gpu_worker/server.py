@@ -109,7 +109,7 @@ class Server:
         saved = []
         while self.batches and self.batches[0].last_seq <= device.writer.durable_seq:
             saved.append(self.batches.popleft())
-        self._send(device.run_checkpoints())  # before the next tick takes records off the queue
+        checkpoints = device.run_checkpoints()  # before the next tick takes records off the queue
         failed = None
         if self._io is None and device.writer.queued_records:
             self._io = tick = device.writer.begin_tick()
@@ -118,8 +118,7 @@ class Server:
                 self.syncer.request(tick.file)
             else:
                 failed = tick  # nothing to sync: ENOSPC or the like, now
-        if saved:
-            self._send([r for batch in saved for r in device.answer(batch)])
+        self._send([r for batch in saved for r in device.answer(batch)] + checkpoints)  # in request order
         if failed is not None:
             self._complete(failed)
             return
@@ -214,8 +213,7 @@ class Server:
                 if msg.get("v") != PROTOCOL_VERSION:
                     self._send([(conn, reply(msg.get("id"), 400, VERSION_REFUSED))])
                     continue
-                self.inbox.append((conn, msg))
-                self._want_tick = True
+                self.submit(conn, msg)
             elif data is None:  # the peer closed, the connection failed, or its frame was too large
                 if conn is not None:
                     self._closed(conn)
