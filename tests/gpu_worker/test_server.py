@@ -290,14 +290,16 @@ def test_out_of_descriptors_pauses_accepting_and_then_serves(tiny_runtime, tmp_p
     monkeypatch.setattr(server_module, "ACCEPT_PAUSE", 0.3)
     live = LiveDevice(tiny_runtime, tmp_path, 1).start()
     try:
-        with live.connect() as served:  # accepted before the failures: served throughout
+        capabilities = encode_frame({"v": 1, "id": 2, "op": "capabilities", "principal": live.principals[0].hex(),
+                                     "args": {}})
+        with live.connect() as served:
+            assert call(served, capabilities)["status"] == 200  # accepted before the failures
             live.server.io.fail_accepts(3, errno.EMFILE)
             started = time.monotonic()
             with live.connect() as sock:
                 answer = call(sock, live.register_frame(live.principals[0], 1))
             waited = time.monotonic() - started
-            assert call(served, encode_frame({"v": 1, "id": 2, "op": "capabilities",
-                                              "principal": live.principals[0].hex(), "args": {}}))["status"] == 200
+            assert call(served, capabilities)["status"] == 200  # served throughout
     finally:
         live.stop()
     assert answer["status"] == 202
