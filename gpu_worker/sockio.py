@@ -40,18 +40,14 @@ def build_directory() -> Path:
     raise BuildError("no writable build directory for the socket loop")
 
 
-def _target() -> Path:
+def build() -> Path:
+    """The built extension for the current source, flags and Python headers (named by their hash)."""
     include = sysconfig.get_paths()["include"]
     digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS + [include]).encode()).hexdigest()[:16]
-    return build_directory() / f"{NAME}-{digest}{sysconfig.get_config_var('EXT_SUFFIX')}"
-
-
-def build() -> Path:
-    target = _target()
+    target = build_directory() / f"{NAME}-{digest}{sysconfig.get_config_var('EXT_SUFFIX')}"
     if target.exists():
         return target
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    include = sysconfig.get_paths()["include"]
     if compiler is None:
         raise BuildError("the device's socket loop needs a C++ compiler (g++) to build gpu_worker/sockio.cpp")
     if not os.path.exists(os.path.join(include, "Python.h")):
@@ -88,7 +84,7 @@ def main():
     frames = module.split([b"\0\0", b"\0\4" + payload[:2], payload[2:]], 1 << 24)
     if frames != [payload]:
         raise SystemExit(f"sockio: the frame splitter returned {frames!r}")
-    print(f"sockio: built {_target()}")
+    print(f"sockio: built {module.__file__}")
 
 
 if __name__ == "__main__":
