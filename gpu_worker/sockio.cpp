@@ -295,12 +295,12 @@ class Loop {
   }
 
   void drop(uint64_t id, Conn* conn, bool tell) {
-    epoll_ctl(ep_, EPOLL_CTL_DEL, conn->fd, nullptr);
-    ::close(conn->fd);
-    {
+    {  // gone from the map before the peer can see the close: pending() is -1 once it has
       std::lock_guard<std::mutex> hold(mu_);
       conns_.erase(id);
     }
+    epoll_ctl(ep_, EPOLL_CTL_DEL, conn->fd, nullptr);
+    ::close(conn->fd);
     delete conn;
     if (tell) out_events_.push_back(Event{id, CLOSED, std::string()});
   }
