@@ -13,12 +13,11 @@ start, each phase is preceded by its own 1.5 s probe of full-tick appends (the d
 that phase's ceiling and ratio use it.
 
 Beside the rates it prints the device process's CPU over each phase (user + system, from /proc)
-and that CPU per saved registration. The device has two busy threads, the tick loop (the
-interpreter) and the native socket thread, so its CPU can pass one core; when the tick loop is
-near a full core, the interpreter, not the disk, sets the rate. On the 2-core CI machine the
-device, its fdatasync helper and these clients share the two cores: at 64 clients (2026-11-30)
-the tick loop used ~85% of a core, the socket thread ~22%, the helper ~28% (nearly all of it
-fdatasync in the kernel) and the clients ~31%.
+and that CPU per saved registration. The device has three busy threads, the tick loop (the
+interpreter), the native socket thread and the native tick I/O thread (write + fdatasync, nearly
+all of it kernel time), so its CPU can pass one core; when the tick loop is near a full core, the
+interpreter, not the disk, sets the rate. On the 2-core CI machine the device and these clients
+share the two cores.
 """
 import argparse
 import json
@@ -194,7 +193,7 @@ def main():
         print(f"{c:>8} {phase_fsync:>12,.0f} {ceiling:>8,.0f} {rate:>12,.0f} {rate / phase_fsync:>12.2f} "
               f"{rate / ceiling:>10.2f} {busy:>10.0%} {busy / rate * 1e6:>11.0f}")
     print("device cpu: the device process's user + system time over the phase (1.0 = one core busy; the tick "
-          "loop and the native socket thread together can pass it); "
+          "loop and the native I/O threads together can pass it); "
           "cpu us/reg: that time per saved registration")
 
 

@@ -14,7 +14,13 @@ from typing import Protocol
 
 
 class AppendFile(Protocol):
-    """An open segment file: appends only, plus the truncate that cuts a failed tail."""
+    """An open segment file: appends only, plus the truncate that cuts a failed tail.
+
+    `native_io` True says write and fdatasync are nothing but write(2) and fdatasync(2) on
+    fileno(), so the device's native tick I/O thread (sockio.Syncer) may make them instead; a
+    file that must see its bytes (a test's faulty file) says False and its ticks run here."""
+
+    native_io: bool
 
     def write(self, data: bytes) -> None:
         ...
@@ -29,7 +35,7 @@ class AppendFile(Protocol):
         ...
 
     def fileno(self) -> int:
-        """The descriptor, for an fdatasync made by the device's helper process (syncer.py)."""
+        """The descriptor, for the tick I/O made by the device's native thread (native_io)."""
         ...
 
     def close(self) -> None:
@@ -63,6 +69,8 @@ class FileLayer(Protocol):
 
 
 class OsAppendFile(AppendFile):
+    native_io = True
+
     def __init__(self, path: str, fd: int):
         self.path = path
         self._fd = fd
@@ -128,6 +136,8 @@ class OsFileLayer(FileLayer):
 
 
 class FaultyAppendFile(OsAppendFile):
+    native_io = False  # its faults live in write and fdatasync below
+
     def __init__(self, layer: FaultyFileLayer, path: str, fd: int):
         super().__init__(path, fd)
         self._layer = layer

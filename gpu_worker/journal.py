@@ -418,8 +418,9 @@ class TickIO:
         self.error: OSError | None = None
 
     def run(self) -> None:
-        """The tick's I/O: write, then fdatasync (the device's server has its helper process
-        make the fdatasync instead, syncer.py, and sets `error` from the helper's errno)."""
+        """The tick's I/O: write, then fdatasync. The device's server hands `data` to its native
+        tick I/O thread instead when the file allows it (AppendFile.native_io) and sets `error`
+        from the errno that thread reports."""
         self.write()
         if self.error is None:
             try:
@@ -591,6 +592,8 @@ class JournalWriter:
 
     def start_new_segment(self) -> None:
         self._check_usable()
+        if self._in_flight is not None:  # the tick I/O thread may be writing the current file
+            raise JournalError("a tick is in flight; finish it before a new segment")
         if not self.at_transfer_boundary:
             # Recovery refuses a transfer split across segments (it cannot cut both files).
             raise JournalError("a transfer is partly written; commit it before a new segment")

@@ -3,8 +3,8 @@
 One thread owns the shared state (the engine computes on its own thread, runner.py, and hands its
 events back to this loop). Frames read from every connection collect in an inbox; after each
 round of events a tick gathers what arrived, up to its 16-record budget (Device.gather).
-This thread writes the tick's records and the fdatasync helper process (syncer.py) makes them
-durable; while it does, this thread gathers the next tick, so the disk and the interpreter work
+A native thread (sockio.Syncer) writes the tick's records and makes them durable with one
+fdatasync; while it does, this thread gathers the next tick, so the disk and the interpreter work
 at the same time. The next tick's write and fdatasync start when this one's are done (one tick in
 flight, at most one gathered ahead). A batch's replies go out once every transfer it appended is
 saved.
@@ -29,7 +29,6 @@ import time
 
 from . import sockio
 from .journal import JournalIOError
-from .syncer import Syncer
 from .protocol import MAX_FRAME, PROTOCOL_VERSION, ProtocolError, decode_payload, encode_frame, reply
 
 log = logging.getLogger("gpu_worker.server")
@@ -62,7 +61,7 @@ class Server:
         self.inbox = collections.deque()
         self.failure = None
         self.batches = collections.deque()  # gathered, not yet answered (oldest first)
-        self._io = None                      # the TickIO whose fdatasync the helper is making
+        self._io = None                      # the TickIO the tick I/O thread is running
         self.syncer = None
         self._want_tick = False
         self._running = False
@@ -110,26 +109,24 @@ class Server:
         while self.batches and self.batches[0].last_seq <= device.writer.durable_seq:
             saved.append(self.batches.popleft())
         checkpoints = device.run_checkpoints()  # before the next tick takes records off the queue
-        failed = None
+        ran = None
         if self._io is None and device.writer.queued_records:
             self._io = tick = device.writer.begin_tick()
-            tick.write()
-            if tick.error is None:
-                self.syncer.request(tick.file)
-            else:
-                failed = tick  # nothing to sync: ENOSPC or the like, now
+            if tick.file.native_io:
+                self.syncer.request(tick.file.fileno(), tick.data)
+            else:  # a test's faulty file: its write and fdatasync run here, now
+                tick.run()
+                ran = tick
         self._send([r for batch in saved for r in device.answer(batch)] + checkpoints)  # in request order
-        if failed is not None:
-            self._complete(failed)
+        if ran is not None:
+            self._complete(ran)
             return
         self._schedule_if_work()
 
     def _synced(self):
-        """The helper answered."""
-        try:
-            err = self.syncer.result()
-        except BaseException as exc:
-            self._fail(exc)
+        """The tick I/O thread is done: its errno, 0 when the tick is written and durable."""
+        err = self.syncer.result()
+        if err is None:  # still running (the eventfd is written only once it is done)
             return
         if err:
             self._io.error = OSError(err, os.strerror(err))
@@ -274,7 +271,7 @@ class Server:
         with self._wake_lock:
             self._wake = os.eventfd(1 if self._stop_asked else 0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         epoll = select.epoll()
-        self.syncer = Syncer()
+        self.syncer = sockio.load().Syncer()
         io_fd, sync_fd, wake_fd = io.fileno(), self.syncer.fileno(), self._wake
         for fd in (io_fd, sync_fd, wake_fd):
             epoll.register(fd, _IN)

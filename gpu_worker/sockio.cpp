@@ -1,10 +1,14 @@
-// The device's socket I/O: one native thread that accepts, reads, splits frames and sends, with
-// no interpreter lock (server.py owns the protocol, the ticks and every reply's content).
+// The device's native I/O threads, with no interpreter lock: the socket loop (accept, read, split
+// frames, send) and the journal's tick I/O (write + fdatasync). server.py owns the protocol, the
+// ticks and every reply's content.
 //
 // Why native: on a busy device the interpreter spent about 40% of its time in the socket loop
 // (epoll, one recv and one send per request, each send waking a client); this thread does those
 // system calls on the other core while the interpreter admits the next tick. See docs/protocol.md
-// ("The device's socket loop") for the contract between the two.
+// ("The device's socket loop") for the contract between the two. The tick I/O had run in a helper
+// process (a Python thread would need the interpreter lock to start and to report each fdatasync);
+// a native thread needs neither the lock nor a process switch, and takes the tick's write off the
+// interpreter too. See docs/journal.md ("Group commit").
 //
 //   Loop(listen_fd, high_water, max_in_flight, max_frame, accept_pause_seconds)
 //   .fileno()      an eventfd, readable while events wait for take()
@@ -17,6 +21,13 @@
 //   .pending(conn_id)          bytes queued and not yet sent (-1 for an unknown id)
 //   .stop()        end the thread, close every connection (not the listener: the caller's)
 //   .fail_accepts(n, errno)    tests: the next n accept() calls fail with errno
+//
+//   Syncer()       a thread that runs one tick's I/O at a time
+//   .fileno()      an eventfd, readable once the requested I/O is done
+//   .request(fd, data)  write all of data to fd (bytes may be empty), then fdatasync(fd)
+//   .result()      None while the I/O runs, else its errno (0: written and durable)
+//   .close()       finish the request in flight, end the thread
+//
 //   split(chunks, max_frame)   tests: the frame splitter alone, over a list of byte chunks
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -31,6 +42,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <mutex>
 #include <stdexcept>
@@ -427,6 +439,101 @@ class Loop {
   char buf_[RECV_BYTES];
 };
 
+// ---- the tick I/O thread ----------------------------------------------------------------
+
+// write(2) until all of data is written (a short write is followed by another call, which reports
+// the real error), then fdatasync(2). Returns 0 or the errno of the call that failed.
+int write_and_sync(int fd, const std::string& data) {
+  size_t pos = 0;
+  while (pos < data.size()) {
+    ssize_t n = ::write(fd, data.data() + pos, data.size() - pos);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (n == 0) return EIO;
+    pos += size_t(n);
+  }
+  while (fdatasync(fd) != 0) {
+    if (errno != EINTR) return errno;
+  }
+  return 0;
+}
+
+class Syncer {
+ public:
+  Syncer() {
+    ready_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (ready_fd_ < 0) throw std::runtime_error(std::string("sockio: ") + strerror(errno));
+    thread_ = std::thread([this] { run(); });
+  }
+
+  ~Syncer() {
+    stop();
+    ::close(ready_fd_);
+  }
+
+  int ready_fd() const { return ready_fd_; }
+
+  // False when a request is already in flight (or its result was not taken).
+  bool request(int fd, std::string data) {
+    std::lock_guard<std::mutex> hold(mu_);
+    if (busy_ || stopping_) return false;
+    busy_ = queued_ = true;
+    fd_ = fd;
+    data_ = std::move(data);
+    wake_.notify_one();
+    return true;
+  }
+
+  // -2: nothing was requested; -1: still running; else the errno (0 for success).
+  int result() {
+    std::lock_guard<std::mutex> hold(mu_);
+    if (!busy_) return -2;
+    if (queued_ || running_) return -1;
+    uint64_t ignored;
+    (void)!::read(ready_fd_, &ignored, sizeof ignored);
+    busy_ = false;
+    return err_;
+  }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> hold(mu_);
+      stopping_ = true;
+      wake_.notify_one();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      wake_.wait(lock, [this] { return queued_ || stopping_; });
+      if (!queued_) return;  // stopping, nothing left to do
+      queued_ = false;
+      running_ = true;
+      int fd = fd_;
+      std::string data = std::move(data_);
+      lock.unlock();
+      int err = write_and_sync(fd, data);
+      lock.lock();
+      running_ = false;
+      err_ = err;
+      eventfd_write(ready_fd_, 1);
+    }
+  }
+
+  int ready_fd_ = -1;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool busy_ = false, queued_ = false, running_ = false, stopping_ = false;
+  int fd_ = -1, err_ = 0;
+  std::string data_;
+};
+
 // ---- the Python type ------------------------------------------------------------------
 
 struct PyLoop {
@@ -601,6 +708,93 @@ PyMethodDef loop_methods[] = {
 
 PyTypeObject LoopType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
+// ---- Syncer's Python type ------------------------------------------------------------------
+
+struct PySyncer {
+  PyObject_HEAD
+  Syncer* syncer;
+};
+
+int PySyncer_init(PySyncer* self, PyObject* args, PyObject*) {
+  if (!PyArg_ParseTuple(args, "")) return -1;
+  if (self->syncer) {
+    PyErr_SetString(PyExc_RuntimeError, "Syncer already initialised");
+    return -1;
+  }
+  try {
+    self->syncer = new Syncer();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_OSError, e.what());
+    return -1;
+  }
+  return 0;
+}
+
+void PySyncer_dealloc(PySyncer* self) {
+  if (self->syncer) {
+    Py_BEGIN_ALLOW_THREADS
+    delete self->syncer;
+    Py_END_ALLOW_THREADS
+  }
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+Syncer* get_syncer(PySyncer* self) {
+  if (!self->syncer) PyErr_SetString(PyExc_RuntimeError, "Syncer closed or not initialised");
+  return self->syncer;
+}
+
+PyObject* PySyncer_fileno(PySyncer* self, PyObject*) {
+  Syncer* syncer = get_syncer(self);
+  return syncer ? PyLong_FromLong(syncer->ready_fd()) : nullptr;
+}
+
+PyObject* PySyncer_request(PySyncer* self, PyObject* args) {
+  Syncer* syncer = get_syncer(self);
+  int fd;
+  Py_buffer data;
+  if (!syncer || !PyArg_ParseTuple(args, "iy*", &fd, &data)) return nullptr;
+  bool queued = syncer->request(fd, std::string(static_cast<const char*>(data.buf), size_t(data.len)));
+  PyBuffer_Release(&data);
+  if (!queued) {
+    PyErr_SetString(PyExc_RuntimeError, "a tick's I/O is already in flight");
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* PySyncer_result(PySyncer* self, PyObject*) {
+  Syncer* syncer = get_syncer(self);
+  if (!syncer) return nullptr;
+  int err = syncer->result();
+  if (err == -2) {
+    PyErr_SetString(PyExc_RuntimeError, "no tick I/O was requested");
+    return nullptr;
+  }
+  if (err == -1) Py_RETURN_NONE;
+  return PyLong_FromLong(err);
+}
+
+PyObject* PySyncer_close(PySyncer* self, PyObject*) {
+  Syncer* syncer = self->syncer;
+  self->syncer = nullptr;
+  if (syncer) {
+    Py_BEGIN_ALLOW_THREADS
+    delete syncer;
+    Py_END_ALLOW_THREADS
+  }
+  Py_RETURN_NONE;
+}
+
+PyMethodDef syncer_methods[] = {
+    {"fileno", (PyCFunction)PySyncer_fileno, METH_NOARGS, "eventfd readable once the requested I/O is done"},
+    {"request", (PyCFunction)PySyncer_request, METH_VARARGS, "write all of data to fd, then fdatasync(fd)"},
+    {"result", (PyCFunction)PySyncer_result, METH_NOARGS, "None while running, else the errno (0: durable)"},
+    {"close", (PyCFunction)PySyncer_close, METH_NOARGS, "finish the request in flight and end the thread"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyTypeObject SyncerType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
 PyObject* split(PyObject*, PyObject* args) {
   PyObject* chunks;
   Py_ssize_t max_frame;
@@ -645,7 +839,7 @@ PyMethodDef module_methods[] = {
     {"split", split, METH_VARARGS, "tests: split a list of byte chunks into frame payloads"},
     {nullptr, nullptr, 0, nullptr}};
 
-PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "aotx_sockio", "The device's native socket loop.", -1,
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "aotx_sockio", "The device's native I/O threads: sockets and tick I/O.", -1,
                           module_methods};
 
 }  // namespace
@@ -660,11 +854,26 @@ PyMODINIT_FUNC PyInit_aotx_sockio(void) {
   LoopType.tp_dealloc = (destructor)PyLoop_dealloc;
   LoopType.tp_methods = loop_methods;
   if (PyType_Ready(&LoopType) < 0) return nullptr;
+  SyncerType.tp_name = "aotx_sockio.Syncer";
+  SyncerType.tp_basicsize = sizeof(PySyncer);
+  SyncerType.tp_flags = Py_TPFLAGS_DEFAULT;
+  SyncerType.tp_doc = "The device's tick I/O thread: write, then fdatasync.";
+  SyncerType.tp_new = PyType_GenericNew;
+  SyncerType.tp_init = (initproc)PySyncer_init;
+  SyncerType.tp_dealloc = (destructor)PySyncer_dealloc;
+  SyncerType.tp_methods = syncer_methods;
+  if (PyType_Ready(&SyncerType) < 0) return nullptr;
   PyObject* m = PyModule_Create(&module_def);
   if (!m) return nullptr;
   Py_INCREF(&LoopType);
   if (PyModule_AddObject(m, "Loop", reinterpret_cast<PyObject*>(&LoopType)) < 0) {
     Py_DECREF(&LoopType);
+    Py_DECREF(m);
+    return nullptr;
+  }
+  Py_INCREF(&SyncerType);
+  if (PyModule_AddObject(m, "Syncer", reinterpret_cast<PyObject*>(&SyncerType)) < 0) {
+    Py_DECREF(&SyncerType);
     Py_DECREF(m);
     return nullptr;
   }

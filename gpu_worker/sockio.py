@@ -1,4 +1,5 @@
-"""Builds and loads the device's native socket loop (sockio.cpp), a plain CPython extension.
+"""Builds and loads the device's native I/O threads (sockio.cpp: the socket loop and the tick I/O),
+a plain CPython extension.
 
 `load()` returns the module, compiling it first when this virtualenv has no build of the current
 source (about 3 s with g++; `make setup` does it). The device needs it: a machine without a C++

@@ -1,16 +1,13 @@
-"""The tick loop with its fdatasync helper (server.py, syncer.py), run for real on a thread:
-pipelined ticks, checkpoints under load, a full disk, and the helper's own protocol."""
+"""The tick loop (server.py) with its native socket and tick I/O threads, run for real on a
+thread: pipelined ticks, checkpoints under load, a full disk, backpressure, bad frames."""
 import collections
 import errno
 import json
 import os
 import secrets
-import signal
 import socket
 import threading
 import time
-
-import pytest
 
 from bench.journal import registration_frame
 from gpu_worker.device import Device
@@ -22,81 +19,7 @@ from gpu_worker.runtime_file import RuntimeFile
 from gpu_worker import server as server_module
 from gpu_worker import sockio
 from gpu_worker.server import Server
-from gpu_worker.syncer import Syncer
 from tests.conftest import ALL, write_grants
-
-
-class _File:
-    def __init__(self, fd):
-        self.fd = fd
-
-    def fileno(self):
-        return self.fd
-
-
-def test_the_helper_syncs_the_file_it_was_given_and_reports_errno(tmp_path):
-    syncer = Syncer()
-    try:
-        fd = os.open(tmp_path / "segment", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        os.write(fd, b"x" * 100)
-        file = _File(fd)
-        syncer.request(file)  # sends the descriptor
-        assert syncer.result() == 0
-        syncer.request(file)  # the same file: no descriptor
-        assert syncer.result() == 0
-        read_end, write_end = os.pipe()
-        syncer.request(_File(read_end))  # a pipe cannot be synced: its errno comes back
-        assert syncer.result() == errno.EINVAL
-        for n in (fd, read_end, write_end):
-            os.close(n)
-    finally:
-        syncer.close()
-    assert syncer.process.returncode == 0
-
-
-def test_the_helper_outlives_a_signal_to_the_process_group(tmp_path):
-    """Ctrl-C or a supervisor's SIGTERM reaches the whole group; the device stops in order and the
-    helper must still answer until the device closes its end."""
-    syncer = Syncer()
-    try:
-        fd = os.open(tmp_path / "segment", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        syncer.request(_File(fd))
-        assert syncer.result() == 0  # it is serving: its signal dispositions are set
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            os.kill(syncer.process.pid, sig)
-        time.sleep(0.2)
-        assert syncer.process.poll() is None
-        syncer.request(_File(fd))
-        assert syncer.result() == 0
-        os.close(fd)
-    finally:
-        syncer.close()
-    assert syncer.process.returncode == 0
-
-
-def test_the_helper_is_out_of_reach_of_signals_to_the_devices_group_from_its_start():
-    """A SIGTERM to the device's group right after "device ready" must not find a helper that has
-    not yet set its signal dispositions: it runs in a group (and session) of its own."""
-    syncer = Syncer()
-    try:
-        assert os.getpgid(syncer.process.pid) == syncer.process.pid != os.getpgid(0)
-    finally:
-        syncer.close()
-
-
-def test_the_helper_exits_when_the_device_dies():
-    syncer = Syncer()
-    syncer.sock.close()  # what a kill -9 of the device does to its end
-    assert syncer.process.wait(10) == 0
-
-
-def test_the_device_stops_when_its_helper_is_gone():
-    syncer = Syncer()
-    syncer.process.kill()
-    syncer.process.wait()
-    with pytest.raises(RuntimeError, match="fdatasync helper"):
-        syncer.result()
-    syncer.close()
 
 
 class LiveDevice:
@@ -327,12 +250,12 @@ def test_a_frame_that_is_not_msgpack_closes_only_its_connection(tiny_runtime, tm
 
 
 class _HeldSyncer:
-    """Stands in for the helper so a test decides when a tick's fdatasync 'completes'."""
+    """Stands in for the tick I/O thread so a test decides when a tick's I/O 'completes'."""
 
     def __init__(self):
         self.requests = 0
 
-    def request(self, file):
+    def request(self, fd, data):
         self.requests += 1
 
     def result(self):

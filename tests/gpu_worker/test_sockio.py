@@ -1,5 +1,8 @@
-"""The native socket loop (gpu_worker/sockio.cpp) on its own, without a device: frames in, replies
-out, backpressure by requests in flight and by reply bytes, closes both ways."""
+"""The native I/O threads (gpu_worker/sockio.cpp) on their own, without a device. The socket loop:
+frames in, replies out, backpressure by requests in flight and by reply bytes, closes both ways.
+The tick I/O thread: write + fdatasync, errno reported, one request at a time."""
+import errno
+import os
 import select
 import socket
 import time
@@ -141,3 +144,75 @@ def test_bad_arguments_are_refused(tmp_path):
             io.send([(2, "text", 1)])
         with pytest.raises(TypeError):
             io.send([(2, b"x")])
+
+
+# ---- the tick I/O thread ---------------------------------------------------------------------
+
+def _result(syncer, timeout=10):
+    """Wait for the syncer's eventfd, as the device's epoll loop does, then take the result."""
+    assert select.select([syncer.fileno()], [], [], timeout)[0], "no tick I/O result"
+    return syncer.result()
+
+
+def test_the_syncer_writes_all_of_a_tick_then_reports_success(tmp_path):
+    syncer = sockio.load().Syncer()
+    fd = os.open(tmp_path / "segment", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        with pytest.raises(RuntimeError, match="no tick I/O was requested"):
+            syncer.result()
+        data = bytes(range(256)) * 40
+        syncer.request(fd, data)
+        assert _result(syncer) == 0
+        assert not select.select([syncer.fileno()], [], [], 0)[0]  # taken: the eventfd is read
+        with pytest.raises(RuntimeError, match="no tick I/O was requested"):
+            syncer.result()  # a result is taken once
+        syncer.request(fd, b"")  # a sync alone
+        assert _result(syncer) == 0
+        syncer.request(fd, b"tail")
+        assert _result(syncer) == 0
+        assert (tmp_path / "segment").read_bytes() == data + b"tail"
+    finally:
+        os.close(fd)
+        syncer.close()
+    syncer.close()  # twice is fine
+    with pytest.raises(RuntimeError, match="closed"):
+        syncer.request(fd, b"")
+
+
+def test_the_syncer_reports_the_errno_of_the_call_that_failed(tmp_path):
+    syncer = sockio.load().Syncer()
+    read_end, write_end = os.pipe()
+    readonly = os.open(tmp_path / "ro", os.O_RDONLY | os.O_CREAT)
+    try:
+        syncer.request(readonly, b"x")  # the write fails
+        assert _result(syncer) == errno.EBADF
+        syncer.request(write_end, b"into a pipe")  # the write works, a pipe cannot be synced
+        assert _result(syncer) == errno.EINVAL
+        assert os.read(read_end, 100) == b"into a pipe"
+        syncer.request(-1, b"")
+        assert _result(syncer) == errno.EBADF
+    finally:
+        for fd in (read_end, write_end, readonly):
+            os.close(fd)
+        syncer.close()
+
+
+def test_the_syncer_runs_one_request_at_a_time_and_finishes_it_on_close(tmp_path):
+    syncer = sockio.load().Syncer()
+    read_end, write_end = os.pipe()
+    try:
+        os.set_blocking(write_end, True)
+        big = b"y" * (1 << 20)  # more than a pipe holds: the write blocks until it is read
+        syncer.request(write_end, big)
+        assert syncer.result() is None  # still running
+        with pytest.raises(RuntimeError, match="already in flight"):
+            syncer.request(write_end, b"")
+        got = bytearray()
+        while len(got) < len(big):
+            got += os.read(read_end, 1 << 16)
+        assert bytes(got) == big
+        assert _result(syncer) == errno.EINVAL  # written in full, then the pipe's fdatasync
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+        syncer.close()
