@@ -51,6 +51,8 @@ _ADMISSION_ONLY, _ADMISSION_AND_TERMINAL = (0,), (0, 1)
 SAVE_COLUMNS = ((R.ADM_TRANSFER, R.ADM_BOOT, R.ADM_GENERATION, R.ADM_SOURCE),
                 (R.TERM_TRANSFER, R.TERM_BOOT, R.TERM_GENERATION, R.TERM_SOURCE))
 assert all(cols == tuple(range(cols[0], cols[0] + 4)) for cols in SAVE_COLUMNS)
+assert SAVE_COLUMNS[1][0] == SAVE_COLUMNS[0][0] + 4  # _record_save writes both saves at once
+_ADM_SAVE, _TERM_SAVE = (slice(cols[0], cols[0] + 4) for cols in SAVE_COLUMNS)
 _RECEIPT_WIDTH = width(R)
 _ADMISSION_TRANSFER = int(TransferKind.ADMISSION)
 HEX32_MATCH = ids.HEX32.match
@@ -647,6 +649,10 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         """Save fields of a transfer into the admission (0) and/or terminal (1) columns."""
         t = self.tables
         fields = (transfer.seq, self.boot, self._save_generation, _JOURNAL)
+        if which is _ADMISSION_AND_TERMINAL:  # adjacent columns and digests: one write each
+            t.put_cols(t.receipts, rrow, SAVE_COLUMNS[0][0], fields + fields)
+            t.put_digests(rrow, transfer.digest)
+            return
         for w in which:
             t.put_cols(t.receipts, rrow, SAVE_COLUMNS[w][0], fields)
             t.put_digest(rrow, w, transfer.digest)
@@ -709,17 +715,21 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         return ids.operation_id(self.participant_ids[row[R.PARTICIPANT]][1], join16(row[R.OP_HI], row[R.OP_LO]))
 
     def receipt_bytes(self, rrow, *, own=True):
-        """A receipt as canonical JSON (sorted keys, compact), read from its tensor row.
+        """A receipt as canonical JSON (sorted keys, compact), read from its tensor row."""
+        return self._render_receipt(rrow, own)[1]
 
-        Rendered from a fixed template because every value is a hex ID, a decimal counter or
-        a fixed word (nothing to escape); test_device checks the output is canonical JSON.
-        """
+    def _render_receipt(self, rrow, own):
+        """(operation ID, receipt bytes). Rendered from a fixed template because every value is a
+        hex ID, a decimal counter or a fixed word (nothing to escape); test_device checks the
+        output is canonical JSON."""
         t = self.tables
         row = t.row(t.receipts, rrow)
         _, lineage, _, _, par_id = self.participant_ids[row[R.PARTICIPANT]]
         kind = row[R.KIND]
+        op_id = ids.operation_id(lineage, join16(row[R.OP_HI], row[R.OP_LO]))
         admission = self._save_json(rrow, row, 0)
-        terminal = self._save_json(rrow, row, 1)
+        # the same transfer saved both (every kind but an input): the same fields and digest
+        terminal = (admission if row[_ADM_SAVE] == row[_TERM_SAVE] else self._save_json(rrow, row, 1))
         saved = admission != "null"
         ended = terminal != "null"
         status = f'"{TERMINAL_NAMES[row[R.TERMINAL]]}"' if ended else "null"
@@ -731,12 +741,12 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         else:
             effective, finish, tokens_in, tokens_out = '{"model_digest":null,"page_limit":null}', None, "null", "null"
         finish = f'"{finish}"' if finish else "null"
-        return (
+        return op_id, (
             f'{{"admission":{{"save":{admission},"saved":{"true" if saved else "false"}}},'
             f'"device":{{"committed":true}},"disk_error":null,'
             f'"effective":{effective},"journal_hold":null,'
             f'"kind":"{KIND_NAMES[kind]}",'
-            f'"operation":"{ids.operation_id(lineage, join16(row[R.OP_HI], row[R.OP_LO]))}",'
+            f'"operation":"{op_id}",'
             f'"operation_key":"{join16(row[R.KEY_HI], row[R.KEY_LO]).hex()}",'
             f'"participant":"{par_id}",'
             f'"pending_bytes":{0 if saved else row[R.COMMAND_LEN]},'
@@ -772,10 +782,11 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
         return body.replace(b'"journal_hold":null', b'"journal_hold":' + hold, 1)
 
     def _receipt_reply(self, req_id, status, rrow):
-        body = self.receipt_json(rrow)
+        op_id, body = self._render_receipt(rrow, True)
+        body = self.with_hold(body)
         if status != 202:
             return reply(req_id, status, body)
-        return reply(req_id, status, body, {"Location": f"{BASE}/operations/{self.operation_id(rrow)}"})
+        return reply(req_id, status, body, {"Location": f"{BASE}/operations/{op_id}"})
 
     # ---- reads -------------------------------------------------------------------------
 

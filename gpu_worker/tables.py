@@ -236,6 +236,14 @@ class Tables:
         else:
             self.receipt_digests[row, which] = torch.frombuffer(bytearray(digest), dtype=torch.uint8).to(self.device)
 
+    def put_digests(self, row, digest):
+        """The same digest as both the admission's (0) and the terminal's (1)."""
+        if self._flat is not None:
+            self._digests[row * 64:row * 64 + 64] = digest + digest
+        else:
+            self.receipt_digests[row] = torch.frombuffer(bytearray(digest * 2), dtype=torch.uint8).view(2, 32).to(
+                self.device)
+
     def get_digest(self, row, which):
         if self._flat is not None:
             start = row * 64 + which * 32
