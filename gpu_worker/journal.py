@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 from enum import IntEnum
 
+from gpu_worker import native
 from gpu_worker.filelayer import AppendFile, FileLayer
 
 TYPE_SHARED = 37
@@ -59,6 +60,7 @@ class TransferKind(IntEnum):
     MEDIA = 8
 
 
+_records = native.load("jcodec").records
 _KIND_OF = {k.value: k for k in TransferKind}  # kind by value: a dict lookup, where an IntEnum call costs ~1 us
 
 
@@ -101,25 +103,12 @@ def encode_segment_header(segment_no: int, incarnation: bytes) -> bytes:
 
 
 def encode_transfer(kind: int, transfer_seq: int, payload: bytes) -> list[bytes]:
+    """The records of one transfer (native: gpu_worker/jcodec.cpp, the layout above)."""
     if kind not in _KIND_OF:
         raise ValueError(f"{kind!r} is not a valid TransferKind")
-    payload = bytes(payload)
-    length = len(payload)
-    if length > MAX_PAYLOAD:
-        raise ValueError(f"transfer of {length} bytes exceeds {MAX_PAYLOAD}")
     if not 1 <= transfer_seq < 1 << 64:
         raise ValueError(f"transfer_seq {transfer_seq} out of range")
-    count = record_count(length)
-    kind = int(kind)  # plain int: struct packs it without a __index__ call
-    pack, crc32 = PART_HEADER.pack, zlib.crc32
-    records = []
-    for index in range(count):
-        data = payload[index * MAX_DATA:(index + 1) * MAX_DATA]
-        n = len(data)
-        # the checksum covers the header with its checksum field (bytes 24-27) zero, then the data
-        checksum = crc32(data, crc32(pack(TYPE_SHARED, CLASS_A, kind, index, count, n, 0, length, transfer_seq, 0, 0)))
-        records.append(pack(TYPE_SHARED, CLASS_A, kind, index, count, n, 0, length, transfer_seq, checksum, 0) + data)
-    return records
+    return _records(kind, transfer_seq, payload, MAX_DATA)
 
 
 def chain_digest(previous: bytes, kind: int, transfer_seq: int, payload: bytes) -> bytes:

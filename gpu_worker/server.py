@@ -27,7 +27,7 @@ import socket
 import threading
 import time
 
-from . import sockio
+from . import native
 from .journal import JournalIOError
 from .protocol import MAX_FRAME, PROTOCOL_VERSION, ProtocolError, decode_payload, encode_frame, reply
 
@@ -267,11 +267,11 @@ class Server:
 
     def run(self, on_ready=None):
         listener = self._listen()
-        self.io = io = sockio.load().Loop(listener.fileno(), HIGH_WATER, MAX_IN_FLIGHT, MAX_FRAME, ACCEPT_PAUSE)
+        self.io = io = native.load("sockio").Loop(listener.fileno(), HIGH_WATER, MAX_IN_FLIGHT, MAX_FRAME, ACCEPT_PAUSE)
         with self._wake_lock:
             self._wake = os.eventfd(1 if self._stop_asked else 0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         epoll = select.epoll()
-        self.syncer = sockio.load().Syncer()
+        self.syncer = native.load("sockio").Syncer()
         io_fd, sync_fd, wake_fd = io.fileno(), self.syncer.fileno(), self._wake
         for fd in (io_fd, sync_fd, wake_fd):
             epoll.register(fd, _IN)

@@ -124,6 +124,26 @@ def test_records_match_the_layout_built_by_hand():
     assert [len(r) for r in records] == [192, 192, 112]
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(list(TransferKind)), st.integers(1, (1 << 64) - 1), st.binary(max_size=700))
+def test_native_records_match_the_layout_built_by_hand_for_any_transfer(kind, seq, data):
+    """encode_transfer is native (jcodec.cpp): every kind, seq (to 2**64 - 1) and payload size,
+    including part boundaries, gives the records the documented layout describes."""
+    count = max(1, -(-len(data) // MAX_DATA))
+    assert encode_transfer(kind, seq, data) == [
+        hand_record(int(kind), i, count, data[i * MAX_DATA:(i + 1) * MAX_DATA], len(data), seq) for i in range(count)]
+
+
+def test_encode_takes_any_bytes_like_payload_and_refuses_a_seq_past_64_bits():
+    data = payload(200)
+    assert encode_transfer(TransferKind.OUTPUT, 5, bytearray(data)) == encode_transfer(TransferKind.OUTPUT, 5, data)
+    assert encode_transfer(TransferKind.OUTPUT, 5, memoryview(data)) == encode_transfer(TransferKind.OUTPUT, 5, data)
+    with pytest.raises(ValueError):
+        encode_transfer(TransferKind.OUTPUT, 1 << 64, b"x")
+    with pytest.raises(TypeError):
+        encode_transfer(TransferKind.OUTPUT, 1, "text")
+
+
 def test_an_empty_payload_is_one_record_with_no_data():
     (record,) = encode_transfer(TransferKind.BOOT, 1, b"")
     assert record == hand_record(1, 0, 1, b"", 0, 1)

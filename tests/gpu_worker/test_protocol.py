@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_worker import sockio
+from gpu_worker import native
 from gpu_worker.protocol import LENGTH, MAX_FRAME, ProtocolError, decode_payload, encode_frame
 
 MESSAGES = st.lists(st.dictionaries(st.text(max_size=8), st.one_of(st.integers(-2**63, 2**64 - 1), st.binary(max_size=300),
@@ -17,18 +17,18 @@ MESSAGES = st.lists(st.dictionaries(st.text(max_size=8), st.one_of(st.integers(-
 def test_frames_survive_any_cut_of_the_stream(messages, cuts):
     stream = b"".join(encode_frame(m) for m in messages)
     bounds = sorted({0, len(stream), *(c for c in cuts if c < len(stream))})
-    payloads = sockio.load().split([stream[start:end] for start, end in zip(bounds, bounds[1:])], MAX_FRAME)
+    payloads = native.load("sockio").split([stream[start:end] for start, end in zip(bounds, bounds[1:])], MAX_FRAME)
     assert [decode_payload(p) for p in payloads] == messages
 
 
 def test_an_unfinished_frame_is_kept_not_delivered():
     frame = encode_frame({"v": 1})
-    assert sockio.load().split([frame + frame[:5]], MAX_FRAME) == [frame[4:]]
+    assert native.load("sockio").split([frame + frame[:5]], MAX_FRAME) == [frame[4:]]
 
 
 def test_a_frame_over_the_limit_is_refused_before_its_body_arrives():
     with pytest.raises(ValueError, match=f"exceeds {MAX_FRAME}"):
-        sockio.load().split([LENGTH.pack(MAX_FRAME + 1) + b"\x80"], MAX_FRAME)
+        native.load("sockio").split([LENGTH.pack(MAX_FRAME + 1) + b"\x80"], MAX_FRAME)
 
 
 @pytest.mark.parametrize("payload", [encode_frame([1, 2])[4:], b"\xc1", b"\x81", b"\x81\xa1v\x01\x01",

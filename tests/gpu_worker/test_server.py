@@ -17,7 +17,7 @@ from gpu_worker.pack import pack_tiny
 from gpu_worker.protocol import LENGTH, decode_payload, encode_frame
 from gpu_worker.runtime_file import RuntimeFile
 from gpu_worker import server as server_module
-from gpu_worker import sockio
+from gpu_worker import native
 from gpu_worker.server import Server
 from tests.conftest import ALL, write_grants
 
@@ -270,7 +270,7 @@ class _RecordingIO:
 
     def send(self, items):
         for conn_id, data, count in items:
-            frames = sockio.load().split([data], 1 << 24)
+            frames = native.load("sockio").split([data], 1 << 24)
             assert len(frames) == count
             self.sent[conn_id] += [decode_payload(f) for f in frames]
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gpu_worker import sockio
+from gpu_worker import native
 from gpu_worker.protocol import LENGTH, encode_frame
 
 MAX_FRAME = 1 << 24
@@ -24,7 +24,7 @@ def loop(tmp_path):
         listener.bind(str(tmp_path / f"s{len(loops)}.sock"))
         listener.listen(16)
         listener.setblocking(False)
-        io = sockio.load().Loop(listener.fileno(), high_water, max_in_flight, MAX_FRAME, 1.0)
+        io = native.load("sockio").Loop(listener.fileno(), high_water, max_in_flight, MAX_FRAME, 1.0)
         io.start()
         loops.append((io, listener))
 
@@ -132,7 +132,7 @@ def test_a_frame_over_the_limit_closes_its_connection_with_a_warning(loop):
 
 
 def test_bad_arguments_are_refused(tmp_path):
-    module = sockio.load()
+    module = native.load("sockio")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with listener:
         with pytest.raises(ValueError):
@@ -155,7 +155,7 @@ def _result(syncer, timeout=10):
 
 
 def test_the_syncer_writes_all_of_a_tick_then_reports_success(tmp_path):
-    syncer = sockio.load().Syncer()
+    syncer = native.load("sockio").Syncer()
     fd = os.open(tmp_path / "segment", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
         with pytest.raises(RuntimeError, match="no tick I/O was requested"):
@@ -180,7 +180,7 @@ def test_the_syncer_writes_all_of_a_tick_then_reports_success(tmp_path):
 
 
 def test_the_syncer_reports_the_errno_of_the_call_that_failed(tmp_path):
-    syncer = sockio.load().Syncer()
+    syncer = native.load("sockio").Syncer()
     read_end, write_end = os.pipe()
     readonly = os.open(tmp_path / "ro", os.O_RDONLY | os.O_CREAT)
     try:
@@ -198,7 +198,7 @@ def test_the_syncer_reports_the_errno_of_the_call_that_failed(tmp_path):
 
 
 def test_the_syncer_runs_one_request_at_a_time_and_finishes_it_on_close(tmp_path):
-    syncer = sockio.load().Syncer()
+    syncer = native.load("sockio").Syncer()
     read_end, write_end = os.pipe()
     try:
         os.set_blocking(write_end, True)
