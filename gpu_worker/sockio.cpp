@@ -33,6 +33,7 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -138,7 +139,10 @@ class Loop {
   void start() {
     if (thread_.joinable() || stopped_) throw std::runtime_error("sockio: the loop was already started");
     running_ = true;
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "aotx-sockets");  // as top -H and /proc/PID/task/*/comm show it
+      run();
+    });
   }
 
   void stop() {
@@ -465,7 +469,10 @@ class Syncer {
   Syncer() {
     ready_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (ready_fd_ < 0) throw std::runtime_error(std::string("sockio: ") + strerror(errno));
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "aotx-tick-io");
+      run();
+    });
   }
 
   ~Syncer() {
