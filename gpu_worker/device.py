@@ -398,6 +398,9 @@ class Device(SpaceCommands, InputCommands, MediaCommands, ChatCommands):
                 else:
                     replies.append((conn, self._read(msg)))
                 continue
+            if budget <= 0:  # a full tick: every mutation needs a record (a retry waits a tick too)
+                self._admission_deferred = True
+                break
             try:
                 outcome = self._admit(msg, handler, budget)
             except DeviceError as err:
