@@ -18,6 +18,14 @@ interpreter), the native socket thread and the native tick I/O thread (write + f
 all of it kernel time), so its CPU can pass one core; when the tick loop is near a full core, the
 interpreter, not the disk, sets the rate. On the 2-core CI machine the device and these clients
 share the two cores.
+
+Where the time went at 64 clients (2026-11-30, 4 s windows from /proc, ~23,000 registrations/s):
+the tick loop ~80% of a core (user 69%, kernel 11%), the socket thread ~22% and the tick I/O
+thread ~26% (nearly all of it kernel), these clients ~29%; about 85% of both cores. A tick of 8
+registrations cycled in ~350 us: its write + fdatasync took ~250 us under this load (~180 us in
+the idle probe), waking the tick I/O thread ~26 us, and the tick loop, still gathering the next
+tick, took ~50 us more to take the result. The tick loop's work per tick (~260 us) is about the
+disk's, so both must shrink to gain; bench/tick_cpu.py measures the interpreter's part alone.
 """
 import argparse
 import json

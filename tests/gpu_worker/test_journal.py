@@ -624,6 +624,20 @@ def test_a_new_segment_waits_for_a_partly_written_transfer(tmp_path):
     assert writer.segment == 2
 
 
+def test_no_new_segment_starts_while_a_tick_is_in_flight(tmp_path):
+    """The device's tick I/O thread writes the current segment's descriptor until finish_tick:
+    closing that file under it would lose the tick (or write into a reused descriptor)."""
+    writer = open_writer(tmp_path, OsFileLayer())
+    writer.append(TransferKind.OUTPUT, b"x")
+    tick = writer.begin_tick()
+    with pytest.raises(JournalError, match="in flight"):
+        writer.start_new_segment()
+    tick.run()
+    assert [t.payload for t in writer.finish_tick(tick)] == [b"x"]
+    writer.start_new_segment()
+    assert writer.segment == 2
+
+
 @pytest.mark.parametrize("leftover", [b"", b"AOTXJ", bytes(32), bytes(100)])
 def test_a_torn_new_segment_at_the_end_is_rewritten(tmp_path, leftover):
     fs = FaultyFileLayer()
