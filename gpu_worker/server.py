@@ -108,20 +108,26 @@ class Server:
         saved = []
         while self.batches and self.batches[0].last_seq <= device.writer.durable_seq:
             saved.append(self.batches.popleft())
-        checkpoints = device.run_checkpoints()  # before the next tick takes records off the queue
-        ran = None
-        if self._io is None and device.writer.queued_records:
-            self._io = tick = device.writer.begin_tick()
-            if tick.file.native_io:
-                self.syncer.request(tick.file.fileno(), tick.data)
-            else:  # a test's faulty file: its write and fdatasync run here, now
-                tick.run()
-                ran = tick
+        checkpoints = device.run_checkpoints()  # only while nothing is queued for the journal
+        ran = self._begin_io()
         self._send([r for batch in saved for r in device.answer(batch)] + checkpoints)  # in request order
         if ran is not None:
             self._complete(ran)
             return
         self._schedule_if_work()
+
+    def _begin_io(self):
+        """Start the next tick's write + fdatasync if none is in flight and records are queued.
+        Returns the tick when its I/O already ran here (a test's faulty file), else None."""
+        writer = self.device.writer
+        if self._io is not None or not writer.queued_records:
+            return None
+        self._io = tick = writer.begin_tick()
+        if tick.file.native_io:
+            self.syncer.request(tick.file.fileno(), tick.data)
+            return None
+        tick.run()  # a test's faulty file: its write and fdatasync run here, now
+        return tick
 
     def _synced(self):
         """The tick I/O thread is done: its errno, 0 when the tick is written and durable."""
@@ -136,12 +142,16 @@ class Server:
         self._io = None
         try:
             try:
-                self.device.saved(self.device.writer.finish_tick(tick))
+                transfers = self.device.writer.finish_tick(tick)
             except JournalIOError as err:
                 if err.errno != errno.ENOSPC:
                     raise  # EIO and the like: stop admitting; the process exits and a restart recovers
                 self._send(self.device.refuse_unsaved(err, self.batches))
                 self.batches.clear()
+            else:
+                if tick.file.native_io:  # the disk's next tick first (it never runs here): the
+                    self._begin_io()     # saves and the answers below are made while it runs
+                self.device.saved(transfers)
             self._flush()
         except BaseException as exc:
             self._fail(exc)
