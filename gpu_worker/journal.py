@@ -26,6 +26,7 @@ CLASS_A = 0x41
 MAX_DATA = 160
 PART_HEADER_SIZE = 32
 MAX_RECORDS_PER_TICK = 16
+MAX_TICKS_IN_FLIGHT = 2  # one running, the next queued behind it (JournalWriter.begin_tick)
 
 SEGMENT_MAGIC = b"AOTXJNL1"
 SEGMENT_VERSION = 1
@@ -388,12 +389,13 @@ def recover(
 
 
 class _Queued:
-    __slots__ = ("kind", "seq", "payload", "digest", "records", "written", "offset")
+    __slots__ = ("kind", "seq", "payload", "digest", "records", "written", "taken", "offset")
 
     def __init__(self, kind, seq, payload, digest, records):
         self.kind, self.seq, self.payload, self.digest = kind, seq, payload, digest
         self.records = records
-        self.written = 0
+        self.written = 0  # records durable
+        self.taken = 0    # records durable or in a tick in flight
         self.offset = 0
 
 
@@ -445,7 +447,8 @@ class JournalWriter:
         self._queued_digest = recovery.last_digest
         self._pending: deque[_Queued] = deque()
         self._queued = 0
-        self._in_flight: TickIO | None = None
+        self._in_flight: deque[TickIO] = deque()  # oldest first, at most MAX_TICKS_IN_FLIGHT
+        self._in_flight_records = 0
         self._durable_seq = recovery.next_seq - 1
         self._failed: int | None = None
         self._file: AppendFile | None = None
@@ -529,36 +532,59 @@ class JournalWriter:
         return self.finish_tick(tick)
 
     def begin_tick(self) -> TickIO | None:
-        """Take the next tick's records (at most MAX_RECORDS_PER_TICK, in queue order) for one
-        write and one fdatasync (TickIO). While its fdatasync runs, `append` may queue the
-        following tick; `finish_tick` publishes the result. One tick is in flight at a time."""
+        """Take the next tick's records (at most MAX_RECORDS_PER_TICK, in queue order, after
+        those of the ticks in flight) for one write and one fdatasync (TickIO), or None when no
+        record waits. While its I/O runs, `append` may queue more and one more tick may begin
+        (MAX_TICKS_IN_FLIGHT): the device's tick I/O thread runs them one after another, so the
+        next tick's I/O starts the moment the last one's ends. `finish_tick` publishes each, in
+        the order they began."""
         self._check_usable()
-        if self._in_flight is not None:
-            raise JournalError("a tick is already in flight")
-        if not self._queued:
+        if len(self._in_flight) >= MAX_TICKS_IN_FLIGHT:
+            raise JournalError(f"{MAX_TICKS_IN_FLIGHT} ticks are already in flight")
+        if self._queued == self._in_flight_records:
             return None
         chunks: list[bytes] = []
         plan: list[tuple[_Queued, int, int]] = []  # (transfer, records taken, first offset)
         room = MAX_RECORDS_PER_TICK
-        offset = self._offset
+        offset = self._offset + sum(len(t.data) for t in self._in_flight)
         for queued in self._pending:
-            taken = queued.records[queued.written:queued.written + room]
+            taken = queued.records[queued.taken:queued.taken + room]
+            if not taken:
+                continue  # all of it is in a tick in flight already
+            queued.taken += len(taken)
             plan.append((queued, len(taken), offset))
             chunks += taken
             offset += sum(map(len, taken))
             room -= len(taken)
             if not room:
                 break
-        self._in_flight = TickIO(self._file, b"".join(chunks), plan, len(chunks))
-        return self._in_flight
+        tick = TickIO(self._file, b"".join(chunks), plan, len(chunks))
+        self._in_flight.append(tick)
+        self._in_flight_records += tick.records
+        return tick
+
+    @property
+    def untaken_records(self) -> int:
+        """Queued records that no tick in flight holds."""
+        return self._queued - self._in_flight_records
+
+    @property
+    def ticks_in_flight(self) -> int:
+        return len(self._in_flight)
 
     def finish_tick(self, tick: TickIO) -> list[Transfer]:
-        """Publish a tick whose I/O ran: the transfers whose last part is now durable, oldest
-        first. A failed write or fdatasync raises JournalIOError (see _tick_failed)."""
-        if tick is not self._in_flight:
-            raise JournalError("finish_tick of a tick that is not in flight")
-        self._in_flight = None
+        """Publish the oldest tick in flight, whose I/O ran: the transfers whose last part is now
+        durable, oldest first. A failed write or fdatasync raises JournalIOError (see
+        _tick_failed) and ends every tick in flight: none of their I/O may count."""
+        if not self._in_flight or tick is not self._in_flight[0]:
+            raise JournalError("finish_tick of a tick that is not the oldest in flight")
+        self._in_flight.popleft()
+        self._in_flight_records -= tick.records
         if tick.error is not None:
+            self._in_flight.clear()
+            self._in_flight_records = 0
+            for queued in self._pending:
+                queued.taken = queued.written
             raise self._tick_failed(tick.error) from tick.error
         done = []
         for queued, count, first in tick.plan:
@@ -581,7 +607,7 @@ class JournalWriter:
 
     def start_new_segment(self) -> None:
         self._check_usable()
-        if self._in_flight is not None:  # the tick I/O thread may be writing the current file
+        if self._in_flight:  # the tick I/O thread may be writing the current file
             raise JournalError("a tick is in flight; finish it before a new segment")
         if not self.at_transfer_boundary:
             # Recovery refuses a transfer split across segments (it cannot cut both files).

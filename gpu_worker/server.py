@@ -5,9 +5,10 @@ events back to this loop). Frames read from every connection collect in an inbox
 round of events a tick gathers what arrived, up to its 16-record budget (Device.gather).
 A native thread (sockio.Syncer) writes the tick's records and makes them durable with one
 fdatasync; while it does, this thread gathers the next tick, so the disk and the interpreter work
-at the same time. The next tick's write and fdatasync start when this one's are done (one tick in
-flight, at most one gathered ahead). A batch's replies go out once every transfer it appended is
-saved.
+at the same time. A whole next tick is handed to that thread behind the running one, so its I/O
+starts the moment the last one's ends, without waiting for this thread (at most two ticks in
+flight and one more gathered behind them; ticks still run one after another, one fdatasync each).
+A batch's replies go out once every transfer it appended is saved.
 
 The sockets themselves belong to a native thread (sockio.cpp): it accepts, reads, splits frames
 and sends, holding no interpreter lock, and hands this loop whole frame payloads through one
@@ -28,7 +29,7 @@ import threading
 import time
 
 from . import native
-from .journal import JournalIOError
+from .journal import MAX_RECORDS_PER_TICK, MAX_TICKS_IN_FLIGHT, JournalIOError
 from .protocol import MAX_FRAME, PROTOCOL_VERSION, ProtocolError, decode_payload, encode_frame, reply
 
 log = logging.getLogger("gpu_worker.server")
@@ -61,7 +62,7 @@ class Server:
         self.inbox = collections.deque()
         self.failure = None
         self.batches = collections.deque()  # gathered, not yet answered (oldest first)
-        self._io = None                      # the TickIO the tick I/O thread is running
+        self._ticks = collections.deque()    # TickIOs handed to the tick I/O thread, oldest first
         self.syncer = None
         self._want_tick = False
         self._running = False
@@ -90,12 +91,12 @@ class Server:
             self._fail(exc)
 
     def _gathered_ahead(self):
-        """True while no batch may be gathered: one already waits behind the tick in flight; a
-        batch not yet answered holds reads that wait for its saves (gathering applies admissions
-        to the tables, and those reads must see saved state only); or a checkpoint command waits
-        for the journal queue to drain."""
+        """True while no batch may be gathered: a whole tick's records already wait behind the
+        ticks in flight; a batch not yet answered holds reads that wait for its saves (gathering
+        applies admissions to the tables, and those reads must see saved state only); or a
+        checkpoint command waits for the journal queue to drain."""
         batches = self.batches
-        return (len(batches) > (1 if self._io is not None else 0)
+        return (self.device.writer.untaken_records >= MAX_RECORDS_PER_TICK
                 or any(batch.reads for batch in batches)
                 or bool(self.device.checkpoint_waiters and self.device.writer.queued_records))
 
@@ -117,33 +118,38 @@ class Server:
         self._schedule_if_work()
 
     def _begin_io(self):
-        """Start the next tick's write + fdatasync if none is in flight and records are queued.
-        Returns the tick when its I/O already ran here (a test's faulty file), else None."""
+        """Hand ticks to the tick I/O thread: the queued records when nothing is in flight, and
+        behind a tick in flight a whole tick's (16 records), so the disk starts it the moment
+        the last one ends and no tick goes out emptier than it must. Returns the tick when its
+        I/O already ran here (a test's faulty file: one at a time), else None."""
         writer = self.device.writer
-        if self._io is not None or not writer.queued_records:
-            return None
-        self._io = tick = writer.begin_tick()
-        if tick.file.native_io:
+        while (writer.untaken_records and writer.ticks_in_flight < MAX_TICKS_IN_FLIGHT
+               and (not self._ticks or writer.untaken_records >= MAX_RECORDS_PER_TICK)):
+            tick = writer.begin_tick()
+            self._ticks.append(tick)
+            if not tick.file.native_io:
+                tick.run()  # its write and fdatasync run here, now
+                return tick
             self.syncer.request(tick.file.fileno(), tick.data)
-            return None
-        tick.run()  # a test's faulty file: its write and fdatasync run here, now
-        return tick
+        return None
 
     def _synced(self):
-        """The tick I/O thread is done: its errno, 0 when the tick is written and durable."""
+        """The tick I/O thread finished the oldest tick: its errno, 0 when written and durable."""
         err = self.syncer.result()
-        if err is None:  # still running (the eventfd is written only once it is done)
+        if err is None:  # still running (a result is posted only once it is done)
             return
+        tick = self._ticks[0]
         if err:
-            self._io.error = OSError(err, os.strerror(err))
-        self._complete(self._io)
+            tick.error = OSError(err, os.strerror(err))
+        self._complete(tick)
 
     def _complete(self, tick):
-        self._io = None
+        self._ticks.popleft()
         try:
             try:
                 transfers = self.device.writer.finish_tick(tick)
             except JournalIOError as err:
+                self._drop_cancelled()
                 if err.errno != errno.ENOSPC:
                     raise  # EIO and the like: stop admitting; the process exits and a restart recovers
                 self._send(self.device.refuse_unsaved(err, self.batches))
@@ -155,6 +161,16 @@ class Server:
             self._flush()
         except BaseException as exc:
             self._fail(exc)
+
+    def _drop_cancelled(self):
+        """After a failed tick the writer has ended every tick in flight; the tick I/O thread ran
+        none of those queued behind it and reports each as cancelled (already posted)."""
+        while self._ticks:
+            tick = self._ticks.popleft()
+            if tick.file.native_io:
+                err = self.syncer.result()
+                if err != errno.ECANCELED:
+                    raise RuntimeError(f"the tick I/O thread ran a tick queued behind a failure ({err})")
 
     def _fail(self, exc):
         self.failure = exc

@@ -22,11 +22,13 @@
 //   .stop()        end the thread, close every connection (not the listener: the caller's)
 //   .fail_accepts(n, errno)    tests: the next n accept() calls fail with errno
 //
-//   Syncer()       a thread that runs one tick's I/O at a time
-//   .fileno()      an eventfd, readable once the requested I/O is done
-//   .request(fd, data)  write all of data to fd (bytes may be empty), then fdatasync(fd)
-//   .result()      None while the I/O runs, else its errno (0: written and durable)
-//   .close()       finish the request in flight, end the thread
+//   Syncer()       a thread that runs ticks' I/O one after another, in the order requested
+//   .fileno()      an eventfd, readable while results wait to be taken
+//   .request(fd, data)  queue: write all of data to fd (bytes may be empty), then fdatasync(fd)
+//   .result()      the oldest request's errno (0: written and durable), None while it runs;
+//                  after a failure every request queued behind it, and any made before the
+//                  failure is taken, reports ECANCELED without touching the file
+//   .close()       finish the requests queued, end the thread
 //
 //   split(chunks, max_frame)   tests: the frame splitter alone, over a list of byte chunks
 #define PY_SSIZE_T_CLEAN
@@ -44,6 +46,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <cstdio>
 #include <mutex>
 #include <stdexcept>
@@ -467,7 +470,8 @@ int write_and_sync(int fd, const std::string& data) {
 class Syncer {
  public:
   Syncer() {
-    ready_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    // a semaphore: each result posted adds one, each result taken reads one
+    ready_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC | EFD_SEMAPHORE);
     if (ready_fd_ < 0) throw std::runtime_error(std::string("sockio: ") + strerror(errno));
     thread_ = std::thread([this] {
       pthread_setname_np(pthread_self(), "aotx-tick-io");
@@ -482,26 +486,31 @@ class Syncer {
 
   int ready_fd() const { return ready_fd_; }
 
-  // False when a request is already in flight (or its result was not taken).
+  // Queues one tick's I/O behind those already queued; they run one after another, in order.
+  // While a failure waits to be taken, a new request is cancelled at once (ECANCELED).
   bool request(int fd, std::string data) {
     std::lock_guard<std::mutex> hold(mu_);
-    if (busy_ || stopping_) return false;
-    busy_ = queued_ = true;
-    fd_ = fd;
-    data_ = std::move(data);
-    wake_.notify_one();
+    if (stopping_) return false;
+    if (failed_) {
+      post(ECANCELED);
+    } else {
+      todo_.push_back(Request{fd, std::move(data)});
+      wake_.notify_one();
+    }
     return true;
   }
 
-  // -2: nothing was requested; -1: still running; else the errno (0 for success).
+  // The oldest request's errno (0: written and durable); -1 while it runs or waits; -2 when
+  // nothing was requested.
   int result() {
     std::lock_guard<std::mutex> hold(mu_);
-    if (!busy_) return -2;
-    if (queued_ || running_) return -1;
-    uint64_t ignored;
-    (void)!::read(ready_fd_, &ignored, sizeof ignored);
-    busy_ = false;
-    return err_;
+    if (done_.empty()) return todo_.empty() && !running_ ? -2 : -1;
+    uint64_t one;
+    (void)!::read(ready_fd_, &one, sizeof one);
+    int err = done_.front();
+    done_.pop_front();
+    if (err && err != ECANCELED) failed_ = false;  // taken: what is requested from now on runs
+    return err;
   }
 
   void stop() {
@@ -514,21 +523,37 @@ class Syncer {
   }
 
  private:
+  struct Request {
+    int fd;
+    std::string data;
+  };
+
+  void post(int err) {  // mu_ held
+    done_.push_back(err);
+    eventfd_write(ready_fd_, 1);
+  }
+
   void run() {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      wake_.wait(lock, [this] { return queued_ || stopping_; });
-      if (!queued_) return;  // stopping, nothing left to do
-      queued_ = false;
+      wake_.wait(lock, [this] { return !todo_.empty() || stopping_; });
+      if (todo_.empty()) return;  // stopping, nothing left to do
+      Request request = std::move(todo_.front());
+      todo_.pop_front();
       running_ = true;
-      int fd = fd_;
-      std::string data = std::move(data_);
       lock.unlock();
-      int err = write_and_sync(fd, data);
+      int err = write_and_sync(request.fd, request.data);
       lock.lock();
       running_ = false;
-      err_ = err;
-      eventfd_write(ready_fd_, 1);
+      post(err);
+      if (err) {
+        // Nothing queued behind a failure may run: its fdatasync could report as durable the
+        // data of the write that failed (docs/journal.md). Cancel it, in order, and whatever is
+        // requested until the failure is taken.
+        failed_ = true;
+        for (size_t i = 0; i < todo_.size(); ++i) post(ECANCELED);
+        todo_.clear();
+      }
     }
   }
 
@@ -536,9 +561,9 @@ class Syncer {
   std::thread thread_;
   std::mutex mu_;
   std::condition_variable wake_;
-  bool busy_ = false, queued_ = false, running_ = false, stopping_ = false;
-  int fd_ = -1, err_ = 0;
-  std::string data_;
+  std::deque<Request> todo_;  // requested, not yet started
+  std::deque<int> done_;      // results not yet taken, oldest first
+  bool running_ = false, stopping_ = false, failed_ = false;
 };
 
 // ---- the Python type ------------------------------------------------------------------
@@ -764,7 +789,7 @@ PyObject* PySyncer_request(PySyncer* self, PyObject* args) {
   bool queued = syncer->request(fd, std::string(static_cast<const char*>(data.buf), size_t(data.len)));
   PyBuffer_Release(&data);
   if (!queued) {
-    PyErr_SetString(PyExc_RuntimeError, "a tick's I/O is already in flight");
+    PyErr_SetString(PyExc_RuntimeError, "the tick I/O thread is stopping");
     return nullptr;
   }
   Py_RETURN_NONE;
@@ -795,9 +820,9 @@ PyObject* PySyncer_close(PySyncer* self, PyObject*) {
 
 PyMethodDef syncer_methods[] = {
     {"fileno", (PyCFunction)PySyncer_fileno, METH_NOARGS, "eventfd readable once the requested I/O is done"},
-    {"request", (PyCFunction)PySyncer_request, METH_VARARGS, "write all of data to fd, then fdatasync(fd)"},
-    {"result", (PyCFunction)PySyncer_result, METH_NOARGS, "None while running, else the errno (0: durable)"},
-    {"close", (PyCFunction)PySyncer_close, METH_NOARGS, "finish the request in flight and end the thread"},
+    {"request", (PyCFunction)PySyncer_request, METH_VARARGS, "queue: write all of data to fd, then fdatasync(fd)"},
+    {"result", (PyCFunction)PySyncer_result, METH_NOARGS, "the oldest request's errno (0: durable), None while it runs"},
+    {"close", (PyCFunction)PySyncer_close, METH_NOARGS, "finish the queued requests and end the thread"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyTypeObject SyncerType = {PyVarObject_HEAD_INIT(nullptr, 0)};

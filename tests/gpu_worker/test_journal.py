@@ -624,6 +624,63 @@ def test_a_new_segment_waits_for_a_partly_written_transfer(tmp_path):
     assert writer.segment == 2
 
 
+def test_two_ticks_in_flight_finish_in_order_with_the_records_of_one_tick_each(tmp_path):
+    """The device hands a second tick to its I/O thread behind the running one: begin_tick takes
+    the records after those in flight, finish_tick publishes the oldest first, and what is saved
+    and recovered is exactly what one tick at a time would give."""
+    fs = OsFileLayer()
+    writer = open_writer(tmp_path, fs)
+    payloads = [payload(200, i) for i in range(12)]  # 2 records each: 8 transfers fill a tick
+    for data in payloads:
+        writer.append(TransferKind.ADMISSION, data)
+    first = writer.begin_tick()
+    second = writer.begin_tick()
+    assert (first.records, second.records) == (16, 8) and writer.untaken_records == 0
+    writer.append(TransferKind.ADMISSION, payload(200, 99))
+    with pytest.raises(JournalError, match="2 ticks are already in flight"):
+        writer.begin_tick()
+    with pytest.raises(JournalError, match="oldest"):
+        writer.finish_tick(second)
+    first.run()
+    second.run()
+    done = writer.finish_tick(first)
+    third = writer.begin_tick()  # room again: the transfer queued meanwhile, and nothing twice
+    assert third.records == 2 and writer.untaken_records == 0
+    third.run()
+    done += writer.finish_tick(second) + writer.finish_tick(third)
+    assert [t.payload for t in done] == payloads + [payload(200, 99)] and writer.durable_seq == 13
+    assert summary(recover(str(tmp_path), fs, INC).transfers) == summary(done)
+
+
+@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EIO])
+def test_a_failed_tick_ends_the_one_in_flight_behind_it(tmp_path, err):
+    """Nothing queued behind a failed tick counts (its fdatasync could vouch for the failed
+    write): the writer cuts back to the durable end and both ticks' records stay queued."""
+    fs = FaultyFileLayer()
+    writer = open_writer(tmp_path, fs)
+    writer.append(TransferKind.BOOT, b"saved")
+    writer.commit_tick()
+    payloads = [payload(200, i) for i in range(12)]
+    for data in payloads:
+        writer.append(TransferKind.ADMISSION, data)
+    first = writer.begin_tick()
+    assert writer.begin_tick().records == 8  # the second, behind it
+    first.write()
+    first.error = OSError(err, os.strerror(err))  # as the I/O thread reports it; second never runs
+    with pytest.raises(JournalIOError):
+        writer.finish_tick(first)
+    assert writer.ticks_in_flight == 0 and writer.durable_seq == 1
+    assert os.path.getsize(segment_path(tmp_path)) == SEGMENT_HEADER_SIZE + 32 + 5  # the cut
+    if err == errno.EIO:
+        with pytest.raises(JournalIOError):
+            writer.begin_tick()
+        return
+    assert writer.untaken_records == 24  # ENOSPC: the queue is intact, from its first record
+    done = commit_all(writer)
+    assert [t.payload for t in done] == payloads
+    assert [t.payload for t in recover(str(tmp_path), fs, INC).transfers] == [b"saved"] + payloads
+
+
 def test_no_new_segment_starts_while_a_tick_is_in_flight(tmp_path):
     """The device's tick I/O thread writes the current segment's descriptor until finish_tick:
     closing that file under it would lose the tick (or write into a reused descriptor)."""

@@ -9,6 +9,8 @@ import socket
 import threading
 import time
 
+import pytest
+
 from bench.journal import registration_frame
 from gpu_worker.device import Device
 from gpu_worker.filelayer import FaultyFileLayer, OsFileLayer
@@ -307,3 +309,52 @@ def test_a_deferred_read_never_sees_a_batch_gathered_behind_it(tiny_runtime, tmp
         device.close()
     assert replies[1]["status"] == 202 and replies[3]["status"] == 202
     assert json.loads(replies[2]["body"])["registered"] is False  # not the unsaved registration behind it
+
+
+class _ScriptedSyncer:
+    """Stands in for the tick I/O thread: records the ticks handed to it and answers with the
+    given errnos, oldest first, when the test calls _synced (nothing reaches the disk)."""
+
+    def __init__(self, results):
+        self.results = list(results)
+        self.requests = []
+
+    def request(self, fd, data):
+        self.requests.append(len(data))
+
+    def result(self):
+        return self.results.pop(0)
+
+
+@pytest.mark.parametrize("first", [0, errno.ENOSPC])
+def test_a_whole_tick_waits_behind_the_one_in_flight_and_a_failure_ends_both(tmp_path, first):
+    """The loop hands a second, whole tick to the I/O thread while the first runs (so the disk
+    starts it at once); when the first fails, the second was never run: both ticks' admissions are
+    refused (ENOSPC) and the cancelled result is taken, leaving nothing in flight."""
+    runtime = str(tmp_path / "two.aotxccir")
+    pack_tiny(runtime, shared=True, runtime_profile={"min_free_disk_bytes": 1})
+    live = LiveDevice(runtime, tmp_path, 16)
+    write_grants(live.grants, {p.hex(): ALL for p in live.principals})
+    device = Device(RuntimeFile.open(runtime), live.journal, Grants(live.grants))
+    live.device = device
+    server = Server(device, os.path.join(live.journal, "service.sock"))
+    server.syncer = _ScriptedSyncer([first, errno.ECANCELED if first else 0])
+    server.io = _RecordingIO()
+    conn = server_module.Connection(2)
+    try:
+        for i, principal in enumerate(live.principals, 1):
+            server.submit(conn, decode_payload(live.register_frame(principal, i)[4:]))
+        server._tick()
+        assert len(server.syncer.requests) == 1   # the first tick: 8 registrations, 16 records
+        server._tick()
+        assert len(server.syncer.requests) == 2   # a whole second tick, queued behind it
+        assert device.writer.ticks_in_flight == 2 and not server.inbox
+        server._synced()
+        if not first:
+            server._synced()
+        replies = {msg["id"]: msg for msg in server.io.sent[conn.id]}
+        assert not server._ticks and device.writer.ticks_in_flight == 0 and server.failure is None
+    finally:
+        device.close()
+    statuses = collections.Counter(r["status"] for r in replies.values())
+    assert statuses == ({202: 16} if not first else {429: 16})

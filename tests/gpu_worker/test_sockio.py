@@ -197,22 +197,59 @@ def test_the_syncer_reports_the_errno_of_the_call_that_failed(tmp_path):
         syncer.close()
 
 
-def test_the_syncer_runs_one_request_at_a_time_and_finishes_it_on_close(tmp_path):
+def test_the_syncer_runs_queued_requests_in_order_one_after_another(tmp_path):
     syncer = native.load("sockio").Syncer()
     read_end, write_end = os.pipe()
+    fd = os.open(tmp_path / "segment", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
         os.set_blocking(write_end, True)
         big = b"y" * (1 << 20)  # more than a pipe holds: the write blocks until it is read
         syncer.request(write_end, big)
-        assert syncer.result() is None  # still running
-        with pytest.raises(RuntimeError, match="already in flight"):
-            syncer.request(write_end, b"")
+        syncer.request(fd, b"second")  # queued behind the first
+        assert syncer.result() is None  # the first still runs
+        assert (tmp_path / "segment").read_bytes() == b""  # the second waits for it
         got = bytearray()
         while len(got) < len(big):
             got += os.read(read_end, 1 << 16)
         assert bytes(got) == big
-        assert _result(syncer) == errno.EINVAL  # written in full, then the pipe's fdatasync
+        assert _result(syncer) == errno.EINVAL  # the first: written in full, a pipe cannot be synced
+        # ... which cancelled the second: nothing queued behind a failure runs
+        assert _result(syncer) == errno.ECANCELED
+        assert (tmp_path / "segment").read_bytes() == b""
+        syncer.request(fd, b"third")  # after the failure was taken, requests run again
+        syncer.request(fd, b"fourth")
+        assert (_result(syncer), _result(syncer)) == (0, 0)
+        assert (tmp_path / "segment").read_bytes() == b"thirdfourth"
     finally:
-        os.close(read_end)
-        os.close(write_end)
+        for n in (read_end, write_end, fd):
+            os.close(n)
         syncer.close()
+
+
+def test_a_request_made_before_a_failure_is_taken_is_cancelled(tmp_path):
+    syncer = native.load("sockio").Syncer()
+    readonly = os.open(tmp_path / "ro", os.O_RDONLY | os.O_CREAT)
+    fd = os.open(tmp_path / "segment", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        syncer.request(readonly, b"x")
+        assert select.select([syncer.fileno()], [], [], 10)[0]  # failed, not yet taken
+        syncer.request(fd, b"late")
+        assert syncer.result() == errno.EBADF
+        assert _result(syncer) == errno.ECANCELED
+        assert (tmp_path / "segment").read_bytes() == b""
+    finally:
+        os.close(readonly)
+        os.close(fd)
+        syncer.close()
+
+
+def test_closing_the_syncer_finishes_what_was_queued(tmp_path):
+    syncer = native.load("sockio").Syncer()
+    fd = os.open(tmp_path / "segment", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        for part in (b"a", b"b", b"c"):
+            syncer.request(fd, part)
+        syncer.close()
+        assert (tmp_path / "segment").read_bytes() == b"abc"
+    finally:
+        os.close(fd)
