@@ -80,11 +80,13 @@ class JournalLocked(JournalError):
 
 
 class JournalIOError(JournalError):
-    """A write or fdatasync failed. `errno` tells a full disk (ENOSPC) from a broken one."""
+    """A write or fdatasync failed. `errno` tells a full disk (ENOSPC) from a broken one;
+    `ended_ticks` counts the ticks in flight behind a failed one, which it ended unrun."""
 
     def __init__(self, err: int, message: str):
         super().__init__(message)
         self.errno = err
+        self.ended_ticks = 0
 
 
 def segment_name(segment_no: int) -> str:
@@ -570,6 +572,11 @@ class JournalWriter:
     def ticks_in_flight(self) -> int:
         return len(self._in_flight)
 
+    @property
+    def oldest_tick(self) -> TickIO | None:
+        """The tick in flight that finish_tick takes next."""
+        return self._in_flight[0] if self._in_flight else None
+
     def finish_tick(self, tick: TickIO) -> list[Transfer]:
         """Publish the oldest tick in flight, whose I/O ran: the transfers whose last part is now
         durable, oldest first. A failed write or fdatasync raises JournalIOError (see
@@ -579,11 +586,14 @@ class JournalWriter:
         self._in_flight.popleft()
         self._in_flight_records -= tick.records
         if tick.error is not None:
+            ended = len(self._in_flight)
             self._in_flight.clear()
             self._in_flight_records = 0
             for queued in self._pending:
                 queued.taken = queued.written
-            raise self._tick_failed(tick.error) from tick.error
+            failure = self._tick_failed(tick.error)
+            failure.ended_ticks = ended
+            raise failure from tick.error
         done = []
         for queued, count, first in tick.plan:
             if not queued.written:

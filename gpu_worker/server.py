@@ -62,7 +62,6 @@ class Server:
         self.inbox = collections.deque()
         self.failure = None
         self.batches = collections.deque()  # gathered, not yet answered (oldest first)
-        self._ticks = collections.deque()    # TickIOs handed to the tick I/O thread, oldest first
         self.syncer = None
         self._want_tick = False
         self._running = False
@@ -124,9 +123,8 @@ class Server:
         I/O already ran here (a test's faulty file: one at a time), else None."""
         writer = self.device.writer
         while (writer.untaken_records and writer.ticks_in_flight < MAX_TICKS_IN_FLIGHT
-               and (not self._ticks or writer.untaken_records >= MAX_RECORDS_PER_TICK)):
+               and (not writer.ticks_in_flight or writer.untaken_records >= MAX_RECORDS_PER_TICK)):
             tick = writer.begin_tick()
-            self._ticks.append(tick)
             if not tick.file.native_io:
                 tick.run()  # its write and fdatasync run here, now
                 return tick
@@ -138,18 +136,17 @@ class Server:
         err = self.syncer.result()
         if err is None:  # still running (a result is posted only once it is done)
             return
-        tick = self._ticks[0]
+        tick = self.device.writer.oldest_tick
         if err:
             tick.error = OSError(err, os.strerror(err))
         self._complete(tick)
 
     def _complete(self, tick):
-        self._ticks.popleft()
         try:
             try:
                 transfers = self.device.writer.finish_tick(tick)
             except JournalIOError as err:
-                self._drop_cancelled()
+                self._take_cancelled(err.ended_ticks)
                 if err.errno != errno.ENOSPC:
                     raise  # EIO and the like: stop admitting; the process exits and a restart recovers
                 self._send(self.device.refuse_unsaved(err, self.batches))
@@ -162,15 +159,13 @@ class Server:
         except BaseException as exc:
             self._fail(exc)
 
-    def _drop_cancelled(self):
-        """After a failed tick the writer has ended every tick in flight; the tick I/O thread ran
-        none of those queued behind it and reports each as cancelled (already posted)."""
-        while self._ticks:
-            tick = self._ticks.popleft()
-            if tick.file.native_io:
-                err = self.syncer.result()
-                if err != errno.ECANCELED:
-                    raise RuntimeError(f"the tick I/O thread ran a tick queued behind a failure ({err})")
+    def _take_cancelled(self, count):
+        """A failed tick ended the `count` ticks in flight behind it; the tick I/O thread ran none
+        of them and has already posted each as cancelled."""
+        for _ in range(count):
+            err = self.syncer.result()
+            if err != errno.ECANCELED:
+                raise RuntimeError(f"the tick I/O thread ran a tick queued behind a failure ({err})")
 
     def _fail(self, exc):
         self.failure = exc

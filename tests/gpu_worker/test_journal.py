@@ -667,8 +667,9 @@ def test_a_failed_tick_ends_the_one_in_flight_behind_it(tmp_path, err):
     assert writer.begin_tick().records == 8  # the second, behind it
     first.write()
     first.error = OSError(err, os.strerror(err))  # as the I/O thread reports it; second never runs
-    with pytest.raises(JournalIOError):
+    with pytest.raises(JournalIOError) as failure:
         writer.finish_tick(first)
+    assert failure.value.ended_ticks == 1  # the second, never run
     assert writer.ticks_in_flight == 0 and writer.durable_seq == 1
     assert os.path.getsize(segment_path(tmp_path)) == SEGMENT_HEADER_SIZE + 32 + 5  # the cut
     if err == errno.EIO:

@@ -353,7 +353,7 @@ def test_a_whole_tick_waits_behind_the_one_in_flight_and_a_failure_ends_both(tmp
         if not first:
             server._synced()
         replies = {msg["id"]: msg for msg in server.io.sent[conn.id]}
-        assert not server._ticks and device.writer.ticks_in_flight == 0 and server.failure is None
+        assert not server.syncer.results and device.writer.ticks_in_flight == 0 and server.failure is None
     finally:
         device.close()
     statuses = collections.Counter(r["status"] for r in replies.values())
