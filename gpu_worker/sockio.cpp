@@ -568,10 +568,38 @@ class Syncer {
 
 // ---- the Python type ------------------------------------------------------------------
 
-struct PyLoop {
+// A Python object owning one native object (Loop, Syncer): deleted without the interpreter lock,
+// since deleting joins its thread.
+template <class T>
+struct Handle {
   PyObject_HEAD
-  Loop* loop;
+  T* ptr;
 };
+
+template <class T>
+void release(Handle<T>* self) {
+  T* ptr = self->ptr;
+  self->ptr = nullptr;
+  if (ptr) {
+    Py_BEGIN_ALLOW_THREADS
+    delete ptr;
+    Py_END_ALLOW_THREADS
+  }
+}
+
+template <class T>
+void dealloc(Handle<T>* self) {
+  release(self);
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+template <class T>
+T* unwrap(Handle<T>* self, const char* missing) {
+  if (!self->ptr) PyErr_SetString(PyExc_RuntimeError, missing);
+  return self->ptr;
+}
+
+using PyLoop = Handle<Loop>;
 
 PyObject* events_to_list(std::vector<Event>& events) {
   PyObject* list = PyList_New(Py_ssize_t(events.size()));
@@ -607,12 +635,12 @@ int PyLoop_init(PyLoop* self, PyObject* args, PyObject*) {
                                       "accept_pause not negative");
     return -1;
   }
-  if (self->loop) {
+  if (self->ptr) {
     PyErr_SetString(PyExc_RuntimeError, "Loop already initialised");
     return -1;
   }
   try {
-    self->loop = new Loop(listen_fd, size_t(high_water), size_t(max_in_flight), size_t(max_frame), accept_pause);
+    self->ptr = new Loop(listen_fd, size_t(high_water), size_t(max_in_flight), size_t(max_frame), accept_pause);
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_OSError, e.what());
     return -1;
@@ -620,19 +648,7 @@ int PyLoop_init(PyLoop* self, PyObject* args, PyObject*) {
   return 0;
 }
 
-void PyLoop_dealloc(PyLoop* self) {
-  if (self->loop) {
-    Py_BEGIN_ALLOW_THREADS
-    delete self->loop;
-    Py_END_ALLOW_THREADS
-  }
-  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
-}
-
-Loop* get(PyLoop* self) {
-  if (!self->loop) PyErr_SetString(PyExc_RuntimeError, "Loop not initialised");
-  return self->loop;
-}
+Loop* get(PyLoop* self) { return unwrap(self, "Loop not initialised"); }
 
 PyObject* PyLoop_fileno(PyLoop* self, PyObject*) {
   Loop* loop = get(self);
@@ -742,19 +758,16 @@ PyTypeObject LoopType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 // ---- Syncer's Python type ------------------------------------------------------------------
 
-struct PySyncer {
-  PyObject_HEAD
-  Syncer* syncer;
-};
+using PySyncer = Handle<Syncer>;
 
 int PySyncer_init(PySyncer* self, PyObject* args, PyObject*) {
   if (!PyArg_ParseTuple(args, "")) return -1;
-  if (self->syncer) {
+  if (self->ptr) {
     PyErr_SetString(PyExc_RuntimeError, "Syncer already initialised");
     return -1;
   }
   try {
-    self->syncer = new Syncer();
+    self->ptr = new Syncer();
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_OSError, e.what());
     return -1;
@@ -762,19 +775,7 @@ int PySyncer_init(PySyncer* self, PyObject* args, PyObject*) {
   return 0;
 }
 
-void PySyncer_dealloc(PySyncer* self) {
-  if (self->syncer) {
-    Py_BEGIN_ALLOW_THREADS
-    delete self->syncer;
-    Py_END_ALLOW_THREADS
-  }
-  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
-}
-
-Syncer* get_syncer(PySyncer* self) {
-  if (!self->syncer) PyErr_SetString(PyExc_RuntimeError, "Syncer closed or not initialised");
-  return self->syncer;
-}
+Syncer* get_syncer(PySyncer* self) { return unwrap(self, "Syncer closed or not initialised"); }
 
 PyObject* PySyncer_fileno(PySyncer* self, PyObject*) {
   Syncer* syncer = get_syncer(self);
@@ -808,13 +809,7 @@ PyObject* PySyncer_result(PySyncer* self, PyObject*) {
 }
 
 PyObject* PySyncer_close(PySyncer* self, PyObject*) {
-  Syncer* syncer = self->syncer;
-  self->syncer = nullptr;
-  if (syncer) {
-    Py_BEGIN_ALLOW_THREADS
-    delete syncer;
-    Py_END_ALLOW_THREADS
-  }
+  release(self);
   Py_RETURN_NONE;
 }
 
@@ -883,7 +878,7 @@ PyMODINIT_FUNC PyInit_aotx_sockio(void) {
   LoopType.tp_doc = "The device's socket I/O thread.";
   LoopType.tp_new = PyType_GenericNew;
   LoopType.tp_init = (initproc)PyLoop_init;
-  LoopType.tp_dealloc = (destructor)PyLoop_dealloc;
+  LoopType.tp_dealloc = (destructor)dealloc<Loop>;
   LoopType.tp_methods = loop_methods;
   if (PyType_Ready(&LoopType) < 0) return nullptr;
   SyncerType.tp_name = "aotx_sockio.Syncer";
@@ -892,7 +887,7 @@ PyMODINIT_FUNC PyInit_aotx_sockio(void) {
   SyncerType.tp_doc = "The device's tick I/O thread: write, then fdatasync.";
   SyncerType.tp_new = PyType_GenericNew;
   SyncerType.tp_init = (initproc)PySyncer_init;
-  SyncerType.tp_dealloc = (destructor)PySyncer_dealloc;
+  SyncerType.tp_dealloc = (destructor)dealloc<Syncer>;
   SyncerType.tp_methods = syncer_methods;
   if (PyType_Ready(&SyncerType) < 0) return nullptr;
   PyObject* m = PyModule_Create(&module_def);
