@@ -17,7 +17,6 @@ import importlib.machinery
 import importlib.util
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import sysconfig
@@ -96,10 +95,11 @@ def main():
     frames = modules["sockio"].split([b"\0\0", b"\0\4" + payload[:2], payload[2:]], 1 << 24)
     if frames != [payload]:
         raise SystemExit(f"native: the frame splitter returned {frames!r}")
-    (record,) = modules["jcodec"].records(1, 7, b"boot", 160)
-    header = struct.pack("<BBHHHHHIQII", 37, 0x41, 1, 0, 1, 4, 0, 4, 7, 0, 0)
-    if record != header[:24] + struct.pack("<I", zlib.crc32(b"boot", zlib.crc32(header))) + header[28:] + b"boot":
-        raise SystemExit(f"native: the journal codec returned {record!r}")
+    from .journal import CLASS_A, PART_HEADER, TYPE_SHARED  # the layout the codec must produce
+    fields = (TYPE_SHARED, CLASS_A, 1, 0, 1, 4, 0, 4, 7)
+    expected = PART_HEADER.pack(*fields, zlib.crc32(PART_HEADER.pack(*fields, 0, 0) + b"boot"), 0) + b"boot"
+    if modules["jcodec"].records(1, 7, b"boot", 160) != [expected]:
+        raise SystemExit("native: the journal codec does not give the documented record layout")
     for module in modules.values():
         print(f"native: built {module.__file__}")
 
