@@ -1,40 +1,34 @@
 """Saved registrations per second at the device socket, beside the disk's raw fdatasync rate
 and the ceiling implied by "at most 16 records per tick, one fdatasync per tick".
 
-    .venv/bin/python bench/journal.py [--seconds 3] [--clients 1,16,64] [--dir DIR]
+    .venv/bin/python bench/journal.py [--seconds 3] [--clients 1,16,64] [--dir DIR] [--tick-cpu N|none]
 
 Each client is a closed loop on its own connection: send one registration for a fresh
 principal, wait for its saved receipt (status 202), repeat. Registrations are encoded before a
-phase starts and one epoll loop drives every connection, so the clients spend as little CPU as
-possible (they share the machine with the device).
+phase starts and one epoll loop in C (bench/loadgen.c, compiled at the start) drives every
+connection, so the clients spend as little CPU as possible (they share the machine with the
+device; the same loop in Python took ~30% of a core at 64 clients). Every reply is checked
+after its phase.
 
 The disk's fdatasync rate drifts between minutes on a shared machine, so besides the probes at the
 start, each phase is preceded by its own 1.5 s probe of full-tick appends (the device idle), and
-that phase's ceiling and ratio use it.
+that phase's ceiling and ratio use it. The probes run unpinned.
+
+Threads: by default (two CPUs or more) the device boots with `--tick-cpu 0`, its tick loop alone on
+CPU 0, and the clients run beside the device's other threads on the remaining CPUs; `--tick-cpu
+none` leaves everything to the scheduler (docs/architecture.md, "Threads and CPUs", has the
+measurements of both).
 
 Beside the rates it prints the device process's CPU over each phase (user + system, from /proc)
 and that CPU per saved registration. The device has three busy threads, the tick loop (the
 interpreter), the native socket thread and the native tick I/O thread (write + fdatasync, nearly
 all of it kernel time), so its CPU can pass one core; when the tick loop is near a full core, the
-interpreter, not the disk, sets the rate. On the 2-core CI machine the device and these clients
-share the two cores.
-
-Where the time went at 64 clients (2026-11-30, 4 s windows from /proc, ~23,000 registrations/s):
-the tick loop ~80% of a core (user 69%, kernel 11%), the socket thread ~22% and the tick I/O
-thread ~26% (nearly all of it kernel), these clients ~29%; about 85% of both cores. A tick of 8
-registrations cycled in ~350 us: its write + fdatasync took ~250 us under this load (~180 us in
-the idle probe), waking the tick I/O thread ~26 us, and the tick loop, still gathering the next
-tick, took ~50 us more to take the result. Since then a whole next tick waits in the I/O thread
-behind the running one, so the disk no longer waits for those hand-offs (alternating runs the
-same day: ~24,600 against ~21,600 reg/s). The tick loop's work per tick (~260 us) is still about
-the disk's; bench/tick_cpu.py measures the interpreter's part alone.
+interpreter, not the disk, sets the rate. bench/tick_cpu.py measures the interpreter's part alone.
 """
 import argparse
 import json
 import os
 import secrets
-import select
-import socket
 import subprocess
 import sys
 import tempfile
@@ -90,48 +84,36 @@ def registration_frame(incarnation, principal, req_id):
                                   "canonical": canonical}})
 
 
-def phase(sock_path, frames, clients, seconds):
-    """Closed loop on `clients` connections, driven by one epoll loop (an asyncio client spent
-    more CPU per request than the device, on the same two cores): send a pre-encoded
-    registration, wait for its reply, check it is a saved receipt (202), send the next."""
-    conns = {}
-    ep = select.epoll()
-    for _ in range(clients):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(sock_path)
-        s.setblocking(False)
-        conns[s.fileno()] = [s, bytearray()]
-        ep.register(s.fileno(), select.EPOLLIN)
-    done = 0
-    start = time.perf_counter()
-    deadline = start + seconds
-    try:
-        for s, _ in conns.values():
-            s.sendall(next(frames))
-        in_flight = len(conns)
-        while in_flight:
-            for fd, _ in ep.poll(1.0):
-                s, buf = conns[fd]
-                buf += s.recv(65536)
-                while len(buf) >= 4:
-                    (n,) = LENGTH.unpack_from(buf)
-                    if len(buf) < 4 + n:
-                        break
-                    msg = decode_payload(bytes(buf[4:4 + n]))
-                    del buf[:4 + n]
-                    if msg["status"] != 202:
-                        raise RuntimeError(f"registration answered {msg['status']}: {msg['body'][:200]}")
-                    done += 1
-                    frame = next(frames, None) if time.perf_counter() < deadline else None
-                    if frame is None:
-                        in_flight -= 1
-                    else:
-                        s.sendall(frame)
-    finally:
-        ep.close()
-        for s, _ in conns.values():
-            s.close()
-    return done / (time.perf_counter() - start)
+def build_loadgen(directory):
+    """Compile bench/loadgen.c (the clients) into directory; returns the executable's path."""
+    exe = os.path.join(directory, "loadgen")
+    compiler = os.environ.get("CC") or "cc"
+    subprocess.run([compiler, "-O2", "-Wall", "-o", exe, str(ROOT / "bench" / "loadgen.c")], check=True)
+    return exe
+
+
+def phase(loadgen, directory, sock_path, frames, clients, seconds, cpus):
+    """Closed loop on `clients` connections (bench/loadgen.c): send a pre-encoded registration,
+    wait for its reply, send the next. Every reply is checked afterwards to be a saved receipt
+    (202). Returns saved registrations per second."""
+    requests, replies = os.path.join(directory, "requests.bin"), os.path.join(directory, "replies.bin")
+    with open(requests, "wb") as f:
+        f.writelines(frames)
+    done = subprocess.run([loadgen, sock_path, requests, str(clients), str(seconds), replies],
+                          check=True, capture_output=True, text=True,
+                          preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+    received, elapsed = done.stdout.split()
+    data = Path(replies).read_bytes()
+    offset = 0
+    while offset < len(data):
+        (n,) = LENGTH.unpack_from(data, offset)
+        msg = decode_payload(data[offset + 4:offset + 4 + n])
+        if msg["status"] != 202:
+            raise RuntimeError(f"registration answered {msg['status']}: {msg['body'][:200]}")
+        offset += 4 + n
+    os.unlink(requests)
+    os.unlink(replies)
+    return int(received) / float(elapsed)
 
 
 def main():
@@ -139,7 +121,12 @@ def main():
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--clients", default="1,16,64")
     parser.add_argument("--dir", help="directory on the disk to measure (default: a temp dir under var/)")
+    parser.add_argument("--tick-cpu", default="0" if len(os.sched_getaffinity(0)) >= 2 else "none",
+                        help="boot the device with --tick-cpu N and run the clients on the other CPUs; 'none' "
+                             "leaves every thread unpinned (default: 0 where there are two CPUs or more)")
     args = parser.parse_args()
+    tick_cpu = None if args.tick_cpu == "none" else int(args.tick_cpu)
+    client_cpus = os.sched_getaffinity(0) - {tick_cpu} if tick_cpu is not None else None
     client_counts = [int(c) for c in args.clients.split(",")]
     (ROOT / "var").mkdir(exist_ok=True)
     base = Path(args.dir or tempfile.mkdtemp(prefix="bench-journal-", dir=ROOT / "var"))
@@ -166,10 +153,12 @@ def main():
     fsync_small = raw_fdatasync_rate(str(base), 2.0, records * RECORD_BYTES)
     fsync_rate = raw_fdatasync_rate(str(base), 2.0, tick_bytes)
 
+    loadgen = build_loadgen(str(base))
     log_path = base / "device.log"
     with open(log_path, "wb") as log:
         device = subprocess.Popen([sys.executable, "-m", "gpu_worker", "boot", "--ccir", str(runtime), "--journal",
-                                   str(journal), "--service-grants", str(grants), "--device", "cpu"],
+                                   str(journal), "--service-grants", str(grants), "--device", "cpu"]
+                                  + (["--tick-cpu", str(tick_cpu)] if tick_cpu is not None else []),
                                   cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
         while "device ready" not in log_path.read_text():
@@ -182,7 +171,7 @@ def main():
         for c in client_counts:
             phase_fsync = raw_fdatasync_rate(str(base), 1.5, tick_bytes)
             cpu_before, wall_before = process_cpu_seconds(device.pid), time.perf_counter()
-            rate = phase(sock, iter(frames[:max_frames]), c, args.seconds)
+            rate = phase(loadgen, str(base), sock, frames[:max_frames], c, args.seconds, client_cpus)
             cpu = process_cpu_seconds(device.pid) - cpu_before
             busy = cpu / (time.perf_counter() - wall_before)
             frames = frames[max_frames:]
@@ -191,6 +180,9 @@ def main():
         device.terminate()
         device.wait(30)
     print(f"disk: {base}")
+    print("threads: " + (f"the device's tick loop on CPU {tick_cpu}; its other threads and the clients on CPUs "
+                         f"{','.join(map(str, sorted(client_cpus)))}; the fdatasync probes unpinned"
+                         if tick_cpu is not None else "unpinned (--tick-cpu none)"))
     print(f"registration admission transfer: {len(sample.encode())} bytes = {records} records")
     print(f"raw fdatasync: {fsync_small:,.0f}/s with {records * RECORD_BYTES}-byte appends (one registration), "
           f"{fsync_rate:,.0f}/s with {tick_bytes}-byte appends (one full tick)")

@@ -1,4 +1,4 @@
-"""`python -m gpu_worker boot --ccir F --journal DIR --service-grants G [--device cpu|cuda]`."""
+"""`python -m gpu_worker boot --ccir F --journal DIR --service-grants G [--device cpu|cuda] [--tick-cpu N]`."""
 import argparse
 import gc
 import logging
@@ -17,23 +17,50 @@ def _device_name(choice):
     return choice
 
 
+def _other_cpus(tick_cpu):
+    """The CPUs left to the device's other threads when the tick loop takes CPU tick_cpu; a
+    ValueError saying why it cannot."""
+    allowed = os.sched_getaffinity(0)
+    if tick_cpu not in allowed:
+        raise ValueError(f"--tick-cpu {tick_cpu} is not among the CPUs this process may use "
+                         f"({','.join(map(str, sorted(allowed)))})")
+    if len(allowed) < 2:
+        raise ValueError("--tick-cpu needs at least two CPUs: the tick loop takes one, the device's other "
+                         "threads the rest")
+    return allowed - {tick_cpu}
+
+
 def main(argv):
     parser = argparse.ArgumentParser(prog="python -m gpu_worker boot")
     parser.add_argument("--ccir", required=True, help="the complete runtime file")
     parser.add_argument("--journal", required=True, help="journal directory (holds service.sock)")
     parser.add_argument("--service-grants", required=True, help="deployment grant file written by the gateway")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--tick-cpu", type=int, metavar="N",
+                        help="run the tick loop alone on CPU N and every other thread of the device on the "
+                             "remaining CPUs (docs/architecture.md, 'Threads and CPUs')")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s device %(levelname)s %(message)s")
+
+    def fail(message, code=2):
+        print(f"boot: {message}", file=sys.stderr, flush=True)
+        return code
+
+    tick_cpu = args.tick_cpu
+    if tick_cpu is not None:
+        # Threads inherit the affinity of the thread that creates them: this one takes the other
+        # CPUs now, before torch is loaded, so everything it starts (native I/O threads, engine,
+        # torch's workers) keeps to them; it moves to its own CPU once they run (ready(), below).
+        try:
+            other_cpus = _other_cpus(tick_cpu)
+        except ValueError as exc:
+            return fail(str(exc))
+        os.sched_setaffinity(0, other_cpus)
 
     from .device import Device, DeviceBootError
     from .journal import JournalError
     from .runtime_file import RuntimeFile, RuntimeFileError
     from .server import Server
-
-    def fail(message, code=2):
-        print(f"boot: {message}", file=sys.stderr, flush=True)
-        return code
 
     try:
         grants = Grants(args.service_grants)
@@ -62,13 +89,17 @@ def main(argv):
 
     def ready():
         device.runner.start()  # after the loop exists: its events come back through the loop
+        if tick_cpu is not None:
+            os.sched_setaffinity(0, {tick_cpu})  # this thread only (Linux: affinity is per thread)
         # What boot built (torch, the model, the indexes: ~370k objects) lives as long as the
         # process: keep it out of the cyclic GC's full collections, which otherwise scanned all of
         # it every few thousand admissions (~100 ms each; see docs/architecture.md)
         gc.freeze()
         print(f"device ready: socket {socket_path} boot {device.boot} recovered {device.recovered} transfers "
               f"in {device.boot_seconds:.3f}s on {device.tables.device}"
-              + (f"; {device.dropped}" if device.dropped else ""), flush=True)
+              + (f"; {device.dropped}" if device.dropped else "")
+              + (f"; tick loop on CPU {tick_cpu}, other threads on CPUs {','.join(map(str, sorted(other_cpus)))}"
+                 if tick_cpu is not None else ""), flush=True)
 
     try:
         server.run(on_ready=ready)

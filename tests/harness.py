@@ -67,10 +67,11 @@ class Stack:
         out = self.manage("principal", "create", name, "--actions", actions, "--config", str(self.config))
         return out.stdout.strip().splitlines()[-1]
 
-    def boot_device(self):
+    def boot_device(self, *options):
         self.manage("write_grants", "--config", str(self.config))  # restore requires fresh grants
         self.device = Process([PYTHON, "-m", "gpu_worker", "boot", "--ccir", str(self.runtime), "--journal",
-                               str(self.journal), "--service-grants", str(self.grants), "--device", "cpu"],
+                               str(self.journal), "--service-grants", str(self.grants), "--device", "cpu",
+                               *options],
                               self.env, self.base / "device.log", "device ready")
         return self.device
 

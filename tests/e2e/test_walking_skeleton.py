@@ -1,8 +1,11 @@
 """The whole path with real processes: daphne gateway + device on loopback, kill -9, reboot."""
 import json
+import os
 import secrets
 import signal
 import subprocess
+
+from pathlib import Path
 
 import pytest
 
@@ -112,6 +115,42 @@ def test_boot_refuses_a_missing_grant_file_and_a_second_device(stack, tmp_path):
                           str(stack.journal), "--service-grants", str(stack.grants)],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 3 and "locked" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_tick_cpu_gives_the_tick_loop_a_cpu_of_its_own(stack):
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < 2:
+        pytest.skip("needs two CPUs")
+    tick_cpu = min(allowed)
+    token = stack.principal("frank")
+    device = stack.boot_device("--tick-cpu", str(tick_cpu))
+    assert f"tick loop on CPU {tick_cpu}" in device.output()
+    pid = device.proc.pid
+    threads = {int(tid): (Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip(), os.sched_getaffinity(int(tid)))
+               for tid in os.listdir(f"/proc/{pid}/task")}
+    assert threads.pop(pid)[1] == {tick_cpu}  # the tick loop (the main thread) alone on its CPU
+    names = {name for name, _ in threads.values()}
+    assert {"aotx-tick-io", "aotx-sockets"} <= names
+    assert all(cpus == allowed - {tick_cpu} for _, cpus in threads.values()), threads
+    stack.serve()  # and the pinned device serves a mutation to its saved receipt
+    participant = json.loads(stack.http("GET", f"{BASE}/participant", token=token)[2])
+    status, _, body = stack.http("POST", f"{BASE}/participant", envelope(participant), token=token)
+    assert status == 202 and json.loads(body)["admission"]["saved"]
+
+
+@pytest.mark.parametrize("cpus, tick_cpu, message", [
+    (None, "4096", "--tick-cpu 4096 is not among the CPUs"),
+    ("one", "{cpu}", "--tick-cpu needs at least two CPUs"),
+])
+def test_tick_cpu_refuses_a_cpu_it_cannot_have_with_one_line(stack, tmp_path, cpus, tick_cpu, message):
+    cpu = min(os.sched_getaffinity(0))
+    out = subprocess.run([PYTHON, "-m", "gpu_worker", "boot", "--ccir", stack.runtime, "--journal",
+                          str(tmp_path / "j3"), "--service-grants", str(stack.grants),
+                          "--tick-cpu", tick_cpu.format(cpu=cpu)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60,
+                         preexec_fn=(lambda: os.sched_setaffinity(0, {cpu})) if cpus else None)
+    assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "j3").exists()  # refused before anything was made
 
 
 def test_serve_refuses_a_bad_config_with_one_line(tmp_path):
