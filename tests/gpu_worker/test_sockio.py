@@ -97,10 +97,11 @@ def test_replies_past_high_water_stop_reading_until_they_drain(loop):
         [(conn_id, _)] = take_until(io, 1)
         big = encode_frame({"body": b"x" * (4 << 20)})
         io.send([(conn_id, big, 1)])        # far more than the socket buffer: most of it waits
+        client.settimeout(10)
+        got = client.recv(1)  # the socket thread has taken the send (else it could read frame 2 first)
         client.sendall(frames(2, 1))
         assert settle(io) == []
         assert io.pending(conn_id) > 64 << 10
-        got = b""
         while len(got) < len(big):
             got += client.recv(1 << 20)
         assert got == big
