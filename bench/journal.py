@@ -92,28 +92,33 @@ def build_loadgen(directory):
     return exe
 
 
-def phase(loadgen, directory, sock_path, frames, clients, seconds, cpus):
+def phase(loadgen, directory, sock_path, frames, clients, seconds, cpus, device_pid):
     """Closed loop on `clients` connections (bench/loadgen.c): send a pre-encoded registration,
     wait for its reply, send the next. Every reply is checked afterwards to be a saved receipt
-    (202). Returns saved registrations per second."""
+    (202). Returns (saved registrations per second, the device's CPU over the run in cores)."""
     requests, replies = os.path.join(directory, "requests.bin"), os.path.join(directory, "replies.bin")
     with open(requests, "wb") as f:
         f.writelines(frames)
+    cpu_before, wall_before = process_cpu_seconds(device_pid), time.perf_counter()
     done = subprocess.run([loadgen, sock_path, requests, str(clients), str(seconds), replies],
                           check=True, capture_output=True, text=True,
                           preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+    busy = (process_cpu_seconds(device_pid) - cpu_before) / (time.perf_counter() - wall_before)
     received, elapsed = done.stdout.split()
     data = Path(replies).read_bytes()
-    offset = 0
+    offset = count = 0
     while offset < len(data):
         (n,) = LENGTH.unpack_from(data, offset)
         msg = decode_payload(data[offset + 4:offset + 4 + n])
         if msg["status"] != 202:
             raise RuntimeError(f"registration answered {msg['status']}: {msg['body'][:200]}")
         offset += 4 + n
+        count += 1
+    if count != int(received):
+        raise RuntimeError(f"loadgen counted {received} replies but wrote {count}")
     os.unlink(requests)
     os.unlink(replies)
-    return int(received) / float(elapsed)
+    return count / float(elapsed), busy
 
 
 def main():
@@ -170,10 +175,8 @@ def main():
         rows = []
         for c in client_counts:
             phase_fsync = raw_fdatasync_rate(str(base), 1.5, tick_bytes)
-            cpu_before, wall_before = process_cpu_seconds(device.pid), time.perf_counter()
-            rate = phase(loadgen, str(base), sock, frames[:max_frames], c, args.seconds, client_cpus)
-            cpu = process_cpu_seconds(device.pid) - cpu_before
-            busy = cpu / (time.perf_counter() - wall_before)
+            rate, busy = phase(loadgen, str(base), sock, frames[:max_frames], c, args.seconds, client_cpus,
+                               device.pid)
             frames = frames[max_frames:]
             rows.append((c, rate, busy, phase_fsync))
     finally:
