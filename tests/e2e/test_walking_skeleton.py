@@ -138,17 +138,17 @@ def test_tick_cpu_gives_the_tick_loop_a_cpu_of_its_own(stack):
     assert status == 202 and json.loads(body)["admission"]["saved"]
 
 
-@pytest.mark.parametrize("cpus, tick_cpu, message", [
-    (None, "4096", "--tick-cpu 4096 is not among the CPUs"),
-    ("one", "{cpu}", "--tick-cpu needs at least two CPUs"),
+@pytest.mark.parametrize("one_cpu, tick_cpu, message", [
+    (False, "4096", "--tick-cpu 4096 is not among the CPUs"),
+    (True, "{cpu}", "--tick-cpu needs at least two CPUs"),  # the process may use only that CPU
 ])
-def test_tick_cpu_refuses_a_cpu_it_cannot_have_with_one_line(stack, tmp_path, cpus, tick_cpu, message):
+def test_tick_cpu_refuses_a_cpu_it_cannot_have_with_one_line(stack, tmp_path, one_cpu, tick_cpu, message):
     cpu = min(os.sched_getaffinity(0))
     out = subprocess.run([PYTHON, "-m", "gpu_worker", "boot", "--ccir", stack.runtime, "--journal",
                           str(tmp_path / "j3"), "--service-grants", str(stack.grants),
                           "--tick-cpu", tick_cpu.format(cpu=cpu)],
                          cwd=ROOT, capture_output=True, text=True, timeout=60,
-                         preexec_fn=(lambda: os.sched_setaffinity(0, {cpu})) if cpus else None)
+                         preexec_fn=(lambda: os.sched_setaffinity(0, {cpu})) if one_cpu else None)
     assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "j3").exists()  # refused before anything was made
 
