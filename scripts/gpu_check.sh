@@ -22,8 +22,11 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
     2>&1 | tee -a "$OUT/gpu.txt"
-# correctness first: graphs against eager, CUDA float32 against CPU, reproducible sampling
-timeout 240 python3 -m pytest tests/engine/test_cuda.py -p no:cacheprovider 2>&1 | tee "$OUT/test_cuda.log"
+# correctness first: graphs against eager, CUDA float32 against CPU, reproducible sampling, and
+# bfloat16 logits (graphs) against transformers' float32 reference on the tiny random model
+timeout 240 python3 -m pytest tests/engine/test_cuda.py -p no:cacheprovider \
+    "tests/engine/test_model_logits.py::test_bfloat16_logits_are_as_close_to_float32_as_transformers_own" \
+    2>&1 | tee "$OUT/test_cuda.log"
 tests=$?
 # then the benchmark (the issue's targets: >= 20x eager generate at 1 request, >= 10x generate_batch at 256)
 timeout 270 python3 bench/generate.py --device cuda --random-weights 2>&1 | tee "$OUT/generate.log"
