@@ -155,102 +155,107 @@ def _result(syncer, timeout=10):
     return syncer.result()
 
 
-def test_the_syncer_writes_all_of_a_tick_then_reports_success(tmp_path):
-    syncer = native.load("sockio").Syncer()
-    fd = os.open(tmp_path / "segment", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        with pytest.raises(RuntimeError, match="no tick I/O was requested"):
-            syncer.result()
-        data = bytes(range(256)) * 40
-        syncer.request(fd, data)
-        assert _result(syncer) == 0
-        assert not select.select([syncer.fileno()], [], [], 0)[0]  # taken: the eventfd is read
-        with pytest.raises(RuntimeError, match="no tick I/O was requested"):
-            syncer.result()  # a result is taken once
-        syncer.request(fd, b"")  # a sync alone
-        assert _result(syncer) == 0
-        syncer.request(fd, b"tail")
-        assert _result(syncer) == 0
-        assert (tmp_path / "segment").read_bytes() == data + b"tail"
-    finally:
+@pytest.fixture
+def syncer():
+    s = native.load("sockio").Syncer()
+    yield s
+    s.close()  # closing twice is fine
+
+
+class Descriptors:
+    """Files and pipes a test opens, all closed after it (the fds fixture)."""
+
+    def __init__(self):
+        self.opened = []
+
+    def open(self, path, flags=os.O_WRONLY | os.O_CREAT | os.O_APPEND):
+        self.opened.append(os.open(path, flags))
+        return self.opened[-1]
+
+    def pipe(self):
+        ends = os.pipe()
+        self.opened += ends
+        return ends
+
+
+@pytest.fixture
+def fds():
+    d = Descriptors()
+    yield d
+    for fd in d.opened:
         os.close(fd)
-        syncer.close()
+
+
+def test_the_syncer_writes_all_of_a_tick_then_reports_success(syncer, fds, tmp_path):
+    fd = fds.open(tmp_path / "segment")
+    with pytest.raises(RuntimeError, match="no tick I/O was requested"):
+        syncer.result()
+    data = bytes(range(256)) * 40
+    syncer.request(fd, data)
+    assert _result(syncer) == 0
+    assert not select.select([syncer.fileno()], [], [], 0)[0]  # taken: the eventfd is read
+    with pytest.raises(RuntimeError, match="no tick I/O was requested"):
+        syncer.result()  # a result is taken once
+    syncer.request(fd, b"")  # a sync alone
+    assert _result(syncer) == 0
+    syncer.request(fd, b"tail")
+    assert _result(syncer) == 0
+    assert (tmp_path / "segment").read_bytes() == data + b"tail"
+    syncer.close()
     syncer.close()  # twice is fine
     with pytest.raises(RuntimeError, match="closed"):
         syncer.request(fd, b"")
 
 
-def test_the_syncer_reports_the_errno_of_the_call_that_failed(tmp_path):
-    syncer = native.load("sockio").Syncer()
-    read_end, write_end = os.pipe()
-    readonly = os.open(tmp_path / "ro", os.O_RDONLY | os.O_CREAT)
-    try:
-        syncer.request(readonly, b"x")  # the write fails
-        assert _result(syncer) == errno.EBADF
-        syncer.request(write_end, b"into a pipe")  # the write works, a pipe cannot be synced
-        assert _result(syncer) == errno.EINVAL
-        assert os.read(read_end, 100) == b"into a pipe"
-        syncer.request(-1, b"")
-        assert _result(syncer) == errno.EBADF
-    finally:
-        for fd in (read_end, write_end, readonly):
-            os.close(fd)
-        syncer.close()
+def test_the_syncer_reports_the_errno_of_the_call_that_failed(syncer, fds, tmp_path):
+    read_end, write_end = fds.pipe()
+    readonly = fds.open(tmp_path / "ro", os.O_RDONLY | os.O_CREAT)
+    syncer.request(readonly, b"x")  # the write fails
+    assert _result(syncer) == errno.EBADF
+    syncer.request(write_end, b"into a pipe")  # the write works, a pipe cannot be synced
+    assert _result(syncer) == errno.EINVAL
+    assert os.read(read_end, 100) == b"into a pipe"
+    syncer.request(-1, b"")
+    assert _result(syncer) == errno.EBADF
 
 
-def test_the_syncer_runs_queued_requests_in_order_one_after_another(tmp_path):
-    syncer = native.load("sockio").Syncer()
-    read_end, write_end = os.pipe()
-    fd = os.open(tmp_path / "segment", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        os.set_blocking(write_end, True)
-        big = b"y" * (1 << 20)  # more than a pipe holds: the write blocks until it is read
-        syncer.request(write_end, big)
-        syncer.request(fd, b"second")  # queued behind the first
-        assert syncer.result() is None  # the first still runs
-        assert (tmp_path / "segment").read_bytes() == b""  # the second waits for it
-        got = bytearray()
-        while len(got) < len(big):
-            got += os.read(read_end, 1 << 16)
-        assert bytes(got) == big
-        assert _result(syncer) == errno.EINVAL  # the first: written in full, a pipe cannot be synced
-        # ... which cancelled the second: nothing queued behind a failure runs
-        assert _result(syncer) == errno.ECANCELED
-        assert (tmp_path / "segment").read_bytes() == b""
-        syncer.request(fd, b"third")  # after the failure was taken, requests run again
-        syncer.request(fd, b"fourth")
-        assert (_result(syncer), _result(syncer)) == (0, 0)
-        assert (tmp_path / "segment").read_bytes() == b"thirdfourth"
-    finally:
-        for n in (read_end, write_end, fd):
-            os.close(n)
-        syncer.close()
+def test_the_syncer_runs_queued_requests_in_order_one_after_another(syncer, fds, tmp_path):
+    read_end, write_end = fds.pipe()
+    fd = fds.open(tmp_path / "segment")
+    os.set_blocking(write_end, True)
+    big = b"y" * (1 << 20)  # more than a pipe holds: the write blocks until it is read
+    syncer.request(write_end, big)
+    syncer.request(fd, b"second")  # queued behind the first
+    assert syncer.result() is None  # the first still runs
+    assert (tmp_path / "segment").read_bytes() == b""  # the second waits for it
+    got = bytearray()
+    while len(got) < len(big):
+        got += os.read(read_end, 1 << 16)
+    assert bytes(got) == big
+    assert _result(syncer) == errno.EINVAL  # the first: written in full, a pipe cannot be synced
+    # ... which cancelled the second: nothing queued behind a failure runs
+    assert _result(syncer) == errno.ECANCELED
+    assert (tmp_path / "segment").read_bytes() == b""
+    syncer.request(fd, b"third")  # after the failure was taken, requests run again
+    syncer.request(fd, b"fourth")
+    assert (_result(syncer), _result(syncer)) == (0, 0)
+    assert (tmp_path / "segment").read_bytes() == b"thirdfourth"
 
 
-def test_a_request_made_before_a_failure_is_taken_is_cancelled(tmp_path):
-    syncer = native.load("sockio").Syncer()
-    readonly = os.open(tmp_path / "ro", os.O_RDONLY | os.O_CREAT)
-    fd = os.open(tmp_path / "segment", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        syncer.request(readonly, b"x")
-        assert select.select([syncer.fileno()], [], [], 10)[0]  # failed, not yet taken
-        syncer.request(fd, b"late")
-        assert syncer.result() == errno.EBADF
-        assert _result(syncer) == errno.ECANCELED
-        assert (tmp_path / "segment").read_bytes() == b""
-    finally:
-        os.close(readonly)
-        os.close(fd)
-        syncer.close()
+def test_a_request_made_before_a_failure_is_taken_is_cancelled(syncer, fds, tmp_path):
+    readonly = fds.open(tmp_path / "ro", os.O_RDONLY | os.O_CREAT)
+    fd = fds.open(tmp_path / "segment")
+    syncer.request(readonly, b"x")
+    assert select.select([syncer.fileno()], [], [], 10)[0]  # failed, not yet taken
+    syncer.request(fd, b"late")
+    assert syncer.result() == errno.EBADF
+    assert _result(syncer) == errno.ECANCELED
+    assert (tmp_path / "segment").read_bytes() == b""
 
 
-def test_closing_the_syncer_finishes_what_was_queued(tmp_path):
-    syncer = native.load("sockio").Syncer()
-    fd = os.open(tmp_path / "segment", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        for part in (b"a", b"b", b"c"):
-            syncer.request(fd, part)
-        syncer.close()
-        assert (tmp_path / "segment").read_bytes() == b"abc"
-    finally:
-        os.close(fd)
+def test_closing_the_syncer_finishes_what_was_queued(syncer, fds, tmp_path):
+    fd = fds.open(tmp_path / "segment")
+    for part in (b"a", b"b", b"c"):
+        syncer.request(fd, part)
+    syncer.close()
+    assert (tmp_path / "segment").read_bytes() == b"abc"
