@@ -599,6 +599,23 @@ T* unwrap(Handle<T>* self, const char* missing) {
   return self->ptr;
 }
 
+// tp_init: the native object made once; a constructor's failure (a thread or an eventfd the
+// system refused) becomes OSError.
+template <class T, class... Args>
+int construct(Handle<T>* self, const char* name, Args... args) {
+  if (self->ptr) {
+    PyErr_Format(PyExc_RuntimeError, "%s already initialised", name);
+    return -1;
+  }
+  try {
+    self->ptr = new T(args...);
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_OSError, e.what());
+    return -1;
+  }
+  return 0;
+}
+
 using PyLoop = Handle<Loop>;
 
 PyObject* events_to_list(std::vector<Event>& events) {
@@ -635,17 +652,8 @@ int PyLoop_init(PyLoop* self, PyObject* args, PyObject*) {
                                       "accept_pause not negative");
     return -1;
   }
-  if (self->ptr) {
-    PyErr_SetString(PyExc_RuntimeError, "Loop already initialised");
-    return -1;
-  }
-  try {
-    self->ptr = new Loop(listen_fd, size_t(high_water), size_t(max_in_flight), size_t(max_frame), accept_pause);
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_OSError, e.what());
-    return -1;
-  }
-  return 0;
+  return construct(self, "Loop", listen_fd, size_t(high_water), size_t(max_in_flight), size_t(max_frame),
+                   accept_pause);
 }
 
 Loop* get(PyLoop* self) { return unwrap(self, "Loop not initialised"); }
@@ -762,17 +770,7 @@ using PySyncer = Handle<Syncer>;
 
 int PySyncer_init(PySyncer* self, PyObject* args, PyObject*) {
   if (!PyArg_ParseTuple(args, "")) return -1;
-  if (self->ptr) {
-    PyErr_SetString(PyExc_RuntimeError, "Syncer already initialised");
-    return -1;
-  }
-  try {
-    self->ptr = new Syncer();
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_OSError, e.what());
-    return -1;
-  }
-  return 0;
+  return construct(self, "Syncer");
 }
 
 Syncer* get_syncer(PySyncer* self) { return unwrap(self, "Syncer closed or not initialised"); }
