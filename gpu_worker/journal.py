@@ -448,7 +448,6 @@ class JournalWriter:
         self._pending: deque[_Queued] = deque()
         self._queued = 0
         self._in_flight: deque[TickIO] = deque()  # oldest first, at most MAX_TICKS_IN_FLIGHT
-        self._in_flight_records = 0
         self._durable_seq = recovery.next_seq - 1
         self._failed: int | None = None
         self._file: AppendFile | None = None
@@ -541,7 +540,7 @@ class JournalWriter:
         self._check_usable()
         if len(self._in_flight) >= MAX_TICKS_IN_FLIGHT:
             raise JournalError(f"{MAX_TICKS_IN_FLIGHT} ticks are already in flight")
-        if self._queued == self._in_flight_records:
+        if not self.untaken_records:
             return None
         chunks: list[bytes] = []
         plan: list[tuple[_Queued, int, int]] = []  # (transfer, records taken, first offset)
@@ -560,13 +559,12 @@ class JournalWriter:
                 break
         tick = TickIO(self._file, b"".join(chunks), plan, len(chunks))
         self._in_flight.append(tick)
-        self._in_flight_records += tick.records
         return tick
 
     @property
     def untaken_records(self) -> int:
         """Queued records that no tick in flight holds."""
-        return self._queued - self._in_flight_records
+        return self._queued - sum(tick.records for tick in self._in_flight)
 
     @property
     def ticks_in_flight(self) -> int:
@@ -584,11 +582,9 @@ class JournalWriter:
         if not self._in_flight or tick is not self._in_flight[0]:
             raise JournalError("finish_tick of a tick that is not the oldest in flight")
         self._in_flight.popleft()
-        self._in_flight_records -= tick.records
         if tick.error is not None:
             ended = len(self._in_flight)
             self._in_flight.clear()
-            self._in_flight_records = 0
             for queued in self._pending:
                 queued.taken = queued.written
             failure = self._tick_failed(tick.error)
