@@ -11,7 +11,8 @@ Every request gets the same number of prompt tokens and generates exactly --new-
 - hf 1-by-1: transformers `generate` serving the requests one after another, as a server without
   batching would; its rate does not depend on the count, so it is the 1-request rate.
 - hf paged: transformers' continuous-batching `generate_batch` (default on CUDA, `--paged` on CPU),
-  including the set-up each call does (sizing its cache, capturing graphs).
+  including the set-up each call does (sizing its cache, capturing graphs), on a model instance
+  of its own (the same weights).
 
 Rates include prefill. Each system is warmed up once first; then engine and hf batch run in turn
 --repeats times (default 2 on CPU, 1 on CUDA) and the best run of each counts, so both meet the
@@ -183,6 +184,11 @@ def main(argv=None):
         engine = Engine(runtime, device=args.device)
         reference = transformers_model(runtime, dtype=dtype, device=device)
         reference.generation_config.eos_token_id = None  # generate exactly --new-tokens, as the engine does
+        # generate_batch gets a model of its own: some transformers releases (5.17, the GPU machine's)
+        # leave a model switched to paged attention after it, and plain generate then fails on it.
+        paged_model = None
+        if args.paged if args.paged is not None else device.type == "cuda":
+            paged_model = transformers_model(runtime, dtype=dtype, device=device)
         print(f"model {engine.card['name']} on {device} ({dtype}), {torch.get_num_threads()} CPU threads, "
               f"{args.prompt_tokens} prompt tokens, {args.new_tokens} new tokens per request", flush=True)
 
@@ -201,9 +207,9 @@ def main(argv=None):
                 hf_s = min(hf_s, seconds)
             same = sum(a == b for a, b in zip(ours, theirs))
             paged = None
-            if args.paged if args.paged is not None else device.type == "cuda":
+            if paged_model is not None:
                 try:
-                    paged_s, _ = timed(device, lambda: run_hf_paged(reference, batch, args.new_tokens))
+                    paged_s, _ = timed(device, lambda: run_hf_paged(paged_model, batch, args.new_tokens))
                     paged = tokens / paged_s
                 except Exception as exc:  # an optional baseline: report it, keep the table
                     print(f"hf paged generate_batch unavailable: {type(exc).__name__}: {exc}", file=sys.stderr)
