@@ -7,6 +7,8 @@ Every request gets the same number of prompt tokens and generates exactly --new-
 (end-of-sequence does not stop either side), so every system does the same work. Columns:
 
 - engine: all requests submitted at once, then `step()` until done (one batched decode per step).
+- engine, PyTorch ops (CUDA, `--plain`): the same engine without its Triton kernels (triton_ops),
+  to show what they bring.
 - hf batch: transformers `generate` on one batch of all the prompts (equal lengths, so no padding).
 - hf 1-by-1: transformers `generate` serving the requests one after another, as a server without
   batching would; its rate does not depend on the count, so it is the 1-request rate.
@@ -172,6 +174,8 @@ def main(argv=None):
                                                     "(default 2 on CPU, 1 on CUDA)")
     parser.add_argument("--paged", action=argparse.BooleanOptionalAction,
                         help="also time transformers generate_batch (default: on CUDA only)")
+    parser.add_argument("--plain", action=argparse.BooleanOptionalAction,
+                        help="also time the engine without its Triton kernels (default: on CUDA only)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     counts = [int(n) for n in (args.requests or ("1,64,256" if device.type == "cuda" else "1,8")).split(",")]
@@ -182,6 +186,9 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as workdir:
         runtime = open_runtime(args, workdir, max(counts))
         engine = Engine(runtime, device=args.device)
+        plain = None
+        if args.plain if args.plain is not None else device.type == "cuda":
+            plain = Engine(runtime, device=args.device, fused_kernels=False)
         reference = transformers_model(runtime, dtype=dtype, device=device)
         reference.generation_config.eos_token_id = None  # generate exactly --new-tokens, as the engine does
         # generate_batch gets a model of its own: some transformers releases (5.17, the GPU machine's)
@@ -189,20 +196,25 @@ def main(argv=None):
         paged_model = None
         if args.paged if args.paged is not None else device.type == "cuda":
             paged_model = transformers_model(runtime, dtype=dtype, device=device)
+        kernels = "triton_ops" if engine.model.fused else "cpu_ops" if engine.model.cpu_ops else "PyTorch's"
         print(f"model {engine.card['name']} on {device} ({dtype}), {torch.get_num_threads()} CPU threads, "
-              f"{args.prompt_tokens} prompt tokens, {args.new_tokens} new tokens per request", flush=True)
+              f"{args.prompt_tokens} prompt tokens, {args.new_tokens} new tokens per request, "
+              f"engine on {kernels} operators", flush=True)
 
         prompts = make_prompts(engine, max(counts), args.prompt_tokens, args.random_weights)
-        run_engine(engine, prompts[:2], 4)  # warm-up (CUDA: first graphs captured, kernels chosen)
+        for warm in (engine, plain) if plain else (engine,):
+            run_engine(warm, prompts[:2], 4)  # warm-up (CUDA: first graphs captured, kernels chosen)
         run_hf_batch(reference, prompts[:2], 4, device)
         rows = []
         for count in counts:
             batch = prompts[:count]
             tokens = count * args.new_tokens
-            ours_s = hf_s = float("inf")
+            ours_s = hf_s = plain_s = float("inf")
             for _ in range(repeats):
                 seconds, ours = timed(device, lambda: run_engine(engine, batch, args.new_tokens))
                 ours_s = min(ours_s, seconds)
+                if plain:
+                    plain_s = min(plain_s, timed(device, lambda: run_engine(plain, batch, args.new_tokens))[0])
                 seconds, theirs = timed(device, lambda: run_hf_batch(reference, batch, args.new_tokens, device))
                 hf_s = min(hf_s, seconds)
             same = sum(a == b for a, b in zip(ours, theirs))
@@ -214,6 +226,9 @@ def main(argv=None):
                 except Exception as exc:  # an optional baseline: report it, keep the table
                     print(f"hf paged generate_batch unavailable: {type(exc).__name__}: {exc}", file=sys.stderr)
             rows.append((count, tokens / ours_s, tokens / hf_s, paged, same))
+            if plain:
+                print(f"  {count} requests: engine on PyTorch's operators {tokens / plain_s:.1f} tok/s "
+                      f"(triton_ops {plain_s / ours_s:.2f}x faster)", flush=True)
             print(f"  {count} requests: engine {tokens / ours_s:.1f} tok/s, hf batch {tokens / hf_s:.1f} tok/s, "
                   f"identical greedy outputs {same}/{count}", flush=True)
 

@@ -22,9 +22,10 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
     2>&1 | tee -a "$OUT/gpu.txt"
-# correctness first: graphs against eager, CUDA float32 against CPU, reproducible sampling, and
+# correctness first: graphs against eager, CUDA float32 against CPU, reproducible sampling, the Triton
+# kernels (compiled) against PyTorch and as the forward against transformers, and
 # bfloat16 logits (graphs) against transformers' float32 reference on the tiny random model
-timeout 240 python3 -m pytest tests/engine/test_cuda.py -p no:cacheprovider \
+timeout 240 python3 -m pytest tests/engine/test_cuda.py tests/engine/test_triton_ops.py -p no:cacheprovider \
     "tests/engine/test_model_logits.py::test_bfloat16_logits_are_as_close_to_float32_as_transformers_own" \
     2>&1 | tee "$OUT/test_cuda.log"
 tests=$?

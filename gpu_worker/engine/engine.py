@@ -42,7 +42,7 @@ StepEvent = tuple[object, int, bytes, "str | None"]
 
 class Engine:
     def __init__(self, runtime_file, device: str = "cpu", seed: int = 0, *, dtype: torch.dtype | None = None,
-                 max_running: int = 256, cuda_graphs: bool = True):
+                 max_running: int = 256, cuda_graphs: bool = True, fused_kernels: bool | None = None):
         runtime = runtime_file if isinstance(runtime_file, RuntimeFile) else RuntimeFile.open(runtime_file)
         self.device = torch.device(device)
         if dtype is None:
@@ -52,7 +52,7 @@ class Engine:
         self.page_size, self.page_grant = profile["page_size"], profile["page_grant"]
         self.seed = seed
         self.tokenizer = Tokenizer.from_runtime(runtime)
-        self.model = Llama.from_runtime(runtime, self.device, dtype)
+        self.model = Llama.from_runtime(runtime, self.device, dtype, fused_kernels)
         self.block_manager = BlockManager(profile["kv_pages"])
         self.scheduler = Scheduler(self.block_manager, page_grant=self.page_grant, max_running=max_running)
         self.runner = ModelRunner(self.model, num_pages=profile["kv_pages"], page_size=self.page_size,

@@ -7,7 +7,9 @@ and attends with a causal mask built from positions. Prefill is `Q` = longest pr
 `Q = 1`; rows may be at any length. Padding tokens write to a scratch page no sequence owns and
 read at most position 0, so they never disturb a real row and never produce NaN. On CPU in float32
 a decode step reads each row's keys and values in place instead (cpu_ops.paged_decode_attention),
-and products and norms run on cpu_ops too.
+and products and norms run on cpu_ops too. On CUDA, triton_ops' kernels fuse the rotation with the
+pool writes, the residual sums with the norms and SiLU with its product, and decode reads the pool in
+place as on CPU: nine kernels a layer instead of some twenty-three.
 
 Weights follow docs/runtime-file.md: `(out, in)` matrices, Q/K rows in the `rotate_half` RoPE
 layout. Q, K and V are concatenated into one matrix, as are gate and up, so each layer runs four
@@ -140,10 +142,21 @@ class Layer:
 
 
 class Llama:
-    def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], device, dtype: torch.dtype):
+    def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], device, dtype: torch.dtype,
+                 fused_kernels: bool | None = None):
+        """fused_kernels: triton_ops' kernels; None = on CUDA where they pass their self-check, True = required
+        (raises where unavailable; on CPU only under TRITON_INTERPRET=1, for tests), False = never."""
         self.config, self.device, self.dtype = config, torch.device(device), dtype
         # CPU float32: the norms and decode attention of cpu_ops (None elsewhere, or where it cannot build)
         self.cpu_ops = cpu_ops.ops() if self.device.type == "cpu" and dtype == torch.float32 else None
+        self.fused = None
+        if fused_kernels or (fused_kernels is None and self.device.type == "cuda"):
+            from gpu_worker.engine import triton_ops  # imports Triton: only where it may be used
+            self.fused = triton_ops.ops(self.device)
+            if fused_kernels and self.fused is None:
+                raise RuntimeError(f"the Triton kernels are unavailable on {self.device} (the log says why)")
+        if self.fused is not None:
+            self.cpu_ops = None
 
         def stored(name):  # in the runtime file's dtype (Linear and the embedding lookup convert), copied
             return tensors[name].to(device=self.device, copy=True)  # off the file's mapping
@@ -160,11 +173,12 @@ class Llama:
         self.cos, self.sin = cos.to(dtype), sin.to(dtype)
 
     @classmethod
-    def from_runtime(cls, runtime, device="cpu", dtype: torch.dtype = torch.float32) -> "Llama":
+    def from_runtime(cls, runtime, device="cpu", dtype: torch.dtype = torch.float32,
+                     fused_kernels: bool | None = None) -> "Llama":
         config = ModelConfig.from_card(runtime.json("gen/card"))
         prefix = "gen/tensor/"
         tensors = {name[len(prefix):]: runtime.tensor(name) for name in runtime.names(prefix)}
-        return cls(config, tensors, device, dtype)
+        return cls(config, tensors, device, dtype, fused_kernels)
 
     def new_kv_cache(self, num_pages: int, page_size: int) -> torch.Tensor:
         """The paged KV pool: `[layers, 2 (k, v), num_pages, page_size, kv_heads, head_dim]`.
@@ -185,9 +199,8 @@ class Llama:
         batch, queries = tokens.shape
         page_size = kv_cache.shape[3]
         context = block_tables.shape[1] * page_size
-        aotx = self.cpu_ops
-        norm = rms_norm if aotx is None else (lambda x, weight, eps: aotx.rms_norm(x.contiguous(), weight, eps))
-        paged_decode = aotx is not None and queries == 1
+        aotx, fused = self.cpu_ops, self.fused
+        paged_decode = queries == 1 and (aotx is not None or fused is not None)
         if paged_decode:  # each row sees its keys 0..position where they lie in the pool
             lengths = positions[:, 0] + 1
             block_tables = block_tables.contiguous()
@@ -197,33 +210,59 @@ class Llama:
             # block-table padding beyond the row's length. Shared by every layer.
             mask = (torch.arange(context, device=tokens.device) <= positions[..., None]).unsqueeze(1)
             mask = mask.repeat(1, 1, c.num_heads // c.num_kv_heads, 1)  # the layout attention() folds queries into
-        cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)
+        if fused is None:
+            cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)
         slots = slots.reshape(-1)
 
         x = F.embedding(tokens, self.embed).to(self.dtype)
+        h = self._norm(x, self.layers[0].input_norm)
         for i, layer in enumerate(self.layers):
-            h = norm(x, layer.input_norm, c.rms_norm_eps)
-            qkv = layer.qkv(h).view(batch, queries, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
-            qk, v = qkv.split([c.num_heads + c.num_kv_heads, c.num_kv_heads], dim=2)
-            qk = qk * cos + rotate_half(qk) * sin  # queries and keys rotated together
-            q, k = qk.split([c.num_heads, c.num_kv_heads], dim=2)
-
+            qkv = layer.qkv(h)
             pool = kv_cache[i].view(2, -1, c.num_kv_heads, c.head_dim)  # [k/v, slot, kv_head, head_dim]
-            pool.index_copy_(1, slots, torch.stack((k, v)).view(2, -1, c.num_kv_heads, c.head_dim))
+            if fused is not None:  # rotation and the pool writes in one kernel
+                q = fused.rope_write_kv(qkv.view(batch * queries, -1), self.cos, self.sin, positions.reshape(-1),
+                                        slots, pool[0], pool[1], c.num_heads, c.num_kv_heads)
+                q = q.view(batch, queries, c.num_heads, c.head_dim)
+            else:
+                qkv = qkv.view(batch, queries, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+                qk, v = qkv.split([c.num_heads + c.num_kv_heads, c.num_kv_heads], dim=2)
+                qk = qk * cos + rotate_half(qk) * sin  # queries and keys rotated together
+                q, k = qk.split([c.num_heads, c.num_kv_heads], dim=2)
+                pool.index_copy_(1, slots, torch.stack((k, v)).view(2, -1, c.num_kv_heads, c.head_dim))
             if paged_decode:
-                out = aotx.paged_decode_attention(q.reshape(batch, c.num_heads, c.head_dim).contiguous(), pool[0],
-                                                  pool[1], block_tables, lengths, page_size, scale)
-                x = x + layer.o(out.view(batch, 1, c.num_heads * c.head_dim))
+                decode = (fused or aotx).paged_decode_attention
+                out = decode(q.reshape(batch, c.num_heads, c.head_dim).contiguous(), pool[0], pool[1], block_tables,
+                             lengths, page_size, scale)
+                delta = layer.o(out.view(batch, 1, c.num_heads * c.head_dim))
             else:
                 # index_select over whole pages: a plain copy per page, several times faster than advanced indexing
                 pages = kv_cache[i].view(2, kv_cache.shape[2], -1).index_select(1, block_tables.reshape(-1))
                 keys, values = pages.view(2, batch, context, c.num_kv_heads, c.head_dim)
-                x = x + layer.o(attention(q, keys, values, mask))
+                delta = layer.o(attention(q, keys, values, mask))
+            x, h = self._add_norm(x, delta, layer.post_norm)
 
-            h = norm(x, layer.post_norm, c.rms_norm_eps)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            gate_up = layer.gate_up(h)
+            if fused is not None:
+                delta = layer.down(fused.silu_mul(gate_up))
+            else:
+                gate, up = gate_up.chunk(2, dim=-1)
+                delta = layer.down(F.silu(gate) * up)
+            if i + 1 < len(self.layers):
+                x, h = self._add_norm(x, delta, self.layers[i + 1].input_norm)
+        x = x + delta
 
         if last is not None:
             x = x[torch.arange(batch, device=x.device), last]
-        return self.lm_head(norm(x, self.norm, c.rms_norm_eps))
+        return self.lm_head(self._norm(x, self.norm))
+
+    def _add_norm(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual sum and its norm (the next block's input): one kernel with triton_ops."""
+        if self.fused is not None:
+            return self.fused.add_rms_norm(x, delta, weight, self.config.rms_norm_eps)
+        x = x + delta
+        return x, self._norm(x, weight)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.cpu_ops is not None:
+            return self.cpu_ops.rms_norm(x.contiguous(), weight, self.config.rms_norm_eps)
+        return rms_norm(x, weight, self.config.rms_norm_eps)

@@ -1,8 +1,16 @@
 """Runtime files for the engine tests: the tiny random model (seconds) and the real default model,
 each packed once per session, plus the transformers reference of each."""
+import os
+
 import pytest
+import torch
 
 from gpu_worker.runtime_file import RuntimeFile
+
+# Without a GPU, Triton's interpreter runs the engine's Triton kernels (triton_ops) on CPU tensors. It
+# is chosen when a kernel is defined, so this must precede the first import of triton_ops.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # A pool far smaller than the default 2048 pages: a float32 pool for SmolLM2 costs 0.75 MiB a page.
 REAL_PROFILE = {"kv_pages": 256, "page_grant": 160}

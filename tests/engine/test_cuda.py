@@ -28,3 +28,12 @@ def test_cuda_sampling_is_reproducible(tiny_gen):
     first = Engine(tiny_gen, device="cuda").generate(PROMPTS[:1], **settings)[0].output_ids
     again = Engine(tiny_gen, device="cuda").generate(PROMPTS[:1], **settings)[0].output_ids
     assert first == again and len(set(first)) > 3
+
+
+def test_cuda_triton_kernels_are_used_and_match_pytorch_operators(tiny_gen):
+    settings = dict(max_new_tokens=40, ignore_eos=True)
+    fused = Engine(tiny_gen, device="cuda", dtype=torch.float32)
+    assert fused.model.fused is not None, "triton_ops failed its self-check on this GPU (the log says why)"
+    plain = Engine(tiny_gen, device="cuda", dtype=torch.float32, fused_kernels=False)
+    assert [s.output_ids for s in fused.generate(PROMPTS, **settings)] == \
+        [s.output_ids for s in plain.generate(PROMPTS, **settings)]
