@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 
 import torch
 
@@ -252,7 +253,6 @@ def _ops(device_type: str):
     if problem is not None:
         log.warning("Triton operators unavailable (%s); the model uses PyTorch's operators", problem)
         return None
-    import sys
     return sys.modules[__name__]
 
 
@@ -280,8 +280,6 @@ def main(argv=None):
     """`python -m gpu_worker.engine.triton_ops [ARCH]`: compiles every kernel for CUDA compute capability
     ARCH (default 90, the H100 and H200) in bfloat16 and float32 with Triton's compiler and its bundled
     ptxas; no GPU needed. Prints one line per kernel; exits 1 on the first that does not build."""
-    import sys
-
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
