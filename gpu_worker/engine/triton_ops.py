@@ -15,8 +15,9 @@ gate/up product, `silu_mul`, the down product (whose residual sum is the next la
   slots, returns the rotated queries `[tokens, heads, head_dim]`.
 - `paged_decode_attention(q, k_pool, v_pool, block_tables, lengths, page_size, scale)`: one query
   per row over its keys where they lie in the pool, through its block table (the same contract as
-  cpu_ops' operator); one program per (row, KV head) serves that head's whole query group with an
-  online softmax, 32 keys at a time.
+  cpu_ops' operator); a program serves a KV head's whole query group with an online softmax, 32 keys
+  at a time. With few rows several programs share each row's keys (`attention_splits`) and
+  `_merge_splits` combines their shares (flash-decoding).
 - `add_rms_norm(x, delta, weight, eps)`: the residual sum `x + delta` (rounded to the compute dtype,
   as PyTorch's sum is) and its RMS norm, in one pass: returns both.
 - `silu_mul(gate_up)`: `silu(gate) * up` for the concatenated gate/up product.
@@ -46,6 +47,8 @@ except ImportError:  # the model keeps PyTorch's operators (ops() says why)
     triton = None
 
 ATTENTION_BLOCK = 32  # keys per step of the online softmax (several pages, gathered slot by slot)
+SPLIT_KEYS = 64  # the fewest keys a split of one row's attention takes (two steps)
+SPLIT_PROGRAMS = 264  # attention programs worth having per layer: two per SM of an H100 or H200 (132)
 
 
 def interpreted() -> bool:
@@ -82,11 +85,11 @@ if triton is not None:
         tl.store(target + half + i, second.to(target.dtype.element_ty), mask=inside)
 
     @triton.jit
-    def _paged_decode_attention(q, k_pool, v_pool, block_tables, lengths, out, scale, table_stride,
-                                HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr,
-                                DIM_BLOCK: tl.constexpr, GROUP_BLOCK: tl.constexpr, PAGE: tl.constexpr,
-                                BLOCK: tl.constexpr):
-        row, kv_head = tl.program_id(0), tl.program_id(1)
+    def _paged_decode_attention(q, k_pool, v_pool, block_tables, lengths, out, part_acc, part_best, part_total,
+                                scale, table_stride, split_keys, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+                                DIM: tl.constexpr, DIM_BLOCK: tl.constexpr, GROUP_BLOCK: tl.constexpr,
+                                PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr):
+        row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         group = HEADS // KV_HEADS
         g = tl.arange(0, GROUP_BLOCK)
         d = tl.arange(0, DIM_BLOCK)
@@ -94,14 +97,14 @@ if triton is not None:
         head_mask = (g < group)[:, None] & (d < DIM)[None, :]
         heads = row * HEADS + kv_head * group + g
         queries = tl.load(q + heads[:, None] * DIM + d[None, :], mask=head_mask, other=0.0).to(tl.float32) * scale
-        length = tl.load(lengths + row)
+        start = split * split_keys  # this program's keys: [start, end)
+        end = tl.minimum(tl.load(lengths + row), start + split_keys)
         best = tl.full([GROUP_BLOCK], float("-inf"), tl.float32)
         total = tl.zeros([GROUP_BLOCK], tl.float32)
         acc = tl.zeros([GROUP_BLOCK, DIM_BLOCK], tl.float32)
-        start = 0
-        while start < length:  # (a `for` over range(0, length) is the same loop, but Triton's interpreter
-            key = start + n    # cannot take a loaded bound there)
-            valid = key < length
+        while start < end:  # (a `for` over range(start, end) is the same loop, but Triton's interpreter
+            key = start + n  # cannot take a loaded bound there)
+            valid = key < end
             page = tl.load(block_tables + row * table_stride + key // PAGE, mask=valid, other=0)
             where = ((page * PAGE + key % PAGE) * KV_HEADS + kv_head)[:, None] * DIM + d[None, :]
             kv_mask = valid[:, None] & (d < DIM)[None, :]
@@ -116,8 +119,29 @@ if triton is not None:
             total = total * keep + tl.sum(weights, axis=1)
             best = new_best
             start += BLOCK
-        result = acc / total[:, None]
-        tl.store(out + heads[:, None] * DIM + d[None, :], result.to(out.dtype.element_ty), mask=head_mask)
+        if SPLITS == 1:
+            result = acc / total[:, None]
+            tl.store(out + heads[:, None] * DIM + d[None, :], result.to(out.dtype.element_ty), mask=head_mask)
+        else:  # this split's share, merged by _merge_splits (an empty split leaves best -inf and total 0)
+            parts = heads * SPLITS + split
+            tl.store(part_acc + parts[:, None] * DIM + d[None, :], acc, mask=head_mask)
+            tl.store(part_best + parts, best, mask=g < group)
+            tl.store(part_total + parts, total, mask=g < group)
+
+    @triton.jit
+    def _merge_splits(part_acc, part_best, part_total, out, DIM: tl.constexpr, DIM_BLOCK: tl.constexpr,
+                      SPLITS: tl.constexpr, SPLIT_BLOCK: tl.constexpr):
+        head = tl.program_id(0)  # of all rows' heads
+        s = tl.arange(0, SPLIT_BLOCK)
+        d = tl.arange(0, DIM_BLOCK)
+        inside = s < SPLITS
+        best = tl.load(part_best + head * SPLITS + s, mask=inside, other=float("-inf"))
+        weight = tl.exp(best - tl.max(best, axis=0))  # split 0 always holds key 0, so the max is finite
+        total = tl.sum(tl.load(part_total + head * SPLITS + s, mask=inside, other=0.0) * weight, axis=0)
+        acc = tl.load(part_acc + (head * SPLITS + s)[:, None] * DIM + d[None, :],
+                      mask=inside[:, None] & (d < DIM)[None, :], other=0.0)
+        result = tl.sum(acc * weight[:, None], axis=0) / total
+        tl.store(out + head * DIM + d, result.to(out.dtype.element_ty), mask=d < DIM)
 
     @triton.jit
     def _add_rms_norm(x, delta, weight, x_out, h_out, eps, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
@@ -158,15 +182,33 @@ def rope_write_kv(qkv, cos, sin, positions, slots, k_pool, v_pool, heads: int, k
     return q
 
 
-def paged_decode_attention(q, k_pool, v_pool, block_tables, lengths, page_size: int, scale: float) -> torch.Tensor:
+def attention_splits(batch: int, kv_heads: int, keys: int) -> int:
+    """How many programs share each (row, KV head)'s keys: enough programs to fill the GPU when there are
+    few rows (one request: 3 programs would leave it idle while each walks its whole context), never a
+    split of fewer than SPLIT_KEYS keys. Fixed by the batch and page bucket, as a CUDA graph needs."""
+    return max(1, min(-(-keys // SPLIT_KEYS), SPLIT_PROGRAMS // (batch * kv_heads)))
+
+
+def paged_decode_attention(q, k_pool, v_pool, block_tables, lengths, page_size: int, scale: float,
+                           splits: int | None = None) -> torch.Tensor:
     """q `[B, heads, D]`, k_pool and v_pool `[slots, kv_heads, D]`, block_tables `[B, pages]`, lengths `[B]`
-    (row b sees keys 0..lengths[b]-1): `[B, heads, D]`. All contiguous."""
+    (row b sees keys 0..lengths[b]-1): `[B, heads, D]`. All contiguous. `splits` (default
+    attention_splits) programs share each row's keys; more than one adds the merging kernel."""
     batch, heads, dim = q.shape
     kv_heads = k_pool.shape[1]
+    keys = block_tables.shape[1] * page_size  # the most any row may have
+    splits = splits or attention_splits(batch, kv_heads, keys)
+    split_keys = -(-keys // (splits * ATTENTION_BLOCK)) * ATTENTION_BLOCK
     out = torch.empty_like(q)
-    _paged_decode_attention[(batch, kv_heads)](q, k_pool, v_pool, block_tables, lengths, out, scale,
-                                               block_tables.shape[1], heads, kv_heads, dim, _power_of_two(dim),
-                                               _power_of_two(heads // kv_heads), page_size, ATTENTION_BLOCK)
+    parts = [out] * 3
+    if splits > 1:
+        parts = [torch.empty(batch, heads, splits, *shape, dtype=torch.float32, device=q.device)
+                 for shape in ((dim,), (), ())]
+    _paged_decode_attention[(batch, kv_heads, splits)](
+        q, k_pool, v_pool, block_tables, lengths, out, *parts, scale, block_tables.shape[1], split_keys, heads,
+        kv_heads, dim, _power_of_two(dim), _power_of_two(heads // kv_heads), page_size, ATTENTION_BLOCK, splits)
+    if splits > 1:
+        _merge_splits[(batch * heads,)](*parts, out, dim, _power_of_two(dim), splits, _power_of_two(splits))
     return out
 
 
@@ -203,12 +245,12 @@ def _self_check(device: torch.device) -> str | None:
             return (got.float() - expected).abs().max().item() > tolerance * (1 + expected.abs().max().item())
 
         name = str(dtype).removeprefix("torch.")
-        heads, kv_heads, dim, page, tokens = 4, 2, 16, 4, 6
+        heads, kv_heads, dim, tokens = 4, 2, 16, 6
         qkv, cos, sin = tensor(tokens, (heads + 2 * kv_heads) * dim), tensor(10, dim), tensor(10, dim)
         positions = torch.tensor([0, 3, 9, 1, 2, 5], device=device)
         slots = torch.tensor([5, 2, 11, 0, 7, 3], device=device)
-        k_pool, v_pool = torch.zeros(3 * page, kv_heads, dim, device=device, dtype=dtype), \
-            torch.zeros(3 * page, kv_heads, dim, device=device, dtype=dtype)
+        k_pool, v_pool = torch.zeros(12, kv_heads, dim, device=device, dtype=dtype), \
+            torch.zeros(12, kv_heads, dim, device=device, dtype=dtype)
         q = rope_write_kv(qkv, cos, sin, positions, slots, k_pool, v_pool, heads, kv_heads)
         parts = qkv.view(tokens, heads + 2 * kv_heads, dim).float()
         c, s = cos.float()[positions, None], sin.float()[positions, None]
@@ -217,16 +259,18 @@ def _self_check(device: torch.device) -> str | None:
                 or differs(v_pool[slots], parts[:, heads + kv_heads:]):
             return f"rope_write_kv disagrees with PyTorch in {name}"
 
-        tables, lengths = torch.tensor([[2, 0, 1], [1, 2, 0]], device=device), torch.tensor([9, 3], device=device)
+        page, k_pool, v_pool = 16, tensor(4 * 16, kv_heads, dim), tensor(4 * 16, kv_heads, dim)
+        tables, lengths = torch.tensor([[2, 0, 1], [1, 3, 0]], device=device), torch.tensor([40, 3], device=device)
         queries = tensor(2, heads, dim)
-        got = paged_decode_attention(queries, k_pool, v_pool, tables, lengths, page, dim ** -0.5)
-        for row, length in enumerate(lengths.tolist()):
-            where = [tables[row, j // page].item() * page + j % page for j in range(length)]
-            keys = k_pool[where].float().repeat_interleave(heads // kv_heads, dim=1).transpose(0, 1)
-            values = v_pool[where].float().repeat_interleave(heads // kv_heads, dim=1).transpose(0, 1)
-            weights = torch.softmax(queries[row].float()[:, None] @ keys.transpose(1, 2) * dim ** -0.5, dim=-1)
-            if differs(got[row], (weights @ values)[:, 0]):
-                return f"paged_decode_attention disagrees with PyTorch in {name}"
+        for splits in (1, 2):  # one program per row and KV head, then two sharing each row's keys
+            got = paged_decode_attention(queries, k_pool, v_pool, tables, lengths, page, dim ** -0.5, splits)
+            for row, length in enumerate(lengths.tolist()):
+                where = [tables[row, j // page].item() * page + j % page for j in range(length)]
+                keys = k_pool[where].float().repeat_interleave(heads // kv_heads, dim=1).transpose(0, 1)
+                values = v_pool[where].float().repeat_interleave(heads // kv_heads, dim=1).transpose(0, 1)
+                weights = torch.softmax(queries[row].float()[:, None] @ keys.transpose(1, 2) * dim ** -0.5, dim=-1)
+                if differs(got[row], (weights @ values)[:, 0]):
+                    return f"paged_decode_attention ({splits} split) disagrees with PyTorch in {name}"
 
         x, delta, weight = tensor(3, 40), tensor(3, 40), tensor(40)
         x_out, h_out = add_rms_norm(x, delta, weight, 1e-5)
@@ -263,14 +307,16 @@ def ops(device) -> object | None:
 
 # ---- compiling without a GPU ---------------------------------------------------------------------
 
-# Each kernel's arguments that are not pointers to the compute dtype, and its constexprs at SmolLM2-135M's
-# shapes (the wrappers above choose the same).
+# Each kernel's arguments that are not pointers to the compute dtype, then its constexprs at SmolLM2-135M's
+# shapes (as the wrappers above choose them), one set per variant to build.
 SIGNATURES = {
-    "_rope_write_kv": ({"positions": "*i64", "slots": "*i64"},
-                       {"HEADS": 9, "KV_HEADS": 3, "DIM": 64, "HALF_BLOCK": 32}),
-    "_paged_decode_attention": ({"block_tables": "*i64", "lengths": "*i64", "scale": "fp32", "table_stride": "i32"},
-                                {"HEADS": 9, "KV_HEADS": 3, "DIM": 64, "DIM_BLOCK": 64, "GROUP_BLOCK": 4, "PAGE": 16,
-                                 "BLOCK": ATTENTION_BLOCK}),
+    "_rope_write_kv": ({"positions": "*i64", "slots": "*i64"}, {"HEADS": 9, "KV_HEADS": 3, "DIM": 64, "HALF_BLOCK": 32}),
+    "_paged_decode_attention": ({"block_tables": "*i64", "lengths": "*i64", "part_acc": "*fp32", "part_best": "*fp32",
+                                 "part_total": "*fp32", "scale": "fp32", "table_stride": "i32", "split_keys": "i32"},
+                                *({"HEADS": 9, "KV_HEADS": 3, "DIM": 64, "DIM_BLOCK": 64, "GROUP_BLOCK": 4, "PAGE": 16,
+                                   "BLOCK": ATTENTION_BLOCK, "SPLITS": splits} for splits in (1, 4))),
+    "_merge_splits": ({"part_acc": "*fp32", "part_best": "*fp32", "part_total": "*fp32"},
+                      {"DIM": 64, "DIM_BLOCK": 64, "SPLITS": 4, "SPLIT_BLOCK": 4}),
     "_add_rms_norm": ({"eps": "fp32"}, {"WIDTH": 576, "BLOCK": 1024}),
     "_silu_mul": ({}, {"WIDTH": 1536, "BLOCK": 1024}),
 }
@@ -286,8 +332,9 @@ def main(argv=None):
     arch = int((argv if argv is not None else sys.argv[1:] or ["90"])[0])
     if triton is None or interpreted():
         raise SystemExit("triton_ops: needs Triton, and TRITON_INTERPRET unset")
+    builds = [(name, kinds, constants) for name, (kinds, *variants) in SIGNATURES.items() for constants in variants]
     for dtype in ("bf16", "fp32"):
-        for name, (kinds, constants) in SIGNATURES.items():
+        for name, kinds, constants in builds:
             kernel = globals()[name]
             signature = {arg: "constexpr" if arg in constants else kinds.get(arg, f"*{dtype}")
                          for arg in kernel.arg_names}
@@ -296,8 +343,8 @@ def main(argv=None):
             except Exception as exc:
                 print(f"sm_{arch} {name} {dtype}: {type(exc).__name__}: {exc}", file=sys.stderr)
                 raise SystemExit(1)
-            print(f"sm_{arch} {name} {dtype}: {len(compiled.asm['cubin'])} bytes of cubin")
-
+            variant = f" SPLITS={constants['SPLITS']}" if "SPLITS" in constants else ""
+            print(f"sm_{arch} {name}{variant} {dtype}: {len(compiled.asm['cubin'])} bytes of cubin")
 
 if __name__ == "__main__":
     main()

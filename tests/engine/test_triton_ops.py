@@ -58,10 +58,13 @@ def test_rope_write_kv_rotates_queries_and_keys_and_writes_the_pool(heads, kv_he
     assert (k_pool[untouched] == 7).all() and (v_pool[untouched] == 7).all()
 
 
+@pytest.mark.parametrize("splits", [1, 3, None])
 @pytest.mark.parametrize("heads,kv_heads,dim,lengths", [(9, 3, 64, [1, 16, 17, 40, 70]), (4, 4, 16, [33]),
-                                                        (6, 1, 24, [5, 64, 2])])
-def test_paged_decode_attention_reads_each_rows_pages(heads, kv_heads, dim, lengths):
-    page_size, num_pages = 16, 32
+                                                        (6, 1, 24, [5, 64, 2, 130])])
+def test_paged_decode_attention_reads_each_rows_pages(heads, kv_heads, dim, lengths, splits):
+    """One program per row and KV head, three sharing each row's keys (the merging kernel; some of them
+    with no keys at all for short rows), and the split the wrapper chooses."""
+    page_size, num_pages = 16, 48
     k_pool, v_pool = randn(num_pages * page_size, kv_heads, dim, seed=1), randn(num_pages * page_size, kv_heads, dim,
                                                                                 seed=2)
     q = randn(len(lengths), heads, dim, seed=3)
@@ -69,7 +72,7 @@ def test_paged_decode_attention_reads_each_rows_pages(heads, kv_heads, dim, leng
     g = torch.Generator().manual_seed(heads)
     block_tables = torch.randperm(num_pages, generator=g)[:len(lengths) * pages].view(len(lengths), pages)
     got = triton_ops.paged_decode_attention(q, k_pool, v_pool, block_tables.to(DEVICE),
-                                            torch.tensor(lengths, device=DEVICE), page_size, dim ** -0.5)
+                                            torch.tensor(lengths, device=DEVICE), page_size, dim ** -0.5, splits)
     expected = gathered_attention(q.cpu(), k_pool.cpu(), v_pool.cpu(), block_tables, torch.tensor(lengths), page_size)
     assert close(got.cpu(), expected, 1e-5 * math.sqrt(dim))
 
@@ -96,9 +99,10 @@ def test_the_forward_on_triton_kernels_matches_transformers(tiny_gen, tiny_refer
     engine = Engine(tiny_gen, device=DEVICE, dtype=torch.float32, fused_kernels=True, cuda_graphs=False)
     assert engine.model.fused is triton_ops and engine.model.cpu_ops is None
     vocab, steps = engine.card["vocab_size"], 20
-    prompts = prompts_for(vocab, [5, 16, 17, 31], seed=1)
+    prompts = prompts_for(vocab, [5, 16, 17, 60], seed=1)  # the longest needs two attention splits
     continuations = prompts_for(vocab, [steps] * len(prompts), seed=2)
     seqs = admit(engine, prompts)
+    assert triton_ops.attention_splits(len(seqs), engine.card["num_kv_heads"], 80) == 2
     logits = [engine.runner.prefill(seqs).cpu()]
     for step in range(steps):
         for seq, continuation in zip(seqs, continuations):
@@ -129,4 +133,5 @@ def test_each_kernel_compiles_for_the_h200(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     built = [line for line in result.stdout.splitlines() if line.startswith("sm_90 ")]
-    assert len(built) == 2 * len(triton_ops.SIGNATURES), result.stdout
+    variants = sum(len(variants) for _, *variants in triton_ops.SIGNATURES.values())
+    assert len(built) == 2 * variants, result.stdout
