@@ -212,7 +212,9 @@ class Llama:
             mask = mask.repeat(1, 1, c.num_heads // c.num_kv_heads, 1)  # the layout attention() folds queries into
         if fused is None:
             cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)
-        slots = slots.reshape(-1)
+        else:
+            flat_positions = positions.reshape(-1).contiguous()  # (decode inputs are columns of one tensor)
+        slots = slots.reshape(-1).contiguous()
 
         x = F.embedding(tokens, self.embed).to(self.dtype)
         h = self._norm(x, self.layers[0].input_norm)
@@ -220,8 +222,8 @@ class Llama:
             qkv = layer.qkv(h)
             pool = kv_cache[i].view(2, -1, c.num_kv_heads, c.head_dim)  # [k/v, slot, kv_head, head_dim]
             if fused is not None:  # rotation and the pool writes in one kernel
-                q = fused.rope_write_kv(qkv.view(batch * queries, -1), self.cos, self.sin, positions.reshape(-1),
-                                        slots, pool[0], pool[1], c.num_heads, c.num_kv_heads)
+                q = fused.rope_write_kv(qkv.view(batch * queries, -1), self.cos, self.sin, flat_positions, slots,
+                                        pool[0], pool[1], c.num_heads, c.num_kv_heads)
                 q = q.view(batch, queries, c.num_heads, c.head_dim)
             else:
                 qkv = qkv.view(batch, queries, c.num_heads + 2 * c.num_kv_heads, c.head_dim)

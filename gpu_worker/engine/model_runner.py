@@ -62,16 +62,21 @@ class ModelRunner:
             last.append(n - 1)
         return self._tensors(tokens, positions, slots, tables, last)
 
-    def decode_inputs(self, seqs: list[Sequence], batch: int | None = None,
-                      pages: int | None = None) -> list[torch.Tensor]:
-        """tokens, positions, slots `[batch, 1]` and block tables `[batch, pages]` for each sequence's newest
-        token, padded with scratch rows up to `batch` rows and `pages` pages (default: just enough)."""
+    def decode_inputs(self, seqs: list[Sequence], batch: int | None = None, pages: int | None = None) -> torch.Tensor:
+        """One int64 CPU tensor `[batch, 3 + pages]`, a row per sequence: its newest token, that token's position
+        and slot, then its block table; padded with scratch rows up to `batch` rows and `pages` pages (default:
+        just enough). One tensor, so a step makes one host-to-device copy; `unpack` gives the model's inputs."""
         batch = batch or len(seqs)
         pages = pages or max(pages_for(seq.length, self.page_size) for seq in seqs)
-        rows = [([seq.last_token], [seq.length - 1], [self._slot(seq, seq.length - 1)], self._table(seq, pages))
+        rows = [[seq.last_token, seq.length - 1, self._slot(seq, seq.length - 1), *self._table(seq, pages)]
                 for seq in seqs]
-        rows += [([0], [0], [self.scratch_page * self.page_size], [self.scratch_page] * pages)] * (batch - len(seqs))
-        return self._tensors(*map(list, zip(*rows)))
+        rows += [[0, 0, self.scratch_page * self.page_size] + [self.scratch_page] * pages] * (batch - len(seqs))
+        return torch.tensor(rows, dtype=torch.int64)
+
+    @staticmethod
+    def unpack(inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """tokens, positions, slots `[batch, 1]` and block tables `[batch, pages]`: views of decode_inputs' tensor."""
+        return inputs[:, 0:1], inputs[:, 1:2], inputs[:, 2:3], inputs[:, 3:]
 
     def prefill(self, seqs: list[Sequence]) -> torch.Tensor:
         """Writes every prompt's keys and values; returns logits `[len(seqs), vocab]` after each prompt."""
@@ -93,9 +98,9 @@ class ModelRunner:
         """Writes each sequence's newest token; returns logits `[len(seqs), vocab]` for the token after it."""
         if self.graphs is not None:
             pages = max(pages_for(seq.length, self.page_size) for seq in seqs)
-            batch, pages = self.graphs.bucket(len(seqs), pages)
-            return self.graphs.replay(*self.decode_inputs(seqs, batch, pages))[:len(seqs)]
-        return self.model(*self.decode_inputs(seqs), self.kv_cache)[:, -1]
+            return self.graphs.replay(self.decode_inputs(seqs, *self.graphs.bucket(len(seqs), pages)))[:len(seqs)]
+        inputs = self.decode_inputs(seqs).to(self.model.device, non_blocking=True)
+        return self.model(*self.unpack(inputs), self.kv_cache)[:, -1]
 
 
 class DecodeGraphs:
@@ -105,27 +110,25 @@ class DecodeGraphs:
         self.runner = runner
         self.batch_sizes = _buckets(max_batch, (1, 2, 4, 8, *range(16, max_batch, 16)))
         self.page_counts = _buckets(max_pages, tuple(2 ** i for i in range(max_pages.bit_length())))
-        device = runner.model.device
-        # Static inputs every graph reads; a graph for bucket (b, p) reads their leading [:b] rows, [:p] pages.
-        self.tokens = torch.zeros(max_batch, 1, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(max_batch, 1, dtype=torch.int64, device=device)
-        self.slots = torch.zeros(max_batch, 1, dtype=torch.int64, device=device)
-        self.tables = torch.zeros(max_batch, max_pages, dtype=torch.int64, device=device)
         # One static output every graph writes its leading rows of, so no graph holds its own logits.
-        self.logits = torch.empty(max_batch, runner.model.config.vocab_size, dtype=runner.model.dtype, device=device)
+        self.logits = torch.empty(max_batch, runner.model.config.vocab_size, dtype=runner.model.dtype,
+                                  device=runner.model.device)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.inputs: dict[tuple[int, int], torch.Tensor] = {}  # each graph's static decode_inputs
         self.pool = None  # one memory pool for all graphs: they never run at the same time
 
     def bucket(self, batch: int, pages: int) -> tuple[int, int]:
         return (next(b for b in self.batch_sizes if b >= batch), next(p for p in self.page_counts if p >= pages))
 
-    def replay(self, tokens, positions, slots, tables) -> torch.Tensor:
-        batch, pages = tables.shape
-        static = (self.tokens[:batch], self.positions[:batch], self.slots[:batch], self.tables[:batch, :pages])
-        for destination, source in zip(static, (tokens, positions, slots, tables)):
-            destination.copy_(source)
-        if (batch, pages) not in self.graphs:
-            self.graphs[batch, pages] = self._capture(static)
+    def replay(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Runs the graph of `inputs`' bucket (decode_inputs padded to it) after one copy of them to the GPU."""
+        batch, pages = inputs.shape[0], inputs.shape[1] - 3
+        static = self.inputs.get((batch, pages))
+        if static is None:
+            static = self.inputs[batch, pages] = inputs.to(self.runner.model.device)
+            self.graphs[batch, pages] = self._capture(ModelRunner.unpack(static))
+        else:
+            static.copy_(inputs, non_blocking=True)
         self.graphs[batch, pages].replay()
         return self.logits[:batch]
 

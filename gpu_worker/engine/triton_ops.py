@@ -167,6 +167,12 @@ if triton is not None:
         tl.store(out + row * WIDTH + i, (gate / (1.0 + tl.exp(-gate)) * up).to(out.dtype.element_ty), mask=inside)
 
 
+def _contiguous(*tensors: torch.Tensor) -> None:
+    """The kernels index with row-major offsets: a strided view would be read wrong, silently."""
+    if not all(t.is_contiguous() for t in tensors):
+        raise ValueError("triton_ops: contiguous tensors expected")
+
+
 def _power_of_two(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
@@ -175,6 +181,7 @@ def rope_write_kv(qkv, cos, sin, positions, slots, k_pool, v_pool, heads: int, k
     """qkv `[tokens, (heads + 2 kv_heads) * head_dim]` contiguous; cos, sin `[positions, head_dim]`;
     positions, slots `[tokens]` int64; k_pool, v_pool `[slots, kv_heads, head_dim]` contiguous.
     Returns the rotated queries `[tokens, heads, head_dim]`."""
+    _contiguous(qkv, cos, sin, positions, slots, k_pool, v_pool)
     tokens, dim = qkv.shape[0], k_pool.shape[-1]
     q = torch.empty(tokens, heads, dim, dtype=qkv.dtype, device=qkv.device)
     _rope_write_kv[(tokens, heads + 2 * kv_heads)](qkv, cos, sin, positions, slots, q, k_pool, v_pool, heads,
@@ -194,6 +201,7 @@ def paged_decode_attention(q, k_pool, v_pool, block_tables, lengths, page_size: 
     """q `[B, heads, D]`, k_pool and v_pool `[slots, kv_heads, D]`, block_tables `[B, pages]`, lengths `[B]`
     (row b sees keys 0..lengths[b]-1): `[B, heads, D]`. All contiguous. `splits` (default
     attention_splits) programs share each row's keys; more than one adds the merging kernel."""
+    _contiguous(q, k_pool, v_pool, block_tables, lengths)
     batch, heads, dim = q.shape
     kv_heads = k_pool.shape[1]
     keys = block_tables.shape[1] * page_size  # the most any row may have
@@ -214,6 +222,7 @@ def paged_decode_attention(q, k_pool, v_pool, block_tables, lengths, page_size: 
 
 def add_rms_norm(x, delta, weight, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + delta, rms_norm(x + delta) * weight) for contiguous x and delta of the same shape."""
+    _contiguous(x, delta, weight)
     width = x.shape[-1]
     x_out, h_out = torch.empty_like(x), torch.empty_like(x)
     _add_rms_norm[(x.numel() // width,)](x, delta, weight, x_out, h_out, eps, width, _power_of_two(width))
@@ -222,6 +231,7 @@ def add_rms_norm(x, delta, weight, eps: float) -> tuple[torch.Tensor, torch.Tens
 
 def silu_mul(gate_up) -> torch.Tensor:
     """silu(gate) * up for a contiguous `[..., 2 * width]` holding gate then up."""
+    _contiguous(gate_up)
     width = gate_up.shape[-1] // 2
     out = torch.empty(*gate_up.shape[:-1], width, dtype=gate_up.dtype, device=gate_up.device)
     block = min(_power_of_two(width), 1024)

@@ -112,7 +112,7 @@ def test_decode_padded_to_a_cuda_graph_bucket_gives_the_same_logits(tiny_gen):
     exact = engine.runner.decode(seqs)
     exact_cache = kv_cache.clone()
     kv_cache.copy_(before)
-    padded = engine.model(*engine.runner.decode_inputs(seqs, batch=8, pages=8), kv_cache)[:, -1]
+    padded = engine.model(*engine.runner.unpack(engine.runner.decode_inputs(seqs, batch=8, pages=8)), kv_cache)[:, -1]
     assert padded.shape[0] == 8
     assert_logits_close(padded[:3], exact)
     # Padding rows wrote only to the scratch page: pages nobody owns are untouched, owned pages hold

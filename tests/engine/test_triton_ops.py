@@ -135,3 +135,13 @@ def test_each_kernel_compiles_for_the_h200(tmp_path):
     built = [line for line in result.stdout.splitlines() if line.startswith("sm_90 ")]
     variants = sum(len(variants) for _, *variants in triton_ops.SIGNATURES.values())
     assert len(built) == 2 * variants, result.stdout
+
+
+def test_the_kernels_refuse_strided_views():
+    """They index row-major: a strided view would be read wrong without a word, so it is refused."""
+    columns = torch.zeros(4, 6, dtype=torch.int64, device=DEVICE)
+    with pytest.raises(ValueError, match="contiguous"):
+        triton_ops.rope_write_kv(randn(4, 8 * 16), randn(10, 16), randn(10, 16), columns[:, 1], columns[:, 2],
+                                 randn(12, 2, 16), randn(12, 2, 16), 4, 2)
+    with pytest.raises(ValueError, match="contiguous"):
+        triton_ops.silu_mul(randn(6, 4).T)
