@@ -17,9 +17,10 @@ Every request gets the same number of prompt tokens and generates exactly --new-
   of its own (the same weights).
 
 Rates include prefill. Each system is warmed up once first, and on CUDA once more at each request
-count (the engine captures that size's CUDA graphs then, as a server does once in its life; its
-first generate_batch call is timed as it is); then engine and hf batch run in turn --repeats times (default 2 on CPU, 1 on CUDA) and the best run of each counts, so both meet the
-same moments of a shared machine whose speed drifts. Both sides compute in float32 on CPU
+count (the engine captures that size's CUDA graphs then, as a server does once in its life;
+generate_batch is timed as it is); then engine and hf batch run in turn --repeats times (default 2
+on CPU, 1 on CUDA) and the best run of each counts, so both meet the same moments of a shared
+machine whose speed drifts. Both sides compute in float32 on CPU
 and bfloat16 on CUDA. The engine's greedy tokens are checked against transformers' batch output.
 """
 import argparse

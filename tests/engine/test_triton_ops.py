@@ -114,7 +114,7 @@ def test_the_forward_on_triton_kernels_matches_transformers(tiny_gen, tiny_refer
             assert_logits_close(batch[i], expected[step])
 
 
-def test_the_kernels_are_off_by_default_on_cpu(tiny_gen):
+def test_the_kernels_are_on_by_default_on_cuda_only(tiny_gen):
     if DEVICE.type == "cuda":
         assert Engine(tiny_gen, device="cuda").model.fused is triton_ops
     assert Engine(tiny_gen).model.fused is None
