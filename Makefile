@@ -12,7 +12,7 @@ RUNTIME := var/identity.aotxccir
 
 .PHONY: setup run test deps clean-var
 
-$(BIN)/.deps: requirements.txt requirements-models.txt gpu_worker/engine/cpu_ops.cpp gpu_worker/sockio.cpp gpu_worker/jcodec.cpp
+$(BIN)/.deps: requirements.txt requirements-models.txt gpu_worker/engine/cpu_ops.cpp gpu_worker/native/sockio.cpp gpu_worker/native/jcodec.cpp
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements.txt

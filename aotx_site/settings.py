@@ -124,7 +124,6 @@ SPECTACULAR_SETTINGS = {
 # gateway.json: listen address, device socket, grant file (see README "Configuration")
 AOTX_GATEWAY_CONFIG = os.environ.get("AOTX_GATEWAY_CONFIG", str(VAR_DIR / "gateway.json"))
 AOTX_DEVICE_TIMEOUT = float(os.environ.get("AOTX_DEVICE_TIMEOUT", "30"))
-AOTX_MAX_BODY_BYTES = 65536
 DATA_UPLOAD_MAX_MEMORY_SIZE = (8 << 20) + 4096  # media uploads (PUT /aotx/v1/media/{sha256})
 
 LOGGING = {

@@ -35,10 +35,11 @@ sys.path[0] = str(ROOT)  # not bench/: bench/http.py would shadow the standard l
 
 import torch  # noqa: E402
 
-from gpu_worker import pack, runtime_file  # noqa: E402
+from gpu_worker import pack
+from gpu_worker.storage import runtime_file  # noqa: E402
 from gpu_worker.engine import Engine  # noqa: E402
 from gpu_worker.engine.reference import transformers_model  # noqa: E402
-from gpu_worker.runtime_file import DEFAULT_RUNTIME_PROFILE, RuntimeFile  # noqa: E402
+from gpu_worker.storage.runtime_file import DEFAULT_RUNTIME_PROFILE, RuntimeFile  # noqa: E402
 
 DEFAULT_RUNTIME = ROOT / "var" / "identity.aotxccir"
 QUESTIONS = [

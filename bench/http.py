@@ -45,9 +45,9 @@ from pathlib import Path  # noqa: E402
 
 import psycopg  # noqa: E402
 
-from gpu_worker import ids  # noqa: E402
+from gpu_worker.state import ids  # noqa: E402
 from gpu_worker.pack import pack_tiny  # noqa: E402
-from gpu_worker.runtime_file import RuntimeFile  # noqa: E402
+from gpu_worker.storage.runtime_file import RuntimeFile  # noqa: E402
 from tests.conftest import PYTHON, free_port, wait_for  # noqa: E402
 from tests.harness import Process, Stack  # noqa: E402
 

@@ -41,12 +41,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if Path(sys.path[0]).resolve() == ROOT / "bench":  # run as a script: bench/http.py would shadow http
     sys.path[0] = str(ROOT)
 
-from gpu_worker import ids  # noqa: E402
-from gpu_worker.device import Admission, Kind  # noqa: E402
-from gpu_worker.journal import MAX_DATA, MAX_RECORDS_PER_TICK, PART_HEADER_SIZE, record_count  # noqa: E402
+from gpu_worker.state import ids  # noqa: E402
+from gpu_worker.admission import Admission  # noqa: E402
+from gpu_worker.ops.kind import Kind  # noqa: E402
+from gpu_worker.storage.journal import MAX_DATA, MAX_RECORDS_PER_TICK, PART_HEADER_SIZE, record_count  # noqa: E402
 from gpu_worker.pack import pack_tiny  # noqa: E402
-from gpu_worker.protocol import LENGTH, decode_payload, encode_frame  # noqa: E402
-from gpu_worker.runtime_file import RuntimeFile  # noqa: E402
+from gpu_worker.contract.wire import LENGTH, decode_payload, encode_frame  # noqa: E402
+from gpu_worker.storage.runtime_file import RuntimeFile  # noqa: E402
 
 
 RECORD_BYTES = PART_HEADER_SIZE + MAX_DATA

@@ -17,12 +17,12 @@ import rfc8785
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)  # not bench/: bench/http.py would shadow the standard library http
 
-from gpu_worker import ids  # noqa: E402
+from gpu_worker.state import ids  # noqa: E402
 from gpu_worker.device import Device  # noqa: E402
-from gpu_worker.grants import Grants  # noqa: E402
-from gpu_worker.journal import list_segments  # noqa: E402
+from gpu_worker.contract.grantfile import Grants  # noqa: E402
+from gpu_worker.storage.journal import list_segments  # noqa: E402
 from gpu_worker.pack import pack_tiny  # noqa: E402
-from gpu_worker.runtime_file import RuntimeFile  # noqa: E402
+from gpu_worker.storage.runtime_file import RuntimeFile  # noqa: E402
 from tests.conftest import write_grants  # noqa: E402
 
 PRINCIPALS = 64
@@ -51,7 +51,7 @@ def build(base, transfers):
     write_grants(grants, {p.hex(): ["shared_read", "shared_write"] for p in principals})
     journal = str(base / "journal")
     device = Device(RuntimeFile.open(runtime), journal, Grants(grants))
-    lineages = [ids.lineage(device.incarnation, p).hex() for p in principals]
+    lineages = [ids.lineage(device.state.incarnation, p).hex() for p in principals]
     inbox = collections.deque()
     made, sequence = 1, 1  # the boot transfer
     while made < transfers:
@@ -62,7 +62,7 @@ def build(base, transfers):
         made += len(inbox)
         sequence += 1
         while inbox:
-            device.tick(inbox)
+            device.committer.run_sync(inbox)
     journal_bytes = device.journal_bytes
     device.close()
     return runtime, journal, grants, journal_bytes

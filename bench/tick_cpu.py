@@ -8,7 +8,7 @@ ticks of 8 (a full 16-record tick) from an inbox that, as at 64 clients, always 
 tick's too; its file layer skips only the fdatasync. Each phase is
 timed per chunk of 800 registrations and the best chunk is printed, because this machine's CPU
 speed drifts between minutes: decode (frame payloads -> messages), gather (admission: checks, tables,
-journal encoding), commit (write + save bookkeeping), answer (receipts rendered and framed).
+journal encoding), commit_and_answer (write, save bookkeeping, receipts rendered and framed).
 The mean over all chunks follows: it includes the cyclic GC's collections, which a best chunk
 may miss.
 """
@@ -26,12 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)  # not bench/: bench/http.py would shadow the standard library http
 
 from bench.journal import registration_frame  # noqa: E402
-from gpu_worker import filelayer  # noqa: E402
+from gpu_worker.storage import filelayer  # noqa: E402
 from gpu_worker.device import Device  # noqa: E402
-from gpu_worker.grants import Grants  # noqa: E402
+from gpu_worker.contract.grantfile import Grants  # noqa: E402
 from gpu_worker.pack import pack_tiny  # noqa: E402
-from gpu_worker.protocol import decode_payload, encode_frame  # noqa: E402
-from gpu_worker.runtime_file import RuntimeFile  # noqa: E402
+from gpu_worker.contract.wire import decode_payload, encode_frame  # noqa: E402
+from gpu_worker.storage.committer import Batch  # noqa: E402
+from gpu_worker.storage.runtime_file import RuntimeFile  # noqa: E402
 
 CHUNK = 800
 TICK = 8
@@ -67,6 +68,7 @@ def main():
         p.hex(): {"name": "bench", "actions": ["shared_read", "shared_write"]} for p in principals}}))
     device = Device(RuntimeFile.open(str(runtime)), str(base / "journal"), Grants(str(grants)), fs=NoSyncLayer())
     payloads = [registration_frame(incarnation, p, i)[4:] for i, p in enumerate(principals, 1)]  # as sockio hands them
+    committer = device.committer
     gc.freeze()  # as boot does once the device is ready
     best = collections.defaultdict(lambda: float("inf"))
     overall = collections.Counter()
@@ -81,14 +83,15 @@ def main():
             t0 = time.perf_counter()
             inbox.extend(("bench", decode_payload(p)) for p in payloads[(k + 1) * TICK:(k + 2) * TICK])
             t1 = time.perf_counter()
-            batch = device.gather(inbox)
+            batch = Batch()
+            device.gather(inbox, batch)
+            batch.last_seq = committer.writer.next_seq - 1
+            committer.batches.append(batch)
             t2 = time.perf_counter()
-            device._commit()
+            replies = [encode_frame(msg) for _, msg in committer.commit()]
             t3 = time.perf_counter()
-            replies = [encode_frame(msg) for _, msg in device.answer(batch)]
-            t4 = time.perf_counter()
             assert len(replies) == TICK and len(inbox) == TICK
-            spent.update(decode=t1 - t0, gather=t2 - t1, commit=t3 - t2, answer=t4 - t3, total=t4 - t0)
+            spent.update(decode=t1 - t0, gather=t2 - t1, commit_and_answer=t3 - t2, total=t3 - t0)
         overall.update(spent)
         for phase, seconds in spent.items():
             best[phase] = min(best[phase], seconds / (len(chunk) * TICK) * 1e6)

@@ -11,7 +11,7 @@ def main(argv):
     if argv[0] == "pack":
         from .pack import main as command
     elif argv[0] == "checkpoint":
-        from .checkpoint_cli import main as command
+        from .storage.checkpoint_cli import main as command
     else:
         from .boot import main as command
     return command(argv[1:])

@@ -5,7 +5,7 @@ import logging
 import os
 import sys
 
-from .grants import GrantFileError, Grants
+from .contract.grantfile import GrantFileError, Grants
 
 
 def _device_name(choice):
@@ -58,9 +58,9 @@ def main(argv):
         os.sched_setaffinity(0, other_cpus)
 
     from .device import Device, DeviceBootError
-    from .journal import JournalError
-    from .runtime_file import RuntimeFile, RuntimeFileError
-    from .server import Server
+    from .loop.server import Server
+    from .storage.journal import JournalError
+    from .storage.runtime_file import RuntimeFile, RuntimeFileError
 
     try:
         grants = Grants(args.service_grants)
@@ -81,8 +81,8 @@ def main(argv):
     server = Server(device, socket_path)
     try:
         from .engine.engine import Engine
-        from .runner import Runner
-        device.runner = Runner(Engine(runtime, device.tables.device.type), server.deliver)
+        from .loop.runner import Runner
+        device.runner = Runner(Engine(runtime, device.state.tables.device.type), server.deliver)
     except Exception as exc:  # a runtime whose model cannot load serves no inputs: say why, stop
         device.close()
         return fail(f"cannot load the generation model of {args.ccir}: {exc}", 2)
@@ -95,8 +95,8 @@ def main(argv):
         # process: keep it out of the cyclic GC's full collections, which otherwise scanned all of
         # it every few thousand admissions (~100 ms each; see docs/architecture.md)
         gc.freeze()
-        print(f"device ready: socket {socket_path} boot {device.boot} recovered {device.recovered} transfers "
-              f"in {device.boot_seconds:.3f}s on {device.tables.device}"
+        print(f"device ready: socket {socket_path} boot {device.state.boot} recovered {device.recovered} transfers "
+              f"in {device.boot_seconds:.3f}s on {device.state.tables.device}"
               + (f"; {device.dropped}" if device.dropped else "")
               + (f"; tick loop on CPU {tick_cpu}, other threads on CPUs {','.join(map(str, sorted(other_cpus)))}"
                  if tick_cpu is not None else ""), flush=True)

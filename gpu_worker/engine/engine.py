@@ -21,7 +21,7 @@ from gpu_worker.engine.sampling import sample
 from gpu_worker.engine.scheduler import EngineRefusal, Scheduler
 from gpu_worker.engine.sequence import FINISH_CANCELLED, Sequence, Status
 from gpu_worker.engine.tokenizer import Tokenizer
-from gpu_worker.runtime_file import RuntimeFile
+from gpu_worker.storage.runtime_file import RuntimeFile
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ import time
 import pytest
 import rfc8785
 
-from gpu_worker import ids
+from gpu_worker.state import ids
 from gpu_worker.pack import pack_tiny
-from gpu_worker.protocol import LENGTH, decode_payload, encode_frame
-from gpu_worker.runtime_file import RuntimeFile
+from gpu_worker.contract.wire import LENGTH, decode_payload, encode_frame
+from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.conftest import PYTHON, ROOT, wait_for, write_grants
 
 pytestmark = pytest.mark.e2e

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from gpu_worker.runtime_file import RuntimeFile
+from gpu_worker.storage.runtime_file import RuntimeFile
 
 # Without a GPU, Triton's interpreter runs the engine's Triton kernels (triton_ops) on CPU tensors. It
 # is chosen when a kernel is defined, so this must precede the first import of triton_ops.

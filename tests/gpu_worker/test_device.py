@@ -8,9 +8,10 @@ import pytest
 import rfc8785
 
 from gpu_worker.device import Device
-from gpu_worker.grants import Grants
-from gpu_worker.journal import JournalLocked, MAX_RECORDS_PER_TICK
-from gpu_worker.runtime_file import RuntimeFile
+from gpu_worker.ops.receipts import receipt_bytes, render
+from gpu_worker.contract.grantfile import Grants
+from gpu_worker.storage.journal import JournalLocked, MAX_RECORDS_PER_TICK
+from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.conftest import ALL, write_grants
 
 PATH = "/aotx/v1/shared/participant"
@@ -36,7 +37,7 @@ class Rig:
 
     def call(self, op, principal, args=None):
         inbox = collections.deque([("c", self.msg(op, principal, args))])
-        [(conn, msg)] = self.device.tick(inbox)
+        [(conn, msg)] = self.device.committer.run_sync(inbox)
         assert not inbox
         return msg["status"], json.loads(msg["body"]), msg
 
@@ -127,13 +128,13 @@ def test_a_tick_writes_at_most_sixteen_records_and_defers_the_rest(tiny_runtime,
     principals = [secrets.token_hex(16) for _ in range(40)]
     rig = Rig(tiny_runtime, tmp_path, {p: ALL for p in principals})
     batch = collections.deque(("c", rig.msg("participant.register", p, rig.register_args(p))) for p in principals)
-    before = rig.device.writer.durable_bytes
+    before = rig.device.committer.writer.durable_bytes
     records_total = 0
     ticks = 0
     while batch:
-        replies = rig.device.tick(batch)
-        written = rig.device.writer.durable_bytes - before
-        before = rig.device.writer.durable_bytes
+        replies = rig.device.committer.run_sync(batch)
+        written = rig.device.committer.writer.durable_bytes - before
+        before = rig.device.committer.writer.durable_bytes
         assert written <= MAX_RECORDS_PER_TICK * (32 + 160)
         records_total += len(replies)
         ticks += 1
@@ -151,16 +152,16 @@ def test_operations_list_pages_with_a_cursor(rig, principal_id):
 
 
 def test_receipts_render_as_canonical_json(rig, principal_id):
-    from gpu_worker.protocol import dumps
+    from gpu_worker.contract.wire import dumps
     _, receipt, msg = rig.call("participant.register", principal_id, rig.register_args(principal_id))
     assert dumps(json.loads(msg["body"])) == msg["body"]
-    rrow = rig.device.by_op[bytes.fromhex(receipt["operation"].split("-")[2])]
-    foreign = rig.device.receipt_bytes(rrow, own=False)
+    rrow = rig.device.state.receipts.by_op[bytes.fromhex(receipt["operation"].split("-")[2])]
+    foreign = render(rig.device, rrow, False)[1]
     assert json.loads(foreign)["sequence"] is None and dumps(json.loads(foreign)) == foreign
 
 
 def test_truncating_the_final_transfer_anywhere_boots_and_drops_only_it(tiny_runtime, tmp_path):
-    from gpu_worker.journal import JournalCorrupt
+    from gpu_worker.storage.journal import JournalCorrupt
     principals = [secrets.token_hex(16) for _ in range(3)]
     rig = Rig(tiny_runtime, tmp_path, {p: ALL for p in principals})
     receipts = [rig.call("participant.register", p, rig.register_args(p))[2]["body"] for p in principals]
@@ -174,7 +175,7 @@ def test_truncating_the_final_transfer_anywhere_boots_and_drops_only_it(tiny_run
         write_grants(rig.grants_path, rig.principals)
         device = Device(RuntimeFile.open(tiny_runtime), rig.journal, Grants(rig.grants_path))
         try:
-            survivors = [device.receipt_json(r) for r in sorted(device.by_op.values())]
+            survivors = [receipt_bytes(device, r) for r in sorted(device.state.receipts.by_op.values())]
             assert sorted(survivors) == sorted(receipts[:2]), cut
             assert bool(device.dropped) == (cut > start)
         finally:
@@ -201,7 +202,7 @@ def test_admissions_leave_nothing_for_the_cyclic_gc_to_scan(tiny_runtime, tmp_pa
     before = len(gc.get_objects())
     statuses = []
     while inbox:
-        statuses += [msg["status"] for _, msg in rig.device.tick(inbox)]
+        statuses += [msg["status"] for _, msg in rig.device.committer.run_sync(inbox)]
     assert statuses == [202] * len(principals)
     rig.call("operations.list", principals[0])  # reads render receipts too: nothing is kept
     gc.collect()

@@ -6,11 +6,11 @@ import subprocess
 import pytest
 
 from gpu_worker.device import Device, DeviceBootError
-from gpu_worker.filelayer import FaultyFileLayer
-from gpu_worker.grants import Grants
-from gpu_worker.journal import JournalIOError, list_segments
+from gpu_worker.storage.filelayer import FaultyFileLayer
+from gpu_worker.contract.grantfile import Grants
+from gpu_worker.storage.journal import JournalIOError, list_segments
 from gpu_worker.pack import pack_tiny
-from gpu_worker.runtime_file import RuntimeFile
+from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.conftest import PYTHON, ROOT
 from tests.gpu_worker.test_shared_state import World, code
 
@@ -88,7 +88,7 @@ def test_the_checkpoint_command_works_offline_and_boot_continues_from_it(tmp_pat
 def test_a_file_cap_holds_new_mutations_with_429_until_a_checkpoint(tmp_path):
     w = World(runtime(tmp_path, journal_file_cap_bytes=2500), tmp_path, ["a"])
     space = w.space("a")
-    while not w.device.hold:
+    while not w.device.holds.current:
         assert w.mutate("a", "conversations.create", f"/spaces/{space}/conversations", {})[0] == 202
         w.device.check_hold()
     state = saved_state(w, "a")
@@ -99,7 +99,7 @@ def test_a_file_cap_holds_new_mutations_with_429_until_a_checkpoint(tmp_path):
     assert caps["hold"] is True and caps["cause"] == "file_cap" and caps["pending_bytes"] == 0
     assert w.read("a", "operations.get", operation=state[2]["items"][0]["operation"])[0] == 200
     w.device.checkpoint()
-    assert w.device.hold is None and w.device.hold_incidents[-1]["cause"] == "file_cap"
+    assert w.device.holds.current is None and w.device.holds.incidents[-1]["cause"] == "file_cap"
     assert w.mutate("a", "spaces.create", "/spaces", {})[0] == 202
 
 
@@ -133,9 +133,9 @@ def test_a_checkpoint_lifts_a_disk_full_hold_and_nothing_saved_is_lost(tmp_path)
     assert code(w.mutate("a", "spaces.create", "/spaces", {})) == (429, "journal_hold")
     fs.space = 1 << 16  # some room, less than the margin a disk_full hold waits for by itself
     w.device.check_hold()
-    assert w.device.hold["cause"] == "disk_full"
+    assert w.device.holds.current["cause"] == "disk_full"
     w.device.checkpoint()
-    assert w.device.hold is None
+    assert w.device.holds.current is None
     status, receipt = w.mutate("a", "spaces.create", "/spaces", {})
     assert status == 202 and receipt["journal_hold"] is None
     w.boot()
@@ -175,7 +175,7 @@ def test_power_loss_keeps_every_saved_receipt(tmp_path, mode):
 
     def cut():
         raise PowerCut
-    w.device.writer._file.fdatasync = cut  # the tick's write happens, its fdatasync never does
+    w.device.committer.writer._file.fdatasync = cut  # the tick's write happens, its fdatasync never does
     with pytest.raises(PowerCut):
         w.mutate("a", "spaces.create", "/spaces", {})
     fs.lose_unsynced(mode)
@@ -198,7 +198,7 @@ def test_restore_requires_fresh_deployment_grants(tmp_path):
 def test_the_device_checkpoints_by_itself_past_the_journal_threshold(tmp_path):
     w = World(runtime(tmp_path, checkpoint_journal_bytes=3000), tmp_path, ["a"])
     sizes = []
-    while w.device.generation == 1:
+    while w.device.state.generation == 1:
         assert len(sizes) < 50, "no automatic checkpoint"
         w.space("a")
         sizes.append(w.device.journal_bytes)
@@ -221,5 +221,5 @@ def test_low_free_disk_holds_admission_and_the_hold_lifts_when_space_returns(tmp
     assert w.read("a", "capabilities")[1]["journal"]["cause"] == "low_disk"
     fs.space = 1 << 30
     w.device.idle()
-    assert w.device.hold is None and w.device.hold_incidents[-1]["cause"] == "low_disk"
+    assert w.device.holds.current is None and w.device.holds.incidents[-1]["cause"] == "low_disk"
     assert w.mutate("a", "spaces.create", "/spaces", {})[0] == 202

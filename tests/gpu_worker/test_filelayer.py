@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from gpu_worker.filelayer import FaultyFileLayer, OsFileLayer
+from gpu_worker.storage.filelayer import FaultyFileLayer, OsFileLayer
 
 
 def test_os_layer_appends_truncates_and_reads(tmp_path):

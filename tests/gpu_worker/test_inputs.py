@@ -8,11 +8,14 @@ import time
 
 import pytest
 
+from gpu_worker import execution
 from gpu_worker.engine.engine import Engine
-from gpu_worker.journal import TransferKind, recover
-from gpu_worker.leases import decode as decode_lease
+from gpu_worker.storage.journal import TransferKind, recover
+from gpu_worker.storage.leases import decode as decode_lease
 from gpu_worker.pack import pack_tiny
-from gpu_worker.runner import Runner
+from gpu_worker.loop.runner import Runner
+from gpu_worker.ops import chat
+from gpu_worker.storage.committer import Batch
 from tests.gpu_worker.test_shared_state import World, code
 
 
@@ -40,8 +43,8 @@ class EngineWorld(World):
                 self.device.engine_events(self.events.get(timeout=0.02))
             except queue.Empty:
                 pass
-            self.device.check_deadlines()
-            self.device.tick(collections.deque())
+            execution.check_deadlines(self.device)
+            self.device.committer.run_sync(collections.deque())
 
     def conversation(self, name):
         space = self.space(name)
@@ -94,7 +97,7 @@ def test_an_input_runs_and_its_result_reads_back_exactly_by_offset(world):
         except UnicodeDecodeError:
             expected = None
         assert part["text"] == expected
-    transfers = recover(world.journal, world.device.fs, world.device.incarnation).transfers
+    transfers = recover(world.journal, world.device.fs, world.device.state.incarnation).transfers
     kinds = [t.kind for t in transfers]
     assert TransferKind.LEASE in kinds and TransferKind.OUTPUT in kinds and TransferKind.COMPLETION in kinds
     lease = next(t for t in transfers if t.kind == TransferKind.LEASE)
@@ -134,7 +137,7 @@ def test_cancellation_stops_generation_and_keeps_what_was_saved(world):
     _, conversation = world.conversation("a")
     slow_engine(world)
     status, receipt = world.say("a", conversation, "count", max_output_tokens=120, temperature=1.0)
-    world.pump(lambda: world.device.executions and world.device.runner.engine.pool.owned)
+    world.pump(lambda: world.device.executions.live and world.device.runner.engine.pool.owned)
     status, cancel = world.mutate("a", "cancellations.record", "/cancellations",
                                   {"target_sequence": receipt["sequence"]})
     assert status == 202 and cancel["target"] == receipt["operation"] and cancel["kind"] == "cancellation"
@@ -150,8 +153,8 @@ def test_a_passed_deadline_stops_the_input_and_its_result_reads_504(world):
     _, conversation = world.conversation("a")
     slow_engine(world)
     _, receipt = world.say("a", conversation, "slow", max_output_tokens=120, temperature=1.0)
-    world.pump(lambda: world.device.executions and world.device.runner.engine.pool.owned)
-    for execution in world.device.executions.values():
+    world.pump(lambda: world.device.executions.live and world.device.runner.engine.pool.owned)
+    for execution in world.device.executions.live.values():
         execution.deadline_ns = 0  # the deadline passes now
     world.pump(world.finished("a", receipt["operation"]))
     assert world.read("a", "operations.get", operation=receipt["operation"])[1]["terminal"]["status"] == \
@@ -171,7 +174,7 @@ def test_an_unfinished_input_becomes_interrupted_after_a_restart_and_never_runs(
     done = world.read("a", "operations.get", operation=receipt["operation"])[1]
     assert done["terminal"]["status"] == "interrupted" and done["result"]["length"] == 0
     world.pump(lambda: True)
-    assert not world.device.executions and not world.device.to_lease
+    assert not world.device.executions.live and not world.device.executions.to_lease
 
 
 def test_the_conversation_context_carries_earlier_turns(world):
@@ -189,9 +192,10 @@ def test_inputs_beyond_the_page_budget_wait_and_share_the_pool_with_chat(world):
     _, conversation = world.conversation("a")
     slow_engine(world, 0.01)
     # kv_pages 64; every request reserves its whole page limit up front (an input: 16)
-    chat = world.device.start_chat("chat-conn", {"id": 99, "principal": world.principals["a"], "args": {
-        "model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}})
-    assert chat is None
+    batch = Batch()
+    chat.start(world.device, "chat-conn", {"id": 99, "principal": world.principals["a"], "args": {
+        "model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}}, batch)
+    assert not batch.replies  # not refused: the engine answers it
     receipts = [world.say("a", conversation, f"input {i}", max_output_tokens=100, temperature=1.0)[1]
                 for i in range(4)]
     engine = world.device.runner.engine
@@ -202,7 +206,7 @@ def test_inputs_beyond_the_page_budget_wait_and_share_the_pool_with_chat(world):
     world.pump(lambda: all(world.read("a", "operations.get", operation=r["operation"])[1]["terminal"]["saved"]
                            for r in receipts), timeout=120)
     assert max(p.running for p in seen) == 4 and engine.pool.owned == 0
-    assert any(reply["id"] == 99 for _, reply in world.device.outbox)
+    assert any(reply["id"] == 99 for _, reply in world.device.chats.outbox)
 
 
 def test_media_sources_are_owned_by_their_uploader_and_survive_a_checkpoint(world):

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_worker.filelayer import FaultyAppendFile, FaultyFileLayer, OsFileLayer
-from gpu_worker.journal import (
+from gpu_worker.storage.filelayer import FaultyAppendFile, FaultyFileLayer, OsFileLayer
+from gpu_worker.storage.journal import (
     CLASS_A,
     MAX_DATA,
     MAX_RECORDS_PER_TICK,
@@ -942,7 +942,7 @@ def test_a_second_lock_in_the_same_process_is_refused(tmp_path):
 def test_a_lock_held_by_another_process_is_refused_until_it_exits(tmp_path):
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys; from gpu_worker.journal import JournalLock\n"
+         "import sys; from gpu_worker.storage.journal import JournalLock\n"
          f"lock = JournalLock({str(tmp_path)!r}); print('locked', flush=True); sys.stdin.read()"],
         cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
@@ -961,7 +961,7 @@ def test_a_lock_held_here_is_refused_to_another_process(tmp_path):
     with JournalLock(str(tmp_path)):
         child = subprocess.run(
             [sys.executable, "-c",
-             "from gpu_worker.journal import JournalLock, JournalLocked\n"
+             "from gpu_worker.storage.journal import JournalLock, JournalLocked\n"
              f"try:\n    JournalLock({str(tmp_path)!r})\nexcept JournalLocked as e:\n"
              "    print(e)\n    raise SystemExit(3)"],
             cwd=REPO, capture_output=True, text=True, timeout=60,

@@ -4,8 +4,8 @@ import struct
 import pytest
 from hypothesis import given, strategies as st
 
-from gpu_worker import leases
-from gpu_worker.leases import LeaseError, LeaseRow
+from gpu_worker.storage import leases
+from gpu_worker.storage.leases import LeaseError, LeaseRow
 
 rows = st.lists(st.builds(LeaseRow, st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1),
                           st.integers(0, 2**64 - 1), st.binary(min_size=16, max_size=16),

@@ -7,8 +7,9 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from gpu_worker import pack, runtime_file
-from gpu_worker.runtime_file import (DEFAULT_CAPACITIES, FEATURE_BASE, FEATURE_SHARED, SLOT_OFFSETS, SUPERBLOCK,
+from gpu_worker import pack
+from gpu_worker.storage import runtime_file
+from gpu_worker.storage.runtime_file import (DEFAULT_CAPACITIES, FEATURE_BASE, FEATURE_SHARED, SLOT_OFFSETS, SUPERBLOCK,
                                      RuntimeFile, RuntimeFileError)
 
 ROUND_TRIP_TEXTS = ["Hello world", "The year 2026, 3.14159!", "héllo wörld — 東京 🎉", "  spaces\n\ttabs  "]

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpu_worker import native
-from gpu_worker.protocol import LENGTH, MAX_FRAME, ProtocolError, decode_payload, encode_frame
+from gpu_worker.contract.wire import LENGTH, MAX_FRAME, ProtocolError, decode_payload, encode_frame
 
 MESSAGES = st.lists(st.dictionaries(st.text(max_size=8), st.one_of(st.integers(-2**63, 2**64 - 1), st.binary(max_size=300),
                                                                    st.text(max_size=50)), max_size=5),

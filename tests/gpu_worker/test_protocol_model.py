@@ -25,9 +25,9 @@ from hypothesis.stateful import (RuleBasedStateMachine, invariant, precondition,
                                  run_state_machine_as_test)
 
 from gpu_worker.device import Device
-from gpu_worker.grants import Grants
+from gpu_worker.contract.grantfile import Grants
 from gpu_worker.pack import pack_tiny
-from gpu_worker.runtime_file import RuntimeFile
+from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.conftest import write_grants
 
 BASE = "/aotx/v1/shared"
@@ -142,7 +142,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             inbox.append(("c", {"v": 1, "id": next(self.msg_ids), "op": op, "principal": PRINCIPALS[name],
                                 "args": args}))
         ids = [m["id"] for _, m in inbox]
-        replies = {msg["id"]: msg for _, msg in self.device.tick(inbox)}
+        replies = {msg["id"]: msg for _, msg in self.device.committer.run_sync(inbox)}
         assert not inbox, "a small tick must fit one record budget"
         return [replies[i] for i in ids]
 
@@ -383,7 +383,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             assert [r["sequence"] for r in listed["items"]] == [str(s) for s in sorted(p.live)]
             assert listed["items"] == [json.loads(p.live[s].body) for s in sorted(p.live)]
         assert sum(len(p.live) for p in self.model.values()) == self.in_use
-        usage = self.device.tables.usage()
+        usage = self.device.state.tables.usage()
         assert (usage["receipts"], usage["spaces"], usage["conversations"]) == \
             (self.in_use, self.spaces_total, self.conversations_total)
 

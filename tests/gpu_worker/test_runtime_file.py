@@ -5,8 +5,8 @@ import os
 import pytest
 import torch
 
-from gpu_worker import runtime_file
-from gpu_worker.runtime_file import (ALIGN, DATA_START, FEATURE_BASE, FEATURE_SHARED, SLOT_OFFSETS, SLOT_SIZE,
+from gpu_worker.storage import runtime_file
+from gpu_worker.storage.runtime_file import (ALIGN, DATA_START, FEATURE_BASE, FEATURE_SHARED, SLOT_OFFSETS, SLOT_SIZE,
                                      SUPERBLOCK, RuntimeFile, RuntimeFileError)
 
 

@@ -13,14 +13,14 @@ import pytest
 
 from bench.journal import registration_frame
 from gpu_worker.device import Device
-from gpu_worker.filelayer import FaultyFileLayer, OsFileLayer
-from gpu_worker.grants import Grants
+from gpu_worker.storage.filelayer import FaultyFileLayer, OsFileLayer
+from gpu_worker.contract.grantfile import Grants
 from gpu_worker.pack import pack_tiny
-from gpu_worker.protocol import LENGTH, decode_payload, encode_frame
-from gpu_worker.runtime_file import RuntimeFile
-from gpu_worker import server as server_module
+from gpu_worker.contract.wire import LENGTH, decode_payload, encode_frame
+from gpu_worker.storage.runtime_file import RuntimeFile
+from gpu_worker.loop import server as server_module
 from gpu_worker import native
-from gpu_worker.server import Server
+from gpu_worker.loop.server import Server
 from tests.conftest import ALL, write_grants
 
 
@@ -58,7 +58,7 @@ class LiveDevice:
         return s
 
     def register_frame(self, principal, req_id):
-        return registration_frame(self.device.incarnation, principal, req_id)
+        return registration_frame(self.device.state.incarnation, principal, req_id)
 
 
 def call(sock, frame):
@@ -106,7 +106,7 @@ def registered_after_restart(live):
         for principal in live.principals:
             inbox = collections.deque([("c", {"v": 1, "id": 1, "op": "operations.list", "principal": principal.hex(),
                                                "args": {}})])
-            [(_, msg)] = device.tick(inbox)
+            [(_, msg)] = device.committer.run_sync(inbox)
             items = json.loads(msg["body"])["items"]
             if items:
                 out[principal] = items
@@ -285,7 +285,7 @@ def test_a_deferred_read_never_sees_a_batch_gathered_behind_it(tiny_runtime, tmp
     device = Device(RuntimeFile.open(tiny_runtime), live.journal, Grants(live.grants))
     live.device = device
     server = Server(device, os.path.join(live.journal, "service.sock"))
-    server.syncer = _HeldSyncer()
+    server.committer.attach(_HeldSyncer())
     server.io = _RecordingIO()
     first, second = live.principals
     conn = server_module.Connection(2)
@@ -301,7 +301,7 @@ def test_a_deferred_read_never_sees_a_batch_gathered_behind_it(tiny_runtime, tmp
         request(3, None, None, live.register_frame(second, 3))          # registers `second`
         server._tick()
         server._synced()                                                # batch 1 saved and answered
-        while server.inbox or server.batches:
+        while server.inbox or server.committer.batches:
             server._tick()
             server._synced()
         replies = {msg["id"]: msg for msg in server.io.sent[conn.id]}
@@ -338,22 +338,23 @@ def test_a_whole_tick_waits_behind_the_one_in_flight_and_a_failure_ends_both(tmp
     device = Device(RuntimeFile.open(runtime), live.journal, Grants(live.grants))
     live.device = device
     server = Server(device, os.path.join(live.journal, "service.sock"))
-    server.syncer = _ScriptedSyncer([first, errno.ECANCELED if first else 0])
+    syncer = _ScriptedSyncer([first, errno.ECANCELED if first else 0])
+    server.committer.attach(syncer)
     server.io = _RecordingIO()
     conn = server_module.Connection(2)
     try:
         for i, principal in enumerate(live.principals, 1):
             server.submit(conn, decode_payload(live.register_frame(principal, i)[4:]))
         server._tick()
-        assert len(server.syncer.requests) == 1   # the first tick: 8 registrations, 16 records
+        assert len(syncer.requests) == 1   # the first tick: 8 registrations, 16 records
         server._tick()
-        assert len(server.syncer.requests) == 2   # a whole second tick, queued behind it
-        assert device.writer.ticks_in_flight == 2 and not server.inbox
+        assert len(syncer.requests) == 2   # a whole second tick, queued behind it
+        assert device.committer.writer.ticks_in_flight == 2 and not server.inbox
         server._synced()
         if not first:
             server._synced()
         replies = {msg["id"]: msg for msg in server.io.sent[conn.id]}
-        assert not server.syncer.results and device.writer.ticks_in_flight == 0 and server.failure is None
+        assert not syncer.results and device.committer.writer.ticks_in_flight == 0 and server.failure is None
     finally:
         device.close()
     statuses = collections.Counter(r["status"] for r in replies.values())

@@ -8,9 +8,9 @@ import pytest
 import rfc8785
 
 from gpu_worker.device import Device
-from gpu_worker.grants import Grants
+from gpu_worker.contract.grantfile import Grants
 from gpu_worker.pack import pack_tiny
-from gpu_worker.runtime_file import RuntimeFile
+from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.conftest import ALL, write_grants
 
 BASE = "/aotx/v1/shared"
@@ -46,7 +46,7 @@ class World:
     def send(self, name, op, args):
         inbox = collections.deque([("c", {"v": 1, "id": next(self.ids), "op": op, "principal": self.principals[name],
                                           "args": args})])
-        [(_, msg)] = self.device.tick(inbox)
+        [(_, msg)] = self.device.committer.run_sync(inbox)
         return msg["status"], json.loads(msg["body"])
 
     def read(self, name, op, **args):

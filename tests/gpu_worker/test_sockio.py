@@ -10,7 +10,7 @@ import time
 import pytest
 
 from gpu_worker import native
-from gpu_worker.protocol import LENGTH, encode_frame
+from gpu_worker.contract.wire import LENGTH, encode_frame
 
 MAX_FRAME = 1 << 24
 

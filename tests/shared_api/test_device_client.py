@@ -5,12 +5,12 @@ import threading
 import pytest
 
 from shared_api.device_client import DeviceClient
-from shared_api.errors import ApiError
+from shared_api.errors import ServiceError
 
 
 def test_it_answers_503_device_unavailable_when_no_device_listens(tmp_path):
     client = DeviceClient(str(tmp_path / "service.sock"), timeout=1)
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(ServiceError) as err:
         client.call("ping", None)
     assert err.value.status == 503 and err.value.code == "device_unavailable"
 
@@ -24,7 +24,7 @@ def test_it_answers_503_device_timeout_when_the_device_is_silent(tmp_path):
     thread = threading.Thread(target=lambda: accepted.append(server.accept()), daemon=True)
     thread.start()
     client = DeviceClient(path, timeout=0.3)
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(ServiceError) as err:
         client.call("ping", None)
     assert err.value.status == 503 and err.value.code == "device_timeout"
     thread.join(5)

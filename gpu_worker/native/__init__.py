@@ -57,9 +57,9 @@ def build(name: str) -> Path:
         return target
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if compiler is None:
-        raise BuildError(f"the device needs a C++ compiler (g++) to build gpu_worker/{name}.cpp")
+        raise BuildError(f"the device needs a C++ compiler (g++) to build gpu_worker/native/{name}.cpp")
     if not os.path.exists(os.path.join(include, "Python.h")):
-        raise BuildError(f"the device needs the Python headers to build gpu_worker/{name}.cpp "
+        raise BuildError(f"the device needs the Python headers to build gpu_worker/native/{name}.cpp "
                          f"({include}/Python.h is missing)")
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so")  # concurrent builds: each renames its own
     os.close(fd)
@@ -67,7 +67,7 @@ def build(name: str) -> Path:
         done = subprocess.run([compiler, *FLAGS, f"-I{include}", str(source), "-o", tmp, *libs],
                               capture_output=True, text=True)
         if done.returncode != 0:
-            raise BuildError(f"building gpu_worker/{name}.cpp failed:\n{done.stderr.strip()}")
+            raise BuildError(f"building gpu_worker/native/{name}.cpp failed:\n{done.stderr.strip()}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -95,7 +95,7 @@ def main():
     frames = modules["sockio"].split([b"\0\0", b"\0\4" + payload[:2], payload[2:]], 1 << 24)
     if frames != [payload]:
         raise SystemExit(f"native: the frame splitter returned {frames!r}")
-    from .journal import CLASS_A, PART_HEADER, TYPE_SHARED  # the layout the codec must produce
+    from ..storage.journal import CLASS_A, PART_HEADER, TYPE_SHARED  # the layout the codec must produce
     fields = (TYPE_SHARED, CLASS_A, 1, 0, 1, 4, 0, 4, 7)
     expected = PART_HEADER.pack(*fields, zlib.crc32(PART_HEADER.pack(*fields, 0, 0) + b"boot"), 0) + b"boot"
     if modules["jcodec"].records(1, 7, b"boot", 160) != [expected]:

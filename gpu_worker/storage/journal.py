@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from gpu_worker import native
-from gpu_worker.filelayer import AppendFile, FileLayer
+from gpu_worker.storage.filelayer import AppendFile, FileLayer
 
 TYPE_SHARED = 37
 CLASS_A = 0x41

@@ -9,17 +9,24 @@ Then the journal moves to a new segment and the old segments are removed. A cras
 between is safe: until the superblock flip the old state + the whole journal hold everything;
 after it, recovery skips the transfers the checkpoint already holds (seq <= last_seq).
 """
+from __future__ import annotations
+
 import logging
 import os
 import time
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
 import torch
 
+from ..state.tables import R
 from . import runtime_file
-from .journal import list_segments, recover, segment_name
-from .tables import R
+from .journal import Transfer, list_segments, recover, segment_name
+
+if TYPE_CHECKING:
+    from ..device import Device
+    from ..state import DeviceState
 
 log = logging.getLogger("gpu_worker.checkpoint")
 STATE = "state/current"
@@ -27,8 +34,8 @@ STATE_VERSION = 1
 ROW_TABLES = ("participants", "spaces", "members", "conversations", "receipts")
 
 
-def encode_state(device, last_seq, last_digest, generation):
-    t = device.tables
+def encode_state(state: DeviceState, last_seq: int, last_digest: bytes, generation: int) -> bytes:
+    t = state.tables
     tables = {}
     for name in ROW_TABLES:
         table = getattr(t, name)
@@ -41,25 +48,28 @@ def encode_state(device, last_seq, last_digest, generation):
     results = b"".join(t.get_bytes(t.result_bytes, r, n)
                        for r, n in zip(live.tolist(), t.receipts[live, R.RESULT_LEN].tolist()))
     digests = t.receipt_digests[live].cpu().numpy().tobytes()
-    return msgpack.packb({
+    raw = state.participants.raw
+    blob: bytes = msgpack.packb({
         "version": STATE_VERSION, "generation": generation, "last_seq": last_seq, "last_digest": last_digest,
-        "admissions": device.admissions, "boot": device.boot, "last_boot_ns": device.last_boot_ns,
+        "admissions": state.admissions, "boot": state.boot, "last_boot_ns": state.last_boot_ns,
         "tables": tables, "digests": digests, "commands": commands, "results": results,
-        "media": {sha: [entry["length"], entry["type"], [device.participant_ids[p][2] for p in sorted(entry["owners"])]]
-                  for sha, entry in device.media.items()},
+        "media": {sha: [source.length, source.type, [raw[p] for p in sorted(source.owners)]]
+                  for sha, source in state.media.items()},
         "written_ns": time.time_ns(),
     }, use_bin_type=True)
+    return blob
 
 
-def load_state(device, blob):
-    """Fill the device's (empty) tables from a state blob; returns (last_seq, last_digest)."""
-    state = msgpack.unpackb(blob, raw=False)
-    if state.get("version") != STATE_VERSION:
-        raise ValueError(f"state extent version {state.get('version')} is not supported")
-    t = device.tables
+def load_state(state: DeviceState, blob: bytes | memoryview) -> dict[str, Any]:
+    """Fill the (empty) state's tables and counters from a state blob; returns its media sources
+    ({sha256: [length, type, [participant raw ids]]}) for the indexes."""
+    saved = msgpack.unpackb(blob, raw=False)
+    if saved.get("version") != STATE_VERSION:
+        raise ValueError(f"state extent version {saved.get('version')} is not supported")
+    t = state.tables
     for name in ROW_TABLES:
         table = getattr(t, name)
-        rows_raw, data = state["tables"][name]
+        rows_raw, data = saved["tables"][name]
         rows = torch.from_numpy(np.frombuffer(rows_raw, dtype="<i8").copy())
         if len(rows):
             values = torch.from_numpy(np.frombuffer(data, dtype="<i8").copy()).view(len(rows), table.shape[1])
@@ -67,38 +77,43 @@ def load_state(device, blob):
     live = torch.nonzero(t.receipts[:, R.STATE] != 0).flatten()
     if len(live):
         t.receipt_digests[live] = torch.from_numpy(
-            np.frombuffer(state["digests"], dtype=np.uint8).copy()).view(len(live), 2, 32).to(t.device)
-        t.mark_folded(state["generation"])
+            np.frombuffer(saved["digests"], dtype=np.uint8).copy()).view(len(live), 2, 32).to(t.device)
+        t.mark_folded(saved["generation"])
     pos = {"commands": 0, "results": 0}
     for r in live.tolist():
         row = t.row(t.receipts, r)
         for key, table, col in (("commands", t.command_bytes, R.COMMAND_LEN), ("results", t.result_bytes, R.RESULT_LEN)):
             n = row[col]
-            t.put_bytes(table, r, state[key][pos[key]:pos[key] + n])
+            t.put_bytes(table, r, saved[key][pos[key]:pos[key] + n])
             pos[key] += n
-    device.admissions = state["admissions"]
-    device.boot = state["boot"]
-    device.last_boot_ns = state["last_boot_ns"]
-    return state["last_seq"], state["last_digest"], state["generation"], state.get("media", {})
+    state.admissions = saved["admissions"]
+    state.boot = saved["boot"]
+    state.last_boot_ns = saved["last_boot_ns"]
+    state.checkpoint_seq, state.checkpoint_digest = saved["last_seq"], saved["last_digest"]
+    state.save_generation = saved["generation"]
+    media: dict[str, Any] = saved.get("media", {})
+    return media
 
 
-def audit_blob(transfers):
-    return msgpack.packb([[tr.seq, int(tr.kind), tr.payload, tr.digest] for tr in transfers], use_bin_type=True)
+def audit_blob(transfers: list[Transfer]) -> bytes:
+    blob: bytes = msgpack.packb([[tr.seq, int(tr.kind), tr.payload, tr.digest] for tr in transfers], use_bin_type=True)
+    return blob
 
 
-def write(device):
+def write(device: Device) -> dict[str, Any] | None:
     """Fold the device's journal into the runtime file (device idle: nothing queued)."""
     started = time.perf_counter()
-    writer = device.writer
+    writer = device.committer.writer
     if writer.queued_records:
         raise RuntimeError("checkpoint with unsaved transfers queued")
     last_seq, last_digest = writer.next_seq - 1, writer.last_digest
-    if last_seq <= device.checkpoint_seq:
+    current = device.state
+    if last_seq <= current.checkpoint_seq:
         return None
-    folded = recover(device.journal_dir, device.fs, device.incarnation, start_digest=device.checkpoint_digest,
-                     after_seq=device.checkpoint_seq).transfers
-    generation = device.generation + 1
-    state = encode_state(device, last_seq, last_digest, generation)
+    folded = recover(device.journal_dir, device.fs, current.incarnation, start_digest=current.checkpoint_digest,
+                     after_seq=current.checkpoint_seq).transfers
+    generation = current.generation + 1
+    state = encode_state(current, last_seq, last_digest, generation)
     new_generation = runtime_file.append(device.runtime.path, [
         (STATE, "bytes", state), (f"audit/{generation:08d}", "bytes", audit_blob(folded))])
     if new_generation != generation:

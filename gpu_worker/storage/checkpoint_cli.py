@@ -1,38 +1,28 @@
 """`python -m gpu_worker checkpoint --ccir F --journal DIR`: fold the journal into the runtime
 file. A running device does it between two ticks (asked over its socket); with no device
 running, the command opens the state itself (taking the journal lock)."""
+from __future__ import annotations
+
 import argparse
 import json
 import os
-import socket
 import sys
 
-from .protocol import LENGTH, PROTOCOL_VERSION, decode_payload, encode_frame
+from ..contract.client import Connection
+from ..contract.wire import Message
 
 
-def _ask_device(socket_path):
+def _ask_device(socket_path: str) -> Message | None:
     """The running device's answer, or None when no device listens."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(600)
     try:
-        sock.connect(socket_path)
+        connection = Connection(socket_path, connect_timeout=5, timeout=600)
     except OSError:
-        sock.close()
         return None
-    with sock:
-        sock.sendall(encode_frame({"v": PROTOCOL_VERSION, "id": 1, "op": "checkpoint", "principal": None, "args": {}}))
-        header = sock.recv(4, socket.MSG_WAITALL)
-        (n,) = LENGTH.unpack(header)
-        data = b""
-        while len(data) < n:
-            chunk = sock.recv(n - len(data))
-            if not chunk:
-                raise ConnectionError("device closed the connection")
-            data += chunk
-        return decode_payload(data)
+    with connection:
+        return connection.call("checkpoint", None)
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpu_worker checkpoint")
     parser.add_argument("--ccir", required=True)
     parser.add_argument("--journal", required=True)
@@ -45,7 +35,7 @@ def main(argv):
             return 1
         print(f"checkpoint (running device): {json.dumps(body, sort_keys=True)}")
         return 0
-    from .device import Device
+    from ..device import Device
     from .journal import JournalError
     from .runtime_file import RuntimeFile, RuntimeFileError
     try:
@@ -54,7 +44,7 @@ def main(argv):
         print(f"checkpoint: {exc}", file=sys.stderr)
         return 2
     try:
-        result = device.checkpoint() or {"generation": device.generation, "folded": 0}
+        result = device.checkpoint() or {"generation": device.state.generation, "folded": 0}
     finally:
         device.close()
     print(f"checkpoint (offline): {json.dumps(result, sort_keys=True)}")

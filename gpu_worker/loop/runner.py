@@ -11,7 +11,7 @@ import logging
 import queue
 import threading
 
-from .engine.scheduler import EngineRefusal
+from ..engine.scheduler import EngineRefusal
 
 log = logging.getLogger("gpu_worker.runner")
 

@@ -6,8 +6,11 @@ and a busy device makes dozens of column accesses per request); 16-byte identifi
 two signed int64 halves. Host-side dicts in the device only index IDs to rows; every value a reply
 shows is read back from these tensors. Capacities come from the runtime file's shared profile.
 """
+from __future__ import annotations
+
 import struct
 from enum import IntEnum
+from typing import Any
 
 import torch
 
@@ -129,29 +132,29 @@ _HALVES = struct.Struct("<qq")
 _INT64S = {}  # n -> struct of n native int64 (the tensors' own layout), for run writes
 
 
-def _int64s(n):
+def _int64s(n: int) -> struct.Struct:
     s = _INT64S.get(n)
     if s is None:
         s = _INT64S[n] = struct.Struct(f"={n}q")
     return s
 
 
-def split16(b):
+def split16(b: bytes) -> tuple[int, int]:
     """16 bytes -> two signed int64 halves (how identifiers live in int64 tensors)."""
     return _HALVES.unpack(b)
 
 
-def join16(hi, lo):
+def join16(hi: int, lo: int) -> bytes:
     return _HALVES.pack(hi, lo)
 
 
-def width(columns):
+def width(columns: type) -> int:
     """Number of columns of a column class."""
     return 1 + max(v for k, v in vars(columns).items() if k.isupper())
 
 
 class Tables:
-    def __init__(self, capacities, device="cpu"):
+    def __init__(self, capacities: dict[str, int], device: str | torch.device = "cpu") -> None:
         self.device = torch.device(device)
         self.capacities = dict(capacities)
         i64 = dict(dtype=torch.int64, device=self.device)
@@ -169,7 +172,7 @@ class Tables:
         # On the CPU, flat memoryviews share the tensors' memory: a scalar read or write costs
         # ~30 ns, against microseconds for a torch dispatch and ~150 ns for a numpy element.
         # id(table) -> (element view, columns, byte view)
-        self._flat = None
+        self._flat: dict[int, tuple[Any, int, memoryview]] | None = None
         if self.device.type == "cpu":
             self._flat = {}
             for t in (self.participants, self.spaces, self.members, self.conversations, self.receipts,
@@ -178,7 +181,7 @@ class Tables:
                 self._flat[id(t)] = (raw.cast("q") if t.dtype == torch.int64 else raw, t.shape[1], raw)
             self._digests = memoryview(self.receipt_digests.numpy()).cast("B")
 
-    def write_row(self, table, row, values):
+    def write_row(self, table: torch.Tensor, row: int, values: dict[int, int]) -> None:
         """values: {column: int}."""
         if self._flat is not None:
             flat, cols, _ = self._flat[id(table)]
@@ -189,7 +192,7 @@ class Tables:
         cols = torch.tensor(list(values), dtype=torch.int64, device=self.device)
         table[row, cols] = torch.tensor(list(values.values()), dtype=torch.int64, device=self.device)
 
-    def put_cols(self, table, row, first, values):
+    def put_cols(self, table: torch.Tensor, row: int, first: int, values: list[int] | tuple[int, ...]) -> None:
         """Write consecutive columns first, first + 1, ... of a row in one step (a whole row:
         first 0 and width() values, so nothing of a reused row's old content stays)."""
         if self._flat is not None:
@@ -198,19 +201,19 @@ class Tables:
         else:
             table[row, first:first + len(values)] = torch.tensor(values, dtype=torch.int64, device=self.device)
 
-    def row(self, table, row):
+    def row(self, table: torch.Tensor, row: int) -> list[int]:
         if self._flat is not None:
             flat, cols, _ = self._flat[id(table)]
             return flat[row * cols:(row + 1) * cols].tolist()
         return table[row].tolist()
 
-    def value(self, table, row, col):
+    def value(self, table: torch.Tensor, row: int, col: int) -> int:
         if self._flat is not None:
             flat, cols, _ = self._flat[id(table)]
             return flat[row * cols + col]
         return int(table[row, col].item())
 
-    def put_bytes(self, table, row, data, offset=0):
+    def put_bytes(self, table: torch.Tensor, row: int, data: bytes, offset: int = 0) -> None:
         if not data:
             return
         if self._flat is not None:
@@ -220,7 +223,7 @@ class Tables:
         else:
             table[row, offset:offset + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
 
-    def get_bytes(self, table, row, length, offset=0):
+    def get_bytes(self, table: torch.Tensor, row: int, length: int, offset: int = 0) -> bytes:
         if length <= 0:
             return b""
         if self._flat is not None:
@@ -229,14 +232,14 @@ class Tables:
             return flat[start:start + length].tobytes()
         return table[row, offset:offset + length].cpu().numpy().tobytes()
 
-    def put_digest(self, row, which, digest):
+    def put_digest(self, row: int, which: int, digest: bytes) -> None:
         if self._flat is not None:
             start = row * 64 + which * 32
             self._digests[start:start + 32] = digest
         else:
             self.receipt_digests[row, which] = torch.frombuffer(bytearray(digest), dtype=torch.uint8).to(self.device)
 
-    def put_digests(self, row, digest):
+    def put_digests(self, row: int, digest: bytes) -> None:
         """The same digest as both the admission's (0) and the terminal's (1)."""
         if self._flat is not None:
             self._digests[row * 64:row * 64 + 64] = digest + digest
@@ -244,13 +247,13 @@ class Tables:
             self.receipt_digests[row] = torch.frombuffer(bytearray(digest * 2), dtype=torch.uint8).view(2, 32).to(
                 self.device)
 
-    def get_digest(self, row, which):
+    def get_digest(self, row: int, which: int) -> bytes:
         if self._flat is not None:
             start = row * 64 + which * 32
             return self._digests[start:start + 32].tobytes()
         return self.receipt_digests[row, which].cpu().numpy().tobytes()
 
-    def mark_folded(self, generation):
+    def mark_folded(self, generation: int) -> None:
         """Every live receipt is now saved in the runtime file, at this generation (a checkpoint)."""
         live = self.receipts[:, R.STATE] != 0
         for col, value in ((R.ADM_SOURCE, Source.FILE), (R.TERM_SOURCE, Source.FILE),
@@ -258,11 +261,11 @@ class Tables:
             self.receipts[live, col] = int(value)
 
     @staticmethod
-    def unused_rows(table):
+    def unused_rows(table: torch.Tensor) -> list[int]:
         """Free rows of a table, highest first, so pop() hands out the lowest free row."""
         return torch.nonzero(table[:, 0] == 0).flatten().flip(0).tolist()
 
-    def usage(self):
+    def usage(self) -> dict[str, int]:
         tables = {"participants": self.participants, "spaces": self.spaces, "members": self.members,
                   "conversations": self.conversations, "receipts": self.receipts}
         return {name: int((t[:, 0] != 0).sum()) for name, t in tables.items()}

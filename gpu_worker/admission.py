@@ -1,0 +1,188 @@
+"""The mutation protocol (SPEC "Mutations and retries"): every mutation's envelope, retry and
+sequence rules, then its kind's own check; the admission transfer that records it; applying it
+to the tables (live and at replay, the same code); and the save fields once it is saved.
+
+Order of the checks: grant (403), command bytes (400), lineage (409 `stale_lineage`), retry floor
+(410), exact retry (200) or changed bytes (409 `operation_changed`), future sequence (409), key in
+use (409), registration (409 `participant_not_registered`), hold (429), receipt table (507), then
+the kind's own checks. Nothing changes unless all pass. This is the busiest path of a device:
+bench/tick_cpu.py measures it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from .contract.errors import ServiceError
+from .contract.ids import HEX32
+from .contract.wire import Message, pack
+from .ops.kind import Kind, OperationKind
+from .ops.registry import KINDS
+from .state import ids
+from .state.tables import P, R, Source, Terminal, split16, width
+from .storage.journal import MAX_RECORDS_PER_TICK, TransferKind, record_count
+
+if TYPE_CHECKING:
+    from .device import Device
+    from .storage.journal import Transfer
+
+ADMISSION_VERSION = 1
+HEX32_MATCH = HEX32.match
+# (transfer, boot, generation, source) columns of the admission (0) and terminal (1) save fields,
+# consecutive so that record_save writes the four, or all eight, at once
+SAVE_COLUMNS = ((R.ADM_TRANSFER, R.ADM_BOOT, R.ADM_GENERATION, R.ADM_SOURCE),
+                (R.TERM_TRANSFER, R.TERM_BOOT, R.TERM_GENERATION, R.TERM_SOURCE))
+assert all(cols == tuple(range(cols[0], cols[0] + 4)) for cols in SAVE_COLUMNS)
+assert SAVE_COLUMNS[1][0] == SAVE_COLUMNS[0][0] + 4
+ADMISSION_ONLY, ADMISSION_AND_TERMINAL = (0,), (0, 1)
+# Plain ints for the per-request path (an IntEnum member read costs ~80 ns on Python 3.11).
+_REGISTER, _RETIREMENT = int(Kind.PARTICIPANT_REGISTER), int(Kind.RETIREMENT)
+_SUCCEEDED, _JOURNAL = int(Terminal.SUCCEEDED), int(Source.JOURNAL)
+_ADMISSION_TRANSFER = int(TransferKind.ADMISSION)
+_RECEIPT_WIDTH = width(R)
+
+
+@dataclass
+class Admission:
+    """The decoded admission transfer: what the journal records for one new operation.
+    `extra` holds what the kind's check returned (IDs, never rows), so replay re-resolves them."""
+    kind: int
+    principal: bytes
+    sequence: int
+    key: bytes
+    op: bytes
+    canonical: bytes
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return pack([ADMISSION_VERSION, self.kind, self.principal, self.sequence, self.key, self.op,
+                     self.canonical, self.extra])
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Admission:
+        fields = msgpack.unpackb(payload, raw=False)
+        if not isinstance(fields, list) or len(fields) != 8 or fields[0] != ADMISSION_VERSION:
+            raise ValueError("unknown admission layout")
+        return cls(*fields[1:])
+
+
+def admit(d: Device, msg: Message, kind: OperationKind, budget: int) -> tuple[int, int, int] | None:
+    """One mutation in a tick: (status, receipt row, journal records used), None when it does not
+    fit what is left of the tick's record budget, or a ServiceError."""
+    principal = d.principal(msg, kind.action)
+    args = msg.get("args")
+    if not isinstance(args, dict):
+        args = {}
+    lineage, key, sequence, canonical = (args.get("lineage"), args.get("operation_key"),
+                                         args.get("sequence"), args.get("canonical"))
+    if not (type(lineage) is str and type(key) is str and HEX32_MATCH(key)
+            and type(sequence) is int and type(canonical) is bytes):
+        raise ServiceError(400, "bad_command", "mutation lacks lineage, operation_key, sequence or canonical bytes")
+    if len(canonical) > d.command_bytes:
+        raise ServiceError(400, "command_too_large",
+                           f"canonical operation is {len(canonical)} bytes; the limit is {d.command_bytes}")
+    state = d.state
+    participants = state.participants
+    receipts = state.receipts
+    tables = state.tables
+    prow = participants.by_principal.get(principal)
+    if prow is None:
+        expected, floor, next_seq = participants.lineage_of(principal).hex(), 1, 1
+    else:
+        row = tables.row(tables.participants, prow)
+        expected, floor, next_seq = participants.lineage_hex[prow], row[P.RETRY_FLOOR], row[P.NEXT_SEQUENCE]
+    if lineage != expected:
+        raise ServiceError(409, "stale_lineage", "lineage is not the participant's current lineage", lineage=expected)
+    if sequence < floor:
+        raise ServiceError(410, "below_retry_floor", f"sequence {sequence} is below the retry floor {floor}",
+                           retry_floor=str(floor))
+    rrow = receipts.by_sequence.get((prow, sequence)) if prow is not None else None
+    if rrow is not None:
+        n = tables.value(tables.receipts, rrow, R.COMMAND_LEN)
+        if tables.get_bytes(tables.command_bytes, rrow, n) != canonical:
+            raise ServiceError(409, "operation_changed",
+                               f"sequence {sequence} was admitted with different operation bytes")
+        return 200, rrow, 0
+    if sequence > next_seq:
+        raise ServiceError(409, "future_sequence", f"sequence {sequence} is ahead of the next sequence {next_seq}",
+                           next_sequence=str(next_seq))
+    key_raw = bytes.fromhex(key)
+    if prow is not None and (prow, key_raw) in receipts.by_key:
+        raise ServiceError(409, "operation_key_in_use",
+                           "operation key belongs to another live operation of this participant")
+    code = kind.code
+    if code != _REGISTER and prow is None:
+        raise ServiceError(409, "participant_not_registered", "register the participant first (POST /participant)")
+    if d.holds.current:
+        raise d.holds.refusal(d.committer.writer.queued_bytes)
+    # one receipt slot stays in reserve so that a full table can always record a retirement
+    if len(receipts.free) < (1 if code == _RETIREMENT else 2):
+        raise ServiceError(507, "receipt_table_full",
+                           "the receipt table is full; record a retirement (POST /retirements) to free receipts")
+    extra = kind.check(d, principal, prow, args, key_raw, sequence)
+    admission = Admission(code, principal, sequence, key_raw, ids.operation(state.incarnation, state.admissions + 1),
+                          canonical, extra)
+    payload = admission.encode()
+    records = record_count(len(payload))
+    if records > budget and budget < MAX_RECORDS_PER_TICK:
+        return None
+    seq = d.committer.append(_ADMISSION_TRANSFER, payload)
+    rrow = apply(d, admission, seq)
+    d.pending_admissions[seq] = (rrow, code)
+    return 202, rrow, records
+
+
+def apply(d: Device, a: Admission, transfer_seq: int | None) -> int:
+    """Apply one admission to the tables, live (transfer_seq: its journal transfer, not yet saved)
+    and at replay (transfer_seq None: saved). Returns its receipt row."""
+    kind = KINDS[a.kind]  # replay checked the code: an unknown kind fails closed there
+    state = d.state
+    state.admissions += 1
+    t = state.tables
+    receipts = state.receipts
+    rrow = receipts.free.pop()
+    prow = state.participants.by_principal.get(a.principal, -1)
+    target = kind.apply(d, a, prow, transfer_seq, rrow)
+    if prow < 0:  # a registration made the participant
+        prow = target
+    t.write_row(t.participants, prow, {P.NEXT_SEQUENCE: a.sequence + 1})
+    row = [0] * _RECEIPT_WIDTH  # the whole row is written: a reused slot starts clean
+    row[R.STATE] = 1
+    row[R.PARTICIPANT] = prow
+    row[R.SEQUENCE] = a.sequence
+    row[R.KIND] = a.kind
+    row[R.KEY_HI], row[R.KEY_LO] = split16(a.key)
+    row[R.OP_HI], row[R.OP_LO] = split16(a.op)
+    row[R.TARGET] = target
+    row[R.CREATED] = state.admissions
+    row[R.COMMAND_LEN] = len(a.canonical)
+    row[R.TERMINAL] = _SUCCEEDED
+    if kind.columns is not None:
+        for col, value in kind.columns(d, a).items():
+            row[col] = value
+    t.put_cols(t.receipts, rrow, 0, row)
+    t.put_bytes(t.command_bytes, rrow, a.canonical)
+    receipts.add(rrow, prow, a.sequence, a.key, a.op)
+    return rrow
+
+
+def mark_saved(d: Device, rrow: int, transfer: Transfer, kind: OperationKind) -> None:
+    """Record the save fields of the transfer that saved this receipt's admission. A kind that
+    does not execute finishes at admission: the same transfer saves its terminal result."""
+    record_save(d, rrow, transfer, ADMISSION_ONLY if kind.executes else ADMISSION_AND_TERMINAL)
+
+
+def record_save(d: Device, rrow: int, transfer: Transfer, which: tuple[int, ...]) -> None:
+    """Save fields of a transfer into the admission (0) and/or terminal (1) columns."""
+    state = d.state
+    t = state.tables
+    fields = (transfer.seq, state.boot, state.save_generation, _JOURNAL)
+    if which is ADMISSION_AND_TERMINAL:  # adjacent columns and digests: one write each
+        t.put_cols(t.receipts, rrow, SAVE_COLUMNS[0][0], fields + fields)
+        t.put_digests(rrow, transfer.digest)
+        return
+    for w in which:
+        t.put_cols(t.receipts, rrow, SAVE_COLUMNS[w][0], fields)
+        t.put_digest(rrow, w, transfer.digest)

@@ -1,0 +1,67 @@
+"""The words of the API both processes use: schemas, gateway actions, scopes, permissions,
+terminal statuses, and the device commands with the action each needs (docs/protocol.md).
+
+The gateway's views name a command and check its action before calling the device; the device
+checks the same action against the current grant file; the OpenAPI table reads it from here."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MUTATION_SCHEMA = "aotx.shared.mutation.v1"
+RECEIPT_SCHEMA = "aotx.shared.receipt.v1"
+CAPABILITIES_SCHEMA = "aotx.shared.capabilities.v1"
+BASE_PATH = "/aotx/v1/shared"
+ENVELOPE = ("schema", "lineage", "operation_key", "sequence")
+
+READ, WRITE, MANAGE, CHAT = "shared_read", "shared_write", "shared_manage", "chat"
+ACTIONS = (READ, WRITE, MANAGE, CHAT)
+SCOPES = ("private", "room", "instance")
+PERMISSIONS = ("read", "write", "manage")
+MEDIA_TYPES = ("image", "audio")
+TERMINAL_STATUSES = ("succeeded", "failed", "cancelled", "interrupted", "deadline_exceeded")
+HOLD_CAUSES = ("file_cap", "low_disk", "disk_full")
+
+
+@dataclass(frozen=True)
+class Command:
+    """One device command. `action` is the gateway action its principal needs (None: an ops
+    command on the local socket, no principal); a mutation's `receipt_kind` is the `kind` its
+    receipts show."""
+    op: str
+    action: str | None
+    receipt_kind: str | None = None
+
+    @property
+    def mutation(self) -> bool:
+        return self.receipt_kind is not None
+
+
+COMMANDS = {c.op: c for c in (
+    # ops (no principal)
+    Command("ping", None),
+    Command("checkpoint", None),
+    # reads
+    Command("capabilities", READ),
+    Command("participant.get", READ),
+    Command("participants.get", READ),
+    Command("spaces.list", READ),
+    Command("spaces.get", READ),
+    Command("members.list", READ),
+    Command("conversations.list", READ),
+    Command("conversations.get", READ),
+    Command("operations.list", READ),
+    Command("operations.get", READ),
+    Command("operations.result", READ),
+    Command("models.list", CHAT),
+    # answered outside the read/mutation order
+    Command("chat.completions", CHAT),
+    Command("media.put", WRITE),
+    # mutations
+    Command("participant.register", WRITE, "participant.register"),
+    Command("spaces.create", WRITE, "space.create"),
+    Command("members.set", MANAGE, "member.set"),
+    Command("conversations.create", WRITE, "conversation.create"),
+    Command("retirements.record", WRITE, "retirement"),
+    Command("conversations.input", WRITE, "conversation.input"),
+    Command("cancellations.record", WRITE, "cancellation"),
+)}

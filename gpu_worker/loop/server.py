@@ -1,0 +1,264 @@
+"""The device's transport: the socket server on DIR/service.sock and the loop that drives the
+tick pipeline (storage/committer.py). No domain rule lives here.
+
+One thread owns the shared state (the engine computes on its own thread, loop/runner.py, and
+hands its events back to this loop). The sockets belong to a native thread (native/sockio.cpp):
+it accepts, reads, splits frames and sends, holding no interpreter lock, and hands this loop
+whole frame payloads through one eventfd. This loop decodes each payload, checks the protocol
+version, queues it in the inbox, lets the committer gather and commit ticks, and answers through
+`io.send`, one call per round of replies. The committer's tick I/O thread reports through a
+second eventfd; other threads reach the loop only through `deliver` and `stop`, which queue work
+and write to a third.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import select
+import signal
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+from .. import native
+from ..contract.wire import (MAX_FRAME, PROTOCOL_VERSION, VERSION_REFUSED, Message, ProtocolError, decode_payload,
+                             encode_frame, reply)
+
+log = logging.getLogger("gpu_worker.server")
+IDLE_SECONDS = 0.1
+# A connection whose unsent replies pass this many bytes is not read until they drain below it,
+# nor one with this many requests not yet answered: a client that sends without reading gets
+# backpressure, not a device that grows without bound.
+HIGH_WATER = 4 << 20
+MAX_IN_FLIGHT = 128
+ACCEPT_PAUSE = 1.0  # seconds without accepting after accept() fails (out of descriptors)
+_IN = select.EPOLLIN
+
+
+class Connection:
+    """One gateway connection as the device sees it: the native loop's id for it. Replies and
+    the device's per-connection state (chat streams) are keyed by this object."""
+    __slots__ = ("id", "closed")
+
+    def __init__(self, conn_id: int) -> None:
+        self.id = conn_id
+        self.closed = False
+
+
+class Server:
+    def __init__(self, device: Any, socket_path: str) -> None:
+        self.device = device                 # gpu_worker.device.Device
+        self.committer = device.committer
+        self.socket_path = socket_path
+        self.inbox: collections.deque[tuple[Connection, Message]] = collections.deque()
+        self.failure: BaseException | None = None
+        self._want_tick = False
+        self._running = False
+        self.io: Any = None                  # the native socket loop (sockio), while run() runs
+        self._conns: dict[int, Connection] = {}  # conn id -> Connection, from its first frame
+        self._wake: int | None = None        # run()'s eventfd: other threads wake the loop through it
+        self._wake_lock = threading.RLock()  # re-entrant: stop() may run in a signal handler
+        self._from_threads: collections.deque[list[Any]] = collections.deque()  # engine events from deliver()
+        self._stop_asked = False
+
+    # ---- driving the pipeline -----------------------------------------------------------
+
+    def submit(self, conn: Connection, msg: Message) -> None:
+        self.inbox.append((conn, msg))
+        self._want_tick = True
+
+    def _tick(self) -> None:
+        self._want_tick = False
+        self._step(self.committer.tick, self.inbox)
+
+    def _synced(self) -> None:
+        self._step(self.committer.synced)
+
+    def _step(self, step: Callable[..., list[tuple[Connection, Message]]], *args: Any) -> None:
+        try:
+            self._send(step(*args))
+        except BaseException as exc:  # a journal I/O error stops the device so a restart recovers
+            self._fail(exc)
+            return
+        self._schedule_if_work()
+
+    def _fail(self, exc: BaseException) -> None:
+        self.failure = exc
+        self._running = False
+
+    def _idle(self) -> None:
+        """Ten times a second: holds, deadlines, stale output to journal, automatic checkpoint."""
+        try:
+            self.device.idle()
+        except BaseException as exc:
+            self._fail(exc)
+            return
+        self._schedule_if_work()
+
+    def _schedule_if_work(self) -> None:
+        if (not self._want_tick and not self.committer.gathered_ahead()
+                and (self.inbox or self.device.internal_work)):
+            self._want_tick = True
+
+    def engine_events(self, events: list[Any]) -> None:
+        """The engine thread's events, on this loop's thread."""
+        try:
+            self.device.engine_events(events)
+        except BaseException as exc:
+            self._fail(exc)
+            return
+        self._send(self.device.take_outbox())
+        self._schedule_if_work()
+
+    # ---- sockets -----------------------------------------------------------------------
+
+    def _send(self, replies: list[tuple[Connection, Message]]) -> None:
+        """Hand replies to the socket thread: one (conn id, frames, count) per connection."""
+        if not replies:
+            return
+        by_conn: dict[Connection, list[bytes]] = {}
+        for conn, msg in replies:
+            frames = by_conn.get(conn)
+            if frames is None:
+                by_conn[conn] = [encode_frame(msg)]
+            else:
+                frames.append(encode_frame(msg))
+        self.io.send([(conn.id, frames[0] if len(frames) == 1 else b"".join(frames), len(frames))
+                      for conn, frames in by_conn.items() if not conn.closed])
+
+    def _arrived(self, events: list[tuple[int, bytes | str | None]]) -> None:
+        """What the socket thread read: frame payloads, connections gone, warnings."""
+        conns = self._conns
+        for conn_id, data in events:
+            conn = conns.get(conn_id)
+            if type(data) is bytes:
+                if conn is None:
+                    conn = conns[conn_id] = Connection(conn_id)
+                elif conn.closed:
+                    continue
+                try:
+                    msg = decode_payload(data)
+                except ProtocolError as exc:
+                    log.warning("closing connection: %s", exc)
+                    self.io.close(conn_id)
+                    self._closed(conn)
+                    continue
+                if msg.get("v") != PROTOCOL_VERSION:
+                    self._send([(conn, reply(msg.get("id"), 400, VERSION_REFUSED))])
+                    continue
+                self.submit(conn, msg)
+            elif data is None:  # the peer closed, the connection failed, or its frame was too large
+                if conn is not None:
+                    self._closed(conn)
+            else:
+                log.warning("%s", data)
+
+    def _closed(self, conn: Connection) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        del self._conns[conn.id]
+        try:
+            self.device.connection_closed(conn)
+        except BaseException as exc:
+            self._fail(exc)
+
+    # ---- other threads -----------------------------------------------------------------
+
+    def deliver(self, events: list[Any]) -> None:
+        """From the engine thread: hand events to the loop (dropped while no loop runs)."""
+        with self._wake_lock:
+            if self._wake is not None:
+                self._from_threads.append(events)
+                os.eventfd_write(self._wake, 1)
+
+    def stop(self) -> None:
+        """From any thread or a signal handler: the loop ends after its current step."""
+        with self._wake_lock:
+            self._stop_asked = True
+            if self._wake is not None:
+                os.eventfd_write(self._wake, 1)
+
+    def _woken(self) -> None:
+        assert self._wake is not None
+        try:
+            os.eventfd_read(self._wake)
+        except BlockingIOError:
+            pass
+        if self._stop_asked:
+            self._running = False
+        while self._from_threads and self._running:
+            self.engine_events(self._from_threads.popleft())
+
+    # ---- the loop ----------------------------------------------------------------------
+
+    def _listen(self) -> socket.socket:
+        if os.path.exists(self.socket_path):
+            os.unlink(self.socket_path)  # we hold the journal lock, so no live device owns it
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self.socket_path)
+        os.chmod(self.socket_path, 0o660)
+        listener.listen(1024)
+        listener.setblocking(False)
+        return listener
+
+    def run(self, on_ready: Callable[[], None] | None = None) -> None:
+        listener = self._listen()
+        self.io = io = native.load("sockio").Loop(listener.fileno(), HIGH_WATER, MAX_IN_FLIGHT, MAX_FRAME, ACCEPT_PAUSE)
+        with self._wake_lock:
+            self._wake = os.eventfd(1 if self._stop_asked else 0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        epoll = select.epoll()
+        syncer = native.load("sockio").Syncer()
+        self.committer.attach(syncer)
+        io_fd, sync_fd, wake_fd = io.fileno(), syncer.fileno(), self._wake
+        for fd in (io_fd, sync_fd, wake_fd):
+            epoll.register(fd, _IN)
+        on_main = threading.current_thread() is threading.main_thread()  # tests run a server on a thread
+        previous: dict[int, Any] = {}
+        if on_main:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, lambda *_: self.stop())
+        self._running = True
+        next_idle = time.monotonic() + IDLE_SECONDS
+        try:
+            io.start()
+            if on_ready:
+                on_ready()
+            while self._running:
+                timeout = 0 if self._want_tick else max(0.0, next_idle - time.monotonic())
+                for fd, _ in epoll.poll(timeout):
+                    if fd == io_fd:
+                        self._arrived(io.take())
+                    elif fd == sync_fd:
+                        self._synced()
+                    elif fd == wake_fd:
+                        self._woken()
+                    if not self._running:
+                        break
+                if self._want_tick and self._running:
+                    self._tick()
+                if time.monotonic() >= next_idle and self._running:
+                    self._idle()
+                    next_idle = time.monotonic() + IDLE_SECONDS
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            io.stop()  # closes every connection
+            for conn in self._conns.values():
+                conn.closed = True
+            self._conns.clear()
+            epoll.close()
+            with self._wake_lock:
+                os.close(self._wake)
+                self._wake = None
+            self.committer.attach(None)
+            syncer.close()
+            listener.close()
+            try:
+                os.unlink(self.socket_path)
+            except OSError:
+                pass
+        if self.failure is not None:
+            raise self.failure

@@ -1,0 +1,64 @@
+"""Cancellations (SPEC "Mutations and retries"): stop a running input of the caller's, named by
+its exact sequence. Disconnect does not cancel; a cancellation cannot undo what is committed.
+Only an input still running can be cancelled (others: 409 `not_cancellable`, `already_finished`)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .. import execution
+from ..contract import ids
+from ..contract.errors import ServiceError
+from ..state.tables import P, R, Terminal, join16
+from . import registry
+from .kind import Kind, OperationKind
+
+if TYPE_CHECKING:
+    from ..admission import Admission
+    from ..device import Device
+
+
+def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], key: bytes,
+          sequence: int) -> dict[str, Any]:
+    assert prow is not None
+    target = args.get("target_sequence")
+    if not isinstance(target, int) or target < 1:
+        raise ServiceError(400, "bad_field", "target_sequence must be a positive decimal counter")
+    t = d.state.tables
+    floor = t.value(t.participants, prow, P.RETRY_FLOOR)
+    if target < floor:
+        raise ServiceError(410, "below_retry_floor", f"target_sequence {target} is below the retry floor {floor}")
+    rrow = d.state.receipts.by_sequence.get((prow, target))
+    if rrow is None:
+        raise ServiceError(404, "operation_not_found", f"no operation at sequence {target}")
+    row = t.row(t.receipts, rrow)
+    kind = registry.KINDS[row[R.KIND]]
+    if not kind.executes:
+        raise ServiceError(409, "not_cancellable", f"the operation at sequence {target} ({kind.name}) finished at "
+                                                   "admission and cannot be cancelled", target_sequence=str(target))
+    live = d.executions.live.get(rrow)
+    if row[R.TERMINAL] != Terminal.NONE or (live is not None and live.finish):
+        raise ServiceError(409, "already_finished", f"the input at sequence {target} has already finished",
+                           target_sequence=str(target))
+    return {"target_sequence": target}
+
+
+def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+    if transfer_seq is not None:  # live: stop generation now; replay: the completion says how it ended
+        execution.cancel(d, d.state.receipts.by_sequence[(prow, a.extra["target_sequence"])])
+    return prow
+
+
+def columns(d: Device, a: Admission) -> dict[int, int]:
+    """The target operation, so the receipt can name it after the target is retired."""
+    state = d.state
+    target = state.receipts.by_sequence[(state.participants.by_principal[a.principal], a.extra["target_sequence"])]
+    row = state.tables.row(state.tables.receipts, target)
+    return {R.TARGET_OP_HI: row[R.OP_HI], R.TARGET_OP_LO: row[R.OP_LO]}
+
+
+def target_id(d: Device, row: list[int], lineage: bytes) -> str:
+    return ids.operation_id(lineage, join16(row[R.TARGET_OP_HI], row[R.TARGET_OP_LO]))
+
+
+RECORD = OperationKind(Kind.CANCELLATION, "cancellations.record", check=check, apply=apply, target_id=target_id,
+                       columns=columns)

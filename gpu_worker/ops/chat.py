@@ -1,0 +1,117 @@
+"""Ordinary Chat Completions at the device: temporary requests on the same KV pool as
+conversation inputs, with no receipt and nothing journaled (SPEC: "Ordinary Chat Completions
+keeps its separate, temporary request contract").
+
+`chat.completions` answers later than its tick: token bytes stream back as frames with
+`"more": true` (when asked to stream; raw bytes, so a character may be split between frames and
+the gateway decodes them incrementally) and the last frame carries the finish reason and token
+counts. A closed gateway connection cancels its chats and frees their pages.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any
+
+from ..contract.errors import ServiceError
+from ..contract.vocabulary import CHAT
+from ..contract.wire import Message, dumps, reply
+from ..engine.block_manager import pages_for
+from .inputs import model_card
+
+if TYPE_CHECKING:
+    from ..device import Device
+    from ..storage.committer import Batch
+
+ROLES = ("system", "user", "assistant")
+FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
+
+
+class Chats:
+    """Chat requests in the engine, and the replies they produce outside any tick."""
+
+    def __init__(self) -> None:
+        self.live: dict[tuple[str, int], dict[str, Any]] = {}  # request id -> state of one chat
+        self.outbox: list[tuple[Any, Message]] = []             # (conn, reply) for the server to send
+        self._ids = itertools.count(1)
+
+    def next_id(self) -> tuple[str, int]:
+        return ("chat", next(self._ids))
+
+
+def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
+    """Hand a chat to the engine; a refusal is answered in this tick. Journals nothing."""
+    try:
+        d.principal(msg, CHAT)
+        if d.runner is None:
+            raise ServiceError(503, "engine_unavailable", "this device runs no generation engine")
+        args = d.args(msg)
+        messages = args.get("messages")
+        if (not isinstance(messages, list) or not messages
+                or any(not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str)
+                       for m in messages)):
+            raise ServiceError(400, "invalid_messages", "messages must be a non-empty list of {role, content}")
+        model_card(d, args.get("model"))
+        profile = d.runtime.runtime_profile
+        prompt = d.runner.engine.tokenizer.encode_chat(messages)
+        capacity = profile["page_grant"] * profile["page_size"]
+        max_tokens = args.get("max_tokens")
+        if max_tokens is None:
+            max_tokens = min(profile["max_output_tokens"], capacity - len(prompt) + 1)
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ServiceError(400, "invalid_max_tokens", "max_tokens must be a positive integer")
+        if len(prompt) + max_tokens - 1 > capacity:
+            raise ServiceError(400, "context_length_exceeded",
+                               f"{len(prompt)} prompt tokens and max_tokens {max_tokens} exceed the page grant of "
+                               f"{capacity} tokens")
+        stop = args.get("stop") or []
+        request_id = d.chats.next_id()
+        d.chats.live[request_id] = {"conn": conn, "id": msg.get("id"), "stream": bool(args.get("stream")),
+                                    "text": bytearray(), "tokens": 0, "prompt_tokens": len(prompt)}
+        d.runner.submit(request_id, prompt, max_new_tokens=max_tokens,
+                        temperature=float(args.get("temperature", 1.0)), top_p=float(args.get("top_p", 1.0)),
+                        stop=tuple(stop), page_limit=pages_for(len(prompt) + max_tokens - 1, profile["page_size"]))
+    except ServiceError as err:
+        batch.replies.append((conn, reply(msg.get("id"), err.status, err.body())))
+    return 0
+
+
+def event(d: Device, request_id: tuple[str, int], token: int | None, data: bytes, finish: str | None) -> None:
+    """One engine event of a chat: token bytes (streamed or collected), or its end."""
+    chats = d.chats
+    chat = chats.live.get(request_id)
+    if chat is None:
+        return
+    if token is not None:
+        chat["tokens"] += 1
+    if data:
+        if chat["stream"]:
+            chats.outbox.append((chat["conn"], {"id": chat["id"], "status": 200, "more": True, "body": data}))
+        else:
+            chat["text"] += data
+    if finish is None:
+        return
+    del chats.live[request_id]
+    if finish.startswith("failed"):
+        error = ServiceError(500, "generation_failed", f"generation failed ({finish})")
+        chats.outbox.append((chat["conn"], reply(chat["id"], error.status, error.body())))
+        return
+    body = {"finish_reason": FINISH.get(finish, "stop"), "prompt_tokens": chat["prompt_tokens"],
+            "completion_tokens": chat["tokens"], "text": bytes(chat["text"]).decode("utf-8", "replace")}
+    chats.outbox.append((chat["conn"], reply(chat["id"], 200, dumps(body))))
+
+
+def connection_closed(d: Device, conn: object) -> None:
+    """The gateway went away (its client disconnected): its chats stop and free their pages."""
+    for request_id, chat in list(d.chats.live.items()):
+        if chat["conn"] is conn:
+            del d.chats.live[request_id]
+            if d.runner is not None:
+                d.runner.cancel(request_id)
+
+
+def list_models(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
+    card = d.runtime.json("gen/card")
+    return 200, {"models": [{"name": card["name"], "digest": d.model_digest}]}
+
+
+READS = {"models.list": list_models}

@@ -1,0 +1,106 @@
+"""Conversation inputs (SPEC "Mutations and retries", "Results and memory"): the admission of an
+input and the reads of its result bytes. What happens after the admission is saved (lease,
+engine, output, completion) is gpu_worker/execution.py.
+
+The admission records the accepted model digest and the effective page limit and output limit
+apart from the caller's bytes; defaults are the profile's (256 output tokens, the page grant,
+temperature 0, top_p 1).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..contract import ids
+from ..contract.errors import ServiceError
+from ..contract.limits import INPUT_BYTES, MAX_MEDIA, MEDIA_LINK_BYTES
+from ..state.tables import R, Right, Terminal
+from . import access
+from .conversations import target_id, visible_to
+from .kind import Kind, OperationKind
+
+if TYPE_CHECKING:
+    from ..admission import Admission
+    from ..device import Device
+
+# Media control tokens of the model families this service may run: text may not carry them
+# (the device adds media links itself); refused before anything is retained.
+RESERVED_TOKENS = ("<|image|>", "<|audio|>", "<image>", "<audio>", "<|media|>", "<|vision_start|>",
+                   "<|vision_end|>", "<|image_pad|>", "<|video_pad|>", "<|audio_bos|>", "<|audio_eos|>",
+                   "<start_of_image>", "<end_of_image>", "<|begin_of_image|>", "<|end_of_image|>")
+
+
+def model_card(d: Device, name: Any) -> dict[str, Any]:
+    """The card of a served generation model, by name or digest (409 for any other)."""
+    card: dict[str, Any] = d.runtime.json("gen/card")
+    if name in (card["name"], d.model_digest):
+        return card
+    raise ServiceError(409, "model_not_available", f"model {name!r} is not served here; see /capabilities for the models")
+
+
+def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], key: bytes,
+          sequence: int) -> dict[str, Any]:
+    access.conversation_row(d, args.get("conversation"), principal, prow, Right.WRITE)  # 404 / 403 first
+    text, media = args.get("text"), args.get("media") or []
+    if not isinstance(text, str) or not isinstance(media, list):
+        raise ServiceError(400, "bad_field", "text must be a string and media an array")
+    if not text and not media:
+        raise ServiceError(400, "bad_field", "text can be empty only when media is present")
+    reserved = [token for token in RESERVED_TOKENS if token in text]
+    if reserved:
+        raise ServiceError(400, "reserved_token", f"text contains the reserved media control token {reserved[0]}")
+    if len(media) > MAX_MEDIA:
+        raise ServiceError(400, "too_many_media", f"at most {MAX_MEDIA} media references")
+    size = len(text.encode("utf-8")) + MEDIA_LINK_BYTES * len(media)
+    if size > INPUT_BYTES:
+        raise ServiceError(400, "input_too_large", f"text and media links take {size} bytes; the limit is "
+                                                   f"{INPUT_BYTES} ({MEDIA_LINK_BYTES} per media link)")
+    card = model_card(d, args.get("model"))
+    for row in media:
+        source = d.state.media.get(row.get("sha256")) if isinstance(row, dict) else None
+        if source is None or prow not in source.owners:
+            raise ServiceError(404, "media_not_found",
+                               f"no media source {row.get('sha256') if isinstance(row, dict) else row!r} "
+                               "owned by this participant")
+    types = set(r["type"] for r in media)
+    if media and not types <= set(card["capabilities"]["media_types"]):
+        raise ServiceError(409, "model_lacks_media", f"model {card['name']} takes no {', '.join(sorted(types))} input")
+    profile = d.runtime.runtime_profile
+    grant, pool = profile["page_grant"], profile["kv_pages"]
+    pages = args.get("pages", grant)
+    if not isinstance(pages, int) or pages < 1:
+        raise ServiceError(400, "bad_field", "pages must be a positive integer")
+    if pages > pool:
+        raise ServiceError(409, "page_limit_exceeds_pool", f"{pages} pages exceed the KV pool of {pool}")
+    if pages > grant:
+        raise ServiceError(409, "page_limit_exceeds_grant", f"{pages} pages exceed the page grant of {grant}")
+    max_output = args.get("max_output_tokens", profile["max_output_tokens"])
+    if not isinstance(max_output, int) or not 1 <= max_output <= pages * profile["page_size"]:
+        raise ServiceError(400, "bad_field", f"max_output_tokens must be 1..{pages * profile['page_size']} "
+                                             f"for {pages} pages")
+    temperature, top_p = args.get("temperature", 0.0), args.get("top_p", 1.0)
+    if not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2:
+        raise ServiceError(400, "bad_field", "temperature must be a number in [0, 2]")
+    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise ServiceError(400, "bad_field", "top_p must be a number in (0, 1]")
+    conversation = ids.CONVERSATION_ID.match(args["conversation"])
+    assert conversation is not None
+    return {"conversation": list(ids.split_id(conversation)),
+            "model": d.model_digest, "pages": pages, "max_output_tokens": max_output,
+            "temperature": float(temperature), "top_p": float(top_p),
+            "media": [[r["type"], r["sha256"]] for r in media]}
+
+
+def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+    conversations = d.state.conversations
+    recorded = a.extra["conversation"]
+    crow = conversations.by_id[(recorded[0], recorded[1])]
+    conversations.inputs.setdefault(crow, []).append(rrow)
+    return crow
+
+
+def columns(d: Device, a: Admission) -> dict[int, int]:
+    return {R.TERMINAL: Terminal.NONE, R.PAGE_LIMIT: a.extra["pages"], R.MAX_OUTPUT: a.extra["max_output_tokens"]}
+
+
+SUBMIT = OperationKind(Kind.INPUT, "conversations.input", check=check, apply=apply, target_id=target_id,
+                       visible_to=visible_to, columns=columns, executes=True)

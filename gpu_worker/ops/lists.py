@@ -1,0 +1,37 @@
+"""List reads (SPEC: "List reads accept cursor and limit"): the cursor is the creation counter of
+the last item of the previous page, so a page never repeats or skips a row that stays."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..contract.errors import ServiceError
+from ..contract.limits import DEFAULT_LIMIT, MAX_LIMIT
+
+
+def page_args(args: dict[str, Any]) -> tuple[int | None, int]:
+    """(cursor or None, limit) of a list read; the gateway already checked the syntax."""
+    cursor, limit = args.get("cursor"), args.get("limit", DEFAULT_LIMIT)
+    if not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise ServiceError(400, "bad_limit", f"limit must be 1..{MAX_LIMIT}")
+    if cursor is None:
+        return None, limit
+    if not isinstance(cursor, str) or not cursor.isdigit():
+        raise ServiceError(400, "bad_cursor", "cursor must be a decimal string")
+    return int(cursor), limit
+
+
+def page(table: torch.Tensor, created_col: int, mask: torch.Tensor, cursor: int | None,
+         limit: int) -> tuple[list[int], str | None]:
+    """Rows of table where mask holds, in creation order after cursor: (rows, next_cursor)."""
+    created = table[:, created_col]
+    if cursor is not None:
+        mask = mask & (created > cursor)
+    rows = torch.nonzero(mask).flatten()
+    order = torch.argsort(created[rows])
+    found: list[int] = rows[order][: limit + 1].tolist()
+    more = len(found) > limit
+    found = found[:limit]
+    next_cursor = str(int(created[found[-1]])) if more and found else None
+    return found, next_cursor

@@ -1,0 +1,91 @@
+"""Members (SPEC "Scope"): explicit rights rows of a space, set by a manager. An empty
+permissions array leaves a zero-rights row, which also blocks implicit instance access; the
+owner's rights are fixed."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..contract import ids
+from ..contract.errors import ServiceError
+from ..state.tables import M, R, S, Right
+from . import access
+from .kind import Kind, OperationKind
+from .lists import page, page_args
+from .spaces import space_key
+
+if TYPE_CHECKING:
+    from ..admission import Admission
+    from ..device import Device
+
+
+def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], key: bytes,
+          sequence: int) -> dict[str, Any]:
+    state = d.state
+    srow = access.space_row(d, args.get("space"), principal, prow, Right.MANAGE)
+    value = args.get("participant")
+    m = ids.PARTICIPANT_ID.match(value) if isinstance(value, str) else None
+    member = state.participants.by_raw.get(bytes.fromhex(m.group(1))) if m else None
+    if member is None:
+        raise ServiceError(404, "participant_not_found", f"no registered participant {value}")
+    permissions = args.get("permissions")
+    if (not isinstance(permissions, list) or any(p not in access.RIGHT_NAMES for p in permissions)
+            or len(set(permissions)) != len(permissions)):
+        raise ServiceError(400, "bad_field", "permissions must be distinct values of read, write, manage")
+    if member == state.tables.value(state.tables.spaces, srow, S.OWNER):
+        raise ServiceError(409, "owner_rights_fixed", "the space owner always has read, write and manage")
+    if (srow, member) not in state.members.rows and not state.members.free:
+        raise ServiceError(507, "member_capacity", f"the member table is full ({state.capacities['members']})")
+    space = ids.SPACE_ID.match(args["space"])
+    assert space is not None
+    return {"space": list(ids.split_id(space)), "participant": state.participants.raw[member],
+            "rights": sum(access.RIGHT_NAMES[p] for p in permissions)}
+
+
+def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+    state = d.state
+    srow = state.spaces.by_id[space_key(a.extra["space"])]
+    member = state.participants.by_raw[a.extra["participant"]]
+    t = state.tables
+    mrow = state.members.rows.get((srow, member))
+    if mrow is None:
+        mrow = state.members.rows[(srow, member)] = state.members.free.pop()
+        t.write_row(t.members, mrow, {M.STATE: 1, M.SPACE: srow, M.PARTICIPANT: member, M.CREATED: state.admissions})
+    t.write_row(t.members, mrow, {M.RIGHTS: a.extra["rights"]})
+    return srow
+
+
+def target_id(d: Device, row: list[int], lineage: bytes) -> str:
+    return access.space_id(d, row[R.TARGET])
+
+
+def visible_to(d: Device, principal: bytes, reader: int | None, row: list[int]) -> bool:
+    return access.space_readable(d, principal, reader, row[R.TARGET])
+
+
+SET = OperationKind(Kind.MEMBER_SET, "members.set", check=check, apply=apply, target_id=target_id,
+                    visible_to=visible_to)
+
+
+def list_members(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
+    """The owner (implicit, on the first page) then the explicit rows in creation order."""
+    state = d.state
+    srow = access.space_row(d, args.get("space"), principal, state.participants.by_principal.get(principal),
+                            Right.READ)
+    cursor, limit = page_args(args)
+    t = state.tables
+    members = t.members
+    rows, next_cursor = page(members, M.CREATED, (members[:, M.STATE] == 1) & (members[:, M.SPACE] == srow),
+                             cursor, limit)
+    names = state.participants.public_id
+    items = []
+    if cursor is None:
+        items.append({"participant": names[t.value(t.spaces, srow, S.OWNER)],
+                      "permissions": access.right_names(access.ALL_RIGHTS), "explicit": False})
+    for mrow in rows:
+        row = t.row(members, mrow)
+        items.append({"participant": names[row[M.PARTICIPANT]], "permissions": access.right_names(row[M.RIGHTS]),
+                      "explicit": True})
+    return 200, {"items": items, "next_cursor": next_cursor}
+
+
+READS = {"members.list": list_members}

@@ -1,0 +1,94 @@
+"""Operation reads: the caller's own receipts by sequence, one receipt (another participant's
+where its kind says the caller may see it, with null sequence counters), and an operation's
+result bytes from a byte offset (SPEC "Results and memory")."""
+from __future__ import annotations
+
+import base64
+import bisect
+from typing import TYPE_CHECKING, Any
+
+from ..contract import ids
+from ..contract.errors import ServiceError
+from ..contract.wire import RawJSON
+from ..state import ids as derived
+from ..state.tables import R, Terminal, join16
+from . import receipts, registry
+from .lists import page_args
+
+if TYPE_CHECKING:
+    from ..device import Device
+
+
+def visible_receipt(d: Device, principal: bytes, op: str) -> tuple[int, bool]:
+    """(receipt row, own) of an operation the principal may read; 410 once retired, else 404."""
+    m = ids.OPERATION_ID.match(op)
+    if not m:
+        raise ServiceError(404, "operation_not_found", f"no operation {op} visible to this principal")
+    lineage, raw = ids.split_id(m)
+    state = d.state
+    rrow = state.receipts.by_op.get(raw)
+    caller = state.participants.by_principal.get(principal)
+    if rrow is not None:
+        t = state.tables
+        row = t.row(t.receipts, rrow)
+        if state.participants.lineage[row[R.PARTICIPANT]] == lineage:
+            if row[R.PARTICIPANT] == caller:
+                return rrow, True
+            if registry.KINDS[row[R.KIND]].visible_to(d, principal, caller, row):
+                return rrow, False
+    elif (caller is not None and state.participants.lineage[caller] == lineage
+          and derived.operation_counter(state.incarnation, raw) is not None):
+        raise ServiceError(410, "operation_retired", f"operation {op} was retired")
+    raise ServiceError(404, "operation_not_found", f"no operation {op} visible to this principal")
+
+
+def list_operations(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
+    cursor, limit = page_args(args)
+    prow = d.state.participants.by_principal.get(principal)
+    seqs = d.state.live_sequences(prow) if prow is not None else range(0)
+    start = bisect.bisect_right(seqs, cursor) if cursor is not None else 0
+    page = seqs[start:start + limit]
+    by_sequence = d.state.receipts.by_sequence
+    items = [RawJSON(receipts.receipt_bytes(d, by_sequence[(prow, s)])) for s in page]
+    more = start + limit < len(seqs)
+    return 200, {"items": items, "next_cursor": str(page[-1]) if more and page else None}
+
+
+def get_operation(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
+    rrow, own = visible_receipt(d, principal, str(args.get("operation", "")))
+    return 200, RawJSON(receipts.receipt_bytes(d, rrow, own=own))
+
+
+def read_result(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
+    """An operation's saved result bytes from a byte offset: exact base64, `text` null unless the
+    span is complete UTF-8 (nothing is ever replaced); 504 past its execution deadline."""
+    rrow, _ = visible_receipt(d, principal, str(args.get("operation", "")))
+    t = d.state.tables
+    row = t.row(t.receipts, rrow)
+    if not registry.KINDS[row[R.KIND]].executes:
+        raise ServiceError(409, "no_result", "this operation has no result bytes")
+    if row[R.TERMINAL] == Terminal.DEADLINE_EXCEEDED:
+        raise ServiceError(504, "deadline_exceeded", "the operation exceeded its execution deadline")
+    offset = args.get("offset", 0)
+    length = row[R.RESULT_LEN]
+    if not isinstance(offset, int) or not 0 <= offset <= length:
+        raise ServiceError(400, "bad_offset", f"offset must be 0..{length}")
+    data = t.get_bytes(t.result_bytes, rrow, length - offset, offset)
+    try:
+        text: str | None = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    ended = row[R.TERM_TRANSFER] != 0
+    return 200, {
+        "operation": ids.operation_id(d.state.participants.lineage[row[R.PARTICIPANT]],
+                                      join16(row[R.OP_HI], row[R.OP_LO])),
+        "offset": offset, "length": len(data), "next_offset": offset + len(data),
+        "bytes": base64.b64encode(data).decode(), "text": text, "complete": ended,
+        "status": receipts.TERMINAL_NAMES[row[R.TERMINAL]] if ended else ("running" if row[R.LEASE] else "admitted"),
+        "finish": receipts.FINISH_NAMES.get(row[R.FINISH]) if ended else None,
+        "input_tokens": row[R.INPUT_TOKENS] if ended else None,
+        "output_tokens": row[R.OUTPUT_TOKENS] if ended else None,
+    }
+
+
+READS = {"operations.list": list_operations, "operations.get": get_operation, "operations.result": read_result}

@@ -1,0 +1,72 @@
+"""Participants: registration (the first mutation of every principal) and participant reads.
+A principal's lineage and participant ID exist before it registers (derived from the file
+incarnation); registering gives it a table row and its sequence counters."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..contract import ids
+from ..contract.errors import ServiceError
+from ..state.tables import P, R, split16
+from .kind import Kind, OperationKind
+
+if TYPE_CHECKING:
+    from ..admission import Admission
+    from ..device import Device
+
+
+def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], key: bytes,
+          sequence: int) -> dict[str, Any]:
+    if prow is not None:
+        raise ServiceError(409, "already_registered", "the participant is already registered")
+    if not d.state.participants.free:
+        raise ServiceError(507, "participant_capacity", "the participant table is full")
+    return {}
+
+
+def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+    participants = d.state.participants
+    prow = participants.free.pop()
+    hi, lo = split16(a.principal)
+    t = d.state.tables
+    t.put_cols(t.participants, prow, 0, [1, a.sequence + 1, 1, hi, lo, rrow])
+    participants.add(prow, a.principal)
+    return prow
+
+
+def target_id(d: Device, row: list[int], lineage: bytes) -> str:
+    return d.state.participants.public_id[row[R.TARGET]]
+
+
+REGISTER = OperationKind(Kind.PARTICIPANT_REGISTER, "participant.register", check=check, apply=apply,
+                         target_id=target_id)
+
+
+def view(d: Device, prow: int, *, own: bool) -> dict[str, Any]:
+    """A participant resource; sequence counters are null for anyone but its own principal."""
+    row = d.state.tables.row(d.state.tables.participants, prow)
+    return {"id": d.state.participants.public_id[prow], "registered": True,
+            "lineage": d.state.participants.lineage_hex[prow],
+            "next_sequence": str(row[P.NEXT_SEQUENCE]) if own else None,
+            "retry_floor": str(row[P.RETRY_FLOOR]) if own else None}
+
+
+def get_own(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
+    participants = d.state.participants
+    prow = participants.by_principal.get(principal)
+    if prow is None:
+        return 200, {"id": None, "registered": False, "lineage": participants.lineage_of(principal).hex(),
+                     "next_sequence": "1", "retry_floor": "1"}
+    return 200, view(d, prow, own=True)
+
+
+def get_other(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
+    participants = d.state.participants
+    m = ids.PARTICIPANT_ID.match(str(args.get("participant", "")))
+    prow = participants.by_raw.get(bytes.fromhex(m.group(1))) if m else None
+    if prow is None:
+        raise ServiceError(404, "participant_not_found", "no such registered participant")
+    return 200, view(d, prow, own=participants.by_principal.get(principal) == prow)
+
+
+READS = {"participant.get": get_own, "participants.get": get_other}

@@ -1,0 +1,109 @@
+"""Receipts (`aotx.shared.receipt.v1`) rendered from their table rows, at every read: there is no
+cache to keep in step with the row, and none to grow by a kilobyte per receipt. A receipt read
+after a restart is rebuilt from the same values and renders to the same bytes.
+
+The rendering is a fixed template because every value is a hex ID, a decimal counter or a fixed
+word (nothing to escape); tests check that the output is canonical JSON (sorted keys, compact).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..contract import ids
+from ..contract.vocabulary import BASE_PATH, RECEIPT_SCHEMA
+from ..contract.wire import Message, dumps, reply
+from ..state.tables import Finish, R, Source, Terminal, join16
+from . import registry
+
+if TYPE_CHECKING:
+    from ..device import Device
+
+SOURCE_NAMES = {int(Source.JOURNAL): "journal", int(Source.FILE): "file"}
+TERMINAL_NAMES = {int(t): t.name.lower() for t in Terminal if t != Terminal.NONE}
+FINISH_NAMES = {int(Finish.STOP): "stop", int(Finish.LENGTH): "length", int(Finish.CANCELLED): "cancelled",
+                int(Finish.DEADLINE): "deadline", int(Finish.INTERRUPTED): "interrupted",
+                int(Finish.FAILED): "failed"}
+# (transfer, boot, generation, source) columns of the admission (0) and terminal (1) save fields
+_SAVE = ((R.ADM_TRANSFER, R.ADM_BOOT, R.ADM_GENERATION, R.ADM_SOURCE),
+         (R.TERM_TRANSFER, R.TERM_BOOT, R.TERM_GENERATION, R.TERM_SOURCE))
+_ADM_SAVE = slice(R.ADM_TRANSFER, R.ADM_SOURCE + 1)
+_TERM_SAVE = slice(R.TERM_TRANSFER, R.TERM_SOURCE + 1)
+_NO_EXECUTION = '{"model_digest":null,"page_limit":null}'
+
+
+def _save_json(d: Device, rrow: int, row: list[int], which: int) -> str:
+    transfer_col, boot_col, gen_col, source_col = _SAVE[which]
+    if not row[transfer_col]:
+        return "null"
+    return (f'{{"boot":"{row[boot_col]}","commit_digest":"{d.state.tables.get_digest(rrow, which).hex()}",'
+            f'"file_incarnation":"{d.incarnation_hex}","generation":"{row[gen_col]}",'
+            f'"source":"{SOURCE_NAMES[row[source_col]]}"}}')
+
+
+def render(d: Device, rrow: int, own: bool) -> tuple[str, bytes]:
+    """(operation ID, receipt bytes) of a receipt row; `own` False shows another participant's
+    receipt, with null sequence counters."""
+    t = d.state.tables
+    row = t.row(t.receipts, rrow)
+    prow = row[R.PARTICIPANT]
+    lineage = d.state.participants.lineage[prow]
+    kind = registry.KINDS[row[R.KIND]]
+    op_id = ids.operation_id(lineage, join16(row[R.OP_HI], row[R.OP_LO]))
+    admission = _save_json(d, rrow, row, 0)
+    # the same transfer saved both (every kind that does not execute): the same fields and digest
+    terminal = admission if row[_ADM_SAVE] == row[_TERM_SAVE] else _save_json(d, rrow, row, 1)
+    saved = admission != "null"
+    ended = terminal != "null"
+    status = f'"{TERMINAL_NAMES[row[R.TERMINAL]]}"' if ended else "null"
+    sequence = f'"{row[R.SEQUENCE]}"' if own else "null"
+    finish: str | None = None
+    tokens_in: object = "null"
+    tokens_out: object = "null"
+    if kind.executes:
+        effective = f'{{"model_digest":"{d.model_digest}","page_limit":"{row[R.PAGE_LIMIT]}"}}'
+        if ended:
+            finish = FINISH_NAMES.get(row[R.FINISH])
+            tokens_in, tokens_out = row[R.INPUT_TOKENS], row[R.OUTPUT_TOKENS]
+    else:
+        effective = _NO_EXECUTION
+    finish_json = f'"{finish}"' if finish else "null"
+    return op_id, (
+        f'{{"admission":{{"save":{admission},"saved":{"true" if saved else "false"}}},'
+        f'"device":{{"committed":true}},"disk_error":null,'
+        f'"effective":{effective},"journal_hold":null,'
+        f'"kind":"{kind.name}",'
+        f'"operation":"{op_id}",'
+        f'"operation_key":"{join16(row[R.KEY_HI], row[R.KEY_LO]).hex()}",'
+        f'"participant":"{d.state.participants.public_id[prow]}",'
+        f'"pending_bytes":{0 if saved else row[R.COMMAND_LEN]},'
+        f'"result":{{"finish":{finish_json},"input_tokens":{tokens_in},"length":{row[R.RESULT_LEN]},'
+        f'"output_tokens":{tokens_out}}},'
+        f'"schema":"{RECEIPT_SCHEMA}",'
+        f'"sequence":{sequence},'
+        f'"target":"{kind.target_id(d, row, lineage)}",'
+        f'"terminal":{{"save":{terminal},"saved":{"true" if ended else "false"},"status":{status}}},'
+        f'"transport":{{"accepted":true}}}}'
+    ).encode()
+
+
+def with_hold(d: Device, body: bytes) -> bytes:
+    """A rendered receipt with the current journal hold spliced in while there is one."""
+    held = d.holds.current
+    if not held:
+        return body
+    hold = dumps({k: held[k] for k in ("cause", "since_ns", "disk_error")})
+    return body.replace(b'"journal_hold":null', b'"journal_hold":' + hold, 1)
+
+
+def receipt_bytes(d: Device, rrow: int, *, own: bool = True) -> bytes:
+    """A receipt as its reader sees it now (the current hold included)."""
+    return with_hold(d, render(d, rrow, own)[1])
+
+
+def receipt_reply(d: Device, req_id: object, status: int, rrow: int) -> Message:
+    """The reply to a mutation: its receipt, with `Location` for a new operation (202)."""
+    op_id, body = render(d, rrow, True)
+    body = with_hold(d, body)
+    if status != 202:
+        return reply(req_id, status, body)
+    return reply(req_id, status, body, {"Location": f"{BASE_PATH}/operations/{op_id}"})

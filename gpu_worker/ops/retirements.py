@@ -1,0 +1,67 @@
+"""Retirements (SPEC "Mutations and retries"): advance the participant's retry floor and free
+every receipt below it, each of which must have a saved terminal result. The freed slots are
+reused only once the retirement that carries the new floor is saved."""
+from __future__ import annotations
+
+import bisect
+from typing import TYPE_CHECKING, Any
+
+from ..contract.errors import ServiceError
+from ..state.tables import P, R, join16
+from .kind import Kind, OperationKind
+
+if TYPE_CHECKING:
+    from ..admission import Admission
+    from ..device import Device
+
+
+def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], key: bytes,
+          sequence: int) -> dict[str, Any]:
+    assert prow is not None
+    floor = args.get("retry_floor")
+    if not isinstance(floor, int) or floor < 1:
+        raise ServiceError(400, "bad_field", "retry_floor must be a positive decimal counter")
+    state = d.state
+    t = state.tables
+    current = t.value(t.participants, prow, P.RETRY_FLOOR)
+    if floor <= current:
+        raise ServiceError(409, "retry_floor_not_advanced", f"the retry floor is already {current}",
+                           retry_floor=str(current))
+    if floor > sequence:
+        raise ServiceError(409, "retry_floor_ahead",
+                           f"retry_floor {floor} is above this retirement's own sequence {sequence}")
+    seqs = state.live_sequences(prow)
+    for seq in seqs[:bisect.bisect_left(seqs, floor)]:
+        if not t.value(t.receipts, state.receipts.by_sequence[(prow, seq)], R.TERM_TRANSFER):
+            raise ServiceError(409, "unfinished_operations",
+                               f"operation at sequence {seq} has no saved terminal result yet", sequence=str(seq))
+    return {"retry_floor": floor}
+
+
+def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+    floor = a.extra["retry_floor"]
+    state = d.state
+    t = state.tables
+    receipts = state.receipts
+    seqs = state.live_sequences(prow)
+    freed = []
+    for seq in seqs[:bisect.bisect_left(seqs, floor)]:
+        row = t.row(t.receipts, receipts.by_sequence[(prow, seq)])
+        freed_row = receipts.remove(prow, seq, join16(row[R.KEY_HI], row[R.KEY_LO]), join16(row[R.OP_HI], row[R.OP_LO]))
+        if row[R.KIND] == Kind.INPUT:
+            state.conversations.inputs[row[R.TARGET]].remove(freed_row)
+        t.write_row(t.receipts, freed_row, {R.STATE: 0})
+        freed.append(freed_row)
+    t.write_row(t.participants, prow, {P.RETRY_FLOOR: floor})
+    if transfer_seq is None:
+        receipts.free.extend(freed)
+    else:  # reusable only once the floor that retired them is saved
+        receipts.release_on_save[transfer_seq] = freed
+    return prow
+
+
+def target_id(d: Device, row: list[int], lineage: bytes) -> str:
+    return d.state.participants.public_id[row[R.TARGET]]
+
+
+RECORD = OperationKind(Kind.RETIREMENT, "retirements.record", check=check, apply=apply, target_id=target_id)

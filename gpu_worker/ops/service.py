@@ -1,0 +1,59 @@
+"""Service reads: capabilities (what a client reads before anything else), and the ops commands
+of the local socket (`ping`, `checkpoint`), which carry no principal."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..contract.limits import INPUT_BYTES, MAX_MEDIA, MEDIA_LINK_BYTES
+from ..contract.vocabulary import CAPABILITIES_SCHEMA, MUTATION_SCHEMA, RECEIPT_SCHEMA
+from ..contract.wire import Message
+
+if TYPE_CHECKING:
+    from ..device import Device
+    from ..storage.committer import Batch
+
+
+def capabilities(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
+    runtime = d.runtime
+    card = runtime.json("gen/card")
+    profile = runtime.runtime_profile
+    models = [{"name": card["name"], "digest": d.model_digest,
+               "media_types": card["capabilities"]["media_types"],
+               "automatic_memory": card["capabilities"]["automatic_memory"]}]
+    embedding = runtime.json("emb/card") if runtime.has("emb/card") else None
+    return 200, {
+        "schema": CAPABILITIES_SCHEMA,
+        "schemas": {"mutation": MUTATION_SCHEMA, "receipt": RECEIPT_SCHEMA},
+        "models": models,
+        "embedding_model": ({"name": embedding["name"], "digest": runtime.model_digest("emb")}
+                            if embedding else None),
+        "limits": {**{k: str(v) for k, v in d.state.capacities.items()},
+                   "input_bytes": str(INPUT_BYTES), "media_link_bytes": str(MEDIA_LINK_BYTES),
+                   "media_rows": str(MAX_MEDIA), "max_output_tokens": str(profile["max_output_tokens"])},
+        "page_size": str(profile["page_size"]),
+        "page_grant": str(profile["page_grant"]),
+        "grants": sorted(d.grants.actions(principal.hex())),
+        "journal": d.journal_state(),
+        "runtime": {"file_incarnation": d.incarnation_hex, "generation": str(d.state.generation),
+                    "boot": str(d.state.boot)},
+    }
+
+
+def ping(d: Device, principal: bytes | None, args: dict[str, Any]) -> tuple[int, Any]:
+    """Ops status (no principal: the socket is local and mode 0660)."""
+    return 200, {"ok": True, "boot": str(d.state.boot), "generation": str(d.state.generation),
+                 "usage": d.state.tables.usage(), "capacities": d.state.capacities,
+                 "journal": d.journal_state(), "hold_incidents": d.holds.incidents}
+
+
+def checkpoint(d: Device, principal: bytes | None, args: dict[str, Any]) -> tuple[int, Any]:
+    return 200, d.checkpoint() or {"generation": d.state.generation, "folded": 0}
+
+
+def defer_checkpoint(d: Device, conn: object, msg: Message, batch: Batch) -> int:
+    """A checkpoint folds saved state only: it runs once nothing is queued for the journal."""
+    d.committer.when_drained(conn, msg)
+    return 0
+
+
+READS = {"capabilities": capabilities, "ping": ping, "checkpoint": checkpoint}

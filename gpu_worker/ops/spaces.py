@@ -1,0 +1,114 @@
+"""Spaces (SPEC "Scope", "Resources"): created private (the default), room or instance; a space's
+scope never changes. Reads list the spaces the caller has any effective right on."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..contract import ids
+from ..contract.errors import ServiceError
+from ..state import ids as derived
+from ..state.tables import R, S, Right, Scope, join16, split16
+from . import access
+from .kind import Kind, OperationKind
+from .lists import page, page_args
+
+if TYPE_CHECKING:
+    from ..admission import Admission
+    from ..device import Device
+
+SCOPES = {"private": Scope.PRIVATE, "room": Scope.ROOM, "instance": Scope.INSTANCE}
+SCOPE_NAMES = {int(v): k for k, v in SCOPES.items()}
+
+
+def resource_key(args: dict[str, Any], key: bytes) -> bytes:
+    """The new resource's ID: `id` when given, else the operation key (SPEC)."""
+    value = args.get("id")
+    if value is None:
+        return key
+    if not isinstance(value, str) or not ids.HEX32.match(value):
+        raise ServiceError(400, "bad_field", "id must be 32 lowercase hexadecimal digits")
+    return bytes.fromhex(value)
+
+
+def space_key(recorded: list[bytes]) -> tuple[bytes, bytes]:
+    """The space index key of a space recorded in an admission as [lineage, id]."""
+    return recorded[0], recorded[1]
+
+
+def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], key: bytes,
+          sequence: int) -> dict[str, Any]:
+    assert prow is not None
+    scope = SCOPES.get(args.get("scope", "private"))
+    if scope is None:
+        raise ServiceError(400, "bad_field", "scope must be private, room or instance")
+    raw = resource_key(args, key)
+    lineage = d.state.participants.lineage[prow]
+    if (lineage, raw) in d.state.spaces.by_id:
+        raise ServiceError(409, "space_exists", f"space {ids.space_id(lineage, raw)} already exists")
+    if not d.state.spaces.free:
+        raise ServiceError(507, "space_capacity", f"the space table is full ({d.state.capacities['spaces']})")
+    return {"id": raw, "scope": int(scope)}
+
+
+def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+    state = d.state
+    srow = state.spaces.free.pop()
+    id_hi, id_lo = split16(a.extra["id"])
+    op_hi, op_lo = split16(a.op)
+    state.tables.write_row(state.tables.spaces, srow, {
+        S.STATE: 1, S.OWNER: prow, S.SCOPE: a.extra["scope"], S.ID_HI: id_hi, S.ID_LO: id_lo,
+        S.CREATED: state.admissions, S.OP_HI: op_hi, S.OP_LO: op_lo})
+    state.spaces.by_id[(state.participants.lineage[prow], a.extra["id"])] = srow
+    return srow
+
+
+def target_id(d: Device, row: list[int], lineage: bytes) -> str:
+    return access.space_id(d, row[R.TARGET])
+
+
+def visible_to(d: Device, principal: bytes, reader: int | None, row: list[int]) -> bool:
+    return access.space_readable(d, principal, reader, row[R.TARGET])
+
+
+CREATE = OperationKind(Kind.SPACE_CREATE, "spaces.create", check=check, apply=apply, target_id=target_id,
+                       visible_to=visible_to)
+
+
+def memory_owner(d: Device, scope: int, space: str) -> str:
+    """Whose memory a space's conversations share. A room uses its exact space ID; an instance
+    space the instance; each private space its own owner (derived from the space ID, so two
+    private spaces never share one, even with one participant owning both)."""
+    if scope == Scope.ROOM:
+        return space
+    if scope == Scope.INSTANCE:
+        return "instance"
+    return "private-" + derived.memory_owner(d.state.incarnation, space).hex()
+
+
+def view(d: Device, srow: int, rights: int) -> dict[str, Any]:
+    t = d.state.tables
+    row = t.row(t.spaces, srow)
+    owner = row[S.OWNER]
+    lineage = d.state.participants.lineage[owner]
+    space = ids.space_id(lineage, join16(row[S.ID_HI], row[S.ID_LO]))
+    return {"id": space, "scope": SCOPE_NAMES[row[S.SCOPE]], "owner": d.state.participants.public_id[owner],
+            "memory_owner": memory_owner(d, row[S.SCOPE], space),
+            "created_by_operation": ids.operation_id(lineage, join16(row[S.OP_HI], row[S.OP_LO])),
+            "rights": access.right_names(rights)}
+
+
+def list_spaces(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
+    cursor, limit = page_args(args)
+    rights = access.visible_spaces(d, principal, d.state.participants.by_principal.get(principal))
+    rows, next_cursor = page(d.state.tables.spaces, S.CREATED, rights != 0, cursor, limit)
+    by_row = rights.tolist()
+    return 200, {"items": [view(d, r, by_row[r]) for r in rows], "next_cursor": next_cursor}
+
+
+def get_space(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
+    prow = d.state.participants.by_principal.get(principal)
+    srow = access.space_row(d, args.get("space"), principal, prow, Right.READ)
+    return 200, view(d, srow, access.effective_rights(d, principal, prow, srow))
+
+
+READS = {"spaces.list": list_spaces, "spaces.get": get_space}

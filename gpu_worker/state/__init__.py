@@ -1,0 +1,53 @@
+"""What is true on the device: the tables (fixed-capacity tensors), their host-side indexes and
+free rows, the counters a checkpoint saves, and the media sources. `DeviceState` is the whole of
+it; the operations (gpu_worker/ops/) read and change it, and replay rebuilds it from the runtime
+file's checkpoint plus the journal."""
+from __future__ import annotations
+
+from typing import Any
+
+from .indexes import (ConversationIndex, MediaSource, MemberIndex, ParticipantIndex, ReceiptIndex,
+                      SpaceIndex)
+from .tables import P, Tables
+
+__all__ = ["DeviceState", "MediaSource"]
+
+
+class DeviceState:
+    def __init__(self, capacities: dict[str, int], device: str, incarnation: bytes, generation: int) -> None:
+        self.capacities = capacities
+        self.incarnation = incarnation
+        self.tables = Tables(capacities, device)
+        self.admissions = 0           # admission counter: operation IDs and creation order
+        self.boot = 0
+        self.last_boot_ns = 0
+        self.generation = generation  # the runtime file's superblock generation
+        self.save_generation = generation  # the generation save fields report
+        self.checkpoint_seq = 0       # the last transfer the runtime file's checkpoint holds
+        self.checkpoint_digest = bytes(32)
+        self.participants = ParticipantIndex(incarnation)
+        self.receipts = ReceiptIndex()
+        self.spaces = SpaceIndex()
+        self.members = MemberIndex()
+        self.conversations = ConversationIndex()
+        self.media: dict[str, MediaSource] = {}  # sha256 hex -> source
+
+    def rebuild_indexes(self, input_kind: int, media: dict[str, Any] | None = None) -> None:
+        """Indexes derived from the tensors (empty, or just loaded from a checkpoint), and the
+        checkpoint's media sources ({sha256: [length, type, [participant raw ids]]})."""
+        t = self.tables
+        self.participants.rebuild(t)
+        self.receipts.rebuild(t)
+        self.spaces.rebuild(t, self.participants)
+        self.members.rebuild(t)
+        self.conversations.rebuild(t, self.participants, input_kind)
+        by_raw = self.participants.by_raw
+        self.media = {sha: MediaSource(length, kind, {by_raw[p] for p in owners})
+                      for sha, (length, kind, owners) in (media or {}).items()}
+
+    def live_sequences(self, prow: int) -> range:
+        """The sequences of a participant's live receipts, ascending: every sequence from the retry
+        floor up, since sequences are admitted one after another and a retirement frees exactly
+        those below its floor (a range, so the device keeps no list per participant)."""
+        row = self.tables.row(self.tables.participants, prow)
+        return range(row[P.RETRY_FLOOR], row[P.NEXT_SEQUENCE])

@@ -1,0 +1,67 @@
+"""Journal holds (SPEC "Recorded state and recovery"): file-cap or disk pressure pauses persistent
+admission. While a hold lasts, new mutations answer 429 without changing anything; reads,
+receipts and save status stay available."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from ..contract.errors import ServiceError
+from ..storage.filelayer import FileLayer
+
+log = logging.getLogger("gpu_worker.holds")
+DISK_FULL_MARGIN = 4 << 20
+MAX_INCIDENTS = 100
+
+
+class Holds:
+    def __init__(self, fs: FileLayer, journal_dir: str, file_cap: int, min_free_disk: int) -> None:
+        self.fs = fs
+        self.journal_dir = journal_dir
+        self.file_cap = file_cap
+        self.min_free_disk = min_free_disk
+        self.current: dict[str, Any] | None = None  # {"cause", "since_ns", "disk_error"} while held
+        self.incidents: list[dict[str, Any]] = []   # ended holds, newest last
+
+    def check(self, journal_bytes: int) -> None:
+        """Hold on file-cap or disk pressure; lift the hold once both clear."""
+        try:
+            free, _ = self.fs.statvfs(self.journal_dir)
+        except OSError as exc:
+            free, error = 0, f"statvfs: {exc.strerror}"
+        else:
+            error = None
+        cause = ("file_cap" if journal_bytes >= self.file_cap else
+                 "low_disk" if free < self.min_free_disk else None)
+        held = self.current
+        if (cause is None and held and held["cause"] == "disk_full"
+                and free < max(self.min_free_disk, DISK_FULL_MARGIN)):
+            cause = "disk_full"  # after an ENOSPC, wait for real room, not for the bytes the cut gave back
+        if cause and not held:
+            self.current = {"cause": cause, "since_ns": time.time_ns(), "disk_error": error}
+            log.warning("journal hold: %s (journal %d bytes, cap %d; %d bytes free, minimum %d)", cause,
+                        journal_bytes, self.file_cap, free, self.min_free_disk)
+        elif cause and held and held["cause"] != "disk_full":
+            held["cause"] = cause
+        elif not cause and held:
+            self.end()
+
+    def disk_full(self, error: str) -> None:
+        self.current = {"cause": "disk_full", "since_ns": time.time_ns(), "disk_error": f"ENOSPC: {error}"}
+
+    def end(self) -> None:
+        held = self.current
+        if held is None:
+            return
+        self.incidents.append({**held, "ended_ns": time.time_ns()})
+        del self.incidents[:-MAX_INCIDENTS]
+        log.warning("journal hold lifted (%s)", held["cause"])
+        self.current = None
+
+    def refusal(self, pending_bytes: int, message: str | None = None) -> ServiceError:
+        """The 429 a mutation gets while a hold lasts."""
+        held = self.current or {"cause": "disk_full", "disk_error": None}
+        return ServiceError(429, "journal_hold", message or f"persistent admission is paused ({held['cause']}); "
+                                                            "reads, receipts and save status stay available",
+                            cause=held["cause"], disk_error=held["disk_error"], pending_bytes=pending_bytes)

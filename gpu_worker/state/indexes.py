@@ -1,0 +1,146 @@
+"""Host-side indexes of the tables: IDs to rows, and the free rows of each table.
+
+The tensors are the authority (gpu_worker/state/tables.py); everything here is derived from them
+at boot (`rebuild`) and kept in step by the operations' apply functions. Every key and value an
+admission adds is an int, bytes, str or a tuple of those, so nothing it adds for the life of the
+device is tracked by the cyclic GC (docs/architecture.md, "The device's memory").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import ids
+from .tables import C, M, P, R, S, Tables, join16
+from ..contract.ids import participant_id
+
+
+class ParticipantIndex:
+    """Participant rows by principal and by participant ID, and each row's derived names."""
+
+    __slots__ = ("incarnation", "by_principal", "by_raw", "lineage", "lineage_hex", "raw", "public_id", "free",
+                 "_unregistered")
+
+    def __init__(self, incarnation: bytes) -> None:
+        self.incarnation = incarnation
+        self.by_principal: dict[bytes, int] = {}
+        self.by_raw: dict[bytes, int] = {}   # participant raw id -> row
+        self.lineage: dict[int, bytes] = {}
+        self.lineage_hex: dict[int, str] = {}
+        self.raw: dict[int, bytes] = {}
+        self.public_id: dict[int, str] = {}   # "par-…"
+        self.free: list[int] = []
+        self._unregistered: dict[bytes, bytes] = {}  # principal -> lineage, a pure function cached
+
+    def rebuild(self, tables: Tables) -> None:
+        for prow, row in enumerate(tables.participants.tolist()):
+            if row[P.STATE]:
+                self.add(prow, join16(row[P.PRINCIPAL_HI], row[P.PRINCIPAL_LO]))
+        self.free = tables.unused_rows(tables.participants)
+
+    def add(self, prow: int, principal: bytes) -> None:
+        raw = ids.participant(self.incarnation, principal)
+        lineage = self._unregistered.pop(principal, None) or ids.lineage(self.incarnation, principal)
+        self.by_principal[principal] = prow
+        self.by_raw[raw] = prow
+        self.lineage[prow] = lineage
+        self.lineage_hex[prow] = lineage.hex()
+        self.raw[prow] = raw
+        self.public_id[prow] = participant_id(raw)
+
+    def lineage_of(self, principal: bytes) -> bytes:
+        """The lineage a principal registers (or registered) under."""
+        prow = self.by_principal.get(principal)
+        if prow is not None:
+            return self.lineage[prow]
+        lineage = self._unregistered.get(principal)
+        if lineage is None:
+            lineage = self._unregistered[principal] = ids.lineage(self.incarnation, principal)
+        return lineage
+
+
+class ReceiptIndex:
+    """Live receipt rows by (participant row, sequence), (participant row, operation key) and
+    operation ID; retired rows wait in `release_on_save` until the retirement that freed them is
+    saved (SPEC: the persisted floor advances before a receipt slot is reused)."""
+
+    __slots__ = ("by_sequence", "by_key", "by_op", "free", "release_on_save")
+
+    def __init__(self) -> None:
+        self.by_sequence: dict[tuple[int, int], int] = {}
+        self.by_key: dict[tuple[int, bytes], int] = {}
+        self.by_op: dict[bytes, int] = {}
+        self.free: list[int] = []
+        self.release_on_save: dict[int, list[int]] = {}  # transfer seq -> rows freed once it is saved
+
+    def rebuild(self, tables: Tables) -> None:
+        for rrow, row in enumerate(tables.receipts.tolist()):
+            if row[R.STATE]:
+                self.add(rrow, row[R.PARTICIPANT], row[R.SEQUENCE], join16(row[R.KEY_HI], row[R.KEY_LO]),
+                         join16(row[R.OP_HI], row[R.OP_LO]))
+        self.free = tables.unused_rows(tables.receipts)
+
+    def add(self, rrow: int, prow: int, sequence: int, key: bytes, op: bytes) -> None:
+        self.by_sequence[(prow, sequence)] = rrow
+        self.by_key[(prow, key)] = rrow
+        self.by_op[op] = rrow
+
+    def remove(self, prow: int, sequence: int, key: bytes, op: bytes) -> int:
+        rrow = self.by_sequence.pop((prow, sequence))
+        del self.by_key[(prow, key)]
+        del self.by_op[op]
+        return rrow
+
+
+class SpaceIndex:
+    __slots__ = ("by_id", "free")
+
+    def __init__(self) -> None:
+        self.by_id: dict[tuple[bytes, bytes], int] = {}  # (owner lineage, id) -> space row
+        self.free: list[int] = []
+
+    def rebuild(self, tables: Tables, participants: ParticipantIndex) -> None:
+        for srow, row in enumerate(tables.spaces.tolist()):
+            if row[S.STATE]:
+                self.by_id[(participants.lineage[row[S.OWNER]], join16(row[S.ID_HI], row[S.ID_LO]))] = srow
+        self.free = tables.unused_rows(tables.spaces)
+
+
+class MemberIndex:
+    __slots__ = ("rows", "free")
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[int, int], int] = {}  # (space row, participant row) -> member row
+        self.free: list[int] = []
+
+    def rebuild(self, tables: Tables) -> None:
+        for mrow, row in enumerate(tables.members.tolist()):
+            if row[M.STATE]:
+                self.rows[(row[M.SPACE], row[M.PARTICIPANT])] = mrow
+        self.free = tables.unused_rows(tables.members)
+
+
+class ConversationIndex:
+    __slots__ = ("by_id", "free", "inputs")
+
+    def __init__(self) -> None:
+        self.by_id: dict[tuple[bytes, bytes], int] = {}  # (creator lineage, id) -> conversation row
+        self.free: list[int] = []
+        self.inputs: dict[int, list[int]] = {}  # conversation row -> input receipt rows, in admission order
+
+    def rebuild(self, tables: Tables, participants: ParticipantIndex, input_kind: int) -> None:
+        for crow, row in enumerate(tables.conversations.tolist()):
+            if row[C.STATE]:
+                self.by_id[(participants.lineage[row[C.CREATOR]], join16(row[C.ID_HI], row[C.ID_LO]))] = crow
+        self.free = tables.unused_rows(tables.conversations)
+        live = [(row[R.CREATED], rrow, row[R.TARGET]) for rrow, row in enumerate(tables.receipts.tolist())
+                if row[R.STATE] and row[R.KIND] == input_kind]
+        for _, rrow, crow in sorted(live):
+            self.inputs.setdefault(crow, []).append(rrow)
+
+
+@dataclass
+class MediaSource:
+    """A media file under <journal>/media/ and the participant rows that own it."""
+    length: int
+    type: str
+    owners: set[int] = field(default_factory=set)

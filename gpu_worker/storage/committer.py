@@ -1,0 +1,209 @@
+"""The tick pipeline: one owner for gathering, writing, saving and answering, used the same way by
+the running server and by boot, replay-time commits, offline commands and tests.
+
+A tick gathers commands from the inbox until its 16-record journal budget is used (the device's
+`gather`, which applies admissions and appends their transfers); its records are then written
+and made durable with one fdatasync; once every transfer a batch appended is saved, the batch's
+replies go out (the device's `answer`). The write and fdatasync run either here (`commit`, and
+every tick while no tick I/O thread is attached) or on the native tick I/O thread
+(native/sockio.cpp `Syncer`, attached by the server): then a whole next tick may wait behind the
+one in flight, so the disk starts it the moment the last one ends (at most two in flight), and
+the next batch is gathered meanwhile. Gathering applies admissions to the tables at once, so no
+batch is gathered while an unanswered one still holds reads waiting for its saves.
+
+A failed tick ends the ticks behind it. ENOSPC: nothing unsaved survives; the device rebuilds
+from the saved state, holds, and refuses every admission of the unsaved batches. Any other error
+(EIO) stops the device; a restart recovers from the journal.
+"""
+from __future__ import annotations
+
+import errno
+import os
+from collections import deque
+from typing import Any, Protocol
+
+from ..contract.wire import Message
+from .journal import MAX_RECORDS_PER_TICK, MAX_TICKS_IN_FLIGHT, JournalIOError, JournalWriter, TickIO, Transfer
+
+Reply = tuple[Any, Message]  # (connection, reply)
+
+
+class Batch:
+    """One tick's commands between gather and answer: every reply waits until `last_seq`, the
+    last journal transfer appended by then, is saved."""
+
+    __slots__ = ("replies", "waiting", "media", "reads", "last_seq")
+
+    def __init__(self) -> None:
+        self.replies: list[Reply] = []                      # ready now: refusals, reads of saved state
+        self.waiting: list[tuple[Any, Any, int, int]] = []  # (conn, req_id, status, receipt row) of admissions
+        self.media: list[tuple[Any, Any, str, int]] = []    # (conn, req_id, sha256, participant row) of uploads
+        self.reads: list[tuple[Any, Message]] = []          # reads that must not see unsaved state before them
+        self.last_seq = 0
+
+
+class TickOwner(Protocol):
+    """What the committer needs of the device."""
+
+    def gather(self, inbox: deque[tuple[Any, Message]], batch: Batch) -> None: ...
+
+    def answer(self, batch: Batch) -> list[Reply]: ...
+
+    def saved(self, transfers: list[Transfer]) -> None: ...
+
+    def refuse_unsaved(self, err: JournalIOError, batches: list[Batch]) -> list[Reply]: ...
+
+    def read(self, msg: Message) -> Message: ...
+
+
+class Syncer(Protocol):
+    """The native tick I/O thread (native/sockio.cpp)."""
+
+    def request(self, fd: int, data: bytes) -> None: ...
+
+    def result(self) -> int | None: ...
+
+    def fileno(self) -> int: ...
+
+
+class Committer:
+    def __init__(self, owner: TickOwner, writer: JournalWriter) -> None:
+        self.owner = owner
+        self.writer = writer
+        self.batches: deque[Batch] = deque()   # gathered, not yet answered (oldest first)
+        self.syncer: Syncer | None = None      # the tick I/O thread, while a server runs
+        self._drain_waiters: list[tuple[Any, Message]] = []  # commands that run once nothing is queued
+
+    # ---- appending ------------------------------------------------------------------
+
+    def append(self, kind: int, payload: bytes) -> int:
+        """Queue a transfer for the next ticks; its journal seq."""
+        return self.writer.append(kind, payload)
+
+    def reopen(self, writer: JournalWriter) -> None:
+        """Continue on a new writer (after the device rebuilt its state from what is saved)."""
+        self.writer.close()
+        self.writer = writer
+
+    def when_drained(self, conn: Any, msg: Message) -> None:
+        """Answer msg (a checkpoint) once nothing is queued for the journal; gathering pauses."""
+        self._drain_waiters.append((conn, msg))
+
+    # ---- the pipeline ---------------------------------------------------------------
+
+    def attach(self, syncer: Syncer | None) -> None:
+        self.syncer = syncer
+
+    def gathered_ahead(self) -> bool:
+        """True while no batch may be gathered: a whole tick's records already wait behind the
+        ticks in flight; a batch not yet answered holds reads that wait for its saves; or a
+        command waits for the journal queue to drain."""
+        writer = self.writer
+        return (writer.untaken_records >= MAX_RECORDS_PER_TICK
+                or any(batch.reads for batch in self.batches)
+                or bool(self._drain_waiters and writer.queued_records))
+
+    def tick(self, inbox: deque[tuple[Any, Message]]) -> list[Reply]:
+        """Gather a batch from inbox (unless one must not be gathered now) and move the pipeline:
+        the replies that are ready."""
+        if self.gathered_ahead():
+            return []
+        batch = Batch()
+        self.owner.gather(inbox, batch)
+        batch.last_seq = self.writer.next_seq - 1
+        self.batches.append(batch)
+        return self._pump()
+
+    def synced(self) -> list[Reply]:
+        """The tick I/O thread finished the oldest tick (its fd is readable): publish it and move on."""
+        assert self.syncer is not None
+        err = self.syncer.result()
+        if err is None:  # still running (a result is posted only once it is done)
+            return []
+        tick = self.writer.oldest_tick
+        assert tick is not None
+        if err:
+            tick.error = OSError(err, os.strerror(err))
+        return self._finish(tick) + self._pump()
+
+    def commit(self) -> list[Reply]:
+        """Write and save everything queued, here and now (boot, offline commands, tests)."""
+        replies = []
+        while self.writer.queued_records or self.writer.ticks_in_flight:
+            replies += self._pump()
+            if self.writer.ticks_in_flight:
+                raise RuntimeError("commit() with ticks on the tick I/O thread")
+        return replies
+
+    def run_sync(self, inbox: deque[tuple[Any, Message]]) -> list[Reply]:
+        """One whole tick here: gather, write, save, answer (tests and offline use)."""
+        return self.tick(inbox) + self.commit()
+
+    # ---- inside -----------------------------------------------------------------------
+
+    def _pump(self) -> list[Reply]:
+        """Answer the saved batches and start the next ticks' I/O: the I/O first, so the disk does
+        not wait while the answers are rendered (they read state the next tick cannot change: no
+        batch is gathered behind deferred reads)."""
+        replies: list[Reply] = []
+        while True:
+            saved = []
+            durable = self.writer.durable_seq
+            while self.batches and self.batches[0].last_seq <= durable:
+                saved.append(self.batches.popleft())
+            drained = self._drained()
+            here = self._start_io()
+            for batch in saved:
+                replies += self.owner.answer(batch)
+            replies += drained
+            if here is None:
+                return replies
+            here.run()
+            replies += self._finish(here)
+
+    def _drained(self) -> list[Reply]:
+        if not self._drain_waiters or self.writer.queued_records:
+            return []
+        waiters, self._drain_waiters = self._drain_waiters, []
+        return [(conn, self.owner.read(msg)) for conn, msg in waiters]
+
+    def _start_io(self) -> TickIO | None:
+        """Hand ticks to the tick I/O thread: the queued records when nothing is in flight, and
+        behind a tick in flight a whole tick's (16 records), so no tick goes out emptier than it
+        must. Returns the tick to run here instead when there is no such thread (or its file
+        cannot use it: a test's faulty file), one at a time."""
+        writer = self.writer
+        while (writer.untaken_records and writer.ticks_in_flight < MAX_TICKS_IN_FLIGHT
+               and (not writer.ticks_in_flight or writer.untaken_records >= MAX_RECORDS_PER_TICK)):
+            tick = writer.begin_tick()
+            assert tick is not None
+            if self.syncer is None or not tick.file.native_io:
+                return tick
+            self.syncer.request(tick.file.fileno(), tick.data)
+        return None
+
+    def _finish(self, tick: TickIO) -> list[Reply]:
+        """Publish a tick whose I/O ran: its saved transfers, or the failure's consequences."""
+        try:
+            transfers = self.writer.finish_tick(tick)
+        except JournalIOError as err:
+            self._take_cancelled(err.ended_ticks)
+            if err.errno != errno.ENOSPC:
+                raise  # EIO and the like: stop admitting; the process exits and a restart recovers
+            batches = list(self.batches)
+            self.batches.clear()
+            return self.owner.refuse_unsaved(err, batches)
+        if self.syncer is not None and tick.file.native_io:
+            self._start_io()  # the disk's next tick first: the saves below are recorded while it runs
+        self.owner.saved(transfers)
+        return []
+
+    def _take_cancelled(self, count: int) -> None:
+        """A failed tick ended the `count` ticks in flight behind it; the tick I/O thread ran none
+        of them and has already posted each as cancelled."""
+        for _ in range(count):
+            assert self.syncer is not None
+            err = self.syncer.result()
+            if err != errno.ECANCELED:
+                raise RuntimeError(f"the tick I/O thread ran a tick queued behind a failure ({err})")
+
