@@ -16,7 +16,7 @@ that phase's ceiling and ratio use it. The probes run unpinned.
 
 Threads: by default (two CPUs or more) the device boots with `--tick-cpu 0`, its tick loop alone on
 CPU 0, and the clients run beside the device's other threads on the remaining CPUs; `--tick-cpu
-none` leaves everything to the scheduler (docs/architecture.md, "Threads and CPUs", has the
+none` leaves everything to the scheduler (docs/performance.md has the
 measurements of both).
 
 Beside the rates it prints the device process's CPU over each phase (user + system, from /proc)

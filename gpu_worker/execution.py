@@ -142,6 +142,8 @@ def has_work(d: Device) -> bool:
 
 def journal_work(d: Device, budget: int) -> int:
     """Append lease, output and completion transfers within budget; returns the records used."""
+    # The on_saved lambdas bind their value as a default argument, a lambda mypy cannot infer:
+    # hence the `type: ignore[misc]` on each.
     ex = d.executions
     used = 0
     if ex.to_lease and d.runner is not None:
@@ -150,7 +152,8 @@ def journal_work(d: Device, budget: int) -> int:
             rrows.append(ex.to_lease.pop(0))
         if rrows:
             payload = lease_payload(d, rrows)
-            d.append(TransferKind.LEASE, payload, lambda transfer, rrows=rrows: lease_saved(d, rrows, transfer, True))
+            d.append(TransferKind.LEASE, payload,
+                     lambda transfer, rrows=rrows: lease_saved(d, rrows, transfer, True))  # type: ignore[misc]
             used += record_count(len(payload))
     now = time.monotonic()
     for execution in list(ex.live.values()):
@@ -160,7 +163,8 @@ def journal_work(d: Device, budget: int) -> int:
             payload = output_payload(d, execution.rrow, execution.offset, chunk)
             if used + record_count(len(payload)) > budget:
                 return used
-            d.append(TransferKind.OUTPUT, payload, lambda transfer, p=payload: apply_output(d, p, transfer))
+            d.append(TransferKind.OUTPUT, payload,
+                     lambda transfer, p=payload: apply_output(d, p, transfer))  # type: ignore[misc]
             del execution.buffered[:len(chunk)]
             execution.offset += len(chunk)
             execution.flushed_at = now
@@ -170,7 +174,8 @@ def journal_work(d: Device, budget: int) -> int:
                                          execution.output_tokens)
             if used + record_count(len(payload)) > budget:
                 return used
-            d.append(TransferKind.COMPLETION, payload, lambda transfer, p=payload: apply_completion(d, p, transfer))
+            d.append(TransferKind.COMPLETION, payload,
+                     lambda transfer, p=payload: apply_completion(d, p, transfer))  # type: ignore[misc]
             execution.completing = True
             used += record_count(len(payload))
     return used
@@ -298,7 +303,9 @@ def interrupt_unfinished(d: Device) -> None:
         for rrow in rrows:
             if t.value(t.receipts, rrow, R.TERMINAL) == Terminal.NONE:
                 payload = completion_payload(d, rrow, Finish.INTERRUPTED, 0, 0)
-                d.append(TransferKind.COMPLETION, payload, lambda transfer, p=payload: apply_completion(d, p, transfer))
+                # (mypy cannot infer a lambda with a default argument, as in journal_work)
+                d.append(TransferKind.COMPLETION, payload,
+                         lambda transfer, p=payload: apply_completion(d, p, transfer))  # type: ignore[misc]
 
 
 def stop_all(d: Device) -> None:

@@ -293,7 +293,7 @@ def byte_level_tokenizer(tokens: list[str], merges: list[tuple[str, str]], types
     tokenizer = Tokenizer(models.BPE({tok: i for i, tok in enumerate(tokens)}, merges))
     tokenizer.pre_tokenizer = BYTE_LEVEL_PRE[pre]()
     tokenizer.decoder = decoders.ByteLevel()
-    post = [processors.ByteLevel(trim_offsets=False)]
+    post: list[processors.PostProcessor] = [processors.ByteLevel(trim_offsets=False)]
     if bos is not None:
         post.append(processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, tokens.index(bos))]))
     tokenizer.post_processor = processors.Sequence(post)
@@ -308,7 +308,7 @@ def sentencepiece_tokenizer(tokens: list[str], scores: list[float], types: list[
     """LLaMA-1/2 style SentencePiece BPE with byte fallback; merges are rebuilt from the piece scores
     the way transformers' GGUF converter does (every split of a piece into two vocab pieces, best score first)."""
     vocab = {tok: i for i, tok in enumerate(tokens)}
-    merges = []
+    merges: list[tuple[str, str, float]] = []
     for piece, score in zip(tokens, scores):
         pairs = [(piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab]
         pairs.sort(key=lambda pair: (vocab[pair[0]], vocab[pair[1]]))
@@ -473,7 +473,7 @@ def _learn_merges(words: list[str], alphabet: set[str], vocab_size: int) -> list
     corpus = Counter(tuple(word) for word in words)
     vocab, merges = set(alphabet), []
     while len(vocab) < vocab_size:
-        pairs = Counter()
+        pairs: Counter[tuple[str, str]] = Counter()
         for word, count in corpus.items():
             for pair in zip(word, word[1:]):
                 pairs[pair] += count
@@ -673,7 +673,7 @@ def main(argv: list[str]) -> int:
     try:
         print(_run(_parser().parse_args(argv)))
     except SystemExit as exc:  # --help
-        return exc.code or 0
+        return exc.code or 0  # type: ignore[return-value]  # argparse exits with an int code
     except (_UsageError, ValueError, RuntimeFileError, OSError) as exc:
         print(f"pack: error: {exc}", file=sys.stderr)
         return 2

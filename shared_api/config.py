@@ -1,5 +1,6 @@
 """gateway.json: {"listen": "HOST:PORT", "socket": "<journal>/service.sock", "grants_file": PATH}."""
 import json
+from typing import Any
 
 
 class ConfigError(Exception):
@@ -9,7 +10,7 @@ class ConfigError(Exception):
 REQUIRED = ("listen", "socket", "grants_file")
 
 
-def load(path):
+def load(path: str) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
             doc = json.loads(f.read().decode("utf-8"))

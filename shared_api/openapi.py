@@ -11,6 +11,10 @@ listed for that status, and lists them in its description, so the schema, the sc
 ServiceError code from the source) keep each other honest: a new error code or route
 fails a test until it is documented here.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, TypeVar
+
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 
@@ -18,6 +22,14 @@ from gpu_worker.contract import ids
 from gpu_worker.contract.limits import DEFAULT_LIMIT, MAX_BODY_BYTES, MAX_LIMIT, MAX_MEDIA, MAX_MEDIA_BYTES
 from gpu_worker.contract.vocabulary import (CAPABILITIES_SCHEMA, COMMANDS, MEDIA_TYPES, MUTATION_SCHEMA,
                                             PERMISSIONS, RECEIPT_SCHEMA, SCOPES, TERMINAL_STATUSES)
+
+if TYPE_CHECKING:
+    from drf_spectacular.openapi import AutoSchema
+
+Schema = dict[str, Any]  # a JSON Schema / OpenAPI object
+Spec = dict[str, Any]    # one OPERATIONS entry (_read, _mutation)
+Errors = dict[int, tuple[str, ...]]  # status -> error codes
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 # ---- patterns (the contract's shapes: gpu_worker/contract/ids.py) ----------------------------
 
@@ -27,23 +39,24 @@ POSITIVE = "^[1-9][0-9]{0,18}$"             # a counter of at least 1
 ID_PATTERNS = {prefix: f"^{pattern}$" for prefix, pattern in ids.ID_PATTERNS.items()}
 SHA256 = "^[0-9a-f]{64}$"
 
-def ref(name):
+def ref(name: str) -> Schema:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-def nullable(schema):
+def nullable(schema: Schema) -> Schema:
     return {"anyOf": [schema, {"type": "null"}]}
 
 
-def string(pattern, description=None):
-    out = {"type": "string", "pattern": pattern}
+def string(pattern: str, description: str | None = None) -> Schema:
+    out: Schema = {"type": "string", "pattern": pattern}
     if description:
         out["description"] = description
     return out
 
 
-def obj(properties, required=None, *, closed=False, description=None):
-    out = {"type": "object", "properties": properties,
+def obj(properties: Schema, required: Iterable[str] | None = None, *, closed: bool = False,
+        description: str | None = None) -> Schema:
+    out: Schema = {"type": "object", "properties": properties,
            "required": list(properties) if required is None else list(required)}
     if closed:
         out["additionalProperties"] = False
@@ -52,13 +65,14 @@ def obj(properties, required=None, *, closed=False, description=None):
     return out
 
 
-def listing(item, description):
+def listing(item: str, description: str) -> Schema:
     return obj({"items": {"type": "array", "items": ref(item)},
                 "next_cursor": nullable(ref("Counter"))},
                description=f"{description} `next_cursor` is null on the last page; pass it as `cursor`.")
 
 
-def mutation_body(name, fields=None, required=(), description=""):
+def mutation_body(name: str, fields: Schema | None = None, required: Iterable[str] = (),
+                  description: str = "") -> Schema:
     """A POST body: the mutation envelope plus the route's own fields, nothing else."""
     properties = {"schema": {"type": "string", "enum": [MUTATION_SCHEMA]},
                   "lineage": ref("Lineage"),
@@ -364,7 +378,8 @@ PATH_PARAMETERS = {
 }
 
 
-def _read(summary, success, errors=None, *, path=None, listing=False, description=""):
+def _read(summary: str, success: str, errors: Errors | None = None, *, path: str | None = None,
+          listing: bool = False, description: str = "") -> Spec:
     errors = dict(errors or {})
     errors[400] = (*(LIST_400 if listing else QUERY_400), *errors.get(400, ()))
     if path:
@@ -374,7 +389,8 @@ def _read(summary, success, errors=None, *, path=None, listing=False, descriptio
             "errors": errors, "path": path, "listing": listing, "body": None, "description": description}
 
 
-def _mutation(summary, body, errors=None, *, path=None, description=""):
+def _mutation(summary: str, body: str, errors: Errors | None = None, *, path: str | None = None,
+              description: str = "") -> Spec:
     errors = dict(errors or {})
     errors[400] = (*ENVELOPE_400, *(("bad_id",) if path or body == "MemberSetRequest" else ()), *errors.get(400, ()))
     registered = () if body == "ParticipantRegisterRequest" else ("participant_not_registered",)
@@ -481,14 +497,14 @@ for _command, _spec in OPERATIONS.items():
     _spec["grant"] = COMMANDS[_command].action  # the gateway action, as the device checks it
 
 
-def error_schema(codes):
+def error_schema(codes: Sequence[str]) -> Schema:
     if not codes:
         return ref("Error")
     return {"allOf": [ref("Error"),
                       {"properties": {"error": {"properties": {"code": {"type": "string", "enum": list(codes)}}}}}]}
 
 
-def error_description(status, codes):
+def error_description(status: int, codes: Sequence[str]) -> str:
     lines = [STATUS_TEXT[status]]
     if codes:
         lines.append("Codes:")
@@ -496,7 +512,7 @@ def error_description(status, codes):
     return "\n".join(lines)
 
 
-def operation_errors(key):
+def operation_errors(key: str) -> Errors:
     """{status: (codes...)} for one operation, the common ones included."""
     spec = OPERATIONS[key]
     errors = {status: tuple(codes) for status, codes in COMMON.items()}
@@ -506,7 +522,7 @@ def operation_errors(key):
     return dict(sorted(errors.items()))
 
 
-def _parameters(spec):
+def _parameters(spec: Spec) -> list[OpenApiParameter]:
     params = []
     if spec["path"]:
         name = spec["path"]
@@ -528,11 +544,11 @@ def _parameters(spec):
     return params
 
 
-def doc(key):
+def doc(key: str) -> Callable[[_F], _F]:
     """@extend_schema for the view method that implements OPERATIONS[key]; the method is marked with
     its device command, whose gateway action SharedView checks before anything else."""
     spec = OPERATIONS[key]
-    responses = {}
+    responses: dict[int, OpenApiResponse] = {}
     for status, component in spec["success"].items():
         text = {200: {"GET": "OK.", "PUT": "Already owned by the caller: nothing changed."}.get(
                     spec["method"], "Exact retry: the same receipt as the original."),
@@ -552,9 +568,9 @@ def doc(key):
         responses=responses,
     )
 
-    def mark(method):
+    def mark(method: _F) -> _F:
         method = schema(method)
-        method.command = key
+        method.command = key  # type: ignore[attr-defined]  # SharedView reads it off the view method
         return method
     return mark
 
@@ -563,7 +579,7 @@ class BearerScheme(OpenApiAuthenticationExtension):
     target_class = "shared_api.auth.BearerAuthentication"
     name = "bearerAuth"
 
-    def get_security_definition(self, auto_schema):
+    def get_security_definition(self, auto_schema: AutoSchema) -> Schema:
         return {"type": "http", "scheme": "bearer",
                 "description": "A principal's token (`manage.py principal create`, shown once)."}
 
@@ -588,7 +604,7 @@ have), 406 `not_acceptable` (an `Accept` header that excludes `application/json`
 (a gateway bug; see the gateway log)."""
 
 
-def postprocess(result, generator, request, public):
+def postprocess(result: Schema, generator: Any, request: Any, public: bool) -> Schema:
     """SPECTACULAR postprocessing hook: components, description, required POST bodies."""
     components = result.setdefault("components", {})
     components.setdefault("schemas", {}).update(SCHEMAS)
@@ -602,7 +618,7 @@ def postprocess(result, generator, request, public):
 
 # ---- docs/api.md is rendered from the same table (tests/shared_api/test_openapi.py compares) ----
 
-def full_path(key):
+def full_path(key: str) -> str:
     """ROUTES holds paths under the base, or absolute ones (media uploads live outside it)."""
     path = ROUTES[key]
     return path if path.startswith("/aotx/") else "/aotx/v1/shared" + path
@@ -620,7 +636,7 @@ ROUTES = {  # OPERATIONS key -> path under the base (the views' URLconf; the tes
 }
 
 
-def _field_text(schema):
+def _field_text(schema: Schema) -> str:
     if "$ref" in schema:
         name = schema["$ref"].rsplit("/", 1)[1]
         target = SCHEMAS[name]
@@ -635,7 +651,7 @@ def _field_text(schema):
     return f"`{schema['pattern']}`" if "pattern" in schema else schema.get("type", "")
 
 
-def render_markdown():
+def render_markdown() -> str:
     """docs/api.md: a short reference rendered from OPERATIONS, SCHEMAS and CODES."""
     out = ["# AOTX Shared API reference", "",
            "<!-- Rendered from shared_api/openapi.py (the same table as /aotx/v1/openapi.json). Regenerate with",
@@ -671,14 +687,14 @@ def render_markdown():
             for status, codes in operation_errors(key).items()))
         out.append("")
     out += ["## Error codes", "", "| status | code | meaning |", "|---|---|---|"]
-    statuses = {}
+    statuses: dict[str, set[int]] = {}
     for key in OPERATIONS:
         for status, codes in operation_errors(key).items():
             for code in codes:
                 statuses.setdefault(code, set()).add(status)
     for code in sorted(CODES, key=lambda c: (min(statuses[c]), c)):
-        status = ", ".join(str(s) for s in sorted(statuses[code]))
-        out.append(f"| {status} | `{code}` | {CODES[code].replace('|', '/')} |")
+        listed = ", ".join(str(s) for s in sorted(statuses[code]))
+        out.append(f"| {listed} | `{code}` | {CODES[code].replace('|', '/')} |")
     out += ["", "## Components", ""]
     for name in ("Receipt", "Participant", "Space", "Conversation", "Member", "Capabilities", "Error"):
         schema = SCHEMAS[name]

@@ -194,7 +194,8 @@ class ResultView(SharedView):
 class RawBytesParser(BaseParser):
     media_type = "*/*"
 
-    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> bytes:
+    # request.data is the body itself, bytes, where BaseParser promises a mapping
+    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> bytes:  # type: ignore[override]
         data = stream.read(MAX_MEDIA_BYTES + 1) if stream is not None else b""
         if len(data) > MAX_MEDIA_BYTES:
             raise ServiceError(413, "media_too_large", f"a media source is at most {MAX_MEDIA_BYTES} bytes")

@@ -36,7 +36,7 @@ def build_directory() -> Path:
 
 
 @functools.cache
-def ops():
+def ops() -> torch._ops._OpNamespace | None:
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         return None
     from torch.utils.cpp_extension import load
@@ -53,7 +53,7 @@ def ops():
     return torch.ops.aotx_cpu
 
 
-def main():
+def main() -> None:
     aotx = ops()
     if aotx is None:  # setup goes on: the engine runs on PyTorch's operators (tests/engine says so)
         print("cpu_ops: not built on this machine (see the warning above); the engine will use PyTorch's operators")

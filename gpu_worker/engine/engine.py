@@ -10,7 +10,9 @@ or when cancelled ("cancelled"); its pages return to the pool at once.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
+from typing import Any, Iterable
 
 import torch
 
@@ -41,7 +43,8 @@ StepEvent = tuple[object, int, bytes, "str | None"]
 
 
 class Engine:
-    def __init__(self, runtime_file, device: str = "cpu", seed: int = 0, *, dtype: torch.dtype | None = None,
+    def __init__(self, runtime_file: RuntimeFile | str | os.PathLike[str], device: str = "cpu", seed: int = 0, *,
+                 dtype: torch.dtype | None = None,
                  max_running: int = 256, cuda_graphs: bool = True, fused_kernels: bool | None = None):
         runtime = runtime_file if isinstance(runtime_file, RuntimeFile) else RuntimeFile.open(runtime_file)
         self.device = torch.device(device)
@@ -65,9 +68,9 @@ class Engine:
 
     # ---- requests ---------------------------------------------------------------------------------
 
-    def submit(self, request_id, prompt_ids: list[int], *, max_new_tokens: int, temperature: float = 0.0,
-               top_p: float = 1.0, stop=(), page_limit: int | None = None, seed: int | None = None,
-               ignore_eos: bool = False) -> Sequence:
+    def submit(self, request_id: object, prompt_ids: list[int], *, max_new_tokens: int, temperature: float = 0.0,
+               top_p: float = 1.0, stop: Iterable[int | str] = (), page_limit: int | None = None,
+               seed: int | None = None, ignore_eos: bool = False) -> Sequence:
         """Queue a request. `stop` holds token ids (int) and strings (str) that end it besides the model's EOS
         (unless `ignore_eos`, which benchmarks use to generate exactly max_new_tokens).
         `page_limit` defaults to the pages its prompt and max_new_tokens need, at most the page grant; it is
@@ -108,7 +111,7 @@ class Engine:
         self._sequences[request_id] = seq
         return seq
 
-    def cancel(self, request_id) -> bool:
+    def cancel(self, request_id: object) -> bool:
         """Stop a waiting or running request now and free its pages; False when it is unknown or already finished."""
         seq = self._sequences.pop(request_id, None)
         if seq is None:
@@ -117,7 +120,7 @@ class Engine:
         seq.finish(FINISH_CANCELLED)
         return True
 
-    def get(self, request_id) -> Sequence | None:
+    def get(self, request_id: object) -> Sequence | None:
         return self._sequences.get(request_id)
 
     @property
@@ -160,7 +163,7 @@ class Engine:
             events.append((seq.request_id, token, released, reason))
         return events
 
-    def generate(self, prompts: list[list[int]], **settings) -> list[Sequence]:
+    def generate(self, prompts: list[list[int]], **settings: Any) -> list[Sequence]:
         """Run `prompts` (token ids) to completion together; keyword settings as for `submit`."""
         seqs = []
         for prompt in prompts:

@@ -20,11 +20,15 @@ dispatch overhead rivals the arithmetic.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from gpu_worker.engine import cpu_ops
+
+if TYPE_CHECKING:
+    from gpu_worker.storage.runtime_file import RuntimeFile
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class ModelConfig:
     tie_word_embeddings: bool
 
     @classmethod
-    def from_card(cls, card: dict) -> "ModelConfig":
+    def from_card(cls, card: dict[str, Any]) -> "ModelConfig":
         if card.get("architecture") != "llama":
             raise ValueError(f"model architecture {card.get('architecture')!r} is not llama")
         return cls(**{name: card[name] for name in cls.__dataclass_fields__})
@@ -55,7 +59,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, weight.shape, weight, eps)
 
 
-def rope_tables(config: ModelConfig, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(config: ModelConfig, length: int, device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin `[length, head_dim]` in float32 for the `rotate_half` layout (frequencies repeated twice)."""
     d = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
@@ -84,6 +88,9 @@ class Linear:
     summation order."""
 
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
+        self.weight: torch.Tensor | None  # None only where packed is set
+        self.packed: torch.Tensor | None
+        self.kernel: torch._ops.OpOverloadPacket | None
         self.weight, self.packed, self.kernel = None, None, None
         on_cpu_float32 = weight.device.type == "cpu" and dtype == torch.float32
         usable = on_cpu_float32 and weight.dtype == torch.bfloat16 and weight.shape[1] % 8 == 0  # 8 per step
@@ -99,11 +106,11 @@ class Linear:
         if self.kernel is not None:
             rows = x.reshape(-1, x.shape[-1])
             if rows.shape[0] > KERNEL_MAX_ROWS:  # prefill: compute-bound, where MKL's blocking wins
-                return x @ self.weight.float().T
+                return x @ self.weight.float().T  # type: ignore[union-attr]  # set with the kernel
             y = self.kernel(rows.contiguous(), self.weight)
             return y.view(*x.shape[:-1], y.shape[-1])
         if self.packed is None:
-            return x @ self.weight.T
+            return x @ self.weight.T  # type: ignore[union-attr]  # set unless packed is
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 
 
@@ -142,7 +149,8 @@ class Layer:
 
 
 class Llama:
-    def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], device, dtype: torch.dtype,
+    def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], device: str | torch.device,
+                 dtype: torch.dtype,
                  fused_kernels: bool | None = None):
         """fused_kernels: triton_ops' kernels; None = on CUDA where they pass their self-check, True = required
         (raises where unavailable; on CPU only under TRITON_INTERPRET=1, for tests), False = never."""
@@ -158,8 +166,9 @@ class Llama:
         if self.fused is not None:
             self.cpu_ops = None
 
-        def stored(name):  # in the runtime file's dtype (Linear and the embedding lookup convert), copied
-            return tensors[name].to(device=self.device, copy=True)  # off the file's mapping
+        # in the runtime file's dtype (Linear and the embedding lookup convert), copied off the file's mapping
+        def stored(name: str) -> torch.Tensor:
+            return tensors[name].to(device=self.device, copy=True)
 
         self.embed = stored("embed_tokens")
         self.norm = stored("norm").to(dtype)
@@ -173,7 +182,7 @@ class Llama:
         self.cos, self.sin = cos.to(dtype), sin.to(dtype)
 
     @classmethod
-    def from_runtime(cls, runtime, device="cpu", dtype: torch.dtype = torch.float32,
+    def from_runtime(cls, runtime: RuntimeFile, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                      fused_kernels: bool | None = None) -> "Llama":
         config = ModelConfig.from_card(runtime.json("gen/card"))
         prefix = "gen/tensor/"
@@ -232,7 +241,7 @@ class Llama:
                 q, k = qk.split([c.num_heads, c.num_kv_heads], dim=2)
                 pool.index_copy_(1, slots, torch.stack((k, v)).view(2, -1, c.num_kv_heads, c.head_dim))
             if paged_decode:
-                decode = (fused or aotx).paged_decode_attention
+                decode = (fused or aotx).paged_decode_attention  # type: ignore[union-attr]  # one is set: paged_decode
                 out = decode(q.reshape(batch, c.num_heads, c.head_dim).contiguous(), pool[0], pool[1], block_tables,
                              lengths, page_size, scale)
                 delta = layer.o(out.view(batch, 1, c.num_heads * c.head_dim))

@@ -14,11 +14,19 @@ CPU never takes that path.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 
 from gpu_worker.engine.block_manager import pages_for
 from gpu_worker.engine.model import Llama
 from gpu_worker.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE
+
+# tokens, positions, slots `[batch, 1]` and block tables `[batch, pages]` (ModelRunner.unpack)
+DecodeInputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 # Padded tokens per prefill forward: bounds the activation memory of a large admission group.
 PREFILL_TOKENS = 8192
@@ -37,7 +45,7 @@ class ModelRunner:
         self.kv_cache = model.new_kv_cache(num_pages + 1, page_size)
         self.graphs = DecodeGraphs(self, max_batch, max_pages_per_seq) if cuda_graphs else None
 
-    def _tensors(self, *rows_of_rows) -> list[torch.Tensor]:
+    def _tensors(self, *rows_of_rows: list[Any]) -> list[torch.Tensor]:
         return [torch.tensor(rows, dtype=torch.int64).to(self.model.device, non_blocking=True) for rows in rows_of_rows]
 
     def _slot(self, seq: Sequence, position: int) -> int:
@@ -74,12 +82,13 @@ class ModelRunner:
         return torch.tensor(rows, dtype=torch.int64)
 
     @staticmethod
-    def unpack(inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def unpack(inputs: torch.Tensor) -> DecodeInputs:
         """tokens, positions, slots `[batch, 1]` and block tables `[batch, pages]`: views of decode_inputs' tensor."""
         return inputs[:, 0:1], inputs[:, 1:2], inputs[:, 2:3], inputs[:, 3:]
 
     def prefill(self, seqs: list[Sequence]) -> torch.Tensor:
         """Writes every prompt's keys and values; returns logits `[len(seqs), vocab]` after each prompt."""
+        chunk: list[Sequence]
         logits, chunk, width = [], [], 0
         for seq in seqs:
             width = max(width, len(seq.prompt_ids))
@@ -115,7 +124,7 @@ class DecodeGraphs:
                                   device=runner.model.device)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.inputs: dict[tuple[int, int], torch.Tensor] = {}  # each graph's static decode_inputs
-        self.pool = None  # one memory pool for all graphs: they never run at the same time
+        self.pool: _POOL_HANDLE | None = None  # one memory pool for all graphs: they never run at the same time
 
     def bucket(self, batch: int, pages: int) -> tuple[int, int]:
         return (next(b for b in self.batch_sizes if b >= batch), next(p for p in self.page_counts if p >= pages))
@@ -132,7 +141,7 @@ class DecodeGraphs:
         self.graphs[batch, pages].replay()
         return self.logits[:batch]
 
-    def _capture(self, static) -> torch.cuda.CUDAGraph:
+    def _capture(self, static: DecodeInputs) -> torch.cuda.CUDAGraph:
         model, kv_cache = self.runner.model, self.runner.kv_cache
         # Warm up on a side stream first (as torch.cuda.graph expects), so kernel selection and lazy
         # initialisation happen outside the capture. It computes this very step, so its writes are the

@@ -7,10 +7,17 @@ this module (transformers is a test and benchmark dependency).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 
+if TYPE_CHECKING:
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-def llama_config(card: dict):
+    from gpu_worker.storage.runtime_file import RuntimeFile
+
+
+def llama_config(card: dict[str, Any]) -> LlamaConfig:
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -25,8 +32,8 @@ def llama_config(card: dict):
     )
 
 
-def transformers_model(runtime, *, dtype: torch.dtype = torch.float32, device="cpu",
-                       attn_implementation: str = "sdpa"):
+def transformers_model(runtime: RuntimeFile, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                       attn_implementation: str = "sdpa") -> LlamaForCausalLM:
     """`LlamaForCausalLM` in eval mode holding the runtime file's `gen/tensor/*` weights."""
     from transformers import LlamaForCausalLM
     from transformers.initialization import no_init_weights
@@ -55,4 +62,5 @@ def transformers_model(runtime, *, dtype: torch.dtype = torch.float32, device="c
     model.load_state_dict(state, strict=True)
     if card["tie_word_embeddings"]:
         model.tie_weights()
-    return model.to(device=device, dtype=dtype).eval()
+    # PreTrainedModel.to is @functools.wraps(torch.nn.Module.to): mypy sees an unbound function
+    return model.to(device=device, dtype=dtype).eval()  # type: ignore[call-arg]

@@ -55,6 +55,7 @@ class Scheduler:
     def admit(self) -> list[Sequence]:
         """The next admission group, with pages allocated and status RUNNING."""
         owned = self.block_manager.num_allocated
+        group: list[Sequence]
         reserved, group = 0, []
         while self.waiting and len(self.running) + len(group) < self.max_running:
             seq = self.waiting[0]

@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NoReturn
 
 import jinja2
 from jinja2 import nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
+
+if TYPE_CHECKING:
+    from jinja2.parser import Parser
+
+    from gpu_worker.storage.runtime_file import RuntimeFile
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -31,20 +37,21 @@ class _GenerationTag(Extension):
 
     tags = {"generation"}
 
-    def parse(self, parser):
+    def parse(self, parser: Parser) -> nodes.Node:
         lineno = next(parser.stream).lineno
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
         return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
 
-    def _body(self, caller):
+    def _body(self, caller: Callable[[], str]) -> str:
         return caller()
 
 
-def _raise_exception(message):
+def _raise_exception(message: str) -> NoReturn:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | str | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     # transformers replaces Jinja's tojson, which HTML-escapes; templates expect plain JSON.
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -69,13 +76,13 @@ class Tokenizer:
         self._bytes = self._token_byte_table(json.loads(tokenizer_json), vocab_size)
 
     @classmethod
-    def from_runtime(cls, runtime) -> "Tokenizer":
+    def from_runtime(cls, runtime: RuntimeFile) -> "Tokenizer":
         card = runtime.json("gen/card")
         return cls(runtime.bytes("gen/tokenizer").tobytes().decode("utf-8"), runtime.text("gen/chat_template"),
                    vocab_size=card["vocab_size"], bos_token_id=card.get("bos_token_id"),
                    eos_token_id=card.get("eos_token_id"))
 
-    def _token_byte_table(self, spec: dict, vocab_size: int) -> list[bytes]:
+    def _token_byte_table(self, spec: dict[str, Any], vocab_size: int) -> list[bytes]:
         """Every id's raw bytes, computed once: byte-level BPE spells bytes in GPT-2's stand-in alphabet,
         SentencePiece with byte fallback spells them `<0xNN>` and spaces `▁`; added tokens are their text."""
         sentencepiece = bool(spec["model"].get("byte_fallback"))
@@ -105,21 +112,22 @@ class Tokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         return self._bytes[token_id]
 
-    def decode_bytes(self, ids) -> bytes:
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
         return b"".join(self._bytes[i] for i in ids)
 
-    def decode(self, ids) -> str:
+    def decode(self, ids: Iterable[int]) -> str:
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
     def _special_tokens(self) -> dict[str, str]:
         # transformers passes its special_tokens_map to the template; these two are what the card knows.
-        names = {}
+        names: dict[str, str] = {}
         for key, token_id in (("bos_token", self.bos_token_id), ("eos_token", self.eos_token_id)):
             if token_id is not None and self._tokenizer.id_to_token(token_id) is not None:
-                names[key] = self._tokenizer.id_to_token(token_id)
+                names[key] = self._tokenizer.id_to_token(token_id)  # type: ignore[assignment]  # not None: above
         return names
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            **kwargs: Any) -> str:
         """The prompt text for `messages`, as `transformers` renders it with `tokenize=False`."""
         if not messages:
             raise ValueError("cannot apply the chat template to an empty conversation")
@@ -129,5 +137,5 @@ class Tokenizer:
                                      add_generation_prompt=add_generation_prompt,
                                      **{**self._special_tokens(), **kwargs})
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
         return self.encode(self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt))

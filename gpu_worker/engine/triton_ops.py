@@ -35,6 +35,8 @@ import functools
 import logging
 import os
 import sys
+from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -56,8 +58,10 @@ def interpreted() -> bool:
 
 
 if triton is not None:
+    # Triton reads a kernel's parameter annotations (tl.constexpr, pointer and scalar types): the
+    # kernels keep only the ones Triton wants, hence the `type: ignore[no-untyped-def]` on each.
     @triton.jit
-    def _rope_write_kv(qkv, cos, sin, positions, slots, q_out, k_pool, v_pool,
+    def _rope_write_kv(qkv, cos, sin, positions, slots, q_out, k_pool, v_pool,  # type: ignore[no-untyped-def]
                        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr, HALF_BLOCK: tl.constexpr):
         token, head = tl.program_id(0), tl.program_id(1)
         half = DIM // 2
@@ -85,8 +89,8 @@ if triton is not None:
         tl.store(target + half + i, second.to(target.dtype.element_ty), mask=inside)
 
     @triton.jit
-    def _paged_decode_attention(q, k_pool, v_pool, block_tables, lengths, out, part_acc, part_best, part_total,
-                                scale, table_stride, split_keys, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+    def _paged_decode_attention(q, k_pool, v_pool, block_tables, lengths, out,  # type: ignore[no-untyped-def]
+                                part_acc, part_best, part_total, scale, table_stride, split_keys, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
                                 DIM: tl.constexpr, DIM_BLOCK: tl.constexpr, GROUP_BLOCK: tl.constexpr,
                                 PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr):
         row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -129,8 +133,8 @@ if triton is not None:
             tl.store(part_total + parts, total, mask=g < group)
 
     @triton.jit
-    def _merge_splits(part_acc, part_best, part_total, out, DIM: tl.constexpr, DIM_BLOCK: tl.constexpr,
-                      SPLITS: tl.constexpr, SPLIT_BLOCK: tl.constexpr):
+    def _merge_splits(part_acc, part_best, part_total, out,  # type: ignore[no-untyped-def]
+                      DIM: tl.constexpr, DIM_BLOCK: tl.constexpr, SPLITS: tl.constexpr, SPLIT_BLOCK: tl.constexpr):
         head = tl.program_id(0)  # of all rows' heads
         s = tl.arange(0, SPLIT_BLOCK)
         d = tl.arange(0, DIM_BLOCK)
@@ -144,7 +148,8 @@ if triton is not None:
         tl.store(out + head * DIM + d, result.to(out.dtype.element_ty), mask=d < DIM)
 
     @triton.jit
-    def _add_rms_norm(x, delta, weight, x_out, h_out, eps, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    def _add_rms_norm(x, delta, weight, x_out, h_out, eps,  # type: ignore[no-untyped-def]
+                      WIDTH: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         i = tl.arange(0, BLOCK)
         inside = i < WIDTH
@@ -158,7 +163,7 @@ if triton is not None:
         tl.store(h_out + row * WIDTH + i, (total * inverse * scale).to(h_out.dtype.element_ty), mask=inside)
 
     @triton.jit
-    def _silu_mul(gate_up, out, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    def _silu_mul(gate_up, out, WIDTH: tl.constexpr, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
         row, part = tl.program_id(0), tl.program_id(1)
         i = part * BLOCK + tl.arange(0, BLOCK)
         inside = i < WIDTH
@@ -177,7 +182,9 @@ def _power_of_two(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def rope_write_kv(qkv, cos, sin, positions, slots, k_pool, v_pool, heads: int, kv_heads: int) -> torch.Tensor:
+def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                  slots: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, heads: int,
+                  kv_heads: int) -> torch.Tensor:
     """qkv `[tokens, (heads + 2 kv_heads) * head_dim]` contiguous; cos, sin `[positions, head_dim]`;
     positions, slots `[tokens]` int64; k_pool, v_pool `[slots, kv_heads, head_dim]` contiguous.
     Returns the rotated queries `[tokens, heads, head_dim]`."""
@@ -196,7 +203,8 @@ def attention_splits(batch: int, kv_heads: int, keys: int) -> int:
     return max(1, min(-(-keys // SPLIT_KEYS), SPLIT_PROGRAMS // (batch * kv_heads)))
 
 
-def paged_decode_attention(q, k_pool, v_pool, block_tables, lengths, page_size: int, scale: float,
+def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
+                           lengths: torch.Tensor, page_size: int, scale: float,
                            splits: int | None = None) -> torch.Tensor:
     """q `[B, heads, D]`, k_pool and v_pool `[slots, kv_heads, D]`, block_tables `[B, pages]`, lengths `[B]`
     (row b sees keys 0..lengths[b]-1): `[B, heads, D]`. All contiguous. `splits` (default
@@ -220,7 +228,8 @@ def paged_decode_attention(q, k_pool, v_pool, block_tables, lengths, page_size: 
     return out
 
 
-def add_rms_norm(x, delta, weight, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + delta, rms_norm(x + delta) * weight) for contiguous x and delta of the same shape."""
     _contiguous(x, delta, weight)
     width = x.shape[-1]
@@ -229,7 +238,7 @@ def add_rms_norm(x, delta, weight, eps: float) -> tuple[torch.Tensor, torch.Tens
     return x_out, h_out
 
 
-def silu_mul(gate_up) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for a contiguous `[..., 2 * width]` holding gate then up."""
     _contiguous(gate_up)
     width = gate_up.shape[-1] // 2
@@ -247,10 +256,10 @@ def _self_check(device: torch.device) -> str | None:
 
     g = torch.Generator().manual_seed(0)
     for dtype, tolerance in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
-        def tensor(*shape):
+        def tensor(*shape: int) -> torch.Tensor:
             return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
 
-        def differs(got, expected):
+        def differs(got: torch.Tensor, expected: torch.Tensor) -> bool:
             expected = expected.float()
             return (got.float() - expected).abs().max().item() > tolerance * (1 + expected.abs().max().item())
 
@@ -275,7 +284,8 @@ def _self_check(device: torch.device) -> str | None:
         # the model's own PyTorch path: pages gathered through the block tables, keys past each length masked
         gathered = [pool.view(-1, page, kv_heads, dim)[tables].flatten(1, 2).float() for pool in (k_pool, v_pool)]
         mask = (torch.arange(tables.shape[1] * page, device=device) < lengths[:, None])[:, None, None, :]
-        expected = attention(queries[:, None].float(), *gathered, mask.repeat(1, 1, heads // kv_heads, 1))
+        expected = attention(queries[:, None].float(), *gathered,  # type: ignore[call-arg]  # keys, values
+                             mask.repeat(1, 1, heads // kv_heads, 1))
         for splits in (1, 2):  # one program per row and KV head, then two sharing each row's keys
             got = paged_decode_attention(queries, k_pool, v_pool, tables, lengths, page, dim ** -0.5, splits)
             if differs(got, expected.view(2, heads, dim)):
@@ -293,7 +303,7 @@ def _self_check(device: torch.device) -> str | None:
 
 
 @functools.cache
-def _ops(device_type: str):
+def _ops(device_type: str) -> ModuleType | None:
     if triton is None:
         log.info("Triton is not installed; the model uses PyTorch's operators")
         return None
@@ -309,7 +319,7 @@ def _ops(device_type: str):
     return sys.modules[__name__]
 
 
-def ops(device) -> object | None:
+def ops(device: str | torch.device) -> ModuleType | None:
     """This module (its four operators) where they run and agree with PyTorch on `device`, else None."""
     return _ops(torch.device(device).type)
 
@@ -318,7 +328,7 @@ def ops(device) -> object | None:
 
 # Each kernel's arguments that are not pointers to the compute dtype, then its constexprs at SmolLM2-135M's
 # shapes (as the wrappers above choose them), one set per variant to build.
-SIGNATURES = {
+SIGNATURES: dict[str, tuple[dict[str, str], *tuple[dict[str, int], ...]]] = {
     "_rope_write_kv": ({"positions": "*i64", "slots": "*i64"}, {"HEADS": 9, "KV_HEADS": 3, "DIM": 64, "HALF_BLOCK": 32}),
     "_paged_decode_attention": ({"block_tables": "*i64", "lengths": "*i64", "part_acc": "*fp32", "part_best": "*fp32",
                                  "part_total": "*fp32", "scale": "fp32", "table_stride": "i32", "split_keys": "i32"},
@@ -331,7 +341,7 @@ SIGNATURES = {
 }
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> None:
     """`python -m gpu_worker.engine.triton_ops [ARCH]`: compiles every kernel for CUDA compute capability
     ARCH (default 90, the H100 and H200) in bfloat16 and float32 with Triton's compiler and its bundled
     ptxas; no GPU needed. Prints one line per kernel; exits 1 on the first that does not build."""

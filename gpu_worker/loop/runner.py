@@ -7,37 +7,49 @@ ever touched on the tick loop's thread. Events are (request_id, token_id, bytes,
 engine yields them; a refusal or a cancellation becomes an event with its finish reason too, so
 the tick loop learns every end in one place.
 """
+from __future__ import annotations
+
 import logging
 import queue
 import threading
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..engine.scheduler import EngineRefusal
+
+if TYPE_CHECKING:
+    from ..engine.engine import Engine
+
+# A command on the queue: ("submit", request_id, prompt_ids, settings) or ("cancel", request_id, reason).
+Command = tuple[Any, ...]
+# (request_id, token_id, released bytes, finish reason or None): the engine's StepEvent, or an end
+# without a token (token_id None) for a refusal, a cancellation or the engine's failure.
+Event = tuple[object, int | None, bytes, str | None]
 
 log = logging.getLogger("gpu_worker.runner")
 
 
 class Runner:
-    def __init__(self, engine, deliver):
+    def __init__(self, engine: Engine, deliver: Callable[[list[Event]], object]) -> None:
         self.engine = engine
         self.deliver = deliver
-        self.commands = queue.SimpleQueue()
+        self.commands: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name="engine", daemon=True)
-        self.failure = None
+        self.failure: BaseException | None = None
 
-    def start(self):
+    def start(self) -> None:
         self.thread.start()
 
-    def submit(self, request_id, prompt_ids, **settings):
+    def submit(self, request_id: object, prompt_ids: list[int], **settings: Any) -> None:
         self.commands.put(("submit", request_id, prompt_ids, settings))
 
-    def cancel(self, request_id, reason="cancelled"):
+    def cancel(self, request_id: object, reason: str = "cancelled") -> None:
         self.commands.put(("cancel", request_id, reason))
 
-    def stop(self):
+    def stop(self) -> None:
         self.commands.put(None)
         self.thread.join(timeout=30)
 
-    def _apply(self, command, events):
+    def _apply(self, command: Command, events: list[Event]) -> None:
         kind, request_id = command[0], command[1]
         if kind == "submit":
             try:
@@ -48,10 +60,10 @@ class Runner:
         elif self.engine.cancel(request_id):
             events.append((request_id, None, b"", command[2]))
 
-    def _run(self):
+    def _run(self) -> None:
         try:
             while True:
-                events = []
+                events: list[Event] = []
                 if self.engine.has_work:
                     command = self._poll()
                 else:
@@ -71,7 +83,7 @@ class Runner:
             self.failure = exc
             self.deliver([(None, None, b"", "engine_failed")])
 
-    def _poll(self):
+    def _poll(self) -> Command | None:
         try:
             command = self.commands.get_nowait()
         except queue.Empty:
@@ -79,4 +91,4 @@ class Runner:
         return _STOP if command is None else command
 
 
-_STOP = object()
+_STOP: Any = object()  # a sentinel command, compared by identity only

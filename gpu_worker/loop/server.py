@@ -216,7 +216,7 @@ class Server:
         for fd in (io_fd, sync_fd, wake_fd):
             epoll.register(fd, _IN)
         on_main = threading.current_thread() is threading.main_thread()  # tests run a server on a thread
-        previous: dict[int, Any] = {}
+        previous: dict[signal.Signals, Any] = {}
         if on_main:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, lambda *_: self.stop())

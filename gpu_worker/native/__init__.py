@@ -23,12 +23,13 @@ import sysconfig
 import tempfile
 import zlib
 from pathlib import Path
+from types import ModuleType
 
 HERE = Path(__file__).parent
 FLAGS = ["-O2", "-std=c++17", "-shared", "-fPIC", "-pthread", "-Wall"]
 # name -> libraries to link (zlib's headers come with the Python headers on Debian: libpython3.x-dev
 # depends on zlib1g-dev)
-MODULES = {"sockio": [], "jcodec": ["-lz"]}
+MODULES: dict[str, list[str]] = {"sockio": [], "jcodec": ["-lz"]}
 
 
 class BuildError(RuntimeError):
@@ -76,17 +77,18 @@ def build(name: str) -> Path:
 
 
 @functools.cache
-def load(name: str):
+def load(name: str) -> ModuleType:
     path = str(build(name))
     module_name = f"aotx_{name}"
     spec = importlib.util.spec_from_file_location(
         module_name, path, loader=importlib.machinery.ExtensionFileLoader(module_name, path))
+    assert spec is not None and spec.loader is not None  # a file location with an explicit loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def main():
+def main() -> None:
     try:
         modules = {name: load(name) for name in MODULES}
     except BuildError as exc:

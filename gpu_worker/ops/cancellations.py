@@ -60,5 +60,5 @@ def target_id(d: Device, row: list[int], lineage: bytes) -> str:
     return ids.operation_id(lineage, join16(row[R.TARGET_OP_HI], row[R.TARGET_OP_LO]))
 
 
-RECORD = OperationKind(Kind.CANCELLATION, "cancellations.record", check=check, apply=apply, target_id=target_id,
-                       columns=columns)
+RECORD: OperationKind = OperationKind(Kind.CANCELLATION, "cancellations.record", check=check, apply=apply,
+                                      target_id=target_id, columns=columns)

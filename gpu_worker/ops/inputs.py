@@ -56,7 +56,8 @@ def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], k
                                                    f"{INPUT_BYTES} ({MEDIA_LINK_BYTES} per media link)")
     card = model_card(d, args.get("model"))
     for row in media:
-        source = d.state.media.get(row.get("sha256")) if isinstance(row, dict) else None
+        # a row without sha256 looks up None: not found, as intended
+        source = d.state.media.get(row.get("sha256")) if isinstance(row, dict) else None  # type: ignore[arg-type]
         if source is None or prow not in source.owners:
             raise ServiceError(404, "media_not_found",
                                f"no media source {row.get('sha256') if isinstance(row, dict) else row!r} "

@@ -49,7 +49,8 @@ def list_operations(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[
     start = bisect.bisect_right(seqs, cursor) if cursor is not None else 0
     page = seqs[start:start + limit]
     by_sequence = d.state.receipts.by_sequence
-    items = [RawJSON(receipts.receipt_bytes(d, by_sequence[(prow, s)])) for s in page]
+    # prow is None only where seqs is empty
+    items = [RawJSON(receipts.receipt_bytes(d, by_sequence[(prow, s)])) for s in page]  # type: ignore[index]
     more = start + limit < len(seqs)
     return 200, {"items": items, "next_cursor": str(page[-1]) if more and page else None}
 
@@ -91,4 +92,5 @@ def read_result(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int,
     }
 
 
-READS = {"operations.list": list_operations, "operations.get": get_operation, "operations.result": read_result}
+READS: dict[str, registry.Read] = {"operations.list": list_operations, "operations.get": get_operation,
+                                   "operations.result": read_result}

@@ -26,6 +26,7 @@ class Holds:
 
     def check(self, journal_bytes: int) -> None:
         """Hold on file-cap or disk pressure; lift the hold once both clear."""
+        error: str | None
         try:
             free, _ = self.fs.statvfs(self.journal_dir)
         except OSError as exc:

@@ -129,7 +129,7 @@ class Source(IntEnum):
 
 
 _HALVES = struct.Struct("<qq")
-_INT64S = {}  # n -> struct of n native int64 (the tensors' own layout), for run writes
+_INT64S: dict[int, struct.Struct] = {}  # n -> struct of n native int64 (the tensors' own layout), for run writes
 
 
 def _int64s(n: int) -> struct.Struct:
@@ -157,8 +157,8 @@ class Tables:
     def __init__(self, capacities: dict[str, int], device: str | torch.device = "cpu") -> None:
         self.device = torch.device(device)
         self.capacities = dict(capacities)
-        i64 = dict(dtype=torch.int64, device=self.device)
-        u8 = dict(dtype=torch.uint8, device=self.device)
+        i64: dict[str, Any] = dict(dtype=torch.int64, device=self.device)
+        u8: dict[str, Any] = dict(dtype=torch.uint8, device=self.device)
         n_rec = capacities["receipts"]
         self.participants = torch.zeros((capacities["participants"], width(P)), **i64)
         self.spaces = torch.zeros((capacities["spaces"], width(S)), **i64)
@@ -177,9 +177,10 @@ class Tables:
             self._flat = {}
             for t in (self.participants, self.spaces, self.members, self.conversations, self.receipts,
                       self.command_bytes, self.result_bytes):
-                raw = memoryview(t.numpy()).cast("B")
+                # numpy's stubs declare ndarray.__buffer__ only for Python >= 3.12
+                raw = memoryview(t.numpy()).cast("B")  # type: ignore[arg-type]
                 self._flat[id(t)] = (raw.cast("q") if t.dtype == torch.int64 else raw, t.shape[1], raw)
-            self._digests = memoryview(self.receipt_digests.numpy()).cast("B")
+            self._digests = memoryview(self.receipt_digests.numpy()).cast("B")  # type: ignore[arg-type]
 
     def write_row(self, table: torch.Tensor, row: int, values: dict[int, int]) -> None:
         """values: {column: int}."""
@@ -189,8 +190,8 @@ class Tables:
             for col, v in values.items():
                 flat[base + col] = v
             return
-        cols = torch.tensor(list(values), dtype=torch.int64, device=self.device)
-        table[row, cols] = torch.tensor(list(values.values()), dtype=torch.int64, device=self.device)
+        columns = torch.tensor(list(values), dtype=torch.int64, device=self.device)
+        table[row, columns] = torch.tensor(list(values.values()), dtype=torch.int64, device=self.device)
 
     def put_cols(self, table: torch.Tensor, row: int, first: int, values: list[int] | tuple[int, ...]) -> None:
         """Write consecutive columns first, first + 1, ... of a row in one step (a whole row:

@@ -17,6 +17,7 @@ import zlib
 from collections import deque
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Any
 
 from gpu_worker import native
 from gpu_worker.storage.filelayer import AppendFile, FileLayer
@@ -144,7 +145,7 @@ class RecoveryResult:
 # Reading
 
 
-def _read_record(data: bytes, pos: int):
+def _read_record(data: bytes, pos: int) -> str | tuple[Any, ...]:
     """The fields of the record at pos when it is intact (type, class, length, checksum),
     else the reason it is not. Intact says nothing yet about whether it belongs there."""
     if len(data) - pos < PART_HEADER_SIZE:
@@ -182,13 +183,14 @@ class _Open:
 
     __slots__ = ("kind", "count", "length", "seq", "start", "parts")
 
-    def __init__(self, kind, count, length, seq, start):
+    def __init__(self, kind: int, count: int, length: int, seq: int, start: int) -> None:
         self.kind, self.count, self.length, self.seq, self.start = kind, count, length, seq, start
         self.parts: list[bytes] = []
 
 
 class _Recovery:
-    def __init__(self, directory, fs, incarnation, start_digest, after_seq):
+    def __init__(self, directory: str, fs: FileLayer, incarnation: bytes, start_digest: bytes,
+                 after_seq: int) -> None:
         self.directory = directory
         self.fs = fs
         self.incarnation = incarnation
@@ -286,7 +288,7 @@ class _Recovery:
             )
         return pos, None
 
-    def _torn_tail(self, path: str, data: bytes, pos: int, current: _Open | None):
+    def _torn_tail(self, path: str, data: bytes, pos: int, current: _Open | None) -> tuple[int, str]:
         if current is None and len(data) - pos >= PART_HEADER_SIZE:
             fields = PART_HEADER.unpack_from(data, pos)
             expected = self.after_seq + 1 if self.next_seq is None else self.next_seq
@@ -317,7 +319,8 @@ class _Recovery:
             )
 
     @staticmethod
-    def _check_part(path, pos, kind, index, count, size, reserved, length, reserved2) -> None:
+    def _check_part(path: str, pos: int, kind: int, index: int, count: int, size: int, reserved: int,
+                    length: int, reserved2: int) -> None:
         # An intact record that breaks these was written wrong, not torn: always corruption.
         if reserved or reserved2:
             raise JournalCorrupt(path, pos, "reserved field not zero")
@@ -391,7 +394,7 @@ def recover(
 class _Queued:
     __slots__ = ("kind", "seq", "payload", "digest", "records", "written", "taken", "offset")
 
-    def __init__(self, kind, seq, payload, digest, records):
+    def __init__(self, kind: TransferKind, seq: int, payload: bytes, digest: bytes, records: list[bytes]) -> None:
         self.kind, self.seq, self.payload, self.digest = kind, seq, payload, digest
         self.records = records
         self.written = 0  # records durable
@@ -404,7 +407,7 @@ class TickIO:
 
     __slots__ = ("file", "data", "plan", "records", "error")
 
-    def __init__(self, file, data, plan, records):
+    def __init__(self, file: AppendFile, data: bytes, plan: list[tuple[_Queued, int, int]], records: int) -> None:
         self.file, self.data, self.plan, self.records = file, data, plan, records
         self.error: OSError | None = None
 
@@ -557,7 +560,8 @@ class JournalWriter:
             room -= len(taken)
             if not room:
                 break
-        tick = TickIO(self._file, b"".join(chunks), plan, len(chunks))
+        # self._file is not None: _check_usable() above
+        tick = TickIO(self._file, b"".join(chunks), plan, len(chunks))  # type: ignore[arg-type]
         self._in_flight.append(tick)
         return tick
 
@@ -617,6 +621,7 @@ class JournalWriter:
             # Recovery refuses a transfer split across segments (it cannot cut both files).
             raise JournalError("a transfer is partly written; commit it before a new segment")
         previous = self._file
+        assert previous is not None  # _check_usable() above
         try:
             self._open_new_segment(self._segment + 1)
         except OSError as e:
@@ -674,6 +679,7 @@ class JournalWriter:
         # so a second fdatasync can succeed without the data. Cut back to what is known
         # durable instead; a later tick rewrites the queued records from the start.
         err = e.errno or errno.EIO
+        assert self._file is not None  # the segment the failed tick wrote (open while ticks are in flight)
         try:
             self._file.truncate(self._offset)
         except OSError:
@@ -724,5 +730,5 @@ class JournalLock:
     def __enter__(self) -> JournalLock:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()

@@ -21,6 +21,7 @@ Every row is checked before anything is applied: a lease either decodes whole or
 """
 import struct
 from dataclasses import dataclass
+from typing import Sequence
 
 HEADER = struct.Struct("<II")                # row_count, revision
 ROW = struct.Struct("<IIQ16sII")             # offsets 0, 4, 8, 16, 32, 36 -> 40 bytes
@@ -48,11 +49,11 @@ class LeaseRow:
     retention_mode: int | None
 
 
-def row_layout(revision):
+def row_layout(revision: int) -> struct.Struct:
     return ROW_V0 if revision < 2 else ROW
 
 
-def encode(revision, rows):
+def encode(revision: int, rows: Sequence[LeaseRow]) -> bytes:
     if revision not in REVISIONS:
         raise LeaseError(f"unknown lease revision {revision}")
     layout = row_layout(revision)
@@ -69,7 +70,7 @@ def encode(revision, rows):
     return bytes(out)
 
 
-def decode(data):
+def decode(data: bytes) -> tuple[int, list[LeaseRow]]:
     """(revision, [LeaseRow]) or LeaseError: every row is checked before any is returned."""
     if len(data) < HEADER.size:
         raise LeaseError(f"lease of {len(data)} bytes is shorter than its header")
@@ -80,16 +81,16 @@ def decode(data):
     if len(data) != HEADER.size + count * layout.size:
         raise LeaseError(f"lease revision {revision} with {count} rows must be "
                          f"{HEADER.size + count * layout.size} bytes, not {len(data)}")
-    rows = []
+    rows: list[LeaseRow] = []
     for i in range(count):
         fields = layout.unpack_from(data, HEADER.size + i * layout.size)
         if revision < 2:
-            rows.append(LeaseRow(*fields, None))
+            rows.append(LeaseRow(*fields, None))  # type: ignore[call-arg]  # ROW_V0: the first four fields
             continue
         *head, mode, reserved = fields
         if reserved:
             raise LeaseError(f"lease row {i}: reserved word is {reserved}, not zero")
         if mode not in (RETAIN_SOURCE, RETAIN_AND_INTERPRET):
             raise LeaseError(f"lease row {i}: retention mode {mode} is not 1 or 2")
-        rows.append(LeaseRow(*head, mode))
+        rows.append(LeaseRow(*head, mode))  # type: ignore[call-arg]  # ROW: the first four fields
     return revision, rows

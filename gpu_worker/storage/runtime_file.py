@@ -19,7 +19,7 @@ import os
 import struct
 import sys
 from dataclasses import dataclass, replace
-from typing import Any, Iterable
+from typing import Any, BinaryIO, Iterable
 
 import torch
 
@@ -174,7 +174,8 @@ class RuntimeFile:
         self._view = memoryview(mapping)
 
     @classmethod
-    def open(cls, path, *, known_required: int = KNOWN_REQUIRED, verify: bool = True) -> "RuntimeFile":
+    def open(cls, path: str | os.PathLike[str], *, known_required: int = KNOWN_REQUIRED,
+             verify: bool = True) -> "RuntimeFile":
         path = os.fspath(path)
         try:
             with open(path, "rb") as f:
@@ -235,6 +236,7 @@ class RuntimeFile:
     def tensor(self, name: str) -> torch.Tensor:
         """A zero-copy CPU tensor over the mapping (copy it to the device or to keep it mutable)."""
         component = self._component(name, "tensor")
+        assert component.dtype is not None and component.shape is not None  # _check_entry: tensors have both
         dtype = DTYPES[component.dtype]
         count = math.prod(component.shape)
         if count == 0:
@@ -284,7 +286,7 @@ class RuntimeFile:
     def __enter__(self) -> "RuntimeFile":
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
@@ -356,7 +358,8 @@ def _encode(name: str, kind: str, payload: Any) -> tuple[memoryview | bytes, str
         tensor = payload.detach().cpu().contiguous()
         if tensor.dtype not in DTYPE_NAMES:
             raise ValueError(f"component {name!r}: dtype {tensor.dtype} is not storable")
-        raw = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+        # numpy's stubs declare ndarray.__buffer__ only for Python >= 3.12
+        raw: memoryview | bytes = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
         return raw, DTYPE_NAMES[tensor.dtype], tuple(tensor.shape)
     if kind == "json":
         if isinstance(payload, (str, bytes, bytearray)):
@@ -378,12 +381,12 @@ def _align(offset: int) -> int:
 class _ExtentWriter:
     """Appends aligned extents to an open file, hashing each one as it is written."""
 
-    def __init__(self, f, end: int):
+    def __init__(self, f: BinaryIO, end: int) -> None:
         self.f = f
         self.end = end
         f.seek(end)
 
-    def _put(self, raw) -> tuple[int, int, str]:
+    def _put(self, raw: bytes | memoryview) -> tuple[int, int, str]:
         offset = _align(self.end)
         self.f.write(bytes(offset - self.end))
         self.f.write(raw)
@@ -402,8 +405,8 @@ class _ExtentWriter:
         return offset, length, bytes.fromhex(digest)
 
 
-def _collect(writer: _ExtentWriter, components: Iterable) -> dict[str, Component]:
-    written = {}
+def _collect(writer: _ExtentWriter, components: Iterable[tuple[str, str, Any]]) -> dict[str, Component]:
+    written: dict[str, Component] = {}
     for name, kind, payload in components:
         if name in written:
             raise ValueError(f"component {name!r} given twice")
@@ -419,7 +422,8 @@ def _fsync_directory(path: str) -> None:
         os.close(fd)
 
 
-def create(path, components: Iterable, *, required: int = FEATURE_BASE, optional: int = 0) -> None:
+def create(path: str | os.PathLike[str], components: Iterable[tuple[str, str, Any]], *, required: int = FEATURE_BASE,
+           optional: int = 0) -> None:
     """Write a brand-new file from (name, kind, payload) triples, consumed one at a time."""
     path = os.fspath(path)
     if not required & FEATURE_BASE:
@@ -444,7 +448,8 @@ def create(path, components: Iterable, *, required: int = FEATURE_BASE, optional
     _fsync_directory(path)
 
 
-def append(path, components: Iterable, *, set_required: int = 0) -> int:
+def append(path: str | os.PathLike[str], components: Iterable[tuple[str, str, Any]], *,
+           set_required: int = 0) -> int:
     """Add components (replacing same-named ones) and publish them in the other slot; returns the generation."""
     path = os.fspath(path)
     if set_required & ~KNOWN_REQUIRED:

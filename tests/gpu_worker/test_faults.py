@@ -12,7 +12,7 @@ from gpu_worker.storage.journal import JournalIOError, list_segments
 from gpu_worker.pack import pack_tiny
 from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.conftest import PYTHON, ROOT
-from tests.gpu_worker.test_shared_state import World, code
+from tests.gpu_worker.ops.test_shared_state import World, code
 
 
 def runtime(tmp_path, **limits):

@@ -1,4 +1,6 @@
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from shared_api import config
 from shared_api.grants import write_grant_file
@@ -11,13 +13,13 @@ class Command(BaseCommand):
             "same principal id, printed once) | list. With --config, "
             "the grant file is rewritten afterwards (the device picks it up on its next tick).")
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("verb", choices=("create", "grant", "revoke", "rotate", "list"))
         parser.add_argument("name", nargs="?")
         parser.add_argument("--actions", default="")
         parser.add_argument("--config", help="gateway.json; rewrite its grant file after the change")
 
-    def handle(self, *args, **opts):
+    def handle(self, *args: Any, **opts: Any) -> None:
         verb, name = opts["verb"], opts["name"]
         try:
             actions = parse_actions(opts["actions"])

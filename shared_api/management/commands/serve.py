@@ -1,7 +1,8 @@
 import os
+from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from shared_api import config
 
@@ -9,10 +10,10 @@ from shared_api import config
 class Command(BaseCommand):
     help = "Serve the gateway with daphne on the listen address of gateway.json."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--config", required=True)
 
-    def handle(self, *args, **opts):
+    def handle(self, *args: Any, **opts: Any) -> None:
         try:
             cfg = config.load(opts["config"])
         except config.ConfigError as exc:

@@ -1,4 +1,6 @@
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from shared_api import config
 from shared_api.grants import write_grant_file
@@ -7,10 +9,10 @@ from shared_api.grants import write_grant_file
 class Command(BaseCommand):
     help = "Write the deployment grant file named in gateway.json from the gateway database."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--config", required=True)
 
-    def handle(self, *args, **opts):
+    def handle(self, *args: Any, **opts: Any) -> None:
         try:
             cfg = config.load(opts["config"])
         except config.ConfigError as exc:

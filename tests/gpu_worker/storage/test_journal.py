@@ -36,9 +36,11 @@ from gpu_worker.storage.journal import (
     segment_name,
 )
 
+from tests.conftest import ROOT
+
 INC = bytes(range(16))
 OTHER_INC = bytes(range(1, 17))
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = str(ROOT)
 
 
 def open_writer(directory, fs, **kwargs):

@@ -16,7 +16,7 @@ from gpu_worker.pack import pack_tiny
 from gpu_worker.loop.runner import Runner
 from gpu_worker.ops import chat
 from gpu_worker.storage.committer import Batch
-from tests.gpu_worker.test_shared_state import World, code
+from tests.gpu_worker.ops.test_shared_state import World, code
 
 
 class EngineWorld(World):

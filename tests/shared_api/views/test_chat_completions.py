@@ -1,0 +1,323 @@
+"""POST /v1/chat/completions (device command `chat.completions`, the `chat` action): plain JSON
+and SSE streams built from the device's `more` frames; errors in OpenAI's shape
+{"error": {"message", "type", "param", "code"}}."""
+import json
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.test import AsyncClient
+
+from gpu_worker.contract.limits import MAX_CHAT_BODY_BYTES
+from tests.conftest import wait_for
+
+from .conftest import (BAD_AUTHORIZATIONS, HOLDER, WWW_AUTHENTICATE, action_of, assert_openai_error,
+                       assert_request, lacking)
+
+PATH = "/v1/chat/completions"
+OP = "chat.completions"
+ACTION = action_of(OP)
+MESSAGES = [{"role": "user", "content": "hello"}]
+RESULT = {"text": "Hi there", "finish_reason": "stop", "prompt_tokens": 5, "completion_tokens": 3}
+FINAL = {"finish_reason": "length", "prompt_tokens": 4, "completion_tokens": 2}
+
+
+def chat(**fields):
+    return {"model": "tiny-llama", "messages": MESSAGES, **fields}
+
+
+def post(gateway, persona, body=None, raw=None, **kwargs):
+    return gateway.post(PATH, persona, body, raw=raw, **kwargs)
+
+
+def completes(result=RESULT):
+    """A device handler answering a plain (non-streamed) chat."""
+    return lambda req: (200, json.dumps(result).encode())
+
+
+def streams(*pieces, final=FINAL, status=200):
+    """A device handler answering a streamed chat: one `more` frame per piece, then the last frame."""
+    def handler(req):
+        frames = [{"status": 200, "body": piece, "more": True} for piece in pieces]
+        return frames + [{"status": status, "body": final if isinstance(final, bytes) else json.dumps(final).encode()}]
+    return handler
+
+
+def stream(persona, body):
+    """(response, the whole streamed body): an SSE stream is read in the event loop that made it."""
+    async def go():
+        response = await AsyncClient().post(PATH, json.dumps(body), content_type="application/json",
+                                            headers={"Authorization": persona.authorization})
+        if not response.streaming:
+            return response, response.content
+        return response, b"".join([chunk async for chunk in response.streaming_content])
+    return async_to_sync(go)()
+
+
+def events(content):
+    """The `data:` payloads of an SSE body, in order."""
+    assert content.endswith(b"\n\n"), content[-50:]
+    out = []
+    for event in content.decode().split("\n\n")[:-1]:
+        assert event.startswith("data: "), event
+        out.append(event[len("data: "):])
+    return out
+
+
+# ---- refused before the device
+
+@pytest.mark.parametrize("authorization", BAD_AUTHORIZATIONS)
+def test_it_refuses_a_missing_malformed_or_unknown_token(gateway, device, people, authorization):
+    response = post(gateway, None, chat(), authorization=authorization)
+    assert_openai_error(response, 401, "unauthenticated", "authentication_error")
+    assert response["WWW-Authenticate"] == WWW_AUTHENTICATE
+    assert device.requests == []
+
+
+def test_it_refuses_a_revoked_principal(gateway, device, people):
+    response = post(gateway, people["revoked"], chat())
+    assert_openai_error(response, 401, "unauthenticated", "authentication_error")
+    assert response["WWW-Authenticate"] == WWW_AUTHENTICATE
+    assert device.requests == []
+
+
+@pytest.mark.parametrize("name", lacking(ACTION))
+def test_it_refuses_a_principal_without_the_chat_action(gateway, device, people, name):
+    error = assert_openai_error(post(gateway, people[name], chat()), 403, "grant_missing", "permission_error")
+    assert ACTION in error["message"]
+    assert device.requests == []
+
+
+def test_it_checks_the_token_before_the_body(gateway, device, people):
+    assert_openai_error(post(gateway, people["reader"], raw=b"{nope"), 403, "grant_missing", "permission_error")
+    assert device.requests == []
+
+
+def test_it_refuses_get(gateway, device, people):
+    response = gateway.get(PATH, people["chatter"])
+    assert response.status_code == 405 and json.loads(response.content)["error"]["code"] == "method_not_allowed"
+    assert response["Cache-Control"] == "no-store"
+    assert device.requests == []
+
+
+@pytest.mark.parametrize("raw", [b"{nope", b"\xff\xfe{}", b"[]", b'"hello"', b""],
+                         ids=["not-json", "invalid-utf8", "an-array", "a-string", "empty"])
+def test_it_rejects_a_body_that_is_not_a_json_object(gateway, device, people, raw):
+    assert_openai_error(post(gateway, people["chatter"], raw=raw), 400, "invalid_json", "invalid_request_error")
+    assert device.requests == []
+
+
+def test_it_refuses_a_body_over_1_mib(gateway, device, people):
+    body = chat(messages=[{"role": "user", "content": "x" * MAX_CHAT_BODY_BYTES}])
+    response = post(gateway, people["chatter"], body)
+    assert response.status_code == 413 and json.loads(response.content)["error"]["code"] == "body_too_large"
+    assert device.requests == []
+
+
+@pytest.mark.parametrize("body, code", [
+    ({"messages": MESSAGES}, "invalid_model"),
+    (chat(model=7), "invalid_model"),
+    (chat(messages=[]), "invalid_messages"),
+    (chat(messages="hello"), "invalid_messages"),
+    (chat(messages=["hello"]), "invalid_messages"),
+    (chat(messages=[{"role": "user"}]), "invalid_messages"),
+    (chat(messages=[{"role": "user", "content": 5}]), "invalid_messages"),
+    (chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+     "invalid_messages"),
+    (chat(messages=[{"role": "user", "content": [{"type": "text", "text": 1}]}]), "invalid_messages"),
+    (chat(max_tokens=0), "invalid_max_tokens"),
+    (chat(max_tokens=8.0), "invalid_max_tokens"),
+    (chat(max_tokens="8"), "invalid_max_tokens"),
+    (chat(max_tokens=True), "invalid_max_tokens"),
+    (chat(max_completion_tokens=-1, max_tokens=8), "invalid_max_tokens"),
+    (chat(temperature=2.5), "invalid_temperature"),
+    (chat(temperature=-0.1), "invalid_temperature"),
+    (chat(temperature="1"), "invalid_temperature"),
+    (chat(top_p=0), "invalid_top_p"),
+    (chat(top_p=1.01), "invalid_top_p"),
+    (chat(stop=["a", "b", "c", "d", "e"]), "invalid_stop"),
+    (chat(stop=[""]), "invalid_stop"),
+    (chat(stop=3), "invalid_stop"),
+    (chat(n=2), "invalid_n"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_it_rejects_an_invalid_request_without_calling_the_device(gateway, device, people, body, code):
+    assert_openai_error(post(gateway, people["chatter"], body), 400, code, "invalid_request_error")
+    assert device.requests == []
+
+
+@pytest.mark.xfail(strict=True, raises=AttributeError,
+                   reason="gateway bug: a non-object stream_options crashes openai_views.chat_completions "
+                          "(str has no .get), a 500 instead of a 400")
+def test_it_rejects_stream_options_that_are_not_an_object(gateway, device, people):
+    body = chat(stream=True, stream_options="include_usage")
+    assert_openai_error(post(gateway, people["chatter"], body), 400, "invalid_stream_options", "invalid_request_error")
+    assert device.requests == []
+
+
+@pytest.mark.xfail(strict=True, raises=OverflowError,
+                   reason="gateway bug: max_tokens >= 2**64 passes the check and msgpack cannot pack it, a 500")
+def test_it_rejects_a_max_tokens_the_device_frame_cannot_carry(gateway, device, people):
+    assert_openai_error(post(gateway, people["chatter"], chat(max_tokens=1 << 64)), 400, "invalid_max_tokens",
+                        "invalid_request_error")
+    assert device.requests == []
+
+
+@pytest.mark.xfail(strict=True, raises=UnicodeEncodeError,
+                   reason="gateway bug: json.loads accepts a lone surrogate (\\ud800) that msgpack cannot encode, "
+                          "a 500")
+def test_it_rejects_text_with_a_lone_surrogate(gateway, device, people):
+    raw = b'{"model": "tiny-llama", "messages": [{"role": "user", "content": "\\ud800"}]}'
+    assert_openai_error(post(gateway, people["chatter"], raw=raw), 400, "invalid_messages", "invalid_request_error")
+    assert device.requests == []
+
+
+# ---- plain completions
+
+def test_it_sends_one_chat_request_with_the_parsed_args(gateway, device, people):
+    device.handler = completes()
+    persona = people[HOLDER[ACTION]]
+    assert post(gateway, persona, chat()).status_code == 200
+    assert_request(device.only_request(), OP, persona.principal_id,
+                   {"model": "tiny-llama", "messages": MESSAGES, "stream": False})
+
+
+def test_it_sends_sampling_options_as_the_device_expects_them(gateway, device, people):
+    device.handler = completes()
+    messages = [{"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}]}]
+    body = chat(messages=messages, max_tokens=99, max_completion_tokens=12, temperature=1, top_p=0.5, stop="\n",
+                n=1, user="ignored")
+    assert post(gateway, people["chatter"], body).status_code == 200
+    assert_request(device.only_request(), OP, people["chatter"].principal_id, {
+        "model": "tiny-llama", "stream": False, "max_tokens": 12, "temperature": 1.0, "top_p": 0.5, "stop": ["\n"],
+        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]})
+
+
+def test_it_answers_a_chat_completion_with_usage(gateway, device, people):
+    device.handler = completes()
+    response = post(gateway, people["chatter"], chat())
+    assert response.status_code == 200
+    assert response["Content-Type"] == "application/json" and response["Cache-Control"] == "no-store"
+    doc = json.loads(response.content)
+    assert doc["object"] == "chat.completion" and doc["model"] == "tiny-llama"
+    assert doc["id"].startswith("chatcmpl-") and isinstance(doc["created"], int)
+    assert doc["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "Hi there"},
+                               "finish_reason": "stop", "logprobs": None}]
+    assert doc["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+
+
+@pytest.mark.parametrize("status, code, type_", [
+    (409, "model_not_available", "server_error"),  # ERROR_TYPES has no 409: see the report
+    (400, "input_too_large", "invalid_request_error"),
+    (429, "journal_hold", "rate_limit_error"),
+    (503, "page_pool_exhausted", "server_error"),
+])
+def test_it_maps_a_device_error_to_the_openai_shape(gateway, device, people, status, code, type_):
+    device.answer(status, json.dumps({"error": {"code": code, "message": f"device says {code}"}}).encode())
+    error = assert_openai_error(post(gateway, people["chatter"], chat()), status, code, type_)
+    assert error["message"] == f"device says {code}" and error["param"] is None
+
+
+def test_it_answers_503_device_unavailable_when_the_device_is_stopped(gateway, device, people):
+    device.stop()
+    assert_openai_error(post(gateway, people["chatter"], chat()), 503, "device_unavailable", "server_error")
+
+
+def test_it_answers_503_device_timeout_when_the_device_is_silent(gateway, device, people):
+    device.silent = True
+    assert_openai_error(post(gateway, people["chatter"], chat()), 503, "device_timeout", "server_error")
+    assert device.only_request()["op"] == OP
+
+
+def test_it_closes_its_device_connection_after_a_plain_completion(gateway, device, people):
+    device.handler = completes()
+    assert post(gateway, people["chatter"], chat()).status_code == 200
+    wait_for(lambda: device.hangups == 1, timeout=5, what="the gateway to close its chat connection")
+
+
+# ---- streams
+
+def test_it_streams_sse_chunks_from_the_devices_more_frames_then_done(device, people):
+    device.handler = streams(b"Hel", b"lo", b" world")
+    response, content = stream(people["chatter"], chat(stream=True))
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/event-stream"
+    assert response["Cache-Control"] == "no-store" and response["X-Accel-Buffering"] == "no"
+    data = events(content)
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert len({c["id"] for c in chunks}) == 1 and chunks[0]["id"].startswith("chatcmpl-")
+    assert [c["choices"][0]["delta"] for c in chunks] == [
+        {"role": "assistant", "content": ""}, {"content": "Hel"}, {"content": "lo"}, {"content": " world"}, {}]
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, None, None, "length"]
+    assert all("usage" not in c for c in chunks)
+    assert_request(device.only_request(), OP, people["chatter"].principal_id,
+                   {"model": "tiny-llama", "messages": MESSAGES, "stream": True})
+
+
+def test_it_adds_a_usage_chunk_when_asked(device, people):
+    device.handler = streams(b"Hi")
+    _, content = stream(people["chatter"], chat(stream=True, stream_options={"include_usage": True}))
+    data = events(content)
+    assert data[-1] == "[DONE]"
+    usage = json.loads(data[-2])
+    assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 4, "completion_tokens": 2,
+                                                         "total_tokens": 6}
+
+
+def test_it_joins_a_utf8_character_split_across_frames(device, people):
+    device.handler = streams(b"caf\xc3", b"\xa9 \xe2\x82", b"\xac")  # "café €"
+    _, content = stream(people["chatter"], chat(stream=True))
+    text = "".join(json.loads(d)["choices"][0]["delta"].get("content", "") for d in events(content)[:-1])
+    assert text == "café €"
+
+
+def test_it_streams_a_reply_with_no_tokens(device, people):
+    device.handler = streams(final={"finish_reason": "stop", "prompt_tokens": 4, "completion_tokens": 0})
+    _, content = stream(people["chatter"], chat(stream=True))
+    data = events(content)
+    assert data[-1] == "[DONE]" and len(data) == 3
+    assert json.loads(data[1])["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_device_error_before_the_stream_is_an_openai_error(device, people):
+    device.answer(409, b'{"error":{"code":"model_not_available","message":"no model gpt-9"}}')
+    response, _ = stream(people["chatter"], chat(model="gpt-9", stream=True))
+    assert_openai_error(response, 409, "model_not_available", "server_error")
+    wait_for(lambda: device.hangups == 1, timeout=5, what="the gateway to close its chat connection")
+
+
+def test_a_device_error_during_the_stream_ends_it_with_an_error_event(device, people):
+    device.handler = streams(b"Hel", final=b'{"error":{"code":"cancelled","message":"the chat was cancelled"}}',
+                             status=503)
+    _, content = stream(people["chatter"], chat(stream=True))
+    data = events(content)
+    assert "[DONE]" not in data
+    assert json.loads(data[-1]) == {"error": {"message": "the chat was cancelled", "code": "cancelled"}}
+    assert json.loads(data[1])["choices"][0]["delta"] == {"content": "Hel"}
+
+
+def test_a_stream_closes_its_device_connection_when_done(device, people):
+    device.handler = streams(b"Hi")
+    stream(people["chatter"], chat(stream=True))
+    wait_for(lambda: device.hangups == 1, timeout=5, what="the gateway to close its chat connection")
+
+
+def test_a_stream_answers_503_device_unavailable_when_the_device_is_stopped(device, people):
+    device.stop()
+    response, _ = stream(people["chatter"], chat(stream=True))
+    assert_openai_error(response, 503, "device_unavailable", "server_error")
+
+
+def test_a_stream_answers_503_device_timeout_when_the_device_is_silent(device, people):
+    device.silent = True
+    response, _ = stream(people["chatter"], chat(stream=True))
+    assert_openai_error(response, 503, "device_timeout", "server_error")
+
+
+def test_a_stream_that_goes_silent_ends_with_a_timeout_event(device, people):
+    device.handler = lambda req: [{"status": 200, "body": b"Hel", "more": True}]  # and then nothing
+    _, content = stream(people["chatter"], chat(stream=True))
+    data = events(content)
+    assert "[DONE]" not in data
+    assert json.loads(data[-1])["error"]["code"] == "device_timeout"
