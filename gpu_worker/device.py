@@ -69,7 +69,7 @@ class Device:
         self.table_device = device
         # None only for an offline command (serve=False), which admits and reads nothing
         self.grants: Grants = cast(Grants, grants)
-        self._grant_problem: str | None = None
+        self.grant_problem: str | None = None  # why the last grant-file reload failed, while it does
         self.fs = fs or OsFileLayer()
         self.journal_dir = journal_dir
         self.holds = Holds(self.fs, journal_dir, profile["journal_file_cap_bytes"],
@@ -302,10 +302,10 @@ class Device:
     def _reload_grants(self) -> None:
         try:
             self.grants.reload()
-            self._grant_problem = None
+            self.grant_problem = None
         except GrantFileError as exc:  # a bad rewrite must not stop the device; say so once
-            if str(exc) != self._grant_problem:
-                self._grant_problem = str(exc)
+            if str(exc) != self.grant_problem:
+                self.grant_problem = str(exc)
                 log.warning("grant reload failed, keeping previous grants: %s", exc)
 
     # ---- the engine -------------------------------------------------------------------------

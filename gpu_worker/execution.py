@@ -13,6 +13,7 @@ never run again. Replay applies the same transfers through the same functions.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -142,8 +143,6 @@ def has_work(d: Device) -> bool:
 
 def journal_work(d: Device, budget: int) -> int:
     """Append lease, output and completion transfers within budget; returns the records used."""
-    # The on_saved lambdas bind their value as a default argument, a lambda mypy cannot infer:
-    # hence the `type: ignore[misc]` on each.
     ex = d.executions
     used = 0
     if ex.to_lease and d.runner is not None:
@@ -152,8 +151,7 @@ def journal_work(d: Device, budget: int) -> int:
             rrows.append(ex.to_lease.pop(0))
         if rrows:
             payload = lease_payload(d, rrows)
-            d.append(TransferKind.LEASE, payload,
-                     lambda transfer, rrows=rrows: lease_saved(d, rrows, transfer, True))  # type: ignore[misc]
+            d.append(TransferKind.LEASE, payload, functools.partial(lease_saved, d, rrows, live=True))
             used += record_count(len(payload))
     now = time.monotonic()
     for execution in list(ex.live.values()):
@@ -163,8 +161,7 @@ def journal_work(d: Device, budget: int) -> int:
             payload = output_payload(d, execution.rrow, execution.offset, chunk)
             if used + record_count(len(payload)) > budget:
                 return used
-            d.append(TransferKind.OUTPUT, payload,
-                     lambda transfer, p=payload: apply_output(d, p, transfer))  # type: ignore[misc]
+            d.append(TransferKind.OUTPUT, payload, functools.partial(apply_output, d, payload))
             del execution.buffered[:len(chunk)]
             execution.offset += len(chunk)
             execution.flushed_at = now
@@ -174,8 +171,7 @@ def journal_work(d: Device, budget: int) -> int:
                                          execution.output_tokens)
             if used + record_count(len(payload)) > budget:
                 return used
-            d.append(TransferKind.COMPLETION, payload,
-                     lambda transfer, p=payload: apply_completion(d, p, transfer))  # type: ignore[misc]
+            d.append(TransferKind.COMPLETION, payload, functools.partial(apply_completion, d, payload))
             execution.completing = True
             used += record_count(len(payload))
     return used
@@ -303,9 +299,7 @@ def interrupt_unfinished(d: Device) -> None:
         for rrow in rrows:
             if t.value(t.receipts, rrow, R.TERMINAL) == Terminal.NONE:
                 payload = completion_payload(d, rrow, Finish.INTERRUPTED, 0, 0)
-                # (mypy cannot infer a lambda with a default argument, as in journal_work)
-                d.append(TransferKind.COMPLETION, payload,
-                         lambda transfer, p=payload: apply_completion(d, p, transfer))  # type: ignore[misc]
+                d.append(TransferKind.COMPLETION, payload, functools.partial(apply_completion, d, payload))
 
 
 def stop_all(d: Device) -> None:

@@ -1,10 +1,119 @@
-from django.contrib import admin
+"""The admin console's principals (DESIGN: Django users log in to /admin/; API principals are what
+they manage). Adding a principal issues its token once; its actions are a checkbox set of the valid
+ones; every change — add, edit, revoke, reinstate, delete — rewrites the grant file the device
+reads (shared_api/grants.py, which checks the document as the device will read it). The device
+picks the new file up on its next tick; a reload it refused shows on the principal list."""
+from __future__ import annotations
 
+import json
+from typing import Any
+
+from django import forms
+from django.conf import settings
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+
+from gpu_worker.contract.grantfile import GrantFileError
+from gpu_worker.contract.vocabulary import ACTIONS
+
+from . import config
+from .device_client import DeviceClient
+from .errors import ServiceError
+from .grants import write_grant_file_for
 from .models import Principal
+
+STATUS_TIMEOUT = 2.0  # seconds the principal list waits for the device's status
+
+
+class PrincipalForm(forms.ModelForm):
+    actions = forms.MultipleChoiceField(choices=[(a, a) for a in ACTIONS], widget=forms.CheckboxSelectMultiple,
+                                        required=False, help_text="gateway actions of this principal's token")
+
+    class Meta:
+        model = Principal
+        fields = ("name", "actions", "active")
+
+
+def rewrite_grant_file(request: HttpRequest) -> None:
+    """Write the grant file from the database and say so (or why not) on the next page."""
+    try:
+        path, count = write_grant_file_for(settings.AOTX_GATEWAY_CONFIG)
+    except (config.ConfigError, GrantFileError, OSError) as exc:
+        messages.error(request, f"The grant file was not rewritten: {exc}")
+        return
+    messages.info(request, f"Grant file {path} rewritten ({count} principals); the device reloads it on its next tick.")
+
+
+def show_token(request: HttpRequest, principal: Principal, token: str) -> None:
+    messages.warning(request, f"The token of {principal.name}, shown this once (only its digest is kept): {token}")
 
 
 @admin.register(Principal)
 class PrincipalAdmin(admin.ModelAdmin):
-    list_display = ("name", "principal_id", "actions", "active", "updated_at")
+    form = PrincipalForm
+    list_display = ("name", "principal_id", "action_list", "active", "updated_at")
+    list_filter = ("active",)
+    search_fields = ("name", "principal_id")
     readonly_fields = ("principal_id", "created_at", "updated_at")
-    exclude = ("token_hash",)
+    actions = ("rotate_tokens", "revoke", "reinstate")
+
+    @admin.display(description="actions")
+    def action_list(self, obj: Principal) -> str:
+        return ", ".join(obj.actions) or "-"
+
+    def save_model(self, request: Any, obj: Principal, form: Any, change: bool) -> None:
+        token = None if change else obj.rotate_token()
+        obj.save()
+        rewrite_grant_file(request)
+        if token is not None:
+            show_token(request, obj, token)
+
+    def delete_model(self, request: Any, obj: Principal) -> None:
+        super().delete_model(request, obj)
+        rewrite_grant_file(request)
+
+    def delete_queryset(self, request: Any, queryset: QuerySet[Principal]) -> None:
+        super().delete_queryset(request, queryset)
+        rewrite_grant_file(request)
+
+    @admin.action(description="Rotate the token of the selected principals (each new token is shown once)")
+    def rotate_tokens(self, request: HttpRequest, queryset: QuerySet[Principal]) -> None:
+        for principal in queryset:
+            token = principal.rotate_token()
+            principal.save()
+            show_token(request, principal, token)
+
+    @admin.action(description="Revoke the selected principals (no action until reinstated)")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[Principal]) -> None:
+        self._set_active(request, queryset, False)
+
+    @admin.action(description="Reinstate the selected principals")
+    def reinstate(self, request: HttpRequest, queryset: QuerySet[Principal]) -> None:
+        self._set_active(request, queryset, True)
+
+    def _set_active(self, request: HttpRequest, queryset: QuerySet[Principal], active: bool) -> None:
+        for principal in queryset:
+            principal.active = active
+            principal.save()
+        rewrite_grant_file(request)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """The principal list also says whether the device accepted the current grant file."""
+        if request.method == "GET":
+            problem = device_grant_problem()
+            if problem:
+                messages.error(request, f"The device could not reload the grant file and keeps its previous grants: "
+                                        f"{problem}")
+        return super().changelist_view(request, extra_context)
+
+
+def device_grant_problem() -> str | None:
+    """The device's last grant-file reload failure, None when it has none or cannot be asked."""
+    try:
+        cfg = config.load(settings.AOTX_GATEWAY_CONFIG)
+        msg = DeviceClient(cfg["socket"], STATUS_TIMEOUT).call("ping", None)
+    except (config.ConfigError, ServiceError):
+        return None
+    problem: str | None = json.loads(msg["body"]).get("grants", {}).get("problem")
+    return problem

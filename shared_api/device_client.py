@@ -81,6 +81,13 @@ class DeviceClient:
     def stream(self) -> DeviceStream:
         return DeviceStream(self.socket_path, self.timeout)
 
+    def close(self) -> None:
+        """Close the pooled connections (a connection in use is closed by its caller)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
+
 
 class DeviceStream:
     """One asyncio connection for one long request: `send` it, then take its reply frames with
@@ -157,9 +164,11 @@ def client() -> DeviceClient:
 
 
 def reset() -> None:
-    """Forget the process's client (tests that point the gateway at another device)."""
+    """Close and forget the process's client (tests that point the gateway at another device)."""
     global _client
     with _lock:
+        if _client is not None:
+            _client.close()
         _client = None
 
 

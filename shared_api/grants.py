@@ -7,11 +7,19 @@ from typing import Any
 
 from gpu_worker.contract import grantfile
 
+from . import config
 from .models import Principal
 
 
 def grant_document() -> dict[str, Any]:
     return grantfile.document({p.principal_id: (p.name, sorted(p.current_actions())) for p in Principal.objects.all()})
+
+
+def write_grant_file_for(config_path: str) -> tuple[str, int]:
+    """Rewrite the grant file named in a gateway.json: (its path, principals written). ConfigError,
+    GrantFileError or OSError say why nothing was written."""
+    path = config.load(config_path)["grants_file"]
+    return path, write_grant_file(path)
 
 
 def write_grant_file(path: str) -> int:

@@ -1,13 +1,18 @@
 """Gateway-side records: API principals and their gateway actions. Tokens are stored only as
 SHA-256 digests (they are 256-bit random values, so a fast hash is enough); the token itself is
-shown once, at creation."""
+shown once, when it is issued. A row always has a principal ID, a token digest and only valid
+actions (save() refuses anything else, and the database refuses empty IDs), so every row can go
+into the grant file the device reads."""
 from __future__ import annotations
 
 import hashlib
 import secrets
 
+from typing import Any
+
 from django.db import models
 
+from gpu_worker.contract.ids import HEX32
 from gpu_worker.contract.vocabulary import ACTIONS
 
 TOKEN_PREFIX = "aotx_"
@@ -17,9 +22,17 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def new_principal_id() -> str:
+    return secrets.token_hex(16)
+
+
+def new_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
 class Principal(models.Model):
     name = models.CharField(max_length=100, unique=True)
-    principal_id = models.CharField(max_length=32, unique=True, editable=False)
+    principal_id = models.CharField(max_length=32, unique=True, editable=False, default=new_principal_id)
     token_hash = models.CharField(max_length=64, unique=True, editable=False)
     actions = models.JSONField(default=list)
     active = models.BooleanField(default=True)
@@ -28,6 +41,11 @@ class Principal(models.Model):
 
     class Meta:
         ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=~models.Q(name=""), name="principal_name_not_empty"),
+            models.CheckConstraint(condition=~models.Q(principal_id=""), name="principal_id_not_empty"),
+            models.CheckConstraint(condition=~models.Q(token_hash=""), name="principal_token_not_empty"),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -35,15 +53,25 @@ class Principal(models.Model):
     @classmethod
     def create(cls, name: str, actions: list[str]) -> tuple[Principal, str]:
         """Returns (principal, token); the token is never stored."""
-        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        principal = cls.objects.create(name=name, principal_id=secrets.token_hex(16),
-                                       token_hash=hash_token(token), actions=sorted(set(actions)))
+        principal = cls(name=name, actions=actions)
+        token = principal.rotate_token()
+        principal.save()
         return principal, token
 
     def rotate_token(self) -> str:
-        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        """Issue a new token (the caller saves): the old one stops working, the principal ID and
+        its grants stay. Returns the token, which only its digest outlives."""
+        token = new_token()
         self.token_hash = hash_token(token)
         return token
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        unknown = sorted(set(self.actions) - set(ACTIONS)) if isinstance(self.actions, list) else self.actions
+        if unknown or not self.name or not HEX32.match(self.principal_id) or len(self.token_hash) != 64:
+            raise ValueError(f"principal {self.name!r} cannot be saved: it needs a name, a 32-hex principal ID, "
+                             f"a token digest and actions among {', '.join(ACTIONS)}")
+        self.actions = sorted(set(self.actions))
+        super().save(*args, **kwargs)
 
     @classmethod
     def for_token(cls, token: str) -> Principal | None:

@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from gpu_worker.contract.ids import MAX_COUNTER
 from gpu_worker.contract.limits import MAX_CHAT_BODY_BYTES
 from gpu_worker.contract.vocabulary import CHAT
 from gpu_worker.contract.wire import Message
@@ -40,16 +41,25 @@ async def _principal(request: HttpRequest) -> str:
     return (await authenticate_request(request, CHAT)).principal_id
 
 
+def _text(value: str, code: str, name: str) -> str:
+    """JSON admits lone surrogates (\\ud800) that no UTF-8 text holds: refuse them here."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ServiceError(400, code, f"{name} holds a lone surrogate, which is not text") from None
+    return value
+
+
 def _content(message: dict[str, Any]) -> str:
     content = message.get("content")
     if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
         if any(not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str)
                for p in content):
             raise ServiceError(400, "invalid_messages", "only text content parts are supported")
-        return "".join(p["text"] for p in content)
+        content = "".join(p["text"] for p in content)
     if not isinstance(content, str):
         raise ServiceError(400, "invalid_messages", "message content must be a string or text parts")
-    return content
+    return _text(content, "invalid_messages", "message content")
 
 
 def _request_args(body: Any) -> dict[str, Any]:
@@ -58,14 +68,15 @@ def _request_args(body: Any) -> dict[str, Any]:
     model, messages = body.get("model"), body.get("messages")
     if not isinstance(model, str):
         raise ServiceError(400, "invalid_model", "model is required")
+    _text(model, "invalid_model", "model")
     if not isinstance(messages, list) or not messages or any(not isinstance(m, dict) for m in messages):
         raise ServiceError(400, "invalid_messages", "messages must be a non-empty array of objects")
-    args: dict[str, Any] = {"model": model, "messages": [{"role": m.get("role"), "content": _content(m)} for m in messages],
-            "stream": bool(body.get("stream", False))}
+    args: dict[str, Any] = {"model": model, "stream": bool(body.get("stream", False)),
+                            "messages": [{"role": m.get("role"), "content": _content(m)} for m in messages]}
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
-        if type(max_tokens) is not int or max_tokens < 1:
-            raise ServiceError(400, "invalid_max_tokens", "max_tokens must be a positive integer")
+        if type(max_tokens) is not int or not 1 <= max_tokens <= MAX_COUNTER:
+            raise ServiceError(400, "invalid_max_tokens", f"max_tokens must be an integer 1..{MAX_COUNTER}")
         args["max_tokens"] = max_tokens
     for name, low, high in (("temperature", 0, 2), ("top_p", 0, 1)):
         value = body.get(name)
@@ -78,7 +89,10 @@ def _request_args(body: Any) -> dict[str, Any]:
         stop = [stop] if isinstance(stop, str) else stop
         if not isinstance(stop, list) or len(stop) > 4 or any(not isinstance(s, str) or not s for s in stop):
             raise ServiceError(400, "invalid_stop", "stop must be a string or up to 4 strings")
-        args["stop"] = stop
+        args["stop"] = [_text(s, "invalid_stop", "stop") for s in stop]
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise ServiceError(400, "invalid_stream_options", "stream_options must be an object")
     if body.get("n", 1) != 1:
         raise ServiceError(400, "invalid_n", "only n=1 is supported")
     return args
@@ -138,7 +152,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
             return _device_error(msg)
         return HttpResponse(json.dumps(_completion(completion_id, created, args["model"], json.loads(msg["body"]))),
                             content_type="application/json")
-    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))  # an object: _request_args
     try:
         device = await client().stream().open()
     except ServiceError as err:

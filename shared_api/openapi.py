@@ -585,7 +585,7 @@ class BearerScheme(OpenApiAuthenticationExtension):
 
 
 GENERAL = """\
-Persistent shared conversations (SPEC.md, DESIGN.md §4). Base path `/aotx/v1/shared`.
+Persistent shared conversations. Base path `/aotx/v1/shared`.
 
 Every route needs `Authorization: Bearer <token>` (401 with `WWW-Authenticate` otherwise) and every
 response carries `Cache-Control: no-store`. GET needs the `shared_read` gateway action; participant

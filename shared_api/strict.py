@@ -55,9 +55,11 @@ class StrictJSONParser(BaseParser):
         return loads_strict(raw)
 
 
-def decimal_counter(value: Any, field: str) -> int:
+def decimal_counter(value: Any, field: str, *, positive: bool = False) -> int:
     if not isinstance(value, str) or not ids.COUNTER.match(value) or int(value) > ids.MAX_COUNTER:
         raise ServiceError(400, "bad_field", f"{field} must be a decimal string without leading zeros")
+    if positive and value == "0":
+        raise ServiceError(400, "bad_field", f"{field} starts at 1")
     return int(value)
 
 
@@ -95,9 +97,7 @@ class Mutation:
             raise ServiceError(400, "bad_field", f"schema must be {MUTATION_SCHEMA!r}")
         self.lineage = hex32(body["lineage"], "lineage")
         self.operation_key = hex32(body["operation_key"], "operation_key", nonzero=True)
-        self.sequence = decimal_counter(body["sequence"], "sequence")
-        if self.sequence == 0:
-            raise ServiceError(400, "bad_field", "sequence starts at 1")
+        self.sequence = decimal_counter(body["sequence"], "sequence", positive=True)
         self.fields = {k: body[k] for k in fields if k in body}
         try:
             self.canonical = operation_bytes(request.method, request.path, body)

@@ -148,14 +148,13 @@ class ConversationView(SharedView):
 
 
 def _integer(fields: dict[str, Any], name: str) -> None:
-    value = fields.get(name)
-    if value is not None and (type(value) is not int):  # bool is an int subclass; floats are refused
+    """An optional integer field, when present, is an integer (not null, a float or a bool)."""
+    if name in fields and type(fields[name]) is not int:  # bool is an int subclass; floats are refused
         raise ServiceError(400, "bad_field", f"{name} must be a JSON integer")
 
 
 def _number(fields: dict[str, Any], name: str) -> None:
-    value = fields.get(name)
-    if value is not None and (type(value) not in (int, float)):
+    if name in fields and type(fields[name]) not in (int, float):
         raise ServiceError(400, "bad_field", f"{name} must be a JSON number")
 
 
@@ -235,7 +234,7 @@ class RetirementsView(SharedView):
     @doc("retirements.record")
     def post(self, request: Request) -> HttpResponse:
         mutation = Mutation(request, ("retry_floor",), required=("retry_floor",))
-        floor = decimal_counter(mutation.fields["retry_floor"], "retry_floor")
+        floor = decimal_counter(mutation.fields["retry_floor"], "retry_floor", positive=True)
         return device_response("retirements.record", request, mutation.args(retry_floor=floor))
 
 
@@ -243,5 +242,5 @@ class CancellationsView(SharedView):
     @doc("cancellations.record")
     def post(self, request: Request) -> HttpResponse:
         mutation = Mutation(request, ("target_sequence",), required=("target_sequence",))
-        target = decimal_counter(mutation.fields["target_sequence"], "target_sequence")
+        target = decimal_counter(mutation.fields["target_sequence"], "target_sequence", positive=True)
         return device_response("cancellations.record", request, mutation.args(target_sequence=target))

@@ -1,13 +1,13 @@
 // Journal records of one transfer (docs/journal.md, "Records"), encoded natively: the busiest
 // device encodes one transfer per admission, and in Python the header packing, slicing and two
-// checksums per record cost ~1.4 us of each admission's ~20.
+// checksums per record were a measurable part of each admission (docs/performance.md).
 //
 //   records(kind, transfer_seq, payload, max_data) -> [bytes]
 //
 // Each record: a 32-byte part header (type 37, class 0x41, kind, part index, part count, data
 // length, reserved 0, payload length, transfer seq, CRC-32, reserved 0; little endian) and at
 // most max_data bytes of the payload. The CRC-32 (zlib's) covers the header with its checksum
-// field zero, then the data. An empty payload is one record with no data. gpu_worker/journal.py
+// field zero, then the data. An empty payload is one record with no data. gpu_worker/storage/journal.py
 // checks the kind and wraps this as encode_transfer; recovery decodes in Python.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

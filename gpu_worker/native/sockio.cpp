@@ -1,14 +1,13 @@
 // The device's native I/O threads, with no interpreter lock: the socket loop (accept, read, split
-// frames, send) and the journal's tick I/O (write + fdatasync). server.py owns the protocol, the
-// ticks and every reply's content.
+// frames, send) and the journal's tick I/O (write + fdatasync). loop/server.py owns the protocol
+// and every reply's content; storage/committer.py owns the ticks.
 //
-// Why native: on a busy device the interpreter spent about 40% of its time in the socket loop
-// (epoll, one recv and one send per request, each send waking a client); this thread does those
-// system calls on the other core while the interpreter admits the next tick. See docs/protocol.md
-// ("The device's socket loop") for the contract between the two. The tick I/O had run in a helper
-// process (a Python thread would need the interpreter lock to start and to report each fdatasync);
-// a native thread needs neither the lock nor a process switch, and takes the tick's write off the
-// interpreter too. See docs/journal.md ("Group commit").
+// Why native: the system calls of a busy device's sockets (epoll, one recv and one send per request,
+// each send waking a client) would take the interpreter's time; this thread makes them on another
+// core while the interpreter admits the next tick. A Python thread for the tick I/O would need the
+// interpreter lock to start and to report each fdatasync; a native thread needs neither, and takes
+// the tick's write off the interpreter too. See docs/protocol.md ("Ticks") and docs/journal.md
+// ("Group commit") for the contracts, docs/performance.md for what each move gained.
 //
 //   Loop(listen_fd, high_water, max_in_flight, max_frame, accept_pause_seconds)
 //   .fileno()      an eventfd, readable while events wait for take()

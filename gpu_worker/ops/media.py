@@ -5,6 +5,7 @@ has its bytes. An upload answers 201 once that transfer is saved, 200 when the c
 owns the source."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from typing import TYPE_CHECKING, Any
@@ -80,7 +81,7 @@ def put(d: Device, conn: object, msg: Message, batch: Batch) -> int:
     _write(d, sha, args["data"])
     payload = msgpack.packb([d.state.participants.raw[prow], bytes.fromhex(sha), len(args["data"]), args["type"]],
                             use_bin_type=True)
-    d.append(TransferKind.MEDIA, payload, lambda transfer: apply(d, payload, transfer))
+    d.append(TransferKind.MEDIA, payload, functools.partial(apply, d, payload))
     batch.media.append((conn, msg.get("id"), sha, prow))
     return record_count(len(payload))
 

@@ -43,7 +43,9 @@ def ping(d: Device, principal: bytes | None, args: dict[str, Any]) -> tuple[int,
     """Ops status (no principal: the socket is local and mode 0660)."""
     return 200, {"ok": True, "boot": str(d.state.boot), "generation": str(d.state.generation),
                  "usage": d.state.tables.usage(), "capacities": d.state.capacities,
-                 "journal": d.journal_state(), "hold_incidents": d.holds.incidents}
+                 "journal": d.journal_state(), "hold_incidents": d.holds.incidents,
+                 "grants": {"path": d.grants.path, "written_at_ns": d.grants.written_at_ns,
+                            "problem": d.grant_problem}}
 
 
 def checkpoint(d: Device, principal: bytes | None, args: dict[str, Any]) -> tuple[int, Any]:

@@ -2,19 +2,20 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from gpu_worker.contract.grantfile import GrantFileError
 from shared_api import config
-from shared_api.grants import write_grant_file
+from shared_api.grants import write_grant_file_for
 from shared_api.models import Principal, parse_actions
 
 
 class Command(BaseCommand):
     help = ("Manage API principals: create NAME --actions a,b (prints the token once, alone on the "
             "last line) | grant NAME --actions a,b | revoke NAME [--actions a,b] | rotate NAME (new token, "
-            "same principal id, printed once) | list. With --config, "
+            "same principal id, printed once) | delete NAME | list. With --config, "
             "the grant file is rewritten afterwards (the device picks it up on its next tick).")
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("verb", choices=("create", "grant", "revoke", "rotate", "list"))
+        parser.add_argument("verb", choices=("create", "grant", "revoke", "rotate", "delete", "list"))
         parser.add_argument("name", nargs="?")
         parser.add_argument("--actions", default="")
         parser.add_argument("--config", help="gateway.json; rewrite its grant file after the change")
@@ -40,7 +41,9 @@ class Command(BaseCommand):
             principal = Principal.objects.filter(name=name).first()
             if principal is None:
                 raise CommandError(f"no principal named {name!r}")
-            if verb == "rotate":
+            if verb == "delete":
+                principal.delete()
+            elif verb == "rotate":
                 token = principal.rotate_token()
             elif verb == "grant":
                 principal.actions = sorted(set(principal.actions) | set(actions))
@@ -49,15 +52,15 @@ class Command(BaseCommand):
                 principal.actions = sorted(set(principal.actions) - set(actions))
             else:
                 principal.active = False
-            principal.save()
+            if verb != "delete":
+                principal.save()
         if opts["config"]:
             try:
-                cfg = config.load(opts["config"])
-            except config.ConfigError as exc:
-                raise CommandError(str(exc))
-            write_grant_file(cfg["grants_file"])
+                write_grant_file_for(opts["config"])
+            except (config.ConfigError, GrantFileError, OSError) as exc:
+                raise CommandError(f"principal {name} changed, but the grant file was not rewritten: {exc}")
         if token:
             self.stdout.write(f"{verb}d principal {name}; the token is shown once:")
             self.stdout.write(token)
         else:
-            self.stdout.write(f"principal {name} updated")
+            self.stdout.write(f"principal {name} {'deleted' if verb == 'delete' else 'updated'}")

@@ -2,8 +2,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from gpu_worker.contract.grantfile import GrantFileError
 from shared_api import config
-from shared_api.grants import write_grant_file
+from shared_api.grants import write_grant_file_for
 
 
 class Command(BaseCommand):
@@ -14,8 +15,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         try:
-            cfg = config.load(opts["config"])
-        except config.ConfigError as exc:
-            raise CommandError(str(exc))
-        n = write_grant_file(cfg["grants_file"])
-        self.stdout.write(f"wrote {n} principal(s) to {cfg['grants_file']}")
+            path, n = write_grant_file_for(opts["config"])
+        except (config.ConfigError, GrantFileError, OSError) as exc:
+            raise CommandError(f"nothing written: {exc}")
+        self.stdout.write(f"wrote {n} principal(s) to {path}")

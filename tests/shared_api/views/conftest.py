@@ -183,15 +183,6 @@ class FakeDevice:
         return [encode_frame({"id": req.get("id"), **msg}) for msg in result]
 
 
-def _close_pool() -> None:
-    """reset() forgets the pooled client without closing its sockets; close them here so that no
-    test leaves an unclosed socket to the garbage collector (ResourceWarning)."""
-    pooled = device_client._client
-    if pooled is not None:
-        for connection in pooled._idle:
-            connection.close()
-
-
 @pytest.fixture
 def device(settings, tmp_path):
     """A running fake device, and the gateway configured to reach it."""
@@ -207,8 +198,7 @@ def device(settings, tmp_path):
     try:
         yield fake
     finally:
-        _close_pool()
-        device_client.reset()
+        device_client.reset()  # closes the pooled connections
         fake.stop()
         shutil.rmtree(directory, ignore_errors=True)
     assert not fake.errors, f"the fake device failed: {fake.errors!r}"

@@ -56,8 +56,6 @@ def test_it_rejects_a_target_sequence_that_is_not_a_decimal_string(gateway, devi
     assert device.requests == []
 
 
-@pytest.mark.xfail(strict=True, reason='gateway bug: decimal_counter accepts "0" although the OpenAPI schema '
-                                       'says target_sequence is ^[1-9][0-9]{0,18}$; the device is left to refuse it')
 def test_it_rejects_a_zero_target_sequence(gateway, device, people):
     assert_error(gateway.post(PATH, people["writer"], valid(target_sequence="0")), 400, "bad_field")
     assert device.requests == []

@@ -90,8 +90,6 @@ def test_it_rejects_non_numbers_where_numbers_belong(gateway, device, people, ch
     assert device.requests == []
 
 
-@pytest.mark.xfail(strict=True, reason="gateway bug: _integer/_number skip None, so an explicit null reaches the "
-                                       "device (which refuses it, but only after its admission checks)")
 @pytest.mark.parametrize("name", ["max_output_tokens", "pages", "temperature", "top_p"])
 def test_it_rejects_null_where_a_number_belongs(gateway, device, people, name):
     assert_error(post(gateway, people, valid(**{name: None})), 400, "bad_field")

@@ -56,8 +56,6 @@ def test_it_rejects_a_retry_floor_that_is_not_a_decimal_string(gateway, device, 
     assert device.requests == []
 
 
-@pytest.mark.xfail(strict=True, reason='gateway bug: decimal_counter accepts "0" although the OpenAPI schema '
-                                       'says retry_floor is ^[1-9][0-9]{0,18}$; the device is left to refuse it')
 def test_it_rejects_a_zero_retry_floor(gateway, device, people):
     assert_error(gateway.post(PATH, people["writer"], valid(retry_floor="0")), 400, "bad_field")
     assert device.requests == []
