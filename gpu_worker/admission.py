@@ -89,7 +89,7 @@ def admit(d: Device, msg: Message, kind: OperationKind, budget: int) -> tuple[in
     tables = state.tables
     prow = participants.by_principal.get(principal)
     if prow is None:
-        expected, floor, next_seq = participants.lineage_of(principal).hex(), 1, 1
+        expected, floor, next_seq = participants.unregistered_lineage(principal).hex(), 1, 1
     else:
         row = tables.row(tables.participants, prow)
         expected, floor, next_seq = participants.lineage_hex[prow], row[P.RETRY_FLOOR], row[P.NEXT_SEQUENCE]
@@ -128,7 +128,7 @@ def admit(d: Device, msg: Message, kind: OperationKind, budget: int) -> tuple[in
     records = record_count(len(payload))
     if records > budget and budget < MAX_RECORDS_PER_TICK:
         return None
-    seq = d.committer.append(_ADMISSION_TRANSFER, payload)
+    seq = d.committer.writer.append(_ADMISSION_TRANSFER, payload)
     rrow = apply(d, admission, seq)
     d.pending_admissions[seq] = (rrow, code)
     return 202, rrow, records
@@ -145,9 +145,10 @@ def apply(d: Device, a: Admission, transfer_seq: int | None) -> int:
     rrow = receipts.free.pop()
     prow = state.participants.by_principal.get(a.principal, -1)
     target = kind.apply(d, a, prow, transfer_seq, rrow)
-    if prow < 0:  # a registration made the participant
+    if prow < 0:  # a registration: it wrote the new participant's whole row, next sequence included
         prow = target
-    t.write_row(t.participants, prow, {P.NEXT_SEQUENCE: a.sequence + 1})
+    else:
+        t.write_row(t.participants, prow, {P.NEXT_SEQUENCE: a.sequence + 1})
     row = [0] * _RECEIPT_WIDTH  # the whole row is written: a reused slot starts clean
     row[R.STATE] = 1
     row[R.PARTICIPANT] = prow

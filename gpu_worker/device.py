@@ -162,7 +162,7 @@ class Device:
 
     def append(self, kind: int, payload: bytes, on_saved: Callable[[Transfer], None] | None = None) -> int:
         """Queue a journal transfer; on_saved runs once it is saved. Its seq."""
-        seq = self.committer.append(kind, payload)
+        seq = self.committer.writer.append(kind, payload)
         if on_saved is not None:
             self.on_saved[seq] = on_saved
         return seq

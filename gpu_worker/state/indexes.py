@@ -50,8 +50,10 @@ class ParticipantIndex:
     def lineage_of(self, principal: bytes) -> bytes:
         """The lineage a principal registers (or registered) under."""
         prow = self.by_principal.get(principal)
-        if prow is not None:
-            return self.lineage[prow]
+        return self.lineage[prow] if prow is not None else self.unregistered_lineage(principal)
+
+    def unregistered_lineage(self, principal: bytes) -> bytes:
+        """The lineage a principal with no row yet registers under (cached until it registers)."""
         lineage = self._unregistered.get(principal)
         if lineage is None:
             lineage = self._unregistered[principal] = ids.lineage(self.incarnation, principal)

@@ -74,16 +74,7 @@ class Committer:
         self.syncer: Syncer | None = None      # the tick I/O thread, while a server runs
         self._drain_waiters: list[tuple[Any, Message]] = []  # commands that run once nothing is queued
 
-    # ---- appending ------------------------------------------------------------------
-
-    def append(self, kind: int, payload: bytes) -> int:
-        """Queue a transfer for the next ticks; its journal seq."""
-        return self.writer.append(kind, payload)
-
-    def reopen(self, writer: JournalWriter) -> None:
-        """Continue on a new writer (after the device rebuilt its state from what is saved)."""
-        self.writer.close()
-        self.writer = writer
+    # Transfers are queued with writer.append (which only queues); the pipeline below writes them.
 
     def when_drained(self, conn: Any, msg: Message) -> None:
         """Answer msg (a checkpoint) once nothing is queued for the journal; gathering pauses."""

@@ -24,7 +24,7 @@ class Owner:
             if not inbox:
                 return
             conn, msg = inbox.popleft()
-            seq = self.committer.append(TransferKind.ADMISSION, bytes(200))
+            seq = self.committer.writer.append(TransferKind.ADMISSION, bytes(200))
             batch.waiting.append((conn, msg["id"], 202, seq))
 
     def answer(self, batch):

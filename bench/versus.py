@@ -1,0 +1,82 @@
+"""This tree against an earlier commit, in one run: bench/tick_cpu.py and bench/journal.py in both
+trees, alternately (old, new, old, new, ...), so that the machine's drift between minutes falls on
+both sides alike; prints each round's figures and the ratios of the medians.
+
+    .venv/bin/python bench/versus.py BASE_COMMIT [--rounds 3] [--seconds 3] [--clients 64]
+
+The earlier commit is checked out (git worktree) into a temporary directory and run with this
+virtualenv's interpreter, so both trees need the same packages. Figures: tick_cpu's best-chunk
+and mean microseconds per registration (total), and journal.py's saved registrations per second,
+their share of the phase's ceiling and the device's CPU microseconds per saved registration.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+def run(tree: Path, script: str, *args: str) -> str:
+    done = subprocess.run([PYTHON, f"bench/{script}", *args], cwd=tree, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(f"{tree}: bench/{script} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def tick_cpu(tree: Path) -> dict[str, float]:
+    out = run(tree, "tick_cpu.py")
+    best = re.search(r"^best:.*\btotal ([\d.]+)", out, re.M)
+    mean = re.search(r"^mean:.*\btotal ([\d.]+)", out, re.M)
+    assert best and mean, out
+    return {"best us/reg": float(best.group(1)), "mean us/reg": float(mean.group(1))}
+
+
+def journal(tree: Path, seconds: str, clients: str) -> dict[str, float]:
+    out = run(tree, "journal.py", "--seconds", seconds, "--clients", clients)
+    row = re.search(rf"^\s+{clients}\s+([\d,]+)\s+([\d,]+)\s+([\d,]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)%\s+(\d+)\s*$", out, re.M)
+    assert row, out
+    return {"saved reg/s": float(row.group(3).replace(",", "")), "x ceiling": float(row.group(5)),
+            "cpu us/reg": float(row.group(7))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("base", help="the commit to compare with (e.g. a commit of main before the change)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", default="3")
+    parser.add_argument("--clients", default="64")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="aotx-versus-") as tmp:
+        old = Path(tmp) / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", str(old), args.base], cwd=ROOT, check=True,
+                       capture_output=True)
+        try:
+            series: dict[str, dict[str, list[float]]] = {"base": {}, "this": {}}
+            for round_ in range(1, args.rounds + 1):
+                for name, tree in (("base", old), ("this", ROOT)):
+                    figures = {**tick_cpu(tree), **journal(tree, args.seconds, args.clients)}
+                    for key, value in figures.items():
+                        series[name].setdefault(key, []).append(value)
+                    print(f"round {round_} {name}: " + "  ".join(f"{k} {v:,.2f}" for k, v in figures.items()),
+                          flush=True)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, capture_output=True)
+    base_id = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True,
+                             text=True).stdout.strip()
+    print(f"\nmedians over {args.rounds} alternating rounds ({args.clients} clients for journal.py), "
+          f"this tree / {base_id}:")
+    print(f"{'figure':>14} {'base':>12} {'this':>12} {'ratio':>7}")
+    for key in series["base"]:
+        before, after = statistics.median(series["base"][key]), statistics.median(series["this"][key])
+        print(f"{key:>14} {before:>12,.2f} {after:>12,.2f} {after / before:>7.3f}")
+
+
+if __name__ == "__main__":
+    main()
