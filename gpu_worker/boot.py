@@ -91,9 +91,9 @@ def main(argv):
         device.runner.start()  # after the loop exists: its events come back through the loop
         if tick_cpu is not None:
             os.sched_setaffinity(0, {tick_cpu})  # this thread only (Linux: affinity is per thread)
-        # What boot built (torch, the model, the indexes: ~370k objects) lives as long as the
-        # process: keep it out of the cyclic GC's full collections, which otherwise scanned all of
-        # it every few thousand admissions (~100 ms each; see docs/architecture.md)
+        # What boot built (torch, the model, the indexes) lives as long as the process: keep it out
+        # of the cyclic GC's full collections, which would otherwise scan all of it every few
+        # thousand admissions (docs/architecture.md, "The device's memory"; docs/performance.md)
         gc.freeze()
         print(f"device ready: socket {socket_path} boot {device.state.boot} recovered {device.recovered} transfers "
               f"in {device.boot_seconds:.3f}s on {device.state.tables.device}"

@@ -182,11 +182,11 @@ class Device:
         writer = self.committer.writer
         while inbox:
             conn, msg = inbox[0]
-            op = msg.get("op")
-            kind = MUTATIONS.get(op)  # type: ignore[arg-type]
+            op = msg.get("op", "")
+            kind = MUTATIONS.get(op)
             if kind is None:
                 inbox.popleft()
-                later = LATER.get(op)  # type: ignore[arg-type]
+                later = LATER.get(op)
                 if later is not None:
                     budget -= later(self, conn, msg, batch)
                 elif writer.queued_records:
@@ -265,12 +265,12 @@ class Device:
     def read(self, msg: Message) -> Message:
         """Answer a read from the current (saved) state."""
         req_id = msg.get("id")
-        op = msg.get("op")
-        handler = READS.get(op)  # type: ignore[arg-type]
+        op = msg.get("op", "")
+        handler = READS.get(op)
         try:
             if handler is None:
                 raise ServiceError(400, "unknown_command", f"unknown device command {op!r}")
-            action = COMMANDS[op].action  # type: ignore[index]
+            action = COMMANDS[op].action
             principal = self.principal(msg, action) if action is not None else None
             status, body = handler(self, principal, self.args(msg))
             return reply(req_id, status, dumps(body))

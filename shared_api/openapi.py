@@ -34,8 +34,8 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 # ---- patterns (the contract's shapes: gpu_worker/contract/ids.py) ----------------------------
 
 HEX32 = ids.HEX32_PATTERN
-COUNTER = "^(0|[1-9][0-9]{0,18})$"          # decimal string, no leading zeros, < 2**63
-POSITIVE = "^[1-9][0-9]{0,18}$"             # a counter of at least 1
+COUNTER = f"^{ids.COUNTER_PATTERN}$"        # decimal string, no leading zeros, < 2**63
+POSITIVE = f"^{ids.POSITIVE_PATTERN}$"      # a counter of at least 1
 ID_PATTERNS = {prefix: f"^{pattern}$" for prefix, pattern in ids.ID_PATTERNS.items()}
 SHA256 = "^[0-9a-f]{64}$"
 

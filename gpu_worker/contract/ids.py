@@ -7,8 +7,10 @@ import re
 HEX32_PATTERN = "[0-9a-f]{32}"
 HEX32 = re.compile(rf"{HEX32_PATTERN}\Z")
 SHA256 = re.compile(r"[0-9a-f]{64}\Z")
-# Counters are decimal strings without leading zeros, below 2**63.
-COUNTER = re.compile(r"(0|[1-9][0-9]{0,18})\Z")
+# Counters are decimal strings without leading zeros, below 2**63; sequences and floors start at 1.
+COUNTER_PATTERN = "(0|[1-9][0-9]{0,18})"
+POSITIVE_PATTERN = "[1-9][0-9]{0,18}"
+COUNTER = re.compile(COUNTER_PATTERN + r"\Z")
 MAX_COUNTER = (1 << 63) - 1
 
 # prefix -> the whole ID's pattern, unanchored (OpenAPI anchors it with ^ and $)

@@ -17,7 +17,7 @@ import torch
 
 from ..contract import ids
 from ..contract.errors import ServiceError
-from ..contract.vocabulary import MANAGE, READ, WRITE
+from ..contract.vocabulary import MANAGE, PERMISSIONS, READ, WRITE
 from ..state.tables import C, M, S, Right, Scope, join16
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 ALL_RIGHTS = Right.READ | Right.WRITE | Right.MANAGE
 INSTANCE_RIGHTS = Right.READ | Right.WRITE
 GRANT_RIGHTS = {READ: Right.READ, WRITE: Right.WRITE, MANAGE: Right.MANAGE}
-RIGHT_NAMES = {"read": Right.READ, "write": Right.WRITE, "manage": Right.MANAGE}
+RIGHT_NAMES = {name: Right[name.upper()] for name in PERMISSIONS}  # the contract's names, the tables' bits
 
 
 def right_names(bits: int) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..contract import ids
+from ..contract import ids, vocabulary
 from ..contract.errors import ServiceError
 from ..state import ids as derived
 from ..state.tables import R, S, Right, Scope, join16, split16
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from ..admission import Admission
     from ..device import Device
 
-SCOPES = {"private": Scope.PRIVATE, "room": Scope.ROOM, "instance": Scope.INSTANCE}
+SCOPES = {name: Scope[name.upper()] for name in vocabulary.SCOPES}  # the contract's names, the tables' codes
 SCOPE_NAMES = {int(v): k for k, v in SCOPES.items()}
 
 
