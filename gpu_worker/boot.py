@@ -60,52 +60,65 @@ def main(argv):
     from .device import Device, DeviceBootError
     from .loop.server import Server
     from .storage.journal import JournalError
-    from .storage.runtime_file import RuntimeFile, RuntimeFileError
+    from .storage.runtime_file import FileLock, RuntimeFile, RuntimeFileError, RuntimeFileLocked
 
     try:
         grants = Grants(args.service_grants)
     except GrantFileError as exc:
         return fail(str(exc))
     try:
-        runtime = RuntimeFile.open(args.ccir)
-    except (OSError, RuntimeFileError) as exc:
+        # The device is the file's one writer (its checkpoints append to it) for as long as it
+        # runs: a second device or a pack on it refuses. Released when boot returns or the process ends.
+        runtime_lock = FileLock(args.ccir)
+    except RuntimeFileLocked as exc:
+        return fail(str(exc), 3)
+    except RuntimeFileError as exc:
         return fail(f"cannot open runtime file {args.ccir}: {exc}")
     try:
-        os.makedirs(args.journal, exist_ok=True)
-        device = Device(runtime, args.journal, grants, device=_device_name(args.device))
-    except (DeviceBootError, RuntimeFileError) as exc:  # configuration: profile, grants, file
-        return fail(str(exc), 2)
-    except (JournalError, OSError) as exc:  # the journal refused: locked, damaged, unreadable
-        return fail(str(exc), 3)
-    socket_path = os.path.join(args.journal, "service.sock")
-    server = Server(device, socket_path)
-    try:
-        from .engine.engine import Engine
-        from .loop.runner import Runner
-        device.runner = Runner(Engine(runtime, device.state.tables.device.type), server.deliver)
-    except Exception as exc:  # a runtime whose model cannot load serves no inputs: say why, stop
-        device.close()
-        return fail(f"cannot load the generation model of {args.ccir}: {exc}", 2)
+        try:
+            runtime = RuntimeFile.open(args.ccir)
+        except (OSError, RuntimeFileError) as exc:
+            return fail(f"cannot open runtime file {args.ccir}: {exc}")
+        if runtime.inode != runtime_lock.inode:
+            return fail(f"runtime file {args.ccir} was replaced while the device opened it; boot again", 3)
+        try:
+            os.makedirs(args.journal, exist_ok=True)
+            device = Device(runtime, args.journal, grants, device=_device_name(args.device))
+        except (DeviceBootError, RuntimeFileError) as exc:  # configuration: profile, grants, file
+            return fail(str(exc), 2)
+        except (JournalError, OSError) as exc:  # the journal refused: locked, damaged, unreadable
+            return fail(str(exc), 3)
+        socket_path = os.path.join(args.journal, "service.sock")
+        server = Server(device, socket_path)
+        try:
+            from .engine.engine import Engine
+            from .loop.runner import Runner
+            device.runner = Runner(Engine(runtime, device.state.tables.device.type), server.deliver)
+        except Exception as exc:  # a runtime whose model cannot load serves no inputs: say why, stop
+            device.close()
+            return fail(f"cannot load the generation model of {args.ccir}: {exc}", 2)
 
-    def ready():
-        device.runner.start()  # after the loop exists: its events come back through the loop
-        if tick_cpu is not None:
-            os.sched_setaffinity(0, {tick_cpu})  # this thread only (Linux: affinity is per thread)
-        # What boot built (torch, the model, the indexes) lives as long as the process: keep it out
-        # of the cyclic GC's full collections, which would otherwise scan all of it every few
-        # thousand admissions (docs/architecture.md, "The device's memory"; docs/performance.md)
-        gc.freeze()
-        print(f"device ready: socket {socket_path} boot {device.state.boot} recovered {device.recovered} transfers "
-              f"in {device.boot_seconds:.3f}s on {device.state.tables.device}"
-              + (f"; {device.dropped}" if device.dropped else "")
-              + (f"; tick loop on CPU {tick_cpu}, other threads on CPUs {','.join(map(str, sorted(other_cpus)))}"
-                 if tick_cpu is not None else ""), flush=True)
+        def ready():
+            device.runner.start()  # after the loop exists: its events come back through the loop
+            if tick_cpu is not None:
+                os.sched_setaffinity(0, {tick_cpu})  # this thread only (Linux: affinity is per thread)
+            # What boot built (torch, the model, the indexes) lives as long as the process: keep it out
+            # of the cyclic GC's full collections, which would otherwise scan all of it every few
+            # thousand admissions (docs/architecture.md, "The device's memory"; docs/performance.md)
+            gc.freeze()
+            print(f"device ready: socket {socket_path} boot {device.state.boot} recovered {device.recovered} "
+                  f"transfers in {device.boot_seconds:.3f}s on {device.state.tables.device}"
+                  + (f"; {device.dropped}" if device.dropped else "")
+                  + (f"; tick loop on CPU {tick_cpu}, other threads on CPUs {','.join(map(str, sorted(other_cpus)))}"
+                     if tick_cpu is not None else ""), flush=True)
 
-    try:
-        server.run(on_ready=ready)
-    except JournalError as exc:
-        return fail(f"stopped on journal error, restart to recover: {exc}", 1)
+        try:
+            server.run(on_ready=ready)
+        except JournalError as exc:
+            return fail(f"stopped on journal error, restart to recover: {exc}", 1)
+        finally:
+            device.runner.stop()
+            device.close()
+        return 0
     finally:
-        device.runner.stop()
-        device.close()
-    return 0
+        runtime_lock.release()

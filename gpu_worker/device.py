@@ -29,7 +29,8 @@ from .contract.grantfile import GrantFileError, Grants
 from .contract.ids import HEX32
 from .contract.vocabulary import COMMANDS
 from .contract.wire import Message, dumps, reply
-from .ops import chat, media, receipts
+from .ops import chat, events, media, receipts
+from .loop.subscriptions import Subscriptions
 from .ops.chat import Chats
 from .ops.kind import Kind
 from .ops.registry import KINDS, LATER, MUTATIONS, READS
@@ -74,7 +75,9 @@ class Device:
         self.journal_dir = journal_dir
         self.holds = Holds(self.fs, journal_dir, profile["journal_file_cap_bytes"],
                            runtime.runtime_profile["min_free_disk_bytes"])
-        self.chats = Chats()  # chats and the engine runner are not state: a rebuild of the tables keeps them
+        # pushes, chats and the engine runner are not state: a rebuild of the tables keeps them
+        self.subscriptions = Subscriptions()
+        self.chats = Chats()
         self.runner: Any = None  # loop.runner.Runner, set by boot (or a test) when an engine runs
         self.lock = JournalLock(journal_dir)
         started = time.perf_counter()
@@ -108,7 +111,7 @@ class Device:
         state = DeviceState(self.capacities, self.table_device, self.runtime.incarnation, self.runtime.generation)
         media_sources: dict[str, Any] = {}
         if self.runtime.has(checkpoint.STATE):
-            media_sources = checkpoint.load_state(state, self.runtime.bytes(checkpoint.STATE))
+            media_sources = checkpoint.load_state(state, self.runtime.bytes(checkpoint.STATE), _INPUT)
         state.rebuild_indexes(_INPUT, media_sources)
         self.state = state
         self.executions = execution.Executions()
@@ -148,11 +151,31 @@ class Device:
         admission.mark_saved(self, admission.apply(self, a, None), transfer, kind)
 
     def _check_fresh_grants(self) -> None:
-        """SPEC: restore requires fresh deployment grants."""
-        if self.state.last_boot_ns and self.grants.written_at_ns <= self.state.last_boot_ns:
-            raise DeviceBootError(
-                f"restore requires fresh deployment grants: {self.grants.path} was written before this runtime "
-                f"file's last boot; run `python manage.py write_grants --config gateway.json`, then boot again")
+        """SPEC: restore requires fresh deployment grants. A restart (this runtime file on its own
+        journal directory, storage/owner.py) needs none, as long as the grant file is not older
+        than the one its last boot accepted; a restore (any other journal directory, or a copy of
+        the file) needs a grant file written after the file's last boot. Then the journal's owner
+        marker names this file and this boot (docs/checkpoint.md, "Restart and restore")."""
+        from .storage import owner  # imported here: this method is the one owner of the rule
+
+        state, grants, directory = self.state, self.grants, self.journal_dir
+        marker = owner.read(directory)
+        if state.last_boot_ns:  # booted before: a restart or a restore
+            why = owner.why_not_own(marker, directory, self.incarnation_hex, self.runtime.inode, state.boot)
+            if why is None:
+                assert isinstance(marker, owner.Owner)  # why_not_own: only a marker can be own
+                if grants.written_at_ns < marker.grants_written_at_ns:
+                    raise DeviceBootError(
+                        f"grant file {grants.path} is older than the one this device accepted at its last boot "
+                        f"(written_at_ns {grants.written_at_ns} < {marker.grants_written_at_ns}); run "
+                        "`python manage.py write_grants --config gateway.json`, then boot again")
+            elif grants.written_at_ns <= state.last_boot_ns:
+                raise DeviceBootError(
+                    f"restore requires fresh deployment grants: {why}, so this boot is a restore, and "
+                    f"{grants.path} was written before this runtime file's last boot; run "
+                    "`python manage.py write_grants --config gateway.json`, then boot again")
+        owner.write(directory, owner.Owner(self.incarnation_hex, self.runtime.inode, state.boot + 1,
+                                           grants.written_at_ns))
 
     def close(self) -> None:
         self.committer.writer.close()
@@ -219,7 +242,11 @@ class Device:
         for conn, req_id, sha, prow in batch.media:
             replies.append((conn, media.answer(self, req_id, sha, prow)))
         for conn, msg in batch.reads:
-            replies.append((conn, self.read(msg)))
+            later = LATER.get(msg.get("op", ""))
+            if later is None:
+                replies.append((conn, self.read(msg)))
+            else:  # a subscription that waited for these saves opens now (its frames: the outbox)
+                later(self, conn, msg, batch)
         return replies
 
     def saved(self, transfers: list[Transfer]) -> None:
@@ -235,8 +262,8 @@ class Device:
                 rrow, code = pending
                 kind = KINDS[code]
                 admission.mark_saved(self, rrow, transfer, kind)
-                if kind.executes:
-                    self.executions.to_lease.append(rrow)
+                if kind.saved is not None:
+                    kind.saved(self, rrow)
             callback = self.on_saved.pop(seq, None)
             if callback is not None:
                 callback(transfer)
@@ -301,8 +328,10 @@ class Device:
 
     def _reload_grants(self) -> None:
         try:
-            self.grants.reload()
+            changed = self.grants.reload()
             self.grant_problem = None
+            if changed:
+                events.recheck(self)  # open streams of principals who lost a grant end now
         except GrantFileError as exc:  # a bad rewrite must not stop the device; say so once
             if str(exc) != self.grant_problem:
                 self.grant_problem = str(exc)
@@ -321,9 +350,9 @@ class Device:
                 execution.engine_event(self, request_id[1], token, data, finish)
 
     def take_outbox(self) -> list[Reply]:
-        """Replies made outside a tick (chat frames), for the server to send."""
-        outbox, self.chats.outbox = self.chats.outbox, []
-        return outbox
+        """Frames made outside a batch's answers (subscriptions: events, output, chat tokens), for
+        the server to send after the step that made them."""
+        return self.subscriptions.take_outbox()
 
     def connection_closed(self, conn: Any) -> None:
         chat.connection_closed(self, conn)
@@ -371,7 +400,10 @@ class Device:
         self.runtime = runtime_file.RuntimeFile.open(self.runtime.path, verify=False)
 
     def idle(self) -> None:
-        """Between ticks: hold state, deadlines, and the automatic checkpoint past its journal size."""
+        """Between ticks: grants (a revoked reader's stream ends within this period, loop/server.py
+        IDLE_SECONDS, even on a quiet device), hold state, deadlines, and the automatic checkpoint
+        past its journal size."""
+        self._reload_grants()
         self.check_hold()
         execution.check_deadlines(self)
         if self.journal_bytes >= self.checkpoint_bytes and not self.committer.writer.queued_records:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from .ops import events
 from .state.tables import Finish, R, Terminal
 from .storage import leases
 from .storage.journal import JournalCorrupt, Transfer, TransferKind, record_count, segment_name
@@ -238,6 +239,7 @@ def apply_output(d: Device, payload: bytes, transfer: Transfer) -> None:
                                          "not follow the saved result")
     t.put_bytes(t.result_bytes, rrow, data, offset)
     t.write_row(t.receipts, rrow, {R.RESULT_LEN: offset + len(data)})
+    events.output_saved(d, rrow, offset, data)
 
 
 def apply_completion(d: Device, payload: bytes, transfer: Transfer) -> None:
@@ -250,6 +252,7 @@ def apply_completion(d: Device, payload: bytes, transfer: Transfer) -> None:
                                    R.OUTPUT_TOKENS: output_tokens})
     record_save(d, rrow, transfer, (1,))
     d.executions.live.pop(rrow, None)
+    events.terminal_saved(d, rrow)
 
 
 # ---- the engine's side ---------------------------------------------------------------------

@@ -30,7 +30,7 @@ from safetensors import safe_open
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from tqdm import tqdm
 
-from gpu_worker.storage import runtime_file
+from gpu_worker.storage import checkpoint, runtime_file
 from gpu_worker.storage.runtime_file import (DEFAULT_CAPACITIES, DEFAULT_RUNTIME_PROFILE, DEFAULT_SHARED_PROFILE,
                                      FEATURE_BASE, FEATURE_SHARED, RuntimeFile, RuntimeFileError)
 
@@ -169,6 +169,7 @@ def enable_shared(runtime_path, *, capacity: dict | None = None) -> bool:
     with RuntimeFile.open(runtime_path) as current:
         existing = current.shared_profile
         feature_set = bool(current.required_features & FEATURE_SHARED)
+        stored = checkpoint.stored_extent(current.bytes(checkpoint.STATE)) if current.has(checkpoint.STATE) else {}
     if existing is not None and existing.get("schema") == DEFAULT_SHARED_PROFILE["schema"]:
         requested = existing["capacities"] if capacity is None else _capacities(capacity)
         if feature_set and existing["capacities"] == requested:
@@ -176,8 +177,21 @@ def enable_shared(runtime_path, *, capacity: dict | None = None) -> bool:
         profile = {**existing, "capacities": requested}
     else:
         profile = shared_profile(capacity)
+    _check_room(runtime_path, profile["capacities"], stored)
     runtime_file.append(runtime_path, [("shared_profile", "json", profile)], set_required=FEATURE_SHARED)
     return True
+
+
+def _check_room(runtime_path, capacities: dict, stored: dict[str, int]) -> None:
+    """Refuse (ValueError, one line) capacities below what the file's checkpoint stores: a row table
+    keeps each row at its index, so it needs the highest stored row + 1 rows; a receipt's command
+    and result bytes need the longest stored one."""
+    for key, needed in stored.items():
+        if capacities[key] < needed:
+            what = f"{needed} bytes for its longest stored receipt" if key.endswith("_bytes") else \
+                f"{needed} rows (the highest stored row is {needed - 1})"
+            raise ValueError(f"capacity {key}={capacities[key]} is below what the checkpoint in {runtime_path} "
+                             f"stores: {key} needs {what}; a capacity can shrink only down to that")
 
 
 # ---- generation model from GGUF ---------------------------------------------------------------
@@ -258,6 +272,25 @@ def _our_tensor_name(gguf_name: str) -> str:
     raise ValueError(f"GGUF tensor {gguf_name} has no place in a LLaMA model")
 
 
+def _progress(items, *, desc: str, unit: str, enabled: bool) -> Iterable:
+    """tqdm's bar on a terminal; on a pipe or a file (`make setup | tee log`), one line at every
+    tenth instead of a bar's carriage returns."""
+    if not enabled:
+        return items
+    if sys.stderr.isatty():
+        return tqdm(items, desc=desc, unit=unit)
+    return _progress_lines(list(items), desc, unit)
+
+
+def _progress_lines(items: list, desc: str, unit: str) -> Iterator:
+    total = len(items)
+    step = max(1, total // 10)
+    for done, item in enumerate(items, 1):
+        yield item
+        if done % step == 0 or done == total:
+            print(f"pack: {desc} {done * 100 // total}% ({done}/{total} {unit}s)", file=sys.stderr, flush=True)
+
+
 def _gguf_tensors(reader, card: dict, progress: bool) -> Iterator:
     expected = _expected_shapes(card)
     names = {t.name: _our_tensor_name(t.name) for t in reader.tensors}
@@ -265,7 +298,7 @@ def _gguf_tensors(reader, card: dict, progress: bool) -> Iterator:
     if missing:
         raise ValueError(f"GGUF lacks tensors for {sorted(missing)[0]} (and {len(missing) - 1} more)")
     heads = {"q_proj": card["num_heads"], "k_proj": card["num_kv_heads"]}
-    for t in tqdm(reader.tensors, desc="packing", unit="tensor", disable=not progress):
+    for t in _progress(reader.tensors, desc="packing", unit="tensor", enabled=progress):
         name = names[t.name]
         # F32 tensors come back as read-only views of the GGUF mapping; only those get copied.
         weight = torch.from_numpy(np.require(dequantize(t.data, t.tensor_type), np.float32, ["C", "W"]))
@@ -624,6 +657,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--gguf", metavar="PATH", help="LLaMA-family GGUF instead of SmolLM2-135M-Instruct")
     parser.add_argument("--embedding", metavar="DIR", help="sentence-transformers BERT directory")
     parser.add_argument("--force", action="store_true", help="replace an existing file")
+    parser.add_argument("--progress", action="store_true",
+                        help="show progress when stderr is not a terminal too (a line at every tenth)")
     return parser
 
 
@@ -644,6 +679,17 @@ def _run(args) -> str:
         except ValueError:
             raise _UsageError("--journal-limits takes K=V pairs with integer values") from None
     started = time.monotonic()
+    # An existing file is written (or replaced) only by its one writer: refuse while a device or
+    # another pack holds it (runtime_file.FileLock), for the whole run.
+    lock = runtime_file.FileLock(args.runtime) if os.path.exists(args.runtime) else None
+    try:
+        return _pack(args, capacity, limits, started)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _pack(args, capacity: dict | None, limits: dict | None, started: float) -> str:
     repack = args.tiny or args.gguf or args.embedding
     if os.path.exists(args.runtime) and not args.force:
         if not args.shared or repack:
@@ -658,7 +704,8 @@ def _run(args) -> str:
                                 with_embedding=not args.no_embedding, journal_limits=limits)
         else:
             summary = pack_default(args.runtime, shared=args.shared, capacity=capacity,
-                                   progress=sys.stderr.isatty(), gguf_path=args.gguf, embedding_dir=args.embedding,
+                                   progress=args.progress or sys.stderr.isatty(), gguf_path=args.gguf,
+                                   embedding_dir=args.embedding,
                                    journal_limits=limits)
     if args.shared:
         with RuntimeFile.open(args.runtime, verify=False) as packed:

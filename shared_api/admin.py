@@ -22,6 +22,7 @@ from .device_client import DeviceClient
 from .errors import ServiceError
 from .grants import write_grant_file_for
 from .models import Principal
+from .streams import notify_principals
 
 STATUS_TIMEOUT = 2.0  # seconds the principal list waits for the device's status
 
@@ -35,8 +36,10 @@ class PrincipalForm(forms.ModelForm):
         fields = ("name", "actions", "active")
 
 
-def rewrite_grant_file(request: HttpRequest) -> None:
-    """Write the grant file from the database and say so (or why not) on the next page."""
+def rewrite_grant_file(request: HttpRequest, changed: list[str]) -> None:
+    """Write the grant file from the database and say so (or why not) on the next page; tell the
+    open event streams of the changed principals, in every gateway process, to recheck."""
+    notify_principals(changed)
     try:
         path, count = write_grant_file_for(settings.AOTX_GATEWAY_CONFIG)
     except (config.ConfigError, GrantFileError, OSError) as exc:
@@ -65,17 +68,18 @@ class PrincipalAdmin(admin.ModelAdmin):
     def save_model(self, request: Any, obj: Principal, form: Any, change: bool) -> None:
         token = None if change else obj.rotate_token()
         obj.save()
-        rewrite_grant_file(request)
+        rewrite_grant_file(request, [obj.principal_id])
         if token is not None:
             show_token(request, obj, token)
 
     def delete_model(self, request: Any, obj: Principal) -> None:
         super().delete_model(request, obj)
-        rewrite_grant_file(request)
+        rewrite_grant_file(request, [obj.principal_id])
 
     def delete_queryset(self, request: Any, queryset: QuerySet[Principal]) -> None:
+        changed = [p.principal_id for p in queryset]
         super().delete_queryset(request, queryset)
-        rewrite_grant_file(request)
+        rewrite_grant_file(request, changed)
 
     @admin.action(description="Rotate the token of the selected principals (each new token is shown once)")
     def rotate_tokens(self, request: HttpRequest, queryset: QuerySet[Principal]) -> None:
@@ -83,6 +87,7 @@ class PrincipalAdmin(admin.ModelAdmin):
             token = principal.rotate_token()
             principal.save()
             show_token(request, principal, token)
+        notify_principals([p.principal_id for p in queryset])  # the old tokens' streams end
 
     @admin.action(description="Revoke the selected principals (no action until reinstated)")
     def revoke(self, request: HttpRequest, queryset: QuerySet[Principal]) -> None:
@@ -96,7 +101,7 @@ class PrincipalAdmin(admin.ModelAdmin):
         for principal in queryset:
             principal.active = active
             principal.save()
-        rewrite_grant_file(request)
+        rewrite_grant_file(request, [p.principal_id for p in queryset])
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         """The principal list also says whether the device accepted the current grant file."""

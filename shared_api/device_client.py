@@ -1,6 +1,7 @@
-"""The gateway's one client of the device socket: pooled blocking calls for the shared routes,
-and asyncio streams for long requests whose replies come in several frames (chat). Both read
-frames through the contract's FrameReader.
+"""The gateway's one client of the device socket: pooled blocking calls for the shared routes
+(DeviceClient), and one multiplexed asyncio connection per process for long requests whose
+replies come in several frames: chats and event streams (DeviceMux). Both read frames through the
+contract's FrameReader.
 
 Device down or silent -> ServiceError 503 with a clear code, never a hang. A timed-out mutation
 may still have been admitted; the receipt answers an exact retry, so the client can retry."""
@@ -9,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-from collections import deque
+import weakref
 from typing import Any
 
 from django.conf import settings
@@ -78,9 +79,6 @@ class DeviceClient:
             return msg
         raise AssertionError("unreachable")
 
-    def stream(self) -> DeviceStream:
-        return DeviceStream(self.socket_path, self.timeout)
-
     def close(self) -> None:
         """Close the pooled connections (a connection in use is closed by its caller)."""
         with self._lock:
@@ -89,60 +87,123 @@ class DeviceClient:
             connection.close()
 
 
-class DeviceStream:
-    """One asyncio connection for one long request: `send` it, then take its reply frames with
-    `frame` (a frame with `"more": true` is followed by another). Closing the connection tells
-    the device the client went away (it cancels a chat and frees its pages)."""
+class DeviceMux:
+    """The process's one asyncio connection to the device for every long request: chats and
+    subscriptions (event streams) alike. Requests are told apart by their ids; a reader task
+    routes each frame to its stream, and a frame without `"more": true` ends that stream. Closing
+    a stream early tells the device (`subscriptions.close`: a chat stops, an operation goes on).
+    When the connection fails every open stream gets 503 `device_unavailable` and the next
+    request connects again."""
 
     _ids = itertools.count(1)
 
     def __init__(self, socket_path: str, timeout: float) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
-        self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
-        self._frames = FrameReader()
-        self._ready: deque[Message] = deque()
+        self._reading: asyncio.Task[None] | None = None
+        self._connecting = asyncio.Lock()
+        self._streams: dict[int, DeviceStream] = {}
 
-    async def open(self) -> DeviceStream:
+    async def _connection(self) -> asyncio.StreamWriter:
+        async with self._connecting:
+            if self._writer is not None:
+                return self._writer
+            try:
+                reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.socket_path),
+                                                        CONNECT_TIMEOUT)
+            except (OSError, asyncio.TimeoutError) as exc:
+                raise _unreachable(self.socket_path, OSError(str(exc))) from None
+            self._writer = writer
+            self._reading = asyncio.get_running_loop().create_task(self._read(reader, writer))
+            return writer
+
+    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        frames = FrameReader()
+        failure = ServiceError(503, "device_unavailable", "the device closed the connection")
         try:
-            self._reader, self._writer = await asyncio.open_unix_connection(self.socket_path)
+            while True:
+                data = await reader.read(1 << 16)
+                if not data:
+                    break
+                for msg in frames.feed(data):
+                    stream = self._streams.get(msg.get("id"))  # type: ignore[arg-type]
+                    if stream is None:
+                        continue  # a stream closed early: its last frames are dropped
+                    if not msg.get("more"):
+                        del self._streams[stream.id]
+                    stream.queue.put_nowait(msg)
+        except (OSError, ProtocolError) as exc:
+            failure = ServiceError(503, "device_unavailable", f"the device connection failed: {exc}")
+        finally:
+            if self._writer is writer:
+                self._writer = None
+            writer.close()
+            streams, self._streams = self._streams, {}
+            for stream in streams.values():
+                stream.queue.put_nowait(failure)
+
+    async def open(self, op: str, principal_id: str | None, args: dict[str, Any]) -> DeviceStream:
+        """Send one request; its frames arrive on the returned stream."""
+        writer = await self._connection()
+        stream = DeviceStream(self, next(self._ids))
+        self._streams[stream.id] = stream
+        writer.write(request(stream.id, op, principal_id, args))
+        try:
+            await writer.drain()
         except OSError as exc:
-            raise _unreachable(self.socket_path, exc) from None
-        return self
+            self._streams.pop(stream.id, None)
+            raise ServiceError(503, "device_unavailable", f"the device connection failed: {exc}") from None
+        return stream
 
-    async def __aenter__(self) -> DeviceStream:
-        return await self.open()
+    async def call(self, op: str, principal_id: str | None, args: dict[str, Any]) -> Message:
+        """One request and its one reply."""
+        return await (await self.open(op, principal_id, args)).next(self.timeout)
 
-    async def __aexit__(self, *exc: object) -> None:
-        self.close()
+    async def _close(self, stream: DeviceStream) -> None:
+        if self._streams.pop(stream.id, None) is None or self._writer is None:
+            return  # already ended
+        closing = DeviceStream(self, next(self._ids))  # its one reply is read and dropped
+        self._streams[closing.id] = closing
+        self._writer.write(request(closing.id, "subscriptions.close", None, {"id": stream.id}))
+        try:
+            await self._writer.drain()
+        except OSError:
+            pass  # the reader task ends every stream
 
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
 
-    async def send(self, op: str, principal_id: str | None, args: dict[str, Any]) -> None:
-        assert self._writer is not None
-        self._writer.write(request(next(self._ids), op, principal_id, args))
-        await self._writer.drain()
+class DeviceStream:
+    """The frames of one request sent through the DeviceMux."""
 
-    async def frame(self) -> Message:
-        assert self._reader is not None
-        while not self._ready:
-            try:
-                data = await asyncio.wait_for(self._reader.read(1 << 16), self.timeout)
-            except asyncio.TimeoutError:
-                raise _timed_out(self.timeout) from None
-            except OSError as exc:
-                raise ServiceError(503, "device_unavailable", f"the device connection failed: {exc}") from None
-            if not data:
-                raise ServiceError(503, "device_unavailable", "the device closed the connection")
-            try:
-                self._ready.extend(self._frames.feed(data))
-            except ProtocolError as exc:
-                raise ServiceError(503, "device_unavailable", f"the device connection failed: {exc}") from None
-        return self._ready.popleft()
+    def __init__(self, mux: DeviceMux, req_id: int) -> None:
+        self.mux = mux
+        self.id = req_id
+        self.queue: asyncio.Queue[Message | ServiceError] = asyncio.Queue()
+
+    async def next(self, timeout: float | None = None) -> Message:
+        """The next frame; asyncio.TimeoutError after `timeout` seconds without one (a stream's
+        caller may then keep its client's connection alive and wait again)."""
+        msg = await asyncio.wait_for(self.queue.get(), timeout)
+        if isinstance(msg, ServiceError):
+            raise msg
+        return msg
+
+    async def close(self) -> None:
+        """Stop the request (its client went away); never waits for the device."""
+        await self.mux._close(self)
+
+
+_muxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, DeviceMux] = weakref.WeakKeyDictionary()
+
+
+def mux() -> DeviceMux:
+    """The running event loop's DeviceMux (daphne runs one loop per process; tests may run several)."""
+    loop = asyncio.get_running_loop()
+    found = _muxes.get(loop)
+    if found is None:
+        pooled = client()
+        found = _muxes[loop] = DeviceMux(pooled.socket_path, pooled.timeout)
+    return found
 
 
 _client: DeviceClient | None = None
@@ -164,12 +225,16 @@ def client() -> DeviceClient:
 
 
 def reset() -> None:
-    """Close and forget the process's client (tests that point the gateway at another device)."""
+    """Close and forget the process's clients (tests that point the gateway at another device)."""
     global _client
     with _lock:
         if _client is not None:
             _client.close()
         _client = None
+        for found in list(_muxes.values()):
+            if found._writer is not None:
+                found._writer.close()
+        _muxes.clear()
 
 
 def device_response(op: str, request: Any, args: dict[str, Any] | None = None) -> HttpResponse:

@@ -6,6 +6,7 @@ Errors use OpenAI's shape ({"error": {"message", "type", "param", "code"}}), whi
 """
 from __future__ import annotations
 
+import asyncio
 import codecs
 import json
 import secrets
@@ -21,7 +22,7 @@ from gpu_worker.contract.vocabulary import CHAT
 from gpu_worker.contract.wire import Message
 
 from .auth import authenticate_request
-from .device_client import client
+from .device_client import mux
 from .errors import WWW_AUTHENTICATE, ServiceError
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -143,33 +144,34 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
     created = int(time.time())
     if not args["stream"]:
         try:
-            async with client().stream() as device:
-                await device.send("chat.completions", principal, args)
-                msg = await device.frame()
+            msg = await mux().call("chat.completions", principal, args)
         except ServiceError as err:
             return openai_error(err.status, err.code, err.message)
+        except asyncio.TimeoutError:
+            return openai_error(503, "device_timeout", "the device did not answer in time")
         if msg["status"] != 200:
             return _device_error(msg)
         return HttpResponse(json.dumps(_completion(completion_id, created, args["model"], json.loads(msg["body"]))),
                             content_type="application/json")
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))  # an object: _request_args
     try:
-        device = await client().stream().open()
+        device = await mux().open("chat.completions", principal, args)
     except ServiceError as err:
         return openai_error(err.status, err.code, err.message)
+    timeout = mux().timeout
     try:
-        await device.send("chat.completions", principal, args)
-        first = await device.frame()
+        first = await device.next(timeout)
     except ServiceError as err:
-        device.close()
         return openai_error(err.status, err.code, err.message)
+    except asyncio.TimeoutError:
+        await device.close()
+        return openai_error(503, "device_timeout", "the device did not answer in time")
     if first["status"] != 200:
-        device.close()
         return _device_error(first)
 
     async def events() -> AsyncIterator[str]:
         # Django cancels this generator when the client disconnects (under daphne); closing the
-        # device connection then cancels the chat and frees its pages.
+        # stream then cancels the chat on the device and frees its pages.
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         try:
             yield _chunk(completion_id, created, args["model"], {"role": "assistant", "content": ""})
@@ -178,7 +180,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
                 text = decoder.decode(msg["body"])
                 if text:
                     yield _chunk(completion_id, created, args["model"], {"content": text})
-                msg = await device.frame()
+                msg = await device.next(timeout)
             if msg["status"] != 200:
                 error = json.loads(msg["body"])["error"]
                 yield f"data: {json.dumps({'error': {'message': error['message'], 'code': error['code']}})}\n\n"
@@ -195,8 +197,10 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
             yield "data: [DONE]\n\n"
         except ServiceError as err:
             yield f"data: {json.dumps({'error': {'message': err.message, 'code': err.code}})}\n\n"
+        except asyncio.TimeoutError:
+            yield f"data: {json.dumps({'error': {'message': 'the device did not answer in time', 'code': 'device_timeout'}})}\n\n"
         finally:
-            device.close()
+            await device.close()
 
     response = StreamingHttpResponse(events(), content_type="text/event-stream")
     response["X-Accel-Buffering"] = "no"
@@ -209,11 +213,11 @@ async def models(request: HttpRequest) -> HttpResponse:
         return openai_error(405, "method_not_allowed", "use GET")
     try:
         principal = await _principal(request)
-        async with client().stream() as device:
-            await device.send("models.list", principal, {})
-            msg = await device.frame()
+        msg = await mux().call("models.list", principal, {})
     except ServiceError as err:
         return openai_error(err.status, err.code, err.message)
+    except asyncio.TimeoutError:
+        return openai_error(503, "device_timeout", "the device did not answer in time")
     if msg["status"] != 200:
         return _device_error(msg)
     data = [{"id": m["name"], "object": "model", "created": 0, "owned_by": "aotx"}

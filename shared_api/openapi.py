@@ -87,6 +87,17 @@ def mutation_body(name: str, fields: Schema | None = None, required: Iterable[st
                            "before the device sees the request.")
 
 
+SSE_FRAMING = (
+    "Server-sent events (text/event-stream). Each event has `id: <path>@<cursor>`, `event: <type>` and one "
+    "`data:` line of JSON; a comment line every 15 s keeps the connection open. Conversation streams send "
+    "`event` (an Event; cursor: its input order) as each input's admission is saved, after the ones the "
+    "request's cursor has not seen, and `gap` ({gap, event_floor}) first when that cursor lies in the retired "
+    "window. Operation streams send `output` ({offset, length, next_offset, bytes (base64), text (null unless "
+    "the span is complete UTF-8)}; cursor: next_offset) as the device saves each span, then one `terminal` "
+    "({operation, status, result, terminal}) and end. `Last-Event-ID` resumes from its cursor when the request "
+    "gives none. A stream whose reader loses the right or the grant ends with `event: error` and the error "
+    "body. Disconnecting never cancels the operation.")
+
 SAVE = obj({"source": {"type": "string", "enum": ["journal", "file"]},
             "file_incarnation": ref("Hex32"),
             "generation": ref("Counter"),
@@ -244,6 +255,30 @@ SCHEMAS = {
     "Sha256": string(SHA256, "a media source's sha256: 64 lowercase hex"),
     "Media": obj({"sha256": string(SHA256), "length": {"type": "integer", "minimum": 0},
                   "type": {"type": "string", "enum": list(MEDIA_TYPES)}}),
+    "Event": obj({
+        "cursor": ref("Counter"),
+        "operation": ref("OperationId"),
+        "participant": ref("ParticipantId"),
+        "sequence": nullable(ref("Counter")),
+        "input": {"type": "object", "description": "the input's own fields as submitted (text, model, media, ...)"},
+        "status": {"type": "string", "enum": ["admitted", "running", *TERMINAL_STATUSES]},
+        "result": {"type": "object"},
+        "admission": {"type": "object"},
+        "terminal": {"type": "object"},
+    }, description="One input of a conversation. `cursor` is its input order in the conversation (1, 2, ...; "
+                   "kept after retirements); `sequence` is null for a reader other than its author; `result`, "
+                   "`admission` and `terminal` are as in its receipt."),
+    "EventList": obj({"items": {"type": "array", "items": ref("Event")},
+                      "next_cursor": nullable(ref("Counter")),
+                      "gap": {"type": "boolean"},
+                      "event_floor": ref("Counter")},
+                     description="Events after `cursor` in input order. Retired inputs leave a window: "
+                                 "`event_floor` is the first order still readable, and `gap` is true when "
+                                 "`cursor` lies below it."),
+    "EventStream": obj({"id": {"type": "string", "description": "`<path>@<cursor>`"},
+                        "event": {"type": "string", "enum": ["event", "gap", "output", "terminal", "error"]},
+                        "data": {"type": "string", "contentMediaType": "application/json"}},
+                       ("event", "data"), description=SSE_FRAMING),
     "Result": obj({
         "operation": ref("OperationId"),
         "offset": {"type": "integer", "minimum": 0},
@@ -290,6 +325,7 @@ CODES = {
     "too_many_media": f"more than {MAX_MEDIA} media references",
     "reserved_token": "the text contains a reserved media control token",
     "bad_offset": "`offset` is not an integer 0..the result length",
+    "bad_last_event_id": "`Last-Event-ID` does not name an event of this stream (`<path>@<cursor>`)",
     "digest_mismatch": "the uploaded bytes do not hash to the sha256 in the path",
     "media_too_large": f"a media source is larger than {MAX_MEDIA_BYTES >> 20} MiB",
     # 401 / 403
@@ -379,14 +415,16 @@ PATH_PARAMETERS = {
 
 
 def _read(summary: str, success: str, errors: Errors | None = None, *, path: str | None = None,
-          listing: bool = False, description: str = "") -> Spec:
+          listing: bool = False, stream: str | None = None, description: str = "") -> Spec:
+    """A GET; `stream` "optional" (a `stream=true` query answers server-sent events) or "always"."""
     errors = dict(errors or {})
     errors[400] = (*(LIST_400 if listing else QUERY_400), *errors.get(400, ()))
     if path:
         errors[400] = ("bad_id", *errors[400])
         errors[404] = (*errors.get(404, ()), "not_found")
     return {"method": "GET", "summary": summary, "success": {200: success},
-            "errors": errors, "path": path, "listing": listing, "body": None, "description": description}
+            "errors": errors, "path": path, "listing": listing, "body": None, "description": description,
+            "stream": stream}
 
 
 def _mutation(summary: str, body: str, errors: Errors | None = None, *, path: str | None = None,
@@ -470,6 +508,19 @@ OPERATIONS = {  # keyed by the device command each route calls
         description="Needs the write right on the conversation's space. Runs the model once the admission is "
                     "saved; the receipt's terminal result is saved when generation ends. Earlier turns of the "
                     "conversation form the context, as far as the page limit allows."),
+    "conversations.events": _read(
+        "Events of a conversation", "EventList",
+        {400: ("bad_last_event_id",), 403: ("right_missing",), 404: ("conversation_not_found",)},
+        path="conversation", listing=True, stream="optional",
+        description="One event per input of the conversation, in input order, for every reader of its space. "
+                    "`stream=true` answers server-sent events instead (`Last-Event-ID` resumes)."),
+    "operations.subscribe": _read(
+        "Output and end of an operation, as a stream", "EventStream",
+        {400: ("bad_offset", "bad_last_event_id"), 404: ("operation_not_found",), 410: ("operation_retired",)},
+        path="operation", stream="always",
+        description="Always server-sent events: the saved output from `offset` (bytes; default 0, or "
+                    "`Last-Event-ID`), each span as it is saved, then the terminal event. Readers of the "
+                    "conversation's space may follow another member's input."),
     "operations.result": _read(
         "Result bytes of an input", "Result",
         {400: ("bad_offset",), 404: ("operation_not_found",), 409: ("no_result",), 410: ("operation_retired",),
@@ -535,6 +586,16 @@ def _parameters(spec: Spec) -> list[OpenApiParameter]:
         params.append(OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT},
                                        OpenApiParameter.QUERY, required=False,
                                        description=f"page size, 1..{MAX_LIMIT} (default {DEFAULT_LIMIT})"))
+    if spec.get("stream") == "optional":
+        params.append(OpenApiParameter("stream", {"type": "boolean", "default": False}, OpenApiParameter.QUERY,
+                                       required=False, description="true: server-sent events (see EventStream)"))
+    if spec.get("stream") == "always":
+        params.append(OpenApiParameter("offset", {"type": "integer", "minimum": 0}, OpenApiParameter.QUERY,
+                                       required=False, description="byte offset to start from (default 0)"))
+    if spec.get("stream"):
+        params.append(OpenApiParameter("Last-Event-ID", {"type": "string"}, OpenApiParameter.HEADER, required=False,
+                                       description="`<path>@<cursor>` of the last event seen: resumes after it "
+                                                   "when the query gives no cursor or offset"))
     if spec["method"] == "POST":
         location = {"type": "string", "pattern": f"^/aotx/v1/shared/operations/{ids.ID_PATTERNS['op']}$"}
         params.append(OpenApiParameter("Location", location, OpenApiParameter.HEADER, response=[202], required=True,
@@ -613,6 +674,14 @@ def postprocess(result: Schema, generator: Any, request: Any, public: bool) -> S
         body = item.get("post", {}).get("requestBody")
         if body is not None:
             body["required"] = True
+        get = item.get("get", {})
+        stream = OPERATIONS.get(get.get("operationId", "").replace("_", "."), {}).get("stream")
+        if stream:  # server-sent events: the body is text/event-stream, described by EventStream
+            ok = get["responses"]["200"]
+            content = ok.setdefault("content", {})
+            if stream == "always":
+                content.pop("application/json", None)
+            content["text/event-stream"] = {"schema": ref("EventStream")}
     return result
 
 
@@ -633,6 +702,7 @@ ROUTES = {  # OPERATIONS key -> path under the base (the views' URLconf; the tes
     "operations.list": "/operations", "operations.get": "/operations/{operation}",
     "retirements.record": "/retirements", "cancellations.record": "/cancellations",
     "media.put": "/aotx/v1/media/{sha256}", "conversations.input": "/conversations/{conversation}/inputs", "operations.result": "/operations/{operation}/result",
+    "conversations.events": "/conversations/{conversation}/events", "operations.subscribe": "/operations/{operation}/events",
 }
 
 

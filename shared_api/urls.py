@@ -12,9 +12,11 @@ urlpatterns = [
     path("spaces/<str:space>/conversations", views.ConversationsView.as_view()),
     path("conversations/<str:conversation>", views.ConversationView.as_view()),
     path("conversations/<str:conversation>/inputs", views.InputsView.as_view()),
+    path("conversations/<str:conversation>/events", views.ConversationEventsView.as_view()),
     path("operations", views.OperationsView.as_view()),
     path("operations/<str:operation>", views.OperationView.as_view()),
     path("operations/<str:operation>/result", views.ResultView.as_view()),
+    path("operations/<str:operation>/events", views.OperationEventsView.as_view()),
     path("retirements", views.RetirementsView.as_view()),
     path("cancellations", views.CancellationsView.as_view()),
 ]

@@ -25,7 +25,7 @@ DIGITS_ANY = re.compile(r"[0-9]{1,18}")
 INPUT_FIELDS = ("text", "model", "max_output_tokens", "pages", "temperature", "top_p", "media")
 
 
-def list_args(request: Request, **extra: Any) -> dict[str, Any]:
+def list_args(request: Request, allowed: tuple[str, ...] = (), **extra: Any) -> dict[str, Any]:
     args: dict[str, Any] = dict(extra)
     cursor = request.query_params.get("cursor")
     if cursor is not None:
@@ -36,7 +36,7 @@ def list_args(request: Request, **extra: Any) -> dict[str, Any]:
         if not DIGITS.fullmatch(limit) or not 1 <= int(limit) <= MAX_LIMIT:
             raise ServiceError(400, "bad_limit", f"limit must be an integer 1..{MAX_LIMIT}")
         args["limit"] = int(limit)
-    no_query(request, allowed=("cursor", "limit"))
+    no_query(request, allowed=("cursor", "limit", *allowed))
     return args
 
 
@@ -145,6 +145,36 @@ class ConversationView(SharedView):
     def get(self, request: Request, conversation: str) -> HttpResponse:
         no_query(request)
         return device_response("conversations.get", request, {"conversation": resource_id(conversation, "con")})
+
+
+class ConversationEventsView(SharedView):
+    """The plain read; with `stream=true` the gateway's ASGI application hands the request to the
+    stream consumer (shared_api/streams.py) before it reaches Django."""
+
+    @doc("conversations.events")
+    def get(self, request: Request, conversation: str) -> HttpResponse:
+        args = list_args(request, ("stream",), conversation=resource_id(conversation, "con"))
+        stream = request.query_params.get("stream", "false")
+        if stream not in ("true", "false"):
+            raise ServiceError(400, "bad_field", "stream must be true or false")
+        if stream == "true":
+            raise not_streamed()
+        return device_response("conversations.events", request, args)
+
+
+class OperationEventsView(SharedView):
+    """Always a stream (shared_api/streams.py); this view only answers where no stream consumer
+    runs (it documents the route)."""
+
+    @doc("operations.subscribe")
+    def get(self, request: Request, operation: str) -> HttpResponse:
+        resource_id(operation, "op")
+        raise not_streamed()
+
+
+def not_streamed() -> ServiceError:
+    return ServiceError(406, "not_acceptable", "event streams are served by the gateway's ASGI application "
+                                               "(manage.py serve), not by this Django entry point")
 
 
 def _integer(fields: dict[str, Any], name: str) -> None:

@@ -1,9 +1,11 @@
 """Shared fixtures: a tiny random-weight runtime file (seconds to pack and boot), grant files,
 and helpers that wait on conditions instead of sleeping."""
+import contextlib
 import json
 import os
 import secrets
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,6 +43,26 @@ def write_grants(path, principals):
 
 
 ALL = ["shared_read", "shared_write", "shared_manage", "chat"]
+
+_HOLD_FLOCK = ("import fcntl, os, sys\n"
+               "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+               "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+               "print('locked', flush=True)\n"
+               "sys.stdin.read()\n")
+
+
+@contextlib.contextmanager
+def flock_held_elsewhere(path):
+    """Another process holding an exclusive flock on path (as a running device holds its runtime
+    file) until the block ends; yields its pid."""
+    holder = subprocess.Popen([PYTHON, "-c", _HOLD_FLOCK, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        yield holder.pid
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
 
 
 @pytest.fixture(scope="session")

@@ -67,8 +67,11 @@ class Stack:
         out = self.manage("principal", "create", name, "--actions", actions, "--config", str(self.config))
         return out.stdout.strip().splitlines()[-1]
 
-    def boot_device(self, *options):
-        self.manage("write_grants", "--config", str(self.config))  # restore requires fresh grants
+    def boot_device(self, *options, fresh_grants=False):
+        """Boot (or restart) the device. A restart on its own journal needs no new grant file; a
+        restore does (fresh_grants=True writes one first, as an operator would)."""
+        if fresh_grants or not self.grants.exists():
+            self.manage("write_grants", "--config", str(self.config))
         self.device = Process([PYTHON, "-m", "gpu_worker", "boot", "--ccir", str(self.runtime), "--journal",
                                str(self.journal), "--service-grants", str(self.grants), "--device", "cpu",
                                *options],

@@ -24,9 +24,9 @@ HOLD_CAUSES = ("file_cap", "low_disk", "disk_full")
 
 @dataclass(frozen=True)
 class Command:
-    """One device command. `action` is the gateway action its principal needs (None: an ops
-    command on the local socket, no principal); a mutation's `receipt_kind` is the `kind` its
-    receipts show."""
+    """One device command. `action` is the gateway action its principal needs (None: no principal,
+    an ops command on the local socket or one about the connection itself); a mutation's
+    `receipt_kind` is the `kind` its receipts show."""
     op: str
     action: str | None
     receipt_kind: str | None = None
@@ -49,13 +49,17 @@ COMMANDS = {c.op: c for c in (
     Command("members.list", READ),
     Command("conversations.list", READ),
     Command("conversations.get", READ),
+    Command("conversations.events", READ),
     Command("operations.list", READ),
     Command("operations.get", READ),
     Command("operations.result", READ),
     Command("models.list", CHAT),
-    # answered outside the read/mutation order
+    # answered outside the read/mutation order; subscriptions answer with a stream of frames
     Command("chat.completions", CHAT),
     Command("media.put", WRITE),
+    Command("conversations.subscribe", READ),
+    Command("operations.subscribe", READ),
+    Command("subscriptions.close", None),
     # mutations
     Command("participant.register", WRITE, "participant.register"),
     Command("spaces.create", WRITE, "space.create"),

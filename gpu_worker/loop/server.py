@@ -78,7 +78,7 @@ class Server:
 
     def _step(self, step: Callable[..., list[tuple[Connection, Message]]], *args: Any) -> None:
         try:
-            self._send(step(*args))
+            self._send(step(*args) + self.device.take_outbox())
         except BaseException as exc:  # a journal I/O error stops the device so a restart recovers
             self._fail(exc)
             return
@@ -89,12 +89,13 @@ class Server:
         self._running = False
 
     def _idle(self) -> None:
-        """Ten times a second: holds, deadlines, stale output to journal, automatic checkpoint."""
+        """Ten times a second: grants, holds, deadlines, stale output to journal, automatic checkpoint."""
         try:
             self.device.idle()
         except BaseException as exc:
             self._fail(exc)
             return
+        self._send(self.device.take_outbox())
         self._schedule_if_work()
 
     def _schedule_if_work(self) -> None:

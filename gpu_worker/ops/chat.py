@@ -18,6 +18,8 @@ from ..contract.wire import Message, dumps, reply
 from ..engine.block_manager import pages_for
 from .inputs import model_card
 
+from .kind import Read
+
 if TYPE_CHECKING:
     from ..device import Device
     from ..storage.committer import Batch
@@ -27,11 +29,10 @@ FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 
 
 class Chats:
-    """Chat requests in the engine, and the replies they produce outside any tick."""
+    """Numbers chat requests; each live chat is a subscription ("chat", number) whose frames are
+    its tokens (loop/subscriptions.py)."""
 
     def __init__(self) -> None:
-        self.live: dict[tuple[str, int], dict[str, Any]] = {}  # request id -> state of one chat
-        self.outbox: list[tuple[Any, Message]] = []             # (conn, reply) for the server to send
         self._ids = itertools.count(1)
 
     def next_id(self) -> tuple[str, int]:
@@ -41,7 +42,7 @@ class Chats:
 def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
     """Hand a chat to the engine; a refusal is answered in this tick. Journals nothing."""
     try:
-        d.principal(msg, CHAT)
+        principal = d.principal(msg, CHAT)
         if d.runner is None:
             raise ServiceError(503, "engine_unavailable", "this device runs no generation engine")
         args = d.args(msg)
@@ -65,8 +66,9 @@ def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
                                f"{capacity} tokens")
         stop = args.get("stop") or []
         request_id = d.chats.next_id()
-        d.chats.live[request_id] = {"conn": conn, "id": msg.get("id"), "stream": bool(args.get("stream")),
-                                    "text": bytearray(), "tokens": 0, "prompt_tokens": len(prompt)}
+        d.subscriptions.open(conn, msg.get("id"), request_id, principal,
+                             {"stream": bool(args.get("stream")), "text": bytearray(), "tokens": 0,
+                              "prompt_tokens": len(prompt)})
         d.runner.submit(request_id, prompt, max_new_tokens=max_tokens,
                         temperature=float(args.get("temperature", 1.0)), top_p=float(args.get("top_p", 1.0)),
                         stop=tuple(stop), page_limit=pages_for(len(prompt) + max_tokens - 1, profile["page_size"]))
@@ -77,36 +79,35 @@ def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
 
 def event(d: Device, request_id: tuple[str, int], token: int | None, data: bytes, finish: str | None) -> None:
     """One engine event of a chat: token bytes (streamed or collected), or its end."""
-    chats = d.chats
-    chat = chats.live.get(request_id)
-    if chat is None:
-        return
+    subs = d.subscriptions.of(request_id)
+    if not subs:
+        return  # its client went away
+    sub = subs[0]
+    chat = sub.data
     if token is not None:
         chat["tokens"] += 1
     if data:
         if chat["stream"]:
-            chats.outbox.append((chat["conn"], {"id": chat["id"], "status": 200, "more": True, "body": data}))
+            d.subscriptions.push(sub, data)
         else:
             chat["text"] += data
     if finish is None:
         return
-    del chats.live[request_id]
     if finish.startswith("failed"):
         error = ServiceError(500, "generation_failed", f"generation failed ({finish})")
-        chats.outbox.append((chat["conn"], reply(chat["id"], error.status, error.body())))
+        d.subscriptions.end(sub, error.status, error.body())
         return
     body = {"finish_reason": FINISH.get(finish, "stop"), "prompt_tokens": chat["prompt_tokens"],
             "completion_tokens": chat["tokens"], "text": bytes(chat["text"]).decode("utf-8", "replace")}
-    chats.outbox.append((chat["conn"], reply(chat["id"], 200, dumps(body))))
+    d.subscriptions.end(sub, 200, dumps(body))
 
 
 def connection_closed(d: Device, conn: object) -> None:
-    """The gateway went away (its client disconnected): its chats stop and free their pages."""
-    for request_id, chat in list(d.chats.live.items()):
-        if chat["conn"] is conn:
-            del d.chats.live[request_id]
-            if d.runner is not None:
-                d.runner.cancel(request_id)
+    """The gateway went away (its client disconnected): its chats stop and free their pages; its
+    other subscriptions simply end (disconnect never cancels an operation)."""
+    for sub in d.subscriptions.connection_closed(conn):
+        if sub.topic[0] == "chat" and d.runner is not None:
+            d.runner.cancel(sub.topic)
 
 
 def list_models(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
@@ -114,4 +115,4 @@ def list_models(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int,
     return 200, {"models": [{"name": card["name"], "digest": d.model_digest}]}
 
 
-READS = {"models.list": list_models}
+READS: dict[str, Read] = {"models.list": list_models}

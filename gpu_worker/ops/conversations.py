@@ -8,7 +8,7 @@ from ..contract import ids
 from ..contract.errors import ServiceError
 from ..state.tables import C, R, Right, join16, split16
 from . import access
-from .kind import Kind, OperationKind
+from .kind import Kind, OperationKind, Read
 from .lists import page, page_args
 from .spaces import resource_key, space_key
 
@@ -58,7 +58,7 @@ def visible_to(d: Device, principal: bytes, reader: int | None, row: list[int]) 
     return access.space_readable(d, principal, reader, t.value(t.conversations, row[R.TARGET], C.SPACE))
 
 
-CREATE = OperationKind(Kind.CONVERSATION_CREATE, "conversations.create", check=check, apply=apply,
+CREATE: OperationKind = OperationKind(Kind.CONVERSATION_CREATE, "conversations.create", check=check, apply=apply,
                        target_id=target_id, visible_to=visible_to)
 
 
@@ -86,4 +86,4 @@ def get_conversation(d: Device, principal: bytes, args: dict[str, Any]) -> tuple
     return 200, view(d, crow)
 
 
-READS = {"conversations.list": list_conversations, "conversations.get": get_conversation}
+READS: dict[str, Read] = {"conversations.list": list_conversations, "conversations.get": get_conversation}

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from ..contract import ids
 from ..contract.errors import ServiceError
 from ..contract.limits import INPUT_BYTES, MAX_MEDIA, MEDIA_LINK_BYTES
-from ..state.tables import R, Right, Terminal
-from . import access
+from ..state.tables import C, R, Right, Terminal
+from . import access, events
 from .conversations import target_id, visible_to
 from .kind import Kind, OperationKind
 
@@ -96,12 +96,25 @@ def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: in
     recorded = a.extra["conversation"]
     crow = conversations.by_id[(recorded[0], recorded[1])]
     conversations.inputs.setdefault(crow, []).append(rrow)
+    t = d.state.tables
+    t.write_row(t.conversations, crow, {C.INPUTS: t.value(t.conversations, crow, C.INPUTS) + 1})
     return crow
 
 
 def columns(d: Device, a: Admission) -> dict[int, int]:
-    return {R.TERMINAL: Terminal.NONE, R.PAGE_LIMIT: a.extra["pages"], R.MAX_OUTPUT: a.extra["max_output_tokens"]}
+    """Its effective limits, and its event order (apply, which runs first, counted it)."""
+    t = d.state.tables
+    recorded = a.extra["conversation"]
+    crow = d.state.conversations.by_id[(recorded[0], recorded[1])]
+    return {R.TERMINAL: Terminal.NONE, R.PAGE_LIMIT: a.extra["pages"], R.MAX_OUTPUT: a.extra["max_output_tokens"],
+            R.ORDER: t.value(t.conversations, crow, C.INPUTS)}
 
 
-SUBMIT = OperationKind(Kind.INPUT, "conversations.input", check=check, apply=apply, target_id=target_id,
-                       visible_to=visible_to, columns=columns, executes=True)
+def saved(d: Device, rrow: int) -> None:
+    """Saved: it waits for its lease, and its event goes to the conversation's subscribers."""
+    d.executions.to_lease.append(rrow)
+    events.input_saved(d, rrow)
+
+
+SUBMIT: OperationKind = OperationKind(Kind.INPUT, "conversations.input", check=check, apply=apply, target_id=target_id,
+                       visible_to=visible_to, columns=columns, executes=True, saved=saved)

@@ -6,7 +6,8 @@ state and changes nothing (a refusal is a ServiceError); what it returns is reco
 admission transfer (IDs, never rows, so replay re-resolves them). `apply` cannot fail: it changes
 the tables live and at replay alike and returns the row of the operation's target. `target_id`
 renders that target in the receipt, `visible_to` says whether another participant may read the
-receipt, `columns` fills receipt columns of the kind's own.
+receipt, `columns` fills receipt columns of the kind's own, `saved` runs once a live admission is
+saved (an input starts executing and its event is pushed).
 """
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from ..contract.vocabulary import COMMANDS
 
 if TYPE_CHECKING:
     from ..admission import Admission
+    from ..contract.wire import Message
     from ..device import Device
+    from ..storage.committer import Batch
 
 
 class Kind(IntEnum):
@@ -41,6 +44,13 @@ TargetId = Callable[["Device", list[int], bytes], str]
 VisibleTo = Callable[["Device", bytes, "int | None", list[int]], bool]
 # columns(device, admission) -> {receipt column: value}
 Columns = Callable[["Device", "Admission"], dict[int, int]]
+# saved(device, receipt row): the admission is saved (live only; replay finds it saved)
+Saved = Callable[["Device", int], None]
+# a read: read(device, principal bytes (None for ops commands), args) -> (status, body)
+Read = Callable[["Device", Any, dict[str, Any]], tuple[int, Any]]
+# a command answered outside a tick's order: later(device, connection, message, the tick's batch)
+# -> journal records used
+Later = Callable[["Device", object, "Message", "Batch"], int]
 
 
 def owner_only(device: Device, principal: bytes, reader: int | None, row: list[int]) -> bool:
@@ -49,10 +59,12 @@ def owner_only(device: Device, principal: bytes, reader: int | None, row: list[i
 
 
 class OperationKind:
-    __slots__ = ("code", "op", "name", "action", "check", "apply", "target_id", "visible_to", "columns", "executes")
+    __slots__ = ("code", "op", "name", "action", "check", "apply", "target_id", "visible_to", "columns", "executes",
+                 "saved")
 
     def __init__(self, code: Kind, op: str, *, check: Check, apply: Apply, target_id: TargetId,
-                 visible_to: VisibleTo = owner_only, columns: Columns | None = None, executes: bool = False) -> None:
+                 visible_to: VisibleTo = owner_only, columns: Columns | None = None, executes: bool = False,
+                 saved: Saved | None = None) -> None:
         command = COMMANDS[op]
         if command.receipt_kind is None or command.action is None:
             raise ValueError(f"{op} is not a mutation command of the contract")
@@ -68,6 +80,7 @@ class OperationKind:
         # True: the operation runs after its admission (lease, engine, completion); every other
         # kind finishes at admission, and the transfer that saves the admission saves its result
         self.executes = executes
+        self.saved = saved  # what follows once the admission is saved (start execution, push events)
 
     def __repr__(self) -> str:
         return f"OperationKind({self.name})"

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 from ..contract import ids
 from ..contract.errors import ServiceError
 from ..state.tables import M, R, S, Right
-from . import access
-from .kind import Kind, OperationKind
+from . import access, events
+from .kind import Kind, OperationKind, Read
 from .lists import page, page_args
 from .spaces import space_key
 
@@ -62,8 +62,13 @@ def visible_to(d: Device, principal: bytes, reader: int | None, row: list[int]) 
     return access.space_readable(d, principal, reader, row[R.TARGET])
 
 
-SET = OperationKind(Kind.MEMBER_SET, "members.set", check=check, apply=apply, target_id=target_id,
-                    visible_to=visible_to)
+def saved(d: Device, rrow: int) -> None:
+    """Rights changed: open streams of readers who lost theirs end (ops/events.py)."""
+    events.recheck(d)
+
+
+SET: OperationKind = OperationKind(Kind.MEMBER_SET, "members.set", check=check, apply=apply, target_id=target_id,
+                    visible_to=visible_to, saved=saved)
 
 
 def list_members(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
@@ -88,4 +93,4 @@ def list_members(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int
     return 200, {"items": items, "next_cursor": next_cursor}
 
 
-READS = {"members.list": list_members}
+READS: dict[str, Read] = {"members.list": list_members}

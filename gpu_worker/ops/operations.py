@@ -15,6 +15,8 @@ from ..state.tables import R, Terminal, join16
 from . import receipts, registry
 from .lists import page_args
 
+from .kind import Read
+
 if TYPE_CHECKING:
     from ..device import Device
 
@@ -92,5 +94,5 @@ def read_result(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int,
     }
 
 
-READS: dict[str, registry.Read] = {"operations.list": list_operations, "operations.get": get_operation,
+READS: dict[str, Read] = {"operations.list": list_operations, "operations.get": get_operation,
                                    "operations.result": read_result}

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from ..contract import ids
 from ..contract.errors import ServiceError
 from ..state.tables import P, R, split16
-from .kind import Kind, OperationKind
+from .kind import Kind, OperationKind, Read
 
 if TYPE_CHECKING:
     from ..admission import Admission
@@ -38,7 +38,7 @@ def target_id(d: Device, row: list[int], lineage: bytes) -> str:
     return d.state.participants.public_id[row[R.TARGET]]
 
 
-REGISTER = OperationKind(Kind.PARTICIPANT_REGISTER, "participant.register", check=check, apply=apply,
+REGISTER: OperationKind = OperationKind(Kind.PARTICIPANT_REGISTER, "participant.register", check=check, apply=apply,
                          target_id=target_id)
 
 
@@ -69,4 +69,4 @@ def get_other(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, A
     return 200, view(d, prow, own=participants.by_principal.get(principal) == prow)
 
 
-READS = {"participant.get": get_own, "participants.get": get_other}
+READS: dict[str, Read] = {"participant.get": get_own, "participants.get": get_other}

@@ -8,21 +8,9 @@ gpu_worker/contract/vocabulary.py, its gateway route (docs/adding-an-operation-k
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
-
-from . import (cancellations, chat, conversations, inputs, media, members, operations, participants, retirements,
-               service, spaces)
-from .kind import OperationKind
-
-if TYPE_CHECKING:
-    from ..contract.wire import Message
-    from ..device import Device
-    from ..storage.committer import Batch
-
-# read(device, principal bytes (None for ops commands), args) -> (status, body)
-Read = Callable[["Device", Any, dict[str, Any]], tuple[int, Any]]
-# later(device, connection, message, the tick's batch) -> journal records used
-Later = Callable[["Device", object, "Message", "Batch"], int]
+from . import (cancellations, chat, conversations, events, inputs, media, members, operations, participants,
+               retirements, service, spaces)
+from .kind import Later, OperationKind, Read
 
 _KINDS: tuple[OperationKind, ...] = (
     participants.REGISTER,
@@ -43,12 +31,16 @@ READS: dict[str, Read] = {
     **members.READS,
     **conversations.READS,
     **operations.READS,
+    **events.READS,
     **chat.READS,
 }
 
-# Commands answered outside the read/mutation order of a tick.
+# Commands answered outside the read/mutation order of a tick (a subscription's frames come later).
 LATER: dict[str, Later] = {
     "checkpoint": service.defer_checkpoint,
     "chat.completions": chat.start,
     "media.put": media.put,
+    "conversations.subscribe": events.open_conversation,
+    "operations.subscribe": events.open_operation,
+    "subscriptions.close": events.close,
 }

@@ -64,4 +64,5 @@ def target_id(d: Device, row: list[int], lineage: bytes) -> str:
     return d.state.participants.public_id[row[R.TARGET]]
 
 
-RECORD = OperationKind(Kind.RETIREMENT, "retirements.record", check=check, apply=apply, target_id=target_id)
+RECORD: OperationKind = OperationKind(Kind.RETIREMENT, "retirements.record", check=check, apply=apply,
+                                      target_id=target_id)

@@ -8,6 +8,8 @@ from ..contract.limits import INPUT_BYTES, MAX_MEDIA, MEDIA_LINK_BYTES
 from ..contract.vocabulary import CAPABILITIES_SCHEMA, MUTATION_SCHEMA, RECEIPT_SCHEMA
 from ..contract.wire import Message
 
+from .kind import Read
+
 if TYPE_CHECKING:
     from ..device import Device
     from ..storage.committer import Batch
@@ -58,4 +60,4 @@ def defer_checkpoint(d: Device, conn: object, msg: Message, batch: Batch) -> int
     return 0
 
 
-READS = {"capabilities": capabilities, "ping": ping, "checkpoint": checkpoint}
+READS: dict[str, Read] = {"capabilities": capabilities, "ping": ping, "checkpoint": checkpoint}

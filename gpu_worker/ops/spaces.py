@@ -9,7 +9,7 @@ from ..contract.errors import ServiceError
 from ..state import ids as derived
 from ..state.tables import R, S, Right, Scope, join16, split16
 from . import access
-from .kind import Kind, OperationKind
+from .kind import Kind, OperationKind, Read
 from .lists import page, page_args
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def visible_to(d: Device, principal: bytes, reader: int | None, row: list[int]) 
     return access.space_readable(d, principal, reader, row[R.TARGET])
 
 
-CREATE = OperationKind(Kind.SPACE_CREATE, "spaces.create", check=check, apply=apply, target_id=target_id,
+CREATE: OperationKind = OperationKind(Kind.SPACE_CREATE, "spaces.create", check=check, apply=apply, target_id=target_id,
                        visible_to=visible_to)
 
 
@@ -111,4 +111,4 @@ def get_space(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, A
     return 200, view(d, srow, access.effective_rights(d, principal, prow, srow))
 
 
-READS = {"spaces.list": list_spaces, "spaces.get": get_space}
+READS: dict[str, Read] = {"spaces.list": list_spaces, "spaces.get": get_space}

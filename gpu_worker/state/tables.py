@@ -56,6 +56,7 @@ class C:
     CREATED = 5
     OP_HI = 6
     OP_LO = 7
+    INPUTS = 8         # inputs admitted to it so far: the last event order (SPEC: event cursors)
 
 
 class Scope(IntEnum):
@@ -101,6 +102,7 @@ class R:
     LEASE = 26         # journal transfer seq of the lease that started it, 0 before
     TARGET_OP_HI = 27  # a cancellation's target operation
     TARGET_OP_LO = 28
+    ORDER = 29         # an input's event order in its conversation (1, 2, ...; kept after retirements)
 
 
 class Terminal(IntEnum):

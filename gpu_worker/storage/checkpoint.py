@@ -20,7 +20,7 @@ import msgpack
 import numpy as np
 import torch
 
-from ..state.tables import R
+from ..state.tables import C, R
 from . import runtime_file
 from .journal import Transfer, list_segments, recover, segment_name
 
@@ -60,20 +60,30 @@ def encode_state(state: DeviceState, last_seq: int, last_digest: bytes, generati
     return blob
 
 
-def load_state(state: DeviceState, blob: bytes | memoryview) -> dict[str, Any]:
+def load_state(state: DeviceState, blob: bytes | memoryview, input_kind: int) -> dict[str, Any]:
     """Fill the (empty) state's tables and counters from a state blob; returns its media sources
-    ({sha256: [length, type, [participant raw ids]]}) for the indexes."""
+    ({sha256: [length, type, [participant raw ids]]}) for the indexes.
+
+    A table saved with fewer columns (written before those columns existed) loads with the new
+    columns zero; event orders, the one such column with a meaning of its own, are then derived
+    (`_derive_event_orders`)."""
     saved = msgpack.unpackb(blob, raw=False)
     if saved.get("version") != STATE_VERSION:
         raise ValueError(f"state extent version {saved.get('version')} is not supported")
     t = state.tables
+    narrow = False
     for name in ROW_TABLES:
         table = getattr(t, name)
         rows_raw, data = saved["tables"][name]
         rows = torch.from_numpy(np.frombuffer(rows_raw, dtype="<i8").copy())
         if len(rows):
-            values = torch.from_numpy(np.frombuffer(data, dtype="<i8").copy()).view(len(rows), table.shape[1])
-            table[rows.to(t.device)] = values.to(t.device)
+            width = len(data) // 8 // len(rows)
+            if width > table.shape[1] or width * 8 * len(rows) != len(data):
+                raise ValueError(f"state extent: table {name} has rows of {width} columns; this device knows "
+                                 f"{table.shape[1]}")
+            narrow = narrow or width < table.shape[1]
+            values = torch.from_numpy(np.frombuffer(data, dtype="<i8").copy()).view(len(rows), width)
+            table[rows.to(t.device), :width] = values.to(t.device)
     live = torch.nonzero(t.receipts[:, R.STATE] != 0).flatten()
     if len(live):
         t.receipt_digests[live] = torch.from_numpy(
@@ -91,8 +101,25 @@ def load_state(state: DeviceState, blob: bytes | memoryview) -> dict[str, Any]:
     state.last_boot_ns = saved["last_boot_ns"]
     state.checkpoint_seq, state.checkpoint_digest = saved["last_seq"], saved["last_digest"]
     state.save_generation = saved["generation"]
+    if narrow:
+        _derive_event_orders(state, input_kind)
     media: dict[str, Any] = saved.get("media", {})
     return media
+
+
+def _derive_event_orders(state: DeviceState, input_kind: int) -> None:
+    """A checkpoint from before event orders: number each conversation's live inputs 1, 2, ... in
+    admission order (inputs retired before it are not counted: their events are gone anyway)."""
+    t = state.tables
+    receipts = t.receipts.tolist()
+    live = sorted((row[R.CREATED], rrow, row[R.TARGET]) for rrow, row in enumerate(receipts)
+                  if row[R.STATE] and row[R.KIND] == input_kind)
+    counts: dict[int, int] = {}
+    for _, rrow, crow in live:
+        counts[crow] = counts.get(crow, 0) + 1
+        t.write_row(t.receipts, rrow, {R.ORDER: counts[crow]})
+    for crow, count in counts.items():
+        t.write_row(t.conversations, crow, {C.INPUTS: count})
 
 
 def audit_blob(transfers: list[Transfer]) -> bytes:
@@ -130,3 +157,20 @@ def write(device: Device) -> dict[str, Any] | None:
              generation, len(folded), last_seq, len(state), seconds)
     return {"generation": generation, "folded": len(folded), "last_seq": last_seq, "state_bytes": len(state),
             "seconds": seconds}
+
+
+def stored_extent(blob: bytes | memoryview) -> dict[str, int]:
+    """What a state blob needs of the capacities (pack refuses to shrink below it): for each row
+    table the highest stored row index + 1 (rows load at their index), and the longest stored
+    receipt command and result ("command_bytes", "result_bytes")."""
+    saved = msgpack.unpackb(blob, raw=False)
+    needs: dict[str, int] = {}
+    for name in ROW_TABLES:
+        rows_raw, data = saved["tables"][name]
+        rows = np.frombuffer(rows_raw, dtype="<i8")
+        needs[name] = int(rows.max()) + 1 if len(rows) else 0
+        if name == "receipts" and len(rows):
+            values = np.frombuffer(data, dtype="<i8").reshape(len(rows), -1)
+            needs["command_bytes"] = int(values[:, R.COMMAND_LEN].max())
+            needs["result_bytes"] = int(values[:, R.RESULT_LEN].max())
+    return needs

@@ -1,6 +1,6 @@
 """`python -m gpu_worker checkpoint --ccir F --journal DIR`: fold the journal into the runtime
 file. A running device does it between two ticks (asked over its socket); with no device
-running, the command opens the state itself (taking the journal lock)."""
+running, the command opens the state itself (taking the journal lock and the runtime file's)."""
 from __future__ import annotations
 
 import argparse
@@ -37,15 +37,21 @@ def main(argv: list[str]) -> int:
         return 0
     from ..device import Device
     from .journal import JournalError
-    from .runtime_file import RuntimeFile, RuntimeFileError
+    from .runtime_file import FileLock, RuntimeFile, RuntimeFileError
     try:
-        device = Device(RuntimeFile.open(args.ccir), args.journal, None, serve=False)
-    except (JournalError, RuntimeFileError, OSError) as exc:
+        lock = FileLock(args.ccir)  # the one writer of the file while it folds (a device elsewhere refuses)
+    except RuntimeFileError as exc:
         print(f"checkpoint: {exc}", file=sys.stderr)
         return 2
-    try:
-        result = device.checkpoint() or {"generation": device.state.generation, "folded": 0}
-    finally:
-        device.close()
+    with lock:
+        try:
+            device = Device(RuntimeFile.open(args.ccir), args.journal, None, serve=False)
+        except (JournalError, RuntimeFileError, OSError) as exc:
+            print(f"checkpoint: {exc}", file=sys.stderr)
+            return 2
+        try:
+            result = device.checkpoint() or {"generation": device.state.generation, "folded": 0}
+        finally:
+            device.close()
     print(f"checkpoint (offline): {json.dumps(result, sort_keys=True)}")
     return 0

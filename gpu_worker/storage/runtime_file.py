@@ -88,6 +88,99 @@ class RuntimeFileError(Exception):
     """A runtime file that cannot be used; the message is one line and names the file."""
 
 
+class RuntimeFileLocked(RuntimeFileError):
+    """Another process holds the file's lock: a device serving it, a pack or a checkpoint."""
+
+
+# ---- the one writer ---------------------------------------------------------------------------
+# (st_dev, st_ino) of the runtime files whose lock this process holds: its own appends (a running
+# device's checkpoints) go ahead under that lock instead of taking a second, conflicting one.
+_HELD: dict[tuple[int, int], "FileLock"] = {}
+
+
+def _lock_holder(st: os.stat_result) -> str:
+    """The pid holding a flock on the file, from /proc/locks (Linux), or "unknown"."""
+    wanted = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 6 or fields[1] != "FLOCK":  # "->" marks a waiter
+                    continue
+                major, minor, inode = fields[5].split(":")
+                if (int(major, 16), int(minor, 16), int(inode)) == wanted:
+                    return fields[4]
+    except (OSError, ValueError):
+        pass
+    return "unknown"
+
+
+def _in_use(path: str, st: os.stat_result) -> RuntimeFileLocked:
+    return RuntimeFileLocked(f"runtime file {path} is in use by another process (pid {_lock_holder(st)}: a device "
+                             "serving it, a pack or a checkpoint); stop it first")
+
+
+class FileLock:
+    """An exclusive advisory flock on the runtime file itself, held by its one writer for as long
+    as it writes: a device for its whole life (boot), `pack` and the offline `checkpoint` for
+    their run. A second one refuses at once (RuntimeFileLocked, one line). flock belongs to the
+    open file description, so the lock ends with the holder, however it ends (kill -9 included),
+    and a second FileLock conflicts even inside the same process; `append` and `create` in the
+    process that holds it go ahead under it."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise RuntimeFileError(f"{self.path}: cannot open: {exc.strerror or exc}") from None
+        try:
+            st = os.fstat(fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise _in_use(self.path, st) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self.key = (st.st_dev, st.st_ino)
+        _HELD[self.key] = self
+
+    @property
+    def inode(self) -> int:
+        return self.key[1]
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            if _HELD.get(self.key) is self:
+                del _HELD[self.key]
+            os.close(fd)  # closing the last descriptor of the description drops the flock
+
+    def __enter__(self) -> "FileLock":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _held(st: os.stat_result) -> bool:
+    return (st.st_dev, st.st_ino) in _HELD
+
+
+def _lock_for_write(path: str, fd: int) -> None:
+    """Before a write to an existing file: go ahead under this process's FileLock, else take the
+    flock on fd (released when fd closes) or refuse in one line."""
+    st = os.fstat(fd)
+    if _held(st):
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _in_use(path, st) from None
+
+
 @dataclass(frozen=True)
 class Component:
     name: str
@@ -161,8 +254,9 @@ class RuntimeFile:
     """A read-only view of one runtime file, mapped into memory."""
 
     def __init__(self, path: str, mapping: mmap.mmap, slot: int, superblock: _Superblock,
-                 components: dict[str, Component]):
+                 components: dict[str, Component], inode: int = 0):
         self.path = path
+        self.inode = inode  # of the file opened (a copy of the file is another inode)
         self.slot = slot
         self.incarnation = superblock.file_incarnation
         self.generation = superblock.generation
@@ -179,7 +273,8 @@ class RuntimeFile:
         path = os.fspath(path)
         try:
             with open(path, "rb") as f:
-                if os.fstat(f.fileno()).st_size < DATA_START:
+                st = os.fstat(f.fileno())
+                if st.st_size < DATA_START:
                     raise RuntimeFileError(f"{path}: too short to be a runtime file")
                 # A private (copy-on-write) mapping of a read-only descriptor: the file can never be
                 # changed through it, and a stray in-place op on a weight tensor copies one page
@@ -197,7 +292,7 @@ class RuntimeFile:
             if not superblock.required_features & FEATURE_BASE:
                 raise RuntimeFileError(f"{path}: base feature bit is not set")
             components = _parse_directory(path, directory, len(mapping))
-            runtime = cls(path, mapping, slot, superblock, components)
+            runtime = cls(path, mapping, slot, superblock, components, st.st_ino)
         except BaseException:
             mapping.close()
             raise
@@ -428,6 +523,23 @@ def create(path: str | os.PathLike[str], components: Iterable[tuple[str, str, An
     path = os.fspath(path)
     if not required & FEATURE_BASE:
         raise ValueError("every runtime file requires FEATURE_BASE")
+    # Replacing a file in use would leave its device on an unlinked inode: refuse (FileLock).
+    existing = None
+    if os.path.exists(path):
+        existing = open(path, "rb")
+        try:
+            _lock_for_write(path, existing.fileno())
+        except BaseException:
+            existing.close()
+            raise
+    try:
+        _create(path, components, required, optional)
+    finally:
+        if existing is not None:
+            existing.close()
+
+
+def _create(path: str, components: Iterable[tuple[str, str, Any]], required: int, optional: int) -> None:
     tmp = path + ".tmp"
     try:
         with open(tmp, "wb") as f:
@@ -455,10 +567,7 @@ def append(path: str | os.PathLike[str], components: Iterable[tuple[str, str, An
     if set_required & ~KNOWN_REQUIRED:
         raise ValueError(f"unknown required feature bits {set_required:#x}")
     with open(path, "r+b") as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RuntimeFileError(f"{path}: another writer holds the file") from None
+        _lock_for_write(path, f.fileno())
         with RuntimeFile.open(path, verify=False) as current:
             entries, slot, superblock = dict(current.components), current.slot, current._superblock
         # Start after everything in the file, including any tail a crashed append left behind:

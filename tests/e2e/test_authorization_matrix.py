@@ -50,6 +50,9 @@ ROUTES = {
     "GET operations/{private}": ("GET", "/operations/{private_op}"),
     "GET operations/{instance}": ("GET", "/operations/{instance_op}"),
     "GET operations/{private}/result": ("GET", "/operations/{private_input}/result"),
+    "GET conversations/{private}/events": ("GET", "/conversations/{private_con}/events"),
+    "GET conversations/{instance}/events": ("GET", "/conversations/{instance_con}/events"),
+    "GET operations/{private}/events": ("GET", "/operations/{private_input}/events"),
     "POST spaces": ("POST", "/spaces"),
     "POST spaces/{private}/members": ("POST", "/spaces/{private}/members"),
     "POST spaces/{instance}/members": ("POST", "/spaces/{instance}/members"),
@@ -201,6 +204,13 @@ EXPECTED = {
     "anonymous": _everywhere(UNAUTH),
     "wrong_token": _everywhere(UNAUTH),
 }
+
+# An event read has exactly the rights of its conversation's read; an operation's event stream
+# those of its result read (the stream ends at once: the input has finished).
+for _row in EXPECTED.values():
+    _row["GET conversations/{private}/events"] = _row["GET conversations/{private}"]
+    _row["GET conversations/{instance}/events"] = _row["GET conversations/{instance}"]
+    _row["GET operations/{private}/events"] = _row["GET operations/{private}/result"]
 
 # principal actions at creation (no_write gets all three and loses shared_write after registering)
 ACTIONS = {

@@ -128,8 +128,9 @@ def test_kill_dash_nine_under_load_loses_no_saved_receipt_and_applies_nothing_tw
     zygote = Zygote()
     rng = random.Random(1234)
 
-    def boot():
-        write_grants(grants, {p.hex(): ["shared_read", "shared_write"] for p in principals})  # fresh grants
+    write_grants(grants, {p.hex(): ["shared_read", "shared_write"] for p in principals})
+
+    def boot():  # a plain restart every time: the same command, the same grant file
         log.touch()
         start = log.stat().st_size
         pid = zygote.boot(["--ccir", runtime, "--journal", str(journal), "--service-grants", grants,

@@ -51,13 +51,50 @@ def test_no_credential_byte_enters_the_runtime_file_or_the_journal(stack):
             assert secret not in data, f"credential bytes in {path}"
 
 
-def test_boot_refuses_stale_grants_with_one_line_naming_write_grants(stack):
+def boot_command(stack, journal=None):
+    return [PYTHON, "-m", "gpu_worker", "boot", "--ccir", stack.runtime, "--journal", str(journal or stack.journal),
+            "--service-grants", str(stack.grants), "--device", "cpu"]
+
+
+def test_a_restart_boots_as_it_is_and_a_restore_refuses_stale_grants_in_one_line(stack):
     stack.principal("bob")
     stack.boot_device()
+    out = subprocess.run([PYTHON, "-m", "gpu_worker", "checkpoint", "--ccir", stack.runtime, "--journal",
+                          str(stack.journal)], cwd=ROOT, capture_output=True, text=True, timeout=120, env=stack.env)
+    assert out.returncode == 0, out.stderr  # the file now records the boot
     stack.device.kill()
-    out = subprocess.run([PYTHON, "-m", "gpu_worker", "boot", "--ccir", stack.runtime, "--journal",
-                          str(stack.journal), "--service-grants", str(stack.grants)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120, env=stack.env)
+    stack.boot_device()  # a restart: its own journal, the same grant file
+    stack.device.kill()
+    stack.journal.rename(stack.base / "journal-before")  # a restore: the file on a journal that is not its own
+    out = subprocess.run(boot_command(stack), cwd=ROOT, capture_output=True, text=True, timeout=120, env=stack.env)
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1 and "write_grants" in out.stderr
-    stack.boot_device()  # writes fresh grants first, then boots
+    assert out.stderr.startswith("boot: restore requires fresh deployment grants: ")
+    stack.boot_device(fresh_grants=True)  # the operator step, then it boots
+
+
+def test_the_runtime_file_in_use_refuses_a_second_device_a_pack_and_an_offline_checkpoint(stack):
+    """The device holds its runtime file's lock for its life, and still checkpoints into it."""
+    stack.principal("carol")
+    device = stack.boot_device()
+    holder = f"(pid {device.proc.pid}: a device serving it"
+    second = subprocess.run(boot_command(stack, stack.base / "other-journal"), cwd=ROOT, capture_output=True,
+                            text=True, timeout=120, env=stack.env)
+    assert second.returncode == 3 and second.stderr.count("\n") == 1, second.stderr
+    assert second.stderr.startswith(f"boot: runtime file {stack.runtime} is in use by another process {holder}")
+    packed = subprocess.run([PYTHON, "-m", "gpu_worker", "pack", "--runtime", stack.runtime, "--shared"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120, env=stack.env)
+    assert packed.returncode == 2 and packed.stderr.count("\n") == 1, packed.stderr
+    assert packed.stderr.startswith(f"pack: error: runtime file {stack.runtime} is in use by another process {holder}")
+    offline = subprocess.run([PYTHON, "-m", "gpu_worker", "checkpoint", "--ccir", stack.runtime, "--journal",
+                              str(stack.base / "other-journal")], cwd=ROOT, capture_output=True, text=True,
+                             timeout=120, env=stack.env)  # no device on that journal: it would write the file
+    assert offline.returncode == 2 and offline.stderr.count("\n") == 1, offline.stderr
+    assert offline.stderr.startswith(f"checkpoint: runtime file {stack.runtime} is in use by another process {holder}")
+    out = subprocess.run([PYTHON, "-m", "gpu_worker", "checkpoint", "--ccir", stack.runtime, "--journal",
+                          str(stack.journal)], cwd=ROOT, capture_output=True, text=True, timeout=120, env=stack.env)
+    assert out.returncode == 0 and "running device" in out.stdout, out.stderr  # appends under its lock
+    device.kill()
+    packed = subprocess.run([PYTHON, "-m", "gpu_worker", "pack", "--runtime", stack.runtime, "--shared"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120, env=stack.env)
+    assert packed.returncode == 0 and packed.stdout.startswith("unchanged"), packed.stderr

@@ -118,6 +118,9 @@ def test_the_gateway_conforms_to_its_own_schema(world):
         def run(case):
             if plan == "anchored":
                 world.anchor(case)
+            if plan != "negative" and case.query and "stream" in case.query:
+                # the plain event read; a live stream of a conversation never ends (tests/e2e/test_streams.py)
+                case.query["stream"] = "false"
             response = case.call(base_url=world.base_url, headers=headers, timeout=30)
             check(operation, plan, case, response)
             if plan == "anchored" and response.status_code == 202:
@@ -134,7 +137,7 @@ def test_the_gateway_conforms_to_its_own_schema(world):
         run()
 
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 19
+    assert len(operations) == 21
     for operation in operations:
         plans = ["generated", "negative"]
         if operation.method.upper() == "POST" or operation.path_parameters:

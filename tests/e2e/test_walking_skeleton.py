@@ -114,7 +114,9 @@ def test_boot_refuses_a_missing_grant_file_and_a_second_device(stack, tmp_path):
     out = subprocess.run([PYTHON, "-m", "gpu_worker", "boot", "--ccir", stack.runtime, "--journal",
                           str(stack.journal), "--service-grants", str(stack.grants)],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 3 and "locked" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    # the runtime file's lock refuses it first (the journal's: tests/gpu_worker/test_device.py)
+    assert out.returncode == 3 and len(out.stderr.strip().splitlines()) == 1
+    assert f"runtime file {stack.runtime} is in use by another process (pid {stack.device.proc.pid}" in out.stderr
 
 
 def test_tick_cpu_gives_the_tick_loop_a_cpu_of_its_own(stack):

@@ -1,11 +1,12 @@
-"""Faults (SPEC "Recorded state and recovery"): journal holds, ENOSPC, EIO, power loss,
-checkpoints and fresh grants on restore."""
+"""Faults (SPEC "Recorded state and recovery"): journal holds, ENOSPC, EIO, power loss and
+checkpoints; each recovery is a plain restart (the same grant file). Restart versus restore:
+test_restart.py."""
 import errno
 import subprocess
 
 import pytest
 
-from gpu_worker.device import Device, DeviceBootError
+from gpu_worker.device import Device
 from gpu_worker.storage.filelayer import FaultyFileLayer
 from gpu_worker.contract.grantfile import Grants
 from gpu_worker.storage.journal import JournalIOError, list_segments
@@ -31,7 +32,6 @@ class FaultyWorld(World):
     def boot(self):
         if self.device is not None:
             self.device.close()
-            self.write_grants()
         self.device = Device(RuntimeFile.open(self.runtime), self.journal, Grants(self.grants_path), fs=self.fs)
 
 
@@ -78,7 +78,6 @@ def test_the_checkpoint_command_works_offline_and_boot_continues_from_it(tmp_pat
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "offline" in out.stdout, out.stderr
     w.device = None
-    w.write_grants()
     w.boot()
     after = w.read("a", "operations.list")[1]["items"]
     assert [r["operation_key"] for r in after] == [r["operation_key"] for r in before]
@@ -155,7 +154,6 @@ def test_eio_stops_the_device_and_a_restart_recovers_every_saved_receipt(tmp_pat
         w.mutate("a", "spaces.create", "/spaces", {})
     w.device.lock.release()
     w.device = None
-    w.write_grants()
     w.fs = FaultyFileLayer()
     w.boot()
     assert saved_state(w, "a") == state
@@ -181,18 +179,8 @@ def test_power_loss_keeps_every_saved_receipt(tmp_path, mode):
     fs.lose_unsynced(mode)
     w.device.lock.release()
     w.device = None
-    w.write_grants()
     w.boot()
     assert {n: saved_state(w, n) for n in ("a", "b")} == saved
-
-
-def test_restore_requires_fresh_deployment_grants(tmp_path):
-    w = World(runtime(tmp_path), tmp_path, ["a"])
-    w.device.close()
-    with pytest.raises(DeviceBootError, match="fresh deployment grants.*write_grants"):
-        Device(RuntimeFile.open(w.runtime), w.journal, Grants(w.grants_path))
-    w.write_grants()
-    Device(RuntimeFile.open(w.runtime), w.journal, Grants(w.grants_path)).close()
 
 
 def test_the_device_checkpoints_by_itself_past_the_journal_threshold(tmp_path):

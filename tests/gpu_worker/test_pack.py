@@ -1,6 +1,7 @@
 import hashlib
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from gpu_worker import pack
 from gpu_worker.storage import runtime_file
 from gpu_worker.storage.runtime_file import (DEFAULT_CAPACITIES, FEATURE_BASE, FEATURE_SHARED, SLOT_OFFSETS, SUPERBLOCK,
                                      RuntimeFile, RuntimeFileError)
+from tests.conftest import flock_held_elsewhere
 
 ROUND_TRIP_TEXTS = ["Hello world", "The year 2026, 3.14159!", "héllo wörld — 東京 🎉", "  spaces\n\ttabs  "]
 
@@ -364,6 +366,20 @@ def test_a_local_gguf_and_embedding_directory_pack_back_to_the_original_weights(
                 assert torch.equal(runtime.tensor(name), payload), name
 
 
+def test_pack_progress_off_a_terminal_is_a_line_at_every_tenth(tmp_path, capsys):
+    """`make setup | tee log` shows the default runtime's packing as it goes (--progress)."""
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    write_tiny_embedding_dir(tmp_path / "bert")
+    argv = ["--runtime", str(tmp_path / "r.aotxccir"), "--gguf", str(tmp_path / "tiny.gguf"), "--embedding",
+            str(tmp_path / "bert"), "--progress"]
+    assert pack.main(argv) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines and all(re.fullmatch(r"pack: packing \d+% \(\d+/\d+ tensors\)", line) for line in lines), lines
+    assert lines[-1].startswith("pack: packing 100% (") and "\r" not in "".join(lines)
+    assert pack.main(argv[:-1] + ["--force"]) == 0  # without --progress, off a terminal: quiet
+    assert capsys.readouterr().err == ""
+
+
 def test_it_refuses_a_gguf_that_is_not_llama_family(tmp_path):
     write_tiny_gguf(tmp_path / "q.gguf", arch="qwen2")
     with pytest.raises(ValueError, match="'qwen2' is not LLaMA-family"):
@@ -460,3 +476,71 @@ def test_the_default_pack_carries_all_minilm_l6_v2(default_runtime):
     tokenizer = tokenizer_of(runtime, "emb/tokenizer")
     assert tokenizer.encode("hello world").tokens == ["[CLS]", "hello", "world", "[SEP]"]  # no fixed padding
     assert runtime.shared_profile["capacities"] == DEFAULT_CAPACITIES
+
+
+# ---- capacities of a file that holds state, and files in use ------------------------------------
+
+@pytest.fixture
+def checkpointed(tmp_path):
+    """A shared tiny runtime whose checkpoint holds 3 participants, 2 spaces and 5 receipts."""
+    from tests.gpu_worker.ops.test_shared_state import World
+    path = str(tmp_path / "state.aotxccir")
+    pack.pack_tiny(path, shared=True)
+    world = World(path, tmp_path, ["a", "b", "c"])
+    world.space("a")
+    world.space("b")
+    assert world.device.checkpoint() is not None
+    world.device.close()
+    return path, world
+
+
+def test_pack_refuses_to_shrink_a_capacity_below_the_rows_the_checkpoint_stores(checkpointed, capsys):
+    from gpu_worker.storage import checkpoint
+    path, _ = checkpointed
+    with RuntimeFile.open(path) as runtime:
+        needed = checkpoint.stored_extent(runtime.bytes(checkpoint.STATE))
+    assert needed["participants"] >= 3 and needed["spaces"] >= 2 and needed["receipts"] >= 5
+    digest = sha256_file(path)
+    for key in ("participants", "spaces", "receipts", "command_bytes", "result_bytes"):
+        too_small = needed[key] - 1
+        if too_small < 1:
+            continue
+        assert pack.main(["--runtime", path, "--shared", "--capacity", f"{key}={too_small}"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"pack: error: capacity {key}={too_small} is below what the checkpoint in {path} "
+                              "stores") and err.count("\n") == 1, err
+        assert sha256_file(path) == digest  # nothing written
+    with pytest.raises(ValueError, match="capacity participants=1 is below"):
+        pack.enable_shared(path, capacity={"participants": 1})
+
+
+def test_pack_shrinks_a_capacity_down_to_the_stored_rows_and_the_device_boots_on_it(checkpointed, capsys):
+    from gpu_worker.contract.grantfile import Grants
+    from gpu_worker.device import Device
+    from gpu_worker.storage import checkpoint
+    path, world = checkpointed
+    with RuntimeFile.open(path) as runtime:
+        needed = checkpoint.stored_extent(runtime.bytes(checkpoint.STATE))
+    tight = ",".join(f"{key}={needed[key]}" for key in ("participants", "spaces", "receipts"))
+    assert pack.main(["--runtime", path, "--shared", "--capacity", tight]) == 0
+    assert capsys.readouterr().out.startswith(f"updated {path}: ")
+    device = Device(RuntimeFile.open(path), world.journal, Grants(world.grants_path))
+    try:
+        assert device.capacities["participants"] == needed["participants"]
+        assert len(device.state.receipts.by_op) == 5
+    finally:
+        device.close()
+
+
+def test_pack_refuses_a_runtime_file_in_use_in_one_line(tmp_path, capsys):
+    path = str(tmp_path / "busy.aotxccir")
+    pack.pack_tiny(path, shared=True)
+    digest = sha256_file(path)
+    with flock_held_elsewhere(path) as pid:  # as a running device holds it
+        for argv in (["--shared"], ["--shared", "--capacity", "receipts=64"], ["--tiny", "--force"]):
+            assert pack.main(["--runtime", path, *argv]) == 2
+            err = capsys.readouterr().err
+            assert err == (f"pack: error: runtime file {path} is in use by another process (pid {pid}: a device "
+                           "serving it, a pack or a checkpoint); stop it first\n")
+    assert sha256_file(path) == digest
+    assert pack.main(["--runtime", path, "--shared", "--capacity", "receipts=64"]) == 0

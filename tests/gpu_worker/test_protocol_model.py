@@ -125,9 +125,10 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     def boot(self):
         if self.device is not None:
-            self.device.close()
-        write_grants(self.grants, {pid: ["shared_read", "shared_write", "shared_manage"]
-                                   for pid in PRINCIPALS.values()})  # restore requires fresh grants
+            self.device.close()  # a restart on its own journal: the same grant file
+        else:
+            write_grants(self.grants, {pid: ["shared_read", "shared_write", "shared_manage"]
+                                       for pid in PRINCIPALS.values()})
         self.device = Device(RuntimeFile.open(self.runtime), self.journal, Grants(self.grants))
 
     def teardown(self):

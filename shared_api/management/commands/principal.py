@@ -6,6 +6,7 @@ from gpu_worker.contract.grantfile import GrantFileError
 from shared_api import config
 from shared_api.grants import write_grant_file_for
 from shared_api.models import Principal, parse_actions
+from shared_api.streams import notify_principals
 
 
 class Command(BaseCommand):
@@ -54,6 +55,7 @@ class Command(BaseCommand):
                 principal.active = False
             if verb != "delete":
                 principal.save()
+            notify_principals([principal.principal_id])  # its open streams recheck in every gateway process
         if opts["config"]:
             try:
                 write_grant_file_for(opts["config"])

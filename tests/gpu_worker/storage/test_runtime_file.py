@@ -7,7 +7,8 @@ import torch
 
 from gpu_worker.storage import runtime_file
 from gpu_worker.storage.runtime_file import (ALIGN, DATA_START, FEATURE_BASE, FEATURE_SHARED, SLOT_OFFSETS, SLOT_SIZE,
-                                     SUPERBLOCK, RuntimeFile, RuntimeFileError)
+                                     SUPERBLOCK, RuntimeFile, RuntimeFileError, RuntimeFileLocked)
+from tests.conftest import flock_held_elsewhere
 
 
 def components():
@@ -135,8 +136,41 @@ def test_append_refuses_unknown_required_bits(path):
 def test_append_refuses_while_another_writer_holds_the_file(path):
     with open(path, "rb") as other:
         fcntl.flock(other.fileno(), fcntl.LOCK_EX)
-        with pytest.raises(RuntimeFileError, match="another writer"):
+        with pytest.raises(RuntimeFileLocked, match="in use by another process"):
             runtime_file.append(path, [("x", "text", "y")])
+
+
+def test_a_second_file_lock_refuses_in_one_line_naming_the_holder(path):
+    with runtime_file.FileLock(path):
+        with pytest.raises(RuntimeFileLocked) as error:
+            runtime_file.FileLock(path)  # flock is per open file description: even in one process
+        assert str(error.value) == (f"runtime file {path} is in use by another process (pid {os.getpid()}: a device "
+                                    "serving it, a pack or a checkpoint); stop it first")
+    runtime_file.FileLock(path).release()  # released: free again
+
+
+def test_the_lock_holder_appends_under_its_lock_and_others_refuse(path):
+    """A running device holds its file's lock for its life and still checkpoints into it."""
+    with runtime_file.FileLock(path):
+        assert runtime_file.append(path, [("x", "text", "y")]) == 2
+    with flock_held_elsewhere(path) as pid:
+        with pytest.raises(RuntimeFileLocked, match=f"in use by another process \\(pid {pid}"):
+            runtime_file.append(path, [("x", "text", "z")])
+        with pytest.raises(RuntimeFileLocked, match=f"in use by another process \\(pid {pid}"):
+            runtime_file.FileLock(path)
+    with RuntimeFile.open(path) as runtime:
+        assert runtime.generation == 2 and runtime.text("x") == "y"
+
+
+def test_create_refuses_to_replace_a_file_in_use(path):
+    before = open(path, "rb").read()
+    with flock_held_elsewhere(path):
+        with pytest.raises(RuntimeFileLocked):
+            runtime_file.create(path, components())
+    assert open(path, "rb").read() == before and not os.path.exists(f"{path}.tmp")
+    with runtime_file.FileLock(path):  # its holder may replace it
+        runtime_file.create(path, components())
+    assert open(path, "rb").read() != before
 
 
 def test_it_falls_back_to_the_older_slot_when_the_newer_checksum_is_corrupt(path):

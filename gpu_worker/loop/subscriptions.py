@@ -1,0 +1,83 @@
+"""Pushes: requests the device answers with a stream of frames instead of one reply.
+
+A subscription is one request on one gateway connection (its frames carry the request's id): a
+conversation's events, an operation's output, a chat's tokens. Every frame but the last says
+`"more": true`; the last ends it. What a subscription carries and who may hold one is the
+operations' business (gpu_worker/ops/events.py, ops/chat.py); this registry only keeps them by
+topic and by connection and queues their frames for the server to send, in order, after the step
+that produced them. A closed connection drops its subscriptions; a subscription's owner can also
+close it (`subscriptions.close`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..contract.wire import Message, reply
+
+Topic = tuple[str, int]  # ("con", conversation row), ("op", receipt row), ("chat", chat number)
+
+
+class Subscription:
+    __slots__ = ("conn", "req_id", "topic", "principal", "data")
+
+    def __init__(self, conn: Any, req_id: Any, topic: Topic, principal: bytes | None, data: Any) -> None:
+        self.conn = conn
+        self.req_id = req_id
+        self.topic = topic
+        self.principal = principal  # whose rights it was opened with (rechecked when they change)
+        self.data = data            # what its topic needs (a cursor, an ID, a chat's state)
+
+
+class Subscriptions:
+    def __init__(self) -> None:
+        self._by_topic: dict[Topic, list[Subscription]] = {}
+        self._by_conn: dict[Any, dict[Any, Subscription]] = {}  # conn -> request id -> subscription
+        self.outbox: list[tuple[Any, Message]] = []
+
+    def open(self, conn: Any, req_id: Any, topic: Topic, principal: bytes | None, data: Any = None) -> Subscription:
+        sub = Subscription(conn, req_id, topic, principal, data)
+        self._by_topic.setdefault(topic, []).append(sub)
+        self._by_conn.setdefault(conn, {})[req_id] = sub
+        return sub
+
+    def of(self, topic: Topic) -> list[Subscription]:
+        """The subscriptions of a topic, oldest first (a copy: pushing may end some)."""
+        return list(self._by_topic.get(topic, ()))
+
+    def all(self) -> list[Subscription]:
+        return [sub for subs in self._by_topic.values() for sub in subs]
+
+    def push(self, sub: Subscription, body: bytes) -> None:
+        self.outbox.append((sub.conn, {"id": sub.req_id, "status": 200, "more": True, "body": body}))
+
+    def end(self, sub: Subscription, status: int, body: bytes) -> None:
+        """The last frame (a final event, or an error that ends the stream); the subscription goes."""
+        self.outbox.append((sub.conn, reply(sub.req_id, status, body)))
+        self._remove(sub)
+
+    def close(self, conn: Any, req_id: Any) -> Subscription | None:
+        """Its owner closes it (no frame follows)."""
+        sub = self._by_conn.get(conn, {}).get(req_id)
+        if sub is not None:
+            self._remove(sub)
+        return sub
+
+    def connection_closed(self, conn: Any) -> list[Subscription]:
+        gone = list(self._by_conn.get(conn, {}).values())
+        for sub in gone:
+            self._remove(sub)
+        return gone
+
+    def take_outbox(self) -> list[tuple[Any, Message]]:
+        outbox, self.outbox = self.outbox, []
+        return outbox
+
+    def _remove(self, sub: Subscription) -> None:
+        mine = self._by_conn[sub.conn]
+        del mine[sub.req_id]
+        if not mine:
+            del self._by_conn[sub.conn]
+        subs = self._by_topic[sub.topic]
+        subs.remove(sub)
+        if not subs:
+            del self._by_topic[sub.topic]

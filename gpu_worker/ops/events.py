@@ -1,0 +1,250 @@
+"""Events (SPEC "Results and memory"): a conversation's inputs as events in input order, and an
+operation's output as byte spans, read once or followed as the device saves them.
+
+Event cursors count conversation input order: the n-th input admitted to a conversation is event
+n, for good (retiring receipts does not renumber). Only live receipts have events, so retirements
+leave a window: its first order is the `event_floor`, and a cursor below it is a `gap`. Every
+reader with the read right on the conversation's space sees every member's events; another
+participant's `sequence` is null, as in receipts.
+
+Followed reads are subscriptions (loop/subscriptions.py). A conversation subscription gets the
+events after its cursor, then each new input's event when its admission is saved (the event as it
+is then; `GET /operations/{op}/events` follows that input's output). An operation subscription
+gets the saved output from its byte offset, then each output span as it is saved, then one
+terminal event, which ends it. Frames are JSON objects with a `type`: first `open` (the
+subscription is accepted; a refusal is instead one error frame), then `event`, `gap`, `output`,
+`terminal`. A subscription is opened against saved state only and rechecked whenever grants or
+memberships change: a reader who lost the right gets a last frame with the error (403 or 404).
+"""
+from __future__ import annotations
+
+import base64
+import bisect
+import json
+from typing import TYPE_CHECKING, Any
+
+from ..contract.errors import ServiceError
+from ..contract.vocabulary import CHAT, ENVELOPE, READ
+from ..contract.wire import Message, dumps, reply
+from ..state.tables import C, R, Right
+from . import access, receipts, registry
+from .lists import page_args
+from .operations import visible_receipt
+
+from .kind import Read
+
+if TYPE_CHECKING:
+    from ..device import Device
+    from ..loop.subscriptions import Subscription
+    from ..storage.committer import Batch
+
+
+# ---- one event ---------------------------------------------------------------------------------
+
+def status_of(row: list[int], receipt: dict[str, Any]) -> str:
+    if receipt["terminal"]["saved"]:
+        status: str = receipt["terminal"]["status"]
+        return status
+    return "running" if row[R.LEASE] else "admitted"
+
+
+def event(d: Device, rrow: int, own: bool) -> dict[str, Any]:
+    """The event of one input: who, what was submitted, how far it is."""
+    t = d.state.tables
+    row = t.row(t.receipts, rrow)
+    receipt = json.loads(receipts.render(d, rrow, own)[1])
+    body = json.loads(t.get_bytes(t.command_bytes, rrow, row[R.COMMAND_LEN]))["body"]
+    return {"cursor": str(row[R.ORDER]), "operation": receipt["operation"], "participant": receipt["participant"],
+            "sequence": receipt["sequence"], "input": {k: v for k, v in body.items() if k not in ENVELOPE},
+            "status": status_of(row, receipt), "result": receipt["result"], "admission": receipt["admission"],
+            "terminal": receipt["terminal"]}
+
+
+def _orders(d: Device, crow: int) -> tuple[list[int], list[int]]:
+    """(event orders, receipt rows) of a conversation's live inputs, ascending."""
+    t = d.state.tables
+    rrows = d.state.conversations.inputs.get(crow, [])
+    return [t.value(t.receipts, r, R.ORDER) for r in rrows], rrows
+
+
+def event_floor(d: Device, crow: int, orders: list[int]) -> int:
+    t = d.state.tables
+    return orders[0] if orders else t.value(t.conversations, crow, C.INPUTS) + 1
+
+
+def _cursor(args: dict[str, Any]) -> int | None:
+    cursor = args.get("cursor")
+    if cursor is None:
+        return None
+    if not isinstance(cursor, str) or not cursor.isdigit():
+        raise ServiceError(400, "bad_cursor", "cursor must be a decimal string")
+    return int(cursor)
+
+
+# ---- the read --------------------------------------------------------------------------------------
+
+def list_events(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
+    prow = d.state.participants.by_principal.get(principal)
+    crow = access.conversation_row(d, args.get("conversation"), principal, prow, Right.READ)
+    cursor, limit = page_args(args)
+    orders, rrows = _orders(d, crow)
+    floor = event_floor(d, crow, orders)
+    start = bisect.bisect_right(orders, cursor) if cursor is not None else 0
+    page = rrows[start:start + limit]
+    items = [event(d, r, d.state.tables.value(d.state.tables.receipts, r, R.PARTICIPANT) == prow) for r in page]
+    more = start + limit < len(rrows)
+    return 200, {"items": items, "next_cursor": items[-1]["cursor"] if more and items else None,
+                 "gap": cursor is not None and cursor + 1 < floor, "event_floor": str(floor)}
+
+
+READS: dict[str, Read] = {"conversations.events": list_events}
+
+
+# ---- subscriptions -----------------------------------------------------------------------------------
+
+def _deferred(d: Device, conn: object, msg: Message, batch: Batch) -> bool:
+    """A subscription opens against saved state only: while anything is unsaved it waits, as a
+    read does, until the saves before it are done (then the device answers it again)."""
+    if d.committer.writer.queued_records:
+        batch.reads.append((conn, msg))
+        return True
+    return False
+
+
+def _refuse(d: Device, conn: object, msg: Message, err: ServiceError) -> None:
+    d.subscriptions.outbox.append((conn, reply(msg.get("id"), err.status, err.body())))
+
+
+def open_conversation(d: Device, conn: object, msg: Message, batch: Batch) -> int:
+    """`conversations.subscribe {conversation, cursor?}`: the events after cursor, then new ones."""
+    if _deferred(d, conn, msg, batch):
+        return 0
+    try:
+        principal = d.principal(msg, READ)
+        args = d.args(msg)
+        prow = d.state.participants.by_principal.get(principal)
+        crow = access.conversation_row(d, args.get("conversation"), principal, prow, Right.READ)
+        cursor = _cursor(args)
+    except ServiceError as err:
+        _refuse(d, conn, msg, err)
+        return 0
+    sub = d.subscriptions.open(conn, msg.get("id"), ("con", crow), principal, {"conversation": args["conversation"]})
+    orders, rrows = _orders(d, crow)
+    floor = event_floor(d, crow, orders)
+    d.subscriptions.push(sub, dumps({"type": "open", "event_floor": str(floor)}))
+    if cursor is not None and cursor + 1 < floor:
+        d.subscriptions.push(sub, dumps({"type": "gap", "event_floor": str(floor)}))
+    start = bisect.bisect_right(orders, cursor) if cursor is not None else 0
+    t = d.state.tables
+    for rrow in rrows[start:]:
+        own = t.value(t.receipts, rrow, R.PARTICIPANT) == prow
+        d.subscriptions.push(sub, dumps({"type": "event", "event": event(d, rrow, own)}))
+    return 0
+
+
+def input_saved(d: Device, rrow: int) -> None:
+    """An input's admission is saved: its event goes to the conversation's subscribers."""
+    t = d.state.tables
+    subs = d.subscriptions.of(("con", t.value(t.receipts, rrow, R.TARGET)))
+    if not subs:
+        return
+    author = t.value(t.receipts, rrow, R.PARTICIPANT)
+    rendered: dict[bool, bytes] = {}
+    for sub in subs:
+        own = d.state.participants.by_principal.get(sub.principal or b"") == author
+        if own not in rendered:
+            rendered[own] = dumps({"type": "event", "event": event(d, rrow, own)})
+        d.subscriptions.push(sub, rendered[own])
+
+
+def _span(offset: int, data: bytes) -> bytes:
+    try:
+        text: str | None = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    return dumps({"type": "output", "offset": offset, "length": len(data), "next_offset": offset + len(data),
+                  "bytes": base64.b64encode(data).decode(), "text": text})
+
+
+def _terminal(d: Device, rrow: int, own: bool) -> bytes:
+    t = d.state.tables
+    row = t.row(t.receipts, rrow)
+    receipt = json.loads(receipts.render(d, rrow, own)[1])
+    return dumps({"type": "terminal", "operation": receipt["operation"], "status": status_of(row, receipt),
+                  "result": receipt["result"], "terminal": receipt["terminal"]})
+
+
+def open_operation(d: Device, conn: object, msg: Message, batch: Batch) -> int:
+    """`operations.subscribe {operation, offset}`: saved output from offset, new spans as they are
+    saved, then the terminal event (at once for an operation that has ended, or never executes)."""
+    if _deferred(d, conn, msg, batch):
+        return 0
+    try:
+        principal = d.principal(msg, READ)
+        args = d.args(msg)
+        rrow, own = visible_receipt(d, principal, str(args.get("operation", "")))
+        t = d.state.tables
+        length = t.value(t.receipts, rrow, R.RESULT_LEN)
+        offset = args.get("offset", 0)
+        if not isinstance(offset, int) or not 0 <= offset <= length:
+            raise ServiceError(400, "bad_offset", f"offset must be 0..{length}")
+    except ServiceError as err:
+        _refuse(d, conn, msg, err)
+        return 0
+    sub = d.subscriptions.open(conn, msg.get("id"), ("op", rrow), principal,
+                               {"operation": args["operation"], "offset": length, "own": own})
+    d.subscriptions.push(sub, dumps({"type": "open", "offset": offset, "length": length}))
+    if length > offset:
+        d.subscriptions.push(sub, _span(offset, t.get_bytes(t.result_bytes, rrow, length - offset, offset)))
+    if t.value(t.receipts, rrow, R.TERM_TRANSFER) or not registry.KINDS[t.value(t.receipts, rrow, R.KIND)].executes:
+        d.subscriptions.end(sub, 200, _terminal(d, rrow, own))
+    return 0
+
+
+def output_saved(d: Device, rrow: int, offset: int, data: bytes) -> None:
+    subs = d.subscriptions.of(("op", rrow))
+    if not subs:
+        return
+    span = _span(offset, data)
+    for sub in subs:
+        if offset >= sub.data["offset"]:  # not already sent in its opening frame
+            d.subscriptions.push(sub, span)
+            sub.data["offset"] = offset + len(data)
+
+
+def terminal_saved(d: Device, rrow: int) -> None:
+    for sub in d.subscriptions.of(("op", rrow)):
+        d.subscriptions.end(sub, 200, _terminal(d, rrow, sub.data["own"]))
+
+
+def close(d: Device, conn: object, msg: Message, batch: Batch) -> int:
+    """`subscriptions.close {id}`: the gateway's client went away. Never cancels execution (a
+    chat, which has no existence beyond its stream, stops)."""
+    sub = d.subscriptions.close(conn, d.args(msg).get("id"))
+    if sub is not None and sub.topic[0] == "chat" and d.runner is not None:
+        d.runner.cancel(sub.topic)
+    batch.replies.append((conn, reply(msg.get("id"), 200, b'{"closed":' + (b"true" if sub else b"false") + b"}")))
+    return 0
+
+
+def recheck(d: Device) -> None:
+    """Grants or memberships changed: end every subscription whose reader lost the right."""
+    for sub in d.subscriptions.all():
+        principal = sub.principal or b""
+        kind, _ = sub.topic
+        try:
+            if kind == "chat":
+                if not d.grants.allows(principal.hex(), CHAT):
+                    raise ServiceError(403, "grant_missing", f"principal has no current {CHAT} grant")
+                continue
+            if not d.grants.allows(principal.hex(), READ):
+                raise ServiceError(403, "grant_missing", f"principal has no current {READ} grant")
+            prow = d.state.participants.by_principal.get(principal)
+            if kind == "con":
+                access.conversation_row(d, sub.data["conversation"], principal, prow, Right.READ)
+            else:
+                visible_receipt(d, principal, sub.data["operation"])
+        except ServiceError as err:
+            d.subscriptions.end(sub, err.status, err.body())
+            if kind == "chat" and d.runner is not None:
+                d.runner.cancel(sub.topic)

@@ -1,0 +1,293 @@
+"""Server-sent event streams (SPEC "Results and memory"), as Channels consumers.
+
+    GET /aotx/v1/shared/conversations/{con}/events?stream=true[&cursor=N]   the conversation's events
+    GET /aotx/v1/shared/operations/{op}/events[?offset=N]                     an operation's output
+
+A stream is a device subscription (docs/protocol.md, "Subscriptions") opened through the process's
+DeviceMux; the device pushes each event as it is saved, so nothing here polls. Framing (WHATWG):
+every event has `id: <path>@<cursor>` — the conversation's input order, or the byte offset the
+next span starts at — `event: <type>` and one `data:` line of JSON; a comment every
+AOTX_SSE_KEEPALIVE seconds (15) keeps idle connections open. `Last-Event-ID` resumes from its
+cursor when the request gives none. A refused stream (401, 403, 404, 400) is one JSON error body,
+as everywhere; an error after the stream started is a last `event: error` with that body.
+
+Each stream checks the token, the action and (on the device) membership when it opens; the device
+ends it when grants or memberships change so that the reader loses the right (within its idle
+period, 0.1 s); and the channel layer carries principal changes made in any gateway process
+(`principal_changed`), which end that principal's streams in every process at once. The stream
+runs as a task, never inside `handle`: `http.disconnect` cancels it and closes the subscription,
+which never cancels an operation.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+from urllib.parse import parse_qs
+
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.generic.http import AsyncHttpConsumer
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from gpu_worker.contract import ids
+from gpu_worker.contract.errors import ServiceError
+from gpu_worker.contract.limits import MAX_LIMIT
+from gpu_worker.contract.vocabulary import BASE_PATH, READ
+from gpu_worker.contract.wire import Message
+
+from .auth import authenticate, require_action
+from .device_client import DeviceStream, mux
+from .errors import WWW_AUTHENTICATE
+
+CONVERSATION_EVENTS = re.compile(rf"^{BASE_PATH}/conversations/([^/]+)/events$")
+OPERATION_EVENTS = re.compile(rf"^{BASE_PATH}/operations/([^/]+)/events$")
+
+
+def principal_group(principal_id: str) -> str:
+    """The channel-layer group of one principal's open streams, in every gateway process."""
+    return f"aotx.principal.{principal_id}"
+
+
+async def principal_changed(principal_ids: list[str]) -> None:
+    """Tell every gateway process's streams of these principals to recheck their token now."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    for principal_id in principal_ids:
+        await layer.group_send(principal_group(principal_id), {"type": "principal.changed"})
+
+
+def notify_principals(principal_ids: list[str]) -> None:
+    """From synchronous code (the admin, `manage.py principal`): principal_changed."""
+    async_to_sync(principal_changed)(principal_ids)
+
+
+def _sse(event: str, data: bytes | str, event_id: str | None = None) -> bytes:
+    text = data.decode() if isinstance(data, bytes) else data
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: {text}\n\n".encode()
+
+
+class EventStream(AsyncHttpConsumer):
+    """One SSE response fed by one device subscription."""
+
+    command = ""  # the device command that opens the subscription
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.task: asyncio.Task[None] | None = None
+        self.stream: DeviceStream | None = None
+        self.token = ""
+        self.principal_id = ""
+        self.path = ""
+        self.finished = False
+        self.sending = asyncio.Lock()  # the pump task and channel-layer handlers both write
+
+    # ---- the request ----------------------------------------------------------------
+
+    async def http_request(self, message: dict[str, Any]) -> None:
+        """As AsyncHttpConsumer's, except that handling only starts the stream: the consumer then
+        stays, to see `http.disconnect` and channel-layer messages, until the response ends."""
+        if "body" in message:
+            self.body.append(message["body"])
+        if not message.get("more_body"):
+            await self.handle(b"".join(self.body))
+
+    async def handle(self, body: bytes) -> None:
+        self.path = self.scope["path"]
+        try:
+            if self.scope["method"] not in ("GET", "HEAD"):
+                raise ServiceError(405, "method_not_allowed", f"method {self.scope['method']} is not allowed here")
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self.scope["headers"]}
+            self.token = headers.get("authorization", "")
+            user = await sync_to_async(authenticate)(self.token)
+            if user is None:
+                raise ServiceError(401, "unauthenticated", "Authorization must be 'Bearer <token>'")
+            require_action(user, READ)
+            self.principal_id = user.principal_id
+            query = {k: v for k, v in parse_qs(self.scope["query_string"].decode("latin-1"),
+                                               keep_blank_values=True).items()}
+            args = self.arguments(query, headers.get("last-event-id"))
+            self.stream = await mux().open(self.command, self.principal_id, args)
+            first = await self.stream.next(settings.AOTX_DEVICE_TIMEOUT)
+        except asyncio.TimeoutError:
+            await self.refuse(ServiceError(503, "device_timeout", "the device did not answer in time"))
+            return
+        except ServiceError as err:
+            await self.refuse(err)
+            return
+        if first["status"] != 200:
+            await self.send_response(first["status"], first["body"], headers=self.json_headers())
+            return
+        await self.send_headers(status=200, headers=[
+            (b"Content-Type", b"text/event-stream; charset=utf-8"), (b"Cache-Control", b"no-store"),
+            (b"X-Accel-Buffering", b"no")])
+        await self.send_body(b": stream open\n\n", more_body=True)
+        if self.channel_layer is not None:
+            await self.channel_layer.group_add(principal_group(self.principal_id), self.channel_name)
+        self.task = asyncio.get_running_loop().create_task(self.pump())
+
+    def arguments(self, query: dict[str, list[str]], last_event_id: str | None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def resume_cursor(self, last_event_id: str | None) -> str | None:
+        """The cursor a Last-Event-ID names; it must name this stream."""
+        if last_event_id is None:
+            return None
+        path, _, cursor = last_event_id.rpartition("@")
+        if path != self.path or not ids.COUNTER.match(cursor):
+            raise ServiceError(400, "bad_last_event_id", f"Last-Event-ID {last_event_id!r} is not an event of "
+                                                         f"{self.path} (<path>@<cursor>)")
+        return cursor
+
+    @staticmethod
+    def json_headers(extra: list[tuple[bytes, bytes]] | None = None) -> list[tuple[bytes, bytes]]:
+        return [(b"Content-Type", b"application/json"), (b"Cache-Control", b"no-store"), *(extra or [])]
+
+    async def refuse(self, err: ServiceError) -> None:
+        extra = [(b"WWW-Authenticate", WWW_AUTHENTICATE.encode())] if err.status == 401 else None
+        await self.send_response(err.status, err.body(), headers=self.json_headers(extra))
+
+    # ---- the stream ---------------------------------------------------------------------
+
+    async def pump(self) -> None:
+        assert self.stream is not None
+        try:
+            while True:
+                try:
+                    msg = await self.stream.next(settings.AOTX_SSE_KEEPALIVE)
+                except asyncio.TimeoutError:
+                    await self.write(b": keep-alive\n\n")
+                    continue
+                if msg["status"] != 200:
+                    await self.finish(_sse("error", msg["body"]))
+                    return
+                frame = json.loads(msg["body"])
+                event = self.render(frame)
+                if not msg.get("more"):
+                    await self.finish(event)
+                    return
+                if event:
+                    await self.write(event)
+        except ServiceError as err:
+            await self.finish(_sse("error", err.body()))
+
+    async def write(self, data: bytes) -> None:
+        async with self.sending:
+            if not self.finished:
+                await self.send_body(data, more_body=True)
+
+    def render(self, frame: dict[str, Any]) -> bytes:
+        raise NotImplementedError
+
+    async def finish(self, last: bytes) -> None:
+        """The last event; the device has ended the subscription (or it is closed here first)."""
+        async with self.sending:
+            if self.finished:
+                return
+            self.finished = True
+            self.stream = None
+            await self.send_body(last, more_body=False)
+
+    async def principal_changed(self, event: dict[str, Any]) -> None:
+        """A principal change in some gateway process: end the stream if the token lost its read."""
+        try:
+            user = await sync_to_async(authenticate)(self.token)
+            if user is None:
+                raise ServiceError(401, "unauthenticated", "the token was revoked")
+            require_action(user, READ)
+        except ServiceError as err:
+            if self.task is not None:
+                self.task.cancel()
+            if self.stream is not None:
+                await self.stream.close()
+            await self.finish(_sse("error", err.body()))
+
+    async def disconnect(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        if self.stream is not None:
+            stream, self.stream = self.stream, None
+            await stream.close()
+        if self.channel_layer is not None and self.principal_id:
+            await self.channel_layer.group_discard(principal_group(self.principal_id), self.channel_name)
+
+
+class ConversationEvents(EventStream):
+    command = "conversations.subscribe"
+
+    def arguments(self, query: dict[str, list[str]], last_event_id: str | None) -> dict[str, Any]:
+        match = CONVERSATION_EVENTS.match(self.path)
+        assert match is not None
+        conversation = match.group(1)
+        if not ids.CONVERSATION_ID.match(conversation):
+            raise ServiceError(400, "bad_id", f"{conversation!r} is not a valid ID ({ids.shape('con')}, lowercase hex)")
+        unknown = sorted(set(query) - {"stream", "cursor", "limit"})
+        if unknown:
+            raise ServiceError(400, "unknown_parameter", f"unknown query parameter(s): {', '.join(unknown)}")
+        if query.get("limit"):
+            limit = query["limit"][-1]
+            if not re.fullmatch(r"[0-9]{1,4}", limit) or not 1 <= int(limit) <= MAX_LIMIT:
+                raise ServiceError(400, "bad_limit", f"limit must be an integer 1..{MAX_LIMIT}")
+        cursor = query["cursor"][-1] if "cursor" in query else self.resume_cursor(last_event_id)
+        if cursor is not None and not ids.COUNTER.match(cursor):
+            raise ServiceError(400, "bad_field", "cursor must be a decimal string without leading zeros")
+        args: dict[str, Any] = {"conversation": conversation}
+        if cursor is not None:
+            args["cursor"] = cursor
+        return args
+
+    def render(self, frame: dict[str, Any]) -> bytes:
+        if frame["type"] == "event":
+            return _sse("event", json.dumps(frame["event"], separators=(",", ":")),
+                        f"{self.path}@{frame['event']['cursor']}")
+        if frame["type"] == "gap":  # resuming from here skips the retired window
+            floor = int(frame["event_floor"])
+            return _sse("gap", json.dumps({"gap": True, "event_floor": frame["event_floor"]}),
+                        f"{self.path}@{floor - 1}")
+        return b""  # "open": the stream is accepted (sent as a comment already)
+
+
+class OperationEvents(EventStream):
+    command = "operations.subscribe"
+
+    def arguments(self, query: dict[str, list[str]], last_event_id: str | None) -> dict[str, Any]:
+        match = OPERATION_EVENTS.match(self.path)
+        assert match is not None
+        operation = match.group(1)
+        if not ids.OPERATION_ID.match(operation):
+            raise ServiceError(400, "bad_id", f"{operation!r} is not a valid ID ({ids.shape('op')}, lowercase hex)")
+        unknown = sorted(set(query) - {"offset"})
+        if unknown:
+            raise ServiceError(400, "unknown_parameter", f"unknown query parameter(s): {', '.join(unknown)}")
+        offset = query["offset"][-1] if "offset" in query else self.resume_cursor(last_event_id) or "0"
+        if not re.fullmatch(r"[0-9]{1,18}", offset):
+            raise ServiceError(400, "bad_offset", "offset must be a non-negative integer")
+        return {"operation": operation, "offset": int(offset)}
+
+    def render(self, frame: dict[str, Any]) -> bytes:
+        if frame["type"] == "output":
+            body = {k: frame[k] for k in ("offset", "length", "next_offset", "bytes", "text")}
+            return _sse("output", json.dumps(body, separators=(",", ":")), f"{self.path}@{frame['next_offset']}")
+        if frame["type"] == "terminal":
+            body = {k: frame[k] for k in ("operation", "status", "result", "terminal")}
+            return _sse("terminal", json.dumps(body, separators=(",", ":")),
+                        f"{self.path}@{frame['result']['length']}")
+        return b""
+
+
+STREAMS: tuple[type[EventStream], ...] = (ConversationEvents, OperationEvents)
+
+
+def wants_stream(scope: dict[str, Any]) -> type[EventStream] | None:
+    """The consumer of an HTTP request that asks for an event stream, if it does."""
+    path = scope["path"]
+    if OPERATION_EVENTS.match(path):
+        return OperationEvents
+    if CONVERSATION_EVENTS.match(path):
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        if query.get("stream", [""])[-1] == "true":
+            return ConversationEvents
+    return None

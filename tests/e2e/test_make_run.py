@@ -1,0 +1,145 @@
+"""`make run`'s start (scripts/run_local.sh) for real, in a var directory of its own (AOTX_VAR_DIR,
+AOTX_PORT; a tiny runtime file stands in for the default one): the token is printed only once the
+device answers, it is kept (0600) and the same at the next start, and Ctrl-C through a pipe
+(`make run | tee log`) stops device, gateway and Celery — the case where `honcho start` used to
+run on (scripts/run_procfile.py says why). SIGTERM stops them too."""
+import json
+import os
+import re
+import signal
+import stat
+import subprocess
+import urllib.error
+import urllib.request
+
+import pytest
+
+from gpu_worker.pack import pack_tiny
+from tests.conftest import PYTHON, ROOT, free_port, wait_for
+
+pytestmark = pytest.mark.e2e
+TOKEN_LINE = re.compile(r"^  export TOKEN=(aotx_\S+)$", re.M)
+STARTED = re.compile(r"\| (\w+)\.1 started \(pid=(\d+)\)")
+
+
+@pytest.fixture
+def local(tmp_path):
+    """A var directory set up as `make setup` leaves it, and the environment that points there."""
+    var = tmp_path / "var"
+    var.mkdir()
+    pack_tiny(str(var / "identity.aotxccir"), shared=True)
+    env = dict(os.environ, AOTX_VAR_DIR=str(var), AOTX_PORT=str(free_port()))
+    for name in ("REDIS_URL", "DATABASE_URL", "AOTX_GATEWAY_CONFIG", "DJANGO_SETTINGS_MODULE"):
+        env.pop(name, None)
+    subprocess.run([PYTHON, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True,
+                   timeout=120)
+    subprocess.run(["scripts/write_local_config.sh"], cwd=ROOT, env=env, check=True, timeout=60)
+    config = json.loads((var / "gateway.json").read_text())
+    started = []  # process groups of every run, to clean up whatever a failing test leaves
+    yield var, env, config, started
+    for pgid in started:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def read(path):
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def process_groups(log_text):
+    """{name: pgid} of device, gateway and celery, from the manager's 'started' lines (each runs
+    in a session of its own)."""
+    return {name: int(pid) for name, pid in STARTED.findall(log_text)}
+
+
+def all_gone(pgids):
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, 0)
+            return False
+        except ProcessLookupError:
+            pass
+    return True
+
+
+def child_named(parent, name):
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+                comm = open(f"/proc/{entry}/comm").read().strip()
+            except OSError:
+                continue
+            if int(fields[1]) == parent and comm == name:
+                return int(entry)
+    return None
+
+
+def capabilities(config, token):
+    request = urllib.request.Request(f"http://{config['listen']}/aotx/v1/shared/capabilities",
+                                     headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def start(env, log, started, through_tee):
+    """scripts/run_local.sh as `make run` starts it, its output through `| tee log` or into log."""
+    command = f"scripts/run_local.sh 2>&1 | tee {log}" if through_tee else f"exec scripts/run_local.sh > {log} 2>&1"
+    shell = subprocess.Popen(["bash", "-c", command], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                             start_new_session=True)  # its own process group: the terminal's foreground job
+    started.append(shell.pid)
+    wait_for(lambda: TOKEN_LINE.search(read(log)) or shell.poll() is not None, 180, what=f"the token in {log}")
+    assert shell.poll() is None, read(log)[-3000:]
+    groups = process_groups(read(log))
+    assert set(groups) == {"device", "gateway", "celery"}, read(log)[-3000:]
+    started.extend(groups.values())
+    return shell, TOKEN_LINE.search(read(log)).group(1), groups
+
+
+def test_make_run_keeps_its_token_prints_it_once_the_device_answers_and_stops_on_ctrl_c_through_a_pipe(local):
+    var, env, config, started = local
+    log = var.parent / "run.log"
+    shell, token, groups = start(env, log, started, through_tee=True)
+    # (b) printed once the device answers: the very first request with it is served by the device
+    status, body = capabilities(config, token)
+    assert status == 200 and body["runtime"]["boot"] == "1", body
+    assert read(log).index("device ready") < read(log).index("export TOKEN=")
+    # (a) kept in var/, readable by its owner only
+    token_file = var / "local_token"
+    assert token_file.read_text().strip() == token
+    assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+    # (c) Ctrl-C reaches the whole foreground job; the pipe's reader may die first (the order in
+    # which the terminal's SIGINT lands is up to the scheduler): take that order
+    tee = child_named(shell.pid, "tee")
+    assert tee is not None
+    os.kill(tee, signal.SIGINT)
+    wait_for(lambda: child_named(shell.pid, "tee") is None, 30, what="tee gone")
+    os.killpg(shell.pid, signal.SIGINT)
+    wait_for(lambda: all_gone(groups.values()), 60, what="device, gateway and celery stopped after Ctrl-C")
+    assert shell.wait(60) != 0
+    wait_for(lambda: all_gone([shell.pid]), 60, what="the launcher stopped")
+    assert capabilities_unreachable(config, token)
+
+    # the next start: the same token, and SIGTERM to the launcher stops everything as well
+    log2 = var.parent / "run2.log"
+    shell, again, groups = start(env, log2, started, through_tee=False)
+    assert again == token
+    status, body = capabilities(config, token)
+    assert status == 200 and body["runtime"]["boot"] == "2", body
+    assert "admin console user" not in read(log2)  # the admin password was shown once, at the first start
+    os.kill(shell.pid, signal.SIGTERM)  # the shell exec'd run_local.sh, which exec'd the launcher
+    wait_for(lambda: all_gone(groups.values()), 60, what="device, gateway and celery stopped after SIGTERM")
+    assert shell.wait(60) != 0 and "SIGTERM received" in read(log2)
+
+
+def capabilities_unreachable(config, token):
+    try:
+        capabilities(config, token)
+    except OSError:
+        return True
+    return False

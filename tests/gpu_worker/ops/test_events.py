@@ -1,0 +1,218 @@
+"""Events at the device (SPEC "Results and memory"): a conversation's inputs in input order for
+every permitted reader, the retired window as a gap, and subscriptions that push saved events and
+output and end when the reader loses the right."""
+import base64
+import collections
+import json
+
+import msgpack
+import pytest
+
+from gpu_worker.pack import pack_tiny
+from gpu_worker.state import DeviceState
+from gpu_worker.storage import checkpoint
+from tests.gpu_worker.ops.test_inputs import EngineWorld, slow_engine
+from tests.gpu_worker.ops.test_shared_state import code
+
+
+@pytest.fixture
+def runtime(tmp_path):
+    path = str(tmp_path / "engine.aotxccir")
+    pack_tiny(path, shared=True, runtime_profile={"kv_pages": 64, "page_grant": 16, "deadline_ms": 60000})
+    return path
+
+
+@pytest.fixture
+def world(runtime, tmp_path):
+    w = EngineWorld(runtime, tmp_path, ["a", "b", "c"])
+    w.frames = collections.defaultdict(list)  # request id -> frames pushed to it
+    yield w
+    if w.device.runner is not None:
+        w.device.runner.stop()
+    w.device.close()
+
+
+def subscribe(world, name, op, **args):
+    """Open a subscription; its frames collect in world.frames[request id]."""
+    req_id = next(world.ids)
+    inbox = collections.deque([("sub", {"v": 1, "id": req_id, "op": op, "principal": world.principals[name],
+                                        "args": args})])
+    replies = world.device.committer.run_sync(inbox)
+    assert replies == []  # a subscription answers only through its frames
+    collect(world)
+    return req_id
+
+
+def collect(world):
+    for conn, msg in world.device.take_outbox():
+        world.frames[msg["id"]].append(msg)
+
+
+def ended(world, req_id):
+    """Collects the frames pushed so far; whether the subscription got its last frame."""
+    collect(world)
+    frames = world.frames[req_id]
+    return bool(frames) and not frames[-1].get("more")
+
+
+def bodies(world, req_id):
+    """The frames after the `open` frame every accepted subscription starts with."""
+    frames = [json.loads(m["body"]) for m in world.frames[req_id]]
+    assert frames[0]["type"] == "open", frames[0]
+    return frames[1:]
+
+
+def shared_conversation(world):
+    space, conversation = world.conversation("a")
+    world.member("a", space, "b", ["read", "write"])
+    return space, conversation
+
+
+def test_every_reader_sees_every_members_inputs_in_input_order(world):
+    space, conversation = shared_conversation(world)
+    first = world.say("a", conversation, "from a", max_output_tokens=4)[1]
+    second = world.say("b", conversation, "from b", max_output_tokens=4, temperature=0.5)[1]
+    world.pump(lambda: world.finished("a", first["operation"])() and world.finished("b", second["operation"])())
+    for reader in ("a", "b"):
+        page = world.read(reader, "conversations.events", conversation=conversation)[1]
+        assert page["gap"] is False and page["event_floor"] == "1" and page["next_cursor"] is None
+        assert [e["cursor"] for e in page["items"]] == ["1", "2"]
+        assert [e["operation"] for e in page["items"]] == [first["operation"], second["operation"]]
+        assert page["items"][1]["input"] == {"text": "from b", "model": "tiny-llama", "max_output_tokens": 4,
+                                             "temperature": 0.5}
+        assert all(e["status"] == "succeeded" and e["terminal"]["saved"] for e in page["items"])
+        own = {e["participant"]: e["sequence"] for e in page["items"]}
+        assert own[world.par[reader]] is not None and own[world.par["b" if reader == "a" else "a"]] is None
+    assert code(world.read("c", "conversations.events", conversation=conversation)) == (404, "conversation_not_found")
+    one = world.read("a", "conversations.events", conversation=conversation, limit=1)[1]
+    assert [e["cursor"] for e in one["items"]] == ["1"] and one["next_cursor"] == "1"
+    rest = world.read("a", "conversations.events", conversation=conversation, cursor="1")[1]
+    assert [e["cursor"] for e in rest["items"]] == ["2"]
+
+
+def test_retired_inputs_leave_a_gap_and_the_floor_while_orders_stay(world):
+    _, conversation = world.conversation("a")
+    ops = [world.say("a", conversation, f"turn {i}", max_output_tokens=2)[1] for i in range(3)]
+    world.pump(lambda: all(world.finished("a", op["operation"])() for op in ops))
+    floor = int(ops[2]["sequence"])  # retire the first two inputs (and the setup before them)
+    assert world.mutate("a", "retirements.record", "/retirements", {"retry_floor": str(floor)})[0] == 202
+    page = world.read("a", "conversations.events", conversation=conversation)[1]
+    assert page["event_floor"] == "3" and [e["cursor"] for e in page["items"]] == ["3"] and page["gap"] is False
+    gap = world.read("a", "conversations.events", conversation=conversation, cursor="1")[1]
+    assert gap["gap"] is True and gap["event_floor"] == "3" and [e["cursor"] for e in gap["items"]] == ["3"]
+    later = world.say("a", conversation, "after", max_output_tokens=2)[1]
+    world.pump(world.finished("a", later["operation"]))
+    assert [e["cursor"] for e in world.read("a", "conversations.events", conversation=conversation,
+                                            cursor="3")[1]["items"]] == ["4"]
+    world.boot()
+    world.attach()
+    assert world.read("a", "conversations.events", conversation=conversation)[1]["event_floor"] == "3"
+
+
+def test_a_conversation_subscription_gets_the_backlog_then_each_saved_input(world):
+    _, conversation = shared_conversation(world)
+    first = world.say("a", conversation, "one", max_output_tokens=2)[1]
+    sub = subscribe(world, "b", "conversations.subscribe", conversation=conversation)
+    [backlog] = bodies(world, sub)
+    assert backlog["type"] == "event" and backlog["event"]["operation"] == first["operation"]
+    assert backlog["event"]["sequence"] is None  # a's input, read by b
+    assert all(m.get("more") for m in world.frames[sub])
+    second = world.say("b", conversation, "two", max_output_tokens=2)[1]
+    collect(world)
+    pushed = bodies(world, sub)[1]
+    assert pushed["event"]["cursor"] == "2" and pushed["event"]["operation"] == second["operation"]
+    assert pushed["event"]["sequence"] == second["sequence"] and pushed["event"]["admission"]["saved"] is True
+    resumed = subscribe(world, "b", "conversations.subscribe", conversation=conversation, cursor="1")
+    assert [b["event"]["cursor"] for b in bodies(world, resumed)] == ["2"]
+
+
+def test_an_operation_subscription_pushes_saved_output_then_one_terminal_event(world):
+    _, conversation = world.conversation("a")
+    slow_engine(world, 0.01)
+    receipt = world.say("a", conversation, "tell me", max_output_tokens=24)[1]
+    sub = subscribe(world, "a", "operations.subscribe", operation=receipt["operation"], offset=0)
+    world.pump(lambda: ended(world, sub))
+    frames = bodies(world, sub)
+    *spans, terminal = frames
+    assert all(f["type"] == "output" for f in spans) and terminal["type"] == "terminal"
+    assert world.frames[sub][-1].get("more") is None and world.frames[sub][-1]["status"] == 200
+    assert terminal["status"] == "succeeded" and terminal["terminal"]["saved"] is True
+    data = b"".join(base64.b64decode(f["bytes"]) for f in spans)
+    assert [f["offset"] for f in spans] == [sum(s["length"] for s in spans[:i]) for i in range(len(spans))]
+    whole = world.read("a", "operations.result", operation=receipt["operation"])[1]
+    assert data == base64.b64decode(whole["bytes"]) and terminal["result"]["length"] == len(data)
+    offset = len(data) // 2
+    again = subscribe(world, "a", "operations.subscribe", operation=receipt["operation"], offset=offset)
+    span, end = bodies(world, again)
+    assert base64.b64decode(span["bytes"]) == data[offset:] and span["next_offset"] == len(data)
+    assert end["type"] == "terminal" and world.frames[again][-1].get("more") is None
+
+
+def test_an_operation_that_never_executes_ends_at_once_and_bad_requests_get_one_error(world):
+    space = world.space("a")
+    receipt = world.read("a", "operations.list")[1]["items"][-1]
+    assert receipt["target"] == space
+    sub = subscribe(world, "a", "operations.subscribe", operation=receipt["operation"], offset=0)
+    [terminal] = bodies(world, sub)
+    assert terminal["type"] == "terminal" and terminal["status"] == "succeeded"
+    refused = subscribe(world, "c", "operations.subscribe", operation=receipt["operation"], offset=0)
+    assert world.frames[refused][0]["status"] == 404 and world.frames[refused][0].get("more") is None
+    bad = subscribe(world, "a", "operations.subscribe", operation=receipt["operation"], offset=5)
+    assert world.frames[bad][0]["status"] == 400 and b"bad_offset" in world.frames[bad][0]["body"]
+
+
+def test_a_reader_who_loses_the_right_or_the_grant_gets_a_last_frame(world):
+    space, conversation = shared_conversation(world)
+    sub = subscribe(world, "b", "conversations.subscribe", conversation=conversation)
+    world.member("a", space, "b", [])  # a zero-rights row: b no longer sees the space
+    collect(world)
+    last = world.frames[sub][-1]
+    assert last["status"] == 404 and last.get("more") is None
+    world.member("a", space, "b", ["read"])
+    again = subscribe(world, "b", "conversations.subscribe", conversation=conversation)
+    world.actions["b"] = ["shared_write"]
+    world.write_grants()
+    world.device.idle()  # the device rereads the grant file between ticks too
+    collect(world)
+    last = world.frames[again][-1]
+    assert last["status"] == 403 and b"grant_missing" in last["body"]
+    world.say("a", conversation, "nobody listens", max_output_tokens=2)
+    collect(world)
+    assert world.frames[again][-1] is last  # nothing after the end
+
+
+def test_closing_a_connection_or_a_subscription_ends_it_without_cancelling_the_input(world):
+    _, conversation = world.conversation("a")
+    slow_engine(world, 0.01)
+    receipt = world.say("a", conversation, "keep going", max_output_tokens=16)[1]
+    sub = subscribe(world, "a", "operations.subscribe", operation=receipt["operation"], offset=0)
+    inbox = collections.deque([("sub", {"v": 1, "id": 7, "op": "subscriptions.close", "principal": None,
+                                        "args": {"id": sub}})])
+    [(_, closed)] = world.device.committer.run_sync(inbox)
+    assert closed["status"] == 200 and json.loads(closed["body"]) == {"closed": True}
+    world.device.connection_closed("sub")
+    world.pump(world.finished("a", receipt["operation"]))
+    assert world.read("a", "operations.get", operation=receipt["operation"])[1]["terminal"]["status"] == "succeeded"
+
+
+def test_a_checkpoint_written_before_event_orders_loads_with_orders_derived(world, tmp_path):
+    _, conversation = world.conversation("a")
+    ops = [world.say("a", conversation, f"turn {i}", max_output_tokens=2)[1] for i in range(2)]
+    world.pump(lambda: all(world.finished("a", op["operation"])() for op in ops))
+    before = world.read("a", "conversations.events", conversation=conversation)[1]
+    blob = checkpoint.encode_state(world.device.state, 1, bytes(32), 1)
+    saved = msgpack.unpackb(blob, raw=False)
+    for name, width in (("conversations", 8), ("receipts", 29)):  # the widths before event orders
+        rows, data = saved["tables"][name]
+        n = len(rows) // 8
+        full = len(data) // 8 // n
+        saved["tables"][name][1] = b"".join(data[i * full * 8:(i * full + width) * 8] for i in range(n))
+    state = DeviceState(world.device.capacities, "cpu", world.device.state.incarnation, 1)
+    checkpoint.load_state(state, msgpack.packb(saved, use_bin_type=True), 6)
+    state.rebuild_indexes(6)
+    world.device.state, real = state, world.device.state
+    try:
+        after = world.read("a", "conversations.events", conversation=conversation)[1]
+    finally:
+        world.device.state = real
+    assert [e["cursor"] for e in after["items"]] == [e["cursor"] for e in before["items"]] == ["1", "2"]

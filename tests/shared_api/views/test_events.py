@@ -1,0 +1,76 @@
+"""GET /aotx/v1/shared/conversations/{conversation}/events (`conversations.events`, the plain
+read) and GET /aotx/v1/shared/operations/{operation}/events, as Django's entry point sees them.
+The streams themselves (`stream=true`, and every operation event read) are served by the ASGI
+application's Channels consumers before Django sees them: tests/e2e/test_streams.py."""
+import pytest
+
+from .conftest import (BAD_AUTHORIZATIONS, BAD_CURSORS, BAD_LIMITS, BASE, HOLDER, action_of, assert_error,
+                       assert_passed_through, assert_request, assert_unauthenticated, bad_ids, conversation_id,
+                       lacking, operation_id)
+
+OP = "conversations.events"
+ACTION = action_of(OP)
+
+
+def path(conversation):
+    return f"{BASE}/conversations/{conversation}/events"
+
+
+@pytest.mark.parametrize("authorization", BAD_AUTHORIZATIONS)
+def test_it_refuses_a_missing_malformed_or_unknown_token(gateway, device, people, authorization):
+    assert_unauthenticated(gateway.get(path(conversation_id()), authorization=authorization))
+    assert device.requests == []
+
+
+@pytest.mark.parametrize("name", lacking(ACTION))
+def test_it_refuses_a_principal_without_the_read_action(gateway, device, people, name):
+    assert_error(gateway.get(path(conversation_id()), people[name]), 403, "grant_missing")
+    assert device.requests == []
+
+
+@pytest.mark.parametrize("bad", bad_ids("con"))
+def test_it_rejects_a_malformed_conversation_id(gateway, device, people, bad):
+    assert_error(gateway.get(path(bad), people["reader"]), 400, "bad_id")
+    assert device.requests == []
+
+
+@pytest.mark.parametrize("limit", BAD_LIMITS)
+def test_it_rejects_a_bad_limit(gateway, device, people, limit):
+    assert_error(gateway.get(f"{path(conversation_id())}?limit={limit}", people["reader"]), 400, "bad_limit")
+    assert device.requests == []
+
+
+@pytest.mark.parametrize("cursor", BAD_CURSORS)
+def test_it_rejects_a_bad_cursor(gateway, device, people, cursor):
+    assert_error(gateway.get(f"{path(conversation_id())}?cursor={cursor}", people["reader"]), 400, "bad_field")
+    assert device.requests == []
+
+
+@pytest.mark.parametrize("query", ["stream=yes", "stream=1", "stream=", "offset=3"])
+def test_it_rejects_a_bad_stream_flag_or_an_unknown_parameter(gateway, device, people, query):
+    response = gateway.get(f"{path(conversation_id())}?{query}", people["reader"])
+    assert response.status_code == 400
+    assert device.requests == []
+
+
+def test_it_sends_the_conversation_and_the_paging_args(gateway, device, people):
+    conversation = conversation_id()
+    body = b'{"event_floor":"3","gap":true,"items":[],"next_cursor":null}'
+    device.answer(200, body)
+    persona = people[HOLDER[ACTION]]
+    assert_passed_through(gateway.get(f"{path(conversation)}?cursor=2&limit=5&stream=false", persona), 200, body)
+    assert_request(device.only_request(), OP, persona.principal_id,
+                   {"conversation": conversation, "cursor": "2", "limit": 5})
+
+
+def test_a_stream_request_that_reaches_django_is_not_acceptable(gateway, device, people):
+    assert_error(gateway.get(f"{path(conversation_id())}?stream=true", people["reader"]), 406, "not_acceptable")
+    assert_error(gateway.get(f"{BASE}/operations/{operation_id()}/events", people["reader"]), 406,
+                 "not_acceptable")
+    assert device.requests == []
+
+
+@pytest.mark.parametrize("bad", bad_ids("op"))
+def test_an_operation_stream_rejects_a_malformed_operation_id(gateway, device, people, bad):
+    assert_error(gateway.get(f"{BASE}/operations/{bad}/events", people["reader"]), 400, "bad_id")
+    assert device.requests == []
