@@ -127,12 +127,14 @@ class DeviceMux:
                 if not data:
                     break
                 for msg in frames.feed(data):
-                    stream = self._streams.get(msg.get("id"))  # type: ignore[arg-type]
-                    if stream is None:
-                        continue  # a stream closed early: its last frames are dropped
-                    if not msg.get("more"):
-                        del self._streams[stream.id]
-                    stream.queue.put_nowait(msg)
+                    # a frame for several subscriptions of this connection names them all in "ids"
+                    for req_id in msg.get("ids") or (msg.get("id", 0),):
+                        stream = self._streams.get(req_id)
+                        if stream is None:
+                            continue  # a stream closed early: its last frames are dropped
+                        if not msg.get("more"):
+                            del self._streams[stream.id]
+                        stream.queue.put_nowait(msg)
         except (OSError, ProtocolError) as exc:
             failure = ServiceError(503, "device_unavailable", f"the device connection failed: {exc}")
         finally:
@@ -183,7 +185,11 @@ class DeviceStream:
     async def next(self, timeout: float | None = None) -> Message:
         """The next frame; asyncio.TimeoutError after `timeout` seconds without one (a stream's
         caller may then keep its client's connection alive and wait again)."""
-        msg = await asyncio.wait_for(self.queue.get(), timeout)
+        if self.queue.empty():  # (asyncio.timeout: no task of its own per frame, unlike wait_for)
+            async with asyncio.timeout(timeout):
+                msg = await self.queue.get()
+        else:
+            msg = self.queue.get_nowait()
         if isinstance(msg, ServiceError):
             raise msg
         return msg

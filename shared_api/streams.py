@@ -14,7 +14,8 @@ as everywhere; an error after the stream started is a last `event: error` with t
 Each stream checks the token, the action and (on the device) membership when it opens; the device
 ends it when grants or memberships change so that the reader loses the right (within its idle
 period, 0.1 s); and the channel layer carries principal changes made in any gateway process
-(`principal_changed`), which end that principal's streams in every process at once. The stream
+(`principal_changed`) to one listener per process (`PrincipalWatch`), which ends that principal's
+streams there at once. The stream
 runs as a task, never inside `handle`: `http.disconnect` cancels it and closes the subscription,
 which never cancels an operation.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import weakref
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -45,18 +47,59 @@ CONVERSATION_EVENTS = re.compile(rf"^{BASE_PATH}/conversations/([^/]+)/events$")
 OPERATION_EVENTS = re.compile(rf"^{BASE_PATH}/operations/([^/]+)/events$")
 
 
-def principal_group(principal_id: str) -> str:
-    """The channel-layer group of one principal's open streams, in every gateway process."""
-    return f"aotx.principal.{principal_id}"
+PRINCIPALS_GROUP = "aotx.principals"  # the channel-layer group every gateway process listens on
 
 
 async def principal_changed(principal_ids: list[str]) -> None:
     """Tell every gateway process's streams of these principals to recheck their token now."""
     layer = get_channel_layer()
-    if layer is None:
-        return
-    for principal_id in principal_ids:
-        await layer.group_send(principal_group(principal_id), {"type": "principal.changed"})
+    if layer is not None and principal_ids:
+        await layer.group_send(PRINCIPALS_GROUP, {"type": "principal.changed", "principal_ids": principal_ids})
+
+
+class PrincipalWatch:
+    """One listener per gateway process (per event loop) on the channel layer: it hands principal
+    changes to that process's open streams. One channel per process, not per stream, so a
+    thousand streams do not hold a thousand channel-layer connections (channels_redis pools them)."""
+
+    def __init__(self) -> None:
+        self.streams: dict[str, set[EventStream]] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    def add(self, stream: EventStream) -> None:
+        self.streams.setdefault(stream.principal_id, set()).add(stream)
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self.listen())
+
+    def discard(self, stream: EventStream) -> None:
+        streams = self.streams.get(stream.principal_id)
+        if streams is not None:
+            streams.discard(stream)
+            if not streams:
+                del self.streams[stream.principal_id]
+
+    async def listen(self) -> None:
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        channel = await layer.new_channel()
+        await layer.group_add(PRINCIPALS_GROUP, channel)
+        while True:
+            message = await layer.receive(channel)
+            for principal_id in message.get("principal_ids", ()):
+                for stream in list(self.streams.get(principal_id, ())):
+                    asyncio.get_running_loop().create_task(stream.recheck())
+
+
+_watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, PrincipalWatch] = weakref.WeakKeyDictionary()
+
+
+def watch() -> PrincipalWatch:
+    loop = asyncio.get_running_loop()
+    found = _watches.get(loop)
+    if found is None:
+        found = _watches[loop] = PrincipalWatch()
+    return found
 
 
 def notify_principals(principal_ids: list[str]) -> None:
@@ -74,6 +117,7 @@ class EventStream(AsyncHttpConsumer):
     """One SSE response fed by one device subscription."""
 
     command = ""  # the device command that opens the subscription
+    channel_layer_alias = "none"  # no channel of its own: the process's PrincipalWatch listens for it
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -82,8 +126,8 @@ class EventStream(AsyncHttpConsumer):
         self.token = ""
         self.principal_id = ""
         self.path = ""
+        self.path_bytes = b""
         self.finished = False
-        self.sending = asyncio.Lock()  # the pump task and channel-layer handlers both write
 
     # ---- the request ----------------------------------------------------------------
 
@@ -97,6 +141,7 @@ class EventStream(AsyncHttpConsumer):
 
     async def handle(self, body: bytes) -> None:
         self.path = self.scope["path"]
+        self.path_bytes = self.path.encode()
         try:
             if self.scope["method"] not in ("GET", "HEAD"):
                 raise ServiceError(405, "method_not_allowed", f"method {self.scope['method']} is not allowed here")
@@ -125,8 +170,7 @@ class EventStream(AsyncHttpConsumer):
             (b"Content-Type", b"text/event-stream; charset=utf-8"), (b"Cache-Control", b"no-store"),
             (b"X-Accel-Buffering", b"no")])
         await self.send_body(b": stream open\n\n", more_body=True)
-        if self.channel_layer is not None:
-            await self.channel_layer.group_add(principal_group(self.principal_id), self.channel_name)
+        watch().add(self)
         self.task = asyncio.get_running_loop().create_task(self.pump())
 
     def arguments(self, query: dict[str, list[str]], last_event_id: str | None) -> dict[str, Any]:
@@ -164,8 +208,7 @@ class EventStream(AsyncHttpConsumer):
                 if msg["status"] != 200:
                     await self.finish(_sse("error", msg["body"]))
                     return
-                frame = json.loads(msg["body"])
-                event = self.render(frame)
+                event = self.render(msg)
                 if not msg.get("more"):
                     await self.finish(event)
                     return
@@ -175,23 +218,28 @@ class EventStream(AsyncHttpConsumer):
             await self.finish(_sse("error", err.body()))
 
     async def write(self, data: bytes) -> None:
-        async with self.sending:
-            if not self.finished:
-                await self.send_body(data, more_body=True)
+        if not self.finished:
+            await self.send_body(data, more_body=True)
 
-    def render(self, frame: dict[str, Any]) -> bytes:
-        raise NotImplementedError
+    def render(self, msg: Message) -> bytes:
+        """A device frame as one event of this stream (the device names the event and its cursor;
+        its body is the data, as is): no parsing on the way through."""
+        event = msg.get("event")
+        if event == "open":
+            return b""  # the stream is accepted: the opening comment went out already
+        cursor = msg.get("cursor")
+        head = b"id: %s@%s\n" % (self.path_bytes, cursor.encode()) if cursor is not None else b""
+        return head + b"event: " + str(event).encode() + b"\ndata: " + msg["body"] + b"\n\n"
 
     async def finish(self, last: bytes) -> None:
         """The last event; the device has ended the subscription (or it is closed here first)."""
-        async with self.sending:
-            if self.finished:
-                return
-            self.finished = True
-            self.stream = None
-            await self.send_body(last, more_body=False)
+        if self.finished:
+            return
+        self.finished = True
+        self.stream = None
+        await self.send_body(last, more_body=False)
 
-    async def principal_changed(self, event: dict[str, Any]) -> None:
+    async def recheck(self) -> None:
         """A principal change in some gateway process: end the stream if the token lost its read."""
         try:
             user = await sync_to_async(authenticate)(self.token)
@@ -199,8 +247,9 @@ class EventStream(AsyncHttpConsumer):
                 raise ServiceError(401, "unauthenticated", "the token was revoked")
             require_action(user, READ)
         except ServiceError as err:
-            if self.task is not None:
+            if self.task is not None:  # the stream's own task stops writing before the last event
                 self.task.cancel()
+                await asyncio.gather(self.task, return_exceptions=True)
             if self.stream is not None:
                 await self.stream.close()
             await self.finish(_sse("error", err.body()))
@@ -211,8 +260,7 @@ class EventStream(AsyncHttpConsumer):
         if self.stream is not None:
             stream, self.stream = self.stream, None
             await stream.close()
-        if self.channel_layer is not None and self.principal_id:
-            await self.channel_layer.group_discard(principal_group(self.principal_id), self.channel_name)
+        watch().discard(self)
 
 
 class ConversationEvents(EventStream):
@@ -239,15 +287,6 @@ class ConversationEvents(EventStream):
             args["cursor"] = cursor
         return args
 
-    def render(self, frame: dict[str, Any]) -> bytes:
-        if frame["type"] == "event":
-            return _sse("event", json.dumps(frame["event"], separators=(",", ":")),
-                        f"{self.path}@{frame['event']['cursor']}")
-        if frame["type"] == "gap":  # resuming from here skips the retired window
-            floor = int(frame["event_floor"])
-            return _sse("gap", json.dumps({"gap": True, "event_floor": frame["event_floor"]}),
-                        f"{self.path}@{floor - 1}")
-        return b""  # "open": the stream is accepted (sent as a comment already)
 
 
 class OperationEvents(EventStream):
@@ -267,15 +306,6 @@ class OperationEvents(EventStream):
             raise ServiceError(400, "bad_offset", "offset must be a non-negative integer")
         return {"operation": operation, "offset": int(offset)}
 
-    def render(self, frame: dict[str, Any]) -> bytes:
-        if frame["type"] == "output":
-            body = {k: frame[k] for k in ("offset", "length", "next_offset", "bytes", "text")}
-            return _sse("output", json.dumps(body, separators=(",", ":")), f"{self.path}@{frame['next_offset']}")
-        if frame["type"] == "terminal":
-            body = {k: frame[k] for k in ("operation", "status", "result", "terminal")}
-            return _sse("terminal", json.dumps(body, separators=(",", ":")),
-                        f"{self.path}@{frame['result']['length']}")
-        return b""
 
 
 STREAMS: tuple[type[EventStream], ...] = (ConversationEvents, OperationEvents)

@@ -1,8 +1,9 @@
 """Pushes: requests the device answers with a stream of frames instead of one reply.
 
-A subscription is one request on one gateway connection (its frames carry the request's id): a
-conversation's events, an operation's output, a chat's tokens. Every frame but the last says
-`"more": true`; the last ends it. What a subscription carries and who may hold one is the
+A subscription is one request on one gateway connection (its frames carry the request's id, or
+the ids of every subscription of that connection a frame is for): a conversation's events, an
+operation's output, a chat's tokens. Every frame but the last says `"more": true`; the last ends
+it. What a subscription carries and who may hold one is the
 operations' business (gpu_worker/ops/events.py, ops/chat.py); this registry only keeps them by
 topic and by connection and queues their frames for the server to send, in order, after the step
 that produced them. A closed connection drops its subscriptions; a subscription's owner can also
@@ -47,13 +48,34 @@ class Subscriptions:
     def all(self) -> list[Subscription]:
         return [sub for subs in self._by_topic.values() for sub in subs]
 
-    def push(self, sub: Subscription, body: bytes) -> None:
-        self.outbox.append((sub.conn, {"id": sub.req_id, "status": 200, "more": True, "body": body}))
+    def push(self, sub: Subscription, body: bytes, **fields: Any) -> None:
+        """One frame of a subscription; `fields` (an event's type and cursor) go in the frame."""
+        self.outbox.append((sub.conn, {"id": sub.req_id, "status": 200, "more": True, "body": body, **fields}))
 
-    def end(self, sub: Subscription, status: int, body: bytes) -> None:
+    def push_all(self, subs: list[Subscription], body: bytes, **fields: Any) -> None:
+        """The same frame to many subscriptions: one frame per connection, naming them all in `ids`
+        (a thousand streams of one gateway watching one conversation cost one frame, not a
+        thousand)."""
+        for conn, req_ids in self._by_connection(subs).items():
+            self.outbox.append((conn, {"ids": req_ids, "status": 200, "more": True, "body": body, **fields}))
+
+    def end(self, sub: Subscription, status: int, body: bytes, **fields: Any) -> None:
         """The last frame (a final event, or an error that ends the stream); the subscription goes."""
-        self.outbox.append((sub.conn, reply(sub.req_id, status, body)))
+        self.outbox.append((sub.conn, {**reply(sub.req_id, status, body), **fields}))
         self._remove(sub)
+
+    def end_all(self, subs: list[Subscription], status: int, body: bytes, **fields: Any) -> None:
+        for conn, req_ids in self._by_connection(subs).items():
+            self.outbox.append((conn, {"ids": req_ids, "status": status, "body": body, **fields}))
+        for sub in subs:
+            self._remove(sub)
+
+    @staticmethod
+    def _by_connection(subs: list[Subscription]) -> dict[Any, list[Any]]:
+        grouped: dict[Any, list[Any]] = {}
+        for sub in subs:
+            grouped.setdefault(sub.conn, []).append(sub.req_id)
+        return grouped
 
     def close(self, conn: Any, req_id: Any) -> Subscription | None:
         """Its owner closes it (no frame follows)."""

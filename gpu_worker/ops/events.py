@@ -11,9 +11,9 @@ Followed reads are subscriptions (loop/subscriptions.py). A conversation subscri
 events after its cursor, then each new input's event when its admission is saved (the event as it
 is then; `GET /operations/{op}/events` follows that input's output). An operation subscription
 gets the saved output from its byte offset, then each output span as it is saved, then one
-terminal event, which ends it. Frames are JSON objects with a `type`: first `open` (the
-subscription is accepted; a refusal is instead one error frame), then `event`, `gap`, `output`,
-`terminal`. A subscription is opened against saved state only and rechecked whenever grants or
+terminal event, which ends it. Each frame names its `event` — first `open` (the subscription is
+accepted; a refusal is instead one error frame), then `event`, `gap`, `output` or `terminal` —
+and, but for `open`, its `cursor`; its body is that event's JSON, ready for the stream's `data:`. A subscription is opened against saved state only and rechecked whenever grants or
 memberships change: a reader who lost the right gets a last frame with the error (403 or 404).
 """
 from __future__ import annotations
@@ -131,14 +131,14 @@ def open_conversation(d: Device, conn: object, msg: Message, batch: Batch) -> in
     sub = d.subscriptions.open(conn, msg.get("id"), ("con", crow), principal, {"conversation": args["conversation"]})
     orders, rrows = _orders(d, crow)
     floor = event_floor(d, crow, orders)
-    d.subscriptions.push(sub, dumps({"type": "open", "event_floor": str(floor)}))
-    if cursor is not None and cursor + 1 < floor:
-        d.subscriptions.push(sub, dumps({"type": "gap", "event_floor": str(floor)}))
+    d.subscriptions.push(sub, dumps({"event_floor": str(floor)}), event="open")
+    if cursor is not None and cursor + 1 < floor:  # resuming from floor - 1 skips the retired window
+        d.subscriptions.push(sub, dumps({"gap": True, "event_floor": str(floor)}), event="gap", cursor=str(floor - 1))
     start = bisect.bisect_right(orders, cursor) if cursor is not None else 0
     t = d.state.tables
     for rrow in rrows[start:]:
         own = t.value(t.receipts, rrow, R.PARTICIPANT) == prow
-        d.subscriptions.push(sub, dumps({"type": "event", "event": event(d, rrow, own)}))
+        d.subscriptions.push(sub, dumps(event(d, rrow, own)), event="event", cursor=str(t.value(t.receipts, rrow, R.ORDER)))
     return 0
 
 
@@ -149,12 +149,14 @@ def input_saved(d: Device, rrow: int) -> None:
     if not subs:
         return
     author = t.value(t.receipts, rrow, R.PARTICIPANT)
-    rendered: dict[bool, bytes] = {}
+    readers: dict[bool, list[Subscription]] = {True: [], False: []}  # the author's own, everyone else's
+    by_principal = d.state.participants.by_principal
     for sub in subs:
-        own = d.state.participants.by_principal.get(sub.principal or b"") == author
-        if own not in rendered:
-            rendered[own] = dumps({"type": "event", "event": event(d, rrow, own)})
-        d.subscriptions.push(sub, rendered[own])
+        readers[by_principal.get(sub.principal or b"") == author].append(sub)
+    cursor = str(t.value(t.receipts, rrow, R.ORDER))
+    for own, group in readers.items():
+        if group:
+            d.subscriptions.push_all(group, dumps(event(d, rrow, own)), event="event", cursor=cursor)
 
 
 def _span(offset: int, data: bytes) -> bytes:
@@ -162,16 +164,17 @@ def _span(offset: int, data: bytes) -> bytes:
         text: str | None = data.decode("utf-8")
     except UnicodeDecodeError:
         text = None
-    return dumps({"type": "output", "offset": offset, "length": len(data), "next_offset": offset + len(data),
+    return dumps({"offset": offset, "length": len(data), "next_offset": offset + len(data),
                   "bytes": base64.b64encode(data).decode(), "text": text})
 
 
-def _terminal(d: Device, rrow: int, own: bool) -> bytes:
+def _terminal(d: Device, rrow: int, own: bool) -> tuple[bytes, str]:
+    """(the terminal event, its cursor: the result's length)."""
     t = d.state.tables
     row = t.row(t.receipts, rrow)
     receipt = json.loads(receipts.render(d, rrow, own)[1])
-    return dumps({"type": "terminal", "operation": receipt["operation"], "status": status_of(row, receipt),
-                  "result": receipt["result"], "terminal": receipt["terminal"]})
+    return dumps({"operation": receipt["operation"], "status": status_of(row, receipt), "result": receipt["result"],
+                  "terminal": receipt["terminal"]}), str(row[R.RESULT_LEN])
 
 
 def open_operation(d: Device, conn: object, msg: Message, batch: Batch) -> int:
@@ -193,11 +196,13 @@ def open_operation(d: Device, conn: object, msg: Message, batch: Batch) -> int:
         return 0
     sub = d.subscriptions.open(conn, msg.get("id"), ("op", rrow), principal,
                                {"operation": args["operation"], "offset": length, "own": own})
-    d.subscriptions.push(sub, dumps({"type": "open", "offset": offset, "length": length}))
+    d.subscriptions.push(sub, dumps({"offset": offset, "length": length}), event="open")
     if length > offset:
-        d.subscriptions.push(sub, _span(offset, t.get_bytes(t.result_bytes, rrow, length - offset, offset)))
+        d.subscriptions.push(sub, _span(offset, t.get_bytes(t.result_bytes, rrow, length - offset, offset)),
+                             event="output", cursor=str(length))
     if t.value(t.receipts, rrow, R.TERM_TRANSFER) or not registry.KINDS[t.value(t.receipts, rrow, R.KIND)].executes:
-        d.subscriptions.end(sub, 200, _terminal(d, rrow, own))
+        body, cursor = _terminal(d, rrow, own)
+        d.subscriptions.end(sub, 200, body, event="terminal", cursor=cursor)
     return 0
 
 
@@ -205,16 +210,20 @@ def output_saved(d: Device, rrow: int, offset: int, data: bytes) -> None:
     subs = d.subscriptions.of(("op", rrow))
     if not subs:
         return
-    span = _span(offset, data)
-    for sub in subs:
-        if offset >= sub.data["offset"]:  # not already sent in its opening frame
-            d.subscriptions.push(sub, span)
-            sub.data["offset"] = offset + len(data)
+    due = [sub for sub in subs if offset >= sub.data["offset"]]  # not already sent when it opened
+    for sub in due:
+        sub.data["offset"] = offset + len(data)
+    if due:
+        d.subscriptions.push_all(due, _span(offset, data), event="output", cursor=str(offset + len(data)))
 
 
 def terminal_saved(d: Device, rrow: int) -> None:
-    for sub in d.subscriptions.of(("op", rrow)):
-        d.subscriptions.end(sub, 200, _terminal(d, rrow, sub.data["own"]))
+    subs = d.subscriptions.of(("op", rrow))
+    for own in (True, False):
+        group = [sub for sub in subs if sub.data["own"] is own]
+        if group:
+            body, cursor = _terminal(d, rrow, own)
+            d.subscriptions.end_all(group, 200, body, event="terminal", cursor=cursor)
 
 
 def close(d: Device, conn: object, msg: Message, batch: Batch) -> int:

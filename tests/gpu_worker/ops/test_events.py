@@ -44,8 +44,10 @@ def subscribe(world, name, op, **args):
 
 
 def collect(world):
+    """Frames per subscription (a frame for several names them all in "ids")."""
     for conn, msg in world.device.take_outbox():
-        world.frames[msg["id"]].append(msg)
+        for req_id in msg.get("ids") or (msg["id"],):
+            world.frames[req_id].append(msg)
 
 
 def ended(world, req_id):
@@ -56,10 +58,10 @@ def ended(world, req_id):
 
 
 def bodies(world, req_id):
-    """The frames after the `open` frame every accepted subscription starts with."""
-    frames = [json.loads(m["body"]) for m in world.frames[req_id]]
-    assert frames[0]["type"] == "open", frames[0]
-    return frames[1:]
+    """(event, cursor, data) of the frames after the `open` frame every accepted subscription starts with."""
+    frames = world.frames[req_id]
+    assert frames[0]["event"] == "open", frames[0]
+    return [(m["event"], m.get("cursor"), json.loads(m["body"])) for m in frames[1:]]
 
 
 def shared_conversation(world):
@@ -113,17 +115,17 @@ def test_a_conversation_subscription_gets_the_backlog_then_each_saved_input(worl
     _, conversation = shared_conversation(world)
     first = world.say("a", conversation, "one", max_output_tokens=2)[1]
     sub = subscribe(world, "b", "conversations.subscribe", conversation=conversation)
-    [backlog] = bodies(world, sub)
-    assert backlog["type"] == "event" and backlog["event"]["operation"] == first["operation"]
-    assert backlog["event"]["sequence"] is None  # a's input, read by b
+    [(kind, cursor, backlog)] = bodies(world, sub)
+    assert (kind, cursor) == ("event", "1") and backlog["operation"] == first["operation"]
+    assert backlog["sequence"] is None  # a's input, read by b
     assert all(m.get("more") for m in world.frames[sub])
     second = world.say("b", conversation, "two", max_output_tokens=2)[1]
     collect(world)
-    pushed = bodies(world, sub)[1]
-    assert pushed["event"]["cursor"] == "2" and pushed["event"]["operation"] == second["operation"]
-    assert pushed["event"]["sequence"] == second["sequence"] and pushed["event"]["admission"]["saved"] is True
+    kind, cursor, pushed = bodies(world, sub)[1]
+    assert (kind, cursor) == ("event", "2") and pushed["cursor"] == "2" and pushed["operation"] == second["operation"]
+    assert pushed["sequence"] == second["sequence"] and pushed["admission"]["saved"] is True
     resumed = subscribe(world, "b", "conversations.subscribe", conversation=conversation, cursor="1")
-    assert [b["event"]["cursor"] for b in bodies(world, resumed)] == ["2"]
+    assert [cursor for _, cursor, _ in bodies(world, resumed)] == ["2"]
 
 
 def test_an_operation_subscription_pushes_saved_output_then_one_terminal_event(world):
@@ -133,19 +135,21 @@ def test_an_operation_subscription_pushes_saved_output_then_one_terminal_event(w
     sub = subscribe(world, "a", "operations.subscribe", operation=receipt["operation"], offset=0)
     world.pump(lambda: ended(world, sub))
     frames = bodies(world, sub)
-    *spans, terminal = frames
-    assert all(f["type"] == "output" for f in spans) and terminal["type"] == "terminal"
+    *spans, (kind, cursor, terminal) = frames
+    assert all(k == "output" and c == str(f["next_offset"]) for k, c, f in spans) and kind == "terminal"
     assert world.frames[sub][-1].get("more") is None and world.frames[sub][-1]["status"] == 200
     assert terminal["status"] == "succeeded" and terminal["terminal"]["saved"] is True
-    data = b"".join(base64.b64decode(f["bytes"]) for f in spans)
-    assert [f["offset"] for f in spans] == [sum(s["length"] for s in spans[:i]) for i in range(len(spans))]
+    data = b"".join(base64.b64decode(f["bytes"]) for _, _, f in spans)
+    offsets = [f["offset"] for _, _, f in spans]
+    assert offsets == [sum(f["length"] for _, _, f in spans[:i]) for i in range(len(spans))]
     whole = world.read("a", "operations.result", operation=receipt["operation"])[1]
     assert data == base64.b64decode(whole["bytes"]) and terminal["result"]["length"] == len(data)
+    assert cursor == str(len(data))
     offset = len(data) // 2
     again = subscribe(world, "a", "operations.subscribe", operation=receipt["operation"], offset=offset)
-    span, end = bodies(world, again)
+    (_, _, span), (end, _, _) = bodies(world, again)
     assert base64.b64decode(span["bytes"]) == data[offset:] and span["next_offset"] == len(data)
-    assert end["type"] == "terminal" and world.frames[again][-1].get("more") is None
+    assert end == "terminal" and world.frames[again][-1].get("more") is None
 
 
 def test_an_operation_that_never_executes_ends_at_once_and_bad_requests_get_one_error(world):
@@ -153,8 +157,8 @@ def test_an_operation_that_never_executes_ends_at_once_and_bad_requests_get_one_
     receipt = world.read("a", "operations.list")[1]["items"][-1]
     assert receipt["target"] == space
     sub = subscribe(world, "a", "operations.subscribe", operation=receipt["operation"], offset=0)
-    [terminal] = bodies(world, sub)
-    assert terminal["type"] == "terminal" and terminal["status"] == "succeeded"
+    [(kind, _, terminal)] = bodies(world, sub)
+    assert kind == "terminal" and terminal["status"] == "succeeded"
     refused = subscribe(world, "c", "operations.subscribe", operation=receipt["operation"], offset=0)
     assert world.frames[refused][0]["status"] == 404 and world.frames[refused][0].get("more") is None
     bad = subscribe(world, "a", "operations.subscribe", operation=receipt["operation"], offset=5)
