@@ -1,17 +1,19 @@
-"""python -m gpu_worker {pack,boot,checkpoint} ..."""
+"""python -m gpu_worker {pack,boot,checkpoint,audit} ..."""
 import sys
 
-USAGE = "usage: python -m gpu_worker {pack,boot,checkpoint} [options]  (--help after a command for its options)"
+USAGE = "usage: python -m gpu_worker {pack,boot,checkpoint,audit} [options]  (--help after a command for its options)"
 
 
 def main(argv):
-    if not argv or argv[0] not in ("pack", "boot", "checkpoint"):
+    if not argv or argv[0] not in ("pack", "boot", "checkpoint", "audit"):
         print(USAGE, file=sys.stderr)
         return 2
     if argv[0] == "pack":
         from .pack import main as command
     elif argv[0] == "checkpoint":
         from .storage.checkpoint_cli import main as command
+    elif argv[0] == "audit":
+        from .storage.audit import main as command
     else:
         from .boot import main as command
     return command(argv[1:])

@@ -90,6 +90,7 @@ def main(argv):
             return fail(str(exc), 3)
         socket_path = os.path.join(args.journal, "service.sock")
         server = Server(device, socket_path)
+        device.deliver = server.deliver  # other threads' results come back through the loop
         try:
             from .engine.engine import Engine
             from .loop.runner import Runner

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections import deque
 from typing import Any, Callable, cast
@@ -35,6 +36,7 @@ from .ops.chat import Chats
 from .ops.kind import Kind
 from .ops.registry import KINDS, LATER, MUTATIONS, READS
 from .state import DeviceState
+from .state import holds
 from .state.holds import Holds
 from .storage import checkpoint, runtime_file
 from .storage.committer import Batch, Committer, Reply
@@ -74,11 +76,13 @@ class Device:
         self.fs = fs or OsFileLayer()
         self.journal_dir = journal_dir
         self.holds = Holds(self.fs, journal_dir, profile["journal_file_cap_bytes"],
-                           runtime.runtime_profile["min_free_disk_bytes"])
+                           runtime.runtime_profile["min_free_disk_bytes"], self._journal_hold)
         # pushes, chats and the engine runner are not state: a rebuild of the tables keeps them
         self.subscriptions = Subscriptions()
         self.chats = Chats()
         self.runner: Any = None  # loop.runner.Runner, set by boot (or a test) when an engine runs
+        # hands events from other threads to the tick thread (the server's `deliver`; set by boot)
+        self.deliver: Callable[[list[Any]], None] | None = None
         self.lock = JournalLock(journal_dir)
         started = time.perf_counter()
         try:
@@ -101,6 +105,9 @@ class Device:
             self.append(TransferKind.BOOT, msgpack.packb(
                 {"boot": state.boot, "generation": state.generation, "at_ns": state.last_boot_ns}))
             execution.interrupt_unfinished(self)
+            for incident in state.hold_incidents:  # a hold still open when the device stopped
+                if incident["ended_ns"] is None:
+                    self._journal_hold({"event": "end", **incident, "ended_ns": state.last_boot_ns})
             self.committer.commit()
         self.boot_seconds = time.perf_counter() - started
 
@@ -149,6 +156,16 @@ class Device:
             raise JournalCorrupt(os.path.join(self.journal_dir, segment_name(transfer.segment)), transfer.offset,
                                  f"admission transfer seq {transfer.seq} has unknown kind {a.kind}")
         admission.mark_saved(self, admission.apply(self, a, None), transfer, kind)
+
+    def _journal_hold(self, event: dict[str, Any]) -> None:
+        """A hold started or ended (state/holds.py): journal it; the incident is saved state."""
+        if event.get("pending_bytes") is None:
+            event["pending_bytes"] = self.committer.writer.queued_bytes
+        payload = msgpack.packb(event)
+        self.append(TransferKind.HOLD, payload, self._replay_hold)
+
+    def _replay_hold(self, transfer: Transfer) -> None:
+        holds.apply(self.state.hold_incidents, msgpack.unpackb(transfer.payload, raw=False))
 
     def _check_fresh_grants(self) -> None:
         """SPEC: restore requires fresh deployment grants. A restart (this runtime file on its own
@@ -340,14 +357,35 @@ class Device:
     # ---- the engine -------------------------------------------------------------------------
 
     def engine_events(self, events: list[tuple[Any, int | None, bytes, str | None]]) -> None:
-        """The engine thread's events, on the tick thread: chat tokens or an input's output."""
+        """The engine thread's events, on the tick thread: chat tokens or an input's output (and
+        the results of other helper threads: `off_thread`)."""
         for request_id, token, data, finish in events:
             if request_id is None:
                 raise RuntimeError("the engine thread failed; restart the device")
-            if request_id[0] == "chat":
+            if request_id[0] == "thread":  # a helper thread's result: run its continuation here
+                request_id[1]()
+            elif request_id[0] == "chat":
                 chat.event(self, request_id, token, data, finish)
             else:
                 execution.engine_event(self, request_id[1], token, data, finish)
+
+    def off_thread(self, work: Callable[[], Any], then: Callable[[Any, BaseException | None], None]) -> None:
+        """Run `work` (proportional to the data, not one tick's) on a thread of its own; `then`
+        runs on the tick thread with its result or its exception. Without a server loop (tests,
+        offline commands), both run here."""
+        def run() -> None:
+            try:
+                result, error = work(), None
+            except Exception as exc:  # reported to `then`, not lost with the thread
+                result, error = None, exc
+            if self.deliver is None:
+                then(result, error)
+            else:
+                self.deliver([(("thread", lambda: then(result, error)), None, b"", None)])
+        if self.deliver is None:
+            run()
+        else:
+            threading.Thread(target=run, name="aotx-off-tick", daemon=True).start()
 
     def take_outbox(self) -> list[Reply]:
         """Frames made outside a batch's answers (subscriptions: events, output, chat tokens), for
@@ -420,4 +458,5 @@ _REPLAY: dict[int, Callable[[Device, Transfer], None]] = {
     TransferKind.OUTPUT: lambda d, transfer: execution.apply_output(d, transfer.payload, transfer),
     TransferKind.COMPLETION: lambda d, transfer: execution.apply_completion(d, transfer.payload, transfer),
     TransferKind.MEDIA: lambda d, transfer: media.apply(d, transfer.payload, transfer),
+    TransferKind.HOLD: Device._replay_hold,
 }

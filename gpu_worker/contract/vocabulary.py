@@ -40,6 +40,10 @@ COMMANDS = {c.op: c for c in (
     # ops (no principal)
     Command("ping", None),
     Command("checkpoint", None),
+    Command("ops.receipts", None),
+    Command("ops.receipt", None),
+    Command("ops.result", None),
+    Command("audit.export", None),
     # reads
     Command("capabilities", READ),
     Command("participant.get", READ),

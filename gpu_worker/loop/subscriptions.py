@@ -45,6 +45,9 @@ class Subscriptions:
         """The subscriptions of a topic, oldest first (a copy: pushing may end some)."""
         return list(self._by_topic.get(topic, ()))
 
+    def count(self) -> int:
+        return sum(len(subs) for subs in self._by_topic.values())
+
     def all(self) -> list[Subscription]:
         return [sub for subs in self._by_topic.values() for sub in subs]
 

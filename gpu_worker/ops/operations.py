@@ -13,7 +13,7 @@ from ..contract.wire import RawJSON
 from ..state import ids as derived
 from ..state.tables import R, Terminal, join16
 from . import receipts, registry
-from .lists import page_args
+from .lists import page, page_args
 
 from .kind import Read
 
@@ -66,6 +66,10 @@ def read_result(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int,
     """An operation's saved result bytes from a byte offset: exact base64, `text` null unless the
     span is complete UTF-8 (nothing is ever replaced); 504 past its execution deadline."""
     rrow, _ = visible_receipt(d, principal, str(args.get("operation", "")))
+    return result(d, rrow, args)
+
+
+def result(d: Device, rrow: int, args: dict[str, Any]) -> tuple[int, Any]:
     t = d.state.tables
     row = t.row(t.receipts, rrow)
     if not registry.KINDS[row[R.KIND]].executes:
@@ -96,3 +100,63 @@ def read_result(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int,
 
 READS: dict[str, Read] = {"operations.list": list_operations, "operations.get": get_operation,
                                    "operations.result": read_result}
+
+
+# ---- ops reads (the local socket, no principal: the admin's receipt browser) ---------------------
+
+_STATUS_CODES = {name: code for code, name in receipts.TERMINAL_NAMES.items()}
+
+
+def _any_receipt(d: Device, op: Any) -> int:
+    m = ids.OPERATION_ID.match(op) if isinstance(op, str) else None
+    rrow = d.state.receipts.by_op.get(ids.split_id(m)[1]) if m else None
+    if rrow is None:
+        raise ServiceError(404, "operation_not_found", f"no live operation {op}")
+    return rrow
+
+
+def ops_receipts(d: Device, principal: Any, args: dict[str, Any]) -> tuple[int, Any]:
+    """Every live receipt, in admission order, filtered by participant, kind, status and save state."""
+    table = d.state.tables.receipts
+    mask = table[:, R.STATE] == 1
+    if args.get("participant") is not None:
+        m = ids.PARTICIPANT_ID.match(str(args["participant"]))
+        prow = d.state.participants.by_raw.get(bytes.fromhex(m.group(1))) if m else None
+        mask &= table[:, R.PARTICIPANT] == (prow if prow is not None else -1)
+    if args.get("kind") is not None:
+        kind = next((k.code for k in registry.KINDS.values() if k.name == args["kind"]), None)
+        if kind is None:
+            raise ServiceError(400, "bad_field", f"kind must be one of {sorted(k.name for k in registry.KINDS.values())}")
+        mask &= table[:, R.KIND] == kind
+    status = args.get("status")
+    if status is not None:
+        if status == "admitted":
+            mask &= (table[:, R.TERMINAL] == Terminal.NONE) & (table[:, R.LEASE] == 0)
+        elif status == "running":
+            mask &= (table[:, R.TERMINAL] == Terminal.NONE) & (table[:, R.LEASE] != 0)
+        elif status in _STATUS_CODES:
+            mask &= (table[:, R.TERMINAL] == _STATUS_CODES[status]) & (table[:, R.TERM_TRANSFER] != 0)
+        else:
+            raise ServiceError(400, "bad_field", "status must be admitted, running or a terminal status")
+    saved = args.get("saved")
+    if saved is not None:
+        conditions = {"unsaved": table[:, R.ADM_TRANSFER] == 0,
+                      "admission": (table[:, R.ADM_TRANSFER] != 0) & (table[:, R.TERM_TRANSFER] == 0),
+                      "terminal": table[:, R.TERM_TRANSFER] != 0}
+        if saved not in conditions:
+            raise ServiceError(400, "bad_field", "saved must be unsaved, admission or terminal")
+        mask &= conditions[saved]
+    cursor, limit = page_args(args)
+    rows, next_cursor = page(table, R.CREATED, mask, cursor, limit)
+    return 200, {"items": [RawJSON(receipts.receipt_bytes(d, r)) for r in rows], "next_cursor": next_cursor}
+
+
+def ops_receipt(d: Device, principal: Any, args: dict[str, Any]) -> tuple[int, Any]:
+    return 200, RawJSON(receipts.receipt_bytes(d, _any_receipt(d, args.get("operation"))))
+
+
+def ops_result(d: Device, principal: Any, args: dict[str, Any]) -> tuple[int, Any]:
+    return result(d, _any_receipt(d, args.get("operation")), args)
+
+
+OPS_READS: dict[str, Read] = {"ops.receipts": ops_receipts, "ops.receipt": ops_receipt, "ops.result": ops_result}

@@ -3,10 +3,19 @@ cache to keep in step with the row, and none to grow by a kilobyte per receipt. 
 after a restart is rebuilt from the same values and renders to the same bytes.
 
 The rendering is a fixed template because every value is a hex ID, a decimal counter or a fixed
-word (nothing to escape); tests check that the output is canonical JSON (sorted keys, compact).
+word (nothing to escape; a disk error, the one free text, is JSON-encoded); tests check that the
+output is canonical JSON (sorted keys, compact).
+
+`transport.accepted` and `device.committed` are true for every receipt: a receipt exists only for
+an operation the device received and applied (the gateway answers 503 for one it could not hand
+over). `pending_bytes` counts this operation's bytes not yet saved — its admission's command bytes
+until the admission is saved, then an input's output generated or journaled but not yet durable —
+and `disk_error` says, while any are pending, why the journal cannot save them (a hold's disk
+error, such as ENOSPC).
 """
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from ..contract import ids
@@ -59,6 +68,13 @@ def render(d: Device, rrow: int, own: bool) -> tuple[str, bytes]:
     finish: str | None = None
     tokens_in: object = "null"
     tokens_out: object = "null"
+    pending = 0 if saved else row[R.COMMAND_LEN]
+    if kind.executes and not ended and saved:  # its output: generated or journaled, not yet saved
+        live = d.executions.live.get(rrow)
+        if live is not None:
+            pending = len(live.buffered) + live.offset - row[R.RESULT_LEN]
+    held = d.holds.current
+    disk_error = json.dumps(held["disk_error"]) if pending and held and held["disk_error"] else "null"
     if kind.executes:
         effective = f'{{"model_digest":"{d.model_digest}","page_limit":"{row[R.PAGE_LIMIT]}"}}'
         if ended:
@@ -69,13 +85,13 @@ def render(d: Device, rrow: int, own: bool) -> tuple[str, bytes]:
     finish_json = f'"{finish}"' if finish else "null"
     return op_id, (
         f'{{"admission":{{"save":{admission},"saved":{"true" if saved else "false"}}},'
-        f'"device":{{"committed":true}},"disk_error":null,'
+        f'"device":{{"committed":true}},"disk_error":{disk_error},'
         f'"effective":{effective},"journal_hold":null,'
         f'"kind":"{kind.name}",'
         f'"operation":"{op_id}",'
         f'"operation_key":"{join16(row[R.KEY_HI], row[R.KEY_LO]).hex()}",'
         f'"participant":"{d.state.participants.public_id[prow]}",'
-        f'"pending_bytes":{0 if saved else row[R.COMMAND_LEN]},'
+        f'"pending_bytes":{pending},'
         f'"result":{{"finish":{finish_json},"input_tokens":{tokens_in},"length":{row[R.RESULT_LEN]},'
         f'"output_tokens":{tokens_out}}},'
         f'"schema":"{RECEIPT_SCHEMA}",'

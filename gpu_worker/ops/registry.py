@@ -31,6 +31,7 @@ READS: dict[str, Read] = {
     **members.READS,
     **conversations.READS,
     **operations.READS,
+    **operations.OPS_READS,
     **events.READS,
     **chat.READS,
 }
@@ -38,6 +39,7 @@ READS: dict[str, Read] = {
 # Commands answered outside the read/mutation order of a tick (a subscription's frames come later).
 LATER: dict[str, Later] = {
     "checkpoint": service.defer_checkpoint,
+    "audit.export": service.audit_export,
     "chat.completions": chat.start,
     "media.put": media.put,
     "conversations.subscribe": events.open_conversation,

@@ -2,11 +2,14 @@
 of the local socket (`ping`, `checkpoint`), which carry no principal."""
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from ..contract.limits import INPUT_BYTES, MAX_MEDIA, MEDIA_LINK_BYTES
 from ..contract.vocabulary import CAPABILITIES_SCHEMA, MUTATION_SCHEMA, RECEIPT_SCHEMA
-from ..contract.wire import Message
+from ..contract.errors import ServiceError
+from ..contract.wire import Message, dumps, reply
+from ..storage import audit
 
 from .kind import Read
 
@@ -42,16 +45,55 @@ def capabilities(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int
 
 
 def ping(d: Device, principal: bytes | None, args: dict[str, Any]) -> tuple[int, Any]:
-    """Ops status (no principal: the socket is local and mode 0660)."""
+    """Ops status (no principal: the socket is local and mode 0660): what the gateway's /metrics,
+    /healthz and admin pages show."""
     return 200, {"ok": True, "boot": str(d.state.boot), "generation": str(d.state.generation),
                  "usage": d.state.tables.usage(), "capacities": d.state.capacities,
-                 "journal": d.journal_state(), "hold_incidents": d.holds.incidents,
+                 "journal": d.journal_state(), "hold_incidents": d.state.hold_incidents,
                  "grants": {"path": d.grants.path, "written_at_ns": d.grants.written_at_ns,
-                            "problem": d.grant_problem}}
+                            "problem": d.grant_problem},
+                 "kv": kv_pool(d),
+                 "executions": {"queued": len(d.executions.to_lease), "running": len(d.executions.live)},
+                 "subscriptions": d.subscriptions.count(), "ticks": d.committer.stats.report(),
+                 "runtime_file_bytes": os.path.getsize(d.runtime.path)}
+
+
+def kv_pool(d: Device) -> dict[str, int] | None:
+    """The engine's page pool, read from its own thread's counters (a snapshot, not a lock)."""
+    if d.runner is None:
+        return None
+    try:
+        pool = d.runner.engine.pool
+    except RuntimeError:  # the engine thread changed its lists while they were read: ask again later
+        return None
+    return {"pages": pool.total, "owned": pool.owned, "pending": pool.pending, "running": pool.running,
+            "waiting": pool.waiting}
 
 
 def checkpoint(d: Device, principal: bytes | None, args: dict[str, Any]) -> tuple[int, Any]:
     return 200, d.checkpoint() or {"generation": d.state.generation, "folded": 0}
+
+
+def audit_export(d: Device, conn: object, msg: Message, batch: Batch) -> int:
+    """`audit.export {path}`: write the logical audit prefix to path (storage/audit.py) on a thread
+    of its own, since it reads the whole history; the reply comes when the file is written."""
+    path = d.args(msg).get("path")
+    req_id = msg.get("id")
+    if not isinstance(path, str) or not os.path.isabs(path) or not os.path.isdir(os.path.dirname(path)):
+        err = ServiceError(400, "bad_field", "path must be an absolute path in an existing directory")
+        batch.replies.append((conn, reply(req_id, err.status, err.body())))
+        return 0
+    runtime_path, journal_dir = d.runtime.path, d.journal_dir
+
+    def done(summary: Any, error: BaseException | None) -> None:
+        if error is not None:
+            failure = ServiceError(507, "audit_export_failed", f"audit export failed: {error}")
+            d.subscriptions.outbox.append((conn, reply(req_id, failure.status, failure.body())))
+        else:
+            d.subscriptions.outbox.append((conn, reply(req_id, 200, dumps(summary))))
+
+    d.off_thread(lambda: audit.export(runtime_path, journal_dir, path), done)
+    return 0
 
 
 def defer_checkpoint(d: Device, conn: object, msg: Message, batch: Batch) -> int:

@@ -31,6 +31,7 @@ class DeviceState:
         self.members = MemberIndex()
         self.conversations = ConversationIndex()
         self.media: dict[str, MediaSource] = {}  # sha256 hex -> source
+        self.hold_incidents: list[dict[str, Any]] = []  # journal holds, oldest first (state/holds.py)
 
     def rebuild_indexes(self, input_kind: int, media: dict[str, Any] | None = None) -> None:
         """Indexes derived from the tensors (empty, or just loaded from a checkpoint), and the

@@ -1,28 +1,36 @@
 """Journal holds (SPEC "Recorded state and recovery"): file-cap or disk pressure pauses persistent
 admission. While a hold lasts, new mutations answer 429 without changing anything; reads,
-receipts and save status stay available."""
+receipts and save status stay available.
+
+Each hold is an incident the device journals (HOLD transfers: its start, then its end), so ops
+staff see them after restarts too; the incidents are part of the saved state (DeviceState
+`hold_incidents`, the newest MAX_INCIDENTS). A hold on a full disk (ENOSPC) cannot journal its
+start: its end records the whole incident once there is room again."""
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ..contract.errors import ServiceError
 from ..storage.filelayer import FileLayer
 
 log = logging.getLogger("gpu_worker.holds")
 DISK_FULL_MARGIN = 4 << 20
-MAX_INCIDENTS = 100
+MAX_INCIDENTS = 1000
+
+Incident = dict[str, Any]  # {"cause", "since_ns", "ended_ns" (None while open), "disk_error", "pending_bytes"}
 
 
 class Holds:
-    def __init__(self, fs: FileLayer, journal_dir: str, file_cap: int, min_free_disk: int) -> None:
+    def __init__(self, fs: FileLayer, journal_dir: str, file_cap: int, min_free_disk: int,
+                 journal: Callable[[dict[str, Any]], None]) -> None:
         self.fs = fs
         self.journal_dir = journal_dir
         self.file_cap = file_cap
         self.min_free_disk = min_free_disk
+        self.journal = journal  # records a hold event: {"event": "start" | "end", ...the incident}
         self.current: dict[str, Any] | None = None  # {"cause", "since_ns", "disk_error"} while held
-        self.incidents: list[dict[str, Any]] = []   # ended holds, newest last
 
     def check(self, journal_bytes: int) -> None:
         """Hold on file-cap or disk pressure; lift the hold once both clear."""
@@ -43,6 +51,7 @@ class Holds:
             self.current = {"cause": cause, "since_ns": time.time_ns(), "disk_error": error}
             log.warning("journal hold: %s (journal %d bytes, cap %d; %d bytes free, minimum %d)", cause,
                         journal_bytes, self.file_cap, free, self.min_free_disk)
+            self.journal({"event": "start", **self.current, "ended_ns": None})
         elif cause and held and held["cause"] != "disk_full":
             held["cause"] = cause
         elif not cause and held:
@@ -55,10 +64,9 @@ class Holds:
         held = self.current
         if held is None:
             return
-        self.incidents.append({**held, "ended_ns": time.time_ns()})
-        del self.incidents[:-MAX_INCIDENTS]
         log.warning("journal hold lifted (%s)", held["cause"])
         self.current = None
+        self.journal({"event": "end", **held, "ended_ns": time.time_ns()})
 
     def refusal(self, pending_bytes: int, message: str | None = None) -> ServiceError:
         """The 429 a mutation gets while a hold lasts."""
@@ -66,3 +74,14 @@ class Holds:
         return ServiceError(429, "journal_hold", message or f"persistent admission is paused ({held['cause']}); "
                                                             "reads, receipts and save status stay available",
                             cause=held["cause"], disk_error=held["disk_error"], pending_bytes=pending_bytes)
+
+
+def apply(incidents: list[Incident], event: dict[str, Any]) -> None:
+    """A saved HOLD transfer into the saved incidents (live once saved, and at replay)."""
+    incident = {k: event.get(k) for k in ("cause", "since_ns", "ended_ns", "disk_error", "pending_bytes")}
+    for known in reversed(incidents):
+        if known["since_ns"] == incident["since_ns"]:
+            known.update(incident)  # its end
+            return
+    incidents.append(incident)
+    del incidents[:-MAX_INCIDENTS]

@@ -55,6 +55,7 @@ def encode_state(state: DeviceState, last_seq: int, last_digest: bytes, generati
         "tables": tables, "digests": digests, "commands": commands, "results": results,
         "media": {sha: [source.length, source.type, [raw[p] for p in sorted(source.owners)]]
                   for sha, source in state.media.items()},
+        "holds": state.hold_incidents,
         "written_ns": time.time_ns(),
     }, use_bin_type=True)
     return blob
@@ -101,6 +102,7 @@ def load_state(state: DeviceState, blob: bytes | memoryview, input_kind: int) ->
     state.last_boot_ns = saved["last_boot_ns"]
     state.checkpoint_seq, state.checkpoint_digest = saved["last_seq"], saved["last_digest"]
     state.save_generation = saved["generation"]
+    state.hold_incidents = saved.get("holds", [])
     if narrow:
         _derive_event_orders(state, input_kind)
     media: dict[str, Any] = saved.get("media", {})

@@ -17,8 +17,10 @@ from the saved state, holds, and refuses every admission of the unsaved batches.
 """
 from __future__ import annotations
 
+import bisect
 import errno
 import os
+import time
 from collections import deque
 from typing import Any, Protocol
 
@@ -40,6 +42,44 @@ class Batch:
         self.media: list[tuple[Any, Any, str, int]] = []    # (conn, req_id, sha256, participant row) of uploads
         self.reads: list[tuple[Any, Message]] = []          # reads that must not see unsaved state before them
         self.last_seq = 0
+
+
+IO_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)  # seconds
+
+
+class IOStats:
+    """How long each tick's write + fdatasync took (from its start on the disk, not its wait in
+    the queue behind the tick before it), as a histogram, and how many transfers became saved."""
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(IO_BUCKETS) + 1)
+        self.sum = 0.0
+        self.saved_transfers = 0
+        self._started: deque[float] = deque()  # ticks handed to the disk, oldest first
+        self._last_end = 0.0
+
+    def started(self) -> None:
+        self._started.append(time.monotonic())
+
+    def ended(self) -> None:
+        now = time.monotonic()
+        start = max(self._started.popleft(), self._last_end) if self._started else now
+        self._last_end = now
+        took = now - start
+        self.sum += took
+        self.counts[bisect.bisect_left(IO_BUCKETS, took)] += 1
+
+    def cancelled(self) -> None:
+        self._started.clear()
+
+    def report(self) -> dict[str, Any]:
+        """Prometheus-style: cumulative counts per upper bound."""
+        buckets, total = {}, 0
+        for bound, count in zip((*map(str, IO_BUCKETS), "+Inf"), self.counts):
+            total += count
+            buckets[bound] = total
+        return {"saved_transfers": self.saved_transfers,
+                "io_seconds": {"count": total, "sum": self.sum, "buckets": buckets}}
 
 
 class TickOwner(Protocol):
@@ -73,6 +113,7 @@ class Committer:
         self.batches: deque[Batch] = deque()   # gathered, not yet answered (oldest first)
         self.syncer: Syncer | None = None      # the tick I/O thread, while a server runs
         self._drain_waiters: list[tuple[Any, Message]] = []  # commands that run once nothing is queued
+        self.stats = IOStats()
 
     # Transfers are queued with writer.append (which only queues); the pipeline below writes them.
 
@@ -149,6 +190,7 @@ class Committer:
             replies += drained
             if here is None:
                 return replies
+            self.stats.started()
             here.run()
             replies += self._finish(here)
 
@@ -170,14 +212,17 @@ class Committer:
             assert tick is not None
             if self.syncer is None or not tick.file.native_io:
                 return tick
+            self.stats.started()
             self.syncer.request(tick.file.fileno(), tick.data)
         return None
 
     def _finish(self, tick: TickIO) -> list[Reply]:
         """Publish a tick whose I/O ran: its saved transfers, or the failure's consequences."""
+        self.stats.ended()
         try:
             transfers = self.writer.finish_tick(tick)
         except JournalIOError as err:
+            self.stats.cancelled()
             self._take_cancelled(err.ended_ticks)
             if err.errno != errno.ENOSPC:
                 raise  # EIO and the like: stop admitting; the process exits and a restart recovers
@@ -186,6 +231,7 @@ class Committer:
             return self.owner.refuse_unsaved(err, batches)
         if self.syncer is not None and tick.file.native_io:
             self._start_io()  # the disk's next tick first: the saves below are recorded while it runs
+        self.stats.saved_transfers += len(transfers)
         self.owner.saved(transfers)
         return []
 

@@ -58,6 +58,7 @@ class TransferKind(IntEnum):
     RETIREMENT = 6
     CHECKPOINT = 7
     MEDIA = 8
+    HOLD = 9
 
 
 _records = native.load("jcodec").records

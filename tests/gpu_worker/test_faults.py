@@ -98,8 +98,26 @@ def test_a_file_cap_holds_new_mutations_with_429_until_a_checkpoint(tmp_path):
     assert caps["hold"] is True and caps["cause"] == "file_cap" and caps["pending_bytes"] == 0
     assert w.read("a", "operations.get", operation=state[2]["items"][0]["operation"])[0] == 200
     w.device.checkpoint()
-    assert w.device.holds.current is None and w.device.holds.incidents[-1]["cause"] == "file_cap"
+    assert w.device.holds.current is None and w.device.state.hold_incidents[-1]["cause"] == "file_cap"
     assert w.mutate("a", "spaces.create", "/spaces", {})[0] == 202
+    [incident] = w.device.state.hold_incidents
+    assert incident["ended_ns"] > incident["since_ns"] and incident["pending_bytes"] is not None
+    w.boot()  # journaled: the incident survives the restart
+    assert w.read("a", "ping")[1]["hold_incidents"] == [incident]
+
+
+def test_a_hold_open_when_the_device_stopped_is_closed_at_the_next_boot(tmp_path):
+    w = World(runtime(tmp_path, journal_file_cap_bytes=2500), tmp_path, ["a"])
+    space = w.space("a")
+    while not w.device.holds.current:
+        assert w.mutate("a", "conversations.create", f"/spaces/{space}/conversations", {})[0] == 202
+        w.device.check_hold()
+    w.read("a", "capabilities")  # a tick: the hold's start is saved
+    [open_incident] = w.device.state.hold_incidents
+    assert open_incident["ended_ns"] is None and open_incident["cause"] == "file_cap"
+    w.boot()
+    [closed] = w.device.state.hold_incidents
+    assert closed["since_ns"] == open_incident["since_ns"] and closed["ended_ns"] == w.device.state.last_boot_ns
 
 
 def test_enospc_refuses_the_tick_with_429_changes_nothing_and_lifts_when_space_returns(tmp_path):
@@ -209,5 +227,5 @@ def test_low_free_disk_holds_admission_and_the_hold_lifts_when_space_returns(tmp
     assert w.read("a", "capabilities")[1]["journal"]["cause"] == "low_disk"
     fs.space = 1 << 30
     w.device.idle()
-    assert w.device.holds.current is None and w.device.holds.incidents[-1]["cause"] == "low_disk"
+    assert w.device.holds.current is None and w.device.state.hold_incidents[-1]["cause"] == "low_disk"
     assert w.mutate("a", "spaces.create", "/spaces", {})[0] == 202

@@ -24,6 +24,7 @@ GENERAL_STATUSES = {405, 406, 500}
 # device codes no shared route can return, with the reason
 NOT_ROUTED = {
     ("507", "checkpoint_failed"): "answer to the ops-only `checkpoint` device command (Celery), never a route",
+    ("507", "audit_export_failed"): "answer to the ops-only `audit.export` device command (Celery), never a route",
 }
 
 

@@ -1,0 +1,131 @@
+"""The logical audit prefix, exported and verified (SPEC: "The complete file retains its logical
+audit prefix"; docs/checkpoint.md, "Audit export").
+
+Every saved transfer is in one of two places: folded into the runtime file by a checkpoint (the
+`audit/<generation>` components, [seq, kind, payload, digest] each) or still in the journal. An
+export writes them all, in seq order, as JSON lines
+
+    {"seq": 12, "kind": 2, "payload": "<base64>", "digest": "<64 hex>"}
+
+and `verify` replays an export: the seqs run 1, 2, ... without a hole, each digest is the hash
+chain over the ones before (storage/journal.py `chain_digest`), the chain reaches the commit
+digest the file's checkpoint recorded, and every transfer still in the journal has the digest the
+journal gives it. Both only read the runtime file and the journal, so they run beside a live
+device (off its tick thread), or with none.
+
+    python -m gpu_worker audit export --ccir F --journal DIR --out FILE
+    python -m gpu_worker audit verify --export FILE --ccir F --journal DIR
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+from typing import Any, Iterator
+
+import msgpack
+
+from . import checkpoint
+from .filelayer import OsFileLayer
+from .journal import ZERO_DIGEST, chain_digest, recover
+from .runtime_file import RuntimeFile
+
+
+def transfers(runtime_path: str, journal_dir: str) -> Iterator[tuple[int, int, bytes, bytes]]:
+    """(seq, kind, payload, digest) of every saved transfer, oldest first."""
+    runtime = RuntimeFile.open(runtime_path, verify=False)
+    try:
+        folded_seq, folded_digest = 0, ZERO_DIGEST
+        for name in sorted(runtime.names("audit/")):
+            for seq, kind, payload, digest in msgpack.unpackb(runtime.bytes(name), raw=False):
+                yield seq, kind, payload, digest
+                folded_seq, folded_digest = seq, digest
+        if runtime.has(checkpoint.STATE):
+            state = msgpack.unpackb(runtime.bytes(checkpoint.STATE), raw=False)
+            folded_seq, folded_digest = state["last_seq"], state["last_digest"]
+        incarnation = runtime.incarnation
+    finally:
+        runtime.close()
+    for t in recover(journal_dir, OsFileLayer(), incarnation, start_digest=folded_digest,
+                     after_seq=folded_seq).transfers:
+        yield t.seq, int(t.kind), t.payload, t.digest
+
+
+def export(runtime_path: str, journal_dir: str, out_path: str) -> dict[str, Any]:
+    """Write the export atomically (a temporary file, fsynced, renamed); its summary."""
+    tmp = f"{out_path}.tmp.{os.getpid()}"
+    count, last_seq, last_digest = 0, 0, ZERO_DIGEST
+    try:
+        with open(tmp, "w", encoding="ascii") as f:
+            for seq, kind, payload, digest in transfers(runtime_path, journal_dir):
+                f.write(json.dumps({"seq": seq, "kind": kind, "payload": base64.b64encode(payload).decode(),
+                                    "digest": digest.hex()}, separators=(",", ":")) + "\n")
+                count, last_seq, last_digest = count + 1, seq, digest
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out_path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return {"path": out_path, "transfers": count, "last_seq": last_seq, "last_digest": last_digest.hex()}
+
+
+def verify(export_path: str, runtime_path: str, journal_dir: str) -> str | None:
+    """None when the export is the file's and journal's audit prefix, else why not (one line)."""
+    expected = {seq: digest for seq, _, _, digest in transfers(runtime_path, journal_dir)}
+    runtime = RuntimeFile.open(runtime_path, verify=False)
+    try:
+        state = msgpack.unpackb(runtime.bytes(checkpoint.STATE), raw=False) if runtime.has(checkpoint.STATE) else None
+    finally:
+        runtime.close()
+    digest, seq = ZERO_DIGEST, 0
+    with open(export_path, encoding="ascii") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                row = json.loads(line)
+                payload, claimed = base64.b64decode(row["payload"], validate=True), bytes.fromhex(row["digest"])
+            except (ValueError, KeyError, TypeError) as exc:
+                return f"{export_path}:{number}: not an export line ({exc})"
+            if row["seq"] != seq + 1:
+                return f"{export_path}:{number}: transfer seq {row['seq']} where {seq + 1} belongs"
+            seq = row["seq"]
+            digest = chain_digest(digest, row["kind"], seq, payload)
+            if digest != claimed:
+                return f"{export_path}:{number}: seq {seq}: the hash chain gives {digest.hex()}, the export says " \
+                       f"{claimed.hex()}"
+            if seq in expected and expected[seq] != digest:
+                return f"{export_path}:{number}: seq {seq}: the runtime file or journal has another digest"
+            if state is not None and seq == state["last_seq"] and digest != state["last_digest"]:
+                return f"{export_path}:{number}: seq {seq}: not the commit digest the file's checkpoint recorded"
+    if state is not None and seq < state["last_seq"]:
+        return f"{export_path}: ends at seq {seq}, before the file's checkpoint at seq {state['last_seq']}"
+    return None
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpu_worker audit")
+    sub = parser.add_subparsers(dest="verb", required=True)
+    out = sub.add_parser("export")
+    out.add_argument("--ccir", required=True)
+    out.add_argument("--journal", required=True)
+    out.add_argument("--out", required=True)
+    check = sub.add_parser("verify")
+    check.add_argument("--export", required=True)
+    check.add_argument("--ccir", required=True)
+    check.add_argument("--journal", required=True)
+    args = parser.parse_args(argv)
+    try:
+        if args.verb == "export":
+            print(json.dumps(export(args.ccir, args.journal, args.out), sort_keys=True))
+            return 0
+        why = verify(args.export, args.ccir, args.journal)
+    except (OSError, ValueError) as exc:
+        print(f"audit: {exc}", file=sys.stderr)
+        return 2
+    if why is not None:
+        print(f"audit verify: {why}", file=sys.stderr)
+        return 1
+    print(f"audit verify: {args.export} is the audit prefix of {args.ccir}")
+    return 0
