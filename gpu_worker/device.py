@@ -124,6 +124,7 @@ class Device:
         self.executions = execution.Executions()
         self.pending_admissions: dict[int, tuple[int, int]] = {}  # transfer seq -> (receipt row, kind code)
         self.on_saved: dict[int, Callable[[Transfer], None]] = {}  # transfer seq -> what to apply once saved
+        self.media_waiting: dict[int, tuple[Any, Any, str]] = {}  # MEDIA transfer seq -> the upload to answer
         self._admission_deferred = False
         recovery = recover(self.journal_dir, self.fs, state.incarnation, start_digest=state.checkpoint_digest,
                            after_seq=state.checkpoint_seq)
@@ -256,8 +257,6 @@ class Device:
         replies = batch.replies
         for conn, req_id, status, rrow in batch.waiting:
             replies.append((conn, receipts.receipt_reply(self, req_id, status, rrow)))
-        for conn, req_id, sha, prow in batch.media:
-            replies.append((conn, media.answer(self, req_id, sha, prow)))
         for conn, msg in batch.reads:
             later = LATER.get(msg.get("op", ""))
             if later is None:
@@ -291,6 +290,7 @@ class Device:
         admission of the unsaved batches; their other replies are answered from the saved state."""
         log.warning("journal write failed (%s); rebuilding from the saved state and holding", err)
         execution.stop_all(self)  # their unsaved outputs are gone: they end at the next boot
+        media.refuse_waiting(self)  # uploads whose owner was not saved
         self.committer.writer.close()
         self.runtime = runtime_file.RuntimeFile.open(self.runtime.path, verify=False)
         self.committer.writer = self._open_writer(self._load())
@@ -397,7 +397,9 @@ class Device:
 
     @property
     def internal_work(self) -> bool:
-        return execution.has_work(self)
+        """Something to journal that no client asked for in a tick: engine work, or transfers
+        appended between ticks (a hold's start, an upload whose bytes are written)."""
+        return execution.has_work(self) or self.committer.writer.untaken_records > 0
 
     # ---- holds and checkpoints (SPEC "Recorded state and recovery") --------------------
 

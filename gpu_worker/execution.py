@@ -81,29 +81,51 @@ def input_text(d: Device, rrow: int) -> str:
     return str(body["text"]) + "".join(media_link(m["sha256"]) for m in body.get("media", []))
 
 
-def prompt(d: Device, rrow: int, page_limit: int, max_output: int) -> list[int] | None:
-    """The conversation's earlier turns and this input, oldest turns dropped until it fits (None:
-    the input alone does not fit its page limit)."""
-    assert d.runner is not None
+def conversation_turns(d: Device, rrow: int) -> list[dict[str, str]]:
+    """The conversation's earlier succeeded turns before this input, then this input, as chat
+    messages (copies of the saved bytes, taken on the tick thread: `fit_prompt` runs elsewhere)."""
     t = d.state.tables
     crow = t.value(t.receipts, rrow, R.TARGET)
-    turns = []
+    messages = []
     for earlier in d.state.conversations.inputs.get(crow, []):
         if earlier == rrow:
             break
         if t.value(t.receipts, earlier, R.TERMINAL) != Terminal.SUCCEEDED:
             continue
         answer = t.get_bytes(t.result_bytes, earlier, t.value(t.receipts, earlier, R.RESULT_LEN))
-        turns.append([{"role": "user", "content": input_text(d, earlier)},
-                      {"role": "assistant", "content": answer.decode("utf-8", "replace")}])
-    current = [{"role": "user", "content": input_text(d, rrow)}]
-    room = page_limit * d.runtime.runtime_profile["page_size"] - max_output
-    tokenizer = d.runner.engine.tokenizer
-    while True:
-        ids: list[int] = tokenizer.encode_chat([m for turn in turns for m in turn] + current)
-        if len(ids) <= room or not turns:
-            return ids if len(ids) <= room else None
-        turns.pop(0)
+        messages += [{"role": "user", "content": input_text(d, earlier)},
+                     {"role": "assistant", "content": answer.decode("utf-8", "replace")}]
+    return messages + [{"role": "user", "content": input_text(d, rrow)}]
+
+
+def fit_prompt(tokenizer: Any, messages: list[dict[str, str]], room: int) -> list[int] | None:
+    """The prompt of the most recent turns that fit `room` tokens (turns are user + assistant
+    pairs before the last message), or None when the input alone does not fit. Any thread: it
+    reads nothing but its arguments. The number of oldest turns to drop is found by bisection
+    (the prompt only shrinks as turns go), so a long history costs O(log turns) encodings, not
+    one per dropped turn."""
+    turns = (len(messages) - 1) // 2
+
+    def encoded(dropped: int) -> list[int]:
+        ids: list[int] = tokenizer.encode_chat(messages[2 * dropped:])
+        return ids
+
+    ids = encoded(0)
+    if len(ids) <= room:
+        return ids
+    alone = encoded(turns)
+    if len(alone) > room:
+        return None
+    low, high = 0, turns  # encoded(low) does not fit, encoded(high) does
+    best = alone
+    while high - low > 1:
+        middle = (low + high) // 2
+        candidate = encoded(middle)
+        if len(candidate) <= room:
+            high, best = middle, candidate
+        else:
+            low = middle
+    return best
 
 
 # ---- journal transfers -------------------------------------------------------------------
@@ -197,14 +219,27 @@ def lease_saved(d: Device, rrows: list[int], transfer: Transfer, live: bool) -> 
             execution.finish = Finish.CANCELLED
             continue
         row = t.row(t.receipts, rrow)
-        ids = prompt(d, rrow, row[R.PAGE_LIMIT], row[R.MAX_OUTPUT])
-        if ids is None:
-            execution.finish = Finish.FAILED
-            continue
-        execution.input_tokens = len(ids)
         body = _body(d, rrow)
-        d.runner.submit(("input", rrow), ids, max_new_tokens=row[R.MAX_OUTPUT], page_limit=row[R.PAGE_LIMIT],
-                        temperature=float(body.get("temperature", 0.0)), top_p=float(body.get("top_p", 1.0)))
+        settings = {"max_new_tokens": row[R.MAX_OUTPUT], "page_limit": row[R.PAGE_LIMIT],
+                    "temperature": float(body.get("temperature", 0.0)), "top_p": float(body.get("top_p", 1.0))}
+        room = row[R.PAGE_LIMIT] * d.runtime.runtime_profile["page_size"] - row[R.MAX_OUTPUT]
+        messages, tokenizer = conversation_turns(d, rrow), d.runner.engine.tokenizer
+        d.off_thread(functools.partial(fit_prompt, tokenizer, messages, room),
+                     functools.partial(_prompted, d, rrow, settings))
+
+
+def _prompted(d: Device, rrow: int, settings: dict[str, Any], ids: list[int] | None,
+              error: BaseException | None) -> None:
+    """On the tick thread, the prompt built: the engine gets the input (unless it ended meanwhile:
+    cancelled, or past its deadline)."""
+    execution = d.executions.live.get(rrow)
+    if execution is None or execution.finish or d.runner is None:
+        return
+    if error is not None or ids is None:
+        execution.finish = Finish.FAILED
+        return
+    execution.input_tokens = len(ids)
+    d.runner.submit(("input", rrow), ids, **settings)
 
 
 def _inconsistent(d: Device, transfer: Transfer, reason: str) -> JournalCorrupt:

@@ -378,6 +378,7 @@ CODES = {
     "space_capacity": "the space table is full",
     "member_capacity": "the member table is full",
     "conversation_capacity": "the conversation table is full",
+    "media_write_failed": "the device could not write the media source to its disk (the error is in `message`)",
 }
 
 STATUS_TEXT = {
@@ -533,7 +534,8 @@ OPERATIONS = {  # keyed by the device command each route calls
         "path": "sha256", "listing": False, "success": {200: "Media", 201: "Media"},
         "errors": {400: ("bad_id", "bad_field", "digest_mismatch"), 404: ("not_found",),
                    409: ("participant_not_registered",),
-                   413: ("media_too_large",), 415: ("unsupported_media_type",), 429: ("journal_hold",)},
+                   413: ("media_too_large",), 415: ("unsupported_media_type",), 429: ("journal_hold",),
+                   507: ("media_write_failed",)},
         "description": "The raw bytes with Content-Type image/* or audio/*; they must hash to the path's sha256. "
                        "The source is owned by the caller's participant (201 new owner, 200 already owned); "
                        "inputs may reference it in `media`."},

@@ -40,7 +40,10 @@ class Chats:
 
 
 def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
-    """Hand a chat to the engine; a refusal is answered in this tick. Journals nothing."""
+    """Check a chat, tokenize its messages on a thread of their own (a long prompt must not stall
+    the tick thread), then hand it to the engine. Refusals found here are answered in this tick;
+    those that need the prompt's length, as soon as it is known. Journals nothing."""
+    req_id = msg.get("id")
     try:
         principal = d.principal(msg, CHAT)
         if d.runner is None:
@@ -52,29 +55,46 @@ def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
                        for m in messages)):
             raise ServiceError(400, "invalid_messages", "messages must be a non-empty list of {role, content}")
         model_card(d, args.get("model"))
+        max_tokens = args.get("max_tokens")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            raise ServiceError(400, "invalid_max_tokens", "max_tokens must be a positive integer")
+    except ServiceError as err:
+        batch.replies.append((conn, reply(req_id, err.status, err.body())))
+        return 0
+    tokenizer = d.runner.engine.tokenizer
+    d.off_thread(lambda: tokenizer.encode_chat(messages),
+                 lambda prompt, error: _submit(d, conn, req_id, principal, args, prompt, error))
+    return 0
+
+
+def _submit(d: Device, conn: Any, req_id: Any, principal: bytes, args: dict[str, Any], prompt: list[int] | None,
+            error: BaseException | None) -> None:
+    """On the tick thread, the prompt tokenized: refuse what does not fit, or start the chat."""
+    if getattr(conn, "closed", False) or d.runner is None:
+        return  # its client went away meanwhile
+    try:
+        if error is not None or prompt is None:
+            raise ServiceError(400, "invalid_messages", f"the messages could not be tokenized: {error}")
         profile = d.runtime.runtime_profile
-        prompt = d.runner.engine.tokenizer.encode_chat(messages)
         capacity = profile["page_grant"] * profile["page_size"]
         max_tokens = args.get("max_tokens")
         if max_tokens is None:
             max_tokens = min(profile["max_output_tokens"], capacity - len(prompt) + 1)
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ServiceError(400, "invalid_max_tokens", "max_tokens must be a positive integer")
-        if len(prompt) + max_tokens - 1 > capacity:
+        if max_tokens < 1 or len(prompt) + max_tokens - 1 > capacity:
             raise ServiceError(400, "context_length_exceeded",
                                f"{len(prompt)} prompt tokens and max_tokens {max_tokens} exceed the page grant of "
                                f"{capacity} tokens")
-        stop = args.get("stop") or []
-        request_id = d.chats.next_id()
-        d.subscriptions.open(conn, msg.get("id"), request_id, principal,
-                             {"stream": bool(args.get("stream")), "text": bytearray(), "tokens": 0,
-                              "prompt_tokens": len(prompt)})
-        d.runner.submit(request_id, prompt, max_new_tokens=max_tokens,
-                        temperature=float(args.get("temperature", 1.0)), top_p=float(args.get("top_p", 1.0)),
-                        stop=tuple(stop), page_limit=pages_for(len(prompt) + max_tokens - 1, profile["page_size"]))
     except ServiceError as err:
-        batch.replies.append((conn, reply(msg.get("id"), err.status, err.body())))
-    return 0
+        d.subscriptions.outbox.append((conn, reply(req_id, err.status, err.body())))
+        return
+    stop = args.get("stop") or []
+    request_id = d.chats.next_id()
+    d.subscriptions.open(conn, req_id, request_id, principal,
+                         {"stream": bool(args.get("stream")), "text": bytearray(), "tokens": 0,
+                          "prompt_tokens": len(prompt)})
+    d.runner.submit(request_id, prompt, max_new_tokens=max_tokens,
+                    temperature=float(args.get("temperature", 1.0)), top_p=float(args.get("top_p", 1.0)),
+                    stop=tuple(stop), page_limit=pages_for(len(prompt) + max_tokens - 1, profile["page_size"]))
 
 
 def event(d: Device, request_id: tuple[str, int], token: int | None, data: bytes, finish: str | None) -> None:

@@ -1,13 +1,14 @@
 """Media sources (`PUT /aotx/v1/media/{sha256}`): content-addressed files under <journal>/media/,
-each owned by the participants that uploaded it. The bytes are written and fsynced (file, then
-directory) before the MEDIA transfer that records the owner is appended, so a saved owner always
-has its bytes. An upload answers 201 once that transfer is saved, 200 when the caller already
-owns the source."""
+each owned by the participants that uploaded it. The bytes are hashed, written and fsynced (file,
+then directory) on a thread of their own before the MEDIA transfer that records the owner is
+appended, so a saved owner always has its bytes. An upload answers 201 once that transfer is
+saved, 200 when the caller already owns the source."""
 from __future__ import annotations
 
 import functools
 import hashlib
 import os
+import threading
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -17,7 +18,7 @@ from ..contract.limits import MAX_MEDIA_BYTES
 from ..contract.vocabulary import MEDIA_TYPES, WRITE
 from ..contract.wire import Message, dumps, reply
 from ..state import MediaSource
-from ..storage.journal import JournalCorrupt, Transfer, TransferKind, record_count, segment_name
+from ..storage.journal import JournalCorrupt, Transfer, TransferKind, segment_name
 
 if TYPE_CHECKING:
     from ..device import Device
@@ -34,6 +35,7 @@ def view(d: Device, sha: str) -> dict[str, Any]:
 
 
 def _check(args: dict[str, Any]) -> None:
+    """What can be checked without reading the bytes (the digest is checked off the tick thread)."""
     sha, data, kind = args.get("sha256"), args.get("data"), args.get("type")
     if not isinstance(sha, str) or len(sha) != 64 or not isinstance(data, bytes):
         raise ServiceError(400, "bad_field", "media upload needs sha256 and the bytes")
@@ -41,28 +43,32 @@ def _check(args: dict[str, Any]) -> None:
         raise ServiceError(400, "bad_field", "media type must be image or audio")
     if len(data) > MAX_MEDIA_BYTES:
         raise ServiceError(413, "media_too_large", f"a media source is at most {MAX_MEDIA_BYTES} bytes")
+
+
+def _store(directory: str, fs: Any, sha: str, data: bytes) -> None:
+    """Off the tick thread: the digest, then the file written and fsynced (file, then directory)."""
     if hashlib.sha256(data).hexdigest() != sha:
         raise ServiceError(400, "digest_mismatch", "the bytes do not hash to the sha256 in the path")
-
-
-def _write(d: Device, sha: str, data: bytes) -> None:
-    directory = media_dir(d)
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, sha)
     if os.path.exists(path):
         return
-    tmp = f"{path}.tmp"
+    tmp = f"{path}.tmp.{threading.get_ident()}"  # two uploads of one source may run at once
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    d.fs.fsync_dir(directory)
+    fs.fsync_dir(directory)
 
 
 def put(d: Device, conn: object, msg: Message, batch: Batch) -> int:
-    """A media upload in a tick: refused, already owned, or appended (answered once saved).
-    Returns the journal records it used."""
+    """A media upload: its bytes are hashed and, when the device has no copy yet, written on a
+    thread of their own (an 8 MiB upload must not stall other clients); then it is answered 200
+    when the caller already owns the source, or the MEDIA transfer that records the owner is
+    appended and the upload answered once it is saved (201), or refused if the journal cannot
+    save it (429)."""
+    req_id = msg.get("id")
     try:
         principal = d.principal(msg, WRITE)
         prow = d.caller_row(principal)
@@ -71,28 +77,48 @@ def put(d: Device, conn: object, msg: Message, batch: Batch) -> int:
         if d.holds.current:
             raise d.holds.refusal(d.committer.writer.queued_bytes)
     except ServiceError as err:
-        batch.replies.append((conn, reply(msg.get("id"), err.status, err.body())))
+        batch.replies.append((conn, reply(req_id, err.status, err.body())))
         return 0
-    sha = args["sha256"]
-    source = d.state.media.get(sha)
-    if source is not None and prow in source.owners:
-        batch.replies.append((conn, reply(msg.get("id"), 200, dumps(view(d, sha)))))
-        return 0
-    _write(d, sha, args["data"])
-    payload = msgpack.packb([d.state.participants.raw[prow], bytes.fromhex(sha), len(args["data"]), args["type"]],
-                            use_bin_type=True)
-    d.append(TransferKind.MEDIA, payload, functools.partial(apply, d, payload))
-    batch.media.append((conn, msg.get("id"), sha, prow))
-    return record_count(len(payload))
+    sha, data, kind = args["sha256"], args["data"], args["type"]
+    owner = d.state.participants.raw[prow]
+
+    def stored(_: Any, error: BaseException | None) -> None:
+        source = d.state.media.get(sha)
+        if error is None and source is not None and prow in source.owners:
+            d.subscriptions.outbox.append((conn, reply(req_id, 200, dumps(view(d, sha)))))
+            return
+        if error is not None:
+            err = error if isinstance(error, ServiceError) else ServiceError(
+                507, "media_write_failed", f"the media source could not be written: {error}")
+            d.subscriptions.outbox.append((conn, reply(req_id, err.status, err.body())))
+            return
+        if d.holds.current:
+            refusal = d.holds.refusal(d.committer.writer.queued_bytes)
+            d.subscriptions.outbox.append((conn, reply(req_id, refusal.status, refusal.body())))
+            return
+        payload = msgpack.packb([owner, bytes.fromhex(sha), len(data), kind], use_bin_type=True)
+        seq = d.append(TransferKind.MEDIA, payload, functools.partial(saved, d, payload))
+        d.media_waiting[seq] = (conn, req_id, sha)
+
+    d.off_thread(lambda: _store(media_dir(d), d.fs, sha, data), stored)
+    return 0
 
 
-def answer(d: Device, req_id: object, sha: str, prow: int) -> Message:
-    """The reply to an upload whose tick was saved, or refused (ENOSPC: nothing saved)."""
-    source = d.state.media.get(sha)
-    if source is not None and prow in source.owners:
-        return reply(req_id, 201, dumps(view(d, sha)))
+def saved(d: Device, payload: bytes, transfer: Transfer) -> None:
+    """The owner is saved: answer the upload."""
+    apply(d, payload, transfer)
+    waiting = d.media_waiting.pop(transfer.seq, None)
+    if waiting is not None:
+        conn, req_id, sha = waiting
+        d.subscriptions.outbox.append((conn, reply(req_id, 201, dumps(view(d, sha)))))
+
+
+def refuse_waiting(d: Device) -> None:
+    """ENOSPC: uploads whose owner was not saved are refused (their bytes stay, owned by nobody)."""
     refusal = d.holds.refusal(d.committer.writer.queued_bytes, "the journal cannot save new operations right now")
-    return reply(req_id, refusal.status, refusal.body())
+    for conn, req_id, _ in d.media_waiting.values():
+        d.subscriptions.outbox.append((conn, reply(req_id, refusal.status, refusal.body())))
+    d.media_waiting.clear()
 
 
 def apply(d: Device, payload: bytes, transfer: Transfer) -> None:

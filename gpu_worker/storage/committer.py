@@ -34,12 +34,11 @@ class Batch:
     """One tick's commands between gather and answer: every reply waits until `last_seq`, the
     last journal transfer appended by then, is saved."""
 
-    __slots__ = ("replies", "waiting", "media", "reads", "last_seq")
+    __slots__ = ("replies", "waiting", "reads", "last_seq")
 
     def __init__(self) -> None:
         self.replies: list[Reply] = []                      # ready now: refusals, reads of saved state
         self.waiting: list[tuple[Any, Any, int, int]] = []  # (conn, req_id, status, receipt row) of admissions
-        self.media: list[tuple[Any, Any, str, int]] = []    # (conn, req_id, sha256, participant row) of uploads
         self.reads: list[tuple[Any, Message]] = []          # reads that must not see unsaved state before them
         self.last_seq = 0
 

@@ -40,6 +40,7 @@ class LiveDevice:
         self.device = Device(RuntimeFile.open(self.runtime), self.journal, Grants(self.grants),
                              fs=self.fs or OsFileLayer())
         self.server = Server(self.device, os.path.join(self.journal, "service.sock"))
+        self.device.deliver = self.server.deliver  # as boot does: helper threads answer through the loop
         ready = threading.Event()
         self.thread = threading.Thread(target=self.server.run, kwargs={"on_ready": ready.set}, daemon=True)
         self.thread.start()
@@ -127,6 +128,42 @@ def test_concurrent_registrations_are_saved_before_their_replies(tiny_runtime, t
     assert set(saved) == set(live.principals)
     for principal, reply in replies.items():
         assert saved[principal] == [json.loads(reply["body"])]  # byte-identical after the restart
+
+
+def test_a_slow_media_write_runs_off_the_tick_thread_and_others_are_served_meanwhile(tiny_runtime, tmp_path,
+                                                                                     monkeypatch):
+    """An upload's hashing and writing (proportional to its size) never holds the tick thread:
+    while one is stuck on the disk, another client registers and reads."""
+    import hashlib
+
+    from gpu_worker.ops import media
+    release, started, threads = threading.Event(), threading.Event(), []
+    store = media._store
+
+    def slow_store(*args):
+        threads.append(threading.current_thread().name)
+        started.set()
+        assert release.wait(30)
+        return store(*args)
+    monkeypatch.setattr(media, "_store", slow_store)
+    live = LiveDevice(tiny_runtime, tmp_path, 2).start()
+    try:
+        uploader, other = live.principals
+        with live.connect() as a, live.connect() as b:
+            assert call(a, live.register_frame(uploader, 1))["status"] == 202
+            data = b"\x89PNG" * 100
+            a.sendall(encode_frame({"v": 1, "id": 2, "op": "media.put", "principal": uploader.hex(),
+                                    "args": {"sha256": hashlib.sha256(data).hexdigest(), "data": data,
+                                             "type": "image"}}))
+            assert started.wait(30)
+            assert call(b, live.register_frame(other, 3))["status"] == 202  # served while the upload waits
+            release.set()
+            (n,) = LENGTH.unpack(_exactly(a, 4))
+            assert decode_payload(_exactly(a, n))["status"] == 201
+    finally:
+        release.set()
+        live.stop()
+    assert threads == ["aotx-off-tick"]
 
 
 def test_a_checkpoint_command_under_load_folds_only_saved_state(tmp_path):

@@ -45,7 +45,8 @@ def subscribe(world, name, op, **args):
 
 def collect(world):
     """Frames per subscription (a frame for several names them all in "ids")."""
-    for conn, msg in world.device.take_outbox():
+    pushed, world.pushed = world.pushed + world.device.take_outbox(), []
+    for conn, msg in pushed:
         for req_id in msg.get("ids") or (msg["id"],):
             world.frames[req_id].append(msg)
 

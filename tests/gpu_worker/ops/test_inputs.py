@@ -206,7 +206,7 @@ def test_inputs_beyond_the_page_budget_wait_and_share_the_pool_with_chat(world):
     world.pump(lambda: all(world.read("a", "operations.get", operation=r["operation"])[1]["terminal"]["saved"]
                            for r in receipts), timeout=120)
     assert max(p.running for p in seen) == 4 and engine.pool.owned == 0
-    assert any(reply["id"] == 99 for _, reply in world.device.subscriptions.outbox)
+    assert any(reply.get("id") == 99 for _, reply in world.pushed + world.device.take_outbox())
 
 
 def test_media_sources_are_owned_by_their_uploader_and_survive_a_checkpoint(world):

@@ -27,6 +27,7 @@ class World:
         self.actions = {n: list(actions or ALL) for n in names}
         self.write_grants()
         self.ids = iter(range(1, 1 << 30))
+        self.pushed = []  # frames for other requests (subscriptions) that arrived with a reply
         self.device = None
         self.boot()
         self.par = {}
@@ -43,9 +44,13 @@ class World:
         self.device = Device(RuntimeFile.open(self.runtime), self.journal, Grants(self.grants_path))
 
     def send(self, name, op, args):
-        inbox = collections.deque([("c", {"v": 1, "id": next(self.ids), "op": op, "principal": self.principals[name],
+        """One command and its reply, in the tick or later (an upload answers once its owner is saved)."""
+        req_id = next(self.ids)
+        inbox = collections.deque([("c", {"v": 1, "id": req_id, "op": op, "principal": self.principals[name],
                                           "args": args})])
-        [(_, msg)] = self.device.committer.run_sync(inbox)
+        replies = self.device.committer.run_sync(inbox) + self.device.take_outbox()
+        [msg] = [msg for _, msg in replies if msg.get("id") == req_id]
+        self.pushed += [(conn, m) for conn, m in replies if m is not msg]  # other requests' frames
         return msg["status"], json.loads(msg["body"])
 
     def read(self, name, op, **args):
