@@ -30,7 +30,11 @@ def _other_cpus(tick_cpu):
     return allowed - {tick_cpu}
 
 
+PRIVATE = 0o077  # files the device creates (journal, media, owner marker, checkpoints) are its own alone
+
+
 def main(argv):
+    os.umask(PRIVATE)  # the journal holds the inputs' text in clear: nobody else reads it
     parser = argparse.ArgumentParser(prog="python -m gpu_worker boot")
     parser.add_argument("--ccir", required=True, help="the complete runtime file")
     parser.add_argument("--journal", required=True, help="journal directory (holds service.sock)")

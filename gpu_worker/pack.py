@@ -716,6 +716,7 @@ def _pack(args, capacity: dict | None, limits: dict | None, started: float) -> s
 
 
 def main(argv: list[str]) -> int:
+    os.umask(0o077)  # a runtime file's checkpoints hold the inputs' text: it is its owner's alone
     """`python -m gpu_worker pack ...`; argv holds the arguments after `pack`."""
     try:
         print(_run(_parser().parse_args(argv)))

@@ -59,14 +59,11 @@ class DeviceClient:
             if connection is None:
                 connection = self._connect()
             try:
-                msg = connection.call(op, principal_id, args)
-            except TimeoutError:
+                req_id = connection.send(op, principal_id, args)
+            except OSError as exc:
                 connection.close()
-                raise _timed_out(self.timeout) from None
-            except (OSError, ProtocolError) as exc:
-                connection.close()
-                # a pooled connection may have gone stale across a device restart: retry once on a
-                # fresh one (safe: an exact retry of a mutation answers its existing receipt)
+                # nothing reached the device. A pooled connection may have gone stale across a
+                # device restart: retry once on a fresh one
                 if fresh or attempt:
                     raise ServiceError(503, "device_unavailable", f"the device connection failed: {exc}") from None
                 with self._lock:  # the device restarted: every pooled connection is stale
@@ -74,6 +71,16 @@ class DeviceClient:
                 for other in stale:
                     other.close()
                 continue
+            try:
+                msg = connection.receive(req_id)
+            except TimeoutError:
+                connection.close()
+                raise _timed_out(self.timeout) from None
+            except (OSError, ProtocolError) as exc:
+                connection.close()  # the request reached the device: it may have been admitted
+                raise ServiceError(503, "device_connection_lost",
+                                   f"the device connection broke after the request was sent ({exc}); it may have "
+                                   "been admitted: retry it exactly") from None
             with self._lock:
                 self._idle.append(connection)
             return msg

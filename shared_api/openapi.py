@@ -369,6 +369,8 @@ CODES = {
     "journal_hold": "a journal hold pauses persistent admission (`cause`, `disk_error`, `pending_bytes`)",
     # 503
     "device_unavailable": "the device is not reachable; nothing was admitted",
+    "device_connection_lost": "the connection to the device broke after the request was sent: a mutation may "
+                              "have been admitted, so retry it exactly (an exact retry answers its receipt)",
     "device_timeout": "the device did not answer in time; the mutation may have been admitted, "
                       "so retry it exactly",
     "gateway_misconfigured": "the gateway configuration cannot be read",
@@ -404,7 +406,7 @@ ENVELOPE_400 = ("invalid_json", "invalid_utf8", "duplicate_key", "unknown_field"
                 "command_too_large", "bad_command")
 SEQUENCE_409 = ("stale_lineage", "operation_changed", "future_sequence", "operation_key_in_use")
 COMMON = {401: ("unauthenticated",), 403: ("grant_missing",),
-          503: ("device_unavailable", "device_timeout", "gateway_misconfigured")}
+          503: ("device_unavailable", "device_connection_lost", "device_timeout", "gateway_misconfigured")}
 
 PATH_PARAMETERS = {
     "participant": ("ParticipantId", "par-{32 hex}"),

@@ -27,9 +27,13 @@ class Connection:
         self.reader = FrameReader()
 
     def call(self, op: str, principal: str | None, args: dict[str, Any] | None = None) -> Message:
+        return self.receive(self.send(op, principal, args))
+
+    def send(self, op: str, principal: str | None, args: dict[str, Any] | None = None) -> int:
+        """Send one request; its id. A failure here means the device has no whole request."""
         req_id = next(self._ids)
         self.sock.sendall(request(req_id, op, principal, args))
-        return self.receive(req_id)
+        return req_id
 
     def receive(self, req_id: int) -> Message:
         """The next reply, which must answer req_id."""

@@ -54,7 +54,7 @@ def _store(directory: str, fs: Any, sha: str, data: bytes) -> None:
     if os.path.exists(path):
         return
     tmp = f"{path}.tmp.{threading.get_ident()}"  # two uploads of one source may run at once
-    with open(tmp, "wb") as f:
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

@@ -106,7 +106,7 @@ class OsAppendFile(AppendFile):
 class OsFileLayer(FileLayer):
     def open_append(self, path: str) -> OsAppendFile:
         # O_APPEND: every write lands at the current end, also after an ftruncate.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         return OsAppendFile(path, fd)
 
     def read_file(self, path: str) -> bytes:
@@ -216,7 +216,7 @@ class FaultyFileLayer(FileLayer):
             else:
                 self.durable[path] = 0
                 self._undurable_entries.add(path)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         handle = FaultyAppendFile(self, path, fd)
         self._open.append(handle)
         return handle

@@ -71,7 +71,7 @@ def write(directory: str, owner: Owner) -> None:
     target = path(directory)
     tmp = f"{target}.tmp"
     data = json.dumps({"schema": SCHEMA, **asdict(owner)}, sort_keys=True).encode("ascii") + b"\n"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, data)
         os.fsync(fd)

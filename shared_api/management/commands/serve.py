@@ -14,6 +14,7 @@ class Command(BaseCommand):
         parser.add_argument("--config", required=True)
 
     def handle(self, *args: Any, **opts: Any) -> None:
+        os.umask(0o077)  # the gateway's database (tokens' digests, admin sessions) and grant files: ours alone
         try:
             cfg = config.load(opts["config"])
         except config.ConfigError as exc:

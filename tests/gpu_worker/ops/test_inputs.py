@@ -227,3 +227,15 @@ def test_media_sources_are_owned_by_their_uploader_and_survive_a_checkpoint(worl
     assert code(world.say("a", conversation, "look", media=media)) == (409, "model_lacks_media")
     space_b, conversation_b = world.conversation("b")
     assert code(world.say("b", conversation_b, "look", media=media)) == (404, "media_not_found")
+
+
+def test_the_journal_the_lock_and_media_files_are_readable_by_their_owner_only(world):
+    import hashlib
+    import os
+    import stat
+    data = b"\x89PNG" * 10
+    world.read("a", "media.put", sha256=hashlib.sha256(data).hexdigest(), data=data, type="image")
+    journal = world.journal
+    files = [os.path.join(journal, name) for name in os.listdir(journal) if name.endswith(".journal")]
+    files += [os.path.join(journal, "lock"), os.path.join(journal, "media", hashlib.sha256(data).hexdigest())]
+    assert {path: stat.S_IMODE(os.stat(path).st_mode) for path in files} == {path: 0o600 for path in files}
