@@ -126,6 +126,7 @@ SPECTACULAR_SETTINGS = {
 AOTX_GATEWAY_CONFIG = os.environ.get("AOTX_GATEWAY_CONFIG", str(VAR_DIR / "gateway.json"))
 AOTX_DEVICE_TIMEOUT = float(os.environ.get("AOTX_DEVICE_TIMEOUT", "30"))
 AOTX_SSE_KEEPALIVE = float(os.environ.get("AOTX_SSE_KEEPALIVE", "15"))  # seconds between keep-alive comments
+AOTX_CHAT_TIMEOUT = float(os.environ.get("AOTX_CHAT_TIMEOUT", "600"))  # a whole non-streamed completion
 DATA_UPLOAD_MAX_MEMORY_SIZE = (8 << 20) + 4096  # media uploads (PUT /aotx/v1/media/{sha256})
 
 LOGGING = {

@@ -13,6 +13,7 @@ import secrets
 import time
 from typing import Any, AsyncIterator
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -143,12 +144,22 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
     completion_id = "chatcmpl-" + secrets.token_hex(12)
     created = int(time.time())
     if not args["stream"]:
+        # A whole completion can take longer than the device timeout (which bounds an answer that
+        # should come at once): wait for it up to AOTX_CHAT_TIMEOUT, then stop it.
         try:
-            msg = await mux().call("chat.completions", principal, args)
+            pending = await mux().open("chat.completions", principal, args)
+        except ServiceError as err:
+            return openai_error(err.status, err.code, err.message)
+        try:
+            msg = await pending.next(mux().timeout)  # "accepted" (or a refusal): the device answers at once
+            if msg.get("more"):
+                msg = await pending.next(settings.AOTX_CHAT_TIMEOUT)
         except ServiceError as err:
             return openai_error(err.status, err.code, err.message)
         except asyncio.TimeoutError:
-            return openai_error(503, "device_timeout", "the device did not answer in time")
+            await pending.close()
+            return openai_error(503, "device_timeout", f"the completion took longer than {settings.AOTX_CHAT_TIMEOUT:g}s; "
+                                                       "it was stopped (stream it to see tokens as they come)")
         if msg["status"] != 200:
             return _device_error(msg)
         return HttpResponse(json.dumps(_completion(completion_id, created, args["model"], json.loads(msg["body"]))),

@@ -89,9 +89,10 @@ def _submit(d: Device, conn: Any, req_id: Any, principal: bytes, args: dict[str,
         return
     stop = args.get("stop") or []
     request_id = d.chats.next_id()
-    d.subscriptions.open(conn, req_id, request_id, principal,
-                         {"stream": bool(args.get("stream")), "text": bytearray(), "tokens": 0,
-                          "prompt_tokens": len(prompt)})
+    sub = d.subscriptions.open(conn, req_id, request_id, principal,
+                               {"stream": bool(args.get("stream")), "text": bytearray(), "tokens": 0,
+                                "prompt_tokens": len(prompt)})
+    d.subscriptions.push(sub, b"", event="accepted")  # the gateway now waits for the whole completion
     d.runner.submit(request_id, prompt, max_new_tokens=max_tokens,
                     temperature=float(args.get("temperature", 1.0)), top_p=float(args.get("top_p", 1.0)),
                     stop=tuple(stop), page_limit=pages_for(len(prompt) + max_tokens - 1, profile["page_size"]))

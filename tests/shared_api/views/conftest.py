@@ -6,6 +6,7 @@ the request map and returns
   - (status, body) or (status, body, headers): one reply frame;
   - a list of reply maps (e.g. `{"status": 200, "body": b"Hel", "more": True}`), sent one frame at a
     time, each given the request's `id` unless it names one;
+    a number in that list pauses the answer that many seconds;
   - None: no answer to this request;
   - HANG_UP: close the connection without answering.
 `device.silent = True` never answers anything; `device.stop()` removes the socket.
@@ -19,6 +20,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -167,7 +169,10 @@ class FakeDevice:
                     return
                 try:
                     for frame in out:
-                        conn.sendall(frame)
+                        if isinstance(frame, float):
+                            time.sleep(frame)
+                        else:
+                            conn.sendall(frame)
                 except OSError:
                     return
 
@@ -180,7 +185,8 @@ class FakeDevice:
         if isinstance(result, tuple):
             status, body, *rest = result
             return [encode_frame(reply(req.get("id"), status, body, rest[0] if rest else None))]
-        return [encode_frame({"id": req.get("id"), **msg}) for msg in result]
+        return [float(msg) if isinstance(msg, (int, float)) else encode_frame({"id": req.get("id"), **msg})
+                for msg in result]
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from django.test import AsyncClient
 from gpu_worker.contract.limits import MAX_CHAT_BODY_BYTES
 from tests.conftest import wait_for
 
-from .conftest import (BAD_AUTHORIZATIONS, HOLDER, WWW_AUTHENTICATE, action_of, assert_openai_error,
+from .conftest import (BAD_AUTHORIZATIONS, DEVICE_TIMEOUT, HOLDER, WWW_AUTHENTICATE, action_of, assert_openai_error,
                        assert_request, lacking)
 
 PATH = "/v1/chat/completions"
@@ -217,7 +217,27 @@ def test_it_answers_503_device_unavailable_when_the_device_is_stopped(gateway, d
 def test_it_answers_503_device_timeout_when_the_device_is_silent(gateway, device, people):
     device.silent = True
     assert_openai_error(post(gateway, people["chatter"], chat()), 503, "device_timeout", "server_error")
-    assert device.only_request()["op"] == OP
+    # the chat, then the close that stops it (it may have been admitted and be using pages)
+    wait_for(lambda: [r["op"] for r in device.requests] == [OP, "subscriptions.close"], timeout=5,
+             what="the chat, then its close")
+
+
+ACCEPTED = {"status": 200, "body": b"", "more": True, "event": "accepted"}
+
+
+def test_a_plain_completion_waits_past_the_device_timeout_once_the_device_accepted_it(gateway, device, people):
+    device.handler = lambda req: [ACCEPTED, DEVICE_TIMEOUT * 3, {"status": 200, "body": json.dumps(RESULT).encode()}]
+    response = post(gateway, people["chatter"], chat())
+    assert response.status_code == 200, response.content
+    assert response.json()["choices"][0]["message"]["content"] == RESULT["text"]
+
+
+def test_a_plain_completion_longer_than_the_chat_timeout_is_stopped(gateway, device, people, settings):
+    settings.AOTX_CHAT_TIMEOUT = DEVICE_TIMEOUT * 2
+    device.handler = lambda req: [ACCEPTED]  # and then nothing
+    assert_openai_error(post(gateway, people["chatter"], chat()), 503, "device_timeout", "server_error")
+    wait_for(lambda: [r["op"] for r in device.requests] == [OP, "subscriptions.close"], timeout=5,
+             what="the gateway to stop the chat")
 
 
 def test_it_closes_its_device_connection_after_a_plain_completion(gateway, device, people):
