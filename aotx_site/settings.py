@@ -42,6 +42,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "shared_api.metrics.RequestMetricsMiddleware",  # outermost: /metrics times the whole request
     "shared_api.middleware.NoStoreMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "shared_api.middleware.StaticFilesMiddleware",  # STATIC_ROOT (collectstatic) through WhiteNoise
@@ -62,6 +63,7 @@ TEMPLATES = [{
         "django.template.context_processors.request",
         "django.contrib.auth.context_processors.auth",
         "django.contrib.messages.context_processors.messages",
+        "shared_api.context_processors.journal_hold",  # the hold state on every admin page
     ]},
 }]
 ASGI_APPLICATION = "aotx_site.asgi.application"
@@ -100,7 +102,22 @@ else:
                                        "processed_folder": str(_broker / "processed"),
                                        "control_folder": str(_broker / "control")}
     CELERY_RESULT_BACKEND = None
-CELERY_BEAT_SCHEDULE = {"sample-capacity": {"task": "shared_api.tasks.sample_capacity", "schedule": 60.0}}
+
+# Ops tasks (shared_api/tasks.py) and how often beat runs them, in seconds.
+AOTX_SAMPLE_INTERVAL = float(os.environ.get("AOTX_SAMPLE_INTERVAL", "60"))
+AOTX_HOLD_CHECK_INTERVAL = float(os.environ.get("AOTX_HOLD_CHECK_INTERVAL", "15"))
+AOTX_CHECKPOINT_INTERVAL = float(os.environ.get("AOTX_CHECKPOINT_INTERVAL", "3600"))
+AOTX_AUDIT_EXPORT_INTERVAL = float(os.environ.get("AOTX_AUDIT_EXPORT_INTERVAL", "86400"))
+AOTX_SAMPLE_RETENTION_DAYS = float(os.environ.get("AOTX_SAMPLE_RETENTION_DAYS", "30"))
+AOTX_OPS_TIMEOUT = float(os.environ.get("AOTX_OPS_TIMEOUT", "600"))  # checkpoint and audit export replies
+AOTX_METRICS_DEVICE_TIMEOUT = float(os.environ.get("AOTX_METRICS_DEVICE_TIMEOUT", "2"))  # /metrics, /healthz
+AOTX_AUDIT_DIR = Path(os.environ.get("AOTX_AUDIT_DIR", VAR_DIR / "audit"))  # audit exports (the device writes them)
+CELERY_BEAT_SCHEDULE = {
+    "sample-capacity": {"task": "shared_api.tasks.sample_capacity", "schedule": AOTX_SAMPLE_INTERVAL},
+    "detect-holds": {"task": "shared_api.tasks.detect_holds", "schedule": AOTX_HOLD_CHECK_INTERVAL},
+    "checkpoint": {"task": "shared_api.tasks.checkpoint", "schedule": AOTX_CHECKPOINT_INTERVAL},
+    "audit-export": {"task": "shared_api.tasks.export_audit", "schedule": AOTX_AUDIT_EXPORT_INTERVAL},
+}
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["shared_api.auth.BearerAuthentication"],

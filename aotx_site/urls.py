@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularJSONAPIView
 
-from shared_api import openai_views
+from shared_api import metrics, openai_views, ops_admin
 from shared_api.views import MediaView
 
 urlpatterns = [
@@ -11,6 +11,9 @@ urlpatterns = [
     path("aotx/v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
     path("v1/chat/completions", openai_views.chat_completions),
     path("v1/models", openai_views.models),
+    path("metrics", metrics.metrics, name="metrics"),  # Prometheus text, no token (README "Operations")
+    path("healthz", metrics.healthz, name="healthz"),  # for load balancers: 200 or 503, no token
+    path("admin/ops/", include(ops_admin.urls())),  # the admin's operations pages (staff users)
     path("admin/", admin.site.urls),
 ]
 handler404 = "shared_api.errors.not_found"

@@ -5,6 +5,7 @@ actions (save() refuses anything else, and the database refuses empty IDs), so e
 into the grant file the device reads."""
 from __future__ import annotations
 
+import datetime
 import hashlib
 import secrets
 
@@ -91,3 +92,64 @@ def parse_actions(text: str) -> list[str]:
     if unknown:
         raise ValueError(f"unknown action(s) {', '.join(unknown)}; known: {', '.join(ACTIONS)}")
     return actions
+
+
+def ns_datetime(ns: int | None) -> datetime.datetime | None:
+    """A device timestamp (nanoseconds since the epoch) as an aware datetime."""
+    if ns is None:
+        return None
+    return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc)
+
+
+class CapacitySample(models.Model):
+    """The device's usage at one moment, from its `ping` (the Celery task `sample_capacity`, once
+    a minute): what the admin's capacity dashboard draws. The tick counters (`saved_transfers`,
+    `fdatasyncs`, `fdatasync_seconds`) are cumulative since the device's `boot`; a rate is the
+    difference between two samples of the same boot. Fields the device does not report are null
+    (`usage` and `capacities` hold whichever tables it reports, `memory` too once it does)."""
+    taken_at = models.DateTimeField(db_index=True)
+    boot = models.BigIntegerField()
+    usage = models.JSONField(default=dict)        # {table: rows in use}
+    capacities = models.JSONField(default=dict)   # {table or byte area: capacity}
+    kv = models.JSONField(null=True, blank=True)  # {"pages", "owned", "pending", "running", "waiting"} or null
+    executions_queued = models.IntegerField(null=True, blank=True)
+    executions_running = models.IntegerField(null=True, blank=True)
+    journal_bytes = models.BigIntegerField()
+    runtime_file_bytes = models.BigIntegerField(null=True, blank=True)
+    saved_transfers = models.BigIntegerField(null=True, blank=True)
+    fdatasyncs = models.BigIntegerField(null=True, blank=True)
+    fdatasync_seconds = models.FloatField(null=True, blank=True)
+    subscriptions = models.IntegerField(null=True, blank=True)
+    hold = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["taken_at"]
+
+    def __str__(self) -> str:
+        return f"capacity sample {self.taken_at.isoformat()}"
+
+
+class HoldIncident(models.Model):
+    """A journal hold incident as the device journals it (start, end, cause, pending bytes),
+    recorded by the Celery task `detect_holds`; kept here for as long as the database lives,
+    beyond the device's own last MAX_INCIDENTS and across runtime files."""
+    since_ns = models.BigIntegerField(unique=True)
+    ended_ns = models.BigIntegerField(null=True, blank=True)
+    cause = models.CharField(max_length=32)
+    disk_error = models.TextField(null=True, blank=True)
+    pending_bytes = models.BigIntegerField(null=True, blank=True)
+    recorded_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-since_ns"]
+
+    def __str__(self) -> str:
+        return f"journal hold {self.cause} since {self.since_ns}"
+
+    @property
+    def since(self) -> datetime.datetime | None:
+        return ns_datetime(self.since_ns)
+
+    @property
+    def ended(self) -> datetime.datetime | None:
+        return ns_datetime(self.ended_ns)

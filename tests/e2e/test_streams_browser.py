@@ -5,6 +5,7 @@ import json
 import shutil
 
 import pytest
+from playwright.sync_api import sync_playwright
 
 from tests.e2e.test_streams import mutate, say
 from tests.harness import Stack
@@ -54,7 +55,6 @@ FOLLOW = """
 
 
 def test_a_browser_follows_a_conversation_and_shows_each_event_as_it_is_saved(tiny_runtime, tmp_path):
-    playwright = pytest.importorskip("playwright.sync_api")
     stack = Stack(tmp_path, tiny_runtime)
     try:
         token = stack.principal("viewer")
@@ -65,7 +65,7 @@ def test_a_browser_follows_a_conversation_and_shows_each_event_as_it_is_saved(ti
         con = mutate(stack, token, f"/spaces/{space}/conversations", {})["target"]
         say(stack, token, con, "before the page opened")
         path = f"{BASE}/conversations/{con}/events"
-        with playwright.sync_playwright() as p:
+        with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
             try:
                 page = browser.new_page()

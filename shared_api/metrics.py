@@ -1,0 +1,232 @@
+"""/metrics (Prometheus text format, prometheus-client) and /healthz.
+
+- Requests: RequestMetricsMiddleware counts every request Django serves and times it, labelled by
+  method, URL pattern (the route, never the raw path: `aotx/v1/shared/operations/<str:operation>`)
+  and status. Requests no pattern matched are `<unmatched>`, static files `<static>`. Event
+  streams are answered by Channels consumers before Django (aotx_site/asgi.py) and are not among
+  them: the device's `aotx_device_subscriptions` counts them.
+- The device: DeviceCollector asks the device's `ping` at each scrape (a short timeout) and turns
+  it into gauges, counters and the tick I/O histogram; `aotx_device_up` is 0 when it cannot be
+  reached (and nothing else of the device is reported then).
+
+Neither route needs a token: /metrics is for the local scraper and /healthz for load balancers
+(README "Operations"); keep /metrics off the public listener (a proxy's allow list)."""
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterator
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.conf import settings
+from django.db import connection
+from django.http import HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
+
+from . import ops
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest, HttpResponseBase
+
+REGISTRY = CollectorRegistry()
+METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+REQUESTS = Counter("aotx_http_requests", "HTTP requests the gateway answered, by URL pattern",
+                   ("method", "route", "status"), registry=REGISTRY)
+LATENCY = Histogram("aotx_http_request_duration_seconds", "Time from request to response, by URL pattern",
+                    ("method", "route"), buckets=LATENCY_BUCKETS, registry=REGISTRY)
+ProcessCollector(namespace="aotx_gateway", registry=REGISTRY)
+
+
+def route_of(request: HttpRequest) -> str:
+    match = getattr(request, "resolver_match", None)
+    if match is not None and match.route:
+        return str(match.route)
+    if request.path_info.startswith("/" + str(settings.STATIC_URL).lstrip("/")):
+        return "<static>"
+    return "<unmatched>"
+
+
+class RequestMetricsMiddleware:
+    """Counts and times every request (outermost, so the time includes the other middleware).
+    Sync and async capable, like NoStoreMiddleware: no thread hop of its own under daphne."""
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def _record(self, request: HttpRequest, response: HttpResponseBase, started: float) -> None:
+        method = request.method if request.method in METHODS else "other"
+        route = route_of(request)
+        LATENCY.labels(method, route).observe(time.perf_counter() - started)
+        REQUESTS.labels(method, route, str(response.status_code)).inc()
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase | Coroutine[Any, Any, HttpResponseBase]:
+        if self.is_async:
+            return self._acall(request)
+        started = time.perf_counter()
+        response: HttpResponseBase = self.get_response(request)
+        self._record(request, response, started)
+        return response
+
+    async def _acall(self, request: HttpRequest) -> HttpResponseBase:
+        started = time.perf_counter()
+        response: HttpResponseBase = await self.get_response(request)
+        self._record(request, response, started)
+        return response
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def device_metrics(status: dict[str, Any] | None) -> Iterator[Metric]:
+    """The device's `ping` as metric families (`aotx_device_up` alone when status is None)."""
+    up = GaugeMetricFamily("aotx_device_up", "1 when the device answered this scrape's ping, else 0")
+    up.add_metric([], 1.0 if status is not None else 0.0)
+    yield up
+    if status is None:
+        return
+    usage = GaugeMetricFamily("aotx_device_table_rows", "Rows in use per device table", labels=["table"])
+    for table, rows in sorted((status.get("usage") or {}).items()):
+        if _number(rows) is not None:
+            usage.add_metric([table], float(rows))
+    yield usage
+    capacity = GaugeMetricFamily("aotx_device_table_capacity",
+                                 "Capacity per device table (rows; command_bytes and result_bytes: bytes a row)",
+                                 labels=["table"])
+    for table, rows in sorted((status.get("capacities") or {}).items()):
+        if _number(rows) is not None:
+            capacity.add_metric([table], float(rows))
+    yield capacity
+    kv = status.get("kv")
+    if isinstance(kv, dict):
+        pages = GaugeMetricFamily("aotx_device_kv_pages", "KV cache pages of the engine's pool by state "
+                                  "(total: the pool; owned: in use; pending: needed by queued sequences)",
+                                  labels=["state"])
+        for state, key in (("total", "pages"), ("owned", "owned"), ("pending", "pending")):
+            if _number(kv.get(key)) is not None:
+                pages.add_metric([state], float(kv[key]))
+        yield pages
+        sequences = GaugeMetricFamily("aotx_device_kv_sequences", "Engine sequences by state", labels=["state"])
+        for state in ("running", "waiting"):
+            if _number(kv.get(state)) is not None:
+                sequences.add_metric([state], float(kv[state]))
+        yield sequences
+    executions = status.get("executions")
+    if isinstance(executions, dict):
+        queue = GaugeMetricFamily("aotx_device_executions", "Inputs admitted and waiting for a lease (queued) "
+                                  "or running", labels=["state"])
+        for state in ("queued", "running"):
+            if _number(executions.get(state)) is not None:
+                queue.add_metric([state], float(executions[state]))
+        yield queue
+    ticks = status.get("ticks")
+    if isinstance(ticks, dict):
+        if _number(ticks.get("saved_transfers")) is not None:
+            saved = CounterMetricFamily("aotx_device_saved_transfers", "Transfers saved since the device booted")
+            saved.add_metric([], float(ticks["saved_transfers"]))
+            yield saved
+        io = ticks.get("io_seconds")
+        if isinstance(io, dict) and isinstance(io.get("buckets"), dict):
+            hist = HistogramMetricFamily("aotx_device_tick_io_seconds",
+                                         "Each tick's journal write + fdatasync, since the device booted")
+            buckets = sorted(((b, float(n)) for b, n in io["buckets"].items()),
+                             key=lambda item: float("inf") if item[0] == "+Inf" else float(item[0]))
+            hist.add_metric([], [(b, n) for b, n in buckets], sum_value=float(io.get("sum") or 0.0))
+            yield hist
+    journal = status.get("journal") or {}
+    hold = GaugeMetricFamily("aotx_device_journal_hold", "1 while a journal hold pauses new mutations (429)",
+                             labels=["cause"])
+    hold.add_metric([str(journal.get("cause") or "")], 1.0 if journal.get("hold") else 0.0)
+    yield hold
+    for name, key, text in (("aotx_device_journal_bytes", "bytes", "Bytes in the journal since the last checkpoint"),
+                            ("aotx_device_journal_file_cap_bytes", "file_cap_bytes",
+                             "Journal size at which a file_cap hold starts"),
+                            ("aotx_device_journal_pending_bytes", "pending_bytes",
+                             "Journal bytes queued and not yet saved")):
+        value = _number(journal.get(key))
+        if value is not None:
+            gauge = GaugeMetricFamily(name, text)
+            gauge.add_metric([], value)
+            yield gauge
+    incidents = GaugeMetricFamily("aotx_device_hold_incidents", "Journal hold incidents the device keeps")
+    incidents.add_metric([], float(len(status.get("hold_incidents") or [])))
+    yield incidents
+    if _number(status.get("runtime_file_bytes")) is not None:
+        runtime = GaugeMetricFamily("aotx_device_runtime_file_bytes", "Size of the runtime file")
+        runtime.add_metric([], float(status["runtime_file_bytes"]))
+        yield runtime
+    grants = status.get("grants") or {}
+    failed = GaugeMetricFamily("aotx_device_grant_reload_failed",
+                               "1 while the device refuses the current grant file (it keeps its previous grants)")
+    failed.add_metric([], 1.0 if grants.get("problem") else 0.0)
+    yield failed
+    if _number(status.get("subscriptions")) is not None:
+        streams = GaugeMetricFamily("aotx_device_subscriptions", "Open device subscriptions (event streams, chats)")
+        streams.add_metric([], float(status["subscriptions"]))
+        yield streams
+    for name, key, text in (("aotx_device_boot", "boot", "The device's boot counter"),
+                            ("aotx_device_generation", "generation", "The runtime file's checkpoint generation")):
+        value = _number(status.get(key))
+        if value is not None:
+            gauge = GaugeMetricFamily(name, text)
+            gauge.add_metric([], value)
+            yield gauge
+
+
+class DeviceCollector:
+    """The device's status, asked at scrape time."""
+
+    def describe(self) -> list[Metric]:
+        return []  # nothing at registration: describing would ping the device
+
+    def collect(self) -> Iterator[Metric]:
+        yield from device_metrics(ops.ping(settings.AOTX_METRICS_DEVICE_TIMEOUT))
+
+
+REGISTRY.register(DeviceCollector())
+
+
+@csrf_exempt  # no session, no form: another method answers 405, not a CSRF 403
+def metrics(request: HttpRequest) -> HttpResponse:
+    """GET /metrics: the gateway's request metrics and the device's status, Prometheus text."""
+    if request.method not in ("GET", "HEAD"):
+        return HttpResponse(status=405, headers={"Allow": "GET, HEAD"})
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
+
+
+@csrf_exempt
+def healthz(request: HttpRequest) -> HttpResponse:
+    """GET /healthz: 200 when the gateway (and its database) is up, the device answers and the
+    journal is not held; 503 otherwise, saying which."""
+    if request.method not in ("GET", "HEAD"):
+        return HttpResponse(status=405, headers={"Allow": "GET, HEAD"})
+    body: dict[str, str] = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        body["gateway"] = "up"
+    except Exception as exc:  # any database failure is what this reports
+        body["gateway"] = f"database unreachable: {type(exc).__name__}"
+    status = ops.ping(settings.AOTX_METRICS_DEVICE_TIMEOUT)
+    if status is None:
+        body["device"], body["journal"] = "unreachable", "unknown"
+    else:
+        body["device"] = "reachable"
+        journal = status.get("journal") or {}
+        body["journal"] = f"held ({journal.get('cause')})" if journal.get("hold") else "not held"
+    healthy = body == {"gateway": "up", "device": "reachable", "journal": "not held"}
+    return HttpResponse(json.dumps(body, sort_keys=True), status=200 if healthy else 503,
+                        content_type="application/json")

@@ -1,0 +1,345 @@
+"""The admin console's operations pages (Django staff users; linked from the admin index):
+
+- capacity: charts over time from the stored CapacitySample rows (the Celery task
+  `sample_capacity`) and the device's current values from its `ping` at page load;
+- receipts: every live receipt through the device's `ops.receipts`, filtered by participant, kind,
+  status and save state, paged; one receipt (`ops.receipt`) with its save fields; its result bytes
+  (`ops.result`) as text when they are UTF-8, else base64;
+- holds: journal hold incidents (the database's, recorded by `detect_holds`, and the device's
+  not yet recorded) and the current hold.
+
+Every admin page also shows the current hold state (shared_api/context_processors.py and
+templates/admin/base_site.html)."""
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any, Callable
+
+from django import forms
+from django.contrib import admin
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.http import urlencode
+
+from gpu_worker.contract.limits import MAX_LIMIT
+from gpu_worker.contract.vocabulary import COMMANDS, TERMINAL_STATUSES
+
+from . import ops
+from .charts import Chart, Series, human, thin
+from .errors import ServiceError
+from .models import CapacitySample
+
+MAX_POINTS = 600  # a chart draws at most about this many samples (evenly thinned)
+MAX_HOURS = 24 * 90
+RECEIPT_KINDS = sorted({c.receipt_kind for c in COMMANDS.values() if c.receipt_kind})
+RECEIPT_STATUSES = ("admitted", "running", *TERMINAL_STATUSES)
+SAVE_STATES = ("unsaved", "admission", "terminal")
+EXECUTING_KINDS = ("conversation.input",)  # kinds with result bytes (ops.result)
+PAGE_SIZE = 50
+
+
+def _context(request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+    return {**admin.site.each_context(request), "title": title, **extra}
+
+
+# ---- capacity --------------------------------------------------------------------------------
+
+def _table_names(samples: list[CapacitySample], status: dict[str, Any] | None) -> list[str]:
+    seen = {name for s in samples for name in s.usage}
+    seen |= set((status or {}).get("usage") or {})
+    return [t for t in ops.TABLES if t in seen] + sorted(seen - set(ops.TABLES))
+
+
+def _rate(samples: list[CapacitySample], value: Callable[[CapacitySample], float | None],
+          per: Callable[[CapacitySample], float | None] | None = None, scale: float = 1.0
+          ) -> list[tuple[datetime.datetime, float | None]]:
+    """Between consecutive samples of one device boot: d(value)/d(time), or d(value)/d(per)."""
+    points: list[tuple[datetime.datetime, float | None]] = []
+    prev: CapacitySample | None = None
+    for s in samples:
+        v: float | None = None
+        now, before = value(s), value(prev) if prev is not None else None
+        if prev is not None and prev.boot == s.boot and now is not None and before is not None and now >= before:
+            if per is None:
+                dt = (s.taken_at - prev.taken_at).total_seconds()
+                v = (now - before) / dt * scale if dt > 0 else None
+            else:
+                p_now, p_before = per(s), per(prev)
+                if p_now is not None and p_before is not None and p_now > p_before:
+                    v = (now - before) / (p_now - p_before) * scale
+        points.append((s.taken_at, v))
+        prev = s
+    return points
+
+
+def _series(samples: list[CapacitySample], label: str, value: Callable[[CapacitySample], Any],
+            dashed: bool = False) -> Series:
+    return Series(label, [(s.taken_at, None if value(s) is None else float(value(s))) for s in samples],
+                  dashed=dashed)
+
+
+def _getter(field: str, table: str) -> Callable[[CapacitySample], Any]:
+    return lambda s: getattr(s, field).get(table)
+
+
+def capacity_charts(samples: list[CapacitySample], status: dict[str, Any] | None = None) -> list[Chart]:
+    charts = []
+    for table in _table_names(samples, status):
+        title = ("Receipt window: receipts in use of capacity" if table == "receipts"
+                 else f"{table.capitalize()}: rows in use of capacity")
+        charts.append(Chart("receipt-window" if table == "receipts" else f"table-{table}", title, [
+            _series(samples, "in use", _getter("usage", table)),
+            _series(samples, "capacity", _getter("capacities", table), dashed=True)]))
+    charts.append(Chart("kv-pages", "KV pages: in use and queued", [
+        _series(samples, "in use", lambda s: (s.kv or {}).get("owned")),
+        _series(samples, "queued", lambda s: (s.kv or {}).get("pending")),
+        _series(samples, "pages", lambda s: (s.kv or {}).get("pages"), dashed=True)],
+        note="the device reported no KV pool (no engine running) in these samples"))
+    charts.append(Chart("executions", "Inputs: queued and running", [
+        _series(samples, "queued", lambda s: s.executions_queued),
+        _series(samples, "running", lambda s: s.executions_running)]))
+    charts.append(Chart("storage", "Journal and runtime file size", [
+        _series(samples, "journal", lambda s: s.journal_bytes),
+        _series(samples, "runtime file", lambda s: s.runtime_file_bytes)], unit="bytes"))
+    charts.append(Chart("fdatasync-rate", "Ticks saved: fdatasyncs and transfers per second", [
+        Series("fdatasyncs", _rate(samples, lambda s: s.fdatasyncs)),
+        Series("saved transfers", _rate(samples, lambda s: s.saved_transfers))], unit="/s",
+        note="a rate needs two samples of one device boot"))
+    charts.append(Chart("fdatasync-latency", "Mean write + fdatasync time per tick", [
+        Series("mean", _rate(samples, lambda s: s.fdatasync_seconds, per=lambda s: s.fdatasyncs, scale=1000.0))],
+        unit="ms", note="a mean needs two samples of one device boot with ticks between them"))
+    charts.append(Chart("subscriptions", "Open event streams and chats (device subscriptions)", [
+        _series(samples, "subscriptions", lambda s: s.subscriptions)]))
+    return charts
+
+
+def live_values(status: dict[str, Any]) -> dict[str, Any]:
+    """The current values, from the ping at page load."""
+    usage, capacities = status.get("usage") or {}, status.get("capacities") or {}
+    tables = []
+    for name in [t for t in ops.TABLES if t in usage] + sorted(set(usage) - set(ops.TABLES)):
+        used, cap = usage.get(name), capacities.get(name)
+        percent = f"{100 * int(used) / int(cap):.1f} %" if used is not None and cap else "-"
+        tables.append({"name": name, "used": used, "capacity": cap if cap is not None else "-", "percent": percent})
+    journal = status.get("journal") or {}
+    kv, executions, ticks = status.get("kv"), status.get("executions") or {}, status.get("ticks") or {}
+    io = ticks.get("io_seconds") or {}
+    grants = status.get("grants") or {}
+    facts = [
+        ("boot", status.get("boot")), ("generation", status.get("generation")),
+        ("journal", f"{human(int(journal.get('bytes') or 0), 'bytes')} of "
+                    f"{human(int(journal.get('file_cap_bytes') or 0), 'bytes')} (file cap)"),
+        ("journal pending bytes", journal.get("pending_bytes")),
+        ("last checkpoint seq", journal.get("checkpoint_seq")),
+        ("runtime file", human(int(status["runtime_file_bytes"]), "bytes")
+         if status.get("runtime_file_bytes") is not None else "not reported"),
+        ("KV pages", f"{kv.get('owned')} in use, {kv.get('pending')} queued of {kv.get('pages')} "
+                     f"({kv.get('running')} running, {kv.get('waiting')} waiting)" if kv else "no engine running"),
+        ("inputs", f"{executions.get('queued', '-')} queued, {executions.get('running', '-')} running"
+         if executions else "not reported"),
+        ("open streams", status.get("subscriptions", "not reported")),
+        ("saved transfers since boot", ticks.get("saved_transfers", "not reported")),
+        ("ticks written since boot", f"{io['count']} (mean {1000 * io['sum'] / io['count']:.3f} ms write + fdatasync)"
+         if io.get("count") else io.get("count", "not reported")),
+        ("grant file", f"{grants.get('path')}" + (f" — the device refused its reload: {grants['problem']}"
+                                                   if grants.get("problem") else "")),
+    ]
+    return {"tables": tables, "facts": facts}
+
+
+def capacity_view(request: HttpRequest) -> HttpResponse:
+    try:
+        hours = min(max(int(request.GET.get("hours", "24")), 1), MAX_HOURS)
+    except ValueError:
+        hours = 24
+    since = timezone.now() - datetime.timedelta(hours=hours)
+    samples = list(CapacitySample.objects.filter(taken_at__gte=since).order_by("taken_at"))
+    count = len(samples)
+    status = ops.request_status(request)
+    charts = capacity_charts(thin(samples, MAX_POINTS), status)
+    return render(request, "aotx/ops/capacity.html", _context(
+        request, "Device capacity", charts=charts, live=live_values(status) if status else None, hours=hours,
+        sample_count=count, ranges=(1, 6, 24, 24 * 7, 24 * 30)))
+
+
+# ---- receipts --------------------------------------------------------------------------------
+
+def _choices(values: tuple[str, ...] | list[str]) -> list[tuple[str, str]]:
+    return [("", "any"), *((v, v) for v in values)]
+
+
+class ReceiptFilter(forms.Form):
+    participant = forms.RegexField(regex=r"^par-[0-9a-f]{32}$", required=False, label="Participant",
+                                   widget=forms.TextInput(attrs={"size": 40, "placeholder": "par-…"}))
+    kind = forms.ChoiceField(choices=_choices(RECEIPT_KINDS), required=False)
+    status = forms.ChoiceField(choices=_choices(RECEIPT_STATUSES), required=False)
+    saved = forms.ChoiceField(choices=_choices(SAVE_STATES), required=False, label="Save state")
+    limit = forms.IntegerField(min_value=1, max_value=MAX_LIMIT, required=False, initial=PAGE_SIZE)
+
+
+def _device_error(exc_or_body: ServiceError | Any, status: int | None = None) -> str:
+    if isinstance(exc_or_body, ServiceError):
+        return f"{exc_or_body.status} {exc_or_body.code}: {exc_or_body.message}"
+    error = exc_or_body.get("error", {}) if isinstance(exc_or_body, dict) else {}
+    return f"{status} {error.get('code', 'error')}: {error.get('message', exc_or_body)}"
+
+
+def _cursor(value: str | None) -> str | None:
+    return value if value is not None and value.isascii() and value.isdigit() and len(value) <= 20 else None
+
+
+def receipts_view(request: HttpRequest) -> HttpResponse:
+    form = ReceiptFilter(request.GET or None)
+    filters: dict[str, Any] = {}
+    if form.is_bound and form.is_valid():
+        filters = {k: v for k, v in form.cleaned_data.items() if v not in (None, "") and k != "limit"}
+    limit = (form.cleaned_data.get("limit") if form.is_bound and form.is_valid() else None) or PAGE_SIZE
+    cursor = _cursor(request.GET.get("cursor"))
+    trail = [c for c in request.GET.get("trail", "").split(",") if _cursor(c) is not None or c == "0"]
+    items: list[dict[str, Any]] = []
+    error = next_url = prev_url = None
+    if not form.is_bound or form.is_valid():
+        args: dict[str, Any] = {**filters, "limit": limit}
+        if cursor is not None:
+            args["cursor"] = cursor
+        try:
+            status, body = ops.call("ops.receipts", args)
+        except ServiceError as exc:
+            error = _device_error(exc)
+        else:
+            if status != 200:
+                error = _device_error(body, status)
+            else:
+                items = body.get("items") or []
+                base = {**{k: v for k, v in filters.items()}, "limit": limit}
+                if body.get("next_cursor") is not None:
+                    next_url = "?" + urlencode({**base, "cursor": body["next_cursor"],
+                                                "trail": ",".join([*trail, cursor or "0"])})
+                if cursor is not None:
+                    back = trail[-1] if trail else "0"
+                    prev_args = {**base, "trail": ",".join(trail[:-1])}
+                    if back != "0":
+                        prev_args["cursor"] = back
+                    prev_url = "?" + urlencode(prev_args)
+    rows = [_receipt_row(r, filters.get("status")) for r in items]
+    first_url = "?" + urlencode({**filters, "limit": limit})
+    return render(request, "aotx/ops/receipts.html", _context(
+        request, "Receipts", form=form, rows=rows, error=error, next_url=next_url, prev_url=prev_url,
+        first_url=first_url if cursor is not None else None, page=len(trail) + 1,
+        filtered=bool(filters)))
+
+
+def _status_of(receipt: dict[str, Any], asked: str | None = None) -> str:
+    """The terminal status; before it is saved a receipt does not say whether its input runs yet
+    (`ops.receipts` filters on it: a list filtered by admitted or running says which)."""
+    terminal = receipt.get("terminal") or {}
+    if terminal.get("status"):
+        return str(terminal["status"])
+    return asked if asked in ("admitted", "running") else "not finished"
+
+
+def _save_state(receipt: dict[str, Any]) -> str:
+    if (receipt.get("terminal") or {}).get("saved"):
+        return "terminal"
+    if (receipt.get("admission") or {}).get("saved"):
+        return "admission"
+    return "unsaved"
+
+
+def _receipt_row(receipt: dict[str, Any], asked: str | None) -> dict[str, Any]:
+    operation = str(receipt.get("operation", ""))
+    return {"operation": operation, "url": reverse("aotx-ops-receipt", args=[operation]),
+            "participant": receipt.get("participant"), "sequence": receipt.get("sequence"),
+            "kind": receipt.get("kind"), "target": receipt.get("target"), "status": _status_of(receipt, asked),
+            "saved": _save_state(receipt),
+            "source": ((receipt.get("terminal") or {}).get("save") or (receipt.get("admission") or {}).get("save")
+                       or {}).get("source")}
+
+
+def _save_fields(part: dict[str, Any] | None) -> list[tuple[str, Any]]:
+    part = part or {}
+    save = part.get("save") or {}
+    rows: list[tuple[str, Any]] = [(k, v) for k, v in part.items() if k != "save"]
+    return rows + [(f"save.{k}", v) for k, v in sorted(save.items())]
+
+
+def receipt_view(request: HttpRequest, operation: str) -> HttpResponse:
+    receipt: dict[str, Any] | None = None
+    error = None
+    try:
+        status, body = ops.call("ops.receipt", {"operation": operation})
+    except ServiceError as exc:
+        error = _device_error(exc)
+    else:
+        if status == 200:
+            receipt = body
+        else:
+            error = _device_error(body, status)
+    sections: list[tuple[str, list[tuple[str, Any]]]] = []
+    if receipt is not None:
+        summary = [(k, receipt.get(k)) for k in ("operation", "participant", "sequence", "operation_key", "kind",
+                                                  "target", "schema")]
+        summary += [("status", _status_of(receipt)), ("save state", _save_state(receipt))]
+        sections = [("Receipt", summary), ("Admission", _save_fields(receipt.get("admission"))),
+                    ("Terminal", _save_fields(receipt.get("terminal"))),
+                    ("Result", list((receipt.get("result") or {}).items())),
+                    ("Device", [*((f"device.{k}", v) for k, v in (receipt.get("device") or {}).items()),
+                                *((f"transport.{k}", v) for k, v in (receipt.get("transport") or {}).items()),
+                                *((f"effective.{k}", v) for k, v in (receipt.get("effective") or {}).items()),
+                                ("pending_bytes", receipt.get("pending_bytes")),
+                                ("disk_error", receipt.get("disk_error")),
+                                ("journal_hold", receipt.get("journal_hold"))])]
+    has_result = receipt is not None and (receipt.get("kind") in EXECUTING_KINDS
+                                          or ((receipt.get("result") or {}).get("length") or 0) > 0)
+    return render(request, "aotx/ops/receipt.html", _context(
+        request, f"Receipt {operation}", operation=operation, receipt=receipt, sections=sections, error=error,
+        raw=json.dumps(receipt, indent=2, sort_keys=True) if receipt is not None else None,
+        result_url=reverse("aotx-ops-result", args=[operation]) if has_result else None,
+        participant_url=(reverse("aotx-ops-receipts") + "?" + urlencode({"participant": receipt["participant"]})
+                         if receipt is not None and receipt.get("participant") else None)))
+
+
+def result_view(request: HttpRequest, operation: str) -> HttpResponse:
+    try:
+        offset = max(int(request.GET.get("offset", "0")), 0)
+    except ValueError:
+        offset = 0
+    result: dict[str, Any] | None = None
+    error = None
+    try:
+        status, body = ops.call("ops.result", {"operation": operation, "offset": offset})
+    except ServiceError as exc:
+        error = _device_error(exc)
+    else:
+        if status == 200:
+            result = body
+        else:
+            error = _device_error(body, status)
+    return render(request, "aotx/ops/result.html", _context(
+        request, f"Result of {operation}", operation=operation, result=result, error=error, offset=offset,
+        receipt_url=reverse("aotx-ops-receipt", args=[operation]),
+        shown_as=("text" if result is not None and result.get("text") is not None else "base64")))
+
+
+# ---- holds -----------------------------------------------------------------------------------
+
+def holds_view(request: HttpRequest) -> HttpResponse:
+    status = ops.request_status(request)
+    return render(request, "aotx/ops/holds.html", _context(
+        request, "Journal holds", incidents=ops.incident_rows(status), hold=ops.hold_state(status),
+        journal=(status or {}).get("journal")))
+
+
+def urls() -> list[Any]:
+    """Mounted at admin/ops/ before the admin's own URLs; every page needs a staff user."""
+    staff = admin.site.admin_view
+    return [
+        path("capacity/", staff(capacity_view), name="aotx-ops-capacity"),
+        path("receipts/", staff(receipts_view), name="aotx-ops-receipts"),
+        path("receipts/<str:operation>/", staff(receipt_view), name="aotx-ops-receipt"),
+        path("receipts/<str:operation>/result/", staff(result_view), name="aotx-ops-result"),
+        path("holds/", staff(holds_view), name="aotx-ops-holds"),
+    ]
