@@ -87,6 +87,12 @@ def _package_dir(module: str, distribution: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
+def default_embedding_dir() -> Path:
+    """The default embedding model's sentence-transformers directory (its PyPI package)."""
+    module, distribution, subdir = DEFAULT_EMBEDDING
+    return _package_dir(module, distribution) / subdir
+
+
 def _source(path: Path, distribution: str | None = None) -> dict:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -462,10 +468,9 @@ def pack_default(runtime_path, *, shared: bool = False, capacity: dict | None = 
     else:
         gen = gguf_components(gguf_path, progress=progress)
     if embedding_dir is None:
-        module, distribution, subdir = DEFAULT_EMBEDDING
-        model_dir = _package_dir(module, distribution) / subdir
+        model_dir = default_embedding_dir()
         emb = embedding_components(model_dir, name=DEFAULT_EMBEDDING_NAME,
-                                   source=_source(model_dir / "model.safetensors", distribution))
+                                   source=_source(model_dir / "model.safetensors", DEFAULT_EMBEDDING[1]))
     else:
         emb = embedding_components(embedding_dir)
     return _write(runtime_path, _chain(gen, emb), shared=shared, capacity=capacity,

@@ -1,5 +1,5 @@
-"""The engine's CPU operators (cpu_ops.cpp): `torch.ops.aotx_cpu.linear_bf16`, `rms_norm` and
-`paged_decode_attention`.
+"""The engine's CPU operators (cpu_ops.cpp): `torch.ops.aotx_cpu.linear_bf16`, `rms_norm`,
+`paged_decode_attention` and memory recall's `masked_top_k`.
 
 `ops()` returns `torch.ops.aotx_cpu`, building the extension first when this virtualenv has no
 build of the current source (about 20 s, once; `make setup` does it). It is None where the CPU
@@ -13,6 +13,7 @@ The check fails (exit 1) only when a built operator computes a wrong product.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import sys
@@ -25,12 +26,15 @@ log = logging.getLogger("gpu_worker.engine")
 
 
 def build_directory() -> Path:
-    """Per virtualenv (the build is tied to its torch), else under the user's cache."""
-    prefix = Path(sys.prefix) / "aotx-build" / "cpu_ops"
+    """Per virtualenv (the build is tied to its torch), else under the user's cache; one directory
+    per version of the source, so checkouts of different versions sharing a virtualenv never
+    rebuild over each other's extension."""
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    prefix = Path(sys.prefix) / "aotx-build" / "cpu_ops" / digest
     try:
         prefix.mkdir(parents=True, exist_ok=True)
     except OSError:
-        prefix = Path(os.path.expanduser("~/.cache/aotx-build/cpu_ops"))
+        prefix = Path(os.path.expanduser("~/.cache/aotx-build/cpu_ops")) / digest
         prefix.mkdir(parents=True, exist_ok=True)
     return prefix
 

@@ -1,0 +1,112 @@
+"""The 128-byte memory metadata row (docs/memory.md): its binary layout, and its JSON form as
+memory lists and detail reads show it.
+
+    offset size  field
+         0   16  object lineage   } the object's ID, mem-{lineage}-{id}
+        16   16  object id        }
+        32    8  version          u64, 1 when retained, +1 at each change
+        40    2  kind             u16, Kind
+        42    1  scope            u8, the owning space's scope (1 private, 2 room, 3 instance)
+        43    1  flags            u8, Flag bits
+        44    4  byte length      u32, payload bytes
+        48   16  owner            the memory owner: a private space's derived owner
+                                  (state/ids.memory_owner), a room's space id, zeros for the instance
+        64   16  room lineage     } a room-scoped row's exact space ID, spc-{lineage}-{id};
+        80   16  room id          } zeros otherwise
+        96   16  source           the operation that wrote the row, op-{object lineage}-{source}
+       112   16  actor            the participant whose operation it was, par-{actor}
+
+All integers little-endian; the row is exactly 128 bytes (`ROW.size`)."""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntEnum, IntFlag
+from typing import Any
+
+from ..contract.ids import operation_id, participant_id, space_id
+
+ROW = struct.Struct("<16s16sQHBBI16s16s16s16s16s")
+assert ROW.size == 128
+ZERO = bytes(16)
+MAX_BYTE_LENGTH = (1 << 32) - 1
+
+
+class Kind(IntEnum):
+    SOURCE = 1          # an input's source text (retention mode 1 and 2)
+    INTERPRETATION = 2  # the model's short interpretation of a turn (mode 2)
+
+
+class Flag(IntFlag):
+    PUBLISHED = 1  # a copy made by a publication (the source object's provenance is in its admission)
+    MANAGED = 2    # written under an affect-managed lease (revision 5)
+
+
+SCOPES = {1: "private", 2: "room", 3: "instance"}
+
+
+def memory_id(lineage: bytes, raw: bytes) -> str:
+    return f"mem-{lineage.hex()}-{raw.hex()}"
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    lineage: bytes
+    object: bytes
+    version: int
+    kind: Kind
+    scope: int
+    flags: Flag
+    byte_length: int
+    owner: bytes
+    room_lineage: bytes
+    room: bytes
+    source: bytes
+    actor: bytes
+
+    def pack(self) -> bytes:
+        if not 1 <= self.version < 1 << 64:
+            raise ValueError(f"version {self.version} is out of range")
+        if not 0 <= self.byte_length <= MAX_BYTE_LENGTH:
+            raise ValueError(f"byte length {self.byte_length} is out of range")
+        if self.scope not in SCOPES:
+            raise ValueError(f"scope {self.scope} is not 1, 2 or 3")
+        if (self.scope == 2) != (self.room != ZERO or self.room_lineage != ZERO):
+            raise ValueError("a room ID is set exactly when the scope is room")
+        if self.scope == 2 and self.owner != self.room:
+            raise ValueError("a room's memory owner is the room itself")
+        if self.scope == 3 and self.owner != ZERO:
+            raise ValueError("the instance's memory owner is written as zeros")
+        return ROW.pack(self.lineage, self.object, self.version, int(self.kind), self.scope, int(self.flags),
+                        self.byte_length, self.owner, self.room_lineage, self.room, self.source, self.actor)
+
+    @classmethod
+    def unpack(cls, raw: bytes | memoryview) -> "MemoryRow":
+        (lineage, obj, version, kind, scope, flags, length, owner, room_lineage, room, source,
+         actor) = ROW.unpack(raw)
+        return cls(lineage, obj, version, Kind(kind), scope, Flag(flags), length, owner, room_lineage, room,
+                   source, actor)
+
+    def owner_name(self) -> str:
+        """The owner as spaces show their `memory_owner` (ops/spaces.memory_owner)."""
+        if self.scope == 2:
+            return space_id(self.room_lineage, self.room)
+        if self.scope == 3:
+            return "instance"
+        return "private-" + self.owner.hex()
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as lists and detail reads show it (counters as decimal strings)."""
+        return {
+            "object": memory_id(self.lineage, self.object),
+            "version": str(self.version),
+            "kind": self.kind.name.lower(),
+            "scope": SCOPES[self.scope],
+            "published": bool(self.flags & Flag.PUBLISHED),
+            "managed": bool(self.flags & Flag.MANAGED),
+            "owner": self.owner_name(),
+            "room": space_id(self.room_lineage, self.room) if self.scope == 2 else None,
+            "byte_length": str(self.byte_length),
+            "source": operation_id(self.lineage, self.source),
+            "actor": participant_id(self.actor),
+        }
