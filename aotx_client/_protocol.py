@@ -1,0 +1,274 @@
+"""The client sequence of the AOTX Shared API, written once without I/O: every operation is a
+generator that yields `Call`s (an HTTP request) and `Sleep`s and is sent back each `Reply` (or
+has the transport's exception thrown into it). `Client` drives the generators with httpx's
+blocking client, `AsyncClient` with its asyncio client, so both behave the same.
+
+Mutations (`Mutations.mutate`):
+
+- a sequence is taken from the local counter under a lock (threads of one client never share
+  one); the canonical body — schema, lineage, a fresh operation key, the sequence and the fields —
+  is built once and is what every retry sends again, byte for byte (an exact retry);
+- a timeout, a broken connection, 503 (`device_unavailable`, `device_connection_lost`,
+  `device_timeout`) and 429 (a journal hold or a quota) are retried exactly, with capped
+  exponential backoff, until `retry_for` seconds have passed: a mutation is never applied twice
+  and never lost to a network failure;
+- 409 `operation_changed` (another client of the same participant took the sequence) re-reads
+  /participant and takes a new sequence past the server's next; 409 `future_sequence` while a
+  lower sequence of this client is in flight waits for it and retries exactly, and with none in
+  flight (a sequence this client took was given up: its request was refused) re-reads and takes
+  the server's next. Either answer proves the bytes were not admitted at the old sequence, so
+  moving is safe; each round admits an operation or fills a gap, so concurrent clients converge.
+  409 `stale_lineage` re-reads the lineage;
+- every other error is raised as `ApiError` with the one error body's code and details.
+
+Separate processes of one participant are safe the same way: each has its own counter and the
+409 rules move the loser of a sequence race to a fresh sequence."""
+from __future__ import annotations
+
+import base64
+import json
+import random
+import secrets
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Generator, Iterator
+from urllib.parse import quote
+
+BASE = "/aotx/v1/shared"
+SCHEMA = "aotx.shared.mutation.v1"
+RETRYABLE_STATUS = (429, 503)
+
+
+class ApiError(Exception):
+    """An error answer of the API: HTTP status, the error body's code, message and details."""
+
+    def __init__(self, status: int, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message, self.details = status, code, message, details or {}
+
+
+class GaveUp(Exception):
+    """Retries of one exact request went on for longer than `retry_for` seconds; the request may
+    have been applied: retry the same mutation (`Pending.body`) with the same client later."""
+
+
+@dataclass(frozen=True)
+class Call:
+    method: str
+    path: str
+    body: bytes | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    params: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else None
+
+
+Step = Generator["Call | Sleep", "Reply | None", Any]
+
+
+def raise_for(reply: Reply) -> None:
+    if reply.status < 400:
+        return
+    try:
+        error = reply.json()["error"]
+    except (ValueError, KeyError, TypeError):
+        raise ApiError(reply.status, "http_error", reply.body[:500].decode(errors="replace")) from None
+    details = {k: v for k, v in error.items() if k not in ("code", "message")}
+    raise ApiError(reply.status, str(error.get("code")), str(error.get("message")), details)
+
+
+def canonical(value: Any) -> bytes:
+    """Sorted keys, no spaces: the bytes an exact retry sends again."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class Backoff:
+    def __init__(self, first: float = 0.05, cap: float = 2.0) -> None:
+        self.delay, self.cap = first, cap
+
+    def next(self) -> float:
+        delay = self.delay
+        self.delay = min(self.cap, self.delay * 2)
+        return delay * (0.5 + random.random())  # jittered: clients of one hold do not retry in step
+
+
+def request(call: Call, retry_for: float, clock: Any) -> Step:
+    """One request, retried exactly on transport errors, 429 and 503, for up to retry_for seconds."""
+    deadline = clock() + retry_for
+    backoff = Backoff()
+    while True:
+        try:
+            reply = yield call
+        except (OSError, TimeoutError) as exc:  # the drivers turn the transport's errors into these
+            if clock() >= deadline:
+                raise GaveUp(f"{call.method} {call.path}: {exc}") from exc
+            yield Sleep(backoff.next())
+            continue
+        assert reply is not None
+        if reply.status in RETRYABLE_STATUS and clock() < deadline:
+            retry_after = reply.headers.get("retry-after")
+            yield Sleep(float(retry_after) if retry_after and retry_after.isdigit() else backoff.next())
+            continue
+        return reply
+
+
+@dataclass
+class Pending:
+    """A mutation in flight: its sequence and the exact bytes sent."""
+    path: str
+    fields: dict[str, Any]
+    key: str
+    sequence: int = 0
+    body: bytes = b""
+
+
+class Mutations:
+    """The participant's lineage and sequence counter, shared by every thread of one client."""
+
+    def __init__(self, retry_for: float, clock: Any) -> None:
+        self.retry_for, self.clock = retry_for, clock
+        self.lock = threading.Lock()
+        self.lineage: str | None = None
+        self.next_sequence = 0
+        self.in_flight: set[int] = set()
+        self.participant: dict[str, Any] | None = None
+
+    def read_participant(self, rewind: bool = False) -> Step:
+        """Read /participant: the lineage, and the next sequence — moved forward to the server's
+        when other clients used sequences, or back to it (rewind) when sequences this client took
+        were given up and a later one answered future_sequence."""
+        reply = yield from request(Call("GET", f"{BASE}/participant"), self.retry_for, self.clock)
+        raise_for(reply)
+        me: dict[str, Any] = reply.json()
+        with self.lock:
+            self.participant = me
+            self.lineage = me["lineage"]
+            server_next = int(me["next_sequence"])
+            self.next_sequence = server_next if rewind else max(self.next_sequence, server_next)
+        return me
+
+    def _assign(self, pending: Pending) -> None:
+        with self.lock:
+            pending.sequence = self.next_sequence
+            self.next_sequence += 1
+            self.in_flight.add(pending.sequence)
+            body = {"schema": SCHEMA, "lineage": self.lineage, "operation_key": pending.key,
+                    "sequence": str(pending.sequence), **pending.fields}
+            pending.body = canonical(body)
+
+    def _release(self, pending: Pending) -> None:
+        with self.lock:
+            self.in_flight.discard(pending.sequence)
+
+    def mutate(self, path: str, fields: dict[str, Any]) -> Step:
+        """Submit one mutation; returns its receipt (202 new, 200 the exact retry's)."""
+        if self.lineage is None:
+            yield from self.read_participant()
+        pending = Pending(path, dict(fields), secrets.token_hex(16))
+        self._assign(pending)
+        waits = Backoff(0.01, 0.5)
+        try:
+            while True:
+                call = Call("POST", BASE + path, pending.body, {"Content-Type": "application/json"})
+                reply = yield from request(call, self.retry_for, self.clock)
+                if reply.status in (200, 202):
+                    receipt: dict[str, Any] = reply.json()
+                    return receipt
+                code = _code(reply)
+                if reply.status == 409 and code == "future_sequence":
+                    with self.lock:
+                        lower = any(s < pending.sequence for s in self.in_flight)
+                    if lower:  # an earlier sequence of ours has not reached the device yet
+                        yield Sleep(waits.next())
+                        continue
+                if reply.status == 409 and code in ("operation_changed", "future_sequence", "stale_lineage"):
+                    self._release(pending)  # not admitted at this sequence: the answer says so
+                    yield from self.read_participant(rewind=code == "future_sequence")
+                    self._assign(pending)
+                    continue
+                with self.lock:  # refused: the sequence stays unused; the next mutation may take it
+                    if self.next_sequence == pending.sequence + 1:
+                        self.next_sequence = pending.sequence
+                raise_for(reply)
+        finally:
+            self._release(pending)
+
+
+def _code(reply: Reply) -> str | None:
+    try:
+        return str(reply.json()["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def get(path: str, retry_for: float, clock: Any, params: dict[str, str] | None = None) -> Step:
+    reply = yield from request(Call("GET", path, params=params), retry_for, clock)
+    raise_for(reply)
+    return reply.json()
+
+
+def wait_for_terminal(op: str, retry_for: float, clock: Any, timeout: float) -> Step:
+    """Poll the receipt until its terminal result is saved; the receipt. A read past the input's
+    execution deadline answers 504: raised as ApiError."""
+    deadline = clock() + timeout
+    backoff = Backoff(0.02, 0.5)
+    while True:
+        receipt: dict[str, Any] = yield from get(f"{BASE}/operations/{quote(op)}", retry_for, clock)
+        terminal = receipt.get("terminal") or {}
+        if terminal.get("saved"):
+            return receipt
+        if clock() >= deadline:
+            raise TimeoutError(f"{op}: no saved terminal result after {timeout} s")
+        yield Sleep(backoff.next())
+
+
+def read_result(op: str, offset: int, retry_for: float, clock: Any) -> Step:
+    """The result bytes from offset on."""
+    body = yield from get(f"{BASE}/operations/{quote(op)}/result", retry_for, clock, {"offset": str(offset)})
+    return base64.b64decode(body["bytes"])
+
+
+@dataclass(frozen=True)
+class Event:
+    """One server-sent event: its type, its id (path@cursor, for resuming) and its JSON data."""
+    event: str
+    id: str | None
+    data: Any
+
+
+class SSEParser:
+    """WHATWG server-sent events from chunks of bytes."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+
+    def feed(self, chunk: bytes) -> Iterator[Event]:
+        self.buffer += chunk.replace(b"\r\n", b"\n")
+        while b"\n\n" in self.buffer:
+            block, self.buffer = self.buffer.split(b"\n\n", 1)
+            fields: dict[str, str] = {}
+            data: list[str] = []
+            for line in block.decode("utf-8").split("\n"):
+                if not line or line.startswith(":"):
+                    continue
+                name, _, value = line.partition(":")
+                value = value[1:] if value.startswith(" ") else value
+                if name == "data":
+                    data.append(value)
+                else:
+                    fields[name] = value
+            if data:
+                yield Event(fields.get("event", "message"), fields.get("id"), json.loads("\n".join(data)))

@@ -1,0 +1,324 @@
+"""`Client` (blocking) and `AsyncClient` (asyncio): the AOTX Shared API for one principal's
+participant, on httpx. Both run the same protocol steps (_protocol.py); one instance may be used
+from many threads (Client) or tasks (AsyncClient) at once.
+
+    from aotx_client import Client
+    with Client("http://127.0.0.1:8000", token) as aotx:
+        aotx.register()
+        space = aotx.create_space()["target"]
+        con = aotx.create_conversation(space)["target"]
+        op = aotx.submit_input(con, "Hello", model="SmolLM2-135M-Instruct")["operation"]
+        receipt = aotx.wait(op)                 # the saved terminal result
+        text = aotx.result(op).decode()
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator, Callable, Iterator
+from urllib.parse import quote
+
+import httpx
+
+from ._protocol import (BASE, ApiError, Call, Event, Mutations, Reply, Sleep, SSEParser, Step, get, raise_for,
+                        read_result, request, wait_for_terminal)
+
+DEFAULT_RETRY_FOR = 120.0  # seconds one exact request is retried through timeouts, 503 and 429
+
+
+class _Common:
+    """What both clients share: the steps, by name; the drivers differ only in how they run them."""
+    mutations: Mutations
+    retry_for: float
+
+    def _init(self, token: str, retry_for: float) -> dict[str, str]:
+        self.retry_for = retry_for
+        self.mutations = Mutations(retry_for, time.monotonic)
+        return {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+
+    # steps -------------------------------------------------------------------------------------
+    def _register(self) -> Step:
+        me = yield from self.mutations.read_participant()
+        if me.get("registered"):
+            return me
+        try:
+            yield from self.mutations.mutate("/participant", {})
+        except ApiError as exc:
+            if exc.code != "already_registered":  # another client of this principal was first
+                raise
+        return (yield from self.mutations.read_participant())
+
+    def _get(self, path: str, params: dict[str, str] | None = None) -> Step:
+        return (yield from get(BASE + path, self.retry_for, time.monotonic, params))
+
+    def _upload(self, data: bytes, content_type: str) -> Step:
+        import hashlib
+        digest = hashlib.sha256(data).hexdigest()
+        call = Call("PUT", f"/aotx/v1/media/{digest}", data, {"Content-Type": content_type})
+        reply = yield from request(call, self.retry_for, time.monotonic)  # idempotent: same bytes, same name
+        raise_for(reply)
+        return digest
+
+
+def _input_fields(text: str, model: str, **options: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = {"text": text, "model": model}
+    fields.update({k: v for k, v in options.items() if v is not None})
+    return fields
+
+
+class Client(_Common):
+    """Blocking client. `timeout` is each HTTP request's; `retry_for` bounds exact retries."""
+
+    def __init__(self, base_url: str, token: str, *, timeout: float = 30.0, retry_for: float = DEFAULT_RETRY_FOR,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        headers = self._init(token, retry_for)
+        self.http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout, transport=transport)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _run(self, step: Step) -> Any:
+        reply: Reply | BaseException | None = None
+        try:
+            while True:
+                if isinstance(reply, BaseException):
+                    action = step.throw(reply)
+                else:
+                    action = step.send(reply)
+                if isinstance(action, Sleep):
+                    time.sleep(action.seconds)
+                    reply = None
+                    continue
+                reply = self._send(action)
+        except StopIteration as done:
+            return done.value
+
+    def _send(self, call: Call) -> Reply | BaseException:
+        try:
+            r = self.http.request(call.method, call.path, content=call.body, headers=call.headers, params=call.params)
+            return Reply(r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.content)
+        except httpx.TimeoutException as exc:
+            return TimeoutError(str(exc))
+        except httpx.TransportError as exc:
+            return ConnectionError(str(exc))
+
+    # the API -----------------------------------------------------------------------------------
+    def capabilities(self) -> dict[str, Any]:
+        return self._run(self._get("/capabilities"))
+
+    def participant(self) -> dict[str, Any]:
+        return self._run(self.mutations.read_participant())
+
+    def register(self) -> dict[str, Any]:
+        """Register this principal's participant unless it is; returns /participant."""
+        return self._run(self._register())
+
+    def mutate(self, path: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """Any mutation (path under /aotx/v1/shared); its receipt."""
+        return self._run(self.mutations.mutate(path, fields))
+
+    def create_space(self, scope: str = "private", id: str | None = None) -> dict[str, Any]:
+        return self.mutate("/spaces", {"scope": scope, **({"id": id} if id else {})})
+
+    def set_member(self, space: str, participant: str, permissions: list[str]) -> dict[str, Any]:
+        return self.mutate(f"/spaces/{quote(space)}/members", {"participant": participant, "permissions": permissions})
+
+    def create_conversation(self, space: str, id: str | None = None) -> dict[str, Any]:
+        return self.mutate(f"/spaces/{quote(space)}/conversations", {"id": id} if id else {})
+
+    def submit_input(self, conversation: str, text: str, model: str, **options: Any) -> dict[str, Any]:
+        """options: max_output_tokens, pages, temperature, top_p, media ([{type, sha256}])."""
+        return self.mutate(f"/conversations/{quote(conversation)}/inputs", _input_fields(text, model, **options))
+
+    def cancel(self, target_sequence: int) -> dict[str, Any]:
+        return self.mutate("/cancellations", {"target_sequence": str(target_sequence)})
+
+    def retire(self, retry_floor: int) -> dict[str, Any]:
+        """Free every receipt below retry_floor (each must have a saved terminal result)."""
+        return self.mutate("/retirements", {"retry_floor": str(retry_floor)})
+
+    def receipt(self, operation: str) -> dict[str, Any]:
+        return self._run(self._get(f"/operations/{quote(operation)}"))
+
+    def wait(self, operation: str, timeout: float = 600.0) -> dict[str, Any]:
+        """The receipt once its terminal result is saved."""
+        return self._run(wait_for_terminal(operation, self.retry_for, time.monotonic, timeout))
+
+    def result(self, operation: str, offset: int = 0) -> bytes:
+        return self._run(read_result(operation, offset, self.retry_for, time.monotonic))
+
+    def upload_media(self, data: bytes, content_type: str) -> str:
+        """Upload a media source; its sha256 (the name inputs refer to it by)."""
+        return self._run(self._upload(data, content_type))
+
+    def get(self, path: str, **params: str) -> Any:
+        """Any read under /aotx/v1/shared."""
+        return self._run(self._get(path, params or None))
+
+    def events(self, conversation: str, cursor: str | None = None,
+               stop: Callable[[Event], bool] | None = None) -> Iterator[Event]:
+        """A conversation's events as they are saved (the backlog after cursor first); reconnects
+        with Last-Event-ID when the connection breaks; ends when stop(event) is true."""
+        return self._follow(f"{BASE}/conversations/{quote(conversation)}/events", {"stream": "true"},
+                            cursor, stop)
+
+    def output(self, operation: str, stop: Callable[[Event], bool] | None = None) -> Iterator[Event]:
+        """An operation's output spans as saved, then its terminal event (the stream ends there)."""
+        return self._follow(f"{BASE}/operations/{quote(operation)}/events", {}, None, stop)
+
+    def _follow(self, path: str, params: dict[str, str], cursor: str | None,
+                stop: Callable[[Event], bool] | None) -> Iterator[Event]:
+        last_id: str | None = None
+        if cursor is not None:
+            params = {**params, "cursor": cursor}
+        while True:
+            headers = {"Accept": "text/event-stream", **({"Last-Event-ID": last_id} if last_id else {})}
+            query = {k: v for k, v in params.items() if not (last_id and k == "cursor")}
+            parser = SSEParser()
+            try:
+                with self.http.stream("GET", path, params=query, headers=headers, timeout=None) as r:
+                    if r.status_code != 200:
+                        r.read()
+                        raise_for(Reply(r.status_code, dict(r.headers), r.content))
+                    for chunk in r.iter_bytes():
+                        for event in parser.feed(chunk):
+                            if event.event == "error":
+                                error = event.data.get("error", {})
+                                raise ApiError(0, str(error.get("code")), str(error.get("message")))
+                            last_id = event.id or last_id
+                            yield event
+                            if stop is not None and stop(event):
+                                return
+                    return  # the server ended the stream (an operation's terminal event)
+            except httpx.TransportError:
+                time.sleep(0.1)  # resume from the last event seen
+
+
+class AsyncClient(_Common):
+    """asyncio client; the same methods as Client, as coroutines (events and output: async
+    iterators)."""
+
+    def __init__(self, base_url: str, token: str, *, timeout: float = 30.0, retry_for: float = DEFAULT_RETRY_FOR,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        headers = self._init(token, retry_for)
+        self.http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout, transport=transport)
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+    async def _run(self, step: Step) -> Any:
+        reply: Reply | BaseException | None = None
+        try:
+            while True:
+                action = step.throw(reply) if isinstance(reply, BaseException) else step.send(reply)
+                if isinstance(action, Sleep):
+                    await asyncio.sleep(action.seconds)
+                    reply = None
+                    continue
+                reply = await self._send(action)
+        except StopIteration as done:
+            return done.value
+
+    async def _send(self, call: Call) -> Reply | BaseException:
+        try:
+            r = await self.http.request(call.method, call.path, content=call.body, headers=call.headers,
+                                        params=call.params)
+            return Reply(r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.content)
+        except httpx.TimeoutException as exc:
+            return TimeoutError(str(exc))
+        except httpx.TransportError as exc:
+            return ConnectionError(str(exc))
+
+    async def capabilities(self) -> dict[str, Any]:
+        return await self._run(self._get("/capabilities"))
+
+    async def participant(self) -> dict[str, Any]:
+        return await self._run(self.mutations.read_participant())
+
+    async def register(self) -> dict[str, Any]:
+        return await self._run(self._register())
+
+    async def mutate(self, path: str, fields: dict[str, Any]) -> dict[str, Any]:
+        return await self._run(self.mutations.mutate(path, fields))
+
+    async def create_space(self, scope: str = "private", id: str | None = None) -> dict[str, Any]:
+        return await self.mutate("/spaces", {"scope": scope, **({"id": id} if id else {})})
+
+    async def set_member(self, space: str, participant: str, permissions: list[str]) -> dict[str, Any]:
+        return await self.mutate(f"/spaces/{quote(space)}/members",
+                                 {"participant": participant, "permissions": permissions})
+
+    async def create_conversation(self, space: str, id: str | None = None) -> dict[str, Any]:
+        return await self.mutate(f"/spaces/{quote(space)}/conversations", {"id": id} if id else {})
+
+    async def submit_input(self, conversation: str, text: str, model: str, **options: Any) -> dict[str, Any]:
+        return await self.mutate(f"/conversations/{quote(conversation)}/inputs",
+                                 _input_fields(text, model, **options))
+
+    async def cancel(self, target_sequence: int) -> dict[str, Any]:
+        return await self.mutate("/cancellations", {"target_sequence": str(target_sequence)})
+
+    async def retire(self, retry_floor: int) -> dict[str, Any]:
+        return await self.mutate("/retirements", {"retry_floor": str(retry_floor)})
+
+    async def receipt(self, operation: str) -> dict[str, Any]:
+        return await self._run(self._get(f"/operations/{quote(operation)}"))
+
+    async def wait(self, operation: str, timeout: float = 600.0) -> dict[str, Any]:
+        return await self._run(wait_for_terminal(operation, self.retry_for, time.monotonic, timeout))
+
+    async def result(self, operation: str, offset: int = 0) -> bytes:
+        return await self._run(read_result(operation, offset, self.retry_for, time.monotonic))
+
+    async def upload_media(self, data: bytes, content_type: str) -> str:
+        return await self._run(self._upload(data, content_type))
+
+    async def get(self, path: str, **params: str) -> Any:
+        return await self._run(self._get(path, params or None))
+
+    def events(self, conversation: str, cursor: str | None = None,
+               stop: Callable[[Event], bool] | None = None) -> AsyncIterator[Event]:
+        return self._follow(f"{BASE}/conversations/{quote(conversation)}/events", {"stream": "true"},
+                            cursor, stop)
+
+    def output(self, operation: str, stop: Callable[[Event], bool] | None = None) -> AsyncIterator[Event]:
+        return self._follow(f"{BASE}/operations/{quote(operation)}/events", {}, None, stop)
+
+    async def _follow(self, path: str, params: dict[str, str], cursor: str | None,
+                      stop: Callable[[Event], bool] | None) -> AsyncIterator[Event]:
+        last_id: str | None = None
+        if cursor is not None:
+            params = {**params, "cursor": cursor}
+        while True:
+            headers = {"Accept": "text/event-stream", **({"Last-Event-ID": last_id} if last_id else {})}
+            query = {k: v for k, v in params.items() if not (last_id and k == "cursor")}
+            parser = SSEParser()
+            try:
+                async with self.http.stream("GET", path, params=query, headers=headers, timeout=None) as r:
+                    if r.status_code != 200:
+                        await r.aread()
+                        raise_for(Reply(r.status_code, dict(r.headers), r.content))
+                    async for chunk in r.aiter_bytes():
+                        for event in parser.feed(chunk):
+                            if event.event == "error":
+                                error = event.data.get("error", {})
+                                raise ApiError(0, str(error.get("code")), str(error.get("message")))
+                            last_id = event.id or last_id
+                            yield event
+                            if stop is not None and stop(event):
+                                return
+                    return
+            except httpx.TransportError:
+                await asyncio.sleep(0.1)

@@ -1,0 +1,385 @@
+"""Hostile neighbours, in one run: a normal client's reads and mutations alone, then beside each
+hostile pattern, on one stack.
+
+    .venv/bin/python bench/neighbours.py [--seconds 8] [--only PATTERN,...] [--runtime F]
+
+Setup: tests.harness.Stack — the real device on a tiny runtime packed with room for the run
+(receipts, conversations, spaces), `manage.py serve` in front. Principals: `normal` (the measured
+client) and one hostile principal per pattern (`hostile-chat` has only `chat`, as in the attack).
+
+The normal client (this process, one asyncio loop, one keep-alive connection each for reads and
+mutations) runs a closed loop of `GET /participant` (read) and `POST /spaces/{spc}/conversations`
+(mutation, its own sequences) for --seconds per phase, and posts one input a second
+(`max_output_tokens` 8) whose terminal status it reads afterwards: an input "on time" ended
+`succeeded`, not `deadline_exceeded`. The hostile load runs in another process
+(`--hostile PATTERN`), started before the phase and killed after:
+
+  bodies        4 connections at a time POST 1 GiB bodies with no token (zeros, as fast as the
+                gateway takes them), one after another;
+  chat-prompts  4 concurrent /v1/chat/completions with a 1 MB user message (a chat-only principal);
+  long-history  a conversation built to 400 turns of 2 KB before the phase, then more turns;
+  media         2 concurrent uploads of distinct 8 MiB media sources, one after another;
+  chat-flood    16 concurrent streamed chats of 256 tokens;
+  input-flood   30 inputs of 64 tokens kept queued by one participant;
+  slow          200 connections that send a request's headers one byte every 2 s.
+
+Reported per phase: the normal client's read and mutation p50/p99 (ms) and their ratio to the
+alone phase, its inputs on time, and the gateway's peak RSS over its RSS at the phase's start (all
+of the gateway's processes, /proc). Goal (issue "hostile neighbours"): p99 within 2x of alone,
+every input on time, RSS within +100 MiB.
+"""
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[0] = ROOT  # not bench/: bench/http.py would shadow the standard library's http
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import secrets  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import httpx  # noqa: E402
+
+BASE = "/aotx/v1/shared"
+SCHEMA = "aotx.shared.mutation.v1"
+PATTERNS = ("bodies", "chat-prompts", "long-history", "media", "chat-flood", "input-flood", "slow")
+CAPACITY = {"participants": 64, "spaces": 4096, "conversations": 65536, "members": 1024, "receipts": 65536}
+MODEL = "tiny-llama"
+
+
+# ---- the client side of the API ----------------------------------------------------------------
+
+class Participant:
+    """One principal's participant: its lineage and next sequence, kept locally after one read."""
+
+    def __init__(self, client: httpx.AsyncClient, token: str) -> None:
+        self.client, self.token = client, token
+        self.headers = {"Authorization": f"Bearer {token}"}
+        self.lineage = ""
+        self.sequence = 0
+
+    async def start(self) -> None:
+        me = (await self.client.get(f"{BASE}/participant", headers=self.headers)).json()
+        self.lineage, self.sequence = me["lineage"], int(me["next_sequence"])
+        if not me.get("registered"):
+            await self.mutate("/participant", {})
+
+    async def mutate(self, path: str, fields: dict, check: bool = True) -> httpx.Response:
+        body = {"schema": SCHEMA, "lineage": self.lineage, "operation_key": secrets.token_hex(16),
+                "sequence": str(self.sequence), **fields}
+        reply = await self.client.post(BASE + path, json=body, headers=self.headers)
+        if reply.status_code == 202:
+            self.sequence += 1
+        elif check:
+            raise RuntimeError(f"{path}: {reply.status_code} {reply.text[:300]}")
+        elif reply.status_code >= 500 or reply.status_code == 409:  # it may have been admitted: re-read
+            await self.start()
+        return reply
+
+
+async def conversation_of(p: Participant) -> tuple[str, str]:
+    space = (await p.mutate("/spaces", {})).json()["target"]
+    return space, (await p.mutate(f"/spaces/{space}/conversations", {})).json()["target"]
+
+
+# ---- hostile patterns (run in their own process) -------------------------------------------------
+
+async def hostile(pattern: str, port: int, token: str) -> None:
+    url = f"http://127.0.0.1:{port}"
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        if pattern == "bodies":
+            await asyncio.gather(*(_huge_bodies(port) for _ in range(4)))
+        elif pattern == "chat-prompts":
+            await asyncio.gather(*(_chats(client, token, "x " * 500_000, 8, stream=False) for _ in range(4)))
+        elif pattern == "chat-flood":
+            await asyncio.gather(*(_chats(client, token, "tell me a story", 256, stream=True) for _ in range(16)))
+        elif pattern == "media":
+            await asyncio.gather(*(_media(client, token) for _ in range(2)))
+        elif pattern == "slow":
+            await _slow(port, 200)
+        else:
+            p = Participant(client, token)
+            await p.start()
+            _, con = await conversation_of(p)
+            if pattern == "long-history":
+                for turn in range(400):
+                    await p.mutate(f"/conversations/{con}/inputs",
+                                   {"text": f"turn {turn} " + "y" * 2048, "model": MODEL, "max_output_tokens": 1},
+                                   check=False)
+                print("ready", flush=True)
+                while True:
+                    await p.mutate(f"/conversations/{con}/inputs",
+                                   {"text": "and another " + "z" * 2048, "model": MODEL, "max_output_tokens": 8},
+                                   check=False)
+            else:  # input-flood: keep submitting; the device queues what it admits
+                print("ready", flush=True)
+                while True:
+                    reply = await p.mutate(f"/conversations/{con}/inputs",
+                                           {"text": "flood", "model": MODEL, "max_output_tokens": 64}, check=False)
+                    if reply.status_code != 202:
+                        await asyncio.sleep(0.05)
+    print("ready", flush=True)
+
+
+async def _huge_bodies(port: int) -> None:
+    chunk = bytes(1 << 20)
+    while True:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST /aotx/v1/shared/spaces HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (1 << 30))
+            for _ in range(1024):
+                writer.write(chunk)
+                await asyncio.wait_for(writer.drain(), 30)
+                if reader.at_eof() or len(reader._buffer) > 0:  # answered early: the point of the fix
+                    break
+            writer.close()
+        except (OSError, asyncio.TimeoutError):
+            await asyncio.sleep(0.05)
+
+
+async def _chats(client: httpx.AsyncClient, token: str, content: str, tokens: int, stream: bool) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": tokens,
+            "stream": stream}
+    headers = {"Authorization": f"Bearer {token}"}
+    while True:
+        try:
+            if stream:
+                async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as reply:
+                    async for _ in reply.aiter_bytes():
+                        pass
+            else:
+                await client.post("/v1/chat/completions", json=body, headers=headers)
+        except httpx.HTTPError:
+            await asyncio.sleep(0.05)
+
+
+async def _media(client: httpx.AsyncClient, token: str) -> None:
+    while True:
+        data = secrets.token_bytes(8 << 20)
+        try:
+            await client.put(f"/aotx/v1/media/{hashlib.sha256(data).hexdigest()}", content=data,
+                             headers={"Authorization": f"Bearer {token}", "Content-Type": "image/png"})
+        except httpx.HTTPError:
+            await asyncio.sleep(0.05)
+
+
+async def _slow(port: int, count: int) -> None:
+    request = b"GET /aotx/v1/shared/participant HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: " + b"a" * 4000
+    writers = []
+    for _ in range(count):
+        try:
+            writers.append((await asyncio.open_connection("127.0.0.1", port))[1])
+        except OSError:
+            await asyncio.sleep(0.01)
+    print("ready", flush=True)
+    position = 0
+    while True:
+        for w in list(writers):
+            try:
+                w.write(request[position % len(request):position % len(request) + 1])
+            except OSError:
+                writers.remove(w)
+        position += 1
+        await asyncio.sleep(2)
+
+
+# ---- the measured client ---------------------------------------------------------------------------
+
+def rss_bytes(root_pid: int) -> int:
+    """Resident bytes of a process and its descendants."""
+    total, pids, seen = 0, [root_pid], set()
+    while pids:
+        pid = pids.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                pids.extend(int(c) for c in f.read().split())
+        except OSError:
+            continue
+    return total
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+async def normal_setup(port: int, token: str) -> tuple[str, str]:
+    """The normal client's space (its mutations add conversations to it) and the conversation its
+    inputs go to, made before any phase."""
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+        p = Participant(client, token)
+        await p.start()
+        return await conversation_of(p)
+
+
+async def normal_phase(port: int, token: str, seconds: float, gateway_pid: int, space: str, con: str) -> dict:
+    url = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(base_url=url, timeout=120) as reads, \
+            httpx.AsyncClient(base_url=url, timeout=120) as writes:
+        p = Participant(writes, token)
+        while True:  # a stalled gateway may refuse even this: the phase then starts when it answers
+            try:
+                await p.start()
+                break
+            except (httpx.HTTPError, ValueError, KeyError):
+                await asyncio.sleep(0.5)
+        start_rss = peak_rss = rss_bytes(gateway_pid)
+        read_ms: list[float] = []
+        write_ms: list[float] = []
+        inputs: list[str] = []
+        errors: dict[str, int] = {}
+        end = time.monotonic() + seconds
+
+        async def read_loop() -> None:
+            while time.monotonic() < end:
+                t = time.perf_counter()
+                try:
+                    reply = await reads.get(f"{BASE}/participant", headers=p.headers)
+                except httpx.HTTPError as exc:
+                    errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+                    continue
+                read_ms.append((time.perf_counter() - t) * 1e3)
+                if reply.status_code != 200:
+                    errors[f"read {reply.status_code}"] = errors.get(f"read {reply.status_code}", 0) + 1
+
+        async def write_loop() -> None:
+            next_input = time.monotonic()
+            while time.monotonic() < end:
+                if time.monotonic() >= next_input:
+                    next_input += 1.0
+                    try:
+                        reply = await p.mutate(f"/conversations/{con}/inputs",
+                                               {"text": "hello neighbour", "model": MODEL, "max_output_tokens": 8},
+                                               check=False)
+                    except httpx.HTTPError as exc:
+                        errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+                        await p.start()
+                        continue
+                    if reply.status_code == 202:
+                        inputs.append(reply.json()["operation"])
+                    else:
+                        errors[f"input {reply.status_code}"] = errors.get(f"input {reply.status_code}", 0) + 1
+                    continue
+                t = time.perf_counter()
+                try:
+                    reply = await p.mutate(f"/spaces/{space}/conversations", {}, check=False)
+                except httpx.HTTPError as exc:
+                    errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+                    await p.start()  # the sequence may or may not have been taken
+                    continue
+                write_ms.append((time.perf_counter() - t) * 1e3)
+                if reply.status_code != 202:
+                    errors[f"write {reply.status_code}"] = errors.get(f"write {reply.status_code}", 0) + 1
+
+        async def rss_loop() -> None:
+            nonlocal peak_rss
+            while time.monotonic() < end:
+                peak_rss = max(peak_rss, rss_bytes(gateway_pid))
+                await asyncio.sleep(0.2)
+
+        await asyncio.gather(read_loop(), write_loop(), rss_loop())
+        on_time, waited_until = 0, time.monotonic() + 120
+        for op in inputs:  # terminal states, read after the phase
+            status = None
+            while time.monotonic() < waited_until:
+                reply = await reads.get(f"{BASE}/operations/{op}", headers=p.headers)
+                if reply.status_code == 504:  # past its execution deadline
+                    status = "deadline_exceeded"
+                    break
+                terminal = reply.json().get("terminal") or {}
+                if terminal.get("saved"):
+                    status = terminal.get("status")
+                    break
+                await asyncio.sleep(0.1)
+            on_time += status == "succeeded"
+        return {"read": (pct(read_ms, 0.5), pct(read_ms, 0.99), len(read_ms)),
+                "write": (pct(write_ms, 0.5), pct(write_ms, 0.99), len(write_ms)),
+                "inputs": (on_time, len(inputs)), "rss_mib": (peak_rss - start_rss) / (1 << 20), "errors": errors}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--only", default=",".join(PATTERNS))
+    parser.add_argument("--runtime", help="a shared runtime file to copy (default: a tiny one packed here)")
+    parser.add_argument("--hostile", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--token", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.hostile:
+        asyncio.run(hostile(args.hostile, args.port, args.token))
+        return
+
+    from gpu_worker.pack import pack_tiny
+    from tests.conftest import PYTHON, wait_for
+    from tests.harness import Stack
+    patterns = [p for p in args.only.split(",") if p]
+    unknown = set(patterns) - set(PATTERNS)
+    if unknown:
+        sys.exit(f"unknown pattern(s) {', '.join(sorted(unknown))}; known: {', '.join(PATTERNS)}")
+    with tempfile.TemporaryDirectory(prefix="aotx-neighbours-") as tmp:
+        runtime = Path(tmp) / "bench.aotxccir"
+        if args.runtime:
+            runtime.write_bytes(Path(args.runtime).read_bytes())
+        else:
+            pack_tiny(str(runtime), shared=True, capacity=CAPACITY)
+        stack = Stack(tmp, str(runtime))
+        normal = stack.principal("normal")
+        tokens = {p: stack.principal(f"hostile-{p}", "chat" if p == "chat-prompts" else
+                                     "shared_read,shared_write,shared_manage,chat") for p in patterns}
+        stack.boot_device()
+        stack.serve()
+        pid = stack.gateway.proc.pid
+        space, con = asyncio.run(normal_setup(stack.port, normal))
+        rows = [("alone", asyncio.run(normal_phase(stack.port, normal, args.seconds, pid, space, con)))]
+        try:
+            for pattern in patterns:
+                log = open(Path(tmp) / f"hostile-{pattern}.log", "w+")
+                proc = subprocess.Popen([PYTHON, __file__, "--hostile", pattern, "--port", str(stack.port),
+                                         "--token", tokens[pattern]], stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True, cwd=ROOT)
+                if pattern in ("long-history", "input-flood", "slow"):
+                    wait_for(lambda: "ready" in Path(log.name).read_text() or proc.poll() is not None, 900,
+                             what=f"{pattern} ready")
+                else:
+                    time.sleep(2)  # the load is on before measuring
+                rows.append((pattern, asyncio.run(normal_phase(stack.port, normal, args.seconds, pid, space, con))))
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                if proc.returncode not in (-signal.SIGKILL, 0):
+                    print(f"{pattern}: the hostile process failed:\n{Path(log.name).read_text()[-2000:]}")
+                time.sleep(2)  # let the gateway and device drain what the hostile process left
+        finally:
+            stack.stop()
+    alone = rows[0][1]
+    print(f"normal client beside each pattern, {args.seconds:.0f} s a phase; ms; ratio to alone")
+    print(f"{'phase':<14} {'read p50':>9} {'read p99':>9} {'x':>6} {'write p50':>10} {'write p99':>10} {'x':>6}"
+          f" {'inputs ok':>10} {'RSS +MiB':>9}  errors")
+    for name, r in rows:
+        (r50, r99, _), (w50, w99, _) = r["read"], r["write"]
+        ok, total = r["inputs"]
+        print(f"{name:<14} {r50:>9.1f} {r99:>9.1f} {r99 / alone['read'][1]:>5.2f}x {w50:>10.1f} {w99:>10.1f}"
+              f" {w99 / alone['write'][1]:>5.2f}x {ok:>5}/{total:<4} {r['rss_mib']:>9.1f}  "
+              f"{json.dumps(r['errors']) if r['errors'] else ''}")
+
+
+if __name__ == "__main__":
+    main()

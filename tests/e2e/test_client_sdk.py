@@ -1,0 +1,230 @@
+"""The client SDK (aotx_client) against a real gateway and device: the client sequence done for
+the caller, exact retries through a broken connection and a device outage, several threads and
+processes of one participant, a journal hold waited out, results by offset and event streams
+with resume."""
+import asyncio
+import json
+import secrets
+import subprocess
+import threading
+
+import httpx
+import pytest
+
+from aotx_client import ApiError, AsyncClient, Client
+from gpu_worker.pack import pack_tiny
+from tests.conftest import PYTHON, ROOT, wait_for
+from tests.harness import Stack
+
+pytestmark = pytest.mark.e2e
+MODEL = "tiny-llama"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    base = tmp_path_factory.mktemp("sdk")
+    runtime = base / "sdk.aotxccir"
+    pack_tiny(str(runtime), shared=True, capacity={"receipts": 4096, "conversations": 2048})
+    s = Stack(base, str(runtime))
+    s.tokens = {name: s.principal(name) for name in ("alice", "bob", "threads", "procs", "flaky", "hold")}
+    s.boot_device()
+    s.serve()
+    s.url = f"http://127.0.0.1:{s.port}"
+    yield s
+    s.stop()
+
+
+def own_receipts(stack, token):
+    """Every live receipt of the token's participant, read with plain HTTP (not the SDK)."""
+    items, cursor = [], None
+    while True:
+        path = "/aotx/v1/shared/operations?limit=200" + (f"&cursor={cursor}" if cursor else "")
+        page = json.loads(stack.http("GET", path, token=token)[2])
+        items += page["items"]
+        cursor = page.get("next_cursor")
+        if not cursor:
+            return items
+
+
+def test_the_client_sequence_runs_an_input_and_reads_its_result_and_events(stack):
+    with Client(stack.url, stack.tokens["alice"]) as aotx:
+        me = aotx.register()
+        assert me["registered"] and aotx.register()["id"] == me["id"]  # registering again is a no-op
+        space = aotx.create_space()["target"]
+        con = aotx.create_conversation(space)["target"]
+        op = aotx.submit_input(con, "hello from the SDK", model=MODEL, max_output_tokens=8)["operation"]
+        receipt = aotx.wait(op)
+        assert receipt["terminal"]["saved"] and receipt["terminal"]["status"] == "succeeded"
+        whole = aotx.result(op)
+        assert len(whole) == int(receipt["result"]["length"]) and aotx.result(op, 3) == whole[3:]
+        events = list(aotx.events(con, stop=lambda e: e.event == "event"))
+        assert events[-1].data["operation"] == op and events[-1].id.endswith("@1")
+        output = list(aotx.output(op))
+        assert output[-1].event == "terminal"
+        with pytest.raises(ApiError) as refused:
+            aotx.submit_input(con, "x", model="no-such-model")
+        assert refused.value.status == 409 and refused.value.code == "model_not_available"
+        # the refused mutation's sequence is reused: the next one is admitted without a 409 round
+        before = int(aotx.participant()["next_sequence"])
+        aotx.create_conversation(space)
+        assert int(aotx.participant()["next_sequence"]) == before + 1
+
+
+def test_a_conversation_stream_resumes_after_a_broken_connection(stack):
+    with Client(stack.url, stack.tokens["bob"]) as aotx:
+        aotx.register()
+        con = aotx.create_conversation(aotx.create_space()["target"])["target"]
+        first = aotx.submit_input(con, "one", model=MODEL, max_output_tokens=2)["operation"]
+        stream = aotx.events(con)
+        seen = [e for e in _take(stream, "event", 1)]
+        assert seen[-1].data["operation"] == first
+        stream.close()
+        second = aotx.submit_input(con, "two", model=MODEL, max_output_tokens=2)["operation"]
+        resumed = list(_take(aotx.events(con, cursor=seen[-1].id.rsplit("@", 1)[1]), "event", 1))
+        assert [e.data["operation"] for e in resumed if e.event == "event"] == [second]
+
+
+def _take(stream, event, count):
+    for e in stream:
+        yield e
+        if e.event == event:
+            count -= 1
+            if count == 0:
+                return
+
+
+class Flaky(httpx.HTTPTransport):
+    """Loses the answer of every second POST after the gateway has it: the client sees a broken
+    connection for a mutation that was (or was not yet) applied."""
+
+    def __init__(self):
+        super().__init__()
+        self.posts = 0
+
+    def handle_request(self, request):
+        response = super().handle_request(request)
+        if request.method == "POST":
+            self.posts += 1
+            if self.posts % 2 == 0:
+                response.read()
+                raise httpx.RemoteProtocolError("connection lost after sending", request=request)
+        return response
+
+
+def test_lost_answers_are_retried_exactly_and_apply_once(stack):
+    transport = Flaky()
+    with Client(stack.url, stack.tokens["flaky"], transport=transport) as aotx:
+        aotx.register()
+        space = aotx.create_space()["target"]
+        made = [aotx.create_conversation(space)["target"] for _ in range(10)]
+    assert transport.posts >= 15  # half of the answers were lost and their requests sent again
+    assert len(set(made)) == 10
+    receipts = own_receipts(stack, stack.tokens["flaky"])
+    assert sorted(int(r["sequence"]) for r in receipts) == list(range(1, 13))  # register, space, 10: once each
+
+
+def test_eight_threads_of_one_participant_submit_200_mutations_none_lost_or_doubled(stack):
+    aotx = Client(stack.url, stack.tokens["threads"])
+    aotx.register()
+    space = aotx.create_space()["target"]
+    made, errors = [], []
+
+    def worker():
+        try:
+            for _ in range(25):
+                made.append(aotx.create_conversation(space)["operation"])
+        except Exception as exc:  # reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    aotx.close()
+    assert not errors and len(made) == len(set(made)) == 200
+    sequences = sorted(int(r["sequence"]) for r in own_receipts(stack, stack.tokens["threads"]))
+    assert sequences == list(range(1, 203))
+
+
+CHILD = """
+import sys
+from aotx_client import Client
+url, token, space = sys.argv[1:4]
+with Client(url, token) as aotx:
+    for _ in range(20):
+        print(aotx.create_conversation(space)["operation"], flush=True)
+"""
+
+
+def test_processes_of_one_participant_each_with_its_own_client_lose_and_double_nothing(stack):
+    token = stack.tokens["procs"]
+    with Client(stack.url, token) as aotx:
+        aotx.register()
+        space = aotx.create_space()["target"]
+    children = [subprocess.Popen([PYTHON, "-c", CHILD, stack.url, token, space], cwd=ROOT, stdout=subprocess.PIPE,
+                                 text=True) for _ in range(3)]
+    ops = []
+    for child in children:
+        out, _ = child.communicate(timeout=300)
+        assert child.returncode == 0
+        ops += out.split()
+    assert len(ops) == len(set(ops)) == 60
+    assert sorted(int(r["sequence"]) for r in own_receipts(stack, token)) == list(range(1, 63))
+
+
+def test_a_mutation_sent_while_the_device_is_down_is_applied_once_it_is_back(stack):
+    with Client(stack.url, stack.tokens["alice"], retry_for=120) as aotx:
+        space = aotx.create_space()["target"]
+        stack.device.kill()  # the gateway answers 503 device_unavailable until the device is back
+        restarted = threading.Timer(1.0, stack.boot_device)
+        restarted.start()
+        receipt = aotx.create_conversation(space)
+        restarted.join()
+        assert receipt["kind"] == "conversation.create"
+        assert aotx.receipt(receipt["operation"])["admission"]["saved"]
+
+
+def test_the_async_client_does_the_same_with_tasks(stack):
+    async def run():
+        async with AsyncClient(stack.url, stack.tokens["bob"]) as aotx:
+            await aotx.register()
+            space = (await aotx.create_space())["target"]
+            made = await asyncio.gather(*(aotx.create_conversation(space) for _ in range(20)))
+            con = made[0]["target"]
+            op = (await aotx.submit_input(con, "async hello", model=MODEL, max_output_tokens=4))["operation"]
+            receipt = await aotx.wait(op)
+            events = [e async for e in aotx.output(op)]
+            return made, receipt, events
+    made, receipt, events = asyncio.run(run())
+    assert len({m["operation"] for m in made}) == 20
+    assert receipt["terminal"]["status"] == "succeeded" and events[-1].event == "terminal"
+
+
+def test_a_journal_hold_is_waited_out(stack, tmp_path):
+    from tests.e2e.test_admin_browser import FILE_CAP  # a journal cap small enough to fill in a test
+    runtime = tmp_path / "held.aotxccir"
+    pack_tiny(str(runtime), shared=True, journal_limits={"journal_file_cap_bytes": FILE_CAP})
+    held = Stack(tmp_path, str(runtime))
+    token = held.principal("hold")
+    held.boot_device()
+    held.serve()
+    try:
+        with Client(f"http://127.0.0.1:{held.port}", token, retry_for=120) as aotx:
+            aotx.register()
+            while True:  # fill the journal with plain HTTP until it holds
+                me = aotx.participant()
+                status, _, _ = held.http("POST", "/aotx/v1/shared/spaces", {
+                    "schema": "aotx.shared.mutation.v1", "lineage": me["lineage"],
+                    "operation_key": secrets.token_hex(16), "sequence": me["next_sequence"]}, token=token)
+                if status == 429:
+                    break
+                assert status == 202
+            lifted = threading.Timer(1.0, lambda: held.manage("shell", "-c", "from shared_api.tasks import "
+                                                                            "checkpoint; checkpoint()"))
+            lifted.start()
+            receipt = aotx.create_space()  # 429 journal_hold until the checkpoint lifts it
+            lifted.join()
+            assert receipt["kind"] == "space.create"
+            wait_for(lambda: aotx.receipt(receipt["operation"])["admission"]["saved"], 30, what="saved")
+    finally:
+        held.stop()
