@@ -11,6 +11,7 @@ from ..contract.errors import ServiceError
 from ..contract.wire import Message, dumps, reply
 from ..storage import audit
 
+from . import quotas
 from .kind import Read
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ def capabilities(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int
         "page_size": str(profile["page_size"]),
         "page_grant": str(profile["page_grant"]),
         "grants": sorted(d.grants.actions(principal.hex())),
+        "quotas": quotas.view(d, principal, d.state.participants.by_principal.get(principal)),
         "journal": d.journal_state(),
         "runtime": {"file_incarnation": d.incarnation_hex, "generation": str(d.state.generation),
                     "boot": str(d.state.boot)},
