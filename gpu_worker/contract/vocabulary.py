@@ -76,4 +76,6 @@ COMMANDS = {c.op: c for c in (
     Command("retirements.record", WRITE, "retirement"),
     Command("conversations.input", WRITE, "conversation.input"),
     Command("cancellations.record", WRITE, "cancellation"),
+    Command("spaces.delete", MANAGE, "space.delete"),
+    Command("conversations.delete", MANAGE, "conversation.delete"),
 )}

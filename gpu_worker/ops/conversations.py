@@ -54,8 +54,11 @@ def target_id(d: Device, row: list[int], lineage: bytes) -> str:
 
 
 def visible_to(d: Device, principal: bytes, reader: int | None, row: list[int]) -> bool:
-    """Readable where the conversation's space is (members read each other's inputs too)."""
+    """Readable where the conversation's space is (members read each other's inputs too); a
+    deleted conversation's receipts only by their own participant."""
     t = d.state.tables
+    if t.value(t.conversations, row[R.TARGET], C.STATE) != 1:
+        return False
     return access.space_readable(d, principal, reader, t.value(t.conversations, row[R.TARGET], C.SPACE))
 
 
