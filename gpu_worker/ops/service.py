@@ -47,7 +47,7 @@ def capabilities(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int
 
 
 def ping(d: Device, principal: bytes | None, args: dict[str, Any]) -> tuple[int, Any]:
-    """Ops status (no principal: the socket is local and mode 0660): what the gateway's /metrics,
+    """Ops status (no principal: the socket admits the gateway's user only, loop/server.py): what the gateway's /metrics,
     /healthz and admin pages show."""
     return 200, {"ok": True, "boot": str(d.state.boot), "generation": str(d.state.generation),
                  "usage": d.state.tables.usage(), "capacities": d.state.capacities,
