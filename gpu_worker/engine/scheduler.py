@@ -60,12 +60,6 @@ class Scheduler:
         queue.append(seq)
 
     @property
-    def waiting(self) -> list[Sequence]:
-        """Every waiting request, in the order the turns would offer them (a copy)."""
-        queues = [list(q) for q in self.queues.values()]
-        return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
-
-    @property
     def num_waiting(self) -> int:
         return sum(len(q) for q in self.queues.values())
 
