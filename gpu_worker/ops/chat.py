@@ -59,7 +59,7 @@ def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
         max_tokens = args.get("max_tokens")
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise ServiceError(400, "invalid_max_tokens", "max_tokens must be a positive integer")
-        quotas.check(d, principal, None, "chats")
+        quotas.check(d, principal, d.state.participants.by_principal.get(principal), "chats")
     except ServiceError as err:
         batch.replies.append((conn, reply(req_id, err.status, err.body())))
         return 0
@@ -92,7 +92,8 @@ def _submit(d: Device, conn: Any, req_id: Any, principal: bytes, args: dict[str,
                                f"{len(prompt)} prompt tokens and max_tokens {max_tokens} exceed the page grant of "
                                f"{capacity} tokens")
         pages = pages_for(len(prompt) + max_tokens - 1, profile["page_size"])
-        quotas.check(d, principal, None, "kv_pages", pages)
+        # with the page limits of its unfinished inputs, which share the pool
+        quotas.check(d, principal, d.state.participants.by_principal.get(principal), "kv_pages", pages)
     except ServiceError as err:
         d.subscriptions.outbox.append((conn, reply(req_id, err.status, err.body())))
         return

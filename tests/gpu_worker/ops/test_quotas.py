@@ -191,3 +191,16 @@ def test_a_chats_quota_refuses_a_chat_beyond_it_until_one_ends(engine_world):
     gate.set()
     w.pump(lambda: w.read("a", "capabilities")[1]["quotas"]["chats"]["used"] == "0")
     assert start_chat(w, "a", 4) == []
+
+
+def test_a_chats_pages_count_with_the_principals_unfinished_inputs_against_kv_pages(engine_world):
+    w = engine_world
+    gate = hold_engine(w)
+    _, con = w.conversation("a")
+    assert w.say("a", con, "one", pages=16, max_output_tokens=4)[0] == 202
+    w.set_quotas("a", kv_pages=17)  # the input holds 16; the chat's prompt needs more than one page
+    assert start_chat(w, "a", 7) == []  # refused once its prompt is tokenized and its pages known
+    seen = []
+    w.pump(lambda: seen.extend(m for _, m in w.device.take_outbox() if m.get("id") == 7) or seen)
+    assert seen[0]["status"] == 429 and b'"quota":"kv_pages"' in seen[0]["body"] and b'"used":"16"' in seen[0]["body"]
+    gate.set()
