@@ -464,7 +464,8 @@ OPERATIONS = {  # keyed by the device command each route calls
     "capabilities": _read(
         "Capabilities", "Capabilities",
         description="Schema versions, models (name, digest, media types, automatic memory), limits, page grant, "
-                    "the caller's grants and the journal hold state."),
+                    "the caller's grants, its quotas with their current use (docs/grants.md) and the journal "
+                    "hold state."),
     "participant.get": _read(
         "The caller's own participant", "Participant",
         description="Registered or not; gives the lineage and next sequence every mutation needs."),
