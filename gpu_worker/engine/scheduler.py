@@ -42,6 +42,10 @@ class Scheduler:
         # tenant -> its waiting requests, FIFO; the dict's order is the turn order (first: next)
         self.queues: dict[Hashable, deque[Sequence]] = {}
         self.running: list[Sequence] = []
+        # kept as plain counts, so another thread (the device's ping) reads them without
+        # iterating structures this thread changes
+        self.num_waiting = 0
+        self.pending_pages = 0
 
     def check(self, seq: Sequence) -> None:
         pool = self.block_manager.num_pages
@@ -58,14 +62,8 @@ class Scheduler:
         if queue is None:
             queue = self.queues[seq.tenant] = deque()  # a tenant with nothing waiting joins at the back
         queue.append(seq)
-
-    @property
-    def num_waiting(self) -> int:
-        return sum(len(q) for q in self.queues.values())
-
-    @property
-    def pending_pages(self) -> int:
-        return sum(seq.page_limit for q in self.queues.values() for seq in q)
+        self.num_waiting += 1
+        self.pending_pages += seq.page_limit
 
     def admit(self) -> list[Sequence]:
         """The next admission group, with pages allocated and status RUNNING."""
@@ -81,6 +79,8 @@ class Scheduler:
                 self.queues = queues = {tenant: queue, **queues}  # its turn stays first
                 break
             queue.popleft()
+            self.num_waiting -= 1
+            self.pending_pages -= seq.page_limit
             if queue:
                 queues[tenant] = queue  # to the back of the turn order
             reserved += seq.page_limit
@@ -101,5 +101,7 @@ class Scheduler:
             queue = self.queues.get(seq.tenant)
             if queue is not None and seq in queue:
                 queue.remove(seq)
+                self.num_waiting -= 1
+                self.pending_pages -= seq.page_limit
                 if not queue:
                     del self.queues[seq.tenant]

@@ -6,6 +6,7 @@ import threading
 import pytest
 
 from gpu_worker.pack import pack_tiny
+from gpu_worker.state.tables import R
 from tests.gpu_worker.ops.test_inputs import EngineWorld
 
 
@@ -44,8 +45,14 @@ def test_one_principals_flood_does_not_push_anothers_input_behind_it(world):
     flood = [world.say("flood", flood_con, f"flood {i}", max_output_tokens=4)[1] for i in range(6)]
     single = world.say("single", single_con, "just one", max_output_tokens=4)[1]
     world.pump(lambda: len(handed) == 7)
-    gate.set()
     every = flood + [single]
+    rows = {r["operation"]: world.device.state.receipts.by_op[bytes.fromhex(r["operation"].split("-")[2])]
+            for r in every}
+    t = world.device.state.tables
+    # the single input's lease is saved (its deadline runs) while the whole flood is still unfinished
+    assert t.value(t.receipts, rows[single["operation"]], R.LEASE)
+    assert not any(t.value(t.receipts, rows[r["operation"]], R.TERMINAL) for r in flood)
+    gate.set()
     world.pump(lambda: all(world.finished(name, r["operation"])()
                            for name, r in [("flood", f) for f in flood] + [("single", single)]), timeout=120)
     rows = {world.device.state.receipts.by_op[bytes.fromhex(r["operation"].split("-")[2])]: r for r in every}
