@@ -69,7 +69,7 @@ def show_token(request: HttpRequest, principal: Principal, token: str) -> None:
 @admin.register(Principal)
 class PrincipalAdmin(admin.ModelAdmin):
     form = PrincipalForm
-    list_display = ("name", "principal_id", "action_list", "active", "updated_at")
+    list_display = ("name", "principal_id", "action_list", "quota_list", "active", "updated_at")
     list_filter = ("active",)
     search_fields = ("name", "principal_id")
     readonly_fields = ("principal_id", "created_at", "updated_at")
@@ -78,6 +78,10 @@ class PrincipalAdmin(admin.ModelAdmin):
     @admin.display(description="actions")
     def action_list(self, obj: Principal) -> str:
         return ", ".join(obj.actions) or "-"
+
+    @admin.display(description="quotas")
+    def quota_list(self, obj: Principal) -> str:
+        return ", ".join(f"{name}={limit}" for name, limit in sorted(obj.quotas.items())) or "unlimited"
 
     def save_model(self, request: Any, obj: Principal, form: Any, change: bool) -> None:
         """A new active principal gets its token; a revoked one made active again gets a new one."""

@@ -172,6 +172,7 @@ def test_quotas_are_set_on_the_command_line_and_in_the_admin_and_reach_the_grant
                follow=True)
     _, quotas, _ = grantfile.parse_with_quotas(json.loads(admin.grants.read_text()))
     assert quotas[carol.principal_id] == {"receipts": 5}
+    assert "receipts=5" in admin.get(LIST).content.decode()  # the principal list shows them
 
 
 def test_a_quota_the_device_could_not_read_is_never_written(admin, settings):

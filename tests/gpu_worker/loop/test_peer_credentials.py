@@ -116,3 +116,42 @@ def test_an_allowed_uid_is_served(tiny_runtime, searchable):
         assert ping_as_nobody(live.server.socket_path) == "answered"
     finally:
         live.stop()
+
+
+def test_boot_refuses_an_unknown_socket_group_in_one_line(capsys):
+    from gpu_worker import boot
+    code = boot.main(["--ccir", "/nonexistent.aotxccir", "--journal", "/nonexistent", "--service-grants",
+                      "/nonexistent.json", "--socket-group", "no-such-group-aotx"])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == "boot: --socket-group no-such-group-aotx: no such group"
+
+
+def test_a_booted_device_serves_its_socket_to_the_named_group_and_uid(tiny_runtime, searchable):
+    """boot's options reach the server: the socket file 0660 with the group, nobody (an allowed
+    uid) served even though its gid is not the socket's."""
+    import subprocess
+    import sys
+
+    from tests.conftest import write_grants
+    grants = searchable / "grants.json"
+    write_grants(str(grants), {})
+    journal = searchable / "journal"
+    proc = subprocess.Popen([sys.executable, "-m", "gpu_worker", "boot", "--ccir", tiny_runtime, "--journal",
+                             str(journal), "--service-grants", str(grants), "--device", "cpu",
+                             "--socket-group", "0", "--allow-uid", str(NOBODY.pw_uid)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:
+            if "device ready" in line:
+                break
+        else:
+            pytest.fail("the device did not start")
+        path = str(journal / "service.sock")
+        st = os.stat(path)
+        assert (stat.S_IMODE(st.st_mode), st.st_gid) == (0o660, 0)
+        os.chmod(journal, 0o711)
+        os.chmod(path, 0o666)  # the file's mode aside: the peer check lets the allowed uid in
+        assert ping_as_nobody(path) == "answered"
+    finally:
+        proc.terminate()
+        proc.wait(30)
