@@ -4,8 +4,11 @@ to the tables (live and at replay, the same code); and the save fields once it i
 
 Order of the checks: grant (403), command bytes (400), lineage (409 `stale_lineage`), retry floor
 (410), exact retry (200) or changed bytes (409 `operation_changed`), future sequence (409), key in
-use (409), registration (409 `participant_not_registered`), hold (429), receipt table (507), then
-the kind's own checks. Nothing changes unless all pass. This is the busiest path of a device:
+use (409), registration (409 `participant_not_registered`), hold (429), the principal's receipts
+quota (429 `quota_exceeded`, ops/quotas.py; never for a retirement), receipt table (507; the last
+slot is a retirement's, and `registration_reserve` slots before it are new participants'
+registrations'), then the kind's own checks (its quotas among them). Nothing changes unless all
+pass. This is the busiest path of a device:
 bench/tick_cpu.py measures it.
 """
 from __future__ import annotations
@@ -18,6 +21,7 @@ import msgpack
 from .contract.errors import ServiceError
 from .contract.ids import HEX32
 from .contract.wire import Message, pack
+from .ops import quotas
 from .ops.kind import Kind, OperationKind
 from .ops.registry import KINDS
 from .state import ids
@@ -117,10 +121,15 @@ def admit(d: Device, msg: Message, kind: OperationKind, budget: int) -> tuple[in
         raise ServiceError(409, "participant_not_registered", "register the participant first (POST /participant)")
     if d.holds.current:
         raise d.holds.refusal(d.committer.writer.queued_bytes)
-    # one receipt slot stays in reserve so that a full table can always record a retirement
-    if len(receipts.free) < (1 if code == _RETIREMENT else 2):
+    if code != _RETIREMENT and d.grants.quotas:  # (a grant file without quotas costs nothing here)
+        quotas.check(d, principal, prow, "receipts")
+    # one receipt slot stays in reserve so that a full table can always record a retirement, and
+    # `registration_reserve` more so that a new participant can always register
+    free = len(receipts.free)
+    if free < (1 if code == _RETIREMENT else 2 if code == _REGISTER else 2 + d.registration_reserve):
         raise ServiceError(507, "receipt_table_full",
-                           "the receipt table is full; record a retirement (POST /retirements) to free receipts")
+                           "the receipt table is full; record a retirement (POST /retirements) to free receipts"
+                           + ("" if free < 2 else " (the rest is held back for new participants' registrations)"))
     extra = kind.check(d, principal, prow, args, key_raw, sequence)
     admission = Admission(code, principal, sequence, key_raw, ids.operation(state.incarnation, state.admissions + 1),
                           canonical, extra)

@@ -1,6 +1,8 @@
-"""`python -m gpu_worker boot --ccir F --journal DIR --service-grants G [--device cpu|cuda] [--tick-cpu N]`."""
+"""`python -m gpu_worker boot --ccir F --journal DIR --service-grants G [--device cpu|cuda] [--tick-cpu N]
+[--allow-uid UID ...] [--socket-group GROUP]`."""
 import argparse
 import gc
+import grp
 import logging
 import os
 import sys
@@ -43,12 +45,24 @@ def main(argv):
     parser.add_argument("--tick-cpu", type=int, metavar="N",
                         help="run the tick loop alone on CPU N and every other thread of the device on the "
                              "remaining CPUs (docs/architecture.md, 'Threads and CPUs')")
+    parser.add_argument("--allow-uid", type=int, action="append", default=[], metavar="UID",
+                        help="a uid besides the device's own that may connect to service.sock (repeatable)")
+    parser.add_argument("--socket-group", metavar="GROUP",
+                        help="make service.sock mode 0660 with this group (name or gid) and accept peers whose "
+                             "primary gid it is; without it the socket is 0600, the device's user only")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s device %(levelname)s %(message)s")
 
     def fail(message, code=2):
         print(f"boot: {message}", file=sys.stderr, flush=True)
         return code
+
+    socket_group = None
+    if args.socket_group is not None:
+        try:
+            socket_group = int(args.socket_group) if args.socket_group.isdigit() else grp.getgrnam(args.socket_group).gr_gid
+        except KeyError:
+            return fail(f"--socket-group {args.socket_group}: no such group")
 
     tick_cpu = args.tick_cpu
     if tick_cpu is not None:
@@ -93,7 +107,7 @@ def main(argv):
         except (JournalError, OSError) as exc:  # the journal refused: locked, damaged, unreadable
             return fail(str(exc), 3)
         socket_path = os.path.join(args.journal, "service.sock")
-        server = Server(device, socket_path)
+        server = Server(device, socket_path, allow_uids=tuple(args.allow_uid), socket_group=socket_group)
         device.deliver = server.deliver  # other threads' results come back through the loop
         try:
             from .engine.engine import Engine

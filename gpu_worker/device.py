@@ -30,7 +30,7 @@ from .contract.grantfile import GrantFileError, Grants
 from .contract.ids import HEX32
 from .contract.vocabulary import COMMANDS
 from .contract.wire import Message, dumps, reply
-from .ops import chat, events, media, receipts
+from .ops import chat, events, media, quotas, receipts
 from .loop.subscriptions import Subscriptions
 from .ops.chat import Chats
 from .ops.kind import Kind
@@ -46,6 +46,7 @@ from .storage.journal import (MAX_RECORDS_PER_TICK, JournalCorrupt, JournalIOErr
 from .storage.runtime_file import RuntimeFile
 
 log = logging.getLogger("gpu_worker.device")
+REGISTRATION_RESERVE_SHARE = 64
 HEX32_MATCH = HEX32.match
 _INPUT = int(Kind.INPUT)
 
@@ -68,6 +69,9 @@ class Device:
         runtime.check_bootable()
         self.capacities: dict[str, int] = profile["capacities"]
         self.command_bytes = self.capacities["command_bytes"]
+        # receipt slots only a registration may take (admission.py), so a new principal can always
+        # register however full other principals made the table: 1/64 of it
+        self.registration_reserve = self.capacities["receipts"] // REGISTRATION_RESERVE_SHARE
         self.checkpoint_bytes = profile["checkpoint_journal_bytes"]
         self.table_device = device
         # None only for an offline command (serve=False), which admits and reads nothing
@@ -80,6 +84,7 @@ class Device:
         # pushes, chats and the engine runner are not state: a rebuild of the tables keeps them
         self.subscriptions = Subscriptions()
         self.chats = Chats()
+        self.usage = quotas.Usage()  # what quotas count beyond the tables (ops/quotas.py)
         self.runner: Any = None  # loop.runner.Runner, set by boot (or a test) when an engine runs
         # hands events from other threads to the tick thread (the server's `deliver`; set by boot)
         self.deliver: Callable[[list[Any]], None] | None = None
@@ -124,7 +129,8 @@ class Device:
         self.executions = execution.Executions()
         self.pending_admissions: dict[int, tuple[int, int]] = {}  # transfer seq -> (receipt row, kind code)
         self.on_saved: dict[int, Callable[[Transfer], None]] = {}  # transfer seq -> what to apply once saved
-        self.media_waiting: dict[int, tuple[Any, Any, str]] = {}  # MEDIA transfer seq -> the upload to answer
+        # MEDIA transfer seq -> the upload to answer: (connection, request id, sha256, participant row, bytes)
+        self.media_waiting: dict[int, tuple[Any, Any, str, int, int]] = {}
         self._admission_deferred = False
         recovery = recover(self.journal_dir, self.fs, state.incarnation, start_digest=state.checkpoint_digest,
                            after_seq=state.checkpoint_seq)

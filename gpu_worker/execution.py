@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from .ops import events
-from .state.tables import Finish, R, Terminal
+from .state.tables import Finish, P, R, Terminal, join16
 from .storage import leases
 from .storage.journal import JournalCorrupt, Transfer, TransferKind, record_count, segment_name
 
@@ -220,8 +220,11 @@ def lease_saved(d: Device, rrows: list[int], transfer: Transfer, live: bool) -> 
             continue
         row = t.row(t.receipts, rrow)
         body = _body(d, rrow)
+        owner = t.row(t.participants, row[R.PARTICIPANT])
         settings = {"max_new_tokens": row[R.MAX_OUTPUT], "page_limit": row[R.PAGE_LIMIT],
-                    "temperature": float(body.get("temperature", 0.0)), "top_p": float(body.get("top_p", 1.0))}
+                    "temperature": float(body.get("temperature", 0.0)), "top_p": float(body.get("top_p", 1.0)),
+                    # its principal's turn in the engine's round-robin, shared with its chats
+                    "tenant": join16(owner[P.PRINCIPAL_HI], owner[P.PRINCIPAL_LO])}
         room = row[R.PAGE_LIMIT] * d.runtime.runtime_profile["page_size"] - row[R.MAX_OUTPUT]
         messages, tokenizer = conversation_turns(d, rrow), d.runner.engine.tokenizer
         d.off_thread(functools.partial(fit_prompt, tokenizer, messages, room),

@@ -1,6 +1,7 @@
 """The admin console's principals (DESIGN: Django users log in to /admin/; API principals are what
 they manage). Adding a principal issues its token once; its actions are a checkbox set of the valid
-ones; every change — add, edit, revoke, reinstate, delete — rewrites the grant file the device
+ones, its quotas a JSON object; every change — add, edit, revoke, reinstate (with a new token),
+delete — rewrites the grant file the device
 reads (shared_api/grants.py, which checks the document as the device will read it). The device
 picks the new file up on its next tick; a reload it refused shows on the principal list."""
 from __future__ import annotations
@@ -14,8 +15,8 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 
-from gpu_worker.contract.grantfile import GrantFileError
-from gpu_worker.contract.vocabulary import ACTIONS
+from gpu_worker.contract.grantfile import GrantFileError, quota_problem
+from gpu_worker.contract.vocabulary import ACTIONS, QUOTAS
 
 from . import config
 from .device_client import DeviceClient
@@ -33,7 +34,20 @@ class PrincipalForm(forms.ModelForm):
 
     class Meta:
         model = Principal
-        fields = ("name", "actions", "active")
+        fields = ("name", "actions", "quotas", "active")
+        help_texts = {"quotas": "what this principal may hold at the device at once, e.g. {\"spaces\": 10}; "
+                                f"names: {', '.join(QUOTAS)}; a quota left out is unlimited (docs/grants.md)",
+                      "active": "unticking revokes the principal and its token for good; ticking it again "
+                                "issues a new token"}
+
+    def clean_quotas(self) -> Any:
+        quotas = self.cleaned_data.get("quotas")
+        if quotas is None:
+            return {}
+        problem = quota_problem(quotas)
+        if problem:
+            raise forms.ValidationError(problem)
+        return quotas
 
 
 def rewrite_grant_file(request: HttpRequest, changed: list[str]) -> None:
@@ -55,7 +69,7 @@ def show_token(request: HttpRequest, principal: Principal, token: str) -> None:
 @admin.register(Principal)
 class PrincipalAdmin(admin.ModelAdmin):
     form = PrincipalForm
-    list_display = ("name", "principal_id", "action_list", "active", "updated_at")
+    list_display = ("name", "principal_id", "action_list", "quota_list", "active", "updated_at")
     list_filter = ("active",)
     search_fields = ("name", "principal_id")
     readonly_fields = ("principal_id", "created_at", "updated_at")
@@ -65,8 +79,14 @@ class PrincipalAdmin(admin.ModelAdmin):
     def action_list(self, obj: Principal) -> str:
         return ", ".join(obj.actions) or "-"
 
+    @admin.display(description="quotas")
+    def quota_list(self, obj: Principal) -> str:
+        return ", ".join(f"{name}={limit}" for name, limit in sorted(obj.quotas.items())) or "unlimited"
+
     def save_model(self, request: Any, obj: Principal, form: Any, change: bool) -> None:
-        token = None if change else obj.rotate_token()
+        """A new active principal gets its token; a revoked one made active again gets a new one."""
+        was_active = change and Principal.objects.filter(pk=obj.pk, active=True).exists()
+        token = obj.rotate_token() if obj.active and not was_active else None
         obj.save()
         rewrite_grant_file(request, [obj.principal_id])
         if token is not None:
@@ -84,23 +104,29 @@ class PrincipalAdmin(admin.ModelAdmin):
     @admin.action(description="Rotate the token of the selected principals (each new token is shown once)")
     def rotate_tokens(self, request: HttpRequest, queryset: QuerySet[Principal]) -> None:
         for principal in queryset:
+            if not principal.active:
+                messages.error(request, f"{principal.name} is revoked: reinstating it issues a new token")
+                continue
             token = principal.rotate_token()
             principal.save()
             show_token(request, principal, token)
         notify_principals([p.principal_id for p in queryset])  # the old tokens' streams end
 
-    @admin.action(description="Revoke the selected principals (no action until reinstated)")
+    @admin.action(description="Revoke the selected principals (no action, their tokens refused for good)")
     def revoke(self, request: HttpRequest, queryset: QuerySet[Principal]) -> None:
-        self._set_active(request, queryset, False)
-
-    @admin.action(description="Reinstate the selected principals")
-    def reinstate(self, request: HttpRequest, queryset: QuerySet[Principal]) -> None:
-        self._set_active(request, queryset, True)
-
-    def _set_active(self, request: HttpRequest, queryset: QuerySet[Principal], active: bool) -> None:
         for principal in queryset:
-            principal.active = active
+            principal.revoke()
             principal.save()
+        rewrite_grant_file(request, [p.principal_id for p in queryset])
+
+    @admin.action(description="Reinstate the selected principals (each gets a new token, shown once)")
+    def reinstate(self, request: HttpRequest, queryset: QuerySet[Principal]) -> None:
+        for principal in queryset:
+            if principal.active:
+                continue
+            token = principal.reinstate()
+            principal.save()
+            show_token(request, principal, token)
         rewrite_grant_file(request, [p.principal_id for p in queryset])
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:

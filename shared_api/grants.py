@@ -12,7 +12,9 @@ from .models import Principal
 
 
 def grant_document() -> dict[str, Any]:
-    return grantfile.document({p.principal_id: (p.name, sorted(p.current_actions())) for p in Principal.objects.all()})
+    principals = list(Principal.objects.all())
+    return grantfile.document({p.principal_id: (p.name, sorted(p.current_actions())) for p in principals},
+                              quotas={p.principal_id: p.quotas for p in principals})
 
 
 def write_grant_file_for(config_path: str) -> tuple[str, int]:

@@ -1,6 +1,9 @@
 """Gateway-side records: API principals and their gateway actions. Tokens are stored only as
 SHA-256 digests (they are 256-bit random values, so a fast hash is enough); the token itself is
-shown once, when it is issued. A row always has a principal ID, a token digest and only valid
+shown once, when it is issued. A revoked principal's token dies with the revocation: its digest
+is replaced by one nobody holds, so reinstating it issues a new token (the old one is refused for
+good). Quotas (docs/grants.md) are what the principal may hold at the device at once; an unset
+quota is unlimited. A row always has a principal ID, a token digest and only valid
 actions (save() refuses anything else, and the database refuses empty IDs), so every row can go
 into the grant file the device reads."""
 from __future__ import annotations
@@ -13,8 +16,9 @@ from typing import Any
 
 from django.db import models
 
+from gpu_worker.contract.grantfile import quota_problem
 from gpu_worker.contract.ids import HEX32
-from gpu_worker.contract.vocabulary import ACTIONS
+from gpu_worker.contract.vocabulary import ACTIONS, QUOTAS
 
 TOKEN_PREFIX = "aotx_"
 
@@ -36,6 +40,7 @@ class Principal(models.Model):
     principal_id = models.CharField(max_length=32, unique=True, editable=False, default=new_principal_id)
     token_hash = models.CharField(max_length=64, unique=True, editable=False)
     actions = models.JSONField(default=list)
+    quotas = models.JSONField(default=dict, blank=True)  # {quota name: limit}; absent: unlimited
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -52,25 +57,43 @@ class Principal(models.Model):
         return self.name
 
     @classmethod
-    def create(cls, name: str, actions: list[str]) -> tuple[Principal, str]:
+    def create(cls, name: str, actions: list[str], quotas: dict[str, int] | None = None) -> tuple[Principal, str]:
         """Returns (principal, token); the token is never stored."""
-        principal = cls(name=name, actions=actions)
+        principal = cls(name=name, actions=actions, quotas=quotas or {})
         token = principal.rotate_token()
         principal.save()
         return principal, token
 
     def rotate_token(self) -> str:
         """Issue a new token (the caller saves): the old one stops working, the principal ID and
-        its grants stay. Returns the token, which only its digest outlives."""
+        its grants stay. Returns the token, which only its digest outlives. A revoked principal
+        gets a token only by being reinstated."""
+        if not self.active:
+            raise ValueError(f"principal {self.name!r} is revoked: reinstate it to issue a new token")
         token = new_token()
         self.token_hash = hash_token(token)
         return token
 
+    def revoke(self) -> None:
+        """No action until reinstated, and its token is dead for good (the caller saves)."""
+        self.active = False
+
+    def reinstate(self) -> str:
+        """Active again with a NEW token (the caller saves and shows it once); the token it had
+        before the revocation stays refused."""
+        self.active = True
+        return self.rotate_token()
+
     def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self.active:  # whatever token it had is refused from now on, also once reinstated
+            self.token_hash = hash_token(new_token())
         unknown = sorted(set(self.actions) - set(ACTIONS)) if isinstance(self.actions, list) else self.actions
-        if unknown or not self.name or not HEX32.match(self.principal_id) or len(self.token_hash) != 64:
+        problem = quota_problem(self.quotas)
+        if (unknown or problem or not self.name or not HEX32.match(self.principal_id)
+                or len(self.token_hash) != 64):
             raise ValueError(f"principal {self.name!r} cannot be saved: it needs a name, a 32-hex principal ID, "
-                             f"a token digest and actions among {', '.join(ACTIONS)}")
+                             f"a token digest, actions among {', '.join(ACTIONS)} and quotas among "
+                             f"{', '.join(QUOTAS)}" + (f" ({problem})" if problem else ""))
         self.actions = sorted(set(self.actions))
         super().save(*args, **kwargs)
 
@@ -84,6 +107,24 @@ class Principal(models.Model):
 
     def current_actions(self) -> frozenset[str]:
         return frozenset(self.actions) if self.active else frozenset()
+
+
+def parse_quotas(values: list[str]) -> dict[str, int | None]:
+    """`--quota name=N` options: {name: N}, or {name: None} for `name=unlimited` (clears it)."""
+    out: dict[str, int | None] = {}
+    for value in values:
+        name, sep, limit = value.partition("=")
+        name = name.strip()
+        if not sep or name not in QUOTAS:
+            raise ValueError(f"--quota {value!r}: expected NAME=N with NAME among {', '.join(QUOTAS)}")
+        limit = limit.strip()
+        if limit == "unlimited":
+            out[name] = None
+            continue
+        if not limit.isdigit() or quota_problem({name: int(limit)}):
+            raise ValueError(f"--quota {value!r}: N must be an integer from 0 to 2^63-1, or 'unlimited'")
+        out[name] = int(limit)
+    return out
 
 
 def parse_actions(text: str) -> list[str]:

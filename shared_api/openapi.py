@@ -21,7 +21,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from gpu_worker.contract import ids
 from gpu_worker.contract.limits import DEFAULT_LIMIT, MAX_BODY_BYTES, MAX_LIMIT, MAX_MEDIA, MAX_MEDIA_BYTES
 from gpu_worker.contract.vocabulary import (CAPABILITIES_SCHEMA, COMMANDS, MEDIA_TYPES, MUTATION_SCHEMA,
-                                            PERMISSIONS, RECEIPT_SCHEMA, SCOPES, TERMINAL_STATUSES)
+                                            PERMISSIONS, QUOTAS, RECEIPT_SCHEMA, SCOPES, TERMINAL_STATUSES)
 
 if TYPE_CHECKING:
     from drf_spectacular.openapi import AutoSchema
@@ -201,6 +201,9 @@ SCHEMAS = {
                         "disk_error": nullable({"type": "string"}),
                         "bytes": ref("Counter")}),
         "runtime": obj({"file_incarnation": ref("Hex32"), "generation": ref("Counter"), "boot": ref("Counter")}),
+        "quotas": obj({name: obj({"limit": nullable(ref("Counter")), "used": ref("Counter")}) for name in QUOTAS},
+                      description="the caller's own quotas from the grant file (`limit` null: unlimited) and what "
+                                  "it holds now (docs/grants.md)"),
     }),
     "Error": obj({"error": obj({
         "code": {"type": "string"},
@@ -219,6 +222,8 @@ SCHEMAS = {
                     "details (`fields`, `lineage`, `next_sequence`, `retry_floor`, `sequence`, `target_sequence`; "
                     "a journal hold adds `cause`, `disk_error`, `pending_bytes`)."),
     "ParticipantRegisterRequest": mutation_body("Register the calling principal's participant"),
+    "SpaceDeletionRequest": mutation_body("Delete the space in the path"),
+    "ConversationDeletionRequest": mutation_body("Delete the conversation in the path"),
     "SpaceCreateRequest": mutation_body(
         "Create a space",
         {"id": ref("Hex32"),
@@ -359,6 +364,8 @@ CODES = {
     "page_limit_exceeds_grant": "`pages` exceeds the runtime profile's page grant",
     "page_limit_exceeds_pool": "`pages` exceeds the KV page pool",
     "no_result": "the operation has no result bytes (it is not an input)",
+    "space_not_empty": "the space still holds conversations; delete them first",
+    "conversation_busy": "the conversation has an unfinished input; cancel it or wait for its terminal result",
     "deadline_exceeded": "the input ran past its execution deadline",
     # 410
     "below_retry_floor": "the sequence is below the saved retry floor (given in `retry_floor`)",
@@ -367,6 +374,8 @@ CODES = {
     "body_too_large": f"the body exceeds {MAX_BODY_BYTES} bytes",
     "unsupported_media_type": "the body is not `application/json`",
     "journal_hold": "a journal hold pauses persistent admission (`cause`, `disk_error`, `pending_bytes`)",
+    "quota_exceeded": "the caller's principal is at one of its quotas (`quota` names it; `limit`, `used`); "
+                      "nothing changed",
     # 503
     "device_unavailable": "the device is not reachable; nothing was admitted",
     "device_connection_lost": "the connection to the device broke after the request was sent: a mutation may "
@@ -392,8 +401,9 @@ STATUS_TEXT = {
     410: "Gone: below the retry floor.",
     413: "Payload too large.",
     415: "Unsupported media type.",
-    429: "Journal hold: a file cap or low disk pauses persistent admission; the mutation changed no "
-         "state. Reads, receipts and save status stay available. Retry later.",
+    429: "Journal hold (a file cap or low disk pauses persistent admission; reads, receipts and save "
+         "status stay available; retry later) or a quota of the caller's principal (`quota_exceeded`, "
+         "naming the quota: retire, delete or wait for running work to end). The mutation changed no state.",
     503: "Device unavailable.",
     504: "Execution deadline exceeded.",
     507: "Insufficient storage: a fixed capacity of this runtime profile is used up; nothing changed.",
@@ -439,7 +449,9 @@ def _mutation(summary: str, body: str, errors: Errors | None = None, *, path: st
     errors[410] = ("below_retry_floor", *errors.get(410, ()))
     errors[413] = ("body_too_large",)
     errors[415] = ("unsupported_media_type",)
-    errors[429] = ("journal_hold",)
+    # every mutation counts against the receipts quota but a retirement, which frees receipts
+    errors[429] = ("journal_hold", *(() if body == "RetirementRequest" else ("quota_exceeded",)),
+                   *errors.get(429, ()))
     errors[507] = ("receipt_table_full", *errors.get(507, ()))
     if path:
         errors[404] = (*errors.get(404, ()), "not_found")
@@ -452,7 +464,8 @@ OPERATIONS = {  # keyed by the device command each route calls
     "capabilities": _read(
         "Capabilities", "Capabilities",
         description="Schema versions, models (name, digest, media types, automatic memory), limits, page grant, "
-                    "the caller's grants and the journal hold state."),
+                    "the caller's grants, its quotas with their current use (docs/grants.md) and the journal "
+                    "hold state."),
     "participant.get": _read(
         "The caller's own participant", "Participant",
         description="Registered or not; gives the lineage and next sequence every mutation needs."),
@@ -468,6 +481,12 @@ OPERATIONS = {  # keyed by the device command each route calls
         {409: ("space_exists",), 507: ("space_capacity",)},
         description="An omitted `id` uses the operation key; `scope` is private (default), room or instance "
                     "and never changes."),
+    "spaces.delete": _mutation(
+        "Delete a space", "SpaceDeletionRequest",
+        {403: ("right_missing",), 404: ("space_not_found",), 409: ("space_not_empty",)}, path="space",
+        description="Needs the manage right on the space, which must hold no conversation. Its ID stops "
+                    "resolving, its member rows are freed and it stops counting against the owner's spaces "
+                    "quota at once; its table row comes back once the receipts that name it are retired."),
     "spaces.get": _read(
         "One space", "Space", {403: ("right_missing",), 404: ("space_not_found",)}, path="space"),
     "members.list": _read(
@@ -488,6 +507,14 @@ OPERATIONS = {  # keyed by the device command each route calls
         {403: ("right_missing",), 404: ("space_not_found",), 409: ("conversation_exists",),
          507: ("conversation_capacity",)},
         path="space", description="Needs the write right on the space. An omitted `id` uses the operation key."),
+    "conversations.delete": _mutation(
+        "Delete a conversation", "ConversationDeletionRequest",
+        {403: ("right_missing",), 404: ("conversation_not_found",), 409: ("conversation_busy",)},
+        path="conversation",
+        description="Needs the manage right on the conversation's space; none of its inputs may be unfinished. "
+                    "Its ID stops resolving, its event streams end and it stops counting against its creator's "
+                    "conversations quota at once; its table row comes back once the receipts that name it are "
+                    "retired. Its receipts stay readable by the participants who made them."),
     "conversations.get": _read(
         "One conversation", "Conversation", {403: ("right_missing",), 404: ("conversation_not_found",)},
         path="conversation"),
@@ -536,7 +563,8 @@ OPERATIONS = {  # keyed by the device command each route calls
         "path": "sha256", "listing": False, "success": {200: "Media", 201: "Media"},
         "errors": {400: ("bad_id", "bad_field", "digest_mismatch"), 404: ("not_found",),
                    409: ("participant_not_registered",),
-                   413: ("media_too_large",), 415: ("unsupported_media_type",), 429: ("journal_hold",),
+                   413: ("media_too_large",), 415: ("unsupported_media_type",),
+                   429: ("journal_hold", "quota_exceeded"),
                    507: ("media_write_failed",)},
         "description": "The raw bytes with Content-Type image/* or audio/*; they must hash to the path's sha256. "
                        "The source is owned by the caller's participant (201 new owner, 200 already owned); "
@@ -705,6 +733,7 @@ ROUTES = {  # OPERATIONS key -> path under the base (the views' URLconf; the tes
     "conversations.create": "/spaces/{space}/conversations", "conversations.get": "/conversations/{conversation}",
     "operations.list": "/operations", "operations.get": "/operations/{operation}",
     "retirements.record": "/retirements", "cancellations.record": "/cancellations",
+    "spaces.delete": "/spaces/{space}/deletion", "conversations.delete": "/conversations/{conversation}/deletion",
     "media.put": "/aotx/v1/media/{sha256}", "conversations.input": "/conversations/{conversation}/inputs", "operations.result": "/operations/{operation}/result",
     "conversations.events": "/conversations/{conversation}/events", "operations.subscribe": "/operations/{operation}/events",
 }

@@ -140,6 +140,19 @@ class ConversationsView(SharedView):
                                mutation.args(space=resource_id(space, "spc"), **mutation.fields))
 
 
+class SpaceDeletionView(SharedView):
+    @doc("spaces.delete")
+    def post(self, request: Request, space: str) -> HttpResponse:
+        return device_response("spaces.delete", request, Mutation(request).args(space=resource_id(space, "spc")))
+
+
+class ConversationDeletionView(SharedView):
+    @doc("conversations.delete")
+    def post(self, request: Request, conversation: str) -> HttpResponse:
+        return device_response("conversations.delete", request,
+                               Mutation(request).args(conversation=resource_id(conversation, "con")))
+
+
 class ConversationView(SharedView):
     @doc("conversations.get")
     def get(self, request: Request, conversation: str) -> HttpResponse:

@@ -14,7 +14,7 @@ import time
 from typing import Any, Mapping
 
 from .ids import HEX32
-from .vocabulary import ACTIONS
+from .vocabulary import ACTIONS, MAX_QUOTA, QUOTAS
 
 SCHEMA = "aotx.grants.v1"
 FILE_MODE = 0o640
@@ -24,8 +24,28 @@ class GrantFileError(Exception):
     pass
 
 
+def quota_problem(quotas: Any) -> str | None:
+    """Why a quota object is unusable (None when it is fine): {name among QUOTAS: integer 0..2^63-1}."""
+    if not isinstance(quotas, dict):
+        return "quotas must be an object"
+    for name, value in quotas.items():
+        if name not in QUOTAS:
+            return f"unknown quota {name!r}; known: {', '.join(QUOTAS)}"
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_QUOTA:
+            return f"quota {name} must be an integer from 0 to {MAX_QUOTA}"
+    return None
+
+
 def parse(doc: Any, path: str = "<grants>") -> tuple[dict[str, frozenset[str]], int]:
     """({principal id: actions}, written_at_ns) of a grant document, or GrantFileError."""
+    principals, _, written = parse_with_quotas(doc, path)
+    return principals, written
+
+
+def parse_with_quotas(doc: Any, path: str = "<grants>") -> tuple[dict[str, frozenset[str]], dict[str, dict[str, int]],
+                                                                int]:
+    """({principal id: actions}, {principal id: quotas}, written_at_ns), or GrantFileError. A
+    principal without `quotas` has none (every quota unlimited)."""
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise GrantFileError(f"grant file {path}: schema must be {SCHEMA!r}")
     written = doc.get("written_at_ns")
@@ -35,6 +55,7 @@ def parse(doc: Any, path: str = "<grants>") -> tuple[dict[str, frozenset[str]], 
     if not isinstance(entries, dict):
         raise GrantFileError(f"grant file {path}: principals must be an object")
     principals = {}
+    quotas: dict[str, dict[str, int]] = {}
     for pid, entry in entries.items():
         if not isinstance(pid, str) or not HEX32.match(pid) or not isinstance(entry, dict):
             raise GrantFileError(f"grant file {path}: bad principal entry {pid!r}")
@@ -42,14 +63,27 @@ def parse(doc: Any, path: str = "<grants>") -> tuple[dict[str, frozenset[str]], 
         if not isinstance(actions, list) or any(a not in ACTIONS for a in actions):
             raise GrantFileError(f"grant file {path}: principal {pid}: actions must be a subset of {list(ACTIONS)}")
         principals[pid] = frozenset(actions)
-    return principals, written
+        limits = entry.get("quotas", {})
+        problem = quota_problem(limits)
+        if problem:
+            raise GrantFileError(f"grant file {path}: principal {pid}: {problem}")
+        if limits:
+            quotas[pid] = dict(limits)
+    return principals, quotas, written
 
 
-def document(principals: Mapping[str, tuple[str, list[str]]], written_at_ns: int | None = None) -> dict[str, Any]:
-    """A grant document from {principal id: (name, actions)}."""
-    return {"schema": SCHEMA, "written_at_ns": written_at_ns or time.time_ns(),
-            "principals": {pid: {"name": name, "actions": sorted(set(actions))}
-                           for pid, (name, actions) in principals.items()}}
+def document(principals: Mapping[str, tuple[str, list[str]]], written_at_ns: int | None = None,
+             quotas: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, Any]:
+    """A grant document from {principal id: (name, actions)} and {principal id: quotas} (a
+    principal without quotas, or with none set, has no `quotas` key: unlimited)."""
+    entries: dict[str, Any] = {}
+    for pid, (name, actions) in principals.items():
+        entry: dict[str, Any] = {"name": name, "actions": sorted(set(actions))}
+        limits = (quotas or {}).get(pid)
+        if limits:
+            entry["quotas"] = dict(sorted(limits.items()))
+        entries[pid] = entry
+    return {"schema": SCHEMA, "written_at_ns": written_at_ns or time.time_ns(), "principals": entries}
 
 
 def write(path: str, doc: dict[str, Any]) -> int:
@@ -87,6 +121,7 @@ class Grants:
         self.path = path
         self._stamp: tuple[int, int, int] | None = None
         self.principals: dict[str, frozenset[str]] = {}
+        self.quotas: dict[str, dict[str, int]] = {}  # principal id -> its quotas (absent: unlimited)
         self.written_at_ns = 0
         self.reload(force=True)
 
@@ -106,7 +141,7 @@ class Grants:
                 doc = json.loads(f.read().decode("utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise GrantFileError(f"grant file {self.path} is not valid JSON: {exc}") from None
-        self.principals, self.written_at_ns = parse(doc, self.path)
+        self.principals, self.quotas, self.written_at_ns = parse_with_quotas(doc, self.path)
         self._stamp = stamp
         return True
 
@@ -115,3 +150,8 @@ class Grants:
 
     def allows(self, principal_id: str, action: str) -> bool:
         return action in self.principals.get(principal_id, ())
+
+    def quota(self, principal_id: str, name: str) -> int | None:
+        """The principal's quota `name`, None when unlimited."""
+        limits = self.quotas.get(principal_id)
+        return None if limits is None else limits.get(name)

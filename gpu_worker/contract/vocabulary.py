@@ -20,6 +20,10 @@ PERMISSIONS = ("read", "write", "manage")
 MEDIA_TYPES = ("image", "audio")
 TERMINAL_STATUSES = ("succeeded", "failed", "cancelled", "interrupted", "deadline_exceeded")
 HOLD_CAUSES = ("file_cap", "low_disk", "disk_full")
+# Per-principal quotas of the grant file (docs/grants.md): what one principal may hold at once.
+# Unset: unlimited (within the tables' capacities and the global reserve).
+QUOTAS = ("receipts", "spaces", "conversations", "media_bytes", "chats", "queued_inputs", "kv_pages")
+MAX_QUOTA = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
@@ -72,4 +76,6 @@ COMMANDS = {c.op: c for c in (
     Command("retirements.record", WRITE, "retirement"),
     Command("conversations.input", WRITE, "conversation.input"),
     Command("cancellations.record", WRITE, "cancellation"),
+    Command("spaces.delete", MANAGE, "space.delete"),
+    Command("conversations.delete", MANAGE, "conversation.delete"),
 )}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Hashable, Iterable
 
 import torch
 
@@ -70,9 +70,10 @@ class Engine:
 
     def submit(self, request_id: object, prompt_ids: list[int], *, max_new_tokens: int, temperature: float = 0.0,
                top_p: float = 1.0, stop: Iterable[int | str] = (), page_limit: int | None = None,
-               seed: int | None = None, ignore_eos: bool = False) -> Sequence:
+               seed: int | None = None, ignore_eos: bool = False, tenant: Hashable = None) -> Sequence:
         """Queue a request. `stop` holds token ids (int) and strings (str) that end it besides the model's EOS
-        (unless `ignore_eos`, which benchmarks use to generate exactly max_new_tokens).
+        (unless `ignore_eos`, which benchmarks use to generate exactly max_new_tokens). `tenant` (the
+        principal it is for) is its queue in the scheduler's round-robin (scheduler.py).
         `page_limit` defaults to the pages its prompt and max_new_tokens need, at most the page grant; it is
         reserved whole at admission, and a request that reaches it finishes with "length"."""
         if request_id in self._sequences:
@@ -106,7 +107,7 @@ class Engine:
             digest = hashlib.sha256(f"{self.seed}:{request_id!r}".encode()).digest()
             seed = int.from_bytes(digest[:8], "little") >> 1
         seq = Sequence(request_id, prompt_ids, max_new_tokens, page_limit, capacity, float(temperature), float(top_p),
-                       stop_ids if ignore_eos else self.default_stop_ids | stop_ids, stop_strings, seed)
+                       stop_ids if ignore_eos else self.default_stop_ids | stop_ids, stop_strings, seed, tenant)
         self.scheduler.add(seq)  # raises EngineRefusal for a page limit above the pool or the grant
         self._sequences[request_id] = seq
         return seq
@@ -134,7 +135,7 @@ class Engine:
         used = sum(pages_for(seq.num_cached, self.page_size) for seq in running)
         return PoolStats(total=self.block_manager.num_pages, free=self.block_manager.num_free, owned=owned,
                          used=used, reserved=owned - used, pending=self.scheduler.pending_pages,
-                         running=len(running), waiting=len(self.scheduler.waiting))
+                         running=len(running), waiting=self.scheduler.num_waiting)
 
     # ---- execution ----------------------------------------------------------------------------------
 

@@ -1,19 +1,26 @@
-"""Admission of requests into the KV pool: FIFO groups within a conservative page budget, no preemption.
+"""Admission of requests into the KV pool: fair groups within a conservative page budget, no preemption.
 
-A waiting request joins the group being admitted only if
+Waiting requests queue per tenant (the principal a request is for; requests without one share one
+queue): FIFO within a tenant, round-robin across tenants. The tenant whose turn it is offers the
+head of its queue; once admitted, that tenant goes to the back of the turn order. So a tenant that
+floods the queue holds one turn in each round, and another tenant's request waits behind at most
+one request of each other tenant with work, never behind a whole flood.
+
+A request joins the group being admitted only if
 
     pages owned by running requests + pages reserved by this group so far + its own page limit <= pool pages
 
-and at most `max_running` sequences run at once. The first request that does not fit ends the
-group: later, smaller requests do not overtake it, so a large request cannot starve. Admitted
-requests receive their whole page limit at once, so a running request can always finish and none
-is ever evicted. A request that could never fit (page limit above the pool or the page grant) is
-refused when it is submitted rather than left waiting forever.
+and at most `max_running` sequences run at once. The first request offered that does not fit ends
+the group: no later request overtakes it (within its tenant or across), so a large request cannot
+starve. Admitted requests receive their whole page limit at once, so a running request can always
+finish and none is ever evicted. A request that could never fit (page limit above the pool or the
+page grant) is refused when it is submitted rather than left waiting forever.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from typing import Hashable
 
 from gpu_worker.engine.block_manager import BlockManager
 from gpu_worker.engine.sequence import Sequence, Status
@@ -32,8 +39,13 @@ class Scheduler:
         self.block_manager = block_manager
         self.page_grant = page_grant
         self.max_running = max_running
-        self.waiting: deque[Sequence] = deque()
+        # tenant -> its waiting requests, FIFO; the dict's order is the turn order (first: next)
+        self.queues: dict[Hashable, deque[Sequence]] = {}
         self.running: list[Sequence] = []
+        # kept as plain counts, so another thread (the device's ping) reads them without
+        # iterating structures this thread changes
+        self.num_waiting = 0
+        self.pending_pages = 0
 
     def check(self, seq: Sequence) -> None:
         pool = self.block_manager.num_pages
@@ -46,22 +58,31 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.check(seq)
-        self.waiting.append(seq)
-
-    @property
-    def pending_pages(self) -> int:
-        return sum(seq.page_limit for seq in self.waiting)
+        queue = self.queues.get(seq.tenant)
+        if queue is None:
+            queue = self.queues[seq.tenant] = deque()  # a tenant with nothing waiting joins at the back
+        queue.append(seq)
+        self.num_waiting += 1
+        self.pending_pages += seq.page_limit
 
     def admit(self) -> list[Sequence]:
         """The next admission group, with pages allocated and status RUNNING."""
         owned = self.block_manager.num_allocated
         group: list[Sequence]
         reserved, group = 0, []
-        while self.waiting and len(self.running) + len(group) < self.max_running:
-            seq = self.waiting[0]
+        queues = self.queues
+        while queues and len(self.running) + len(group) < self.max_running:
+            tenant = next(iter(queues))
+            queue = queues.pop(tenant)
+            seq = queue[0]
             if owned + reserved + seq.page_limit > self.block_manager.num_pages:
+                self.queues = queues = {tenant: queue, **queues}  # its turn stays first
                 break
-            self.waiting.popleft()
+            queue.popleft()
+            self.num_waiting -= 1
+            self.pending_pages -= seq.page_limit
+            if queue:
+                queues[tenant] = queue  # to the back of the turn order
             reserved += seq.page_limit
             group.append(seq)
         for seq in group:
@@ -76,5 +97,11 @@ class Scheduler:
             self.running.remove(seq)
             self.block_manager.free(seq.pages)
             seq.pages = []
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
+        else:
+            queue = self.queues.get(seq.tenant)
+            if queue is not None and seq in queue:
+                queue.remove(seq)
+                self.num_waiting -= 1
+                self.pending_pages -= seq.page_limit
+                if not queue:
+                    del self.queues[seq.tenant]

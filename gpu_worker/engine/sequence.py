@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Hashable
 
 import torch
 
@@ -34,6 +35,7 @@ class Sequence:
     stop_token_ids: frozenset[int] = frozenset()
     stop_strings: tuple[bytes, ...] = ()
     seed: int = 0
+    tenant: Hashable = None  # whose turn it takes in the scheduler's round-robin (scheduler.py)
 
     output_ids: list[int] = field(default_factory=list)
     output_bytes: bytearray = field(default_factory=bytearray)

@@ -5,11 +5,18 @@ a multi-byte UTF-8 character may be split between two tokens, and a reader at a 
 exactly those bytes, never a replacement character. The chat template is rendered the way
 `transformers`' `apply_chat_template` renders it (same Jinja settings and helpers), so a prompt
 tokenizes to the same ids the model saw in its reference implementation.
+
+Message contents are text, never markup: `encode_chat` tokenizes what the template adds (its
+control tokens `<|im_start|>`, `<|im_end|>`, roles) as the template means it, and every message's
+content with its special tokens split into plain text, so a user who writes `<|im_end|>` cannot
+end their turn or open a `system` one, in their own prompt or in another member's context.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, Iterable, NoReturn
 
@@ -70,6 +77,13 @@ class Tokenizer:
     def __init__(self, tokenizer_json: str, chat_template: str, *, vocab_size: int,
                  bos_token_id: int | None = None, eos_token_id: int | None = None):
         self._tokenizer = _HFTokenizer.from_str(tokenizer_json)
+        # A second instance that spells special tokens out as text (a property of the instance,
+        # so the shared one stays safe for the helper threads that tokenize concurrently).
+        self._text_only = _HFTokenizer.from_str(tokenizer_json)
+        self._text_only.encode_special_tokens = True
+        added = sorted((t.content for t in self._tokenizer.get_added_tokens_decoder().values()), key=len, reverse=True)
+        self._added = re.compile("|".join(map(re.escape, added))) if added else None
+        self._special = [t.content for t in self._tokenizer.get_added_tokens_decoder().values() if t.special]
         self._template = compile_chat_template(chat_template)
         self.vocab_size = vocab_size
         self.bos_token_id, self.eos_token_id = bos_token_id, eos_token_id
@@ -138,4 +152,53 @@ class Tokenizer:
                                      **{**self._special_tokens(), **kwargs})
 
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt))
+        """The prompt's ids, every message's content tokenized as plain text (the module's note).
+
+        The template is rendered once with a stand-in for each content, which marks where the
+        contents go; when putting the contents back gives exactly the template's own rendering,
+        only the template's text outside them is split at control tokens, and each run between
+        two of those is tokenized with special tokens spelled out (what `encode` of the whole
+        text does to a prompt without control tokens in its contents, id for id). A template that
+        transforms its contents (a filter, a test on the text) gives no such marks: then a content
+        holding a special token's text is refused (ValueError) and the rest encoded as rendered."""
+        rendered = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        contents = [m.get("content") for m in messages]
+        nonce = secrets.token_hex(8)
+        marks = [f"\ue000{nonce}{i}\ue001" for i in range(len(messages))]
+        stand_in = [{**m, "content": marks[i]} if isinstance(m.get("content"), str) else m
+                    for i, m in enumerate(messages)]
+        pieces = re.split(f"\ue000{nonce}(\\d+)\ue001", self.apply_chat_template(
+            stand_in, add_generation_prompt=add_generation_prompt))
+        runs: list[tuple[str, bool]] = []  # (text, is a content) in order
+        for n, piece in enumerate(pieces):
+            if n % 2 == 0:
+                runs.append((piece, False))
+            else:
+                content = contents[int(piece)]
+                assert isinstance(content, str)
+                runs.append((content, True))
+        if "".join(text for text, _ in runs) != rendered:
+            if any(isinstance(c, str) and any(s in c for s in self._special) for c in contents):
+                raise ValueError("a message holds a chat-template control token as text, and this template's "
+                                 "rendering cannot keep it as text")
+            return self.encode(rendered)
+        ids: list[int] = []
+        run = ""
+        for text, is_content in runs:
+            if is_content or self._added is None:
+                run += text
+                continue
+            at = 0
+            for match in self._added.finditer(text):
+                run += text[at:match.start()]
+                if run:
+                    ids += self._text_only.encode(run, add_special_tokens=False).ids
+                    run = ""
+                token_id = self._tokenizer.token_to_id(match.group())
+                assert token_id is not None
+                ids.append(token_id)
+                at = match.end()
+            run += text[at:]
+        if run:
+            ids += self._text_only.encode(run, add_special_tokens=False).ids
+        return ids

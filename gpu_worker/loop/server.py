@@ -48,10 +48,20 @@ class Connection:
 
 
 class Server:
-    def __init__(self, device: Any, socket_path: str) -> None:
+    """The socket is the device's trust boundary: every frame names its principal, so only the
+    gateway may connect. The socket file is mode 0600 (the device's user only), or 0660 with its
+    group set to `socket_group`; and every accepted peer's credentials (SO_PEERCRED, checked by the
+    native loop) must have the device's own uid, one of `allow_uids` or its primary gid among
+    `allow_gids` (and `socket_group`), else it is closed at once and the refusal logged."""
+
+    def __init__(self, device: Any, socket_path: str, *, allow_uids: tuple[int, ...] = (),
+                 allow_gids: tuple[int, ...] = (), socket_group: int | None = None) -> None:
         self.device = device                 # gpu_worker.device.Device
         self.committer = device.committer
         self.socket_path = socket_path
+        self.socket_group = socket_group
+        self.allow_uids = tuple(sorted({os.geteuid(), *allow_uids}))
+        self.allow_gids = tuple(sorted(set(allow_gids) | ({socket_group} if socket_group is not None else set())))
         self.inbox: collections.deque[tuple[Connection, Message]] = collections.deque()
         self.failure: BaseException | None = None
         self._want_tick = False
@@ -200,14 +210,19 @@ class Server:
             os.unlink(self.socket_path)  # we hold the journal lock, so no live device owns it
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self.socket_path)
-        os.chmod(self.socket_path, 0o660)
+        if self.socket_group is not None:
+            os.chown(self.socket_path, -1, self.socket_group)
+            os.chmod(self.socket_path, 0o660)
+        else:
+            os.chmod(self.socket_path, 0o600)
         listener.listen(1024)
         listener.setblocking(False)
         return listener
 
     def run(self, on_ready: Callable[[], None] | None = None) -> None:
         listener = self._listen()
-        self.io = io = native.load("sockio").Loop(listener.fileno(), HIGH_WATER, MAX_IN_FLIGHT, MAX_FRAME, ACCEPT_PAUSE)
+        self.io = io = native.load("sockio").Loop(listener.fileno(), HIGH_WATER, MAX_IN_FLIGHT, MAX_FRAME, ACCEPT_PAUSE,
+                                                  self.allow_uids, self.allow_gids)
         with self._wake_lock:
             self._wake = os.eventfd(1 if self._stop_asked else 0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         epoll = select.epoll()

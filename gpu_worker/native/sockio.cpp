@@ -9,7 +9,10 @@
 // the tick's write off the interpreter too. See docs/protocol.md ("Ticks") and docs/journal.md
 // ("Group commit") for the contracts, docs/performance.md for what each move gained.
 //
-//   Loop(listen_fd, high_water, max_in_flight, max_frame, accept_pause_seconds)
+//   Loop(listen_fd, high_water, max_in_flight, max_frame, accept_pause_seconds, uids, gids)
+//                  a connection whose peer (SO_PEERCRED) has none of the uids and none of the
+//                  gids (sequences of ints) is closed at accept, with a log line naming its
+//                  pid, uid and gid; empty sequences allow every peer
 //   .fileno()      an eventfd, readable while events wait for take()
 //   .start()       start the thread (it serves listen_fd until stop())
 //   .take()        [(conn_id, bytes)] a whole frame's payload; (conn_id, None) the peer closed or
@@ -39,6 +42,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -112,10 +116,12 @@ long split_frames(const char* data, size_t size, size_t max_frame, uint64_t conn
 
 class Loop {
  public:
-  Loop(int listen_fd, size_t high_water, size_t max_in_flight, size_t max_frame, double accept_pause)
+  Loop(int listen_fd, size_t high_water, size_t max_in_flight, size_t max_frame, double accept_pause,
+       std::vector<long> uids, std::vector<long> gids)
       : listen_fd_(listen_fd), high_water_(high_water), max_in_flight_(max_in_flight), max_frame_(max_frame),
         accept_pause_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-            std::chrono::duration<double>(accept_pause))) {
+            std::chrono::duration<double>(accept_pause))),
+        uids_(std::move(uids)), gids_(std::move(gids)) {
     ep_ = epoll_create1(EPOLL_CLOEXEC);
     ready_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     cmd_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -301,6 +307,10 @@ class Loop {
         resume_at_ = std::chrono::steady_clock::now() + accept_pause_;
         return;
       }
+      if (!peer_allowed(fd)) {
+        ::close(fd);
+        continue;
+      }
       Conn* conn = new Conn();
       conn->fd = fd;
       uint64_t id = next_id_++;
@@ -310,6 +320,28 @@ class Loop {
       }
       watch(EPOLL_CTL_ADD, fd, EPOLLIN, id);
     }
+  }
+
+  // The peer's credentials as the kernel recorded them at connect (SO_PEERCRED): allowed when
+  // its uid or its gid is one of the configured ones. A refusal is logged and the caller closes.
+  bool peer_allowed(int fd) {
+    if (uids_.empty() && gids_.empty()) return true;
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    char line[200];
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      snprintf(line, sizeof line, "refused a connection: its peer's credentials cannot be read: [Errno %d] %s",
+               errno, strerror(errno));
+      log(line);
+      return false;
+    }
+    if (std::find(uids_.begin(), uids_.end(), long(cred.uid)) != uids_.end() ||
+        std::find(gids_.begin(), gids_.end(), long(cred.gid)) != gids_.end())
+      return true;
+    snprintf(line, sizeof line, "refused a connection from pid %ld uid %ld gid %ld: not an allowed uid or gid",
+             long(cred.pid), long(cred.uid), long(cred.gid));
+    log(line);
+    return false;
   }
 
   void drop(uint64_t id, Conn* conn, bool tell) {
@@ -426,6 +458,7 @@ class Loop {
   const int listen_fd_;
   const size_t high_water_, max_in_flight_, max_frame_;
   const std::chrono::steady_clock::duration accept_pause_;
+  const std::vector<long> uids_, gids_;
   int ep_ = -1, ready_fd_ = -1, cmd_fd_ = -1;
   std::thread thread_;
   std::atomic<bool> running_{false}, py_signaled_{false}, thread_signaled_{false};
@@ -640,19 +673,42 @@ PyObject* events_to_list(std::vector<Event>& events) {
   return list;
 }
 
+// A Python sequence of ints (or nullptr: none) into out; false with an exception set otherwise.
+bool longs(PyObject* seq, const char* what, std::vector<long>& out) {
+  if (!seq) return true;
+  PyObject* fast = PySequence_Fast(seq, what);
+  if (!fast) return false;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+    if (v == -1 && PyErr_Occurred()) {
+      Py_DECREF(fast);
+      return false;
+    }
+    out.push_back(v);
+  }
+  Py_DECREF(fast);
+  return true;
+}
+
 int PyLoop_init(PyLoop* self, PyObject* args, PyObject*) {
   int listen_fd;
   Py_ssize_t high_water, max_in_flight, max_frame;
   double accept_pause;
-  if (!PyArg_ParseTuple(args, "innnd", &listen_fd, &high_water, &max_in_flight, &max_frame, &accept_pause))
+  PyObject* uid_seq = nullptr;
+  PyObject* gid_seq = nullptr;
+  if (!PyArg_ParseTuple(args, "innnd|OO", &listen_fd, &high_water, &max_in_flight, &max_frame, &accept_pause,
+                        &uid_seq, &gid_seq))
     return -1;
   if (high_water <= 0 || max_in_flight <= 0 || max_frame <= 0 || accept_pause < 0) {
     PyErr_SetString(PyExc_ValueError, "high_water, max_in_flight and max_frame must be positive, "
                                       "accept_pause not negative");
     return -1;
   }
+  std::vector<long> uids, gids;
+  if (!longs(uid_seq, "uids", uids) || !longs(gid_seq, "gids", gids)) return -1;
   return construct(self, "Loop", listen_fd, size_t(high_water), size_t(max_in_flight), size_t(max_frame),
-                   accept_pause);
+                   accept_pause, std::move(uids), std::move(gids));
 }
 
 Loop* get(PyLoop* self) { return unwrap(self, "Loop not initialised"); }

@@ -41,6 +41,8 @@ def grant_mask(d: Device, principal: bytes) -> int:
 def stored_rights(d: Device, prow: int, srow: int) -> int:
     t = d.state.tables
     row = t.row(t.spaces, srow)
+    if row[S.STATE] != 1:  # a deleted space (ops/deletions.py): nobody's
+        return 0
     if row[S.OWNER] == prow:
         return ALL_RIGHTS
     mrow = d.state.members.rows.get((srow, prow))

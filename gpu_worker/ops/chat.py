@@ -16,6 +16,7 @@ from ..contract.errors import ServiceError
 from ..contract.vocabulary import CHAT
 from ..contract.wire import Message, dumps, reply
 from ..engine.block_manager import pages_for
+from . import quotas
 from .inputs import model_card
 
 from .kind import Read
@@ -58,9 +59,11 @@ def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
         max_tokens = args.get("max_tokens")
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise ServiceError(400, "invalid_max_tokens", "max_tokens must be a positive integer")
+        quotas.check(d, principal, d.state.participants.by_principal.get(principal), "chats")
     except ServiceError as err:
         batch.replies.append((conn, reply(req_id, err.status, err.body())))
         return 0
+    d.usage.chats_tokenizing[principal] += 1  # counted against its chats quota until it ends
     tokenizer = d.runner.engine.tokenizer
     d.off_thread(lambda: tokenizer.encode_chat(messages),
                  lambda prompt, error: _submit(d, conn, req_id, principal, args, prompt, error))
@@ -70,6 +73,10 @@ def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
 def _submit(d: Device, conn: Any, req_id: Any, principal: bytes, args: dict[str, Any], prompt: list[int] | None,
             error: BaseException | None) -> None:
     """On the tick thread, the prompt tokenized: refuse what does not fit, or start the chat."""
+    tokenizing = d.usage.chats_tokenizing
+    tokenizing[principal] -= 1
+    if tokenizing[principal] <= 0:
+        del tokenizing[principal]
     if getattr(conn, "closed", False) or d.runner is None:
         return  # its client went away meanwhile
     try:
@@ -84,6 +91,9 @@ def _submit(d: Device, conn: Any, req_id: Any, principal: bytes, args: dict[str,
             raise ServiceError(400, "context_length_exceeded",
                                f"{len(prompt)} prompt tokens and max_tokens {max_tokens} exceed the page grant of "
                                f"{capacity} tokens")
+        pages = pages_for(len(prompt) + max_tokens - 1, profile["page_size"])
+        # with the page limits of its unfinished inputs, which share the pool
+        quotas.check(d, principal, d.state.participants.by_principal.get(principal), "kv_pages", pages)
     except ServiceError as err:
         d.subscriptions.outbox.append((conn, reply(req_id, err.status, err.body())))
         return
@@ -91,11 +101,11 @@ def _submit(d: Device, conn: Any, req_id: Any, principal: bytes, args: dict[str,
     request_id = d.chats.next_id()
     sub = d.subscriptions.open(conn, req_id, request_id, principal,
                                {"stream": bool(args.get("stream")), "text": bytearray(), "tokens": 0,
-                                "prompt_tokens": len(prompt)})
+                                "prompt_tokens": len(prompt), "pages": pages})
     d.subscriptions.push(sub, b"", event="accepted")  # the gateway now waits for the whole completion
     d.runner.submit(request_id, prompt, max_new_tokens=max_tokens,
                     temperature=float(args.get("temperature", 1.0)), top_p=float(args.get("top_p", 1.0)),
-                    stop=tuple(stop), page_limit=pages_for(len(prompt) + max_tokens - 1, profile["page_size"]))
+                    stop=tuple(stop), page_limit=pages, tenant=principal)
 
 
 def event(d: Device, request_id: tuple[str, int], token: int | None, data: bytes, finish: str | None) -> None:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from ..contract import ids
 from ..contract.errors import ServiceError
 from ..state.tables import C, R, Right, join16, split16
-from . import access
+from . import access, quotas
 from .kind import Kind, OperationKind, Read
 from .lists import page, page_args
 from .spaces import resource_key, space_key
@@ -27,6 +27,7 @@ def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], k
     if (lineage, raw) in state.conversations.by_id:
         raise ServiceError(409, "conversation_exists", f"conversation {ids.conversation_id(lineage, raw)} "
                                                         "already exists")
+    quotas.check(d, principal, prow, "conversations")
     if not state.conversations.free:
         raise ServiceError(507, "conversation_capacity",
                            f"the conversation table is full ({state.capacities['conversations']})")
@@ -53,8 +54,11 @@ def target_id(d: Device, row: list[int], lineage: bytes) -> str:
 
 
 def visible_to(d: Device, principal: bytes, reader: int | None, row: list[int]) -> bool:
-    """Readable where the conversation's space is (members read each other's inputs too)."""
+    """Readable where the conversation's space is (members read each other's inputs too); a
+    deleted conversation's receipts only by their own participant."""
     t = d.state.tables
+    if t.value(t.conversations, row[R.TARGET], C.STATE) != 1:
+        return False
     return access.space_readable(d, principal, reader, t.value(t.conversations, row[R.TARGET], C.SPACE))
 
 

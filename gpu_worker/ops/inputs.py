@@ -14,7 +14,7 @@ from ..contract import ids
 from ..contract.errors import ServiceError
 from ..contract.limits import INPUT_BYTES, MAX_MEDIA, MEDIA_LINK_BYTES
 from ..state.tables import C, R, Right, Terminal
-from . import access, events
+from . import access, events, quotas
 from .conversations import target_id, visible_to
 from .kind import Kind, OperationKind
 
@@ -83,6 +83,8 @@ def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], k
         raise ServiceError(400, "bad_field", "temperature must be a number in [0, 2]")
     if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
         raise ServiceError(400, "bad_field", "top_p must be a number in (0, 1]")
+    quotas.check(d, principal, prow, "queued_inputs")
+    quotas.check(d, principal, prow, "kv_pages", pages)
     conversation = ids.CONVERSATION_ID.match(args["conversation"])
     assert conversation is not None
     return {"conversation": list(ids.split_id(conversation)),

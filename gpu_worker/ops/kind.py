@@ -32,6 +32,8 @@ class Kind(IntEnum):
     RETIREMENT = 5
     INPUT = 6
     CANCELLATION = 7
+    SPACE_DELETE = 8
+    CONVERSATION_DELETE = 9
 
 
 # check(device, principal, participant row or None, args, operation key, sequence) -> admission extra

@@ -2,7 +2,8 @@
 each owned by the participants that uploaded it. The bytes are hashed, written and fsynced (file,
 then directory) on a thread of their own before the MEDIA transfer that records the owner is
 appended, so a saved owner always has its bytes. An upload answers 201 once that transfer is
-saved, 200 when the caller already owns the source."""
+saved, 200 when the caller already owns the source. The caller's media_bytes quota (ops/quotas.py)
+counts an upload from its check until its owner is saved or it is refused."""
 from __future__ import annotations
 
 import functools
@@ -19,6 +20,7 @@ from ..contract.vocabulary import MEDIA_TYPES, WRITE
 from ..contract.wire import Message, dumps, reply
 from ..state import MediaSource
 from ..storage.journal import JournalCorrupt, Transfer, TransferKind, segment_name
+from . import quotas
 
 if TYPE_CHECKING:
     from ..device import Device
@@ -76,14 +78,20 @@ def put(d: Device, conn: object, msg: Message, batch: Batch) -> int:
         _check(args)
         if d.holds.current:
             raise d.holds.refusal(d.committer.writer.queued_bytes)
+        source = d.state.media.get(args["sha256"])
+        if source is None or prow not in source.owners:  # an upload it already owns adds nothing
+            quotas.check(d, principal, prow, "media_bytes", len(args["data"]))
     except ServiceError as err:
         batch.replies.append((conn, reply(req_id, err.status, err.body())))
         return 0
     sha, data, kind = args["sha256"], args["data"], args["type"]
     owner = d.state.participants.raw[prow]
+    d.usage.media_in_flight[prow] += len(data)
 
     def stored(_: Any, error: BaseException | None) -> None:
         source = d.state.media.get(sha)
+        if error is not None or d.holds.current or (source is not None and prow in source.owners):
+            _release(d, prow, len(data))  # answered now: its bytes no longer wait for an owner
         if error is None and source is not None and prow in source.owners:
             d.subscriptions.outbox.append((conn, reply(req_id, 200, dumps(view(d, sha)))))
             return
@@ -98,7 +106,7 @@ def put(d: Device, conn: object, msg: Message, batch: Batch) -> int:
             return
         payload = msgpack.packb([owner, bytes.fromhex(sha), len(data), kind], use_bin_type=True)
         seq = d.append(TransferKind.MEDIA, payload, functools.partial(saved, d, payload))
-        d.media_waiting[seq] = (conn, req_id, sha)
+        d.media_waiting[seq] = (conn, req_id, sha, prow, len(data))
 
     d.off_thread(lambda: _store(media_dir(d), d.fs, sha, data), stored)
     return 0
@@ -109,16 +117,25 @@ def saved(d: Device, payload: bytes, transfer: Transfer) -> None:
     apply(d, payload, transfer)
     waiting = d.media_waiting.pop(transfer.seq, None)
     if waiting is not None:
-        conn, req_id, sha = waiting
+        conn, req_id, sha, prow, length = waiting
+        _release(d, prow, length)  # now counted as an owned source
         d.subscriptions.outbox.append((conn, reply(req_id, 201, dumps(view(d, sha)))))
 
 
 def refuse_waiting(d: Device) -> None:
     """ENOSPC: uploads whose owner was not saved are refused (their bytes stay, owned by nobody)."""
     refusal = d.holds.refusal(d.committer.writer.queued_bytes, "the journal cannot save new operations right now")
-    for conn, req_id, _ in d.media_waiting.values():
+    for conn, req_id, _, prow, length in d.media_waiting.values():
+        _release(d, prow, length)
         d.subscriptions.outbox.append((conn, reply(req_id, refusal.status, refusal.body())))
     d.media_waiting.clear()
+
+
+def _release(d: Device, prow: int, length: int) -> None:
+    in_flight = d.usage.media_in_flight
+    in_flight[prow] -= length
+    if in_flight[prow] <= 0:
+        del in_flight[prow]
 
 
 def apply(d: Device, payload: bytes, transfer: Transfer) -> None:

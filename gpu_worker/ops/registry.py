@@ -8,8 +8,8 @@ gpu_worker/contract/vocabulary.py, its gateway route (docs/adding-an-operation-k
 """
 from __future__ import annotations
 
-from . import (cancellations, chat, conversations, events, inputs, media, members, operations, participants,
-               retirements, service, spaces)
+from . import (cancellations, chat, conversations, deletions, events, inputs, media, members, operations,
+               participants, retirements, service, spaces)
 from .kind import Later, OperationKind, Read
 
 _KINDS: tuple[OperationKind, ...] = (
@@ -20,6 +20,8 @@ _KINDS: tuple[OperationKind, ...] = (
     retirements.RECORD,
     inputs.SUBMIT,
     cancellations.RECORD,
+    deletions.DELETE_SPACE,
+    deletions.DELETE_CONVERSATION,
 )
 KINDS: dict[int, OperationKind] = {k.code: k for k in _KINDS}   # by the code the journal records
 MUTATIONS: dict[str, OperationKind] = {k.op: k for k in _KINDS}  # by device command

@@ -1,6 +1,7 @@
 """Retirements (SPEC "Mutations and retries"): advance the participant's retry floor and free
 every receipt below it, each of which must have a saved terminal result. The freed slots are
-reused only once the retirement that carries the new floor is saved."""
+reused only once the retirement that carries the new floor is saved. A deleted space or
+conversation whose last receipt this retires goes back to its table (ops/deletions.py)."""
 from __future__ import annotations
 
 import bisect
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..contract.errors import ServiceError
 from ..state.tables import P, R, join16
+from . import deletions
 from .kind import Kind, OperationKind
 
 if TYPE_CHECKING:
@@ -44,7 +46,7 @@ def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: in
     t = state.tables
     receipts = state.receipts
     seqs = state.live_sequences(prow)
-    freed = []
+    freed, targets = [], []
     for seq in seqs[:bisect.bisect_left(seqs, floor)]:
         row = t.row(t.receipts, receipts.by_sequence[(prow, seq)])
         freed_row = receipts.remove(prow, seq, join16(row[R.KEY_HI], row[R.KEY_LO]), join16(row[R.OP_HI], row[R.OP_LO]))
@@ -52,7 +54,9 @@ def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: in
             state.conversations.inputs[row[R.TARGET]].remove(freed_row)
         t.write_row(t.receipts, freed_row, {R.STATE: 0})
         freed.append(freed_row)
+        targets.append((row[R.KIND], row[R.TARGET]))
     t.write_row(t.participants, prow, {P.RETRY_FLOOR: floor})
+    deletions.release_tombstones(d, targets)  # deleted rows no receipt names any more go back
     if transfer_seq is None:
         receipts.free.extend(freed)
     else:  # reusable only once the floor that retired them is saved

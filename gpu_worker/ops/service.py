@@ -11,6 +11,7 @@ from ..contract.errors import ServiceError
 from ..contract.wire import Message, dumps, reply
 from ..storage import audit
 
+from . import quotas
 from .kind import Read
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ def capabilities(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int
         "page_size": str(profile["page_size"]),
         "page_grant": str(profile["page_grant"]),
         "grants": sorted(d.grants.actions(principal.hex())),
+        "quotas": quotas.view(d, principal, d.state.participants.by_principal.get(principal)),
         "journal": d.journal_state(),
         "runtime": {"file_incarnation": d.incarnation_hex, "generation": str(d.state.generation),
                     "boot": str(d.state.boot)},
@@ -45,7 +47,7 @@ def capabilities(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int
 
 
 def ping(d: Device, principal: bytes | None, args: dict[str, Any]) -> tuple[int, Any]:
-    """Ops status (no principal: the socket is local and mode 0660): what the gateway's /metrics,
+    """Ops status (no principal: the socket admits the gateway's user only, loop/server.py): what the gateway's /metrics,
     /healthz and admin pages show."""
     return 200, {"ok": True, "boot": str(d.state.boot), "generation": str(d.state.generation),
                  "usage": d.state.tables.usage(), "capacities": d.state.capacities,

@@ -8,7 +8,7 @@ from ..contract import ids, vocabulary
 from ..contract.errors import ServiceError
 from ..state import ids as derived
 from ..state.tables import R, S, Right, Scope, join16, split16
-from . import access
+from . import access, quotas
 from .kind import Kind, OperationKind, Read
 from .lists import page, page_args
 
@@ -45,6 +45,7 @@ def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], k
     lineage = d.state.participants.lineage[prow]
     if (lineage, raw) in d.state.spaces.by_id:
         raise ServiceError(409, "space_exists", f"space {ids.space_id(lineage, raw)} already exists")
+    quotas.check(d, principal, prow, "spaces")
     if not d.state.spaces.free:
         raise ServiceError(507, "space_capacity", f"the space table is full ({d.state.capacities['spaces']})")
     return {"id": raw, "scope": int(scope)}

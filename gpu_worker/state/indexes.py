@@ -102,7 +102,7 @@ class SpaceIndex:
 
     def rebuild(self, tables: Tables, participants: ParticipantIndex) -> None:
         for srow, row in enumerate(tables.spaces.tolist()):
-            if row[S.STATE]:
+            if row[S.STATE] == 1:  # not a deleted one's tombstone (ops/deletions.py)
                 self.by_id[(participants.lineage[row[S.OWNER]], join16(row[S.ID_HI], row[S.ID_LO]))] = srow
         self.free = tables.unused_rows(tables.spaces)
 
@@ -131,7 +131,7 @@ class ConversationIndex:
 
     def rebuild(self, tables: Tables, participants: ParticipantIndex, input_kind: int) -> None:
         for crow, row in enumerate(tables.conversations.tolist()):
-            if row[C.STATE]:
+            if row[C.STATE] == 1:  # not a deleted one's tombstone (ops/deletions.py)
                 self.by_id[(participants.lineage[row[C.CREATOR]], join16(row[C.ID_HI], row[C.ID_LO]))] = crow
         self.free = tables.unused_rows(tables.conversations)
         live = [(row[R.CREATED], rrow, row[R.TARGET]) for rrow, row in enumerate(tables.receipts.tolist())

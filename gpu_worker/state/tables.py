@@ -27,7 +27,7 @@ class P:
 
 class S:
     """spaces columns"""
-    STATE = 0          # 0 free, 1 live
+    STATE = 0          # 0 free, 1 live, 2 deleted (a tombstone receipts still name: ops/deletions.py)
     OWNER = 1          # participant row of the creator
     SCOPE = 2          # Scope
     ID_HI = 3          # the 32-hex id after spc-{lineage}-
@@ -48,7 +48,7 @@ class M:
 
 class C:
     """conversations columns (the row is the conversation's execution slot)"""
-    STATE = 0
+    STATE = 0          # 0 free, 1 live, 2 deleted (a tombstone receipts still name: ops/deletions.py)
     SPACE = 1
     CREATOR = 2        # participant row; its lineage is in the ID
     ID_HI = 3

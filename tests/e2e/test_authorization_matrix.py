@@ -4,7 +4,8 @@
 Rules the table encodes:
 - no credential or a wrong one: 401 with WWW-Authenticate, on every route;
 - the gateway action first: GET needs shared_read, POST participant/spaces/conversations/
-  cancellations/retirements need shared_write, POST members needs shared_manage (403 grant_missing);
+  cancellations/retirements need shared_write, POST members and deletions need shared_manage
+  (403 grant_missing);
 - then the device: a resource the caller may not see is 404 (never 403), a visible resource
   without the needed right is 403 right_missing; the owner has every right, a member row gives
   exactly its rights, an instance space gives read+write to every registered participant unless a
@@ -13,7 +14,9 @@ Rules the table encodes:
 
 One stack serves the whole module. Each persona's own mutations change only that persona's
 state (its own spaces, conversations, receipts and retry floor; member writes re-set an
-existing zero-rights row), so the persona tests do not depend on each other's order.
+existing zero-rights row; a space deletion that passes the rights stops at 409 space_not_empty,
+and the conversation deletion names a conversation nobody has), so the persona tests do not
+depend on each other's order.
 """
 import json
 import re
@@ -60,6 +63,9 @@ ROUTES = {
     "POST spaces/{instance}/conversations": ("POST", "/spaces/{instance}/conversations"),
     "POST conversations/{private}/inputs": ("POST", "/conversations/{private_con}/inputs"),
     "POST conversations/{instance}/inputs": ("POST", "/conversations/{instance_con}/inputs"),
+    "POST spaces/{private}/deletion": ("POST", "/spaces/{private}/deletion"),
+    "POST spaces/{instance}/deletion": ("POST", "/spaces/{instance}/deletion"),
+    "POST conversations/{ghost}/deletion": ("POST", "/conversations/{ghost_con}/deletion"),
     "POST cancellations": ("POST", "/cancellations"),
     "POST retirements": ("POST", "/retirements"),
     "POST participant": ("POST", "/participant"),
@@ -75,6 +81,7 @@ NO_OP = (404, "operation_not_found")
 UNREG = (409, "participant_not_registered")
 REGISTERED = (409, "already_registered")
 NOT_CANCELLABLE = (409, "not_cancellable")
+NOT_EMPTY = (409, "space_not_empty")
 UNAUTH = (401, "unauthenticated")
 
 
@@ -88,7 +95,7 @@ _IMPLICIT_INSTANCE = {
     "GET spaces/{instance}/conversations": OK, "GET conversations/{instance}": OK,
     "GET operations/{instance}": OK,
     "POST spaces/{instance}/members": RIGHT, "POST spaces/{instance}/conversations": NEW,
-    "POST conversations/{instance}/inputs": NEW,
+    "POST conversations/{instance}/inputs": NEW, "POST spaces/{instance}/deletion": RIGHT,
 }
 _INVISIBLE_PRIVATE = {
     "GET spaces/{private}": NO_SPACE, "GET spaces/{private}/members": NO_SPACE,
@@ -96,6 +103,7 @@ _INVISIBLE_PRIVATE = {
     "GET operations/{private}": NO_OP,
     "POST spaces/{private}/members": NO_SPACE, "POST spaces/{private}/conversations": NO_SPACE,
     "POST conversations/{private}/inputs": NO_CON, "GET operations/{private}/result": NO_OP,
+    "POST spaces/{private}/deletion": NO_SPACE,
 }
 _OWN_READS = {
     "GET capabilities": OK, "GET participant": OK, "GET participants/{par}": OK, "GET spaces": OK,
@@ -103,7 +111,7 @@ _OWN_READS = {
 }
 _REGISTERED_WRITER = {
     "POST spaces": NEW, "POST cancellations": NOT_CANCELLABLE, "POST retirements": NEW,
-    "POST participant": REGISTERED,
+    "POST participant": REGISTERED, "POST conversations/{ghost}/deletion": NO_CON,
 }
 
 EXPECTED = {
@@ -119,6 +127,7 @@ EXPECTED = {
         "POST spaces/{private}/conversations": NEW, "POST spaces/{instance}/conversations": NEW,
         "POST conversations/{private}/inputs": NEW, "POST conversations/{instance}/inputs": NEW,
         "GET operations/{private}/result": OK,
+        "POST spaces/{private}/deletion": NOT_EMPTY, "POST spaces/{instance}/deletion": NOT_EMPTY,
     },
     # member row [read] on the private space
     "reader": {
@@ -128,6 +137,7 @@ EXPECTED = {
         "GET operations/{private}": OK,
         "POST spaces/{private}/members": RIGHT, "POST spaces/{private}/conversations": RIGHT,
         "POST conversations/{private}/inputs": RIGHT, "GET operations/{private}/result": OK,
+        "POST spaces/{private}/deletion": RIGHT,
     },
     # member row [write]: the space is visible but unreadable. A receipt is readable only where
     # its target space is readable (spaces.py receipt_visible_to), so the creating receipt is 404.
@@ -138,6 +148,7 @@ EXPECTED = {
         "GET operations/{private}": NO_OP,
         "POST spaces/{private}/members": RIGHT, "POST spaces/{private}/conversations": NEW,
         "POST conversations/{private}/inputs": NEW, "GET operations/{private}/result": NO_OP,
+        "POST spaces/{private}/deletion": RIGHT,
     },
     # member row [manage]
     "manager": {
@@ -147,6 +158,7 @@ EXPECTED = {
         "GET operations/{private}": NO_OP,
         "POST spaces/{private}/members": NEW, "POST spaces/{private}/conversations": RIGHT,
         "POST conversations/{private}/inputs": RIGHT, "GET operations/{private}/result": NO_OP,
+        "POST spaces/{private}/deletion": NOT_EMPTY,
     },
     # registered, no member row anywhere
     "outsider": {**_OWN_READS, **_REGISTERED_WRITER, **_IMPLICIT_INSTANCE, **_INVISIBLE_PRIVATE},
@@ -157,7 +169,7 @@ EXPECTED = {
         "GET spaces/{instance}/conversations": NO_SPACE, "GET conversations/{instance}": NO_CON,
         "GET operations/{instance}": NO_OP,
         "POST spaces/{instance}/members": NO_SPACE, "POST spaces/{instance}/conversations": NO_SPACE,
-        "POST conversations/{instance}/inputs": NO_CON,
+        "POST conversations/{instance}/inputs": NO_CON, "POST spaces/{instance}/deletion": NO_SPACE,
     },
     # every grant, never registered: sees nothing, every mutation but registration is 409
     "newcomer": {
@@ -169,6 +181,8 @@ EXPECTED = {
         "POST spaces/{private}/conversations": UNREG, "POST spaces/{instance}/conversations": UNREG,
         "POST conversations/{private}/inputs": UNREG, "POST conversations/{instance}/inputs": UNREG,
         "POST cancellations": UNREG, "POST retirements": UNREG, "POST participant": NEW,
+        "POST spaces/{private}/deletion": UNREG, "POST spaces/{instance}/deletion": UNREG,
+        "POST conversations/{ghost}/deletion": UNREG,
     },
     # the next three hold member rows [read, write, manage] on the private space; only the
     # missing grant limits them. Without shared_read: every GET is refused, mutations still work
@@ -178,6 +192,7 @@ EXPECTED = {
         "POST spaces/{private}/members": NEW, "POST spaces/{instance}/members": RIGHT,
         "POST spaces/{private}/conversations": NEW, "POST spaces/{instance}/conversations": NEW,
         "POST conversations/{private}/inputs": NEW, "POST conversations/{instance}/inputs": NEW,
+        "POST spaces/{private}/deletion": NOT_EMPTY, "POST spaces/{instance}/deletion": RIGHT,
     },
     # without shared_write (registered first, then shared_write revoked: registering needs it)
     "no_write": {
@@ -190,6 +205,7 @@ EXPECTED = {
         "POST conversations/{private}/inputs": GRANT, "POST conversations/{instance}/inputs": GRANT,
         "GET operations/{private}/result": OK,
         "POST cancellations": GRANT, "POST retirements": GRANT, "POST participant": GRANT,
+        "POST spaces/{private}/deletion": NOT_EMPTY, "POST conversations/{ghost}/deletion": NO_CON,
     },
     # without shared_manage
     "no_manage": {
@@ -200,6 +216,8 @@ EXPECTED = {
         "POST spaces/{private}/members": GRANT, "POST spaces/{instance}/members": GRANT,
         "POST spaces/{private}/conversations": NEW,
         "POST conversations/{private}/inputs": NEW, "GET operations/{private}/result": OK,
+        "POST spaces/{private}/deletion": GRANT, "POST spaces/{instance}/deletion": GRANT,
+        "POST conversations/{ghost}/deletion": GRANT,
     },
     "anonymous": _everywhere(UNAUTH),
     "wrong_token": _everywhere(UNAUTH),
@@ -339,6 +357,8 @@ def _body_for(world, route):
     successful one changes nobody's access."""
     if route.startswith("POST spaces/") and route.endswith("/members"):
         return {"participant": world.ids["zero"], "permissions": []}
+    if route.endswith("/deletion"):
+        return {}
     if route.startswith("POST conversations/"):
         return {"text": "hi", "model": "tiny-llama", "max_output_tokens": 2}
     if route == "POST cancellations":

@@ -6,7 +6,8 @@ derandomized run of generated requests in three plans:
 - anchored: positive data aimed at real state: the participant's current lineage and next sequence
   in every mutation, existing space/conversation/operation/participant IDs in the path, a second
   registered participant as the member, a live sequence as the cancellation target and the
-  retirement's own sequence as the new retry floor, so success responses (receipts, spaces,
+  retirement's own sequence as the new retry floor, a fresh space or conversation for each
+  deletion, so success responses (receipts, spaces,
   lists) are validated too; every 202 is retried exactly and must answer 200 with the receipt;
 - negative: data the schema forbids, which must be refused with a documented 4xx.
 
@@ -69,6 +70,12 @@ class World:
         for name in case.path_parameters or {}:
             if name in self.ids:  # a media sha256 stays generated: any upload is its own source
                 case.path_parameters[name] = self.ids[name]
+        if case.path.endswith("/deletion"):  # a deletion takes a fresh resource, the anchors stay
+            if "conversation" in (case.path_parameters or {}):
+                case.path_parameters["conversation"] = self.mutate(
+                    "POST", f"{BASE}/spaces/{self.ids['space']}/conversations")["target"]
+            else:
+                case.path_parameters["space"] = self.mutate("POST", f"{BASE}/spaces")["target"]
         if isinstance(case.body, dict):
             me = self.participant()
             case.body["lineage"] = me["lineage"]
@@ -137,7 +144,7 @@ def test_the_gateway_conforms_to_its_own_schema(world):
         run()
 
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 21
+    assert len(operations) == 23
     for operation in operations:
         plans = ["generated", "negative"]
         if operation.method.upper() == "POST" or operation.path_parameters:

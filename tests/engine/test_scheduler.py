@@ -153,3 +153,45 @@ def test_block_manager_refuses_double_free_and_overdraw():
     with pytest.raises(RuntimeError):
         pool.free(pages[:1])
     assert pool.num_free == 4
+
+
+def admitted_order(engine, steps=400):
+    """Request ids in the order the scheduler admitted them, stepping until nothing is left."""
+    order = []
+    admit = engine.scheduler.admit
+
+    def recording():
+        group = admit()
+        order.extend(seq.request_id for seq in group)
+        return group
+    engine.scheduler.admit = recording
+    for _ in range(steps):
+        if not engine.has_work:
+            return order
+        engine.step()
+    raise AssertionError("requests did not finish")
+
+
+def test_a_flooding_tenant_takes_one_turn_per_round_and_fifo_within_it(engine):
+    # the pool holds two requests of 4 pages at once: a's flood of six, then b's single request
+    for i in range(6):
+        engine.submit(f"a{i}", PROMPT, max_new_tokens=3, page_limit=4, ignore_eos=True, tenant="a")
+    engine.submit("b0", PROMPT, max_new_tokens=3, page_limit=4, ignore_eos=True, tenant="b")
+    order = admitted_order(engine)
+    assert order.index("b0") < order.index("a5")  # admitted before the flood drained
+    assert order[:3] == ["a0", "b0", "a1"]  # a's turn, then b's: b waits behind one of a's, not five
+    assert [r for r in order if r.startswith("a")] == [f"a{i}" for i in range(6)]  # FIFO within a tenant
+
+
+def test_a_tenant_whose_head_does_not_fit_keeps_its_turn_and_nobody_overtakes_it(engine):
+    engine.submit("r1", PROMPT, max_new_tokens=40, page_limit=3, ignore_eos=True, tenant="a")
+    engine.submit("r2", PROMPT, max_new_tokens=40, page_limit=2, ignore_eos=True, tenant="b")
+    engine.step()  # 5 of 8 pages owned
+    big = engine.submit("big", PROMPT, max_new_tokens=5, page_limit=4, ignore_eos=True, tenant="c")
+    small = engine.submit("small", PROMPT, max_new_tokens=5, page_limit=2, ignore_eos=True, tenant="a")
+    engine.step()
+    # c's turn comes first and its 4 pages do not fit; a's 2 would, but do not overtake it
+    assert (big.status, small.status) == (Status.WAITING, Status.WAITING)
+    engine.cancel("r2")
+    engine.step()
+    assert big.status is Status.RUNNING and small.status is Status.WAITING  # 3 + 4 owned; 2 more do not fit

@@ -113,3 +113,72 @@ def test_a_row_the_device_could_not_read_is_never_written(admin, settings):
     with pytest.raises(CommandError, match="actions must be a subset"):
         call_command("write_grants", "--config", settings.AOTX_GATEWAY_CONFIG)
     assert admin.grants.read_bytes() == before
+
+
+def test_a_revoked_principal_reinstated_gets_a_new_token_and_the_old_one_stays_refused(admin):
+    [old_token] = shown_tokens(add(admin, "alice", ["shared_read"]))
+    alice = Principal.objects.get(name="alice")
+    admin.post(LIST, {"action": "revoke", "_selected_action": [alice.pk]}, follow=True)
+    assert Principal.for_token(old_token) is None
+    rotated = admin.post(LIST, {"action": "rotate_tokens", "_selected_action": [alice.pk]}, follow=True)
+    assert not shown_tokens(rotated)  # a revoked principal gets a token only by being reinstated
+    reinstated = admin.post(LIST, {"action": "reinstate", "_selected_action": [alice.pk]}, follow=True)
+    [new_token] = shown_tokens(reinstated)
+    assert new_token != old_token and Principal.for_token(new_token) == alice
+    assert Principal.for_token(old_token) is None
+    assert grant_file(admin)[alice.principal_id] == {"shared_read"}
+    # the change form too: unticking `active` kills the token, ticking it again issues another
+    change = f"/admin/shared_api/principal/{alice.pk}/change/"
+    admin.post(change, {"name": "alice", "actions": ["shared_read"], "quotas": "{}"}, follow=True)
+    assert Principal.for_token(new_token) is None
+    again = admin.post(change, {"name": "alice", "actions": ["shared_read"], "quotas": "{}", "active": "on"},
+                       follow=True)
+    [third] = shown_tokens(again)
+    assert Principal.for_token(third) == alice and Principal.for_token(new_token) is None
+
+
+def test_the_command_line_reinstates_with_a_new_token(admin, settings, capsys):
+    call_command("principal", "create", "bob", "--actions", "shared_read", "--config", settings.AOTX_GATEWAY_CONFIG)
+    first = capsys.readouterr().out.strip().splitlines()[-1]
+    call_command("principal", "revoke", "bob", "--config", settings.AOTX_GATEWAY_CONFIG)
+    with pytest.raises(CommandError, match="revoked"):
+        call_command("principal", "rotate", "bob")
+    call_command("principal", "grant", "bob", "--config", settings.AOTX_GATEWAY_CONFIG)
+    second = capsys.readouterr().out.strip().splitlines()[-1]
+    assert TOKEN.fullmatch(first) and TOKEN.fullmatch(second) and first != second
+    assert Principal.for_token(first) is None and Principal.for_token(second).name == "bob"
+
+
+def test_quotas_are_set_on_the_command_line_and_in_the_admin_and_reach_the_grant_file(admin, settings):
+    call_command("principal", "create", "carol", "--actions", "shared_write", "--quota", "spaces=10",
+                 "--quota", "kv_pages=32", "--config", settings.AOTX_GATEWAY_CONFIG)
+    carol = Principal.objects.get(name="carol")
+    _, quotas, _ = grantfile.parse_with_quotas(json.loads(admin.grants.read_text()))
+    assert quotas[carol.principal_id] == {"kv_pages": 32, "spaces": 10}
+    call_command("principal", "grant", "carol", "--quota", "spaces=unlimited", "--quota", "chats=2",
+                 "--config", settings.AOTX_GATEWAY_CONFIG)
+    _, quotas, _ = grantfile.parse_with_quotas(json.loads(admin.grants.read_text()))
+    assert quotas[carol.principal_id] == {"chats": 2, "kv_pages": 32}
+    before = admin.grants.read_bytes()
+    for bad in ("spaces=-1", "bogus=3", "spaces"):
+        with pytest.raises(CommandError, match="--quota"):
+            call_command("principal", "grant", "carol", "--quota", bad, "--config", settings.AOTX_GATEWAY_CONFIG)
+    change = f"/admin/shared_api/principal/{carol.pk}/change/"
+    response = admin.post(change, {"name": "carol", "actions": ["shared_write"], "quotas": '{"spaces": true}',
+                                   "active": "on"}, follow=True)
+    assert response.context["adminform"].form.errors  # refused by the form: nothing written
+    assert admin.grants.read_bytes() == before
+    admin.post(change, {"name": "carol", "actions": ["shared_write"], "quotas": '{"receipts": 5}', "active": "on"},
+               follow=True)
+    _, quotas, _ = grantfile.parse_with_quotas(json.loads(admin.grants.read_text()))
+    assert quotas[carol.principal_id] == {"receipts": 5}
+    assert "receipts=5" in admin.get(LIST).content.decode()  # the principal list shows them
+
+
+def test_a_quota_the_device_could_not_read_is_never_written(admin, settings):
+    add(admin, "alice", ["shared_read"])
+    before = admin.grants.read_bytes()
+    Principal.objects.filter(name="alice").update(quotas={"spaces": "ten"})  # damaged behind the admin's back
+    with pytest.raises(CommandError, match="quota spaces"):
+        call_command("write_grants", "--config", settings.AOTX_GATEWAY_CONFIG)
+    assert admin.grants.read_bytes() == before

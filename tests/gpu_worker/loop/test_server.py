@@ -27,8 +27,9 @@ from tests.conftest import ALL, write_grants
 class LiveDevice:
     """A Device served by a real Server on a thread; clients talk to DIR/service.sock."""
 
-    def __init__(self, runtime, tmp_path, n_principals, fs=None):
+    def __init__(self, runtime, tmp_path, n_principals, fs=None, **server_options):
         self.runtime, self.tmp_path, self.fs = runtime, tmp_path, fs
+        self.server_options = server_options
         self.principals = [secrets.token_bytes(16) for _ in range(n_principals)]
         self.grants = str(tmp_path / "grants.json")
         self.journal = str(tmp_path / "journal")
@@ -39,7 +40,7 @@ class LiveDevice:
             write_grants(self.grants, {p.hex(): ALL for p in self.principals})
         self.device = Device(RuntimeFile.open(self.runtime), self.journal, Grants(self.grants),
                              fs=self.fs or OsFileLayer())
-        self.server = Server(self.device, os.path.join(self.journal, "service.sock"))
+        self.server = Server(self.device, os.path.join(self.journal, "service.sock"), **self.server_options)
         self.device.deliver = self.server.deliver  # as boot does: helper threads answer through the loop
         ready = threading.Event()
         self.thread = threading.Thread(target=self.server.run, kwargs={"on_ready": ready.set}, daemon=True)

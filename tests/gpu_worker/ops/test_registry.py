@@ -52,7 +52,7 @@ def device(tiny_runtime, tmp_path, principal_id):
 
 
 def test_an_unknown_command_is_refused(device, principal_id):
-    inbox = collections.deque([("c", {"v": 1, "id": 1, "op": "spaces.delete", "principal": principal_id,
+    inbox = collections.deque([("c", {"v": 1, "id": 1, "op": "spaces.rename", "principal": principal_id,
                                       "args": {}})])
     [(_, reply)] = device.committer.run_sync(inbox)
     assert reply["status"] == 400 and b"unknown_command" in reply["body"]

@@ -1,0 +1,141 @@
+"""Deleting a space or a conversation (`POST /spaces/{spc}/deletion`, `POST
+/conversations/{con}/deletion`): a manager of the space gives the capacity back. Two kinds, one
+module: they share the tombstone rule below.
+
+A conversation can be deleted while none of its inputs is unfinished (409 `conversation_busy`);
+a space once it holds no conversation (409 `space_not_empty`: delete those first). Deleting
+removes the resource at once: its ID no longer resolves (404), its events and streams end, its
+member rows (a space's) are freed, it stops counting against its creator's quota, and the same ID
+may be created again. Its table row becomes a tombstone (state 2) that keeps the old ID, because
+live receipts still name it as their target (its creation, its inputs, this deletion); the row
+itself returns to the table once the last of those receipts is retired (`release_tombstones`,
+called by retirements). Receipts of a deleted resource stay readable by the participants who made
+them, and by nobody else. Replay applies the same functions, so a restart reproduces it all.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..contract import ids
+from ..contract.errors import ServiceError
+from ..state.tables import C, R, S, Right, Terminal
+from . import access, events
+from .kind import Kind, OperationKind
+from .spaces import space_key
+
+if TYPE_CHECKING:
+    from ..admission import Admission
+    from ..device import Device
+
+TOMBSTONE = 2  # the STATE of a deleted row that live receipts still name
+# the kinds whose receipts target a row of each table (R.TARGET)
+SPACE_TARGETS = frozenset({int(Kind.SPACE_CREATE), int(Kind.MEMBER_SET), int(Kind.SPACE_DELETE)})
+CONVERSATION_TARGETS = frozenset({int(Kind.CONVERSATION_CREATE), int(Kind.INPUT), int(Kind.CONVERSATION_DELETE)})
+
+
+def _release(free: list[int], row: int) -> None:
+    """Back on a free list, which stays highest first (pop() hands out the lowest row), as a
+    rebuild from the tensors orders it."""
+    free.append(row)
+    free.sort(reverse=True)
+
+
+# ---- conversations --------------------------------------------------------------------------
+
+def check_conversation(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], key: bytes,
+                       sequence: int) -> dict[str, Any]:
+    crow = access.conversation_row(d, args.get("conversation"), principal, prow, Right.MANAGE)
+    t = d.state.tables
+    for rrow in d.state.conversations.inputs.get(crow, []):
+        if t.value(t.receipts, rrow, R.TERMINAL) == Terminal.NONE:
+            raise ServiceError(409, "conversation_busy", "the conversation has an unfinished input; cancel it or "
+                                                         "wait for its terminal result")
+    m = ids.CONVERSATION_ID.match(args["conversation"])
+    assert m is not None
+    return {"conversation": list(ids.split_id(m))}
+
+
+def apply_conversation(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+    conversations = d.state.conversations
+    recorded = a.extra["conversation"]
+    crow = conversations.by_id.pop((recorded[0], recorded[1]))
+    d.state.tables.write_row(d.state.tables.conversations, crow, {C.STATE: TOMBSTONE})
+    return crow
+
+
+def conversation_target(d: Device, row: list[int], lineage: bytes) -> str:
+    return access.conversation_id(d, row[R.TARGET])
+
+
+def conversation_saved(d: Device, rrow: int) -> None:
+    """Its streams end (404), as for a reader who lost the right."""
+    events.recheck(d)
+
+
+DELETE_CONVERSATION: OperationKind = OperationKind(
+    Kind.CONVERSATION_DELETE, "conversations.delete", check=check_conversation, apply=apply_conversation,
+    target_id=conversation_target, saved=conversation_saved)
+
+
+# ---- spaces ---------------------------------------------------------------------------------
+
+def check_space(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], key: bytes,
+                sequence: int) -> dict[str, Any]:
+    srow = access.space_row(d, args.get("space"), principal, prow, Right.MANAGE)
+    conversations = d.state.tables.conversations
+    if bool(((conversations[:, C.STATE] == 1) & (conversations[:, C.SPACE] == srow)).any()):
+        raise ServiceError(409, "space_not_empty", "the space still holds conversations; delete them first")
+    m = ids.SPACE_ID.match(args["space"])
+    assert m is not None
+    return {"space": list(ids.split_id(m))}
+
+
+def apply_space(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+    state = d.state
+    t = state.tables
+    srow = state.spaces.by_id.pop(space_key(a.extra["space"]))
+    t.write_row(t.spaces, srow, {S.STATE: TOMBSTONE})
+    members = state.members
+    for key in [k for k in members.rows if k[0] == srow]:  # member rows are named by no receipt: free now
+        mrow = members.rows.pop(key)
+        t.put_cols(t.members, mrow, 0, [0] * t.members.shape[1])
+        _release(members.free, mrow)
+    return srow
+
+
+def space_target(d: Device, row: list[int], lineage: bytes) -> str:
+    return access.space_id(d, row[R.TARGET])
+
+
+DELETE_SPACE: OperationKind = OperationKind(
+    Kind.SPACE_DELETE, "spaces.delete", check=check_space, apply=apply_space, target_id=space_target,
+    saved=conversation_saved)
+
+
+# ---- tombstones -----------------------------------------------------------------------------
+
+def release_tombstones(d: Device, retired: list[tuple[int, int]]) -> None:
+    """After a retirement freed receipts ((kind, target row) of each): a tombstone no live receipt
+    names any more returns to its table's free list, cleared."""
+    state = d.state
+    t = state.tables
+    receipts = t.receipts
+    candidates: set[tuple[str, int]] = set()
+    for kind, target in retired:
+        if kind in SPACE_TARGETS and t.value(t.spaces, target, S.STATE) == TOMBSTONE:
+            candidates.add(("spaces", target))
+        elif kind in CONVERSATION_TARGETS and t.value(t.conversations, target, C.STATE) == TOMBSTONE:
+            candidates.add(("conversations", target))
+    for table_name, row in sorted(candidates):
+        kinds = SPACE_TARGETS if table_name == "spaces" else CONVERSATION_TARGETS
+        named = (receipts[:, R.STATE] == 1) & (receipts[:, R.TARGET] == row)
+        if any(int(k) in kinds for k in receipts[named, R.KIND].tolist()):
+            continue
+        table = getattr(t, table_name)
+        t.put_cols(table, row, 0, [0] * table.shape[1])
+        if table_name == "spaces":
+            _release(state.spaces.free, row)
+        else:
+            state.conversations.inputs.pop(row, None)
+            _release(state.conversations.free, row)
+
