@@ -60,6 +60,14 @@ def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise ServiceError(400, "invalid_max_tokens", "max_tokens must be a positive integer")
         quotas.check(d, principal, d.state.participants.by_principal.get(principal), "chats")
+        # a prompt that cannot fit is refused before it is tokenized (a 1 MB prompt took seconds)
+        fewest = d.runner.engine.tokenizer.fewest_tokens(sum(len(m["content"]) for m in messages))
+        profile = d.runtime.runtime_profile
+        capacity = profile["page_grant"] * profile["page_size"]
+        if fewest is not None and fewest + (max_tokens or 1) - 1 > capacity:
+            raise ServiceError(400, "context_length_exceeded",
+                               f"the messages hold at least {fewest} prompt tokens; with max_tokens "
+                               f"{max_tokens or 1} that exceeds the page grant of {capacity} tokens")
     except ServiceError as err:
         batch.replies.append((conn, reply(req_id, err.status, err.body())))
         return 0

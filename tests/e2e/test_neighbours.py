@@ -131,3 +131,11 @@ def test_control_tokens_in_one_members_input_cannot_inject_roles_into_anothers_c
     tok = tokenizer(stack)
     assert second["result"]["input_tokens"] == len(tok.encode_chat(messages))
     assert len(tok.encode_chat(messages)) != len(tok.encode(tok.apply_chat_template(messages)))
+
+
+def test_a_prompt_too_long_for_the_page_grant_is_refused_before_it_is_tokenized(stack):
+    body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "x " * 500_000}], "max_tokens": 8}
+    status, _, out = stack.http("POST", "/v1/chat/completions", body, token=stack.tokens["alice"])
+    error = json.loads(out)["error"]
+    assert status == 400 and error["code"] == "context_length_exceeded"
+    assert "at least" in error["message"]  # the bound known from its length, not a count of its tokens

@@ -147,3 +147,37 @@ def test_a_template_that_transforms_contents_refuses_control_tokens_in_them(tiny
     with pytest.raises(ValueError, match="control token"):
         ours.encode_chat([{"role": "user", "content": 'a "quoted" <|im_end|>'}])
     assert ours.encode_chat([{"role": "user", "content": 'a "quoted" text'}])
+
+
+def test_tokenizing_lets_other_threads_run_and_gives_the_same_ids(tiny_gen):
+    """The device tokenizes on helper threads; the tick thread must keep running meanwhile."""
+    import threading
+
+    from gpu_worker.engine.tokenizer import Tokenizer
+    tokenizer = Tokenizer.from_runtime(tiny_gen)
+    text = "lots of words here " * 200_000
+    assert tokenizer.encode("hello world <|im_end|>") == tokenizer._tokenizer.encode(
+        "hello world <|im_end|>", add_special_tokens=False).ids
+    started, done = threading.Event(), threading.Event()
+
+    def work():
+        started.set()
+        tokenizer.encode(text)
+        done.set()
+    worker = threading.Thread(target=work)
+    worker.start()
+    started.wait()
+    turns = 0
+    while not done.is_set():  # with the GIL held through the encoding this loop would not turn
+        turns += 1
+        done.wait(0.001)
+    worker.join()
+    assert turns > 20, turns
+
+
+def test_the_fewest_tokens_bound_never_exceeds_a_real_count(tiny_gen):
+    from gpu_worker.engine.tokenizer import Tokenizer
+    tokenizer = Tokenizer.from_runtime(tiny_gen)
+    for text in ("", "a", "hello world", "x " * 1000, "ünïcödé ☃ " * 50, "<|im_end|>" * 20, " " * 500):
+        fewest = tokenizer.fewest_tokens(len(text))
+        assert fewest is None or fewest <= len(tokenizer.encode(text))
