@@ -5,7 +5,8 @@ hostile pattern, on one stack.
 
 Setup: tests.harness.Stack — the real device on a tiny runtime packed with room for the run
 (receipts, conversations, spaces), `manage.py serve` in front. Principals: `normal` (the measured
-client) and one hostile principal per pattern (`hostile-chat` has only `chat`, as in the attack).
+client, no quotas) and one hostile principal per pattern (`hostile-chat-prompts` has only `chat`,
+as in the attack), each under HOSTILE_QUOTAS (--no-quotas: none), as an operator would set them.
 
 The normal client (this process, one asyncio loop, one keep-alive connection each for reads and
 mutations) runs a closed loop of `GET /participant` (read) and `POST /spaces/{spc}/conversations`
@@ -52,6 +53,9 @@ SCHEMA = "aotx.shared.mutation.v1"
 PATTERNS = ("bodies", "chat-prompts", "long-history", "media", "chat-flood", "input-flood", "slow")
 CAPACITY = {"participants": 64, "spaces": 4096, "conversations": 65536, "members": 1024, "receipts": 65536}
 MODEL = "tiny-llama"
+# What an operator gives a tenant it does not trust (`principal create --quota`): two chats and
+# four unfinished inputs at a time, 64 MiB of media, 1,024 receipts held.
+HOSTILE_QUOTAS = ("chats=2", "queued_inputs=4", f"media_bytes={64 << 20}", "receipts=1024")
 
 
 # ---- the client side of the API ----------------------------------------------------------------
@@ -320,6 +324,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--only", default=",".join(PATTERNS))
     parser.add_argument("--runtime", help="a shared runtime file to copy (default: a tiny one packed here)")
+    parser.add_argument("--no-quotas", action="store_true", help="hostile principals without quotas")
     parser.add_argument("--hostile", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--token", help=argparse.SUPPRESS)
@@ -343,8 +348,13 @@ def main() -> None:
             pack_tiny(str(runtime), shared=True, capacity=CAPACITY)
         stack = Stack(tmp, str(runtime))
         normal = stack.principal("normal")
-        tokens = {p: stack.principal(f"hostile-{p}", "chat" if p == "chat-prompts" else
-                                     "shared_read,shared_write,shared_manage,chat") for p in patterns}
+        tokens = {}
+        for p in patterns:  # each hostile principal under the quotas an operator would set (--no-quotas: none)
+            actions = "chat" if p == "chat-prompts" else "shared_read,shared_write,shared_manage,chat"
+            quota_args = [] if args.no_quotas else [a for q in HOSTILE_QUOTAS for a in ("--quota", q)]
+            out = stack.manage("principal", "create", f"hostile-{p}", "--actions", actions, *quota_args,
+                               "--config", str(stack.config))
+            tokens[p] = out.stdout.strip().splitlines()[-1]
         stack.boot_device()
         stack.serve()
         pid = stack.gateway.proc.pid
