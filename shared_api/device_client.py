@@ -118,6 +118,9 @@ class DeviceMux:
         # ids whose last frames may still come and are dropped: streams closed early, calls that
         # timed out. Any other unknown id means the connection is out of step: it is closed.
         self._abandoned: set[int] = set()
+        # frames written in one turn of the event loop go to the socket in one write: one system
+        # call (and one wake-up of the device's socket thread) for all of them
+        self._outbox: dict[asyncio.StreamWriter, list[bytes]] = {}
 
     async def _connection(self) -> tuple[asyncio.StreamWriter, bool]:
         """The open connection, and whether it was opened just now."""
@@ -180,7 +183,7 @@ class DeviceMux:
             try:
                 if writer.is_closing():
                     raise ConnectionResetError("the connection was closed")
-                writer.write(request(stream.id, op, principal_id, args))
+                self._post(writer, request(stream.id, op, principal_id, args))
                 if writer.transport.get_write_buffer_size() > 1 << 20:
                     await writer.drain()  # the device is slow to read: wait, as a blocking send would
                 return stream
@@ -191,6 +194,19 @@ class DeviceMux:
                 if fresh or attempt or not retry_stale:
                     raise ServiceError(503, "device_unavailable", f"the device connection failed: {exc}") from None
         raise AssertionError("unreachable")
+
+    def _post(self, writer: asyncio.StreamWriter, frame: bytes) -> None:
+        frames = self._outbox.get(writer)
+        if frames is None:
+            frames = self._outbox[writer] = []
+            asyncio.get_running_loop().call_soon(self._flush, writer)
+        frames.append(frame)
+
+    def _flush(self, writer: asyncio.StreamWriter) -> None:
+        frames = self._outbox.pop(writer, [])
+        if not writer.is_closing():
+            writer.write(b"".join(frames))
+        # else the connection ended meanwhile: its reader task has failed every stream it carried
 
     async def open(self, op: str, principal_id: str | None, args: dict[str, Any]) -> DeviceStream:
         """Send one request; its frames arrive on the returned stream."""
@@ -218,7 +234,7 @@ class DeviceMux:
         self._abandoned.add(stream.id)
         closing = DeviceStream(self, next(self._ids))  # its one reply is read and dropped
         self._abandoned.add(closing.id)
-        self._writer.write(request(closing.id, "subscriptions.close", None, {"id": stream.id}))
+        self._post(self._writer, request(closing.id, "subscriptions.close", None, {"id": stream.id}))
         try:
             await self._writer.drain()
         except OSError:
