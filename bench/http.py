@@ -380,7 +380,7 @@ def run_fastapi(base, args, clients_max):
     from bench.fastapi_baseline.app import PREFIX, TABLES
     port = free_port()
     env = dict(os.environ, BASELINE_PG=f"{PG}/{FASTAPI_DB}", BASELINE_TABLE_PREFIX=PREFIX,
-               BASELINE_POOL=str(max(8, clients_max // args.workers)))
+               BASELINE_POOL=str(max(8, min(40, clients_max // args.workers))))  # under max_connections (100)
     identities = [Identity("base_" + secrets.token_urlsafe(32), secrets.token_hex(16), 1) for _ in range(clients_max)]
     drop = f"DROP TABLE IF EXISTS {PREFIX}_tokens, {PREFIX}_operations"
     pg_admin(drop, FASTAPI_DB)

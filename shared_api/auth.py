@@ -7,7 +7,8 @@ Principals are looked up by their token's SHA-256 in the gateway database once a
 a per-process cache (PRINCIPALS), so that a request on the event loop costs no database round
 trip and no thread. The cache forgets everything when a principal is saved or deleted in this
 process (signals), when the grant file changes (every principal change through the admin or
-`manage.py principal --config` rewrites it: one stat() per lookup sees that from any process),
+`manage.py principal --config` rewrites it: a stat() at most every GRANT_FILE_CHECK seconds sees
+that from any process),
 and each entry after AOTX_PRINCIPAL_CACHE_SECONDS; unknown tokens are never cached."""
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ class AuthenticatedPrincipal:
         self.actions = principal.current_actions()
 
 
+GRANT_FILE_CHECK = 0.05  # seconds between two looks at the grant file
+
+
 class PrincipalCache:
     """token digest -> AuthenticatedPrincipal, bounded (least recently used goes first)."""
 
@@ -45,6 +49,7 @@ class PrincipalCache:
         self._entries: OrderedDict[str, tuple[float, AuthenticatedPrincipal]] = OrderedDict()
         self._grant_file: tuple[int, int, int] | None = None
         self._grant_path: str | None = None
+        self._checked = 0.0
 
     def _grant_file_state(self) -> tuple[int, int, int] | None:
         if self._grant_path is None:
@@ -59,15 +64,18 @@ class PrincipalCache:
         return st.st_ino, st.st_mtime_ns, st.st_size
 
     def get(self, digest: str) -> AuthenticatedPrincipal | None:
-        state = self._grant_file_state()
-        if state != self._grant_file:
-            self._entries.clear()
-            self._grant_file = state
-            return None
+        now = time.monotonic()
+        if now - self._checked >= GRANT_FILE_CHECK:
+            self._checked = now
+            state = self._grant_file_state()
+            if state != self._grant_file:
+                self._entries.clear()
+                self._grant_file = state
+                return None
         found = self._entries.get(digest)
         if found is None:
             return None
-        if time.monotonic() - found[0] > settings.AOTX_PRINCIPAL_CACHE_SECONDS:
+        if now - found[0] > settings.AOTX_PRINCIPAL_CACHE_SECONDS:
             del self._entries[digest]
             return None
         self._entries.move_to_end(digest)
@@ -82,6 +90,7 @@ class PrincipalCache:
         """Forget every principal (also a signal receiver: any principal saved or deleted)."""
         self._entries.clear()
         self._grant_path = None
+        self._checked = 0.0
 
 
 PRINCIPALS = PrincipalCache()

@@ -100,3 +100,21 @@ def test_a_principal_saved_in_this_process_is_seen_at_once_despite_the_cache(gat
     principal.active = False
     principal.save()
     assert_unauthenticated(gateway.get(SPACES, people["writer"]))
+
+
+def test_a_rewritten_grant_file_clears_the_principal_cache_of_every_process(gateway, device, people, settings):
+    """A principal changed by another process (no signal here) is seen once the grant file, which
+    every principal change through the admin or `principal --config` rewrites, has changed."""
+    import json
+    import time
+    from pathlib import Path
+
+    from shared_api import config
+    from shared_api.models import Principal
+    grants = Path(config.load(settings.AOTX_GATEWAY_CONFIG)["grants_file"])
+    assert gateway.get(SPACES, people["writer"]).status_code == 200
+    Principal.objects.filter(name="writer").update(active=False)  # a queryset update sends no signal
+    assert gateway.get(SPACES, people["writer"]).status_code == 200  # the cached lookup still answers
+    grants.write_text(json.dumps({"rewritten": True}))
+    time.sleep(0.06)  # auth.GRANT_FILE_CHECK
+    assert_unauthenticated(gateway.get(SPACES, people["writer"]))
