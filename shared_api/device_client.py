@@ -38,9 +38,9 @@ def _timed_out(timeout: float) -> ServiceError:
 
 
 class DeviceClient:
-    """A pool of device connections: a request borrows one and returns it when its reply has
-    arrived (daphne may run each request on a new thread, so per-thread sockets would mean a
-    new connection per request)."""
+    """A pool of blocking device connections for synchronous callers (the admin's ops pages, Celery
+    tasks, /metrics): a call borrows one and returns it when its reply has arrived (callers run on
+    whatever thread they are given, so per-thread sockets would mean a connection per call)."""
 
     def __init__(self, socket_path: str, timeout: float) -> None:
         self.socket_path = socket_path
@@ -343,7 +343,7 @@ _lock = threading.Lock()
 
 
 def client() -> DeviceClient:
-    """Opened lazily per process: daphne runs no ASGI lifespan."""
+    """Opened lazily per process: the server runs no ASGI lifespan (shared_api/server.py)."""
     global _client
     if _client is None:
         with _lock:

@@ -60,7 +60,7 @@ def record(method: str, route: str, status: int, started: float) -> None:
 
 class RequestMetricsMiddleware:
     """Counts and times every request (outermost, so the time includes the other middleware).
-    Sync and async capable, like NoStoreMiddleware: no thread hop of its own under daphne."""
+    Sync and async capable, like NoStoreMiddleware: no thread hop of its own under ASGI."""
     sync_capable = True
     async_capable = True
 
