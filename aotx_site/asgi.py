@@ -1,5 +1,6 @@
-"""The gateway's ASGI application: event streams go to their Channels consumers
-(shared_api/streams.py), every other request to Django."""
+"""The gateway's ASGI application: the HTTP front (shared_api/front.py) answers the shared routes
+itself, hands event streams to their Channels consumers (shared_api/streams.py) and every other
+request to Django."""
 import gc
 import os
 from typing import Any, Awaitable, Callable
@@ -9,18 +10,18 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_application = get_asgi_application()  # sets Django up before the consumers are imported
 
+from shared_api.front import Front  # noqa: E402
 from shared_api.streams import STREAMS, wants_stream  # noqa: E402
 
 _consumers = {cls: cls.as_asgi() for cls in STREAMS}
 
 
-async def application(scope: dict[str, Any], receive: Callable[[], Awaitable[Any]],
-                      send: Callable[[Any], Awaitable[None]]) -> None:
-    consumer = wants_stream(scope) if scope["type"] == "http" else None
-    if consumer is None:
-        await django_application(scope, receive, send)
-        return
-    await _consumers[consumer](scope, receive, send)
+def _stream_consumer(scope: dict[str, Any]) -> Callable[..., Awaitable[None]] | None:
+    consumer = wants_stream(scope)
+    return _consumers[consumer] if consumer is not None else None
+
+
+application = Front(django_application, _stream_consumer)
 
 # Everything loaded so far lives as long as the process: move it out of the collector's reach so
 # full collections stay short (they otherwise show up in request tail latency).

@@ -142,6 +142,10 @@ SPECTACULAR_SETTINGS = {
 # gateway.json: listen address, device socket, grant file (see README "Configuration")
 AOTX_GATEWAY_CONFIG = os.environ.get("AOTX_GATEWAY_CONFIG", str(VAR_DIR / "gateway.json"))
 AOTX_DEVICE_TIMEOUT = float(os.environ.get("AOTX_DEVICE_TIMEOUT", "30"))
+AOTX_DEVICE_CONNECTIONS = int(os.environ.get("AOTX_DEVICE_CONNECTIONS", "4"))  # per gateway process
+AOTX_DEVICE_WAITING = int(os.environ.get("AOTX_DEVICE_WAITING", "256"))  # requests waiting on the device, per process
+AOTX_BODY_TIMEOUT = float(os.environ.get("AOTX_BODY_TIMEOUT", "30"))  # seconds a request body may stall
+AOTX_PRINCIPAL_CACHE_SECONDS = float(os.environ.get("AOTX_PRINCIPAL_CACHE_SECONDS", "5"))
 AOTX_SSE_KEEPALIVE = float(os.environ.get("AOTX_SSE_KEEPALIVE", "15"))  # seconds between keep-alive comments
 AOTX_CHAT_TIMEOUT = float(os.environ.get("AOTX_CHAT_TIMEOUT", "600"))  # a whole non-streamed completion
 DATA_UPLOAD_MAX_MEMORY_SIZE = (8 << 20) + 4096  # media uploads (PUT /aotx/v1/media/{sha256})

@@ -1,23 +1,30 @@
-"""HTTP mutations/s and p50/p99 latency through the gateway, beside a plain DRF + PostgreSQL
-baseline doing the same idempotent insert, at 16 and 64 concurrent clients, in one run.
+"""HTTP mutations/s and receipt reads/s through the gateway beside the service a team would build
+instead, at 16, 64 and 256 concurrent clients, in one run; p50/p99 latency; a table with ratios.
 
-    .venv/bin/python bench/http.py [--seconds 5] [--clients 16,64] [--mutation spaces|participant]
+    .venv/bin/python bench/http.py [--seconds 5] [--clients 16,64,256] [--workers N] [--no-drf]
 
-aotx: `manage.py serve` (daphne) in front of `python -m gpu_worker boot` on a tiny runtime, set up
-by tests.harness.Stack. Each client is one principal that registers first; the measured mutation
-is POST /aotx/v1/shared/spaces {scope: private} with sequences 2, 3, 4, ... (--mutation participant
-measures registration instead, each request under a fresh principal).
+aotx: `manage.py serve` (shared_api/server.py: uvicorn, --workers processes) in front of
+`python -m gpu_worker boot` on a tiny runtime, set up by tests.harness.Stack, its database on the
+local PostgreSQL. Each client is one principal that registers first; the mutation is POST
+/aotx/v1/shared/spaces {scope: private} with sequences 2, 3, ...; the read is GET
+/aotx/v1/shared/operations/{op} of the client's registration receipt.
 
-baseline: bench/baseline, a separate Django project served by daphne on its own port: DRF parses
-the same envelope, checks a bearer token by one indexed sha256 lookup, and inserts (lineage,
-sequence) unique with the RFC 8785 canonical bytes into a fresh PostgreSQL database
-(synchronous_commit on); an exact retry answers the stored bytes, changed bytes 409.
+fastapi: bench/fastapi_baseline (FastAPI on uvicorn + asyncpg, same worker count): the same
+envelope parsing, a sha256 token lookup, an insert unique by (lineage, sequence) with the RFC 8785
+canonical bytes, synchronously committed on the local PostgreSQL (database `test`); exact retry
+200, changed bytes 409 (checked after the run); the read is its stored receipt by operation ID.
 
-Load: one asyncio process, one keep-alive HTTP/1.1 connection per client, closed loop (send,
-read the whole reply, send the next). Each phase warms up for --warmup seconds, then counts the
-202s completed during --seconds; p50/p99 are over those requests. Any status other than 202
-aborts the run with the reply printed. Each system runs alone (the other is stopped), so the
-idle one takes no CPU from it; everything started here is stopped before exit.
+ceiling: bench/ceiling.py, a trivial async view answering a fixed 200, under the gateway's own
+server and worker count: what no gateway on this machine can beat.
+
+drf: bench/baseline, the earlier baseline (DRF + PostgreSQL under daphne, one process), kept for
+history (--no-drf leaves it out).
+
+Load: one uvloop process, one keep-alive HTTP/1.1 connection per client, closed loop (send, read
+the whole reply, send the next). Each phase warms up for --warmup seconds, then counts the replies
+completed during --seconds; p50/p99 are over those. Any unexpected status aborts the run with the
+reply printed. Each system runs alone (the others are stopped); everything started here is
+stopped before exit.
 """
 import os
 import sys
@@ -31,7 +38,6 @@ sys.path[0] = ROOT
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import hashlib  # noqa: E402
-import importlib.util  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import re  # noqa: E402
@@ -44,10 +50,9 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import psycopg  # noqa: E402
+import uvloop  # noqa: E402
 
-from gpu_worker.state import ids  # noqa: E402
 from gpu_worker.pack import pack_tiny  # noqa: E402
-from gpu_worker.storage.runtime_file import RuntimeFile  # noqa: E402
 from tests.conftest import PYTHON, free_port, wait_for  # noqa: E402
 from tests.harness import Process, Stack  # noqa: E402
 
@@ -55,6 +60,7 @@ BASE = "/aotx/v1/shared"
 SCHEMA = "aotx.shared.mutation.v1"
 PG = "postgresql://postgres@127.0.0.1:5432"
 BASELINE_DB = "aotx_bench_baseline"
+FASTAPI_DB = "test"  # the local PostgreSQL's database the FastAPI baseline writes to (its own tables)
 GATEWAY_DB = "aotx_bench_gateway"
 
 
@@ -65,105 +71,162 @@ class BenchError(Exception):
 # ---- the load generator ---------------------------------------------------------------------
 
 class Identity:
-    """One client's principal: its token, lineage and the next sequence it will send."""
+    """One client's principal: its token, lineage, the next sequence it will send, and the
+    operation ID it reads back."""
 
-    def __init__(self, token, lineage, sequence):
-        self.token, self.lineage, self.sequence = token, lineage, sequence
+    def __init__(self, token, lineage, sequence, operation=None):
+        self.token, self.lineage, self.sequence, self.operation = token, lineage, sequence, operation
 
 
-def body(lineage, sequence, scope):
-    """The mutation body; the same bytes (but for lineage, key and sequence) for both systems."""
+def body(lineage, sequence, scope=True):
+    """The mutation body; the same bytes (but for lineage, key and sequence) for every system."""
     doc = {"schema": SCHEMA, "lineage": lineage, "operation_key": secrets.token_hex(16), "sequence": str(sequence)}
     if scope:
         doc["scope"] = "private"
     return json.dumps(doc).encode()
 
 
-def request(port, path, token, data):
+def request(port, path, token, data=None):
+    if data is None:
+        return (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n\r\n").encode()
     return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode() + data
 
 
-def sequential(port, path, identity, scope):
+def mutations(port, path, identity):
     """Requests for one identity with sequences identity.sequence, +1, ... (a closed loop)."""
     def make():
-        data = body(identity.lineage, identity.sequence, scope)
+        data = body(identity.lineage, identity.sequence)
         identity.sequence += 1
         return request(port, path, identity.token, data)
     return make
 
 
-def fresh(port, path, pool):
-    """Registrations, each under the next unused principal of the shared pool (--mutation participant)."""
-    def make():
-        identity = next(pool, None)
-        if identity is None:
-            return None
-        return request(port, path, identity.token, body(identity.lineage, 1, scope=False))
-    return make
+def reads(port, path_of, identity):
+    req = request(port, path_of(identity.operation), identity.token)
+    return lambda: req
 
 
-async def read_response(reader):
-    """A minimal HTTP/1.1 reply reader: status line, headers, Content-Length or chunked body."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.split(b"\r\n")
-    status = int(lines[0].split(b" ", 2)[1])
-    length, chunked = 0, False
-    for line in lines[1:]:
-        name, _, value = line.partition(b":")
-        name = name.strip().lower()
-        if name == b"content-length":
-            length = int(value)
-        elif name == b"transfer-encoding":
-            chunked = b"chunked" in value.lower()
-    if not chunked:
-        return status, await reader.readexactly(length)
-    parts = []
-    while True:
-        size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-        parts.append((await reader.readexactly(size + 2))[:-2])  # chunk data, then CRLF
-        if size == 0:  # (no trailers: daphne sends none)
-            return status, b"".join(parts)
+class Client(asyncio.Protocol):
+    """One keep-alive connection in a closed loop; a minimal HTTP/1.1 reply reader (status line,
+    Content-Length or chunked body)."""
 
+    def __init__(self, make, expect, end, samples, done):
+        self.make, self.expect, self.end, self.samples, self.done = make, expect, end, samples, done
+        self.buffer = bytearray()
+        self.transport = None
+        self.sent = 0.0
+        self.last = b""
 
-async def client(port, make, end, samples, notes):
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        while time.perf_counter() < end:
-            req = make()
-            if req is None:
-                notes.append("pool of fresh principals exhausted")
+    def connection_made(self, transport):
+        self.transport = transport
+        self.send()
+
+    def send(self):
+        self.last = self.make()
+        self.sent = time.perf_counter()
+        self.transport.write(self.last)
+
+    def connection_lost(self, exc):
+        if not self.done.done():
+            self.done.set_exception(BenchError(f"the server closed a connection: {exc}"))
+
+    def data_received(self, data):
+        self.buffer += data
+        while True:
+            reply = self.reply()
+            if reply is None:
                 return
-            sent = time.perf_counter()
-            writer.write(req)
-            status, reply = await read_response(reader)
-            done = time.perf_counter()
-            if status != 202:
-                raise BenchError(f"{req.split(b' ', 2)[1].decode()} answered {status}: {reply[:2000].decode(errors='replace')}")
-            samples.append((done, done - sent))
-    finally:
-        writer.close()
+            status, content = reply
+            now = time.perf_counter()
+            if status != self.expect:
+                self.fail(BenchError(f"{self.last.split(b' ', 2)[1].decode()} answered {status}: "
+                                     f"{content[:2000].decode(errors='replace')}"))
+                return
+            self.samples.append((now, now - self.sent))
+            if now >= self.end:
+                self.transport.close()
+                if not self.done.done():
+                    self.done.set_result(None)
+                return
+            self.send()
+
+    def fail(self, exc):
+        if not self.done.done():
+            self.done.set_exception(exc)
+        self.transport.close()
+
+    def reply(self):
+        head_end = self.buffer.find(b"\r\n\r\n")
+        if head_end < 0:
+            return None
+        lines = bytes(self.buffer[:head_end]).split(b"\r\n")
+        status = int(lines[0].split(b" ", 2)[1])
+        length, chunked = 0, False
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+        start = head_end + 4
+        if not chunked:
+            if len(self.buffer) < start + length:
+                return None
+            content = bytes(self.buffer[start:start + length])
+            del self.buffer[:start + length]
+            return status, content
+        parts, at = [], start
+        while True:
+            line_end = self.buffer.find(b"\r\n", at)
+            if line_end < 0:
+                return None
+            size = int(bytes(self.buffer[at:line_end]).split(b";")[0], 16)
+            if len(self.buffer) < line_end + 2 + size + 2:
+                return None
+            parts.append(bytes(self.buffer[line_end + 2:line_end + 2 + size]))
+            at = line_end + 2 + size + 2
+            if size == 0:
+                del self.buffer[:at]
+                return status, b"".join(parts)
 
 
-async def phase(port, makers, warmup, seconds):
-    """Returns (mutations/s, p50 ms, p99 ms, count, client CPU share, notes) over the window after
-    the warm-up. The client's CPU share (of one core) shows whether the load generator limited it."""
-    samples, notes = [], []
+async def phase(port, makers, expect, warmup, seconds):
+    """Returns (requests/s, p50 ms, p99 ms, count, client CPU share) over the window after the
+    warm-up. The client's CPU share (of one core) shows whether the load generator limited it."""
+    samples = []
+    loop = asyncio.get_running_loop()
     cpu_start = time.process_time()
     start = time.perf_counter()
     window_start, window_end = start + warmup, start + warmup + seconds
-    await asyncio.gather(*(client(port, m, window_end, samples, notes) for m in makers))
+    done = []
+    for make in makers:
+        finished = loop.create_future()
+        done.append(finished)
+        await loop.create_connection(lambda m=make, f=finished: Client(m, expect, window_end, samples, f),
+                                     "127.0.0.1", port)
+    await asyncio.gather(*done)
     client_cpu = (time.process_time() - cpu_start) / (time.perf_counter() - start)
-    latencies = sorted(lat for done, lat in samples if window_start <= done < window_end)
+    latencies = sorted(lat for finished, lat in samples if window_start <= finished < window_end)
     if not latencies:
         raise BenchError("no request completed in the measured window")
-    elapsed = min(window_end, max(done for done, _ in samples)) - window_start if notes else seconds
-    return (len(latencies) / elapsed, percentile(latencies, 0.50) * 1e3, percentile(latencies, 0.99) * 1e3,
-            len(latencies), client_cpu, sorted(set(notes)))
+    return (len(latencies) / seconds, percentile(latencies, 0.50) * 1e3, percentile(latencies, 0.99) * 1e3,
+            len(latencies), client_cpu)
 
 
 def percentile(ordered, q):
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]  # nearest rank
+
+
+def run_phases(name, port, args, mutation_makers, read_makers, created=202):
+    """{(kind, clients): phase result} for this system, mutations then reads at each concurrency."""
+    results = {}
+    for kind, makers, expect in (("mutations", mutation_makers, created), ("reads", read_makers, 200)):
+        for c in args.clients:
+            results[kind, c] = uvloop.run(phase(port, makers[:c], expect, args.warmup, args.seconds))
+            print(f"{name} {kind} {c} clients: {results[kind, c][0]:,.0f}/s", file=sys.stderr, flush=True)
+    return results
 
 
 # ---- aotx: device + gateway -------------------------------------------------------------------
@@ -175,7 +238,7 @@ from shared_api import config
 from shared_api.grants import write_grant_file
 from shared_api.models import ACTIONS, Principal
 with transaction.atomic():
-    made = [Principal.create(PREFIX + str(i), ACTIONS) for i in range(COUNT)]
+    made = [Principal.create(PREFIX + str(i), list(ACTIONS)) for i in range(COUNT)]
 write_grant_file(config.load(CONFIG)["grants_file"])
 print(json.dumps([[p.principal_id, token] for p, token in made]))
 """
@@ -198,7 +261,8 @@ def aotx_http(stack, method, path, token, payload=None):
 
 
 def register(stack, token):
-    """GET /participant, POST /participant at sequence 1: the client's lineage and next sequence."""
+    """GET /participant, POST /participant at sequence 1: the client's lineage, next sequence and
+    its registration's operation ID."""
     status, participant = aotx_http(stack, "GET", f"{BASE}/participant", token)
     if status != 200:
         raise BenchError(f"GET /participant answered {status}: {participant}")
@@ -208,41 +272,31 @@ def register(stack, token):
     if status != 202:
         raise BenchError(f"registration answered {status}: {receipt}")
     status, participant = aotx_http(stack, "GET", f"{BASE}/participant", token)
-    return Identity(token, participant["lineage"], int(participant["next_sequence"]))
+    return Identity(token, participant["lineage"], int(participant["next_sequence"]), receipt["operation"])
 
 
-def run_aotx(base, args, clients_max, fresh_count):
+def run_aotx(base, args, clients_max):
     runtime = base / "bench.aotxccir"
-    participants = clients_max + fresh_count
-    # room for every mutation of the run (a few thousand per second at most), memory kept modest
-    pack_tiny(str(runtime), shared=True, capacity={"participants": max(256, participants), "spaces": 400_000,
-                                                    "receipts": 400_000, "command_bytes": 1024, "result_bytes": 16})
+    # room for every mutation of the run (tens of thousands per second at most), memory kept modest
+    pack_tiny(str(runtime), shared=True, capacity={"participants": max(512, clients_max), "spaces": 2_000_000,
+                                                    "receipts": 2_000_000, "command_bytes": 1024, "result_bytes": 16})
     (base / "aotx").mkdir()
-    # the gateway's production configuration: PostgreSQL (pooled), like the baseline
+    # the gateway's production configuration: PostgreSQL (pooled)
     pg_admin(f"DROP DATABASE IF EXISTS {GATEWAY_DB} WITH (FORCE)")
     pg_admin(f"CREATE DATABASE {GATEWAY_DB}")
     stack = Stack(base / "aotx", str(runtime), database_url=f"{PG}/{GATEWAY_DB}")
+    cfg = json.loads(stack.config.read_text())
+    stack.config.write_text(json.dumps({**cfg, "workers": args.workers}))
     try:
         made = create_principals(stack, "c", clients_max)
-        pool = create_principals(stack, "f", fresh_count) if fresh_count else []
         stack.boot_device()
         stack.serve()
         print(f"aotx: device pid {stack.device.proc.pid}, gateway pid {stack.gateway.proc.pid}, "
-              f"port {stack.port}", file=sys.stderr, flush=True)
+              f"port {stack.port}, {args.workers} workers", file=sys.stderr, flush=True)
         identities = [register(stack, token) for _, token in made]
-        if args.mutation == "spaces":
-            path = f"{BASE}/spaces"
-            makers = [sequential(stack.port, path, identity, scope=True) for identity in identities]
-        else:
-            incarnation = RuntimeFile.open(str(runtime), verify=False).incarnation
-            path = f"{BASE}/participant"
-            unused = iter([Identity(token, ids.lineage(incarnation, bytes.fromhex(pid)).hex(), 1)
-                           for pid, token in pool])
-            makers = [fresh(stack.port, path, unused) for _ in range(clients_max)]
-        results = {}
-        for c in args.clients:
-            results[c] = asyncio.run(phase(stack.port, makers[:c], args.warmup, args.seconds))
-            print(f"aotx {c} clients: {results[c][0]:,.0f}/s", file=sys.stderr, flush=True)
+        makers = [mutations(stack.port, f"{BASE}/spaces", identity) for identity in identities]
+        readers = [reads(stack.port, lambda op: f"{BASE}/operations/{op}", identity) for identity in identities]
+        results = run_phases("aotx", stack.port, args, makers, readers)
         return results, gateway_errors(stack.gateway.output())
     finally:
         stack.stop()
@@ -254,14 +308,117 @@ def gateway_errors(log):
     return [line for line in log.splitlines() if "Traceback" in line or re.search(r'" 5\d\d ', line)][:10]
 
 
-# ---- baseline: DRF + PostgreSQL ---------------------------------------------------------------
+# ---- the baselines and the ceiling ---------------------------------------------------------------
 
-def pg_admin(sql):
-    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+def pg_admin(sql, database="postgres"):
+    with psycopg.connect(f"{PG}/{database}", autocommit=True) as conn:
         conn.execute(sql)
 
 
-def run_baseline(base, args, clients_max, scope):
+def listening(server, port, what):
+    if server.proc.poll() is not None:
+        raise BenchError(f"{what} exited: {server.output()[-2000:]}")
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def uvicorn_server(base, name, app, port, workers, env):
+    """`app` under the gateway's server settings (shared_api/server.py), `workers` processes."""
+    args = [PYTHON, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
+            "--http", "shared_api.server:GatewayProtocol", "--loop", "uvloop", "--lifespan", "off",
+            "--no-server-header", "--timeout-keep-alive", "15"]
+    server = Process(args, env, base / f"{name}.log")
+    wait_for(lambda: listening(server, port, name), 60, what=f"{name} port")
+    return server
+
+
+def seed(port, identities, path, expect_status=202):
+    """One mutation per identity (its operation is what the read phase reads)."""
+    async def go():
+        for identity in identities:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                data = body(identity.lineage, identity.sequence)
+                writer.write(request(port, path, identity.token, data))
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+                reply = await reader.readexactly(length)
+                status = int(head.split(b" ", 2)[1])
+                if status != expect_status:
+                    raise BenchError(f"seeding {path} answered {status}: {reply[:500]!r}")
+                identity.sequence += 1
+                identity.operation = json.loads(reply).get("operation")
+            finally:
+                writer.close()
+    asyncio.run(go())
+
+
+def check_idempotence(port, identity, path):
+    """A baseline must really be idempotent: exact retry 200 with the same bytes, changed 409."""
+    async def go():
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            data = body(identity.lineage, identity.sequence)
+            answers = []
+            for payload in (data, data, body(identity.lineage, identity.sequence)):
+                writer.write(request(port, path, identity.token, payload))
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+                answers.append((int(head.split(b" ", 2)[1]), await reader.readexactly(length)))
+            return answers
+        finally:
+            writer.close()
+    (s1, r1), (s2, r2), (s3, _) = asyncio.run(go())
+    if (s1, s2, s3) != (202, 200, 409) or r1 != r2:
+        raise BenchError(f"baseline idempotence check on {path} answered {s1}, {s2}, {s3}")
+
+
+def run_fastapi(base, args, clients_max):
+    from bench.fastapi_baseline.app import PREFIX, TABLES
+    port = free_port()
+    env = dict(os.environ, BASELINE_PG=f"{PG}/{FASTAPI_DB}", BASELINE_TABLE_PREFIX=PREFIX,
+               BASELINE_POOL=str(max(8, min(40, clients_max // args.workers))))  # under max_connections (100)
+    identities = [Identity("base_" + secrets.token_urlsafe(32), secrets.token_hex(16), 1) for _ in range(clients_max)]
+    drop = f"DROP TABLE IF EXISTS {PREFIX}_tokens, {PREFIX}_operations"
+    pg_admin(drop, FASTAPI_DB)
+    server = None
+    try:
+        with psycopg.connect(f"{PG}/{FASTAPI_DB}", autocommit=True) as conn:
+            conn.execute(TABLES)
+            with conn.cursor() as cur:
+                cur.executemany(f"INSERT INTO {PREFIX}_tokens VALUES (%s, %s)",
+                                [(hashlib.sha256(i.token.encode()).hexdigest(), i.lineage) for i in identities])
+        server = uvicorn_server(base, "fastapi", "bench.fastapi_baseline.app:app", port, args.workers, env)
+        print(f"fastapi: uvicorn pid {server.proc.pid}, port {port}, {args.workers} workers", file=sys.stderr, flush=True)
+        seed(port, identities, "/m")
+        makers = [mutations(port, "/m", identity) for identity in identities]
+        readers = [reads(port, lambda op: f"/operations/{op}", identity) for identity in identities]
+        results = run_phases("fastapi", port, args, makers, readers)
+        check_idempotence(port, identities[0], "/m")
+        return results, gateway_errors(server.output())
+    finally:
+        if server is not None:
+            server.kill()
+        pg_admin(drop, FASTAPI_DB)
+
+
+def run_ceiling(base, args, clients_max):
+    port = free_port()
+    server = uvicorn_server(base, "ceiling", "bench.ceiling:app", port, args.workers, dict(os.environ))
+    try:
+        print(f"ceiling: uvicorn pid {server.proc.pid}, port {port}, {args.workers} workers", file=sys.stderr, flush=True)
+        identities = [Identity("x", secrets.token_hex(16), 1, "op-x") for _ in range(clients_max)]
+        makers = [mutations(port, "/m", identity) for identity in identities]
+        readers = [reads(port, lambda op: f"/operations/{op}", identity) for identity in identities]
+        return run_phases("ceiling", port, args, makers, readers, created=200), []
+    finally:
+        server.kill()
+
+
+def run_drf(base, args, clients_max):
     port = free_port()
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="bench.baseline.settings",
                BASELINE_DATABASE_URL=f"{PG}/{BASELINE_DB}")
@@ -273,50 +430,21 @@ def run_baseline(base, args, clients_max, scope):
         rows = [[hashlib.sha256(i.token.encode()).hexdigest(), i.lineage] for i in identities]
         subprocess.run([PYTHON, "-m", "bench.baseline.schema"], cwd=ROOT, env=env, input=json.dumps(rows),
                        text=True, check=True, capture_output=True, timeout=120)
-        # the gateway's own server and flags (manage.py serve): daphne, access log to stdout
         server = Process([PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "--access-log", "-",
-                          "bench.baseline.asgi:application"], env, base / "baseline.log")
-        wait_for(lambda: listening(server, port), 60, what="baseline port")
-        print(f"baseline: daphne pid {server.proc.pid}, port {port}", file=sys.stderr, flush=True)
-        makers = [sequential(port, "/m", identity, scope) for identity in identities]
+                          "bench.baseline.asgi:application"], env, base / "drf.log")
+        wait_for(lambda: listening(server, port, "drf baseline"), 60, what="drf baseline port")
+        print(f"drf: daphne pid {server.proc.pid}, port {port}", file=sys.stderr, flush=True)
+        makers = [mutations(port, "/m", identity) for identity in identities]
         results = {}
         for c in args.clients:
-            results[c] = asyncio.run(phase(port, makers[:c], args.warmup, args.seconds))
-            print(f"baseline {c} clients: {results[c][0]:,.0f}/s", file=sys.stderr, flush=True)
-        check_idempotence(port, identities[0], scope)
+            results["mutations", c] = uvloop.run(phase(port, makers[:c], 202, args.warmup, args.seconds))
+            print(f"drf mutations {c} clients: {results['mutations', c][0]:,.0f}/s", file=sys.stderr, flush=True)
+        check_idempotence(port, identities[0], "/m")
         return results, gateway_errors(server.output())
     finally:
         if server is not None:
             server.kill()
         pg_admin(f"DROP DATABASE IF EXISTS {BASELINE_DB} WITH (FORCE)")
-
-
-def listening(server, port):
-    if server.proc.poll() is not None:
-        raise BenchError(f"baseline daphne exited: {server.output()[-2000:]}")
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except OSError:
-        return False
-    return True
-
-
-def check_idempotence(port, identity, scope):
-    """The baseline must really be idempotent: exact retry 200 with the same bytes, changed 409."""
-    async def go():
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            data = body(identity.lineage, identity.sequence, scope)
-            answers = []
-            for payload in (data, data, body(identity.lineage, identity.sequence, scope)):
-                writer.write(request(port, "/m", identity.token, payload))
-                answers.append(await read_response(reader))
-            return answers
-        finally:
-            writer.close()
-    (s1, r1), (s2, r2), (s3, _) = asyncio.run(go())
-    if (s1, s2, s3) != (202, 200, 409) or r1 != r2:
-        raise BenchError(f"baseline idempotence check answered {s1}, {s2}, {s3}")
 
 
 # ---- main ---------------------------------------------------------------------------------------
@@ -325,11 +453,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per phase")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each phase")
-    parser.add_argument("--clients", default="16,64", help="concurrencies, comma-separated")
-    parser.add_argument("--mutation", choices=("spaces", "participant"), default="spaces",
-                        help="aotx route measured: space creation, or registration under fresh principals")
-    parser.add_argument("--fresh", type=int, default=20_000,
-                        help="fresh principals created for --mutation participant")
+    parser.add_argument("--clients", default="16,64,256", help="concurrencies, comma-separated")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="server processes of the gateway, the FastAPI baseline and the ceiling")
+    parser.add_argument("--today", type=float, default=265.0,
+                        help="the gateway's mutations/s at 64 clients before this work (issue 20: daphne, sync views)")
+    parser.add_argument("--no-drf", action="store_true", help="leave out the earlier DRF + daphne baseline")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs)")
     args = parser.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
@@ -337,32 +466,37 @@ def main():
     os.makedirs(os.path.join(ROOT, "var"), exist_ok=True)
     # on the real disk (var/), like the PostgreSQL data directory: /tmp may be a tmpfs
     base = Path(tempfile.mkdtemp(prefix="bench-http-", dir=os.path.join(ROOT, "var")))
+    systems, errors = {}, {}
     try:
-        aotx, aotx_errors = run_aotx(base, args, clients_max, args.fresh if args.mutation == "participant" else 0)
-        # the baseline always inserts (lineage, sequence) per client; with --mutation participant it
-        # only drops "scope" from the body, so the bodies stay the same size as aotx's
-        baseline, baseline_errors = run_baseline(base, args, clients_max, scope=args.mutation == "spaces")
+        for name, run in (("aotx", run_aotx), ("fastapi", run_fastapi), ("ceiling", run_ceiling),
+                          *((() if args.no_drf else (("drf", run_drf),)))):
+            systems[name], errors[name] = run(base, args, clients_max)
     except BenchError as exc:
         raise SystemExit(f"bench aborted: {exc}\n(logs kept in {base})")
     if not args.keep:  # after a failure the logs stay
         shutil.rmtree(base, ignore_errors=True)
 
-    route = "POST /aotx/v1/shared/spaces" if args.mutation == "spaces" else "POST /aotx/v1/shared/participant (fresh principal each)"
-    pooled = importlib.util.find_spec("psycopg_pool") is not None  # what bench/baseline/settings.py chose
-    print(f"aotx: {route}; baseline: DRF + PostgreSQL POST /m, "
-          f"{'psycopg pool' if pooled else 'a new connection per request (install psycopg-pool to pool)'}; "
-          f"{args.seconds:g} s per phase after {args.warmup:g} s warm-up; {os.cpu_count()} CPUs")
-    print(f"{'system':<10} {'clients':>7} {'mutations/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'n':>8} {'client CPU':>10}")
-    for name, results in (("aotx", aotx), ("baseline", baseline)):
+    print(f"aotx: POST {BASE}/spaces, GET {BASE}/operations/{{op}}; fastapi: FastAPI + asyncpg POST /m, "
+          f"GET /operations/{{op}}; ceiling: fixed 200; drf: DRF + PostgreSQL under daphne (1 process); "
+          f"{args.workers} workers; {args.seconds:g} s per phase after {args.warmup:g} s warm-up; "
+          f"{os.cpu_count()} CPUs")
+    print(f"{'system':<9} {'kind':<10} {'clients':>7} {'per s':>9} {'p50 ms':>8} {'p99 ms':>8} {'n':>8} {'client CPU':>10}")
+    for kind in ("mutations", "reads"):
+        for name, results in systems.items():
+            for c in args.clients:
+                if (kind, c) in results:
+                    rate, p50, p99, n, cpu = results[kind, c]
+                    print(f"{name:<9} {kind:<10} {c:>7} {rate:>9,.0f} {p50:>8.2f} {p99:>8.2f} {n:>8} {cpu:>10.0%}")
+    aotx, fastapi, ceiling = systems["aotx"], systems["fastapi"], systems["ceiling"]
+    print(f"{'ratios':<20} {'clients':>7} {'aotx/fastapi':>12} {'p99 aotx/fastapi':>16} {'aotx/ceiling':>12}"
+          f" {'aotx/today':>10}")
+    for kind in ("mutations", "reads"):
         for c in args.clients:
-            rate, p50, p99, n, cpu, notes = results[c]
-            print(f"{name:<10} {c:>7} {rate:>12,.0f} {p50:>8.2f} {p99:>8.2f} {n:>8} {cpu:>10.0%}"
-                  + (f"  ({'; '.join(notes)})" if notes else ""))
-    print(f"{'ratio aotx/baseline':<20} {'throughput':>11} {'p99':>8}")
-    for c in args.clients:
-        print(f"{c:>7} clients{'':<5} {aotx[c][0] / baseline[c][0]:>11.2f} {aotx[c][2] / baseline[c][2]:>8.2f}")
-    for name, errors in (("aotx gateway", aotx_errors), ("baseline", baseline_errors)):
-        for line in errors:
+            a, f, t = aotx[kind, c], fastapi[kind, c], ceiling[kind, c]
+            today = f"{a[0] / args.today:>10.1f}" if kind == "mutations" else f"{'':>10}"
+            print(f"{kind:<20} {c:>7} {a[0] / f[0]:>12.2f} {a[2] / f[2]:>16.2f} {a[0] / t[0]:>12.2f} {today}")
+    for name, lines in errors.items():
+        for line in lines:
             print(f"{name} log: {line}")
 
 

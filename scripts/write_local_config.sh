@@ -8,6 +8,6 @@ case $var in /*) ;; *) var="$(pwd)/$var" ;; esac
 mkdir -p "$var"
 if [ ! -f "$var/gateway.json" ]; then
   cat > "$var/gateway.json" <<JSON
-{"listen": "127.0.0.1:${AOTX_PORT:-8000}", "socket": "$var/journal/service.sock", "grants_file": "$var/grants.json"}
+{"listen": "127.0.0.1:${AOTX_PORT:-8000}", "socket": "$var/journal/service.sock", "grants_file": "$var/grants.json", "workers": $(nproc)}
 JSON
 fi

@@ -1,16 +1,31 @@
-"""Bearer-token authentication, the one path every route takes (DRF's authentication class for
-the shared routes, `authenticate_request` for the OpenAI-compatible views), and the per-route
-action check. The device checks the same actions again against the grant file."""
+"""Bearer-token authentication, the one path every route takes (the HTTP front for the shared
+routes, DRF's authentication class where Django serves them, `authenticate_request` for the
+OpenAI-compatible views, the event streams), and the per-route action check. The device checks
+the same actions again against the grant file.
+
+Principals are looked up by their token's SHA-256 in the gateway database once and then kept in
+a per-process cache (PRINCIPALS), so that a request on the event loop costs no database round
+trip and no thread. The cache forgets everything when a principal is saved or deleted in this
+process (signals), when the grant file changes (every principal change through the admin or
+`manage.py principal --config` rewrites it: a stat() at most every GRANT_FILE_CHECK seconds sees
+that from any process),
+and each entry after AOTX_PRINCIPAL_CACHE_SECONDS; unknown tokens are never cached."""
 from __future__ import annotations
 
+import os
+import time
+from collections import OrderedDict
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db.models.signals import post_delete, post_save
 from django.http import HttpRequest
 from rest_framework.authentication import BaseAuthentication
 
+from . import config
 from .errors import WWW_AUTHENTICATE, ServiceError
-from .models import Principal
+from .models import Principal, hash_token
 
 
 class AuthenticatedPrincipal:
@@ -22,18 +37,109 @@ class AuthenticatedPrincipal:
         self.actions = principal.current_actions()
 
 
-def authenticate(header: str) -> AuthenticatedPrincipal | None:
-    """The principal of an Authorization header; None when there is none; 401 for a malformed,
-    unknown or revoked token."""
+GRANT_FILE_CHECK = 0.05  # seconds between two looks at the grant file
+
+
+class PrincipalCache:
+    """token digest -> AuthenticatedPrincipal, bounded (least recently used goes first)."""
+
+    MAX_ENTRIES = 10_000
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[str, tuple[float, AuthenticatedPrincipal]] = OrderedDict()
+        self._grant_file: tuple[int, int, int] | None = None
+        self._grant_path: str | None = None
+        self._checked = 0.0
+
+    def _grant_file_state(self) -> tuple[int, int, int] | None:
+        if self._grant_path is None:
+            try:
+                self._grant_path = config.load(settings.AOTX_GATEWAY_CONFIG)["grants_file"]
+            except config.ConfigError:
+                return None
+        try:
+            st = os.stat(self._grant_path)
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
+
+    def get(self, digest: str) -> AuthenticatedPrincipal | None:
+        now = time.monotonic()
+        if now - self._checked >= GRANT_FILE_CHECK:
+            self._checked = now
+            state = self._grant_file_state()
+            if state != self._grant_file:
+                self._entries.clear()
+                self._grant_file = state
+                return None
+        found = self._entries.get(digest)
+        if found is None:
+            return None
+        if now - found[0] > settings.AOTX_PRINCIPAL_CACHE_SECONDS:
+            del self._entries[digest]
+            return None
+        self._entries.move_to_end(digest)
+        return found[1]
+
+    def put(self, digest: str, user: AuthenticatedPrincipal) -> None:
+        self._entries[digest] = (time.monotonic(), user)
+        if len(self._entries) > self.MAX_ENTRIES:
+            self._entries.popitem(last=False)
+
+    def clear(self, *args: Any, **kwargs: Any) -> None:
+        """Forget every principal (also a signal receiver: any principal saved or deleted)."""
+        self._entries.clear()
+        self._grant_path = None
+        self._checked = 0.0
+
+
+PRINCIPALS = PrincipalCache()
+post_save.connect(PRINCIPALS.clear, sender=Principal, dispatch_uid="aotx-principal-cache-save")
+post_delete.connect(PRINCIPALS.clear, sender=Principal, dispatch_uid="aotx-principal-cache-delete")
+
+
+def _bearer(header: str) -> str | None:
+    """The token of an Authorization header; None when there is none; 401 when malformed."""
     if not header:
         return None
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise ServiceError(401, "unauthenticated", "Authorization must be 'Bearer <token>'")
-    principal = Principal.for_token(token.strip())
+    return token.strip()
+
+
+def _lookup(digest: str) -> AuthenticatedPrincipal:
+    principal = Principal.for_digest(digest)
     if principal is None:
         raise ServiceError(401, "unauthenticated", "unknown or revoked token")
     return AuthenticatedPrincipal(principal)
+
+
+def authenticate(header: str) -> AuthenticatedPrincipal | None:
+    """The principal of an Authorization header; None when there is none; 401 for a malformed,
+    unknown or revoked token. Blocking (the database on a cache miss)."""
+    token = _bearer(header)
+    if token is None:
+        return None
+    digest = hash_token(token)
+    user = PRINCIPALS.get(digest)
+    if user is None:
+        user = _lookup(digest)
+        PRINCIPALS.put(digest, user)
+    return user
+
+
+async def aauthenticate(header: str) -> AuthenticatedPrincipal | None:
+    """authenticate() from the event loop: the cache first, the database on a thread on a miss."""
+    token = _bearer(header)
+    if token is None:
+        return None
+    digest = hash_token(token)
+    user = PRINCIPALS.get(digest)
+    if user is None:
+        user = await sync_to_async(_lookup)(digest)
+        PRINCIPALS.put(digest, user)
+    return user
 
 
 def require_action(user: Any, action: str) -> None:
@@ -43,7 +149,7 @@ def require_action(user: Any, action: str) -> None:
 
 async def authenticate_request(request: HttpRequest, action: str) -> AuthenticatedPrincipal:
     """For async views outside DRF: the authenticated principal holding `action`, or 401/403."""
-    user = await sync_to_async(authenticate)(request.headers.get("Authorization", ""))
+    user = await aauthenticate(request.headers.get("Authorization", ""))
     if user is None:
         raise ServiceError(401, "unauthenticated", "Authorization must be 'Bearer <token>'")
     require_action(user, action)

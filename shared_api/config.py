@@ -1,4 +1,7 @@
-"""gateway.json: {"listen": "HOST:PORT", "socket": "<journal>/service.sock", "grants_file": PATH}."""
+"""gateway.json: {"listen": "HOST:PORT", "socket": "<journal>/service.sock", "grants_file": PATH}
+and, optional, the server's (README "Configuration"): "workers" (processes, 1), "idle_timeout"
+(seconds a keep-alive connection may sit idle, 15), "header_timeout" (seconds to send the request
+line and headers, 10), "body_timeout" (seconds a body may stall, 30), "max_header_bytes" (16384)."""
 import json
 from typing import Any
 
@@ -8,6 +11,13 @@ class ConfigError(Exception):
 
 
 REQUIRED = ("listen", "socket", "grants_file")
+OPTIONAL: dict[str, tuple[type, int | float, int | float]] = {  # name: (type, default, least)
+    "workers": (int, 1, 1),
+    "idle_timeout": (int, 15, 1),
+    "header_timeout": (float, 10.0, 0.1),
+    "body_timeout": (float, 30.0, 0.1),
+    "max_header_bytes": (int, 16384, 1024),
+}
 
 
 def load(path: str) -> dict[str, Any]:
@@ -27,4 +37,10 @@ def load(path: str) -> dict[str, Any]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"gateway config {path}: listen must be HOST:PORT, got {doc['listen']!r}")
     doc["host"], doc["port"] = host.strip("[]"), int(port)
+    for name, (kind, default, least) in OPTIONAL.items():
+        value = doc.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and type(value) is not int) \
+                or value < least:
+            raise ConfigError(f"gateway config {path}: {name} must be a {kind.__name__} of at least {least}")
+        doc[name] = kind(value)
     return doc

@@ -1,10 +1,14 @@
-"""The gateway's one client of the device socket: pooled blocking calls for the shared routes
-(DeviceClient), and one multiplexed asyncio connection per process for long requests whose
-replies come in several frames: chats and event streams (DeviceMux). Both read frames through the
+"""The gateway's one client of the device socket. The HTTP front (shared_api/front.py) calls the
+device from the event loop through DevicePool: a few multiplexed asyncio connections per process
+(DeviceMux), each carrying many requests told apart by their ids, so a request costs no thread
+and no connection of its own. Event streams and chats, whose replies come in several frames, open
+a stream on the process's DeviceMux. Synchronous callers (the admin's ops pages, Celery tasks,
+/metrics) keep a pool of blocking connections (DeviceClient). All read frames through the
 contract's FrameReader.
 
-Device down or silent -> ServiceError 503 with a clear code, never a hang. A timed-out mutation
-may still have been admitted; the receipt answers an exact retry, so the client can retry."""
+Device down or silent -> ServiceError 503 with a clear code, never a hang: `device_unavailable`
+when nothing reached the device, `device_connection_lost` or `device_timeout` when the request
+was sent (a mutation may have been admitted; the receipt answers an exact retry)."""
 from __future__ import annotations
 
 import asyncio
@@ -34,9 +38,9 @@ def _timed_out(timeout: float) -> ServiceError:
 
 
 class DeviceClient:
-    """A pool of device connections: a request borrows one and returns it when its reply has
-    arrived (daphne may run each request on a new thread, so per-thread sockets would mean a
-    new connection per request)."""
+    """A pool of blocking device connections for synchronous callers (the admin's ops pages, Celery
+    tasks, /metrics): a call borrows one and returns it when its reply has arrived (callers run on
+    whatever thread they are given, so per-thread sockets would mean a connection per call)."""
 
     def __init__(self, socket_path: str, timeout: float) -> None:
         self.socket_path = socket_path
@@ -95,12 +99,12 @@ class DeviceClient:
 
 
 class DeviceMux:
-    """The process's one asyncio connection to the device for every long request: chats and
-    subscriptions (event streams) alike. Requests are told apart by their ids; a reader task
-    routes each frame to its stream, and a frame without `"more": true` ends that stream. Closing
-    a stream early tells the device (`subscriptions.close`: a chat stops, an operation goes on).
-    When the connection fails every open stream gets 503 `device_unavailable` and the next
-    request connects again."""
+    """One asyncio connection to the device carrying many requests at once, told apart by their
+    ids: a reader task routes each frame to its stream, and a frame without `"more": true` ends
+    that stream. `call` is one request and its one reply (the shared routes); `open` a stream of
+    frames (chats, event streams). Closing a stream early tells the device
+    (`subscriptions.close`: a chat stops, an operation goes on). When the connection fails every
+    open stream gets a 503 and the next request connects again."""
 
     _ids = itertools.count(1)
 
@@ -111,19 +115,30 @@ class DeviceMux:
         self._reading: asyncio.Task[None] | None = None
         self._connecting = asyncio.Lock()
         self._streams: dict[int, DeviceStream] = {}
+        # ids whose last frames may still come and are dropped: streams closed early, calls that
+        # timed out. Any other unknown id means the connection is out of step: it is closed.
+        self._abandoned: set[int] = set()
+        # frames written in one turn of the event loop go to the socket in one write: one system
+        # call (and one wake-up of the device's socket thread) for all of them
+        self._outbox: dict[asyncio.StreamWriter, list[bytes]] = {}
 
-    async def _connection(self) -> asyncio.StreamWriter:
+    async def _connection(self) -> tuple[asyncio.StreamWriter, bool]:
+        """The open connection, and whether it was opened just now."""
+        current = self._writer
+        if current is not None and not current.is_closing():
+            return current, False
         async with self._connecting:
-            if self._writer is not None:
-                return self._writer
+            current = self._writer
+            if current is not None and not current.is_closing():
+                return current, False
             try:
                 reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.socket_path),
                                                         CONNECT_TIMEOUT)
             except (OSError, asyncio.TimeoutError) as exc:
-                raise _unreachable(self.socket_path, OSError(str(exc))) from None
+                raise _unreachable(self.socket_path, exc if isinstance(exc, OSError) else OSError(str(exc))) from None
             self._writer = writer
             self._reading = asyncio.get_running_loop().create_task(self._read(reader, writer))
-            return writer
+            return writer, True
 
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         frames = FrameReader()
@@ -138,7 +153,11 @@ class DeviceMux:
                     for req_id in msg.get("ids") or (msg.get("id", 0),):
                         stream = self._streams.get(req_id)
                         if stream is None:
-                            continue  # a stream closed early: its last frames are dropped
+                            if req_id not in self._abandoned:
+                                raise ProtocolError(f"a reply to request {req_id!r}, which is not waiting")
+                            if not msg.get("more"):
+                                self._abandoned.discard(req_id)
+                            continue
                         if not msg.get("more"):
                             del self._streams[stream.id]
                         stream.queue.put_nowait(msg)
@@ -149,36 +168,87 @@ class DeviceMux:
                 self._writer = None
             writer.close()
             streams, self._streams = self._streams, {}
+            self._abandoned.clear()
             for stream in streams.values():
                 stream.queue.put_nowait(failure)
 
+    async def _send(self, op: str, principal_id: str | None, args: dict[str, Any] | None,
+                    retry_stale: bool) -> DeviceStream:
+        """Send one request. A connection that turns out to be closed when written to reached
+        nothing: with retry_stale, the request goes once more on a fresh connection."""
+        for attempt in (0, 1):
+            writer, fresh = await self._connection()
+            stream = DeviceStream(self, next(self._ids))
+            self._streams[stream.id] = stream
+            try:
+                if writer.is_closing():
+                    raise ConnectionResetError("the connection was closed")
+                self._post(writer, request(stream.id, op, principal_id, args))
+                if writer.transport.get_write_buffer_size() > 1 << 20:
+                    await writer.drain()  # the device is slow to read: wait, as a blocking send would
+                return stream
+            except OSError as exc:
+                self._streams.pop(stream.id, None)
+                if self._writer is writer:
+                    self._writer = None
+                if fresh or attempt or not retry_stale:
+                    raise ServiceError(503, "device_unavailable", f"the device connection failed: {exc}") from None
+        raise AssertionError("unreachable")
+
+    def _post(self, writer: asyncio.StreamWriter, frame: bytes) -> None:
+        frames = self._outbox.get(writer)
+        if frames is None:
+            frames = self._outbox[writer] = []
+            asyncio.get_running_loop().call_soon(self._flush, writer)
+        frames.append(frame)
+
+    def _flush(self, writer: asyncio.StreamWriter) -> None:
+        frames = self._outbox.pop(writer, [])
+        if not writer.is_closing():
+            writer.write(b"".join(frames))
+        # else the connection ended meanwhile: its reader task has failed every stream it carried
+
     async def open(self, op: str, principal_id: str | None, args: dict[str, Any]) -> DeviceStream:
         """Send one request; its frames arrive on the returned stream."""
-        writer = await self._connection()
-        stream = DeviceStream(self, next(self._ids))
-        self._streams[stream.id] = stream
-        writer.write(request(stream.id, op, principal_id, args))
-        try:
-            await writer.drain()
-        except OSError as exc:
-            self._streams.pop(stream.id, None)
-            raise ServiceError(503, "device_unavailable", f"the device connection failed: {exc}") from None
-        return stream
+        return await self._send(op, principal_id, args, retry_stale=False)
 
-    async def call(self, op: str, principal_id: str | None, args: dict[str, Any]) -> Message:
-        """One request and its one reply."""
-        return await (await self.open(op, principal_id, args)).next(self.timeout)
+    async def call(self, op: str, principal_id: str | None, args: dict[str, Any] | None = None,
+                   timeout: float | None = None) -> Message:
+        """One request and its one reply {"status", "body", "headers"?}."""
+        stream = await self._send(op, principal_id, args, retry_stale=True)
+        limit = self.timeout if timeout is None else timeout
+        try:
+            return await stream.next(limit)
+        except (asyncio.TimeoutError, TimeoutError):
+            if self._streams.pop(stream.id, None) is not None:
+                self._abandoned.add(stream.id)
+            raise _timed_out(limit) from None
+        except ServiceError as exc:  # the connection failed after the request was written
+            raise ServiceError(503, "device_connection_lost",
+                               f"the device connection broke after the request was sent ({exc.message}); it may "
+                               "have been admitted: retry it exactly") from None
 
     async def _close(self, stream: DeviceStream) -> None:
         if self._streams.pop(stream.id, None) is None or self._writer is None:
             return  # already ended
+        self._abandoned.add(stream.id)
         closing = DeviceStream(self, next(self._ids))  # its one reply is read and dropped
-        self._streams[closing.id] = closing
-        self._writer.write(request(closing.id, "subscriptions.close", None, {"id": stream.id}))
+        self._abandoned.add(closing.id)
+        self._post(self._writer, request(closing.id, "subscriptions.close", None, {"id": stream.id}))
         try:
             await self._writer.drain()
         except OSError:
             pass  # the reader task ends every stream
+
+    async def aclose(self) -> None:
+        """Close the connection and wait for its reader to end (open streams get a 503)."""
+        writer, reading = self._writer, self._reading
+        self._writer = None
+        if writer is not None:
+            writer.close()
+        if reading is not None:
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
 
 
 class DeviceStream:
@@ -206,11 +276,39 @@ class DeviceStream:
         await self.mux._close(self)
 
 
+class DevicePool:
+    """The event loop's connections for one-reply calls: `size` DeviceMux connections used in
+    turn, so that one connection's share of the device's per-connection limits (128 requests
+    waiting, 4 MiB of replies) is not every request's, and a bound on the requests waiting for the
+    device (beyond it: 503 `gateway_busy` at once, nothing sent)."""
+
+    def __init__(self, socket_path: str, timeout: float, size: int, max_waiting: int) -> None:
+        self.muxes = [DeviceMux(socket_path, timeout) for _ in range(max(1, size))]
+        self.max_waiting = max_waiting
+        self.waiting = 0
+        self._turn = itertools.cycle(self.muxes)
+
+    async def call(self, op: str, principal_id: str | None, args: dict[str, Any] | None = None) -> Message:
+        if self.waiting >= self.max_waiting:
+            raise ServiceError(503, "gateway_busy", f"{self.waiting} requests of this gateway process are waiting "
+                                                    "for the device; nothing was sent: retry later")
+        self.waiting += 1
+        try:
+            return await next(self._turn).call(op, principal_id, args)
+        finally:
+            self.waiting -= 1
+
+    async def aclose(self) -> None:
+        for found in self.muxes:
+            await found.aclose()
+
+
 _muxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, DeviceMux] = weakref.WeakKeyDictionary()
+_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, DevicePool] = weakref.WeakKeyDictionary()
 
 
 def mux() -> DeviceMux:
-    """The running event loop's DeviceMux (daphne runs one loop per process; tests may run several)."""
+    """The running event loop's DeviceMux for streams (one loop per server process; tests may run several)."""
     loop = asyncio.get_running_loop()
     found = _muxes.get(loop)
     if found is None:
@@ -219,12 +317,33 @@ def mux() -> DeviceMux:
     return found
 
 
+def pool() -> DevicePool:
+    """The running event loop's DevicePool."""
+    loop = asyncio.get_running_loop()
+    found = _pools.get(loop)
+    if found is None:
+        pooled = client()
+        found = _pools[loop] = DevicePool(pooled.socket_path, pooled.timeout, settings.AOTX_DEVICE_CONNECTIONS,
+                                          settings.AOTX_DEVICE_WAITING)
+    return found
+
+
+async def aclose_loop() -> None:
+    """Close the running loop's device connections (a test's event loop, before it ends)."""
+    loop = asyncio.get_running_loop()
+    found_pool, found_mux = _pools.pop(loop, None), _muxes.pop(loop, None)
+    if found_pool is not None:
+        await found_pool.aclose()
+    if found_mux is not None:
+        await found_mux.aclose()
+
+
 _client: DeviceClient | None = None
 _lock = threading.Lock()
 
 
 def client() -> DeviceClient:
-    """Opened lazily per process: daphne runs no ASGI lifespan."""
+    """Opened lazily per process: the server runs no ASGI lifespan (shared_api/server.py)."""
     global _client
     if _client is None:
         with _lock:
@@ -244,15 +363,20 @@ def reset() -> None:
         if _client is not None:
             _client.close()
         _client = None
-        for found in list(_muxes.values()):
+        for found in [*_muxes.values(), *(m for p in _pools.values() for m in p.muxes)]:
             if found._writer is not None:
                 found._writer.close()
         _muxes.clear()
+        _pools.clear()
 
 
 def device_response(op: str, request: Any, args: dict[str, Any] | None = None) -> HttpResponse:
-    """Call the device for this request's principal and pass its exact reply bytes through."""
-    msg = client().call(op, request.user.principal_id, args)
+    """Call the device for this request's principal (blocking) and pass its exact reply bytes
+    through: the shared routes' views when Django itself serves them (the DRF entry point)."""
+    return reply_response(client().call(op, request.user.principal_id, args))
+
+
+def reply_response(msg: Message) -> HttpResponse:
     response = HttpResponse(msg["body"], status=msg["status"], content_type="application/json")
     for name, value in (msg.get("headers") or {}).items():
         response[name] = value

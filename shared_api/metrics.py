@@ -51,9 +51,16 @@ def route_of(request: HttpRequest) -> str:
     return "<unmatched>"
 
 
+def record(method: str, route: str, status: int, started: float) -> None:
+    """One answered request (the HTTP front records the shared routes with this)."""
+    method = method if method in METHODS else "other"
+    LATENCY.labels(method, route).observe(time.perf_counter() - started)
+    REQUESTS.labels(method, route, str(status)).inc()
+
+
 class RequestMetricsMiddleware:
     """Counts and times every request (outermost, so the time includes the other middleware).
-    Sync and async capable, like NoStoreMiddleware: no thread hop of its own under daphne."""
+    Sync and async capable, like NoStoreMiddleware: no thread hop of its own under ASGI."""
     sync_capable = True
     async_capable = True
 
@@ -64,10 +71,7 @@ class RequestMetricsMiddleware:
             markcoroutinefunction(self)
 
     def _record(self, request: HttpRequest, response: HttpResponseBase, started: float) -> None:
-        method = request.method if request.method in METHODS else "other"
-        route = route_of(request)
-        LATENCY.labels(method, route).observe(time.perf_counter() - started)
-        REQUESTS.labels(method, route, str(response.status_code)).inc()
+        record(str(request.method), route_of(request), response.status_code, started)
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase | Coroutine[Any, Any, HttpResponseBase]:
         if self.is_async:

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 class NoStoreMiddleware:
     """SPEC: all responses disable caching (errors, admin pages and the schema included).
 
-    Sync and async capable, so that under daphne it adds no thread hop of its own."""
+    Sync and async capable, so that under ASGI it adds no thread hop of its own."""
     sync_capable = True
     async_capable = True
 
@@ -41,7 +41,7 @@ class StaticFilesMiddleware:
     (`make setup`), served under STATIC_URL through WhiteNoise's file table and responder (media
     types, ETag / Last-Modified and 304, HEAD, ranges, precompressed variants when present).
 
-    WhiteNoise's own middleware is sync only, so under daphne it would put every request, the
+    WhiteNoise's own middleware is sync only, so under ASGI it would put every request, the
     API's too, through a thread; this one is async capable, and a request that is not a GET or
     HEAD of a collected file goes on at once (a dict lookup). Caching: none — NoStoreMiddleware
     gives these responses `Cache-Control: no-store` like every other (SPEC: all responses disable

@@ -99,9 +99,12 @@ class Principal(models.Model):
 
     @classmethod
     def for_token(cls, token: str) -> Principal | None:
+        return cls.for_digest(hash_token(token))
+
+    @classmethod
+    def for_digest(cls, digest: str) -> Principal | None:
         try:  # one indexed lookup; .first() would add an ORDER BY
-            return cls.objects.only("name", "principal_id", "actions", "active").get(
-                token_hash=hash_token(token), active=True)
+            return cls.objects.only("name", "principal_id", "actions", "active").get(token_hash=digest, active=True)
         except cls.DoesNotExist:
             return None
 

@@ -181,7 +181,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
         return _device_error(first)
 
     async def events() -> AsyncIterator[str]:
-        # Django cancels this generator when the client disconnects (under daphne); closing the
+        # Django cancels this generator when the client disconnects (Django's ASGI handler); closing the
         # stream then cancels the chat on the device and frees its pages.
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         try:

@@ -383,6 +383,10 @@ CODES = {
     "device_timeout": "the device did not answer in time; the mutation may have been admitted, "
                       "so retry it exactly",
     "gateway_misconfigured": "the gateway configuration cannot be read",
+    "gateway_busy": "this gateway process has as many requests waiting on the device as it allows "
+                    "(AOTX_DEVICE_WAITING); nothing was sent to the device: retry later",
+    "bad_request": "the request is not valid HTTP as the gateway reads it (e.g. a Content-Length that is not a number)",
+    "bad_query": "the query string has more parameters than the gateway reads",
     # 507
     "receipt_table_full": "the receipt table is full; record a retirement to free receipts",
     "participant_capacity": "the participant table is full",
@@ -415,8 +419,9 @@ LIST_400 = ("unknown_parameter", "bad_limit", "bad_field", "bad_cursor")
 ENVELOPE_400 = ("invalid_json", "invalid_utf8", "duplicate_key", "unknown_field", "missing_field", "bad_field",
                 "command_too_large", "bad_command")
 SEQUENCE_409 = ("stale_lineage", "operation_changed", "future_sequence", "operation_key_in_use")
-COMMON = {401: ("unauthenticated",), 403: ("grant_missing",),
-          503: ("device_unavailable", "device_connection_lost", "device_timeout", "gateway_misconfigured")}
+COMMON = {400: ("bad_request", "bad_query"), 401: ("unauthenticated",), 403: ("grant_missing",),
+          503: ("device_unavailable", "device_connection_lost", "device_timeout", "gateway_misconfigured",
+                "gateway_busy")}
 
 PATH_PARAMETERS = {
     "participant": ("ParticipantId", "par-{32 hex}"),
@@ -693,8 +698,12 @@ Counters are decimal strings; IDs are `par-{32hex}`, `spc-|con-|op-|mem-{lineage
 
 Every error has the one body `{"error": {"code": "...", "message": "...", ...details}}`; each response
 below lists its codes. Outside any single route: 405 `method_not_allowed` (a method the route does not
-have), 406 `not_acceptable` (an `Accept` header that excludes `application/json`), 500 `internal_error`
-(a gateway bug; see the gateway log)."""
+have), 406 `not_acceptable` (an `Accept` header that excludes `application/json`), 408 `header_timeout`
+(the request line and headers took longer than the server's header timeout) and 408 `body_timeout`
+(the body stalled longer than its timeout), 431 `headers_too_large` (the request line and headers
+exceed the server's bound), 500 `internal_error` (a gateway bug; see the gateway log). A body over
+the route's limit is refused 413 from its `Content-Length` (or as soon as a chunked body passes it),
+and a request without a valid token 401, before the body is read; the connection is then closed."""
 
 
 def postprocess(result: Schema, generator: Any, request: Any, public: bool) -> Schema:

@@ -28,7 +28,7 @@ import weakref
 from typing import Any
 from urllib.parse import parse_qs
 
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import async_to_sync
 from channels.generic.http import AsyncHttpConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -39,7 +39,7 @@ from gpu_worker.contract.limits import MAX_LIMIT
 from gpu_worker.contract.vocabulary import BASE_PATH, READ
 from gpu_worker.contract.wire import Message
 
-from .auth import authenticate, require_action
+from .auth import PRINCIPALS, aauthenticate, require_action
 from .device_client import DeviceStream, mux
 from .errors import WWW_AUTHENTICATE
 
@@ -86,6 +86,7 @@ class PrincipalWatch:
         await layer.group_add(PRINCIPALS_GROUP, channel)
         while True:
             message = await layer.receive(channel)
+            PRINCIPALS.clear()  # the change may not have reached this process's cache any other way
             for principal_id in message.get("principal_ids", ()):
                 for stream in list(self.streams.get(principal_id, ())):
                     asyncio.get_running_loop().create_task(stream.recheck())
@@ -147,7 +148,7 @@ class EventStream(AsyncHttpConsumer):
                 raise ServiceError(405, "method_not_allowed", f"method {self.scope['method']} is not allowed here")
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self.scope["headers"]}
             self.token = headers.get("authorization", "")
-            user = await sync_to_async(authenticate)(self.token)
+            user = await aauthenticate(self.token)
             if user is None:
                 raise ServiceError(401, "unauthenticated", "Authorization must be 'Bearer <token>'")
             require_action(user, READ)
@@ -242,7 +243,7 @@ class EventStream(AsyncHttpConsumer):
     async def recheck(self) -> None:
         """A principal change in some gateway process: end the stream if the token lost its read."""
         try:
-            user = await sync_to_async(authenticate)(self.token)
+            user = await aauthenticate(self.token)
             if user is None:
                 raise ServiceError(401, "unauthenticated", "the token was revoked")
             require_action(user, READ)

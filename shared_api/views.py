@@ -1,5 +1,13 @@
-"""The shared routes (DESIGN §4). Views are thin: check the gateway action, parse strictly,
-call the device, pass its bytes through. The device re-checks grants and membership."""
+"""The shared routes (DESIGN §4). Views are thin: check the gateway action, parse strictly, name
+the device call (DeviceCall), and the device's reply bytes go back as they are. The device
+re-checks grants and membership.
+
+Each route is a DRF view, so that the schema (drf-spectacular, @doc) and readers see one DRF view
+per route, and Django can serve it (SharedView.finalize_response makes the call, blocking). In
+the gateway's server the HTTP front (shared_api/front.py) runs the same handler methods on the
+event loop: it authenticates and checks the action from the headers, reads the body within the
+route's limit, hands the handler a FrontRequest, and makes the DeviceCall through the pooled
+async client (docs/performance.md says why the front does not go through Django's handler)."""
 from __future__ import annotations
 
 import re
@@ -11,7 +19,7 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from gpu_worker.contract.ids import SHA256
-from gpu_worker.contract.limits import MAX_LIMIT, MAX_MEDIA, MAX_MEDIA_BYTES
+from gpu_worker.contract.limits import MAX_BODY_BYTES, MAX_LIMIT, MAX_MEDIA, MAX_MEDIA_BYTES
 from gpu_worker.contract.vocabulary import COMMANDS, MEDIA_TYPES, PERMISSIONS, SCOPES
 
 from .auth import require_action
@@ -46,9 +54,23 @@ def no_query(request: Request, allowed: tuple[str, ...] = ()) -> None:
         raise ServiceError(400, "unknown_parameter", f"unknown query parameter(s): {', '.join(unknown)}")
 
 
+class DeviceCall:
+    """What a route's handler asks of the device: the command and its arguments (the principal is
+    the request's)."""
+    __slots__ = ("op", "args")
+
+    def __init__(self, op: str, args: dict[str, Any] | None = None) -> None:
+        self.op = op
+        self.args = args
+
+
 class SharedView(APIView):
     """Each handler is marked (@doc) with the device command it calls; the command's gateway action
-    (gpu_worker/contract/vocabulary.py) is checked before the request is parsed."""
+    (gpu_worker/contract/vocabulary.py) is checked before the request is parsed. `body_limit` is
+    the most body bytes the route reads (the front answers 413 `body_code` from Content-Length, or
+    as soon as a chunked body passes it)."""
+    body_limit = MAX_BODY_BYTES
+    body_code = "body_too_large"
 
     def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
@@ -58,62 +80,67 @@ class SharedView(APIView):
             assert action is not None
             require_action(request.user, action)
 
+    def finalize_response(self, request: Any, response: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(response, DeviceCall):
+            response = device_response(response.op, request, response.args)
+        return super().finalize_response(request, response, *args, **kwargs)
+
 
 class CapabilitiesView(SharedView):
     @doc("capabilities")
-    def get(self, request: Request) -> HttpResponse:
+    def get(self, request: Request) -> DeviceCall:
         no_query(request)
-        return device_response("capabilities", request)
+        return DeviceCall("capabilities")
 
 
 class ParticipantView(SharedView):
     @doc("participant.get")
-    def get(self, request: Request) -> HttpResponse:
+    def get(self, request: Request) -> DeviceCall:
         no_query(request)
-        return device_response("participant.get", request)
+        return DeviceCall("participant.get")
 
     @doc("participant.register")
-    def post(self, request: Request) -> HttpResponse:
-        return device_response("participant.register", request, Mutation(request).args())
+    def post(self, request: Request) -> DeviceCall:
+        return DeviceCall("participant.register", Mutation(request).args())
 
 
 class OtherParticipantView(SharedView):
     @doc("participants.get")
-    def get(self, request: Request, participant: str) -> HttpResponse:
+    def get(self, request: Request, participant: str) -> DeviceCall:
         no_query(request)
-        return device_response("participants.get", request, {"participant": resource_id(participant, "par")})
+        return DeviceCall("participants.get", {"participant": resource_id(participant, "par")})
 
 
 class SpacesView(SharedView):
     @doc("spaces.list")
-    def get(self, request: Request) -> HttpResponse:
-        return device_response("spaces.list", request, list_args(request))
+    def get(self, request: Request) -> DeviceCall:
+        return DeviceCall("spaces.list", list_args(request))
 
     @doc("spaces.create")
-    def post(self, request: Request) -> HttpResponse:
+    def post(self, request: Request) -> DeviceCall:
         mutation = Mutation(request, ("id", "scope"))
         fields = mutation.fields
         if "id" in fields:
             hex32(fields["id"], "id")
         if fields.get("scope", "private") not in SCOPES:
             raise ServiceError(400, "bad_field", "scope must be private, room or instance")
-        return device_response("spaces.create", request, mutation.args(**fields))
+        return DeviceCall("spaces.create", mutation.args(**fields))
 
 
 class SpaceView(SharedView):
     @doc("spaces.get")
-    def get(self, request: Request, space: str) -> HttpResponse:
+    def get(self, request: Request, space: str) -> DeviceCall:
         no_query(request)
-        return device_response("spaces.get", request, {"space": resource_id(space, "spc")})
+        return DeviceCall("spaces.get", {"space": resource_id(space, "spc")})
 
 
 class MembersView(SharedView):
     @doc("members.list")
-    def get(self, request: Request, space: str) -> HttpResponse:
-        return device_response("members.list", request, list_args(request, space=resource_id(space, "spc")))
+    def get(self, request: Request, space: str) -> DeviceCall:
+        return DeviceCall("members.list", list_args(request, space=resource_id(space, "spc")))
 
     @doc("members.set")
-    def post(self, request: Request, space: str) -> HttpResponse:
+    def post(self, request: Request, space: str) -> DeviceCall:
         mutation = Mutation(request, ("participant", "permissions"), required=("participant", "permissions"))
         fields = mutation.fields
         resource_id(fields["participant"], "par")
@@ -121,43 +148,42 @@ class MembersView(SharedView):
         if (not isinstance(permissions, list) or any(p not in PERMISSIONS for p in permissions)
                 or len(set(permissions)) != len(permissions)):
             raise ServiceError(400, "bad_field", "permissions must be an array of distinct values of read, write, manage")
-        return device_response("members.set", request,
+        return DeviceCall("members.set",
                                mutation.args(space=resource_id(space, "spc"), **fields))
 
 
 class ConversationsView(SharedView):
     @doc("conversations.list")
-    def get(self, request: Request, space: str) -> HttpResponse:
-        return device_response("conversations.list", request,
+    def get(self, request: Request, space: str) -> DeviceCall:
+        return DeviceCall("conversations.list",
                                list_args(request, space=resource_id(space, "spc")))
 
     @doc("conversations.create")
-    def post(self, request: Request, space: str) -> HttpResponse:
+    def post(self, request: Request, space: str) -> DeviceCall:
         mutation = Mutation(request, ("id",))
         if "id" in mutation.fields:
             hex32(mutation.fields["id"], "id")
-        return device_response("conversations.create", request,
+        return DeviceCall("conversations.create",
                                mutation.args(space=resource_id(space, "spc"), **mutation.fields))
 
 
 class SpaceDeletionView(SharedView):
     @doc("spaces.delete")
-    def post(self, request: Request, space: str) -> HttpResponse:
-        return device_response("spaces.delete", request, Mutation(request).args(space=resource_id(space, "spc")))
+    def post(self, request: Request, space: str) -> DeviceCall:
+        return DeviceCall("spaces.delete", Mutation(request).args(space=resource_id(space, "spc")))
 
 
 class ConversationDeletionView(SharedView):
     @doc("conversations.delete")
-    def post(self, request: Request, conversation: str) -> HttpResponse:
-        return device_response("conversations.delete", request,
-                               Mutation(request).args(conversation=resource_id(conversation, "con")))
+    def post(self, request: Request, conversation: str) -> DeviceCall:
+        return DeviceCall("conversations.delete", Mutation(request).args(conversation=resource_id(conversation, "con")))
 
 
 class ConversationView(SharedView):
     @doc("conversations.get")
-    def get(self, request: Request, conversation: str) -> HttpResponse:
+    def get(self, request: Request, conversation: str) -> DeviceCall:
         no_query(request)
-        return device_response("conversations.get", request, {"conversation": resource_id(conversation, "con")})
+        return DeviceCall("conversations.get", {"conversation": resource_id(conversation, "con")})
 
 
 class ConversationEventsView(SharedView):
@@ -165,14 +191,14 @@ class ConversationEventsView(SharedView):
     stream consumer (shared_api/streams.py) before it reaches Django."""
 
     @doc("conversations.events")
-    def get(self, request: Request, conversation: str) -> HttpResponse:
+    def get(self, request: Request, conversation: str) -> DeviceCall:
         args = list_args(request, ("stream",), conversation=resource_id(conversation, "con"))
         stream = request.query_params.get("stream", "false")
         if stream not in ("true", "false"):
             raise ServiceError(400, "bad_field", "stream must be true or false")
         if stream == "true":
             raise not_streamed()
-        return device_response("conversations.events", request, args)
+        return DeviceCall("conversations.events", args)
 
 
 class OperationEventsView(SharedView):
@@ -180,7 +206,7 @@ class OperationEventsView(SharedView):
     runs (it documents the route)."""
 
     @doc("operations.subscribe")
-    def get(self, request: Request, operation: str) -> HttpResponse:
+    def get(self, request: Request, operation: str) -> DeviceCall:
         resource_id(operation, "op")
         raise not_streamed()
 
@@ -203,7 +229,7 @@ def _number(fields: dict[str, Any], name: str) -> None:
 
 class InputsView(SharedView):
     @doc("conversations.input")
-    def post(self, request: Request, conversation: str) -> HttpResponse:
+    def post(self, request: Request, conversation: str) -> DeviceCall:
         mutation = Mutation(request, INPUT_FIELDS, required=("text", "model"))
         fields = mutation.fields
         if not isinstance(fields["text"], str) or not isinstance(fields["model"], str):
@@ -218,18 +244,18 @@ class InputsView(SharedView):
                        or not isinstance(m["sha256"], str) or not SHA256.match(m["sha256"]) for m in media)):
             raise ServiceError(400, "bad_field", "media must be at most 8 rows of {type: image|audio, sha256: 64 "
                                              "lowercase hex}")
-        return device_response("conversations.input", request,
+        return DeviceCall("conversations.input",
                                mutation.args(conversation=resource_id(conversation, "con"), **fields))
 
 
 class ResultView(SharedView):
     @doc("operations.result")
-    def get(self, request: Request, operation: str) -> HttpResponse:
+    def get(self, request: Request, operation: str) -> DeviceCall:
         no_query(request, allowed=("offset",))
         offset = request.query_params.get("offset", "0")
         if not DIGITS_ANY.fullmatch(offset):
             raise ServiceError(400, "bad_offset", "offset must be a non-negative integer")
-        return device_response("operations.result", request,
+        return DeviceCall("operations.result",
                                {"operation": resource_id(operation, "op"), "offset": int(offset)})
 
 
@@ -248,42 +274,44 @@ class MediaView(SharedView):
     """PUT /aotx/v1/media/{sha256}: upload a media source owned by the caller's participant.
     The type comes from Content-Type (image/* or audio/*); the bytes must hash to the path."""
     parser_classes = [RawBytesParser]
+    body_limit = MAX_MEDIA_BYTES
+    body_code = "media_too_large"
 
     @doc("media.put")
-    def put(self, request: Request, sha256: str) -> HttpResponse:
+    def put(self, request: Request, sha256: str) -> DeviceCall:
         if not SHA256.match(sha256):
             raise ServiceError(400, "bad_id", "the path must be the 64 lowercase hex sha256 of the bytes")
         kind = request.content_type.split("/", 1)[0]
         if kind not in MEDIA_TYPES:
             raise ServiceError(415, "unsupported_media_type", "Content-Type must be image/* or audio/*")
         data = request.data if isinstance(request.data, bytes) else b""
-        return device_response("media.put", request, {"sha256": sha256, "data": data, "type": kind})
+        return DeviceCall("media.put", {"sha256": sha256, "data": data, "type": kind})
 
 
 class OperationsView(SharedView):
     @doc("operations.list")
-    def get(self, request: Request) -> HttpResponse:
-        return device_response("operations.list", request, list_args(request))
+    def get(self, request: Request) -> DeviceCall:
+        return DeviceCall("operations.list", list_args(request))
 
 
 class OperationView(SharedView):
     @doc("operations.get")
-    def get(self, request: Request, operation: str) -> HttpResponse:
+    def get(self, request: Request, operation: str) -> DeviceCall:
         no_query(request)
-        return device_response("operations.get", request, {"operation": resource_id(operation, "op")})
+        return DeviceCall("operations.get", {"operation": resource_id(operation, "op")})
 
 
 class RetirementsView(SharedView):
     @doc("retirements.record")
-    def post(self, request: Request) -> HttpResponse:
+    def post(self, request: Request) -> DeviceCall:
         mutation = Mutation(request, ("retry_floor",), required=("retry_floor",))
         floor = decimal_counter(mutation.fields["retry_floor"], "retry_floor", positive=True)
-        return device_response("retirements.record", request, mutation.args(retry_floor=floor))
+        return DeviceCall("retirements.record", mutation.args(retry_floor=floor))
 
 
 class CancellationsView(SharedView):
     @doc("cancellations.record")
-    def post(self, request: Request) -> HttpResponse:
+    def post(self, request: Request) -> DeviceCall:
         mutation = Mutation(request, ("target_sequence",), required=("target_sequence",))
         target = decimal_counter(mutation.fields["target_sequence"], "target_sequence", positive=True)
-        return device_response("cancellations.record", request, mutation.args(target_sequence=target))
+        return DeviceCall("cancellations.record", mutation.args(target_sequence=target))

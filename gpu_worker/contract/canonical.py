@@ -5,15 +5,48 @@ from __future__ import annotations
 
 from typing import Any
 
+import json
+
 import rfc8785
+
+MAX_EXACT_INT = 2 ** 53 - 1  # beyond it RFC 8785 (IEEE doubles) has no exact form: rfc8785 decides
+_dumps = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"), check_circular=False).encode
 
 
 class NotCanonical(ValueError):
     """A value RFC 8785 has no form for: infinities, integers beyond 2^53, lone surrogates."""
 
 
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Whether json.dumps(sort_keys, compact, ensure_ascii=False) writes exactly RFC 8785's bytes
+    for this value: only objects with keys of the Basic Multilingual Plane (where UTF-16 code unit
+    order, RFC 8785's key order, is code point order, Python's), arrays, strings, booleans, null
+    and integers of at most 2^53 - 1 in magnitude. Its string escapes are RFC 8785's (backslash, quote,
+    the short forms of b f n r t, other controls as lowercase u00xx, nothing else). Floats are left
+    to rfc8785."""
+    kind = type(value)
+    if kind is str or kind is bool or value is None:
+        return True
+    if kind is int:
+        return -MAX_EXACT_INT <= value <= MAX_EXACT_INT
+    if depth > 64:
+        return False
+    if kind is dict:
+        return all(type(k) is str and (k.isascii() or max(k) < "\U00010000") and _plain(v, depth + 1)
+                   for k, v in value.items())
+    if kind is list:
+        return all(_plain(v, depth + 1) for v in value)
+    return False
+
+
 def operation_bytes(method: str, path: str, body: dict[str, Any]) -> bytes:
+    doc: dict[str, Any] = {"method": method, "path": path, "body": body}
+    if _plain(doc):  # the common case, ~6x faster than rfc8785's pure-Python writer
+        try:
+            return _dumps(doc).encode("utf-8")
+        except UnicodeEncodeError:
+            pass  # a lone surrogate: rfc8785 refuses it below
     try:
-        return rfc8785.dumps({"method": method, "path": path, "body": body})
+        return rfc8785.dumps(doc)
     except (rfc8785.CanonicalizationError, RecursionError) as exc:
         raise NotCanonical(str(exc)) from None

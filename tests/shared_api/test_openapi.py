@@ -20,7 +20,7 @@ BASE = "/aotx/v1/shared"
 METHODS = ("get", "post", "put", "patch", "delete")
 ERROR_REF = "#/components/schemas/Error"
 # statuses that belong to no single operation; documented once in info.description
-GENERAL_STATUSES = {405, 406, 500}
+GENERAL_STATUSES = {405, 406, 408, 431, 500}
 # device codes no shared route can return, with the reason
 NOT_ROUTED = {
     ("507", "checkpoint_failed"): "answer to the ops-only `checkpoint` device command (Celery), never a route",

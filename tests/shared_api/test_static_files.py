@@ -1,6 +1,6 @@
 """Static files (the admin console's CSS and JS) are collected into STATIC_ROOT (`make setup`)
 and served by the gateway through WhiteNoise (shared_api/middleware.py StaticFilesMiddleware),
-with `Cache-Control: no-store` like every other response. The same through a real daphne process:
+with `Cache-Control: no-store` like every other response. The same through a real gateway process:
 tests/e2e/test_static_files.py."""
 import pytest
 from asgiref.sync import async_to_sync
@@ -31,7 +31,7 @@ def test_the_admin_css_is_served_with_a_css_type_and_no_store(collected):
 
 
 def test_the_async_path_serves_it_too(collected):
-    response = async_to_sync(AsyncClient().get)(CSS)  # the chain daphne runs
+    response = async_to_sync(AsyncClient().get)(CSS)  # the chain the server runs for Django
     assert response.status_code == 200 and response["Content-Type"].startswith("text/css")
     assert response["Cache-Control"] == "no-store"
     assert response.content == (collected / "admin" / "css" / "base.css").read_bytes()

@@ -8,7 +8,7 @@ from shared_api import config
 
 
 class Command(BaseCommand):
-    help = "Serve the gateway with daphne on the listen address of gateway.json."
+    help = "Serve the gateway (uvicorn, shared_api/server.py) on the listen address of gateway.json."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--config", required=True)
@@ -22,8 +22,9 @@ class Command(BaseCommand):
         path = os.path.abspath(opts["config"])
         os.environ["AOTX_GATEWAY_CONFIG"] = path
         settings.AOTX_GATEWAY_CONFIG = path
-        from daphne.cli import CommandLineInterface
-        self.stdout.write(f"gateway listening on http://{cfg['listen']}/aotx/v1/shared/ (device {cfg['socket']})")
+        settings.AOTX_BODY_TIMEOUT = cfg["body_timeout"]  # this process may be the only worker
+        from shared_api.server import serve
+        self.stdout.write(f"gateway listening on http://{cfg['listen']}/aotx/v1/shared/ (device {cfg['socket']}, "
+                          f"{cfg['workers']} worker{'s' if cfg['workers'] > 1 else ''})")
         self.stdout.flush()
-        CommandLineInterface().run(["-b", cfg["host"], "-p", str(cfg["port"]), "--access-log", "-",
-                                    "aotx_site.asgi:application"])
+        serve(cfg)

@@ -13,6 +13,7 @@ the request map and returns
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -23,10 +24,11 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
+from urllib.parse import unquote
 
 import pytest
 import rfc8785
-from django.test import Client
+from asgiref.sync import async_to_sync
 
 from gpu_worker.contract.vocabulary import CHAT, COMMANDS, MANAGE, MUTATION_SCHEMA, READ, WRITE
 from gpu_worker.contract.wire import PROTOCOL_VERSION, FrameReader, ProtocolError, encode_frame, reply
@@ -261,31 +263,123 @@ def people(db) -> dict[str, Persona]:
 
 # ---- calling the gateway -------------------------------------------------------------------
 
+class Response:
+    """An answer of the gateway's ASGI application, with the attributes tests read of Django's."""
+
+    streaming = False
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], content: bytes) -> None:
+        self.status_code = status
+        self.headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in headers}
+        self.header_list = headers
+        self.content = content
+
+    def __getitem__(self, name: str) -> str:
+        return self.headers[name.lower()]
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        return self.headers.get(name.lower(), default)
+
+    def has_header(self, name: str) -> bool:
+        return name.lower() in self.headers
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+def meta_headers(extra: dict[str, Any]) -> list[tuple[bytes, bytes]]:
+    """Django test-client style extras (HTTP_X_Y, CONTENT_TYPE) as ASGI headers."""
+    out = []
+    for key, value in extra.items():
+        if key.startswith("HTTP_"):
+            name = key[5:]
+        elif key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+            name = key
+        else:
+            raise ValueError(f"unsupported test request extra {key!r}")
+        out.append((name.replace("_", "-").lower().encode("latin-1"), str(value).encode("latin-1")))
+    return out
+
+
+async def asgi_request(method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes,
+                       chunks: list[bytes] | None = None) -> Response:
+    """One request through the gateway's ASGI application (the HTTP front, as the server runs it)."""
+    from aotx_site.asgi import application
+    raw_path, _, query = path.partition("?")
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+             "scheme": "http", "path": unquote(raw_path), "raw_path": raw_path.encode(),
+             "query_string": query.encode(), "root_path": "", "headers": headers,
+             "client": ("127.0.0.1", 50000), "server": ("testserver", 80)}
+    pieces = list(chunks) if chunks is not None else [body]
+    sent: list[dict[str, Any]] = []
+    answered = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        if pieces:
+            piece = pieces.pop(0)
+            return {"type": "http.request", "body": piece, "more_body": bool(pieces)}
+        await answered.wait()  # the client waits for its answer, then goes away
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            answered.set()
+
+    await application(scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return Response(start["status"], list(start.get("headers", [])), content)
+
+
 class Gateway:
-    """Django's test Client with the gateway's conventions: a persona's bearer token, JSON bodies."""
+    """Requests through the gateway's ASGI application with the gateway's conventions: a persona's
+    bearer token, JSON bodies. Each call runs in an event loop of its own (its device connections
+    are closed at its end); `session` runs several calls in one loop, as one server process would."""
 
-    def __init__(self) -> None:
-        self.client = Client()
-
-    def call(self, method: str, path: str, persona: Persona | None = None, *, body: Any = None,
-             raw: bytes | None = None, content_type: str = "application/json",
-             authorization: str | None = None, **extra: Any):
-        headers = dict(extra)
+    def request(self, method: str, path: str, persona: Persona | None = None, *, body: Any = None,
+                raw: bytes | None = None, content_type: str = "application/json",
+                authorization: str | None = None, **extra: Any) -> tuple[str, str, list[tuple[bytes, bytes]], bytes]:
+        headers = [(b"host", b"testserver")]
         if authorization is not None:
-            headers["HTTP_AUTHORIZATION"] = authorization
+            headers.append((b"authorization", authorization.encode("latin-1")))
         elif persona is not None:
-            headers["HTTP_AUTHORIZATION"] = persona.authorization
+            headers.append((b"authorization", persona.authorization.encode("latin-1")))
         if raw is None:
             raw = b"" if body is None else json.dumps(body).encode()
-        return self.client.generic(method, path, raw, content_type=content_type, **headers)
+        if raw or method not in ("GET", "HEAD"):
+            headers.append((b"content-type", content_type.encode("latin-1")))
+            headers.append((b"content-length", str(len(raw)).encode()))
+        headers += meta_headers(extra)
+        return method, path, headers, raw
 
-    def get(self, path: str, persona: Persona | None = None, **kwargs: Any):
+    def call(self, method: str, path: str, persona: Persona | None = None, **kwargs: Any) -> Response:
+        return self.session([self.request(method, path, persona, **kwargs)])[0]
+
+    def session(self, requests: list[Any]) -> list[Response]:
+        """Requests (from `request`) in one event loop, in order; a callable among them runs
+        between two requests (then the loop runs for 0.1 s, as time passes between requests)."""
+        async def run() -> list[Response]:
+            answers = []
+            try:
+                for req in requests:
+                    if callable(req):
+                        req()
+                        await asyncio.sleep(0.1)
+                    else:
+                        answers.append(await asgi_request(*req))
+                return answers
+            finally:
+                await device_client.aclose_loop()
+        return async_to_sync(run)()
+
+    def get(self, path: str, persona: Persona | None = None, **kwargs: Any) -> Response:
         return self.call("GET", path, persona, **kwargs)
 
-    def post(self, path: str, persona: Persona | None = None, body: Any = None, **kwargs: Any):
+    def post(self, path: str, persona: Persona | None = None, body: Any = None, **kwargs: Any) -> Response:
         return self.call("POST", path, persona, body=body, **kwargs)
 
-    def put(self, path: str, persona: Persona | None = None, **kwargs: Any):
+    def put(self, path: str, persona: Persona | None = None, **kwargs: Any) -> Response:
         return self.call("PUT", path, persona, **kwargs)
 
 

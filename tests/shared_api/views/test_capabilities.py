@@ -79,17 +79,21 @@ def test_it_answers_503_gateway_misconfigured_when_gateway_json_is_missing(gatew
     assert device.connections == 0
 
 
-def test_it_reuses_one_device_connection_for_consecutive_requests(gateway, device, people):
-    for _ in range(3):
-        assert gateway.get(PATH, people["reader"]).status_code == 200
+def test_it_reuses_one_device_connection_for_consecutive_requests(gateway, device, people, settings):
+    settings.AOTX_DEVICE_CONNECTIONS = 1
+    answers = gateway.session([gateway.request("GET", PATH, people["reader"]) for _ in range(3)])
+    assert [a.status_code for a in answers] == [200, 200, 200]
     assert len(device.requests) == 3 and device.connections == 1
     assert len({r["id"] for r in device.requests}) == 3  # each request has its own id
 
 
-def test_it_reconnects_once_when_the_device_restarted(gateway, device, people):
-    assert gateway.get(PATH, people["reader"]).status_code == 200
-    device.restart()  # the pooled connection is now stale
-    assert_passed_through(gateway.get(PATH, people["reader"]), 200, OK_BODY)
+def test_it_reconnects_once_when_the_device_restarted(gateway, device, people, settings):
+    settings.AOTX_DEVICE_CONNECTIONS = 1
+    first, second = gateway.session([gateway.request("GET", PATH, people["reader"]),
+                                     device.restart,  # the pooled connection is now stale
+                                     gateway.request("GET", PATH, people["reader"])])
+    assert first.status_code == 200
+    assert_passed_through(second, 200, OK_BODY)
     assert len(device.requests) == 2 and device.connections == 2
 
 

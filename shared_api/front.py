@@ -1,0 +1,400 @@
+"""The gateway's HTTP front: the ASGI application in front of Django (aotx_site/asgi.py).
+
+The shared routes (every SharedView in the URLconf: /aotx/v1/shared/..., /aotx/v1/media/...) are
+answered here, on the event loop, by the same DRF view methods Django would run: the front
+resolves the path with Django's URL resolver, authenticates from the Authorization header through
+the principal cache, checks the handler's gateway action, reads the body within the route's
+limit, runs the handler on a FrontRequest and makes its DeviceCall through the process's pooled
+async device client. Nothing of it waits on a thread (docs/performance.md: Django's ASGI handler
+costs several thread hops per request, which bounded the gateway at a few hundred requests a
+second).
+
+Refusing before reading (every route): a token in the query string is refused and never logged;
+a request without a valid token is answered 401 from its headers, and a body over the route's
+limit 413 from its Content-Length (or as soon as a chunked body passes the limit), in both cases
+without reading the body, and the connection is then closed. A body that stalls for
+AOTX_BODY_TIMEOUT seconds is answered 408. Requests waiting on the device are bounded per process
+(DevicePool: 503 `gateway_busy` beyond). Event streams go to their Channels consumers, every
+other request (admin, schema, /metrics, /healthz, the OpenAI-compatible routes) to Django, behind
+the same guard: their bodies are bounded too, and /v1/... is refused 401 from the headers.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from typing import Any, Awaitable, Callable
+from urllib.parse import parse_qsl
+
+from django.conf import settings
+from django.urls import URLPattern, URLResolver, get_resolver
+from django.urls.converters import StringConverter
+
+from gpu_worker.contract.limits import MAX_CHAT_BODY_BYTES
+from gpu_worker.contract.vocabulary import COMMANDS
+from gpu_worker.contract.wire import Message
+
+from . import metrics
+from .auth import AuthenticatedPrincipal, aauthenticate, require_action
+from .device_client import pool
+from .errors import WWW_AUTHENTICATE, ServiceError
+from .strict import loads_strict
+from .views import DeviceCall, MediaView, SharedView
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+log = logging.getLogger("shared_api.front")
+
+TOKEN_PREFIX = "aotx_"
+TOKEN_PARAMETERS = frozenset(("access_token", "token", "api_key", "apikey", "key", "authorization", "bearer"))
+BASE_HEADERS = [(b"content-type", b"application/json"), (b"cache-control", b"no-store"),
+                (b"x-content-type-options", b"nosniff")]
+OPENAI_PREFIX = "/v1/"
+
+
+class BodyRefused(Exception):
+    """The body was not read to its end: too large (413) or too slow (408)."""
+
+    def __init__(self, error: ServiceError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class ClientGone(Exception):
+    """The client disconnected before its body was read: there is no one to answer."""
+
+
+class FrontRequest:
+    """What a SharedView handler reads of its request, under DRF Request's names: method, path,
+    query_params (the last value of each name, as QueryDict.get gives), content_type, user and
+    data (the strictly parsed JSON body, or the raw bytes for a raw-bytes route, parsed when first
+    read, as DRF does)."""
+
+    __slots__ = ("method", "path", "query_params", "content_type", "user", "_raw", "_raw_bytes", "_data", "_parsed")
+
+    def __init__(self, method: str, path: str, query_params: dict[str, str], content_type: str,
+                 user: AuthenticatedPrincipal, raw: bytes, raw_bytes: bool) -> None:
+        self.method = method
+        self.path = path
+        self.query_params = query_params
+        self.content_type = content_type
+        self.user = user
+        self._raw = raw
+        self._raw_bytes = raw_bytes
+        self._data: Any = None
+        self._parsed = False
+
+    @property
+    def data(self) -> Any:
+        if not self._parsed:
+            self._data = self._parse()
+            self._parsed = True
+        return self._data
+
+    def _parse(self) -> Any:
+        if self._raw_bytes:
+            return self._raw
+        if not self._raw:
+            return {}  # DRF: no body is empty data, whatever the Content-Type
+        media_type = self.content_type.split(";", 1)[0].strip().lower()
+        if media_type != "application/json":
+            raise ServiceError(415, "unsupported_media_type", f'Unsupported media type "{self.content_type}" in request.')
+        return loads_strict(self._raw)
+
+
+def _headers(scope: Scope) -> dict[bytes, bytes]:
+    """Request headers by lowercase name (a repeated header: its last value)."""
+    return {name.lower(): value for name, value in scope["headers"]}
+
+
+def _query(scope: Scope) -> dict[str, str]:
+    try:
+        pairs = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True,
+                          max_num_fields=settings.DATA_UPLOAD_MAX_NUMBER_FIELDS)
+    except ValueError:
+        raise ServiceError(400, "bad_query", "too many query parameters") from None
+    return dict(pairs)
+
+
+def _token_in_query(scope: Scope) -> bool:
+    query = scope.get("query_string", b"")
+    if not query:
+        return False
+    for name, value in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
+        if name.lower() in TOKEN_PARAMETERS or TOKEN_PREFIX in value:
+            return True
+    return False
+
+
+def _accepts_json(headers: dict[bytes, bytes]) -> bool:
+    """DRF's content negotiation for the one renderer (application/json): no Accept header, or a
+    media range that covers application/json."""
+    accept = headers.get(b"accept")
+    if accept is None:
+        return True
+    for part in accept.decode("latin-1").split(","):
+        media = part.split(";", 1)[0].strip().lower()
+        if media in ("*/*", "application/*", "application/json", "*"):
+            return True
+    return False
+
+
+def _content_length(headers: dict[bytes, bytes]) -> int | None:
+    value = headers.get(b"content-length")
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ServiceError(400, "bad_request", "Content-Length must be a decimal integer") from None
+
+
+async def read_body(receive: Receive, limit: int, code: str, timeout: float) -> bytes:
+    """The whole body, at most `limit` bytes (BodyRefused 413 past it, 408 when a chunk takes
+    longer than `timeout`); the memory it holds is the body and no more."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        try:
+            async with asyncio.timeout(timeout):
+                message = await receive()
+        except TimeoutError:
+            raise BodyRefused(ServiceError(408, "body_timeout", f"the body stalled for {timeout:g}s")) from None
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyRefused(ServiceError(413, code, f"the body exceeds this route's {limit} bytes"))
+        if chunk:
+            parts.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(parts)
+
+
+async def respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None,
+                  close: bool = False) -> None:
+    out = [*BASE_HEADERS, (b"content-length", str(len(body)).encode()), *(headers or [])]
+    if close:  # the body was not read: the connection cannot carry another request
+        out.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": out})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def respond_error(send: Send, err: ServiceError, close: bool = False,
+                        headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    extra = [(b"www-authenticate", WWW_AUTHENTICATE.encode())] if err.status == 401 else []
+    await respond(send, err.status, err.body(), extra + (headers or []), close)
+
+
+def _reply_headers(msg: Message) -> list[tuple[bytes, bytes]]:
+    return [(str(name).lower().encode("latin-1"), str(value).encode("latin-1"))
+            for name, value in (msg.get("headers") or {}).items()]
+
+
+class Route:
+    """One shared route of the URLconf: its full regex, view, and pattern (the metrics' label)."""
+    __slots__ = ("regex", "view", "route")
+
+    def __init__(self, regex: re.Pattern[str], view: SharedView, route: str) -> None:
+        self.regex = regex
+        self.view = view
+        self.route = route
+
+
+def shared_routes() -> list[Route]:
+    """Every SharedView route of the URLconf, in its order, as one anchored regex each (Django's
+    resolver builds a ResolverMatch and walks thread-locals per request: a tenth of the front's
+    time). Path converters must be `str` (the value as matched), as they all are."""
+    routes: list[Route] = []
+
+    def walk(patterns: list[Any], regex: str, route: str) -> None:
+        for entry in patterns:
+            part = entry.pattern.regex.pattern.lstrip("^")
+            if isinstance(entry, URLResolver):
+                walk(entry.url_patterns, regex + part, route + str(entry.pattern))
+            elif isinstance(entry, URLPattern):
+                view_class = getattr(entry.callback, "view_class", None)
+                if isinstance(view_class, type) and issubclass(view_class, SharedView):
+                    converters = getattr(entry.pattern, "converters", {})
+                    assert all(isinstance(c, StringConverter) for c in converters.values()), entry
+                    routes.append(Route(re.compile("/" + regex + part), view_class(), route + str(entry.pattern)))
+    walk(get_resolver().url_patterns, "", "")
+    return routes
+
+
+class Front:
+    """The ASGI application: shared routes here, streams to `streams`, the rest to `django`."""
+
+    def __init__(self, django: Any, streams: Callable[[Scope], ASGIApp | None]) -> None:
+        self.django = django
+        self.streams = streams
+        self._routes: list[Route] | None = None
+
+    def route(self, path: str) -> tuple[Route, dict[str, str]] | None:
+        if self._routes is None:
+            self._routes = shared_routes()
+        for route in self._routes:
+            match = route.regex.match(path)
+            if match is not None:
+                return route, match.groupdict()
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.django(scope, receive, send)
+            return
+        if _token_in_query(scope):
+            await respond_error(send, ServiceError(
+                401, "unauthenticated", "a token is accepted only in the Authorization header, never in the URL "
+                                        "(URLs are logged): rotate this token"), close=True)
+            return
+        consumer = self.streams(scope)
+        if consumer is not None:
+            await consumer(scope, receive, send)
+            return
+        found = self.route(scope["path"])
+        if found is not None:
+            await self.shared(scope, receive, send, *found)
+        else:
+            await self.guarded_django(scope, receive, send)
+
+    # ---- the shared routes --------------------------------------------------------------
+
+    async def shared(self, scope: Scope, receive: Receive, send: Send, route: Route, kwargs: dict[str, str]) -> None:
+        started = time.perf_counter()
+        method = scope["method"]
+        status = 500
+        try:
+            status = await self._shared(scope, receive, send, route.view, kwargs, method)
+        finally:
+            metrics.record(method, route.route, status, started)
+
+    async def _shared(self, scope: Scope, receive: Receive, send: Send, view: SharedView, kwargs: dict[str, str],
+                      method: str) -> int:
+        headers = _headers(scope)
+        # answered before its body was read, a request that has one leaves the connection unusable
+        close = b"transfer-encoding" in headers or headers.get(b"content-length", b"0") not in (b"0", b"")
+        try:
+            if not _accepts_json(headers):  # DRF negotiates first, before it authenticates
+                raise ServiceError(406, "not_acceptable", "Could not satisfy the request Accept header.")
+            user = await aauthenticate(headers.get(b"authorization", b"").decode("latin-1"))
+            if user is None:
+                raise ServiceError(401, "unauthenticated", "Authentication credentials were not provided.")
+            view_class = type(view)
+            handler: Callable[..., Any] | None = getattr(view, "get" if method == "HEAD" else method.lower(), None)
+            command = getattr(handler, "command", None)
+            if handler is None or command is None:
+                allowed = [m.upper() for m in ("get", "post", "put") if hasattr(view, m)]
+                raise _MethodNotAllowed(method, allowed)
+            action = COMMANDS[command].action
+            assert action is not None
+            require_action(user, action)
+            limit = view_class.body_limit
+            length = _content_length(headers)
+            if length is not None and length > limit:
+                raise ServiceError(413, view_class.body_code, f"the body exceeds this route's {limit} bytes")
+            try:
+                raw = await read_body(receive, limit, view_class.body_code, settings.AOTX_BODY_TIMEOUT)
+            except BodyRefused as refused:
+                raise refused.error from None
+            close = False
+            request = FrontRequest(method, scope["path"], _query(scope), headers.get(b"content-type", b"")
+                                   .decode("latin-1"), user, raw, issubclass(view_class, MediaView))
+            call = handler(request, **kwargs)
+            assert isinstance(call, DeviceCall)
+            msg = await pool().call(call.op, user.principal_id, call.args)
+        except _MethodNotAllowed as exc:
+            await respond_error(send, exc.error(), close, [(b"allow", ", ".join(exc.allowed).encode())])
+            return 405
+        except ClientGone:
+            return 499  # (nginx's number for it, in the metrics only)
+        except ServiceError as err:
+            await respond_error(send, err, close)
+            return err.status
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("internal error answering %s %s", method, scope["path"])
+            await respond_error(send, ServiceError(500, "internal_error", "internal error; see the gateway log"))
+            return 500
+        await respond(send, msg["status"], msg["body"], _reply_headers(msg))
+        return int(msg["status"])
+
+    # ---- everything else: Django, behind the guard --------------------------------------
+
+    async def guarded_django(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Django reads a whole body before its view runs: refuse what must be refused first."""
+        headers = _headers(scope)
+        openai = scope["path"].startswith(OPENAI_PREFIX)
+        limit = MAX_CHAT_BODY_BYTES if openai else settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        try:
+            if openai:
+                user = await aauthenticate(headers.get(b"authorization", b"").decode("latin-1"))
+                if user is None:
+                    raise ServiceError(401, "unauthenticated", "Authorization must be 'Bearer <token>'")
+            length = _content_length(headers)
+            if length is not None and length > limit:
+                raise BodyRefused(ServiceError(413, "body_too_large", f"the body exceeds this route's {limit} bytes"))
+        except (ServiceError, BodyRefused) as exc:
+            err = exc.error if isinstance(exc, BodyRefused) else exc
+            await self._refuse(send, err, openai, close=isinstance(exc, BodyRefused) or err.status == 401)
+            return
+        refused: list[ServiceError] = []
+        started: list[bool] = []
+        received = 0
+        timeout = settings.AOTX_BODY_TIMEOUT
+
+        async def bounded_receive() -> dict[str, Any]:
+            nonlocal received
+            if refused:
+                return {"type": "http.disconnect"}
+            try:
+                async with asyncio.timeout(timeout):
+                    message = await receive()
+            except TimeoutError:
+                refused.append(ServiceError(408, "body_timeout", f"the body stalled for {timeout:g}s"))
+                return {"type": "http.disconnect"}
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    refused.append(ServiceError(413, "body_too_large", f"the body exceeds this route's {limit} bytes"))
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def watched_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                started.append(True)
+            await send(message)
+
+        await self.django(scope, bounded_receive, watched_send)
+        if refused and not started:  # Django gave up on the body (RequestAborted) and answered nothing
+            await self._refuse(send, refused[0], openai, close=True)
+
+    @staticmethod
+    async def _refuse(send: Send, err: ServiceError, openai: bool, close: bool) -> None:
+        if not openai:
+            await respond_error(send, err, close)
+            return
+        from .openai_views import openai_error  # the OpenAI-compatible routes answer in OpenAI's error shape
+        response = openai_error(err.status, err.code, err.message)
+        out = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in response.items()]
+        out += [(b"cache-control", b"no-store"), (b"content-length", str(len(response.content)).encode())]
+        if close:
+            out.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": err.status, "headers": out})
+        await send({"type": "http.response.body", "body": response.content})
+
+
+class _MethodNotAllowed(Exception):
+    def __init__(self, method: str, allowed: list[str]) -> None:
+        super().__init__(method)
+        self.method = method
+        self.allowed = allowed
+
+    def error(self) -> ServiceError:
+        return ServiceError(405, "method_not_allowed", f'Method "{self.method}" not allowed.')

@@ -1,0 +1,151 @@
+"""The gateway's HTTP server: uvicorn (httptools parser, uvloop event loop) running
+aotx_site.asgi:application in `workers` processes that share the listening socket
+(`manage.py serve --config gateway.json`).
+
+GatewayProtocol is uvicorn's httptools protocol with what a public listener needs before any
+application code runs: a bound on a request's header bytes (431 with the one error body, not a
+dropped connection), a header timeout (a connection that does not finish its headers in
+`header_timeout` seconds gets 408 and is closed: slow clients cannot hold connections), and the
+one error body for requests the parser refuses. The keep-alive idle timeout is uvicorn's
+(`idle_timeout`); the body timeout and limits are the application's (shared_api/front.py).
+RedactQuery keeps query values out of the access log (a token sent in a URL is refused and never
+written down)."""
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import os
+from typing import Any
+
+import httptools
+import uvicorn
+from uvicorn.config import LOGGING_CONFIG
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from gpu_worker.contract.errors import ServiceError
+
+APPLICATION = "aotx_site.asgi:application"
+
+
+def _settings() -> tuple[int, float]:
+    """(max header bytes, header timeout) of this process: serve() passes them to its workers."""
+    return (int(os.environ.get("AOTX_MAX_HEADER_BYTES", "16384")),
+            float(os.environ.get("AOTX_HEADER_TIMEOUT", "10")))
+
+
+class GatewayProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a header size bound and a header timeout."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_header_bytes, self.header_timeout = _settings()
+        self.header_bytes = 0
+        self.header_timer: asyncio.TimerHandle | None = None
+        self.refusal: ServiceError | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_timer()
+        super().connection_lost(exc)
+
+    def _arm_header_timer(self) -> None:
+        self._disarm_header_timer()
+        self.header_timer = self.loop.call_later(self.header_timeout, self._header_timed_out)
+
+    def _disarm_header_timer(self) -> None:
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+            self.header_timer = None
+
+    def _header_timed_out(self) -> None:
+        self.header_timer = None
+        if self.cycle is None or self.cycle.response_complete:  # between requests: headers are due
+            self.refuse(ServiceError(408, "header_timeout", f"the request's headers did not arrive within "
+                                                            f"{self.header_timeout:g}s"))
+
+    def refuse(self, err: ServiceError) -> None:
+        """Answer with the one error body and close, whatever the parser was doing."""
+        if self.transport.is_closing():
+            return
+        body = err.body()
+        self.transport.write(b"".join([
+            STATUS_LINE[err.status], b"content-type: application/json\r\ncache-control: no-store\r\n",
+            b"content-length: ", str(len(body)).encode(), b"\r\nconnection: close\r\n\r\n", body]))
+        self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+        except httptools.HttpParserError as exc:
+            refusal, self.refusal = self.refusal, None
+            self.refuse(refusal or ServiceError(400, "bad_request", f"invalid HTTP request: {exc}"))
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.header_bytes = 0
+        if self.header_timer is None:
+            self._arm_header_timer()
+
+    def _count(self, size: int) -> None:
+        self.header_bytes += size
+        if self.header_bytes > self.max_header_bytes:
+            self.refusal = ServiceError(431, "headers_too_large", f"the request line and headers exceed "
+                                                                  f"{self.max_header_bytes} bytes")
+            raise ValueError("headers too large")  # stops the parser: data_received answers
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._disarm_header_timer()
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # the next request's headers are due within the idle (keep-alive) timeout, then the header timeout
+
+
+class RedactQuery(logging.Filter):
+    """uvicorn's access log line with every query value replaced by `…`: tokens sent in a URL
+    (refused anyway) and any other secret a client put there stay out of the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) and "?" in args[2]:
+            path, _, query = args[2].partition("?")
+            names = [part.partition("=")[0] for part in query.split("&")]
+            record.args = (*args[:2], path + "?" + "&".join(f"{name}=…" for name in names), *args[3:])
+        return True
+
+
+def log_config() -> dict[str, Any]:
+    doc = copy.deepcopy(LOGGING_CONFIG)
+    doc["filters"] = {"redact_query": {"()": "shared_api.server.RedactQuery"}}
+    doc["handlers"]["access"]["filters"] = ["redact_query"]
+    return doc
+
+
+def serve(cfg: dict[str, Any]) -> None:
+    """Run the gateway until SIGTERM or SIGINT (uvicorn's supervisor when workers > 1)."""
+    os.environ["AOTX_MAX_HEADER_BYTES"] = str(cfg["max_header_bytes"])
+    os.environ["AOTX_HEADER_TIMEOUT"] = str(cfg["header_timeout"])
+    os.environ["AOTX_BODY_TIMEOUT"] = str(cfg["body_timeout"])
+    uvicorn.run(APPLICATION, host=cfg["host"], port=cfg["port"], workers=cfg["workers"],
+                http="shared_api.server:GatewayProtocol", loop="uvloop", lifespan="off",
+                timeout_keep_alive=cfg["idle_timeout"], log_config=log_config(), access_log=True,
+                proxy_headers=False, server_header=False)

@@ -1,0 +1,120 @@
+"""The HTTP front itself (shared_api/front.py), through the gateway's ASGI application: what it
+answers from the headers alone, and its bound on requests waiting for the device."""
+import asyncio
+
+from asgiref.sync import async_to_sync
+
+from shared_api import device_client
+
+from .conftest import BASE, asgi_request, assert_error, assert_unauthenticated, envelope
+
+SPACES = f"{BASE}/spaces"
+
+
+class BodyNeverRead(AssertionError):
+    pass
+
+
+async def unread_body_request(method, path, headers):
+    """asgi_request whose body must never be read: receive() fails the test if called."""
+    from aotx_site.asgi import application
+    sent = []
+
+    async def receive():
+        raise BodyNeverRead("the front read the body")
+
+    async def send(message):
+        sent.append(message)
+    scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "query_string": b"",
+             "headers": headers, "http_version": "1.1", "scheme": "http", "root_path": ""}
+    await application(scope, receive, send)
+    start = sent[0]
+    return start["status"], dict(start["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def test_an_unauthenticated_post_is_answered_401_without_reading_its_body(gateway, device, people):
+    status, headers, body = async_to_sync(unread_body_request)(
+        "POST", SPACES, [(b"content-type", b"application/json"), (b"content-length", str(1 << 30).encode())])
+    assert status == 401 and b'"unauthenticated"' in body
+    assert headers[b"www-authenticate"] == b'Bearer realm="aotx"' and headers[b"connection"] == b"close"
+    assert device.requests == []
+
+
+def test_a_post_over_the_route_limit_is_answered_413_without_reading_its_body(gateway, device, people):
+    status, headers, body = async_to_sync(unread_body_request)(
+        "POST", SPACES, [(b"authorization", people["writer"].authorization.encode()),
+                         (b"content-type", b"application/json"), (b"content-length", b"65537")])
+    assert status == 413 and b'"body_too_large"' in body and headers[b"connection"] == b"close"
+    assert device.requests == []
+
+
+def test_a_media_upload_over_its_limit_is_answered_413_media_too_large_without_reading_it(gateway, device, people):
+    status, _, body = async_to_sync(unread_body_request)(
+        "PUT", "/aotx/v1/media/" + "a" * 64, [(b"authorization", people["writer"].authorization.encode()),
+                                              (b"content-type", b"image/png"),
+                                              (b"content-length", str((8 << 20) + 1).encode())])
+    assert status == 413 and b'"media_too_large"' in body
+
+
+def test_a_chunked_body_past_the_limit_is_refused_413(gateway, device, people):
+    headers = [(b"authorization", people["writer"].authorization.encode()), (b"content-type", b"application/json")]
+    chunks = [b" " * 40000, b" " * 40000, b"{}"]
+    response = async_to_sync(asgi_request)("POST", SPACES, headers, b"", chunks)
+    assert_error(response, 413, "body_too_large")
+    assert device.requests == []
+
+
+def test_an_accept_header_without_json_is_answered_406_before_authentication(gateway, device):
+    assert_error(gateway.get(SPACES, HTTP_ACCEPT="text/html"), 406, "not_acceptable")
+    assert_unauthenticated(gateway.get(SPACES, HTTP_ACCEPT="application/json, text/html"))
+
+
+def test_requests_beyond_the_bound_waiting_on_the_device_answer_503_gateway_busy_at_once(gateway, device, people,
+                                                                                         settings):
+    settings.AOTX_DEVICE_WAITING = 2
+    device.silent = True  # every request waits its whole device timeout
+    req = gateway.request("POST", SPACES, people["writer"], body=envelope())
+
+    async def go():
+        try:
+            waiting = [asyncio.ensure_future(asgi_request(*req)) for _ in range(2)]
+            await asyncio.sleep(0.05)  # both are sent and waiting
+            started = asyncio.get_running_loop().time()
+            busy = await asgi_request(*req)
+            elapsed = asyncio.get_running_loop().time() - started
+            return busy, elapsed, await asyncio.gather(*waiting)
+        finally:
+            await device_client.aclose_loop()
+    busy, elapsed, timed_out = async_to_sync(go)()
+    assert_error(busy, 503, "gateway_busy")
+    assert elapsed < 0.25  # at once, not after the device timeout (0.3 s)
+    for response in timed_out:
+        assert_error(response, 503, "device_timeout")
+    assert len(device.requests) == 2
+
+
+def test_a_principal_saved_in_this_process_is_seen_at_once_despite_the_cache(gateway, device, people):
+    from shared_api.models import Principal
+    assert gateway.get(SPACES, people["writer"]).status_code == 200
+    principal = Principal.objects.get(name="writer")
+    principal.active = False
+    principal.save()
+    assert_unauthenticated(gateway.get(SPACES, people["writer"]))
+
+
+def test_a_rewritten_grant_file_clears_the_principal_cache_of_every_process(gateway, device, people, settings):
+    """A principal changed by another process (no signal here) is seen once the grant file, which
+    every principal change through the admin or `principal --config` rewrites, has changed."""
+    import json
+    import time
+    from pathlib import Path
+
+    from shared_api import config
+    from shared_api.models import Principal
+    grants = Path(config.load(settings.AOTX_GATEWAY_CONFIG)["grants_file"])
+    assert gateway.get(SPACES, people["writer"]).status_code == 200
+    Principal.objects.filter(name="writer").update(active=False)  # a queryset update sends no signal
+    assert gateway.get(SPACES, people["writer"]).status_code == 200  # the cached lookup still answers
+    grants.write_text(json.dumps({"rewritten": True}))
+    time.sleep(0.06)  # auth.GRANT_FILE_CHECK
+    assert_unauthenticated(gateway.get(SPACES, people["writer"]))
