@@ -69,11 +69,20 @@ def percentile(values, q):
 
 def mutate(stack, token, path, fields, port=None):
     port = port or stack.port
-    me = json.loads(http(port, "GET", f"{BASE}/participant", token)[2])
+    for _ in range(200):  # 503 gateway_busy while the pollers fill the gateway's wait bound: retry
+        status, _, out = http(port, "GET", f"{BASE}/participant", token)
+        if status != 503:
+            break
+        time.sleep(0.02)
+    me = json.loads(out)
     body = {"schema": "aotx.shared.mutation.v1", "lineage": me["lineage"], "operation_key": secrets.token_hex(16),
             "sequence": me["next_sequence"], **fields}
-    status, _, out = http(port, "POST", BASE + path, token, body)
-    if status != 202:
+    for _ in range(200):  # an exact retry: the same bytes
+        status, _, out = http(port, "POST", BASE + path, token, body)
+        if status != 503:
+            break
+        time.sleep(0.02)
+    if status not in (200, 202):
         raise RuntimeError(f"{path}: {status} {out[:300]!r}")
     return json.loads(out)
 
@@ -127,6 +136,9 @@ async def follow(port, path, token, received, opened):
         writer.close()
 
 
+BUSY: list[int] = []  # polls the gateway answered 503 gateway_busy
+
+
 async def poll(port, path, token, received, interval, stop):
     """One polling client: GETs the events after the last it saw, every `interval` seconds."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -143,6 +155,10 @@ async def poll(port, path, token, received, interval, stop):
                 if line.lower().startswith(b"content-length:"):
                     length = int(line.split(b":")[1])
             body = json.loads(await reader.readexactly(length))
+            if b" 503 " in status and body["error"]["code"] == "gateway_busy":
+                BUSY.append(1)  # the gateway's bound on requests waiting for the device: poll again later
+                await asyncio.sleep(interval)
+                continue
             if b" 200 " not in status:
                 raise RuntimeError(f"poll refused: {status!r} {body}")
             now = time.monotonic()
@@ -302,6 +318,7 @@ def main():
         print(f"{r['phase']:>28} {r['delivered']:>5}/{r['expected']:<5} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
               f"{kib:>11} {r['cpu_us_per_update']:>14.0f}")
     print(f"polling CPU per update / streaming (1 gateway): {polled['cpu_us_per_update'] / stream1['cpu_us_per_update']:.1f}x")
+    print(f"polls refused 503 gateway_busy (the gateway's bound on requests waiting for the device): {len(BUSY)}")
 
 
 if __name__ == "__main__":
