@@ -31,7 +31,7 @@ import random
 import secrets
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Generator, Iterator
+from typing import Any, Callable, Generator, Iterator
 from urllib.parse import quote
 
 BASE = "/aotx/v1/shared"
@@ -272,3 +272,28 @@ class SSEParser:
                     fields[name] = value
             if data:
                 yield Event(fields.get("event", "message"), fields.get("id"), json.loads("\n".join(data)))
+
+
+class Follow:
+    """One followed event stream across its reconnections: the request to make next (resuming
+    with Last-Event-ID once an event was seen) and what each event does."""
+
+    def __init__(self, params: dict[str, str], cursor: str | None, stop: Callable[[Event], bool] | None) -> None:
+        self.params = {**params, **({"cursor": cursor} if cursor is not None else {})}
+        self.stop = stop
+        self.last_id: str | None = None
+
+    def request(self) -> tuple[dict[str, str], dict[str, str]]:
+        """(headers, query) of the next connection."""
+        headers = {"Accept": "text/event-stream", **({"Last-Event-ID": self.last_id} if self.last_id else {})}
+        query = {k: v for k, v in self.params.items() if not (self.last_id and k == "cursor")}
+        return headers, query
+
+    def seen(self, event: Event) -> bool:
+        """An event about to be handed to the caller: an `error` event raises ApiError; True when
+        the stream should end after this one."""
+        if event.event == "error":
+            error = event.data.get("error", {})
+            raise ApiError(0, str(error.get("code")), str(error.get("message")))
+        self.last_id = event.id or self.last_id
+        return self.stop is not None and self.stop(event)

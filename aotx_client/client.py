@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 import httpx
 
-from ._protocol import (BASE, ApiError, Call, Event, Mutations, Reply, Sleep, SSEParser, Step, get, raise_for,
+from ._protocol import (BASE, ApiError, Call, Event, Follow, Mutations, Reply, Sleep, SSEParser, Step, get, raise_for,
                         read_result, request, wait_for_terminal)
 
 DEFAULT_RETRY_FOR = 120.0  # seconds one exact request is retried through timeouts, 503 and 429
@@ -174,12 +174,9 @@ class Client(_Common):
 
     def _follow(self, path: str, params: dict[str, str], cursor: str | None,
                 stop: Callable[[Event], bool] | None) -> Iterator[Event]:
-        last_id: str | None = None
-        if cursor is not None:
-            params = {**params, "cursor": cursor}
+        follow = Follow(params, cursor, stop)
         while True:
-            headers = {"Accept": "text/event-stream", **({"Last-Event-ID": last_id} if last_id else {})}
-            query = {k: v for k, v in params.items() if not (last_id and k == "cursor")}
+            headers, query = follow.request()
             parser = SSEParser()
             try:
                 with self.http.stream("GET", path, params=query, headers=headers, timeout=None) as r:
@@ -188,12 +185,9 @@ class Client(_Common):
                         raise_for(Reply(r.status_code, dict(r.headers), r.content))
                     for chunk in r.iter_bytes():
                         for event in parser.feed(chunk):
-                            if event.event == "error":
-                                error = event.data.get("error", {})
-                                raise ApiError(0, str(error.get("code")), str(error.get("message")))
-                            last_id = event.id or last_id
+                            done = follow.seen(event)
                             yield event
-                            if stop is not None and stop(event):
+                            if done:
                                 return
                     return  # the server ended the stream (an operation's terminal event)
             except httpx.TransportError:
@@ -298,12 +292,9 @@ class AsyncClient(_Common):
 
     async def _follow(self, path: str, params: dict[str, str], cursor: str | None,
                       stop: Callable[[Event], bool] | None) -> AsyncIterator[Event]:
-        last_id: str | None = None
-        if cursor is not None:
-            params = {**params, "cursor": cursor}
+        follow = Follow(params, cursor, stop)
         while True:
-            headers = {"Accept": "text/event-stream", **({"Last-Event-ID": last_id} if last_id else {})}
-            query = {k: v for k, v in params.items() if not (last_id and k == "cursor")}
+            headers, query = follow.request()
             parser = SSEParser()
             try:
                 async with self.http.stream("GET", path, params=query, headers=headers, timeout=None) as r:
@@ -312,12 +303,9 @@ class AsyncClient(_Common):
                         raise_for(Reply(r.status_code, dict(r.headers), r.content))
                     async for chunk in r.aiter_bytes():
                         for event in parser.feed(chunk):
-                            if event.event == "error":
-                                error = event.data.get("error", {})
-                                raise ApiError(0, str(error.get("code")), str(error.get("message")))
-                            last_id = event.id or last_id
+                            done = follow.seen(event)
                             yield event
-                            if stop is not None and stop(event):
+                            if done:
                                 return
                     return
             except httpx.TransportError:

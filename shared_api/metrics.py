@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.db import connection
 from django.http import HttpResponse
@@ -27,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.process_collector import ProcessCollector
 
 from . import ops
+from .middleware import HybridMiddleware
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponseBase
@@ -58,34 +58,15 @@ def record(method: str, route: str, status: int, started: float) -> None:
     REQUESTS.labels(method, route, str(status)).inc()
 
 
-class RequestMetricsMiddleware:
-    """Counts and times every request (outermost, so the time includes the other middleware).
-    Sync and async capable, like NoStoreMiddleware: no thread hop of its own under ASGI."""
-    sync_capable = True
-    async_capable = True
+class RequestMetricsMiddleware(HybridMiddleware):
+    """Counts and times every request Django serves (outermost, so the time includes the other
+    middleware)."""
 
-    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
-        self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
+    def before(self, request: HttpRequest) -> float:
+        return time.perf_counter()
 
-    def _record(self, request: HttpRequest, response: HttpResponseBase, started: float) -> None:
+    def after(self, request: HttpRequest, response: HttpResponseBase, started: float) -> None:
         record(str(request.method), route_of(request), response.status_code, started)
-
-    def __call__(self, request: HttpRequest) -> HttpResponseBase | Coroutine[Any, Any, HttpResponseBase]:
-        if self.is_async:
-            return self._acall(request)
-        started = time.perf_counter()
-        response: HttpResponseBase = self.get_response(request)
-        self._record(request, response, started)
-        return response
-
-    async def _acall(self, request: HttpRequest) -> HttpResponseBase:
-        started = time.perf_counter()
-        response: HttpResponseBase = await self.get_response(request)
-        self._record(request, response, started)
-        return response
 
 
 def _number(value: Any) -> float | None:

@@ -10,10 +10,10 @@ if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponseBase
 
 
-class NoStoreMiddleware:
-    """SPEC: all responses disable caching (errors, admin pages and the schema included).
-
-    Sync and async capable, so that under ASGI it adds no thread hop of its own."""
+class HybridMiddleware:
+    """The gateway's middleware base: sync and async capable, so that under ASGI a middleware adds
+    no thread hop of its own. A subclass says what happens around the response: `before` (its
+    result is handed to `after`) and `after`."""
     sync_capable = True
     async_capable = True
 
@@ -23,20 +23,35 @@ class NoStoreMiddleware:
         if self.is_async:
             markcoroutinefunction(self)
 
+    def before(self, request: HttpRequest) -> Any:
+        return None
+
+    def after(self, request: HttpRequest, response: HttpResponseBase, state: Any) -> None:
+        pass
+
     def __call__(self, request: HttpRequest) -> HttpResponseBase | Coroutine[Any, Any, HttpResponseBase]:
         if self.is_async:
             return self._acall(request)
-        response = self.get_response(request)
-        response["Cache-Control"] = "no-store"
+        state = self.before(request)
+        response: HttpResponseBase = self.get_response(request)
+        self.after(request, response, state)
         return response
 
     async def _acall(self, request: HttpRequest) -> HttpResponseBase:
-        response = await self.get_response(request)
-        response["Cache-Control"] = "no-store"
+        state = self.before(request)
+        response: HttpResponseBase = await self.get_response(request)
+        self.after(request, response, state)
         return response
 
 
-class StaticFilesMiddleware:
+class NoStoreMiddleware(HybridMiddleware):
+    """SPEC: all responses disable caching (errors, admin pages and the schema included)."""
+
+    def after(self, request: HttpRequest, response: HttpResponseBase, state: Any) -> None:
+        response["Cache-Control"] = "no-store"
+
+
+class StaticFilesMiddleware(HybridMiddleware):
     """Static files (the admin's CSS and JS): settings.STATIC_ROOT, filled by `collectstatic`
     (`make setup`), served under STATIC_URL through WhiteNoise's file table and responder (media
     types, ETag / Last-Modified and 304, HEAD, ranges, precompressed variants when present).
@@ -46,17 +61,12 @@ class StaticFilesMiddleware:
     HEAD of a collected file goes on at once (a dict lookup). Caching: none — NoStoreMiddleware
     gives these responses `Cache-Control: no-store` like every other (SPEC: all responses disable
     caching); they are a few small files of the admin console."""
-    sync_capable = True
-    async_capable = True
 
     def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
         from django.conf import settings
         from whitenoise.base import WhiteNoise
 
-        self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
+        super().__init__(get_response)
         self.files = WhiteNoise(None, max_age=None)  # no Cache-Control of its own: see above
         root = settings.STATIC_ROOT
         if root and os.path.isdir(root):  # before collectstatic there is nothing to serve

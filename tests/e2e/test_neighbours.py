@@ -4,13 +4,13 @@ a revoked principal's old token refused for good, and chat-template control toke
 tokenized as text on both the native input route and /v1/chat/completions."""
 import base64
 import json
-import secrets
 
 import pytest
 
 from gpu_worker.engine.tokenizer import Tokenizer
 from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.conftest import wait_for
+from tests.e2e.test_inputs_http import mutate
 from tests.harness import Stack
 
 pytestmark = pytest.mark.e2e
@@ -31,14 +31,6 @@ def stack(tiny_runtime, tmp_path_factory):
         assert mutate(s, token, "/participant", {})[0] == 202
     yield s
     s.stop()
-
-
-def mutate(stack, token, path, fields):
-    me = json.loads(stack.http("GET", f"{BASE}/participant", token=token)[2])
-    body = {"schema": "aotx.shared.mutation.v1", "lineage": me["lineage"], "operation_key": secrets.token_hex(16),
-            "sequence": me["next_sequence"], **fields}
-    status, _, out = stack.http("POST", BASE + path, body, token=token)
-    return status, json.loads(out)
 
 
 def capabilities(stack, token):

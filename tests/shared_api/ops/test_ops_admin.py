@@ -62,9 +62,11 @@ def test_the_admin_index_links_every_ops_page(staff, ops_device):
 def test_every_admin_page_shows_the_hold_state(staff, ops_device):
     page = staff.get("/admin/shared_api/principal/").content.decode()
     assert 'id="aotx-hold" data-state="not-held"' in page and "Journal: not held" in page
-    ops_device.status["journal"].update(hold=True, cause="file_cap", since_ns=1_700_000_000_000_000_000)
+    since_ns = 1_700_000_000_000_000_000
+    ops_device.status["journal"].update(hold=True, cause="file_cap", since_ns=since_ns)
     page = staff.get("/admin/").content.decode()
-    assert 'data-state="held"' in page and "Journal hold (file_cap) since 2023-11-14 22:13:20 UTC" in page
+    since = datetime.datetime.fromtimestamp(since_ns / 1e9, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    assert 'data-state="held"' in page and f"Journal hold (file_cap) since {since} UTC" in page
 
 
 def test_the_hold_state_says_when_the_device_is_unreachable(staff, no_device):
