@@ -67,13 +67,22 @@ class Device:
         if profile is None:
             raise DeviceBootError(f"runtime file {runtime.path} has no shared profile; run pack --shared")
         runtime.check_bootable()
-        self.capacities: dict[str, int] = profile["capacities"]
+        # a profile packed before memory existed gets the default memory capacity
+        self.capacities: dict[str, int] = {"memory": runtime_file.DEFAULT_CAPACITIES["memory"],
+                                           **profile["capacities"]}
         self.command_bytes = self.capacities["command_bytes"]
         # receipt slots only a registration may take (admission.py), so a new principal can always
         # register however full other principals made the table: 1/64 of it
         self.registration_reserve = self.capacities["receipts"] // REGISTRATION_RESERVE_SHARE
         self.checkpoint_bytes = profile["checkpoint_journal_bytes"]
         self.table_device = device
+        # the embedding model memory is written and recalled with (docs/memory.md); an offline
+        # command only needs its width
+        self.embedding_dim: int = runtime.json("emb/card")["embedding_dim"]
+        self.embedder: Any = None
+        if serve:
+            from .engine.embedding import EmbeddingModel
+            self.embedder = EmbeddingModel.from_runtime(runtime, device)
         # None only for an offline command (serve=False), which admits and reads nothing
         self.grants: Grants = cast(Grants, grants)
         self.grant_problem: str | None = None  # why the last grant-file reload failed, while it does
@@ -120,7 +129,8 @@ class Device:
 
     def _load(self) -> RecoveryResult:
         """(Re)build the state from the runtime file's checkpoint plus the journal."""
-        state = DeviceState(self.capacities, self.table_device, self.runtime.incarnation, self.runtime.generation)
+        state = DeviceState(self.capacities, self.table_device, self.runtime.incarnation, self.runtime.generation,
+                            self.embedding_dim)
         media_sources: dict[str, Any] = {}
         if self.runtime.has(checkpoint.STATE):
             media_sources = checkpoint.load_state(state, self.runtime.bytes(checkpoint.STATE), _INPUT)
@@ -263,12 +273,18 @@ class Device:
         replies = batch.replies
         for conn, req_id, status, rrow in batch.waiting:
             replies.append((conn, receipts.receipt_reply(self, req_id, status, rrow)))
-        for conn, msg in batch.reads:
+        reads, batch.reads = batch.reads, []
+        for conn, msg in reads:
             later = LATER.get(msg.get("op", ""))
             if later is None:
                 replies.append((conn, self.read(msg)))
             else:  # a subscription that waited for these saves opens now (its frames: the outbox)
                 later(self, conn, msg, batch)
+        if batch.reads:  # deferred again, behind transfers a save callback queued since: wait for those
+            behind = Batch()
+            behind.reads, batch.reads = batch.reads, []
+            behind.last_seq = self.committer.writer.next_seq - 1
+            self.committer.batches.append(behind)
         return replies
 
     def saved(self, transfers: list[Transfer]) -> None:
@@ -372,6 +388,8 @@ class Device:
                 request_id[1]()
             elif request_id[0] == "chat":
                 chat.event(self, request_id, token, data, finish)
+            elif request_id[0] == "interpret":
+                execution.interpretation_event(self, request_id[1], data, finish)
             else:
                 execution.engine_event(self, request_id[1], token, data, finish)
 
@@ -467,4 +485,5 @@ _REPLAY: dict[int, Callable[[Device, Transfer], None]] = {
     TransferKind.COMPLETION: lambda d, transfer: execution.apply_completion(d, transfer.payload, transfer),
     TransferKind.MEDIA: lambda d, transfer: media.apply(d, transfer.payload, transfer),
     TransferKind.HOLD: Device._replay_hold,
+    TransferKind.MEMORY: execution.replay_memory,
 }

@@ -458,7 +458,7 @@ def embedding_components(model_dir, *, name: str | None = None, source: dict | N
 
 def pack_default(runtime_path, *, shared: bool = False, capacity: dict | None = None, progress: bool = True,
                  gguf_path=None, embedding_dir=None, runtime_profile: dict | None = None,
-                 journal_limits: dict | None = None) -> dict:
+                 journal_limits: dict | None = None, automatic_memory: bool = False) -> dict:
     """Pack SmolLM2-135M-Instruct and all-MiniLM-L6-v2 from their PyPI packages (or the given local models)."""
     started = time.monotonic()
     if gguf_path is None:
@@ -473,8 +473,17 @@ def pack_default(runtime_path, *, shared: bool = False, capacity: dict | None = 
                                    source=_source(model_dir / "model.safetensors", DEFAULT_EMBEDDING[1]))
     else:
         emb = embedding_components(embedding_dir)
-    return _write(runtime_path, _chain(gen, emb), shared=shared, capacity=capacity,
+    return _write(runtime_path, _qualified(_chain(gen, emb), automatic_memory), shared=shared, capacity=capacity,
                   runtime_profile=runtime_profile, started=started, journal_limits=journal_limits)
+
+
+def _qualified(components: Iterable, automatic_memory: bool) -> Iterator:
+    """The components, with the generation card's automatic-memory capability set when asked:
+    the qualification retention mode 2 needs (docs/memory.md)."""
+    for name, kind, value in components:
+        if name == "gen/card" and automatic_memory:
+            value = {**value, "capabilities": {**value["capabilities"], "automatic_memory": True}}
+        yield name, kind, value
 
 
 def _chain(*iterables: Iterable) -> Iterator:
@@ -629,10 +638,11 @@ def _tiny_embedding(seed: int) -> Iterator:
 
 def pack_tiny(runtime_path, *, shared: bool = False, capacity: dict | None = None, seed: int = 0,
               with_embedding: bool = True, runtime_profile: dict | None = None,
-              journal_limits: dict | None = None) -> dict:
+              journal_limits: dict | None = None, automatic_memory: bool = False) -> dict:
     """A complete runtime with random weights and real tokenizers, for fast tests."""
     started = time.monotonic()
-    components = _chain(_tiny_generation(seed), _tiny_embedding(seed) if with_embedding else ())
+    components = _qualified(_chain(_tiny_generation(seed), _tiny_embedding(seed) if with_embedding else ()),
+                            automatic_memory)
     return _write(runtime_path, components, shared=shared, capacity=capacity,
                   runtime_profile=runtime_profile, started=started, journal_limits=journal_limits)
 
@@ -661,6 +671,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-embedding", action="store_true", help="omit the embedding model (--tiny only)")
     parser.add_argument("--gguf", metavar="PATH", help="LLaMA-family GGUF instead of SmolLM2-135M-Instruct")
     parser.add_argument("--embedding", metavar="DIR", help="sentence-transformers BERT directory")
+    parser.add_argument("--automatic-memory", action="store_true",
+                        help="qualify the generation model for automatic memory (retention mode 2)")
     parser.add_argument("--force", action="store_true", help="replace an existing file")
     parser.add_argument("--progress", action="store_true",
                         help="show progress when stderr is not a terminal too (a line at every tenth)")
@@ -695,7 +707,7 @@ def _run(args) -> str:
 
 
 def _pack(args, capacity: dict | None, limits: dict | None, started: float) -> str:
-    repack = args.tiny or args.gguf or args.embedding
+    repack = args.tiny or args.gguf or args.embedding or args.automatic_memory
     if os.path.exists(args.runtime) and not args.force:
         if not args.shared or repack:
             raise _UsageError(f"{args.runtime} exists; use --shared alone to enable shared operation on it, "
@@ -706,12 +718,13 @@ def _pack(args, capacity: dict | None, limits: dict | None, started: float) -> s
         status = "packed"
         if args.tiny:
             summary = pack_tiny(args.runtime, shared=args.shared, capacity=capacity, seed=args.seed or 0,
-                                with_embedding=not args.no_embedding, journal_limits=limits)
+                                with_embedding=not args.no_embedding, journal_limits=limits,
+                                automatic_memory=args.automatic_memory)
         else:
             summary = pack_default(args.runtime, shared=args.shared, capacity=capacity,
                                    progress=args.progress or sys.stderr.isatty(), gguf_path=args.gguf,
                                    embedding_dir=args.embedding,
-                                   journal_limits=limits)
+                                   journal_limits=limits, automatic_memory=args.automatic_memory)
     if args.shared:
         with RuntimeFile.open(args.runtime, verify=False) as packed:
             if not packed.has("emb/card"):

@@ -114,8 +114,9 @@ SCHEMAS = {
     "SpaceId": string(ID_PATTERNS["spc"], "spc-{lineage}-{32 hex}"),
     "ConversationId": string(ID_PATTERNS["con"], "con-{lineage}-{32 hex}"),
     "OperationId": string(ID_PATTERNS["op"], "op-{lineage}-{32 hex}, assigned by the device"),
+    "MemoryId": string(ID_PATTERNS["mem"], "mem-{lineage}-{32 hex}"),
     "ResourceId": {"anyOf": [ref("ParticipantId"), ref("SpaceId"), ref("ConversationId"),
-                             ref("OperationId"), string(ID_PATTERNS["mem"], "mem-{lineage}-{32 hex}")]},
+                             ref("OperationId"), ref("MemoryId")]},
     "Permission": {"type": "string", "enum": list(PERMISSIONS)},
     "Save": SAVE,
     "Receipt": obj({
@@ -144,6 +145,16 @@ SCHEMAS = {
                        "finish": nullable({"type": "string"})}),
         "effective": obj({"model_digest": nullable(string("^[0-9a-f]{64}$")),
                           "page_limit": nullable(ref("Counter"))}),
+        "memory": nullable(obj({
+            "retention": nullable({"type": "string", "enum": ["source", "interpret"]}),
+            "context": nullable({"type": "string", "enum": ["compact", "source_only", "managed", "plain"]}),
+            "retained": {"type": "array", "items": ref("MemoryId")},
+            "not_retained": {"type": "array", "items": obj({
+                "kind": {"type": "string", "enum": ["source", "interpretation", "control"]},
+                "reason": {"type": "string", "enum": ["memory_full", "quota_exceeded", "no_room"]}})}},
+            description="An input's recorded retention mode (`interpret` only where the model has automatic "
+                        "memory) and context rendering, the memory objects it retained, and what it did not "
+                        "(with why); a publication's copy. Null for other kinds.")),
     }, description=f"{RECEIPT_SCHEMA}. `sequence` is null for a reader other than the owner. `target` is "
                    "the created or addressed resource. `journal_hold` is the device's current journal hold "
                    "(null when none): new mutations answer 429 while it lasts. More keys may be added."),
@@ -253,10 +264,45 @@ SCHEMAS = {
          "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 1},
          "media": {"type": "array", "maxItems": MAX_MEDIA, "items": obj({
              "type": {"type": "string", "enum": list(MEDIA_TYPES)},
-             "sha256": string(SHA256)}, ("type", "sha256"), closed=True)}},
+             "sha256": string(SHA256)}, ("type", "sha256"), closed=True)},
+         "retention": {"type": "string", "enum": ["source", "interpret"], "default": "source",
+                       "description": "mode 1 retains the source text; mode 2 (`interpret`) also retains the "
+                                      "model's interpretation of the turn, where the model has automatic memory"},
+         "context": {"type": "string", "enum": ["compact", "source_only", "managed", "plain"],
+                     "default": "compact",
+                     "description": "how recalled memory enters the prompt: lease revision 3, 4, 5 or 2"}},
         ("text", "model"),
-        "`text` and `model`, optionally `max_output_tokens`, `pages`, `temperature`, `top_p`, `media`; the text "
-        "and 73 bytes per media link fit 2048 UTF-8 bytes"),
+        "`text` and `model`, optionally `max_output_tokens`, `pages`, `temperature`, `top_p`, `media`, "
+        "`retention`, `context`; the text and 73 bytes per media link fit 2048 UTF-8 bytes"),
+    "PublicationRequest": mutation_body(
+        "Publish a memory object into this space",
+        {"source": ref("MemoryId"), "source_version": ref("Counter")},
+        ("source", "source_version"), "`source` (a memory object the caller sees) and `source_version` (its "
+                                      "current version)"),
+    "MemoryRow": obj({
+        "object": ref("MemoryId"),
+        "version": ref("Counter"),
+        "kind": {"type": "string", "enum": ["source", "interpretation", "control"]},
+        "scope": {"type": "string", "enum": list(SCOPES)},
+        "published": {"type": "boolean"},
+        "managed": {"type": "boolean"},
+        "owner": {"type": "string", "description": "the memory owner: `private-{32 hex}`, the room's space ID, "
+                                                   "or `instance`"},
+        "room": nullable(ref("SpaceId")),
+        "byte_length": ref("Counter"),
+        "source": ref("OperationId"),
+        "actor": ref("ParticipantId"),
+    }, description="A 128-byte memory metadata row as JSON (docs/memory.md)."),
+    "MemoryList": listing("MemoryRow", "The memory of the space's owner, in write order."),
+    "MemoryDetail": obj({
+        "memory": ref("MemoryRow"),
+        "offset": {"type": "integer", "minimum": 0},
+        "length": {"type": "integer", "minimum": 0},
+        "next_offset": {"type": "integer", "minimum": 0},
+        "bytes": {"type": "string", "contentEncoding": "base64"},
+        "text": nullable({"type": "string"}),
+    }, description="One row and its exact payload bytes from `offset`; `text` is null unless the span is "
+                   "complete UTF-8."),
     "Sha256": string(SHA256, "a media source's sha256: 64 lowercase hex"),
     "Media": obj({"sha256": string(SHA256), "length": {"type": "integer", "minimum": 0},
                   "type": {"type": "string", "enum": list(MEDIA_TYPES)}}),
@@ -342,6 +388,7 @@ CODES = {
     "participant_not_found": "no such registered participant",
     "space_not_found": "no such space, or not visible to the caller",
     "conversation_not_found": "no such conversation, or not visible to the caller",
+    "memory_not_found": "no such memory object, or not visible to the caller (its owner's space is not readable)",
     "operation_not_found": "no such operation visible to the caller",
     "media_not_found": "a media reference names no source uploaded by this participant",
     # 409
@@ -365,6 +412,8 @@ CODES = {
     "page_limit_exceeds_pool": "`pages` exceeds the KV page pool",
     "no_result": "the operation has no result bytes (it is not an input)",
     "space_not_empty": "the space still holds conversations; delete them first",
+    "stale_version": "`source_version` is not the memory object's current version",
+    "unsupported_kind": "the memory object is not retained text, which is what a publication copies",
     "conversation_busy": "the conversation has an unfinished input; cancel it or wait for its terminal result",
     "deadline_exceeded": "the input ran past its execution deadline",
     # 410
@@ -392,6 +441,7 @@ CODES = {
     "participant_capacity": "the participant table is full",
     "space_capacity": "the space table is full",
     "member_capacity": "the member table is full",
+    "memory_full": "the memory table is full",
     "conversation_capacity": "the conversation table is full",
     "media_write_failed": "the device could not write the media source to its disk (the error is in `message`)",
 }
@@ -428,6 +478,7 @@ PATH_PARAMETERS = {
     "space": ("SpaceId", "spc-{lineage}-{32 hex}"),
     "conversation": ("ConversationId", "con-{lineage}-{32 hex}"),
     "operation": ("OperationId", "op-{lineage}-{32 hex}"),
+    "memory": ("MemoryId", "mem-{lineage}-{32 hex}"),
     "sha256": ("Sha256", "64 lowercase hex"),
 }
 
@@ -556,6 +607,22 @@ OPERATIONS = {  # keyed by the device command each route calls
         description="Always server-sent events: the saved output from `offset` (bytes; default 0, or "
                     "`Last-Event-ID`), each span as it is saved, then the terminal event. Readers of the "
                     "conversation's space may follow another member's input."),
+    "memory.list": _read(
+        "Memory of a space", "MemoryList", {403: ("right_missing",), 404: ("space_not_found",)},
+        path="space", listing=True,
+        description="The rows of the space's memory owner (a private space's own, a room's, or the instance's), "
+                    "in write order; readable during a journal hold."),
+    "memory.get": _read(
+        "One memory object", "MemoryDetail", {400: ("bad_offset",), 404: ("memory_not_found",)}, path="memory",
+        description="Its row and exact payload bytes from query `offset` (bytes, default 0). 404 for an object "
+                    "whose owner's space the caller may not read now."),
+    "publications.record": _mutation(
+        "Publish a memory object", "PublicationRequest",
+        {403: ("right_missing",), 404: ("space_not_found", "memory_not_found"),
+         409: ("stale_version", "unsupported_kind"), 507: ("memory_full",)}, path="space",
+        description="Needs the manage right on this (destination) space and a source memory object the caller "
+                    "sees, at its current version. The copy is a new object of this space's memory owner "
+                    "(`published` true; the receipt's `target`); the original keeps its scope."),
     "operations.result": _read(
         "Result bytes of an input", "Result",
         {400: ("bad_offset",), 404: ("operation_not_found",), 409: ("no_result",), 410: ("operation_retired",),
@@ -744,6 +811,8 @@ ROUTES = {  # OPERATIONS key -> path under the base (the views' URLconf; the tes
     "retirements.record": "/retirements", "cancellations.record": "/cancellations",
     "spaces.delete": "/spaces/{space}/deletion", "conversations.delete": "/conversations/{conversation}/deletion",
     "media.put": "/aotx/v1/media/{sha256}", "conversations.input": "/conversations/{conversation}/inputs", "operations.result": "/operations/{operation}/result",
+    "memory.list": "/spaces/{space}/memory", "memory.get": "/memory/{memory}",
+    "publications.record": "/spaces/{space}/publications",
     "conversations.events": "/conversations/{conversation}/events", "operations.subscribe": "/operations/{operation}/events",
 }
 

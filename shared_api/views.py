@@ -30,7 +30,9 @@ from .strict import Mutation, decimal_counter, hex32, resource_id
 
 DIGITS = re.compile(r"[0-9]{1,4}")  # ASCII digits only: str.isdigit() also accepts "²" and "٣"
 DIGITS_ANY = re.compile(r"[0-9]{1,18}")
-INPUT_FIELDS = ("text", "model", "max_output_tokens", "pages", "temperature", "top_p", "media")
+INPUT_FIELDS = ("text", "model", "max_output_tokens", "pages", "temperature", "top_p", "media", "retention", "context")
+RETENTIONS = ("source", "interpret")
+CONTEXTS = ("compact", "source_only", "managed", "plain")
 
 
 def list_args(request: Request, allowed: tuple[str, ...] = (), **extra: Any) -> dict[str, Any]:
@@ -238,6 +240,9 @@ class InputsView(SharedView):
             _integer(fields, name)
         for name in ("temperature", "top_p"):
             _number(fields, name)
+        for name, allowed in (("retention", RETENTIONS), ("context", CONTEXTS)):
+            if name in fields and fields[name] not in allowed:
+                raise ServiceError(400, "bad_field", f"{name} must be one of {', '.join(allowed)}")
         media = fields.get("media", [])
         if (not isinstance(media, list) or len(media) > MAX_MEDIA
                 or any(not isinstance(m, dict) or set(m) != {"type", "sha256"} or m["type"] not in MEDIA_TYPES
@@ -246,6 +251,33 @@ class InputsView(SharedView):
                                              "lowercase hex}")
         return DeviceCall("conversations.input",
                                mutation.args(conversation=resource_id(conversation, "con"), **fields))
+
+
+class MemoryListView(SharedView):
+    @doc("memory.list")
+    def get(self, request: Request, space: str) -> DeviceCall:
+        return DeviceCall("memory.list", list_args(request, space=resource_id(space, "spc")))
+
+
+class MemoryView(SharedView):
+    @doc("memory.get")
+    def get(self, request: Request, memory: str) -> DeviceCall:
+        no_query(request, allowed=("offset",))
+        offset = request.query_params.get("offset", "0")
+        if not DIGITS_ANY.fullmatch(offset):
+            raise ServiceError(400, "bad_offset", "offset must be a non-negative integer")
+        return DeviceCall("memory.get", {"memory": resource_id(memory, "mem"), "offset": int(offset)})
+
+
+class PublicationsView(SharedView):
+    @doc("publications.record")
+    def post(self, request: Request, space: str) -> DeviceCall:
+        mutation = Mutation(request, ("source", "source_version"), required=("source", "source_version"))
+        fields = mutation.fields
+        resource_id(fields["source"], "mem")
+        if not isinstance(fields["source_version"], str) or not DIGITS_ANY.fullmatch(fields["source_version"]):
+            raise ServiceError(400, "bad_field", "source_version must be a decimal string (the row's version)")
+        return DeviceCall("publications.record", mutation.args(space=resource_id(space, "spc"), **fields))
 
 
 class ResultView(SharedView):

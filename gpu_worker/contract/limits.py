@@ -8,3 +8,7 @@ DEFAULT_LIMIT = 50             # list reads
 MAX_LIMIT = 200
 MAX_BODY_BYTES = 65536         # a shared-route JSON body
 MAX_CHAT_BODY_BYTES = 1 << 20  # a /v1/chat/completions body
+MEMORY_PAYLOAD_BYTES = INPUT_BYTES  # one memory row's payload: a whole input's text and media links
+RECALL_K = 4                       # memory rows recalled into an input's prompt
+RECALL_CONTEXT_BYTES = 1024        # the recalled items' rendered text, at most (docs/memory.md)
+INTERPRETATION_TOKENS = 48         # the model's interpretation of a turn (retention mode 2)

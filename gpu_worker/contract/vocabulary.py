@@ -22,7 +22,8 @@ TERMINAL_STATUSES = ("succeeded", "failed", "cancelled", "interrupted", "deadlin
 HOLD_CAUSES = ("file_cap", "low_disk", "disk_full")
 # Per-principal quotas of the grant file (docs/grants.md): what one principal may hold at once.
 # Unset: unlimited (within the tables' capacities and the global reserve).
-QUOTAS = ("receipts", "spaces", "conversations", "media_bytes", "chats", "queued_inputs", "kv_pages")
+QUOTAS = ("receipts", "spaces", "conversations", "media_bytes", "chats", "queued_inputs", "kv_pages",
+          "memory_rows")
 MAX_QUOTA = (1 << 63) - 1
 
 
@@ -61,6 +62,8 @@ COMMANDS = {c.op: c for c in (
     Command("operations.list", READ),
     Command("operations.get", READ),
     Command("operations.result", READ),
+    Command("memory.list", READ),
+    Command("memory.get", READ),
     Command("models.list", CHAT),
     # answered outside the read/mutation order; subscriptions answer with a stream of frames
     Command("chat.completions", CHAT),
@@ -78,4 +81,5 @@ COMMANDS = {c.op: c for c in (
     Command("cancellations.record", WRITE, "cancellation"),
     Command("spaces.delete", MANAGE, "space.delete"),
     Command("conversations.delete", MANAGE, "conversation.delete"),
+    Command("publications.record", MANAGE, "publication"),
 )}

@@ -35,6 +35,7 @@ MAX_BYTE_LENGTH = (1 << 32) - 1
 class Kind(IntEnum):
     SOURCE = 1          # an input's source text (retention mode 1 and 2)
     INTERPRETATION = 2  # the model's short interpretation of a turn (mode 2)
+    CONTROL = 3         # an affect-managed lease's control record: management flag, completion state
 
 
 class Flag(IntFlag):

@@ -5,7 +5,7 @@ module: they share the tombstone rule below.
 A conversation can be deleted while none of its inputs is unfinished (409 `conversation_busy`);
 a space once it holds no conversation (409 `space_not_empty`: delete those first). Deleting
 removes the resource at once: its ID no longer resolves (404), its events and streams end, its
-member rows (a space's) are freed, it stops counting against its creator's quota, and the same ID
+member rows and its memory (a space's: a room's or a private space's own rows) are freed, it stops counting against its creator's quota, and the same ID
 may be created again. Its table row becomes a tombstone (state 2) that keeps the old ID, because
 live receipts still name it as their target (its creation, its inputs, this deletion); the row
 itself returns to the table once the last of those receipts is retired (`release_tombstones`,
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..contract import ids
 from ..contract.errors import ServiceError
 from ..state.tables import C, R, S, Right, Terminal
-from . import access, events
+from . import access, events, memory
 from .kind import Kind, OperationKind
 from .spaces import space_key
 
@@ -94,6 +94,7 @@ def apply_space(d: Device, a: Admission, prow: int, transfer_seq: int | None, rr
     state = d.state
     t = state.tables
     srow = state.spaces.by_id.pop(space_key(a.extra["space"]))
+    memory.release_space(d, srow)  # before the tombstone: its scope names the owner
     t.write_row(t.spaces, srow, {S.STATE: TOMBSTONE})
     members = state.members
     for key in [k for k in members.rows if k[0] == srow]:  # member rows are named by no receipt: free now

@@ -2,19 +2,21 @@
 input and the reads of its result bytes. What happens after the admission is saved (lease,
 engine, output, completion) is gpu_worker/execution.py.
 
-The admission records the accepted model digest and the effective page limit and output limit
-apart from the caller's bytes; defaults are the profile's (256 output tokens, the page grant,
+The admission records the accepted model digest, the effective page limit and output limit, and
+the retention mode and context revision its lease will carry, apart from the caller's bytes; defaults are the profile's (256 output tokens, the page grant,
 temperature 0, top_p 1).
 """
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from ..contract import ids
 from ..contract.errors import ServiceError
 from ..contract.limits import INPUT_BYTES, MAX_MEDIA, MEDIA_LINK_BYTES
 from ..state.tables import C, R, Right, Terminal
-from . import access, events, quotas
+from ..storage import leases
+from . import access, events, memory, quotas
 from .conversations import target_id, visible_to
 from .kind import Kind, OperationKind
 
@@ -27,6 +29,30 @@ if TYPE_CHECKING:
 RESERVED_TOKENS = ("<|image|>", "<|audio|>", "<image>", "<audio>", "<|media|>", "<|vision_start|>",
                    "<|vision_end|>", "<|image_pad|>", "<|video_pad|>", "<|audio_bos|>", "<|audio_eos|>",
                    "<start_of_image>", "<end_of_image>", "<|begin_of_image|>", "<|end_of_image|>")
+
+
+# the input's memory choices (docs/memory.md): its retention mode, and its context rendering as
+# the lease revision that selects it
+RETENTIONS = {"source": leases.RETAIN_SOURCE, "interpret": leases.RETAIN_AND_INTERPRET}
+CONTEXTS = {"plain": 2, "compact": leases.COMPACT, "source_only": leases.SOURCE_ONLY, "managed": leases.AFFECT_MANAGED}
+
+
+def media_link(sha256: str) -> str:
+    return "\nmedia://" + sha256
+
+
+def input_body(d: Device, rrow: int) -> dict[str, Any]:
+    """The input's saved command body (its text, media, settings)."""
+    t = d.state.tables
+    body: dict[str, Any] = json.loads(t.get_bytes(t.command_bytes, rrow, t.value(t.receipts, rrow, R.COMMAND_LEN)))["body"]
+    return body
+
+
+def input_text(d: Device, rrow: int) -> str:
+    """The input's text with the device's media links appended (what the model reads, and what
+    retention mode 1 keeps: the links stay text in memory)."""
+    body = input_body(d, rrow)
+    return str(body["text"]) + "".join(media_link(m["sha256"]) for m in body.get("media", []))
 
 
 def model_card(d: Device, name: Any) -> dict[str, Any]:
@@ -83,6 +109,14 @@ def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], k
         raise ServiceError(400, "bad_field", "temperature must be a number in [0, 2]")
     if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
         raise ServiceError(400, "bad_field", "top_p must be a number in (0, 1]")
+    retention, context = args.get("retention", "source"), args.get("context", "compact")
+    if retention not in RETENTIONS:
+        raise ServiceError(400, "bad_field", f"retention must be one of {', '.join(RETENTIONS)}")
+    if context not in CONTEXTS:
+        raise ServiceError(400, "bad_field", f"context must be one of {', '.join(CONTEXTS)}")
+    mode = RETENTIONS[retention]
+    if mode == leases.RETAIN_AND_INTERPRET and not card["capabilities"]["automatic_memory"]:
+        mode = leases.RETAIN_SOURCE  # recorded as mode 1: this model cannot interpret (SPEC)
     quotas.check(d, principal, prow, "queued_inputs")
     quotas.check(d, principal, prow, "kv_pages", pages)
     conversation = ids.CONVERSATION_ID.match(args["conversation"])
@@ -90,7 +124,7 @@ def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], k
     return {"conversation": list(ids.split_id(conversation)),
             "model": d.model_digest, "pages": pages, "max_output_tokens": max_output,
             "temperature": float(temperature), "top_p": float(top_p),
-            "media": [[r["type"], r["sha256"]] for r in media]}
+            "media": [[r["type"], r["sha256"]] for r in media], "retention": mode, "revision": CONTEXTS[context]}
 
 
 def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
@@ -109,7 +143,10 @@ def columns(d: Device, a: Admission) -> dict[int, int]:
     recorded = a.extra["conversation"]
     crow = d.state.conversations.by_id[(recorded[0], recorded[1])]
     return {R.TERMINAL: Terminal.NONE, R.PAGE_LIMIT: a.extra["pages"], R.MAX_OUTPUT: a.extra["max_output_tokens"],
-            R.ORDER: t.value(t.conversations, crow, C.INPUTS)}
+            R.ORDER: t.value(t.conversations, crow, C.INPUTS),
+            # what its lease will record (admissions from before memory: mode 1, revision 3)
+            R.RETENTION: a.extra.get("retention", leases.RETAIN_SOURCE),
+            R.REVISION: a.extra.get("revision", leases.COMPACT) + 1}
 
 
 def saved(d: Device, rrow: int) -> None:
@@ -119,4 +156,5 @@ def saved(d: Device, rrow: int) -> None:
 
 
 SUBMIT: OperationKind = OperationKind(Kind.INPUT, "conversations.input", check=check, apply=apply, target_id=target_id,
-                       visible_to=visible_to, columns=columns, executes=True, saved=saved)
+                       visible_to=visible_to, columns=columns, executes=True, saved=saved,
+                       memory=memory.input_receipt)

@@ -7,7 +7,8 @@ admission transfer (IDs, never rows, so replay re-resolves them). `apply` cannot
 the tables live and at replay alike and returns the row of the operation's target. `target_id`
 renders that target in the receipt, `visible_to` says whether another participant may read the
 receipt, `columns` fills receipt columns of the kind's own, `saved` runs once a live admission is
-saved (an input starts executing and its event is pushed).
+saved (an input starts executing and its event is pushed), `memory` renders the memory objects it
+wrote into its receipt.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class Kind(IntEnum):
     CANCELLATION = 7
     SPACE_DELETE = 8
     CONVERSATION_DELETE = 9
+    PUBLICATION = 10
 
 
 # check(device, principal, participant row or None, args, operation key, sequence) -> admission extra
@@ -46,6 +48,8 @@ TargetId = Callable[["Device", list[int], bytes], str]
 VisibleTo = Callable[["Device", bytes, "int | None", list[int]], bool]
 # columns(device, admission) -> {receipt column: value}
 Columns = Callable[["Device", "Admission"], dict[int, int]]
+# memory(device, receipt row values, the participant's lineage) -> the receipt's "memory" (JSON text)
+MemoryJson = Callable[["Device", list[int], bytes], str]
 # saved(device, receipt row): the admission is saved (live only; replay finds it saved)
 Saved = Callable[["Device", int], None]
 # a read: read(device, principal bytes (None for ops commands), args) -> (status, body)
@@ -62,11 +66,11 @@ def owner_only(device: Device, principal: bytes, reader: int | None, row: list[i
 
 class OperationKind:
     __slots__ = ("code", "op", "name", "action", "check", "apply", "target_id", "visible_to", "columns", "executes",
-                 "saved")
+                 "saved", "memory")
 
     def __init__(self, code: Kind, op: str, *, check: Check, apply: Apply, target_id: TargetId,
                  visible_to: VisibleTo = owner_only, columns: Columns | None = None, executes: bool = False,
-                 saved: Saved | None = None) -> None:
+                 saved: Saved | None = None, memory: MemoryJson | None = None) -> None:
         command = COMMANDS[op]
         if command.receipt_kind is None or command.action is None:
             raise ValueError(f"{op} is not a mutation command of the contract")
@@ -83,6 +87,7 @@ class OperationKind:
         # kind finishes at admission, and the transfer that saves the admission saves its result
         self.executes = executes
         self.saved = saved  # what follows once the admission is saved (start execution, push events)
+        self.memory = memory  # the memory it wrote, for its receipt (None: "memory": null)
 
     def __repr__(self) -> str:
         return f"OperationKind({self.name})"

@@ -15,6 +15,8 @@ What each counts, for the caller's participant:
   queued_inputs  its inputs admitted and not yet finished (queued or running)
   kv_pages       the page limits of those inputs and of its running chats (each reserves its
                  whole page limit in the shared KV pool)
+  memory_rows    live memory rows it wrote (retained from its inputs, or its publications'
+                 copies); an input over it still runs, and its receipt says what was not retained
 """
 from __future__ import annotations
 
@@ -92,11 +94,24 @@ def _kv_pages(d: Device, principal: bytes, prow: int | None) -> int:
     return _unfinished_inputs(d, prow)[1] + sum(_chat_subscriptions(d, principal))
 
 
+def _memory_rows(d: Device, principal: bytes, prow: int | None) -> int:
+    if prow is None:
+        return 0
+    return d.state.memory.written_by(d.state.participants.raw[prow])
+
+
 COUNTS: dict[str, Callable[[Device, bytes, "int | None"], int]] = {
     "receipts": _receipts, "spaces": _spaces, "conversations": _conversations, "media_bytes": _media_bytes,
     "chats": _chats, "queued_inputs": _queued_inputs, "kv_pages": _kv_pages,
+    "memory_rows": _memory_rows,
 }
 assert tuple(COUNTS) == QUOTAS
+
+
+def allows(d: Device, principal: bytes, prow: int | None, name: str, adding: int = 1) -> bool:
+    """Whether `adding` more of `name` stays within the principal's quota (no refusal)."""
+    limit = d.grants.quota(principal.hex(), name)
+    return limit is None or COUNTS[name](d, principal, prow) + adding <= limit
 
 
 def check(d: Device, principal: bytes, prow: int | None, name: str, adding: int = 1) -> None:

@@ -88,6 +88,7 @@ def render(d: Device, rrow: int, own: bool) -> tuple[str, bytes]:
         f'"device":{{"committed":true}},"disk_error":{disk_error},'
         f'"effective":{effective},"journal_hold":null,'
         f'"kind":"{kind.name}",'
+        f'"memory":{kind.memory(d, row, lineage) if kind.memory is not None else "null"},'
         f'"operation":"{op_id}",'
         f'"operation_key":"{join16(row[R.KEY_HI], row[R.KEY_LO]).hex()}",'
         f'"participant":"{d.state.participants.public_id[prow]}",'

@@ -8,8 +8,8 @@ gpu_worker/contract/vocabulary.py, its gateway route (docs/adding-an-operation-k
 """
 from __future__ import annotations
 
-from . import (cancellations, chat, conversations, deletions, events, inputs, media, members, operations,
-               participants, retirements, service, spaces)
+from . import (cancellations, chat, conversations, deletions, events, inputs, media, members, memory, operations,
+               participants, publications, retirements, service, spaces)
 from .kind import Later, OperationKind, Read
 
 _KINDS: tuple[OperationKind, ...] = (
@@ -22,6 +22,7 @@ _KINDS: tuple[OperationKind, ...] = (
     cancellations.RECORD,
     deletions.DELETE_SPACE,
     deletions.DELETE_CONVERSATION,
+    publications.RECORD,
 )
 KINDS: dict[int, OperationKind] = {k.code: k for k in _KINDS}   # by the code the journal records
 MUTATIONS: dict[str, OperationKind] = {k.op: k for k in _KINDS}  # by device command
@@ -36,6 +37,7 @@ READS: dict[str, Read] = {
     **operations.OPS_READS,
     **events.READS,
     **chat.READS,
+    **memory.READS,
 }
 
 # Commands answered outside the read/mutation order of a tick (a subscription's frames come later).

@@ -1,23 +1,28 @@
 """What is true on the device: the tables (fixed-capacity tensors), their host-side indexes and
-free rows, the counters a checkpoint saves, and the media sources. `DeviceState` is the whole of
-it; the operations (gpu_worker/ops/) read and change it, and replay rebuilds it from the runtime
-file's checkpoint plus the journal."""
+free rows, the counters a checkpoint saves, the memory table (state/memory.py) and the media
+sources. `DeviceState` is the whole of it; the operations (gpu_worker/ops/) read and change it,
+and replay rebuilds it from the runtime file's checkpoint plus the journal."""
 from __future__ import annotations
 
 from typing import Any
 
+from .memory import MemoryTable
 from .indexes import (ConversationIndex, MediaSource, MemberIndex, ParticipantIndex, ReceiptIndex,
                       SpaceIndex)
+from ..contract.limits import MEMORY_PAYLOAD_BYTES
 from .tables import P, Tables
 
 __all__ = ["DeviceState", "MediaSource"]
 
 
 class DeviceState:
-    def __init__(self, capacities: dict[str, int], device: str, incarnation: bytes, generation: int) -> None:
+    def __init__(self, capacities: dict[str, int], device: str, incarnation: bytes, generation: int,
+                 embedding_dim: int = 384) -> None:
         self.capacities = capacities
         self.incarnation = incarnation
         self.tables = Tables(capacities, device)
+        self.memory = MemoryTable(capacities["memory"], MEMORY_PAYLOAD_BYTES, embedding_dim, capacities["spaces"],
+                                  self.tables.device)
         self.admissions = 0           # admission counter: operation IDs and creation order
         self.boot = 0
         self.last_boot_ns = 0

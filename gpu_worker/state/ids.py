@@ -47,3 +47,9 @@ def operation_counter(incarnation: bytes, raw: bytes) -> int | None:
 
 def memory_owner(incarnation: bytes, space: str) -> bytes:
     return _h(b"aotx/memory-owner\0", incarnation + space.encode())
+
+
+def memory_object(incarnation: bytes, operation: bytes, kind: int) -> bytes:
+    """A memory object's id: one per (writing operation, memory kind), so replay and the receipt
+    that names it derive the same ID without a list."""
+    return _h(b"aotx/memory\0", incarnation + operation + bytes([kind]))

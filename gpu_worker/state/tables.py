@@ -103,6 +103,10 @@ class R:
     TARGET_OP_HI = 27  # a cancellation's target operation
     TARGET_OP_LO = 28
     ORDER = 29         # an input's event order in its conversation (1, 2, ...; kept after retirements)
+    RETENTION = 30     # an input's retention mode as its lease recorded it (1, 2), 0 before
+    REVISION = 31      # its lease's revision + 1, 0 before
+    RETAINED = 32      # memory it retained: bit (1 << memory kind) per kind (memory/rows.py Kind)
+    NOT_RETAINED = 33  # memory it did not: a Refused code per kind, 4 bits at (4 * memory kind)
 
 
 class Terminal(IntEnum):
@@ -122,6 +126,14 @@ class Finish(IntEnum):
     DEADLINE = 4
     INTERRUPTED = 5
     FAILED = 6
+
+
+class NotRetained(IntEnum):
+    """Why an input's memory row was not written (its receipt's memory.not_retained)."""
+    NONE = 0
+    MEMORY_FULL = 1     # the memory table had no free row
+    QUOTA_EXCEEDED = 2  # its principal's memory_rows quota was used up
+    NO_ROOM = 3         # the interpretation prompt did not fit the input's page limit
 
 
 class Source(IntEnum):

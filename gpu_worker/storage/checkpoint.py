@@ -56,6 +56,7 @@ def encode_state(state: DeviceState, last_seq: int, last_digest: bytes, generati
         "media": {sha: [source.length, source.type, [raw[p] for p in sorted(source.owners)]]
                   for sha, source in state.media.items()},
         "holds": state.hold_incidents,
+        "memory": state.memory.encode(),
         "written_ns": time.time_ns(),
     }, use_bin_type=True)
     return blob
@@ -103,6 +104,8 @@ def load_state(state: DeviceState, blob: bytes | memoryview, input_kind: int) ->
     state.checkpoint_seq, state.checkpoint_digest = saved["last_seq"], saved["last_digest"]
     state.save_generation = saved["generation"]
     state.hold_incidents = saved.get("holds", [])
+    if "memory" in saved:  # a checkpoint from before memory has none
+        state.memory.load(saved["memory"])
     if narrow:
         _derive_event_orders(state, input_kind)
     media: dict[str, Any] = saved.get("media", {})

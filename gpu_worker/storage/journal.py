@@ -59,6 +59,7 @@ class TransferKind(IntEnum):
     CHECKPOINT = 7
     MEDIA = 8
     HOLD = 9
+    MEMORY = 10
 
 
 _records = native.load("jcodec").records

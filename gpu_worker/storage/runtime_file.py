@@ -64,6 +64,7 @@ DEFAULT_CAPACITIES = {
     "receipts": 1024,
     "command_bytes": 8192,
     "result_bytes": 65536,
+    "memory": 4096,  # memory rows: retained sources, interpretations, publications (docs/memory.md)
 }
 # Treat the two profiles below as read-only templates: copy before changing.
 DEFAULT_SHARED_PROFILE = {

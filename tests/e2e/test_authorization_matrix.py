@@ -21,6 +21,7 @@ depend on each other's order.
 import json
 import re
 import secrets
+import time
 
 import pytest
 
@@ -56,6 +57,9 @@ ROUTES = {
     "GET conversations/{private}/events": ("GET", "/conversations/{private_con}/events"),
     "GET conversations/{instance}/events": ("GET", "/conversations/{instance_con}/events"),
     "GET operations/{private}/events": ("GET", "/operations/{private_input}/events"),
+    "GET spaces/{private}/memory": ("GET", "/spaces/{private}/memory"),
+    "GET spaces/{instance}/memory": ("GET", "/spaces/{instance}/memory"),
+    "GET memory/{private}": ("GET", "/memory/{private_mem}"),
     "POST spaces": ("POST", "/spaces"),
     "POST spaces/{private}/members": ("POST", "/spaces/{private}/members"),
     "POST spaces/{instance}/members": ("POST", "/spaces/{instance}/members"),
@@ -66,6 +70,8 @@ ROUTES = {
     "POST spaces/{private}/deletion": ("POST", "/spaces/{private}/deletion"),
     "POST spaces/{instance}/deletion": ("POST", "/spaces/{instance}/deletion"),
     "POST conversations/{ghost}/deletion": ("POST", "/conversations/{ghost_con}/deletion"),
+    "POST spaces/{private}/publications": ("POST", "/spaces/{private}/publications"),
+    "POST spaces/{instance}/publications": ("POST", "/spaces/{instance}/publications"),
     "POST cancellations": ("POST", "/cancellations"),
     "POST retirements": ("POST", "/retirements"),
     "POST participant": ("POST", "/participant"),
@@ -78,6 +84,7 @@ RIGHT = (403, "right_missing")
 NO_SPACE = (404, "space_not_found")
 NO_CON = (404, "conversation_not_found")
 NO_OP = (404, "operation_not_found")
+NO_MEM = (404, "memory_not_found")
 UNREG = (409, "participant_not_registered")
 REGISTERED = (409, "already_registered")
 NOT_CANCELLABLE = (409, "not_cancellable")
@@ -96,6 +103,7 @@ _IMPLICIT_INSTANCE = {
     "GET operations/{instance}": OK,
     "POST spaces/{instance}/members": RIGHT, "POST spaces/{instance}/conversations": NEW,
     "POST conversations/{instance}/inputs": NEW, "POST spaces/{instance}/deletion": RIGHT,
+    "GET spaces/{instance}/memory": OK, "POST spaces/{instance}/publications": RIGHT,
 }
 _INVISIBLE_PRIVATE = {
     "GET spaces/{private}": NO_SPACE, "GET spaces/{private}/members": NO_SPACE,
@@ -104,6 +112,8 @@ _INVISIBLE_PRIVATE = {
     "POST spaces/{private}/members": NO_SPACE, "POST spaces/{private}/conversations": NO_SPACE,
     "POST conversations/{private}/inputs": NO_CON, "GET operations/{private}/result": NO_OP,
     "POST spaces/{private}/deletion": NO_SPACE,
+    "GET spaces/{private}/memory": NO_SPACE, "GET memory/{private}": NO_MEM,
+    "POST spaces/{private}/publications": NO_SPACE,
 }
 _OWN_READS = {
     "GET capabilities": OK, "GET participant": OK, "GET participants/{par}": OK, "GET spaces": OK,
@@ -128,6 +138,8 @@ EXPECTED = {
         "POST conversations/{private}/inputs": NEW, "POST conversations/{instance}/inputs": NEW,
         "GET operations/{private}/result": OK,
         "POST spaces/{private}/deletion": NOT_EMPTY, "POST spaces/{instance}/deletion": NOT_EMPTY,
+        "GET spaces/{private}/memory": OK, "GET spaces/{instance}/memory": OK, "GET memory/{private}": OK,
+        "POST spaces/{private}/publications": NEW, "POST spaces/{instance}/publications": NEW,
     },
     # member row [read] on the private space
     "reader": {
@@ -138,6 +150,7 @@ EXPECTED = {
         "POST spaces/{private}/members": RIGHT, "POST spaces/{private}/conversations": RIGHT,
         "POST conversations/{private}/inputs": RIGHT, "GET operations/{private}/result": OK,
         "POST spaces/{private}/deletion": RIGHT,
+        "GET spaces/{private}/memory": OK, "GET memory/{private}": OK, "POST spaces/{private}/publications": RIGHT,
     },
     # member row [write]: the space is visible but unreadable. A receipt is readable only where
     # its target space is readable (spaces.py receipt_visible_to), so the creating receipt is 404.
@@ -149,6 +162,8 @@ EXPECTED = {
         "POST spaces/{private}/members": RIGHT, "POST spaces/{private}/conversations": NEW,
         "POST conversations/{private}/inputs": NEW, "GET operations/{private}/result": NO_OP,
         "POST spaces/{private}/deletion": RIGHT,
+        "GET spaces/{private}/memory": RIGHT, "GET memory/{private}": NO_MEM,
+        "POST spaces/{private}/publications": RIGHT,
     },
     # member row [manage]
     "manager": {
@@ -159,6 +174,9 @@ EXPECTED = {
         "POST spaces/{private}/members": NEW, "POST spaces/{private}/conversations": RIGHT,
         "POST conversations/{private}/inputs": RIGHT, "GET operations/{private}/result": NO_OP,
         "POST spaces/{private}/deletion": NOT_EMPTY,
+        # manage without read: the destination passes, the source (its memory) is not visible
+        "GET spaces/{private}/memory": RIGHT, "GET memory/{private}": NO_MEM,
+        "POST spaces/{private}/publications": NO_MEM,
     },
     # registered, no member row anywhere
     "outsider": {**_OWN_READS, **_REGISTERED_WRITER, **_IMPLICIT_INSTANCE, **_INVISIBLE_PRIVATE},
@@ -170,6 +188,7 @@ EXPECTED = {
         "GET operations/{instance}": NO_OP,
         "POST spaces/{instance}/members": NO_SPACE, "POST spaces/{instance}/conversations": NO_SPACE,
         "POST conversations/{instance}/inputs": NO_CON, "POST spaces/{instance}/deletion": NO_SPACE,
+        "GET spaces/{instance}/memory": NO_SPACE, "POST spaces/{instance}/publications": NO_SPACE,
     },
     # every grant, never registered: sees nothing, every mutation but registration is 409
     "newcomer": {
@@ -183,6 +202,8 @@ EXPECTED = {
         "POST cancellations": UNREG, "POST retirements": UNREG, "POST participant": NEW,
         "POST spaces/{private}/deletion": UNREG, "POST spaces/{instance}/deletion": UNREG,
         "POST conversations/{ghost}/deletion": UNREG,
+        "GET spaces/{instance}/memory": NO_SPACE,
+        "POST spaces/{private}/publications": UNREG, "POST spaces/{instance}/publications": UNREG,
     },
     # the next three hold member rows [read, write, manage] on the private space; only the
     # missing grant limits them. Without shared_read: every GET is refused, mutations still work
@@ -193,6 +214,7 @@ EXPECTED = {
         "POST spaces/{private}/conversations": NEW, "POST spaces/{instance}/conversations": NEW,
         "POST conversations/{private}/inputs": NEW, "POST conversations/{instance}/inputs": NEW,
         "POST spaces/{private}/deletion": NOT_EMPTY, "POST spaces/{instance}/deletion": RIGHT,
+        "POST spaces/{private}/publications": NO_MEM, "POST spaces/{instance}/publications": RIGHT,
     },
     # without shared_write (registered first, then shared_write revoked: registering needs it)
     "no_write": {
@@ -206,6 +228,7 @@ EXPECTED = {
         "GET operations/{private}/result": OK,
         "POST cancellations": GRANT, "POST retirements": GRANT, "POST participant": GRANT,
         "POST spaces/{private}/deletion": NOT_EMPTY, "POST conversations/{ghost}/deletion": NO_CON,
+        "GET spaces/{private}/memory": OK, "GET memory/{private}": OK, "POST spaces/{private}/publications": NEW,
     },
     # without shared_manage
     "no_manage": {
@@ -218,6 +241,8 @@ EXPECTED = {
         "POST conversations/{private}/inputs": NEW, "GET operations/{private}/result": OK,
         "POST spaces/{private}/deletion": GRANT, "POST spaces/{instance}/deletion": GRANT,
         "POST conversations/{ghost}/deletion": GRANT,
+        "GET spaces/{private}/memory": OK, "GET memory/{private}": OK,
+        "POST spaces/{private}/publications": GRANT, "POST spaces/{instance}/publications": GRANT,
     },
     "anonymous": _everywhere(UNAUTH),
     "wrong_token": _everywhere(UNAUTH),
@@ -337,6 +362,12 @@ def world(tiny_runtime, tmp_path_factory):
         w.ids["no_read"] = no_read_space["participant"]
         _created(w.mutate("owner", f"/spaces/{private['target']}/members", participant=w.ids["no_read"],
                           permissions=PRIVATE_ROWS["no_read"]))
+        # the input's retained source: the memory object the memory and publication routes name
+        deadline = time.monotonic() + 60
+        while not (memory := json.loads(w.call("owner", "GET", f"/operations/{private_input['operation']}")[2])
+                   ["memory"])["retained"]:
+            assert time.monotonic() < deadline, "the private input retained no memory"
+            time.sleep(0.05)
         stack.manage("principal", "revoke", "no_write", "--actions", "shared_write", "--config", str(stack.config))
         lineage = private["target"].split("-")[1]
         w.params = {
@@ -344,7 +375,7 @@ def world(tiny_runtime, tmp_path_factory):
             "ghost_space": f"spc-{lineage}-{'7' * 32}", "private_con": private_con["target"],
             "instance_con": instance_con["target"], "ghost_con": f"con-{lineage}-{'7' * 32}",
             "private_op": private["operation"], "instance_op": instance["operation"],
-            "private_input": private_input["operation"],
+            "private_input": private_input["operation"], "private_mem": memory["retained"][0],
         }
         yield w
     finally:
@@ -365,6 +396,8 @@ def _body_for(world, route):
         return {"target_sequence": "1"}
     if route == "POST retirements":
         return {"retry_floor": "2"}
+    if route.endswith("/publications"):
+        return {"source": world.params["private_mem"], "source_version": "1"}
     return {}
 
 

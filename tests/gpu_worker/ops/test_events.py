@@ -212,7 +212,8 @@ def test_a_checkpoint_written_before_event_orders_loads_with_orders_derived(worl
         n = len(rows) // 8
         full = len(data) // 8 // n
         saved["tables"][name][1] = b"".join(data[i * full * 8:(i * full + width) * 8] for i in range(n))
-    state = DeviceState(world.device.capacities, "cpu", world.device.state.incarnation, 1)
+    state = DeviceState(world.device.capacities, "cpu", world.device.state.incarnation, 1,
+                        world.device.embedding_dim)
     checkpoint.load_state(state, msgpack.packb(saved, use_bin_type=True), 6)
     state.rebuild_indexes(6)
     world.device.state, real = state, world.device.state

@@ -1,0 +1,78 @@
+"""Publication (`POST /spaces/{spc}/publications {source, source_version}`; SPEC "Results and
+memory"): a manager of the destination space copies a retained text memory object it may see into
+the destination's memory owner.
+
+The copy is a distinct object (`mem-{publisher lineage}-…`, derived from the publication's
+operation), version 1, with the destination's scope and owner, the `published` flag, the same
+kind, payload bytes and embedding; its `source` is the publication and its `actor` the publisher.
+The original keeps its scope and owner. The admission record holds the whole publication and its
+provenance: destination, source object and source version. Refusals, changing nothing: 404 for a
+destination or source the caller does not see, 403 without current `manage` in the destination,
+409 `stale_version` when source_version is not the object's current version, 409
+`unsupported_kind` for a source that is not retained text, 507 `memory_full` for a full table.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..contract import ids
+from ..contract.errors import ServiceError
+from ..memory.rows import Flag
+from ..state.tables import R, Right, join16
+from . import access, memory, quotas
+from .kind import Kind, OperationKind
+from .spaces import space_key
+
+if TYPE_CHECKING:
+    from ..admission import Admission
+    from ..device import Device
+
+COPY = 0xF0  # the memory-object tag of a publication's copy (state/ids.memory_object)
+
+
+def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], key: bytes,
+          sequence: int) -> dict[str, Any]:
+    access.space_row(d, args.get("space"), principal, prow, Right.MANAGE)
+    slot = memory.visible_slot(d, principal, prow, args.get("source"))
+    version = args.get("source_version")
+    if not isinstance(version, str) or not version.isdigit():
+        raise ServiceError(400, "bad_field", "source_version must be a decimal string")
+    table = d.state.memory
+    row = table.row(slot)
+    if int(version) != row.version:
+        raise ServiceError(409, "stale_version", f"{args['source']} is at version {row.version}, not {version}")
+    if int(row.kind) not in memory.TEXT_KINDS:
+        raise ServiceError(409, "unsupported_kind", f"a {memory.KIND_NAMES[int(row.kind)]} memory object cannot be "
+                                                    "published; only retained text (source, interpretation)")
+    if not table.free_rows:
+        raise ServiceError(507, "memory_full", f"the memory table is full ({table.capacity} rows)")
+    quotas.check(d, principal, prow, "memory_rows")
+    space = ids.SPACE_ID.match(args["space"])
+    assert space is not None
+    return {"space": list(ids.split_id(space)), "source": [row.lineage, row.object], "source_version": row.version}
+
+
+def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+    table = d.state.memory
+    srow = d.state.spaces.by_id[space_key(a.extra["space"])]
+    slot = table.by_id[a.extra["source"][1]]
+    original = table.row(slot)
+    lineage = d.state.participants.lineage[prow]
+    obj = memory.object_raw(d, a.op, COPY)
+    copy = memory.new_row(d, srow, lineage, obj, int(original.kind), Flag.PUBLISHED | (original.flags & Flag.MANAGED),
+                          original.byte_length, a.op, d.state.participants.raw[prow])
+    return table.write(copy, memory.owner_number(d, srow), table.payload_of(slot), table.embeddings[slot].clone())
+
+
+def target_id(d: Device, row: list[int], lineage: bytes) -> str:
+    """The copy (named from the operation, so the receipt keeps its target after the copy's space
+    is deleted)."""
+    return memory.object_id(d, lineage, join16(row[R.OP_HI], row[R.OP_LO]), COPY)
+
+
+def receipt_memory(d: Device, row: list[int], lineage: bytes) -> str:
+    return f'{{"context":null,"not_retained":[],"retained":["{target_id(d, row, lineage)}"],"retention":null}}'
+
+
+RECORD: OperationKind = OperationKind(Kind.PUBLICATION, "publications.record", check=check, apply=apply,
+                                      target_id=target_id, memory=receipt_memory)

@@ -1,0 +1,166 @@
+"""The memory table (docs/memory.md): fixed-capacity tensors on the tables' device.
+
+    rows        (capacity, 128) uint8    the 128-byte metadata rows (memory/rows.py), zeros when free
+    owners      (capacity,) int64        the owner number: 0 free, else `owner_number` of its owner
+    order       (capacity,) int64        the memory counter when it was written (list order, cursors)
+    payload     (capacity, payload) u8   the exact payload bytes (byte length in the row)
+    embeddings  (capacity, dim) float32  the row's embedding, L2-normalised (what recall scores)
+
+Owner numbers: a private space's or a room's memory belongs to that one space, numbered by its
+space row + 1; the instance (every instance space) is `spaces capacity + 1`. A row is allocated
+and freed only by journaled changes (a retention, a publication, a space deletion) as they are
+applied, live and at replay in the same order, from the lowest free row, so a replay fills the
+same rows with the same values.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..memory.rows import ROW, MemoryRow
+
+
+class MemoryTable:
+    def __init__(self, capacity: int, payload_bytes: int, dim: int, spaces: int, device: torch.device) -> None:
+        self.capacity, self.payload_bytes, self.dim = capacity, payload_bytes, dim
+        self.instance_owner = spaces + 1  # owner numbers run 1..spaces for spaces, then the instance
+        self.rows = torch.zeros((capacity, ROW.size), dtype=torch.uint8, device=device)
+        self.owners = torch.zeros(capacity, dtype=torch.int64, device=device)
+        self.order = torch.zeros(capacity, dtype=torch.int64, device=device)
+        self.payload = torch.zeros((capacity, payload_bytes), dtype=torch.uint8, device=device)
+        self.embeddings = torch.zeros((capacity, dim), dtype=torch.float32, device=device)
+        self.counter = 0                      # rows written so far (order of the next)
+        self.free: list[int] = list(range(capacity))  # a heap: the lowest free row first
+        self.by_id: dict[bytes, int] = {}     # object id (16 bytes) -> row
+        self.pending: dict[int, int] = {}     # row -> owner number: written, invisible until saved
+
+    # ---- writes (journaled changes only) --------------------------------------------------
+
+    def write(self, row: MemoryRow, owner: int, payload: bytes, embedding: torch.Tensor, visible: bool = True) -> int:
+        """Store a new object in the lowest free row (the caller checked there is one). A row
+        written by an unsaved transfer stays invisible (owner 0) until `reveal`: recall and reads
+        see saved memory only, while the row is already taken, so allocation follows the journal
+        order live and at replay alike."""
+        slot = heapq.heappop(self.free)
+        self.counter += 1
+        packed = row.pack()
+        self.rows[slot] = torch.frombuffer(bytearray(packed), dtype=torch.uint8).to(self.rows.device)
+        self.payload[slot].zero_()
+        if payload:
+            self.payload[slot, :len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(
+                self.payload.device)
+        self.embeddings[slot] = embedding.to(self.embeddings.device, torch.float32)
+        self.order[slot] = self.counter
+        if visible:
+            self.owners[slot] = owner
+        else:
+            self.pending[slot] = owner
+        self.by_id[row.object] = slot
+        return slot
+
+    def reveal(self, slot: int, obj: bytes) -> bool:
+        """The transfer that wrote object `obj` in a pending row is saved: it becomes visible
+        (False when its space was deleted meanwhile and the row released, or reused)."""
+        if self.by_id.get(obj) != slot:
+            return False
+        owner = self.pending.pop(slot, None)
+        if owner is None:
+            return False
+        self.owners[slot] = owner
+        return True
+
+    def release_owner(self, owner: int) -> None:
+        """Free every row of an owner, pending ones too."""
+        slots = torch.nonzero(self.owners == owner).flatten().tolist()
+        slots += [slot for slot, o in self.pending.items() if o == owner]
+        self.release(slots)
+
+    def release(self, slots: list[int]) -> None:
+        for slot in slots:
+            self.pending.pop(slot, None)
+            self.by_id.pop(self.row(slot).object, None)
+            self.rows[slot].zero_()
+            self.owners[slot] = 0
+            self.order[slot] = 0
+            heapq.heappush(self.free, slot)
+
+    # ---- reads ------------------------------------------------------------------------------
+
+    @property
+    def free_rows(self) -> int:
+        return len(self.free)
+
+    def row(self, slot: int) -> MemoryRow:
+        return MemoryRow.unpack(self.rows[slot].cpu().numpy().tobytes())
+
+    def payload_of(self, slot: int, offset: int = 0, length: int | None = None) -> bytes:
+        size = self.row(slot).byte_length
+        end = size if length is None else min(size, offset + length)
+        if offset >= end:
+            return b""
+        return self.payload[slot, offset:end].cpu().numpy().tobytes()
+
+    def slots_of(self, owners: torch.Tensor) -> torch.Tensor:
+        """Live rows whose owner is in `owners` (a bool table over owner numbers), in write order."""
+        live = torch.nonzero(owners[self.owners] & (self.owners != 0)).flatten()
+        return live[torch.argsort(self.order[live])]
+
+    def written_by(self, actor: bytes) -> int:
+        """Live rows whose actor is this participant (raw id): its memory_rows quota use."""
+        actors = self.rows[:, 112:128]
+        mine = (actors == torch.frombuffer(bytearray(actor), dtype=torch.uint8).to(actors.device)).all(dim=1)
+        return int((mine & (self.owners != 0)).sum())
+
+    def used(self) -> int:
+        return self.capacity - len(self.free)
+
+    # ---- checkpoint ---------------------------------------------------------------------------
+
+    def encode(self) -> dict[str, Any]:
+        live = torch.nonzero(self.owners != 0).flatten()
+        lengths = [self.row(s).byte_length for s in live.tolist()]
+        payload = b"".join(self.payload[s, :n].cpu().numpy().tobytes() for s, n in zip(live.tolist(), lengths))
+        return {"slots": live.cpu().numpy().astype("<i8").tobytes(),
+                "rows": self.rows[live].cpu().numpy().tobytes(),
+                "owners": self.owners[live].cpu().numpy().astype("<i8").tobytes(),
+                "order": self.order[live].cpu().numpy().astype("<i8").tobytes(),
+                "payload": payload,
+                "embeddings": self.embeddings[live].cpu().numpy().astype("<f4").tobytes(),
+                "counter": self.counter}
+
+    def load(self, saved: dict[str, Any]) -> None:
+        slots = np.frombuffer(saved["slots"], dtype="<i8")
+        n = len(slots)
+        if n:
+            if n > self.capacity or int(slots.max()) >= self.capacity:
+                raise ValueError(f"state extent: {n} memory rows do not fit this profile's memory capacity "
+                                 f"of {self.capacity}")
+            index = torch.from_numpy(slots.copy()).to(self.rows.device)
+            device = self.rows.device
+            self.rows[index] = torch.from_numpy(np.frombuffer(saved["rows"], np.uint8).copy()).view(n, ROW.size).to(
+                device)
+            self.owners[index] = torch.from_numpy(np.frombuffer(saved["owners"], "<i8").copy()).to(device)
+            self.order[index] = torch.from_numpy(np.frombuffer(saved["order"], "<i8").copy()).to(device)
+            embeddings = np.frombuffer(saved["embeddings"], "<f4")
+            if embeddings.size != n * self.dim:
+                raise ValueError(f"state extent: memory embeddings are not {self.dim}-dimensional")
+            self.embeddings[index] = torch.from_numpy(embeddings.copy()).view(n, self.dim).to(device)
+            pos = 0
+            for slot in slots.tolist():
+                size = self.row(slot).byte_length
+                data = saved["payload"][pos:pos + size]
+                pos += size
+                if size:
+                    self.payload[slot, :size] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+        self.counter = saved["counter"]
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        live = set(torch.nonzero(self.owners != 0).flatten().tolist())
+        self.free = [s for s in range(self.capacity) if s not in live]
+        heapq.heapify(self.free)
+        self.by_id = {self.row(s).object: s for s in live}
+        self.pending = {}
