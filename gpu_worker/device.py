@@ -67,9 +67,8 @@ class Device:
         if profile is None:
             raise DeviceBootError(f"runtime file {runtime.path} has no shared profile; run pack --shared")
         runtime.check_bootable()
-        # a profile packed before memory existed gets the default memory capacity
-        self.capacities: dict[str, int] = {"memory": runtime_file.DEFAULT_CAPACITIES["memory"],
-                                           **profile["capacities"]}
+        # a profile packed before memory and history existed gets their default capacities
+        self.capacities: dict[str, int] = {**runtime_file.DEFAULT_CAPACITIES, **profile["capacities"]}
         self.command_bytes = self.capacities["command_bytes"]
         # receipt slots only a registration may take (admission.py), so a new principal can always
         # register however full other principals made the table: 1/64 of it

@@ -34,7 +34,7 @@ from .contract.limits import INTERPRETATION_TOKENS
 from .memory import render
 from .memory.rows import Flag
 from .memory.rows import Kind as MemoryKind
-from .ops import events, memory, quotas
+from .ops import events, history, memory, quotas
 from .ops.inputs import input_body, input_text
 from .state.tables import C, Finish, NotRetained, P, R, Terminal, join16
 from .storage import leases
@@ -87,19 +87,24 @@ class Executions:
 # ---- building the model's input ----------------------------------------------------------
 
 def conversation_turns(d: Device, rrow: int) -> list[dict[str, str]]:
-    """The conversation's earlier succeeded turns before this input, then this input, as chat
-    messages (copies of the saved bytes, taken on the tick thread: `fit_prompt` runs elsewhere)."""
+    """The conversation's earlier succeeded turns before this input, in event order, then this
+    input, as chat messages: the retired ones from its history (ops/history.py), the others from
+    their live receipts (copies of the saved bytes, taken on the tick thread: `fit_prompt` runs
+    elsewhere)."""
     t = d.state.tables
     crow = t.value(t.receipts, rrow, R.TARGET)
-    messages = []
-    for earlier in d.state.conversations.inputs.get(crow, []):
-        if earlier == rrow:
+    order = t.value(t.receipts, rrow, R.ORDER)
+    earlier = [turn for turn in history.turns(d, crow) if turn[0] < order]
+    for other in d.state.conversations.inputs.get(crow, []):
+        if other == rrow:
             break
-        if t.value(t.receipts, earlier, R.TERMINAL) != Terminal.SUCCEEDED:
+        if t.value(t.receipts, other, R.TERMINAL) != Terminal.SUCCEEDED:
             continue
-        answer = t.get_bytes(t.result_bytes, earlier, t.value(t.receipts, earlier, R.RESULT_LEN))
-        messages += [{"role": "user", "content": input_text(d, earlier)},
-                     {"role": "assistant", "content": answer.decode("utf-8", "replace")}]
+        result = t.get_bytes(t.result_bytes, other, t.value(t.receipts, other, R.RESULT_LEN))
+        earlier.append((t.value(t.receipts, other, R.ORDER), input_text(d, other), result.decode("utf-8", "replace")))
+    messages: list[dict[str, str]] = []
+    for _, user, answer in sorted(earlier):
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
     return messages + [{"role": "user", "content": input_text(d, rrow)}]
 
 

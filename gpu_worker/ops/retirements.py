@@ -1,7 +1,9 @@
 """Retirements (SPEC "Mutations and retries"): advance the participant's retry floor and free
 every receipt below it, each of which must have a saved terminal result. The freed slots are
 reused only once the retirement that carries the new floor is saved. A deleted space or
-conversation whose last receipt this retires goes back to its table (ops/deletions.py)."""
+conversation whose last receipt this retires goes back to its table (ops/deletions.py). A
+retired input's turn is folded into its conversation's history first (ops/history.py), so later
+inputs keep it in their context."""
 from __future__ import annotations
 
 import bisect
@@ -9,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..contract.errors import ServiceError
 from ..state.tables import P, R, join16
-from . import deletions
+from . import deletions, history
 from .kind import Kind, OperationKind
 
 if TYPE_CHECKING:
@@ -51,6 +53,7 @@ def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: in
         row = t.row(t.receipts, receipts.by_sequence[(prow, seq)])
         freed_row = receipts.remove(prow, seq, join16(row[R.KEY_HI], row[R.KEY_LO]), join16(row[R.OP_HI], row[R.OP_LO]))
         if row[R.KIND] == Kind.INPUT:
+            history.fold(d, freed_row)  # its turn stays in the conversation's context
             state.conversations.inputs[row[R.TARGET]].remove(freed_row)
         t.write_row(t.receipts, freed_row, {R.STATE: 0})
         freed.append(freed_row)

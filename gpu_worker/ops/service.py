@@ -50,7 +50,7 @@ def ping(d: Device, principal: bytes | None, args: dict[str, Any]) -> tuple[int,
     """Ops status (no principal: the socket admits the gateway's user only, loop/server.py): what the gateway's /metrics,
     /healthz and admin pages show."""
     return 200, {"ok": True, "boot": str(d.state.boot), "generation": str(d.state.generation),
-                 "usage": d.state.tables.usage(), "capacities": d.state.capacities,
+                 "usage": {**d.state.tables.usage(), "memory": d.state.memory.used()}, "capacities": d.state.capacities,
                  "journal": d.journal_state(), "hold_incidents": d.state.hold_incidents,
                  "grants": {"path": d.grants.path, "written_at_ns": d.grants.written_at_ns,
                             "problem": d.grant_problem},

@@ -57,6 +57,7 @@ class C:
     OP_HI = 6
     OP_LO = 7
     INPUTS = 8         # inputs admitted to it so far: the last event order (SPEC: event cursors)
+    HISTORY_LEN = 9    # bytes used in its row of the history table (ops/history.py)
 
 
 class Scope(IntEnum):
@@ -183,6 +184,8 @@ class Tables:
         self.receipt_digests = torch.zeros((n_rec, 2, 32), **u8)
         self.command_bytes = torch.zeros((n_rec, capacities["command_bytes"]), **u8)
         self.result_bytes = torch.zeros((n_rec, capacities["result_bytes"]), **u8)
+        # each conversation's retired turns, what its context keeps once receipts go (ops/history.py)
+        self.history = torch.zeros((capacities["conversations"], capacities["history_bytes"]), **u8)
         # On the CPU, flat memoryviews share the tensors' memory: a scalar read or write costs
         # ~30 ns, against microseconds for a torch dispatch and ~150 ns for a numpy element.
         # id(table) -> (element view, columns, byte view)
@@ -190,7 +193,7 @@ class Tables:
         if self.device.type == "cpu":
             self._flat = {}
             for t in (self.participants, self.spaces, self.members, self.conversations, self.receipts,
-                      self.command_bytes, self.result_bytes):
+                      self.command_bytes, self.result_bytes, self.history):
                 # numpy's stubs declare ndarray.__buffer__ only for Python >= 3.12
                 raw = memoryview(t.numpy()).cast("B")  # type: ignore[arg-type]
                 self._flat[id(t)] = (raw.cast("q") if t.dtype == torch.int64 else raw, t.shape[1], raw)

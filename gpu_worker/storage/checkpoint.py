@@ -57,6 +57,7 @@ def encode_state(state: DeviceState, last_seq: int, last_digest: bytes, generati
                   for sha, source in state.media.items()},
         "holds": state.hold_incidents,
         "memory": state.memory.encode(),
+        "history": _history(state),
         "written_ns": time.time_ns(),
     }, use_bin_type=True)
     return blob
@@ -106,10 +107,22 @@ def load_state(state: DeviceState, blob: bytes | memoryview, input_kind: int) ->
     state.hold_incidents = saved.get("holds", [])
     if "memory" in saved:  # a checkpoint from before memory has none
         state.memory.load(saved["memory"])
+    at = 0
+    for crow in torch.nonzero(t.conversations[:, C.HISTORY_LEN] != 0).flatten().tolist():
+        n = t.value(t.conversations, crow, C.HISTORY_LEN)
+        t.put_bytes(t.history, crow, saved.get("history", b"")[at:at + n])
+        at += n
     if narrow:
         _derive_event_orders(state, input_kind)
     media: dict[str, Any] = saved.get("media", {})
     return media
+
+
+def _history(state: DeviceState) -> bytes:
+    """The conversations' history bytes, concatenated in row order (lengths in their rows)."""
+    t = state.tables
+    rows = torch.nonzero(t.conversations[:, C.HISTORY_LEN] != 0).flatten().tolist()
+    return b"".join(t.get_bytes(t.history, r, t.value(t.conversations, r, C.HISTORY_LEN)) for r in rows)
 
 
 def _derive_event_orders(state: DeviceState, input_kind: int) -> None:
@@ -178,4 +191,11 @@ def stored_extent(blob: bytes | memoryview) -> dict[str, int]:
             values = np.frombuffer(data, dtype="<i8").reshape(len(rows), -1)
             needs["command_bytes"] = int(values[:, R.COMMAND_LEN].max())
             needs["result_bytes"] = int(values[:, R.RESULT_LEN].max())
+        if name == "conversations" and len(rows):
+            values = np.frombuffer(data, dtype="<i8").reshape(len(rows), -1)
+            if values.shape[1] > C.HISTORY_LEN:
+                needs["history_bytes"] = int(values[:, C.HISTORY_LEN].max())
+    if "memory" in saved:
+        slots = np.frombuffer(saved["memory"]["slots"], dtype="<i8")
+        needs["memory"] = int(slots.max()) + 1 if len(slots) else 0
     return needs

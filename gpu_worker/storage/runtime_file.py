@@ -65,6 +65,7 @@ DEFAULT_CAPACITIES = {
     "command_bytes": 8192,
     "result_bytes": 65536,
     "memory": 4096,  # memory rows: retained sources, interpretations, publications (docs/memory.md)
+    "history_bytes": 8192,  # per conversation: the retired turns its context keeps (docs/memory.md)
 }
 # Treat the two profiles below as read-only templates: copy before changing.
 DEFAULT_SHARED_PROFILE = {

@@ -1,6 +1,9 @@
 """kill -9 of the device at random moments under concurrent mutation load (issue: "crash-proof
 recovery"). After every restart, every receipt a client saw as saved reads back byte for byte;
-at the end nothing was applied twice. AOTX_KILLS sets the number of kills (default 100)."""
+at the end nothing was applied twice. Beside the space creators, one client runs conversation
+inputs (each retains a memory row) and publishes each retained row into a room: at the end the
+memory lists hold exactly the rows the saved receipts name, none lost and none doubled.
+AOTX_KILLS sets the number of kills (default 100)."""
 import collections
 import json
 import os
@@ -92,6 +95,101 @@ class Client(threading.Thread):
             sock.close()
 
 
+class MemoryClient(Client):
+    """Inputs and publications: register, a space, a conversation and a room, then in a loop an
+    input, its terminal result (polled), and a publication of the row it retained."""
+
+    def __init__(self, principal, incarnation, path, stop):
+        super().__init__(principal, incarnation, path, stop)
+        self.space = self.conversation = self.room = None
+        self.inputs, self.publications = [], []  # saved receipts' operations / publication targets
+
+    def mutation(self, sequence, op, path, fields, **args):
+        key = secrets.token_hex(16)
+        body = {"schema": "aotx.shared.mutation.v1", "lineage": self.lineage, "operation_key": key,
+                "sequence": str(sequence), **fields}
+        return {"v": 1, "id": sequence, "op": op, "principal": self.principal.hex(),
+                "args": {"lineage": self.lineage, "operation_key": key, "sequence": sequence, **fields, **args,
+                         "canonical": rfc8785.dumps({"method": "POST", "path": BASE + path, "body": body})}}
+
+    def exchange(self, sock, msg):
+        """One request until answered (a new connection after each failure): (reply, socket)."""
+        while True:
+            try:
+                if sock is None:
+                    sock = socket.socket(socket.AF_UNIX)
+                    sock.settimeout(10)
+                    sock.connect(self.path)
+                return call(sock, msg), sock
+            except (OSError, ConnectionError, ValueError):
+                if sock is not None:
+                    sock.close()
+                sock = None
+                self.retries += 1
+                time.sleep(0.005)
+
+    def run(self):
+        sock, sequence = None, 1
+        setup = [("participant.register", "/participant", {}, {}), ("spaces.create", "/spaces", {}, {}),
+                 None, ("spaces.create", "/spaces", {"scope": "room"}, {})]
+        try:
+            while not self.stop.is_set() or sequence <= len(setup):
+                if sequence <= len(setup):
+                    step = setup[sequence - 1] or ("conversations.create", f"/spaces/{self.space}/conversations",
+                                                   {}, {"space": self.space})
+                    msg = self.mutation(sequence, step[0], step[1], step[2], **step[3])
+                else:
+                    msg = self.mutation(sequence, "conversations.input", f"/conversations/{self.conversation}/inputs",
+                                        {"text": f"turn {sequence}", "model": "tiny-llama", "max_output_tokens": 1},
+                                        conversation=self.conversation)
+                reply, sock = self.exchange(sock, msg)
+                if reply["status"] not in (200, 202):
+                    self.errors.append((sequence, reply["status"], reply["body"]))
+                    return
+                receipt = json.loads(reply["body"])
+                self.saved[sequence] = reply["body"]
+                sequence += 1
+                if msg["op"] == "spaces.create":
+                    setattr(self, "space" if self.space is None else "room", receipt["target"])
+                elif msg["op"] == "conversations.create":
+                    self.conversation = receipt["target"]
+                elif msg["op"] == "conversations.input":
+                    self.inputs.append(receipt["operation"])
+                    while True:  # its terminal result, across restarts (an interrupted one ends too)
+                        time.sleep(0.01)
+                        got, sock = self.exchange(sock, {"v": 1, "id": 0, "op": "operations.get",
+                                                         "principal": self.principal.hex(),
+                                                         "args": {"operation": receipt["operation"]}})
+                        done = json.loads(got["body"])
+                        if done["terminal"]["saved"]:
+                            break
+                    for source in done["memory"]["retained"]:
+                        msg = self.mutation(sequence, "publications.record", f"/spaces/{self.room}/publications",
+                                            {"source": source, "source_version": "1"}, space=self.room)
+                        reply, sock = self.exchange(sock, msg)
+                        if reply["status"] not in (200, 202):
+                            self.errors.append((sequence, reply["status"], reply["body"]))
+                            return
+                        self.saved[sequence] = reply["body"]
+                        self.publications.append(json.loads(reply["body"])["target"])
+                        sequence += 1
+        finally:
+            if sock is not None:
+                sock.close()
+
+
+def memory_objects(sock, principal, space):
+    objects, cursor = [], None
+    while True:
+        page = json.loads(call(sock, {"v": 1, "id": 0, "op": "memory.list", "principal": principal.hex(),
+                                      "args": {"space": space, "limit": 200,
+                                               **({"cursor": cursor} if cursor else {})}})["body"])
+        objects += [row["object"] for row in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return objects
+
+
 class Zygote:
     def __init__(self):
         self.proc = subprocess.Popen([PYTHON, "-m", "tests.e2e.zygote"], cwd=ROOT, stdin=subprocess.PIPE,
@@ -118,7 +216,7 @@ def alive(pid):
 def test_kill_dash_nine_under_load_loses_no_saved_receipt_and_applies_nothing_twice(tmp_path):
     runtime = str(tmp_path / "kill.aotxccir")
     pack_tiny(runtime, shared=True, capacity={"participants": 8, "spaces": 60000, "receipts": 60000,
-                                              "command_bytes": 1024, "result_bytes": 16})
+                                              "command_bytes": 1024, "result_bytes": 16, "memory": 60000})
     incarnation = RuntimeFile.open(runtime, verify=False).incarnation
     principals = [secrets.token_bytes(16) for _ in range(CLIENTS)]
     grants = str(tmp_path / "grants.json")
@@ -128,7 +226,9 @@ def test_kill_dash_nine_under_load_loses_no_saved_receipt_and_applies_nothing_tw
     zygote = Zygote()
     rng = random.Random(1234)
 
-    write_grants(grants, {p.hex(): ["shared_read", "shared_write"] for p in principals})
+    memory_principal = secrets.token_bytes(16)
+    write_grants(grants, {**{p.hex(): ["shared_read", "shared_write"] for p in principals},
+                          memory_principal.hex(): ["shared_read", "shared_write", "shared_manage"]})
 
     def boot():  # a plain restart every time: the same command, the same grant file
         log.touch()
@@ -146,8 +246,9 @@ def test_kill_dash_nine_under_load_loses_no_saved_receipt_and_applies_nothing_tw
 
     stop = threading.Event()
     clients = [Client(p, incarnation, sock_path, stop) for p in principals]
+    memory_client = MemoryClient(memory_principal, incarnation, sock_path, stop)
     pid = boot()
-    for c in clients:
+    for c in clients + [memory_client]:
         c.start()
     checked = collections.Counter()
     try:
@@ -166,11 +267,26 @@ def test_kill_dash_nine_under_load_loses_no_saved_receipt_and_applies_nothing_tw
                         assert reply["status"] == 200 and reply["body"] == body, (sequence, reply)
                     checked[c] = len(seen)
         stop.set()
-        for c in clients:
+        for c in clients + [memory_client]:
             c.join(60)
             assert not c.is_alive() and not c.errors, c.errors
         with socket.socket(socket.AF_UNIX) as verifier:
             verifier.connect(sock_path)
+            # memory: exactly the rows the inputs' saved receipts name, and one copy per publication
+            m = memory_client
+            for sequence, body in m.saved.items():
+                reply = read_receipt(verifier, m, body)
+                assert reply["status"] == 200 and reply["body"] == body or \
+                    json.loads(body)["kind"] == "conversation.input", (sequence, reply)  # inputs end later
+            retained = []
+            for op in m.inputs:
+                receipt = json.loads(call(verifier, {"v": 1, "id": 0, "op": "operations.get",
+                                                     "principal": m.principal.hex(), "args": {"operation": op}})["body"])
+                retained += receipt["memory"]["retained"]
+            private, room = memory_objects(verifier, m.principal, m.space), memory_objects(verifier, m.principal, m.room)
+            assert len(private) == len(set(private)) and sorted(private) == sorted(retained)
+            assert len(room) == len(set(room)) and room == m.publications
+            assert m.inputs and m.publications
             for c in clients:
                 for sequence, body in c.saved.items():
                     reply = read_receipt(verifier, c, body)
@@ -190,7 +306,8 @@ def test_kill_dash_nine_under_load_loses_no_saved_receipt_and_applies_nothing_tw
                 assert len(spaces) == len({s["id"] for s in spaces}) == len(c.saved) - 1
         total = sum(len(c.saved) for c in clients)
         retries = sum(c.retries for c in clients)
-        print(f"{KILLS} kills, {total} saved receipts, {retries} client retries")
+        print(f"{KILLS} kills, {total} saved receipts, {retries} client retries, {len(m.inputs)} inputs, "
+              f"{len(m.publications)} publications")
         assert total > KILLS and retries > 0
     finally:
         stop.set()

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from gpu_worker.memory import render
 from gpu_worker.engine.tokenizer import Tokenizer
 from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.conftest import wait_for
@@ -118,7 +119,11 @@ def test_control_tokens_in_one_members_input_cannot_inject_roles_into_anothers_c
         "GET", f"{BASE}/operations/{first['operation']}/result", token=bob)[2])["bytes"]).decode("utf-8", "replace")
     second = say(alice, "what did bob say?")
     assert first["terminal"]["status"] == second["terminal"]["status"] == "succeeded"
-    messages = [{"role": "user", "content": INJECTION}, {"role": "assistant", "content": answer},
+    # bob's input is recalled from the space's memory into alice's prompt, quoted under the
+    # historical-data rule (docs/memory.md): its control tokens stay text there too
+    recalled = render.render(3, [render.Item("source", par_bob, INJECTION)])
+    messages = [{"role": "system", "content": recalled},
+                {"role": "user", "content": INJECTION}, {"role": "assistant", "content": answer},
                 {"role": "user", "content": "what did bob say?"}]
     tok = tokenizer(stack)
     assert second["result"]["input_tokens"] == len(tok.encode_chat(messages))

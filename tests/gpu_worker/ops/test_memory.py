@@ -347,3 +347,76 @@ def test_an_interrupted_input_does_not_repeat_its_memory_input(world):
     after = world.read("a", "operations.get", operation=receipt["operation"])[1]
     assert after["terminal"]["status"] == "interrupted"
     assert rows(world, "a", space) == [] and after["memory"]["retained"] == []
+
+
+def capture_prompts(monkeypatch):
+    """The messages and recalled-memory system message of every prompt built."""
+    prompts = []
+    real = execution.fit_prompt
+
+    def fit(tokenizer, messages, room, system=None):
+        prompts.append((messages, system))
+        return real(tokenizer, messages, room, system)
+    monkeypatch.setattr(execution, "fit_prompt", fit)
+    return prompts
+
+
+def retire_all(world, name):
+    floor = world.read(name, "participant.get")[1]["next_sequence"]
+    status, receipt = world.mutate(name, "retirements.record", "/retirements", {"retry_floor": floor})
+    assert status == 202, receipt
+
+
+def test_retiring_receipts_keeps_the_earlier_turns_in_the_conversations_context(world, monkeypatch):
+    prompts = capture_prompts(monkeypatch)
+    space, conversation = world.conversation("a")
+    first = run(world, "a", conversation, "first question", retention="source", context="plain")
+    run(world, "a", conversation, "second question", context="plain")
+    answer = base64.b64decode(world.read("a", "operations.result", operation=first["operation"])[1]["bytes"])
+    retire_all(world, "a")
+    assert code(world.read("a", "operations.get", operation=first["operation"]))[0] == 410
+    run(world, "a", conversation, "third question", context="plain")
+    messages, _ = prompts[-1]
+    assert [m["content"] for m in messages[::2]] == ["first question", "second question", "third question"]
+    assert messages[1]["content"] == answer.decode("utf-8", "replace")
+    world.boot()
+    world.attach()
+    run(world, "a", conversation, "fourth question", context="plain")
+    assert [m["content"] for m in prompts[-1][0][::2]][:3] == ["first question", "second question", "third question"]
+
+
+def test_history_interleaves_retired_and_live_turns_in_event_order(world, monkeypatch):
+    prompts = capture_prompts(monkeypatch)
+    space, conversation = world.conversation("a")
+    assert world.member("a", space, "b", ["read", "write"])[0] == 202
+    run(world, "a", conversation, "one", context="plain")
+    run(world, "b", conversation, "two", context="plain")
+    run(world, "a", conversation, "three", context="plain")
+    retire_all(world, "a")  # a's turns go to the history, b's stays live between them
+    run(world, "b", conversation, "four", context="plain")
+    assert [m["content"] for m in prompts[-1][0][::2]] == ["one", "two", "three", "four"]
+
+
+def test_the_history_keeps_the_most_recent_turns_within_its_bound_across_a_checkpoint(tmp_path, monkeypatch):
+    path = str(tmp_path / "history.aotxccir")
+    pack_tiny(path, shared=True, runtime_profile=PROFILE, capacity={"history_bytes": 64})
+    w = EngineWorld(path, tmp_path, ["a"])
+    prompts = capture_prompts(monkeypatch)
+    try:
+        space, conversation = w.conversation("a")
+        for text in ("turn number one", "turn number two", "turn number three"):
+            run(w, "a", conversation, text, context="plain")
+            retire_all(w, "a")
+        crow = w.device.state.conversations.by_id[(bytes.fromhex(conversation.split("-")[1]),
+                                                    bytes.fromhex(conversation.split("-")[2]))]
+        t = w.device.state.tables
+        assert 0 < t.value(t.conversations, crow, execution.C.HISTORY_LEN) <= 64
+        assert w.device.checkpoint() is not None
+        w.boot()
+        w.attach()
+        run(w, "a", conversation, "last", context="plain")
+        users = [m["content"] for m in prompts[-1][0][::2]]
+        assert users[-1] == "last" and "turn number one" not in users and users[-2] == "turn number three"
+    finally:
+        w.device.runner.stop()
+        w.device.close()
