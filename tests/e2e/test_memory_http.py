@@ -1,0 +1,88 @@
+"""Memory through the real gateway and device (tiny random-weight models): an input retains its
+text, the memory routes read it back exactly, a publication copies it into a room its members
+see, a reader outside gets 404, and the memory stays readable during a journal hold."""
+import base64
+import json
+
+import pytest
+
+from gpu_worker.pack import pack_tiny
+from tests.conftest import wait_for
+from tests.e2e.test_inputs_http import mutate
+from tests.harness import Stack
+
+pytestmark = pytest.mark.e2e
+BASE = "/aotx/v1/shared"
+
+
+def get(stack, token, path):
+    status, headers, body = stack.http("GET", BASE + path, token=token)
+    assert headers.get("Cache-Control") == "no-store"
+    return status, json.loads(body)
+
+
+def test_memory_is_retained_read_published_and_readable_during_a_hold(tmp_path):
+    runtime = str(tmp_path / "memory.aotxccir")
+    pack_tiny(runtime, shared=True, journal_limits={"journal_file_cap_bytes": 60000})
+    stack = Stack(tmp_path, runtime)
+    try:
+        alice, bob, eve = stack.principal("alice"), stack.principal("bob"), stack.principal("eve")
+        stack.boot_device()
+        stack.serve()
+        for token in (alice, bob, eve):
+            assert mutate(stack, token, "/participant", {})[0] == 202
+        space = mutate(stack, alice, "/spaces", {})[1]["target"]
+        conversation = mutate(stack, alice, f"/spaces/{space}/conversations", {})[1]["target"]
+        text = "the meeting moved to thursday — café at 10"
+        status, receipt = mutate(stack, alice, f"/conversations/{conversation}/inputs",
+                                 {"text": text, "model": "tiny-llama", "max_output_tokens": 4})
+        assert status == 202, receipt
+        final = wait_for(lambda: (lambda r: r if r["terminal"]["saved"] else None)(
+            get(stack, alice, f"/operations/{receipt['operation']}")[1]), 60, what="terminal")
+        [obj] = final["memory"]["retained"]
+        assert final["memory"]["retention"] == "source" and final["memory"]["context"] == "compact"
+
+        status, listed = get(stack, alice, f"/spaces/{space}/memory")
+        assert status == 200 and [row["object"] for row in listed["items"]] == [obj]
+        row = listed["items"][0]
+        assert row["byte_length"] == str(len(text.encode())) and row["source"] == receipt["operation"]
+        status, detail = get(stack, alice, f"/memory/{obj}")
+        assert status == 200 and base64.b64decode(detail["bytes"]) == text.encode() and detail["text"] == text
+        cut = text.encode().index("é".encode()) + 1  # inside the two-byte é: exact bytes, text null
+        status, partial = get(stack, alice, f"/memory/{obj}?offset={cut}")
+        assert base64.b64decode(partial["bytes"]) == text.encode()[cut:] and partial["text"] is None
+
+        # bob and eve see nothing of alice's private memory
+        assert get(stack, bob, f"/memory/{obj}")[0] == 404
+        assert get(stack, bob, f"/spaces/{space}/memory")[1]["error"]["code"] == "space_not_found"
+
+        # alice publishes it into a room bob reads
+        room = mutate(stack, alice, "/spaces", {"scope": "room"})[1]["target"]
+        par_bob = get(stack, bob, "/participant")[1]["id"]
+        assert mutate(stack, alice, f"/spaces/{room}/members", {"participant": par_bob,
+                                                                "permissions": ["read"]})[0] == 202
+        status, stale = mutate(stack, alice, f"/spaces/{room}/publications", {"source": obj, "source_version": "9"})
+        assert (status, stale["error"]["code"]) == (409, "stale_version")
+        status, published = mutate(stack, alice, f"/spaces/{room}/publications",
+                                   {"source": obj, "source_version": "1"})
+        assert status == 202 and published["kind"] == "publication", published
+        copy = published["target"]
+        status, seen = get(stack, bob, f"/spaces/{room}/memory")
+        assert [(r["object"], r["scope"], r["published"]) for r in seen["items"]] == [(copy, "room", True)]
+        assert base64.b64decode(get(stack, bob, f"/memory/{copy}")[1]["bytes"]) == text.encode()
+        assert get(stack, eve, f"/memory/{copy}")[0] == 404
+        # bob may read but not manage the room
+        status, refused = mutate(stack, bob, f"/spaces/{room}/publications", {"source": copy, "source_version": "1"})
+        assert (status, refused["error"]["code"]) == (403, "right_missing")
+
+        # fill the journal to its file cap: mutations 429, memory stays readable
+        while True:
+            status, body = mutate(stack, alice, "/spaces", {})
+            if status == 429:
+                break
+            assert status == 202, body
+        assert body["error"]["code"] == "journal_hold"
+        assert get(stack, bob, f"/spaces/{room}/memory")[1] == seen
+        assert base64.b64decode(get(stack, alice, f"/memory/{obj}")[1]["bytes"]) == text.encode()
+    finally:
+        stack.stop()
