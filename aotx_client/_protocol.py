@@ -22,11 +22,19 @@ Mutations (`Mutations.mutate`):
 - every other error is raised as `ApiError` with the one error body's code and details.
 
 Separate processes of one participant are safe the same way: each has its own counter and the
-409 rules move the loser of a sequence race to a fresh sequence."""
+409 rules move the loser of a sequence race to a fresh sequence.
+
+A process that dies mid-mutation loses its exact bytes unless it keeps them: with a pending
+directory (`PendingLog`), each mutation's path and canonical body are written there (fsynced)
+before it is first sent and removed once its outcome is known, and `resume` sends every one left
+by a killed process again, exactly: the same sequence and bytes answer 200 with the original
+receipt when it was admitted, or 202 when it never arrived; one never admitted at that sequence
+(409) moves to a new one as above. Either way it is applied once."""
 from __future__ import annotations
 
 import base64
 import json
+import os
 import random
 import secrets
 import threading
@@ -135,11 +143,67 @@ class Pending:
     body: bytes = b""
 
 
+class PendingLog:
+    """Mutations in flight, kept on disk so a restarted process can retry them exactly: one file
+    per sequence (`<sequence>.json`: path, canonical body), written atomically and fsynced before
+    the first send, removed once the outcome is known. Processes of one participant may share a
+    directory: sequences are the participant's, so their files never collide."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+
+    def _name(self, sequence: int) -> str:
+        return os.path.join(self.directory, f"{sequence:020d}.json")
+
+    def write(self, pending: Pending) -> None:
+        final = self._name(pending.sequence)
+        tmp = f"{final}.{os.getpid()}.{threading.get_ident()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, json.dumps({"path": pending.path, "fields": pending.fields, "key": pending.key,
+                                     "sequence": pending.sequence, "body": pending.body.decode()}).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+        self._sync_dir()
+
+    def remove(self, sequence: int) -> None:
+        try:
+            os.unlink(self._name(sequence))
+        except FileNotFoundError:
+            return
+        self._sync_dir()
+
+    def _sync_dir(self) -> None:
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def load(self) -> list[Pending]:
+        """What a killed process left, lowest sequence first."""
+        found = []
+        for name in sorted(os.listdir(self.directory)):
+            if not name.endswith(".json"):
+                continue
+            try:
+                with open(os.path.join(self.directory, name), encoding="utf-8") as f:
+                    saved = json.load(f)
+            except (OSError, ValueError):
+                continue  # a file another process is removing, or never completed (tmp names differ)
+            found.append(Pending(saved["path"], saved["fields"], saved["key"], saved["sequence"],
+                                 saved["body"].encode()))
+        return found
+
+
 class Mutations:
     """The participant's lineage and sequence counter, shared by every thread of one client."""
 
-    def __init__(self, retry_for: float, clock: Any) -> None:
-        self.retry_for, self.clock = retry_for, clock
+    def __init__(self, retry_for: float, clock: Any, log: PendingLog | None = None) -> None:
+        self.retry_for, self.clock, self.log = retry_for, clock, log
         self.lock = threading.Lock()
         self.lineage: str | None = None
         self.next_sequence = 0
@@ -161,6 +225,7 @@ class Mutations:
         return me
 
     def _assign(self, pending: Pending) -> None:
+        old = pending.sequence
         with self.lock:
             pending.sequence = self.next_sequence
             self.next_sequence += 1
@@ -168,6 +233,10 @@ class Mutations:
             body = {"schema": SCHEMA, "lineage": self.lineage, "operation_key": pending.key,
                     "sequence": str(pending.sequence), **pending.fields}
             pending.body = canonical(body)
+        if self.log is not None:  # on disk before it is sent: a restarted process retries it exactly
+            self.log.write(pending)
+            if old:
+                self.log.remove(old)
 
     def _release(self, pending: Pending) -> None:
         with self.lock:
@@ -179,12 +248,33 @@ class Mutations:
             yield from self.read_participant()
         pending = Pending(path, dict(fields), secrets.token_hex(16))
         self._assign(pending)
+        return (yield from self._submit(pending))
+
+    def resume(self) -> Step:
+        """Send again, exactly, every mutation a killed process of this client left in the pending
+        directory; returns their receipts, lowest sequence first."""
+        if self.log is None:
+            return []
+        left = self.log.load()
+        yield from self.read_participant()
+        receipts = []
+        for pending in left:
+            with self.lock:
+                self.in_flight.add(pending.sequence)
+                self.next_sequence = max(self.next_sequence, pending.sequence + 1)
+            receipts.append((yield from self._submit(pending)))
+        return receipts
+
+    def _submit(self, pending: Pending) -> Step:
+        """Send a mutation until its outcome is known: a receipt, or a refusal raised."""
         waits = Backoff(0.01, 0.5)
+        known = False  # GaveUp (the transport failed for retry_for) leaves it pending on disk
         try:
             while True:
-                call = Call("POST", BASE + path, pending.body, {"Content-Type": "application/json"})
+                call = Call("POST", BASE + pending.path, pending.body, {"Content-Type": "application/json"})
                 reply = yield from request(call, self.retry_for, self.clock)
                 if reply.status in (200, 202):
+                    known = True
                     receipt: dict[str, Any] = reply.json()
                     return receipt
                 code = _code(reply)
@@ -202,9 +292,12 @@ class Mutations:
                 with self.lock:  # refused: the sequence stays unused; the next mutation may take it
                     if self.next_sequence == pending.sequence + 1:
                         self.next_sequence = pending.sequence
+                known = True
                 raise_for(reply)
         finally:
             self._release(pending)
+            if known and self.log is not None:
+                self.log.remove(pending.sequence)
 
 
 def _code(reply: Reply) -> str | None:

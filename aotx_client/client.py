@@ -20,8 +20,8 @@ from urllib.parse import quote
 
 import httpx
 
-from ._protocol import (BASE, ApiError, Call, Event, Follow, Mutations, Reply, Sleep, SSEParser, Step, get, raise_for,
-                        read_result, request, wait_for_terminal)
+from ._protocol import (BASE, ApiError, Call, Event, Follow, Mutations, PendingLog, Reply, Sleep, SSEParser, Step, get,
+                        raise_for, read_result, request, wait_for_terminal)
 
 DEFAULT_RETRY_FOR = 120.0  # seconds one exact request is retried through timeouts, 503 and 429
 
@@ -31,9 +31,9 @@ class _Common:
     mutations: Mutations
     retry_for: float
 
-    def _init(self, token: str, retry_for: float) -> dict[str, str]:
+    def _init(self, token: str, retry_for: float, pending_dir: str | None) -> dict[str, str]:
         self.retry_for = retry_for
-        self.mutations = Mutations(retry_for, time.monotonic)
+        self.mutations = Mutations(retry_for, time.monotonic, PendingLog(pending_dir) if pending_dir else None)
         return {"Authorization": f"Bearer {token}", "Accept": "application/json"}
 
     # steps -------------------------------------------------------------------------------------
@@ -70,8 +70,8 @@ class Client(_Common):
     """Blocking client. `timeout` is each HTTP request's; `retry_for` bounds exact retries."""
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 30.0, retry_for: float = DEFAULT_RETRY_FOR,
-                 transport: httpx.BaseTransport | None = None) -> None:
-        headers = self._init(token, retry_for)
+                 transport: httpx.BaseTransport | None = None, pending_dir: str | None = None) -> None:
+        headers = self._init(token, retry_for, pending_dir)
         self.http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout, transport=transport)
 
     def __enter__(self) -> "Client":
@@ -122,6 +122,10 @@ class Client(_Common):
     def mutate(self, path: str, fields: dict[str, Any]) -> dict[str, Any]:
         """Any mutation (path under /aotx/v1/shared); its receipt."""
         return self._run(self.mutations.mutate(path, fields))
+
+    def resume(self) -> list[dict[str, Any]]:
+        """With `pending_dir`: retry exactly what a killed process left there; their receipts."""
+        return self._run(self.mutations.resume())
 
     def create_space(self, scope: str = "private", id: str | None = None) -> dict[str, Any]:
         return self.mutate("/spaces", {"scope": scope, **({"id": id} if id else {})})
@@ -199,8 +203,8 @@ class AsyncClient(_Common):
     iterators)."""
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 30.0, retry_for: float = DEFAULT_RETRY_FOR,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
-        headers = self._init(token, retry_for)
+                 transport: httpx.AsyncBaseTransport | None = None, pending_dir: str | None = None) -> None:
+        headers = self._init(token, retry_for, pending_dir)
         self.http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout, transport=transport)
 
     async def __aenter__(self) -> "AsyncClient":
@@ -243,6 +247,10 @@ class AsyncClient(_Common):
 
     async def register(self) -> dict[str, Any]:
         return await self._run(self._register())
+
+    async def resume(self) -> list[dict[str, Any]]:
+        """With `pending_dir`: retry exactly what a killed process left there; their receipts."""
+        return await self._run(self.mutations.resume())
 
     async def mutate(self, path: str, fields: dict[str, Any]) -> dict[str, Any]:
         return await self._run(self.mutations.mutate(path, fields))

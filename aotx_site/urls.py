@@ -10,6 +10,8 @@ urlpatterns = [
     path("aotx/v1/media/<str:sha256>", MediaView.as_view()),
     path("aotx/v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
     path("v1/chat/completions", openai_views.chat_completions),
+    path("v1/completions", openai_views.completions),
+    path("v1/embeddings", openai_views.embeddings),
     path("v1/models", openai_views.models),
     path("metrics", metrics.metrics, name="metrics"),  # Prometheus text, no token (README "Operations")
     path("healthz", metrics.healthz, name="healthz"),  # for load balancers: 200 or 503, no token

@@ -71,6 +71,7 @@ class Execution:
     mode: int = leases.RETAIN_SOURCE  # its lease's retention mode and revision
     revision: int = leases.COMPACT
     memory_pending: bool = False   # mode 2: its interpretation is being written; completion waits
+    controlled: bool = False       # revision 5: its control record is journaled
     interpretation: bytearray = field(default_factory=bytearray)
     settings: dict[str, Any] = field(default_factory=dict)  # what the engine got (mode 2 reuses it)
 
@@ -205,7 +206,8 @@ def journal_work(d: Device, budget: int) -> int:
             rrows.append(ex.to_lease.pop(0))
         if rrows:
             payload = lease_payload(d, rrows)
-            d.append(TransferKind.LEASE, payload, functools.partial(lease_saved, d, rrows, live=True, revision=revision))
+            d.append(TransferKind.LEASE, payload,
+                     functools.partial(lease_saved, d, rrows, live=True, revision=revision))
             used += record_count(len(payload))
     now = time.monotonic()
     for execution in list(ex.live.values()):
@@ -221,8 +223,9 @@ def journal_work(d: Device, budget: int) -> int:
             execution.flushed_at = now
             used += record_count(len(payload))
         if execution.finish and not execution.buffered and not execution.completing and not execution.memory_pending:
-            if execution.revision == leases.AFFECT_MANAGED:  # its control record, before its completion
-                control_record(d, execution)
+            if execution.revision == leases.AFFECT_MANAGED and not execution.controlled:
+                control_record(d, execution)  # its control record, before its completion
+                execution.controlled = True
             payload = completion_payload(d, execution.rrow, execution.finish, execution.input_tokens,
                                          execution.output_tokens)
             if used + record_count(len(payload)) > budget:

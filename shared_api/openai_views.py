@@ -1,15 +1,21 @@
-"""OpenAI-compatible Chat Completions: `POST /v1/chat/completions` (plain and SSE stream) and
-`GET /v1/models`. Same bearer tokens; the principal needs the `chat` action. Temporary requests:
-no receipts, nothing journaled; pages come from the same KV pool as conversation inputs.
+"""OpenAI-compatible routes: `POST /v1/chat/completions` and `POST /v1/completions` (plain and
+SSE stream), `POST /v1/embeddings` and `GET /v1/models`. Same bearer tokens; the principal needs
+the `chat` action. Temporary requests: no receipts, nothing journaled; pages come from the same KV
+pool as conversation inputs, embeddings from the same forward as memory.
+
+Every request field OpenAI defines is honoured or refused by name (`FIELDS`): a refused one (or
+an unknown one) is a 400 `invalid_request_error` whose `param` names it, never silently ignored.
 Errors use OpenAI's shape ({"error": {"message", "type", "param", "code"}}), which keeps the
-`code` and `message` of the one error body.
+`code` and `message` of the one error body; an unknown model is 404 `model_not_found`.
 """
 from __future__ import annotations
 
 import asyncio
+import base64
 import codecs
 import json
 import secrets
+import struct
 import time
 from typing import Any, AsyncIterator
 
@@ -27,12 +33,42 @@ from .device_client import mux
 from .errors import WWW_AUTHENTICATE, ServiceError
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 429: "rate_limit_error", 503: "server_error", 500: "server_error"}
+               404: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+               503: "server_error", 500: "server_error"}
+# the request field a refusal code is about (its `param`)
+PARAMS = {"invalid_model": "model", "model_not_found": "model", "invalid_messages": "messages",
+          "context_length_exceeded": "messages", "invalid_max_tokens": "max_tokens",
+          "invalid_temperature": "temperature", "invalid_top_p": "top_p", "invalid_stop": "stop",
+          "invalid_stream_options": "stream_options", "invalid_n": "n", "invalid_seed": "seed",
+          "invalid_prompt": "prompt", "invalid_input": "input", "invalid_encoding_format": "encoding_format",
+          "invalid_dimensions": "dimensions"}
+# Chat Completions request fields: honoured, or what is refused. A field OpenAI defines but this
+# service does not implement is refused unless it holds its no-op value (the value listed).
+HONOURED = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "stream",
+            "stream_options", "n", "seed", "user"}
+NO_OP: dict[str, tuple[Any, ...]] = {"logprobs": (False, None), "top_logprobs": (0, None), "presence_penalty": (0, 0.0, None),
+         "frequency_penalty": (0, 0.0, None), "logit_bias": ({}, None), "store": (False, None),
+         "parallel_tool_calls": (None,), "tools": ([], None), "tool_choice": ("none", None), "functions": ([], None),
+         "function_call": ("none", None), "response_format": ({"type": "text"}, None), "modalities": (["text"], None),
+         "audio": (None,), "prediction": (None,), "metadata": ({}, None), "service_tier": ("auto", "default", None),
+         "reasoning_effort": (None,), "web_search_options": (None,)}
+COMPLETION_HONOURED = {"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "stream", "stream_options",
+                       "n", "seed", "user"}
+COMPLETION_NO_OP: dict[str, tuple[Any, ...]] = {"echo": (False, None), "logprobs": (None, 0), "best_of": (1, None), "suffix": (None, ""),
+                    "presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, None), "logit_bias": ({}, None)}
+
+
+class RequestRefused(ServiceError):
+    """A refusal about one request field (its OpenAI `param`)."""
+
+    def __init__(self, param: str, message: str, code: str = "unsupported_parameter") -> None:
+        super().__init__(400, code, message)
+        self.param = param
 
 
 def openai_error(status: int, code: str, message: str, param: str | None = None) -> HttpResponse:
-    body = {"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"), "param": param,
-                      "code": code}}
+    body = {"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"),
+                      "param": param or PARAMS.get(code), "code": code}}
     response = HttpResponse(json.dumps(body), status=status, content_type="application/json")
     if status == 401:
         response["WWW-Authenticate"] = WWW_AUTHENTICATE
@@ -64,17 +100,41 @@ def _content(message: dict[str, Any]) -> str:
     return _text(content, "invalid_messages", "message content")
 
 
+def _fields(body: dict[str, Any], honoured: set[str], no_op: dict[str, tuple[Any, ...]]) -> None:
+    """Refuse (400, naming it) a field this route does not implement with a value that would
+    change the answer, and any field OpenAI does not define."""
+    for name in sorted(body):
+        if name in honoured:
+            continue
+        if name not in no_op:
+            raise RequestRefused(name, f"Unrecognized request argument supplied: {name}", "unknown_parameter")
+        if body[name] not in no_op[name]:
+            raise RequestRefused(name, f"{name} is not supported by this service "
+                                       f"(accepted only as {', '.join(json.dumps(v) for v in no_op[name])})")
+
+
+def _model(body: dict[str, Any]) -> str:
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise ServiceError(400, "invalid_model", "model is required")
+    return _text(model, "invalid_model", "model")
+
+
 def _request_args(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ServiceError(400, "invalid_json", "the body must be a JSON object")
-    model, messages = body.get("model"), body.get("messages")
-    if not isinstance(model, str):
-        raise ServiceError(400, "invalid_model", "model is required")
-    _text(model, "invalid_model", "model")
+    _fields(body, HONOURED, NO_OP)
+    model, messages = _model(body), body.get("messages")
     if not isinstance(messages, list) or not messages or any(not isinstance(m, dict) for m in messages):
         raise ServiceError(400, "invalid_messages", "messages must be a non-empty array of objects")
-    args: dict[str, Any] = {"model": model, "stream": bool(body.get("stream", False)),
-                            "messages": [{"role": m.get("role"), "content": _content(m)} for m in messages]}
+    args: dict[str, Any] = {"model": model, "messages": [{"role": m.get("role"), "content": _content(m)}
+                                                         for m in messages]}
+    return {**args, **_sampling(body)}
+
+
+def _sampling(body: dict[str, Any]) -> dict[str, Any]:
+    """The generation options both completion routes share."""
+    args: dict[str, Any] = {"stream": bool(body.get("stream", False))}
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
         if type(max_tokens) is not int or not 1 <= max_tokens <= MAX_COUNTER:
@@ -95,9 +155,30 @@ def _request_args(body: Any) -> dict[str, Any]:
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise ServiceError(400, "invalid_stream_options", "stream_options must be an object")
-    if body.get("n", 1) != 1:
+    if body.get("n", 1) not in (1, None):
         raise ServiceError(400, "invalid_n", "only n=1 is supported")
+    seed = body.get("seed")
+    if seed is not None:
+        if type(seed) is not int or not 0 <= seed < 1 << 63:
+            raise ServiceError(400, "invalid_seed", "seed must be an integer 0..2^63-1")
+        args["seed"] = seed
     return args
+
+
+def _completion_args(body: Any) -> dict[str, Any]:
+    """/v1/completions: one plain prompt (a string, or an array holding one)."""
+    if not isinstance(body, dict):
+        raise ServiceError(400, "invalid_json", "the body must be a JSON object")
+    _fields(body, COMPLETION_HONOURED, COMPLETION_NO_OP)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise ServiceError(400, "invalid_prompt", "prompt must be a non-empty string (token arrays and several "
+                                                  "prompts are not supported)")
+    # OpenAI's default for this route is 16 tokens
+    return {"model": _model(body), "prompt": _text(prompt, "invalid_prompt", "prompt"),
+            **_sampling({"max_tokens": 16, **body})}
 
 
 def _usage(result: dict[str, Any]) -> dict[str, int]:
@@ -105,43 +186,87 @@ def _usage(result: dict[str, Any]) -> dict[str, int]:
             "total_tokens": result["prompt_tokens"] + result["completion_tokens"]}
 
 
-def _completion(completion_id: str, created: int, model: str, result: dict[str, Any]) -> dict[str, Any]:
-    return {"id": completion_id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": result["text"]},
-                         "finish_reason": result["finish_reason"], "logprobs": None}],
-            "usage": _usage(result)}
+class Shape:
+    """How a completion route renders its answer: chat (messages) or text (a plain prompt)."""
+
+    def __init__(self, chat: bool) -> None:
+        self.chat = chat
+        self.prefix = "chatcmpl-" if chat else "cmpl-"
+        self.object = "chat.completion" if chat else "text_completion"
+        self.chunk_object = "chat.completion.chunk" if chat else "text_completion"
+
+    def whole(self, completion_id: str, created: int, model: str, result: dict[str, Any]) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": result["finish_reason"], "logprobs": None}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": result["text"]}
+        else:
+            choice["text"] = result["text"]
+        return {"id": completion_id, "object": self.object, "created": created, "model": model, "choices": [choice],
+                "usage": _usage(result)}
+
+    def chunk(self, completion_id: str, created: int, model: str, text: str | None, finish: str | None = None,
+              first: bool = False) -> str:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        if self.chat:
+            choice["delta"] = ({"role": "assistant", "content": ""} if first else
+                               {} if text is None else {"content": text})
+        else:
+            choice["text"] = text or ""
+        chunk = {"id": completion_id, "object": self.chunk_object, "created": created, "model": model,
+                 "choices": [choice]}
+        return f"data: {json.dumps(chunk)}\n\n"
+
+    def usage_chunk(self, completion_id: str, created: int, model: str, result: dict[str, Any]) -> str:
+        chunk = {"id": completion_id, "object": self.chunk_object, "created": created, "model": model,
+                 "choices": [], "usage": _usage(result)}
+        return f"data: {json.dumps(chunk)}\n\n"
 
 
-def _chunk(completion_id: str, created: int, model: str, delta: dict[str, Any], finish: str | None = None,
-           usage: dict[str, int] | None = None) -> str:
-    chunk = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
-             "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
-    if usage is not None:
-        chunk["usage"] = usage
-    return f"data: {json.dumps(chunk)}\n\n"
+CHAT_SHAPE, TEXT_SHAPE = Shape(True), Shape(False)
 
 
 def _device_error(msg: Message) -> HttpResponse:
     error = json.loads(msg["body"])["error"]
+    if error["code"] == "model_not_available":  # OpenAI's answer for a model it does not serve
+        return openai_error(404, "model_not_found", error["message"], "model")
     return openai_error(msg["status"], error["code"], error["message"])
+
+
+def _refusal(err: ServiceError) -> HttpResponse:
+    return openai_error(err.status, err.code, err.message, getattr(err, "param", None))
+
+
+async def _body(request: HttpRequest) -> tuple[str, Any]:
+    """(principal, parsed JSON body) of an OpenAI POST (the token is checked before the body)."""
+    principal = await _principal(request)
+    if len(request.body) > MAX_CHAT_BODY_BYTES:
+        raise ServiceError(413, "body_too_large", "the body is too large")
+    try:
+        return principal, json.loads(request.body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ServiceError(400, "invalid_json", f"the body is not JSON: {exc}") from None
 
 
 @csrf_exempt
 async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
+    return await _complete(request, _request_args, CHAT_SHAPE)
+
+
+@csrf_exempt
+async def completions(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
+    return await _complete(request, _completion_args, TEXT_SHAPE)
+
+
+async def _complete(request: HttpRequest, parse: Any, shape: Shape) -> HttpResponse | StreamingHttpResponse:
+    """Both completion routes: the device's `chat.completions` (messages, or a plain prompt)."""
     if request.method != "POST":
         return openai_error(405, "method_not_allowed", "use POST")
     try:
-        principal = await _principal(request)
-        if len(request.body) > MAX_CHAT_BODY_BYTES:
-            raise ServiceError(413, "body_too_large", "the body is too large")
-        try:
-            body = json.loads(request.body.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            raise ServiceError(400, "invalid_json", f"the body is not JSON: {exc}") from None
-        args = _request_args(body)
+        principal, body = await _body(request)
+        args = parse(body)
     except ServiceError as err:
-        return openai_error(err.status, err.code, err.message)
-    completion_id = "chatcmpl-" + secrets.token_hex(12)
+        return _refusal(err)
+    completion_id = shape.prefix + secrets.token_hex(12)
     created = int(time.time())
     if not args["stream"]:
         # A whole completion can take longer than the device timeout (which bounds an answer that
@@ -162,9 +287,9 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
                                                        "it was stopped (stream it to see tokens as they come)")
         if msg["status"] != 200:
             return _device_error(msg)
-        return HttpResponse(json.dumps(_completion(completion_id, created, args["model"], json.loads(msg["body"]))),
+        return HttpResponse(json.dumps(shape.whole(completion_id, created, args["model"], json.loads(msg["body"]))),
                             content_type="application/json")
-    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))  # an object: _request_args
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))  # an object: parse checked
     try:
         device = await mux().open("chat.completions", principal, args)
     except ServiceError as err:
@@ -179,18 +304,20 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
         return openai_error(503, "device_timeout", "the device did not answer in time")
     if first["status"] != 200:
         return _device_error(first)
+    model = args["model"]
 
     async def events() -> AsyncIterator[str]:
         # Django cancels this generator when the client disconnects (Django's ASGI handler); closing the
         # stream then cancels the chat on the device and frees its pages.
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         try:
-            yield _chunk(completion_id, created, args["model"], {"role": "assistant", "content": ""})
+            if shape.chat:
+                yield shape.chunk(completion_id, created, model, None, first=True)
             msg = first
             while msg.get("more"):
                 text = decoder.decode(msg["body"])
                 if text:
-                    yield _chunk(completion_id, created, args["model"], {"content": text})
+                    yield shape.chunk(completion_id, created, model, text)
                 msg = await device.next(timeout)
             if msg["status"] != 200:
                 error = json.loads(msg["body"])["error"]
@@ -199,12 +326,10 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
             result = json.loads(msg["body"])
             tail = decoder.decode(b"", final=True)
             if tail:
-                yield _chunk(completion_id, created, args["model"], {"content": tail})
-            yield _chunk(completion_id, created, args["model"], {}, result["finish_reason"])
+                yield shape.chunk(completion_id, created, model, tail)
+            yield shape.chunk(completion_id, created, model, None, result["finish_reason"])
             if include_usage:
-                chunk = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                         "model": args["model"], "choices": [], "usage": _usage(result)}
-                yield f"data: {json.dumps(chunk)}\n\n"
+                yield shape.usage_chunk(completion_id, created, model, result)
             yield "data: [DONE]\n\n"
         except ServiceError as err:
             yield f"data: {json.dumps({'error': {'message': err.message, 'code': err.code}})}\n\n"
@@ -216,6 +341,59 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
     response = StreamingHttpResponse(events(), content_type="text/event-stream")
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+EMBEDDING_FIELDS = {"model", "input", "encoding_format", "dimensions", "user"}
+
+
+@csrf_exempt
+async def embeddings(request: HttpRequest) -> HttpResponse:
+    """`POST /v1/embeddings {model, input: str | [str], encoding_format?: float|base64,
+    dimensions?}`: the packed embedding model. Token arrays are refused (this model's tokenizer is
+    not OpenAI's); `dimensions` must be the model's own."""
+    if request.method != "POST":
+        return openai_error(405, "method_not_allowed", "use POST")
+    try:
+        principal, body = await _body(request)
+        if not isinstance(body, dict):
+            raise ServiceError(400, "invalid_json", "the body must be a JSON object")
+        _fields(body, EMBEDDING_FIELDS, {})
+        model, texts = _model(body), body.get("input")
+        texts = [texts] if isinstance(texts, str) else texts
+        if (not isinstance(texts, list) or not texts
+                or any(not isinstance(t, str) or not t for t in texts)):
+            raise ServiceError(400, "invalid_input", "input must be a non-empty string or array of non-empty "
+                                                     "strings (token arrays are not supported)")
+        texts = [_text(t, "invalid_input", "input") for t in texts]
+        encoding = body.get("encoding_format", "float")
+        if encoding not in ("float", "base64"):
+            raise ServiceError(400, "invalid_encoding_format", "encoding_format must be float or base64")
+        dimensions = body.get("dimensions")
+        if dimensions is not None and type(dimensions) is not int:
+            raise ServiceError(400, "invalid_dimensions", "dimensions must be an integer")
+        msg = await mux().call("embeddings", principal, {"model": model, "input": texts})
+    except ServiceError as err:
+        return _refusal(err)
+    except asyncio.TimeoutError:
+        return openai_error(503, "device_timeout", "the device did not answer in time")
+    if msg["status"] != 200:
+        return _device_error(msg)
+    result = json.loads(msg["body"])
+    dim = result["dim"]
+    if dimensions is not None and dimensions != dim:
+        return openai_error(400, "invalid_dimensions", f"this model's embeddings have {dim} dimensions", "dimensions")
+    raw = base64.b64decode(result["vectors"])
+    size = dim * 4
+    data = []
+    for i in range(len(texts)):
+        chunk = raw[i * size:(i + 1) * size]
+        vector: Any = base64.b64encode(chunk).decode() if encoding == "base64" else \
+            list(struct.unpack(f"<{dim}f", chunk))
+        data.append({"object": "embedding", "index": i, "embedding": vector})
+    tokens = result["prompt_tokens"]
+    return HttpResponse(json.dumps({"object": "list", "data": data, "model": model,
+                                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}),
+                        content_type="application/json")
 
 
 @csrf_exempt
@@ -232,5 +410,5 @@ async def models(request: HttpRequest) -> HttpResponse:
     if msg["status"] != 200:
         return _device_error(msg)
     data = [{"id": m["name"], "object": "model", "created": 0, "owned_by": "aotx"}
-            for m in json.loads(msg["body"])["models"]]
+            for m in json.loads(msg["body"])["models"]]  # the generation model, then the embedding model
     return HttpResponse(json.dumps({"object": "list", "data": data}), content_type="application/json")

@@ -67,6 +67,7 @@ COMMANDS = {c.op: c for c in (
     Command("models.list", CHAT),
     # answered outside the read/mutation order; subscriptions answer with a stream of frames
     Command("chat.completions", CHAT),
+    Command("embeddings", CHAT),
     Command("media.put", WRITE),
     Command("conversations.subscribe", READ),
     Command("operations.subscribe", READ),

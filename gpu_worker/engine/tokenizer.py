@@ -135,6 +135,11 @@ class Tokenizer:
         No BOS by default: a rendered chat template already holds everything the model expects."""
         return _ids(self._tokenizer, text, add_special_tokens)
 
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of `text` as plain text: a special token's spelling in it stays text (a raw prompt of
+        /v1/completions, which has no template to mark the control tokens)."""
+        return _ids(self._text_only, text, False)
+
     def fewest_tokens(self, characters: int) -> int | None:
         """A lower bound on the tokens of a text of this many characters, known without
         tokenizing it (O(1): what refuses a prompt that cannot fit before any work); None where a

@@ -50,30 +50,39 @@ def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
         if d.runner is None:
             raise ServiceError(503, "engine_unavailable", "this device runs no generation engine")
         args = d.args(msg)
-        messages = args.get("messages")
-        if (not isinstance(messages, list) or not messages
+        messages, prompt = args.get("messages"), args.get("prompt")
+        if prompt is not None:  # /v1/completions: a plain prompt, tokenized as text
+            if not isinstance(prompt, str) or not prompt or messages is not None:
+                raise ServiceError(400, "invalid_prompt", "prompt must be a non-empty string (and no messages)")
+            size = len(prompt)
+        elif (not isinstance(messages, list) or not messages
                 or any(not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str)
                        for m in messages)):
             raise ServiceError(400, "invalid_messages", "messages must be a non-empty list of {role, content}")
+        else:
+            size = sum(len(m["content"]) for m in messages)
+        seed = args.get("seed")
+        if seed is not None and (type(seed) is not int or not 0 <= seed < 1 << 63):
+            raise ServiceError(400, "invalid_seed", "seed must be an integer 0..2^63-1")
         model_card(d, args.get("model"))
         max_tokens = args.get("max_tokens")
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise ServiceError(400, "invalid_max_tokens", "max_tokens must be a positive integer")
         quotas.check(d, principal, d.state.participants.by_principal.get(principal), "chats")
         # a prompt that cannot fit is refused before it is tokenized (a 1 MB prompt took seconds)
-        fewest = d.runner.engine.tokenizer.fewest_tokens(sum(len(m["content"]) for m in messages))
+        fewest = d.runner.engine.tokenizer.fewest_tokens(size)
         profile = d.runtime.runtime_profile
         capacity = profile["page_grant"] * profile["page_size"]
         if fewest is not None and fewest + (max_tokens or 1) - 1 > capacity:
             raise ServiceError(400, "context_length_exceeded",
-                               f"the messages hold at least {fewest} prompt tokens; with max_tokens "
+                               f"the prompt holds at least {fewest} tokens; with max_tokens "
                                f"{max_tokens or 1} that exceeds the page grant of {capacity} tokens")
     except ServiceError as err:
         batch.replies.append((conn, reply(req_id, err.status, err.body())))
         return 0
     d.usage.chats_tokenizing[principal] += 1  # counted against its chats quota until it ends
     tokenizer = d.runner.engine.tokenizer
-    d.off_thread(lambda: tokenizer.encode_chat(messages),
+    d.off_thread(lambda: tokenizer.encode_text(prompt) if prompt is not None else tokenizer.encode_chat(messages),
                  lambda prompt, error: _submit(d, conn, req_id, principal, args, prompt, error))
     return 0
 
@@ -81,10 +90,7 @@ def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
 def _submit(d: Device, conn: Any, req_id: Any, principal: bytes, args: dict[str, Any], prompt: list[int] | None,
             error: BaseException | None) -> None:
     """On the tick thread, the prompt tokenized: refuse what does not fit, or start the chat."""
-    tokenizing = d.usage.chats_tokenizing
-    tokenizing[principal] -= 1
-    if tokenizing[principal] <= 0:
-        del tokenizing[principal]
+    d.usage.chat_prepared(principal)
     if getattr(conn, "closed", False) or d.runner is None:
         return  # its client went away meanwhile
     try:
@@ -113,7 +119,7 @@ def _submit(d: Device, conn: Any, req_id: Any, principal: bytes, args: dict[str,
     d.subscriptions.push(sub, b"", event="accepted")  # the gateway now waits for the whole completion
     d.runner.submit(request_id, prompt, max_new_tokens=max_tokens,
                     temperature=float(args.get("temperature", 1.0)), top_p=float(args.get("top_p", 1.0)),
-                    stop=tuple(stop), page_limit=pages, tenant=principal)
+                    stop=tuple(stop), page_limit=pages, tenant=principal, seed=args.get("seed"))
 
 
 def event(d: Device, request_id: tuple[str, int], token: int | None, data: bytes, finish: str | None) -> None:
@@ -151,7 +157,10 @@ def connection_closed(d: Device, conn: object) -> None:
 
 def list_models(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
     card = d.runtime.json("gen/card")
-    return 200, {"models": [{"name": card["name"], "digest": d.model_digest}]}
+    models = [{"name": card["name"], "digest": d.model_digest, "kind": "generation"}]
+    if d.embedder is not None:
+        models.append({"name": d.embedder.card.name, "digest": d.runtime.model_digest("emb"), "kind": "embedding"})
+    return 200, {"models": models}
 
 
 READS: dict[str, Read] = {"models.list": list_models}

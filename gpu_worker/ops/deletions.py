@@ -5,8 +5,8 @@ module: they share the tombstone rule below.
 A conversation can be deleted while none of its inputs is unfinished (409 `conversation_busy`);
 a space once it holds no conversation (409 `space_not_empty`: delete those first). Deleting
 removes the resource at once: its ID no longer resolves (404), its events and streams end, its
-member rows and its memory (a space's: a room's or a private space's own rows) are freed, it stops counting against its creator's quota, and the same ID
-may be created again. Its table row becomes a tombstone (state 2) that keeps the old ID, because
+member rows and its memory (a space's: a room's or a private space's own rows) are freed, it
+stops counting against its creator's quota, and the same ID may be created again. Its table row becomes a tombstone (state 2) that keeps the old ID, because
 live receipts still name it as their target (its creation, its inputs, this deletion); the row
 itself returns to the table once the last of those receipts is retired (`release_tombstones`,
 called by retirements). Receipts of a deleted resource stay readable by the participants who made

@@ -3,8 +3,9 @@ input and the reads of its result bytes. What happens after the admission is sav
 engine, output, completion) is gpu_worker/execution.py.
 
 The admission records the accepted model digest, the effective page limit and output limit, and
-the retention mode and context revision its lease will carry, apart from the caller's bytes; defaults are the profile's (256 output tokens, the page grant,
-temperature 0, top_p 1).
+the retention mode and context revision its lease will carry, apart from the caller's bytes;
+defaults are the profile's (256 output tokens, the page grant, temperature 0, top_p 1), retention
+`source` and context `compact`.
 """
 from __future__ import annotations
 

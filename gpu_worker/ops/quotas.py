@@ -42,6 +42,12 @@ class Usage:
         self.media_in_flight: Counter[int] = Counter()  # participant row -> bytes of unsaved uploads
         self.chats_tokenizing: Counter[bytes] = Counter()  # principal -> chats not yet handed to the engine
 
+    def chat_prepared(self, principal: bytes) -> None:
+        """A chat's prompt is tokenized (or an embedding request done): it stops counting here."""
+        self.chats_tokenizing[principal] -= 1
+        if self.chats_tokenizing[principal] <= 0:
+            del self.chats_tokenizing[principal]
+
 
 def _receipts(d: Device, principal: bytes, prow: int | None) -> int:
     return 0 if prow is None else len(d.state.live_sequences(prow))

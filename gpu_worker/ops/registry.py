@@ -8,8 +8,8 @@ gpu_worker/contract/vocabulary.py, its gateway route (docs/adding-an-operation-k
 """
 from __future__ import annotations
 
-from . import (cancellations, chat, conversations, deletions, events, inputs, media, members, memory, operations,
-               participants, publications, retirements, service, spaces)
+from . import (cancellations, chat, conversations, deletions, embeddings, events, inputs, media, members, memory,
+               operations, participants, publications, retirements, service, spaces)
 from .kind import Later, OperationKind, Read
 
 _KINDS: tuple[OperationKind, ...] = (
@@ -45,6 +45,7 @@ LATER: dict[str, Later] = {
     "checkpoint": service.defer_checkpoint,
     "audit.export": service.audit_export,
     "chat.completions": chat.start,
+    "embeddings": embeddings.start,
     "media.put": media.put,
     "conversations.subscribe": events.open_conversation,
     "operations.subscribe": events.open_operation,

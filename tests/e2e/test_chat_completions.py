@@ -27,7 +27,7 @@ def client(stack, token):
 
 def test_the_openai_sdk_gets_a_completion(stack):
     sdk = client(stack, stack.token)
-    assert [m.id for m in sdk.models.list().data] == ["tiny-llama"]
+    assert [m.id for m in sdk.models.list().data] == ["tiny-llama", "tiny-bert"]  # generation, embedding
     completion = sdk.chat.completions.create(model="tiny-llama", max_tokens=8, temperature=0,
                                              messages=[{"role": "user", "content": "hello"}])
     choice = completion.choices[0]
@@ -67,9 +67,98 @@ def test_errors_use_the_openai_shape(stack):
     with pytest.raises(openai.BadRequestError) as bad:
         client(stack, stack.token).chat.completions.create(model="tiny-llama", messages=[])
     assert bad.value.body["code"] == "invalid_messages"
-    with pytest.raises(openai.APIStatusError) as unknown:
+    with pytest.raises(openai.NotFoundError) as unknown:
         client(stack, stack.token).chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
-    assert unknown.value.status_code == 409 and unknown.value.body["code"] == "model_not_available"
+    assert unknown.value.body == {**unknown.value.body, "code": "model_not_found", "param": "model",
+                                  "type": "invalid_request_error"}
     status, headers, body = stack.http("POST", "/v1/chat/completions", raw=b"{nope", token=stack.token)
     assert status == 400 and json.loads(body)["error"]["type"] == "invalid_request_error"
     assert headers["Cache-Control"] == "no-store"
+
+
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+def test_a_seed_makes_sampling_repeatable(stack):
+    sdk = client(stack, stack.token)
+    runs = [sdk.chat.completions.create(model="tiny-llama", max_tokens=12, temperature=1.5, seed=seed,
+                                        messages=HELLO).choices[0].message.content for seed in (7, 7, 8, 9)]
+    assert runs[0] == runs[1]
+    assert len(set(runs[1:])) > 1  # other seeds sample other text
+
+
+@pytest.mark.parametrize("field, value", [
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
+    ("tool_choice", "auto"), ("response_format", {"type": "json_object"}), ("logprobs", True),
+    ("top_logprobs", 2), ("presence_penalty", 0.5), ("frequency_penalty", 1.0), ("logit_bias", {"5": 10}),
+    ("n", 2), ("store", True)])
+def test_fields_it_does_not_implement_are_refused_by_name(stack, field, value):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(stack, stack.token).chat.completions.create(model="tiny-llama", messages=HELLO, max_tokens=2,
+                                                           **{field: value})
+    assert refused.value.body["param"] == field and refused.value.body["type"] == "invalid_request_error"
+
+
+def test_no_op_values_and_user_are_accepted(stack):
+    completion = client(stack, stack.token).chat.completions.create(
+        model="tiny-llama", messages=HELLO, max_tokens=2, temperature=0, user="someone", logprobs=False,
+        presence_penalty=0, frequency_penalty=0, response_format={"type": "text"}, n=1)
+    assert completion.choices[0].finish_reason in ("stop", "length")
+
+
+def test_an_unknown_field_is_refused_by_name(stack):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(stack, stack.token).chat.completions.create(model="tiny-llama", messages=HELLO,
+                                                           extra_body={"temprature": 0.5})
+    assert refused.value.body["param"] == "temprature" and refused.value.body["code"] == "unknown_parameter"
+
+
+def test_a_prompt_longer_than_the_context_is_context_length_exceeded(stack):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(stack, stack.token).chat.completions.create(
+            model="tiny-llama", max_tokens=2, messages=[{"role": "user", "content": "word " * 20000}])
+    assert refused.value.body["code"] == "context_length_exceeded"
+
+
+def test_plain_completions_and_their_stream(stack):
+    sdk = client(stack, stack.token)
+    whole = sdk.completions.create(model="tiny-llama", prompt="The capital of France is", max_tokens=6, temperature=0)
+    assert whole.object == "text_completion" and isinstance(whole.choices[0].text, str)
+    assert whole.choices[0].finish_reason in ("stop", "length") and 1 <= whole.usage.completion_tokens <= 6
+    parts = [c.choices[0].text for c in sdk.completions.create(model="tiny-llama", prompt="The capital of France is",
+                                                               max_tokens=6, temperature=0, stream=True)
+             if c.choices]
+    assert "".join(parts) == whole.choices[0].text
+    # the prompt is text: a control token's spelling in it is not parsed as one
+    tokens = sdk.completions.create(model="tiny-llama", prompt="<|im_start|>", max_tokens=1, temperature=0)
+    assert tokens.usage.prompt_tokens > 1
+    default = sdk.completions.create(model="tiny-llama", prompt="count", temperature=0, extra_body={})
+    assert default.usage.completion_tokens <= 16  # OpenAI's default max_tokens for this route
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.completions.create(model="tiny-llama", prompt="x", echo=True)
+    assert refused.value.body["param"] == "echo"
+
+
+def test_embeddings_through_the_openai_sdk_match_the_memory_forward(stack):
+    from gpu_worker.engine.embedding import EmbeddingModel
+    from gpu_worker.storage.runtime_file import RuntimeFile
+    sdk = client(stack, stack.token)
+    texts = ["shared memory", "the capital of france is paris"]
+    got = sdk.embeddings.create(model="tiny-bert", input=texts)  # the SDK asks for base64 and decodes it
+    floats = sdk.embeddings.create(model="tiny-bert", input=texts, encoding_format="float")
+    reference = EmbeddingModel.from_runtime(RuntimeFile.open(stack.runtime, verify=False)).encode(texts)
+    for data in (got.data, floats.data):
+        assert [d.index for d in data] == [0, 1]
+        for d, want in zip(data, reference.tolist()):
+            assert d.embedding == pytest.approx(want, abs=1e-6)
+    assert got.usage.prompt_tokens == got.usage.total_tokens > 4
+    one = sdk.embeddings.create(model="tiny-bert", input="shared memory", encoding_format="float")
+    assert one.data[0].embedding == floats.data[0].embedding
+    with pytest.raises(openai.NotFoundError):
+        sdk.embeddings.create(model="text-embedding-3-small", input="x")
+    with pytest.raises(openai.BadRequestError) as tokens:
+        sdk.embeddings.create(model="tiny-bert", input=[[1, 2, 3]])
+    assert tokens.value.body["param"] == "input"
+    with pytest.raises(openai.BadRequestError) as dims:
+        sdk.embeddings.create(model="tiny-bert", input="x", dimensions=8)
+    assert dims.value.body["param"] == "dimensions"

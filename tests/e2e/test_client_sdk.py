@@ -4,6 +4,7 @@ processes of one participant, a journal hold waited out, results by offset and e
 with resume."""
 import asyncio
 import json
+import os
 import secrets
 import subprocess
 import threading
@@ -228,3 +229,50 @@ def test_a_journal_hold_is_waited_out(stack, tmp_path):
             wait_for(lambda: aotx.receipt(receipt["operation"])["admission"]["saved"], 30, what="saved")
     finally:
         held.stop()
+
+
+KILLED = """
+import os, sys
+import httpx
+from aotx_client import Client
+url, token, space, pending, when = sys.argv[1:6]
+
+
+class Dies(httpx.HTTPTransport):
+    '''The process dies on its first POST: before sending it, or once it was sent (the answer lost).'''
+    def handle_request(self, request):
+        if request.method == "POST" and when == "before":
+            os._exit(9)
+        response = super().handle_request(request)
+        if request.method == "POST":
+            os._exit(9)
+        return response
+
+
+with Client(url, token, pending_dir=pending, transport=Dies()) as aotx:
+    aotx.create_conversation(space)
+"""
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_client_killed_mid_request_and_restarted_retries_exactly_and_ends_with_one_receipt(stack, tmp_path, when):
+    token = stack.principal(f"killed_{when}")
+    pending = str(tmp_path / "pending")
+    with Client(stack.url, token) as aotx:
+        aotx.register()
+        space = aotx.create_space()["target"]
+    child = subprocess.run([PYTHON, "-c", KILLED, stack.url, token, space, pending, when], cwd=ROOT, timeout=120)
+    assert child.returncode == 9
+    [left] = os.listdir(pending)  # the mutation's exact bytes, on disk before the first send
+    before = own_receipts(stack, token)
+    assert len(before) == (3 if when == "after" else 2)  # registration, space (and the conversation)
+    with Client(stack.url, token, pending_dir=pending) as aotx:
+        [receipt] = aotx.resume()
+        assert receipt["kind"] == "conversation.create" and receipt["sequence"] == left.split(".")[0].lstrip("0")
+        assert os.listdir(pending) == []
+        assert aotx.resume() == []
+        after = own_receipts(stack, token)
+        assert [r["kind"] for r in after] == ["participant.register", "space.create", "conversation.create"]
+        if when == "after":  # it was admitted: the retry answered with the original receipt
+            assert after == before
+        assert aotx.create_space()["sequence"] == "4"  # the counter goes on past the resumed one

@@ -54,57 +54,8 @@ class Client(threading.Thread):
         self.retries = 0
         self.pause = random.Random(principal)
 
-    def request(self, sequence):
-        key = secrets.token_hex(16)
-        fields = {} if sequence == 1 else {"scope": "private"}
-        path = f"{BASE}/participant" if sequence == 1 else f"{BASE}/spaces"
-        body = {"schema": "aotx.shared.mutation.v1", "lineage": self.lineage, "operation_key": key,
-                "sequence": str(sequence), **fields}
-        return {"v": 1, "id": sequence, "op": "participant.register" if sequence == 1 else "spaces.create",
-                "principal": self.principal.hex(),
-                "args": {"lineage": self.lineage, "operation_key": key, "sequence": sequence, **fields,
-                         "canonical": rfc8785.dumps({"method": "POST", "path": path, "body": body})}}
-
-    def run(self):
-        sequence, pending, sock = 1, None, None
-        while True:
-            if pending is None:
-                if self.stop.is_set():
-                    break
-                pending = self.request(sequence)
-            try:
-                if sock is None:
-                    sock = socket.socket(socket.AF_UNIX)
-                    sock.settimeout(10)
-                    sock.connect(self.path)
-                reply = call(sock, pending)
-            except (OSError, ConnectionError, ValueError):
-                if sock is not None:
-                    sock.close()
-                sock = None
-                self.retries += 1
-                time.sleep(0.005)
-                continue
-            if reply["status"] not in (200, 202):
-                self.errors.append((sequence, reply["status"], reply["body"]))
-                break
-            self.saved[sequence] = reply["body"]
-            sequence, pending = sequence + 1, None
-            time.sleep(self.pause.uniform(0.002, 0.02))  # bounded load keeps each boot's replay short
-        if sock is not None:
-            sock.close()
-
-
-class MemoryClient(Client):
-    """Inputs and publications: register, a space, a conversation and a room, then in a loop an
-    input, its terminal result (polled), and a publication of the row it retained."""
-
-    def __init__(self, principal, incarnation, path, stop):
-        super().__init__(principal, incarnation, path, stop)
-        self.space = self.conversation = self.room = None
-        self.inputs, self.publications = [], []  # saved receipts' operations / publication targets
-
     def mutation(self, sequence, op, path, fields, **args):
+        """A device command for a mutation, canonical bytes built as the gateway builds them."""
         key = secrets.token_hex(16)
         body = {"schema": "aotx.shared.mutation.v1", "lineage": self.lineage, "operation_key": key,
                 "sequence": str(sequence), **fields}
@@ -112,8 +63,14 @@ class MemoryClient(Client):
                 "args": {"lineage": self.lineage, "operation_key": key, "sequence": sequence, **fields, **args,
                          "canonical": rfc8785.dumps({"method": "POST", "path": BASE + path, "body": body})}}
 
+    def request(self, sequence):
+        if sequence == 1:
+            return self.mutation(1, "participant.register", "/participant", {})
+        return self.mutation(sequence, "spaces.create", "/spaces", {"scope": "private"})
+
     def exchange(self, sock, msg):
-        """One request until answered (a new connection after each failure): (reply, socket)."""
+        """One request until answered, exactly the same each time (a new connection after each
+        failure): (reply, socket)."""
         while True:
             try:
                 if sock is None:
@@ -127,6 +84,29 @@ class MemoryClient(Client):
                 sock = None
                 self.retries += 1
                 time.sleep(0.005)
+
+    def run(self):
+        sequence, sock = 1, None
+        while not self.stop.is_set():
+            reply, sock = self.exchange(sock, self.request(sequence))
+            if reply["status"] not in (200, 202):
+                self.errors.append((sequence, reply["status"], reply["body"]))
+                break
+            self.saved[sequence] = reply["body"]
+            sequence += 1
+            time.sleep(self.pause.uniform(0.002, 0.02))  # bounded load keeps each boot's replay short
+        if sock is not None:
+            sock.close()
+
+
+class MemoryClient(Client):
+    """Inputs and publications: register, a space, a conversation and a room, then in a loop an
+    input, its terminal result (polled), and a publication of the row it retained."""
+
+    def __init__(self, principal, incarnation, path, stop):
+        super().__init__(principal, incarnation, path, stop)
+        self.space = self.conversation = self.room = None
+        self.inputs, self.publications = [], []  # saved receipts' operations / publication targets
 
     def run(self):
         sock, sequence = None, 1

@@ -3,6 +3,7 @@ weights): retention of an input's source, the memory reads, visibility, recall i
 prompt per lease revision, interpretation (mode 2), control records (revision 5), full table and
 quota, publication, space deletion, and replay after a restart or a checkpoint."""
 import base64
+import contextlib
 import json
 
 import pytest
@@ -26,12 +27,20 @@ def make_runtime(tmp_path, name="memory.aotxccir", **options):
     return path
 
 
+@contextlib.contextmanager
+def running(w):
+    """A world whose engine and device are stopped when the block ends."""
+    try:
+        yield w
+    finally:
+        w.device.runner.stop()
+        w.device.close()
+
+
 @pytest.fixture
 def world(tmp_path):
-    w = EngineWorld(make_runtime(tmp_path), tmp_path, ["a", "b", "c"])
-    yield w
-    w.device.runner.stop()
-    w.device.close()
+    with running(EngineWorld(make_runtime(tmp_path), tmp_path, ["a", "b", "c"])) as w:
+        yield w
 
 
 def run(world, name, conversation, text, **fields):
@@ -85,7 +94,8 @@ def test_memory_is_visible_to_readers_of_its_space_only(world):
     assert world.member("a", space, "b", [])[0] == 202  # a zero-rights row: gone again
     assert code(world.read("b", "memory.get", memory=obj)) == (404, "memory_not_found")
     # a malformed or unknown ID is the same 404
-    assert code(world.read("a", "memory.get", memory=obj[:-1] + ("1" if obj[-1] == "0" else "0"))) == (404, "memory_not_found")
+    other = obj[:-1] + ("1" if obj[-1] == "0" else "0")
+    assert code(world.read("a", "memory.get", memory=other)) == (404, "memory_not_found")
 
 
 def test_two_private_spaces_of_one_participant_have_different_owners_and_recall_apart(world, monkeypatch):
@@ -173,8 +183,7 @@ def test_memory_survives_a_checkpoint_and_a_restart_with_the_same_rows_and_embed
 def test_a_full_memory_table_still_runs_the_input_and_says_what_was_not_retained(tmp_path):
     path = str(tmp_path / "full.aotxccir")
     pack_tiny(path, shared=True, runtime_profile=PROFILE, capacity={"memory": 1})
-    w = EngineWorld(path, tmp_path, ["a"])
-    try:
+    with running(EngineWorld(path, tmp_path, ["a"])) as w:
         space, conversation = w.conversation("a")
         assert run(w, "a", conversation, "one")["memory"]["not_retained"] == []
         second = run(w, "a", conversation, "two")
@@ -188,14 +197,10 @@ def test_a_full_memory_table_still_runs_the_input_and_says_what_was_not_retained
         w.boot()
         w.attach()
         assert w.read("a", "operations.get", operation=second["operation"])[1]["memory"] == second["memory"]
-    finally:
-        w.device.runner.stop()
-        w.device.close()
 
 
 def test_the_memory_rows_quota_leaves_the_input_running_and_refuses_a_publication(tmp_path):
-    w = QuotaEngineWorld(make_runtime(tmp_path), tmp_path, ["a"])
-    try:
+    with running(QuotaEngineWorld(make_runtime(tmp_path), tmp_path, ["a"])) as w:
         w.set_quotas("a", memory_rows=1)
         space, conversation = w.conversation("a")
         [obj] = run(w, "a", conversation, "one")["memory"]["retained"]
@@ -206,9 +211,6 @@ def test_the_memory_rows_quota_leaves_the_input_running_and_refuses_a_publicatio
         refused(w.mutate("a", "publications.record", f"/spaces/{other}/publications",
                          {"source": obj, "source_version": "1"}), "memory_rows")
         assert w.read("a", "capabilities")[1]["quotas"]["memory_rows"] == {"limit": "1", "used": "1"}
-    finally:
-        w.device.runner.stop()
-        w.device.close()
 
 
 def test_publication_copies_text_memory_with_provenance_and_refuses_what_it_must(world):
@@ -281,8 +283,8 @@ def test_deleting_a_space_frees_its_memory(world):
 
 
 def test_mode_2_interprets_the_turn_with_the_same_model_when_qualified(tmp_path):
-    w = EngineWorld(make_runtime(tmp_path, "qualified.aotxccir", automatic_memory=True), tmp_path, ["a"])
-    try:
+    runtime = make_runtime(tmp_path, "qualified.aotxccir", automatic_memory=True)
+    with running(EngineWorld(runtime, tmp_path, ["a"])) as w:
         space, conversation = w.conversation("a")
         receipt = run(w, "a", conversation, "remember that i like tea", retention="interpret")
         assert receipt["memory"]["retention"] == "interpret"
@@ -296,9 +298,6 @@ def test_mode_2_interprets_the_turn_with_the_same_model_when_qualified(tmp_path)
         w.boot()
         w.attach()
         assert w.read("a", "operations.get", operation=receipt["operation"])[1]["memory"] == receipt["memory"]
-    finally:
-        w.device.runner.stop()
-        w.device.close()
 
 
 def test_mode_2_is_recorded_as_mode_1_for_a_model_without_automatic_memory(world):
@@ -400,9 +399,8 @@ def test_history_interleaves_retired_and_live_turns_in_event_order(world, monkey
 def test_the_history_keeps_the_most_recent_turns_within_its_bound_across_a_checkpoint(tmp_path, monkeypatch):
     path = str(tmp_path / "history.aotxccir")
     pack_tiny(path, shared=True, runtime_profile=PROFILE, capacity={"history_bytes": 64})
-    w = EngineWorld(path, tmp_path, ["a"])
     prompts = capture_prompts(monkeypatch)
-    try:
+    with running(EngineWorld(path, tmp_path, ["a"])) as w:
         space, conversation = w.conversation("a")
         for text in ("turn number one", "turn number two", "turn number three"):
             run(w, "a", conversation, text, context="plain")
@@ -417,6 +415,37 @@ def test_the_history_keeps_the_most_recent_turns_within_its_bound_across_a_check
         run(w, "a", conversation, "last", context="plain")
         users = [m["content"] for m in prompts[-1][0][::2]]
         assert users[-1] == "last" and "turn number one" not in users and users[-2] == "turn number three"
-    finally:
-        w.device.runner.stop()
-        w.device.close()
+
+
+def test_a_cancellation_cannot_undo_committed_memory(world):
+    from tests.gpu_worker.ops.test_inputs import slow_engine
+    space, conversation = world.conversation("a")
+    slow_engine(world)
+    status, receipt = world.say("a", conversation, "keep this", max_output_tokens=120, temperature=1.0)
+    world.pump(lambda: world.device.executions.live and world.device.runner.engine.pool.owned)
+    status, _ = world.mutate("a", "cancellations.record", "/cancellations", {"target_sequence": receipt["sequence"]})
+    assert status == 202
+    world.pump(world.finished("a", receipt["operation"]))
+    done = world.read("a", "operations.get", operation=receipt["operation"])[1]
+    assert done["terminal"]["status"] == "cancelled"
+    [obj] = done["memory"]["retained"]
+    assert [r["object"] for r in rows(world, "a", space)] == [obj]
+
+
+def test_the_deadline_covers_the_interpretation(tmp_path):
+    path = str(tmp_path / "deadline.aotxccir")
+    pack_tiny(path, shared=True, automatic_memory=True,
+              runtime_profile={**PROFILE, "deadline_ms": 1500})
+    with running(EngineWorld(path, tmp_path, ["a"])) as w:
+        space, conversation = w.conversation("a")
+        runner = w.device.runner
+        submit = runner.submit
+        # an interpretation that never finishes (the engine never gets it): only the deadline ends it
+        runner.submit = lambda request_id, *a, **k: None if request_id[0] == "interpret" else submit(
+            request_id, *a, **k)
+        status, receipt = w.say("a", conversation, "hello", max_output_tokens=1, retention="interpret")
+        assert status == 202
+        w.pump(w.finished("a", receipt["operation"]))
+        done = w.read("a", "operations.get", operation=receipt["operation"])[1]
+        assert done["terminal"]["status"] == "deadline_exceeded"
+        assert [r["kind"] for r in rows(w, "a", space)] == ["source"]  # the source stays, no interpretation

@@ -197,8 +197,37 @@ def test_it_answers_a_chat_completion_with_usage(gateway, device, people):
     assert doc["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
 
 
+def test_an_unknown_model_is_openais_404_model_not_found(gateway, device, people):
+    device.answer(409, json.dumps({"error": {"code": "model_not_available", "message": "no such model"}}).encode())
+    error = assert_openai_error(post(gateway, people["chatter"], chat()), 404, "model_not_found",
+                                "invalid_request_error")
+    assert error["param"] == "model"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("tools", [{"type": "function"}]), ("tool_choice", "auto"), ("functions", [{"name": "f"}]),
+    ("response_format", {"type": "json_schema"}), ("logprobs", True), ("top_logprobs", 3),
+    ("presence_penalty", 0.1), ("frequency_penalty", -1), ("logit_bias", {"1": 1}), ("store", True),
+    ("parallel_tool_calls", True), ("modalities", ["text", "audio"]), ("audio", {"voice": "x"}),
+    ("prediction", {"type": "content"}), ("metadata", {"k": "v"}), ("service_tier", "flex"),
+    ("reasoning_effort", "low"), ("web_search_options", {}), ("temprature", 1)])
+def test_it_refuses_a_field_it_does_not_implement_naming_it(gateway, device, people, field, value):
+    error = assert_openai_error(post(gateway, people["chatter"], chat(**{field: value})), 400,
+                                "unknown_parameter" if field == "temprature" else "unsupported_parameter",
+                                "invalid_request_error")
+    assert error["param"] == field
+    assert device.requests == []
+
+
+def test_it_passes_a_seed(gateway, device, people):
+    device.handler = completes()
+    assert post(gateway, people["chatter"], chat(seed=42, logprobs=False, response_format={"type": "text"})
+                ).status_code == 200
+    assert device.only_request()["args"]["seed"] == 42
+    assert_openai_error(post(gateway, people["chatter"], chat(seed=-1)), 400, "invalid_seed", "invalid_request_error")
+
+
 @pytest.mark.parametrize("status, code, type_", [
-    (409, "model_not_available", "server_error"),  # ERROR_TYPES has no 409: see the report
     (400, "input_too_large", "invalid_request_error"),
     (429, "journal_hold", "rate_limit_error"),
     (503, "page_pool_exhausted", "server_error"),
@@ -295,7 +324,7 @@ def test_it_streams_a_reply_with_no_tokens(device, people):
 def test_a_device_error_before_the_stream_is_an_openai_error(device, people):
     device.answer(409, b'{"error":{"code":"model_not_available","message":"no model gpt-9"}}')
     response, _ = stream(people["chatter"], chat(model="gpt-9", stream=True))
-    assert_openai_error(response, 409, "model_not_available", "server_error")
+    assert_openai_error(response, 404, "model_not_found", "invalid_request_error")
     wait_for(lambda: device.hangups == 1, timeout=5, what="the gateway to close its chat connection")
 
 

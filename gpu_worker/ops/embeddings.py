@@ -1,0 +1,66 @@
+"""`embeddings` (the gateway's `POST /v1/embeddings`): texts through the packed embedding model,
+the same forward memory rows and recall queries use (engine/embedding.py). A temporary request,
+as a chat is: no receipt, nothing journaled.
+
+The texts are embedded on a helper thread (their size is the caller's, never the tick's); while
+that runs the request counts against its principal's `chats` quota. Texts longer than the model's
+`max_seq_length` tokens (256 for all-MiniLM-L6-v2) are truncated there, as sentence-transformers
+does; `prompt_tokens` counts the tokens embedded. The answer carries the vectors as base64 of
+little-endian float32, texts in order (the gateway renders OpenAI's shape).
+"""
+from __future__ import annotations
+
+import base64
+from typing import TYPE_CHECKING, Any
+
+from ..contract.errors import ServiceError
+from ..contract.vocabulary import CHAT
+from ..contract.wire import Message, dumps, reply
+from . import quotas
+
+if TYPE_CHECKING:
+    from ..device import Device
+    from ..storage.committer import Batch
+
+MAX_INPUTS = 256  # texts per request
+
+
+def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
+    req_id = msg.get("id")
+    try:
+        principal = d.principal(msg, CHAT)
+        if d.embedder is None:
+            raise ServiceError(503, "engine_unavailable", "this device runs no embedding model")
+        args = d.args(msg)
+        name = d.embedder.card.name
+        if args.get("model") != name:
+            raise ServiceError(404, "model_not_found", f"embedding model {args.get('model')!r} is not served here; "
+                                                       f"the embedding model is {name!r}")
+        texts = args.get("input")
+        if (not isinstance(texts, list) or not 1 <= len(texts) <= MAX_INPUTS
+                or any(not isinstance(t, str) or not t for t in texts)):
+            raise ServiceError(400, "invalid_input", f"input must be 1..{MAX_INPUTS} non-empty strings")
+        quotas.check(d, principal, d.state.participants.by_principal.get(principal), "chats")
+    except ServiceError as err:
+        batch.replies.append((conn, reply(req_id, err.status, err.body())))
+        return 0
+    d.usage.chats_tokenizing[principal] += 1
+    embedder = d.embedder
+
+    def work() -> dict[str, Any]:
+        ids = embedder.tokenize(texts)
+        vectors = embedder.encode_ids(ids).cpu().numpy().astype("<f4")
+        return {"dim": embedder.dim, "prompt_tokens": sum(len(i) for i in ids),
+                "vectors": base64.b64encode(vectors.tobytes()).decode()}
+
+    def then(body: dict[str, Any] | None, error: BaseException | None) -> None:
+        d.usage.chat_prepared(principal)
+        if getattr(conn, "closed", False):
+            return
+        if error is not None or body is None:
+            err = ServiceError(500, "embedding_failed", f"embedding failed: {error}")
+            d.subscriptions.outbox.append((conn, reply(req_id, err.status, err.body())))
+            return
+        d.subscriptions.outbox.append((conn, reply(req_id, 200, dumps(body))))
+    d.off_thread(work, then)
+    return 0
