@@ -112,8 +112,10 @@ def conversation_turns(d: Device, rrow: int) -> list[dict[str, str]]:
 def fit_prompt(tokenizer: Any, messages: list[dict[str, str]], room: int,
                system: str | None = None) -> list[int] | None:
     """The prompt of the most recent turns that fit `room` tokens (turns are user + assistant
-    pairs before the last message), after the recalled-memory system message when there is one,
-    or None when the input alone does not fit. Any thread: it reads nothing but its arguments.
+    pairs before the last message), with the recalled-memory system message, when there is one,
+    between them and the input (after the turns, so a conversation's earlier turns stay the same
+    prefix from one input to the next and keep their KV pages: engine/block_manager.py), or None
+    when the input alone does not fit. Any thread: it reads nothing but its arguments.
     The number of oldest turns to drop is found by bisection (the prompt only shrinks as turns
     go), so a long history costs O(log turns) encodings, not one per dropped turn. When even the
     input alone does not fit beside the recalled memory, the memory goes first."""
@@ -121,7 +123,7 @@ def fit_prompt(tokenizer: Any, messages: list[dict[str, str]], room: int,
     head = [{"role": "system", "content": system}] if system else []
 
     def encoded(dropped: int) -> list[int]:
-        ids: list[int] = tokenizer.encode_chat(head + messages[2 * dropped:])
+        ids: list[int] = tokenizer.encode_chat(messages[2 * dropped:-1] + head + messages[-1:])
         return ids
 
     ids = encoded(0)

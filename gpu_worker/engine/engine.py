@@ -16,7 +16,7 @@ from typing import Any, Hashable, Iterable
 
 import torch
 
-from gpu_worker.engine.block_manager import BlockManager, pages_for
+from gpu_worker.engine.block_manager import BlockManager, page_hashes, pages_for
 from gpu_worker.engine.model import Llama
 from gpu_worker.engine.model_runner import ModelRunner
 from gpu_worker.engine.sampling import sample
@@ -45,7 +45,8 @@ StepEvent = tuple[object, int, bytes, "str | None"]
 class Engine:
     def __init__(self, runtime_file: RuntimeFile | str | os.PathLike[str], device: str = "cpu", seed: int = 0, *,
                  dtype: torch.dtype | None = None,
-                 max_running: int = 256, cuda_graphs: bool = True, fused_kernels: bool | None = None):
+                 max_running: int = 256, cuda_graphs: bool = True, fused_kernels: bool | None = None,
+                 prefix_cache: bool = True):
         runtime = runtime_file if isinstance(runtime_file, RuntimeFile) else RuntimeFile.open(runtime_file)
         self.device = torch.device(device)
         if dtype is None:
@@ -57,7 +58,9 @@ class Engine:
         self.tokenizer = Tokenizer.from_runtime(runtime)
         self.model = Llama.from_runtime(runtime, self.device, dtype, fused_kernels)
         self.block_manager = BlockManager(profile["kv_pages"])
-        self.scheduler = Scheduler(self.block_manager, page_grant=self.page_grant, max_running=max_running)
+        self.prefix_cache = prefix_cache  # reuse the KV pages of earlier requests' prefixes (block_manager.py)
+        self.scheduler = Scheduler(self.block_manager, page_grant=self.page_grant, max_running=max_running,
+                                   page_size=self.page_size if prefix_cache else 0)
         self.runner = ModelRunner(self.model, num_pages=profile["kv_pages"], page_size=self.page_size,
                                   max_batch=max_running, max_pages_per_seq=self.page_grant,
                                   cuda_graphs=cuda_graphs and self.device.type == "cuda")
@@ -108,6 +111,8 @@ class Engine:
             seed = int.from_bytes(digest[:8], "little") >> 1
         seq = Sequence(request_id, prompt_ids, max_new_tokens, page_limit, capacity, float(temperature), float(top_p),
                        stop_ids if ignore_eos else self.default_stop_ids | stop_ids, stop_strings, seed, tenant)
+        if self.prefix_cache:
+            seq.page_hashes = page_hashes(tenant, prompt_ids, self.page_size, len(prompt_ids) // self.page_size)
         self.scheduler.add(seq)  # raises EngineRefusal for a page limit above the pool or the grant
         self._sequences[request_id] = seq
         return seq
@@ -117,7 +122,7 @@ class Engine:
         seq = self._sequences.pop(request_id, None)
         if seq is None:
             return False
-        self.scheduler.release(seq)
+        self._release(seq)
         seq.finish(FINISH_CANCELLED)
         return True
 
@@ -132,7 +137,8 @@ class Engine:
     def pool(self) -> PoolStats:
         running = self.scheduler.running
         owned = self.block_manager.num_allocated
-        used = sum(pages_for(seq.num_cached, self.page_size) for seq in running)
+        # distinct pages: a cached prefix page several requests share is used once
+        used = len({page for seq in running for page in seq.pages[:pages_for(seq.num_cached, self.page_size)]})
         return PoolStats(total=self.block_manager.num_pages, free=self.block_manager.num_free, owned=owned,
                          used=used, reserved=owned - used, pending=self.scheduler.pending_pages,
                          running=len(running), waiting=self.scheduler.num_waiting)
@@ -151,7 +157,26 @@ class Engine:
             events += self._advance(decoding, self.runner.decode(decoding))
         if group:
             events += self._advance(group, self.runner.prefill(group))
+            if self.prefix_cache:  # their prompt pages are written: later prompts may share them
+                for seq in group:
+                    full = len(seq.prompt_ids) // self.page_size
+                    self.block_manager.register(seq.pages[:full], seq.page_hashes[:full])
         return events
+
+    def _release(self, seq: Sequence) -> None:
+        """A request ends: its written full pages stay cached (the next turn of a conversation
+        starts with them), then its pages go back."""
+        if self.prefix_cache and seq.pages:
+            # keys and values are written for every token but the newest (a finished request's
+            # status no longer says running, so num_cached cannot tell)
+            written = (seq.length - 1 if seq.output_ids else 0) // self.page_size
+            known = len(seq.page_hashes)
+            if written > known:
+                tokens = seq.prompt_ids + seq.output_ids
+                seq.page_hashes += page_hashes(seq.tenant, tokens, self.page_size, written,
+                                               seq.page_hashes[-1] if known else None, known)
+            self.block_manager.register(seq.pages[:written], seq.page_hashes[:written])
+        self.scheduler.release(seq)
 
     def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepEvent]:
         tokens = sample(logits, [s.temperature for s in seqs], [s.top_p for s in seqs], [s.generator for s in seqs])
@@ -159,7 +184,7 @@ class Engine:
         for seq, token in zip(seqs, tokens):
             released, reason = seq.append(token, self.tokenizer.token_bytes(token))
             if reason is not None:
-                self.scheduler.release(seq)
+                self._release(seq)
                 del self._sequences[seq.request_id]
             events.append((seq.request_id, token, released, reason))
         return events

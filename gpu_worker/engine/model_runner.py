@@ -56,18 +56,22 @@ class ModelRunner:
         return own + [self.scratch_page] * (pages - len(own))
 
     def prefill_inputs(self, seqs: list[Sequence]) -> list[torch.Tensor]:
-        """tokens, positions, slots `[B, longest prompt]`, block tables `[B, pages]`, last `[B]`."""
-        width = max(len(seq.prompt_ids) for seq in seqs)
-        pages = pages_for(width, self.page_size)
+        """tokens, positions, slots `[B, longest uncached prompt part]`, block tables `[B, pages]` (every
+        page up to the longest prompt: the cached prefix is attended to where it lies), last `[B]`.
+        A prompt whose first `cached_tokens` are in the pool already (the prefix cache) is prefilled
+        from there on."""
+        width = max(len(seq.prompt_ids) - seq.cached_tokens for seq in seqs)
+        pages = pages_for(max(len(seq.prompt_ids) for seq in seqs), self.page_size)
         scratch = self.scratch_page * self.page_size
         tokens, positions, slots, tables, last = [], [], [], [], []
         for seq in seqs:
-            n, pad = len(seq.prompt_ids), width - len(seq.prompt_ids)
-            tokens.append(seq.prompt_ids + [0] * pad)
-            positions.append(list(range(n)) + [0] * pad)
-            slots.append([self._slot(seq, p) for p in range(n)] + [scratch] * pad)
+            start, n = seq.cached_tokens, len(seq.prompt_ids)
+            pad = width - (n - start)
+            tokens.append(seq.prompt_ids[start:] + [0] * pad)
+            positions.append(list(range(start, n)) + [0] * pad)
+            slots.append([self._slot(seq, p) for p in range(start, n)] + [scratch] * pad)
             tables.append(self._table(seq, pages))
-            last.append(n - 1)
+            last.append(n - start - 1)
         return self._tensors(tokens, positions, slots, tables, last)
 
     def decode_inputs(self, seqs: list[Sequence], batch: int | None = None, pages: int | None = None) -> torch.Tensor:
@@ -91,10 +95,10 @@ class ModelRunner:
         chunk: list[Sequence]
         logits, chunk, width = [], [], 0
         for seq in seqs:
-            width = max(width, len(seq.prompt_ids))
+            width = max(width, len(seq.prompt_ids) - seq.cached_tokens)
             if chunk and (len(chunk) + 1) * width > PREFILL_TOKENS:
                 logits.append(self._prefill(chunk))
-                chunk, width = [], len(seq.prompt_ids)
+                chunk, width = [], len(seq.prompt_ids) - seq.cached_tokens
             chunk.append(seq)
         logits.append(self._prefill(chunk))
         return torch.cat(logits)

@@ -8,7 +8,10 @@ one request of each other tenant with work, never behind a whole flood.
 
 A request joins the group being admitted only if
 
-    pages owned by running requests + pages reserved by this group so far + its own page limit <= pool pages
+    page limits of running requests + pages reserved by this group so far + its own page limit <= pool pages
+
+(page limits, not the pages held: a cached page shared by several requests counts in each, so the
+budget stays as conservative as without sharing, and evictable cached pages count as free).
 
 and at most `max_running` sequences run at once. The first request offered that does not fit ends
 the group: no later request overtakes it (within its tenant or across), so a large request cannot
@@ -35,8 +38,9 @@ class EngineRefusal(Exception):
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, *, page_grant: int, max_running: int):
+    def __init__(self, block_manager: BlockManager, *, page_grant: int, max_running: int, page_size: int = 0):
         self.block_manager = block_manager
+        self.page_size = page_size  # for the prefix cache: 0 when it is off
         self.page_grant = page_grant
         self.max_running = max_running
         # tenant -> its waiting requests, FIFO; the dict's order is the turn order (first: next)
@@ -46,6 +50,7 @@ class Scheduler:
         # iterating structures this thread changes
         self.num_waiting = 0
         self.pending_pages = 0
+        self.budgeted = 0  # the page limits of the running requests (cached pages they share count in each)
 
     def check(self, seq: Sequence) -> None:
         pool = self.block_manager.num_pages
@@ -67,7 +72,7 @@ class Scheduler:
 
     def admit(self) -> list[Sequence]:
         """The next admission group, with pages allocated and status RUNNING."""
-        owned = self.block_manager.num_allocated
+        owned = self.budgeted  # every running request's whole page limit, shared pages or not
         group: list[Sequence]
         reserved, group = 0, []
         queues = self.queues
@@ -85,9 +90,16 @@ class Scheduler:
                 queues[tenant] = queue  # to the back of the turn order
             reserved += seq.page_limit
             group.append(seq)
+        page_size = self.page_size
         for seq in group:
-            seq.pages = self.block_manager.allocate(seq.page_limit)
+            # its cached prefix (full pages before its last prompt token, which must be prefilled for
+            # its logits), then fresh pages up to its page limit
+            reusable = (len(seq.prompt_ids) - 1) // page_size if page_size else 0
+            cached = self.block_manager.match(seq.page_hashes[:reusable]) if seq.page_hashes else []
+            seq.pages = cached + self.block_manager.allocate(seq.page_limit - len(cached))
+            seq.cached_tokens = len(cached) * page_size
             seq.status = Status.RUNNING
+        self.budgeted += reserved
         self.running.extend(group)
         return group
 
@@ -96,6 +108,7 @@ class Scheduler:
         if seq in self.running:
             self.running.remove(seq)
             self.block_manager.free(seq.pages)
+            self.budgeted -= seq.page_limit
             seq.pages = []
         else:
             queue = self.queues.get(seq.tenant)

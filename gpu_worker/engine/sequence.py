@@ -42,6 +42,10 @@ class Sequence:
     status: Status = Status.WAITING
     finish_reason: str | None = None
     pages: list[int] = field(default_factory=list)  # the block table, filled at admission
+    # prefix cache (block_manager.py): the chained hashes of its full prompt pages, and how many of its
+    # first tokens were found cached at admission (prefill starts there)
+    page_hashes: list[bytes] = field(default_factory=list)
+    cached_tokens: int = 0
     generator: torch.Generator | None = None  # set at admission when sampling is not greedy
     _held: bytes = b""
 

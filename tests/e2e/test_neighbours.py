@@ -122,9 +122,8 @@ def test_control_tokens_in_one_members_input_cannot_inject_roles_into_anothers_c
     # bob's input is recalled from the space's memory into alice's prompt, quoted under the
     # historical-data rule (docs/memory.md): its control tokens stay text there too
     recalled = render.render(3, [render.Item("source", par_bob, INJECTION)])
-    messages = [{"role": "system", "content": recalled},
-                {"role": "user", "content": INJECTION}, {"role": "assistant", "content": answer},
-                {"role": "user", "content": "what did bob say?"}]
+    messages = [{"role": "user", "content": INJECTION}, {"role": "assistant", "content": answer},
+                {"role": "system", "content": recalled}, {"role": "user", "content": "what did bob say?"}]
     tok = tokenizer(stack)
     assert second["result"]["input_tokens"] == len(tok.encode_chat(messages))
     assert len(tok.encode_chat(messages)) != len(tok.encode(tok.apply_chat_template(messages)))
