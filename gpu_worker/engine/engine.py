@@ -29,8 +29,8 @@ from gpu_worker.storage.runtime_file import RuntimeFile
 @dataclass(frozen=True)
 class PoolStats:
     total: int     # pages in the KV pool (runtime profile kv_pages)
-    free: int      # pages on the free list
-    owned: int     # pages held by running requests (their whole page limits)
+    free: int      # pages an allocation may take: the free list and unheld cached pages
+    owned: int     # the whole page limits of the running requests (a shared cached page counts in each)
     used: int      # owned pages that already hold keys and values
     reserved: int  # owned pages kept for tokens not generated yet
     pending: int   # page limits of the requests waiting for admission
@@ -136,7 +136,7 @@ class Engine:
     @property
     def pool(self) -> PoolStats:
         running = self.scheduler.running
-        owned = self.block_manager.num_allocated
+        owned = self.scheduler.budgeted  # whole page limits: a shared cached page counts in each holder
         # distinct pages: a cached prefix page several requests share is used once
         used = len({page for seq in running for page in seq.pages[:pages_for(seq.num_cached, self.page_size)]})
         return PoolStats(total=self.block_manager.num_pages, free=self.block_manager.num_free, owned=owned,
