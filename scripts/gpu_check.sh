@@ -25,7 +25,9 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
 # correctness first: graphs against eager, CUDA float32 against CPU, reproducible sampling, the Triton
 # kernels (compiled) against PyTorch and as the forward against transformers, and
 # bfloat16 logits (graphs) against transformers' float32 reference on the tiny random model
+# (and memory: recall's GPU path against the CPU answer)
 timeout 240 python3 -m pytest tests/engine/test_cuda.py tests/engine/test_triton_ops.py -p no:cacheprovider \
+    tests/gpu_worker/memory/test_recall.py::test_the_gpu_path_gives_the_cpu_answer \
     "tests/engine/test_model_logits.py::test_bfloat16_logits_are_as_close_to_float32_as_transformers_own" \
     2>&1 | tee "$OUT/test_cuda.log"
 tests=$?

@@ -84,3 +84,16 @@ def test_both_torch_strategies_gather_and_full_scan_agree(share):
         check(vectors, owners, table, queries[i], 5)
         single = recall(vectors, owners, table, queries[i], 5)
         assert single.rows[0].tolist() == batched.rows[i].tolist()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_gpu_path_gives_the_cpu_answer():
+    g = torch.Generator().manual_seed(5)
+    embeddings = torch.nn.functional.normalize(torch.randn(20000, 384, generator=g), dim=1)
+    owners = torch.randint(0, 201, (20000,), generator=g)
+    visibility = visibility_table(torch.randint(1, 201, (60,), generator=g), 201)
+    queries = torch.nn.functional.normalize(torch.randn(4, 384, generator=g), dim=1)
+    cpu = recall(embeddings, owners, visibility, queries, 10)
+    gpu = recall(embeddings.cuda(), owners.cuda(), visibility.cuda(), queries.cuda(), 10)
+    assert gpu.rows.cpu().tolist() == cpu.rows.tolist()
+    assert torch.allclose(gpu.scores.cpu(), cpu.scores, atol=1e-4)
