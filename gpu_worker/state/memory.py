@@ -103,11 +103,6 @@ class MemoryTable:
             return b""
         return self.payload[slot, offset:end].cpu().numpy().tobytes()
 
-    def slots_of(self, owners: torch.Tensor) -> torch.Tensor:
-        """Live rows whose owner is in `owners` (a bool table over owner numbers), in write order."""
-        live = torch.nonzero(owners[self.owners] & (self.owners != 0)).flatten()
-        return live[torch.argsort(self.order[live])]
-
     def written_by(self, actor: bytes) -> int:
         """Live rows whose actor is this participant (raw id): its memory_rows quota use."""
         actors = self.rows[:, 112:128]
