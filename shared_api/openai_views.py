@@ -41,21 +41,22 @@ PARAMS = {"invalid_model": "model", "model_not_found": "model", "invalid_message
           "invalid_temperature": "temperature", "invalid_top_p": "top_p", "invalid_stop": "stop",
           "invalid_stream_options": "stream_options", "invalid_n": "n", "invalid_seed": "seed",
           "invalid_prompt": "prompt", "invalid_input": "input", "invalid_encoding_format": "encoding_format",
-          "invalid_dimensions": "dimensions"}
+          "invalid_dimensions": "dimensions",
+          "invalid_presence_penalty": "presence_penalty", "invalid_frequency_penalty": "frequency_penalty"}
 # Chat Completions request fields: honoured, or what is refused. A field OpenAI defines but this
 # service does not implement is refused unless it holds its no-op value (the value listed).
 HONOURED = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "stream",
-            "stream_options", "n", "seed", "user"}
-NO_OP: dict[str, tuple[Any, ...]] = {"logprobs": (False, None), "top_logprobs": (0, None), "presence_penalty": (0, 0.0, None),
-         "frequency_penalty": (0, 0.0, None), "logit_bias": ({}, None), "store": (False, None),
+            "stream_options", "n", "seed", "user", "presence_penalty", "frequency_penalty"}
+NO_OP: dict[str, tuple[Any, ...]] = {"logprobs": (False, None), "top_logprobs": (0, None), "logit_bias": ({}, None),
+         "store": (False, None),
          "parallel_tool_calls": (None,), "tools": ([], None), "tool_choice": ("none", None), "functions": ([], None),
          "function_call": ("none", None), "response_format": ({"type": "text"}, None), "modalities": (["text"], None),
          "audio": (None,), "prediction": (None,), "metadata": ({}, None), "service_tier": ("auto", "default", None),
          "reasoning_effort": (None,), "web_search_options": (None,)}
 COMPLETION_HONOURED = {"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "stream", "stream_options",
-                       "n", "seed", "user"}
-COMPLETION_NO_OP: dict[str, tuple[Any, ...]] = {"echo": (False, None), "logprobs": (None, 0), "best_of": (1, None), "suffix": (None, ""),
-                    "presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, None), "logit_bias": ({}, None)}
+                       "n", "seed", "user", "presence_penalty", "frequency_penalty"}
+COMPLETION_NO_OP: dict[str, tuple[Any, ...]] = {"echo": (False, None), "logprobs": (None, 0), "best_of": (1, None),
+                                                "suffix": (None, ""), "logit_bias": ({}, None)}
 
 
 class RequestRefused(ServiceError):
@@ -162,6 +163,13 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
         if type(seed) is not int or not 0 <= seed < 1 << 63:
             raise ServiceError(400, "invalid_seed", "seed must be an integer 0..2^63-1")
         args["seed"] = seed
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = body.get(name)
+        if value is not None:
+            if type(value) not in (int, float) or not -2 <= value <= 2:
+                raise ServiceError(400, f"invalid_{name}", f"{name} must be a number in [-2, 2]")
+            if value:
+                args[name] = float(value)
     return args
 
 

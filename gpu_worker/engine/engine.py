@@ -19,7 +19,7 @@ import torch
 from gpu_worker.engine.block_manager import BlockManager, page_hashes, pages_for
 from gpu_worker.engine.model import Llama
 from gpu_worker.engine.model_runner import ModelRunner
-from gpu_worker.engine.sampling import sample
+from gpu_worker.engine.sampling import penalize, sample
 from gpu_worker.engine.scheduler import EngineRefusal, Scheduler
 from gpu_worker.engine.sequence import FINISH_CANCELLED, Sequence, Status
 from gpu_worker.engine.tokenizer import Tokenizer
@@ -73,7 +73,8 @@ class Engine:
 
     def submit(self, request_id: object, prompt_ids: list[int], *, max_new_tokens: int, temperature: float = 0.0,
                top_p: float = 1.0, stop: Iterable[int | str] = (), page_limit: int | None = None,
-               seed: int | None = None, ignore_eos: bool = False, tenant: Hashable = None) -> Sequence:
+               seed: int | None = None, ignore_eos: bool = False, tenant: Hashable = None,
+               presence_penalty: float = 0.0, frequency_penalty: float = 0.0) -> Sequence:
         """Queue a request. `stop` holds token ids (int) and strings (str) that end it besides the model's EOS
         (unless `ignore_eos`, which benchmarks use to generate exactly max_new_tokens). `tenant` (the
         principal it is for) is its queue in the scheduler's round-robin (scheduler.py).
@@ -94,6 +95,8 @@ class Engine:
             raise EngineRefusal("invalid_temperature", f"temperature must be finite and >= 0, not {temperature!r}")
         if not 0 < top_p <= 1:
             raise EngineRefusal("invalid_top_p", f"top_p must lie in (0, 1], not {top_p!r}")
+        if not all(abs(p) < float("inf") for p in (presence_penalty, frequency_penalty)):
+            raise EngineRefusal("invalid_penalty", "presence and frequency penalties must be finite")
         if page_limit is None:
             page_limit = min(pages_for(len(prompt_ids) + max_new_tokens - 1, self.page_size), self.page_grant)
         if type(page_limit) is not int or page_limit < 1:
@@ -110,7 +113,8 @@ class Engine:
             digest = hashlib.sha256(f"{self.seed}:{request_id!r}".encode()).digest()
             seed = int.from_bytes(digest[:8], "little") >> 1
         seq = Sequence(request_id, prompt_ids, max_new_tokens, page_limit, capacity, float(temperature), float(top_p),
-                       stop_ids if ignore_eos else self.default_stop_ids | stop_ids, stop_strings, seed, tenant)
+                       stop_ids if ignore_eos else self.default_stop_ids | stop_ids, stop_strings, seed, tenant,
+                       float(presence_penalty), float(frequency_penalty))
         if self.prefix_cache:
             seq.page_hashes = page_hashes(tenant, prompt_ids, self.page_size, len(prompt_ids) // self.page_size)
         self.scheduler.add(seq)  # raises EngineRefusal for a page limit above the pool or the grant
@@ -179,6 +183,10 @@ class Engine:
         self.scheduler.release(seq)
 
     def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepEvent]:
+        penalized = [(i, s.output_ids, s.presence_penalty, s.frequency_penalty) for i, s in enumerate(seqs)
+                     if s.presence_penalty or s.frequency_penalty]
+        if penalized:
+            logits = penalize(logits, penalized)
         tokens = sample(logits, [s.temperature for s in seqs], [s.top_p for s in seqs], [s.generator for s in seqs])
         events = []
         for seq, token in zip(seqs, tokens):

@@ -21,6 +21,19 @@ def top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
 
 
+def penalize(logits: torch.Tensor, rows: list[tuple[int, list[int], float, float]]) -> torch.Tensor:
+    """OpenAI's presence and frequency penalties: for each (row, tokens generated so far, presence,
+    frequency), the logit of token j loses `frequency * count(j) + presence * (count(j) > 0)`.
+    Returns a penalized copy (the forward's output may be a static CUDA-graph buffer)."""
+    logits = logits.float().clone()
+    for row, generated, presence, frequency in rows:
+        if not generated:
+            continue
+        ids, counts = torch.unique(torch.tensor(generated, device=logits.device), return_counts=True)
+        logits[row, ids] -= frequency * counts.float() + presence
+    return logits
+
+
 def sample(logits: torch.Tensor, temperatures: list[float], top_ps: list[float],
            generators: list[torch.Generator | None]) -> list[int]:
     """One token id per row of `logits` `[n, vocab]`; rows with temperature 0 take the argmax."""

@@ -36,6 +36,8 @@ class Sequence:
     stop_strings: tuple[bytes, ...] = ()
     seed: int = 0
     tenant: Hashable = None  # whose turn it takes in the scheduler's round-robin (scheduler.py)
+    presence_penalty: float = 0.0   # OpenAI's penalties on tokens already generated (sampling.penalize)
+    frequency_penalty: float = 0.0
 
     output_ids: list[int] = field(default_factory=list)
     output_bytes: bytearray = field(default_factory=bytearray)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ..storage.committer import Batch
 
 ROLES = ("system", "user", "assistant")
+PENALTIES = ("presence_penalty", "frequency_penalty")  # OpenAI's, on tokens already generated
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 
 
@@ -64,6 +65,10 @@ def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
         seed = args.get("seed")
         if seed is not None and (type(seed) is not int or not 0 <= seed < 1 << 63):
             raise ServiceError(400, "invalid_seed", "seed must be an integer 0..2^63-1")
+        for name in PENALTIES:
+            value = args.get(name, 0.0)
+            if type(value) not in (int, float) or not -2 <= value <= 2:
+                raise ServiceError(400, f"invalid_{name}", f"{name} must be a number in [-2, 2]")
         model_card(d, args.get("model"))
         max_tokens = args.get("max_tokens")
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
@@ -119,7 +124,8 @@ def _submit(d: Device, conn: Any, req_id: Any, principal: bytes, args: dict[str,
     d.subscriptions.push(sub, b"", event="accepted")  # the gateway now waits for the whole completion
     d.runner.submit(request_id, prompt, max_new_tokens=max_tokens,
                     temperature=float(args.get("temperature", 1.0)), top_p=float(args.get("top_p", 1.0)),
-                    stop=tuple(stop), page_limit=pages, tenant=principal, seed=args.get("seed"))
+                    stop=tuple(stop), page_limit=pages, tenant=principal, seed=args.get("seed"),
+                    **{name: float(args.get(name, 0.0)) for name in PENALTIES})
 
 
 def event(d: Device, request_id: tuple[str, int], token: int | None, data: bytes, finish: str | None) -> None:

@@ -75,3 +75,22 @@ def test_a_tiny_top_p_is_greedy(engine):
     greedy = engine.generate([PROMPTS[2]], max_new_tokens=16, ignore_eos=True)[0]
     nucleus = engine.generate([PROMPTS[2]], max_new_tokens=16, temperature=5.0, top_p=1e-6, ignore_eos=True)[0]
     assert nucleus.output_ids == greedy.output_ids
+
+
+def test_penalties_lower_the_logits_of_generated_tokens_as_openai_defines():
+    from gpu_worker.engine.sampling import penalize
+    logits = torch.zeros(2, 6)
+    out = penalize(logits, [(1, [2, 2, 5], 0.5, 1.0)])
+    assert out[0].tolist() == [0.0] * 6  # row 0 has no penalty
+    assert out[1].tolist() == [0.0, 0.0, -2.5, 0.0, 0.0, -1.5]  # 2 * 1.0 + 0.5, 1 * 1.0 + 0.5
+    assert logits.abs().sum() == 0  # a copy: the forward's buffer is left as it was
+
+
+def test_a_large_frequency_penalty_keeps_greedy_decoding_from_repeating_a_token(tiny_gen):
+    from gpu_worker.engine.engine import Engine
+    engine = Engine(tiny_gen, prefix_cache=False)
+    prompt = engine.tokenizer.encode_chat([{"role": "user", "content": "hello hello hello"}])
+    [plain] = engine.generate([prompt], max_new_tokens=40, ignore_eos=True)
+    [penalized] = engine.generate([prompt], max_new_tokens=40, ignore_eos=True, frequency_penalty=1000.0)
+    assert len(set(plain.output_ids)) < len(plain.output_ids)  # the tiny model repeats itself
+    assert len(set(penalized.output_ids)) == len(penalized.output_ids)

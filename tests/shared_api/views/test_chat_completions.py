@@ -207,7 +207,7 @@ def test_an_unknown_model_is_openais_404_model_not_found(gateway, device, people
 @pytest.mark.parametrize("field, value", [
     ("tools", [{"type": "function"}]), ("tool_choice", "auto"), ("functions", [{"name": "f"}]),
     ("response_format", {"type": "json_schema"}), ("logprobs", True), ("top_logprobs", 3),
-    ("presence_penalty", 0.1), ("frequency_penalty", -1), ("logit_bias", {"1": 1}), ("store", True),
+    ("logit_bias", {"1": 1}), ("store", True),
     ("parallel_tool_calls", True), ("modalities", ["text", "audio"]), ("audio", {"voice": "x"}),
     ("prediction", {"type": "content"}), ("metadata", {"k": "v"}), ("service_tier", "flex"),
     ("reasoning_effort", "low"), ("web_search_options", {}), ("temprature", 1)])
@@ -217,6 +217,17 @@ def test_it_refuses_a_field_it_does_not_implement_naming_it(gateway, device, peo
                                 "invalid_request_error")
     assert error["param"] == field
     assert device.requests == []
+
+
+def test_it_passes_penalties_and_refuses_them_out_of_range(gateway, device, people):
+    device.handler = completes()
+    assert post(gateway, people["chatter"], chat(presence_penalty=0.5, frequency_penalty=-1, seed=1)).status_code == 200
+    args = device.only_request()["args"]
+    assert (args["presence_penalty"], args["frequency_penalty"]) == (0.5, -1.0)
+    for field, value in (("presence_penalty", 2.5), ("frequency_penalty", "1")):
+        error = assert_openai_error(post(gateway, people["chatter"], chat(**{field: value})), 400, f"invalid_{field}",
+                                    "invalid_request_error")
+        assert error["param"] == field
 
 
 def test_it_passes_a_seed(gateway, device, people):
