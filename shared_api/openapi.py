@@ -20,7 +20,8 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 
 from gpu_worker.contract import ids
 from gpu_worker.contract.limits import DEFAULT_LIMIT, MAX_BODY_BYTES, MAX_LIMIT, MAX_MEDIA, MAX_MEDIA_BYTES
-from gpu_worker.contract.vocabulary import (CAPABILITIES_SCHEMA, COMMANDS, MEDIA_TYPES, MUTATION_SCHEMA,
+from gpu_worker.contract.vocabulary import (CAPABILITIES_SCHEMA, COMMANDS, CONTEXTS, MEDIA_TYPES, MEMORY_KINDS,
+                                            MUTATION_SCHEMA, NOT_RETAINED, RETENTIONS,
                                             PERMISSIONS, QUOTAS, RECEIPT_SCHEMA, SCOPES, TERMINAL_STATUSES)
 
 if TYPE_CHECKING:
@@ -146,12 +147,12 @@ SCHEMAS = {
         "effective": obj({"model_digest": nullable(string("^[0-9a-f]{64}$")),
                           "page_limit": nullable(ref("Counter"))}),
         "memory": nullable(obj({
-            "retention": nullable({"type": "string", "enum": ["source", "interpret"]}),
-            "context": nullable({"type": "string", "enum": ["compact", "source_only", "managed", "plain"]}),
+            "retention": nullable({"type": "string", "enum": list(RETENTIONS)}),
+            "context": nullable({"type": "string", "enum": list(CONTEXTS)}),
             "retained": {"type": "array", "items": ref("MemoryId")},
             "not_retained": {"type": "array", "items": obj({
-                "kind": {"type": "string", "enum": ["source", "interpretation", "control"]},
-                "reason": {"type": "string", "enum": ["memory_full", "quota_exceeded", "no_room"]}})}},
+                "kind": {"type": "string", "enum": list(MEMORY_KINDS)},
+                "reason": {"type": "string", "enum": list(NOT_RETAINED)}})}},
             description="An input's recorded retention mode (`interpret` only where the model has automatic "
                         "memory) and context rendering, the memory objects it retained, and what it did not "
                         "(with why); a publication's copy. Null for other kinds.")),
@@ -265,10 +266,10 @@ SCHEMAS = {
          "media": {"type": "array", "maxItems": MAX_MEDIA, "items": obj({
              "type": {"type": "string", "enum": list(MEDIA_TYPES)},
              "sha256": string(SHA256)}, ("type", "sha256"), closed=True)},
-         "retention": {"type": "string", "enum": ["source", "interpret"], "default": "source",
+         "retention": {"type": "string", "enum": list(RETENTIONS), "default": "source",
                        "description": "mode 1 retains the source text; mode 2 (`interpret`) also retains the "
                                       "model's interpretation of the turn, where the model has automatic memory"},
-         "context": {"type": "string", "enum": ["compact", "source_only", "managed", "plain"],
+         "context": {"type": "string", "enum": list(CONTEXTS),
                      "default": "compact",
                      "description": "how recalled memory enters the prompt: lease revision 3, 4, 5 or 2"}},
         ("text", "model"),
@@ -282,7 +283,7 @@ SCHEMAS = {
     "MemoryRow": obj({
         "object": ref("MemoryId"),
         "version": ref("Counter"),
-        "kind": {"type": "string", "enum": ["source", "interpretation", "control"]},
+        "kind": {"type": "string", "enum": list(MEMORY_KINDS)},
         "scope": {"type": "string", "enum": list(SCOPES)},
         "published": {"type": "boolean"},
         "managed": {"type": "boolean"},

@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 
 from gpu_worker.contract.ids import SHA256
 from gpu_worker.contract.limits import MAX_BODY_BYTES, MAX_LIMIT, MAX_MEDIA, MAX_MEDIA_BYTES
-from gpu_worker.contract.vocabulary import COMMANDS, MEDIA_TYPES, PERMISSIONS, SCOPES
+from gpu_worker.contract.vocabulary import COMMANDS, CONTEXTS, MEDIA_TYPES, PERMISSIONS, RETENTIONS, SCOPES
 
 from .auth import require_action
 from .device_client import device_response
@@ -31,8 +31,6 @@ from .strict import Mutation, decimal_counter, hex32, resource_id
 DIGITS = re.compile(r"[0-9]{1,4}")  # ASCII digits only: str.isdigit() also accepts "²" and "٣"
 DIGITS_ANY = re.compile(r"[0-9]{1,18}")
 INPUT_FIELDS = ("text", "model", "max_output_tokens", "pages", "temperature", "top_p", "media", "retention", "context")
-RETENTIONS = ("source", "interpret")
-CONTEXTS = ("compact", "source_only", "managed", "plain")
 
 
 def list_args(request: Request, allowed: tuple[str, ...] = (), **extra: Any) -> dict[str, Any]:

@@ -18,6 +18,12 @@ ACTIONS = (READ, WRITE, MANAGE, CHAT)
 SCOPES = ("private", "room", "instance")
 PERMISSIONS = ("read", "write", "manage")
 MEDIA_TYPES = ("image", "audio")
+# memory (docs/memory.md): an input's retention (mode 1, 2) and context rendering, the kinds of
+# memory rows, and why an input's row was not retained
+RETENTIONS = ("source", "interpret")
+CONTEXTS = ("compact", "source_only", "managed", "plain")
+MEMORY_KINDS = ("source", "interpretation", "control")
+NOT_RETAINED = ("memory_full", "quota_exceeded", "no_room")
 TERMINAL_STATUSES = ("succeeded", "failed", "cancelled", "interrupted", "deadline_exceeded")
 HOLD_CAUSES = ("file_cap", "low_disk", "disk_full")
 # Per-principal quotas of the grant file (docs/grants.md): what one principal may hold at once.

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..contract import ids
 from ..contract.errors import ServiceError
 from ..contract.limits import INPUT_BYTES, MAX_MEDIA, MEDIA_LINK_BYTES
+from ..contract.vocabulary import CONTEXTS, RETENTIONS
 from ..state.tables import C, R, Right, Terminal
 from ..storage import leases
 from . import access, events, memory, quotas
@@ -30,12 +31,6 @@ if TYPE_CHECKING:
 RESERVED_TOKENS = ("<|image|>", "<|audio|>", "<image>", "<audio>", "<|media|>", "<|vision_start|>",
                    "<|vision_end|>", "<|image_pad|>", "<|video_pad|>", "<|audio_bos|>", "<|audio_eos|>",
                    "<start_of_image>", "<end_of_image>", "<|begin_of_image|>", "<|end_of_image|>")
-
-
-# the input's memory choices (docs/memory.md): its retention mode, and its context rendering as
-# the lease revision that selects it
-RETENTIONS = {"source": leases.RETAIN_SOURCE, "interpret": leases.RETAIN_AND_INTERPRET}
-CONTEXTS = {"plain": 2, "compact": leases.COMPACT, "source_only": leases.SOURCE_ONLY, "managed": leases.AFFECT_MANAGED}
 
 
 def media_link(sha256: str) -> str:
@@ -111,11 +106,11 @@ def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], k
     if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
         raise ServiceError(400, "bad_field", "top_p must be a number in (0, 1]")
     retention, context = args.get("retention", "source"), args.get("context", "compact")
-    if retention not in RETENTIONS:
+    if retention not in leases.RETENTION_OF:
         raise ServiceError(400, "bad_field", f"retention must be one of {', '.join(RETENTIONS)}")
-    if context not in CONTEXTS:
+    if context not in leases.REVISION_OF:
         raise ServiceError(400, "bad_field", f"context must be one of {', '.join(CONTEXTS)}")
-    mode = RETENTIONS[retention]
+    mode = leases.RETENTION_OF[retention]
     if mode == leases.RETAIN_AND_INTERPRET and not card["capabilities"]["automatic_memory"]:
         mode = leases.RETAIN_SOURCE  # recorded as mode 1: this model cannot interpret (SPEC)
     quotas.check(d, principal, prow, "queued_inputs")
@@ -125,7 +120,8 @@ def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], k
     return {"conversation": list(ids.split_id(conversation)),
             "model": d.model_digest, "pages": pages, "max_output_tokens": max_output,
             "temperature": float(temperature), "top_p": float(top_p),
-            "media": [[r["type"], r["sha256"]] for r in media], "retention": mode, "revision": CONTEXTS[context]}
+            "media": [[r["type"], r["sha256"]] for r in media], "retention": mode,
+            "revision": leases.REVISION_OF[context]}
 
 
 def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:

@@ -18,12 +18,14 @@ import torch
 from ..contract import ids
 from ..contract.errors import ServiceError
 from ..contract.limits import RECALL_K
+from ..contract.vocabulary import MEMORY_KINDS, NOT_RETAINED
 from ..memory import render
 from ..memory.recall import recall
 from ..memory.rows import ZERO, Flag, MemoryRow, memory_id
 from ..memory.rows import Kind as MemoryKind
 from ..state import ids as derived
 from ..state.tables import NotRetained, R, S, Right, Scope, join16
+from ..storage import leases
 from . import access
 from .lists import page_args
 from .kind import Read
@@ -162,8 +164,9 @@ def object_id(d: Device, lineage: bytes, operation: bytes, tag: int) -> str:
 
 
 REFUSAL_NAMES = {int(r): r.name.lower() for r in NotRetained if r != NotRetained.NONE}
-RETENTION_NAMES = {1: "source", 2: "interpret"}
-CONTEXT_NAMES = {2: "plain", 3: "compact", 4: "source_only", 5: "managed"}
+assert tuple(REFUSAL_NAMES.values()) == NOT_RETAINED and tuple(KIND_NAMES.values()) == MEMORY_KINDS
+RETENTION_NAMES = {mode: name for name, mode in leases.RETENTION_OF.items()}
+CONTEXT_NAMES = {revision: name for name, revision in leases.REVISION_OF.items()}
 
 
 def input_receipt(d: Device, row: list[int], lineage: bytes) -> str:

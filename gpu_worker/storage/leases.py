@@ -21,6 +21,8 @@ Every row is checked before anything is applied: a lease either decodes whole or
 """
 import struct
 from dataclasses import dataclass
+
+from ..contract.vocabulary import CONTEXTS, RETENTIONS
 from typing import Sequence
 
 HEADER = struct.Struct("<II")                # row_count, revision
@@ -34,6 +36,12 @@ SOURCE_ONLY = 4
 AFFECT_MANAGED = 5
 RETAIN_SOURCE = 1
 RETAIN_AND_INTERPRET = 2
+
+
+# the names inputs give them (contract/vocabulary.py), by retention mode and by lease revision
+RETENTION_OF = {"source": RETAIN_SOURCE, "interpret": RETAIN_AND_INTERPRET}
+REVISION_OF = {"compact": COMPACT, "source_only": SOURCE_ONLY, "managed": AFFECT_MANAGED, "plain": 2}
+assert tuple(RETENTION_OF) == RETENTIONS and tuple(REVISION_OF) == CONTEXTS
 
 
 class LeaseError(ValueError):
