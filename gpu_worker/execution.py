@@ -35,7 +35,7 @@ from .memory import render
 from .memory.rows import Flag
 from .memory.rows import Kind as MemoryKind
 from .ops import events, history, memory, quotas
-from .ops.inputs import input_body, input_text
+from .ops.inputs import input_body, input_text, media_links
 from .state.tables import C, Finish, NotRetained, P, R, Terminal, join16
 from .storage import leases
 from .storage.journal import JournalCorrupt, Transfer, TransferKind, record_count, segment_name
@@ -264,13 +264,13 @@ def lease_saved(d: Device, rrows: list[int], transfer: Transfer, live: bool, rev
             execution.finish = Finish.CANCELLED
             continue
         body = input_body(d, rrow)
-        retained = input_text(d, rrow)
-        query = render.query(revision, str(body["text"]), retained[len(str(body["text"])):])
-        texts = [query] if query == retained else [query, retained]
-        d.off_thread(functools.partial(d.embedder.encode, texts), functools.partial(_embedded, d, rrow))
+        text, links = str(body["text"]), media_links(body)
+        query = render.query(revision, text, links)
+        texts = [query] if query == text + links else [query, text + links]
+        d.off_thread(functools.partial(d.embedder.encode, texts), functools.partial(_embedded, d, rrow, body))
 
 
-def _embedded(d: Device, rrow: int, vectors: Any, error: BaseException | None) -> None:
+def _embedded(d: Device, rrow: int, body: dict[str, Any], vectors: Any, error: BaseException | None) -> None:
     """On the tick thread, the query embedded: recall from the conversation's memory owner, retain
     the source (a MEMORY transfer, applied now like an admission), and build the prompt with the
     recalled memory on a helper thread. Nothing happens for an input that ended meanwhile
@@ -287,7 +287,6 @@ def _embedded(d: Device, rrow: int, vectors: Any, error: BaseException | None) -
     flags = Flag.MANAGED if execution.revision == leases.AFFECT_MANAGED else 0
     retain(d, rrow, MemoryKind.SOURCE, flags, None, vectors[-1])
     row = t.row(t.receipts, rrow)
-    body = input_body(d, rrow)
     owner = t.row(t.participants, row[R.PARTICIPANT])
     settings = {"max_new_tokens": row[R.MAX_OUTPUT], "page_limit": row[R.PAGE_LIMIT],
                 "temperature": float(body.get("temperature", 0.0)), "top_p": float(body.get("top_p", 1.0)),

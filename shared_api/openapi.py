@@ -106,6 +106,15 @@ SAVE = obj({"source": {"type": "string", "enum": ["journal", "file"]},
             "commit_digest": string("^[0-9a-f]{64}$", "hash chain over saved transfers")},
            description="where the save was acknowledged")
 
+# what every byte-span read answers (operation results, memory payloads): gpu_worker/ops/lists.py byte_span
+BYTE_SPAN = {
+    "offset": {"type": "integer", "minimum": 0},
+    "length": {"type": "integer", "minimum": 0},
+    "next_offset": {"type": "integer", "minimum": 0},
+    "bytes": {"type": "string", "contentEncoding": "base64"},
+    "text": nullable({"type": "string"}),
+}
+
 SCHEMAS = {
     "Hex32": string(f"^{HEX32}$", "32 lowercase hexadecimal digits"),
     "Lineage": string(f"^{HEX32}$", "the participant's current lineage (GET /participant)"),
@@ -297,11 +306,7 @@ SCHEMAS = {
     "MemoryList": listing("MemoryRow", "The memory of the space's owner, in write order."),
     "MemoryDetail": obj({
         "memory": ref("MemoryRow"),
-        "offset": {"type": "integer", "minimum": 0},
-        "length": {"type": "integer", "minimum": 0},
-        "next_offset": {"type": "integer", "minimum": 0},
-        "bytes": {"type": "string", "contentEncoding": "base64"},
-        "text": nullable({"type": "string"}),
+        **BYTE_SPAN,
     }, description="One row and its exact payload bytes from `offset`; `text` is null unless the span is "
                    "complete UTF-8."),
     "Sha256": string(SHA256, "a media source's sha256: 64 lowercase hex"),
@@ -333,11 +338,7 @@ SCHEMAS = {
                        ("event", "data"), description=SSE_FRAMING),
     "Result": obj({
         "operation": ref("OperationId"),
-        "offset": {"type": "integer", "minimum": 0},
-        "length": {"type": "integer", "minimum": 0},
-        "next_offset": {"type": "integer", "minimum": 0},
-        "bytes": {"type": "string", "contentEncoding": "base64"},
-        "text": nullable({"type": "string"}),
+        **BYTE_SPAN,
         "complete": {"type": "boolean"},
         "status": {"type": "string", "enum": ["admitted", "running", "succeeded", "failed", "cancelled",
                                                "interrupted", "deadline_exceeded"]},

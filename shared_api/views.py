@@ -257,14 +257,19 @@ class MemoryListView(SharedView):
         return DeviceCall("memory.list", list_args(request, space=resource_id(space, "spc")))
 
 
+def offset_arg(request: Request) -> int:
+    """A byte-offset read's only query parameter, `offset` (default 0)."""
+    no_query(request, allowed=("offset",))
+    offset = request.query_params.get("offset", "0")
+    if not DIGITS_ANY.fullmatch(offset):
+        raise ServiceError(400, "bad_offset", "offset must be a non-negative integer")
+    return int(offset)
+
+
 class MemoryView(SharedView):
     @doc("memory.get")
     def get(self, request: Request, memory: str) -> DeviceCall:
-        no_query(request, allowed=("offset",))
-        offset = request.query_params.get("offset", "0")
-        if not DIGITS_ANY.fullmatch(offset):
-            raise ServiceError(400, "bad_offset", "offset must be a non-negative integer")
-        return DeviceCall("memory.get", {"memory": resource_id(memory, "mem"), "offset": int(offset)})
+        return DeviceCall("memory.get", {"memory": resource_id(memory, "mem"), "offset": offset_arg(request)})
 
 
 class PublicationsView(SharedView):
@@ -281,12 +286,8 @@ class PublicationsView(SharedView):
 class ResultView(SharedView):
     @doc("operations.result")
     def get(self, request: Request, operation: str) -> DeviceCall:
-        no_query(request, allowed=("offset",))
-        offset = request.query_params.get("offset", "0")
-        if not DIGITS_ANY.fullmatch(offset):
-            raise ServiceError(400, "bad_offset", "offset must be a non-negative integer")
         return DeviceCall("operations.result",
-                               {"operation": resource_id(operation, "op"), "offset": int(offset)})
+                          {"operation": resource_id(operation, "op"), "offset": offset_arg(request)})
 
 
 class RawBytesParser(BaseParser):

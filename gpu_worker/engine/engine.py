@@ -60,7 +60,7 @@ class Engine:
         self.block_manager = BlockManager(profile["kv_pages"])
         self.prefix_cache = prefix_cache  # reuse the KV pages of earlier requests' prefixes (block_manager.py)
         self.scheduler = Scheduler(self.block_manager, page_grant=self.page_grant, max_running=max_running,
-                                   page_size=self.page_size if prefix_cache else 0)
+                                   page_size=self.page_size)
         self.runner = ModelRunner(self.model, num_pages=profile["kv_pages"], page_size=self.page_size,
                                   max_batch=max_running, max_pages_per_seq=self.page_grant,
                                   cuda_graphs=cuda_graphs and self.device.type == "cuda")

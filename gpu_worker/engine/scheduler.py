@@ -38,9 +38,9 @@ class EngineRefusal(Exception):
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, *, page_grant: int, max_running: int, page_size: int = 0):
+    def __init__(self, block_manager: BlockManager, *, page_grant: int, max_running: int, page_size: int = 16):
         self.block_manager = block_manager
-        self.page_size = page_size  # for the prefix cache: 0 when it is off
+        self.page_size = page_size
         self.page_grant = page_grant
         self.max_running = max_running
         # tenant -> its waiting requests, FIFO; the dict's order is the turn order (first: next)
@@ -90,14 +90,13 @@ class Scheduler:
                 queues[tenant] = queue  # to the back of the turn order
             reserved += seq.page_limit
             group.append(seq)
-        page_size = self.page_size
         for seq in group:
             # its cached prefix (full pages before its last prompt token, which must be prefilled for
-            # its logits), then fresh pages up to its page limit
-            reusable = (len(seq.prompt_ids) - 1) // page_size if page_size else 0
-            cached = self.block_manager.match(seq.page_hashes[:reusable]) if seq.page_hashes else []
+            # its logits; none without page hashes: the prefix cache is off), then fresh pages
+            reusable = (len(seq.prompt_ids) - 1) // self.page_size
+            cached = self.block_manager.match(seq.page_hashes[:reusable])
             seq.pages = cached + self.block_manager.allocate(seq.page_limit - len(cached))
-            seq.cached_tokens = len(cached) * page_size
+            seq.cached_tokens = len(cached) * self.page_size
             seq.status = Status.RUNNING
         self.budgeted += reserved
         self.running.extend(group)

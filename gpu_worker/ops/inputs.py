@@ -44,11 +44,16 @@ def input_body(d: Device, rrow: int) -> dict[str, Any]:
     return body
 
 
+def media_links(body: dict[str, Any]) -> str:
+    """The device's links to an input's media sources, as text."""
+    return "".join(media_link(m["sha256"]) for m in body.get("media", []))
+
+
 def input_text(d: Device, rrow: int) -> str:
     """The input's text with the device's media links appended (what the model reads, and what
     retention mode 1 keeps: the links stay text in memory)."""
     body = input_body(d, rrow)
-    return str(body["text"]) + "".join(media_link(m["sha256"]) for m in body.get("media", []))
+    return str(body["text"]) + media_links(body)
 
 
 def model_card(d: Device, name: Any) -> dict[str, Any]:

@@ -1,7 +1,10 @@
 """List reads (SPEC: "List reads accept cursor and limit"): the cursor is the creation counter of
-the last item of the previous page, so a page never repeats or skips a row that stays."""
+the last item of the previous page, so a page never repeats or skips a row that stays. And the
+byte-span reads (SPEC: "Operation reads accept an offset in bytes"), which results and memory
+payloads share."""
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import torch
@@ -35,3 +38,22 @@ def page(table: torch.Tensor, created_col: int, mask: torch.Tensor, cursor: int 
     found = found[:limit]
     next_cursor = str(int(created[found[-1]])) if more and found else None
     return found, next_cursor
+
+
+def byte_offset(args: dict[str, Any], length: int) -> int:
+    """The `offset` of a byte-span read (result bytes, a memory payload): 0..length."""
+    offset = args.get("offset", 0)
+    if not isinstance(offset, int) or not 0 <= offset <= length:
+        raise ServiceError(400, "bad_offset", f"offset must be 0..{length}")
+    return offset
+
+
+def byte_span(data: bytes, offset: int) -> dict[str, Any]:
+    """Exact bytes from `offset` as a read shows them: base64, and `text` null unless the span is
+    complete UTF-8 (nothing is ever replaced)."""
+    try:
+        text: str | None = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    return {"offset": offset, "length": len(data), "next_offset": offset + len(data),
+            "bytes": base64.b64encode(data).decode(), "text": text}

@@ -10,7 +10,6 @@ did not exist.
 """
 from __future__ import annotations
 
-import base64
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,7 +26,7 @@ from ..state import ids as derived
 from ..state.tables import NotRetained, R, S, Right, Scope, join16
 from ..storage import leases
 from . import access
-from .lists import page_args
+from .lists import byte_offset, byte_span, page_args
 from .kind import Read
 
 if TYPE_CHECKING:
@@ -141,16 +140,8 @@ def get_memory(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, 
     slot = visible_slot(d, principal, prow, args.get("memory"))
     memory = d.state.memory
     row = memory.row(slot)
-    offset = args.get("offset", 0)
-    if not isinstance(offset, int) or not 0 <= offset <= row.byte_length:
-        raise ServiceError(400, "bad_offset", f"offset must be 0..{row.byte_length}")
-    data = memory.payload_of(slot, offset)
-    try:
-        text: str | None = data.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
-    return 200, {"memory": row.to_json(), "offset": offset, "length": len(data), "next_offset": offset + len(data),
-                 "bytes": base64.b64encode(data).decode(), "text": text}
+    offset = byte_offset(args, row.byte_length)
+    return 200, {"memory": row.to_json(), **byte_span(memory.payload_of(slot, offset), offset)}
 
 
 def object_raw(d: Device, operation: bytes, tag: int) -> bytes:

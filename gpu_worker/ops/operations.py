@@ -3,7 +3,6 @@ where its kind says the caller may see it, with null sequence counters), and an 
 result bytes from a byte offset (SPEC "Results and memory")."""
 from __future__ import annotations
 
-import base64
 import bisect
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +12,7 @@ from ..contract.wire import RawJSON
 from ..state import ids as derived
 from ..state.tables import R, Terminal, join16
 from . import receipts, registry
-from .lists import page, page_args
+from .lists import byte_offset, byte_span, page, page_args
 
 from .kind import Read
 
@@ -76,21 +75,13 @@ def result(d: Device, rrow: int, args: dict[str, Any]) -> tuple[int, Any]:
         raise ServiceError(409, "no_result", "this operation has no result bytes")
     if row[R.TERMINAL] == Terminal.DEADLINE_EXCEEDED:
         raise ServiceError(504, "deadline_exceeded", "the operation exceeded its execution deadline")
-    offset = args.get("offset", 0)
     length = row[R.RESULT_LEN]
-    if not isinstance(offset, int) or not 0 <= offset <= length:
-        raise ServiceError(400, "bad_offset", f"offset must be 0..{length}")
-    data = t.get_bytes(t.result_bytes, rrow, length - offset, offset)
-    try:
-        text: str | None = data.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
+    offset = byte_offset(args, length)
     ended = row[R.TERM_TRANSFER] != 0
     return 200, {
         "operation": ids.operation_id(d.state.participants.lineage[row[R.PARTICIPANT]],
                                       join16(row[R.OP_HI], row[R.OP_LO])),
-        "offset": offset, "length": len(data), "next_offset": offset + len(data),
-        "bytes": base64.b64encode(data).decode(), "text": text, "complete": ended,
+        **byte_span(t.get_bytes(t.result_bytes, rrow, length - offset, offset), offset), "complete": ended,
         "status": receipts.TERMINAL_NAMES[row[R.TERMINAL]] if ended else ("running" if row[R.LEASE] else "admitted"),
         "finish": receipts.FINISH_NAMES.get(row[R.FINISH]) if ended else None,
         "input_tokens": row[R.INPUT_TOKENS] if ended else None,

@@ -48,8 +48,7 @@ class MemoryTable:
         self.counter += 1
         packed = row.pack()
         self.rows[slot] = torch.frombuffer(bytearray(packed), dtype=torch.uint8).to(self.rows.device)
-        self.payload[slot].zero_()
-        if payload:
+        if payload:  # the bytes past it are never read: byte_length bounds every read
             self.payload[slot, :len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(
                 self.payload.device)
         self.embeddings[slot] = embedding.to(self.embeddings.device, torch.float32)
