@@ -1,12 +1,21 @@
 """Generation tokens/s of the engine beside transformers, same weights and same prompts, in one run.
 
     .venv/bin/python bench/generate.py                      # CPU, SmolLM2-135M-Instruct, 1 and 8 requests
+    .venv/bin/python bench/generate.py --llama-batched-bench PATH   # ... beside llama.cpp on the same GGUF
     .venv/bin/python bench/generate.py --device cuda --random-weights   # GPU: 1, 64, 256 requests
 
 Every request gets the same number of prompt tokens and generates exactly --new-tokens greedily
 (end-of-sequence does not stop either side), so every system does the same work. Columns:
 
-- engine: all requests submitted at once, then `step()` until done (one batched decode per step).
+- engine: all requests submitted at once, then `step()` until done (one batched decode per step);
+  its prefix cache is off, so a repeated run prefills its prompts again, as llama-batched-bench does.
+  On CPU the engine keeps the GGUF's own quantized blocks (cpu_weights "quantized", the default).
+- engine bf16 (CPU, `--bf16`, default on): the same engine on the runtime file's bfloat16 weights
+  (cpu_weights "bf16"), to show what the quantized blocks bring.
+- llama.cpp (`--llama-batched-bench PATH`): `llama-batched-bench` on the GGUF the default runtime was
+  packed from, the same prompt and new-token counts, one sequence per request, as many threads as
+  the engine; its rate here is generated tokens over its whole time (prompt processing included),
+  the engine's measure (its own S t/s column also counts the prompt tokens).
 - engine, PyTorch ops (CUDA, `--plain`): the same engine without its Triton kernels (triton_ops),
   to show what they bring.
 - hf batch: transformers `generate` on one batch of all the prompts (equal lengths, so no padding).
@@ -25,6 +34,8 @@ and bfloat16 on CUDA. The engine's greedy tokens are checked against transformer
 """
 import argparse
 import os
+import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -164,6 +175,21 @@ def run_hf_paged(model, prompts, new_tokens):
     return [result.generated_tokens for result in results.values()]
 
 
+def run_llama_batched_bench(binary: str, gguf: str, count: int, prompt_tokens: int, new_tokens: int,
+                            threads: int) -> float:
+    """Seconds llama-batched-bench takes for `count` parallel sequences, prompt processing included."""
+    context = count * (prompt_tokens + new_tokens) + 64
+    out = subprocess.run([binary, "-m", gguf, "-c", str(context), "-b", "2048", "-ub", "512",
+                          "-npp", str(prompt_tokens), "-ntg", str(new_tokens), "-npl", str(count),
+                          "-t", str(threads)], capture_output=True, text=True, check=True, timeout=900).stdout
+    # |    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 10 and re.fullmatch(r"\d+", cells[0]) and int(cells[2]) == count:
+            return float(cells[8])
+    raise RuntimeError(f"no result row in llama-batched-bench's output:\n{out}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -177,6 +203,10 @@ def main(argv=None):
                                                     "(default 2 on CPU, 1 on CUDA)")
     parser.add_argument("--paged", action=argparse.BooleanOptionalAction,
                         help="also time transformers generate_batch (default: on CUDA only)")
+    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction,
+                        help="also time the engine on the bfloat16 weights (default: on CPU only)")
+    parser.add_argument("--llama-batched-bench", metavar="PATH",
+                        help="llama.cpp's llama-batched-bench binary: time it on the same GGUF (CPU, default runtime)")
     parser.add_argument("--plain", action=argparse.BooleanOptionalAction,
                         help="also time the engine without its Triton kernels (default: on CUDA only)")
     args = parser.parse_args(argv)
@@ -188,10 +218,18 @@ def main(argv=None):
 
     with tempfile.TemporaryDirectory() as workdir:
         runtime = open_runtime(args, workdir, max(counts))
-        engine = Engine(runtime, device=args.device)
-        plain = None
+        engine = Engine(runtime, device=args.device, prefix_cache=False)
+        plain = bf16 = None
         if args.plain if args.plain is not None else device.type == "cuda":
-            plain = Engine(runtime, device=args.device, fused_kernels=False)
+            plain = Engine(runtime, device=args.device, fused_kernels=False, prefix_cache=False)
+        if args.bf16 if args.bf16 is not None else device.type == "cpu":
+            bf16 = Engine(runtime, device=args.device, cpu_weights="bf16", prefix_cache=False)
+        gguf = None
+        if args.llama_batched_bench:
+            if args.random_weights or args.runtime or device.type != "cpu":
+                parser.error("--llama-batched-bench compares on the CPU with the default runtime's GGUF")
+            module, distribution, filename = pack.DEFAULT_GGUF
+            gguf = str(pack._package_dir(module, distribution) / filename)
         reference = transformers_model(runtime, dtype=dtype, device=device)
         reference.generation_config.eos_token_id = None  # generate exactly --new-tokens, as the engine does
         # generate_batch gets a model of its own: some transformers releases (5.17, the GPU machine's)
@@ -199,13 +237,13 @@ def main(argv=None):
         paged_model = None
         if args.paged if args.paged is not None else device.type == "cuda":
             paged_model = transformers_model(runtime, dtype=dtype, device=device)
-        kernels = "triton_ops" if engine.model.fused else "cpu_ops" if engine.model.cpu_ops else "PyTorch's"
+        kernels = "cpu_ops" if engine.model.cpu_ops else "triton_ops" if engine.model.fused else "PyTorch's"
         print(f"model {engine.card['name']} on {device} ({dtype}), {torch.get_num_threads()} CPU threads, "
               f"{args.prompt_tokens} prompt tokens, {args.new_tokens} new tokens per request, "
               f"engine on {kernels} operators", flush=True)
 
         prompts = make_prompts(engine, max(counts), args.prompt_tokens, args.random_weights)
-        engines = (engine, plain) if plain else (engine,)
+        engines = tuple(e for e in (engine, plain, bf16) if e is not None)
         for warm in engines:
             run_engine(warm, prompts[:2], 4)  # warm-up (CUDA: first graphs captured, kernels chosen)
         run_hf_batch(reference, prompts[:2], 4, device)
@@ -217,12 +255,18 @@ def main(argv=None):
                 for warm in engines:
                     run_engine(warm, batch, args.new_tokens)
                 run_hf_batch(reference, batch, 4, device)
-            ours_s = hf_s = plain_s = float("inf")
+            ours_s = hf_s = plain_s = bf16_s = llama_s = float("inf")
             for _ in range(repeats):
                 seconds, ours = timed(device, lambda: run_engine(engine, batch, args.new_tokens))
                 ours_s = min(ours_s, seconds)
                 if plain:
                     plain_s = min(plain_s, timed(device, lambda: run_engine(plain, batch, args.new_tokens))[0])
+                if bf16:
+                    bf16_s = min(bf16_s, timed(device, lambda: run_engine(bf16, batch, args.new_tokens))[0])
+                if gguf:
+                    llama_s = min(llama_s, run_llama_batched_bench(args.llama_batched_bench, gguf, count,
+                                                                   args.prompt_tokens, args.new_tokens,
+                                                                   torch.get_num_threads()))
                 seconds, theirs = timed(device, lambda: run_hf_batch(reference, batch, args.new_tokens, device))
                 hf_s = min(hf_s, seconds)
             same = sum(a == b for a, b in zip(ours, theirs))
@@ -233,23 +277,30 @@ def main(argv=None):
                     paged = tokens / paged_s
                 except Exception as exc:  # an optional baseline: report it, keep the table
                     print(f"hf paged generate_batch unavailable: {type(exc).__name__}: {exc}", file=sys.stderr)
-            rows.append((count, tokens / ours_s, tokens / hf_s, paged, same))
+            rows.append((count, tokens / ours_s, tokens / hf_s, paged, same, tokens / llama_s if gguf else None))
+            if bf16:
+                print(f"  {count} requests: engine on bfloat16 weights {tokens / bf16_s:.1f} tok/s "
+                      f"(quantized blocks {bf16_s / ours_s:.2f}x faster)", flush=True)
+            if gguf:
+                print(f"  {count} requests: llama.cpp llama-batched-bench {tokens / llama_s:.1f} tok/s "
+                      f"(engine {llama_s / ours_s:.2f}x llama.cpp's rate)", flush=True)
             if plain:
                 print(f"  {count} requests: engine on PyTorch's operators {tokens / plain_s:.1f} tok/s "
                       f"(triton_ops {plain_s / ours_s:.2f}x faster)", flush=True)
             print(f"  {count} requests: engine {tokens / ours_s:.1f} tok/s, hf batch {tokens / hf_s:.1f} tok/s, "
                   f"identical greedy outputs {same}/{count}", flush=True)
 
-    one_by_one = next((hf for count, _, hf, _, _ in rows if count == 1), None)
+    one_by_one = next((row[2] for row in rows if row[0] == 1), None)
     print()
     print(f"{'requests':>8} | {'engine':>9} | {'hf batch':>9} | {'hf 1-by-1':>9} | {'hf paged':>9} | "
-          f"{'vs batch':>8} | {'vs 1-by-1':>9} | same tokens")
-    for count, ours, hf, paged, same in rows:
+          f"{'llama.cpp':>9} | {'vs batch':>8} | {'vs 1-by-1':>9} | {'vs llama':>8} | same tokens")
+    for count, ours, hf, paged, same, llama in rows:
         sequential = f"{one_by_one:9.1f}" if one_by_one else f"{'-':>9}"
         versus_sequential = f"{ours / one_by_one:8.2f}x" if one_by_one else f"{'-':>9}"
         paged_text = f"{paged:9.1f}" if paged else f"{'-':>9}"
-        print(f"{count:>8} | {ours:9.1f} | {hf:9.1f} | {sequential} | {paged_text} | {ours / hf:7.2f}x | "
-              f"{versus_sequential} | {same}/{count}")
+        llama_text, versus_llama = (f"{llama:9.1f}", f"{ours / llama:7.2f}x") if llama else (f"{'-':>9}", f"{'-':>8}")
+        print(f"{count:>8} | {ours:9.1f} | {hf:9.1f} | {sequential} | {paged_text} | {llama_text} | {ours / hf:7.2f}x | "
+              f"{versus_sequential} | {versus_llama} | {same}/{count}")
     print("(tokens/s, prefill included; hf 1-by-1 = the 1-request rate of transformers generate)")
 
 

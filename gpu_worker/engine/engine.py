@@ -17,7 +17,7 @@ from typing import Any, Hashable, Iterable
 import torch
 
 from gpu_worker.engine.block_manager import BlockManager, page_hashes, pages_for
-from gpu_worker.engine.model import Llama
+from gpu_worker.engine.model import CPU_WEIGHTS, Llama
 from gpu_worker.engine.model_runner import ModelRunner
 from gpu_worker.engine.sampling import penalize, sample
 from gpu_worker.engine.scheduler import EngineRefusal, Scheduler
@@ -46,7 +46,7 @@ class Engine:
     def __init__(self, runtime_file: RuntimeFile | str | os.PathLike[str], device: str = "cpu", seed: int = 0, *,
                  dtype: torch.dtype | None = None,
                  max_running: int = 256, cuda_graphs: bool = True, fused_kernels: bool | None = None,
-                 prefix_cache: bool = True):
+                 prefix_cache: bool = True, cpu_weights: str = CPU_WEIGHTS[0]):
         runtime = runtime_file if isinstance(runtime_file, RuntimeFile) else RuntimeFile.open(runtime_file)
         self.device = torch.device(device)
         if dtype is None:
@@ -56,7 +56,7 @@ class Engine:
         self.page_size, self.page_grant = profile["page_size"], profile["page_grant"]
         self.seed = seed
         self.tokenizer = Tokenizer.from_runtime(runtime)
-        self.model = Llama.from_runtime(runtime, self.device, dtype, fused_kernels)
+        self.model = Llama.from_runtime(runtime, self.device, dtype, fused_kernels, cpu_weights)
         self.block_manager = BlockManager(profile["kv_pages"])
         self.prefix_cache = prefix_cache  # reuse the KV pages of earlier requests' prefixes (block_manager.py)
         self.scheduler = Scheduler(self.block_manager, page_grant=self.page_grant, max_running=max_running,

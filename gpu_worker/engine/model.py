@@ -5,11 +5,12 @@ positions; each token's key and value are written into the pool at its slot
 (`page * page_size + offset`), then every row gathers its keys and values through its block table
 and attends with a causal mask built from positions. Prefill is `Q` = longest prompt, decode is
 `Q = 1`; rows may be at any length. Padding tokens write to a scratch page no sequence owns and
-read at most position 0, so they never disturb a real row and never produce NaN. On CPU in float32
-a decode step reads each row's keys and values in place instead (cpu_ops.paged_decode_attention),
-and products and norms run on cpu_ops too. On CUDA, triton_ops' kernels fuse the rotation with the
-pool writes, the residual sums with the norms and SiLU with its product, and decode reads the pool in
-place as on CPU: nine kernels a layer instead of some twenty-three.
+read at most position 0, so they never disturb a real row and never produce NaN. A decode step
+reads each row's keys and values in place instead (paged_decode_attention), and the rotation is
+fused with the pool writes, the residual sums with the norms and SiLU with its product: triton_ops'
+kernels on CUDA (nine kernels a layer instead of some twenty-three), cpu_ops' operators of the same
+names on CPU in float32, where the products also run on cpu_ops, over the GGUF's own quantized
+blocks by default (Linear, docs/engine.md).
 
 Weights follow docs/runtime-file.md: `(out, in)` matrices, Q/K rows in the `rotate_half` RoPE
 layout. Q, K and V are concatenated into one matrix, as are gate and up, so each layer runs four
@@ -20,7 +21,7 @@ dispatch overhead rivals the arithmetic.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -76,27 +77,103 @@ PACKED_BATCH_HINT = 8
 KERNEL_MAX_ROWS = 64
 
 
+Q8_BLOCK = 32
+CPU_WEIGHTS = ("quantized", "bf16")  # how Linear keeps a weight on CPU in float32 (the first is the default)
+# A weight is taken for 4-bit blocks when every value is within this fraction of its block's largest
+# magnitude of the 16 levels recovered: the bfloat16 rounding of a dequantized GGUF Q4_1 block is at
+# most 2^-9 of it, while a weight with more levels misses by about 1/30 (half a level).
+Q4_TOLERANCE = 2.0 ** -7
+
+
+def quantize_q8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An `(out, in)` weight as int8 blocks of 32 along `in` and one float32 scale per block (its
+    largest magnitude / 127, as GGML's Q8_0): `(int8 [out, in], float32 [out, in / 32])`."""
+    out, width = weight.shape
+    blocks = weight.float().view(out, width // Q8_BLOCK, Q8_BLOCK)
+    scales = blocks.abs().amax(dim=-1) / 127
+    quantized = (blocks / scales.clamp_min(torch.finfo(torch.float32).tiny)[..., None]).round().clamp(-127, 127)
+    return quantized.to(torch.int8).view(out, width).contiguous(), scales.contiguous()
+
+
+def quantize_q4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The 4-bit blocks an `(out, in)` weight holds, or None when it holds more than 16 levels in some
+    block of 32: `(uint8 [out, in / 2], float32 [out, 2, in / 32])`, codes two to a byte (code j of a
+    block in the low half of byte j, code j + 16 in the high half) and each row's block scales then its
+    block mins (`[out, 2, in / 32]`), so that value = scale * code + min (GGUF's Q4_1; the runtime file
+    stores such a weight dequantized).
+    """
+    out, width = weight.shape
+    blocks = weight.float().view(out, width // Q8_BLOCK, Q8_BLOCK)
+    low, high = blocks.amin(dim=-1), blocks.amax(dim=-1)
+    scale = (high - low) / 15
+    codes = ((blocks - low[..., None]) / scale.clamp_min(torch.finfo(torch.float32).tiny)[..., None]).round()
+    codes = codes.clamp(0, 15)
+    error = (codes * scale[..., None] + low[..., None] - blocks).abs()
+    if bool((error > Q4_TOLERANCE * blocks.abs().amax(dim=-1, keepdim=True)).any()):
+        return None
+    codes = codes.to(torch.uint8)
+    packed = codes[..., :Q8_BLOCK // 2] | (codes[..., Q8_BLOCK // 2:] << 4)
+    return packed.reshape(out, width // 2).contiguous(), torch.stack((scale, low), dim=1).contiguous()
+
+
+def dequantize(packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The float32 weight that quantize_q4's or quantize_q8's blocks hold (PyTorch's arithmetic; the
+    engine's kernels compute the same values in registers)."""
+    codes, scales = packed
+    if codes.dtype == torch.uint8:  # 4-bit: scale * code + min
+        halves = codes.view(codes.shape[0], -1, Q8_BLOCK // 2)  # byte j: code j, code j + 16
+        blocks = torch.cat((halves & 0x0F, halves >> 4), dim=-1).float()
+        return (blocks * scales[:, 0, :, None] + scales[:, 1, :, None]).view(codes.shape[0], -1)
+    blocks = codes.view(codes.shape[0], -1, Q8_BLOCK).float()
+    return (blocks * scales[..., None]).view(codes.shape[0], -1)
+
+
+def cpu_weight_values(weight: torch.Tensor, cpu_weights: str) -> torch.Tensor:
+    """The float32 values Linear multiplies for this stored weight on CPU in float32 with cpu_ops:
+    for a reference that holds exactly the engine's weights (engine/reference.py)."""
+    if cpu_weights == "quantized" and weight.shape[1] % Q8_BLOCK == 0:
+        return dequantize(quantize_q4(weight) or quantize_q8(weight))
+    return weight.float()
+
+
 class Linear:
     """`x @ weight.T` for an `(out, in)` weight, given as stored in the runtime file (bfloat16).
 
-    On CPU in float32, the bfloat16 weight is kept as it is and multiplied by cpu_ops' linear_bf16,
-    which widens it in registers: a decode step streams every weight of the model once, so half the
-    bytes is nearly half the time (docs/engine.md has the figures). Where that kernel is not
-    available, the weight is widened to float32 once and packed for oneDNN's inner product, which
-    reads it about twice as fast as the MKL path `torch.matmul` takes for a few rows. On CUDA the
-    weight is cast to the compute dtype. Every path sums in float32 on CPU; results differ only in
-    summation order."""
+    On CPU in float32, with cpu_ops built, `cpu_weights` says how the weight is kept:
+    - "quantized": as the 4-bit blocks it holds when it was a GGUF Q4_1 weight (quantize_q4, 0.75
+      bytes a weight, multiplied by cpu_ops' linear_q4), else quantized to int8 blocks once at load
+      (quantize_q8, 1.125 bytes, linear_q8; a GGUF Q8_0 weight gets its own blocks back). Both
+      kernels quantize the activations to int8 blocks and sum exact integer block products: a decode
+      step streams every weight once, so its time follows the bytes a weight takes (bfloat16: 2).
+      Results differ from the float32 product of the stored weights by the roundings
+      (docs/engine.md states the bound on the logits).
+    - "bf16": the bfloat16 weight as it is, multiplied by linear_bf16, which widens it in
+      registers: exactly the float32 product of the stored weights, up to summation order.
+    Where that kernel is not available, the weight is widened to float32 once and packed for oneDNN's
+    inner product, which reads it about twice as fast as the MKL path `torch.matmul` takes for a few
+    rows. On CUDA the weight is cast to the compute dtype. Every path sums in float32 on CPU."""
 
-    def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, cpu_weights: str = "bf16"):
         self.weight: torch.Tensor | None  # None only where packed is set
         self.packed: torch.Tensor | None
+        self.scales: torch.Tensor | None  # quantized weights: each block's scale (and min, 4-bit)
         self.kernel: torch._ops.OpOverloadPacket | None
-        self.weight, self.packed, self.kernel = None, None, None
+        self.widen: Callable[[], torch.Tensor]  # the float32 weight, for products of many rows (with kernel)
+        self.weight, self.packed, self.scales, self.kernel = None, None, None, None
         on_cpu_float32 = weight.device.type == "cpu" and dtype == torch.float32
         usable = on_cpu_float32 and weight.dtype == torch.bfloat16 and weight.shape[1] % 8 == 0  # 8 per step
         aotx = cpu_ops.ops() if usable else None
-        if aotx is not None:
+        quantize = aotx is not None and cpu_weights == "quantized" and weight.shape[1] % Q8_BLOCK == 0
+        four_bit = quantize_q4(weight) if quantize else None
+        if four_bit is not None:
+            (self.weight, self.scales), self.kernel = four_bit, aotx.linear_q4  # type: ignore[union-attr]
+            self.widen = lambda: aotx.dequantize_q4(self.weight, self.scales)  # type: ignore[union-attr]
+        elif quantize:
+            (self.weight, self.scales), self.kernel = quantize_q8(weight), aotx.linear_q8  # type: ignore[union-attr]
+            self.widen = lambda: aotx.dequantize_q8(self.weight, self.scales)  # type: ignore[union-attr]
+        elif aotx is not None:
             self.weight, self.kernel = weight.contiguous(), aotx.linear_bf16
+            self.widen = lambda: self.weight.float()  # type: ignore[union-attr]
         elif on_cpu_float32 and torch.backends.mkldnn.is_available():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.float(), PACKED_BATCH_HINT)
         else:
@@ -104,10 +181,10 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel is not None:
-            rows = x.reshape(-1, x.shape[-1])
+            rows = x.reshape(-1, x.shape[-1]).contiguous()
             if rows.shape[0] > KERNEL_MAX_ROWS:  # prefill: compute-bound, where MKL's blocking wins
-                return x @ self.weight.float().T  # type: ignore[union-attr]  # set with the kernel
-            y = self.kernel(rows.contiguous(), self.weight)
+                return x @ self.widen().T
+            y = self.kernel(rows, self.weight, self.scales) if self.scales is not None else self.kernel(rows, self.weight)
             return y.view(*x.shape[:-1], y.shape[-1])
         if self.packed is None:
             return x @ self.weight.T  # type: ignore[union-attr]  # set unless packed is
@@ -138,22 +215,27 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Layer:
-    def __init__(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype):
+    def __init__(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype, cpu_weights: str):
         """tensors: as stored in the runtime file, on the model's device."""
         self.input_norm = tensors["input_layernorm"].to(dtype)
-        self.qkv = Linear(torch.cat([tensors["q_proj"], tensors["k_proj"], tensors["v_proj"]]), dtype)
-        self.o = Linear(tensors["o_proj"], dtype)
+        self.qkv = Linear(torch.cat([tensors["q_proj"], tensors["k_proj"], tensors["v_proj"]]), dtype, cpu_weights)
+        self.o = Linear(tensors["o_proj"], dtype, cpu_weights)
         self.post_norm = tensors["post_attention_layernorm"].to(dtype)
-        self.gate_up = Linear(torch.cat([tensors["gate_proj"], tensors["up_proj"]]), dtype)
-        self.down = Linear(tensors["down_proj"], dtype)
+        self.gate_up = Linear(torch.cat([tensors["gate_proj"], tensors["up_proj"]]), dtype, cpu_weights)
+        self.down = Linear(tensors["down_proj"], dtype, cpu_weights)
 
 
 class Llama:
     def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor], device: str | torch.device,
                  dtype: torch.dtype,
-                 fused_kernels: bool | None = None):
-        """fused_kernels: triton_ops' kernels; None = on CUDA where they pass their self-check, True = required
-        (raises where unavailable; on CPU only under TRITON_INTERPRET=1, for tests), False = never."""
+                 fused_kernels: bool | None = None, cpu_weights: str = CPU_WEIGHTS[0]):
+        """fused_kernels: the fused element-wise steps (rotation with the pool writes, residual sum with the
+        norm, SiLU with its product). None = triton_ops' on CUDA where they pass their self-check and
+        cpu_ops' on CPU in float32; True = triton_ops' required (raises where unavailable; on CPU only
+        under TRITON_INTERPRET=1, for tests); False = neither (PyTorch's operators). cpu_weights: see
+        Linear ("int8" or "bf16"; only CPU float32 with cpu_ops built reads it)."""
+        if cpu_weights not in CPU_WEIGHTS:
+            raise ValueError(f"cpu_weights must be one of {CPU_WEIGHTS}, not {cpu_weights!r}")
         self.config, self.device, self.dtype = config, torch.device(device), dtype
         # CPU float32: the norms and decode attention of cpu_ops (None elsewhere, or where it cannot build)
         self.cpu_ops = cpu_ops.ops() if self.device.type == "cpu" and dtype == torch.float32 else None
@@ -165,6 +247,9 @@ class Llama:
                 raise RuntimeError(f"the Triton kernels are unavailable on {self.device} (the log says why)")
         if self.fused is not None:
             self.cpu_ops = None
+        elif fused_kernels is None and self.cpu_ops is not None:
+            self.fused = self.cpu_ops  # the same four operators, by the same names and arguments
+        self.cpu_weights = cpu_weights
 
         # in the runtime file's dtype (Linear and the embedding lookup convert), copied off the file's mapping
         def stored(name: str) -> torch.Tensor:
@@ -172,22 +257,23 @@ class Llama:
 
         self.embed = stored("embed_tokens")
         self.norm = stored("norm").to(dtype)
-        self.lm_head = Linear(self.embed if config.tie_word_embeddings else stored("lm_head"), dtype)
+        self.lm_head = Linear(self.embed if config.tie_word_embeddings else stored("lm_head"), dtype, cpu_weights)
         layer_keys = ("input_layernorm", "post_attention_layernorm", "q_proj", "k_proj", "v_proj", "o_proj",
                       "gate_proj", "up_proj", "down_proj")
-        self.layers = [Layer({key: stored(f"layers.{i}.{key}") for key in layer_keys}, dtype)
+        self.layers = [Layer({key: stored(f"layers.{i}.{key}") for key in layer_keys}, dtype, cpu_weights)
                        for i in range(config.num_layers)]
         cos, sin = rope_tables(config, config.max_position_embeddings, self.device)
         # Cast like the reference does (float32 tables, rounded to the compute dtype at use).
         self.cos, self.sin = cos.to(dtype), sin.to(dtype)
+        self._pool_views: tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] | None = None
 
     @classmethod
     def from_runtime(cls, runtime: RuntimeFile, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                     fused_kernels: bool | None = None) -> "Llama":
+                     fused_kernels: bool | None = None, cpu_weights: str = CPU_WEIGHTS[0]) -> "Llama":
         config = ModelConfig.from_card(runtime.json("gen/card"))
         prefix = "gen/tensor/"
         tensors = {name[len(prefix):]: runtime.tensor(name) for name in runtime.names(prefix)}
-        return cls(config, tensors, device, dtype, fused_kernels)
+        return cls(config, tensors, device, dtype, fused_kernels, cpu_weights)
 
     def new_kv_cache(self, num_pages: int, page_size: int) -> torch.Tensor:
         """The paged KV pool: `[layers, 2 (k, v), num_pages, page_size, kv_heads, head_dim]`.
@@ -225,14 +311,15 @@ class Llama:
             flat_positions = positions.reshape(-1).contiguous()  # (decode inputs are columns of one tensor)
         slots = slots.reshape(-1).contiguous()
 
+        pools = self._pools(kv_cache)
         x = F.embedding(tokens, self.embed).to(self.dtype)
         h = self._norm(x, self.layers[0].input_norm)
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(h)
-            pool = kv_cache[i].view(2, -1, c.num_kv_heads, c.head_dim)  # [k/v, slot, kv_head, head_dim]
+            pool, k_pool, v_pool = pools[i]  # [k/v, slot, kv_head, head_dim], and its two halves
             if fused is not None:  # rotation and the pool writes in one kernel
                 q = fused.rope_write_kv(qkv.view(batch * queries, -1), self.cos, self.sin, flat_positions, slots,
-                                        pool[0], pool[1], c.num_heads, c.num_kv_heads)
+                                        k_pool, v_pool, c.num_heads, c.num_kv_heads)
                 q = q.view(batch, queries, c.num_heads, c.head_dim)
             else:
                 qkv = qkv.view(batch, queries, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
@@ -242,7 +329,7 @@ class Llama:
                 pool.index_copy_(1, slots, torch.stack((k, v)).view(2, -1, c.num_kv_heads, c.head_dim))
             if paged_decode:
                 decode = (fused or aotx).paged_decode_attention  # type: ignore[union-attr]  # one is set: paged_decode
-                out = decode(q.reshape(batch, c.num_heads, c.head_dim).contiguous(), pool[0], pool[1], block_tables,
+                out = decode(q.reshape(batch, c.num_heads, c.head_dim).contiguous(), k_pool, v_pool, block_tables,
                              lengths, page_size, scale)
                 delta = layer.o(out.view(batch, 1, c.num_heads * c.head_dim))
             else:
@@ -265,6 +352,15 @@ class Llama:
         if last is not None:
             x = x[torch.arange(batch, device=x.device), last]
         return self.lm_head(self._norm(x, self.norm))
+
+    def _pools(self, kv_cache: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Each layer's pool as `[k/v, slot, kv_head, head_dim]` and its key and value halves: views made
+        once per pool (a runner keeps one), not twice a layer every step."""
+        if self._pool_views is None or self._pool_views[0] is not kv_cache:
+            c = self.config
+            views = [kv_cache[i].view(2, -1, c.num_kv_heads, c.head_dim) for i in range(c.num_layers)]
+            self._pool_views = (kv_cache, [(view, view[0], view[1]) for view in views])
+        return self._pool_views[1]
 
     def _add_norm(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual sum and its norm (the next block's input): one kernel with triton_ops."""

@@ -33,12 +33,17 @@ def llama_config(card: dict[str, Any]) -> LlamaConfig:
 
 
 def transformers_model(runtime: RuntimeFile, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                       attn_implementation: str = "sdpa") -> LlamaForCausalLM:
-    """`LlamaForCausalLM` in eval mode holding the runtime file's `gen/tensor/*` weights."""
+                       attn_implementation: str = "sdpa", cpu_weights: str | None = None) -> LlamaForCausalLM:
+    """`LlamaForCausalLM` in eval mode holding the runtime file's `gen/tensor/*` weights, or, with
+    `cpu_weights`, the values the engine's matrix products use on CPU in float32 with that setting
+    (model.Linear: "quantized" holds the GGUF blocks it recovers, dequantized), so that its logits
+    are the engine's up to summation order."""
     from transformers import LlamaForCausalLM
     from transformers.initialization import no_init_weights
 
-    card = runtime.json("gen/card")
+    card = dict(runtime.json("gen/card"))
+    if cpu_weights is not None:  # the embedding lookup reads the stored table, the output product its blocks
+        card["tie_word_embeddings"] = False
     config = llama_config(card)
     config._attn_implementation = attn_implementation
     with no_init_weights():  # every weight is replaced below; random init of 135M parameters takes seconds
@@ -57,10 +62,31 @@ def transformers_model(runtime: RuntimeFile, *, dtype: torch.dtype = torch.float
         else:
             theirs = names[ours]
         state[theirs] = runtime.tensor(name).to(dtype)
-    if card["tie_word_embeddings"]:
+    if cpu_weights is not None:
+        _engine_values(runtime, state, cpu_weights, dtype)
+    elif card["tie_word_embeddings"]:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state, strict=True)
     if card["tie_word_embeddings"]:
         model.tie_weights()
     # PreTrainedModel.to is @functools.wraps(torch.nn.Module.to): mypy sees an unbound function
     return model.to(device=device, dtype=dtype).eval()  # type: ignore[call-arg]
+
+
+def _engine_values(runtime: RuntimeFile, state: dict[str, torch.Tensor], cpu_weights: str, dtype: torch.dtype) -> None:
+    """Replace the matrices of `state` by the values the engine multiplies: quantized as the engine
+    concatenates them (q, k, v; gate, up), then split back."""
+    from gpu_worker.engine.model import cpu_weight_values
+
+    head = "gen/tensor/lm_head" if "gen/tensor/lm_head" in runtime.names("gen/tensor/") else "gen/tensor/embed_tokens"
+    state["lm_head.weight"] = cpu_weight_values(runtime.tensor(head), cpu_weights).to(dtype)
+    layers = runtime.json("gen/card")["num_layers"]
+    for i in range(layers):
+        for group in (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj"),
+                      ("self_attn.o_proj",), ("mlp.down_proj",)):
+            keys = [f"model.layers.{i}.{name}.weight" for name in group]
+            ours = ["gen/tensor/layers.{}.{}".format(i, name.split(".")[1]) for name in group]
+            stored = torch.cat([runtime.tensor(name) for name in ours])
+            values = cpu_weight_values(stored, cpu_weights).to(dtype)
+            for key, part in zip(keys, values.split([state[key].shape[0] for key in keys])):
+                state[key] = part.contiguous()

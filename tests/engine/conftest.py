@@ -44,13 +44,35 @@ def real_gen(tmp_path_factory):
         yield runtime
 
 
+def engine_values() -> str | None:
+    """The weights the engine multiplies on CPU in float32 by default: its quantized blocks where
+    cpu_ops builds (model.Linear), else the stored ones."""
+    from gpu_worker.engine import cpu_ops
+    from gpu_worker.engine.model import CPU_WEIGHTS
+    return CPU_WEIGHTS[0] if cpu_ops.ops() is not None else None
+
+
 @pytest.fixture(scope="session")
 def tiny_reference(tiny_gen):
+    """transformers holding the values the default CPU engine multiplies: logits equal up to summation order."""
+    from gpu_worker.engine.reference import transformers_model
+    return transformers_model(tiny_gen, cpu_weights=engine_values())
+
+
+@pytest.fixture(scope="session")
+def tiny_stored_reference(tiny_gen):
+    """transformers holding the runtime file's stored weights (what CUDA and bfloat16 compute with)."""
     from gpu_worker.engine.reference import transformers_model
     return transformers_model(tiny_gen)
 
 
 @pytest.fixture(scope="session")
 def real_reference(real_gen):
+    from gpu_worker.engine.reference import transformers_model
+    return transformers_model(real_gen, cpu_weights=engine_values())
+
+
+@pytest.fixture(scope="session")
+def real_stored_reference(real_gen):
     from gpu_worker.engine.reference import transformers_model
     return transformers_model(real_gen)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from gpu_worker.engine import cpu_ops
-from gpu_worker.engine.model import Linear
+from gpu_worker.engine.model import Linear, cpu_weight_values, dequantize, quantize_q4, quantize_q8, rotate_half
 
 pytestmark = pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
                                 reason="the operators need AVX2 and FMA")
@@ -81,9 +81,10 @@ def gathered_attention(q, k_pool, v_pool, block_tables, lengths, page_size):
     return out
 
 
+@pytest.mark.parametrize("dim", [64, 128, 24])  # the two head sizes held in registers, and the general path
 @pytest.mark.parametrize("heads,kv_heads,lengths", [(9, 3, [1, 16, 17, 40]), (4, 4, [33]), (6, 1, [5, 64, 2])])
-def test_paged_decode_attention_reads_each_rows_pages(aotx, heads, kv_heads, lengths):
-    page_size, dim, num_pages = 16, 64, 24
+def test_paged_decode_attention_reads_each_rows_pages(aotx, heads, kv_heads, lengths, dim):
+    page_size, num_pages = 16, 24
     g = torch.Generator().manual_seed(heads * 10 + kv_heads)
     k_pool = torch.randn(num_pages * page_size, kv_heads, dim, generator=g)
     v_pool = torch.randn(num_pages * page_size, kv_heads, dim, generator=g)
@@ -92,7 +93,7 @@ def test_paged_decode_attention_reads_each_rows_pages(aotx, heads, kv_heads, len
     block_tables = torch.randperm(num_pages, generator=g)[:len(lengths) * pages].view(len(lengths), pages)
     lengths = torch.tensor(lengths)
     got = aotx.paged_decode_attention(q, k_pool, v_pool, block_tables, lengths, page_size, dim ** -0.5)
-    assert close(got, gathered_attention(q, k_pool, v_pool, block_tables, lengths, page_size), 64)
+    assert close(got, gathered_attention(q, k_pool, v_pool, block_tables, lengths, page_size), dim)
 
 
 def test_paged_decode_attention_refuses_rows_outside_the_pool(aotx):
@@ -104,3 +105,118 @@ def test_paged_decode_attention_refuses_rows_outside_the_pool(aotx):
         aotx.paged_decode_attention(q, pool, pool, torch.tensor([[2]]), torch.tensor([3]), 16, 1.0)
     with pytest.raises(RuntimeError, match="page_size must be positive"):
         aotx.paged_decode_attention(q, pool, pool, torch.tensor([[0]]), torch.tensor([1]), 0, 1.0)
+
+
+# ---- quantized weights (GGUF's Q4_1 and Q8_0 blocks) ----------------------------------------------
+
+def q4_1_weight(out_features, in_features, seed):
+    """A weight as a dequantized GGUF Q4_1 tensor is stored in the runtime file: per block of 32,
+    scale * code + min with codes 0..15 (both ends used, as GGML's quantizer does), in bfloat16."""
+    g = torch.Generator().manual_seed(seed)
+    blocks = in_features // 32
+    codes = torch.randint(0, 16, (out_features, blocks, 32), generator=g)
+    codes[..., 0], codes[..., 1] = 0, 15
+    scale = torch.rand(out_features, blocks, 1, generator=g) * 0.01 + 1e-4
+    low = -8 * scale + torch.randn(out_features, blocks, 1, generator=g) * 0.001
+    return (codes * scale + low).view(out_features, in_features).bfloat16()
+
+
+def test_quantize_q4_takes_back_the_blocks_of_a_q4_1_weight_and_nothing_else():
+    w = q4_1_weight(40, 96, seed=1)
+    packed = quantize_q4(w)
+    assert packed is not None and packed[0].shape == (40, 48) and packed[1].shape == (40, 2, 3)
+    values = dequantize(packed)
+    # the stored bfloat16 values, up to their own rounding (half a unit in the last place: 2^-9 of each
+    # value, which the recovered scale and min carry into every level)
+    assert ((values - w.float()).abs() <= 2 ** -7 * w.float().abs().amax(dim=1, keepdim=True)).all()
+    assert quantize_q4(torch.randn(40, 96).bfloat16()) is None  # more than 16 levels a block
+    odd = w.clone()
+    odd[3, 5] += 0.3 * (w[3].float().amax() - w[3].float().amin())  # one value off the 16 levels of its block
+    assert quantize_q4(odd) is None
+
+
+def test_quantize_q8_blocks_round_each_weight_to_1_254_of_its_block():
+    w = torch.randn(17, 64).bfloat16()
+    codes, scales = quantize_q8(w)
+    assert codes.dtype == torch.int8 and scales.shape == (17, 2) and codes.abs().max() <= 127
+    error = (dequantize((codes, scales)) - w.float()).view(17, 2, 32).abs()
+    assert (error <= w.float().view(17, 2, 32).abs().amax(dim=-1, keepdim=True) / 254 + 1e-7).all()
+    assert (dequantize(quantize_q8(torch.zeros(2, 32).bfloat16())) == 0).all()  # a block of zeros
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 8, 9, 17, 64])
+@pytest.mark.parametrize("out_features,in_features", [(1, 32), (37, 576), (100, 1536)])
+def test_linear_q4_and_q8_are_the_products_of_the_weights_they_hold(aotx, rows, out_features, in_features):
+    g = torch.Generator().manual_seed(rows * 1000 + out_features)
+    x = torch.randn(rows, in_features, generator=g)
+    four = quantize_q4(q4_1_weight(out_features, in_features, seed=rows))
+    eight = quantize_q8(torch.randn(out_features, in_features, generator=g).bfloat16())
+    for kernel, widen, packed in ((aotx.linear_q4, aotx.dequantize_q4, four), (aotx.linear_q8, aotx.dequantize_q8, eight)):
+        values = dequantize(packed)
+        # the kernels' dequantization is PyTorch's, to a rounding (the kernel fuses scale * code + min)
+        assert ((widen(*packed) - values).abs() <= 1e-6 * values.abs().max()).all()
+        got = kernel(x, *packed)
+        assert got.shape == (rows, out_features)
+        assert close(got, x.double() @ values.double().T, in_features)
+
+
+def test_quantized_kernels_refuse_what_they_cannot_multiply(aotx):
+    codes, scales = quantize_q8(torch.randn(4, 64).bfloat16())
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        aotx.linear_q8(torch.zeros(2, 48), torch.zeros(4, 48, dtype=torch.int8), torch.zeros(4, 1))
+    with pytest.raises(RuntimeError, match="scales \\[N, K / 32\\]"):
+        aotx.linear_q8(torch.zeros(2, 64), codes, scales[:, :1].contiguous())
+    with pytest.raises(RuntimeError, match="uint8 w"):
+        aotx.linear_q4(torch.zeros(2, 64), codes, scales)
+    with pytest.raises(RuntimeError, match="float32 x"):
+        aotx.linear_q8(torch.zeros(2, 64, dtype=torch.float64), codes, scales)
+
+
+def test_the_model_keeps_gguf_blocks_quantized_and_other_weights_as_int8_blocks(aotx):
+    four_bit, random = q4_1_weight(48, 64, seed=3), torch.randn(48, 64).bfloat16()
+    x = torch.randn(2, 3, 64)
+    for w, kernel in ((four_bit, aotx.linear_q4), (random, aotx.linear_q8)):
+        linear = Linear(w, torch.float32, "quantized")
+        assert linear.kernel is kernel
+        values = cpu_weight_values(w, "quantized")
+        assert torch.allclose(linear(x), x @ values.T, rtol=1e-5, atol=1e-5)
+        big = torch.randn(5, 20, 64)  # prefill: the widened weight through MKL, the same values
+        assert torch.allclose(linear(big), big @ values.T, rtol=1e-5, atol=1e-5)
+    assert Linear(four_bit, torch.float32, "bf16").kernel is aotx.linear_bf16
+    assert torch.equal(cpu_weight_values(four_bit, "bf16"), four_bit.float())
+
+
+# ---- the fused element-wise steps -----------------------------------------------------------------
+
+def test_rope_write_kv_rotates_and_writes_like_the_pytorch_steps(aotx):
+    g = torch.Generator().manual_seed(5)
+    heads, kv_heads, dim, tokens = 9, 3, 64, 5
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=g)
+    cos, sin = torch.randn(100, dim, generator=g), torch.randn(100, dim, generator=g)
+    positions, slots = torch.tensor([0, 5, 7, 99, 3]), torch.tensor([1, 2, 3, 4, 0])
+    k_pool, v_pool = torch.zeros(10, kv_heads, dim), torch.zeros(10, kv_heads, dim)
+    q = aotx.rope_write_kv(qkv, cos, sin, positions, slots, k_pool, v_pool, heads, kv_heads)
+    parts = qkv.view(tokens, heads + 2 * kv_heads, dim)
+    c, s = cos[positions][:, None], sin[positions][:, None]
+    rotated = parts[:, :heads + kv_heads] * c + rotate_half(parts[:, :heads + kv_heads]) * s
+    assert torch.allclose(q, rotated[:, :heads], atol=1e-6)
+    assert torch.allclose(k_pool[slots], rotated[:, heads:], atol=1e-6)
+    assert torch.equal(v_pool[slots], parts[:, heads + kv_heads:])
+    untouched = [i for i in range(10) if i not in slots.tolist()]
+    assert not k_pool[untouched].any() and not v_pool[untouched].any()
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        aotx.rope_write_kv(qkv, cos, sin, positions, torch.tensor([1, 2, 3, 4, 10]), k_pool, v_pool, heads, kv_heads)
+    with pytest.raises(RuntimeError, match="outside the tables"):
+        aotx.rope_write_kv(qkv, cos, sin, torch.tensor([0, 5, 7, 100, 3]), slots, k_pool, v_pool, heads, kv_heads)
+
+
+def test_add_rms_norm_and_silu_mul_match_pytorch(aotx):
+    g = torch.Generator().manual_seed(6)
+    x, delta, w = torch.randn(4, 576, generator=g), torch.randn(4, 576, generator=g), torch.randn(576, generator=g)
+    total, normed = aotx.add_rms_norm(x, delta, w, 1e-5)
+    assert torch.equal(total, x + delta)
+    assert torch.allclose(normed, F.rms_norm(x + delta, (576,), w, 1e-5), rtol=1e-5, atol=1e-6)
+    # gates across the exponential's whole range, beyond its clamps included (width not a multiple of 8)
+    gate_up = torch.cat((torch.linspace(-100, 100, 1501).view(1, -1), torch.randn(1, 1501, generator=g)), dim=1)
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert torch.allclose(aotx.silu_mul(gate_up), F.silu(gate) * up, rtol=1e-6, atol=1e-6)

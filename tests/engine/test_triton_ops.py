@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpu_worker.engine import Engine
+from gpu_worker.engine import Engine, cpu_ops
 from gpu_worker.engine.model import rotate_half
 from tests.engine.test_cpu_ops import gathered_attention
 from tests.engine.test_model_logits import admit, assert_logits_close, prompts_for, reference_logits
@@ -93,9 +93,11 @@ def test_silu_mul_multiplies_silu_of_the_gate_by_up(shape):
 
 
 @torch.inference_mode()
-def test_the_forward_on_triton_kernels_matches_transformers(tiny_gen, tiny_reference):
+def test_the_forward_on_triton_kernels_matches_transformers(tiny_gen, tiny_reference, tiny_stored_reference):
     """Prompts of different lengths prefilled together, then 20 batched decode steps across pages,
-    each row against transformers on its whole sequence (tests/engine/test_model_logits.py's bound)."""
+    each row against transformers on its whole sequence (tests/engine/test_model_logits.py's bound),
+    holding the weights the products use (on CPU the engine's quantized blocks)."""
+    reference = tiny_reference if DEVICE.type == "cpu" else tiny_stored_reference
     engine = Engine(tiny_gen, device=DEVICE, dtype=torch.float32, fused_kernels=True, cuda_graphs=False)
     assert engine.model.fused is triton_ops and engine.model.cpu_ops is None
     vocab, steps = engine.card["vocab_size"], 20
@@ -109,15 +111,16 @@ def test_the_forward_on_triton_kernels_matches_transformers(tiny_gen, tiny_refer
             seq.append(continuation[step], b"")
         logits.append(engine.runner.decode(seqs).cpu())
     for i, (prompt, continuation) in enumerate(zip(prompts, continuations)):
-        expected = reference_logits(tiny_reference, prompt + continuation)[len(prompt) - 1:]
+        expected = reference_logits(reference, prompt + continuation)[len(prompt) - 1:]
         for step, batch in enumerate(logits):
             assert_logits_close(batch[i], expected[step])
 
 
 def test_the_kernels_are_on_by_default_on_cuda_only(tiny_gen):
+    """On CUDA triton_ops' kernels; on CPU their counterparts in cpu_ops (where it builds)."""
     if DEVICE.type == "cuda":
         assert Engine(tiny_gen, device="cuda").model.fused is triton_ops
-    assert Engine(tiny_gen).model.fused is None
+    assert Engine(tiny_gen).model.fused is cpu_ops.ops()
 
 
 # ---- the compiled kernels -------------------------------------------------------------------------
