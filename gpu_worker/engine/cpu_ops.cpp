@@ -279,8 +279,8 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
 // blocks of 32 weights can be taken back exactly (model.py: quantize_q4, quantize_q8):
 //   linear_q4(x, w, sm)      4-bit codes (GGUF's Q4_1), value = scale * code + min: w [N, K / 2] uint8,
 //                            byte j of a block holding code j in its low half and code j + 16 in its high
-//                            half; sm [N, 2, K / 32] float32, each row's block scales, then its block mins.
-//                            0.75 bytes a weight.
+//                            half; sm [N, 2, K / 32] float16 (as GGUF keeps them), each row's block scales,
+//                            then its block mins. 0.625 bytes a weight.
 //   linear_q8(x, w, scales)  int8 codes (GGUF's Q8_0), value = scale * code: w [N, K] int8, scales
 //                            [N, K / 32] float32. 1.125 bytes a weight.
 // Each block is widened to float32 in registers (32 values, four vectors) and multiplied with float32
@@ -292,9 +292,11 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
 // A block's 32 values come out as four vectors of 8, one at a time (`get(i)` after `Q4Blocks::block`),
 // so that with eight activation rows the eight accumulators, one vector and the block's constants fit
 // AVX2's sixteen registers: a whole block widened at once spilled, and ran slower than bfloat16.
+inline const uint16_t* half_bits(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::Half>()); }
+
 struct Q4Blocks {
   const uint8_t* w;
-  const float* sm;
+  const uint16_t* sm;  // float16 bits
   int64_t K, blocks;
   struct Block {
     __m128i lo, hi;
@@ -310,7 +312,7 @@ struct Q4Blocks {
     const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     const __m128i mask = _mm_set1_epi8(0x0F);
     return {_mm_and_si128(packed, mask), _mm_and_si128(_mm_srli_epi16(packed, 4), mask),
-            _mm256_set1_ps(sm[n * 2 * blocks + b]), _mm256_set1_ps(sm[(n * 2 + 1) * blocks + b])};
+            _mm256_set1_ps(_cvtsh_ss(sm[n * 2 * blocks + b])), _mm256_set1_ps(_cvtsh_ss(sm[(n * 2 + 1) * blocks + b]))};
   }
 };
 
@@ -402,9 +404,9 @@ at::Tensor linear_q4(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
   TORCH_CHECK(w.dim() == 2 && w.size(1) * 2 == K && w.scalar_type() == at::kByte && w.device().is_cpu() &&
                   w.is_contiguous(), "linear_q4: contiguous uint8 w [N, K / 2] expected");
   TORCH_CHECK(sm.dim() == 3 && sm.size(0) == N && sm.size(1) == 2 && sm.size(2) == blocks &&
-                  sm.scalar_type() == at::kFloat && sm.device().is_cpu() && sm.is_contiguous(),
-              "linear_q4: contiguous float32 scales and mins [N, 2, K / 32] expected");
-  return blocks_linear(x, Q4Blocks{w.data_ptr<uint8_t>(), sm.data_ptr<float>(), K, blocks}, N);
+                  sm.scalar_type() == at::kHalf && sm.device().is_cpu() && sm.is_contiguous(),
+              "linear_q4: contiguous float16 scales and mins [N, 2, K / 32] expected");
+  return blocks_linear(x, Q4Blocks{w.data_ptr<uint8_t>(), half_bits(sm), K, blocks}, N);
 }
 
 at::Tensor linear_q8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales) {
@@ -441,8 +443,9 @@ at::Tensor dequantize_q4(const at::Tensor& w, const at::Tensor& sm) {
                   (2 * w.size(1)) % kBlock == 0, "dequantize_q4: contiguous uint8 w [N, K / 2] expected");
   const int64_t N = w.size(0), K = 2 * w.size(1), blocks = K / kBlock;
   TORCH_CHECK(sm.dim() == 3 && sm.size(0) == N && sm.size(1) == 2 && sm.size(2) == blocks &&
-                  sm.scalar_type() == at::kFloat && sm.is_contiguous(), "dequantize_q4: float32 sm [N, 2, K / 32] expected");
-  return blocks_dequantize(Q4Blocks{w.data_ptr<uint8_t>(), sm.data_ptr<float>(), K, blocks}, N, sm.options());
+                  sm.scalar_type() == at::kHalf && sm.is_contiguous(), "dequantize_q4: float16 sm [N, 2, K / 32] expected");
+  return blocks_dequantize(Q4Blocks{w.data_ptr<uint8_t>(), half_bits(sm), K, blocks}, N,
+                           sm.options().dtype(at::kFloat));
 }
 
 at::Tensor dequantize_q8(const at::Tensor& w, const at::Tensor& scales) {

@@ -97,7 +97,7 @@ def quantize_q8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def quantize_q4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The 4-bit blocks an `(out, in)` weight holds, or None when it holds more than 16 levels in some
-    block of 32: `(uint8 [out, in / 2], float32 [out, 2, in / 32])`, codes two to a byte (code j of a
+    block of 32: `(uint8 [out, in / 2], float16 [out, 2, in / 32])`, codes two to a byte (code j of a
     block in the low half of byte j, code j + 16 in the high half) and each row's block scales then its
     block mins (`[out, 2, in / 32]`), so that value = scale * code + min (GGUF's Q4_1; the runtime file
     stores such a weight dequantized).
@@ -105,11 +105,14 @@ def quantize_q4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | Non
     out, width = weight.shape
     blocks = weight.float().view(out, width // Q8_BLOCK, Q8_BLOCK)
     low, high = blocks.amin(dim=-1), blocks.amax(dim=-1)
-    scale = (high - low) / 15
-    codes = ((blocks - low[..., None]) / scale.clamp_min(torch.finfo(torch.float32).tiny)[..., None]).round()
+    # float16, as GGUF keeps them: a true Q4_1 block's scale and min come back to their own values
+    scale, low = ((high - low) / 15).half(), low.half()
+    wide_scale, wide_low = scale.float(), low.float()
+    codes = ((blocks - wide_low[..., None]) / wide_scale.clamp_min(torch.finfo(torch.float32).tiny)[..., None]).round()
     codes = codes.clamp(0, 15)
-    error = (codes * scale[..., None] + low[..., None] - blocks).abs()
-    if bool((error > Q4_TOLERANCE * blocks.abs().amax(dim=-1, keepdim=True)).any()):
+    error = (codes * wide_scale[..., None] + wide_low[..., None] - blocks).abs()
+    if not bool(torch.isfinite(wide_scale).all()) or bool(
+            (error > Q4_TOLERANCE * blocks.abs().amax(dim=-1, keepdim=True)).any()):
         return None
     codes = codes.to(torch.uint8)
     packed = codes[..., :Q8_BLOCK // 2] | (codes[..., Q8_BLOCK // 2:] << 4)
@@ -123,7 +126,8 @@ def dequantize(packed: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     if codes.dtype == torch.uint8:  # 4-bit: scale * code + min
         halves = codes.view(codes.shape[0], -1, Q8_BLOCK // 2)  # byte j: code j, code j + 16
         blocks = torch.cat((halves & 0x0F, halves >> 4), dim=-1).float()
-        return (blocks * scales[:, 0, :, None] + scales[:, 1, :, None]).view(codes.shape[0], -1)
+        wide = scales.float()
+        return (blocks * wide[:, 0, :, None] + wide[:, 1, :, None]).view(codes.shape[0], -1)
     blocks = codes.view(codes.shape[0], -1, Q8_BLOCK).float()
     return (blocks * scales[..., None]).view(codes.shape[0], -1)
 
@@ -140,7 +144,7 @@ class Linear:
     """`x @ weight.T` for an `(out, in)` weight, given as stored in the runtime file (bfloat16).
 
     On CPU in float32, with cpu_ops built, `cpu_weights` says how the weight is kept:
-    - "quantized": as the 4-bit blocks it holds when it was a GGUF Q4_1 weight (quantize_q4, 0.75
+    - "quantized": as the 4-bit blocks it holds when it was a GGUF Q4_1 weight (quantize_q4, 0.625
       bytes a weight, multiplied by cpu_ops' linear_q4), else quantized to int8 blocks once at load
       (quantize_q8, 1.125 bytes, linear_q8; a GGUF Q8_0 weight gets its own blocks back). Both
       kernels quantize the activations to int8 blocks and sum exact integer block products: a decode
