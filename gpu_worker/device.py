@@ -377,16 +377,16 @@ class Device:
 
     # ---- the engine -------------------------------------------------------------------------
 
-    def engine_events(self, events: list[tuple[Any, int | None, bytes, str | None]]) -> None:
+    def engine_events(self, events: list[tuple[Any, int | None, bytes, str | None, Any]]) -> None:
         """The engine thread's events, on the tick thread: chat tokens or an input's output (and
         the results of other helper threads: `off_thread`)."""
-        for request_id, token, data, finish in events:
+        for request_id, token, data, finish, logprobs in events:
             if request_id is None:
                 raise RuntimeError("the engine thread failed; restart the device")
             if request_id[0] == "thread":  # a helper thread's result: run its continuation here
                 request_id[1]()
             elif request_id[0] == "chat":
-                chat.event(self, request_id, token, data, finish)
+                chat.event(self, request_id, token, data, finish, logprobs)
             elif request_id[0] == "interpret":
                 execution.interpretation_event(self, request_id[1], data, finish)
             else:
@@ -404,7 +404,7 @@ class Device:
             if self.deliver is None:
                 then(result, error)
             else:
-                self.deliver([(("thread", lambda: then(result, error)), None, b"", None)])
+                self.deliver([(("thread", lambda: then(result, error)), None, b"", None, None)])
         if self.deliver is None:
             run()
         else:

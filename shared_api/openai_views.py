@@ -42,21 +42,26 @@ PARAMS = {"invalid_model": "model", "model_not_found": "model", "invalid_message
           "invalid_stream_options": "stream_options", "invalid_n": "n", "invalid_seed": "seed",
           "invalid_prompt": "prompt", "invalid_input": "input", "invalid_encoding_format": "encoding_format",
           "invalid_dimensions": "dimensions",
-          "invalid_presence_penalty": "presence_penalty", "invalid_frequency_penalty": "frequency_penalty"}
+          "invalid_presence_penalty": "presence_penalty", "invalid_frequency_penalty": "frequency_penalty",
+          "invalid_logprobs": "logprobs", "invalid_top_logprobs": "top_logprobs"}
 # Chat Completions request fields: honoured, or what is refused. A field OpenAI defines but this
 # service does not implement is refused unless it holds its no-op value (the value listed).
 HONOURED = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "stream",
-            "stream_options", "n", "seed", "user", "presence_penalty", "frequency_penalty"}
-NO_OP: dict[str, tuple[Any, ...]] = {"logprobs": (False, None), "top_logprobs": (0, None), "logit_bias": ({}, None),
+            "stream_options", "n", "seed", "user", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs"}
+NO_OP: dict[str, tuple[Any, ...]] = {"logit_bias": ({}, None),
          "store": (False, None),
          "parallel_tool_calls": (None,), "tools": ([], None), "tool_choice": ("none", None), "functions": ([], None),
          "function_call": ("none", None), "response_format": ({"type": "text"}, None), "modalities": (["text"], None),
          "audio": (None,), "prediction": (None,), "metadata": ({}, None), "service_tier": ("auto", "default", None),
          "reasoning_effort": (None,), "web_search_options": (None,)}
 COMPLETION_HONOURED = {"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "stream", "stream_options",
-                       "n", "seed", "user", "presence_penalty", "frequency_penalty"}
-COMPLETION_NO_OP: dict[str, tuple[Any, ...]] = {"echo": (False, None), "logprobs": (None, 0), "best_of": (1, None),
+                       "n", "seed", "user", "presence_penalty", "frequency_penalty", "logprobs"}
+COMPLETION_NO_OP: dict[str, tuple[Any, ...]] = {"echo": (False, None), "best_of": (1, None),
                                                 "suffix": (None, ""), "logit_bias": ({}, None)}
+
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's bounds: chat top_logprobs, the completions route's logprobs
+MAX_COMPLETION_LOGPROBS = 5
 
 
 class RequestRefused(ServiceError):
@@ -130,6 +135,16 @@ def _request_args(body: Any) -> dict[str, Any]:
         raise ServiceError(400, "invalid_messages", "messages must be a non-empty array of objects")
     args: dict[str, Any] = {"model": model, "messages": [{"role": m.get("role"), "content": _content(m)}
                                                          for m in messages]}
+    logprobs, top = body.get("logprobs"), body.get("top_logprobs")
+    if logprobs is not None and type(logprobs) is not bool:
+        raise ServiceError(400, "invalid_logprobs", "logprobs must be a boolean")
+    if top is not None:
+        if type(top) is not int or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise ServiceError(400, "invalid_top_logprobs", f"top_logprobs must be an integer 0..{MAX_TOP_LOGPROBS}")
+        if not logprobs:
+            raise ServiceError(400, "invalid_top_logprobs", "top_logprobs requires logprobs: true")
+    if logprobs:
+        args["logprobs"] = top or 0
     return {**args, **_sampling(body)}
 
 
@@ -184,9 +199,12 @@ def _completion_args(body: Any) -> dict[str, Any]:
     if not isinstance(prompt, str) or not prompt:
         raise ServiceError(400, "invalid_prompt", "prompt must be a non-empty string (token arrays and several "
                                                   "prompts are not supported)")
+    logprobs = body.get("logprobs")
+    if logprobs is not None and (type(logprobs) is not int or not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS):
+        raise ServiceError(400, "invalid_logprobs", f"logprobs must be an integer 0..{MAX_COMPLETION_LOGPROBS}")
     # OpenAI's default for this route is 16 tokens
     return {"model": _model(body), "prompt": _text(prompt, "invalid_prompt", "prompt"),
-            **_sampling({"max_tokens": 16, **body})}
+            **({"logprobs": logprobs} if logprobs is not None else {}), **_sampling({"max_tokens": 16, **body})}
 
 
 def _usage(result: dict[str, Any]) -> dict[str, int]:
@@ -203,8 +221,25 @@ class Shape:
         self.object = "chat.completion" if chat else "text_completion"
         self.chunk_object = "chat.completion.chunk" if chat else "text_completion"
 
+    def logprobs(self, entries: list[dict[str, Any]] | None, offset: int = 0) -> dict[str, Any] | None:
+        """OpenAI's logprobs object of a choice or chunk from the device's token entries: chat's
+        {"content": [...]}, or the completions route's parallel lists (`offset`: the text's length
+        before these tokens, for text_offset)."""
+        if entries is None:
+            return None
+        if self.chat:
+            return {"content": entries, "refusal": None}
+        offsets = []
+        for entry in entries:
+            offsets.append(offset)
+            offset += len(entry["token"])
+        return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+                "text_offset": offsets}
+
     def whole(self, completion_id: str, created: int, model: str, result: dict[str, Any]) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": result["finish_reason"], "logprobs": None}
+        choice: dict[str, Any] = {"index": 0, "finish_reason": result["finish_reason"],
+                                  "logprobs": self.logprobs(result.get("logprobs"))}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": result["text"]}
         else:
@@ -213,8 +248,8 @@ class Shape:
                 "usage": _usage(result)}
 
     def chunk(self, completion_id: str, created: int, model: str, text: str | None, finish: str | None = None,
-              first: bool = False) -> str:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+              first: bool = False, logprobs: dict[str, Any] | None = None) -> str:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": logprobs}
         if self.chat:
             choice["delta"] = ({"role": "assistant", "content": ""} if first else
                                {} if text is None else {"content": text})
@@ -321,11 +356,13 @@ async def _complete(request: HttpRequest, parse: Any, shape: Shape) -> HttpRespo
         try:
             if shape.chat:
                 yield shape.chunk(completion_id, created, model, None, first=True)
-            msg = first
+            msg, written = first, 0
             while msg.get("more"):
                 text = decoder.decode(msg["body"])
-                if text:
-                    yield shape.chunk(completion_id, created, model, text)
+                entries = msg.get("logprobs")
+                if text or entries:
+                    yield shape.chunk(completion_id, created, model, text, logprobs=shape.logprobs(entries, written))
+                written += len(text)
                 msg = await device.next(timeout)
             if msg["status"] != 200:
                 error = json.loads(msg["body"])["error"]

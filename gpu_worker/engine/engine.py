@@ -38,8 +38,12 @@ class PoolStats:
     waiting: int
 
 
-# (request_id, token_id, released output bytes, finish reason or None)
-StepEvent = tuple[object, int, bytes, "str | None"]
+# A sampled token's log-probability and its top alternatives [(token_id, log-probability), ...], most
+# likely first: for requests that asked for logprobs (None otherwise, and for a stop token).
+TokenLogprobs = tuple[float, list[tuple[int, float]]]
+# (request_id, token_id, released output bytes, finish reason or None, its TokenLogprobs or None)
+StepEvent = tuple[object, int, bytes, "str | None", "TokenLogprobs | None"]
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 
 
 class Engine:
@@ -74,10 +78,12 @@ class Engine:
     def submit(self, request_id: object, prompt_ids: list[int], *, max_new_tokens: int, temperature: float = 0.0,
                top_p: float = 1.0, stop: Iterable[int | str] = (), page_limit: int | None = None,
                seed: int | None = None, ignore_eos: bool = False, tenant: Hashable = None,
-               presence_penalty: float = 0.0, frequency_penalty: float = 0.0) -> Sequence:
+               presence_penalty: float = 0.0, frequency_penalty: float = 0.0, logprobs: int | None = None) -> Sequence:
         """Queue a request. `stop` holds token ids (int) and strings (str) that end it besides the model's EOS
         (unless `ignore_eos`, which benchmarks use to generate exactly max_new_tokens). `tenant` (the
-        principal it is for) is its queue in the scheduler's round-robin (scheduler.py).
+        principal it is for) is its queue in the scheduler's round-robin (scheduler.py). `logprobs`
+        (0..MAX_TOP_LOGPROBS top alternatives) gives each sampled token's log-probability in its step event:
+        the model's distribution after the penalties, before temperature and top_p (as vLLM reports).
         `page_limit` defaults to the pages its prompt and max_new_tokens need, at most the page grant; it is
         reserved whole at admission, and a request that reaches it finishes with "length"."""
         if request_id in self._sequences:
@@ -97,6 +103,8 @@ class Engine:
             raise EngineRefusal("invalid_top_p", f"top_p must lie in (0, 1], not {top_p!r}")
         if not all(abs(p) < float("inf") for p in (presence_penalty, frequency_penalty)):
             raise EngineRefusal("invalid_penalty", "presence and frequency penalties must be finite")
+        if logprobs is not None and (type(logprobs) is not int or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+            raise EngineRefusal("invalid_logprobs", f"logprobs must be an integer 0..{MAX_TOP_LOGPROBS} or None")
         if page_limit is None:
             page_limit = min(pages_for(len(prompt_ids) + max_new_tokens - 1, self.page_size), self.page_grant)
         if type(page_limit) is not int or page_limit < 1:
@@ -114,7 +122,7 @@ class Engine:
             seed = int.from_bytes(digest[:8], "little") >> 1
         seq = Sequence(request_id, prompt_ids, max_new_tokens, page_limit, capacity, float(temperature), float(top_p),
                        stop_ids if ignore_eos else self.default_stop_ids | stop_ids, stop_strings, seed, tenant,
-                       float(presence_penalty), float(frequency_penalty))
+                       float(presence_penalty), float(frequency_penalty), logprobs)
         if self.prefix_cache:
             seq.page_hashes = page_hashes(tenant, prompt_ids, self.page_size, len(prompt_ids) // self.page_size)
         self.scheduler.add(seq)  # raises EngineRefusal for a page limit above the pool or the grant
@@ -187,15 +195,33 @@ class Engine:
                      if s.presence_penalty or s.frequency_penalty]
         if penalized:
             logits = penalize(logits, penalized)
+        wanted = [i for i, s in enumerate(seqs) if s.logprobs is not None]
+        log_probs = torch.log_softmax(logits[wanted].float(), dim=-1) if wanted else None
         tokens = sample(logits, [s.temperature for s in seqs], [s.top_p for s in seqs], [s.generator for s in seqs])
-        events = []
-        for seq, token in zip(seqs, tokens):
+        details = dict(zip(wanted, self._logprobs([seqs[i] for i in wanted], [tokens[i] for i in wanted], log_probs)))
+        events: list[StepEvent] = []
+        for i, (seq, token) in enumerate(zip(seqs, tokens)):
             released, reason = seq.append(token, self.tokenizer.token_bytes(token))
             if reason is not None:
                 self._release(seq)
                 del self._sequences[seq.request_id]
-            events.append((seq.request_id, token, released, reason))
+            events.append((seq.request_id, token, released, reason, details.get(i)))
         return events
+
+    @staticmethod
+    def _logprobs(seqs: list[Sequence], tokens: list[int], log_probs: torch.Tensor | None) -> list[TokenLogprobs | None]:
+        """Each sampled token's log-probability and its sequence's top alternatives (none for a stop token:
+        it adds nothing to the output)."""
+        if log_probs is None:
+            return []
+        most = max(seq.logprobs or 0 for seq in seqs)
+        chosen = log_probs.gather(1, torch.tensor(tokens, device=log_probs.device)[:, None])[:, 0].tolist()
+        top = log_probs.topk(most, dim=-1) if most else None
+        values: list[list[float]] = top.values.tolist() if top is not None else [[] for _ in seqs]
+        ids: list[list[int]] = top.indices.tolist() if top is not None else [[] for _ in seqs]
+        return [None if token in seq.stop_token_ids else
+                (chosen[j], list(zip(ids[j][:seq.logprobs or 0], values[j][:seq.logprobs or 0])))
+                for j, (seq, token) in enumerate(zip(seqs, tokens))]
 
     def generate(self, prompts: list[list[int]], **settings: Any) -> list[Sequence]:
         """Run `prompts` (token ids) to completion together; keyword settings as for `submit`."""

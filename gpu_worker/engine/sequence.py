@@ -38,6 +38,7 @@ class Sequence:
     tenant: Hashable = None  # whose turn it takes in the scheduler's round-robin (scheduler.py)
     presence_penalty: float = 0.0   # OpenAI's penalties on tokens already generated (sampling.penalize)
     frequency_penalty: float = 0.0
+    logprobs: int | None = None  # OpenAI's logprobs: None off, else how many top alternatives (0..MAX_TOP_LOGPROBS)
 
     output_ids: list[int] = field(default_factory=list)
     output_bytes: bytearray = field(default_factory=bytearray)

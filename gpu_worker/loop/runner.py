@@ -3,8 +3,8 @@
 The tick loop hands requests over with submit/cancel (a queue); this thread runs engine steps
 while any request is waiting or running and delivers each step's events back to the tick loop
 with `deliver(events)` (the server passes loop.call_soon_threadsafe), so shared state is only
-ever touched on the tick loop's thread. Events are (request_id, token_id, bytes, finish) as the
-engine yields them; a refusal or a cancellation becomes an event with its finish reason too, so
+ever touched on the tick loop's thread. Events are (request_id, token_id, bytes, finish, logprobs)
+as the engine yields them; a refusal or a cancellation becomes an event with its finish reason too, so
 the tick loop learns every end in one place.
 """
 from __future__ import annotations
@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 
 # A command on the queue: ("submit", request_id, prompt_ids, settings) or ("cancel", request_id, reason).
 Command = tuple[Any, ...]
-# (request_id, token_id, released bytes, finish reason or None): the engine's StepEvent, or an end
-# without a token (token_id None) for a refusal, a cancellation or the engine's failure.
-Event = tuple[object, int | None, bytes, str | None]
+# (request_id, token_id, released bytes, finish reason or None, token logprobs or None): the engine's
+# StepEvent, or an end without a token (token_id None) for a refusal, a cancellation or the engine's failure.
+Event = tuple[object, int | None, bytes, str | None, Any]
 
 log = logging.getLogger("gpu_worker.runner")
 
@@ -56,9 +56,9 @@ class Runner:
                 self.engine.submit(request_id, command[2], **command[3])
             except EngineRefusal as refusal:
                 log.warning("engine refused %r: %s", request_id, refusal)
-                events.append((request_id, None, b"", f"failed:{refusal.code}"))
+                events.append((request_id, None, b"", f"failed:{refusal.code}", None))
         elif self.engine.cancel(request_id):
-            events.append((request_id, None, b"", command[2]))
+            events.append((request_id, None, b"", command[2], None))
 
     def _run(self) -> None:
         try:
@@ -81,7 +81,7 @@ class Runner:
         except BaseException as exc:  # the device stops: a restart marks unfinished inputs interrupted
             log.exception("engine failed")
             self.failure = exc
-            self.deliver([(None, None, b"", "engine_failed")])
+            self.deliver([(None, None, b"", "engine_failed", None)])
 
     def _poll(self) -> Command | None:
         try:

@@ -4,8 +4,9 @@ keeps its separate, temporary request contract").
 
 `chat.completions` answers later than its tick: token bytes stream back as frames with
 `"more": true` (when asked to stream; raw bytes, so a character may be split between frames and
-the gateway decodes them incrementally) and the last frame carries the finish reason and token
-counts. A closed gateway connection cancels its chats and frees their pages.
+the gateway decodes them incrementally; with `logprobs` each frame also carries its tokens' OpenAI
+logprobs entries) and the last frame carries the finish reason and token counts (and, not
+streamed, every token's logprobs entry). A closed gateway connection cancels its chats and frees their pages.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ..contract.errors import ServiceError
 from ..contract.vocabulary import CHAT
 from ..contract.wire import Message, dumps, reply
 from ..engine.block_manager import pages_for
+from ..engine.engine import MAX_TOP_LOGPROBS, TokenLogprobs
 from . import quotas
 from .inputs import model_card
 
@@ -69,6 +71,9 @@ def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
             value = args.get(name, 0.0)
             if type(value) not in (int, float) or not -2 <= value <= 2:
                 raise ServiceError(400, f"invalid_{name}", f"{name} must be a number in [-2, 2]")
+        logprobs = args.get("logprobs")
+        if logprobs is not None and (type(logprobs) is not int or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+            raise ServiceError(400, "invalid_logprobs", f"logprobs must be an integer 0..{MAX_TOP_LOGPROBS}")
         model_card(d, args.get("model"))
         max_tokens = args.get("max_tokens")
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
@@ -120,16 +125,28 @@ def _submit(d: Device, conn: Any, req_id: Any, principal: bytes, args: dict[str,
     request_id = d.chats.next_id()
     sub = d.subscriptions.open(conn, req_id, request_id, principal,
                                {"stream": bool(args.get("stream")), "text": bytearray(), "tokens": 0,
-                                "prompt_tokens": len(prompt), "pages": pages})
+                                "prompt_tokens": len(prompt), "pages": pages,
+                                "logprobs": [] if args.get("logprobs") is not None else None})
     d.subscriptions.push(sub, b"", event="accepted")  # the gateway now waits for the whole completion
     d.runner.submit(request_id, prompt, max_new_tokens=max_tokens,
                     temperature=float(args.get("temperature", 1.0)), top_p=float(args.get("top_p", 1.0)),
                     stop=tuple(stop), page_limit=pages, tenant=principal, seed=args.get("seed"),
-                    **{name: float(args.get(name, 0.0)) for name in PENALTIES})
+                    logprobs=args.get("logprobs"), **{name: float(args.get(name, 0.0)) for name in PENALTIES})
 
 
-def event(d: Device, request_id: tuple[str, int], token: int | None, data: bytes, finish: str | None) -> None:
-    """One engine event of a chat: token bytes (streamed or collected), or its end."""
+def token_logprobs(d: Device, token: int, details: TokenLogprobs) -> dict[str, Any]:
+    """OpenAI's logprobs entry of one token: its text, log-probability, bytes and top alternatives."""
+    def one(token_id: int, logprob: float) -> dict[str, Any]:
+        raw = d.runner.engine.tokenizer.token_bytes(token_id)
+        return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
+    chosen, top = details
+    return {**one(token, chosen), "top_logprobs": [one(t, lp) for t, lp in top]}
+
+
+def event(d: Device, request_id: tuple[str, int], token: int | None, data: bytes, finish: str | None,
+          details: TokenLogprobs | None = None) -> None:
+    """One engine event of a chat: token bytes (streamed or collected) with their logprobs when asked
+    for, or its end."""
     subs = d.subscriptions.of(request_id)
     if not subs:
         return  # its client went away
@@ -137,11 +154,14 @@ def event(d: Device, request_id: tuple[str, int], token: int | None, data: bytes
     chat = sub.data
     if token is not None:
         chat["tokens"] += 1
-    if data:
-        if chat["stream"]:
-            d.subscriptions.push(sub, data)
-        else:
-            chat["text"] += data
+    entries = [token_logprobs(d, token, details)] if token is not None and details is not None else []
+    if chat["stream"]:
+        if data or entries:  # a token whose bytes are held (a possible stop string) still has its logprobs
+            d.subscriptions.push(sub, data, **({"logprobs": entries} if entries else {}))
+    else:
+        chat["text"] += data
+        if chat["logprobs"] is not None:
+            chat["logprobs"] += entries
     if finish is None:
         return
     if finish.startswith("failed"):
@@ -150,6 +170,8 @@ def event(d: Device, request_id: tuple[str, int], token: int | None, data: bytes
         return
     body = {"finish_reason": FINISH.get(finish, "stop"), "prompt_tokens": chat["prompt_tokens"],
             "completion_tokens": chat["tokens"], "text": bytes(chat["text"]).decode("utf-8", "replace")}
+    if chat["logprobs"] is not None and not chat["stream"]:
+        body["logprobs"] = chat["logprobs"]
     d.subscriptions.end(sub, 200, dumps(body))
 
 

@@ -89,14 +89,39 @@ def test_a_seed_makes_sampling_repeatable(stack):
 
 @pytest.mark.parametrize("field, value", [
     ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
-    ("tool_choice", "auto"), ("response_format", {"type": "json_object"}), ("logprobs", True),
-    ("top_logprobs", 2), ("logit_bias", {"5": 10}),
+    ("tool_choice", "auto"), ("response_format", {"type": "json_object"}), ("logit_bias", {"5": 10}),
     ("n", 2), ("store", True)])
 def test_fields_it_does_not_implement_are_refused_by_name(stack, field, value):
     with pytest.raises(openai.BadRequestError) as refused:
         client(stack, stack.token).chat.completions.create(model="tiny-llama", messages=HELLO, max_tokens=2,
                                                            **{field: value})
     assert refused.value.body["param"] == field and refused.value.body["type"] == "invalid_request_error"
+
+
+def test_logprobs_are_each_tokens_and_its_top_alternatives(stack):
+    """Greedy: each token is its own most likely alternative; the tokens' bytes are the text; a
+    stream carries the same entries, chunk by chunk."""
+    sdk = client(stack, stack.token)
+    whole = sdk.chat.completions.create(model="tiny-llama", messages=HELLO, max_tokens=10, temperature=0,
+                                        logprobs=True, top_logprobs=3)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens - (whole.choices[0].finish_reason == "stop")
+    assert b"".join(bytes(t.bytes) for t in content).decode() == whole.choices[0].message.content
+    for t in content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        assert [a.logprob for a in t.top_logprobs] == sorted((a.logprob for a in t.top_logprobs), reverse=True)
+        assert t.top_logprobs[0].token == t.token and t.top_logprobs[0].logprob == pytest.approx(t.logprob)
+    stream = sdk.chat.completions.create(model="tiny-llama", messages=HELLO, max_tokens=10, temperature=0,
+                                         logprobs=True, top_logprobs=3, stream=True)
+    streamed = [t for chunk in stream for choice in chunk.choices if choice.logprobs for t in choice.logprobs.content]
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
+    plain = sdk.chat.completions.create(model="tiny-llama", messages=HELLO, max_tokens=4, temperature=0)
+    assert plain.choices[0].logprobs is None
+    text = sdk.completions.create(model="tiny-llama", prompt="count", max_tokens=6, temperature=0, logprobs=2)
+    legacy = text.choices[0].logprobs
+    assert "".join(legacy.tokens) == text.choices[0].text and len(legacy.token_logprobs) == len(legacy.tokens)
+    assert all(len(top) <= 2 for top in legacy.top_logprobs)  # a dict: alternatives with equal text merge
+    assert legacy.text_offset == [sum(len(t) for t in legacy.tokens[:i]) for i in range(len(legacy.tokens))]
 
 
 def test_penalties_are_honoured(stack):

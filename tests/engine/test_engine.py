@@ -21,7 +21,7 @@ def test_each_step_yields_one_token_per_running_request(engine):
         steps += 1
         ids = [event[0] for event in events]
         assert len(ids) == len(set(ids))
-        for request_id, token, released, reason in events:
+        for request_id, token, released, reason, _ in events:
             streams[request_id] += released
     assert steps == 6 + len(PROMPTS) - 1
     for seq in seqs:
@@ -38,6 +38,36 @@ def test_greedy_tokens_match_transformers_generate(engine, tiny_reference):
             expected = tiny_reference.generate(torch.tensor([prompt]), max_new_tokens=20, min_new_tokens=20,
                                                do_sample=False)[0, len(prompt):].tolist()
         assert seq.output_ids == expected
+
+
+def test_logprobs_are_the_models_log_softmax_at_each_token(engine, tiny_reference):
+    """Each event of a request asking for logprobs carries its token's log-probability and the k most
+    likely alternatives, from the same distribution transformers computes; others carry None, and a
+    request sampled hot reports the model's distribution, not the tempered one."""
+    prompt = PROMPTS[0]
+    engine.submit("greedy", prompt, max_new_tokens=6, ignore_eos=True, logprobs=3)
+    engine.submit("hot", prompt, max_new_tokens=6, ignore_eos=True, logprobs=0, temperature=1.5, seed=1)
+    engine.submit("plain", PROMPTS[1], max_new_tokens=6, ignore_eos=True)
+    got: dict = {"greedy": [], "hot": [], "plain": []}
+    while engine.has_work:
+        for request_id, token, _, _, details in engine.step():
+            got[request_id].append((token, details))
+    assert all(details is None for _, details in got["plain"])
+    for name, k in (("greedy", 3), ("hot", 0)):
+        tokens = [token for token, _ in got[name]]
+        with torch.no_grad():
+            logits = tiny_reference(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]
+        expected = torch.log_softmax(logits.double(), dim=-1)
+        for step, (token, (chosen, top)) in enumerate(got[name]):
+            assert chosen == pytest.approx(expected[step, token].item(), abs=1e-4)
+            assert len(top) == k
+            values, ids = expected[step].topk(k) if k else (torch.zeros(0), torch.zeros(0))
+            assert [t for t, _ in top] == ids.tolist()
+            assert [lp for _, lp in top] == pytest.approx(values.tolist(), abs=1e-4)
+        if k:
+            assert all(top[0][0] == token for token, (_, top) in got[name])  # greedy: its own best
+    with pytest.raises(Exception, match="logprobs must be"):
+        engine.submit("bad", prompt, max_new_tokens=2, logprobs=21)
 
 
 def test_a_stop_string_ends_the_request_before_it(engine):

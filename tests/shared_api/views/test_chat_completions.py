@@ -206,7 +206,7 @@ def test_an_unknown_model_is_openais_404_model_not_found(gateway, device, people
 
 @pytest.mark.parametrize("field, value", [
     ("tools", [{"type": "function"}]), ("tool_choice", "auto"), ("functions", [{"name": "f"}]),
-    ("response_format", {"type": "json_schema"}), ("logprobs", True), ("top_logprobs", 3),
+    ("response_format", {"type": "json_schema"}),
     ("logit_bias", {"1": 1}), ("store", True),
     ("parallel_tool_calls", True), ("modalities", ["text", "audio"]), ("audio", {"voice": "x"}),
     ("prediction", {"type": "content"}), ("metadata", {"k": "v"}), ("service_tier", "flex"),
@@ -228,6 +228,23 @@ def test_it_passes_penalties_and_refuses_them_out_of_range(gateway, device, peop
         error = assert_openai_error(post(gateway, people["chatter"], chat(**{field: value})), 400, f"invalid_{field}",
                                     "invalid_request_error")
         assert error["param"] == field
+
+
+def test_it_passes_logprobs_and_refuses_them_malformed(gateway, device, people):
+    device.handler = completes()
+    assert post(gateway, people["chatter"], chat(logprobs=True, top_logprobs=3)).status_code == 200
+    assert device.only_request()["args"]["logprobs"] == 3
+    device.requests.clear()
+    assert post(gateway, people["chatter"], chat(logprobs=True)).status_code == 200
+    assert device.only_request()["args"]["logprobs"] == 0  # the chosen token's alone
+    device.requests.clear()
+    for fields, param in (({"logprobs": 1}, "logprobs"), ({"top_logprobs": 2}, "top_logprobs"),
+                          ({"logprobs": False, "top_logprobs": 2}, "top_logprobs"),
+                          ({"logprobs": True, "top_logprobs": 21}, "top_logprobs")):
+        error = assert_openai_error(post(gateway, people["chatter"], chat(**fields)), 400, f"invalid_{param}",
+                                    "invalid_request_error")
+        assert error["param"] == param
+    assert device.requests == []
 
 
 def test_it_passes_a_seed(gateway, device, people):
