@@ -62,6 +62,7 @@ COMPLETION_NO_OP: dict[str, tuple[Any, ...]] = {"echo": (False, None), "best_of"
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bounds: chat top_logprobs, the completions route's logprobs
 MAX_COMPLETION_LOGPROBS = 5
+MAX_CHOICES = 16  # n (the device's bound: each choice reserves its own KV pages)
 
 
 class RequestRefused(ServiceError):
@@ -171,8 +172,12 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise ServiceError(400, "invalid_stream_options", "stream_options must be an object")
-    if body.get("n", 1) not in (1, None):
-        raise ServiceError(400, "invalid_n", "only n=1 is supported")
+    n = body.get("n")
+    if n is not None:
+        if type(n) is not int or not 1 <= n <= MAX_CHOICES:
+            raise ServiceError(400, "invalid_n", f"n must be an integer 1..{MAX_CHOICES}")
+        if n > 1:
+            args["n"] = n
     seed = body.get("seed")
     if seed is not None:
         if type(seed) is not int or not 0 <= seed < 1 << 63:
@@ -238,18 +243,21 @@ class Shape:
                 "text_offset": offsets}
 
     def whole(self, completion_id: str, created: int, model: str, result: dict[str, Any]) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": result["finish_reason"],
-                                  "logprobs": self.logprobs(result.get("logprobs"))}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": result["text"]}
-        else:
-            choice["text"] = result["text"]
-        return {"id": completion_id, "object": self.object, "created": created, "model": model, "choices": [choice],
+        choices = []
+        for one in result.get("choices") or [{"index": 0, **result}]:  # n > 1 lists each choice
+            choice: dict[str, Any] = {"index": one["index"], "finish_reason": one["finish_reason"],
+                                      "logprobs": self.logprobs(one.get("logprobs"))}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": one["text"]}
+            else:
+                choice["text"] = one["text"]
+            choices.append(choice)
+        return {"id": completion_id, "object": self.object, "created": created, "model": model, "choices": choices,
                 "usage": _usage(result)}
 
     def chunk(self, completion_id: str, created: int, model: str, text: str | None, finish: str | None = None,
-              first: bool = False, logprobs: dict[str, Any] | None = None) -> str:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": logprobs}
+              first: bool = False, logprobs: dict[str, Any] | None = None, index: int = 0) -> str:
+        choice: dict[str, Any] = {"index": index, "finish_reason": finish, "logprobs": logprobs}
         if self.chat:
             choice["delta"] = ({"role": "assistant", "content": ""} if first else
                                {} if text is None else {"content": text})
@@ -352,27 +360,34 @@ async def _complete(request: HttpRequest, parse: Any, shape: Shape) -> HttpRespo
     async def events() -> AsyncIterator[str]:
         # Django cancels this generator when the client disconnects (Django's ASGI handler); closing the
         # stream then cancels the chat on the device and frees its pages.
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        n = args.get("n", 1)
+        # per choice: its UTF-8 decoder (a character may be split between frames) and its text's length so far
+        decoders = [codecs.getincrementaldecoder("utf-8")("replace") for _ in range(n)]
+        written = [0] * n
         try:
             if shape.chat:
-                yield shape.chunk(completion_id, created, model, None, first=True)
-            msg, written = first, 0
+                for index in range(n):
+                    yield shape.chunk(completion_id, created, model, None, first=True, index=index)
+            msg = first
             while msg.get("more"):
-                text = decoder.decode(msg["body"])
+                index = msg.get("index", 0)
+                text = decoders[index].decode(msg["body"])
                 entries = msg.get("logprobs")
                 if text or entries:
-                    yield shape.chunk(completion_id, created, model, text, logprobs=shape.logprobs(entries, written))
-                written += len(text)
+                    yield shape.chunk(completion_id, created, model, text, index=index,
+                                      logprobs=shape.logprobs(entries, written[index]))
+                written[index] += len(text)
                 msg = await device.next(timeout)
             if msg["status"] != 200:
                 error = json.loads(msg["body"])["error"]
                 yield f"data: {json.dumps({'error': {'message': error['message'], 'code': error['code']}})}\n\n"
                 return
             result = json.loads(msg["body"])
-            tail = decoder.decode(b"", final=True)
-            if tail:
-                yield shape.chunk(completion_id, created, model, tail)
-            yield shape.chunk(completion_id, created, model, None, result["finish_reason"])
+            for index, one in enumerate(result.get("choices") or [result]):
+                tail = decoders[index].decode(b"", final=True)
+                if tail:
+                    yield shape.chunk(completion_id, created, model, tail, index=index)
+                yield shape.chunk(completion_id, created, model, None, one["finish_reason"], index=index)
             if include_usage:
                 yield shape.usage_chunk(completion_id, created, model, result)
             yield "data: [DONE]\n\n"

@@ -29,12 +29,13 @@ if TYPE_CHECKING:
 
 ROLES = ("system", "user", "assistant")
 PENALTIES = ("presence_penalty", "frequency_penalty")  # OpenAI's, on tokens already generated
+MAX_CHOICES = 16  # n: each choice reserves its own pages (the kv_pages quota counts them all)
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 
 
 class Chats:
     """Numbers chat requests; each live chat is a subscription ("chat", number) whose frames are
-    its tokens (loop/subscriptions.py)."""
+    its tokens (loop/subscriptions.py); its choices are the engine requests ("chat", number, i)."""
 
     def __init__(self) -> None:
         self._ids = itertools.count(1)
@@ -74,6 +75,9 @@ def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
         logprobs = args.get("logprobs")
         if logprobs is not None and (type(logprobs) is not int or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
             raise ServiceError(400, "invalid_logprobs", f"logprobs must be an integer 0..{MAX_TOP_LOGPROBS}")
+        n = args.get("n", 1)
+        if type(n) is not int or not 1 <= n <= MAX_CHOICES:
+            raise ServiceError(400, "invalid_n", f"n must be an integer 1..{MAX_CHOICES}")
         model_card(d, args.get("model"))
         max_tokens = args.get("max_tokens")
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
@@ -116,22 +120,42 @@ def _submit(d: Device, conn: Any, req_id: Any, principal: bytes, args: dict[str,
                                f"{len(prompt)} prompt tokens and max_tokens {max_tokens} exceed the page grant of "
                                f"{capacity} tokens")
         pages = pages_for(len(prompt) + max_tokens - 1, profile["page_size"])
-        # with the page limits of its unfinished inputs, which share the pool
-        quotas.check(d, principal, d.state.participants.by_principal.get(principal), "kv_pages", pages)
+        n = args.get("n", 1)
+        # with the page limits of its unfinished inputs, which share the pool; each choice reserves its own
+        quotas.check(d, principal, d.state.participants.by_principal.get(principal), "kv_pages", pages * n)
     except ServiceError as err:
         d.subscriptions.outbox.append((conn, reply(req_id, err.status, err.body())))
         return
-    stop = args.get("stop") or []
-    request_id = d.chats.next_id()
-    sub = d.subscriptions.open(conn, req_id, request_id, principal,
-                               {"stream": bool(args.get("stream")), "text": bytearray(), "tokens": 0,
-                                "prompt_tokens": len(prompt), "pages": pages,
-                                "logprobs": [] if args.get("logprobs") is not None else None})
+    seed = args.get("seed")
+    settings = {"max_new_tokens": max_tokens, "temperature": float(args.get("temperature", 1.0)),
+                "top_p": float(args.get("top_p", 1.0)), "stop": tuple(args.get("stop") or []), "page_limit": pages,
+                "tenant": principal, "logprobs": args.get("logprobs"),
+                **{name: float(args.get(name, 0.0)) for name in PENALTIES}}
+    topic = d.chats.next_id()
+    choices: list[dict[str, Any]] = [{"text": bytearray(), "tokens": 0, "finish": None,
+                "logprobs": [] if args.get("logprobs") is not None else None} for _ in range(n)]
+    sub = d.subscriptions.open(conn, req_id, topic, principal,
+                               {"stream": bool(args.get("stream")), "prompt_tokens": len(prompt), "pages": pages * n,
+                                "choices": choices, "later": (prompt, settings, seed) if n > 1 else None})
     d.subscriptions.push(sub, b"", event="accepted")  # the gateway now waits for the whole completion
-    d.runner.submit(request_id, prompt, max_new_tokens=max_tokens,
-                    temperature=float(args.get("temperature", 1.0)), top_p=float(args.get("top_p", 1.0)),
-                    stop=tuple(stop), page_limit=pages, tenant=principal, seed=args.get("seed"),
-                    logprobs=args.get("logprobs"), **{name: float(args.get(name, 0.0)) for name in PENALTIES})
+    d.runner.submit((*topic, 0), prompt, seed=seed, **settings)
+
+
+def _submit_later_choices(d: Device, topic: tuple[str, int], chat: dict[str, Any]) -> None:
+    """Choices 1..n-1 start once the first has prefilled the prompt: its full pages are in the
+    prefix cache by then (engine.py registers them after prefill), so the others reuse them
+    instead of prefilling the prompt again. A seeded request's choice i samples with seed + i."""
+    prompt, settings, seed = chat["later"]
+    chat["later"] = None
+    for i in range(1, len(chat["choices"])):
+        d.runner.submit((*topic, i), prompt, seed=None if seed is None else (seed + i) % (1 << 63), **settings)
+
+
+def cancel(d: Device, topic: tuple[str, int], choices: int) -> None:
+    """Stop every choice of a chat on the engine (a choice not started yet is unknown there: a no-op)."""
+    if d.runner is not None:
+        for i in range(choices):
+            d.runner.cancel((*topic, i))
 
 
 def token_logprobs(d: Device, token: int, details: TokenLogprobs) -> dict[str, Any]:
@@ -143,35 +167,55 @@ def token_logprobs(d: Device, token: int, details: TokenLogprobs) -> dict[str, A
     return {**one(token, chosen), "top_logprobs": [one(t, lp) for t, lp in top]}
 
 
-def event(d: Device, request_id: tuple[str, int], token: int | None, data: bytes, finish: str | None,
+def event(d: Device, request_id: tuple[str, int, int], token: int | None, data: bytes, finish: str | None,
           details: TokenLogprobs | None = None) -> None:
-    """One engine event of a chat: token bytes (streamed or collected) with their logprobs when asked
-    for, or its end."""
-    subs = d.subscriptions.of(request_id)
+    """One engine event of a chat's choice: token bytes (streamed or collected) with their logprobs
+    when asked for, or its end; the chat ends when all its choices have."""
+    topic, index = (request_id[0], request_id[1]), request_id[2]
+    subs = d.subscriptions.of(topic)
     if not subs:
         return  # its client went away
     sub = subs[0]
     chat = sub.data
+    choice = chat["choices"][index]
     if token is not None:
-        chat["tokens"] += 1
+        choice["tokens"] += 1
+        if index == 0 and chat["later"] is not None:
+            _submit_later_choices(d, topic, chat)
     entries = [token_logprobs(d, token, details)] if token is not None and details is not None else []
     if chat["stream"]:
         if data or entries:  # a token whose bytes are held (a possible stop string) still has its logprobs
-            d.subscriptions.push(sub, data, **({"logprobs": entries} if entries else {}))
+            fields: dict[str, Any] = {"logprobs": entries} if entries else {}
+            if len(chat["choices"]) > 1:
+                fields["index"] = index
+            d.subscriptions.push(sub, data, **fields)
     else:
-        chat["text"] += data
-        if chat["logprobs"] is not None:
-            chat["logprobs"] += entries
+        choice["text"] += data
+        if choice["logprobs"] is not None:
+            choice["logprobs"] += entries
     if finish is None:
         return
     if finish.startswith("failed"):
         error = ServiceError(500, "generation_failed", f"generation failed ({finish})")
         d.subscriptions.end(sub, error.status, error.body())
+        cancel(d, topic, len(chat["choices"]))
         return
-    body = {"finish_reason": FINISH.get(finish, "stop"), "prompt_tokens": chat["prompt_tokens"],
-            "completion_tokens": chat["tokens"], "text": bytes(chat["text"]).decode("utf-8", "replace")}
-    if chat["logprobs"] is not None and not chat["stream"]:
-        body["logprobs"] = chat["logprobs"]
+    choice["finish"] = FINISH.get(finish, "stop")
+    if any(c["finish"] is None for c in chat["choices"]):
+        return
+    rendered = []
+    for i, c in enumerate(chat["choices"]):
+        one: dict[str, Any] = {"index": i, "finish_reason": c["finish"],
+                               "text": bytes(c["text"]).decode("utf-8", "replace")}
+        if c["logprobs"] is not None and not chat["stream"]:
+            one["logprobs"] = c["logprobs"]
+        rendered.append(one)
+    first = rendered[0]
+    body = {"finish_reason": first["finish_reason"], "prompt_tokens": chat["prompt_tokens"],
+            "completion_tokens": sum(c["tokens"] for c in chat["choices"]), "text": first["text"],
+            **({"logprobs": first["logprobs"]} if "logprobs" in first else {})}
+    if len(rendered) > 1:
+        body["choices"] = rendered
     d.subscriptions.end(sub, 200, dumps(body))
 
 
@@ -179,8 +223,8 @@ def connection_closed(d: Device, conn: object) -> None:
     """The gateway went away (its client disconnected): its chats stop and free their pages; its
     other subscriptions simply end (disconnect never cancels an operation)."""
     for sub in d.subscriptions.connection_closed(conn):
-        if sub.topic[0] == "chat" and d.runner is not None:
-            d.runner.cancel(sub.topic)
+        if sub.topic[0] == "chat":
+            cancel(d, sub.topic, len(sub.data["choices"]))
 
 
 def list_models(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:

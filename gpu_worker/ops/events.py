@@ -27,7 +27,7 @@ from ..contract.errors import ServiceError
 from ..contract.vocabulary import CHAT, ENVELOPE, READ
 from ..contract.wire import Message, dumps, reply
 from ..state.tables import C, R, Right
-from . import access, receipts, registry
+from . import access, chat, receipts, registry
 from .lists import page_args
 from .operations import visible_receipt
 
@@ -230,8 +230,8 @@ def close(d: Device, conn: object, msg: Message, batch: Batch) -> int:
     """`subscriptions.close {id}`: the gateway's client went away. Never cancels execution (a
     chat, which has no existence beyond its stream, stops)."""
     sub = d.subscriptions.close(conn, d.args(msg).get("id"))
-    if sub is not None and sub.topic[0] == "chat" and d.runner is not None:
-        d.runner.cancel(sub.topic)
+    if sub is not None and sub.topic[0] == "chat":
+        chat.cancel(d, sub.topic, len(sub.data["choices"]))
     batch.replies.append((conn, reply(msg.get("id"), 200, b'{"closed":' + (b"true" if sub else b"false") + b"}")))
     return 0
 
@@ -255,5 +255,5 @@ def recheck(d: Device) -> None:
                 visible_receipt(d, principal, sub.data["operation"])
         except ServiceError as err:
             d.subscriptions.end(sub, err.status, err.body())
-            if kind == "chat" and d.runner is not None:
-                d.runner.cancel(sub.topic)
+            if kind == "chat":
+                chat.cancel(d, sub.topic, len(sub.data["choices"]))

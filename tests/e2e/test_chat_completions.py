@@ -90,7 +90,7 @@ def test_a_seed_makes_sampling_repeatable(stack):
 @pytest.mark.parametrize("field, value", [
     ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
     ("tool_choice", "auto"), ("response_format", {"type": "json_object"}), ("logit_bias", {"5": 10}),
-    ("n", 2), ("store", True)])
+    ("store", True)])
 def test_fields_it_does_not_implement_are_refused_by_name(stack, field, value):
     with pytest.raises(openai.BadRequestError) as refused:
         client(stack, stack.token).chat.completions.create(model="tiny-llama", messages=HELLO, max_tokens=2,
@@ -122,6 +122,34 @@ def test_logprobs_are_each_tokens_and_its_top_alternatives(stack):
     assert "".join(legacy.tokens) == text.choices[0].text and len(legacy.token_logprobs) == len(legacy.tokens)
     assert all(len(top) <= 2 for top in legacy.top_logprobs)  # a dict: alternatives with equal text merge
     assert legacy.text_offset == [sum(len(t) for t in legacy.tokens[:i]) for i in range(len(legacy.tokens))]
+
+
+def test_n_choices_are_sampled_apart_whole_and_streamed(stack):
+    """n = 3 seeded: three choices (choice i samples with seed + i), the same whole and streamed."""
+    sdk = client(stack, stack.token)
+    kwargs = dict(model="tiny-llama", messages=HELLO, max_tokens=12, temperature=1.0, seed=11, n=3)
+    whole = sdk.chat.completions.create(**kwargs)
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    texts = [c.message.content for c in whole.choices]
+    assert len(set(texts)) > 1  # other seeds, other samples
+    stream = sdk.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
+    parts, finishes, usage = {0: [], 1: [], 2: []}, {}, None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            parts[choice.index].append(choice.delta.content or "")
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+    assert ["".join(parts[i]) for i in range(3)] == texts
+    assert finishes == {c.index: c.finish_reason for c in whole.choices}
+    assert usage.completion_tokens == whole.usage.completion_tokens
+    one = sdk.chat.completions.create(**{**kwargs, "n": 1})
+    assert one.choices[0].message.content == texts[0]  # choice 0 is the request alone
+    text = sdk.completions.create(model="tiny-llama", prompt="count", max_tokens=5, temperature=1.0, seed=2, n=2)
+    assert [c.index for c in text.choices] == [0, 1]
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.chat.completions.create(**{**kwargs, "n": 17})
+    assert refused.value.body["param"] == "n"
 
 
 def test_penalties_are_honoured(stack):

@@ -239,3 +239,46 @@ def test_the_journal_the_lock_and_media_files_are_readable_by_their_owner_only(w
     files = [os.path.join(journal, name) for name in os.listdir(journal) if name.endswith(".journal")]
     files += [os.path.join(journal, "lock"), os.path.join(journal, "media", hashlib.sha256(data).hexdigest())]
     assert {path: stat.S_IMODE(os.stat(path).st_mode) for path in files} == {path: 0o600 for path in files}
+
+
+def test_n_choices_share_the_prompts_pages_and_end_together(world):
+    """n = 3: choice 0 prefills the prompt, choices 1 and 2 start once it has and find its full pages in
+    the prefix cache; seeded, choice i samples with seed + i; one answer lists them all."""
+    engine = world.device.runner.engine
+    submitted = []
+    submit = engine.submit
+    engine.submit = lambda request_id, prompt, **settings: submitted.append(submit(request_id, prompt, **settings)) \
+        or submitted[-1]
+    batch = Batch()
+    question = "tell me a long story about " + "shared conversations " * 8
+    chat.start(world.device, "chat-conn", {"id": 77, "principal": world.principals["a"], "args": {
+        "model": "tiny-llama", "messages": [{"role": "user", "content": question}], "max_tokens": 6, "n": 3,
+        "temperature": 1.0, "seed": 5, "logprobs": 1}}, batch)
+    assert not batch.replies
+    replies = []
+
+    def answered():
+        replies.extend(r for _, r in world.pushed + world.device.take_outbox() if r.get("id") == 77)
+        world.pushed.clear()
+        return any(not r.get("more") for r in replies)
+
+    world.pump(answered)
+    final = next(r for r in replies if not r.get("more"))
+    assert final["status"] == 200
+    import json
+    body = json.loads(final["body"])
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert body["completion_tokens"] == sum(len(c["logprobs"]) + (c["finish_reason"] == "stop")
+                                            for c in body["choices"])
+    assert body["text"] == body["choices"][0]["text"]
+    assert [s.request_id[2] for s in submitted] == [0, 1, 2]
+    assert [s.seed for s in submitted] == [5, 6, 7]
+    full_pages = len(submitted[0].prompt_ids) // engine.page_size * engine.page_size
+    assert full_pages >= engine.page_size
+    assert submitted[0].cached_tokens == 0
+    assert all(s.cached_tokens == full_pages for s in submitted[1:])  # the prompt's full pages, reused
+    assert engine.pool.owned == 0
+    bad = Batch()
+    chat.start(world.device, "chat-conn", {"id": 78, "principal": world.principals["a"], "args": {
+        "model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], "n": 17}}, bad)
+    assert json.loads(bad.replies[0][1]["body"])["error"]["code"] == "invalid_n"

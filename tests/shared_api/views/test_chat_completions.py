@@ -137,7 +137,9 @@ def test_it_refuses_a_body_over_1_mib(gateway, device, people):
     (chat(stop=["a", "b", "c", "d", "e"]), "invalid_stop"),
     (chat(stop=[""]), "invalid_stop"),
     (chat(stop=3), "invalid_stop"),
-    (chat(n=2), "invalid_n"),
+    (chat(n=0), "invalid_n"),
+    (chat(n=17), "invalid_n"),
+    (chat(n=2.0), "invalid_n"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_it_rejects_an_invalid_request_without_calling_the_device(gateway, device, people, body, code):
     assert_openai_error(post(gateway, people["chatter"], body), 400, code, "invalid_request_error")
@@ -245,6 +247,18 @@ def test_it_passes_logprobs_and_refuses_them_malformed(gateway, device, people):
                                     "invalid_request_error")
         assert error["param"] == param
     assert device.requests == []
+
+
+def test_n_choices_are_passed_and_rendered_each_with_its_index(gateway, device, people):
+    result = {"finish_reason": "stop", "prompt_tokens": 5, "completion_tokens": 5, "text": "Paris.",
+              "choices": [{"index": 0, "finish_reason": "stop", "text": "Paris."},
+                          {"index": 1, "finish_reason": "length", "text": "Lyon"}]}
+    device.handler = completes(result)
+    doc = json.loads(post(gateway, people["chatter"], chat(n=2)).content)
+    assert device.only_request()["args"]["n"] == 2
+    assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in doc["choices"]] == [
+        (0, "Paris.", "stop"), (1, "Lyon", "length")]
+    assert doc["usage"]["completion_tokens"] == 5
 
 
 def test_it_passes_a_seed(gateway, device, people):
