@@ -8,8 +8,9 @@ Setup: tests.harness.Stack — the real device on a tiny runtime packed with roo
 client, no quotas) and one hostile principal per pattern (`hostile-chat-prompts` has only `chat`,
 as in the attack), each under HOSTILE_QUOTAS (--no-quotas: none), as an operator would set them.
 
-The normal client (this process, one asyncio loop, one keep-alive connection each for reads and
-mutations) runs a closed loop of `GET /participant` (read) and `POST /spaces/{spc}/conversations`
+The normal client (this process, one asyncio loop, an aotx_client AsyncClient each for reads and
+mutations, so sequences and lineage are the SDK's; it counts refusals rather than retrying them) runs
+a closed loop of `GET /participant` (read) and `POST /spaces/{spc}/conversations`
 (mutation, its own sequences) for --seconds per phase, and posts one input a second
 (`max_output_tokens` 8) whose terminal status it reads afterwards: an input "on time" ended
 `succeeded`, not `deadline_exceeded`. The hostile load runs in another process
@@ -48,8 +49,8 @@ from pathlib import Path  # noqa: E402
 
 import httpx  # noqa: E402
 
-BASE = "/aotx/v1/shared"
-SCHEMA = "aotx.shared.mutation.v1"
+from aotx_client import ApiError, AsyncClient, GaveUp  # noqa: E402
+
 PATTERNS = ("bodies", "chat-prompts", "long-history", "media", "chat-flood", "input-flood", "slow")
 CAPACITY = {"participants": 64, "spaces": 4096, "conversations": 65536, "members": 1024, "receipts": 65536}
 MODEL = "tiny-llama"
@@ -59,38 +60,23 @@ HOSTILE_QUOTAS = ("chats=2", "queued_inputs=4", f"media_bytes={64 << 20}", "rece
 
 
 # ---- the client side of the API ----------------------------------------------------------------
+# Clients that follow the protocol are aotx_client's AsyncClient: sequences, lineage and the answers
+# to 409 are the SDK's. retry_for=0: a refusal or a failed request is counted here, not waited out,
+# so the table shows what the hostile load does to each request.
 
-class Participant:
-    """One principal's participant: its lineage and next sequence, kept locally after one read."""
-
-    def __init__(self, client: httpx.AsyncClient, token: str) -> None:
-        self.client, self.token = client, token
-        self.headers = {"Authorization": f"Bearer {token}"}
-        self.lineage = ""
-        self.sequence = 0
-
-    async def start(self) -> None:
-        me = (await self.client.get(f"{BASE}/participant", headers=self.headers)).json()
-        self.lineage, self.sequence = me["lineage"], int(me["next_sequence"])
-        if not me.get("registered"):
-            await self.mutate("/participant", {})
-
-    async def mutate(self, path: str, fields: dict, check: bool = True) -> httpx.Response:
-        body = {"schema": SCHEMA, "lineage": self.lineage, "operation_key": secrets.token_hex(16),
-                "sequence": str(self.sequence), **fields}
-        reply = await self.client.post(BASE + path, json=body, headers=self.headers)
-        if reply.status_code == 202:
-            self.sequence += 1
-        elif check:
-            raise RuntimeError(f"{path}: {reply.status_code} {reply.text[:300]}")
-        elif reply.status_code >= 500 or reply.status_code == 409:  # it may have been admitted: re-read
-            await self.start()
-        return reply
+def sdk(port: int, token: str, timeout: float = 120) -> AsyncClient:
+    return AsyncClient(f"http://127.0.0.1:{port}", token, timeout=timeout, retry_for=0)
 
 
-async def conversation_of(p: Participant) -> tuple[str, str]:
-    space = (await p.mutate("/spaces", {})).json()["target"]
-    return space, (await p.mutate(f"/spaces/{space}/conversations", {})).json()["target"]
+async def conversation_of(aotx: AsyncClient) -> tuple[str, str]:
+    await aotx.register()
+    space = (await aotx.create_space())["target"]
+    return space, (await aotx.create_conversation(space))["target"]
+
+
+def failure(exc: Exception) -> str:
+    """How a failed SDK call is counted: the refusal's status, else the kind of failure."""
+    return str(exc.status) if isinstance(exc, ApiError) else type(exc).__name__
 
 
 # ---- hostile patterns (run in their own process) -------------------------------------------------
@@ -110,26 +96,27 @@ async def hostile(pattern: str, port: int, token: str) -> None:
         elif pattern == "slow":
             await _slow(port, 200)
         else:
-            p = Participant(client, token)
-            await p.start()
-            _, con = await conversation_of(p)
-            if pattern == "long-history":
-                for turn in range(400):
-                    await p.mutate(f"/conversations/{con}/inputs",
-                                   {"text": f"turn {turn} " + "y" * 2048, "model": MODEL, "max_output_tokens": 1},
-                                   check=False)
-                print("ready", flush=True)
-                while True:
-                    await p.mutate(f"/conversations/{con}/inputs",
-                                   {"text": "and another " + "z" * 2048, "model": MODEL, "max_output_tokens": 8},
-                                   check=False)
-            else:  # input-flood: keep submitting; the device queues what it admits
-                print("ready", flush=True)
-                while True:
-                    reply = await p.mutate(f"/conversations/{con}/inputs",
-                                           {"text": "flood", "model": MODEL, "max_output_tokens": 64}, check=False)
-                    if reply.status_code != 202:
-                        await asyncio.sleep(0.05)
+            async with sdk(port, token, timeout=600) as aotx:
+                _, con = await conversation_of(aotx)
+
+                async def submit(text: str, tokens: int) -> bool:
+                    try:
+                        await aotx.submit_input(con, text, MODEL, max_output_tokens=tokens)
+                        return True
+                    except (ApiError, GaveUp):  # refused (a quota, a full queue) or failed: go on
+                        return False
+
+                if pattern == "long-history":
+                    for turn in range(400):
+                        await submit(f"turn {turn} " + "y" * 2048, 1)
+                    print("ready", flush=True)
+                    while True:
+                        await submit("and another " + "z" * 2048, 8)
+                else:  # input-flood: keep submitting; the device queues what it admits
+                    print("ready", flush=True)
+                    while True:
+                        if not await submit("flood", 64):
+                            await asyncio.sleep(0.05)
     print("ready", flush=True)
 
 
@@ -228,22 +215,17 @@ def pct(values: list[float], q: float) -> float:
 async def normal_setup(port: int, token: str) -> tuple[str, str]:
     """The normal client's space (its mutations add conversations to it) and the conversation its
     inputs go to, made before any phase."""
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
-        p = Participant(client, token)
-        await p.start()
-        return await conversation_of(p)
+    async with sdk(port, token) as aotx:
+        return await conversation_of(aotx)
 
 
 async def normal_phase(port: int, token: str, seconds: float, gateway_pid: int, space: str, con: str) -> dict:
-    url = f"http://127.0.0.1:{port}"
-    async with httpx.AsyncClient(base_url=url, timeout=120) as reads, \
-            httpx.AsyncClient(base_url=url, timeout=120) as writes:
-        p = Participant(writes, token)
+    async with sdk(port, token) as reads, sdk(port, token) as writes:
         while True:  # a stalled gateway may refuse even this: the phase then starts when it answers
             try:
-                await p.start()
+                await writes.participant()
                 break
-            except (httpx.HTTPError, ValueError, KeyError):
+            except (ApiError, GaveUp):
                 await asyncio.sleep(0.5)
         start_rss = peak_rss = rss_bytes(gateway_pid)
         read_ms: list[float] = []
@@ -252,17 +234,18 @@ async def normal_phase(port: int, token: str, seconds: float, gateway_pid: int, 
         errors: dict[str, int] = {}
         end = time.monotonic() + seconds
 
+        def count(what: str) -> None:
+            errors[what] = errors.get(what, 0) + 1
+
         async def read_loop() -> None:
             while time.monotonic() < end:
                 t = time.perf_counter()
                 try:
-                    reply = await reads.get(f"{BASE}/participant", headers=p.headers)
-                except httpx.HTTPError as exc:
-                    errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+                    await reads.participant()
+                except (ApiError, GaveUp) as exc:
+                    count(f"read {failure(exc)}")
                     continue
                 read_ms.append((time.perf_counter() - t) * 1e3)
-                if reply.status_code != 200:
-                    errors[f"read {reply.status_code}"] = errors.get(f"read {reply.status_code}", 0) + 1
 
         async def write_loop() -> None:
             next_input = time.monotonic()
@@ -270,28 +253,19 @@ async def normal_phase(port: int, token: str, seconds: float, gateway_pid: int, 
                 if time.monotonic() >= next_input:
                     next_input += 1.0
                     try:
-                        reply = await p.mutate(f"/conversations/{con}/inputs",
-                                               {"text": "hello neighbour", "model": MODEL, "max_output_tokens": 8},
-                                               check=False)
-                    except httpx.HTTPError as exc:
-                        errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
-                        await p.start()
+                        receipt = await writes.submit_input(con, "hello neighbour", MODEL, max_output_tokens=8)
+                    except (ApiError, GaveUp) as exc:
+                        count(f"input {failure(exc)}")
                         continue
-                    if reply.status_code == 202:
-                        inputs.append(reply.json()["operation"])
-                    else:
-                        errors[f"input {reply.status_code}"] = errors.get(f"input {reply.status_code}", 0) + 1
+                    inputs.append(receipt["operation"])
                     continue
                 t = time.perf_counter()
                 try:
-                    reply = await p.mutate(f"/spaces/{space}/conversations", {}, check=False)
-                except httpx.HTTPError as exc:
-                    errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
-                    await p.start()  # the sequence may or may not have been taken
+                    await writes.create_conversation(space)
+                except (ApiError, GaveUp) as exc:
+                    count(f"write {failure(exc)}")
                     continue
                 write_ms.append((time.perf_counter() - t) * 1e3)
-                if reply.status_code != 202:
-                    errors[f"write {reply.status_code}"] = errors.get(f"write {reply.status_code}", 0) + 1
 
         async def rss_loop() -> None:
             nonlocal peak_rss
@@ -304,11 +278,16 @@ async def normal_phase(port: int, token: str, seconds: float, gateway_pid: int, 
         for op in inputs:  # terminal states, read after the phase
             status = None
             while time.monotonic() < waited_until:
-                reply = await reads.get(f"{BASE}/operations/{op}", headers=p.headers)
-                if reply.status_code == 504:  # past its execution deadline
-                    status = "deadline_exceeded"
-                    break
-                terminal = reply.json().get("terminal") or {}
+                try:
+                    terminal = (await reads.receipt(op)).get("terminal") or {}
+                except ApiError as exc:
+                    if exc.status == 504:  # past its execution deadline
+                        status = "deadline_exceeded"
+                        break
+                    raise
+                except GaveUp:
+                    await asyncio.sleep(0.1)
+                    continue
                 if terminal.get("saved"):
                     status = terminal.get("status")
                     break
