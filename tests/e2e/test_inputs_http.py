@@ -2,10 +2,10 @@
 import base64
 import hashlib
 import json
-import secrets
 
 import pytest
 
+from aotx_client import ApiError, Client
 from tests.conftest import wait_for
 from tests.harness import Stack
 
@@ -14,11 +14,12 @@ BASE = "/aotx/v1/shared"
 
 
 def mutate(stack, token, path, fields):
-    me = json.loads(stack.http("GET", f"{BASE}/participant", token=token)[2])
-    body = {"schema": "aotx.shared.mutation.v1", "lineage": me["lineage"], "operation_key": secrets.token_hex(16),
-            "sequence": me["next_sequence"], **fields}
-    status, _, out = stack.http("POST", BASE + path, body, token=token)
-    return status, json.loads(out)
+    """(status, receipt or error body) of a mutation sent through the client SDK."""
+    with Client(f"http://127.0.0.1:{stack.port}", token, timeout=60) as aotx:
+        try:
+            return 202, aotx.mutate(path, fields)
+        except ApiError as refused:
+            return refused.status, {"error": {"code": refused.code, "message": str(refused)}}
 
 
 def test_an_input_is_admitted_runs_and_reads_back(tiny_runtime, tmp_path):

@@ -4,13 +4,13 @@ resumption, keep-alive comments, and streams that end when the reader loses the 
 import base64
 import json
 import queue
-import secrets
 import threading
 
 import httpx
 import pytest
 from httpx_sse import connect_sse
 
+from aotx_client import Client
 from tests.conftest import wait_for
 from tests.harness import Stack
 
@@ -59,12 +59,11 @@ class Follower:
 
 
 def mutate(stack, token, path, fields):
-    me = json.loads(stack.http("GET", f"{BASE}/participant", token=token)[2])
-    body = {"schema": "aotx.shared.mutation.v1", "lineage": me["lineage"], "operation_key": secrets.token_hex(16),
-            "sequence": me["next_sequence"], **fields}
-    status, _, out = stack.http("POST", BASE + path, body, token=token)
-    assert status == 202, out
-    return json.loads(out)
+    """A mutation through the client SDK (one client per principal: its sequences are the SDK's)."""
+    clients = stack.__dict__.setdefault("clients", {})
+    if token not in clients:
+        clients[token] = Client(f"http://127.0.0.1:{stack.port}", token, timeout=60)
+    return clients[token].mutate(path, fields)
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +76,8 @@ def stack(tiny_runtime, tmp_path_factory):
     for token in s.tokens.values():
         mutate(s, token, "/participant", {})
     yield s
+    for client in s.clients.values():
+        client.close()
     s.stop()
 
 
