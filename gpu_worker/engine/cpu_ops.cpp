@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <limits>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -106,17 +107,23 @@ inline void row(const float* x, const uint16_t* w, float* y, int64_t K, int64_t 
   for (int r = 0; r < MR; r++) y[r * ldy] = hsum(acc[r]);
 }
 
-void rows(const float* x, const uint16_t* w, float* y, int64_t mr, int64_t K, int64_t ldy) {
+// f(std::integral_constant<int, mr>{}) for mr in 1..8: the kernels are templates on their row count
+template <class F>
+inline void by_rows(int64_t mr, F&& f) {
   switch (mr) {
-    case 8: return row<8>(x, w, y, K, ldy);
-    case 7: return row<7>(x, w, y, K, ldy);
-    case 6: return row<6>(x, w, y, K, ldy);
-    case 5: return row<5>(x, w, y, K, ldy);
-    case 4: return row<4>(x, w, y, K, ldy);
-    case 3: return row<3>(x, w, y, K, ldy);
-    case 2: return row<2>(x, w, y, K, ldy);
-    default: return row<1>(x, w, y, K, ldy);
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    default: return f(std::integral_constant<int, 1>{});
   }
+}
+
+void rows(const float* x, const uint16_t* w, float* y, int64_t mr, int64_t K, int64_t ldy) {
+  by_rows(mr, [&](auto m) { row<decltype(m)::value>(x, w, y, K, ldy); });
 }
 
 at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w) {
@@ -361,16 +368,7 @@ inline void blocks_row(const Blocks& wb, int64_t n, const float* x, float* y, in
 
 template <class Blocks>
 void blocks_rows(const Blocks& wb, int64_t n, const float* x, float* y, int64_t mr, int64_t ldy) {
-  switch (mr) {
-    case 8: return blocks_row<8>(wb, n, x, y, ldy);
-    case 7: return blocks_row<7>(wb, n, x, y, ldy);
-    case 6: return blocks_row<6>(wb, n, x, y, ldy);
-    case 5: return blocks_row<5>(wb, n, x, y, ldy);
-    case 4: return blocks_row<4>(wb, n, x, y, ldy);
-    case 3: return blocks_row<3>(wb, n, x, y, ldy);
-    case 2: return blocks_row<2>(wb, n, x, y, ldy);
-    default: return blocks_row<1>(wb, n, x, y, ldy);
-  }
+  by_rows(mr, [&](auto m) { blocks_row<decltype(m)::value>(wb, n, x, y, ldy); });
 }
 
 // y = x @ w.T over quantized weight rows: rows split across the intra-op threads, a chunk of weight rows

@@ -1,10 +1,12 @@
-"""The engine's CPU operators (cpu_ops.cpp): `torch.ops.aotx_cpu.linear_bf16`, `rms_norm`,
+"""The engine's CPU operators (cpu_ops.cpp): `torch.ops.aotx_cpu.linear_bf16`, `linear_q4`,
+`linear_q8` (and their `dequantize_*`), `rms_norm`, `add_rms_norm`, `rope_write_kv`, `silu_mul`,
 `paged_decode_attention` and memory recall's `masked_top_k`.
 
 `ops()` returns `torch.ops.aotx_cpu`, building the extension first when this virtualenv has no
-build of the current source (about 20 s, once; `make setup` does it). It is None where the CPU
-lacks AVX2 and FMA, or the build fails (no C++ compiler): the model then uses PyTorch's own
-operators with weights widened to float32 once (model.py), which is correct but slower.
+build of the current source (about 30 s, once; `make setup` does it). It is None where the CPU
+lacks AVX2 and FMA (F16C, which every AVX2 CPU has, is assumed), or the build fails (no C++
+compiler): the model then uses PyTorch's own operators with weights widened to float32 once
+(model.py), which is correct but slower.
 
     python -c "from gpu_worker.engine.cpu_ops import main; main()"   # build and check (make setup does)
 

@@ -98,9 +98,9 @@ def quantize_q8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def quantize_q4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The 4-bit blocks an `(out, in)` weight holds, or None when it holds more than 16 levels in some
     block of 32: `(uint8 [out, in / 2], float16 [out, 2, in / 32])`, codes two to a byte (code j of a
-    block in the low half of byte j, code j + 16 in the high half) and each row's block scales then its
-    block mins (`[out, 2, in / 32]`), so that value = scale * code + min (GGUF's Q4_1; the runtime file
-    stores such a weight dequantized).
+    block in the low half of byte j, code j + 16 in the high half) and each row's block scales, then
+    its block mins, so that value = scale * code + min (GGUF's Q4_1; the runtime file stores such a
+    weight dequantized).
     """
     out, width = weight.shape
     blocks = weight.float().view(out, width // Q8_BLOCK, Q8_BLOCK)
@@ -147,10 +147,10 @@ class Linear:
     - "quantized": as the 4-bit blocks it holds when it was a GGUF Q4_1 weight (quantize_q4, 0.625
       bytes a weight, multiplied by cpu_ops' linear_q4), else quantized to int8 blocks once at load
       (quantize_q8, 1.125 bytes, linear_q8; a GGUF Q8_0 weight gets its own blocks back). Both
-      kernels quantize the activations to int8 blocks and sum exact integer block products: a decode
-      step streams every weight once, so its time follows the bytes a weight takes (bfloat16: 2).
-      Results differ from the float32 product of the stored weights by the roundings
-      (docs/engine.md states the bound on the logits).
+      kernels widen each block in registers and multiply float32 activations: a decode step streams
+      every weight once, so fewer bytes a weight (bfloat16: 2) is less time. The products are the
+      float32 ones of the dequantized weights, which differ from the stored bfloat16 values by
+      their rounding (docs/engine.md states the bound on the logits).
     - "bf16": the bfloat16 weight as it is, multiplied by linear_bf16, which widens it in
       registers: exactly the float32 product of the stored weights, up to summation order.
     Where that kernel is not available, the weight is widened to float32 once and packed for oneDNN's
