@@ -390,32 +390,44 @@ at::Tensor blocks_linear(const at::Tensor& x, const Blocks& wb, int64_t N) {
   return y;
 }
 
-void check_blocks_input(const at::Tensor& x, const char* name) {
+// The blocks of a quantized weight, its shapes and types checked (`name`: the operator, for the message)
+Q4Blocks q4_blocks(const at::Tensor& w, const at::Tensor& sm, const char* name) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.device().is_cpu() && w.is_contiguous() &&
+                  (2 * w.size(1)) % kBlock == 0, name, ": contiguous uint8 w [N, K / 2] expected");
+  const int64_t N = w.size(0), K = 2 * w.size(1), blocks = K / kBlock;
+  TORCH_CHECK(sm.dim() == 3 && sm.size(0) == N && sm.size(1) == 2 && sm.size(2) == blocks &&
+                  sm.scalar_type() == at::kHalf && sm.device().is_cpu() && sm.is_contiguous(),
+              name, ": contiguous float16 scales and mins [N, 2, K / 32] expected");
+  return Q4Blocks{w.data_ptr<uint8_t>(), half_bits(sm), K, blocks};
+}
+
+Q8Blocks q8_blocks(const at::Tensor& w, const at::Tensor& scales, const char* name) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kChar && w.device().is_cpu() && w.is_contiguous() &&
+                  w.size(1) % kBlock == 0, name, ": contiguous int8 w [N, K] with K a multiple of 32 expected");
+  const int64_t N = w.size(0), K = w.size(1), blocks = K / kBlock;
+  TORCH_CHECK(scales.dim() == 2 && scales.size(0) == N && scales.size(1) == blocks &&
+                  scales.scalar_type() == at::kFloat && scales.device().is_cpu() && scales.is_contiguous(),
+              name, ": contiguous float32 scales [N, K / 32] expected");
+  return Q8Blocks{w.data_ptr<int8_t>(), scales.data_ptr<float>(), K, blocks};
+}
+
+void check_blocks_input(const at::Tensor& x, int64_t K, const char* name) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu() && x.is_contiguous(), name,
               ": contiguous float32 x [M, K] on the CPU expected");
   TORCH_CHECK(x.size(1) % kBlock == 0, name, ": K must be a multiple of 32");
+  TORCH_CHECK(x.size(1) == K, name, ": x [M, K] and a weight of K columns expected");
 }
 
 at::Tensor linear_q4(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sm) {
-  check_blocks_input(x, "linear_q4");
-  const int64_t K = x.size(1), N = w.size(0), blocks = K / kBlock;
-  TORCH_CHECK(w.dim() == 2 && w.size(1) * 2 == K && w.scalar_type() == at::kByte && w.device().is_cpu() &&
-                  w.is_contiguous(), "linear_q4: contiguous uint8 w [N, K / 2] expected");
-  TORCH_CHECK(sm.dim() == 3 && sm.size(0) == N && sm.size(1) == 2 && sm.size(2) == blocks &&
-                  sm.scalar_type() == at::kHalf && sm.device().is_cpu() && sm.is_contiguous(),
-              "linear_q4: contiguous float16 scales and mins [N, 2, K / 32] expected");
-  return blocks_linear(x, Q4Blocks{w.data_ptr<uint8_t>(), half_bits(sm), K, blocks}, N);
+  const Q4Blocks wb = q4_blocks(w, sm, "linear_q4");
+  check_blocks_input(x, wb.K, "linear_q4");
+  return blocks_linear(x, wb, w.size(0));
 }
 
 at::Tensor linear_q8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales) {
-  check_blocks_input(x, "linear_q8");
-  const int64_t K = x.size(1), N = w.size(0), blocks = K / kBlock;
-  TORCH_CHECK(w.dim() == 2 && w.size(1) == K && w.scalar_type() == at::kChar && w.device().is_cpu() &&
-                  w.is_contiguous(), "linear_q8: contiguous int8 w [N, K] expected");
-  TORCH_CHECK(scales.dim() == 2 && scales.size(0) == N && scales.size(1) == blocks &&
-                  scales.scalar_type() == at::kFloat && scales.device().is_cpu() && scales.is_contiguous(),
-              "linear_q8: contiguous float32 scales [N, K / 32] expected");
-  return blocks_linear(x, Q8Blocks{w.data_ptr<int8_t>(), scales.data_ptr<float>(), K, blocks}, N);
+  const Q8Blocks wb = q8_blocks(w, scales, "linear_q8");
+  check_blocks_input(x, wb.K, "linear_q8");
+  return blocks_linear(x, wb, w.size(0));
 }
 
 // The float32 weight [N, K] a quantized one holds: for products of many rows (prefill), which are bound by
@@ -437,23 +449,11 @@ at::Tensor blocks_dequantize(const Blocks& wb, int64_t N, const at::TensorOption
 }
 
 at::Tensor dequantize_q4(const at::Tensor& w, const at::Tensor& sm) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous() && w.device().is_cpu() &&
-                  (2 * w.size(1)) % kBlock == 0, "dequantize_q4: contiguous uint8 w [N, K / 2] expected");
-  const int64_t N = w.size(0), K = 2 * w.size(1), blocks = K / kBlock;
-  TORCH_CHECK(sm.dim() == 3 && sm.size(0) == N && sm.size(1) == 2 && sm.size(2) == blocks &&
-                  sm.scalar_type() == at::kHalf && sm.is_contiguous(), "dequantize_q4: float16 sm [N, 2, K / 32] expected");
-  return blocks_dequantize(Q4Blocks{w.data_ptr<uint8_t>(), half_bits(sm), K, blocks}, N,
-                           sm.options().dtype(at::kFloat));
+  return blocks_dequantize(q4_blocks(w, sm, "dequantize_q4"), w.size(0), sm.options().dtype(at::kFloat));
 }
 
 at::Tensor dequantize_q8(const at::Tensor& w, const at::Tensor& scales) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kChar && w.is_contiguous() && w.device().is_cpu() &&
-                  w.size(1) % kBlock == 0, "dequantize_q8: contiguous int8 w [N, K] expected");
-  const int64_t N = w.size(0), K = w.size(1), blocks = K / kBlock;
-  TORCH_CHECK(scales.dim() == 2 && scales.size(0) == N && scales.size(1) == blocks &&
-                  scales.scalar_type() == at::kFloat && scales.is_contiguous(),
-              "dequantize_q8: float32 scales [N, K / 32] expected");
-  return blocks_dequantize(Q8Blocks{w.data_ptr<int8_t>(), scales.data_ptr<float>(), K, blocks}, N, scales.options());
+  return blocks_dequantize(q8_blocks(w, scales, "dequantize_q8"), w.size(0), scales.options());
 }
 
 // ---- the fused element-wise steps of a layer (triton_ops' CPU counterparts) ---------------------------
