@@ -24,7 +24,7 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from gpu_worker.contract.ids import MAX_COUNTER
-from gpu_worker.contract.limits import MAX_CHAT_BODY_BYTES
+from gpu_worker.contract.limits import MAX_CHAT_BODY_BYTES, MAX_CHOICES, MAX_COMPLETION_LOGPROBS, MAX_TOP_LOGPROBS
 from gpu_worker.contract.vocabulary import CHAT
 from gpu_worker.contract.wire import Message
 
@@ -60,9 +60,6 @@ COMPLETION_NO_OP: dict[str, tuple[Any, ...]] = {"echo": (False, None), "best_of"
                                                 "suffix": (None, ""), "logit_bias": ({}, None)}
 
 
-MAX_TOP_LOGPROBS = 20  # OpenAI's bounds: chat top_logprobs, the completions route's logprobs
-MAX_COMPLETION_LOGPROBS = 5
-MAX_CHOICES = 16  # n (the device's bound: each choice reserves its own KV pages)
 
 
 class RequestRefused(ServiceError):

@@ -16,6 +16,7 @@ from typing import Any, Hashable, Iterable
 
 import torch
 
+from gpu_worker.contract.limits import MAX_TOP_LOGPROBS
 from gpu_worker.engine.block_manager import BlockManager, page_hashes, pages_for
 from gpu_worker.engine.model import CPU_WEIGHTS, Llama
 from gpu_worker.engine.model_runner import ModelRunner
@@ -43,7 +44,6 @@ class PoolStats:
 TokenLogprobs = tuple[float, list[tuple[int, float]]]
 # (request_id, token_id, released output bytes, finish reason or None, its TokenLogprobs or None)
 StepEvent = tuple[object, int, bytes, "str | None", "TokenLogprobs | None"]
-MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 
 
 class Engine:

@@ -17,7 +17,8 @@ from ..contract.errors import ServiceError
 from ..contract.vocabulary import CHAT
 from ..contract.wire import Message, dumps, reply
 from ..engine.block_manager import pages_for
-from ..engine.engine import MAX_TOP_LOGPROBS, TokenLogprobs
+from ..contract.limits import MAX_CHOICES, MAX_TOP_LOGPROBS
+from ..engine.engine import TokenLogprobs
 from . import quotas
 from .inputs import model_card
 
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
 
 ROLES = ("system", "user", "assistant")
 PENALTIES = ("presence_penalty", "frequency_penalty")  # OpenAI's, on tokens already generated
-MAX_CHOICES = 16  # n: each choice reserves its own pages (the kv_pages quota counts them all)
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 
 
