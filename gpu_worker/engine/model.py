@@ -147,9 +147,13 @@ class Linear:
     - "quantized": as the 4-bit blocks it holds when it was a GGUF Q4_1 weight (quantize_q4, 0.625
       bytes a weight, multiplied by cpu_ops' linear_q4), else quantized to int8 blocks once at load
       (quantize_q8, 1.125 bytes, linear_q8; a GGUF Q8_0 weight gets its own blocks back). Both
-      kernels widen each block in registers and multiply float32 activations: a decode step streams
-      every weight once, so fewer bytes a weight (bfloat16: 2) is less time. The products are the
-      float32 ones of the dequantized weights, which differ from the stored bfloat16 values by
+      kernels round each row of activations to int16 per block of 32 (within 1/65534 of the block's
+      largest magnitude; cpu_ops' round_activations) and multiply in integers, 16 products an
+      instruction: a decode step streams every weight once, so fewer bytes a weight (bfloat16: 2)
+      and fewer instructions a weight are less time. Products of more than KERNEL_MAX_ROWS rows
+      (prefill) multiply the same rounded activations with the weight widened to float32, by MKL's
+      sgemm, so every product is that of the rounded activations and the dequantized weights,
+      whatever its row count. The dequantized weights differ from the stored bfloat16 values by
       their rounding (docs/engine.md states the bound on the logits).
     - "bf16": the bfloat16 weight as it is, multiplied by linear_bf16, which widens it in
       registers: exactly the float32 product of the stored weights, up to summation order.
@@ -163,6 +167,8 @@ class Linear:
         self.scales: torch.Tensor | None  # quantized weights: each block's scale (and min, 4-bit)
         self.kernel: torch._ops.OpOverloadPacket | None
         self.widen: Callable[[], torch.Tensor]  # the float32 weight, for products of many rows (with kernel)
+        # what those products multiply instead of the activations (quantized: their int16 rounding)
+        self.round: Callable[[torch.Tensor], torch.Tensor] = lambda rows: rows
         self.weight, self.packed, self.scales, self.kernel = None, None, None, None
         on_cpu_float32 = weight.device.type == "cpu" and dtype == torch.float32
         usable = on_cpu_float32 and weight.dtype == torch.bfloat16 and weight.shape[1] % 8 == 0  # 8 per step
@@ -175,6 +181,8 @@ class Linear:
         elif quantize:
             (self.weight, self.scales), self.kernel = quantize_q8(weight), aotx.linear_q8  # type: ignore[union-attr]
             self.widen = lambda: aotx.dequantize_q8(self.weight, self.scales)  # type: ignore[union-attr]
+        if quantize:
+            self.round = aotx.round_activations  # type: ignore[union-attr]
         elif aotx is not None:
             self.weight, self.kernel = weight.contiguous(), aotx.linear_bf16
             self.widen = lambda: self.weight.float()  # type: ignore[union-attr]
@@ -187,7 +195,7 @@ class Linear:
         if self.kernel is not None:
             rows = x.reshape(-1, x.shape[-1]).contiguous()
             if rows.shape[0] > KERNEL_MAX_ROWS:  # prefill: compute-bound, where MKL's blocking wins
-                return x @ self.widen().T
+                return (self.round(rows) @ self.widen().T).view(*x.shape[:-1], -1)
             y = self.kernel(rows, self.weight, self.scales) if self.scales is not None else self.kernel(rows, self.weight)
             return y.view(*x.shape[:-1], y.shape[-1])
         if self.packed is None:

@@ -36,8 +36,9 @@ def transformers_model(runtime: RuntimeFile, *, dtype: torch.dtype = torch.float
                        attn_implementation: str = "sdpa", cpu_weights: str | None = None) -> LlamaForCausalLM:
     """`LlamaForCausalLM` in eval mode holding the runtime file's `gen/tensor/*` weights, or, with
     `cpu_weights`, the values the engine's matrix products use on CPU in float32 with that setting
-    (model.Linear: "quantized" holds the GGUF blocks it recovers, dequantized), so that its logits
-    are the engine's up to summation order."""
+    (model.Linear: "quantized" holds the GGUF blocks it recovers, dequantized, and rounds each
+    product's activations as the engine's do), so that its logits are the engine's up to summation
+    order."""
     from transformers import LlamaForCausalLM
     from transformers.initialization import no_init_weights
 
@@ -69,8 +70,21 @@ def transformers_model(runtime: RuntimeFile, *, dtype: torch.dtype = torch.float
     model.load_state_dict(state, strict=True)
     if card["tie_word_embeddings"]:
         model.tie_weights()
+    if cpu_weights == "quantized":  # the engine's quantized products multiply rounded activations
+        from gpu_worker.engine import cpu_ops
+        from gpu_worker.engine.model import Q8_BLOCK
+
+        aotx = cpu_ops.ops()
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module.in_features % Q8_BLOCK == 0:
+                module.register_forward_pre_hook(lambda _, args, aotx=aotx: (_rounded(aotx, args[0]),))
     # PreTrainedModel.to is @functools.wraps(torch.nn.Module.to): mypy sees an unbound function
     return model.to(device=device, dtype=dtype).eval()  # type: ignore[call-arg]
+
+
+def _rounded(aotx: Any, x: torch.Tensor) -> torch.Tensor:
+    """x as the engine's quantized products round it (cpu_ops' round_activations, over its last dimension)."""
+    return aotx.round_activations(x.reshape(-1, x.shape[-1]).float().contiguous()).view(x.shape).to(x.dtype)
 
 
 def _engine_values(runtime: RuntimeFile, state: dict[str, torch.Tensor], cpu_weights: str, dtype: torch.dtype) -> None:

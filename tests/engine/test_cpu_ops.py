@@ -144,20 +144,42 @@ def test_quantize_q8_blocks_round_each_weight_to_1_254_of_its_block():
     assert (dequantize(quantize_q8(torch.zeros(2, 32).bfloat16())) == 0).all()  # a block of zeros
 
 
+def round_activations(x):
+    """x as linear_q4 and linear_q8 round it: each row's blocks of 32 to int16 codes times the block's
+    largest magnitude / 32767, in PyTorch's arithmetic (the same float32 operations as the kernel)."""
+    blocks = x.reshape(*x.shape[:-1], -1, 32)
+    largest = blocks.abs().amax(dim=-1, keepdim=True)
+    levels = torch.full_like(largest, 32767)  # tensor / tensor: IEEE division (a scalar divides by its reciprocal)
+    inverse = torch.where(largest > 0, levels / largest, torch.zeros_like(largest))
+    return ((blocks * inverse).round() * (largest / levels)).reshape(x.shape)
+
+
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 8, 9, 17, 64])
-@pytest.mark.parametrize("out_features,in_features", [(1, 32), (37, 576), (100, 1536)])
-def test_linear_q4_and_q8_are_the_products_of_the_weights_they_hold(aotx, rows, out_features, in_features):
+@pytest.mark.parametrize("out_features,in_features", [(1, 32), (37, 576), (100, 1536), (5, 288)])
+def test_linear_q4_and_q8_are_integer_products_of_the_weights_they_hold(aotx, rows, out_features, in_features):
     g = torch.Generator().manual_seed(rows * 1000 + out_features)
     x = torch.randn(rows, in_features, generator=g)
+    x[torch.rand(rows, in_features, generator=g) < 0.02] *= 30  # outliers: the blocks that round coarsest
+    x[0, :32] = 0  # a block of zeros
     four = quantize_q4(q4_1_weight(out_features, in_features, seed=rows))
     eight = quantize_q8(torch.randn(out_features, in_features, generator=g).bfloat16())
     for kernel, widen, packed in ((aotx.linear_q4, aotx.dequantize_q4, four), (aotx.linear_q8, aotx.dequantize_q8, eight)):
         values = dequantize(packed)
         # the kernels' dequantization is PyTorch's, to a rounding (the kernel fuses scale * code + min)
         assert ((widen(*packed) - values).abs() <= 1e-6 * values.abs().max()).all()
-        got = kernel(x, *packed)
+        got = kernel(x, *packed).double()
         assert got.shape == (rows, out_features)
-        assert close(got, x.double() @ values.double().T, in_features)
+        rounded = aotx.round_activations(x)
+        assert torch.equal(rounded, round_activations(x))
+        # the product of the rounded activations and the dequantized weights, to float32 sums of
+        # integer block products
+        magnitude = rounded.double().abs() @ values.double().abs().T
+        assert ((got - rounded.double() @ values.double().T).abs() <= 1e-6 * magnitude + 1e-30).all()
+        # within the stated bound of the float product: each activation within half a step (1/65534)
+        # of its block's largest magnitude
+        largest = x.abs().view(rows, -1, 32).amax(dim=-1, keepdim=True).expand(-1, -1, 32).reshape(rows, -1)
+        bound = largest.double() @ values.double().abs().T / 65534
+        assert ((got - x.double() @ values.double().T).abs() <= bound + 1e-6 * magnitude).all()
 
 
 def test_quantized_kernels_refuse_what_they_cannot_multiply(aotx):
@@ -179,9 +201,9 @@ def test_the_model_keeps_gguf_blocks_quantized_and_other_weights_as_int8_blocks(
         linear = Linear(w, torch.float32, "quantized")
         assert linear.kernel is kernel
         values = cpu_weight_values(w, "quantized")
-        assert torch.allclose(linear(x), x @ values.T, rtol=1e-5, atol=1e-5)
-        big = torch.randn(5, 20, 64)  # prefill: the widened weight through MKL, the same values
-        assert torch.allclose(linear(big), big @ values.T, rtol=1e-5, atol=1e-5)
+        assert torch.allclose(linear(x), round_activations(x) @ values.T, rtol=1e-5, atol=1e-5)
+        big = torch.randn(5, 20, 64)  # prefill: the widened weight through MKL, the same product
+        assert torch.allclose(linear(big), round_activations(big) @ values.T, rtol=1e-5, atol=1e-5)
     assert Linear(four_bit, torch.float32, "bf16").kernel is aotx.linear_bf16
     assert torch.equal(cpu_weight_values(four_bit, "bf16"), four_bit.float())
 

@@ -59,11 +59,11 @@ def test_logprobs_are_the_models_log_softmax_at_each_token(engine, tiny_referenc
             logits = tiny_reference(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]
         expected = torch.log_softmax(logits.double(), dim=-1)
         for step, (token, (chosen, top)) in enumerate(got[name]):
-            assert chosen == pytest.approx(expected[step, token].item(), abs=1e-4)
+            assert chosen == pytest.approx(expected[step, token].item(), abs=1e-3)
             assert len(top) == k
             values, ids = expected[step].topk(k) if k else (torch.zeros(0), torch.zeros(0))
             assert [t for t, _ in top] == ids.tolist()
-            assert [lp for _, lp in top] == pytest.approx(values.tolist(), abs=1e-4)
+            assert [lp for _, lp in top] == pytest.approx(values.tolist(), abs=1e-3)
         if k:
             assert all(top[0][0] == token for token, (_, top) in got[name])  # greedy: its own best
     with pytest.raises(Exception, match="logprobs must be"):

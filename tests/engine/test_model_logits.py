@@ -1,10 +1,13 @@
 """The engine's forward against transformers' LlamaForCausalLM holding the same weights (float32, CPU).
 
-Tolerance: max |ours - reference| <= 1e-4 x max |reference logit|. Measured on the development
-machine (worst over each test's steps): tiny model 5.3e-7 relative, SmolLM2-135M 3.8e-6 relative
-(1.4e-4 absolute on logits of scale ~37; the engine's oneDNN products sum in a different order from
-transformers' MKL ones). The bound leaves a factor of 25 of headroom, while a wrong RoPE, norm, mask
-or page lookup shows up as differences of order 1.
+Tolerance: max |ours - reference| <= 1e-3 x max |reference logit|. The reference holds the values the
+engine multiplies and rounds each product's activations as the engine's quantized products do
+(reference.transformers_model(cpu_weights=...)); what remains is summation order, and the activations'
+rounding amplifies it: where the engine's activation and the reference's differ by float32 noise, a
+code can round the other way (a step of 1/32767 of its block's largest magnitude). Measured on the
+development machine (worst over each test's steps): SmolLM2-135M 1.8e-4 relative (0.0047 on logits of
+scale 26.3; without the rounding in the reference, 5.4e-4). The bound leaves a factor of 5 of
+headroom, while a wrong RoPE, norm, mask or page lookup shows up as differences of order 1.
 """
 import pytest
 import torch
@@ -12,7 +15,7 @@ import torch
 from gpu_worker.engine import Engine
 from gpu_worker.engine.reference import transformers_model
 
-RELATIVE_TOLERANCE = 1e-4
+RELATIVE_TOLERANCE = 1e-3
 
 
 def assert_logits_close(ours, reference):
@@ -180,8 +183,8 @@ def test_real_model_quantized_blocks_stay_closer_to_the_stored_weights_than_bflo
     """The bound the CPU engine's quantized weights (the GGUF's Q4_1 and Q8_0 blocks, model.Linear)
     keep from the runtime file's stored weights: over every position of a chat prompt, its logits are
     no farther from transformers' float32 forward of the stored weights than transformers' own
-    bfloat16 forward is, and pick the same next token wherever that forward does. Measured: 0.28
-    against bfloat16's 1.46 on logits of scale 37.6, every argmax equal (bfloat16: 95%)."""
+    bfloat16 forward is, and pick the same next token wherever that forward does. Measured: 0.29
+    against bfloat16's 1.27 on logits of scale 37.6, every argmax equal (bfloat16: 98%)."""
     engine = Engine(real_gen)
     assert engine.model.layers[0].qkv.kernel is engine.model.cpu_ops.linear_q4  # the GGUF's 4-bit blocks
     ids = engine.tokenizer.encode_chat([{"role": "user", "content": "What is the capital of France? Tell me "
