@@ -311,9 +311,9 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
 //   y = sum_b scale_b * d_b * (codes_b . q_b) + min_b * d_b * sum(q_b)
 // where d_b is the activations' block scale: the product of the rounded activations with the dequantized
 // weights (model.Linear computes the same for prefill, where MKL's sgemm multiplies the rounded rows).
-// Widening every weight to float32 and multiplying float32 activations took about 1.6 times as long at
-// one row and 1.8 times at eight (docs/performance.md): a decode step was bound by those instructions, not
-// by the bytes. For a block's largest values the rounding is 128 times finer than bfloat16's (2^-9), the
+// Widening every weight to float32 and multiplying float32 activations took 1.55 times as long at one
+// row and 1.3-1.8 times at eight, by shape (docs/performance.md): a decode step was bound by those
+// instructions, not by the bytes. For a block's largest values the rounding is 128 times finer than bfloat16's (2^-9), the
 // compute type on CUDA.
 //
 // Two shapes of kernel. One activation row: eight blocks' int32 partial sums are reduced together (one
