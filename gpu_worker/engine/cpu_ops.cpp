@@ -9,6 +9,7 @@
 //   add_rms_norm, silu_mul   the residual sum with the next norm; silu(gate) * up
 //   rms_norm(x, w, eps)      x * rsqrt(mean(x^2) + eps) * w over the last dimension, float32
 //   paged_decode_attention   one query per row attending over its keys in the paged KV pool
+//   decode_layers            every layer of a decode step in one call, with the operators above
 //   masked_top_k             memory recall: the k best inner products with one query over the rows a
 //                            visibility table admits (gpu_worker/memory/recall.py)
 //
@@ -825,6 +826,52 @@ std::tuple<at::Tensor, at::Tensor> masked_top_k(const at::Tensor& embeddings, co
   return {scores, rows};
 }
 
+// ---- decode_layers: a decode step's layers in one call ---------------------------------------------
+//
+// model.Llama's layer loop for one decode step (one query a row), with the operators above in the same
+// order, so the result is the Python loop's to the bit: the loop's interpreter and dispatch cost about
+// 60 us a layer (some fifteen calls, views and shape checks), a fifth of a one-request step.
+
+// y = x @ w.T for a weight as model.Linear keeps it for these kernels: uint8 codes (Q4_1) with float16
+// scales and mins, int8 codes (Q8_0) with float32 scales, or bfloat16 (scales unused)
+at::Tensor linear_kept(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales) {
+  switch (w.scalar_type()) {
+    case at::kByte: return linear_q4(x, w, scales);
+    case at::kChar: return linear_q8(x, w, scales);
+    default: return linear_bf16(x, w);
+  }
+}
+
+// x [B, H]: the residual stream after the embedding, h [B, H] its first layer's norm; per layer, four
+// weights and their scales (qkv, o, gate_up, down), two norms (input, post-attention), its key and value
+// pools [slots, kv_heads, D]; the rest as rope_write_kv and paged_decode_attention take them. Returns the
+// residual stream after the last layer (its final norm and the output head stay with the caller).
+at::Tensor decode_layers(const at::Tensor& x0, const at::Tensor& h0, at::TensorList weights, at::TensorList scales,
+                         at::TensorList norms, at::TensorList k_pools, at::TensorList v_pools, const at::Tensor& cos,
+                         const at::Tensor& sin, const at::Tensor& positions, const at::Tensor& slots,
+                         const at::Tensor& block_tables, const at::Tensor& lengths, int64_t page_size, double scale,
+                         int64_t heads, int64_t kv_heads, double eps) {
+  const int64_t layers = static_cast<int64_t>(k_pools.size());
+  TORCH_CHECK(layers > 0 && static_cast<int64_t>(weights.size()) == 4 * layers &&
+                  static_cast<int64_t>(scales.size()) == 4 * layers && static_cast<int64_t>(norms.size()) == 2 * layers &&
+                  static_cast<int64_t>(v_pools.size()) == layers,
+              "decode_layers: four weights and scales, two norms and a key and a value pool a layer expected");
+  TORCH_CHECK(x0.dim() == 2 && h0.sizes() == x0.sizes(), "decode_layers: x and h [B, H] expected");
+  const int64_t B = x0.size(0);
+  at::Tensor x = x0, h = h0, delta;
+  for (int64_t i = 0; i < layers; i++) {
+    const at::Tensor qkv = linear_kept(h, weights[4 * i], scales[4 * i]);
+    const at::Tensor q = rope_write_kv(qkv, cos, sin, positions, slots, k_pools[i], v_pools[i], heads, kv_heads);
+    const at::Tensor out = paged_decode_attention(q, k_pools[i], v_pools[i], block_tables, lengths, page_size, scale);
+    delta = linear_kept(out.view({B, -1}), weights[4 * i + 1], scales[4 * i + 1]);
+    std::tie(x, h) = add_rms_norm(x, delta, norms[2 * i + 1], eps);
+    delta = linear_kept(silu_mul(linear_kept(h, weights[4 * i + 2], scales[4 * i + 2])), weights[4 * i + 3],
+                        scales[4 * i + 3]);
+    if (i + 1 < layers) std::tie(x, h) = add_rms_norm(x, delta, norms[2 * (i + 1)], eps);
+  }
+  return x.add(delta);
+}
+
 TORCH_LIBRARY(aotx_cpu, m) {
   m.def("linear_bf16(Tensor x, Tensor w) -> Tensor", &linear_bf16);
   m.def("linear_q8(Tensor x, Tensor w, Tensor scales) -> Tensor", &linear_q8);
@@ -839,6 +886,9 @@ TORCH_LIBRARY(aotx_cpu, m) {
         "Tensor(b!) v_pool, int heads, int kv_heads) -> Tensor", &rope_write_kv);
   m.def("paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, Tensor lengths, "
         "int page_size, float scale) -> Tensor", &paged_decode_attention);
+  m.def("decode_layers(Tensor x, Tensor h, Tensor[] weights, Tensor[] scales, Tensor[] norms, Tensor(a!)[] k_pools, "
+        "Tensor(b!)[] v_pools, Tensor cos, Tensor sin, Tensor positions, Tensor slots, Tensor block_tables, "
+        "Tensor lengths, int page_size, float scale, int heads, int kv_heads, float eps) -> Tensor", &decode_layers);
   m.def("masked_top_k(Tensor embeddings, Tensor owners, Tensor visibility, Tensor query, int k) -> (Tensor, Tensor)",
         &masked_top_k);
 }

@@ -274,10 +274,21 @@ class Llama:
                       "gate_proj", "up_proj", "down_proj")
         self.layers = [Layer({key: stored(f"layers.{i}.{key}") for key in layer_keys}, dtype, cpu_weights)
                        for i in range(config.num_layers)]
+        # A decode step's layers in one call (cpu_ops' decode_layers, the loop below to the bit) where
+        # every product and fused step runs on cpu_ops: weights, scales (empty for bfloat16), norms.
+        self._decode_args: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] | None = None
+        linears = [linear for layer in self.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        if self.cpu_ops is not None and self.fused is self.cpu_ops and all(
+                linear.kernel is not None for linear in linears):
+            no_scales = torch.empty(0)
+            self._decode_args = ([linear.weight for linear in linears],  # type: ignore[misc]  # set with kernel
+                                 [no_scales if linear.scales is None else linear.scales for linear in linears],
+                                 [norm for layer in self.layers for norm in (layer.input_norm, layer.post_norm)])
         cos, sin = rope_tables(config, config.max_position_embeddings, self.device)
         # Cast like the reference does (float32 tables, rounded to the compute dtype at use).
         self.cos, self.sin = cos.to(dtype), sin.to(dtype)
-        self._pool_views: tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] | None = None
+        self._pool_views: tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                                tuple[list[torch.Tensor], list[torch.Tensor]]] | None = None
 
     @classmethod
     def from_runtime(cls, runtime: RuntimeFile, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
@@ -326,7 +337,17 @@ class Llama:
         pools = self._pools(kv_cache)
         x = F.embedding(tokens, self.embed).to(self.dtype)
         h = self._norm(x, self.layers[0].input_norm)
-        for i, layer in enumerate(self.layers):
+        if paged_decode and self._decode_args is not None and batch <= KERNEL_MAX_ROWS:
+            weights, scales, norms = self._decode_args
+            k_pools, v_pools = self._pool_views[2]  # type: ignore[index]  # set by _pools
+            x = self.cpu_ops.decode_layers(  # type: ignore[union-attr]  # set with _decode_args
+                x.view(batch, -1), h.view(batch, -1), weights, scales, norms, k_pools, v_pools, self.cos, self.sin,
+                flat_positions, slots, block_tables, lengths, page_size, scale, c.num_heads, c.num_kv_heads,
+                c.rms_norm_eps).view(batch, 1, -1)
+            layers: list[Layer] = []
+        else:
+            layers = self.layers
+        for i, layer in enumerate(layers):
             qkv = layer.qkv(h)
             pool, k_pool, v_pool = pools[i]  # [k/v, slot, kv_head, head_dim], and its two halves
             if fused is not None:  # rotation and the pool writes in one kernel
@@ -359,7 +380,8 @@ class Llama:
                 delta = layer.down(F.silu(gate) * up)
             if i + 1 < len(self.layers):
                 x, h = self._add_norm(x, delta, self.layers[i + 1].input_norm)
-        x = x + delta
+            else:
+                x = x + delta
 
         if last is not None:
             x = x[torch.arange(batch, device=x.device), last]
@@ -367,11 +389,13 @@ class Llama:
 
     def _pools(self, kv_cache: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Each layer's pool as `[k/v, slot, kv_head, head_dim]` and its key and value halves: views made
-        once per pool (a runner keeps one), not twice a layer every step."""
+        once per pool (a runner keeps one), not twice a layer every step (decode_layers takes the halves
+        as two lists, kept beside them)."""
         if self._pool_views is None or self._pool_views[0] is not kv_cache:
             c = self.config
             views = [kv_cache[i].view(2, -1, c.num_kv_heads, c.head_dim) for i in range(c.num_layers)]
-            self._pool_views = (kv_cache, [(view, view[0], view[1]) for view in views])
+            self._pool_views = (kv_cache, [(view, view[0], view[1]) for view in views],
+                                ([view[0] for view in views], [view[1] for view in views]))
         return self._pool_views[1]
 
     def _add_norm(self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -102,6 +102,29 @@ def test_a_batch_of_different_lengths_matches_each_sequence_alone(tiny_gen, tiny
     check_batch_matches_each_alone(tiny_gen, tiny_reference, lengths=[5, 16, 17, 40], decode_steps=20)
 
 
+@pytest.mark.parametrize("gen", ["tiny_gen", pytest.param("real_gen", marks=pytest.mark.real_model)])
+@torch.inference_mode()
+def test_decode_layers_in_one_call_are_the_python_loop_to_the_bit(gen, request):
+    """On CPU in float32 with cpu_ops a decode step's layers run in one call (decode_layers); the
+    Python loop over the same operators gives the same logits, bit for bit (tiny: int8 blocks; SmolLM2:
+    the GGUF's 4-bit blocks)."""
+    engine = Engine(request.getfixturevalue(gen))
+    model = engine.model
+    assert model._decode_args is not None
+    seqs = admit(engine, prompts_for(engine.card["vocab_size"], [3, 20, 33]))
+    engine.runner.prefill(seqs)
+    for seq in seqs:
+        seq.append(5, b"")
+    inputs = engine.runner.unpack(engine.runner.decode_inputs(seqs))
+    one_call = model(*inputs, engine.runner.kv_cache)
+    args, model._decode_args = model._decode_args, None
+    try:
+        loop = model(*inputs, engine.runner.kv_cache)
+    finally:
+        model._decode_args = args
+    assert torch.equal(one_call, loop)
+
+
 @torch.inference_mode()
 def test_decode_padded_to_a_cuda_graph_bucket_gives_the_same_logits(tiny_gen):
     """The fixed-shape inputs CUDA graphs replay (scratch rows and pages) run eagerly here on CPU."""
