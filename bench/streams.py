@@ -4,8 +4,9 @@ polling for the same updates.
 
     .venv/bin/python bench/streams.py [--streams 1000] [--events 20] [--interval 0.5] [--poll 0.1]
 
-Setup: tests.harness.Stack (the real device on a tiny runtime, `manage.py serve` under daphne).
-One conversation in an instance space; a driver posts --events inputs to it, one every
+Setup: tests.harness.Stack (the real device on a tiny runtime, the gateway as `manage.py serve`
+runs it). One conversation in an instance space; a driver (an aotx_client Client) posts --events
+inputs to it, one every
 --interval seconds; every client follows the conversation and records when each input's event
 reaches it. Phases:
 
@@ -34,12 +35,12 @@ import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
-import secrets  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from aotx_client import Client  # noqa: E402
 from gpu_worker.pack import pack_tiny  # noqa: E402
 from tests.conftest import PYTHON, free_port, wait_for  # noqa: E402
 from tests.harness import Process, Stack  # noqa: E402
@@ -65,41 +66,6 @@ def rss_bytes(pid):
 def percentile(values, q):
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
-def mutate(stack, token, path, fields, port=None):
-    port = port or stack.port
-    for _ in range(200):  # 503 gateway_busy while the pollers fill the gateway's wait bound: retry
-        status, _, out = http(port, "GET", f"{BASE}/participant", token)
-        if status != 503:
-            break
-        time.sleep(0.02)
-    me = json.loads(out)
-    body = {"schema": "aotx.shared.mutation.v1", "lineage": me["lineage"], "operation_key": secrets.token_hex(16),
-            "sequence": me["next_sequence"], **fields}
-    for _ in range(200):  # an exact retry: the same bytes
-        status, _, out = http(port, "POST", BASE + path, token, body)
-        if status != 503:
-            break
-        time.sleep(0.02)
-    if status not in (200, 202):
-        raise RuntimeError(f"{path}: {status} {out[:300]!r}")
-    return json.loads(out)
-
-
-def http(port, method, path, token, body=None):
-    import urllib.error
-    import urllib.request
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
-    req.add_header("Authorization", f"Bearer {token}")
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return resp.status, resp.headers, resp.read()
-    except urllib.error.HTTPError as err:
-        return err.code, err.headers, err.read()
 
 
 # ---- clients -----------------------------------------------------------------------------------
@@ -262,14 +228,17 @@ def setup(base, redis):
     token = stack.principal("bench")
     stack.boot_device()
     stack.serve()
-    mutate(stack, token, "/participant", {})
-    space = mutate(stack, token, "/spaces", {"scope": "instance"})["target"]
-    conversation = mutate(stack, token, f"/spaces/{space}/conversations", {})["target"]
-    return stack, token, conversation
+    # the driver is a client of the service: aotx_client assigns its sequences and retries exactly
+    # through 503 (the pollers fill the gateway's bound on requests waiting for the device)
+    driver = Client(f"http://127.0.0.1:{stack.port}", token, timeout=60)
+    driver.register()
+    space = driver.create_space("instance")["target"]
+    conversation = driver.create_conversation(space)["target"]
+    return stack, token, conversation, driver
 
 
 def measure(base, args, redis):
-    stack, token, conversation = setup(base, redis)
+    stack, token, conversation, driver = setup(base, redis)
     gateways = [stack]
     try:
         if redis:
@@ -278,8 +247,7 @@ def measure(base, args, redis):
         posted = itertools.count(1)  # the conversation's inputs: their event cursors
 
         def post():
-            mutate(stack, token, f"/conversations/{conversation}/inputs",
-                   {"text": "hi", "model": "tiny-llama", "max_output_tokens": 1})
+            driver.submit_input(conversation, "hi", "tiny-llama", max_output_tokens=1)
             return next(posted)
 
         pids = {"gateways": [g.gateway.proc.pid for g in gateways]}
@@ -290,6 +258,7 @@ def measure(base, args, redis):
             results.append(asyncio.run(run_phase("poll", ports, path, token, args, pids, post)))
         return results
     finally:
+        driver.close()
         for g in gateways[1:]:
             g.gateway.kill()
         stack.stop()

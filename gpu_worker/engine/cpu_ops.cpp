@@ -830,7 +830,7 @@ std::tuple<at::Tensor, at::Tensor> masked_top_k(const at::Tensor& embeddings, co
 //
 // model.Llama's layer loop for one decode step (one query a row), with the operators above in the same
 // order, so the result is the Python loop's to the bit: the loop's interpreter and dispatch cost about
-// 60 us a layer (some fifteen calls, views and shape checks), a fifth of a one-request step.
+// 40 us a layer (some fifteen calls, views and shape checks), a sixth of a one-request step of SmolLM2.
 
 // y = x @ w.T for a weight as model.Linear keeps it for these kernels: uint8 codes (Q4_1) with float16
 // scales and mins, int8 codes (Q8_0) with float32 scales, or bfloat16 (scales unused)

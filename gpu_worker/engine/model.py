@@ -10,7 +10,8 @@ reads each row's keys and values in place instead (paged_decode_attention), and 
 fused with the pool writes, the residual sums with the norms and SiLU with its product: triton_ops'
 kernels on CUDA (nine kernels a layer instead of some twenty-three), cpu_ops' operators of the same
 names on CPU in float32, where the products also run on cpu_ops, over the GGUF's own quantized
-blocks by default (Linear, docs/engine.md).
+blocks by default (Linear, docs/engine.md), and a decode step's whole layer loop is one call
+(cpu_ops' decode_layers).
 
 Weights follow docs/runtime-file.md: `(out, in)` matrices, Q/K rows in the `rotate_half` RoPE
 layout. Q, K and V are concatenated into one matrix, as are gate and up, so each layer runs four
