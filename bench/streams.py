@@ -6,9 +6,8 @@ polling for the same updates.
 
 Setup: tests.harness.Stack (the real device on a tiny runtime, the gateway as `manage.py serve`
 runs it). One conversation in an instance space; a driver (an aotx_client Client) posts --events
-inputs to it, one every
---interval seconds; every client follows the conversation and records when each input's event
-reaches it. Phases:
+inputs to it, one every --interval seconds; every client follows the conversation and records when
+each input's event reaches it. Phases:
 
   stream, 1 gateway   --streams SSE connections (`?stream=true`) on one gateway process with the
                       embedded in-process channel layer;
