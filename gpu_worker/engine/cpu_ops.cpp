@@ -314,8 +314,8 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
 // weights (model.Linear computes the same for prefill, where MKL's sgemm multiplies the rounded rows).
 // Widening every weight to float32 and multiplying float32 activations took 1.55 times as long at one
 // row and 1.3-1.8 times at eight, by shape (docs/performance.md): a decode step was bound by those
-// instructions, not by the bytes. For a block's largest values the rounding is 128 times finer than bfloat16's (2^-9), the
-// compute type on CUDA.
+// instructions, not by the bytes. For a block's largest values the rounding is 128 times finer than
+// bfloat16's (2^-9), the compute type on CUDA.
 //
 // Two shapes of kernel. One activation row: eight blocks' int32 partial sums are reduced together (one
 // horizontal sum for eight blocks), then scaled by eight block scales at once. Up to eight rows: one
@@ -388,8 +388,8 @@ struct Q8Blocks {
 };
 
 // x [M, K] rounded for the integer products: q [M, K] int16; per row, each block's scale and the sum of
-// its rounded values ([M, blocks], for one-row products) and the same for each group of eight rows side by side
-// ([groups, blocks, 8], zero for the rows a last group lacks). The arrays live in buffers of the calling
+// its rounded values ([M, blocks], for one-row products), and the same for each group of eight rows side
+// by side ([groups, blocks, 8], zero for the rows a last group lacks). The arrays live in buffers of the calling
 // thread, reused from call to call: a decode step makes some 120 products, and five tensors for each
 // were a tenth of a one-request step.
 struct Rows16 {
