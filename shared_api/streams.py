@@ -6,8 +6,8 @@
 A stream is a device subscription (docs/protocol.md, "Subscriptions") opened through the process's
 DeviceMux; the device pushes each event as it is saved, so nothing here polls. Framing (WHATWG):
 every event has `id: <path>@<cursor>` — the conversation's input order, or the byte offset the
-next span starts at — `event: <type>` and one `data:` line of JSON; a comment every
-AOTX_SSE_KEEPALIVE seconds (15) keeps idle connections open. `Last-Event-ID` resumes from its
+next span starts at — `event: <type>` and one `data:` line of JSON; a comment after each
+AOTX_SSE_KEEPALIVE seconds (15) of silence (within a third more) keeps idle connections open. `Last-Event-ID` resumes from its
 cursor when the request gives none. A refused stream (401, 403, 404, 400) is one JSON error body,
 as everywhere; an error after the stream started is a last `event: error` with that body.
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 import weakref
 from typing import Any
 from urllib.parse import parse_qs
@@ -40,7 +41,7 @@ from gpu_worker.contract.vocabulary import BASE_PATH, READ
 from gpu_worker.contract.wire import Message
 
 from .auth import PRINCIPALS, aauthenticate, require_action
-from .device_client import DeviceStream, mux
+from .device_client import KEEP_ALIVE, DeviceStream, mux
 from .errors import WWW_AUTHENTICATE
 
 CONVERSATION_EVENTS = re.compile(rf"^{BASE_PATH}/conversations/([^/]+)/events$")
@@ -60,16 +61,33 @@ async def principal_changed(principal_ids: list[str]) -> None:
 class PrincipalWatch:
     """One listener per gateway process (per event loop) on the channel layer: it hands principal
     changes to that process's open streams. One channel per process, not per stream, so a
-    thousand streams do not hold a thousand channel-layer connections (channels_redis pools them)."""
+    thousand streams do not hold a thousand channel-layer connections (channels_redis pools them).
+    It also keeps them alive: every third of AOTX_SSE_KEEPALIVE it nudges each stream that has
+    written nothing for AOTX_SSE_KEEPALIVE, whose own task then writes a comment (one timer per
+    process, not one armed and cancelled per stream and frame)."""
 
     def __init__(self) -> None:
         self.streams: dict[str, set[EventStream]] = {}
         self.task: asyncio.Task[None] | None = None
+        self.ticker: asyncio.Task[None] | None = None
 
     def add(self, stream: EventStream) -> None:
         self.streams.setdefault(stream.principal_id, set()).add(stream)
         if self.task is None:
-            self.task = asyncio.get_running_loop().create_task(self.listen())
+            loop = asyncio.get_running_loop()
+            self.task = loop.create_task(self.listen())
+            self.ticker = loop.create_task(self.keep_alive())
+
+    async def keep_alive(self) -> None:
+        quiet = settings.AOTX_SSE_KEEPALIVE
+        while True:
+            await asyncio.sleep(quiet / 3)
+            now = time.monotonic()
+            for streams in list(self.streams.values()):
+                for stream in list(streams):
+                    if now - stream.written >= quiet and stream.stream is not None:
+                        stream.written = now  # (once per quiet period, however long the wake-up waits)
+                        stream.stream.nudge()
 
     def discard(self, stream: EventStream) -> None:
         streams = self.streams.get(stream.principal_id)
@@ -129,6 +147,7 @@ class EventStream(AsyncHttpConsumer):
         self.path = ""
         self.path_bytes = b""
         self.finished = False
+        self.written = time.monotonic()  # when this stream last wrote (PrincipalWatch.keep_alive)
 
     # ---- the request ----------------------------------------------------------------
 
@@ -170,7 +189,7 @@ class EventStream(AsyncHttpConsumer):
         await self.send_headers(status=200, headers=[
             (b"Content-Type", b"text/event-stream; charset=utf-8"), (b"Cache-Control", b"no-store"),
             (b"X-Accel-Buffering", b"no")])
-        await self.send_body(b": stream open\n\n", more_body=True)
+        await self.write(b": stream open\n\n")
         watch().add(self)
         self.task = asyncio.get_running_loop().create_task(self.pump())
 
@@ -201,9 +220,8 @@ class EventStream(AsyncHttpConsumer):
         assert self.stream is not None
         try:
             while True:
-                try:
-                    msg = await self.stream.next(settings.AOTX_SSE_KEEPALIVE)
-                except asyncio.TimeoutError:
+                msg = await self.stream.next()
+                if msg is KEEP_ALIVE:
                     await self.write(b": keep-alive\n\n")
                     continue
                 if msg["status"] != 200:
@@ -220,6 +238,7 @@ class EventStream(AsyncHttpConsumer):
 
     async def write(self, data: bytes) -> None:
         if not self.finished:
+            self.written = time.monotonic()
             await self.send_body(data, more_body=True)
 
     def render(self, msg: Message) -> bytes:
