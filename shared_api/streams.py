@@ -239,7 +239,8 @@ class EventStream(AsyncHttpConsumer):
     async def write(self, data: bytes) -> None:
         if not self.finished:
             self.written = time.monotonic()
-            await self.send_body(data, more_body=True)
+            # send_body's message, straight to the server (a fan-out makes a write per stream and event)
+            await self.base_send({"type": "http.response.body", "body": data, "more_body": True})
 
     def render(self, msg: Message) -> bytes:
         """A device frame as one event of this stream (the device names the event and its cursor;
