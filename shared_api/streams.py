@@ -7,9 +7,10 @@ A stream is a device subscription (docs/protocol.md, "Subscriptions") opened thr
 DeviceMux; the device pushes each event as it is saved, so nothing here polls. Framing (WHATWG):
 every event has `id: <path>@<cursor>` — the conversation's input order, or the byte offset the
 next span starts at — `event: <type>` and one `data:` line of JSON; a comment after each
-AOTX_SSE_KEEPALIVE seconds (15) of silence (within a third more) keeps idle connections open. `Last-Event-ID` resumes from its
-cursor when the request gives none. A refused stream (401, 403, 404, 400) is one JSON error body,
-as everywhere; an error after the stream started is a last `event: error` with that body.
+AOTX_SSE_KEEPALIVE seconds (15) of silence (within a third more) keeps idle connections open.
+`Last-Event-ID` resumes from its cursor when the request gives none. A refused stream (401, 403,
+404, 400) is one JSON error body, as everywhere; an error after the stream started is a last
+`event: error` with that body.
 
 Each stream checks the token, the action and (on the device) membership when it opens; the device
 ends it when grants or memberships change so that the reader loses the right (within its idle
@@ -68,8 +69,8 @@ class PrincipalWatch:
 
     def __init__(self) -> None:
         self.streams: dict[str, set[EventStream]] = {}
-        self.task: asyncio.Task[None] | None = None
-        self.ticker: asyncio.Task[None] | None = None
+        self.task: asyncio.Task[None] | None = None  # listen(); both kept referenced while the loop runs
+        self.ticker: asyncio.Task[None] | None = None  # keep_alive()
 
     def add(self, stream: EventStream) -> None:
         self.streams.setdefault(stream.principal_id, set()).add(stream)

@@ -332,8 +332,8 @@ inline __m256i hsum8i(const __m256i v[8]) {
 }
 
 // A block's 32 weights: `codes` (two int16 vectors, codes 0..15 and 16..31, the order of the activations
-// they meet), `scale`, `min` (Q4 only: kMin) and `scales8`/`mins8` for eight consecutive blocks; `get(i)`
-// widens a block to float32, eight values at a time (dequantize_*).
+// they meet), `scale`, `min` (Q4 only: kMin) and `scales8`/`mins8` for eight consecutive blocks; `widen`
+// writes a block's 32 float32 values (dequantize_*).
 struct Q4Blocks {
   static constexpr bool kMin = true;
   static constexpr int64_t kBytes = kBlock / 2;  // a block's codes
@@ -355,13 +355,14 @@ struct Q4Blocks {
   inline __m256 mins8(int64_t n, int64_t b) const {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sm + (n * 2 + 1) * blocks + b)));
   }
-  inline __m256 get(int64_t n, int64_t b, int i) const {
+  inline void widen(int64_t n, int64_t b, float* out) const {
     const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at(n, b)));
-    const __m128i half = i < 2 ? _mm_and_si128(packed, _mm_set1_epi8(0x0F))
-                               : _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0F));
-    const __m128i codes = i % 2 ? _mm_srli_si128(half, 8) : half;
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes)), _mm256_set1_ps(scale(n, b)),
-                           _mm256_set1_ps(min(n, b)));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(packed, mask), hi = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
+    const __m128i codes[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    const __m256 s = _mm256_set1_ps(scale(n, b)), m = _mm256_set1_ps(min(n, b));
+    for (int i = 0; i < 4; i++)
+      _mm256_storeu_ps(out + 8 * i, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes[i])), s, m));
   }
 };
 
@@ -381,9 +382,12 @@ struct Q8Blocks {
   inline float min(int64_t, int64_t) const { return 0.f; }
   inline __m256 scales8(int64_t n, int64_t b) const { return _mm256_loadu_ps(s + n * blocks + b); }
   inline __m256 mins8(int64_t, int64_t) const { return _mm256_setzero_ps(); }
-  inline __m256 get(int64_t n, int64_t b, int i) const {
-    const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(at(n, b) + 8 * i));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes)), _mm256_set1_ps(scale(n, b)));
+  inline void widen(int64_t n, int64_t b, float* out) const {
+    const __m256 s = _mm256_set1_ps(scale(n, b));
+    for (int i = 0; i < 4; i++) {
+      const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(at(n, b) + 8 * i));
+      _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes)), s));
+    }
   }
 };
 
@@ -394,7 +398,7 @@ struct Q8Blocks {
 // were a tenth of a one-request step.
 struct Rows16 {
   const int16_t* q;
-  const float *d, *x_sums, *gd, *g_sums;
+  const float *d, *sums, *gd, *g_sums;
   int64_t K, blocks;
 };
 
@@ -451,7 +455,7 @@ inline __m256i block_dot(const __m256i& lo, const __m256i& hi, const int16_t* q)
 template <class Blocks>
 inline float one_row(const Blocks& wb, int64_t n, const Rows16& x, int64_t m) {
   const int16_t* q = x.q + m * x.K;
-  const float *d = x.d + m * x.blocks, *sums = x.x_sums + m * x.blocks;
+  const float *d = x.d + m * x.blocks, *sums = x.sums + m * x.blocks;
   __m256 acc = _mm256_setzero_ps(), acc_min = _mm256_setzero_ps();
   for (int64_t b0 = 0; b0 < wb.blocks; b0 += 8) {
     const int64_t count = std::min<int64_t>(8, wb.blocks - b0);
@@ -612,9 +616,7 @@ at::Tensor blocks_dequantize(const Blocks& wb, int64_t N, const at::TensorOption
   float* op = out.data_ptr<float>();
   at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; n++) {
-      for (int64_t b = 0; b < wb.blocks; b++) {
-        for (int i = 0; i < 4; i++) _mm256_storeu_ps(op + n * wb.K + b * kBlock + 8 * i, wb.get(n, b, i));
-      }
+      for (int64_t b = 0; b < wb.blocks; b++) wb.widen(n, b, op + n * wb.K + b * kBlock);
     }
   });
   return out;

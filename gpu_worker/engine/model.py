@@ -182,8 +182,6 @@ class Linear:
         elif quantize:
             (self.weight, self.scales), self.kernel = quantize_q8(weight), aotx.linear_q8  # type: ignore[union-attr]
             self.widen = lambda: aotx.dequantize_q8(self.weight, self.scales)  # type: ignore[union-attr]
-        if quantize:
-            self.round = aotx.round_activations  # type: ignore[union-attr]
         elif aotx is not None:
             self.weight, self.kernel = weight.contiguous(), aotx.linear_bf16
             self.widen = lambda: self.weight.float()  # type: ignore[union-attr]
@@ -191,6 +189,8 @@ class Linear:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.float(), PACKED_BATCH_HINT)
         else:
             self.weight = weight.to(dtype)
+        if quantize:
+            self.round = aotx.round_activations  # type: ignore[union-attr]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel is not None:
@@ -345,44 +345,42 @@ class Llama:
                 x.view(batch, -1), h.view(batch, -1), weights, scales, norms, k_pools, v_pools, self.cos, self.sin,
                 flat_positions, slots, block_tables, lengths, page_size, scale, c.num_heads, c.num_kv_heads,
                 c.rms_norm_eps).view(batch, 1, -1)
-            layers: list[Layer] = []
         else:
-            layers = self.layers
-        for i, layer in enumerate(layers):
-            qkv = layer.qkv(h)
-            pool, k_pool, v_pool = pools[i]  # [k/v, slot, kv_head, head_dim], and its two halves
-            if fused is not None:  # rotation and the pool writes in one kernel
-                q = fused.rope_write_kv(qkv.view(batch * queries, -1), self.cos, self.sin, flat_positions, slots,
-                                        k_pool, v_pool, c.num_heads, c.num_kv_heads)
-                q = q.view(batch, queries, c.num_heads, c.head_dim)
-            else:
-                qkv = qkv.view(batch, queries, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
-                qk, v = qkv.split([c.num_heads + c.num_kv_heads, c.num_kv_heads], dim=2)
-                qk = qk * cos + rotate_half(qk) * sin  # queries and keys rotated together
-                q, k = qk.split([c.num_heads, c.num_kv_heads], dim=2)
-                pool.index_copy_(1, slots, torch.stack((k, v)).view(2, -1, c.num_kv_heads, c.head_dim))
-            if paged_decode:
-                decode = (fused or aotx).paged_decode_attention  # type: ignore[union-attr]  # one is set: paged_decode
-                out = decode(q.reshape(batch, c.num_heads, c.head_dim).contiguous(), k_pool, v_pool, block_tables,
-                             lengths, page_size, scale)
-                delta = layer.o(out.view(batch, 1, c.num_heads * c.head_dim))
-            else:
-                # index_select over whole pages: a plain copy per page, several times faster than advanced indexing
-                pages = kv_cache[i].view(2, kv_cache.shape[2], -1).index_select(1, block_tables.reshape(-1))
-                keys, values = pages.view(2, batch, context, c.num_kv_heads, c.head_dim)
-                delta = layer.o(attention(q, keys, values, mask))
-            x, h = self._add_norm(x, delta, layer.post_norm)
+            for i, layer in enumerate(self.layers):
+                qkv = layer.qkv(h)
+                pool, k_pool, v_pool = pools[i]  # [k/v, slot, kv_head, head_dim], and its two halves
+                if fused is not None:  # rotation and the pool writes in one kernel
+                    q = fused.rope_write_kv(qkv.view(batch * queries, -1), self.cos, self.sin, flat_positions, slots,
+                                            k_pool, v_pool, c.num_heads, c.num_kv_heads)
+                    q = q.view(batch, queries, c.num_heads, c.head_dim)
+                else:
+                    qkv = qkv.view(batch, queries, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+                    qk, v = qkv.split([c.num_heads + c.num_kv_heads, c.num_kv_heads], dim=2)
+                    qk = qk * cos + rotate_half(qk) * sin  # queries and keys rotated together
+                    q, k = qk.split([c.num_heads, c.num_kv_heads], dim=2)
+                    pool.index_copy_(1, slots, torch.stack((k, v)).view(2, -1, c.num_kv_heads, c.head_dim))
+                if paged_decode:
+                    # one of them is set: paged_decode
+                    decode = (fused or aotx).paged_decode_attention  # type: ignore[union-attr]
+                    out = decode(q.reshape(batch, c.num_heads, c.head_dim).contiguous(), k_pool, v_pool, block_tables,
+                                 lengths, page_size, scale)
+                    delta = layer.o(out.view(batch, 1, c.num_heads * c.head_dim))
+                else:
+                    # index_select over whole pages: a plain copy per page, several times faster than advanced indexing
+                    pages = kv_cache[i].view(2, kv_cache.shape[2], -1).index_select(1, block_tables.reshape(-1))
+                    keys, values = pages.view(2, batch, context, c.num_kv_heads, c.head_dim)
+                    delta = layer.o(attention(q, keys, values, mask))
+                x, h = self._add_norm(x, delta, layer.post_norm)
 
-            gate_up = layer.gate_up(h)
-            if fused is not None:
-                delta = layer.down(fused.silu_mul(gate_up))
-            else:
-                gate, up = gate_up.chunk(2, dim=-1)
-                delta = layer.down(F.silu(gate) * up)
-            if i + 1 < len(self.layers):
-                x, h = self._add_norm(x, delta, self.layers[i + 1].input_norm)
-            else:
-                x = x + delta
+                gate_up = layer.gate_up(h)
+                if fused is not None:
+                    delta = layer.down(fused.silu_mul(gate_up))
+                else:
+                    gate, up = gate_up.chunk(2, dim=-1)
+                    delta = layer.down(F.silu(gate) * up)
+                if i + 1 < len(self.layers):
+                    x, h = self._add_norm(x, delta, self.layers[i + 1].input_norm)
+            x = x + delta
 
         if last is not None:
             x = x[torch.arange(batch, device=x.device), last]
