@@ -9,10 +9,7 @@ urlpatterns = [
     path("aotx/v1/shared/", include("shared_api.urls")),
     path("aotx/v1/media/<str:sha256>", MediaView.as_view()),
     path("aotx/v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
-    path("v1/chat/completions", openai_views.chat_completions),
-    path("v1/completions", openai_views.completions),
-    path("v1/embeddings", openai_views.embeddings),
-    path("v1/models", openai_views.models),
+    *(path(route.lstrip("/"), view) for route, view in openai_views.ROUTES.items()),
     path("metrics", metrics.metrics, name="metrics"),  # Prometheus text, no token (README "Operations")
     path("healthz", metrics.healthz, name="healthz"),  # for load balancers: 200 or 503, no token
     path("admin/ops/", include(ops_admin.urls())),  # the admin's operations pages (staff users)

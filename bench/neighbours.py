@@ -304,6 +304,7 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(PATTERNS))
     parser.add_argument("--runtime", help="a shared runtime file to copy (default: a tiny one packed here)")
     parser.add_argument("--no-quotas", action="store_true", help="hostile principals without quotas")
+    parser.add_argument("--background-nice", type=int, help="the device's boot --background-nice (default: boot's)")
     parser.add_argument("--hostile", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--token", help=argparse.SUPPRESS)
@@ -334,7 +335,8 @@ def main() -> None:
             out = stack.manage("principal", "create", f"hostile-{p}", "--actions", actions, *quota_args,
                                "--config", str(stack.config))
             tokens[p] = out.stdout.strip().splitlines()[-1]
-        stack.boot_device()
+        stack.boot_device(*(["--background-nice", str(args.background_nice)] if args.background_nice is not None
+                            else []))
         stack.serve()
         pid = stack.gateway.proc.pid
         space, con = asyncio.run(normal_setup(stack.port, normal))

@@ -1,5 +1,5 @@
 """`python -m gpu_worker boot --ccir F --journal DIR --service-grants G [--device cpu|cuda] [--tick-cpu N]
-[--allow-uid UID ...] [--socket-group GROUP]`."""
+[--background-nice N] [--allow-uid UID ...] [--socket-group GROUP]`."""
 import argparse
 import gc
 import grp
@@ -8,6 +8,7 @@ import os
 import sys
 
 from .contract.grantfile import GrantFileError, Grants
+from .loop.threads import DEFAULT_NICE
 
 
 def _device_name(choice):
@@ -45,6 +46,10 @@ def main(argv):
     parser.add_argument("--tick-cpu", type=int, metavar="N",
                         help="run the tick loop alone on CPU N and every other thread of the device on the "
                              "remaining CPUs (docs/architecture.md, 'Threads and CPUs')")
+    parser.add_argument("--background-nice", type=int, default=DEFAULT_NICE, metavar="N",
+                        help="the nice value of the engine, torch's workers and the helper threads, above the "
+                             f"tick loop's (default {DEFAULT_NICE}; 0 keeps them level with it): "
+                             "docs/architecture.md, 'Threads and CPUs'")
     parser.add_argument("--allow-uid", type=int, action="append", default=[], metavar="UID",
                         help="a uid besides the device's own that may connect to service.sock (repeatable)")
     parser.add_argument("--socket-group", metavar="GROUP",
@@ -56,6 +61,9 @@ def main(argv):
     def fail(message, code=2):
         print(f"boot: {message}", file=sys.stderr, flush=True)
         return code
+
+    if not 0 <= args.background_nice <= 19:
+        return fail(f"--background-nice {args.background_nice}: a nice value is 0..19")
 
     socket_group = None
     if args.socket_group is not None:
@@ -109,10 +117,12 @@ def main(argv):
         socket_path = os.path.join(args.journal, "service.sock")
         server = Server(device, socket_path, allow_uids=tuple(args.allow_uid), socket_group=socket_group)
         device.deliver = server.deliver  # other threads' results come back through the loop
+        device.background_nice = args.background_nice
         try:
             from .engine.engine import Engine
             from .loop.runner import Runner
-            device.runner = Runner(Engine(runtime, device.state.tables.device.type), server.deliver)
+            device.runner = Runner(Engine(runtime, device.state.tables.device.type), server.deliver,
+                                   nice=args.background_nice)
         except Exception as exc:  # a runtime whose model cannot load serves no inputs: say why, stop
             device.close()
             return fail(f"cannot load the generation model of {args.ccir}: {exc}", 2)

@@ -32,6 +32,7 @@ from .contract.vocabulary import COMMANDS
 from .contract.wire import Message, dumps, reply
 from .ops import chat, events, media, quotas, receipts
 from .loop.subscriptions import Subscriptions
+from .loop.threads import DEFAULT_NICE, enter_background
 from .ops.chat import Chats
 from .ops.kind import Kind
 from .ops.registry import KINDS, LATER, MUTATIONS, READS
@@ -96,6 +97,7 @@ class Device:
         self.runner: Any = None  # loop.runner.Runner, set by boot (or a test) when an engine runs
         # hands events from other threads to the tick thread (the server's `deliver`; set by boot)
         self.deliver: Callable[[list[Any]], None] | None = None
+        self.background_nice = DEFAULT_NICE  # off_thread's threads (loop/threads.py); boot --background-nice
         self.lock = JournalLock(journal_dir)
         started = time.perf_counter()
         try:
@@ -397,6 +399,8 @@ class Device:
         runs on the tick thread with its result or its exception. Without a server loop (tests,
         offline commands), both run here."""
         def run() -> None:
+            if self.deliver is not None:
+                enter_background("aotx-off-tick", self.background_nice)
             try:
                 result, error = work(), None
             except Exception as exc:  # reported to `then`, not lost with the thread

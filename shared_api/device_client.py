@@ -235,6 +235,7 @@ class DeviceMux:
         closing = DeviceStream(self, next(self._ids))  # its one reply is read and dropped
         self._abandoned.add(closing.id)
         self._post(self._writer, request(closing.id, "subscriptions.close", None, {"id": stream.id}))
+        self._flush(self._writer)  # now: the client that went away may be the loop's last work
         try:
             await self._writer.drain()
         except OSError:
@@ -245,6 +246,7 @@ class DeviceMux:
         writer, reading = self._writer, self._reading
         self._writer = None
         if writer is not None:
+            self._flush(writer)  # frames posted this turn of the loop (a stream's close) still go
             writer.close()
         if reading is not None:
             reading.cancel()

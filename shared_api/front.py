@@ -14,9 +14,11 @@ a request without a valid token is answered 401 from its headers, and a body ove
 limit 413 from its Content-Length (or as soon as a chunked body passes the limit), in both cases
 without reading the body, and the connection is then closed. A body that stalls for
 AOTX_BODY_TIMEOUT seconds is answered 408. Requests waiting on the device are bounded per process
-(DevicePool: 503 `gateway_busy` beyond). Event streams go to their Channels consumers, every
-other request (admin, schema, /metrics, /healthz, the OpenAI-compatible routes) to Django, behind
-the same guard: their bodies are bounded too, and /v1/... is refused 401 from the headers.
+(DevicePool: 503 `gateway_busy` beyond). The OpenAI-compatible routes (/v1/chat/completions,
+/v1/completions, /v1/embeddings, /v1/models) run their async views here too, on a plain
+HttpRequest, refused 401 / 413 from the headers. Event streams go to their Channels consumers,
+every other request (admin, schema, /metrics, /healthz) to Django, behind the same guard: their
+bodies are bounded too.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from typing import Any, Awaitable, Callable
 from urllib.parse import parse_qsl
 
 from django.conf import settings
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.urls.converters import StringConverter
 
@@ -39,6 +42,8 @@ from . import metrics
 from .auth import AuthenticatedPrincipal, aauthenticate, require_action
 from .device_client import pool
 from .errors import WWW_AUTHENTICATE, ServiceError
+from .openai_views import ROUTES as OPENAI_ROUTES
+from .openai_views import openai_error
 from .strict import loads_strict
 from .views import DeviceCall, MediaView, SharedView
 
@@ -260,6 +265,10 @@ class Front:
         found = self.route(scope["path"])
         if found is not None:
             await self.shared(scope, receive, send, *found)
+            return
+        view = OPENAI_ROUTES.get(scope["path"])
+        if view is not None:
+            await self.openai(scope, receive, send, view)
         else:
             await self.guarded_django(scope, receive, send)
 
@@ -325,6 +334,92 @@ class Front:
         await respond(send, msg["status"], msg["body"], _reply_headers(msg))
         return int(msg["status"])
 
+    # ---- the OpenAI-compatible routes ----------------------------------------------------
+
+    async def openai(self, scope: Scope, receive: Receive, send: Send, view: Callable[..., Awaitable[Any]]) -> None:
+        """/v1/chat/completions and the rest: their async views, run here on a plain HttpRequest,
+        without Django's handler and middleware. Those cost a thread per request (the handler's
+        ThreadSensitiveContext and the sync middlewares' hops): a tenant looping on 429 took the
+        other tenants' reads from 2 ms to 27 ms p50 (docs/performance.md, "Hostile neighbours").
+        Refused from the headers as the guard refuses (401, 413), bodies bounded and timed."""
+        started = time.perf_counter()
+        status = 500
+        try:
+            status = await self._openai(scope, receive, send, view)
+        finally:
+            metrics.record(scope["method"], scope["path"], status, started)
+
+    async def _openai(self, scope: Scope, receive: Receive, send: Send, view: Callable[..., Awaitable[Any]]) -> int:
+        headers = _headers(scope)
+        close = b"transfer-encoding" in headers or headers.get(b"content-length", b"0") not in (b"0", b"")
+        try:
+            user = await aauthenticate(headers.get(b"authorization", b"").decode("latin-1"))
+            if user is None:
+                raise ServiceError(401, "unauthenticated", "Authorization must be 'Bearer <token>'")
+            length = _content_length(headers)
+            if length is not None and length > MAX_CHAT_BODY_BYTES:
+                raise BodyRefused(ServiceError(413, "body_too_large",
+                                               f"the body exceeds this route's {MAX_CHAT_BODY_BYTES} bytes"))
+            raw = await read_body(receive, MAX_CHAT_BODY_BYTES, "body_too_large", settings.AOTX_BODY_TIMEOUT)
+        except ClientGone:
+            return 499
+        except (ServiceError, BodyRefused) as exc:
+            err = exc.error if isinstance(exc, BodyRefused) else exc
+            await self._refuse(send, err, True, close=close or err.status == 401)
+            return err.status
+        request = HttpRequest()
+        request.method = scope["method"]
+        request.path = request.path_info = scope["path"]
+        request.META = {("CONTENT_TYPE" if name == b"content-type" else "CONTENT_LENGTH" if name == b"content-length"
+                         else "HTTP_" + name.decode("latin-1").upper().replace("-", "_")): value.decode("latin-1")
+                        for name, value in headers.items()}
+        request._body = raw  # (HttpRequest.body reads it)
+        try:
+            response = await view(request)
+        except Exception:
+            log.exception("internal error answering %s %s", scope["method"], scope["path"])
+            await self._refuse(send, ServiceError(500, "internal_error", "internal error; see the gateway log"),
+                               True, close=False)
+            return 500
+        await self._send_response(send, receive, response)
+        return int(response.status_code)
+
+    @staticmethod
+    async def _send_response(send: Send, receive: Receive, response: HttpResponseBase) -> None:
+        """A Django response, as Django's handler would send it behind NoStoreMiddleware. A
+        streamed one is sent as its generator yields; the client's disconnect cancels the
+        generator (which closes its device stream: a chat stops and frees its pages)."""
+        out = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in response.items()]
+        out += [(b"cache-control", b"no-store"), (b"x-content-type-options", b"nosniff")]
+        if not isinstance(response, StreamingHttpResponse):
+            assert isinstance(response, HttpResponse)
+            body = response.content
+            out.append((b"content-length", str(len(body)).encode()))
+            await send({"type": "http.response.start", "status": response.status_code, "headers": out})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await send({"type": "http.response.start", "status": response.status_code, "headers": out})
+
+        async def stream() -> None:
+            async for part in response:
+                await send({"type": "http.response.body", "body": part, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+
+        async def disconnected() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        loop = asyncio.get_running_loop()
+        streaming, listening = loop.create_task(stream()), loop.create_task(disconnected())
+        try:
+            await asyncio.wait((streaming, listening), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (streaming, listening):
+                task.cancel()
+            await asyncio.gather(streaming, listening, return_exceptions=True)
+        if streaming.done() and not streaming.cancelled() and streaming.exception() is not None:
+            raise streaming.exception()  # type: ignore[misc]
+
     # ---- everything else: Django, behind the guard --------------------------------------
 
     async def guarded_django(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -380,8 +475,7 @@ class Front:
         if not openai:
             await respond_error(send, err, close)
             return
-        from .openai_views import openai_error  # the OpenAI-compatible routes answer in OpenAI's error shape
-        response = openai_error(err.status, err.code, err.message)
+        response = openai_error(err.status, err.code, err.message)  # OpenAI's error shape
         out = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in response.items()]
         out += [(b"cache-control", b"no-store"), (b"content-length", str(len(response.content)).encode())]
         if close:

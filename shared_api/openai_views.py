@@ -33,7 +33,8 @@ from .device_client import mux
 from .errors import WWW_AUTHENTICATE, ServiceError
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+               404: "invalid_request_error", 405: "invalid_request_error", 408: "invalid_request_error",
+               413: "invalid_request_error", 429: "rate_limit_error",
                503: "server_error", 500: "server_error"}
 # the request field a refusal code is about (its `param`)
 PARAMS = {"invalid_model": "model", "model_not_found": "model", "invalid_messages": "messages",
@@ -355,8 +356,8 @@ async def _complete(request: HttpRequest, parse: Any, shape: Shape) -> HttpRespo
     model = args["model"]
 
     async def events() -> AsyncIterator[str]:
-        # Django cancels this generator when the client disconnects (Django's ASGI handler); closing the
-        # stream then cancels the chat on the device and frees its pages.
+        # The HTTP front (or Django's ASGI handler) cancels this generator when the client disconnects;
+        # closing the stream then cancels the chat on the device and frees its pages.
         n = args.get("n", 1)
         # per choice: its UTF-8 decoder (a character may be split between frames) and its text's length so far
         decoders = [codecs.getincrementaldecoder("utf-8")("replace") for _ in range(n)]
@@ -469,3 +470,8 @@ async def models(request: HttpRequest) -> HttpResponse:
     data = [{"id": m["name"], "object": "model", "created": 0, "owned_by": "aotx"}
             for m in json.loads(msg["body"])["models"]]  # the generation model, then the embedding model
     return HttpResponse(json.dumps({"object": "list", "data": data}), content_type="application/json")
+
+
+# path -> view: the URLconf's /v1 routes, which the HTTP front answers itself (shared_api/front.py)
+ROUTES = {"/v1/chat/completions": chat_completions, "/v1/completions": completions, "/v1/embeddings": embeddings,
+          "/v1/models": models}

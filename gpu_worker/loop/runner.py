@@ -15,6 +15,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..engine.scheduler import EngineRefusal
+from .threads import DEFAULT_NICE, enter_background
 
 if TYPE_CHECKING:
     from ..engine.engine import Engine
@@ -29,9 +30,10 @@ log = logging.getLogger("gpu_worker.runner")
 
 
 class Runner:
-    def __init__(self, engine: Engine, deliver: Callable[[list[Event]], object]) -> None:
+    def __init__(self, engine: Engine, deliver: Callable[[list[Event]], object], nice: int = DEFAULT_NICE) -> None:
         self.engine = engine
         self.deliver = deliver
+        self.nice = nice  # the engine thread's and its torch workers' (loop/threads.py)
         self.commands: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self.failure: BaseException | None = None
@@ -61,6 +63,7 @@ class Runner:
             events.append((request_id, None, b"", command[2], None))
 
     def _run(self) -> None:
+        enter_background("aotx-engine", self.nice)
         try:
             while True:
                 events: list[Event] = []

@@ -140,6 +140,44 @@ def test_tick_cpu_gives_the_tick_loop_a_cpu_of_its_own(stack):
     assert status == 202 and json.loads(body)["admission"]["saved"]
 
 
+def _threads(pid):
+    """{thread id: (name, nice)} of a process (/proc/PID/task/TID/stat: field 19 is the nice value)."""
+    found = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        found[int(tid)] = (name, int(stat[stat.rindex(")") + 2:].split()[16]))
+    return found
+
+
+def _one_chat(stack, token):
+    status, _, body = stack.http("POST", "/v1/chat/completions", {
+        "model": "tiny-llama", "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]}, token=token)
+    assert status == 200, body
+
+
+@pytest.mark.parametrize("option, nice", [((), 10), (("--background-nice", "0"), 0), (("--background-nice", "19"), 19)])
+def test_the_engine_and_its_torch_workers_run_below_the_tick_loop(stack, option, nice):
+    """A forward pass fills the cores: the scheduler must run the tick loop (and the gateway) first."""
+    token = stack.principal("gina")
+    device = stack.boot_device(*option)
+    stack.serve()
+    _one_chat(stack, token)  # the engine's first forward starts torch's workers from its thread
+    threads = _threads(device.proc.pid)
+    assert threads.pop(device.proc.pid)[1] == 0  # the tick loop
+    engine = [n for name, n in threads.values() if name == "aotx-engine"]
+    assert len(engine) >= min(2, len(os.sched_getaffinity(0))), threads  # the engine and torch's workers
+    assert engine == [nice] * len(engine)
+    assert {n for name, n in threads.values() if name in ("aotx-sockets", "aotx-tick-io")} == {0}
+
+
+def test_background_nice_out_of_range_is_refused_with_one_line(stack, tmp_path):
+    out = subprocess.run([PYTHON, "-m", "gpu_worker", "boot", "--ccir", stack.runtime, "--journal",
+                          str(tmp_path / "j4"), "--service-grants", str(stack.grants), "--background-nice", "20"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--background-nice 20" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("one_cpu, tick_cpu, message", [
     (False, "4096", "--tick-cpu 4096 is not among the CPUs"),
     (True, "{cpu}", "--tick-cpu needs at least two CPUs"),  # the process may use only that CPU

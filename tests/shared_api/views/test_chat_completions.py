@@ -404,3 +404,62 @@ def test_a_stream_that_goes_silent_ends_with_a_timeout_event(device, people):
     data = events(content)
     assert "[DONE]" not in data
     assert json.loads(data[-1])["error"]["code"] == "device_timeout"
+
+
+# ---- through the HTTP front, as the server runs it
+
+def test_the_front_answers_the_openai_routes_itself_not_through_djangos_handler(gateway, device, people, monkeypatch):
+    """Django's ASGI handler and its sync middleware cost a thread per request: the front runs the
+    async views on the event loop (a tenant looping on 429 slowed every other tenant's reads)."""
+    from aotx_site.asgi import application
+
+    async def no_django(scope, receive, send):
+        raise AssertionError(f"{scope['path']} went to Django's handler")
+    monkeypatch.setattr(application, "django", no_django)
+    device.handler = completes()
+    response = post(gateway, people["chatter"], chat())
+    assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == RESULT["text"]
+    assert response["Cache-Control"] == "no-store" and response["Content-Type"] == "application/json"
+    assert int(response["Content-Length"]) == len(response.content)
+    assert_openai_error(gateway.get(PATH, people["chatter"]), 405, "method_not_allowed", "invalid_request_error")
+
+
+def test_a_streamed_chat_whose_client_goes_away_is_closed_on_the_device(device, people):
+    """The front's stream of a chat: the client's http.disconnect cancels it, and the device is told
+    (`subscriptions.close`: the chat stops and frees its pages)."""
+    from aotx_site.asgi import application
+    from shared_api import device_client
+    device.handler = lambda req: [{"status": 200, "body": b"", "more": True, "event": "accepted"},
+                                  {"status": 200, "body": b"Hel", "more": True}]  # and then nothing
+    body = json.dumps(chat(stream=True)).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": PATH, "raw_path": PATH.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"authorization", people["chatter"].authorization.encode()),
+                         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 50000), "server": ("testserver", 80)}
+    sent = []
+
+    async def go():
+        import asyncio
+        got_text = asyncio.Event()
+        pieces = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive():
+            if pieces:
+                return pieces.pop()
+            await got_text.wait()
+            return {"type": "http.disconnect"}  # the client went away mid-stream
+
+        async def send(message):
+            sent.append(message)
+            if b"Hel" in message.get("body", b""):
+                got_text.set()
+        try:
+            await asyncio.wait_for(application(scope, receive, send), 10)
+        finally:
+            await device_client.aclose_loop()
+    async_to_sync(go)()
+    assert sent[0]["status"] == 200 and dict(sent[0]["headers"])[b"content-type"] == b"text/event-stream"
+    assert any(b'"content": "Hel"' in m.get("body", b"") for m in sent)
+    wait_for(lambda: [r["op"] for r in device.requests] == [OP, "subscriptions.close"], timeout=5,
+             what="the chat, then its close")
