@@ -21,8 +21,9 @@ an upper bound on "from the device saving it", since it includes the mutation's 
 the gateway and the device. RSS per stream is the gateway's resident memory with every stream
 open, less the same process's before they opened, over the number of streams. CPU per delivered
 update is the gateway and device processes' CPU (user + system, /proc) over the phase, divided by
-the updates the clients received (one per client and input). The clients are one asyncio process
-with one HTTP/1.1 connection each, on the same 2-core machine.
+the updates the clients received (one per client and input). The clients are one uvloop process
+with one HTTP/1.1 connection each (an asyncio protocol per stream, as bench/http.py's load), on the
+same 2-core machine.
 """
 import os
 import sys
@@ -32,12 +33,15 @@ sys.path[0] = ROOT  # not bench/: bench/http.py would shadow the standard librar
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
+import gc  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+import uvloop  # noqa: E402
 
 from aotx_client import Client  # noqa: E402
 from gpu_worker.pack import pack_tiny  # noqa: E402
@@ -69,36 +73,63 @@ def percentile(values, q):
 
 # ---- clients -----------------------------------------------------------------------------------
 
-async def follow(port, path, token, received, opened):
-    """One SSE client: records (cursor, arrival time) of each event. It reads whole chunks and
-    looks for `id:` lines only, so the clients take as little of the shared CPU as they can."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path}?stream=true HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
-                 f"Accept: text/event-stream\r\n\r\n".encode())
-    await writer.drain()
-    head = await reader.readuntil(b"\r\n\r\n")
-    if b" 200 " not in head.split(b"\r\n", 1)[0]:
-        raise RuntimeError(f"stream refused: {head[:200]!r}")
-    opened.set()
-    marker = f"id: {path}@".encode()
-    pending = b""
-    try:
-        while True:
-            chunk = await reader.read(1 << 16)
-            if not chunk:
+class Follower(asyncio.Protocol):
+    """One SSE client: records (cursor, arrival time) of each event. A protocol, not a stream
+    reader, under uvloop (as bench/http.py's clients): it scans each chunk for `id:` lines only,
+    so the clients take as little of the shared CPU as they can."""
+
+    def __init__(self, path, token, received, opened):
+        self.request = (f"GET {path}?stream=true HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+                        f"Accept: text/event-stream\r\n\r\n").encode()
+        self.marker = f"id: {path}@".encode()
+        self.received = received
+        self.opened = opened
+        self.head = b""
+        self.pending = b""
+        self.closed = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport):
+        self.transport = transport
+        transport.write(self.request)
+
+    def data_received(self, chunk):
+        now = time.monotonic()
+        if not self.opened.is_set():
+            self.head += chunk
+            end = self.head.find(b"\r\n\r\n")
+            if end < 0:
                 return
-            now = time.monotonic()
-            data = pending + chunk
-            start = data.find(marker)
-            while start >= 0:
-                end = data.find(b"\n", start)
-                if end < 0:
-                    break
-                received.append((int(data[start + len(marker):end]), now))
-                start = data.find(marker, end)
-            pending = data[start:] if start >= 0 else data[-len(marker):]
+            if b" 200 " not in self.head.split(b"\r\n", 1)[0]:
+                self.closed.set_exception(RuntimeError(f"stream refused: {self.head[:200]!r}"))
+                self.transport.close()
+                return
+            self.opened.set()
+            chunk, self.head = self.head[end + 4:], b""
+        marker, received = self.marker, self.received
+        data = self.pending + chunk
+        start = data.find(marker)
+        while start >= 0:
+            end = data.find(b"\n", start)
+            if end < 0:
+                break
+            received.append((int(data[start + len(marker):end]), now))
+            start = data.find(marker, end)
+        self.pending = data[start:] if start >= 0 else data[-len(marker):]
+
+    def connection_lost(self, exc):
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+async def follow(port, path, token, received, opened):
+    """Follow the stream until cancelled (or the server closes it)."""
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.create_connection(lambda: Follower(path, token, received, opened),
+                                                       "127.0.0.1", port)
+    try:
+        await protocol.closed
     finally:
-        writer.close()
+        transport.close()
 
 
 BUSY: list[int] = []  # polls the gateway answered 503 gateway_busy
@@ -160,6 +191,10 @@ async def warm(ports, path, token):
 
 
 async def run_phase(kind, ports, path, token, args, pids, post):
+    # This process loaded torch (pack_tiny): a full collection of the cyclic GC then takes ~100 ms
+    # and would stall every client at once. What exists now is kept out of its reach.
+    gc.collect()
+    gc.freeze()
     received = [[] for _ in range(args.streams)]
     await warm(ports, path, token)
     rss_before = {pid: rss_bytes(pid) for pid in pids["gateways"]}
@@ -252,9 +287,9 @@ def measure(base, args, redis):
         pids = {"gateways": [g.gateway.proc.pid for g in gateways]}
         pids["all"] = pids["gateways"] + [stack.device.proc.pid]
         ports = [g.port for g in gateways]
-        results = [asyncio.run(run_phase("stream", ports, path, token, args, pids, post))]
+        results = [uvloop.run(run_phase("stream", ports, path, token, args, pids, post))]
         if not redis:
-            results.append(asyncio.run(run_phase("poll", ports, path, token, args, pids, post)))
+            results.append(uvloop.run(run_phase("poll", ports, path, token, args, pids, post)))
         return results
     finally:
         driver.close()

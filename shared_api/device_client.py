@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import threading
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from django.conf import settings
 from django.http import HttpResponse
@@ -160,7 +160,7 @@ class DeviceMux:
                             continue
                         if not msg.get("more"):
                             del self._streams[stream.id]
-                        stream.queue.put_nowait(msg)
+                        stream.deliver(msg)
         except (OSError, ProtocolError) as exc:
             failure = ServiceError(503, "device_unavailable", f"the device connection failed: {exc}")
         finally:
@@ -263,6 +263,14 @@ class DeviceStream:
         self.mux = mux
         self.id = req_id
         self.queue: asyncio.Queue[Message | ServiceError] = asyncio.Queue()
+        # called by the mux's reader with each frame while the queue is empty; True: taken, not queued
+        self.on_frame: Callable[[Message], bool] | None = None
+
+    def deliver(self, msg: Message) -> None:
+        """A frame from the mux's reader: to `on_frame` when nothing is queued before it and it takes
+        the frame at once (no wake-up of the task waiting in `next`), else queued, in order."""
+        if self.on_frame is None or not self.queue.empty() or not self.on_frame(msg):
+            self.queue.put_nowait(msg)
 
     async def next(self, timeout: float | None = None) -> Message:
         """The next frame (or KEEP_ALIVE, after `nudge`); asyncio.TimeoutError after `timeout`
