@@ -9,7 +9,9 @@ dropped connection), a header timeout (a connection that does not finish its hea
 one error body for requests the parser refuses. The keep-alive idle timeout is uvicorn's
 (`idle_timeout`); the body timeout and limits are the application's (shared_api/front.py).
 RedactQuery keeps query values out of the access log (a token sent in a URL is refused and never
-written down)."""
+written down). Each request's scope carries `extensions["aotx.write_nowait"]`: the event streams
+write an event's bytes through it from the device reader's turn of the loop when the connection
+takes them at once (shared_api/streams.py)."""
 from __future__ import annotations
 
 import asyncio
