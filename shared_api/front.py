@@ -44,6 +44,7 @@ from .device_client import pool
 from .errors import WWW_AUTHENTICATE, ServiceError
 from .openai_views import ROUTES as OPENAI_ROUTES
 from .openai_views import openai_error
+from .refusals import RefusalBackoff, is_quota_refusal
 from .strict import loads_strict
 from .views import DeviceCall, MediaView, SharedView
 
@@ -239,6 +240,8 @@ class Front:
         self.django = django
         self.streams = streams
         self._routes: list[Route] | None = None
+        self.refusals = RefusalBackoff()  # over-quota answers, later for a principal that keeps asking
+        self.sleep = asyncio.sleep  # (its waits: tests record them)
 
     def route(self, path: str) -> tuple[Route, dict[str, str]] | None:
         if self._routes is None:
@@ -331,8 +334,18 @@ class Front:
             log.exception("internal error answering %s %s", method, scope["path"])
             await respond_error(send, ServiceError(500, "internal_error", "internal error; see the gateway log"))
             return 500
-        await respond(send, msg["status"], msg["body"], _reply_headers(msg))
+        reply_headers = _reply_headers(msg)
+        if is_quota_refusal(msg["status"], msg["body"]):
+            reply_headers.append((b"retry-after", b"1"))
+            await self.refused_again(user.principal_id)
+        await respond(send, msg["status"], msg["body"], reply_headers)
         return int(msg["status"])
+
+    async def refused_again(self, principal_id: str) -> None:
+        """Wait before answering a principal's over-quota refusal (shared_api/refusals.py)."""
+        delay = self.refusals.delay(principal_id)
+        if delay:
+            await self.sleep(delay)
 
     # ---- the OpenAI-compatible routes ----------------------------------------------------
 
@@ -381,6 +394,9 @@ class Front:
             await self._refuse(send, ServiceError(500, "internal_error", "internal error; see the gateway log"),
                                True, close=False)
             return 500
+        if isinstance(response, HttpResponse) and is_quota_refusal(response.status_code, response.content):
+            response["Retry-After"] = "1"
+            await self.refused_again(user.principal_id)
         await self._send_response(send, receive, response)
         return int(response.status_code)
 
