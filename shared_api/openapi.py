@@ -426,7 +426,9 @@ CODES = {
     "unsupported_media_type": "the body is not `application/json`",
     "journal_hold": "a journal hold pauses persistent admission (`cause`, `disk_error`, `pending_bytes`)",
     "quota_exceeded": "the caller's principal is at one of its quotas (`quota` names it; `limit`, `used`); "
-                      "nothing changed",
+                      "nothing changed. `Retry-After: 1`; a principal refused again within a second is answered "
+                      "after 10 ms, then 20 ms, doubling to 1 s (the gateway's refusal backoff; a second without "
+                      "a refusal starts it over)",
     # 503
     "device_unavailable": "the device is not reachable; nothing was admitted",
     "device_connection_lost": "the connection to the device broke after the request was sent: a mutation may "
