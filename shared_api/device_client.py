@@ -235,7 +235,6 @@ class DeviceMux:
         closing = DeviceStream(self, next(self._ids))  # its one reply is read and dropped
         self._abandoned.add(closing.id)
         self._post(self._writer, request(closing.id, "subscriptions.close", None, {"id": stream.id}))
-        self._flush(self._writer)  # now: the client that went away may be the loop's last work
         try:
             await self._writer.drain()
         except OSError:

@@ -149,6 +149,12 @@ def _accepts_json(headers: dict[bytes, bytes]) -> bool:
     return False
 
 
+def _body_follows(headers: dict[bytes, bytes]) -> bool:
+    """Whether a body follows the headers: answered before it is read, such a request leaves the
+    connection unusable (the answer closes it)."""
+    return b"transfer-encoding" in headers or headers.get(b"content-length", b"0") not in (b"0", b"")
+
+
 def _content_length(headers: dict[bytes, bytes]) -> int | None:
     value = headers.get(b"content-length")
     if value is None:
@@ -289,8 +295,7 @@ class Front:
     async def _shared(self, scope: Scope, receive: Receive, send: Send, view: SharedView, kwargs: dict[str, str],
                       method: str) -> int:
         headers = _headers(scope)
-        # answered before its body was read, a request that has one leaves the connection unusable
-        close = b"transfer-encoding" in headers or headers.get(b"content-length", b"0") not in (b"0", b"")
+        close = _body_follows(headers)
         try:
             if not _accepts_json(headers):  # DRF negotiates first, before it authenticates
                 raise ServiceError(406, "not_acceptable", "Could not satisfy the request Accept header.")
@@ -364,7 +369,7 @@ class Front:
 
     async def _openai(self, scope: Scope, receive: Receive, send: Send, view: Callable[..., Awaitable[Any]]) -> int:
         headers = _headers(scope)
-        close = b"transfer-encoding" in headers or headers.get(b"content-length", b"0") not in (b"0", b"")
+        close = _body_follows(headers)
         try:
             user = await aauthenticate(headers.get(b"authorization", b"").decode("latin-1"))
             if user is None:
@@ -401,12 +406,16 @@ class Front:
         return int(response.status_code)
 
     @staticmethod
-    async def _send_response(send: Send, receive: Receive, response: HttpResponseBase) -> None:
-        """A Django response, as Django's handler would send it behind NoStoreMiddleware. A
-        streamed one is sent as its generator yields; the client's disconnect cancels the
-        generator (which closes its device stream: a chat stops and frees its pages)."""
+    async def _send_response(send: Send, receive: Receive | None, response: HttpResponseBase,
+                             close: bool = False) -> None:
+        """A Django response, as Django's handler would send it behind NoStoreMiddleware (with
+        `close`, the connection ends after it). A streamed one is sent as its generator yields;
+        the client's disconnect (`receive`) cancels the generator (which closes its device
+        stream: a chat stops and frees its pages)."""
         out = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in response.items()]
         out += [(b"cache-control", b"no-store"), (b"x-content-type-options", b"nosniff")]
+        if close:
+            out.append((b"connection", b"close"))
         if not isinstance(response, StreamingHttpResponse):
             assert isinstance(response, HttpResponse)
             body = response.content
@@ -414,6 +423,7 @@ class Front:
             await send({"type": "http.response.start", "status": response.status_code, "headers": out})
             await send({"type": "http.response.body", "body": body})
             return
+        assert receive is not None
         await send({"type": "http.response.start", "status": response.status_code, "headers": out})
 
         async def stream() -> None:
@@ -486,18 +496,12 @@ class Front:
         if refused and not started:  # Django gave up on the body (RequestAborted) and answered nothing
             await self._refuse(send, refused[0], openai, close=True)
 
-    @staticmethod
-    async def _refuse(send: Send, err: ServiceError, openai: bool, close: bool) -> None:
+    @classmethod
+    async def _refuse(cls, send: Send, err: ServiceError, openai: bool, close: bool) -> None:
         if not openai:
             await respond_error(send, err, close)
             return
-        response = openai_error(err.status, err.code, err.message)  # OpenAI's error shape
-        out = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in response.items()]
-        out += [(b"cache-control", b"no-store"), (b"content-length", str(len(response.content)).encode())]
-        if close:
-            out.append((b"connection", b"close"))
-        await send({"type": "http.response.start", "status": err.status, "headers": out})
-        await send({"type": "http.response.body", "body": response.content})
+        await cls._send_response(send, None, openai_error(err.status, err.code, err.message), close)  # OpenAI's shape
 
 
 class _MethodNotAllowed(Exception):
