@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from django.conf import settings
 from django.http import HttpResponse
@@ -114,7 +114,7 @@ class DeviceMux:
         self._writer: asyncio.StreamWriter | None = None
         self._reading: asyncio.Task[None] | None = None
         self._connecting = asyncio.Lock()
-        self._streams: dict[int, DeviceStream] = {}
+        self._streams: dict[int, DeviceStream | DeviceReply] = {}
         # ids whose last frames may still come and are dropped: streams closed early, calls that
         # timed out. Any other unknown id means the connection is out of step: it is closed.
         self._abandoned: set[int] = set()
@@ -170,15 +170,16 @@ class DeviceMux:
             streams, self._streams = self._streams, {}
             self._abandoned.clear()
             for stream in streams.values():
-                stream.queue.put_nowait(failure)
+                stream.fail(failure)
 
     async def _send(self, op: str, principal_id: str | None, args: dict[str, Any] | None,
-                    retry_stale: bool) -> DeviceStream:
-        """Send one request. A connection that turns out to be closed when written to reached
+                    retry_stale: bool, kind: type[DeviceStream] | type[DeviceReply]) -> Any:
+        """Send one request; its frames go to a new `kind` (a DeviceStream, or a DeviceReply for a
+        one-reply call). A connection that turns out to be closed when written to reached
         nothing: with retry_stale, the request goes once more on a fresh connection."""
         for attempt in (0, 1):
             writer, fresh = await self._connection()
-            stream = DeviceStream(self, next(self._ids))
+            stream = kind(self, next(self._ids))
             self._streams[stream.id] = stream
             try:
                 if writer.is_closing():
@@ -210,23 +211,26 @@ class DeviceMux:
 
     async def open(self, op: str, principal_id: str | None, args: dict[str, Any]) -> DeviceStream:
         """Send one request; its frames arrive on the returned stream."""
-        return await self._send(op, principal_id, args, retry_stale=False)
+        return cast(DeviceStream, await self._send(op, principal_id, args, retry_stale=False, kind=DeviceStream))
 
     async def call(self, op: str, principal_id: str | None, args: dict[str, Any] | None = None,
                    timeout: float | None = None) -> Message:
         """One request and its one reply {"status", "body", "headers"?}."""
-        stream = await self._send(op, principal_id, args, retry_stale=True)
+        waiter = cast(DeviceReply, await self._send(op, principal_id, args, retry_stale=True, kind=DeviceReply))
         limit = self.timeout if timeout is None else timeout
+        timer = asyncio.get_running_loop().call_later(limit, waiter.expire)
         try:
-            return await stream.next(limit)
-        except (asyncio.TimeoutError, TimeoutError):
-            if self._streams.pop(stream.id, None) is not None:
-                self._abandoned.add(stream.id)
+            return await waiter.future
+        except asyncio.TimeoutError:  # (the timer's: no reply within the limit)
+            if self._streams.pop(waiter.id, None) is not None:
+                self._abandoned.add(waiter.id)
             raise _timed_out(limit) from None
         except ServiceError as exc:  # the connection failed after the request was written
             raise ServiceError(503, "device_connection_lost",
                                f"the device connection broke after the request was sent ({exc.message}); it may "
                                "have been admitted: retry it exactly") from None
+        finally:
+            timer.cancel()
 
     async def _close(self, stream: DeviceStream) -> None:
         if self._streams.pop(stream.id, None) is None or self._writer is None:
@@ -271,6 +275,10 @@ class DeviceStream:
         if self.on_frame is None or not self.queue.empty() or not self.on_frame(msg):
             self.queue.put_nowait(msg)
 
+    def fail(self, error: ServiceError) -> None:
+        """The connection failed: `next` raises `error` after the frames already queued."""
+        self.queue.put_nowait(error)
+
     async def next(self, timeout: float | None = None) -> Message:
         """The next frame (or KEEP_ALIVE, after `nudge`); asyncio.TimeoutError after `timeout`
         seconds without one. A long-lived stream waits without a timeout: arming and cancelling a
@@ -293,6 +301,30 @@ class DeviceStream:
     async def close(self) -> None:
         """Stop the request (its client went away); never waits for the device."""
         await self.mux._close(self)
+
+
+class DeviceReply:
+    """The one reply of a call (DeviceMux.call), as a future with a timer handle: a queue and an
+    `asyncio.timeout` per call cost a few percent of the gateway's time for a small mutation."""
+
+    __slots__ = ("mux", "id", "future")
+
+    def __init__(self, mux: DeviceMux, req_id: int) -> None:
+        self.mux = mux
+        self.id = req_id
+        self.future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+
+    def deliver(self, msg: Message) -> None:
+        if not self.future.done():
+            self.future.set_result(msg)
+
+    def fail(self, error: ServiceError) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+    def expire(self) -> None:
+        if not self.future.done():
+            self.future.set_exception(asyncio.TimeoutError())
 
 
 class DevicePool:
@@ -336,19 +368,30 @@ def mux() -> DeviceMux:
     return found
 
 
+_last_pool: tuple[weakref.ref[asyncio.AbstractEventLoop], DevicePool] | None = None
+
+
 def pool() -> DevicePool:
-    """The running event loop's DevicePool."""
+    """The running event loop's DevicePool (the last one found is kept at hand: a lookup in the
+    weak dictionary makes a weak reference each time, and every shared route asks)."""
+    global _last_pool
     loop = asyncio.get_running_loop()
+    last = _last_pool
+    if last is not None and last[0]() is loop:
+        return last[1]
     found = _pools.get(loop)
     if found is None:
         pooled = client()
         found = _pools[loop] = DevicePool(pooled.socket_path, pooled.timeout, settings.AOTX_DEVICE_CONNECTIONS,
                                           settings.AOTX_DEVICE_WAITING)
+    _last_pool = (weakref.ref(loop), found)
     return found
 
 
 async def aclose_loop() -> None:
     """Close the running loop's device connections (a test's event loop, before it ends)."""
+    global _last_pool
+    _last_pool = None
     loop = asyncio.get_running_loop()
     found_pool, found_mux = _pools.pop(loop, None), _muxes.pop(loop, None)
     if found_pool is not None:
@@ -377,7 +420,8 @@ def client() -> DeviceClient:
 
 def reset() -> None:
     """Close and forget the process's clients (tests that point the gateway at another device)."""
-    global _client
+    global _client, _last_pool
+    _last_pool = None
     with _lock:
         if _client is not None:
             _client.close()

@@ -45,6 +45,7 @@ from .errors import WWW_AUTHENTICATE, ServiceError
 from .openai_views import ROUTES as OPENAI_ROUTES
 from .openai_views import openai_error
 from .refusals import RefusalBackoff, is_quota_refusal
+from .server import BODY_READY
 from .strict import loads_strict
 from .views import DeviceCall, MediaView, SharedView
 
@@ -118,8 +119,11 @@ def _headers(scope: Scope) -> dict[bytes, bytes]:
 
 
 def _query(scope: Scope) -> dict[str, str]:
+    query = scope.get("query_string", b"")
+    if not query:
+        return {}
     try:
-        pairs = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True,
+        pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True,
                           max_num_fields=settings.DATA_UPLOAD_MAX_NUMBER_FIELDS)
     except ValueError:
         raise ServiceError(400, "bad_query", "too many query parameters") from None
@@ -165,9 +169,16 @@ def _content_length(headers: dict[bytes, bytes]) -> int | None:
         raise ServiceError(400, "bad_request", "Content-Length must be a decimal integer") from None
 
 
-async def read_body(receive: Receive, limit: int, code: str, timeout: float) -> bytes:
+async def read_body(scope: Scope, receive: Receive, limit: int, code: str, timeout: float) -> bytes:
     """The whole body, at most `limit` bytes (BodyRefused 413 past it, 408 when a chunk takes
-    longer than `timeout`); the memory it holds is the body and no more."""
+    longer than `timeout`); the memory it holds is the body and no more. A body that has all
+    arrived with its headers is taken at once (shared_api/server.py's BODY_READY)."""
+    ready = scope.get("extensions", {}).get(BODY_READY)
+    whole = ready() if ready is not None else None
+    if whole is not None:
+        if len(whole) > limit:
+            raise BodyRefused(ServiceError(413, code, f"the body exceeds this route's {limit} bytes"))
+        return whole
     parts: list[bytes] = []
     size = 0
     while True:
@@ -316,7 +327,7 @@ class Front:
             if length is not None and length > limit:
                 raise ServiceError(413, view_class.body_code, f"the body exceeds this route's {limit} bytes")
             try:
-                raw = await read_body(receive, limit, view_class.body_code, settings.AOTX_BODY_TIMEOUT)
+                raw = await read_body(scope, receive, limit, view_class.body_code, settings.AOTX_BODY_TIMEOUT)
             except BodyRefused as refused:
                 raise refused.error from None
             close = False
@@ -378,7 +389,7 @@ class Front:
             if length is not None and length > MAX_CHAT_BODY_BYTES:
                 raise BodyRefused(ServiceError(413, "body_too_large",
                                                f"the body exceeds this route's {MAX_CHAT_BODY_BYTES} bytes"))
-            raw = await read_body(receive, MAX_CHAT_BODY_BYTES, "body_too_large", settings.AOTX_BODY_TIMEOUT)
+            raw = await read_body(scope, receive, MAX_CHAT_BODY_BYTES, "body_too_large", settings.AOTX_BODY_TIMEOUT)
         except ClientGone:
             return 499
         except (ServiceError, BodyRefused) as exc:

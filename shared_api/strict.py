@@ -32,6 +32,10 @@ def _no_constant(name: str) -> Any:
     raise ServiceError(400, "invalid_json", f"{name} is not JSON")
 
 
+# one decoder for every body (json.loads with hooks builds a new one per call)
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+
+
 def loads_strict(raw: bytes) -> Any:
     if len(raw) > MAX_BODY_BYTES:
         raise ServiceError(413, "body_too_large", f"body exceeds {MAX_BODY_BYTES} bytes")
@@ -39,8 +43,10 @@ def loads_strict(raw: bytes) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ServiceError(400, "invalid_utf8", f"body is not valid UTF-8 at byte {exc.start}") from None
+    if text.startswith("\ufeff"):  # (as json.loads refuses it)
+        raise ServiceError(400, "invalid_json", "body is not JSON: it starts with a byte order mark")
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        return _DECODER.decode(text)
     except ValueError as exc:
         raise ServiceError(400, "invalid_json", f"body is not JSON: {exc}") from None
     except RecursionError:

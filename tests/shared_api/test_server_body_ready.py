@@ -1,0 +1,92 @@
+"""shared_api/server.py's body_ready: a request body that has all arrived is handed over without
+a wait, one that is still coming is left to `receive` (with its timeout), under the real uvicorn
+protocol; the front's read_body gives the same bytes either way."""
+import socket
+import threading
+import time
+
+import uvicorn
+
+from shared_api.front import read_body
+from shared_api.server import BODY_READY, GatewayProtocol
+from tests.conftest import free_port
+
+
+def serve(app):
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=GatewayProtocol, loop="asyncio",
+                                           lifespan="off", log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if server.started:
+            break
+        time.sleep(0.05)
+    return server, thread, port
+
+
+def post(port, pieces, pause=0.0):
+    """POST /echo with a Content-Length body sent in `pieces`; the reply's body."""
+    body = b"".join(pieces)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + pieces[0])
+        for piece in pieces[1:]:
+            time.sleep(pause)
+            sock.sendall(piece)
+        reply = b""
+        while b"\r\n\r\n" not in reply or not reply.endswith(b"!"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    return reply.partition(b"\r\n\r\n")[2]
+
+
+def test_a_body_that_arrived_whole_is_handed_over_and_one_in_pieces_is_read_through_receive():
+    seen = []
+
+    async def app(scope, receive, send):
+        ready = scope["extensions"][BODY_READY]
+        first = ready()
+        seen.append(first is not None)
+        body = first if first is not None else await read_body(scope, receive, 1 << 20, "body_too_large", 5)
+        if first is not None:
+            assert ready() == b""  # taken once, as receive takes it: nothing is handed over twice
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % (len(body) + 1))]})
+        await send({"type": "http.response.body", "body": body + b"!"})
+
+    server, thread, port = serve(app)
+    try:
+        assert post(port, [b'{"a": 1}']) == b'{"a": 1}!'
+        assert post(port, [b"x" * 1000, b"y" * 1000, b"z"], pause=0.2) == b"x" * 1000 + b"y" * 1000 + b"z!"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert seen == [True, False]
+
+
+def test_read_body_refuses_a_whole_body_over_the_limit():
+    import asyncio
+
+    from shared_api.front import BodyRefused
+
+    class Cycle:  # as uvicorn's RequestResponseCycle holds a body whose end the parser has seen
+        more_body, disconnected, response_complete = False, False, False
+        body = bytearray(b"x" * 11)
+        message_event = asyncio.Event()
+
+        class flow:
+            @staticmethod
+            def resume_reading():
+                pass
+
+    from shared_api.server import _body_ready
+
+    async def go():
+        scope = {"extensions": {BODY_READY: lambda: _body_ready(Cycle)}}
+        try:
+            await read_body(scope, None, 10, "body_too_large", 1)
+        except BodyRefused as refused:
+            return refused.error
+    error = asyncio.run(go())
+    assert error.status == 413 and error.code == "body_too_large"
