@@ -1,7 +1,7 @@
 """HTTP mutations/s and receipt reads/s through the gateway beside the service a team would build
 instead, at 16, 64 and 256 concurrent clients, in one run; p50/p99 latency; a table with ratios.
 
-    .venv/bin/python bench/http.py [--seconds 5] [--clients 16,64,256] [--workers N] [--no-drf]
+    .venv/bin/python bench/http.py [--seconds 5] [--clients 16,64,256] [--workers N] [--rounds 3] [--no-drf]
 
 aotx: `manage.py serve` (shared_api/server.py: uvicorn, --workers processes) in front of
 `python -m gpu_worker boot` on a tiny runtime, set up by tests.harness.Stack, its database on the
@@ -23,8 +23,11 @@ history (--no-drf leaves it out).
 Load: one uvloop process, one keep-alive HTTP/1.1 connection per client, closed loop (send, read
 the whole reply, send the next). Each phase warms up for --warmup seconds, then counts the replies
 completed during --seconds; p50/p99 are over those. Any unexpected status aborts the run with the
-reply printed. Each system runs alone (the others are stopped); everything started here is
-stopped before exit.
+reply printed. Every system is started first and waits, idle, while another is measured; then
+--rounds rounds run every phase, the systems in turn for each (kind, concurrency), so the phases
+a ratio compares ran within a minute of each other (this machine's speed drifts by 1.3-1.5x over
+minutes). The table shows each system's median round; the ratios are computed per round and
+their median is shown beside every round's. Everything started here is stopped before exit.
 """
 import os
 import sys
@@ -37,6 +40,7 @@ sys.path[0] = ROOT
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
+import contextlib  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
@@ -219,14 +223,32 @@ def percentile(ordered, q):
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]  # nearest rank
 
 
-def run_phases(name, port, args, mutation_makers, read_makers, created=202):
-    """{(kind, clients): phase result} for this system, mutations then reads at each concurrency."""
-    results = {}
-    for kind, makers, expect in (("mutations", mutation_makers, created), ("reads", read_makers, 200)):
+class System:
+    """One system under test, started and waiting: its port, the clients' request makers for each
+    kind (None: the kind is not measured), the status a mutation answers, and `finish()`, run once
+    after the last phase (checks, the server log's errors)."""
+
+    def __init__(self, name, port, makers, readers, created=202, finish=lambda: []):
+        self.name, self.port, self.created, self.finish = name, port, created, finish
+        self.makers = {"mutations": makers, "reads": readers}
+
+
+def run_round(systems, args, results, number):
+    """Each kind and concurrency once for every system, the systems one after another for each
+    (their order turned by the round's number, so that none always runs first); results[name,
+    kind, clients] collects one phase result per round."""
+    order = systems[number % len(systems):] + systems[:number % len(systems)]
+    for kind in ("mutations", "reads"):
         for c in args.clients:
-            results[kind, c] = uvloop.run(phase(port, makers[:c], expect, args.warmup, args.seconds))
-            print(f"{name} {kind} {c} clients: {results[kind, c][0]:,.0f}/s", file=sys.stderr, flush=True)
-    return results
+            for system in order:
+                makers = system.makers[kind]
+                if makers is None:
+                    continue
+                expect = system.created if kind == "mutations" else 200
+                result = uvloop.run(phase(system.port, makers[:c], expect, args.warmup, args.seconds))
+                results.setdefault((system.name, kind, c), []).append(result)
+                print(f"round {number + 1}: {system.name} {kind} {c} clients: {result[0]:,.0f}/s",
+                      file=sys.stderr, flush=True)
 
 
 # ---- aotx: device + gateway -------------------------------------------------------------------
@@ -275,7 +297,8 @@ def register(stack, token):
     return Identity(token, participant["lineage"], int(participant["next_sequence"]), receipt["operation"])
 
 
-def run_aotx(base, args, clients_max):
+@contextlib.contextmanager
+def aotx_system(base, args, clients_max):
     runtime = base / "bench.aotxccir"
     # room for every mutation of the run (tens of thousands per second at most), memory kept modest
     pack_tiny(str(runtime), shared=True, capacity={"participants": max(512, clients_max), "spaces": 2_000_000,
@@ -296,8 +319,7 @@ def run_aotx(base, args, clients_max):
         identities = [register(stack, token) for _, token in made]
         makers = [mutations(stack.port, f"{BASE}/spaces", identity) for identity in identities]
         readers = [reads(stack.port, lambda op: f"{BASE}/operations/{op}", identity) for identity in identities]
-        results = run_phases("aotx", stack.port, args, makers, readers)
-        return results, gateway_errors(stack.gateway.output())
+        yield System("aotx", stack.port, makers, readers, finish=lambda: gateway_errors(stack.gateway.output()))
     finally:
         stack.stop()
         pg_admin(f"DROP DATABASE IF EXISTS {GATEWAY_DB} WITH (FORCE)")
@@ -376,7 +398,8 @@ def check_idempotence(port, identity, path):
         raise BenchError(f"baseline idempotence check on {path} answered {s1}, {s2}, {s3}")
 
 
-def run_fastapi(base, args, clients_max):
+@contextlib.contextmanager
+def fastapi_system(base, args, clients_max):
     from bench.fastapi_baseline.app import PREFIX, TABLES
     port = free_port()
     env = dict(os.environ, BASELINE_PG=f"{PG}/{FASTAPI_DB}", BASELINE_TABLE_PREFIX=PREFIX,
@@ -396,16 +419,19 @@ def run_fastapi(base, args, clients_max):
         seed(port, identities, "/m")
         makers = [mutations(port, "/m", identity) for identity in identities]
         readers = [reads(port, lambda op: f"/operations/{op}", identity) for identity in identities]
-        results = run_phases("fastapi", port, args, makers, readers)
-        check_idempotence(port, identities[0], "/m")
-        return results, gateway_errors(server.output())
+
+        def finish():
+            check_idempotence(port, identities[0], "/m")
+            return gateway_errors(server.output())
+        yield System("fastapi", port, makers, readers, finish=finish)
     finally:
         if server is not None:
             server.kill()
         pg_admin(drop, FASTAPI_DB)
 
 
-def run_ceiling(base, args, clients_max):
+@contextlib.contextmanager
+def ceiling_system(base, args, clients_max):
     port = free_port()
     server = uvicorn_server(base, "ceiling", "bench.ceiling:app", port, args.workers, dict(os.environ))
     try:
@@ -413,12 +439,13 @@ def run_ceiling(base, args, clients_max):
         identities = [Identity("x", secrets.token_hex(16), 1, "op-x") for _ in range(clients_max)]
         makers = [mutations(port, "/m", identity) for identity in identities]
         readers = [reads(port, lambda op: f"/operations/{op}", identity) for identity in identities]
-        return run_phases("ceiling", port, args, makers, readers, created=200), []
+        yield System("ceiling", port, makers, readers, created=200)
     finally:
         server.kill()
 
 
-def run_drf(base, args, clients_max):
+@contextlib.contextmanager
+def drf_system(base, args, clients_max):
     port = free_port()
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="bench.baseline.settings",
                BASELINE_DATABASE_URL=f"{PG}/{BASELINE_DB}")
@@ -435,12 +462,11 @@ def run_drf(base, args, clients_max):
         wait_for(lambda: listening(server, port, "drf baseline"), 60, what="drf baseline port")
         print(f"drf: daphne pid {server.proc.pid}, port {port}", file=sys.stderr, flush=True)
         makers = [mutations(port, "/m", identity) for identity in identities]
-        results = {}
-        for c in args.clients:
-            results["mutations", c] = uvloop.run(phase(port, makers[:c], 202, args.warmup, args.seconds))
-            print(f"drf mutations {c} clients: {results['mutations', c][0]:,.0f}/s", file=sys.stderr, flush=True)
-        check_idempotence(port, identities[0], "/m")
-        return results, gateway_errors(server.output())
+
+        def finish():
+            check_idempotence(port, identities[0], "/m")
+            return gateway_errors(server.output())
+        yield System("drf", port, makers, None, finish=finish)  # (mutations only, as it was measured)
     finally:
         if server is not None:
             server.kill()
@@ -460,41 +486,62 @@ def main():
                         help="the gateway's mutations/s at 64 clients before this work (issue 20: daphne, sync views)")
     parser.add_argument("--no-drf", action="store_true", help="leave out the earlier DRF + daphne baseline")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of every phase; the systems take turns within each (ratios per round, and their median)")
     args = parser.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
     clients_max = max(args.clients)
     os.makedirs(os.path.join(ROOT, "var"), exist_ok=True)
     # on the real disk (var/), like the PostgreSQL data directory: /tmp may be a tmpfs
     base = Path(tempfile.mkdtemp(prefix="bench-http-", dir=os.path.join(ROOT, "var")))
-    systems, errors = {}, {}
+    starts = [aotx_system, fastapi_system, ceiling_system, *(() if args.no_drf else (drf_system,))]
+    results, errors = {}, {}
     try:
-        for name, run in (("aotx", run_aotx), ("fastapi", run_fastapi), ("ceiling", run_ceiling),
-                          *((() if args.no_drf else (("drf", run_drf),)))):
-            systems[name], errors[name] = run(base, args, clients_max)
+        with contextlib.ExitStack() as running:  # every system up (and idle) while the others run
+            systems = [running.enter_context(start(base, args, clients_max)) for start in starts]
+            for number in range(args.rounds):
+                run_round(systems, args, results, number)
+            for system in systems:
+                errors[system.name] = system.finish()
     except BenchError as exc:
         raise SystemExit(f"bench aborted: {exc}\n(logs kept in {base})")
     if not args.keep:  # after a failure the logs stay
         shutil.rmtree(base, ignore_errors=True)
+    report(args, results, errors)
 
+
+def report(args, results, errors):
+    """Each system's phases (the round with the median rate), then the ratios of each round (its
+    phases ran minutes apart at most, the systems in turn) and their median."""
     print(f"aotx: POST {BASE}/spaces, GET {BASE}/operations/{{op}}; fastapi: FastAPI + asyncpg POST /m, "
           f"GET /operations/{{op}}; ceiling: fixed 200; drf: DRF + PostgreSQL under daphne (1 process); "
           f"{args.workers} workers; {args.seconds:g} s per phase after {args.warmup:g} s warm-up; "
-          f"{os.cpu_count()} CPUs")
-    print(f"{'system':<9} {'kind':<10} {'clients':>7} {'per s':>9} {'p50 ms':>8} {'p99 ms':>8} {'n':>8} {'client CPU':>10}")
+          f"{args.rounds} rounds; {os.cpu_count()} CPUs")
+    print(f"{'system':<9} {'kind':<10} {'clients':>7} {'per s':>9} {'p50 ms':>8} {'p99 ms':>8} {'n':>8} "
+          f"{'client CPU':>10}  per s in each round")
     for kind in ("mutations", "reads"):
-        for name, results in systems.items():
+        for name in ("aotx", "fastapi", "ceiling", "drf"):
             for c in args.clients:
-                if (kind, c) in results:
-                    rate, p50, p99, n, cpu = results[kind, c]
-                    print(f"{name:<9} {kind:<10} {c:>7} {rate:>9,.0f} {p50:>8.2f} {p99:>8.2f} {n:>8} {cpu:>10.0%}")
-    aotx, fastapi, ceiling = systems["aotx"], systems["fastapi"], systems["ceiling"]
+                runs = results.get((name, kind, c))
+                if not runs:
+                    continue
+                rate, p50, p99, n, cpu = sorted(runs)[len(runs) // 2]
+                each = " / ".join(f"{r[0]:,.0f}" for r in runs)
+                print(f"{name:<9} {kind:<10} {c:>7} {rate:>9,.0f} {p50:>8.2f} {p99:>8.2f} {n:>8} {cpu:>10.0%}  {each}")
     print(f"{'ratios':<20} {'clients':>7} {'aotx/fastapi':>12} {'p99 aotx/fastapi':>16} {'aotx/ceiling':>12}"
-          f" {'aotx/today':>10}")
+          f" {'aotx/today':>10}  (median of the rounds; each round)")
     for kind in ("mutations", "reads"):
         for c in args.clients:
-            a, f, t = aotx[kind, c], fastapi[kind, c], ceiling[kind, c]
-            today = f"{a[0] / args.today:>10.1f}" if kind == "mutations" else f"{'':>10}"
-            print(f"{kind:<20} {c:>7} {a[0] / f[0]:>12.2f} {a[2] / f[2]:>16.2f} {a[0] / t[0]:>12.2f} {today}")
+            rounds = list(zip(results["aotx", kind, c], results["fastapi", kind, c], results["ceiling", kind, c]))
+            columns = [[a[0] / f[0] for a, f, _ in rounds], [a[2] / f[2] for a, f, _ in rounds],
+                       [a[0] / t[0] for a, _, t in rounds]]
+            if kind == "mutations":
+                columns.append([a[0] / args.today for a, _, _ in rounds])
+            medians = [sorted(column)[len(column) // 2] for column in columns]
+            cells = [f"{medians[0]:>12.2f}", f"{medians[1]:>16.2f}", f"{medians[2]:>12.2f}",
+                     f"{medians[3]:>10.1f}" if kind == "mutations" else f"{'':>10}"]
+            each = "; ".join(", ".join(f"{value:.2f}" for value in column) for column in columns)
+            print(f"{kind:<20} {c:>7} {' '.join(cells)}  ({each})")
     for name, lines in errors.items():
         for line in lines:
             print(f"{name} log: {line}")
