@@ -26,7 +26,8 @@ a closed loop of `GET /participant` (read) and `POST /spaces/{spc}/conversations
   slow          200 connections that send a request's headers one byte every 2 s.
 
 Reported per phase: the normal client's read and mutation p50/p99 (ms) and their ratio to the
-alone phase, its inputs on time, and the gateway's peak RSS over its RSS at the phase's start (all
+client alone just before that pattern (measured again before each pattern, after the previous one
+drained: this machine's speed drifts by 1.3-1.5x over minutes), its inputs on time, and the gateway's peak RSS over its RSS at the phase's start (all
 of the gateway's processes, /proc). Goal (issue "hostile neighbours"): p99 within 2x of alone,
 every input on time, RSS within +100 MiB.
 """
@@ -345,9 +346,14 @@ def main() -> None:
         # the measured client ~100 ms; what exists now is kept out of its reach
         gc.collect()
         gc.freeze()
-        rows = [("alone", asyncio.run(normal_phase(stack.port, normal, args.seconds, pid, space, con)))]
+        first = asyncio.run(normal_phase(stack.port, normal, args.seconds, pid, space, con))
+        rows = [("alone", first, first)]
         try:
-            for pattern in patterns:
+            for number, pattern in enumerate(patterns):
+                # the client alone again just before each pattern (after the drain): its ratio is to
+                # that phase, a minute from it at most, not to one the machine's drift left behind
+                alone = first if number == 0 else asyncio.run(normal_phase(stack.port, normal, args.seconds, pid,
+                                                                            space, con))
                 log = open(Path(tmp) / f"hostile-{pattern}.log", "w+")
                 proc = subprocess.Popen([PYTHON, __file__, "--hostile", pattern, "--port", str(stack.port),
                                          "--token", tokens[pattern]], stdout=log, stderr=subprocess.STDOUT,
@@ -357,7 +363,8 @@ def main() -> None:
                              what=f"{pattern} ready")
                 else:
                     time.sleep(2)  # the load is on before measuring
-                rows.append((pattern, asyncio.run(normal_phase(stack.port, normal, args.seconds, pid, space, con))))
+                rows.append((pattern, asyncio.run(normal_phase(stack.port, normal, args.seconds, pid, space, con)),
+                             alone))
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 if proc.returncode not in (-signal.SIGKILL, 0):
@@ -365,15 +372,16 @@ def main() -> None:
                 time.sleep(2)  # let the gateway and device drain what the hostile process left
         finally:
             stack.stop()
-    alone = rows[0][1]
-    print(f"normal client beside each pattern, {args.seconds:.0f} s a phase; ms; ratio to alone")
+    print(f"normal client beside each pattern, {args.seconds:.0f} s a phase; ms; ratio to the client alone just "
+          f"before the pattern (its p99s under 'alone before')")
     print(f"{'phase':<14} {'read p50':>9} {'read p99':>9} {'x':>6} {'write p50':>10} {'write p99':>10} {'x':>6}"
-          f" {'inputs ok':>10} {'RSS +MiB':>9}  errors")
-    for name, r in rows:
+          f" {'alone before':>13} {'inputs ok':>10} {'RSS +MiB':>9}  errors")
+    for name, r, alone in rows:
         (r50, r99, _), (w50, w99, _) = r["read"], r["write"]
+        a99, b99 = alone["read"][1], alone["write"][1]
         ok, total = r["inputs"]
-        print(f"{name:<14} {r50:>9.1f} {r99:>9.1f} {r99 / alone['read'][1]:>5.2f}x {w50:>10.1f} {w99:>10.1f}"
-              f" {w99 / alone['write'][1]:>5.2f}x {ok:>5}/{total:<4} {r['rss_mib']:>9.1f}  "
+        print(f"{name:<14} {r50:>9.1f} {r99:>9.1f} {r99 / a99:>5.2f}x {w50:>10.1f} {w99:>10.1f} {w99 / b99:>5.2f}x"
+              f" {f'{a99:.1f} / {b99:.1f}':>13} {ok:>5}/{total:<4} {r['rss_mib']:>9.1f}  "
               f"{json.dumps(r['errors']) if r['errors'] else ''}")
 
 
