@@ -510,6 +510,11 @@ def main():
     report(args, results, errors)
 
 
+def middle(values):
+    """The median of an odd count, the upper middle of an even one (a phase result: by its rate)."""
+    return sorted(values)[len(values) // 2]
+
+
 def report(args, results, errors):
     """Each system's phases (the round with the median rate), then the ratios of each round (its
     phases ran minutes apart at most, the systems in turn) and their median."""
@@ -525,7 +530,7 @@ def report(args, results, errors):
                 runs = results.get((name, kind, c))
                 if not runs:
                     continue
-                rate, p50, p99, n, cpu = sorted(runs)[len(runs) // 2]
+                rate, p50, p99, n, cpu = middle(runs)
                 each = " / ".join(f"{r[0]:,.0f}" for r in runs)
                 print(f"{name:<9} {kind:<10} {c:>7} {rate:>9,.0f} {p50:>8.2f} {p99:>8.2f} {n:>8} {cpu:>10.0%}  {each}")
     print(f"{'ratios':<20} {'clients':>7} {'aotx/fastapi':>12} {'p99 aotx/fastapi':>16} {'aotx/ceiling':>12}"
@@ -537,7 +542,7 @@ def report(args, results, errors):
                        [a[0] / t[0] for a, _, t in rounds]]
             if kind == "mutations":
                 columns.append([a[0] / args.today for a, _, _ in rounds])
-            medians = [sorted(column)[len(column) // 2] for column in columns]
+            medians = [middle(column) for column in columns]
             cells = [f"{medians[0]:>12.2f}", f"{medians[1]:>16.2f}", f"{medians[2]:>12.2f}",
                      f"{medians[3]:>10.1f}" if kind == "mutations" else f"{'':>10}"]
             each = "; ".join(", ".join(f"{value:.2f}" for value in column) for column in columns)

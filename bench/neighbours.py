@@ -27,8 +27,8 @@ a closed loop of `GET /participant` (read) and `POST /spaces/{spc}/conversations
 
 Reported per phase: the normal client's read and mutation p50/p99 (ms) and their ratio to the
 client alone just before that pattern (measured again before each pattern, after the previous one
-drained: this machine's speed drifts by 1.3-1.5x over minutes), its inputs on time, and the gateway's peak RSS over its RSS at the phase's start (all
-of the gateway's processes, /proc). Goal (issue "hostile neighbours"): p99 within 2x of alone,
+drained: this machine's speed drifts by 1.3-1.5x over minutes), its inputs on time, and the
+gateway's peak RSS over its RSS at the phase's start (all of the gateway's processes, /proc). Goal (issue "hostile neighbours"): p99 within 2x of alone,
 every input on time, RSS within +100 MiB.
 """
 import os

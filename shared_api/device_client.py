@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import threading
 import weakref
-from typing import Any, Callable, cast
+from typing import Any, Callable, TypeVar
 
 from django.conf import settings
 from django.http import HttpResponse
@@ -173,7 +173,7 @@ class DeviceMux:
                 stream.fail(failure)
 
     async def _send(self, op: str, principal_id: str | None, args: dict[str, Any] | None,
-                    retry_stale: bool, kind: type[DeviceStream] | type[DeviceReply]) -> Any:
+                    retry_stale: bool, kind: type[Waiter]) -> Waiter:
         """Send one request; its frames go to a new `kind` (a DeviceStream, or a DeviceReply for a
         one-reply call). A connection that turns out to be closed when written to reached
         nothing: with retry_stale, the request goes once more on a fresh connection."""
@@ -211,12 +211,12 @@ class DeviceMux:
 
     async def open(self, op: str, principal_id: str | None, args: dict[str, Any]) -> DeviceStream:
         """Send one request; its frames arrive on the returned stream."""
-        return cast(DeviceStream, await self._send(op, principal_id, args, retry_stale=False, kind=DeviceStream))
+        return await self._send(op, principal_id, args, retry_stale=False, kind=DeviceStream)
 
     async def call(self, op: str, principal_id: str | None, args: dict[str, Any] | None = None,
                    timeout: float | None = None) -> Message:
         """One request and its one reply {"status", "body", "headers"?}."""
-        waiter = cast(DeviceReply, await self._send(op, principal_id, args, retry_stale=True, kind=DeviceReply))
+        waiter = await self._send(op, principal_id, args, retry_stale=True, kind=DeviceReply)
         limit = self.timeout if timeout is None else timeout
         timer = asyncio.get_running_loop().call_later(limit, waiter.expire)
         try:
@@ -307,10 +307,9 @@ class DeviceReply:
     """The one reply of a call (DeviceMux.call), as a future with a timer handle: a queue and an
     `asyncio.timeout` per call cost a few percent of the gateway's time for a small mutation."""
 
-    __slots__ = ("mux", "id", "future")
+    __slots__ = ("id", "future")
 
-    def __init__(self, mux: DeviceMux, req_id: int) -> None:
-        self.mux = mux
+    def __init__(self, mux: DeviceMux, req_id: int) -> None:  # (as DeviceStream is made; it needs no mux)
         self.id = req_id
         self.future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
 
@@ -325,6 +324,9 @@ class DeviceReply:
     def expire(self) -> None:
         if not self.future.done():
             self.future.set_exception(asyncio.TimeoutError())
+
+
+Waiter = TypeVar("Waiter", DeviceStream, DeviceReply)  # what a request's frames go to
 
 
 class DevicePool:

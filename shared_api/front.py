@@ -169,6 +169,10 @@ def _content_length(headers: dict[bytes, bytes]) -> int | None:
         raise ServiceError(400, "bad_request", "Content-Length must be a decimal integer") from None
 
 
+def _too_large(limit: int, code: str) -> BodyRefused:
+    return BodyRefused(ServiceError(413, code, f"the body exceeds this route's {limit} bytes"))
+
+
 async def read_body(scope: Scope, receive: Receive, limit: int, code: str, timeout: float) -> bytes:
     """The whole body, at most `limit` bytes (BodyRefused 413 past it, 408 when a chunk takes
     longer than `timeout`); the memory it holds is the body and no more. A body that has all
@@ -177,7 +181,7 @@ async def read_body(scope: Scope, receive: Receive, limit: int, code: str, timeo
     whole = ready() if ready is not None else None
     if whole is not None:
         if len(whole) > limit:
-            raise BodyRefused(ServiceError(413, code, f"the body exceeds this route's {limit} bytes"))
+            raise _too_large(limit, code)
         return whole
     parts: list[bytes] = []
     size = 0
@@ -192,7 +196,7 @@ async def read_body(scope: Scope, receive: Receive, limit: int, code: str, timeo
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise BodyRefused(ServiceError(413, code, f"the body exceeds this route's {limit} bytes"))
+            raise _too_large(limit, code)
         if chunk:
             parts.append(chunk)
         if not message.get("more_body"):
