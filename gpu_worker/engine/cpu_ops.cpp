@@ -3,7 +3,8 @@
 //
 //   linear_bf16(x, w)        y = x @ w.T, x float32 [M, K], w bfloat16 [N, K], summed in float32
 //   linear_q4, linear_q8     y = x @ w.T for weights in GGUF's Q4_1 and Q8_0 blocks, in integer products
-//   dequantize_q4, _q8       the float32 weight such blocks hold
+//   pack_q4, pack_q8         such blocks, from GGUF's row-major order, in the layout those products read
+//   dequantize_q4, _q8       the float32 weight packed blocks hold
 //   round_activations        the int16-per-block values those products round their activations to
 //   rope_write_kv            rotate queries and keys, write keys and values into the paged pool
 //   add_rms_norm, silu_mul   the residual sum with the next norm; silu(gate) * up
@@ -27,6 +28,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
 #include <immintrin.h>
 #include <torch/library.h>
 
@@ -296,124 +298,112 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
 //
 // A decode step streams every weight of the model once, so its time follows the bytes a weight takes.
 // The runtime file holds the model as bfloat16 (2 bytes); a GGUF model was quantized before that, and its
-// blocks of 32 weights can be taken back exactly (model.py: quantize_q4, quantize_q8):
-//   linear_q4(x, w, sm)      4-bit codes (GGUF's Q4_1), value = scale * code + min: w [N, K / 2] uint8,
-//                            byte j of a block holding code j in its low half and code j + 16 in its high
-//                            half; sm [N, 2, K / 32] float16 (as GGUF keeps them), each row's block scales,
-//                            then its block mins. 0.625 bytes a weight.
-//   linear_q8(x, w, scales)  int8 codes (GGUF's Q8_0), value = scale * code: w [N, K] int8, scales
-//                            [N, K / 32] float32. 1.125 bytes a weight.
+// blocks of 32 weights can be taken back exactly (model.py: quantize_q4, quantize_q8, in GGUF's own
+// row-major order), then packed for these kernels (pack_q4, pack_q8):
+//   Q4 (GGUF's Q4_1)  value = scale * code + min, codes 0..15, 0.625 bytes a weight
+//   Q8 (GGUF's Q8_0)  value = scale * code, codes -127..127, 1.125 bytes a weight
+//
+// Packed layout. The weight's rows are taken eight at a time (a group; rows past N are zero weights),
+// and each group's blocks of 32 columns are interleaved so that one 16-byte load gives, widened to int16,
+// the eight rows' codes for one pair of columns each: lanes 2i and 2i + 1 hold row i's codes for columns
+// 2p and 2p + 1. Q4: a group's block is 128 bytes; byte 16p + 2i + t holds row i's code 2p + t in its
+// low half and code 2p + 16 + t in its high half (the pairs p and p + 8). Q8: 256 bytes; byte
+// 16p + 2i + t holds row i's code 2p + t. Scales: Q4 [groups, blocks, 16] float16 (the eight rows' scales,
+// then their mins), Q8 [groups, blocks, 8] float32.
 //
 // The products are integer ones. Each row of x is rounded once per call, block by block, to int16 codes
 // with a scale of the block's own (its largest magnitude / 32767: every value within half a step, 1/65534
-// of that magnitude; round_activations returns those values). A block's weight codes, widened to int16,
-// meet the activation codes in _mm256_madd_epi16, 16 products an instruction summed exactly in int32, and
-// each block's integer dot product is scaled once:
+// of that magnitude; round_activations returns those values). A pair of activation codes, broadcast,
+// meets a vector of eight rows' code pairs in _mm256_madd_epi16: 16 products an instruction, summed exactly
+// in int32, each lane a different weight row, so no horizontal sum is needed anywhere. Each block's
+// integer dot products are scaled once:
 //   y = sum_b scale_b * d_b * (codes_b . q_b) + min_b * d_b * sum(q_b)
 // where d_b is the activations' block scale: the product of the rounded activations with the dequantized
 // weights (model.Linear computes the same for prefill, where MKL's sgemm multiplies the rounded rows).
-// Widening every weight to float32 and multiplying float32 activations took 1.55 times as long at one
-// row and 1.3-1.8 times at eight, by shape (docs/performance.md): a decode step was bound by those
-// instructions, not by the bytes. For a block's largest values the rounding is 128 times finer than
-// bfloat16's (2^-9), the compute type on CUDA.
-//
-// Two shapes of kernel. One activation row: eight blocks' int32 partial sums are reduced together (one
-// horizontal sum for eight blocks), then scaled by eight block scales at once. Up to eight rows: one
-// block at a time, the rows' partial sums reduced together into a vector of eight rows, scaled by the
-// block's weight scale and the rows' activation scales for that block.
+// A tile is two groups (16 weight rows) against up to four activation rows, so each broadcast serves two
+// instructions and each widened weight vector four; its sums stay in registers. Against one weight row
+// at a time with the activation rows' sums reduced horizontally (the layout before), the step's products
+// took 0.6-0.75 times as long (docs/performance.md). For a block's largest values the rounding is 128
+// times finer than bfloat16's (2^-9), the compute type on CUDA.
 
 inline const uint16_t* half_bits(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::Half>()); }
 
-// the eight int32 sums of eight vectors, in order
-inline __m256i hsum8i(const __m256i v[8]) {
-  const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-  const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-}
-
-// A block's 32 weights: `codes` (two int16 vectors, codes 0..15 and 16..31, the order of the activations
-// they meet), `scale`, `min` (Q4 only: kMin) and `scales8`/`mins8` for eight consecutive blocks; `widen`
-// writes a block's 32 float32 values (dequantize_*).
-struct Q4Blocks {
+// A packed weight: `codes` widens the eight rows' codes for the column pairs p and p + 8 of a block;
+// `scales` and `mins` are the eight rows' block scales and mins (Q8: no mins); `widen` writes one row's
+// 32 float32 values of a block (dequantize_*).
+struct Q4Pack {
   static constexpr bool kMin = true;
-  static constexpr int64_t kBytes = kBlock / 2;  // a block's codes
+  static constexpr int64_t kBytes = 128;  // a group's block
   const uint8_t* w;
   const uint16_t* sm;  // float16 bits
-  int64_t K, blocks;
-  inline const uint8_t* at(int64_t n, int64_t b) const { return w + n * (K / 2) + b * (kBlock / 2); }
-  inline void codes(int64_t n, int64_t b, __m256i& lo, __m256i& hi) const {
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at(n, b)));
+  int64_t groups, blocks;
+  inline const uint8_t* at(int64_t g, int64_t b) const { return w + (g * blocks + b) * kBytes; }
+  inline void codes(const uint8_t* block, int p, __m256i& lo, __m256i& hi) const {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16 * p));
     const __m128i mask = _mm_set1_epi8(0x0F);
     lo = _mm256_cvtepu8_epi16(_mm_and_si128(packed, mask));
     hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), mask));
   }
-  inline float scale(int64_t n, int64_t b) const { return _cvtsh_ss(sm[n * 2 * blocks + b]); }
-  inline float min(int64_t n, int64_t b) const { return _cvtsh_ss(sm[(n * 2 + 1) * blocks + b]); }
-  inline __m256 scales8(int64_t n, int64_t b) const {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sm + n * 2 * blocks + b)));
+  inline __m256 scales(int64_t g, int64_t b) const {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sm + (g * blocks + b) * 16)));
   }
-  inline __m256 mins8(int64_t n, int64_t b) const {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sm + (n * 2 + 1) * blocks + b)));
+  inline __m256 mins(int64_t g, int64_t b) const {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sm + (g * blocks + b) * 16 + 8)));
   }
   inline void widen(int64_t n, int64_t b, float* out) const {
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at(n, b)));
-    const __m128i mask = _mm_set1_epi8(0x0F);
-    const __m128i lo = _mm_and_si128(packed, mask), hi = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
-    const __m128i codes[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-    const __m256 s = _mm256_set1_ps(scale(n, b)), m = _mm256_set1_ps(min(n, b));
-    for (int i = 0; i < 4; i++)
-      _mm256_storeu_ps(out + 8 * i, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes[i])), s, m));
+    const uint8_t* block = at(n / 8, b);
+    const int64_t i = n % 8, slot = (n / 8 * blocks + b) * 16;
+    const float s = _cvtsh_ss(sm[slot + i]), m = _cvtsh_ss(sm[slot + 8 + i]);
+    for (int p = 0; p < 8; p++) {
+      for (int t = 0; t < 2; t++) {
+        const uint8_t byte = block[16 * p + 2 * i + t];
+        out[2 * p + t] = std::fma(static_cast<float>(byte & 0x0F), s, m);
+        out[2 * p + 16 + t] = std::fma(static_cast<float>(byte >> 4), s, m);
+      }
+    }
   }
 };
 
-struct Q8Blocks {
+struct Q8Pack {
   static constexpr bool kMin = false;
-  static constexpr int64_t kBytes = kBlock;
+  static constexpr int64_t kBytes = 256;
   const int8_t* w;
   const float* s;
-  int64_t K, blocks;
-  inline const int8_t* at(int64_t n, int64_t b) const { return w + n * K + b * kBlock; }
-  inline void codes(int64_t n, int64_t b, __m256i& lo, __m256i& hi) const {
-    const int8_t* p = at(n, b);
-    lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+  int64_t groups, blocks;
+  inline const int8_t* at(int64_t g, int64_t b) const { return w + (g * blocks + b) * kBytes; }
+  inline void codes(const int8_t* block, int p, __m256i& lo, __m256i& hi) const {
+    lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16 * p)));
+    hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16 * (p + 8))));
   }
-  inline float scale(int64_t n, int64_t b) const { return s[n * blocks + b]; }
-  inline float min(int64_t, int64_t) const { return 0.f; }
-  inline __m256 scales8(int64_t n, int64_t b) const { return _mm256_loadu_ps(s + n * blocks + b); }
-  inline __m256 mins8(int64_t, int64_t) const { return _mm256_setzero_ps(); }
+  inline __m256 scales(int64_t g, int64_t b) const { return _mm256_loadu_ps(s + (g * blocks + b) * 8); }
+  inline __m256 mins(int64_t, int64_t) const { return _mm256_setzero_ps(); }
   inline void widen(int64_t n, int64_t b, float* out) const {
-    const __m256 s = _mm256_set1_ps(scale(n, b));
-    for (int i = 0; i < 4; i++) {
-      const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(at(n, b) + 8 * i));
-      _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes)), s));
+    const int8_t* block = at(n / 8, b);
+    const int64_t i = n % 8;
+    const float scale = s[(n / 8 * blocks + b) * 8 + i];
+    for (int p = 0; p < 16; p++) {
+      for (int t = 0; t < 2; t++) out[2 * p + t] = static_cast<float>(block[16 * p + 2 * i + t]) * scale;
     }
   }
 };
 
 // x [M, K] rounded for the integer products: q [M, K] int16; per row, each block's scale and the sum of
-// its rounded values ([M, blocks], for one-row products), and the same for each group of eight rows side
-// by side ([groups, blocks, 8], zero for the rows a last group lacks). The arrays live in buffers of the calling
-// thread, reused from call to call: a decode step makes some 120 products, and five tensors for each
-// were a tenth of a one-request step.
+// its rounded values ([M, blocks]). The arrays live in buffers of the calling thread, reused from call
+// to call: a decode step makes some 120 products, and tensors for each were a tenth of a one-request step.
 struct Rows16 {
   const int16_t* q;
-  const float *d, *sums, *gd, *g_sums;
+  const float *d, *sums;
   int64_t K, blocks;
 };
 
 Rows16 round_rows(const at::Tensor& x) {
-  const int64_t M = x.size(0), K = x.size(1), blocks = K / kBlock, groups = (M + 7) / 8;
+  const int64_t M = x.size(0), K = x.size(1), blocks = K / kBlock;
   thread_local std::vector<int16_t> codes;
   thread_local std::vector<float> floats;
   codes.resize(M * K);
-  floats.resize(2 * M * blocks + 2 * groups * blocks * 8);
+  floats.resize(2 * M * blocks);
   int16_t* q = codes.data();
-  float *d = floats.data(), *sums = d + M * blocks, *gd = sums + M * blocks, *gs = gd + groups * blocks * 8;
-  for (int64_t m = M; m < 8 * groups; m++) {
-    for (int64_t b = 0; b < blocks; b++) gd[((m / 8) * blocks + b) * 8 + m % 8] = gs[((m / 8) * blocks + b) * 8 + m % 8] = 0.f;
-  }
-  Rows16 r{q, d, sums, gd, gs, K, blocks};
+  float *d = floats.data(), *sums = d + M * blocks;
   const float* xp = x.data_ptr<float>();
   const __m256 sign = _mm256_set1_ps(-0.f);
   at::parallel_for(0, M, 8, [&](int64_t begin, int64_t end) {
@@ -436,141 +426,122 @@ Rows16 round_rows(const at::Tensor& x) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + 16), _mm256_permute4x64_epi64(_mm256_packs_epi32(c[2], c[3]), 0xD8));
         // the codes' sum (exact in float32: at most 32 * 32767), for Q4_1's min term
         const __m256i codes_sum = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
-        const float scale = largest / 32767.f, total = scale * hsum(_mm256_cvtepi32_ps(codes_sum));
-        d[m * blocks + b] = gd[((m / 8) * blocks + b) * 8 + m % 8] = scale;
-        sums[m * blocks + b] = gs[((m / 8) * blocks + b) * 8 + m % 8] = total;
+        const float scale = largest / 32767.f;
+        d[m * blocks + b] = scale;
+        sums[m * blocks + b] = scale * hsum(_mm256_cvtepi32_ps(codes_sum));
       }
     }
   });
-  return r;
+  return Rows16{q, d, sums, K, blocks};
 }
 
-// codes . q for one block: eight int32 partial sums
-inline __m256i block_dot(const __m256i& lo, const __m256i& hi, const int16_t* q) {
-  return _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q))),
-                          _mm256_madd_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16))));
-}
-
-// y = row m of x . row n of the weight
-template <class Blocks>
-inline float one_row(const Blocks& wb, int64_t n, const Rows16& x, int64_t m) {
-  const int16_t* q = x.q + m * x.K;
-  const float *d = x.d + m * x.blocks, *sums = x.sums + m * x.blocks;
-  __m256 acc = _mm256_setzero_ps(), acc_min = _mm256_setzero_ps();
-  for (int64_t b0 = 0; b0 < wb.blocks; b0 += 8) {
-    const int64_t count = std::min<int64_t>(8, wb.blocks - b0);
-    for (int64_t ahead = 0; ahead < count * Blocks::kBytes; ahead += 64)  // every line of the eight blocks
-      _mm_prefetch(reinterpret_cast<const char*>(wb.at(n, b0)) + kQuantizedAhead + ahead, _MM_HINT_T0);
-    __m256i t[8];
-    for (int j = 0; j < 8; j++) {
-      __m256i lo, hi;
-      if (j < count) {
-        wb.codes(n, b0 + j, lo, hi);
-        t[j] = block_dot(lo, hi, q + (b0 + j) * kBlock);
-      } else {
-        t[j] = _mm256_setzero_si256();
+// y[r * ldy + j] for r < R, j < 8 * NG = rows m0 + r of x . the NG groups' weight rows from group g
+template <int NG, int R, class Pack>
+inline void tile(const Pack& wp, int64_t g, const Rows16& x, int64_t m0, float* y, int64_t ldy) {
+  __m256 acc[R][NG];
+  for (int r = 0; r < R; r++) {
+    for (int j = 0; j < NG; j++) acc[r][j] = _mm256_setzero_ps();
+  }
+  const int64_t stride = x.K / 2;  // int32 pairs of codes a row
+  for (int64_t b = 0; b < wp.blocks; b++) {
+    for (int j = 0; j < NG; j++) {  // the same block of the next tile's groups (the next run a thread takes)
+      if (g + NG + j >= wp.groups) break;
+      for (int64_t line = 0; line < Pack::kBytes; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(wp.at(g + NG + j, b)) + line, _MM_HINT_T0);
+    }
+    __m256i sums[R][NG];
+    for (int r = 0; r < R; r++) {
+      for (int j = 0; j < NG; j++) sums[r][j] = _mm256_setzero_si256();
+    }
+    const int32_t* pairs = reinterpret_cast<const int32_t*>(x.q + m0 * x.K + b * kBlock);
+    for (int p = 0; p < 8; p++) {
+      __m256i lo[NG], hi[NG];
+      for (int j = 0; j < NG; j++) wp.codes(wp.at(g + j, b), p, lo[j], hi[j]);
+      for (int r = 0; r < R; r++) {
+        const __m256i a = _mm256_set1_epi32(pairs[r * stride + p]), c = _mm256_set1_epi32(pairs[r * stride + p + 8]);
+        for (int j = 0; j < NG; j++)
+          sums[r][j] = _mm256_add_epi32(sums[r][j], _mm256_add_epi32(_mm256_madd_epi16(lo[j], a), _mm256_madd_epi16(hi[j], c)));
       }
     }
-    const __m256 dots = _mm256_cvtepi32_ps(hsum8i(t));
-    if (count == 8) {
-      acc = _mm256_fmadd_ps(dots, _mm256_mul_ps(wb.scales8(n, b0), _mm256_loadu_ps(d + b0)), acc);
-      if constexpr (Blocks::kMin) acc_min = _mm256_fmadd_ps(wb.mins8(n, b0), _mm256_loadu_ps(sums + b0), acc_min);
-    } else {  // the last blocks of a row: their scales one by one, zero for the lanes beyond
-      alignas(32) float scales[8] = {}, mins[8] = {};
-      for (int64_t j = 0; j < count; j++) {
-        scales[j] = wb.scale(n, b0 + j) * d[b0 + j];
-        mins[j] = wb.min(n, b0 + j) * sums[b0 + j];
+    __m256 scale[NG], low[NG];
+    for (int j = 0; j < NG; j++) {
+      scale[j] = wp.scales(g + j, b);
+      if constexpr (Pack::kMin) low[j] = wp.mins(g + j, b);
+    }
+    for (int r = 0; r < R; r++) {
+      const __m256 d = _mm256_set1_ps(x.d[(m0 + r) * x.blocks + b]);
+      for (int j = 0; j < NG; j++) {
+        acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r][j]), _mm256_mul_ps(scale[j], d), acc[r][j]);
+        if constexpr (Pack::kMin)
+          acc[r][j] = _mm256_fmadd_ps(low[j], _mm256_set1_ps(x.sums[(m0 + r) * x.blocks + b]), acc[r][j]);
       }
-      acc = _mm256_fmadd_ps(dots, _mm256_load_ps(scales), acc);
-      acc_min = _mm256_add_ps(acc_min, _mm256_load_ps(mins));
     }
   }
-  return hsum(_mm256_add_ps(acc, acc_min));
-}
-
-// y[r * ldy] = row 8g + r of x . row n of the weight, for r < MR
-template <int MR, class Blocks>
-inline void group_rows(const Blocks& wb, int64_t n, const Rows16& x, int64_t g, float* y, int64_t ldy) {
-  const int16_t* q = x.q + g * 8 * x.K;
-  const float *d = x.gd + g * x.blocks * 8, *sums = x.g_sums + g * x.blocks * 8;
-  __m256 acc = _mm256_setzero_ps(), acc_min = _mm256_setzero_ps();
-  alignas(32) float scales[8], mins[8];  // eight blocks' weight scales (and mins), widened together
-  for (int64_t b0 = 0; b0 < wb.blocks; b0 += 8) {
-    const int64_t count = std::min<int64_t>(8, wb.blocks - b0);
-    if (count == 8) {
-      _mm256_store_ps(scales, wb.scales8(n, b0));
-      if constexpr (Blocks::kMin) _mm256_store_ps(mins, wb.mins8(n, b0));
-    } else {
-      for (int64_t j = 0; j < count; j++) {
-        scales[j] = wb.scale(n, b0 + j);
-        mins[j] = wb.min(n, b0 + j);
-      }
-    }
-    for (int64_t j = 0; j < count; j++) {
-      const int64_t b = b0 + j;
-      if (b % (64 / Blocks::kBytes) == 0) _mm_prefetch(reinterpret_cast<const char*>(wb.at(n, b)) + kQuantizedAhead, _MM_HINT_T0);
-      __m256i lo, hi, t[8];
-      wb.codes(n, b, lo, hi);
-      for (int r = 0; r < 8; r++) t[r] = r < MR ? block_dot(lo, hi, q + r * x.K + b * kBlock) : _mm256_setzero_si256();
-      const __m256 dots = _mm256_cvtepi32_ps(hsum8i(t));
-      acc = _mm256_fmadd_ps(dots, _mm256_mul_ps(_mm256_broadcast_ss(scales + j), _mm256_loadu_ps(d + b * 8)), acc);
-      if constexpr (Blocks::kMin) acc_min = _mm256_fmadd_ps(_mm256_broadcast_ss(mins + j), _mm256_loadu_ps(sums + b * 8), acc_min);
-    }
+  for (int r = 0; r < R; r++) {
+    for (int j = 0; j < NG; j++) _mm256_storeu_ps(y + r * ldy + 8 * j, acc[r][j]);
   }
-  alignas(32) float out[8];
-  _mm256_store_ps(out, _mm256_add_ps(acc, acc_min));
-  for (int r = 0; r < MR; r++) y[r * ldy] = out[r];
 }
 
-// A group of fewer rows than this takes one_row per row. Measured over every product of a SmolLM2 step:
-// at 2 rows the two shapes are even; at 3 and 4 group_rows is 10-30% faster, its lanes less wasted.
-constexpr int64_t kGroupMinRows = 3;
+// Rows per tile: four measured best at four and eight rows (two tiles of four re-read the 16 weight rows
+// from cache; one of eight spills its sums).
+constexpr int64_t kTileRows = 4;
 
-// y = x @ w.T over quantized weight rows: rows split across the intra-op threads, a chunk of weight rows
-// reused from cache for each group of 8 activation rows (as linear_bf16)
-template <class Blocks>
-at::Tensor blocks_linear(const at::Tensor& x, const Blocks& wb, int64_t N) {
-  const int64_t M = x.size(0);
+// y [M, 8 * groups] = x @ w.T over a packed weight: runs of groups split across the intra-op threads, each
+// run's weight rows reused from cache for every tile of activation rows. Two groups a run from three rows
+// on; one for one or two rows, where the product is bound by reading the weights and a run of several
+// groups reads as several streams at once (the output head at one row, cold: 1.1-1.5 ms in runs of one
+// group, 1.6-2.1 ms in runs of two or four)
+template <class Pack>
+at::Tensor packed_linear(const at::Tensor& x, const Pack& wp) {
+  const int64_t M = x.size(0), N = 8 * wp.groups;
   const Rows16 rows = round_rows(x);
   at::Tensor y = at::empty({M, N}, x.options());
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t n0 = begin; n0 < end; n0 += kRowsPerChunk) {
-      const int64_t n1 = std::min(end, n0 + kRowsPerChunk);
-      for (int64_t g = 0; g * 8 < M; g++) {
-        const int64_t mr = std::min<int64_t>(8, M - 8 * g);
-        for (int64_t n = n0; n < n1; n++) {
-          if (mr < kGroupMinRows) {
-            for (int64_t r = 0; r < mr; r++) yp[(8 * g + r) * N + n] = one_row(wb, n, rows, 8 * g + r);
-          } else {
-            by_rows(mr, [&](auto m) { group_rows<decltype(m)::value>(wb, n, rows, g, yp + 8 * g * N + n, N); });
-          }
+  const auto tiles = [&](auto groups, int64_t g) {
+    constexpr int NG = decltype(groups)::value;
+    int64_t m = 0;
+    for (; m + kTileRows <= M; m += kTileRows) tile<NG, kTileRows>(wp, g, rows, m, yp + m * N + 8 * g, N);
+    switch (M - m) {
+      case 3: return tile<NG, 3>(wp, g, rows, m, yp + m * N + 8 * g, N);
+      case 2: return tile<NG, 2>(wp, g, rows, m, yp + m * N + 8 * g, N);
+      case 1: return tile<NG, 1>(wp, g, rows, m, yp + m * N + 8 * g, N);
+      default: return;
+    }
+  };
+  const auto runs = [&](auto groups) {
+    constexpr int NG = decltype(groups)::value;
+    at::parallel_for(0, (wp.groups + NG - 1) / NG, 8 / NG, [&](int64_t begin, int64_t end) {
+      for (int64_t run = begin; run < end; run++) {
+        int64_t g = NG * run;
+        if (g + NG <= wp.groups) {
+          tiles(groups, g);
+        } else {  // the last groups, one at a time
+          for (; g < wp.groups; g++) tiles(std::integral_constant<int, 1>{}, g);
         }
       }
-    }
-  });
+    });
+  };
+  if (M <= 2) runs(std::integral_constant<int, 1>{}); else runs(std::integral_constant<int, 2>{});
   return y;
 }
 
-// The blocks of a quantized weight, its shapes and types checked (`name`: the operator, for the message)
-Q4Blocks q4_blocks(const at::Tensor& w, const at::Tensor& sm, const char* name) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.device().is_cpu() && w.is_contiguous() &&
-                  (2 * w.size(1)) % kBlock == 0, name, ": contiguous uint8 w [N, K / 2] expected");
-  const int64_t N = w.size(0), K = 2 * w.size(1), blocks = K / kBlock;
-  TORCH_CHECK(sm.dim() == 3 && sm.size(0) == N && sm.size(1) == 2 && sm.size(2) == blocks &&
+// A packed weight, its shapes and types checked (`name`: the operator, for the message)
+Q4Pack q4_pack(const at::Tensor& w, const at::Tensor& sm, const char* name) {
+  TORCH_CHECK(w.dim() == 3 && w.size(2) == Q4Pack::kBytes && w.scalar_type() == at::kByte && w.device().is_cpu() &&
+                  w.is_contiguous(), name, ": contiguous uint8 w [N / 8, K / 32, 128] (pack_q4) expected");
+  TORCH_CHECK(sm.dim() == 3 && sm.size(0) == w.size(0) && sm.size(1) == w.size(1) && sm.size(2) == 16 &&
                   sm.scalar_type() == at::kHalf && sm.device().is_cpu() && sm.is_contiguous(),
-              name, ": contiguous float16 scales and mins [N, 2, K / 32] expected");
-  return Q4Blocks{w.data_ptr<uint8_t>(), half_bits(sm), K, blocks};
+              name, ": contiguous float16 scales and mins [N / 8, K / 32, 16] (pack_q4) expected");
+  return Q4Pack{w.data_ptr<uint8_t>(), half_bits(sm), w.size(0), w.size(1)};
 }
 
-Q8Blocks q8_blocks(const at::Tensor& w, const at::Tensor& scales, const char* name) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kChar && w.device().is_cpu() && w.is_contiguous() &&
-                  w.size(1) % kBlock == 0, name, ": contiguous int8 w [N, K] with K a multiple of 32 expected");
-  const int64_t N = w.size(0), K = w.size(1), blocks = K / kBlock;
-  TORCH_CHECK(scales.dim() == 2 && scales.size(0) == N && scales.size(1) == blocks &&
+Q8Pack q8_pack(const at::Tensor& w, const at::Tensor& scales, const char* name) {
+  TORCH_CHECK(w.dim() == 3 && w.size(2) == Q8Pack::kBytes && w.scalar_type() == at::kChar && w.device().is_cpu() &&
+                  w.is_contiguous(), name, ": contiguous int8 w [N / 8, K / 32, 256] (pack_q8) expected");
+  TORCH_CHECK(scales.dim() == 3 && scales.size(0) == w.size(0) && scales.size(1) == w.size(1) && scales.size(2) == 8 &&
                   scales.scalar_type() == at::kFloat && scales.device().is_cpu() && scales.is_contiguous(),
-              name, ": contiguous float32 scales [N, K / 32] expected");
-  return Q8Blocks{w.data_ptr<int8_t>(), scales.data_ptr<float>(), K, blocks};
+              name, ": contiguous float32 scales [N / 8, K / 32, 8] (pack_q8) expected");
+  return Q8Pack{w.data_ptr<int8_t>(), scales.data_ptr<float>(), w.size(0), w.size(1)};
 }
 
 void check_blocks_input(const at::Tensor& x, int64_t K, const char* name) {
@@ -581,15 +552,74 @@ void check_blocks_input(const at::Tensor& x, int64_t K, const char* name) {
 }
 
 at::Tensor linear_q4(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sm) {
-  const Q4Blocks wb = q4_blocks(w, sm, "linear_q4");
-  check_blocks_input(x, wb.K, "linear_q4");
-  return blocks_linear(x, wb, w.size(0));
+  const Q4Pack wp = q4_pack(w, sm, "linear_q4");
+  check_blocks_input(x, wp.blocks * kBlock, "linear_q4");
+  return packed_linear(x, wp);
 }
 
 at::Tensor linear_q8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales) {
-  const Q8Blocks wb = q8_blocks(w, scales, "linear_q8");
-  check_blocks_input(x, wb.K, "linear_q8");
-  return blocks_linear(x, wb, w.size(0));
+  const Q8Pack wp = q8_pack(w, scales, "linear_q8");
+  check_blocks_input(x, wp.blocks * kBlock, "linear_q8");
+  return packed_linear(x, wp);
+}
+
+// pack_q4(w [N, K / 2] uint8, sm [N, 2, K / 32] float16), quantize_q4's row-major blocks (GGUF's order:
+// byte j of a block holds code j low and code j + 16 high; each row's scales, then its mins) -> the
+// packed layout above, N rounded up to a multiple of 8 with zero rows
+std::tuple<at::Tensor, at::Tensor> pack_q4(const at::Tensor& w, const at::Tensor& sm) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.device().is_cpu() && w.is_contiguous() &&
+                  (2 * w.size(1)) % kBlock == 0, "pack_q4: contiguous uint8 w [N, K / 2] expected");
+  const int64_t N = w.size(0), blocks = 2 * w.size(1) / kBlock, groups = (N + 7) / 8;
+  TORCH_CHECK(sm.dim() == 3 && sm.size(0) == N && sm.size(1) == 2 && sm.size(2) == blocks &&
+                  sm.scalar_type() == at::kHalf && sm.device().is_cpu() && sm.is_contiguous(),
+              "pack_q4: contiguous float16 scales and mins [N, 2, K / 32] expected");
+  at::Tensor out = at::zeros({groups, blocks, Q4Pack::kBytes}, w.options());
+  at::Tensor out_sm = at::zeros({groups, blocks, 16}, sm.options());
+  const uint8_t* src = w.data_ptr<uint8_t>();
+  const uint16_t* src_sm = half_bits(sm);
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  uint16_t* dst_sm = reinterpret_cast<uint16_t*>(out_sm.data_ptr<at::Half>());
+  for (int64_t n = 0; n < N; n++) {
+    const int64_t g = n / 8, i = n % 8;
+    for (int64_t b = 0; b < blocks; b++) {
+      const uint8_t* block = src + n * (blocks * kBlock / 2) + b * (kBlock / 2);  // code j low, j + 16 high
+      const auto code = [&](int64_t j) { return j < 16 ? block[j] & 0x0F : block[j - 16] >> 4; };
+      uint8_t* packed = dst + (g * blocks + b) * Q4Pack::kBytes;
+      for (int p = 0; p < 8; p++) {
+        for (int t = 0; t < 2; t++) packed[16 * p + 2 * i + t] = static_cast<uint8_t>(code(2 * p + t) | (code(2 * p + 16 + t) << 4));
+      }
+      dst_sm[(g * blocks + b) * 16 + i] = src_sm[n * 2 * blocks + b];
+      dst_sm[(g * blocks + b) * 16 + 8 + i] = src_sm[(n * 2 + 1) * blocks + b];
+    }
+  }
+  return {out, out_sm};
+}
+
+// pack_q8(w [N, K] int8, scales [N, K / 32] float32), quantize_q8's blocks -> the packed layout above
+std::tuple<at::Tensor, at::Tensor> pack_q8(const at::Tensor& w, const at::Tensor& scales) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kChar && w.device().is_cpu() && w.is_contiguous() &&
+                  w.size(1) % kBlock == 0, "pack_q8: contiguous int8 w [N, K] with K a multiple of 32 expected");
+  const int64_t N = w.size(0), K = w.size(1), blocks = K / kBlock, groups = (N + 7) / 8;
+  TORCH_CHECK(scales.dim() == 2 && scales.size(0) == N && scales.size(1) == blocks &&
+                  scales.scalar_type() == at::kFloat && scales.device().is_cpu() && scales.is_contiguous(),
+              "pack_q8: contiguous float32 scales [N, K / 32] expected");
+  at::Tensor out = at::zeros({groups, blocks, Q8Pack::kBytes}, w.options());
+  at::Tensor out_scales = at::zeros({groups, blocks, 8}, scales.options());
+  const int8_t* src = w.data_ptr<int8_t>();
+  const float* src_scales = scales.data_ptr<float>();
+  int8_t* dst = out.data_ptr<int8_t>();
+  float* dst_scales = out_scales.data_ptr<float>();
+  for (int64_t n = 0; n < N; n++) {
+    const int64_t g = n / 8, i = n % 8;
+    for (int64_t b = 0; b < blocks; b++) {
+      int8_t* packed = dst + (g * blocks + b) * Q8Pack::kBytes;
+      for (int p = 0; p < 16; p++) {
+        for (int t = 0; t < 2; t++) packed[16 * p + 2 * i + t] = src[n * K + b * kBlock + 2 * p + t];
+      }
+      dst_scales[(g * blocks + b) * 8 + i] = src_scales[n * blocks + b];
+    }
+  }
+  return {out, out_scales};
 }
 
 // round_activations(x): the float32 values x [M, K] is rounded to for linear_q4 and linear_q8
@@ -607,27 +637,28 @@ at::Tensor round_activations(const at::Tensor& x) {
   return out;
 }
 
-// The float32 weight [N, K] a quantized one holds: for products of many rows (prefill), which are bound by
-// arithmetic, where MKL's cache-blocked sgemm on the widened weight beats dequantizing every block again
-// for each 8 rows (1.84 s against ~0.9 s for a 512-token prefill of SmolLM2-135M).
-template <class Blocks>
-at::Tensor blocks_dequantize(const Blocks& wb, int64_t N, const at::TensorOptions& options) {
-  at::Tensor out = at::empty({N, wb.K}, options);
+// The float32 weight [8 * groups, K] a packed one holds: for products of many rows (prefill), which are
+// bound by arithmetic, where MKL's cache-blocked sgemm on the widened weight beats dequantizing every
+// block again for each tile of rows (1.84 s against ~0.9 s for a 512-token prefill of SmolLM2-135M).
+template <class Pack>
+at::Tensor packed_dequantize(const Pack& wp, const at::TensorOptions& options) {
+  const int64_t N = 8 * wp.groups, K = wp.blocks * kBlock;
+  at::Tensor out = at::empty({N, K}, options);
   float* op = out.data_ptr<float>();
   at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; n++) {
-      for (int64_t b = 0; b < wb.blocks; b++) wb.widen(n, b, op + n * wb.K + b * kBlock);
+      for (int64_t b = 0; b < wp.blocks; b++) wp.widen(n, b, op + n * K + b * kBlock);
     }
   });
   return out;
 }
 
 at::Tensor dequantize_q4(const at::Tensor& w, const at::Tensor& sm) {
-  return blocks_dequantize(q4_blocks(w, sm, "dequantize_q4"), w.size(0), sm.options().dtype(at::kFloat));
+  return packed_dequantize(q4_pack(w, sm, "dequantize_q4"), sm.options().dtype(at::kFloat));
 }
 
 at::Tensor dequantize_q8(const at::Tensor& w, const at::Tensor& scales) {
-  return blocks_dequantize(q8_blocks(w, scales, "dequantize_q8"), w.size(0), scales.options());
+  return packed_dequantize(q8_pack(w, scales, "dequantize_q8"), scales.options());
 }
 
 // ---- the fused element-wise steps of a layer (triton_ops' CPU counterparts) ---------------------------
@@ -878,6 +909,8 @@ TORCH_LIBRARY(aotx_cpu, m) {
   m.def("linear_bf16(Tensor x, Tensor w) -> Tensor", &linear_bf16);
   m.def("linear_q8(Tensor x, Tensor w, Tensor scales) -> Tensor", &linear_q8);
   m.def("linear_q4(Tensor x, Tensor w, Tensor sm) -> Tensor", &linear_q4);
+  m.def("pack_q4(Tensor w, Tensor sm) -> (Tensor, Tensor)", &pack_q4);
+  m.def("pack_q8(Tensor w, Tensor scales) -> (Tensor, Tensor)", &pack_q8);
   m.def("dequantize_q4(Tensor w, Tensor sm) -> Tensor", &dequantize_q4);
   m.def("dequantize_q8(Tensor w, Tensor scales) -> Tensor", &dequantize_q8);
   m.def("round_activations(Tensor x) -> Tensor", &round_activations);

@@ -147,7 +147,8 @@ class Linear:
     On CPU in float32, with cpu_ops built, `cpu_weights` says how the weight is kept:
     - "quantized": as the 4-bit blocks it holds when it was a GGUF Q4_1 weight (quantize_q4, 0.625
       bytes a weight, multiplied by cpu_ops' linear_q4), else quantized to int8 blocks once at load
-      (quantize_q8, 1.125 bytes, linear_q8; a GGUF Q8_0 weight gets its own blocks back). Both
+      (quantize_q8, 1.125 bytes, linear_q8; a GGUF Q8_0 weight gets its own blocks back), in either
+      case packed eight weight rows at a time for the kernels (cpu_ops' pack_q4, pack_q8). Both
       kernels round each row of activations to int16 per block of 32 (within 1/65534 of the block's
       largest magnitude; cpu_ops' round_activations) and multiply in integers, 16 products an
       instruction: a decode step streams every weight once, so fewer bytes a weight (bfloat16: 2)
@@ -175,13 +176,17 @@ class Linear:
         usable = on_cpu_float32 and weight.dtype == torch.bfloat16 and weight.shape[1] % 8 == 0  # 8 per step
         aotx = cpu_ops.ops() if usable else None
         quantize = aotx is not None and cpu_weights == "quantized" and weight.shape[1] % Q8_BLOCK == 0
+        self.out_features = weight.shape[0]
+        # quantized: packed eight weight rows at a time, the last group padded with zero rows, whose
+        # outputs the products drop (`padded`); decode_layers takes only unpadded weights
+        self.padded = quantize and self.out_features % 8 != 0
         four_bit = quantize_q4(weight) if quantize else None
         if four_bit is not None:
-            (self.weight, self.scales), self.kernel = four_bit, aotx.linear_q4  # type: ignore[union-attr]
-            self.widen = lambda: aotx.dequantize_q4(self.weight, self.scales)  # type: ignore[union-attr]
+            (self.weight, self.scales), self.kernel = aotx.pack_q4(*four_bit), aotx.linear_q4  # type: ignore[union-attr]
+            self.widen = lambda: aotx.dequantize_q4(self.weight, self.scales)[:self.out_features]  # type: ignore[union-attr]
         elif quantize:
-            (self.weight, self.scales), self.kernel = quantize_q8(weight), aotx.linear_q8  # type: ignore[union-attr]
-            self.widen = lambda: aotx.dequantize_q8(self.weight, self.scales)  # type: ignore[union-attr]
+            (self.weight, self.scales), self.kernel = aotx.pack_q8(*quantize_q8(weight)), aotx.linear_q8  # type: ignore[union-attr]
+            self.widen = lambda: aotx.dequantize_q8(self.weight, self.scales)[:self.out_features]  # type: ignore[union-attr]
         elif aotx is not None:
             self.weight, self.kernel = weight.contiguous(), aotx.linear_bf16
             self.widen = lambda: self.weight.float()  # type: ignore[union-attr]
@@ -198,6 +203,8 @@ class Linear:
             if rows.shape[0] > KERNEL_MAX_ROWS:  # prefill: compute-bound, where MKL's blocking wins
                 return (self.round(rows) @ self.widen().T).view(*x.shape[:-1], -1)
             y = self.kernel(rows, self.weight, self.scales) if self.scales is not None else self.kernel(rows, self.weight)
+            if self.padded:
+                y = y[:, :self.out_features].contiguous()
             return y.view(*x.shape[:-1], y.shape[-1])
         if self.packed is None:
             return x @ self.weight.T  # type: ignore[union-attr]  # set unless packed is
@@ -280,7 +287,7 @@ class Llama:
         self._decode_args: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] | None = None
         linears = [linear for layer in self.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)]
         if self.cpu_ops is not None and self.fused is self.cpu_ops and all(
-                linear.kernel is not None for linear in linears):
+                linear.kernel is not None and not linear.padded for linear in linears):
             no_scales = torch.empty(0)
             self._decode_args = ([linear.weight for linear in linears],  # type: ignore[misc]  # set with kernel
                                  [no_scales if linear.scales is None else linear.scales for linear in linears],

@@ -163,12 +163,19 @@ def test_linear_q4_and_q8_are_integer_products_of_the_weights_they_hold(aotx, ro
     x[0, :32] = 0  # a block of zeros
     four = quantize_q4(q4_1_weight(out_features, in_features, seed=rows))
     eight = quantize_q8(torch.randn(out_features, in_features, generator=g).bfloat16())
-    for kernel, widen, packed in ((aotx.linear_q4, aotx.dequantize_q4, four), (aotx.linear_q8, aotx.dequantize_q8, eight)):
-        values = dequantize(packed)
+    for kernel, pack, widen, blocks in ((aotx.linear_q4, aotx.pack_q4, aotx.dequantize_q4, four),
+                                        (aotx.linear_q8, aotx.pack_q8, aotx.dequantize_q8, eight)):
+        values = dequantize(blocks)
+        packed = pack(*blocks)  # eight weight rows a group: the rows past out_features are zero weights
+        groups = (out_features + 7) // 8
+        assert packed[0].shape[:2] == packed[1].shape[:2] == (groups, in_features // 32)
+        widened = widen(*packed)
         # the kernels' dequantization is PyTorch's, to a rounding (the kernel fuses scale * code + min)
-        assert ((widen(*packed) - values).abs() <= 1e-6 * values.abs().max()).all()
-        got = kernel(x, *packed).double()
-        assert got.shape == (rows, out_features)
+        assert ((widened[:out_features] - values).abs() <= 1e-6 * values.abs().max()).all()
+        assert (widened[out_features:] == 0).all()
+        whole = kernel(x, *packed)
+        assert whole.shape == (rows, 8 * groups) and (whole[:, out_features:] == 0).all()
+        got = whole[:, :out_features].double()
         rounded = aotx.round_activations(x)
         assert torch.equal(rounded, round_activations(x))
         # the product of the rounded activations and the dequantized weights, to float32 sums of
@@ -183,15 +190,21 @@ def test_linear_q4_and_q8_are_integer_products_of_the_weights_they_hold(aotx, ro
 
 
 def test_quantized_kernels_refuse_what_they_cannot_multiply(aotx):
-    codes, scales = quantize_q8(torch.randn(4, 64).bfloat16())
+    codes, scales = aotx.pack_q8(*quantize_q8(torch.randn(4, 64).bfloat16()))
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        aotx.linear_q8(torch.zeros(2, 48), torch.zeros(4, 48, dtype=torch.int8), torch.zeros(4, 1))
+        aotx.pack_q8(torch.zeros(4, 48, dtype=torch.int8), torch.zeros(4, 1))
     with pytest.raises(RuntimeError, match="scales \\[N, K / 32\\]"):
+        aotx.pack_q8(torch.zeros(4, 64, dtype=torch.int8), torch.zeros(4, 1))
+    with pytest.raises(RuntimeError, match="scales \\[N / 8, K / 32, 8\\]"):
         aotx.linear_q8(torch.zeros(2, 64), codes, scales[:, :1].contiguous())
     with pytest.raises(RuntimeError, match="uint8 w"):
         aotx.linear_q4(torch.zeros(2, 64), codes, scales)
+    with pytest.raises(RuntimeError, match="int8 w \\[N / 8"):
+        aotx.linear_q8(torch.zeros(2, 64), torch.zeros(4, 64, dtype=torch.int8), scales)
     with pytest.raises(RuntimeError, match="float32 x"):
         aotx.linear_q8(torch.zeros(2, 64, dtype=torch.float64), codes, scales)
+    with pytest.raises(RuntimeError, match="a weight of K columns"):
+        aotx.linear_q8(torch.zeros(2, 96), codes, scales)
 
 
 def test_the_model_keeps_gguf_blocks_quantized_and_other_weights_as_int8_blocks(aotx):
