@@ -70,12 +70,22 @@ inline __m256 hsum8(const __m256 v[8]) {
 }
 
 // a . b in float32 (a float reduction the compiler must not reorder by itself, so vectorised here)
-inline float dot(const float* a, const float* b, int64_t n) {
+// Eight or one values of a KV pool, float32 or float16 (the CPU engine's pool for quantized weights),
+// as float32, and back (to nearest, ties to even, as PyTorch converts)
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline float load1(const float* p) { return *p; }
+inline float load1(const at::Half* p) { return _cvtsh_ss(*reinterpret_cast<const uint16_t*>(p)); }
+inline void store1(float* p, float v) { *p = v; }
+inline void store1(at::Half* p, float v) { *reinterpret_cast<uint16_t*>(p) = _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT); }
+
+template <class T>
+inline float dot(const float* a, const T* b, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), acc);
   float sum = hsum(acc);
-  for (; i < n; i++) sum += a[i] * b[i];
+  for (; i < n; i++) sum += a[i] * load1(b + i);
   return sum;
 }
 
@@ -177,25 +187,25 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
 
 // o = norm * sum_j weight[j] * value_j for a head of 8 * N8 floats, the output row in registers; value j lies
 // in v_pool where key j lies in k_pool
-template <int N8>
-inline void weighted_sum(const float* weight, const float* const* keys, const float* k_pool, const float* v_pool,
+template <int N8, class T>
+inline void weighted_sum(const float* weight, const T* const* keys, const T* k_pool, const T* v_pool,
                          int64_t L, float norm, float* o) {
   __m256 acc[N8];
   for (int i = 0; i < N8; i++) acc[i] = _mm256_setzero_ps();
   for (int64_t j = 0; j < L; j++) {
-    const float* value = v_pool + (keys[j] - k_pool);
+    const T* value = v_pool + (keys[j] - k_pool);
     if (j + 4 < L) {  // values four keys ahead, from memory
-      const float* next = v_pool + (keys[j + 4] - k_pool);
+      const T* next = v_pool + (keys[j + 4] - k_pool);
       for (int i = 0; i < N8; i += 2) _mm_prefetch(reinterpret_cast<const char*>(next + 8 * i), _MM_HINT_T0);
     }
     const __m256 w = _mm256_set1_ps(weight[j]);
-    for (int i = 0; i < N8; i++) acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(value + 8 * i), acc[i]);
+    for (int i = 0; i < N8; i++) acc[i] = _mm256_fmadd_ps(w, load8(value + 8 * i), acc[i]);
   }
   for (int i = 0; i < N8; i++) _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(acc[i], _mm256_set1_ps(norm)));
 }
 
-// paged_decode_attention: q [B, heads, D]; k_pool and v_pool [slots, kv_heads, D] (a layer's pool,
-// slot = page * page_size + offset); block_tables [B, pages]; lengths [B] (row b sees keys 0..lengths[b]-1,
+// paged_decode_attention: q [B, heads, D]; k_pool and v_pool [slots, kv_heads, D], float32 or float16 (a
+// layer's pool, slot = page * page_size + offset); block_tables [B, pages]; lengths [B] (row b sees keys 0..lengths[b]-1,
 // which its block table maps to slots). Query head i reads KV head i / (heads / kv_heads), as grouped-query
 // attention does. Reads each row's keys and values where they lie in the pool: no gathered copy of every
 // row's pages per layer, which with scaled_dot_product_attention cost more than the attention itself.
@@ -204,8 +214,9 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
                                   double scale) {
   TORCH_CHECK(q.dim() == 3 && k_pool.dim() == 3 && v_pool.sizes() == k_pool.sizes() && q.size(2) == k_pool.size(2),
               "paged_decode_attention: q [B, heads, D], k_pool and v_pool [slots, kv_heads, D] expected");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k_pool.scalar_type() == at::kFloat && v_pool.scalar_type() == at::kFloat,
-              "paged_decode_attention: float32 q and pools expected");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && (k_pool.scalar_type() == at::kFloat || k_pool.scalar_type() == at::kHalf) &&
+                  v_pool.scalar_type() == k_pool.scalar_type(),
+              "paged_decode_attention: float32 q and float32 or float16 pools expected");
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && lengths.scalar_type() == at::kLong && block_tables.dim() == 2 &&
                   block_tables.size(0) == q.size(0) && lengths.dim() == 1 && lengths.size(0) == q.size(0),
               "paged_decode_attention: int64 block_tables [B, pages] and lengths [B] expected");
@@ -226,71 +237,80 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
                   "paged_decode_attention: row ", b, " names a page outside the pool");
   }
   at::Tensor out = at::empty_like(q);
-  const float *qp = q.data_ptr<float>(), *kp = k_pool.data_ptr<float>(), *vp = v_pool.data_ptr<float>();
+  const float* qp = q.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
-  at::parallel_for(0, B * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    std::vector<const float*> keys;
-    for (int64_t task = begin; task < end; task++) {
-      const int64_t b = task / kv_heads, h = task % kv_heads, L = len[b];
-      scores.assign(group * L, 0.f);
-      keys.resize(L);
-      for (int64_t j0 = 0, p = 0; j0 < L; j0 += page_size, p++) {  // page by page: no division per key
-        const float* first = kp + (bt[b * pages + p] * page_size * kv_heads + h) * D;
-        for (int64_t j = j0; j < std::min(L, j0 + page_size); j++) keys[j] = first + (j - j0) * kv_heads * D;
-      }
-      const float* q0 = qp + (b * heads + h * group) * D;  // the group's queries, one after another
-      int64_t j8 = 0;
-      if (D % 8 == 0) {  // eight keys at a time: eight accumulators, one horizontal sum for all eight
-        for (; j8 + 8 <= L; j8 += 8) {
-          for (int64_t k = j8 + 8; k < std::min(L, j8 + 16); k++) {  // the next eight keys, from memory
-            for (int64_t line = 0; line < D; line += 16) _mm_prefetch(reinterpret_cast<const char*>(keys[k] + line), _MM_HINT_T0);
-          }
-          for (int64_t g = 0; g < group; g++) {
-            __m256 acc[8];
-            for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
-            for (int64_t i = 0; i < D; i += 8) {
-              const __m256 qv = _mm256_loadu_ps(q0 + g * D + i);
-              for (int k = 0; k < 8; k++) acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(keys[j8 + k] + i), qv, acc[k]);
+  const auto attend = [&](const auto* kp, const auto* vp) {  // float32 or float16 pools
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(kp)>>;
+    at::parallel_for(0, B * kv_heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores;
+      std::vector<const T*> keys;
+      for (int64_t task = begin; task < end; task++) {
+        const int64_t b = task / kv_heads, h = task % kv_heads, L = len[b];
+        scores.assign(group * L, 0.f);
+        keys.resize(L);
+        for (int64_t j0 = 0, p = 0; j0 < L; j0 += page_size, p++) {  // page by page: no division per key
+          const T* first = kp + (bt[b * pages + p] * page_size * kv_heads + h) * D;
+          for (int64_t j = j0; j < std::min(L, j0 + page_size); j++) keys[j] = first + (j - j0) * kv_heads * D;
+        }
+        const float* q0 = qp + (b * heads + h * group) * D;  // the group's queries, one after another
+        int64_t j8 = 0;
+        if (D % 8 == 0) {  // eight keys at a time: eight accumulators, one horizontal sum for all eight
+          for (; j8 + 8 <= L; j8 += 8) {
+            for (int64_t k = j8 + 8; k < std::min(L, j8 + 16); k++) {  // the next eight keys, from memory
+              for (size_t line = 0; line < D * sizeof(T); line += 64)
+                _mm_prefetch(reinterpret_cast<const char*>(keys[k]) + line, _MM_HINT_T0);
             }
-            _mm256_storeu_ps(scores.data() + g * L + j8, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(fscale)));
+            for (int64_t g = 0; g < group; g++) {
+              __m256 acc[8];
+              for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
+              for (int64_t i = 0; i < D; i += 8) {
+                const __m256 qv = _mm256_loadu_ps(q0 + g * D + i);
+                for (int k = 0; k < 8; k++) acc[k] = _mm256_fmadd_ps(load8(keys[j8 + k] + i), qv, acc[k]);
+              }
+              _mm256_storeu_ps(scores.data() + g * L + j8, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(fscale)));
+            }
+          }
+        }
+        for (int64_t j = j8; j < L; j++) {
+          for (int64_t g = 0; g < group; g++) scores[g * L + j] = dot(q0 + g * D, keys[j], D) * fscale;
+        }
+        for (int64_t g = 0; g < group; g++) {
+          float* s = scores.data() + g * L;
+          const float top = *std::max_element(s, s + L);
+          __m256 sum = _mm256_setzero_ps();
+          const __m256 shift = _mm256_set1_ps(top);
+          int64_t j = 0;
+          for (; j + 8 <= L; j += 8) {
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), shift));
+            _mm256_storeu_ps(s + j, e);
+            sum = _mm256_add_ps(sum, e);
+          }
+          float total = hsum(sum);
+          for (; j < L; j++) total += (s[j] = std::exp(s[j] - top));
+          const float inv = 1.f / total;
+          float* o = op + (b * heads + h * group + g) * D;
+          if (D == 64) {  // the common head sizes, with the output row in registers
+            weighted_sum<8>(s, keys.data(), kp, vp, L, inv, o);
+          } else if (D == 128) {
+            weighted_sum<16>(s, keys.data(), kp, vp, L, inv, o);
+          } else {
+            std::fill(o, o + D, 0.f);
+            for (int64_t j2 = 0; j2 < L; j2++) {
+              const T* value = vp + (keys[j2] - kp);
+              const float weight = s[j2] * inv;
+              for (int64_t d = 0; d < D; d++) o[d] += weight * load1(value + d);
+            }
           }
         }
       }
-      for (int64_t j = j8; j < L; j++) {
-        for (int64_t g = 0; g < group; g++) scores[g * L + j] = dot(q0 + g * D, keys[j], D) * fscale;
-      }
-      for (int64_t g = 0; g < group; g++) {
-        float* s = scores.data() + g * L;
-        const float top = *std::max_element(s, s + L);
-        __m256 sum = _mm256_setzero_ps();
-        const __m256 shift = _mm256_set1_ps(top);
-        int64_t j = 0;
-        for (; j + 8 <= L; j += 8) {
-          const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), shift));
-          _mm256_storeu_ps(s + j, e);
-          sum = _mm256_add_ps(sum, e);
-        }
-        float total = hsum(sum);
-        for (; j < L; j++) total += (s[j] = std::exp(s[j] - top));
-        const float inv = 1.f / total;
-        float* o = op + (b * heads + h * group + g) * D;
-        if (D == 64) {  // the common head sizes, with the output row in registers
-          weighted_sum<8>(s, keys.data(), kp, vp, L, inv, o);
-        } else if (D == 128) {
-          weighted_sum<16>(s, keys.data(), kp, vp, L, inv, o);
-        } else {
-          std::fill(o, o + D, 0.f);
-          for (int64_t j2 = 0; j2 < L; j2++) {
-            const float* value = vp + (keys[j2] - kp);
-            const float weight = s[j2] * inv;
-            for (int64_t d = 0; d < D; d++) o[d] += weight * value[d];
-          }
-        }
-      }
-    }
-  });
+    });
+  };
+  if (k_pool.scalar_type() == at::kHalf) {
+    attend(k_pool.data_ptr<at::Half>(), v_pool.data_ptr<at::Half>());
+  } else {
+    attend(k_pool.data_ptr<float>(), v_pool.data_ptr<float>());
+  }
   return out;
 }
 
@@ -673,8 +693,9 @@ at::Tensor rope_write_kv(const at::Tensor& qkv, const at::Tensor& cos, const at:
                          const at::Tensor& positions, const at::Tensor& slots, const at::Tensor& k_pool, const at::Tensor& v_pool,
                          int64_t heads, int64_t kv_heads) {
   TORCH_CHECK(qkv.scalar_type() == at::kFloat && cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
-                  k_pool.scalar_type() == at::kFloat && v_pool.scalar_type() == at::kFloat,
-              "rope_write_kv: float32 tensors expected");
+                  (k_pool.scalar_type() == at::kFloat || k_pool.scalar_type() == at::kHalf) &&
+                  v_pool.scalar_type() == k_pool.scalar_type(),
+              "rope_write_kv: float32 tensors and float32 or float16 pools expected");
   TORCH_CHECK(positions.scalar_type() == at::kLong && slots.scalar_type() == at::kLong,
               "rope_write_kv: int64 positions and slots expected");
   TORCH_CHECK(qkv.is_contiguous() && cos.is_contiguous() && sin.is_contiguous() && positions.is_contiguous() &&
@@ -693,25 +714,32 @@ at::Tensor rope_write_kv(const at::Tensor& qkv, const at::Tensor& cos, const at:
   }
   at::Tensor q = at::empty({T, heads, D}, qkv.options());
   const float *src = qkv.data_ptr<float>(), *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
-  float *qp = q.data_ptr<float>(), *kp = k_pool.data_ptr<float>(), *vp = v_pool.data_ptr<float>();
+  float* qp = q.data_ptr<float>();
   const int64_t half = D / 2;
-  at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; t++) {
-      const float *c = cp + pos[t] * D, *s = sp + pos[t] * D, *row = src + t * width;
-      auto rotate = [&](const float* in, float* out) {
-        for (int64_t i = 0; i < half; i++) {
-          out[i] = in[i] * c[i] - in[i + half] * s[i];
-          out[i + half] = in[i + half] * c[i + half] + in[i] * s[i + half];
+  const auto write = [&](auto* kp, auto* vp) {  // float32 or float16 pools
+    at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; t++) {
+        const float *c = cp + pos[t] * D, *s = sp + pos[t] * D, *row = src + t * width;
+        auto rotate = [&](const float* in, auto* out) {
+          for (int64_t i = 0; i < half; i++) {
+            store1(out + i, in[i] * c[i] - in[i + half] * s[i]);
+            store1(out + i + half, in[i + half] * c[i + half] + in[i] * s[i + half]);
+          }
+        };
+        for (int64_t h = 0; h < heads; h++) rotate(row + h * D, qp + (t * heads + h) * D);
+        for (int64_t h = 0; h < kv_heads; h++) {
+          rotate(row + (heads + h) * D, kp + (slot[t] * kv_heads + h) * D);
+          const float* value = row + (heads + kv_heads + h) * D;
+          for (int64_t i = 0; i < D; i++) store1(vp + (slot[t] * kv_heads + h) * D + i, value[i]);
         }
-      };
-      for (int64_t h = 0; h < heads; h++) rotate(row + h * D, qp + (t * heads + h) * D);
-      for (int64_t h = 0; h < kv_heads; h++) {
-        rotate(row + (heads + h) * D, kp + (slot[t] * kv_heads + h) * D);
-        std::copy(row + (heads + kv_heads + h) * D, row + (heads + kv_heads + h + 1) * D,
-                  vp + (slot[t] * kv_heads + h) * D);
       }
-    }
-  });
+    });
+  };
+  if (k_pool.scalar_type() == at::kHalf) {
+    write(k_pool.data_ptr<at::Half>(), v_pool.data_ptr<at::Half>());
+  } else {
+    write(k_pool.data_ptr<float>(), v_pool.data_ptr<float>());
+  }
   return q;
 }
 

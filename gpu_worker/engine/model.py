@@ -270,6 +270,13 @@ class Llama:
         elif fused_kernels is None and self.cpu_ops is not None:
             self.fused = self.cpu_ops  # the same four operators, by the same names and arguments
         self.cpu_weights = cpu_weights
+        # The KV pool's type: float16 on CPU where cpu_ops runs every step over quantized weights (as
+        # llama.cpp keeps its cache): a decode step reads every row's keys and values from memory, and
+        # half the bytes is about half the time of attention; the compute type elsewhere ("bf16" stays
+        # the exact float32 product of the stored weights). Keys and values are rounded once, when
+        # written; everything else stays float32 (reference.transformers_model rounds them the same way).
+        self.kv_dtype = torch.float16 if (self.fused is not None and self.fused is self.cpu_ops
+                                          and cpu_weights == "quantized") else dtype
 
         # in the runtime file's dtype (Linear and the embedding lookup convert), copied off the file's mapping
         def stored(name: str) -> torch.Tensor:
@@ -313,7 +320,7 @@ class Llama:
         from uninitialised memory would be NaN."""
         c = self.config
         return torch.zeros(c.num_layers, 2, num_pages, page_size, c.num_kv_heads, c.head_dim,
-                           device=self.device, dtype=self.dtype)
+                           device=self.device, dtype=self.kv_dtype)
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                  block_tables: torch.Tensor, kv_cache: torch.Tensor, last: torch.Tensor | None = None) -> torch.Tensor:
@@ -375,7 +382,7 @@ class Llama:
                 else:
                     # index_select over whole pages: a plain copy per page, several times faster than advanced indexing
                     pages = kv_cache[i].view(2, kv_cache.shape[2], -1).index_select(1, block_tables.reshape(-1))
-                    keys, values = pages.view(2, batch, context, c.num_kv_heads, c.head_dim)
+                    keys, values = pages.view(2, batch, context, c.num_kv_heads, c.head_dim).to(self.dtype)
                     delta = layer.o(attention(q, keys, values, mask))
                 x, h = self._add_norm(x, delta, layer.post_norm)
 

@@ -36,9 +36,9 @@ def transformers_model(runtime: RuntimeFile, *, dtype: torch.dtype = torch.float
                        attn_implementation: str = "sdpa", cpu_weights: str | None = None) -> LlamaForCausalLM:
     """`LlamaForCausalLM` in eval mode holding the runtime file's `gen/tensor/*` weights, or, with
     `cpu_weights`, the values the engine's matrix products use on CPU in float32 with that setting
-    (model.Linear: "quantized" holds the GGUF blocks it recovers, dequantized, and rounds each
-    product's activations as the engine's do), so that its logits are the engine's up to summation
-    order."""
+    (model.Linear: "quantized" holds the GGUF blocks it recovers, dequantized, rounds each
+    product's activations as the engine's do and attends over keys and values rounded to float16,
+    the engine's KV pool there), so that its logits are the engine's up to summation order."""
     from transformers import LlamaForCausalLM
     from transformers.initialization import no_init_weights
 
@@ -46,6 +46,8 @@ def transformers_model(runtime: RuntimeFile, *, dtype: torch.dtype = torch.float
     if cpu_weights is not None:  # the embedding lookup reads the stored table, the output product its blocks
         card["tie_word_embeddings"] = False
     config = llama_config(card)
+    if cpu_weights == "quantized" and attn_implementation == "sdpa":
+        attn_implementation = _float16_kv_attention()
     config._attn_implementation = attn_implementation
     with no_init_weights():  # every weight is replaced below; random init of 135M parameters takes seconds
         model = LlamaForCausalLM(config)
@@ -80,6 +82,21 @@ def transformers_model(runtime: RuntimeFile, *, dtype: torch.dtype = torch.float
                 module.register_forward_pre_hook(lambda _, args, aotx=aotx: (_rounded(aotx, args[0]),))
     # PreTrainedModel.to is @functools.wraps(torch.nn.Module.to): mypy sees an unbound function
     return model.to(device=device, dtype=dtype).eval()  # type: ignore[call-arg]
+
+
+def _float16_kv_attention() -> str:
+    """The name of an attention function for transformers: its SDPA over keys and values rounded to
+    float16 (after the rotation), as the engine's CPU pool holds them for quantized weights (model.py)."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any,
+                  **kwargs: Any) -> Any:
+        return sdpa_attention_forward(module, query, key.half().to(key.dtype), value.half().to(value.dtype),
+                                      *args, **kwargs)
+
+    AttentionInterface.register("aotx_float16_kv", attention)
+    return "aotx_float16_kv"
 
 
 def _rounded(aotx: Any, x: torch.Tensor) -> torch.Tensor:

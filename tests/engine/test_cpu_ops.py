@@ -81,13 +81,14 @@ def gathered_attention(q, k_pool, v_pool, block_tables, lengths, page_size):
     return out
 
 
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.float16])  # float16: the pool beside quantized weights
 @pytest.mark.parametrize("dim", [64, 128, 24])  # the two head sizes held in registers, and the general path
 @pytest.mark.parametrize("heads,kv_heads,lengths", [(9, 3, [1, 16, 17, 40]), (4, 4, [33]), (6, 1, [5, 64, 2])])
-def test_paged_decode_attention_reads_each_rows_pages(aotx, heads, kv_heads, lengths, dim):
+def test_paged_decode_attention_reads_each_rows_pages(aotx, heads, kv_heads, lengths, dim, pool_dtype):
     page_size, num_pages = 16, 24
     g = torch.Generator().manual_seed(heads * 10 + kv_heads)
-    k_pool = torch.randn(num_pages * page_size, kv_heads, dim, generator=g)
-    v_pool = torch.randn(num_pages * page_size, kv_heads, dim, generator=g)
+    k_pool = torch.randn(num_pages * page_size, kv_heads, dim, generator=g).to(pool_dtype)
+    v_pool = torch.randn(num_pages * page_size, kv_heads, dim, generator=g).to(pool_dtype)
     q = torch.randn(len(lengths), heads, dim, generator=g)
     pages = max(-(-n // page_size) for n in lengths) + 1  # one spare entry: beyond every row's length
     block_tables = torch.randperm(num_pages, generator=g)[:len(lengths) * pages].view(len(lengths), pages)
@@ -105,6 +106,10 @@ def test_paged_decode_attention_refuses_rows_outside_the_pool(aotx):
         aotx.paged_decode_attention(q, pool, pool, torch.tensor([[2]]), torch.tensor([3]), 16, 1.0)
     with pytest.raises(RuntimeError, match="page_size must be positive"):
         aotx.paged_decode_attention(q, pool, pool, torch.tensor([[0]]), torch.tensor([1]), 0, 1.0)
+    with pytest.raises(RuntimeError, match="float32 or float16 pools"):
+        aotx.paged_decode_attention(q, pool.half(), pool, torch.tensor([[0]]), torch.tensor([1]), 16, 1.0)
+    with pytest.raises(RuntimeError, match="float32 or float16 pools"):
+        aotx.paged_decode_attention(q, pool.bfloat16(), pool.bfloat16(), torch.tensor([[0]]), torch.tensor([1]), 16, 1.0)
 
 
 # ---- quantized weights (GGUF's Q4_1 and Q8_0 blocks) ----------------------------------------------
@@ -218,25 +223,32 @@ def test_the_model_keeps_gguf_blocks_quantized_and_other_weights_as_int8_blocks(
         big = torch.randn(5, 20, 64)  # prefill: the widened weight through MKL, the same product
         assert torch.allclose(linear(big), round_activations(big) @ values.T, rtol=1e-5, atol=1e-5)
     assert Linear(four_bit, torch.float32, "bf16").kernel is aotx.linear_bf16
+    padded = Linear(four_bit[:45], torch.float32, "quantized")  # 45 rows: a last group of five, padded
+    assert padded.padded and padded(x).shape == (2, 3, 45)
+    for rows in (x, big):
+        assert torch.allclose(padded(rows), round_activations(rows) @ cpu_weight_values(four_bit[:45], "quantized").T,
+                              rtol=1e-5, atol=1e-5)
     assert torch.equal(cpu_weight_values(four_bit, "bf16"), four_bit.float())
 
 
 # ---- the fused element-wise steps -----------------------------------------------------------------
 
-def test_rope_write_kv_rotates_and_writes_like_the_pytorch_steps(aotx):
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.float16])
+def test_rope_write_kv_rotates_and_writes_like_the_pytorch_steps(aotx, pool_dtype):
     g = torch.Generator().manual_seed(5)
     heads, kv_heads, dim, tokens = 9, 3, 64, 5
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=g)
     cos, sin = torch.randn(100, dim, generator=g), torch.randn(100, dim, generator=g)
     positions, slots = torch.tensor([0, 5, 7, 99, 3]), torch.tensor([1, 2, 3, 4, 0])
-    k_pool, v_pool = torch.zeros(10, kv_heads, dim), torch.zeros(10, kv_heads, dim)
+    k_pool, v_pool = torch.zeros(10, kv_heads, dim, dtype=pool_dtype), torch.zeros(10, kv_heads, dim, dtype=pool_dtype)
     q = aotx.rope_write_kv(qkv, cos, sin, positions, slots, k_pool, v_pool, heads, kv_heads)
     parts = qkv.view(tokens, heads + 2 * kv_heads, dim)
     c, s = cos[positions][:, None], sin[positions][:, None]
     rotated = parts[:, :heads + kv_heads] * c + rotate_half(parts[:, :heads + kv_heads]) * s
     assert torch.allclose(q, rotated[:, :heads], atol=1e-6)
-    assert torch.allclose(k_pool[slots], rotated[:, heads:], atol=1e-6)
-    assert torch.equal(v_pool[slots], parts[:, heads + kv_heads:])
+    # keys rotated in float32, then rounded once to the pool's type (to nearest, as PyTorch converts)
+    assert torch.allclose(k_pool[slots].float(), rotated[:, heads:].to(pool_dtype).float(), atol=1e-6 if pool_dtype == torch.float32 else 2e-3)
+    assert torch.equal(v_pool[slots], parts[:, heads + kv_heads:].to(pool_dtype))
     untouched = [i for i in range(10) if i not in slots.tolist()]
     assert not k_pool[untouched].any() and not v_pool[untouched].any()
     with pytest.raises(RuntimeError, match="outside the pool"):

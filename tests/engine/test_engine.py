@@ -58,12 +58,16 @@ def test_logprobs_are_the_models_log_softmax_at_each_token(engine, tiny_referenc
         with torch.no_grad():
             logits = tiny_reference(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]
         expected = torch.log_softmax(logits.double(), dim=-1)
+        # 3e-3: summation order, amplified where the float16 rounding of a key or value falls on the
+        # other side of a midpoint (measured worst 1.2e-3 on logits of scale 43; with float32 keys
+        # and values, 0.7e-3); a tempered or wrong distribution is off by far more
+        tolerance = 3e-3
         for step, (token, (chosen, top)) in enumerate(got[name]):
-            assert chosen == pytest.approx(expected[step, token].item(), abs=1e-3)
+            assert chosen == pytest.approx(expected[step, token].item(), abs=tolerance)
             assert len(top) == k
             values, ids = expected[step].topk(k) if k else (torch.zeros(0), torch.zeros(0))
             assert [t for t, _ in top] == ids.tolist()
-            assert [lp for _, lp in top] == pytest.approx(values.tolist(), abs=1e-3)
+            assert [lp for _, lp in top] == pytest.approx(values.tolist(), abs=tolerance)
         if k:
             assert all(top[0][0] == token for token, (_, top) in got[name])  # greedy: its own best
     with pytest.raises(Exception, match="logprobs must be"):

@@ -210,6 +210,7 @@ def test_real_model_quantized_blocks_stay_closer_to_the_stored_weights_than_bflo
     against bfloat16's 1.27 on logits of scale 37.6, every argmax equal (bfloat16: 98%)."""
     engine = Engine(real_gen)
     assert engine.model.layers[0].qkv.kernel is engine.model.cpu_ops.linear_q4  # the GGUF's 4-bit blocks
+    assert engine.runner.kv_cache.dtype == torch.float16  # and the KV pool llama.cpp keeps beside them
     ids = engine.tokenizer.encode_chat([{"role": "user", "content": "What is the capital of France? Tell me "
                                                                     "about its history."}])
     [seq] = admit(engine, [ids])
