@@ -1,13 +1,16 @@
 """The engine's forward against transformers' LlamaForCausalLM holding the same weights (float32, CPU).
 
-Tolerance: max |ours - reference| <= 1e-3 x max |reference logit|. The reference holds the values the
-engine multiplies and rounds each product's activations as the engine's quantized products do
-(reference.transformers_model(cpu_weights=...)); what remains is summation order, and the activations'
-rounding amplifies it: where the engine's activation and the reference's differ by float32 noise, a
-code can round the other way (a step of 1/32767 of its block's largest magnitude). Measured on the
-development machine (worst over each test's steps): SmolLM2-135M 1.8e-4 relative (0.0047 on logits of
-scale 26.3; without the rounding in the reference, 5.4e-4). The bound leaves a factor of 5 of
-headroom, while a wrong RoPE, norm, mask or page lookup shows up as differences of order 1.
+Tolerance: max |ours - reference| <= 3e-3 x max |reference logit|. The reference holds the values the
+engine multiplies, rounds each product's activations as the engine's quantized products do and rounds
+keys and values to float16 as the engine's CPU pool holds them (reference.transformers_model(
+cpu_weights=...)); what remains is summation order, and both roundings amplify it: where the engine's
+value and the reference's differ by float32 noise, it can round the other way (an activation by 1/32767
+of its block's largest magnitude, a key or value by one float16 step, 2^-11 of itself). Measured on the
+development machine (worst over each test's steps): SmolLM2-135M 9.8e-4 relative (0.037 on logits of
+scale 37.6, the prefill of a chat prompt; with float32 keys and values 1.8e-4, and without the
+activations' rounding in the reference 5.4e-4). The bound leaves a factor of 3 of headroom, while a
+wrong RoPE, norm, mask or page lookup shows up as differences of order 1; the engine's distance from
+the stored weights' own forward is held separately (0.29 on logits of scale 37.6, below).
 """
 import pytest
 import torch
@@ -15,7 +18,7 @@ import torch
 from gpu_worker.engine import Engine
 from gpu_worker.engine.reference import transformers_model
 
-RELATIVE_TOLERANCE = 1e-3
+RELATIVE_TOLERANCE = 3e-3
 
 
 def assert_logits_close(ours, reference):
