@@ -48,7 +48,6 @@ constexpr int64_t kBlock = 32;  // weights per quantized block (linear_q4, linea
 // ahead keeps more cache misses in flight than the hardware prefetcher alone: -25% time per decode
 // step at 8 rows on the development machine.
 constexpr int64_t kPrefetchAhead = 512;  // bfloat16 elements
-constexpr int64_t kQuantizedAhead = 4096;  // bytes, for linear_q4 and linear_q8
 
 inline __m256 widen8(const uint16_t* p) {
   __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
