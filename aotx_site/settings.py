@@ -145,6 +145,7 @@ AOTX_DEVICE_TIMEOUT = float(os.environ.get("AOTX_DEVICE_TIMEOUT", "30"))
 AOTX_DEVICE_CONNECTIONS = int(os.environ.get("AOTX_DEVICE_CONNECTIONS", "4"))  # per gateway process
 AOTX_DEVICE_WAITING = int(os.environ.get("AOTX_DEVICE_WAITING", "256"))  # requests waiting on the device, per process
 AOTX_BODY_TIMEOUT = float(os.environ.get("AOTX_BODY_TIMEOUT", "30"))  # seconds a request body may stall
+AOTX_GATEWAY_WORKERS = int(os.environ.get("AOTX_GATEWAY_WORKERS", "1"))  # processes sharing the per-principal rates
 AOTX_PRINCIPAL_CACHE_SECONDS = float(os.environ.get("AOTX_PRINCIPAL_CACHE_SECONDS", "5"))
 AOTX_SSE_KEEPALIVE = float(os.environ.get("AOTX_SSE_KEEPALIVE", "15"))  # seconds between keep-alive comments
 AOTX_CHAT_TIMEOUT = float(os.environ.get("AOTX_CHAT_TIMEOUT", "600"))  # a whole non-streamed completion

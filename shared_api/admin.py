@@ -15,8 +15,8 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 
-from gpu_worker.contract.grantfile import GrantFileError, quota_problem
-from gpu_worker.contract.vocabulary import ACTIONS, QUOTAS
+from gpu_worker.contract.grantfile import LIMITS, GrantFileError, quota_problem
+from gpu_worker.contract.vocabulary import ACTIONS
 
 from . import config
 from .device_client import DeviceClient
@@ -35,8 +35,9 @@ class PrincipalForm(forms.ModelForm):
     class Meta:
         model = Principal
         fields = ("name", "actions", "quotas", "active")
-        help_texts = {"quotas": "what this principal may hold at the device at once, e.g. {\"spaces\": 10}; "
-                                f"names: {', '.join(QUOTAS)}; a quota left out is unlimited (docs/grants.md)",
+        help_texts = {"quotas": "what this principal may hold at the device at once and how fast it may send, "
+                                "e.g. {\"spaces\": 10, \"requests_per_second\": 20}; "
+                                f"names: {', '.join(LIMITS)}; one left out is unlimited (docs/grants.md)",
                       "active": "unticking revokes the principal and its token for good; ticking it again "
                                 "issues a new token"}
 

@@ -23,6 +23,8 @@ from django.db.models.signals import post_delete, post_save
 from django.http import HttpRequest
 from rest_framework.authentication import BaseAuthentication
 
+from gpu_worker.contract.vocabulary import RATES
+
 from . import config
 from .errors import WWW_AUTHENTICATE, ServiceError
 from .models import Principal, hash_token
@@ -35,6 +37,8 @@ class AuthenticatedPrincipal:
         self.name = principal.name
         self.principal_id = principal.principal_id
         self.actions = principal.current_actions()
+        # {rate name: limit per second} of its grant (shared_api/rates.py; unset: unlimited)
+        self.rates = {name: limit for name, limit in (principal.quotas or {}).items() if name in RATES}
 
 
 GRANT_FILE_CHECK = 0.05  # seconds between two looks at the grant file

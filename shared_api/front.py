@@ -12,7 +12,8 @@ second).
 Refusing before reading (every route): a token in the query string is refused and never logged;
 a request without a valid token is answered 401 from its headers, and a body over the route's
 limit 413 from its Content-Length (or as soon as a chunked body passes the limit), in both cases
-without reading the body, and the connection is then closed. A body that stalls for
+without reading the body, and the connection is then closed; so is a request past one of its
+principal's rates (429 `rate_limited`, shared_api/rates.py). A body that stalls for
 AOTX_BODY_TIMEOUT seconds is answered 408. Requests waiting on the device are bounded per process
 (DevicePool: 503 `gateway_busy` beyond). The OpenAI-compatible routes (/v1/chat/completions,
 /v1/completions, /v1/embeddings, /v1/models) run their async views here too, on a plain
@@ -44,6 +45,7 @@ from .device_client import pool
 from .errors import WWW_AUTHENTICATE, ServiceError
 from .openai_views import ROUTES as OPENAI_ROUTES
 from .openai_views import openai_error
+from .rates import RateLimited, limiter, retry_headers
 from .refusals import RefusalBackoff, is_quota_refusal
 from .server import BODY_READY
 from .strict import loads_strict
@@ -61,6 +63,7 @@ TOKEN_PARAMETERS = frozenset(("access_token", "token", "api_key", "apikey", "key
 BASE_HEADERS = [(b"content-type", b"application/json"), (b"cache-control", b"no-store"),
                 (b"x-content-type-options", b"nosniff")]
 OPENAI_PREFIX = "/v1/"
+OPENAI_CODES = {"rate_limited": "rate_limit_exceeded"}  # our codes under OpenAI's names, on /v1
 
 
 class BodyRefused(Exception):
@@ -330,10 +333,13 @@ class Front:
             length = _content_length(headers)
             if length is not None and length > limit:
                 raise ServiceError(413, view_class.body_code, f"the body exceeds this route's {limit} bytes")
+            limiter().admit(user.principal_id, user.rates, length or 0)
             try:
                 raw = await read_body(scope, receive, limit, view_class.body_code, settings.AOTX_BODY_TIMEOUT)
             except BodyRefused as refused:
                 raise refused.error from None
+            if length is None:
+                limiter().charge(user.principal_id, user.rates, len(raw))
             close = False
             request = FrontRequest(method, scope["path"], _query(scope), headers.get(b"content-type", b"")
                                    .decode("latin-1"), user, raw, issubclass(view_class, MediaView))
@@ -346,7 +352,11 @@ class Front:
         except ClientGone:
             return 499  # (nginx's number for it, in the metrics only)
         except ServiceError as err:
-            await respond_error(send, err, close)
+            extra = None
+            if isinstance(err, RateLimited):
+                extra = retry_headers(err)
+                await self.refused_again(err.principal_id)
+            await respond_error(send, err, close, extra)
             return err.status
         except asyncio.CancelledError:
             raise
@@ -393,11 +403,16 @@ class Front:
             if length is not None and length > MAX_CHAT_BODY_BYTES:
                 raise BodyRefused(ServiceError(413, "body_too_large",
                                                f"the body exceeds this route's {MAX_CHAT_BODY_BYTES} bytes"))
+            limiter().admit(user.principal_id, user.rates, length or 0)
             raw = await read_body(scope, receive, MAX_CHAT_BODY_BYTES, "body_too_large", settings.AOTX_BODY_TIMEOUT)
+            if length is None:
+                limiter().charge(user.principal_id, user.rates, len(raw))
         except ClientGone:
             return 499
         except (ServiceError, BodyRefused) as exc:
             err = exc.error if isinstance(exc, BodyRefused) else exc
+            if isinstance(err, RateLimited):
+                await self.refused_again(err.principal_id)
             await self._refuse(send, err, True, close=close or err.status == 401)
             return err.status
         request = HttpRequest()
@@ -513,10 +528,14 @@ class Front:
 
     @classmethod
     async def _refuse(cls, send: Send, err: ServiceError, openai: bool, close: bool) -> None:
+        extra = retry_headers(err) if err.code == "rate_limited" else []
         if not openai:
-            await respond_error(send, err, close)
+            await respond_error(send, err, close, extra)
             return
-        await cls._send_response(send, None, openai_error(err.status, err.code, err.message), close)  # OpenAI's shape
+        response = openai_error(err.status, OPENAI_CODES.get(err.code, err.code), err.message)  # OpenAI's shape
+        for name, value in extra:
+            response[name.decode()] = value.decode()
+        await cls._send_response(send, None, response, close)
 
 
 class _MethodNotAllowed(Exception):

@@ -2,8 +2,8 @@
 SHA-256 digests (they are 256-bit random values, so a fast hash is enough); the token itself is
 shown once, when it is issued. A revoked principal's token dies with the revocation: its digest
 is replaced by one nobody holds, so reinstating it issues a new token (the old one is refused for
-good). Quotas (docs/grants.md) are what the principal may hold at the device at once; an unset
-quota is unlimited. A row always has a principal ID, a token digest and only valid
+good). Quotas (docs/grants.md) are what the principal may hold at the device at once, and how
+fast it may send (the rates, which the gateway enforces); an unset one is unlimited. A row always has a principal ID, a token digest and only valid
 actions (save() refuses anything else, and the database refuses empty IDs), so every row can go
 into the grant file the device reads."""
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 
 from django.db import models
 
-from gpu_worker.contract.grantfile import quota_problem
+from gpu_worker.contract.grantfile import LIMITS, quota_problem
 from gpu_worker.contract.ids import HEX32
-from gpu_worker.contract.vocabulary import ACTIONS, QUOTAS
+from gpu_worker.contract.vocabulary import ACTIONS, RATES
 
 TOKEN_PREFIX = "aotx_"
 
@@ -93,7 +93,7 @@ class Principal(models.Model):
                 or len(self.token_hash) != 64):
             raise ValueError(f"principal {self.name!r} cannot be saved: it needs a name, a 32-hex principal ID, "
                              f"a token digest, actions among {', '.join(ACTIONS)} and quotas among "
-                             f"{', '.join(QUOTAS)}" + (f" ({problem})" if problem else ""))
+                             f"{', '.join(LIMITS)}" + (f" ({problem})" if problem else ""))
         self.actions = sorted(set(self.actions))
         super().save(*args, **kwargs)
 
@@ -104,7 +104,7 @@ class Principal(models.Model):
     @classmethod
     def for_digest(cls, digest: str) -> Principal | None:
         try:  # one indexed lookup; .first() would add an ORDER BY
-            return cls.objects.only("name", "principal_id", "actions", "active").get(token_hash=digest, active=True)
+            return cls.objects.only("name", "principal_id", "actions", "quotas", "active").get(token_hash=digest, active=True)
         except cls.DoesNotExist:
             return None
 
@@ -118,14 +118,15 @@ def parse_quotas(values: list[str]) -> dict[str, int | None]:
     for value in values:
         name, sep, limit = value.partition("=")
         name = name.strip()
-        if not sep or name not in QUOTAS:
-            raise ValueError(f"--quota {value!r}: expected NAME=N with NAME among {', '.join(QUOTAS)}")
+        if not sep or name not in LIMITS:
+            raise ValueError(f"--quota {value!r}: expected NAME=N with NAME among {', '.join(LIMITS)}")
         limit = limit.strip()
         if limit == "unlimited":
             out[name] = None
             continue
         if not limit.isdigit() or quota_problem({name: int(limit)}):
-            raise ValueError(f"--quota {value!r}: N must be an integer from 0 to 2^63-1, or 'unlimited'")
+            raise ValueError(f"--quota {value!r}: N must be an integer from {int(name in RATES)} to 2^63-1, "
+                             "or 'unlimited'")
         out[name] = int(limit)
     return out
 

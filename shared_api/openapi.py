@@ -22,7 +22,7 @@ from gpu_worker.contract import ids
 from gpu_worker.contract.limits import DEFAULT_LIMIT, MAX_BODY_BYTES, MAX_LIMIT, MAX_MEDIA, MAX_MEDIA_BYTES
 from gpu_worker.contract.vocabulary import (CAPABILITIES_SCHEMA, COMMANDS, CONTEXTS, MEDIA_TYPES, MEMORY_KINDS,
                                             MUTATION_SCHEMA, NOT_RETAINED, RETENTIONS,
-                                            PERMISSIONS, QUOTAS, RECEIPT_SCHEMA, SCOPES, TERMINAL_STATUSES)
+                                            PERMISSIONS, QUOTAS, RATES, RECEIPT_SCHEMA, SCOPES, TERMINAL_STATUSES)
 
 if TYPE_CHECKING:
     from drf_spectacular.openapi import AutoSchema
@@ -225,6 +225,10 @@ SCHEMAS = {
         "quotas": obj({name: obj({"limit": nullable(ref("Counter")), "used": ref("Counter")}) for name in QUOTAS},
                       description="the caller's own quotas from the grant file (`limit` null: unlimited) and what "
                                   "it holds now (docs/grants.md)"),
+        "rates": obj({name: obj({"limit": nullable(ref("Counter"))}) for name in RATES},
+                     description="the caller's own rates from the grant file (`limit` null: unlimited), per "
+                                 "second, enforced by the gateway before it reads a body: over one answers 429 "
+                                 "`rate_limited` (docs/grants.md)"),
     }),
     "Error": obj({"error": obj({
         "code": {"type": "string"},
@@ -429,6 +433,10 @@ CODES = {
                       "nothing changed. `Retry-After: 1`; a principal refused again within a second is answered "
                       "after 10 ms, then 20 ms, doubling to 1 s (the gateway's refusal backoff; a second without "
                       "a refusal starts it over)",
+    "rate_limited": "the caller's principal sent faster than one of its rates allows (`quota` names it; `limit` "
+                    "per second, `retry_after` seconds); refused from the headers, the body unread, nothing changed. "
+                    "`Retry-After` (whole seconds) and `Retry-After-Ms` say when the next request can pass; refusals "
+                    "that keep coming are answered later, as for `quota_exceeded`",
     # 503
     "device_unavailable": "the device is not reachable; nothing was admitted",
     "device_connection_lost": "the connection to the device broke after the request was sent: a mutation may "
@@ -461,7 +469,8 @@ STATUS_TEXT = {
     415: "Unsupported media type.",
     429: "Journal hold (a file cap or low disk pauses persistent admission; reads, receipts and save "
          "status stay available; retry later) or a quota of the caller's principal (`quota_exceeded`, "
-         "naming the quota: retire, delete or wait for running work to end). The mutation changed no state.",
+         "naming the quota: retire, delete or wait for running work to end), or a rate of the caller's principal "
+         "(`rate_limited`: retry after `Retry-After`). The request changed no state.",
     503: "Device unavailable.",
     504: "Execution deadline exceeded.",
     507: "Insufficient storage: a fixed capacity of this runtime profile is used up; nothing changed.",
@@ -473,7 +482,7 @@ LIST_400 = ("unknown_parameter", "bad_limit", "bad_field", "bad_cursor")
 ENVELOPE_400 = ("invalid_json", "invalid_utf8", "duplicate_key", "unknown_field", "missing_field", "bad_field",
                 "command_too_large", "bad_command")
 SEQUENCE_409 = ("stale_lineage", "operation_changed", "future_sequence", "operation_key_in_use")
-COMMON = {400: ("bad_request", "bad_query"), 401: ("unauthenticated",), 403: ("grant_missing",),
+COMMON = {400: ("bad_request", "bad_query"), 401: ("unauthenticated",), 403: ("grant_missing",), 429: ("rate_limited",),
           503: ("device_unavailable", "device_connection_lost", "device_timeout", "gateway_misconfigured",
                 "gateway_busy")}
 

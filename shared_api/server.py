@@ -184,6 +184,7 @@ def serve(cfg: dict[str, Any]) -> None:
     os.environ["AOTX_MAX_HEADER_BYTES"] = str(cfg["max_header_bytes"])
     os.environ["AOTX_HEADER_TIMEOUT"] = str(cfg["header_timeout"])
     os.environ["AOTX_BODY_TIMEOUT"] = str(cfg["body_timeout"])
+    os.environ["AOTX_GATEWAY_WORKERS"] = str(cfg["workers"])  # (each process allows its share of a rate)
     uvicorn.run(APPLICATION, host=cfg["host"], port=cfg["port"], workers=cfg["workers"],
                 http="shared_api.server:GatewayProtocol", loop="uvloop", lifespan="off",
                 timeout_keep_alive=cfg["idle_timeout"], log_config=log_config(), access_log=True,

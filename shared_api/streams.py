@@ -47,6 +47,7 @@ from gpu_worker.contract.wire import Message
 from .auth import PRINCIPALS, aauthenticate, require_action
 from .device_client import KEEP_ALIVE, DeviceStream, mux
 from .errors import WWW_AUTHENTICATE
+from .rates import limiter, retry_headers
 from .server import WRITE_NOWAIT
 
 CONVERSATION_EVENTS = re.compile(rf"^{BASE_PATH}/conversations/([^/]+)/events$")
@@ -178,6 +179,7 @@ class EventStream(AsyncHttpConsumer):
             if user is None:
                 raise ServiceError(401, "unauthenticated", "Authorization must be 'Bearer <token>'")
             require_action(user, READ)
+            limiter().admit(user.principal_id, user.rates, 0)
             self.principal_id = user.principal_id
             query = {k: v for k, v in parse_qs(self.scope["query_string"].decode("latin-1"),
                                                keep_blank_values=True).items()}
@@ -221,7 +223,8 @@ class EventStream(AsyncHttpConsumer):
         return [(b"Content-Type", b"application/json"), (b"Cache-Control", b"no-store"), *(extra or [])]
 
     async def refuse(self, err: ServiceError) -> None:
-        extra = [(b"WWW-Authenticate", WWW_AUTHENTICATE.encode())] if err.status == 401 else None
+        extra = ([(b"WWW-Authenticate", WWW_AUTHENTICATE.encode())] if err.status == 401
+                 else retry_headers(err) if err.code == "rate_limited" else None)
         await self.send_response(err.status, err.body(), headers=self.json_headers(extra))
 
     # ---- the stream ---------------------------------------------------------------------

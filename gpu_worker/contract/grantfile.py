@@ -14,7 +14,7 @@ import time
 from typing import Any, Mapping
 
 from .ids import HEX32
-from .vocabulary import ACTIONS, MAX_QUOTA, QUOTAS
+from .vocabulary import ACTIONS, MAX_QUOTA, QUOTAS, RATES
 
 SCHEMA = "aotx.grants.v1"
 FILE_MODE = 0o640
@@ -24,15 +24,20 @@ class GrantFileError(Exception):
     pass
 
 
+LIMITS = QUOTAS + RATES  # the names a principal's `quotas` object may hold
+
+
 def quota_problem(quotas: Any) -> str | None:
-    """Why a quota object is unusable (None when it is fine): {name among QUOTAS: integer 0..2^63-1}."""
+    """Why a quota object is unusable (None when it is fine): {name among QUOTAS: integer
+    0..2^63-1, name among RATES: integer 1..2^63-1}."""
     if not isinstance(quotas, dict):
         return "quotas must be an object"
     for name, value in quotas.items():
-        if name not in QUOTAS:
-            return f"unknown quota {name!r}; known: {', '.join(QUOTAS)}"
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_QUOTA:
-            return f"quota {name} must be an integer from 0 to {MAX_QUOTA}"
+        if name not in LIMITS:
+            return f"unknown quota {name!r}; known: {', '.join(LIMITS)}"
+        least = 1 if name in RATES else 0
+        if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= MAX_QUOTA:
+            return f"quota {name} must be an integer from {least} to {MAX_QUOTA}"
     return None
 
 

@@ -31,6 +31,10 @@ HOLD_CAUSES = ("file_cap", "low_disk", "disk_full")
 QUOTAS = ("receipts", "spaces", "conversations", "media_bytes", "chats", "queued_inputs", "kv_pages",
           "memory_rows")
 MAX_QUOTA = (1 << 63) - 1
+# Per-principal rates of the grant file (docs/grants.md), beside the quotas: how fast one principal
+# may send, enforced by the gateway from a request's headers before it reads the body. Unset:
+# unlimited. Each is an integer from 1 to MAX_QUOTA.
+RATES = ("requests_per_second", "body_bytes_per_second")
 
 
 @dataclass(frozen=True)

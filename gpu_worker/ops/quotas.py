@@ -24,7 +24,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Callable
 
 from ..contract.errors import ServiceError
-from ..contract.vocabulary import QUOTAS
+from ..contract.vocabulary import QUOTAS, RATES
 from ..state.tables import C, R, S, Terminal
 from .kind import Kind
 
@@ -139,3 +139,10 @@ def view(d: Device, principal: bytes, prow: int | None) -> dict[str, dict[str, s
     return {name: {"limit": None if (limit := d.grants.quota(pid, name)) is None else str(limit),
                    "used": str(count(d, principal, prow))}
             for name, count in COUNTS.items()}
+
+
+def rates_view(d: Device, principal: bytes) -> dict[str, dict[str, str | None]]:
+    """Capabilities: the principal's rates (null: unlimited), as decimal strings. The gateway
+    enforces them (shared_api/rates.py); the device only shows what the grant file says."""
+    pid = principal.hex()
+    return {name: {"limit": None if (limit := d.grants.quota(pid, name)) is None else str(limit)} for name in RATES}

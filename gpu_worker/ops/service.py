@@ -40,6 +40,7 @@ def capabilities(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int
         "page_grant": str(profile["page_grant"]),
         "grants": sorted(d.grants.actions(principal.hex())),
         "quotas": quotas.view(d, principal, d.state.participants.by_principal.get(principal)),
+        "rates": quotas.rates_view(d, principal),
         "journal": d.journal_state(),
         "runtime": {"file_incarnation": d.incarnation_hex, "generation": str(d.state.generation),
                     "boot": str(d.state.boot)},

@@ -4,6 +4,7 @@ a revoked principal's old token refused for good, and chat-template control toke
 tokenized as text on both the native input route and /v1/chat/completions."""
 import base64
 import json
+import socket
 
 import pytest
 
@@ -26,10 +27,14 @@ def stack(tiny_runtime, tmp_path_factory):
     out = s.manage("principal", "create", "quoted", "--actions", "shared_read,shared_write,shared_manage",
                    "--quota", "spaces=1", "--quota", "receipts=50", "--config", str(s.config))
     s.tokens["quoted"] = out.stdout.strip().splitlines()[-1]
+    out = s.manage("principal", "create", "hasty", "--actions", "shared_read,chat", "--quota", "requests_per_second=50",
+                   "--quota", "body_bytes_per_second=100000", "--config", str(s.config))
+    s.tokens["hasty"] = out.stdout.strip().splitlines()[-1]
     s.boot_device()
     s.serve()
-    for token in s.tokens.values():
-        assert mutate(s, token, "/participant", {})[0] == 202
+    for name, token in s.tokens.items():
+        if name != "hasty":
+            assert mutate(s, token, "/participant", {})[0] == 202
     yield s
     s.stop()
 
@@ -57,6 +62,31 @@ def test_a_spaces_quota_answers_429_naming_it_and_deleting_gives_it_back(stack):
     assert mutate(stack, token, "/spaces", {})[0] == 202
     # a principal without quotas is unlimited (within the tables and the registration reserve)
     assert all(q["limit"] is None for q in capabilities(stack, stack.tokens["alice"])["quotas"].values())
+
+
+def test_a_body_past_the_principals_byte_rate_is_refused_from_its_headers_before_it_is_sent(stack):
+    token = stack.tokens["hasty"]
+    assert capabilities(stack, token)["rates"] == {"requests_per_second": {"limit": "50"},
+                                                    "body_bytes_per_second": {"limit": "100000"}}
+    body = json.dumps({"model": "tiny-llama", "messages": [{"role": "user", "content": "x " * 450_000}],
+                       "max_tokens": 1}).encode()  # 900 KB: passes on a full bucket, leaving 8 s of debt
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n" % (token.encode(), len(body)))
+    assert stack.http("POST", "/v1/chat/completions", raw=body, token=token)[0] != 429
+    with socket.create_connection(("127.0.0.1", stack.port), timeout=30) as conn:
+        conn.sendall(head)  # the headers only: the answer must come without the body
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    status_line, _, rest = answer.partition(b"\r\n")
+    headers, _, content = rest.partition(b"\r\n\r\n")
+    assert status_line.split()[1] == b"429", answer[:500]
+    error = json.loads(content)["error"]
+    assert error["code"] == "rate_limit_exceeded" and error["type"] == "rate_limit_error"
+    assert b"retry-after-ms:" in headers.lower() and b"connection: close" in headers.lower()
 
 
 def test_a_quota_set_with_principal_grant_reaches_the_device(stack):

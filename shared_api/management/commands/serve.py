@@ -23,6 +23,7 @@ class Command(BaseCommand):
         os.environ["AOTX_GATEWAY_CONFIG"] = path
         settings.AOTX_GATEWAY_CONFIG = path
         settings.AOTX_BODY_TIMEOUT = cfg["body_timeout"]  # this process may be the only worker
+        settings.AOTX_GATEWAY_WORKERS = cfg["workers"]
         from shared_api.server import serve
         self.stdout.write(f"gateway listening on http://{cfg['listen']}/aotx/v1/shared/ (device {cfg['socket']}, "
                           f"{cfg['workers']} worker{'s' if cfg['workers'] > 1 else ''})")

@@ -204,3 +204,13 @@ def test_a_chats_pages_count_with_the_principals_unfinished_inputs_against_kv_pa
     w.pump(lambda: seen.extend(m for _, m in w.device.take_outbox() if m.get("id") == 7) or seen)
     assert seen[0]["status"] == 429 and b'"quota":"kv_pages"' in seen[0]["body"] and b'"used":"16"' in seen[0]["body"]
     gate.set()
+
+
+def test_capabilities_show_the_principals_rates_from_the_grant_file_which_the_device_does_not_enforce(world):
+    world.set_quotas("a", requests_per_second=5, body_bytes_per_second=1 << 20)
+    caps = world.read("a", "capabilities")[1]
+    assert caps["rates"] == {"requests_per_second": {"limit": "5"}, "body_bytes_per_second": {"limit": str(1 << 20)}}
+    assert world.read("b", "capabilities")[1]["rates"] == {"requests_per_second": {"limit": None},
+                                                           "body_bytes_per_second": {"limit": None}}
+    for _ in range(8):  # the gateway enforces rates; the device admits what reaches it
+        world.space("a")
