@@ -57,10 +57,10 @@ PATTERNS = ("bodies", "chat-prompts", "long-history", "media", "chat-flood", "in
 CAPACITY = {"participants": 64, "spaces": 4096, "conversations": 65536, "members": 1024, "receipts": 65536}
 MODEL = "tiny-llama"
 # What an operator gives a tenant it does not trust (`principal create --quota`): two chats and
-# four unfinished inputs at a time, 64 MiB of media, 1,024 receipts held; 20 requests and 2 MiB of
-# request bodies a second.
+# four unfinished inputs at a time, 64 MiB of media, 1,024 receipts held; 20 requests, 2 MiB of
+# request bodies and 20 output tokens a second.
 HOSTILE_QUOTAS = ("chats=2", "queued_inputs=4", f"media_bytes={64 << 20}", "receipts=1024",
-                  "requests_per_second=20", f"body_bytes_per_second={2 << 20}")
+                  "requests_per_second=20", f"body_bytes_per_second={2 << 20}", "output_tokens_per_second=20")
 
 
 # ---- the client side of the API ----------------------------------------------------------------

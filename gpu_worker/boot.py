@@ -123,6 +123,7 @@ def main(argv):
             from .loop.runner import Runner
             device.runner = Runner(Engine(runtime, device.state.tables.device.type), server.deliver,
                                    nice=args.background_nice)
+            device.runner.engine.pacer.rate_of = device.token_rate  # output tokens per second (grant file)
         except Exception as exc:  # a runtime whose model cannot load serves no inputs: say why, stop
             device.close()
             return fail(f"cannot load the generation model of {args.ccir}: {exc}", 2)

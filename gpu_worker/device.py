@@ -28,7 +28,7 @@ from . import admission, execution
 from .contract.errors import ServiceError
 from .contract.grantfile import GrantFileError, Grants
 from .contract.ids import HEX32
-from .contract.vocabulary import COMMANDS
+from .contract.vocabulary import COMMANDS, OUTPUT_TOKENS_RATE
 from .contract.wire import Message, dumps, reply
 from .ops import chat, events, media, quotas, receipts
 from .loop.subscriptions import Subscriptions
@@ -365,6 +365,11 @@ class Device:
     def args(msg: Message) -> dict[str, Any]:
         args = msg.get("args")
         return args if isinstance(args, dict) else {}
+
+    def token_rate(self, tenant: object) -> int | None:
+        """A tenant's (principal's) output tokens per second from the grant file, None: unpaced. The
+        engine thread asks (engine/pacing.py): a grant reload replaces the quotas' dictionary whole."""
+        return self.grants.quota(tenant.hex(), OUTPUT_TOKENS_RATE) if isinstance(tenant, bytes) else None
 
     def _reload_grants(self) -> None:
         try:

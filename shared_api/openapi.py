@@ -227,8 +227,9 @@ SCHEMAS = {
                                   "it holds now (docs/grants.md)"),
         "rates": obj({name: obj({"limit": nullable(ref("Counter"))}) for name in RATES},
                      description="the caller's own rates from the grant file (`limit` null: unlimited), per "
-                                 "second, enforced by the gateway before it reads a body: over one answers 429 "
-                                 "`rate_limited` (docs/grants.md)"),
+                                 "second: requests and body bytes (the gateway refuses past them, 429 "
+                                 "`rate_limited`, before it reads a body) and output tokens (the engine paces "
+                                 "generation); docs/grants.md"),
     }),
     "Error": obj({"error": obj({
         "code": {"type": "string"},

@@ -10,6 +10,7 @@ So a principal's grant may set
   requests_per_second    requests (every shared and /v1 route)
   body_bytes_per_second  request body bytes (Content-Length, or what a chunked body turned out to be)
 
+(the third rate, `output_tokens_per_second`, is the engine's: gpu_worker/engine/pacing.py),
 each a bucket that refills at its rate and holds one second's worth. A request passes when every
 bucket of its principal holds its cost (one request, its body's bytes), or is full where the cost
 is more than a second's worth, and then takes its cost out — into debt in that case: an 8 MiB
@@ -33,6 +34,7 @@ from typing import Callable
 from django.conf import settings
 
 from gpu_worker.contract.errors import ServiceError
+from gpu_worker.contract.rates import Bucket
 
 REQUESTS = "requests_per_second"
 BODY_BYTES = "body_bytes_per_second"
@@ -46,20 +48,6 @@ class RateLimited(ServiceError):
         super().__init__(429, "rate_limited", f"this principal's {name} is {limit}; the next request can pass in "
                                               f"{wait:.3f}s", quota=name, limit=str(limit), retry_after=f"{wait:.3f}")
         self.principal_id = principal_id
-
-
-class Bucket:
-    __slots__ = ("rate", "level", "at")
-
-    def __init__(self, rate: float, now: float) -> None:
-        self.rate = rate
-        self.level = rate  # full: one second's worth
-        self.at = now
-
-    def refill(self, now: float) -> float:
-        self.level = min(self.rate, self.level + (now - self.at) * self.rate)
-        self.at = now
-        return self.level
 
 
 class RateLimiter:
@@ -89,10 +77,10 @@ class RateLimiter:
         buckets = [(name, self._bucket(principal_id, name, rates[name], now), cost)
                    for name, cost in costs if name in rates]
         for name, bucket, cost in buckets:
-            short = min(cost, bucket.rate) - bucket.refill(now)
-            if short > 0:
-                wait = max(0.001, short / bucket.rate)
-                raise RateLimited(principal_id, name, rates[name], wait)
+            bucket.refill(now)
+            wait = bucket.wait(min(cost, bucket.rate))
+            if wait > 0:
+                raise RateLimited(principal_id, name, rates[name], max(0.001, wait))
         for _, bucket, cost in buckets:
             bucket.level -= cost
 

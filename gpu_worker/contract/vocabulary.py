@@ -32,9 +32,11 @@ QUOTAS = ("receipts", "spaces", "conversations", "media_bytes", "chats", "queued
           "memory_rows")
 MAX_QUOTA = (1 << 63) - 1
 # Per-principal rates of the grant file (docs/grants.md), beside the quotas: how fast one principal
-# may send, enforced by the gateway from a request's headers before it reads the body. Unset:
-# unlimited. Each is an integer from 1 to MAX_QUOTA.
-RATES = ("requests_per_second", "body_bytes_per_second")
+# may send (enforced by the gateway from a request's headers, before it reads the body) and be
+# given output tokens (by the engine, which pauses its sequences). Unset: unlimited. Each is an
+# integer from 1 to MAX_QUOTA, per second.
+OUTPUT_TOKENS_RATE = "output_tokens_per_second"
+RATES = ("requests_per_second", "body_bytes_per_second", OUTPUT_TOKENS_RATE)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterable
 
@@ -20,6 +21,7 @@ from gpu_worker.contract.limits import MAX_TOP_LOGPROBS
 from gpu_worker.engine.block_manager import BlockManager, page_hashes, pages_for
 from gpu_worker.engine.model import CPU_WEIGHTS, Llama
 from gpu_worker.engine.model_runner import ModelRunner
+from gpu_worker.engine.pacing import TokenPacer
 from gpu_worker.engine.sampling import penalize, sample
 from gpu_worker.engine.scheduler import EngineRefusal, Scheduler
 from gpu_worker.engine.sequence import FINISH_CANCELLED, Sequence, Status
@@ -72,6 +74,8 @@ class Engine:
                                           else ())
         self._sequences: dict[object, Sequence] = {}
         self._generated = 0
+        self.pacer = TokenPacer()  # output tokens per second per tenant (pacing.py; the device sets rate_of)
+        self.idle_for = 0.0  # after a step: seconds until the next one can do anything (every tenant held)
 
     # ---- requests ---------------------------------------------------------------------------------
 
@@ -159,8 +163,15 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> list[StepEvent]:
-        decoding = list(self.scheduler.running)
+        """One forward pass: the running sequences' next tokens (but those of tenants the pacer
+        holds) and the next admission group's prefill. `idle_for` is then the seconds the caller
+        may sleep before the next step does anything (0: step again at once)."""
+        running = self.scheduler.running
+        held = self.pacer.held([seq.tenant for seq in running]) if running else set()
+        decoding = [seq for seq in running if seq.tenant not in held] if held else list(running)
         group = self.scheduler.admit()
+        self.pacer.charge([seq.tenant for seq in decoding + group])
+        self.idle_for = self.pacer.wait(held) if held and not decoding and not group else 0.0
         for seq in group:
             if seq.temperature > 0:
                 seq.generator = torch.Generator(device=self.device).manual_seed(seq.seed)
@@ -231,4 +242,6 @@ class Engine:
             seqs.append(self.submit(f"generate-{self._generated}", prompt, **settings))
         while any(seq.status is not Status.FINISHED for seq in seqs):
             self.step()
+            if self.idle_for:  # every sequence's tenant is paced and held
+                time.sleep(self.idle_for)
         return seqs

@@ -67,8 +67,8 @@ class Runner:
         try:
             while True:
                 events: list[Event] = []
-                if self.engine.has_work:
-                    command = self._poll()
+                if self.engine.has_work:  # (every tenant with work paced and held: sleep until one may go on)
+                    command = self._poll() if not self.engine.idle_for else self._wait(self.engine.idle_for)
                 else:
                     command = self.commands.get()
                     command = _STOP if command is None else command
@@ -89,6 +89,14 @@ class Runner:
     def _poll(self) -> Command | None:
         try:
             command = self.commands.get_nowait()
+        except queue.Empty:
+            return None
+        return _STOP if command is None else command
+
+    def _wait(self, seconds: float) -> Command | None:
+        """The next command within `seconds` (a submit or a cancel wakes a held engine at once)."""
+        try:
+            command = self.commands.get(timeout=seconds)
         except queue.Empty:
             return None
         return _STOP if command is None else command

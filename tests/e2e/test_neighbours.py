@@ -5,6 +5,7 @@ tokenized as text on both the native input route and /v1/chat/completions."""
 import base64
 import json
 import socket
+import time
 
 import pytest
 
@@ -30,10 +31,13 @@ def stack(tiny_runtime, tmp_path_factory):
     out = s.manage("principal", "create", "hasty", "--actions", "shared_read,chat", "--quota", "requests_per_second=50",
                    "--quota", "body_bytes_per_second=100000", "--config", str(s.config))
     s.tokens["hasty"] = out.stdout.strip().splitlines()[-1]
+    out = s.manage("principal", "create", "paced", "--actions", "chat", "--quota", "output_tokens_per_second=5",
+                   "--config", str(s.config))
+    s.tokens["paced"] = out.stdout.strip().splitlines()[-1]
     s.boot_device()
     s.serve()
     for name, token in s.tokens.items():
-        if name != "hasty":
+        if name not in ("hasty", "paced"):
             assert mutate(s, token, "/participant", {})[0] == 202
     yield s
     s.stop()
@@ -67,7 +71,8 @@ def test_a_spaces_quota_answers_429_naming_it_and_deleting_gives_it_back(stack):
 def test_a_body_past_the_principals_byte_rate_is_refused_from_its_headers_before_it_is_sent(stack):
     token = stack.tokens["hasty"]
     assert capabilities(stack, token)["rates"] == {"requests_per_second": {"limit": "50"},
-                                                    "body_bytes_per_second": {"limit": "100000"}}
+                                                    "body_bytes_per_second": {"limit": "100000"},
+                                                    "output_tokens_per_second": {"limit": None}}
     body = json.dumps({"model": "tiny-llama", "messages": [{"role": "user", "content": "x " * 450_000}],
                        "max_tokens": 1}).encode()  # 900 KB: passes on a full bucket, leaving 8 s of debt
     head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -87,6 +92,25 @@ def test_a_body_past_the_principals_byte_rate_is_refused_from_its_headers_before
     error = json.loads(content)["error"]
     assert error["code"] == "rate_limit_exceeded" and error["type"] == "rate_limit_error"
     assert b"retry-after-ms:" in headers.lower() and b"connection: close" in headers.lower()
+
+
+def test_a_principals_chats_are_given_output_tokens_at_its_rate_and_the_same_tokens(stack):
+    chat = {"model": "tiny-llama", "messages": [{"role": "user", "content": "count with me"}], "max_tokens": 16,
+            "temperature": 0}
+
+    def complete(token):
+        started = time.monotonic()
+        status, _, body = stack.http("POST", "/v1/chat/completions", chat, token=token)
+        assert status == 200, body[:300]
+        return json.loads(body), time.monotonic() - started
+
+    free, _ = complete(stack.tokens["alice"])
+    paced, took = complete(stack.tokens["paced"])
+    assert paced["choices"][0]["message"] == free["choices"][0]["message"]  # paced, not changed
+    tokens = paced["usage"]["completion_tokens"]
+    assert tokens >= 12, paced  # (enough to be paced: the bucket starts with one second's worth, 5)
+    # 5 a second, the first 5 at once: the rest cannot come sooner (a lower bound: noise only adds)
+    assert took >= (tokens - 5) / 5 - 0.05, (tokens, took)
 
 
 def test_a_quota_set_with_principal_grant_reaches_the_device(stack):

@@ -24,7 +24,7 @@ class Command(BaseCommand):
         parser.add_argument("--quota", action="append", default=[], metavar="NAME=N",
                             help="a per-principal quota (receipts, spaces, conversations, media_bytes, chats, "
                                  "queued_inputs, kv_pages, memory_rows) or rate (requests_per_second, "
-                                 "body_bytes_per_second); N=unlimited clears it; repeatable")
+                                 "body_bytes_per_second, output_tokens_per_second); N=unlimited clears it; repeatable")
         parser.add_argument("--config", help="gateway.json; rewrite its grant file after the change")
 
     def handle(self, *args: Any, **opts: Any) -> None:

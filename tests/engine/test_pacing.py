@@ -1,0 +1,57 @@
+"""Output-token pacing per tenant (engine/pacing.py): a paced tenant's sequences step only while its
+bucket holds tokens, an unpaced tenant's never wait, and a held engine says how long to sleep."""
+import pytest
+
+from gpu_worker.engine import Engine, Status
+from gpu_worker.engine.pacing import TokenPacer
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_tenant_is_held_once_its_seconds_worth_is_spent_and_goes_on_as_it_refills():
+    clock = Clock()
+    pacer = TokenPacer({"slow": 4}.get, clock)
+    assert pacer.held(["slow", "fast", None]) == set()
+    pacer.charge(["slow"] * 4)
+    assert pacer.held(["slow", "fast"]) == {"slow"}
+    assert pacer.wait({"slow"}) == pytest.approx(0.25)  # one token's refill
+    pacer.charge(["slow"] * 2)  # two sequences stepped together: into debt
+    clock.now += 0.5
+    assert pacer.held(["slow"]) == {"slow"}  # -2 + 2: no token yet
+    assert pacer.wait({"slow"}) == pytest.approx(0.25)
+    clock.now += 0.26
+    assert pacer.held(["slow"]) == set()
+    assert TokenPacer().held(["slow"]) == set()  # no rates at all: nobody is held
+
+
+@pytest.fixture
+def engine(tiny_gen):
+    return Engine(tiny_gen)
+
+
+def test_the_engine_steps_a_held_tenants_sequences_only_as_its_rate_allows(engine):
+    clock = Clock()
+    engine.pacer = TokenPacer({"paced": 3}.get, clock)
+    paced = engine.submit("p", list(range(20, 30)), max_new_tokens=12, ignore_eos=True, tenant="paced")
+    free = engine.submit("f", list(range(40, 50)), max_new_tokens=12, ignore_eos=True, tenant="free")
+    for _ in range(8):  # the clock stands still: the paced tenant gets its three tokens, no more
+        engine.step()
+    assert len(paced.output_ids) == 3 and len(free.output_ids) == 8
+    while free.status is not Status.FINISHED:
+        engine.step()
+    assert len(paced.output_ids) == 3
+    engine.step()  # only the held tenant has work: nothing runs, and the engine says how long to wait
+    assert len(paced.output_ids) == 3 and engine.idle_for == pytest.approx(1 / 3, rel=1e-3)
+    clock.now += 1.0  # a second later: three more
+    for _ in range(5):
+        engine.step()
+    assert len(paced.output_ids) == 6
+    assert paced.pages  # held, it kept its pages; it finishes as it is paced
+    engine.cancel("p")
+    assert engine.pool.free == engine.pool.total
