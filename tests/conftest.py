@@ -27,6 +27,16 @@ def wait_for(condition, timeout=30.0, interval=0.02, what="condition"):
         time.sleep(interval)
 
 
+class Clock:
+    """A clock that stands still until a test moves `now` (for code that takes a clock argument)."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -143,6 +143,7 @@ def view(d: Device, principal: bytes, prow: int | None) -> dict[str, dict[str, s
 
 def rates_view(d: Device, principal: bytes) -> dict[str, dict[str, str | None]]:
     """Capabilities: the principal's rates (null: unlimited), as decimal strings. The gateway
-    enforces them (shared_api/rates.py); the device only shows what the grant file says."""
+    enforces requests and body bytes (shared_api/rates.py), the engine output tokens
+    (engine/pacing.py); admission here does not count them."""
     pid = principal.hex()
     return {name: {"limit": None if (limit := d.grants.quota(pid, name)) is None else str(limit)} for name in RATES}

@@ -4,14 +4,7 @@ import pytest
 
 from gpu_worker.engine import Engine, Status
 from gpu_worker.engine.pacing import TokenPacer
-
-
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
+from tests.conftest import Clock
 
 
 def test_a_tenant_is_held_once_its_seconds_worth_is_spent_and_goes_on_as_it_refills():

@@ -14,19 +14,12 @@ from shared_api.errors import ServiceError
 from shared_api.models import Principal, parse_quotas
 from shared_api.rates import MAX_TRACKED, RateLimiter, retry_headers
 from shared_api.refusals import RefusalBackoff
+from tests.conftest import Clock
 
 from .conftest import BASE, OK_BODY, Persona, assert_error, assert_openai_error, envelope
 
 REQUESTS = "requests_per_second"
 BYTES = "body_bytes_per_second"
-
-
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
 
 
 def refusal(limiter, principal, rates, body_bytes=0) -> ServiceError:

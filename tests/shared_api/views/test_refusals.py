@@ -5,19 +5,12 @@ import json
 import pytest
 
 from shared_api.refusals import MAX_DELAY, MAX_TRACKED, QUIET, RefusalBackoff, is_quota_refusal
+from tests.conftest import Clock
 
 QUOTA = json.dumps({"error": {"code": "quota_exceeded", "message": "the chats quota of this principal is 2 and 2 are "
                                                                     "in use; this needs 1 more", "quota": "chats",
                               "limit": "2", "used": "2"}}).encode()
 HOLD = b'{"error":{"code":"journal_hold","message":"persistent admission is paused (low disk)"}}'
-
-
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
 
 
 def test_the_first_refusal_is_at_once_then_each_waits_twice_as_long_up_to_a_second():
