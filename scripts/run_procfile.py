@@ -13,7 +13,7 @@ those ignore SIGINT and SIGTERM and end only when their process ends, and the pr
 session of its own, where the terminal's Ctrl-C never arrives) run on. Every later signal fails
 the same way, so nothing stops. Here honcho's Printer writes through `PipeSafeOutput`, which drops
 the output once its reader is gone instead of raising: the signal then always stops every process
-(SIGTERM to each process group, SIGKILL to what is left after honcho's 5 s).
+(SIGTERM to each process group, SIGKILL to every group 6 s later: _Manager says why).
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # gpu_worker.contract, for the device ping
 
 from honcho.environ import expand_processes, parse_procfile  # noqa: E402
-from honcho.manager import Manager  # noqa: E402
+from honcho.manager import KILL_WAIT, Manager  # noqa: E402
 from honcho.printer import Printer  # noqa: E402
 
 POLL_SECONDS = 0.2
@@ -126,15 +126,36 @@ def announce(out: PipeSafeOutput, config_path: str, token_file: str) -> None:
 
 class _Manager(Manager):
     """honcho's Manager, which starts the thread `after_start` once it has started the processes (its
-    multiprocessing forks come first, so no thread of ours is running when they happen)."""
+    multiprocessing forks come first, so no thread of ours is running when they happen), and whose
+    stop is bounded: honcho sends SIGKILL only KILL_WAIT seconds after a first process has stopped,
+    and only to the processes it still counts as running, so a stop where none of them ends on
+    SIGTERM, or where a process's own children outlive it in its group, would never end. Here
+    every process group gets SIGKILL KILL_WAIT + 1 seconds after the SIGTERM, whatever stopped."""
 
     def __init__(self, printer: Printer, after_start: threading.Thread) -> None:
         super().__init__(printer)
         self._after_start = after_start
+        self._killer: threading.Timer | None = None
 
     def _start(self) -> None:
         super()._start()
         self._after_start.start()
+
+    def terminate(self) -> None:
+        super().terminate()
+        if self._killer is None:
+            self._killer = threading.Timer(KILL_WAIT + 1, self._kill_groups)
+            self._killer.daemon = True
+            self._killer.start()
+
+    def _kill_groups(self) -> None:
+        for process in self._processes.values():
+            pid = process.get("pid")
+            if pid:
+                try:
+                    os.killpg(pid, signal.SIGKILL)  # (each process leads a session, and so a group, of its own)
+                except OSError:
+                    pass  # already gone
 
 
 def main(argv: list[str]) -> int:

@@ -9,6 +9,7 @@ import re
 import signal
 import stat
 import subprocess
+import time
 import urllib.error
 import urllib.request
 
@@ -143,3 +144,37 @@ def capabilities_unreachable(config, token):
     except OSError:
         return True
     return False
+
+
+def test_sigterm_stops_every_process_group_even_when_none_of_them_ends_on_its_own(tmp_path):
+    """honcho alone SIGKILLs only after a first process has stopped, and only processes it counts as
+    running: with processes that ignore SIGTERM (one leaving a child behind in its group), its stop
+    never ended. The launcher kills every group a few seconds after the SIGTERM."""
+    stubborn = (f"{PYTHON} -c 'import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                f"subprocess.Popen([sys.executable, \"-c\", \"import signal, time; "
+                f"signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)\"]); time.sleep(600)'")
+    (tmp_path / "Procfile").write_text(f"one: {stubborn}\ntwo: {stubborn}\n")
+    (tmp_path / "gateway.json").write_text(json.dumps({"listen": f"127.0.0.1:{free_port()}",
+                                                       "socket": str(tmp_path / "none.sock")}))
+    (tmp_path / "token").write_text("aotx_x\n")
+    log = tmp_path / "run.log"
+    with open(log, "wb") as out:
+        launcher = subprocess.Popen([PYTHON, "scripts/run_procfile.py", "--procfile", str(tmp_path / "Procfile"),
+                                     "--config", str(tmp_path / "gateway.json"), "--token-file",
+                                     str(tmp_path / "token")], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+    groups = []
+    try:
+        wait_for(lambda: len(process_groups(read(log))) == 2, 60, what="both processes started")
+        groups = list(process_groups(read(log)).values())
+        time.sleep(1)  # (their SIGTERM handlers are set)
+        assert not all_gone(groups)
+        launcher.send_signal(signal.SIGTERM)
+        wait_for(lambda: all_gone(groups), 60, what="every process group killed after SIGTERM")
+        assert launcher.wait(60) != 0 and "SIGTERM received" in read(log)
+    finally:
+        for pgid in [launcher.pid, *groups]:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
