@@ -221,16 +221,42 @@ class DeviceMux:
         timer = asyncio.get_running_loop().call_later(limit, waiter.expire)
         try:
             return await waiter.future
-        except asyncio.TimeoutError:  # (the timer's: no reply within the limit)
-            if self._streams.pop(waiter.id, None) is not None:
-                self._abandoned.add(waiter.id)
-            raise _timed_out(limit) from None
-        except ServiceError as exc:  # the connection failed after the request was written
-            raise ServiceError(503, "device_connection_lost",
-                               f"the device connection broke after the request was sent ({exc.message}); it may "
-                               "have been admitted: retry it exactly") from None
+        except (asyncio.TimeoutError, ServiceError) as exc:
+            raise self._failure(waiter, exc, limit) from None
         finally:
             timer.cancel()
+
+    def post_call(self, op: str, principal_id: str | None, args: dict[str, Any] | None,
+                  done: Callable[[Message | ServiceError], None]) -> bool:
+        """`call` without a coroutine, for the protocol's own path (shared_api/server.py): send the
+        request now on the open connection and give `done` its reply, or the ServiceError `call`
+        would raise. False, with nothing sent, when no connection is open (the caller then takes
+        the path that opens one)."""
+        writer = self._writer
+        if writer is None or writer.is_closing() or writer.transport.get_write_buffer_size() > 1 << 20:
+            return False
+        waiter = DeviceReply(self, next(self._ids))
+        self._streams[waiter.id] = waiter
+        self._post(writer, request(waiter.id, op, principal_id, args))
+        limit = self.timeout
+        timer = asyncio.get_running_loop().call_later(limit, waiter.expire)
+
+        def finished(future: asyncio.Future[Message]) -> None:
+            timer.cancel()
+            exc = future.exception()
+            done(future.result() if exc is None else self._failure(waiter, exc, limit))
+        waiter.future.add_done_callback(finished)
+        return True
+
+    def _failure(self, waiter: DeviceReply, exc: BaseException, limit: float) -> ServiceError:
+        if isinstance(exc, asyncio.TimeoutError):  # (the timer's: no reply within the limit)
+            if self._streams.pop(waiter.id, None) is not None:
+                self._abandoned.add(waiter.id)
+            return _timed_out(limit)
+        message = exc.message if isinstance(exc, ServiceError) else str(exc)  # the connection failed after the write
+        return ServiceError(503, "device_connection_lost",
+                            f"the device connection broke after the request was sent ({message}); it may "
+                            "have been admitted: retry it exactly")
 
     async def _close(self, stream: DeviceStream) -> None:
         if self._streams.pop(stream.id, None) is None or self._writer is None:
@@ -350,6 +376,21 @@ class DevicePool:
             return await next(self._turn).call(op, principal_id, args)
         finally:
             self.waiting -= 1
+
+    def post(self, op: str, principal_id: str | None, args: dict[str, Any] | None,
+             done: Callable[[Message | ServiceError], None]) -> bool:
+        """`call` without a coroutine (DeviceMux.post_call); False, nothing sent, where `call` would
+        have to wait (to connect) or would refuse (503 gateway_busy)."""
+        if self.waiting >= self.max_waiting:
+            return False
+
+        def finished(outcome: Message | ServiceError) -> None:
+            self.waiting -= 1
+            done(outcome)
+        if not next(self._turn).post_call(op, principal_id, args, finished):
+            return False
+        self.waiting += 1
+        return True
 
     async def aclose(self) -> None:
         for found in self.muxes:

@@ -7,7 +7,8 @@ the principal cache, checks the handler's gateway action, reads the body within 
 limit, runs the handler on a FrontRequest and makes its DeviceCall through the process's pooled
 async device client. Nothing of it waits on a thread (docs/performance.md: Django's ASGI handler
 costs several thread hops per request, which bounded the gateway at a few hundred requests a
-second).
+second). `native` is the same for a request whose body has arrived with its headers, called by the
+server's protocol without an ASGI task (shared_api/server.py); it declines all but the common case.
 
 Refusing before reading (every route): a token in the query string is refused and never logged;
 a request without a valid token is answered 401 from its headers, and a body over the route's
@@ -40,14 +41,14 @@ from gpu_worker.contract.vocabulary import COMMANDS
 from gpu_worker.contract.wire import Message
 
 from . import metrics
-from .auth import AuthenticatedPrincipal, aauthenticate, require_action
+from .auth import AuthenticatedPrincipal, aauthenticate, cached_principal, require_action
 from .device_client import pool
 from .errors import WWW_AUTHENTICATE, ServiceError
 from .openai_views import ROUTES as OPENAI_ROUTES
 from .openai_views import openai_error
 from .rates import RateLimited, limiter, retry_headers
 from .refusals import RefusalBackoff, is_quota_refusal
-from .server import BODY_READY
+from .server import BODY_READY, Answer
 from .strict import loads_strict
 from .views import DeviceCall, MediaView, SharedView
 
@@ -206,11 +207,17 @@ async def read_body(scope: Scope, receive: Receive, limit: int, code: str, timeo
             return b"".join(parts)
 
 
-async def respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None,
-                  close: bool = False) -> None:
+def response_headers(body: bytes, headers: list[tuple[bytes, bytes]] | None = None,
+                     close: bool = False) -> list[tuple[bytes, bytes]]:
     out = [*BASE_HEADERS, (b"content-length", str(len(body)).encode()), *(headers or [])]
     if close:  # the body was not read: the connection cannot carry another request
         out.append((b"connection", b"close"))
+    return out
+
+
+async def respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None,
+                  close: bool = False) -> None:
+    out = response_headers(body, headers, close)
     await send({"type": "http.response.start", "status": status, "headers": out})
     await send({"type": "http.response.body", "body": body})
 
@@ -224,6 +231,36 @@ async def respond_error(send: Send, err: ServiceError, close: bool = False,
 def _reply_headers(msg: Message) -> list[tuple[bytes, bytes]]:
     return [(str(name).lower().encode("latin-1"), str(value).encode("latin-1"))
             for name, value in (msg.get("headers") or {}).items()]
+
+
+def _admit(view: SharedView, method: str, headers: dict[bytes, bytes],
+           user: AuthenticatedPrincipal) -> tuple[Callable[..., Any], int | None]:
+    """The view method for `method`, once the principal holds its action and the declared body is
+    within the route's limit; and the declared length (None: chunked). Refusals: 405, 403, 413."""
+    handler: Callable[..., Any] | None = getattr(view, "get" if method == "HEAD" else method.lower(), None)
+    command = getattr(handler, "command", None)
+    if handler is None or command is None:
+        raise _MethodNotAllowed(method, [m.upper() for m in ("get", "post", "put") if hasattr(view, m)])
+    action = COMMANDS[command].action
+    assert action is not None
+    require_action(user, action)
+    view_class = type(view)
+    limit = view_class.body_limit
+    length = _content_length(headers)
+    if length is not None and length > limit:
+        raise ServiceError(413, view_class.body_code, f"the body exceeds this route's {limit} bytes")
+    return handler, length
+
+
+def _device_call(view: SharedView, handler: Callable[..., Any], scope: Scope, headers: dict[bytes, bytes],
+                 user: AuthenticatedPrincipal, raw: bytes, kwargs: dict[str, str]) -> DeviceCall:
+    """What the view method asks of the device for this request (its refusals: ServiceError)."""
+    request = FrontRequest(scope["method"], scope["path"], _query(scope),
+                           headers.get(b"content-type", b"").decode("latin-1"), user, raw,
+                           isinstance(view, MediaView))
+    call = handler(request, **kwargs)
+    assert isinstance(call, DeviceCall)
+    return call
 
 
 class Route:
@@ -320,31 +357,18 @@ class Front:
             user = await aauthenticate(headers.get(b"authorization", b"").decode("latin-1"))
             if user is None:
                 raise ServiceError(401, "unauthenticated", "Authentication credentials were not provided.")
-            view_class = type(view)
-            handler: Callable[..., Any] | None = getattr(view, "get" if method == "HEAD" else method.lower(), None)
-            command = getattr(handler, "command", None)
-            if handler is None or command is None:
-                allowed = [m.upper() for m in ("get", "post", "put") if hasattr(view, m)]
-                raise _MethodNotAllowed(method, allowed)
-            action = COMMANDS[command].action
-            assert action is not None
-            require_action(user, action)
-            limit = view_class.body_limit
-            length = _content_length(headers)
-            if length is not None and length > limit:
-                raise ServiceError(413, view_class.body_code, f"the body exceeds this route's {limit} bytes")
+            handler, length = _admit(view, method, headers, user)
             limiter().admit(user.principal_id, user.rates, length or 0)
+            view_class = type(view)
             try:
-                raw = await read_body(scope, receive, limit, view_class.body_code, settings.AOTX_BODY_TIMEOUT)
+                raw = await read_body(scope, receive, view_class.body_limit, view_class.body_code,
+                                      settings.AOTX_BODY_TIMEOUT)
             except BodyRefused as refused:
                 raise refused.error from None
             if length is None:
                 limiter().charge(user.principal_id, user.rates, len(raw))
             close = False
-            request = FrontRequest(method, scope["path"], _query(scope), headers.get(b"content-type", b"")
-                                   .decode("latin-1"), user, raw, issubclass(view_class, MediaView))
-            call = handler(request, **kwargs)
-            assert isinstance(call, DeviceCall)
+            call = _device_call(view, handler, scope, headers, user, raw, kwargs)
             msg = await pool().call(call.op, user.principal_id, call.args)
         except _MethodNotAllowed as exc:
             await respond_error(send, exc.error(), close, [(b"allow", ", ".join(exc.allowed).encode())])
@@ -370,6 +394,57 @@ class Front:
             await self.refused_again(user.principal_id)
         await respond(send, msg["status"], msg["body"], reply_headers)
         return int(msg["status"])
+
+    def native(self, scope: Scope, body: bytes, answer: Answer) -> bool:
+        """A shared-route request answered without an ASGI task (shared_api/server.py's protocol
+        calls this when the whole request, body included, has arrived): the same checks and the
+        same DRF view method as `shared`, then the device call is posted and `answer(status,
+        body, headers)` runs when its reply comes. False, with nothing charged or sent, whenever
+        the request is anything but the common case — a refusal, a principal not in the cache,
+        no open device connection, a query string holding a token, a stream, HEAD — and the
+        protocol then hands it to the ASGI application, which answers it as it always has."""
+        method = scope["method"]
+        if method == "HEAD" or _token_in_query(scope) or self.streams(scope) is not None:
+            return False
+        found = self.route(scope["path"])
+        if found is None:
+            return False
+        route, kwargs = found
+        started = time.perf_counter()
+        headers = _headers(scope)
+        if not _accepts_json(headers):
+            return False
+        try:
+            user = cached_principal(headers.get(b"authorization", b"").decode("latin-1"))
+            if user is None:
+                return False
+            view = route.view
+            handler, length = _admit(view, method, headers, user)
+            if len(body) > type(view).body_limit:
+                return False
+            call = _device_call(view, handler, scope, headers, user, body, kwargs)
+            limiter().admit(user.principal_id, user.rates, len(body))
+        except (ServiceError, _MethodNotAllowed):
+            return False  # (the ASGI path answers it; nothing was charged: admit is the last check)
+
+        def replied(outcome: Message | ServiceError) -> None:
+            if isinstance(outcome, ServiceError):
+                status, content, reply_headers = outcome.status, outcome.body(), []
+            else:
+                status, content, reply_headers = int(outcome["status"]), outcome["body"], _reply_headers(outcome)
+            metrics.record(method, route.route, status, started)
+            if is_quota_refusal(status, content):
+                reply_headers.append((b"retry-after", b"1"))
+                delay = self.refusals.delay(user.principal_id)
+                if delay:
+                    asyncio.get_running_loop().call_later(delay, answer, status, content,
+                                                          response_headers(content, reply_headers))
+                    return
+            answer(status, content, response_headers(content, reply_headers))
+        if not pool().post(call.op, user.principal_id, call.args, replied):
+            limiter().refund(user.principal_id, user.rates, len(body))
+            return False
+        return True
 
     async def refused_again(self, principal_id: str) -> None:
         """Wait before answering a principal's over-quota refusal (shared_api/refusals.py)."""
