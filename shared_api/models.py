@@ -3,9 +3,9 @@ SHA-256 digests (they are 256-bit random values, so a fast hash is enough); the 
 shown once, when it is issued. A revoked principal's token dies with the revocation: its digest
 is replaced by one nobody holds, so reinstating it issues a new token (the old one is refused for
 good). Quotas (docs/grants.md) are what the principal may hold at the device at once, and how
-fast it may send (the rates, which the gateway enforces); an unset one is unlimited. A row always has a principal ID, a token digest and only valid
-actions (save() refuses anything else, and the database refuses empty IDs), so every row can go
-into the grant file the device reads."""
+fast it may go (the rates); an unset one is unlimited. A row always has a principal ID, a token
+digest and only valid actions (save() refuses anything else, and the database refuses empty IDs),
+so every row can go into the grant file the device reads."""
 from __future__ import annotations
 
 import datetime
@@ -104,7 +104,8 @@ class Principal(models.Model):
     @classmethod
     def for_digest(cls, digest: str) -> Principal | None:
         try:  # one indexed lookup; .first() would add an ORDER BY
-            return cls.objects.only("name", "principal_id", "actions", "quotas", "active").get(token_hash=digest, active=True)
+            return cls.objects.only("name", "principal_id", "actions", "quotas", "active").get(token_hash=digest,
+                                                                                            active=True)
         except cls.DoesNotExist:
             return None
 

@@ -185,11 +185,12 @@ class GatewayProtocol(HttpToolsProtocol):
         else:
             super()._start_asgi_task(*deferred)
 
-    def _answer(self, cycle: RequestResponseCycle, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    def _answer(self, cycle: RequestResponseCycle, status: int, body: bytes,
+                headers: list[tuple[bytes, bytes]]) -> None:
         """Write a natively answered request's response (its headers as the application gives
         them, Content-Length included), as uvicorn's `send` would for the two ASGI messages."""
-        if cycle.disconnected or cycle.response_complete:
-            return
+        if cycle.disconnected or cycle.response_complete or self.transport.is_closing():
+            return  # (the client went away: a pipelined request's cycle is not told, the transport is)
         keep_alive = cycle.keep_alive
         parts = [STATUS_LINE[status]]
         for name, value in (*self.server_state.default_headers, *headers):

@@ -77,7 +77,8 @@ def replies(sock, count):
                 return out
             data += chunk
         head, _, data = data.partition(b"\r\n\r\n")
-        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length")))
         while len(data) < length:
             data += sock.recv(65536)
         out.append((head, data[:length]))

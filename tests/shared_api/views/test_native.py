@@ -77,8 +77,8 @@ def test_a_mutation_is_answered_natively_with_the_device_request_and_answer_of_t
     assert headers == [*BASE_HEADERS, (b"content-length", str(len(OK_BODY)).encode())]
     sent = device.only_request()
     device.requests.clear()
-    asgi = async_to_sync(asgi_request)("POST", f"{BASE}/spaces", scope_of("POST", "/", cached["writer"], body)["headers"],
-                                       body)
+    headers = scope_of("POST", "/", cached["writer"], body)["headers"]
+    asgi = async_to_sync(asgi_request)("POST", f"{BASE}/spaces", headers, body)
     assert (asgi.status_code, asgi.content) == (200, OK_BODY)
     again = device.only_request()
     assert {k: v for k, v in again.items() if k != "id"} == {k: v for k, v in sent.items() if k != "id"}
