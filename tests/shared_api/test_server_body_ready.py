@@ -13,9 +13,11 @@ from tests.conftest import free_port
 
 
 def serve(app):
+    """`app` under GatewayProtocol in a thread (proxy_headers off, as the gateway runs: the protocol
+    then sees the application itself); (server, thread, port)."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=GatewayProtocol, loop="asyncio",
-                                           lifespan="off", log_level="warning"))
+                                           lifespan="off", log_level="warning", proxy_headers=False))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     for _ in range(200):

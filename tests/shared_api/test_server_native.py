@@ -4,13 +4,12 @@ ASGI task, or declines it to the ASGI path; bodies still arriving, pipelined req
 connections keep HTTP's rules."""
 import asyncio
 import socket
-import threading
 import time
 
 import uvicorn
 
-from shared_api.server import GatewayProtocol
 from tests.conftest import free_port
+from tests.shared_api.test_server_body_ready import serve
 
 
 class App:
@@ -48,19 +47,6 @@ class App:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(reply))]})
         await send({"type": "http.response.body", "body": reply})
-
-
-def serve(app):
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=GatewayProtocol, loop="asyncio",
-                                           lifespan="off", log_level="warning", proxy_headers=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.05)
-    return server, thread, port
 
 
 def request(path, body, extra=b""):
