@@ -226,15 +226,19 @@ class DeviceMux:
         finally:
             timer.cancel()
 
-    def post_call(self, op: str, principal_id: str | None, args: dict[str, Any] | None,
-                  done: Callable[[Message | ServiceError], None]) -> bool:
-        """`call` without a coroutine, for the protocol's own path (shared_api/server.py): send the
-        request now on the open connection and give `done` its reply, or the ServiceError `call`
-        would raise. False, with nothing sent, when no connection is open (the caller then takes
-        the path that opens one)."""
+    @property
+    def can_post(self) -> bool:
+        """Whether a request can be posted now, with no wait to connect or to drain."""
         writer = self._writer
-        if writer is None or writer.is_closing() or writer.transport.get_write_buffer_size() > 1 << 20:
-            return False
+        return writer is not None and not writer.is_closing() and writer.transport.get_write_buffer_size() <= 1 << 20
+
+    def post_call(self, op: str, principal_id: str | None, args: dict[str, Any] | None,
+                  done: Callable[[Message | ServiceError], None]) -> None:
+        """`call` without a coroutine, for the protocol's own path (shared_api/server.py): send the
+        request now on the open connection (`can_post` must be true) and give `done` its reply, or
+        the ServiceError `call` would raise."""
+        writer = self._writer
+        assert writer is not None
         waiter = DeviceReply(self, next(self._ids))
         self._streams[waiter.id] = waiter
         self._post(writer, request(waiter.id, op, principal_id, args))
@@ -246,7 +250,6 @@ class DeviceMux:
             exc = future.exception()
             done(future.result() if exc is None else self._failure(waiter, exc, limit))
         waiter.future.add_done_callback(finished)
-        return True
 
     def _failure(self, waiter: DeviceReply, exc: BaseException, limit: float) -> ServiceError:
         if isinstance(exc, asyncio.TimeoutError):  # (the timer's: no reply within the limit)
@@ -377,20 +380,23 @@ class DevicePool:
         finally:
             self.waiting -= 1
 
-    def post(self, op: str, principal_id: str | None, args: dict[str, Any] | None,
-             done: Callable[[Message | ServiceError], None]) -> bool:
-        """`call` without a coroutine (DeviceMux.post_call); False, nothing sent, where `call` would
-        have to wait (to connect) or would refuse (503 gateway_busy)."""
+    def ready(self) -> DeviceMux | None:
+        """The connection the next call goes on, when a call can be posted on it now (`post`);
+        None where `call` would have to wait (to connect) or would refuse (503 gateway_busy)."""
         if self.waiting >= self.max_waiting:
-            return False
+            return None
+        found = next(self._turn)
+        return found if found.can_post else None
+
+    def post(self, mux: DeviceMux, op: str, principal_id: str | None, args: dict[str, Any] | None,
+             done: Callable[[Message | ServiceError], None]) -> None:
+        """`call` without a coroutine, on the connection `ready` gave (DeviceMux.post_call)."""
+        self.waiting += 1
 
         def finished(outcome: Message | ServiceError) -> None:
             self.waiting -= 1
             done(outcome)
-        if not next(self._turn).post_call(op, principal_id, args, finished):
-            return False
-        self.waiting += 1
-        return True
+        mux.post_call(op, principal_id, args, finished)
 
     async def aclose(self) -> None:
         for found in self.muxes:

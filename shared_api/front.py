@@ -423,6 +423,10 @@ class Front:
             if len(body) > type(view).body_limit:
                 return False
             call = _device_call(view, handler, scope, headers, user, body, kwargs)
+            devices = pool()
+            mux = devices.ready()
+            if mux is None:
+                return False
             limiter().admit(user.principal_id, user.rates, len(body))
         except (ServiceError, _MethodNotAllowed):
             return False  # (the ASGI path answers it; nothing was charged: admit is the last check)
@@ -441,9 +445,7 @@ class Front:
                                                           response_headers(content, reply_headers))
                     return
             answer(status, content, response_headers(content, reply_headers))
-        if not pool().post(call.op, user.principal_id, call.args, replied):
-            limiter().refund(user.principal_id, user.rates, len(body))
-            return False
+        devices.post(mux, call.op, user.principal_id, call.args, replied)
         return True
 
     async def refused_again(self, principal_id: str) -> None:
@@ -603,7 +605,7 @@ class Front:
 
     @classmethod
     async def _refuse(cls, send: Send, err: ServiceError, openai: bool, close: bool) -> None:
-        extra = retry_headers(err) if err.code == "rate_limited" else []
+        extra = retry_headers(err) if isinstance(err, RateLimited) else []
         if not openai:
             await respond_error(send, err, close, extra)
             return

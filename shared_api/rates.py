@@ -84,13 +84,6 @@ class RateLimiter:
         for _, bucket, cost in buckets:
             bucket.level -= cost
 
-    def refund(self, principal_id: str, rates: dict[str, int], body_bytes: int) -> None:
-        """Give back what `admit` took for a request that was then not sent after all."""
-        for name, cost in ((REQUESTS, 1), (BODY_BYTES, body_bytes)):
-            bucket = self.buckets.get((principal_id, name))
-            if bucket is not None and name in rates:
-                bucket.level = min(bucket.rate, bucket.level + cost)
-
     def charge(self, principal_id: str, rates: dict[str, int], body_bytes: int) -> None:
         """Take body bytes that were not declared before the body was read (a chunked body)."""
         if body_bytes > 0 and BODY_BYTES in rates:
