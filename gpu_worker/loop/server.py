@@ -109,7 +109,7 @@ class Server:
         self._schedule_if_work()
 
     def _schedule_if_work(self) -> None:
-        if (not self._want_tick and not self.committer.gathered_ahead()
+        if (not self._want_tick and not self.committer.gather_waits(len(self.inbox))
                 and (self.inbox or self.device.internal_work)):
             self._want_tick = True
 

@@ -7,8 +7,9 @@ and made durable with one fdatasync; once every transfer a batch appended is sav
 replies go out (the device's `answer`). The write and fdatasync run either here (`commit`, and
 every tick while no tick I/O thread is attached) or on the native tick I/O thread
 (native/sockio.cpp `Syncer`, attached by the server): then a whole next tick may wait behind the
-one in flight, so the disk starts it the moment the last one ends (at most two in flight), and
-the next batch is gathered meanwhile. Gathering applies admissions to the tables at once, so no
+one in flight, so the disk starts it the moment the last one ends (at most two in flight); less
+than a whole tick's worth of commands waits in the inbox until the disk is done and is then
+gathered in one batch (`gather_waits`). Gathering applies admissions to the tables at once, so no
 batch is gathered while an unanswered one still holds reads waiting for its saves.
 
 A failed tick ends the ticks behind it. ENOSPC: nothing unsaved survives; the device rebuilds
@@ -125,19 +126,27 @@ class Committer:
     def attach(self, syncer: Syncer | None) -> None:
         self.syncer = syncer
 
-    def gathered_ahead(self) -> bool:
-        """True while no batch may be gathered: a whole tick's records already wait behind the
-        ticks in flight; a batch not yet answered holds reads that wait for its saves; or a
-        command waits for the journal queue to drain."""
+    def gather_waits(self, waiting: int) -> bool:
+        """True while no batch is gathered, with `waiting` commands in the inbox: a whole tick's
+        records already wait behind the ticks in flight; a batch not yet answered holds reads
+        that wait for its saves; a command waits for the journal queue to drain; or a tick is on
+        the disk and less than a tick's worth waits (records and commands). What a gather took
+        then could not reach the disk before that tick ends (only a whole tick queues behind
+        one), so it is gathered when the tick ends, in one gather instead of one per command as
+        they arrive (each gather's own costs, the grant file's stat and the hold check's statvfs
+        among them, were most of a mutation's device time: docs/performance.md). A read gathered
+        then is answered at once when nothing is queued, as it would have been."""
         writer = self.writer
-        return (writer.untaken_records >= MAX_RECORDS_PER_TICK
+        untaken = writer.untaken_records
+        return (untaken >= MAX_RECORDS_PER_TICK
+                or bool(writer.ticks_in_flight and untaken + waiting < MAX_RECORDS_PER_TICK)
                 or any(batch.reads for batch in self.batches)
                 or bool(self._drain_waiters and writer.queued_records))
 
     def tick(self, inbox: deque[tuple[Any, Message]]) -> list[Reply]:
         """Gather a batch from inbox (unless one must not be gathered now) and move the pipeline:
         the replies that are ready."""
-        if self.gathered_ahead():
+        if self.gather_waits(len(inbox)):
             return []
         batch = Batch()
         self.owner.gather(inbox, batch)

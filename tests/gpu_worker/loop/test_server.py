@@ -369,7 +369,7 @@ def test_a_whole_tick_waits_behind_the_one_in_flight_and_a_failure_ends_both(tmp
     refused (ENOSPC) and the cancelled result is taken, leaving nothing in flight."""
     runtime = str(tmp_path / "two.aotxccir")
     pack_tiny(runtime, shared=True, runtime_profile={"min_free_disk_bytes": 1})
-    live = LiveDevice(runtime, tmp_path, 16)
+    live = LiveDevice(runtime, tmp_path, 24)
     write_grants(live.grants, {p.hex(): ALL for p in live.principals})
     device = Device(RuntimeFile.open(runtime), live.journal, Grants(live.grants))
     live.device = device
@@ -384,8 +384,8 @@ def test_a_whole_tick_waits_behind_the_one_in_flight_and_a_failure_ends_both(tmp
         server._tick()
         assert len(syncer.requests) == 1   # the first tick: 8 registrations, 16 records
         server._tick()
-        assert len(syncer.requests) == 2   # a whole second tick, queued behind it
-        assert device.committer.writer.ticks_in_flight == 2 and not server.inbox
+        assert len(syncer.requests) == 2   # 16 wait, a whole tick's worth: a second tick, queued behind it
+        assert device.committer.writer.ticks_in_flight == 2 and len(server.inbox) == 8  # the rest waits
         server._synced()
         if not first:
             server._synced()

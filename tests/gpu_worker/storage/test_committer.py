@@ -90,10 +90,11 @@ def test_on_the_tick_thread_two_ticks_wait_and_nothing_is_answered_before_its_sa
     owner, c = committer(tmp_path)
     syncer = ScriptedSyncer([0, 0])
     c.attach(syncer)
-    queue = inbox(16)
+    queue = inbox(24)
     assert c.tick(queue) == []               # 8 commands, 16 records: handed to the I/O thread
-    assert c.tick(queue) == []               # a whole second tick queued behind it
-    assert c.gathered_ahead() is False and c.writer.ticks_in_flight == 2 and syncer.requests == [8 * (2 * 32 + 200)] * 2
+    assert c.tick(queue) == []               # a whole tick's worth waits: a second tick queued behind it
+    assert c.writer.ticks_in_flight == 2 and syncer.requests == [8 * (2 * 32 + 200)] * 2 and len(queue) == 8
+    assert c.gather_waits(len(queue)) is True  # the rest waits for the disk
     first = c.synced()
     assert [msg["id"] for _, msg in first] == list(range(1, 9)) and owner.saved_seqs == list(range(1, 9))
     second = c.synced()
@@ -101,12 +102,34 @@ def test_on_the_tick_thread_two_ticks_wait_and_nothing_is_answered_before_its_sa
     c.writer.close()
 
 
+def test_while_a_tick_is_on_the_disk_commands_wait_and_are_gathered_together_when_it_ends(tmp_path):
+    owner, c = committer(tmp_path)
+    gathers = []
+    gather = owner.gather
+    owner.gather = lambda queue, batch: (gathers.append(len(queue)), gather(queue, batch))
+    syncer = ScriptedSyncer([0, 0])
+    c.attach(syncer)
+    queue = inbox(1)
+    c.tick(queue)                            # the device was idle: gathered at once, on the disk
+    assert gathers == [1] and c.writer.ticks_in_flight == 1
+    for i in range(2, 6):                    # four more arrive one by one while it is there
+        queue.append(("c", {"id": i}))
+        assert c.gather_waits(len(queue)) is True and c.tick(queue) == []
+    assert gathers == [1] and len(queue) == 4 and c.writer.untaken_records == 0
+    assert [msg["id"] for _, msg in c.synced()] == [1]
+    assert c.gather_waits(len(queue)) is False
+    c.tick(queue)                            # one gather for the four, one tick on the disk
+    assert gathers == [1, 4] and not queue and syncer.requests == [2 * 32 + 200, 4 * (2 * 32 + 200)]
+    assert [msg["id"] for _, msg in c.synced()] == [2, 3, 4, 5]
+    c.writer.close()
+
+
 def test_a_failed_tick_ends_the_one_behind_it_and_enospc_refuses_both_batches(tmp_path):
     owner, c = committer(tmp_path)
     c.attach(ScriptedSyncer([errno.ENOSPC, errno.ECANCELED]))
-    queue = inbox(16)
+    queue = inbox(24)
     c.tick(queue)
-    c.tick(queue)
+    c.tick(queue)  # (a whole tick's worth waits: queued behind the first)
     replies = c.synced()
     assert owner.refused == [errno.ENOSPC] and all(msg["refused"] for _, msg in replies) and len(replies) == 16
     assert owner.saved_seqs == [] and not c.batches and c.writer.ticks_in_flight == 0
@@ -120,8 +143,8 @@ def test_a_command_waiting_for_the_queue_to_drain_runs_only_once_it_is_empty(tmp
     c.attach(syncer)
     c.tick(inbox(3))
     c.when_drained("ops", {"id": 99})
-    assert c.gathered_ahead() is True        # nothing is gathered while it waits
+    assert c.gather_waits(16) is True        # nothing is gathered while it waits
     replies = c.synced()
     assert replies[-1] == ("ops", {"id": 99, "drained": True})
-    assert c.gathered_ahead() is False
+    assert c.gather_waits(0) is False
     c.writer.close()
