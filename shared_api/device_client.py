@@ -242,8 +242,7 @@ class DeviceMux:
         the ServiceError `call` would raise, from the reader as the reply arrives. No future, no
         timer and no extra turn of the loop per call: the posted calls wait in posting order, so
         their deadlines are in order too and one timer per connection, at the oldest one's
-        deadline, times them out (a timer handle and a future's callback per call were some 5% of
-        the gateway's time for a small mutation)."""
+        deadline, times them out."""
         writer = self._writer
         assert writer is not None
         loop = asyncio.get_running_loop()
