@@ -249,8 +249,7 @@ class DeviceMux:
         waiter = PostedReply(self, next(self._ids), done, loop.time() + self.timeout)
         self._streams[waiter.id] = waiter
         self._post(writer, request(waiter.id, op, principal_id, args))
-        posted = self._posted
-        posted.append(waiter)
+        self._posted.append(waiter)
         if self._sweeper is None:
             self._sweeper = loop.call_at(waiter.deadline, self._sweep)
 
@@ -258,13 +257,20 @@ class DeviceMux:
         """Time out the posted calls past their deadline; wait for the next one's."""
         self._sweeper = None
         posted = self._posted
-        now = asyncio.get_running_loop().time()
-        while posted and (posted[0].done is None or posted[0].deadline <= now):
-            waiter = posted.popleft()
-            if waiter.done is not None:
-                waiter.end(self._failure(waiter, asyncio.TimeoutError(), self.timeout))
+        loop = asyncio.get_running_loop()
+        self._trim_posted()
+        while posted and posted[0].deadline <= loop.time():
+            waiter = posted[0]
+            waiter.end(self._failure(waiter, asyncio.TimeoutError(), self.timeout))  # (end trims it off)
         if posted:
-            self._sweeper = asyncio.get_running_loop().call_at(posted[0].deadline, self._sweep)
+            self._sweeper = loop.call_at(posted[0].deadline, self._sweep)
+
+    def _trim_posted(self) -> None:
+        """Drop the answered calls at the front of the posted ones (answered mostly in order, so
+        the queue stays short)."""
+        posted = self._posted
+        while posted and posted[0].done is None:
+            posted.popleft()
 
     def _failure(self, waiter: DeviceReply | PostedReply, exc: BaseException, limit: float) -> ServiceError:
         if isinstance(exc, asyncio.TimeoutError):  # (the timer's: no reply within the limit)
@@ -396,9 +402,7 @@ class PostedReply:
         except Exception as exc:  # (the reader delivers the next frames whatever one answer did)
             asyncio.get_running_loop().call_exception_handler(
                 {"message": "a posted device call's callback failed", "exception": exc})
-        posted = self.mux._posted
-        while posted and posted[0].done is None:  # (answered mostly in order: the queue stays short)
-            posted.popleft()
+        self.mux._trim_posted()
 
     def deliver(self, msg: Message) -> None:
         self.end(msg)

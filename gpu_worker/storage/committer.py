@@ -134,7 +134,7 @@ class Committer:
         then could not reach the disk before that tick ends (only a whole tick queues behind
         one), so it is gathered when the tick ends, in one gather instead of one per command as
         they arrive (each gather's own costs, the grant file's stat and the hold check's statvfs
-        among them, were most of a mutation's device time: docs/performance.md). A read gathered
+        among them, were a third of a mutation's device time: docs/performance.md). A read gathered
         then is answered at once when nothing is queued, as it would have been."""
         writer = self.writer
         untaken = writer.untaken_records
