@@ -14,16 +14,20 @@ Neither route needs a token: /metrics is for the local scraper and /healthz for 
 from __future__ import annotations
 
 import json
+import threading
 import time
+from bisect import bisect_left
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any, Iterator
 
 from django.conf import settings
 from django.db import connection
 from django.http import HttpResponse
 from django.views.decorators.csrf import csrf_exempt
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.utils import floatToGoString
 
 from . import ops
 from .middleware import HybridMiddleware
@@ -35,10 +39,6 @@ REGISTRY = CollectorRegistry()
 METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
-REQUESTS = Counter("aotx_http_requests", "HTTP requests the gateway answered, by URL pattern",
-                   ("method", "route", "status"), registry=REGISTRY)
-LATENCY = Histogram("aotx_http_request_duration_seconds", "Time from request to response, by URL pattern",
-                    ("method", "route"), buckets=LATENCY_BUCKETS, registry=REGISTRY)
 ProcessCollector(namespace="aotx_gateway", registry=REGISTRY)
 
 
@@ -51,21 +51,60 @@ def route_of(request: HttpRequest) -> str:
     return "<unmatched>"
 
 
-# (method, route, status) -> its latency histogram and request counter: `labels` checks and locks
-# on every call, a few microseconds of each small request. The key set is bounded: methods outside
-# METHODS are "other", routes are URL patterns, statuses are the gateway's.
-_CHILDREN: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+class RequestStats:
+    """The gateway's request counter (`aotx_http_requests_total{method,route,status}`) and latency
+    histogram (`aotx_http_request_duration_seconds{method,route}`), kept as plain numbers under one
+    lock and made into metric families at scrape time. prometheus-client's Counter and Histogram
+    take three locks and walk the buckets in Python on every request, ~2.4 us of a small one's
+    ~25 us in the HTTP front. The key set is bounded: methods outside METHODS are "other", routes
+    are URL patterns, statuses are the gateway's."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: dict[tuple[str, str, int], int] = {}
+        # (method, route) -> [count in each bucket (the last: above the largest bound), sum of seconds]
+        self._latency: dict[tuple[str, str], list[float]] = {}
+
+    def record(self, method: str, route: str, status: int, seconds: float) -> None:
+        key = (method, route)
+        bucket = bisect_left(LATENCY_BUCKETS, seconds)  # (the first bound >= seconds: Prometheus's "le")
+        with self._lock:
+            counts = self._latency.get(key)
+            if counts is None:
+                counts = self._latency[key] = [0.0] * (len(LATENCY_BUCKETS) + 2)
+            counts[bucket] += 1
+            counts[-1] += seconds
+            full = (method, route, status)
+            self._requests[full] = self._requests.get(full, 0) + 1
+
+    def describe(self) -> list[Metric]:
+        return list(self.collect())
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            requests = sorted(self._requests.items())
+            latency = sorted((key, list(counts)) for key, counts in self._latency.items())
+        counter = CounterMetricFamily("aotx_http_requests", "HTTP requests the gateway answered, by URL pattern",
+                                      labels=["method", "route", "status"])
+        for (method, route, status), count in requests:
+            counter.add_metric([method, route, str(status)], count)
+        yield counter
+        histogram = HistogramMetricFamily("aotx_http_request_duration_seconds",
+                                          "Time from request to response, by URL pattern", labels=["method", "route"])
+        bounds = [*(floatToGoString(bound) for bound in LATENCY_BUCKETS), "+Inf"]
+        for (method, route), counts in latency:
+            cumulative = list(accumulate(counts[:-1]))
+            histogram.add_metric([method, route], list(zip(bounds, cumulative)), sum_value=counts[-1])
+        yield histogram
+
+
+STATS = RequestStats()
+REGISTRY.register(STATS)
 
 
 def record(method: str, route: str, status: int, started: float) -> None:
     """One answered request (the HTTP front records the shared routes with this)."""
-    method = method if method in METHODS else "other"
-    children = _CHILDREN.get((method, route, status))
-    if children is None:
-        children = _CHILDREN[(method, route, status)] = (LATENCY.labels(method, route),
-                                                         REQUESTS.labels(method, route, str(status)))
-    children[0].observe(time.perf_counter() - started)
-    children[1].inc()
+    STATS.record(method if method in METHODS else "other", route, status, time.perf_counter() - started)
 
 
 class RequestMetricsMiddleware(HybridMiddleware):

@@ -143,10 +143,6 @@ class GatewayProtocol(HttpToolsProtocol):
             super().on_headers_complete()
         finally:
             self.in_headers = False
-        if self.cycle is not None:  # (the application's task has not started yet)
-            extensions = cast("dict[str, Any]", self.cycle.scope.setdefault("extensions", {}))
-            extensions[WRITE_NOWAIT] = functools.partial(_write_nowait, self.cycle)
-            extensions[BODY_READY] = functools.partial(_body_ready, self.cycle)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -165,6 +161,14 @@ class GatewayProtocol(HttpToolsProtocol):
         if self.in_headers and self.native is not None and app is self.app:
             self.deferred = (cycle, app)  # (the standard case: not pipelined, not over a limit)
             return
+        self._run_asgi(cycle, app)
+
+    def _run_asgi(self, cycle: RequestResponseCycle, app: Any) -> None:
+        """Start the request's ASGI task, its scope given this server's extensions (made here, not
+        for every request: a natively answered one never reads them)."""
+        extensions = cast("dict[str, Any]", cycle.scope.setdefault("extensions", {}))
+        extensions[WRITE_NOWAIT] = functools.partial(_write_nowait, cycle)
+        extensions[BODY_READY] = functools.partial(_body_ready, cycle)
         super()._start_asgi_task(cycle, app)
 
     def on_message_complete(self) -> None:
@@ -183,7 +187,7 @@ class GatewayProtocol(HttpToolsProtocol):
         if taken:
             cycle.body = bytearray()
         else:
-            super()._start_asgi_task(*deferred)
+            self._run_asgi(*deferred)
 
     def _answer(self, cycle: RequestResponseCycle, status: int, body: bytes,
                 headers: list[tuple[bytes, bytes]]) -> None:

@@ -7,7 +7,7 @@ applies are recorded separately (gpu_worker/contract/canonical.py)."""
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Any
 
 from rest_framework.parsers import BaseParser
 
@@ -20,11 +20,13 @@ from .errors import ServiceError
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = {}
-    for key, value in pairs:
-        if key in obj:
-            raise ServiceError(400, "duplicate_key", f"duplicate key {key!r} in JSON object")
-        obj[key] = value
+    obj = dict(pairs)
+    if len(obj) != len(pairs):  # (one pass in C for the common case; the loop only names the key)
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ServiceError(400, "duplicate_key", f"duplicate key {key!r} in JSON object")
+            seen.add(key)
     return obj
 
 
@@ -84,20 +86,34 @@ def resource_id(value: Any, prefix: str) -> str:
     return value
 
 
+_SHAPES: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[frozenset[str], frozenset[str], tuple[str, ...]]] = {}
+
+
+def _shape(fields: tuple[str, ...], required: tuple[str, ...]) -> tuple[frozenset[str], frozenset[str], tuple[str, ...]]:
+    """A route's allowed fields, its required ones, and those in the order a refusal names them
+    (made once per route: every mutation asks)."""
+    key = (fields, required)
+    found = _SHAPES.get(key)
+    if found is None:
+        needed = (*ENVELOPE, *required)
+        found = _SHAPES[key] = (frozenset((*ENVELOPE, *fields)), frozenset(needed), needed)
+    return found
+
+
 class Mutation:
     """A parsed mutation: the envelope, the operation's own fields and its canonical bytes."""
 
-    def __init__(self, request: Any, fields: Iterable[str] = (), required: Iterable[str] = ()) -> None:
+    def __init__(self, request: Any, fields: tuple[str, ...] = (), required: tuple[str, ...] = ()) -> None:
         body = request.data
         if not isinstance(body, dict):
             raise ServiceError(400, "invalid_json", "body must be a JSON object")
-        fields, required = tuple(fields), tuple(required)
-        allowed = set(ENVELOPE) | set(fields)
-        unknown = sorted(set(body) - allowed)
-        if unknown:
+        allowed, needed, in_order = _shape(fields, required)
+        keys = body.keys()
+        if not keys <= allowed:
+            unknown = sorted(keys - allowed)
             raise ServiceError(400, "unknown_field", f"unknown field(s): {', '.join(unknown)}", fields=unknown)
-        missing = [f for f in (*ENVELOPE, *required) if f not in body]
-        if missing:
+        if not keys >= needed:
+            missing = [f for f in in_order if f not in body]
             raise ServiceError(400, "missing_field", f"missing field(s): {', '.join(missing)}", fields=missing)
         if body["schema"] != MUTATION_SCHEMA:
             raise ServiceError(400, "bad_field", f"schema must be {MUTATION_SCHEMA!r}")

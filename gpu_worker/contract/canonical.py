@@ -10,7 +10,17 @@ import json
 import rfc8785
 
 MAX_EXACT_INT = 2 ** 53 - 1  # beyond it RFC 8785 (IEEE doubles) has no exact form: rfc8785 decides
-_dumps = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"), check_circular=False).encode
+_encoder = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"), check_circular=False)
+# the same encoder's C writer, made once (JSONEncoder.encode makes a new one on every call, half
+# its cost for a small body); it keeps nothing between calls, having no circularity markers
+_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)  # (CPython's _json; absent elsewhere)
+_c_write = _c_make_encoder and _c_make_encoder(
+    None, _encoder.default, json.encoder.encode_basestring, None, ":", ",", True, False, True)
+
+
+def _dumps(doc: dict[str, Any]) -> str:
+    """json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)."""
+    return "".join(_c_write(doc, 0)) if _c_write else _encoder.encode(doc)
 
 
 class NotCanonical(ValueError):
@@ -23,7 +33,8 @@ def _plain(value: Any, depth: int = 0) -> bool:
     order, RFC 8785's key order, is code point order, Python's), arrays, strings, booleans, null
     and integers of at most 2^53 - 1 in magnitude. Its string escapes are RFC 8785's (backslash, quote,
     the short forms of b f n r t, other controls as lowercase u00xx, nothing else). Floats are left
-    to rfc8785."""
+    to rfc8785. (Loops, not all() over generators, and strings taken without a call: a mutation's
+    body is mostly strings, and this runs on every one.)"""
     kind = type(value)
     if kind is str or kind is bool or value is None:
         return True
@@ -32,10 +43,17 @@ def _plain(value: Any, depth: int = 0) -> bool:
     if depth > 64:
         return False
     if kind is dict:
-        return all(type(k) is str and (k.isascii() or max(k) < "\U00010000") and _plain(v, depth + 1)
-                   for k, v in value.items())
+        for key, item in value.items():
+            if type(key) is not str or not (key.isascii() or max(key) < "\U00010000"):
+                return False
+            if type(item) is not str and not _plain(item, depth + 1):
+                return False
+        return True
     if kind is list:
-        return all(_plain(v, depth + 1) for v in value)
+        for item in value:
+            if type(item) is not str and not _plain(item, depth + 1):
+                return False
+        return True
     return False
 
 
