@@ -53,6 +53,7 @@ import math  # noqa: E402
 import re  # noqa: E402
 import secrets  # noqa: E402
 import shutil  # noqa: E402
+import signal  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
@@ -376,7 +377,7 @@ def fastapi_system(base, args, clients_max):
         yield System("fastapi", port, makers, readers, finish=finish)
     finally:
         if server is not None:
-            server.kill()
+            server.kill(signal.SIGTERM)  # (uvicorn then writes out what it still holds: a failure's traceback)
         pg_admin(drop, FASTAPI_DB)
 
 

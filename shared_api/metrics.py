@@ -62,7 +62,7 @@ class RequestStats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._requests: dict[tuple[str, str, int], int] = {}
-        # (method, route) -> [count in each bucket (the last: above the largest bound), sum of seconds]
+        # (method, route) -> [count in each bucket, count above the largest bound, sum of seconds]
         self._latency: dict[tuple[str, str], list[float]] = {}
 
     def record(self, method: str, route: str, status: int, seconds: float) -> None:
