@@ -11,8 +11,8 @@ import rfc8785
 
 MAX_EXACT_INT = 2 ** 53 - 1  # beyond it RFC 8785 (IEEE doubles) has no exact form: rfc8785 decides
 _encoder = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"), check_circular=False)
-# the same encoder's C writer, made once (JSONEncoder.encode makes a new one on every call, half
-# its cost for a small body); it keeps nothing between calls, having no circularity markers
+# the same encoder's C writer, made once (JSONEncoder.encode makes a new one on every call); it
+# keeps nothing between calls, having no circularity markers
 _c_make_encoder = getattr(json.encoder, "c_make_encoder", None)  # (CPython's _json; absent elsewhere)
 _c_write = _c_make_encoder and _c_make_encoder(
     None, _encoder.default, json.encoder.encode_basestring, None, ":", ",", True, False, True)
