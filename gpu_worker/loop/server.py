@@ -109,8 +109,14 @@ class Server:
         self._schedule_if_work()
 
     def _schedule_if_work(self) -> None:
-        if (not self._want_tick and not self.committer.gather_waits(len(self.inbox))
-                and (self.inbox or self.device.internal_work)):
+        """After every step: tick again when there is something to gather, or records that only a
+        tick will send to the disk (committer.io_waits: else nothing would ever wake the loop for
+        them, and every command behind them would wait for good)."""
+        if self._want_tick:
+            return
+        committer = self.committer
+        if committer.io_waits() or (not committer.gather_waits(len(self.inbox))
+                                    and (self.inbox or self.device.internal_work)):
             self._want_tick = True
 
     def engine_events(self, events: list[Any]) -> None:

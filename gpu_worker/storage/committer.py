@@ -143,15 +143,26 @@ class Committer:
                 or any(batch.reads for batch in self.batches)
                 or bool(self._drain_waiters and writer.queued_records))
 
+    def io_waits(self) -> bool:
+        """True when queued records could go to the disk now and nothing will send them there
+        unless the pipeline is moved (`tick`): they were appended between ticks (an upload's bytes
+        written, a memory row embedded, a deadline's completion, a hold) while no tick was on the
+        disk, so no tick's end (`synced`) will come to start them. The loop must tick for them even
+        when no batch may be gathered (`gather_waits`)."""
+        writer = self.writer
+        return bool(writer.untaken_records and writer.ticks_in_flight < MAX_TICKS_IN_FLIGHT
+                    and (not writer.ticks_in_flight or writer.untaken_records >= MAX_RECORDS_PER_TICK))
+
     def tick(self, inbox: deque[tuple[Any, Message]]) -> list[Reply]:
         """Gather a batch from inbox (unless one must not be gathered now) and move the pipeline:
-        the replies that are ready."""
-        if self.gather_waits(len(inbox)):
-            return []
-        batch = Batch()
-        self.owner.gather(inbox, batch)
-        batch.last_seq = self.writer.next_seq - 1
-        self.batches.append(batch)
+        the replies that are ready. The pipeline moves also when nothing is gathered: records
+        queued between ticks must reach the disk although they are the very reason gathering waits
+        (a whole tick's worth of them, or a deferred read or a drain waiting for them)."""
+        if not self.gather_waits(len(inbox)):
+            batch = Batch()
+            self.owner.gather(inbox, batch)
+            batch.last_seq = self.writer.next_seq - 1
+            self.batches.append(batch)
         return self._pump()
 
     def synced(self) -> list[Reply]:
@@ -214,8 +225,7 @@ class Committer:
         must. Returns the tick to run here instead when there is no such thread (or its file
         cannot use it: a test's faulty file), one at a time."""
         writer = self.writer
-        while (writer.untaken_records and writer.ticks_in_flight < MAX_TICKS_IN_FLIGHT
-               and (not writer.ticks_in_flight or writer.untaken_records >= MAX_RECORDS_PER_TICK)):
+        while self.io_waits():
             tick = writer.begin_tick()
             assert tick is not None
             if self.syncer is None or not tick.file.native_io:

@@ -167,6 +167,36 @@ def test_a_slow_media_write_runs_off_the_tick_thread_and_others_are_served_meanw
     assert threads == ["aotx-off-tick"]
 
 
+def test_records_queued_between_ticks_reach_the_disk_even_past_a_whole_tick(tiny_runtime, tmp_path):
+    """The stall of issue 35: helper-thread results that append journal transfers (a memory row with
+    its embedding is ~10 records) arrive together while no tick is on the disk. Once a whole
+    tick's worth (16 records) waits, gathering waits for the disk; the loop must still send those
+    records there, or nothing ever wakes it again and every command behind them (here a
+    registration) waits for good."""
+    live = LiveDevice(tiny_runtime, tmp_path, 1).start()
+    device = live.device
+
+    def hold(event):  # a ~1,400-byte HOLD transfer: 10 records, replayable
+        return lambda: device._journal_hold({"event": event, "cause": "low_disk", "since_ns": 1,
+                                             "disk_error": "x" * 1400, "ended_ns": None if event == "start" else 2})
+    try:
+        done = threading.Event()
+        live.server.deliver([(("thread", hold("start")), None, b"", None, None),
+                             (("thread", hold("end")), None, b"", None, None),
+                             (("thread", done.set), None, b"", None, None)])
+        assert done.wait(30)
+        with live.connect() as sock:
+            reply = call(sock, live.register_frame(live.principals[0], 1))
+        assert reply["status"] == 202
+    finally:
+        live.stop()
+    restarted = Device(RuntimeFile.open(live.runtime), live.journal, Grants(live.grants))
+    try:
+        assert [i["disk_error"] for i in restarted.state.hold_incidents[-1:]] == ["x" * 1400]  # saved
+    finally:
+        restarted.close()
+
+
 def test_a_checkpoint_command_under_load_folds_only_saved_state(tmp_path):
     runtime = str(tmp_path / "own.aotxccir")  # a checkpoint writes into the runtime file: not the shared one
     pack_tiny(runtime, shared=True)

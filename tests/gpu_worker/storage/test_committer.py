@@ -148,3 +148,36 @@ def test_a_command_waiting_for_the_queue_to_drain_runs_only_once_it_is_empty(tmp
     assert replies[-1] == ("ops", {"id": 99, "drained": True})
     assert c.gather_waits(0) is False
     c.writer.close()
+
+
+def test_records_appended_between_ticks_reach_the_disk_although_gathering_waits_for_them(tmp_path):
+    """Issue 35's stall: transfers appended between ticks (helper threads' results) pass a whole
+    tick's worth while nothing is on the disk. Gathering then waits for the disk, and only a tick
+    can start the disk: io_waits says so, and tick() moves the pipeline without gathering."""
+    owner, c = committer(tmp_path)
+    syncer = ScriptedSyncer([0, 0])
+    c.attach(syncer)
+    for _ in range(8):                       # 16 records, appended outside any tick
+        c.writer.append(TransferKind.MEMORY, bytes(200))
+    queue = inbox(1)
+    assert c.gather_waits(len(queue)) is True and c.io_waits() is True
+    assert c.tick(queue) == [] and syncer.requests == [8 * (2 * 32 + 200)] and len(queue) == 1
+    assert c.io_waits() is False             # on the disk: its end (synced) moves the pipeline next
+    c.synced()
+    assert c.gather_waits(len(queue)) is False
+    c.tick(queue)
+    assert [msg["id"] for _, msg in c.synced()] == [1]
+    c.writer.close()
+
+
+def test_a_drain_waiter_behind_records_appended_between_ticks_is_answered(tmp_path):
+    """A checkpoint waiting for the queue to drain keeps gathering waiting; records appended
+    between ticks behind it must still be sent to the disk by the next tick, then it runs."""
+    owner, c = committer(tmp_path)
+    c.attach(ScriptedSyncer([0]))
+    c.writer.append(TransferKind.MEMORY, bytes(200))
+    c.when_drained("ops", {"id": 99})
+    assert c.gather_waits(0) is True and c.io_waits() is True
+    assert c.tick(collections.deque()) == [] and c.writer.ticks_in_flight == 1
+    assert c.synced() == [("ops", {"id": 99, "drained": True})]
+    c.writer.close()
