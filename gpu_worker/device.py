@@ -97,6 +97,8 @@ class Device:
         self.runner: Any = None  # loop.runner.Runner, set by boot (or a test) when an engine runs
         # hands events from other threads to the tick thread (the server's `deliver`; set by boot)
         self.deliver: Callable[[list[Any]], None] | None = None
+        # the loop's pipeline and stall watchdog state for `ping` (the server's `pipeline_state`)
+        self.pipeline_state: Callable[[], dict[str, Any]] | None = None
         self.background_nice = DEFAULT_NICE  # off_thread's threads (loop/threads.py); boot --background-nice
         self.lock = JournalLock(journal_dir)
         started = time.perf_counter()

@@ -189,7 +189,7 @@ class DeviceMux:
                     raise ConnectionResetError("the connection was closed")
                 self._post(writer, request(stream.id, op, principal_id, args))
                 if writer.transport.get_write_buffer_size() > 1 << 20:
-                    await writer.drain()  # the device is slow to read: wait, as a blocking send would
+                    await self._drain(writer, stream)  # the device is slow to read: wait, as a blocking send would
                 return stream
             except OSError as exc:
                 self._streams.pop(stream.id, None)
@@ -198,6 +198,19 @@ class DeviceMux:
                 if fresh or attempt or not retry_stale:
                     raise ServiceError(503, "device_unavailable", f"the device connection failed: {exc}") from None
         raise AssertionError("unreachable")
+
+    async def _drain(self, writer: asyncio.StreamWriter, stream: Waiter) -> None:
+        """Wait for room to write, bounded by the device timeout: a device that stops reading (its
+        backpressure on a connection with too many requests unanswered, or a stalled device) must
+        not hold a request for good. Past the bound the request may still reach the device (it is
+        in the write buffer): 503 device_timeout, retry it exactly."""
+        try:
+            async with asyncio.timeout(self.timeout):
+                await writer.drain()
+        except TimeoutError:
+            if self._streams.pop(stream.id, None) is not None:
+                self._abandoned.add(stream.id)
+            raise _timed_out(self.timeout) from None
 
     def _post(self, writer: asyncio.StreamWriter, frame: bytes) -> None:
         frames = self._outbox.get(writer)
@@ -290,9 +303,10 @@ class DeviceMux:
         self._abandoned.add(closing.id)
         self._post(self._writer, request(closing.id, "subscriptions.close", None, {"id": stream.id}))
         try:
-            await self._writer.drain()
-        except OSError:
-            pass  # the reader task ends every stream
+            async with asyncio.timeout(self.timeout):  # bounded: a device that does not read must not hold a close
+                await self._writer.drain()
+        except (OSError, TimeoutError):
+            pass  # the reader task ends every stream; a close that did not get out ends with the connection
 
     async def aclose(self) -> None:
         """Close the connection and wait for its reader to end (open streams get a 503)."""

@@ -211,6 +211,14 @@ def device_metrics(status: dict[str, Any] | None) -> Iterator[Metric]:
         streams = GaugeMetricFamily("aotx_device_subscriptions", "Open device subscriptions (event streams, chats)")
         streams.add_metric([], float(status["subscriptions"]))
         yield streams
+    pipeline = status.get("pipeline")
+    if isinstance(pipeline, dict) and _number(pipeline.get("stalled_seconds")) is not None:
+        stalled = GaugeMetricFamily("aotx_device_stalled_seconds",
+                                    "Seconds the device has had commands or replies waiting with no progress of its "
+                                    "tick pipeline (0 while it moves or is idle; its watchdog logs a stall past "
+                                    "boot --stall-seconds)")
+        stalled.add_metric([], float(pipeline["stalled_seconds"]))
+        yield stalled
     for name, key, text in (("aotx_device_boot", "boot", "The device's boot counter"),
                             ("aotx_device_generation", "generation", "The runtime file's checkpoint generation")):
         value = _number(status.get(key))
@@ -243,8 +251,9 @@ def metrics(request: HttpRequest) -> HttpResponse:
 
 @csrf_exempt
 def healthz(request: HttpRequest) -> HttpResponse:
-    """GET /healthz: 200 when the gateway (and its database) is up, the device answers and the
-    journal is not held; 503 otherwise, saying which."""
+    """GET /healthz: 200 when the gateway (and its database) is up, the device answers, its tick
+    pipeline is not stalled (its watchdog's reading, in the ping) and the journal is not held; 503
+    otherwise, saying which."""
     if request.method not in ("GET", "HEAD"):
         return HttpResponse(status=405, headers={"Allow": "GET, HEAD"})
     body: dict[str, str] = {}
@@ -258,7 +267,9 @@ def healthz(request: HttpRequest) -> HttpResponse:
     if status is None:
         body["device"], body["journal"] = "unreachable", "unknown"
     else:
-        body["device"] = "reachable"
+        pipeline = status.get("pipeline") or {}
+        body["device"] = (f"stalled ({pipeline.get('stalled_seconds')} s without progress)" if pipeline.get("stalled")
+                          else "reachable")
         journal = status.get("journal") or {}
         body["journal"] = f"held ({journal.get('cause')})" if journal.get("hold") else "not held"
     healthy = body == {"gateway": "up", "device": "reachable", "journal": "not held"}

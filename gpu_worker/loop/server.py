@@ -23,6 +23,7 @@ import time
 from typing import Any, Callable
 
 from .. import native
+from .watchdog import STALL_SECONDS, Watchdog
 from ..contract.wire import (MAX_FRAME, PROTOCOL_VERSION, VERSION_REFUSED, Message, ProtocolError, decode_payload,
                              encode_frame, reply)
 
@@ -55,7 +56,8 @@ class Server:
     `allow_gids` (and `socket_group`), else it is closed at once and the refusal logged."""
 
     def __init__(self, device: Any, socket_path: str, *, allow_uids: tuple[int, ...] = (),
-                 allow_gids: tuple[int, ...] = (), socket_group: int | None = None) -> None:
+                 allow_gids: tuple[int, ...] = (), socket_group: int | None = None,
+                 stall_seconds: float = STALL_SECONDS) -> None:
         self.device = device                 # gpu_worker.device.Device
         self.committer = device.committer
         self.socket_path = socket_path
@@ -72,8 +74,25 @@ class Server:
         self._wake_lock = threading.RLock()  # re-entrant: stop() may run in a signal handler
         self._from_threads: collections.deque[list[Any]] = collections.deque()  # engine events from deliver()
         self._stop_asked = False
+        self.sent = 0                        # replies handed to the socket thread (the watchdog's progress)
+        self.watchdog = Watchdog(self, stall_seconds)
+        device.pipeline_state = self.pipeline_state
 
     # ---- driving the pipeline -----------------------------------------------------------
+
+    @property
+    def progress(self) -> int:
+        """Grows whenever the pipeline moves: a batch gathered, a tick finished, a reply sent."""
+        return self.committer.gathered + self.committer.finished + self.sent
+
+    @property
+    def want_tick(self) -> bool:
+        return self._want_tick
+
+    @property
+    def pending_deliveries(self) -> int:
+        """Other threads' results queued for this loop and not yet taken."""
+        return len(self._from_threads)
 
     def submit(self, conn: Connection, msg: Message) -> None:
         self.inbox.append((conn, msg))
@@ -135,6 +154,7 @@ class Server:
         """Hand replies to the socket thread: one (conn id, frames, count) per connection."""
         if not replies:
             return
+        self.sent += len(replies)
         by_conn: dict[Connection, list[bytes]] = {}
         for conn, msg in replies:
             frames = by_conn.get(conn)
@@ -165,12 +185,22 @@ class Server:
                 if msg.get("v") != PROTOCOL_VERSION:
                     self._send([(conn, reply(msg.get("id"), 400, VERSION_REFUSED))])
                     continue
+                if msg.get("op") == "ping":  # liveness and the watchdog's view: never behind a stalled tick
+                    self._send([(conn, self.device.read(msg))])
+                    continue
                 self.submit(conn, msg)
             elif data is None:  # the peer closed, the connection failed, or its frame was too large
                 if conn is not None:
                     self._closed(conn)
             else:
                 log.warning("%s", data)
+
+    def pipeline_state(self) -> dict[str, Any]:
+        """What `ping` reports of this loop: the stall watchdog's reading and the queues."""
+        stalled = self.watchdog.stalled_seconds()
+        return {"stalled_seconds": round(stalled, 3), "stall_seconds": self.watchdog.stall_seconds,
+                "stalled": stalled >= self.watchdog.stall_seconds, "inbox": len(self.inbox),
+                "batches": len(self.committer.batches), "ticks_in_flight": self.committer.writer.ticks_in_flight}
 
     def _closed(self, conn: Connection) -> None:
         if conn.closed:
@@ -246,6 +276,7 @@ class Server:
         next_idle = time.monotonic() + IDLE_SECONDS
         try:
             io.start()
+            self.watchdog.start()
             if on_ready:
                 on_ready()
             while self._running:
@@ -267,6 +298,7 @@ class Server:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            self.watchdog.stop()
             io.stop()  # closes every connection
             for conn in self._conns.values():
                 conn.closed = True

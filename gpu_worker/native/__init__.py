@@ -1,7 +1,8 @@
 """Builds and loads the device's native code, plain CPython extensions (one per source file):
 
 - `sockio` (sockio.cpp): the native I/O threads, the socket loop and the tick I/O;
-- `jcodec` (jcodec.cpp): journal records encoded from a transfer (header, checksum, data).
+- `jcodec` (jcodec.cpp): journal records encoded from a transfer (header, checksum, data);
+- `stacks` (stacks.cpp): every thread's native stack, for the stall watchdog (loop/watchdog.py).
 
 `load(name)` returns a module, compiling it first when this virtualenv has no build of the
 current source (a few seconds with g++; `make setup` does it). The device needs them: a machine
@@ -29,7 +30,7 @@ HERE = Path(__file__).parent
 FLAGS = ["-O2", "-std=c++17", "-shared", "-fPIC", "-pthread", "-Wall"]
 # name -> libraries to link (zlib's headers come with the Python headers on Debian: libpython3.x-dev
 # depends on zlib1g-dev)
-MODULES: dict[str, list[str]] = {"sockio": [], "jcodec": ["-lz"]}
+MODULES: dict[str, list[str]] = {"sockio": [], "jcodec": ["-lz"], "stacks": []}
 
 
 class BuildError(RuntimeError):

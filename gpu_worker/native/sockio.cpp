@@ -21,6 +21,8 @@
 //                  ids are ignored)
 //   .close(conn_id)            drop a connection and whatever it still had to send
 //   .pending(conn_id)          bytes queued and not yet sent (-1 for an unknown id)
+//   .stats()       {"events": published, not yet taken, "commands": queued, not yet run,
+//                  "connections": [(conn_id, requests in flight, bytes queued, reading)]}
 //   .stop()        end the thread, close every connection (not the listener: the caller's)
 //   .fail_accepts(n, errno)    tests: the next n accept() calls fail with errno
 //
@@ -55,6 +57,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -87,7 +90,8 @@ struct Conn {
   std::string out;  // bytes not yet sent, from out_pos
   size_t out_pos = 0;
   std::atomic<size_t> queued{0};  // out.size() - out_pos, readable by pending()
-  size_t in_flight = 0;           // frames delivered less reply frames queued (not below 0)
+  std::atomic<size_t> in_flight{0};  // frames delivered less reply frames queued (not below 0); stats() reads it
+  std::atomic<bool> reading{true};   // EPOLLIN is watched (no backpressure); stats() reads it
   uint64_t round = 0;             // the last run_commands() round that queued bytes for it
 };
 
@@ -195,6 +199,20 @@ class Loop {
     std::lock_guard<std::mutex> hold(mu_);
     auto it = conns_.find(id);
     return it == conns_.end() ? -1 : long(it->second->queued.load());
+  }
+
+  struct Stats {
+    size_t events, commands;  // published and not yet taken; queued and not yet run
+    std::vector<std::tuple<uint64_t, size_t, size_t, bool>> conns;  // id, in flight, bytes queued, reading
+  };
+
+  // A snapshot for the stall watchdog (any thread): the counters are read without stopping the loop.
+  Stats stats() {
+    std::lock_guard<std::mutex> hold(mu_);
+    Stats out{events_.size(), commands_.size(), {}};
+    for (auto& [id, conn] : conns_)
+      out.conns.emplace_back(id, conn->in_flight.load(), conn->queued.load(), conn->reading.load());
+    return out;
   }
 
   void fail_accepts(int n, int err) {
@@ -382,7 +400,7 @@ class Loop {
     } else {
       conn->in.erase(0, size_t(used));
     }
-    conn->in_flight += out_events_.size() - before;
+    conn->in_flight.fetch_add(out_events_.size() - before);
     update_events(id, conn);
   }
 
@@ -391,7 +409,8 @@ class Loop {
   // that grows without bound. Poll for room while replies wait.
   void update_events(uint64_t id, Conn* conn) {
     size_t queued = conn->out.size() - conn->out_pos;
-    bool reading = queued <= high_water_ && conn->in_flight < max_in_flight_;
+    bool reading = queued <= high_water_ && conn->in_flight.load() < max_in_flight_;
+    conn->reading.store(reading);
     uint32_t want = (reading ? EPOLLIN : 0) | (queued ? EPOLLOUT : 0);
     if (want != conn->events) {
       conn->events = want;
@@ -446,7 +465,7 @@ class Loop {
         touched.push_back(c.conn);
       }
       conn->out.append(c.data);
-      conn->in_flight -= std::min<size_t>(conn->in_flight, c.frames);
+      conn->in_flight.store(conn->in_flight.load() - std::min<size_t>(conn->in_flight.load(), c.frames));
     }
     cmds_.clear();
     for (uint64_t id : touched) {  // one send per connection, however many replies it got
@@ -798,6 +817,29 @@ PyObject* PyLoop_pending(PyLoop* self, PyObject* arg) {
   return PyLong_FromLong(loop->pending(id));
 }
 
+PyObject* PyLoop_stats(PyLoop* self, PyObject*) {
+  Loop* loop = get(self);
+  if (!loop) return nullptr;
+  Loop::Stats stats;
+  Py_BEGIN_ALLOW_THREADS
+  stats = loop->stats();
+  Py_END_ALLOW_THREADS
+  PyObject* conns = PyList_New(Py_ssize_t(stats.conns.size()));
+  if (!conns) return nullptr;
+  for (size_t i = 0; i < stats.conns.size(); ++i) {
+    auto& [id, in_flight, queued, reading] = stats.conns[i];
+    PyObject* row = Py_BuildValue("(KnnO)", (unsigned long long)id, Py_ssize_t(in_flight), Py_ssize_t(queued),
+                                  reading ? Py_True : Py_False);
+    if (!row) {
+      Py_DECREF(conns);
+      return nullptr;
+    }
+    PyList_SET_ITEM(conns, Py_ssize_t(i), row);
+  }
+  return Py_BuildValue("{s:n,s:n,s:N}", "events", Py_ssize_t(stats.events), "commands", Py_ssize_t(stats.commands),
+                       "connections", conns);
+}
+
 PyObject* PyLoop_fail_accepts(PyLoop* self, PyObject* args) {
   Loop* loop = get(self);
   int n, err;
@@ -814,6 +856,8 @@ PyMethodDef loop_methods[] = {
     {"send", (PyCFunction)PyLoop_send, METH_O, "queue [(conn_id, bytes, frames)] for sending, in order"},
     {"close", (PyCFunction)PyLoop_close, METH_O, "close a connection, dropping what it had to send"},
     {"pending", (PyCFunction)PyLoop_pending, METH_O, "bytes queued for a connection, -1 if unknown"},
+    {"stats", (PyCFunction)PyLoop_stats, METH_NOARGS,
+     "{events, commands, connections: [(id, in flight, bytes queued, reading)]}: a snapshot for the watchdog"},
     {"fail_accepts", (PyCFunction)PyLoop_fail_accepts, METH_VARARGS, "tests: fail the next n accept() calls"},
     {nullptr, nullptr, 0, nullptr}};
 

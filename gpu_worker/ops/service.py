@@ -11,7 +11,7 @@ from ..contract.errors import ServiceError
 from ..contract.wire import Message, dumps, reply
 from ..storage import audit
 
-from . import quotas
+from . import chat, quotas
 from .kind import Read
 
 if TYPE_CHECKING:
@@ -57,8 +57,11 @@ def ping(d: Device, principal: bytes | None, args: dict[str, Any]) -> tuple[int,
                             "problem": d.grant_problem},
                  "kv": kv_pool(d),
                  "executions": {"queued": len(d.executions.to_lease), "running": len(d.executions.live)},
-                 "subscriptions": d.subscriptions.count(), "ticks": d.committer.stats.report(),
-                 "runtime_file_bytes": os.path.getsize(d.runtime.path)}
+                 "subscriptions": d.subscriptions.count(),
+                 "chats": {"running": chat.running(d), "output_tokens": d.chats.output_tokens},
+                 "ticks": d.committer.stats.report(),
+                 "runtime_file_bytes": os.path.getsize(d.runtime.path),
+                 "pipeline": d.pipeline_state() if d.pipeline_state is not None else None}
 
 
 def kv_pool(d: Device) -> dict[str, int] | None:

@@ -114,8 +114,14 @@ class Committer:
         self.syncer: Syncer | None = None      # the tick I/O thread, while a server runs
         self._drain_waiters: list[tuple[Any, Message]] = []  # commands that run once nothing is queued
         self.stats = IOStats()
+        self.gathered = 0   # batches gathered and ticks finished so far: the stall watchdog's sign of
+        self.finished = 0   # progress (loop/watchdog.py)
 
     # Transfers are queued with writer.append (which only queues); the pipeline below writes them.
+
+    @property
+    def drain_waiters(self) -> int:
+        return len(self._drain_waiters)
 
     def when_drained(self, conn: Any, msg: Message) -> None:
         """Answer msg (a checkpoint) once nothing is queued for the journal; gathering pauses."""
@@ -163,6 +169,7 @@ class Committer:
             self.owner.gather(inbox, batch)
             batch.last_seq = self.writer.next_seq - 1
             self.batches.append(batch)
+            self.gathered += 1
         return self._pump()
 
     def synced(self) -> list[Reply]:
@@ -237,6 +244,7 @@ class Committer:
     def _finish(self, tick: TickIO) -> list[Reply]:
         """Publish a tick whose I/O ran: its saved transfers, or the failure's consequences."""
         self.stats.ended()
+        self.finished += 1
         try:
             transfers = self.writer.finish_tick(tick)
         except JournalIOError as err:

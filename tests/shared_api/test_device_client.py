@@ -1,4 +1,5 @@
 """The gateway never hangs on the device: a silent or absent device is a 503 with a clear code."""
+import collections
 import socket
 import threading
 
@@ -109,6 +110,7 @@ def test_posted_calls_get_their_replies_time_out_in_order_and_fail_with_the_conn
         server = await asyncio.start_unix_server(device, path)
         mux = DeviceMux(path, timeout=0.3)
         outcomes = {}
+        arrived = collections.defaultdict(asyncio.Event)  # name -> set once its callback has run
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(lambda loop, context: outcomes.setdefault("raised", context["message"]))
         try:
@@ -117,6 +119,7 @@ def test_posted_calls_get_their_replies_time_out_in_order_and_fail_with_the_conn
             def record(name, raise_after=False):
                 def done(outcome):
                     outcomes[name] = (loop.time(), outcome)
+                    arrived[name].set()
                     if raise_after:
                         raise RuntimeError("a broken callback")
                 return done
@@ -124,12 +127,19 @@ def test_posted_calls_get_their_replies_time_out_in_order_and_fail_with_the_conn
             mux.post_call("slow", None, None, record("slow"))
             mux.post_call("fast", None, None, record("fast", raise_after=True))
             mux.post_call("fast", None, None, record("fast2"))
-            await asyncio.sleep(0.6)
-            mux.post_call("late", None, None, record("late"))
-            await asyncio.sleep(0.1)
+
+            async def outcomes_of(*names):
+                try:
+                    await asyncio.wait_for(asyncio.gather(*(arrived[name].wait() for name in names)), 30)
+                except asyncio.TimeoutError:
+                    raise AssertionError(f"no outcome for {[n for n in names if n not in outcomes]} "
+                                         f"after 30 s") from None
+            await outcomes_of("slow", "fast", "fast2")  # the slow call timed out, the others answered
+            mux.post_call("late", None, None, record("late"))  # the device then sends slow's reply, late
+            await outcomes_of("late")
             mux.post_call("slow", None, None, record("orphan"))
             mux.post_call("hang_up", None, None, record("hang_up"))
-            await asyncio.sleep(0.2)
+            await outcomes_of("orphan", "hang_up")  # the connection broke
             waiting = set(mux._abandoned), len(mux._posted)
             await mux.aclose()
             return started, outcomes, waiting, mux._sweeper
@@ -145,3 +155,39 @@ def test_posted_calls_get_their_replies_time_out_in_order_and_fail_with_the_conn
     for name in ("orphan", "hang_up"):
         assert isinstance(outcomes[name][1], ServiceError) and outcomes[name][1].code == "device_connection_lost"
     assert abandoned == set() and posted == 0 and sweeper is None
+
+
+def test_a_device_that_stops_reading_times_a_large_request_out_instead_of_holding_it(tmp_path):
+    """DeviceMux: a request that fills the write buffer waits for room only up to the device timeout
+    (a device that stops reading, as its backpressure does, must not hold a request for good): 503
+    device_timeout, the exact-retry answer."""
+    import asyncio
+
+    from shared_api.device_client import DeviceMux
+
+    path = str(tmp_path / "service.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen()
+    accepted = []
+    thread = threading.Thread(target=lambda: accepted.append(server.accept()), daemon=True)
+    thread.start()
+
+    async def go():
+        mux = DeviceMux(path, timeout=0.5)
+        try:
+            errors = []
+            for _ in range(2):  # the first fills the write buffer; the second must wait for room
+                with pytest.raises(ServiceError) as err:
+                    await asyncio.wait_for(mux.call("media.put", "0" * 32, {"data": b"x" * (8 << 20)}), 30)
+                errors.append(err.value)
+            return errors
+        finally:
+            await mux.aclose()
+
+    errors = asyncio.run(go())
+    assert [(e.status, e.code) for e in errors] == [(503, "device_timeout")] * 2
+    thread.join(5)
+    for conn, _ in accepted:
+        conn.close()
+    server.close()

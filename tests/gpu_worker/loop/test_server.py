@@ -21,7 +21,7 @@ from gpu_worker.storage.runtime_file import RuntimeFile
 from gpu_worker.loop import server as server_module
 from gpu_worker import native
 from gpu_worker.loop.server import Server
-from tests.conftest import ALL, write_grants
+from tests.conftest import ALL, wait_for, write_grants
 
 
 class LiveDevice:
@@ -79,9 +79,11 @@ def _exactly(sock, n):
     return data
 
 
-def register_all(live, principals, clients):
-    """Closed-loop clients registering `principals`; returns {principal: reply}."""
-    replies, queue, lock = {}, collections.deque(principals), threading.Lock()
+def register_all(live, principals, clients, replies=None):
+    """Closed-loop clients registering `principals`; returns {principal: reply} (`replies`, when
+    given, filled in as the replies come)."""
+    replies = {} if replies is None else replies
+    queue, lock = collections.deque(principals), threading.Lock()
 
     def client():
         sock = live.connect()
@@ -202,14 +204,14 @@ def test_a_checkpoint_command_under_load_folds_only_saved_state(tmp_path):
     pack_tiny(runtime, shared=True)
     live = LiveDevice(runtime, tmp_path, 300).start()
     try:
-        load = threading.Thread(target=lambda: replies.update(register_all(live, live.principals, 8)))
-        replies = {}
+        replies = {}  # filled in as the load's replies come: the checkpoint goes in once 20 are saved
+        load = threading.Thread(target=register_all, args=(live, live.principals, 8, replies))
         load.start()
-        while len(replies) < 20:
-            time.sleep(0.01)
+        wait_for(lambda: len(replies) >= 20 or not load.is_alive(), 120, what="20 registrations answered")
         with live.connect() as sock:
             answer = call(sock, encode_frame({"v": 1, "id": 1, "op": "checkpoint", "principal": None, "args": {}}))
         load.join(120)
+        assert not load.is_alive()
     finally:
         live.stop()
     assert answer["status"] == 200, answer
@@ -253,7 +255,12 @@ def test_a_client_that_does_not_read_gets_backpressure_and_every_reply_in_order(
                                         "args": {}}) for i in range(1, n + 1))
         sender = threading.Thread(target=slow.sendall, args=(frames,))
         sender.start()
-        time.sleep(1.0)  # the device answers until the slow client's queue passes HIGH_WATER
+
+        def queued():  # bytes of replies waiting for the slow client (0 before its connection is known)
+            conns = list(live.server._conns.values())
+            return live.server.io.pending(conns[0].id) if conns else 0
+        # the device answers until the slow client's queue passes HIGH_WATER, then stops reading it
+        wait_for(lambda: queued() > 256 << 10, 60, what="the slow client's queue past HIGH_WATER")
         [conn] = [c for c in live.server._conns.values()]
         assert sender.is_alive()  # its sends block: the device stopped reading it
         assert 256 << 10 < live.server.io.pending(conn.id) < 2 << 20
@@ -296,8 +303,10 @@ def test_out_of_descriptors_pauses_accepting_and_then_serves(tiny_runtime, tmp_p
     assert answer["status"] == 202
     warnings = [r for r in caplog.records if "pausing new connections for 0.3 s: [Errno 24]" in r.getMessage()]
     assert len(warnings) == 3
-    assert waited >= 0.9  # three pauses before the accept that served it
-    assert all(b.created - a.created >= 0.25 for a, b in zip(warnings, warnings[1:]))
+    # three whole pauses, one after the other, before the accept that served it (from the client's
+    # side: the log records' times are when the tick thread took the warnings, which a busy machine
+    # may do for two of them at once)
+    assert waited >= 0.9
 
 
 def test_a_frame_that_is_not_msgpack_closes_only_its_connection(tiny_runtime, tmp_path, caplog):
@@ -425,3 +434,41 @@ def test_a_whole_tick_waits_behind_the_one_in_flight_and_a_failure_ends_both(tmp
         device.close()
     statuses = collections.Counter(r["status"] for r in replies.values())
     assert statuses == ({202: 16} if not first else {429: 16})
+
+
+def test_the_watchdog_reports_a_stalled_pipeline_with_its_state_and_every_threads_stack(
+        tiny_runtime, tmp_path, monkeypatch, caplog):
+    """The lost wake-up of issue 35 put back on purpose (the loop never sends records queued between
+    ticks to the disk): a registration then waits with no progress. The watchdog logs the pipeline's
+    state and every thread's stack, Python and native, and the device's ping (answered as it arrives,
+    not behind the stalled tick) says it is stalled."""
+    from gpu_worker.storage.committer import Committer
+    live = LiveDevice(tiny_runtime, tmp_path, 1, stall_seconds=0.5).start()
+    device = live.device
+    monkeypatch.setattr(Committer, "io_waits", lambda self: False)  # after boot: its own commit needs the disk
+
+    def hold(event):
+        return lambda: device._journal_hold({"event": event, "cause": "low_disk", "since_ns": 1,
+                                             "disk_error": "x" * 1400, "ended_ns": None if event == "start" else 2})
+    try:
+        with caplog.at_level("ERROR", logger="gpu_worker.watchdog"), live.connect() as stuck, live.connect() as ops:
+            done = threading.Event()
+            live.server.deliver([(("thread", hold("start")), None, b"", None, None),
+                                 (("thread", hold("end")), None, b"", None, None),
+                                 (("thread", done.set), None, b"", None, None)])
+            assert done.wait(30)
+            stuck.sendall(live.register_frame(live.principals[0], 1))  # never answered: the pipeline is stuck
+            wait_for(lambda: live.server.watchdog.reports >= 1, 30, what="a stall report")
+            status = json.loads(call(ops, encode_frame({"v": 1, "id": 2, "op": "ping"}))["body"])
+        [record] = [r for r in caplog.records if r.name == "gpu_worker.watchdog"]
+    finally:
+        live.stop()
+    text = record.getMessage()
+    assert "device pipeline stalled" in text
+    assert "inbox: 1 commands; the first: ['participant.register#1']" in text
+    assert "not yet on the disk 20" in text and "ticks in flight 0" in text  # the records nobody sent
+    assert "requests in flight" in text                                    # per connection, from the socket thread
+    assert "thread MainThread" in text or "in run" in text                 # Python stacks
+    for native_thread in ("aotx-sockets", "aotx-tick-io"):                 # native stacks
+        assert f" {native_thread} state " in text
+    assert status["pipeline"]["stalled"] is True and status["pipeline"]["inbox"] == 1

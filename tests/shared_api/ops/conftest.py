@@ -32,9 +32,11 @@ PING: dict[str, Any] = {
         "0.0005": 10, "0.001": 30, "0.002": 50, "0.005": 58, "0.01": 60, "0.02": 60, "0.05": 60, "0.1": 60,
         "0.25": 60, "0.5": 60, "1.0": 60, "+Inf": 60}}},
     "runtime_file_bytes": 468428,
+    "pipeline": {"stalled_seconds": 0.0, "stall_seconds": 5.0, "stalled": False, "inbox": 0, "batches": 0,
+                 "ticks_in_flight": 0},
 }
 # the ping before the device reported kv, executions, subscriptions, ticks and the runtime file size
-OLD_KEYS = ("kv", "executions", "subscriptions", "ticks", "runtime_file_bytes")
+OLD_KEYS = ("kv", "executions", "subscriptions", "ticks", "runtime_file_bytes", "pipeline")
 
 
 class OpsDevice(FakeDevice):

@@ -47,6 +47,7 @@ def test_metrics_report_the_devices_status_from_its_ping(ops_device):
     assert value(m, "aotx_device_grant_reload_failed") == 1
     assert value(m, "aotx_device_subscriptions") == 3
     assert value(m, "aotx_device_runtime_file_bytes") == 468428
+    assert value(m, "aotx_device_stalled_seconds") == 0
     assert ops_device.calls("ping")  # asked at scrape time
 
 
@@ -103,6 +104,14 @@ def test_healthz_is_503_and_says_the_journal_is_held(ops_device):
     response = Client().get("/healthz")
     assert response.status_code == 503
     assert response.json() == {"gateway": "up", "device": "reachable", "journal": "held (low_disk)"}
+
+
+def test_a_stalled_pipeline_is_exported_and_makes_healthz_503(ops_device):
+    ops_device.status["pipeline"].update(stalled_seconds=12.5, stalled=True, inbox=3)
+    assert value(scrape(), "aotx_device_stalled_seconds") == 12.5
+    response = Client().get("/healthz")
+    assert response.status_code == 503
+    assert response.json() == {"gateway": "up", "device": "stalled (12.5 s without progress)", "journal": "not held"}
 
 
 def test_healthz_is_503_when_the_device_is_unreachable(no_device):

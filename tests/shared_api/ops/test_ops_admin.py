@@ -99,6 +99,51 @@ def test_the_capacity_dashboard_draws_the_stored_samples_and_the_current_values(
     assert "40 in use, 8 queued of 512" in html  # KV pages now
 
 
+def legend(html, slug):
+    """The legend entries of one chart of a page, as text (tags dropped)."""
+    figure = re.search(rf'<figure class="aotx-chart" data-chart="{slug}".*?</figure>', html, re.S)
+    assert figure is not None, slug
+    entries = re.search(r'<ul class="aotx-legend">(.*?)</ul>', figure.group(0), re.S)
+    assert entries is not None, figure.group(0)
+    return [re.sub(r"<[^>]+>", "", entry) for entry in re.findall(r"<li\b[^>]*>(.*?)</li>", entries.group(1))]
+
+
+def utc_labels(t):
+    """How a sample's time may read: its time of day, or with its date when the page was not on
+    the same UTC day (a test running across midnight)."""
+    t = t.astimezone(datetime.timezone.utc)
+    return t.strftime("%H:%M:%S UTC"), t.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def test_the_legends_name_the_sample_their_values_come_from_and_now_is_the_live_reading(staff, ops_device):
+    """The legend's last value (a stored sample) and the Now table (the ping at page load) disagree
+    when the device moved on since the sample: each says which it is, so the page explains it."""
+    sample_at(30)
+    newest = sample_at(20, usage={**PING["usage"], "receipts": 9})  # the live ping says 5
+    taken = CapacitySample.objects.get(pk=newest.pk).taken_at
+    response = staff.get(CAPACITY)
+    html = response.content.decode()
+    *values, when = legend(html, "receipt-window")
+    assert values == ["in use: 9", "capacity: 1,024"]
+    assert when in {f"(last sample {label})" for label in utc_labels(taken)}
+    assert re.search(r"<h2 id=\"aotx-live-heading\">Now <span class=\"quiet\">\(the device's live reading at page "
+                     r"load, \d\d:\d\d:\d\d UTC\)</span></h2>", html), html[:2000]
+    assert '<tr data-table="receipts"><td>receipts</td><td>5</td>' in html  # the live reading
+    assert "the live reading above is newer, so the two may differ" in html
+
+
+def test_a_legend_whose_series_end_at_different_samples_labels_each_value_with_its_own_time():
+    """A series whose last samples lack a value (a rate's first sample, a key the device stopped
+    reporting) ends earlier than its neighbours: its value is labelled with its own sample's time,
+    with the date when that is not the page's day."""
+    from shared_api.charts import Chart, Series
+    now = datetime.datetime(2025, 3, 4, 10, 45, 0, tzinfo=datetime.timezone.utc)
+    earlier, later = now - datetime.timedelta(days=1, minutes=3), now - datetime.timedelta(minutes=3)
+    chart = Chart("c", "c", [Series("a", [(earlier, 1.0), (later, 2.0)]), Series("b", [(earlier, 5.0), (later, None)])],
+                  now=now)
+    assert legend(chart.svg(), "c") == ["a: 2 (last sample 10:42:00 UTC)", "b: 5 (last sample 2025-03-03 10:42:00 UTC)"]
+
+
 def test_the_fdatasync_rate_is_the_difference_of_two_samples_over_their_time(staff, ops_device):
     sample_at(2)
     later = copy.deepcopy(PING["ticks"])

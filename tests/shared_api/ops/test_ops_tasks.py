@@ -92,3 +92,22 @@ def test_the_beat_schedule_runs_every_ops_task(settings):
                          "shared_api.tasks.checkpoint", "shared_api.tasks.export_audit"}
     app.loader.import_default_modules()
     assert scheduled <= set(app.tasks)
+
+
+def test_beat_starts_its_schedule_once_the_device_answers(ops_device, settings, caplog):
+    """Celery beat's first tick waits for the device's ping (aotx_site/celery.py): its first runs
+    after a start find the device up instead of skipping with a warning."""
+    from aotx_site.celery import _wait_for_the_device
+    settings.AOTX_OPS_START_WAIT = 30
+    with caplog.at_level(logging.INFO, "shared_api.tasks"):
+        _wait_for_the_device()
+    assert len(ops_device.calls("ping")) == 1 and "waiting up to 30s" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_beat_starts_its_schedule_anyway_when_the_device_does_not_answer_in_time(no_device, settings, caplog):
+    from aotx_site.celery import _wait_for_the_device
+    settings.AOTX_OPS_START_WAIT = 0
+    with caplog.at_level(logging.WARNING, "shared_api.tasks"):
+        _wait_for_the_device()
+    assert "the device did not answer its ping within 0s; running the schedule anyway" in caplog.text
