@@ -21,10 +21,10 @@ depend on each other's order.
 import json
 import re
 import secrets
-import time
 
 import pytest
 
+from tests.conftest import wait_for
 from tests.harness import Stack
 
 pytestmark = pytest.mark.e2e
@@ -363,11 +363,10 @@ def world(tiny_runtime, tmp_path_factory):
         _created(w.mutate("owner", f"/spaces/{private['target']}/members", participant=w.ids["no_read"],
                           permissions=PRIVATE_ROWS["no_read"]))
         # the input's retained source: the memory object the memory and publication routes name
-        deadline = time.monotonic() + 60
-        while not (memory := json.loads(w.call("owner", "GET", f"/operations/{private_input['operation']}")[2])
-                   ["memory"])["retained"]:
-            assert time.monotonic() < deadline, "the private input retained no memory"
-            time.sleep(0.05)
+        def retained():
+            memory = json.loads(w.call("owner", "GET", f"/operations/{private_input['operation']}")[2])["memory"]
+            return memory if memory["retained"] else None
+        memory = wait_for(retained, 60, interval=0.05, what="the private input's retained memory")
         stack.manage("principal", "revoke", "no_write", "--actions", "shared_write", "--config", str(stack.config))
         lineage = private["target"].split("-")[1]
         w.params = {

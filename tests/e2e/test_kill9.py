@@ -246,6 +246,10 @@ def test_kill_dash_nine_under_load_loses_no_saved_receipt_and_applies_nothing_tw
                         reply = read_receipt(verifier, c, body)
                         assert reply["status"] == 200 and reply["body"] == body, (sequence, reply)
                     checked[c] = len(seen)
+        # the memory checks below need a saved publication: how far the memory client got between
+        # kills depends on the machine's speed, so it goes on, with the device up, until it has one
+        wait_for(lambda: memory_client.publications or not memory_client.is_alive(), 120,
+                 what="the memory client's first publication")
         stop.set()
         for c in clients + [memory_client]:
             c.join(60)

@@ -9,7 +9,6 @@ import re
 import signal
 import stat
 import subprocess
-import time
 import urllib.error
 import urllib.request
 
@@ -88,11 +87,23 @@ def capabilities(config, token):
         return err.code, json.loads(err.read())
 
 
+def as_from_a_terminal():
+    """preexec_fn of the processes these tests start: SIGINT, SIGQUIT, SIGTERM and SIGHUP act as
+    they do for a job started from a terminal, however pytest itself was started. A background job
+    of a non-interactive shell (`make test &` in a script) starts with SIGINT and SIGQUIT ignored;
+    an ignored signal stays ignored across fork and exec, and a non-interactive bash cannot trap
+    one it found ignored: tee, bash and everything below them would then ignore the Ctrl-C these
+    tests send. (Only signal.signal runs in the child, between fork and exec.)"""
+    for signum in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def start(env, log, started, through_tee):
     """scripts/run_local.sh as `make run` starts it, its output through `| tee log` or into log."""
     command = f"scripts/run_local.sh 2>&1 | tee {log}" if through_tee else f"exec scripts/run_local.sh > {log} 2>&1"
     shell = subprocess.Popen(["bash", "-c", command], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                             start_new_session=True)  # its own process group: the terminal's foreground job
+                             start_new_session=True,  # its own process group: the terminal's foreground job
+                             preexec_fn=as_from_a_terminal)
     started.append(shell.pid)
     wait_for(lambda: TOKEN_LINE.search(read(log)) or shell.poll() is not None, 180, what=f"the token in {log}")
     assert shell.poll() is None, read(log)[-3000:]
@@ -135,7 +146,7 @@ def test_make_run_keeps_its_token_prints_it_once_the_device_answers_and_stops_on
     assert "admin console user" not in read(log2)  # the admin password was shown once, at the first start
     os.kill(shell.pid, signal.SIGTERM)  # the shell exec'd run_local.sh, which exec'd the launcher
     wait_for(lambda: all_gone(groups.values()), 60, what="device, gateway and celery stopped after SIGTERM")
-    assert shell.wait(60) != 0 and "SIGTERM received" in read(log2)
+    assert shell.wait(60) == 0 and "SIGTERM received" in read(log2)  # a stop asked for, clean: status 0
 
 
 def capabilities_unreachable(config, token):
@@ -146,13 +157,25 @@ def capabilities_unreachable(config, token):
     return False
 
 
+# A process that ignores SIGTERM and leaves a child that ignores it too in its group; each says so
+# on its output (the launcher prints it to its log) once it does, then sleeps until SIGKILL.
+STUBBORN = """import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if sys.argv[1:] == ["child"]:
+    print("child ignores SIGTERM", flush=True)
+else:
+    subprocess.Popen([sys.executable, __file__, "child"])
+    print("parent ignores SIGTERM", flush=True)
+time.sleep(600)
+"""
+
+
 def test_sigterm_stops_every_process_group_even_when_none_of_them_ends_on_its_own(tmp_path):
     """honcho alone SIGKILLs only after a first process has stopped, and only processes it counts as
     running: with processes that ignore SIGTERM (one leaving a child behind in its group), its stop
     never ended. The launcher kills every group a few seconds after the SIGTERM."""
-    stubborn = (f"{PYTHON} -c 'import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                f"subprocess.Popen([sys.executable, \"-c\", \"import signal, time; "
-                f"signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)\"]); time.sleep(600)'")
+    (tmp_path / "stubborn.py").write_text(STUBBORN)
+    stubborn = f"{PYTHON} {tmp_path / 'stubborn.py'}"
     (tmp_path / "Procfile").write_text(f"one: {stubborn}\ntwo: {stubborn}\n")
     (tmp_path / "gateway.json").write_text(json.dumps({"listen": f"127.0.0.1:{free_port()}",
                                                        "socket": str(tmp_path / "none.sock")}))
@@ -162,12 +185,13 @@ def test_sigterm_stops_every_process_group_even_when_none_of_them_ends_on_its_ow
         launcher = subprocess.Popen([PYTHON, "scripts/run_procfile.py", "--procfile", str(tmp_path / "Procfile"),
                                      "--config", str(tmp_path / "gateway.json"), "--token-file",
                                      str(tmp_path / "token")], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=as_from_a_terminal)
     groups = []
     try:
         wait_for(lambda: len(process_groups(read(log))) == 2, 60, what="both processes started")
         groups = list(process_groups(read(log)).values())
-        time.sleep(1)  # (their SIGTERM handlers are set)
+        wait_for(lambda: read(log).count("parent ignores SIGTERM") == read(log).count("child ignores SIGTERM") == 2,
+                 60, what="both processes and their children ignoring SIGTERM")
         assert not all_gone(groups)
         launcher.send_signal(signal.SIGTERM)
         wait_for(lambda: all_gone(groups), 60, what="every process group killed after SIGTERM")

@@ -3,13 +3,12 @@ a wait, one that is still coming is left to `receive` (with its timeout), under 
 protocol; the front's read_body gives the same bytes either way."""
 import socket
 import threading
-import time
 
 import uvicorn
 
 from shared_api.front import read_body
 from shared_api.server import BODY_READY, GatewayProtocol
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
 
 
 def serve(app):
@@ -20,20 +19,21 @@ def serve(app):
                                            lifespan="off", log_level="warning", proxy_headers=False))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.05)
+    wait_for(lambda: server.started or not thread.is_alive(), 30, what="the server listening")
+    assert server.started, "the server thread ended before it listened"
     return server, thread, port
 
 
-def post(port, pieces, pause=0.0):
-    """POST /echo with a Content-Length body sent in `pieces`; the reply's body."""
+def post(port, pieces, after_first=None):
+    """POST /echo with a Content-Length body sent in `pieces` (`after_first()` runs once the first
+    piece, with the headers, is sent: it waits for whatever must happen before the rest is sent);
+    the reply's body."""
     body = b"".join(pieces)
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + pieces[0])
+        if after_first is not None:
+            after_first()
         for piece in pieces[1:]:
-            time.sleep(pause)
             sock.sendall(piece)
         reply = b""
         while b"\r\n\r\n" not in reply or not reply.endswith(b"!"):
@@ -60,7 +60,10 @@ def test_a_body_that_arrived_whole_is_handed_over_and_one_in_pieces_is_read_thro
     server, thread, port = serve(app)
     try:
         assert post(port, [b'{"a": 1}']) == b'{"a": 1}!'
-        assert post(port, [b"x" * 1000, b"y" * 1000, b"z"], pause=0.2) == b"x" * 1000 + b"y" * 1000 + b"z!"
+
+        def asked():  # the rest is sent once the application has looked and found the body still coming
+            wait_for(lambda: len(seen) == 2, 30, what="the application's look at the second body")
+        assert post(port, [b"x" * 1000, b"y" * 1000, b"z"], after_first=asked) == b"x" * 1000 + b"y" * 1000 + b"z!"
     finally:
         server.should_exit = True
         thread.join(10)

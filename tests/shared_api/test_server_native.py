@@ -4,21 +4,24 @@ ASGI task, or declines it to the ASGI path; bodies still arriving, pipelined req
 connections keep HTTP's rules."""
 import asyncio
 import socket
-import time
 
 import uvicorn
 
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
 from tests.shared_api.test_server_body_ready import serve
 
 
 class App:
-    """An ASGI app with a native path: `mode` says what native does with each request."""
+    """An ASGI app with a native path: `mode` says what native does with each request ("now",
+    "later": 0.2 s later, "held": when the test calls `release`, "decline", "raise")."""
 
     def __init__(self, mode):
         self.mode = mode
         self.native_calls = []
+        self.asgi_started = []  # paths, as each ASGI call begins (before it reads the body)
         self.asgi_calls = []
+        self.held = []  # (loop, answer, reply, headers) of the "held" requests
+        self.released = []  # what each released answer raised (None: nothing)
 
     def native(self, scope, body, answer):
         self.native_calls.append((scope["path"], body))
@@ -31,11 +34,26 @@ class App:
         headers = [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(reply))]
         if mode == "later":
             asyncio.get_running_loop().call_later(0.2, answer, 200, reply, headers)
+        elif mode == "held":
+            self.held.append((asyncio.get_running_loop(), answer, reply, headers))
         else:
             answer(200, reply, headers)
         return True
 
+    def release(self):
+        """Answer the oldest held request now, on the server's loop; what it raised goes to `released`."""
+        loop, answer, reply, headers = self.held.pop(0)
+
+        def go():
+            try:
+                answer(200, reply, headers)
+                self.released.append(None)
+            except Exception as exc:  # (recorded for the test to see, not lost in the loop's handler)
+                self.released.append(exc)
+        loop.call_soon_threadsafe(go)
+
     async def __call__(self, scope, receive, send):
+        self.asgi_started.append(scope["path"])
         body = b""
         while True:
             message = await receive()
@@ -111,7 +129,8 @@ def test_a_body_still_arriving_at_the_end_of_a_read_goes_to_the_asgi_application
 
     def check(sock):
         sock.sendall(request("/a", b"x" * 1000)[:-500])
-        time.sleep(0.2)
+        # the rest is sent once the server has read the first part and started it on the ASGI path
+        wait_for(lambda: app.asgi_started, 30, what="the request started as an ASGI task")
         sock.sendall(b"x" * 500)
         assert replies(sock, 1)[0][1] == b"asgi:" + b"x" * 1000
     run(app, check)
@@ -136,10 +155,21 @@ def test_connection_close_closes_after_the_native_answer_and_a_client_gone_first
         assert body == b"native:1" and b"connection: close" in head.lower()
         assert sock.recv(10) == b""  # closed by the server
     run(app, check)
-    gone = App(lambda path: "later")
-    run(gone, lambda sock: sock.sendall(request("/a", b"1")))  # closes before the answer is written
-    time.sleep(0.3)
-    assert len(gone.native_calls) == 1
+    # a client that closes before the answer is written: the answer comes once the server has seen
+    # the connection end, and is no error
+    gone = App(lambda path: "held")
+    server, thread, port = serve(gone)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(request("/a", b"1"))
+            wait_for(lambda: gone.held, 30, what="the request held on the native path")
+        wait_for(lambda: not server.server_state.connections, 30, what="the server to see the client gone")
+        gone.release()
+        wait_for(lambda: gone.released, 30, what="the held answer given")
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert len(gone.native_calls) == 1 and gone.released == [None]
 
 
 def test_the_gateways_server_settings_leave_the_front_unwrapped_so_its_native_path_is_used(db):

@@ -43,6 +43,16 @@ def consumer(nowait):
     return stream, out
 
 
+async def until(condition, what, timeout=30.0):
+    """Run the loop (the stream's task) until condition() holds; bounded."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.001)
+
+
 def cursors(out):
     return [int(chunk.split(b"@", 1)[1].split(b"\n", 1)[0]) for chunk in out if chunk.startswith(b"id:")]
 
@@ -57,12 +67,12 @@ def test_frames_the_connection_takes_at_once_skip_the_task_and_the_rest_keep_the
         stream.gate.clear()  # the task's write of frame 2 will wait on the connection
         for cursor in (2, 3):
             stream.stream.deliver(frame(cursor))  # 3 is queued behind 2, not written ahead of it
-        await asyncio.sleep(0.01)
-        assert stream.writing and cursors(out) == [1]
+        await until(lambda: stream.writing, "the task's write of frame 2 waiting on the connection")
+        assert cursors(out) == [1]
         stream.stream.deliver(frame(4))  # the task's write still waits: queued too
         stream.gate.set()
-        await asyncio.sleep(0.01)
-        assert cursors(out) == [1, 2, 3, 4] and not stream.writing
+        await until(lambda: stream.stream.queue.empty() and not stream.writing, "the task to write what was queued")
+        assert cursors(out) == [1, 2, 3, 4]
         stream.stream.deliver(frame(5))  # the queue is empty again: at once
         assert cursors(out) == [1, 2, 3, 4, 5]
         stream.finished = True  # (no response to end in this test)

@@ -17,6 +17,7 @@ import asyncio
 import json
 import os
 import secrets
+import select
 import shutil
 import socket
 import tempfile
@@ -172,7 +173,7 @@ class FakeDevice:
                 try:
                     for frame in out:
                         if isinstance(frame, float):
-                            time.sleep(frame)
+                            time.sleep(frame)  # a slow device is the behaviour under test (at least this long)
                         else:
                             conn.sendall(frame)
                 except OSError:
@@ -358,14 +359,17 @@ class Gateway:
 
     def session(self, requests: list[Any]) -> list[Response]:
         """Requests (from `request`) in one event loop, in order; a callable among them runs
-        between two requests (then the loop runs for 0.1 s, as time passes between requests)."""
+        between two requests (e.g. `device.restart`), and then the loop takes in what it did to the
+        device connections (as the time between two requests would): the next request starts once
+        no connection of the loop has unread input or an unseen close."""
         async def run() -> list[Response]:
             answers = []
             try:
                 for req in requests:
                     if callable(req):
                         req()
-                        await asyncio.sleep(0.1)
+                        await until(connections_settled, what="the gateway's device connections to take in "
+                                                              f"what {getattr(req, '__name__', req)} did")
                     else:
                         answers.append(await asgi_request(*req))
                 return answers
@@ -381,6 +385,34 @@ class Gateway:
 
     def put(self, path: str, persona: Persona | None = None, **kwargs: Any) -> Response:
         return self.call("PUT", path, persona, **kwargs)
+
+
+async def until(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    """tests.conftest.wait_for on the running event loop: the loop runs meanwhile."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not (value := condition()):
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.005)
+    return value
+
+
+def connections_settled() -> bool:
+    """Whether every open device connection of the running loop (its DevicePool's and its stream
+    DeviceMux) has taken in what its socket holds: nothing readable, no close not yet seen. A
+    connection the device closed is readable (EOF) until its reader task has ended it."""
+    loop = asyncio.get_running_loop()
+    found = device_client._pools.get(loop)
+    muxes = [*(found.muxes if found is not None else []), *filter(None, [device_client._muxes.get(loop)])]
+    for mux in muxes:
+        writer = mux._writer
+        if writer is None or writer.is_closing():
+            continue
+        sock = writer.get_extra_info("socket")
+        if sock is not None and select.select([sock.fileno()], [], [], 0)[0]:
+            return False
+    return True
 
 
 @pytest.fixture
