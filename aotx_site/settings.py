@@ -9,7 +9,11 @@ import dj_database_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("AOTX_VAR_DIR", BASE_DIR / "var"))
-VAR_DIR.mkdir(parents=True, exist_ok=True)
+# What the gateway, its commands and Celery create under VAR_DIR is their user's alone (0600 files,
+# 0700 directories): manage.py and Celery (aotx_site/celery.py) set umask 0o077, and what may be
+# made before that (this module is read first) says its mode itself.
+PRIVATE_DIR = 0o700
+VAR_DIR.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
 
 
 def _secret_key():
@@ -84,6 +88,10 @@ USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"  # collectstatic (make setup); served by shared_api.middleware.StaticFilesMiddleware
+# Django's storage would chmod what it writes (the static files) 0644 whatever the umask: the
+# gateway serves them itself, so they stay private like the rest of VAR_DIR
+FILE_UPLOAD_PERMISSIONS = 0o600
+FILE_UPLOAD_DIRECTORY_PERMISSIONS = PRIVATE_DIR
 
 REDIS_URL = os.environ.get("REDIS_URL")
 if REDIS_URL:
@@ -94,8 +102,8 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     _broker = VAR_DIR / "celery"
-    for _sub in ("out", "processed", "control"):
-        (_broker / _sub).mkdir(parents=True, exist_ok=True)
+    for _dir in (_broker, _broker / "out", _broker / "processed", _broker / "control"):
+        _dir.mkdir(mode=PRIVATE_DIR, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://"
     CELERY_BROKER_TRANSPORT_OPTIONS = {"data_folder_in": str(_broker / "out"),
                                        "data_folder_out": str(_broker / "out"),
@@ -110,6 +118,7 @@ AOTX_CHECKPOINT_INTERVAL = float(os.environ.get("AOTX_CHECKPOINT_INTERVAL", "360
 AOTX_AUDIT_EXPORT_INTERVAL = float(os.environ.get("AOTX_AUDIT_EXPORT_INTERVAL", "86400"))
 AOTX_SAMPLE_RETENTION_DAYS = float(os.environ.get("AOTX_SAMPLE_RETENTION_DAYS", "30"))
 AOTX_OPS_TIMEOUT = float(os.environ.get("AOTX_OPS_TIMEOUT", "600"))  # checkpoint and audit export replies
+AOTX_OPS_START_WAIT = float(os.environ.get("AOTX_OPS_START_WAIT", "300"))  # beat's wait for the device at start
 AOTX_METRICS_DEVICE_TIMEOUT = float(os.environ.get("AOTX_METRICS_DEVICE_TIMEOUT", "2"))  # /metrics, /healthz
 AOTX_AUDIT_DIR = Path(os.environ.get("AOTX_AUDIT_DIR", VAR_DIR / "audit"))  # audit exports (the device writes them)
 CELERY_BEAT_SCHEDULE = {

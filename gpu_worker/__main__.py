@@ -1,4 +1,5 @@
 """python -m gpu_worker {pack,boot,checkpoint,audit} ..."""
+import os
 import sys
 
 USAGE = "usage: python -m gpu_worker {pack,boot,checkpoint,audit} [options]  (--help after a command for its options)"
@@ -8,6 +9,9 @@ def main(argv):
     if not argv or argv[0] not in ("pack", "boot", "checkpoint", "audit"):
         print(USAGE, file=sys.stderr)
         return 2
+    # What any command creates (runtime file, journal, media, owner marker, checkpoints, audit
+    # exports) holds the inputs' text: its user's alone, whatever umask it was started with
+    os.umask(0o077)
     if argv[0] == "pack":
         from .pack import main as command
     elif argv[0] == "checkpoint":

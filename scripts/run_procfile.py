@@ -13,7 +13,9 @@ those ignore SIGINT and SIGTERM and end only when their process ends, and the pr
 session of its own, where the terminal's Ctrl-C never arrives) run on. Every later signal fails
 the same way, so nothing stops. Here honcho's Printer writes through `PipeSafeOutput`, which drops
 the output once its reader is gone instead of raising: the signal then always stops every process
-(SIGTERM to each process group, SIGKILL to every group 6 s later: _Manager says why).
+(SIGTERM to each process, the device last; SIGKILL to a process group still running STOP_SECONDS
+after its SIGTERM: _Manager says why). A stop asked for that ends every process cleanly exits 0, as
+a clean stop should (honcho exits 130 after Ctrl-C, which `make run` reported as `Error 130`).
 """
 from __future__ import annotations
 
@@ -33,10 +35,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # gpu_worker.contract, for the device ping
 
 from honcho.environ import expand_processes, parse_procfile  # noqa: E402
-from honcho.manager import KILL_WAIT, Manager  # noqa: E402
+from honcho.manager import Manager  # noqa: E402
 from honcho.printer import Printer  # noqa: E402
 
 POLL_SECONDS = 0.2
+STOP_SECONDS = 10.0  # from a process's SIGTERM to SIGKILL to its process group (_Manager)
+STOP_POLL_SECONDS = 0.05
+CLEAN_STOP = (0, -signal.SIGTERM)  # a process's status after a clean stop: its own exit, or the signal's
 
 
 class PipeSafeOutput:
@@ -126,36 +131,102 @@ def announce(out: PipeSafeOutput, config_path: str, token_file: str) -> None:
 
 class _Manager(Manager):
     """honcho's Manager, which starts the thread `after_start` once it has started the processes (its
-    multiprocessing forks come first, so no thread of ours is running when they happen), and whose
-    stop is bounded: honcho sends SIGKILL only KILL_WAIT seconds after a first process has stopped,
-    and only to the processes it still counts as running, so a stop where none of them ends on
-    SIGTERM, or where a process's own children outlive it in its group, would never end. Here
-    every process group gets SIGKILL KILL_WAIT + 1 seconds after the SIGTERM, whatever stopped."""
+    multiprocessing forks come first, so no thread of ours is running when they happen), and stops
+    them its own way, in a thread of its own (`_stop_in_order`):
+
+    - SIGTERM goes to each process itself, not to its process group: a program stops its own
+      children (uvicorn its workers, Celery its pool and its beat, which, signalled directly, died
+      under a running worker that logged it as an ERROR). Each Procfile line `exec`s its program so
+      that the process honcho started is the program, not a shell in front of it.
+    - In order: the first process of the Procfile (the device) is the one the others are clients of,
+      so it stops last, once they have ended: a Celery task or a request in flight at the stop still
+      finds the device up, and nothing logs that it went away.
+    - Bounded: a stage's process groups still running STOP_SECONDS after its SIGTERM get SIGKILL
+      (honcho alone sends SIGKILL only to the processes it counts as running, KILL_WAIT seconds after
+      a first one has stopped: a stop where none ends on SIGTERM, or where a process's children
+      outlive it in its group, never ended). Celery's warm shutdown on its filesystem broker takes
+      a few seconds (its loop notices the signal between 2 s broker polls, then joins its threads):
+      the bound leaves it room.
+
+    `exit_status` is 0 after a stop that was asked for (SIGINT, SIGTERM, SIGHUP) when every process
+    ended cleanly; otherwise non-zero, as honcho says (a process that ended by itself: its status)."""
 
     def __init__(self, printer: Printer, after_start: threading.Thread) -> None:
         super().__init__(printer)
         self._after_start = after_start
-        self._killer: threading.Timer | None = None
+        self.stop_requested = False
+        self.killed: list[str] = []  # processes whose group had to be killed
 
     def _start(self) -> None:
         super()._start()
+        # loop() has installed honcho's SIGINT and SIGTERM handlers: note that a stop was asked for
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            honchos = signal.getsignal(sig)
+
+            def asked(signum: int, frame: Any, honchos: Any = honchos) -> None:
+                self.stop_requested = True
+                honchos(signum, frame)
+            signal.signal(sig, asked)
         self._after_start.start()
 
     def terminate(self) -> None:
-        super().terminate()
-        if self._killer is None:
-            self._killer = threading.Timer(KILL_WAIT + 1, self._kill_groups)
-            self._killer.daemon = True
-            self._killer.start()
+        """Stop every process (a signal, or one process ended): in order, in a thread (waits)."""
+        if self._terminating:
+            return
+        self._terminating = True
+        threading.Thread(target=self._stop_in_order, name="stop", daemon=True).start()
 
-    def _kill_groups(self) -> None:
-        for process in self._processes.values():
-            pid = process.get("pid")
-            if pid:
-                try:
-                    os.killpg(pid, signal.SIGKILL)  # (each process leads a session, and so a group, of its own)
-                except OSError:
-                    pass  # already gone
+    def kill(self) -> None:
+        """honcho's loop calls this KILL_WAIT seconds after a first process stopped: the bound is
+        `_stop_in_order`'s instead."""
+
+    def _stop_in_order(self) -> None:
+        names = list(self._processes)
+        for stage in (names[1:], names[:1]):  # the clients, then the first process (the device)
+            signalled: set[str] = set()
+            deadline = time.monotonic() + STOP_SECONDS
+            while True:
+                running = [name for name in stage if "returncode" not in self._processes[name]]
+                for name in running:
+                    pid = self._processes[name].get("pid")
+                    if pid and name not in signalled:  # (a process that has not started yet: once it has)
+                        signalled.add(name)
+                        self._system_print(f"sending SIGTERM to {name} (pid {pid})\n")
+                        try:
+                            os.kill(pid, signal.SIGTERM)
+                        except ProcessLookupError:
+                            pass
+                if not running:
+                    break
+                if time.monotonic() >= deadline:
+                    for name in running:
+                        self._kill_group(name)
+                    break
+                time.sleep(STOP_POLL_SECONDS)
+
+    def _kill_group(self, name: str) -> None:
+        pid = self._processes[name].get("pid")
+        self._system_print(f"{name} did not stop within {STOP_SECONDS:g}s of its SIGTERM: sending SIGKILL to its "
+                           f"process group (pid {pid})\n")
+        self.killed.append(name)
+        if pid:
+            try:
+                os.killpg(pid, signal.SIGKILL)  # (each process leads a session, and so a group, of its own)
+            except OSError:
+                pass  # already gone
+
+    def exit_status(self) -> int:
+        """0 after an asked-for stop where every process ended with status 0 (or by the SIGTERM it was
+        sent) and none had to be killed; 1 when one did not stop cleanly (a line names it); after a
+        process ended by itself, honcho's status (the first one to end: its exit status)."""
+        if not self.stop_requested:
+            return int(self.returncode or 0)
+        unclean = [f"{name} (rc={p.get('returncode')})" for name, p in self._processes.items()
+                   if name in self.killed or p.get("returncode") not in CLEAN_STOP]
+        if unclean:
+            self._system_print(f"did not stop cleanly: {', '.join(unclean)}\n")
+            return 1
+        return 0
 
 
 def main(argv: list[str]) -> int:
@@ -173,7 +244,7 @@ def main(argv: list[str]) -> int:
     # A closed terminal stops everything too (honcho itself handles SIGINT and SIGTERM only).
     signal.signal(signal.SIGHUP, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
     manager.loop()
-    return int(manager.returncode or 0)
+    return manager.exit_status()
 
 
 if __name__ == "__main__":

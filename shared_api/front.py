@@ -76,7 +76,8 @@ class BodyRefused(Exception):
 
 
 class ClientGone(Exception):
-    """The client disconnected before its body was read: there is no one to answer."""
+    """The client disconnected before its body was read, or (/v1) before its answer was ready:
+    there is no one to answer."""
 
 
 class FrontRequest:
@@ -205,6 +206,12 @@ async def read_body(scope: Scope, receive: Receive, limit: int, code: str, timeo
             parts.append(chunk)
         if not message.get("more_body"):
             return b"".join(parts)
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns when the client disconnects (once its body has been read, `receive` answers nothing else)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def response_headers(body: bytes, headers: list[tuple[bytes, bytes]] | None = None,
@@ -461,7 +468,9 @@ class Front:
         without Django's handler and middleware. Those cost a thread per request (the handler's
         ThreadSensitiveContext and the sync middlewares' hops): a tenant looping on 429 took the
         other tenants' reads from 2 ms to 27 ms p50 (docs/performance.md, "Hostile neighbours").
-        Refused from the headers as the guard refuses (401, 413), bodies bounded and timed."""
+        Refused from the headers as the guard refuses (401, 413), bodies bounded and timed. A
+        client that disconnects before its answer is ready cancels the view (`_unless_gone`), and
+        one that disconnects from a stream cancels its generator: either way a chat stops."""
         started = time.perf_counter()
         status = 500
         try:
@@ -500,7 +509,9 @@ class Front:
                         for name, value in headers.items()}
         request._body = raw  # (HttpRequest.body reads it)
         try:
-            response = await view(request)
+            response = await self._unless_gone(view(request), receive)
+        except ClientGone:
+            return 499  # the view was cancelled: it closed its device stream (a chat stops)
         except Exception:
             log.exception("internal error answering %s %s", scope["method"], scope["path"])
             await self._refuse(send, ServiceError(500, "internal_error", "internal error; see the gateway log"),
@@ -511,6 +522,24 @@ class Front:
             await self.refused_again(user.principal_id)
         await self._send_response(send, receive, response)
         return int(response.status_code)
+
+    @staticmethod
+    async def _unless_gone(answer: Awaitable[HttpResponseBase], receive: Receive) -> HttpResponseBase:
+        """The view's response, or ClientGone when the client disconnects first: the view is then
+        cancelled, as Django's ASGI handler cancels its views, and its cleanup closes its device
+        stream. A non-streamed chat waits minutes for its whole answer; without this, a client
+        that gave up left the device generating an answer nobody would read."""
+        loop = asyncio.get_running_loop()
+        answering, listening = asyncio.ensure_future(answer), loop.create_task(_disconnected(receive))
+        try:
+            await asyncio.wait((answering, listening), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (answering, listening):
+                task.cancel()  # (a no-op on a task that is done)
+            await asyncio.gather(answering, listening, return_exceptions=True)
+        if answering.cancelled():
+            raise ClientGone
+        return answering.result()  # (or the view's exception)
 
     @staticmethod
     async def _send_response(send: Send, receive: Receive | None, response: HttpResponseBase,
@@ -538,12 +567,8 @@ class Front:
                 await send({"type": "http.response.body", "body": part, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
 
-        async def disconnected() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-
         loop = asyncio.get_running_loop()
-        streaming, listening = loop.create_task(stream()), loop.create_task(disconnected())
+        streaming, listening = loop.create_task(stream()), loop.create_task(_disconnected(receive))
         try:
             await asyncio.wait((streaming, listening), return_when=asyncio.FIRST_COMPLETED)
         finally:

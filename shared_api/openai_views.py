@@ -334,6 +334,9 @@ async def _complete(request: HttpRequest, parse: Any, shape: Shape) -> HttpRespo
             await pending.close()
             return openai_error(503, "device_timeout", f"the completion took longer than {settings.AOTX_CHAT_TIMEOUT:g}s; "
                                                        "it was stopped (stream it to see tokens as they come)")
+        except asyncio.CancelledError:  # the client went away (the front cancels the view): the chat stops
+            await pending.close()
+            raise
         if msg["status"] != 200:
             return _device_error(msg)
         return HttpResponse(json.dumps(shape.whole(completion_id, created, args["model"], json.loads(msg["body"]))),
@@ -351,6 +354,9 @@ async def _complete(request: HttpRequest, parse: Any, shape: Shape) -> HttpRespo
     except asyncio.TimeoutError:
         await device.close()
         return openai_error(503, "device_timeout", "the device did not answer in time")
+    except asyncio.CancelledError:  # the client went away before the stream began: the chat stops
+        await device.close()
+        raise
     if first["status"] != 200:
         return _device_error(first)
     model = args["model"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import time
 from typing import Any
 
 from django.conf import settings
@@ -47,6 +48,17 @@ def ping(timeout: float = STATUS_TIMEOUT) -> dict[str, Any] | None:
     except ServiceError:
         return None
     return body if status == 200 and isinstance(body, dict) else None
+
+
+def wait_for_device(limit: float, interval: float = 0.5) -> bool:
+    """Whether the device answered a ping within `limit` seconds, asked every `interval` (Celery
+    beat waits so before its first run: aotx_site/celery.py)."""
+    deadline = time.monotonic() + limit
+    while ping() is None:
+        if time.monotonic() + interval > deadline:
+            return False
+        time.sleep(interval)
+    return True
 
 
 def request_status(request: Any) -> dict[str, Any] | None:

@@ -7,8 +7,9 @@ in settings.CELERY_BEAT_SCHEDULE; each can also be called with .delay()).
 - export_audit: `audit.export` writes the logical audit prefix to a file under the audit
   directory (settings.AOTX_AUDIT_DIR, var/audit by default); `manage.py verify_audit` checks it.
 
-A device that cannot be reached skips a run with a WARNING line (it is starting or down; the next
-run tries again); a device that refuses a command fails the task with its error."""
+Beat's first run waits until the device answers (aotx_site/celery.py): a start does not skip. After
+that, a device that cannot be reached skips a run with a WARNING line (it is down or restarting; the
+next run tries again); a device that refuses a command fails the task with its error."""
 from __future__ import annotations
 
 import datetime

@@ -35,10 +35,13 @@ FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 
 class Chats:
     """Numbers chat requests; each live chat is a subscription ("chat", number) whose frames are
-    its tokens (loop/subscriptions.py); its choices are the engine requests ("chat", number, i)."""
+    its tokens (loop/subscriptions.py); its choices are the engine requests ("chat", number, i).
+    Counts the tokens the engine generated for chats since boot (`ping`'s "chats"), those of a chat
+    whose client has gone included: ops see what the model spent, and whether a cancelled chat stopped."""
 
     def __init__(self) -> None:
         self._ids = itertools.count(1)
+        self.output_tokens = 0
 
     def next_id(self) -> tuple[str, int]:
         return ("chat", next(self._ids))
@@ -172,6 +175,8 @@ def event(d: Device, request_id: tuple[str, int, int], token: int | None, data: 
     """One engine event of a chat's choice: token bytes (streamed or collected) with their logprobs
     when asked for, or its end; the chat ends when all its choices have."""
     topic, index = (request_id[0], request_id[1]), request_id[2]
+    if token is not None:
+        d.chats.output_tokens += 1
     subs = d.subscriptions.of(topic)
     if not subs:
         return  # its client went away
@@ -217,6 +222,11 @@ def event(d: Device, request_id: tuple[str, int, int], token: int | None, data: 
     if len(rendered) > 1:
         body["choices"] = rendered
     d.subscriptions.end(sub, 200, dumps(body))
+
+
+def running(d: Device) -> int:
+    """The chats under way (each is one subscription until its last frame)."""
+    return sum(1 for sub in d.subscriptions.all() if sub.topic[0] == "chat")
 
 
 def connection_closed(d: Device, conn: object) -> None:

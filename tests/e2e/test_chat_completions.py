@@ -226,3 +226,38 @@ def test_embeddings_through_the_openai_sdk_match_the_memory_forward(stack):
     with pytest.raises(openai.BadRequestError) as dims:
         sdk.embeddings.create(model="tiny-bert", input="x", dimensions=8)
     assert dims.value.body["param"] == "dimensions"
+
+
+def device_status(stack):
+    """The device's `ping` (ops, no principal), straight from its socket."""
+    from gpu_worker.contract.client import Connection
+    with Connection(str(stack.journal / "service.sock"), connect_timeout=2, timeout=10) as connection:
+        return json.loads(connection.call("ping", None)["body"])
+
+
+def test_a_chat_whose_client_gave_up_before_its_answer_stops_on_the_device(stack):
+    """A non-streamed chat whose client closes its connection stops generating, as a streamed one
+    does: 12 clients that gave up at 3 s used to keep the device busy for over 30 s. Its principal is
+    paced (docs/grants.md, "Rates") so that the whole answer would take far longer than the wait."""
+    import socket
+    from tests.conftest import wait_for
+    out = stack.manage("principal", "create", "gives-up", "--actions", "chat", "--quota",
+                       "output_tokens_per_second=20", "--config", str(stack.config))
+    token = out.stdout.strip().splitlines()[-1]
+    wait_for(lambda: stack.http("POST", "/v1/chat/completions", {"model": "tiny-llama", "max_tokens": 1,
+                                                                 "messages": HELLO}, token=token)[0] == 200,
+             30, what="the device's grant for the new principal")
+    max_tokens = 2000  # 100 s of output at 20 tokens a second
+    before = device_status(stack)["chats"]["output_tokens"]
+    body = json.dumps({"model": "tiny-llama", "max_tokens": max_tokens, "temperature": 1,
+                       "messages": HELLO}).encode()
+    client = socket.create_connection(("127.0.0.1", stack.port), timeout=30)
+    client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                   + f"Authorization: Bearer {token}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    wait_for(lambda: (s := device_status(stack))["chats"]["running"] == 1 and s["chats"]["output_tokens"] > before,
+             30, what="the chat generating")
+    client.close()  # the client gives up
+    wait_for(lambda: (s := device_status(stack))["chats"]["running"] == 0 and s["kv"]["running"] == 0
+             and s["kv"]["waiting"] == 0, 60, what="the device no longer running the chat")
+    generated = device_status(stack)["chats"]["output_tokens"] - before
+    assert 0 < generated < max_tokens // 4, generated

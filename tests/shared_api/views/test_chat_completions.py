@@ -463,3 +463,49 @@ def test_a_streamed_chat_whose_client_goes_away_is_closed_on_the_device(device, 
     assert any(b'"content": "Hel"' in m.get("body", b"") for m in sent)
     wait_for(lambda: [r["op"] for r in device.requests] == [OP, "subscriptions.close"], timeout=5,
              what="the chat, then its close")
+
+
+def test_a_chat_whose_client_goes_away_before_its_answer_is_closed_on_the_device(device, people):
+    """A non-streamed chat waits for its whole answer; the client's http.disconnect meanwhile
+    cancels the view (as Django's ASGI handler does), and the device is told as for a stream
+    (`subscriptions.close`: the chat stops and frees its pages). Nothing is answered: no one reads it."""
+    import asyncio
+    from aotx_site.asgi import application
+    from shared_api import device_client
+
+    def handler(req):
+        if req["op"] == "subscriptions.close":
+            return 200, b'{"closed": true}'
+        return [{"status": 200, "body": b"", "more": True, "event": "accepted"}]  # and then nothing, for now
+
+    device.handler = handler
+    body = json.dumps(chat()).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": PATH, "raw_path": PATH.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"authorization", people["chatter"].authorization.encode()),
+                         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 50000), "server": ("testserver", 80)}
+    sent = []
+
+    async def go():
+        pieces = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive():
+            if pieces:
+                return pieces.pop()
+            while not any(r["op"] == OP for r in device.requests):  # the device has the chat...
+                await asyncio.sleep(0.01)
+            return {"type": "http.disconnect"}  # ...when the client goes away
+
+        async def send(message):
+            sent.append(message)
+        try:
+            await asyncio.wait_for(application(scope, receive, send), 10)
+        finally:
+            await device_client.aclose_loop()
+    async_to_sync(go)()
+    assert sent == []
+    wait_for(lambda: [r["op"] for r in device.requests] == [OP, "subscriptions.close"], timeout=5,
+             what="the chat, then its close")
+    chat_id = device.requests[0]["id"]
+    assert device.requests[1]["args"] == {"id": chat_id}
