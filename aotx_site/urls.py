@@ -1,11 +1,29 @@
 from django.contrib import admin
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
 from django.urls import include, path
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularJSONAPIView
 
 from shared_api import metrics, openai_views, ops_admin
+from shared_api.errors import error_response
 from shared_api.views import MediaView
 
+
+@csrf_exempt  # no session, no form: another method answers 405, not a CSRF 403
+def landing(request: HttpRequest) -> HttpResponse:
+    """GET / (and HEAD): a page saying where to go next — the admin console, the API reference,
+    /healthz, /metrics and a curl line for the capabilities — so that a browser pointed at the
+    gateway, or the admin's "View site", finds more than a 404 (templates/aotx/landing.html)."""
+    if request.method not in ("GET", "HEAD"):
+        return error_response(405, "method_not_allowed", f'Method "{request.method}" not allowed.',
+                              {"Allow": "GET, HEAD"})
+    return render(request, "aotx/landing.html",
+                  {"capabilities_url": request.build_absolute_uri("/aotx/v1/shared/capabilities")})
+
+
 urlpatterns = [
+    path("", landing, name="landing"),  # the landing page (the admin's "View site")
     path("aotx/v1/shared/", include("shared_api.urls")),
     path("aotx/v1/media/<str:sha256>", MediaView.as_view()),
     path("aotx/v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),

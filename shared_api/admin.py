@@ -22,10 +22,14 @@ from . import config
 from .device_client import DeviceClient
 from .errors import ServiceError
 from .grants import write_grant_file_for
-from .models import Principal
+from .models import Principal, describe_quotas
 from .streams import notify_principals
 
 STATUS_TIMEOUT = 2.0  # seconds the principal list waits for the device's status
+
+# The admin header's "View site": the gateway's landing page (GET /, aotx_site/urls.py `landing`), which
+# links the admin console, the API reference, /healthz and /metrics.
+admin.site.site_url = "/"
 
 
 class PrincipalForm(forms.ModelForm):
@@ -36,8 +40,9 @@ class PrincipalForm(forms.ModelForm):
         model = Principal
         fields = ("name", "actions", "quotas", "active")
         help_texts = {"quotas": "what this principal may hold at the device at once and how fast it may send, "
-                                "e.g. {\"spaces\": 10, \"requests_per_second\": 20}; "
-                                f"names: {', '.join(LIMITS)}; one left out is unlimited (docs/grants.md)",
+                                "e.g. {\"spaces\": 10, \"requests_per_second\": 20, \"chats\": null}; "
+                                f"names: {', '.join(LIMITS)}; one left out has its default, a fair share "
+                                "(docs/grants.md, \"Defaults\"); null: unlimited",
                       "active": "unticking revokes the principal and its token for good; ticking it again "
                                 "issues a new token"}
 
@@ -82,7 +87,7 @@ class PrincipalAdmin(admin.ModelAdmin):
 
     @admin.display(description="quotas")
     def quota_list(self, obj: Principal) -> str:
-        return ", ".join(f"{name}={limit}" for name, limit in sorted(obj.quotas.items())) or "unlimited"
+        return describe_quotas(obj.quotas)
 
     def save_model(self, request: Any, obj: Principal, form: Any, change: bool) -> None:
         """A new active principal gets its token; a revoked one made active again gets a new one."""

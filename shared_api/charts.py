@@ -2,7 +2,10 @@
 elsewhere: no CDN, no script). Each chart is one <figure class="aotx-chart"> with its title, an
 <svg> of one <polyline> per series and run of known values (a missing value breaks the line), a
 dashed line for a capacity, y grid lines with labels, the first and last sample's time, and a
-legend; `data-chart` names it and `data-points` counts its plotted values."""
+legend; `data-chart` names it and `data-points` counts its plotted values. The legend gives each
+series' last plotted value with the time of the sample it comes from ("last sample 10:42:05 UTC"):
+it is a stored sample, older than the live reading a page may show beside the chart, and the two
+would otherwise disagree without saying why."""
 from __future__ import annotations
 
 import datetime
@@ -36,6 +39,7 @@ class Chart:
     unit: str = ""  # "bytes", "/s", "ms" or "" (a count)
     note: str = ""  # shown instead of the plot when there is nothing to draw
     extra: dict[str, str] = field(default_factory=dict)
+    now: datetime.datetime | None = None  # the page's time: a legend's sample time on another day shows its date
 
     @property
     def points(self) -> int:
@@ -75,7 +79,19 @@ def _time(t: datetime.datetime, span: datetime.timedelta) -> str:
     return t.strftime("%Y-%m-%d %H:%M" if span >= datetime.timedelta(days=1) else "%H:%M:%S")
 
 
+def sample_time(t: datetime.datetime, today: datetime.date) -> str:
+    """When a sample was taken, in UTC: its time of day, with its date too when that is not `today`."""
+    utc = t.astimezone(datetime.timezone.utc) if t.tzinfo is not None else t
+    return utc.strftime("%H:%M:%S UTC" if utc.date() == today else "%Y-%m-%d %H:%M:%S UTC")
+
+
+def _last(points: Sequence[Point]) -> tuple[datetime.datetime, float] | None:
+    """A series' last known value and the time of its sample."""
+    return next(((t, v) for t, v in reversed(points) if v is not None), None)
+
+
 def render(chart: Chart) -> SafeString:
+    today = (chart.now or datetime.datetime.now(datetime.timezone.utc)).astimezone(datetime.timezone.utc).date()
     values = [v for s in chart.series for _, v in s.points if v is not None]
     times = [t for s in chart.series for t, v in s.points if v is not None]
     head = (f'<figure class="aotx-chart" data-chart="{escape(chart.slug)}" data-points="{chart.points}">'
@@ -108,6 +124,9 @@ def render(chart: Chart) -> SafeString:
                  f'<text x="{WIDTH - RIGHT}" y="{HEIGHT - 6}" text-anchor="end" fill="currentColor">'
                  f'{escape(_time(t1, span))} UTC</text>')
     legend = []
+    lasts = [_last(series.points) for series in chart.series]
+    last_times = {last[0] for last in lasts if last is not None}
+    shared_time = len(last_times) == 1  # one time for the whole legend, said once at its end
     for n, series in enumerate(chart.series):
         color = series.color or COLORS[n % len(COLORS)]
         dash = ' stroke-dasharray="5 3"' if series.dashed else ""
@@ -120,10 +139,16 @@ def render(chart: Chart) -> SafeString:
                 coords = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in run)
                 parts.append(f'<polyline class="aotx-series" data-series="{escape(series.label)}" fill="none" '
                              f'stroke="{color}" stroke-width="1.5"{dash} points="{coords}"/>')
-        last = next((v for _, v in reversed(series.points) if v is not None), None)
-        now = f": {escape(human(last, chart.unit))}" if last is not None else ""
+        last = lasts[n]
+        value = ""
+        if last is not None:
+            value = f": {escape(human(last[1], chart.unit))}"
+            if not shared_time:
+                value += f' <span class="aotx-sampled">(last sample {escape(sample_time(last[0], today))})</span>'
         legend.append(f'<li><span class="aotx-swatch" style="border-color:{color};'
-                      f'border-style:{"dashed" if series.dashed else "solid"}"></span>{escape(series.label)}{now}</li>')
+                      f'border-style:{"dashed" if series.dashed else "solid"}"></span>{escape(series.label)}{value}</li>')
+    if shared_time:
+        legend.append(f'<li class="aotx-sampled">(last sample {escape(sample_time(last_times.pop(), today))})</li>')
     parts.append("</svg>")
     return mark_safe(head + "".join(parts) + f'<ul class="aotx-legend">{"".join(legend)}</ul></figure>')
 

@@ -1,7 +1,8 @@
 """The admin console's operations pages (Django staff users; linked from the admin index):
 
 - capacity: charts over time from the stored CapacitySample rows (the Celery task
-  `sample_capacity`) and the device's current values from its `ping` at page load;
+  `sample_capacity`), their legends labelled with the time of the sample their values come from,
+  and the device's live reading from its `ping` at page load, labelled with that time;
 - receipts: every live receipt through the device's `ops.receipts`, filtered by participant, kind,
   status and save state, paged; one receipt (`ops.receipt`) with its save fields; its result bytes
   (`ops.result`) as text when they are UTF-8, else base64;
@@ -28,7 +29,7 @@ from gpu_worker.contract.limits import MAX_LIMIT
 from gpu_worker.contract.vocabulary import COMMANDS, TERMINAL_STATUSES
 
 from . import ops
-from .charts import Chart, Series, human, thin
+from .charts import Chart, Series, human, sample_time, thin
 from .errors import ServiceError
 from .models import CapacitySample
 
@@ -159,10 +160,14 @@ def capacity_view(request: HttpRequest) -> HttpResponse:
     samples = list(CapacitySample.objects.filter(taken_at__gte=since).order_by("taken_at"))
     count = len(samples)
     status = ops.request_status(request)
+    loaded_at = timezone.now()  # the live reading's time: the ping is asked for this page
     charts = capacity_charts(thin(samples, MAX_POINTS), status)
+    for chart in charts:  # legends say which sample their values come from (shared_api/charts.py)
+        chart.now = loaded_at
     return render(request, "aotx/ops/capacity.html", _context(
         request, "Device capacity", charts=charts, live=live_values(status) if status else None, hours=hours,
-        sample_count=count, ranges=(1, 6, 24, 24 * 7, 24 * 30)))
+        sample_count=count, ranges=(1, 6, 24, 24 * 7, 24 * 30),
+        loaded_at=sample_time(loaded_at, loaded_at.date())))
 
 
 # ---- receipts --------------------------------------------------------------------------------
