@@ -1,12 +1,16 @@
 """Hostile neighbours, in one run: a normal client's reads and mutations alone, then beside each
 hostile pattern, on one stack.
 
-    .venv/bin/python bench/neighbours.py [--seconds 8] [--only PATTERN,...] [--runtime F]
+    .venv/bin/python bench/neighbours.py [--seconds 8] [--only PATTERN,...] [--runtime F] [--default-principals]
 
 Setup: tests.harness.Stack — the real device on a tiny runtime packed with room for the run
 (receipts, conversations, spaces), `manage.py serve` in front. Principals: `normal` (the measured
-client, no quotas) and one hostile principal per pattern (`hostile-chat-prompts` has only `chat`,
-as in the attack), each under HOSTILE_QUOTAS (--no-quotas: none), as an operator would set them.
+client: every quota and rate `unlimited`, as an operator would set a trusted client whose closed
+loop makes ~800 requests and ~50,000 conversations a minute, past any fair share) and one hostile
+principal per pattern (`hostile-chat-prompts` has only `chat`, as in the attack), each under
+HOSTILE_QUOTAS, as an operator would set an untrusted tenant; with --default-principals, as
+`principal create` makes them without --quota: every quota and rate its default (docs/grants.md,
+"Defaults").
 
 The normal client (this process, one asyncio loop, an aotx_client AsyncClient each for reads and
 mutations, so sequences and lineage are the SDK's; it counts refusals rather than retrying them) runs
@@ -23,6 +27,8 @@ a closed loop of `GET /participant` (read) and `POST /spaces/{spc}/conversations
   media         2 concurrent uploads of distinct 8 MiB media sources, one after another;
   chat-flood    16 concurrent streamed chats of 256 tokens;
   input-flood   30 inputs of 64 tokens kept queued by one participant;
+  requests      16 connections in closed loops of `GET /participant`, as fast as they are answered
+                (refusals included);
   slow          200 connections that send a request's headers one byte every 2 s.
 
 Reported per phase: the normal client's read and mutation p50/p99 (ms) and their ratio to the
@@ -53,7 +59,7 @@ import httpx  # noqa: E402
 
 from aotx_client import ApiError, AsyncClient, GaveUp  # noqa: E402
 
-PATTERNS = ("bodies", "chat-prompts", "long-history", "media", "chat-flood", "input-flood", "slow")
+PATTERNS = ("bodies", "chat-prompts", "long-history", "media", "chat-flood", "input-flood", "requests", "slow")
 CAPACITY = {"participants": 64, "spaces": 4096, "conversations": 65536, "members": 1024, "receipts": 65536}
 MODEL = "tiny-llama"
 # What an operator gives a tenant it does not trust (`principal create --quota`): two chats and
@@ -97,6 +103,8 @@ async def hostile(pattern: str, port: int, token: str) -> None:
             await asyncio.gather(*(_chats(client, token, "tell me a story", 256, stream=True) for _ in range(16)))
         elif pattern == "media":
             await asyncio.gather(*(_media(client, token) for _ in range(2)))
+        elif pattern == "requests":
+            await asyncio.gather(*(_requests(client, token) for _ in range(16)))
         elif pattern == "slow":
             await _slow(port, 200)
         else:
@@ -153,6 +161,15 @@ async def _chats(client: httpx.AsyncClient, token: str, content: str, tokens: in
                         pass
             else:
                 await client.post("/v1/chat/completions", json=body, headers=headers)
+        except httpx.HTTPError:
+            await asyncio.sleep(0.05)
+
+
+async def _requests(client: httpx.AsyncClient, token: str) -> None:
+    headers = {"Authorization": f"Bearer {token}"}
+    while True:
+        try:
+            await client.get("/aotx/v1/shared/participant", headers=headers)
         except httpx.HTTPError:
             await asyncio.sleep(0.05)
 
@@ -307,7 +324,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--only", default=",".join(PATTERNS))
     parser.add_argument("--runtime", help="a shared runtime file to copy (default: a tiny one packed here)")
-    parser.add_argument("--no-quotas", action="store_true", help="hostile principals without quotas")
+    parser.add_argument("--default-principals", "--no-quotas", dest="default_principals", action="store_true",
+                        help="hostile principals created without --quota: every quota and rate its default "
+                             "(--no-quotas: the earlier name, when leaving them out meant unlimited)")
     parser.add_argument("--background-nice", type=int, help="the device's boot --background-nice (default: boot's)")
     parser.add_argument("--hostile", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -317,6 +336,7 @@ def main() -> None:
         asyncio.run(hostile(args.hostile, args.port, args.token))
         return
 
+    from gpu_worker.contract.grantfile import LIMITS
     from gpu_worker.pack import pack_tiny
     from tests.conftest import PYTHON, wait_for
     from tests.harness import Stack
@@ -331,11 +351,14 @@ def main() -> None:
         else:
             pack_tiny(str(runtime), shared=True, capacity=CAPACITY)
         stack = Stack(tmp, str(runtime))
-        normal = stack.principal("normal")
+        unlimited = [a for name in LIMITS for a in ("--quota", f"{name}=unlimited")]
+        normal = stack.manage("principal", "create", "normal", "--actions",
+                              "shared_read,shared_write,shared_manage,chat", *unlimited,
+                              "--config", str(stack.config)).stdout.strip().splitlines()[-1]
         tokens = {}
-        for p in patterns:  # each hostile principal under the quotas an operator would set (--no-quotas: none)
+        for p in patterns:  # each hostile principal under an operator's quotas (--default-principals: the defaults)
             actions = "chat" if p == "chat-prompts" else "shared_read,shared_write,shared_manage,chat"
-            quota_args = [] if args.no_quotas else [a for q in HOSTILE_QUOTAS for a in ("--quota", q)]
+            quota_args = [] if args.default_principals else [a for q in HOSTILE_QUOTAS for a in ("--quota", q)]
             out = stack.manage("principal", "create", f"hostile-{p}", "--actions", actions, *quota_args,
                                "--config", str(stack.config))
             tokens[p] = out.stdout.strip().splitlines()[-1]
@@ -375,7 +398,8 @@ def main() -> None:
         finally:
             stack.stop()
     print(f"normal client beside each pattern, {args.seconds:.0f} s a phase; ms; ratio to the client alone just "
-          f"before the pattern (its p99s under 'alone before')")
+          f"before the pattern (its p99s under 'alone before'); hostile principals: "
+          f"{'default principals' if args.default_principals else 'HOSTILE_QUOTAS'}")
     print(f"{'phase':<14} {'read p50':>9} {'read p99':>9} {'x':>6} {'write p50':>10} {'write p99':>10} {'x':>6}"
           f" {'alone before':>13} {'inputs ok':>10} {'RSS +MiB':>9}  errors")
     for name, r, alone in rows:

@@ -121,7 +121,7 @@ def admit(d: Device, msg: Message, kind: OperationKind, budget: int) -> tuple[in
         raise ServiceError(409, "participant_not_registered", "register the participant first (POST /participant)")
     if d.holds.current:
         raise d.holds.refusal(d.committer.writer.queued_bytes)
-    if code != _RETIREMENT and d.grants.quotas:  # (a grant file without quotas costs nothing here)
+    if code != _RETIREMENT:  # (every principal has a receipts limit: its own, or the default)
         quotas.check(d, principal, prow, "receipts")
     # one receipt slot stays in reserve so that a full table can always record a retirement, and
     # `registration_reserve` more so that a new participant can always register

@@ -23,7 +23,7 @@ from django.db.models.signals import post_delete, post_save
 from django.http import HttpRequest
 from rest_framework.authentication import BaseAuthentication
 
-from gpu_worker.contract.vocabulary import RATES
+from gpu_worker.contract.vocabulary import DEFAULT_RATES
 
 from . import config
 from .errors import WWW_AUTHENTICATE, ServiceError
@@ -37,8 +37,20 @@ class AuthenticatedPrincipal:
         self.name = principal.name
         self.principal_id = principal.principal_id
         self.actions = principal.current_actions()
-        # {rate name: limit per second} of its grant (shared_api/rates.py; unset: unlimited)
-        self.rates = {name: limit for name, limit in (principal.quotas or {}).items() if name in RATES}
+        # {rate name: limit per second} in force (shared_api/rates.py): its grant's, the default
+        # (DEFAULT_RATES) for one it leaves out, none for one it sets to null (unlimited)
+        self.rates = effective_rates(principal.quotas or {})
+
+
+def effective_rates(quotas: dict[str, int | None]) -> dict[str, int]:
+    """{rate name: limit per second} of a principal's quotas object: each rate it sets, the
+    default for each it leaves out, and no entry for one it sets to None (unlimited)."""
+    rates = {}
+    for name, default in DEFAULT_RATES.items():
+        limit = quotas.get(name, default)
+        if limit is not None:
+            rates[name] = limit
+    return rates
 
 
 GRANT_FILE_CHECK = 0.05  # seconds between two looks at the grant file

@@ -3,7 +3,8 @@ SHA-256 digests (they are 256-bit random values, so a fast hash is enough); the 
 shown once, when it is issued. A revoked principal's token dies with the revocation: its digest
 is replaced by one nobody holds, so reinstating it issues a new token (the old one is refused for
 good). Quotas (docs/grants.md) are what the principal may hold at the device at once, and how
-fast it may go (the rates); an unset one is unlimited. A row always has a principal ID, a token
+fast it may go (the rates): `quotas` holds those set for it, a number or None (unlimited); one it
+leaves out has the default (a fair share, docs/grants.md "Defaults"). A row always has a principal ID, a token
 digest and only valid actions (save() refuses anything else, and the database refuses empty IDs),
 so every row can go into the grant file the device reads."""
 from __future__ import annotations
@@ -40,7 +41,7 @@ class Principal(models.Model):
     principal_id = models.CharField(max_length=32, unique=True, editable=False, default=new_principal_id)
     token_hash = models.CharField(max_length=64, unique=True, editable=False)
     actions = models.JSONField(default=list)
-    quotas = models.JSONField(default=dict, blank=True)  # {quota name: limit}; absent: unlimited
+    quotas = models.JSONField(default=dict, blank=True)  # {name: limit, null: unlimited}; absent: the default
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -57,7 +58,8 @@ class Principal(models.Model):
         return self.name
 
     @classmethod
-    def create(cls, name: str, actions: list[str], quotas: dict[str, int] | None = None) -> tuple[Principal, str]:
+    def create(cls, name: str, actions: list[str],
+               quotas: dict[str, int | None] | None = None) -> tuple[Principal, str]:
         """Returns (principal, token); the token is never stored."""
         principal = cls(name=name, actions=actions, quotas=quotas or {})
         token = principal.rotate_token()
@@ -113,23 +115,44 @@ class Principal(models.Model):
         return frozenset(self.actions) if self.active else frozenset()
 
 
-def parse_quotas(values: list[str]) -> dict[str, int | None]:
-    """`--quota name=N` options: {name: N}, or {name: None} for `name=unlimited` (clears it)."""
-    out: dict[str, int | None] = {}
+DEFAULT = "default"  # parse_quotas' value for `NAME=default`: the setting goes, the default applies
+
+
+def parse_quotas(values: list[str]) -> dict[str, int | None | str]:
+    """`--quota name=N` options: {name: N}; {name: None} for `name=unlimited` (kept: unlimited is
+    said explicitly, since a quota left out has the default); {name: DEFAULT} for `name=default`
+    (the setting is removed). `apply_quotas` merges them into a principal's quotas."""
+    out: dict[str, int | None | str] = {}
     for value in values:
         name, sep, limit = value.partition("=")
         name = name.strip()
         if not sep or name not in LIMITS:
             raise ValueError(f"--quota {value!r}: expected NAME=N with NAME among {', '.join(LIMITS)}")
         limit = limit.strip()
-        if limit == "unlimited":
-            out[name] = None
+        if limit in ("unlimited", DEFAULT):
+            out[name] = None if limit == "unlimited" else DEFAULT
             continue
         if not limit.isdigit() or quota_problem({name: int(limit)}):
             raise ValueError(f"--quota {value!r}: N must be an integer from {int(name in RATES)} to 2^63-1, "
-                             "or 'unlimited'")
+                             "'unlimited' or 'default'")
         out[name] = int(limit)
     return out
+
+
+def apply_quotas(current: dict[str, int | None], changes: dict[str, int | None | str]) -> dict[str, int | None]:
+    """A principal's quotas after `--quota` changes (parse_quotas): each set to its number or to
+    None (unlimited); one changed to DEFAULT removed (it then has the default)."""
+    merged: dict[str, int | None | str] = {**current, **changes}
+    return {name: value for name, value in merged.items() if not isinstance(value, str)}
+
+
+def describe_quotas(quotas: dict[str, int | None]) -> str:
+    """A principal's quotas for people: `name=N` or `name=unlimited` for those set, and "defaults"
+    for the rest (the principal list, the admin's list)."""
+    set_ = [f"{name}={'unlimited' if limit is None else limit}" for name, limit in sorted(quotas.items())]
+    if not set_:
+        return "defaults"
+    return ", ".join(set_ + (["defaults for the rest"] if len(set_) < len(LIMITS) else []))
 
 
 def parse_actions(text: str) -> list[str]:

@@ -222,14 +222,17 @@ SCHEMAS = {
                         "disk_error": nullable({"type": "string"}),
                         "bytes": ref("Counter")}),
         "runtime": obj({"file_incarnation": ref("Hex32"), "generation": ref("Counter"), "boot": ref("Counter")}),
-        "quotas": obj({name: obj({"limit": nullable(ref("Counter")), "used": ref("Counter")}) for name in QUOTAS},
-                      description="the caller's own quotas from the grant file (`limit` null: unlimited) and what "
-                                  "it holds now (docs/grants.md)"),
-        "rates": obj({name: obj({"limit": nullable(ref("Counter"))}) for name in RATES},
-                     description="the caller's own rates from the grant file (`limit` null: unlimited), per "
-                                 "second: requests and body bytes (the gateway refuses past them, 429 "
-                                 "`rate_limited`, before it reads a body) and output tokens (the engine paces "
-                                 "generation); docs/grants.md"),
+        "quotas": obj({name: obj({"limit": nullable(ref("Counter")), "default": {"type": "boolean"},
+                                  "used": ref("Counter")}) for name in QUOTAS},
+                      description="the caller's own quotas in force (`limit` null: unlimited; `default` true when "
+                                  "the grant file leaves it out and the device's default, a quarter of the "
+                                  "runtime's capacity, applies) and what it holds now (docs/grants.md)"),
+        "rates": obj({name: obj({"limit": nullable(ref("Counter")), "default": {"type": "boolean"}}) for name in RATES},
+                     description="the caller's own rates in force (`limit` null: unlimited; `default` true when "
+                                 "the grant file leaves it out and the default rate applies), per second: "
+                                 "requests and body bytes (the gateway refuses past them, 429 `rate_limited`, "
+                                 "before it reads a body) and output tokens (the engine paces generation); "
+                                 "docs/grants.md"),
     }),
     "Error": obj({"error": obj({
         "code": {"type": "string"},
@@ -534,8 +537,9 @@ OPERATIONS = {  # keyed by the device command each route calls
     "capabilities": _read(
         "Capabilities", "Capabilities",
         description="Schema versions, models (name, digest, media types, automatic memory), limits, page grant, "
-                    "the caller's grants, its quotas with their current use (docs/grants.md) and the journal "
-                    "hold state."),
+                    "the caller's grants, its quotas and rates in force — each with whether it is the default, "
+                    "the fair share a principal gets for one its grant leaves out — with the quotas' current "
+                    "use (docs/grants.md), and the journal hold state."),
     "participant.get": _read(
         "The caller's own participant", "Participant",
         description="Registered or not; gives the lineage and next sequence every mutation needs."),

@@ -10,8 +10,9 @@ So a principal's grant may set
   requests_per_second    requests (every shared and /v1 route)
   body_bytes_per_second  request body bytes (Content-Length, or what a chunked body turned out to be)
 
-(the third rate, `output_tokens_per_second`, is the engine's: gpu_worker/engine/pacing.py),
-each a bucket that refills at its rate and holds one second's worth. A request passes when every
+(the third rate, `output_tokens_per_second`, is the engine's: gpu_worker/engine/pacing.py);
+one its grant leaves out has the default (DEFAULT_RATES, gpu_worker/contract/vocabulary.py), one
+set to null none (auth.effective_rates). Each is a bucket that refills at its rate and holds one second's worth. A request passes when every
 bucket of its principal holds its cost (one request, its body's bytes), or is full where the cost
 is more than a second's worth, and then takes its cost out — into debt in that case: an 8 MiB
 upload under a 2 MiB/s rate passes once the bucket is full, and the next request waits until the

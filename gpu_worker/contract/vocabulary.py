@@ -27,16 +27,22 @@ NOT_RETAINED = ("memory_full", "quota_exceeded", "no_room")
 TERMINAL_STATUSES = ("succeeded", "failed", "cancelled", "interrupted", "deadline_exceeded")
 HOLD_CAUSES = ("file_cap", "low_disk", "disk_full")
 # Per-principal quotas of the grant file (docs/grants.md): what one principal may hold at once.
-# Unset: unlimited (within the tables' capacities and the global reserve).
+# Left out: the default, a fair share of the runtime's capacities that the device computes
+# (gpu_worker/ops/quotas.py, `defaults`); null: unlimited (within the tables' capacities and the
+# global reserve).
 QUOTAS = ("receipts", "spaces", "conversations", "media_bytes", "chats", "queued_inputs", "kv_pages",
           "memory_rows")
 MAX_QUOTA = (1 << 63) - 1
 # Per-principal rates of the grant file (docs/grants.md), beside the quotas: how fast one principal
 # may send (enforced by the gateway from a request's headers, before it reads the body) and be
-# given output tokens (by the engine, which pauses its sequences). Unset: unlimited. Each is an
-# integer from 1 to MAX_QUOTA, per second.
+# given output tokens (by the engine, which pauses its sequences). Left out: DEFAULT_RATES; null:
+# unlimited. Each is an integer from 1 to MAX_QUOTA, per second.
 OUTPUT_TOKENS_RATE = "output_tokens_per_second"
 RATES = ("requests_per_second", "body_bytes_per_second", OUTPUT_TOKENS_RATE)
+# The rates of a principal whose grant leaves them out. Both processes need them (the gateway
+# enforces the first two, the engine the third), and they do not depend on the runtime, so they
+# live here; why these numbers: docs/performance.md, "Default principals".
+DEFAULT_RATES = {"requests_per_second": 200, "body_bytes_per_second": 4 << 20, OUTPUT_TOKENS_RATE: 50}
 
 
 @dataclass(frozen=True)

@@ -134,6 +134,7 @@ def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: in
     recorded = a.extra["conversation"]
     crow = conversations.by_id[(recorded[0], recorded[1])]
     conversations.inputs.setdefault(crow, []).append(rrow)
+    quotas.input_admitted(d, prow, rrow, a.extra["pages"])  # unfinished until its completion
     t = d.state.tables
     t.write_row(t.conversations, crow, {C.INPUTS: t.value(t.conversations, crow, C.INPUTS) + 1})
     return crow
@@ -152,8 +153,10 @@ def columns(d: Device, a: Admission) -> dict[int, int]:
 
 
 def saved(d: Device, rrow: int) -> None:
-    """Saved: it waits for its lease, and its event goes to the conversation's subscribers."""
-    d.executions.to_lease.append(rrow)
+    """Saved: it waits for its lease (its principal's turn: execution.LeaseQueue), and its event
+    goes to the conversation's subscribers."""
+    t = d.state.tables
+    d.executions.to_lease.append(rrow, t.value(t.receipts, rrow, R.PARTICIPANT))  # its principal's queue
     events.input_saved(d, rrow)
 
 

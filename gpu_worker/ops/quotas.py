@@ -2,8 +2,14 @@
 from the grant file beside its actions. The device is the authority: every check runs at
 admission, on the tick thread, before any row, receipt or transfer changes, and a principal over
 a quota gets 429 `quota_exceeded` naming it (`quota`, `limit`, `used`) with nothing changed.
-A quota the grant file does not set is unlimited (the tables' capacities and the receipt reserve
-for registrations still bound it).
+
+A quota the grant file does not set has its default (`defaults`): a quarter (DEFAULT_SHARE) of
+what the runtime holds in all, so that a principal created without quotas (`manage.py principal
+create`) cannot take every receipt, space, conversation or KV page from the others: three
+quarters of each stay for them. One set to null is unlimited (the tables' capacities and
+the receipt reserve for registrations still bound it). The gateway does not know the runtime,
+so the device computes these from its own capacities, and capabilities shows each limit in force
+with whether it is the default.
 
 What each counts, for the caller's participant:
 
@@ -21,10 +27,13 @@ What each counts, for the caller's participant:
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
 
 from ..contract.errors import ServiceError
-from ..contract.vocabulary import QUOTAS, RATES
+from ..contract.limits import MAX_MEDIA_BYTES
+from ..contract.vocabulary import DEFAULT_RATES, QUOTAS, RATES
 from ..state.tables import C, R, S, Terminal
 from .kind import Kind
 
@@ -32,15 +41,54 @@ if TYPE_CHECKING:
     from ..device import Device
 
 QUOTA_EXCEEDED = 429
+DEFAULT_SHARE = 4  # a principal's default quota is 1/DEFAULT_SHARE of the runtime's whole
+
+
+def sequences(runtime_profile: dict[str, Any]) -> int:
+    """Requests at the page grant that the KV pool runs at once (kv_pages // page_grant): the
+    runtime's capacity for chats and running inputs, which it has no table for."""
+    return max(1, runtime_profile["kv_pages"] // runtime_profile["page_grant"])
+
+
+def defaults(capacities: dict[str, int], runtime_profile: dict[str, Any], journal_file_cap: int) -> dict[str, int]:
+    """The table quotas of a principal whose grant leaves them out: a quarter of each whole (at
+    least one row of each table, so that a tiny table does not make a default principal useless).
+
+      receipts, spaces, conversations  a quarter of the table's capacity
+      memory_rows                      a quarter of the memory table
+      kv_pages                         a quarter of the KV pool, and at least the page grant (one
+                                       request as large as any may always run)
+      chats, queued_inputs             a quarter of `sequences` (at least 1 each)
+      media_bytes                      a quarter of journal_file_cap_bytes: the runtime sizes no
+                                       media store, and its sources live in the journal directory,
+                                       which the operator sized by that cap (at least one source
+                                       of the largest size, MAX_MEDIA_BYTES)
+    """
+    share = DEFAULT_SHARE
+    each = max(1, sequences(runtime_profile) // share)
+    return {"receipts": max(1, capacities["receipts"] // share), "spaces": max(1, capacities["spaces"] // share),
+            "conversations": max(1, capacities["conversations"] // share),
+            "media_bytes": max(MAX_MEDIA_BYTES, journal_file_cap // share),
+            "chats": each, "queued_inputs": each,
+            "kv_pages": max(runtime_profile["page_grant"], runtime_profile["kv_pages"] // share),
+            "memory_rows": max(1, capacities["memory"] // share)}
 
 
 class Usage:
     """Host-side counts the tables cannot give: uploads between their check and their saved
-    owner, chats between their check and their end. Both live on the tick thread."""
+    owner, chats between their check and their end. Both live on the tick thread. It also keeps
+    the device's default quotas, computed once per runtime file object (`limit` asks at every
+    admission)."""
 
     def __init__(self) -> None:
         self.media_in_flight: Counter[int] = Counter()  # participant row -> bytes of unsaved uploads
         self.chats_tokenizing: Counter[bytes] = Counter()  # principal -> chats not yet handed to the engine
+        self.defaults: tuple[object, dict[str, int]] | None = None  # (the runtime they are of, `defaults`)
+        # (the DeviceState it is of, {participant row: {receipt row: page limit}}) of the inputs
+        # without a terminal result: built by one scan of the receipt table when the state is new
+        # (boot, a rebuild after ENOSPC), then kept by `input_admitted` and `input_finished`, so
+        # that a queued_inputs or kv_pages check (every default principal has both) costs no scan
+        self.unfinished: tuple[object, dict[int, dict[int, int]]] | None = None
 
     def chat_prepared(self, principal: bytes) -> None:
         """A chat's prompt is tokenized (or an embedding request done): it stops counting here."""
@@ -82,14 +130,42 @@ def _chats(d: Device, principal: bytes, prow: int | None) -> int:
     return len(_chat_subscriptions(d, principal)) + d.usage.chats_tokenizing[principal]
 
 
+def _unfinished(d: Device) -> dict[int, dict[int, int]]:
+    """{participant row: {receipt row: page limit}} of the inputs without a terminal result."""
+    kept = d.usage.unfinished
+    if kept is not None and kept[0] is d.state:
+        return kept[1]
+    t = d.state.tables.receipts
+    mask = (t[:, R.STATE] == 1) & (t[:, R.KIND] == int(Kind.INPUT)) & (t[:, R.TERMINAL] == int(Terminal.NONE))
+    found: dict[int, dict[int, int]] = {}
+    for rrow in torch.nonzero(mask).flatten().tolist():
+        found.setdefault(int(t[rrow, R.PARTICIPANT]), {})[rrow] = int(t[rrow, R.PAGE_LIMIT])
+    d.usage.unfinished = (d.state, found)
+    return found
+
+
+def input_admitted(d: Device, prow: int, rrow: int, pages: int) -> None:
+    """An input's admission is applied (live or at replay): it counts as unfinished."""
+    kept = d.usage.unfinished
+    if kept is not None and kept[0] is d.state:  # (otherwise the next count scans the table)
+        kept[1].setdefault(prow, {})[rrow] = pages
+
+
+def input_finished(d: Device, prow: int, rrow: int) -> None:
+    """An input's terminal result is applied (live or at replay): it no longer counts."""
+    kept = d.usage.unfinished
+    if kept is not None and kept[0] is d.state:
+        mine = kept[1].get(prow)
+        if mine is not None:
+            mine.pop(rrow, None)
+            if not mine:
+                del kept[1][prow]
+
+
 def _unfinished_inputs(d: Device, prow: int | None) -> tuple[int, int]:
     """(count, page limits) of the participant's inputs without a terminal result."""
-    if prow is None:
-        return 0, 0
-    t = d.state.tables.receipts
-    mask = ((t[:, R.STATE] == 1) & (t[:, R.PARTICIPANT] == prow) & (t[:, R.KIND] == int(Kind.INPUT))
-            & (t[:, R.TERMINAL] == int(Terminal.NONE)))
-    return int(mask.sum()), int(t[mask, R.PAGE_LIMIT].sum())
+    mine = _unfinished(d).get(prow) if prow is not None else None
+    return (len(mine), sum(mine.values())) if mine else (0, 0)
 
 
 def _queued_inputs(d: Device, principal: bytes, prow: int | None) -> int:
@@ -114,36 +190,88 @@ COUNTS: dict[str, Callable[[Device, bytes, "int | None"], int]] = {
 assert tuple(COUNTS) == QUOTAS
 
 
+def _memory_table_rows(d: Device) -> int:
+    return d.state.memory.used()
+
+
+def _table_rows(table: str) -> Callable[[Device], int]:
+    def rows(d: Device) -> int:
+        index = getattr(d.state, table)
+        return d.state.capacities[table] - len(index.free)
+    return rows
+
+
+# Rows of the whole table in use (live or waiting for their receipts' retirement): never fewer
+# than one principal's count, and cheap, so a principal whose limit the whole table's use does not
+# reach is not counted row by row (the defaults give every principal a limit; a full count of a
+# large table is a scan at every admission).
+AT_MOST: dict[str, Callable[[Device], int]] = {
+    "receipts": _table_rows("receipts"), "spaces": _table_rows("spaces"), "conversations": _table_rows("conversations"),
+    "memory_rows": _memory_table_rows,
+}
+
+
+def limit(d: Device, principal: bytes, name: str) -> tuple[int | None, bool]:
+    """(the principal's limit `name` in force, None: unlimited; whether it is the default): the
+    grant file's setting, else the default (`defaults` for a table quota, DEFAULT_RATES for a rate)."""
+    found, value = d.grants.setting(principal.hex(), name)
+    if found:
+        return value, False
+    if name in DEFAULT_RATES:
+        return DEFAULT_RATES[name], True
+    cached, runtime = d.usage.defaults, d.runtime
+    if cached is None or cached[0] is not runtime:  # (a checkpoint reopens the file: the same numbers)
+        cached = d.usage.defaults = (runtime, defaults(d.state.capacities, runtime.runtime_profile,
+                                                       d.holds.file_cap))
+    return cached[1][name], True
+
+
 def allows(d: Device, principal: bytes, prow: int | None, name: str, adding: int = 1) -> bool:
     """Whether `adding` more of `name` stays within the principal's quota (no refusal)."""
-    limit = d.grants.quota(principal.hex(), name)
-    return limit is None or COUNTS[name](d, principal, prow) + adding <= limit
+    most, _ = limit(d, principal, name)
+    if most is None:
+        return True
+    bound = AT_MOST.get(name)
+    if bound is not None and bound(d) + adding <= most:
+        return True
+    return COUNTS[name](d, principal, prow) + adding <= most
 
 
 def check(d: Device, principal: bytes, prow: int | None, name: str, adding: int = 1) -> None:
     """Refuse (429 quota_exceeded) when `adding` more of `name` would pass the principal's quota;
-    nothing is counted when the quota is unset."""
-    limit = d.grants.quota(principal.hex(), name)
-    if limit is None:
+    nothing is counted when it is unlimited, or when the whole table's use is within it."""
+    most, _ = limit(d, principal, name)
+    if most is None:
+        return
+    bound = AT_MOST.get(name)
+    if bound is not None and bound(d) + adding <= most:
         return
     used = COUNTS[name](d, principal, prow)
-    if used + adding > limit:
+    if used + adding > most:
+        default = " (the default: docs/grants.md)" if limit(d, principal, name)[1] else ""
         raise ServiceError(QUOTA_EXCEEDED, "quota_exceeded",
-                           f"the {name} quota of this principal is {limit} and {used} are in use; "
-                           f"this needs {adding} more", quota=name, limit=str(limit), used=str(used))
+                           f"the {name} quota of this principal is {most}{default} and {used} are in use; "
+                           f"this needs {adding} more", quota=name, limit=str(most), used=str(used))
 
 
-def view(d: Device, principal: bytes, prow: int | None) -> dict[str, dict[str, str | None]]:
-    """Capabilities: every quota's limit (null: unlimited) and current use, as decimal strings."""
-    pid = principal.hex()
-    return {name: {"limit": None if (limit := d.grants.quota(pid, name)) is None else str(limit),
-                   "used": str(count(d, principal, prow))}
-            for name, count in COUNTS.items()}
+def view(d: Device, principal: bytes, prow: int | None) -> dict[str, dict[str, str | bool | None]]:
+    """Capabilities: every quota's limit in force (null: unlimited), whether it is the default
+    (the grant leaves it out), and current use; numbers as decimal strings."""
+    out: dict[str, dict[str, str | bool | None]] = {}
+    for name, count in COUNTS.items():
+        most, default = limit(d, principal, name)
+        out[name] = {"limit": None if most is None else str(most), "default": default,
+                     "used": str(count(d, principal, prow))}
+    return out
 
 
-def rates_view(d: Device, principal: bytes) -> dict[str, dict[str, str | None]]:
-    """Capabilities: the principal's rates (null: unlimited), as decimal strings. The gateway
-    enforces requests and body bytes (shared_api/rates.py), the engine output tokens
-    (engine/pacing.py); admission here does not count them."""
-    pid = principal.hex()
-    return {name: {"limit": None if (limit := d.grants.quota(pid, name)) is None else str(limit)} for name in RATES}
+def rates_view(d: Device, principal: bytes) -> dict[str, dict[str, str | bool | None]]:
+    """Capabilities: the principal's rates in force (null: unlimited) and whether each is the
+    default, as decimal strings. The gateway enforces requests and body bytes from the same
+    grant file and defaults (shared_api/rates.py), the engine output tokens (engine/pacing.py);
+    admission here does not count them."""
+    out: dict[str, dict[str, str | bool | None]] = {}
+    for name in RATES:
+        most, default = limit(d, principal, name)
+        out[name] = {"limit": None if most is None else str(most), "default": default}
+    return out

@@ -1,5 +1,6 @@
 """Hostile neighbours through the real gateway and device (issue 19): per-principal quotas set
-with `principal create/grant --quota` and shown in capabilities, deletion giving capacity back,
+with `principal create/grant --quota` and shown in capabilities, the defaults of a principal
+created without them (issue 35) and `--quota NAME=unlimited`, deletion giving capacity back,
 a revoked principal's old token refused for good, and chat-template control tokens in user text
 tokenized as text on both the native input route and /v1/chat/completions."""
 import base64
@@ -9,9 +10,11 @@ import time
 
 import pytest
 
+from gpu_worker.contract.limits import MAX_MEDIA_BYTES
+from gpu_worker.contract.vocabulary import DEFAULT_RATES, RATES
 from gpu_worker.memory import render
 from gpu_worker.engine.tokenizer import Tokenizer
-from gpu_worker.storage.runtime_file import RuntimeFile
+from gpu_worker.storage.runtime_file import DEFAULT_CAPACITIES, RuntimeFile
 from tests.conftest import wait_for
 from tests.e2e.test_inputs_http import mutate
 from tests.harness import Stack
@@ -57,22 +60,45 @@ def test_a_spaces_quota_answers_429_naming_it_and_deleting_gives_it_back(stack):
     assert status == 429 and body["error"]["code"] == "quota_exceeded" and body["error"]["quota"] == "spaces"
     assert json.loads(stack.http("GET", f"{BASE}/participant", token=token)[2]) == before  # nothing changed
     quotas = capabilities(stack, token)["quotas"]
-    assert quotas["spaces"] == {"limit": "1", "used": "1"}
-    assert quotas["receipts"]["limit"] == "50" and quotas["chats"]["limit"] is None
+    assert quotas["spaces"] == {"limit": "1", "default": False, "used": "1"}
+    assert quotas["receipts"]["limit"] == "50" and quotas["chats"]["default"] is True
     status, deletion = mutate(stack, token, f"/spaces/{space}/deletion", {})
     assert status == 202 and deletion["kind"] == "space.delete" and deletion["target"] == space
     assert stack.http("GET", f"{BASE}/spaces/{space}", token=token)[0] == 404
     assert capabilities(stack, token)["quotas"]["spaces"]["used"] == "0"
     assert mutate(stack, token, "/spaces", {})[0] == 202
-    # a principal without quotas is unlimited (within the tables and the registration reserve)
-    assert all(q["limit"] is None for q in capabilities(stack, stack.tokens["alice"])["quotas"].values())
+
+
+def test_a_principal_created_without_quotas_has_the_defaults_and_unlimited_only_when_said(stack):
+    runtime = RuntimeFile.open(str(stack.runtime))
+    capacities = {**DEFAULT_CAPACITIES, **runtime.shared_profile["capacities"]}
+    profile = runtime.runtime_profile
+    caps = capabilities(stack, stack.tokens["alice"])  # `principal create` without --quota
+    assert {name: q["limit"] for name, q in caps["quotas"].items() if q["default"]} == {
+        "receipts": str(capacities["receipts"] // 4), "spaces": str(capacities["spaces"] // 4),
+        "conversations": str(capacities["conversations"] // 4), "memory_rows": str(capacities["memory"] // 4),
+        "kv_pages": str(max(profile["page_grant"], profile["kv_pages"] // 4)),
+        "chats": str(max(1, profile["kv_pages"] // profile["page_grant"] // 4)),
+        "queued_inputs": str(max(1, profile["kv_pages"] // profile["page_grant"] // 4)),
+        "media_bytes": str(max(MAX_MEDIA_BYTES, runtime.shared_profile["journal_file_cap_bytes"] // 4))}
+    assert caps["rates"] == {name: {"limit": str(DEFAULT_RATES[name]), "default": True} for name in RATES}
+    out = stack.manage("principal", "create", "trusted", "--actions", "shared_read", "--quota", "spaces=unlimited",
+                       "--quota", "requests_per_second=unlimited", "--config", str(stack.config))
+    token = out.stdout.strip().splitlines()[-1]
+    wait_for(lambda: stack.http("GET", f"{BASE}/capabilities", token=token)[0] == 200, 10,
+             what="the device to reread the grant file")
+    trusted = capabilities(stack, token)
+    assert trusted["quotas"]["spaces"] == {"limit": None, "default": False, "used": "0"}
+    assert trusted["rates"]["requests_per_second"] == {"limit": None, "default": False}
+    assert trusted["quotas"]["conversations"]["default"] is True
 
 
 def test_a_body_past_the_principals_byte_rate_is_refused_from_its_headers_before_it_is_sent(stack):
     token = stack.tokens["hasty"]
-    assert capabilities(stack, token)["rates"] == {"requests_per_second": {"limit": "50"},
-                                                    "body_bytes_per_second": {"limit": "100000"},
-                                                    "output_tokens_per_second": {"limit": None}}
+    assert capabilities(stack, token)["rates"] == {
+        "requests_per_second": {"limit": "50", "default": False},
+        "body_bytes_per_second": {"limit": "100000", "default": False},
+        "output_tokens_per_second": {"limit": str(DEFAULT_RATES["output_tokens_per_second"]), "default": True}}
     body = json.dumps({"model": "tiny-llama", "messages": [{"role": "user", "content": "x " * 450_000}],
                        "max_tokens": 1}).encode()  # 900 KB: passes on a full bucket, leaving 8 s of debt
     head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"

@@ -158,7 +158,7 @@ def test_quotas_are_set_on_the_command_line_and_in_the_admin_and_reach_the_grant
     call_command("principal", "grant", "carol", "--quota", "spaces=unlimited", "--quota", "chats=2",
                  "--config", settings.AOTX_GATEWAY_CONFIG)
     _, quotas, _ = grantfile.parse_with_quotas(json.loads(admin.grants.read_text()))
-    assert quotas[carol.principal_id] == {"chats": 2, "kv_pages": 32}
+    assert quotas[carol.principal_id] == {"chats": 2, "kv_pages": 32, "spaces": None}  # None: unlimited
     before = admin.grants.read_bytes()
     for bad in ("spaces=-1", "bogus=3", "spaces"):
         with pytest.raises(CommandError, match="--quota"):
@@ -182,3 +182,38 @@ def test_a_quota_the_device_could_not_read_is_never_written(admin, settings):
     with pytest.raises(CommandError, match="quota spaces"):
         call_command("write_grants", "--config", settings.AOTX_GATEWAY_CONFIG)
     assert admin.grants.read_bytes() == before
+
+
+def test_a_principal_created_without_quotas_is_written_with_the_defaults_and_unlimited_only_when_said(
+        admin, settings, capsys):
+    config = settings.AOTX_GATEWAY_CONFIG
+    call_command("principal", "create", "dora", "--actions", "shared_read", "--config", config)
+    dora = Principal.objects.get(name="dora")
+    doc = json.loads(admin.grants.read_text())
+    assert doc["schema"] == grantfile.SCHEMA == "aotx.grants.v2"
+    assert "quotas" not in doc["principals"][dora.principal_id]  # every quota and rate: its default
+    assert grantfile.parse_with_quotas(doc)[1].get(dora.principal_id) is None
+    call_command("principal", "grant", "dora", "--quota", "spaces=unlimited", "--quota", "requests_per_second=9",
+                 "--config", config)
+    doc = json.loads(admin.grants.read_text())
+    assert doc["principals"][dora.principal_id]["quotas"] == {"requests_per_second": 9, "spaces": None}
+    call_command("principal", "grant", "dora", "--quota", "requests_per_second=default", "--config", config)
+    doc = json.loads(admin.grants.read_text())
+    assert doc["principals"][dora.principal_id]["quotas"] == {"spaces": None}  # back to its default
+    capsys.readouterr()
+    call_command("principal", "list")
+    assert capsys.readouterr().out.rstrip().endswith("spaces=unlimited, defaults for the rest")
+    assert "spaces=unlimited, defaults for the rest" in admin.get(LIST).content.decode()
+    with pytest.raises(CommandError, match="'unlimited' or 'default'"):
+        call_command("principal", "grant", "dora", "--quota", "spaces=none")
+
+
+def test_the_admin_form_takes_null_for_unlimited_and_an_empty_object_for_the_defaults(admin):
+    add(admin, "erin", ["shared_read"])
+    erin = Principal.objects.get(name="erin")
+    assert erin.quotas == {} and "defaults" in admin.get(LIST).content.decode()
+    change = f"/admin/shared_api/principal/{erin.pk}/change/"
+    admin.post(change, {"name": "erin", "actions": ["shared_read"], "quotas": '{"chats": null, "spaces": 4}',
+                        "active": "on"}, follow=True)
+    _, quotas, _ = grantfile.parse_with_quotas(json.loads(admin.grants.read_text()))
+    assert quotas[erin.principal_id] == {"chats": None, "spaces": 4}

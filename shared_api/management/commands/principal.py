@@ -5,13 +5,14 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from gpu_worker.contract.grantfile import GrantFileError
 from shared_api import config
 from shared_api.grants import write_grant_file_for
-from shared_api.models import Principal, parse_actions, parse_quotas
+from shared_api.models import Principal, apply_quotas, describe_quotas, parse_actions, parse_quotas
 from shared_api.streams import notify_principals
 
 
 class Command(BaseCommand):
-    help = ("Manage API principals: create NAME --actions a,b [--quota NAME=N ...] (prints the token once, "
-            "alone on the last line) | grant NAME [--actions a,b] [--quota NAME=N|unlimited ...] (a revoked "
+    help = ("Manage API principals: create NAME --actions a,b [--quota NAME=N|unlimited ...] (prints the token "
+            "once, alone on the last line; every quota and rate not given has its default, a fair share: "
+            "docs/grants.md) | grant NAME [--actions a,b] [--quota NAME=N|unlimited|default ...] (a revoked "
             "principal is reinstated with a NEW token, printed once) | revoke NAME [--actions a,b] (without "
             "--actions: no action and its token refused for good) | rotate NAME (new token, same principal id, "
             "printed once) | delete NAME | list. Quotas: docs/grants.md. With --config, the grant file is "
@@ -24,7 +25,9 @@ class Command(BaseCommand):
         parser.add_argument("--quota", action="append", default=[], metavar="NAME=N",
                             help="a per-principal quota (receipts, spaces, conversations, media_bytes, chats, "
                                  "queued_inputs, kv_pages, memory_rows) or rate (requests_per_second, "
-                                 "body_bytes_per_second, output_tokens_per_second); N=unlimited clears it; repeatable")
+                                 "body_bytes_per_second, output_tokens_per_second); N=unlimited lifts it, "
+                                 "N=default gives it back its default (the fair share every quota and rate "
+                                 "not given has: docs/grants.md); repeatable")
         parser.add_argument("--config", help="gateway.json; rewrite its grant file after the change")
 
     def handle(self, *args: Any, **opts: Any) -> None:
@@ -38,9 +41,8 @@ class Command(BaseCommand):
             raise CommandError("--quota goes with principal create or grant")
         if verb == "list":
             for p in Principal.objects.all():
-                limits = ",".join(f"{k}={v}" for k, v in sorted(p.quotas.items())) or "-"
                 self.stdout.write(f"{p.name}\t{p.principal_id}\t{','.join(p.actions)}\t"
-                                  f"{'active' if p.active else 'revoked'}\t{limits}")
+                                  f"{'active' if p.active else 'revoked'}\t{describe_quotas(p.quotas)}")
             return
         if not name:
             raise CommandError(f"principal {verb} needs a NAME")
@@ -48,7 +50,7 @@ class Command(BaseCommand):
         if verb == "create":
             if Principal.objects.filter(name=name).exists():
                 raise CommandError(f"principal {name!r} already exists")
-            _, token = Principal.create(name, actions, {k: v for k, v in quotas.items() if v is not None})
+            _, token = Principal.create(name, actions, apply_quotas({}, quotas))
         else:
             principal = Principal.objects.filter(name=name).first()
             if principal is None:
@@ -62,7 +64,7 @@ class Command(BaseCommand):
                 token = principal.rotate_token()
             elif verb == "grant":
                 principal.actions = sorted(set(principal.actions) | set(actions))
-                principal.quotas = {k: v for k, v in {**principal.quotas, **quotas}.items() if v is not None}
+                principal.quotas = apply_quotas(principal.quotas, quotas)
                 if not principal.active:
                     token = principal.reinstate()
             elif actions:

@@ -90,7 +90,7 @@ def test_a_deleted_conversation_and_space_are_gone_and_their_capacity_comes_back
     assert world.device.state.tables.usage()["spaces"] == 1
     world.space("owner")
     assert code(world.mutate("owner", "spaces.create", "/spaces", {})) == (429, "quota_exceeded")
-    world.set_quotas("owner")
+    world.set_quotas("owner", spaces=None, conversations=None)  # unlimited: the table's own bound
     assert code(world.mutate("owner", "spaces.create", "/spaces", {})) == (507, "space_capacity")
     # retiring the receipts that name the deleted space and conversation gives the rows back
     me = world.read("owner", "participant.get")[1]
@@ -109,6 +109,7 @@ def test_a_deleted_conversation_and_space_are_gone_and_their_capacity_comes_back
 
 
 def test_deletion_replays_after_a_restart_and_after_a_checkpoint(world):
+    world.set_quotas("owner", spaces=None)  # both rows of the table (the default share is one)
     space = world.space("owner")
     con = conversation(world, "owner", space)["target"]
     _, deletion = delete_conversation(world, "owner", con)

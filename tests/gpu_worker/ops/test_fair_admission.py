@@ -1,10 +1,13 @@
-"""Fair admission at the device (engine/scheduler.py): inputs and chats queue per principal, FIFO
-within one and round-robin across them, so one principal's flood of queued inputs cannot hold
-another's single input back until the flood drains, while both share the KV pool."""
+"""Fair admission at the device: inputs are leased (execution.py, LeaseQueue) and admitted into
+the engine (engine/scheduler.py) per principal, FIFO within one and round-robin across them, so
+one principal's flood of queued inputs cannot hold another's single input back until the flood
+drains, nor start the flood's deadlines before the engine can serve them, while both share the KV
+pool."""
 import threading
 
 import pytest
 
+from gpu_worker.execution import LEASE_AHEAD
 from gpu_worker.pack import pack_tiny
 from gpu_worker.state.tables import R
 from tests.gpu_worker.ops.test_inputs import EngineWorld
@@ -44,7 +47,7 @@ def test_one_principals_flood_does_not_push_anothers_input_behind_it(world):
     _, single_con = world.conversation("single")
     flood = [world.say("flood", flood_con, f"flood {i}", max_output_tokens=4)[1] for i in range(6)]
     single = world.say("single", single_con, "just one", max_output_tokens=4)[1]
-    world.pump(lambda: len(handed) == 7)
+    world.pump(lambda: len(handed) == LEASE_AHEAD + 1)  # the flood's first ones, and the single input
     every = flood + [single]
     rows = {r["operation"]: world.device.state.receipts.by_op[bytes.fromhex(r["operation"].split("-")[2])]
             for r in every}
@@ -55,6 +58,7 @@ def test_one_principals_flood_does_not_push_anothers_input_behind_it(world):
     gate.set()
     world.pump(lambda: all(world.finished(name, r["operation"])()
                            for name, r in [("flood", f) for f in flood] + [("single", single)]), timeout=120)
+    assert len(handed) == 7
     rows = {world.device.state.receipts.by_op[bytes.fromhex(r["operation"].split("-")[2])]: r for r in every}
     admitted = [rows[request_id[1]]["operation"] for request_id in order]
     flood_ops = [r["operation"] for r in flood]
@@ -64,3 +68,36 @@ def test_one_principals_flood_does_not_push_anothers_input_behind_it(world):
     assert admitted.index(single["operation"]) < admitted.index(flood_ops[-1])
     for name, r in [("flood", f) for f in flood] + [("single", single)]:
         assert world.read(name, "operations.get", operation=r["operation"])[1]["terminal"]["status"] == "succeeded"
+
+
+def gate_engine(world):
+    """The engine does not step until the returned event is set: nothing leased starts generating."""
+    gate = threading.Event()
+    engine = world.device.runner.engine
+    step = engine.step
+    engine.step = lambda: (gate.wait(60), step())[1]
+    return gate
+
+
+def test_one_principals_backlog_waits_unleased_and_anothers_input_is_leased_before_it(world):
+    gate = gate_engine(world)
+    _, flood_con = world.conversation("flood")
+    _, single_con = world.conversation("single")
+    flood = [world.say("flood", flood_con, f"flood {i}", max_output_tokens=4)[1]["operation"] for i in range(6)]
+    world.pump(lambda: not world.device.executions.leasable())  # the flood leased what it may
+    single = world.say("single", single_con, "just one", max_output_tokens=4)[1]["operation"]
+    t = world.device.state.tables
+
+    def lease(op):  # the journal sequence of the input's saved lease, 0 while it has none
+        return t.value(t.receipts, world.device.state.receipts.by_op[bytes.fromhex(op.split("-")[2])], R.LEASE)
+    world.pump(lambda: lease(single))
+    # the single input is leased (its deadline runs) at its first turn; of the flood, only the first
+    # LEASE_AHEAD are, in order: the rest wait for theirs, their deadlines not started
+    assert [op for op in flood if lease(op)] == flood[:LEASE_AHEAD]
+    assert len(world.device.executions.to_lease) == len(flood) - LEASE_AHEAD
+    gate.set()
+    world.pump(lambda: all(world.finished("flood", op)() for op in flood) and world.finished("single", single)(),
+               timeout=120)
+    assert all(lease(single) < lease(op) for op in flood[LEASE_AHEAD:])  # leased before the backlog
+    for name, op in [("flood", op) for op in flood] + [("single", single)]:
+        assert world.read(name, "operations.get", operation=op)[1]["terminal"]["status"] == "succeeded"

@@ -1,13 +1,19 @@
 """Per-principal quotas at the device (ops/quotas.py, docs/grants.md): read from the grant file,
 checked at admission before anything changes, 429 `quota_exceeded` naming the quota, shown with
-their use in capabilities; the receipt reserve that keeps registration open to new principals."""
+their use in capabilities; the defaults (a quarter of the runtime's capacities) of a principal
+whose grant leaves them out, null for unlimited, v1 files read as they were meant; the receipt
+reserve that keeps registration open to new principals."""
 import hashlib
+import json
 import os
 import threading
+import time
 
 import pytest
 
 from gpu_worker.contract import grantfile
+from gpu_worker.contract.limits import MAX_MEDIA_BYTES
+from gpu_worker.contract.vocabulary import DEFAULT_RATES, QUOTAS, RATES
 from gpu_worker.ops import chat
 from gpu_worker.pack import pack_tiny
 from gpu_worker.storage.committer import Batch
@@ -67,8 +73,9 @@ def test_a_spaces_quota_refuses_the_next_space_naming_it_and_changes_nothing(wor
     assert state_of(world, "a") == before  # no receipt, no row, the same next sequence
     world.space("b")  # another principal is not bound by a's quota
     caps = world.read("a", "capabilities")[1]["quotas"]
-    assert caps["spaces"] == {"limit": "2", "used": "2"}
-    assert caps["conversations"] == {"limit": None, "used": "0"}  # unset: unlimited
+    assert caps["spaces"] == {"limit": "2", "default": False, "used": "2"}
+    capacity = world.device.state.capacities["conversations"]  # unset: the default, a quarter of the table
+    assert caps["conversations"] == {"limit": str(capacity // 4), "default": True, "used": "0"}
     world.set_quotas("a", spaces=3)  # a rewritten grant file applies on the next tick
     world.space("a")
 
@@ -80,7 +87,8 @@ def test_a_conversations_quota_counts_the_conversations_a_principal_created(worl
     before = state_of(world, "a")
     refused(world.mutate("a", "conversations.create", f"/spaces/{space}/conversations", {}), "conversations")
     assert state_of(world, "a") == before
-    assert world.read("a", "capabilities")[1]["quotas"]["conversations"] == {"limit": "1", "used": "1"}
+    assert world.read("a", "capabilities")[1]["quotas"]["conversations"] == {"limit": "1", "default": False,
+                                                                             "used": "1"}
 
 
 def test_a_receipts_quota_is_freed_by_retirement_which_it_never_refuses(world):
@@ -90,7 +98,7 @@ def test_a_receipts_quota_is_freed_by_retirement_which_it_never_refuses(world):
     refused(world.mutate("a", "spaces.create", "/spaces", {}), "receipts")
     status, retirement = world.mutate("a", "retirements.record", "/retirements", {"retry_floor": "3"})
     assert status == 202  # over its quota, a retirement still goes through: it is what frees receipts
-    assert world.read("a", "capabilities")[1]["quotas"]["receipts"] == {"limit": "3", "used": "2"}
+    assert world.read("a", "capabilities")[1]["quotas"]["receipts"] == {"limit": "3", "default": False, "used": "2"}
     world.space("a")
 
 
@@ -112,6 +120,7 @@ def test_the_receipt_reserve_keeps_registration_open_when_others_filled_the_tabl
     pack_tiny(runtime, shared=True, capacity={"receipts": 128})  # a reserve of 128 // 64 = 2 slots
     w = QuotaWorld(runtime, tmp_path, ["filler"])
     try:
+        w.set_quotas("filler", receipts=None)  # unlimited: the table's own bounds, not the default's
         assert w.device.registration_reserve == 2
         status = 202
         while status == 202:
@@ -165,7 +174,7 @@ def test_queued_inputs_and_kv_pages_quotas_count_unfinished_inputs(engine_world)
     before = state_of(w, "a")
     refused(w.say("a", con, "three", pages=1, max_output_tokens=4), "queued_inputs")
     assert state_of(w, "a") == before
-    assert w.read("a", "capabilities")[1]["quotas"]["kv_pages"] == {"limit": "20", "used": "16"}
+    assert w.read("a", "capabilities")[1]["quotas"]["kv_pages"] == {"limit": "20", "default": False, "used": "16"}
     gate.set()
     w.pump(w.finished("a", second["operation"]))
     w.pump(lambda: w.read("a", "capabilities")[1]["quotas"]["queued_inputs"]["used"] == "0")
@@ -207,10 +216,110 @@ def test_a_chats_pages_count_with_the_principals_unfinished_inputs_against_kv_pa
 
 
 def test_capabilities_show_the_principals_rates_from_the_grant_file_which_the_device_does_not_enforce(world):
-    world.set_quotas("a", requests_per_second=5, body_bytes_per_second=1 << 20)
+    world.set_quotas("a", requests_per_second=5, body_bytes_per_second=1 << 20, output_tokens_per_second=None)
     caps = world.read("a", "capabilities")[1]
-    assert caps["rates"] == {"requests_per_second": {"limit": "5"}, "body_bytes_per_second": {"limit": str(1 << 20)},
-                             "output_tokens_per_second": {"limit": None}}
-    assert all(r["limit"] is None for r in world.read("b", "capabilities")[1]["rates"].values())
+    assert caps["rates"] == {"requests_per_second": {"limit": "5", "default": False},
+                             "body_bytes_per_second": {"limit": str(1 << 20), "default": False},
+                             "output_tokens_per_second": {"limit": None, "default": False}}
+    assert world.read("b", "capabilities")[1]["rates"] == {  # b's grant sets none: the defaults
+        name: {"limit": str(DEFAULT_RATES[name]), "default": True} for name in RATES}
     for _ in range(8):  # the gateway enforces rates; the device admits what reaches it
         world.space("a")
+
+
+# ---- defaults (issue 35): a principal whose grant sets nothing gets a fair share ---------------
+
+@pytest.fixture
+def small_world(tmp_path):
+    """Tables of 8 spaces, 16 conversations and 64 receipts: a default principal gets 2, 4 and 16."""
+    runtime = str(tmp_path / "small.aotxccir")
+    pack_tiny(runtime, shared=True, capacity={"spaces": 8, "conversations": 16, "receipts": 64})
+    w = QuotaWorld(runtime, tmp_path, ["a", "b", "c"])
+    yield w
+    w.device.close()
+
+
+def test_a_principal_whose_grant_sets_nothing_has_a_quarter_of_each_capacity_shown_as_the_default(small_world):
+    w = small_world
+    d = w.device
+    profile, caps = d.runtime.runtime_profile, d.state.capacities
+    quotas = w.read("a", "capabilities")[1]["quotas"]
+    expected = {"receipts": caps["receipts"] // 4, "spaces": caps["spaces"] // 4,
+                "conversations": caps["conversations"] // 4, "memory_rows": caps["memory"] // 4,
+                "kv_pages": max(profile["page_grant"], profile["kv_pages"] // 4),
+                "chats": max(1, profile["kv_pages"] // profile["page_grant"] // 4),
+                "queued_inputs": max(1, profile["kv_pages"] // profile["page_grant"] // 4),
+                "media_bytes": max(MAX_MEDIA_BYTES, d.runtime.shared_profile["journal_file_cap_bytes"] // 4)}
+    assert {name: (q["limit"], q["default"]) for name, q in quotas.items()} == {
+        name: (str(expected[name]), True) for name in QUOTAS}
+    assert (expected["spaces"], expected["conversations"], expected["receipts"]) == (2, 4, 16)
+
+
+def test_a_default_principal_is_refused_past_its_share_and_leaves_the_rest_to_the_others(small_world):
+    w = small_world
+    w.space("a")
+    space = w.space("a")
+    error = refused(w.mutate("a", "spaces.create", "/spaces", {}), "spaces")
+    assert (error["limit"], error["used"]) == ("2", "2") and "default" in error["message"]
+    for _ in range(4):
+        assert w.mutate("a", "conversations.create", f"/spaces/{space}/conversations", {})[0] == 202
+    refused(w.mutate("a", "conversations.create", f"/spaces/{space}/conversations", {}), "conversations")
+    # what a could not take is there for the others: without defaults a would have had every row
+    for name in ("b", "c"):
+        other = w.space(name)
+        assert w.mutate(name, "conversations.create", f"/spaces/{other}/conversations", {})[0] == 202
+
+
+def test_a_default_principal_holds_a_quarter_of_the_receipts(small_world):
+    w = small_world
+    w.set_quotas("a", conversations=None)  # here only the receipts default bounds it
+    space = w.space("a")  # with its registration, 2 receipts
+    for _ in range(14):
+        assert w.mutate("a", "conversations.create", f"/spaces/{space}/conversations", {})[0] == 202
+    error = refused(w.mutate("a", "conversations.create", f"/spaces/{space}/conversations", {}), "receipts")
+    assert (error["limit"], error["used"]) == ("16", "16")
+    assert len(w.device.state.receipts.free) > 16  # refused by its share, not by a full table
+
+
+def test_null_in_the_grant_file_is_unlimited_and_said_so_explicitly(small_world):
+    w = small_world
+    w.set_quotas("a", spaces=None)
+    assert w.read("a", "capabilities")[1]["quotas"]["spaces"] == {"limit": None, "default": False, "used": "0"}
+    for _ in range(3):  # past the default of 2
+        w.space("a")
+    doc = json.loads(open(w.grants_path).read())
+    assert doc["schema"] == grantfile.SCHEMA
+    assert doc["principals"][w.principals["a"]]["quotas"] == {"spaces": None}  # null: unlimited
+    assert "quotas" not in doc["principals"][w.principals["b"]]  # left out: the defaults
+
+
+def test_a_v1_grant_file_is_read_as_it_was_meant_every_quota_it_leaves_out_unlimited(small_world):
+    w = small_world
+    doc = {"schema": grantfile.SCHEMA_V1, "written_at_ns": time.time_ns(), "principals": {
+        w.principals["a"]: {"name": "a", "actions": ALL, "quotas": {"conversations": 1}},
+        w.principals["b"]: {"name": "b", "actions": ALL}, w.principals["c"]: {"name": "c", "actions": ALL}}}
+    with open(w.grants_path, "w") as f:
+        json.dump(doc, f)
+    w.device.idle()
+    quotas = w.read("a", "capabilities")[1]["quotas"]
+    assert quotas["conversations"] == {"limit": "1", "default": False, "used": "0"}
+    assert all(q == {"limit": None, "default": False, "used": q["used"]}
+               for name, q in quotas.items() if name != "conversations")
+    assert all(r == {"limit": None, "default": False} for r in w.read("b", "capabilities")[1]["rates"].values())
+    for _ in range(3):  # b may take more than the default share, as a v1 file meant
+        w.space("b")
+
+
+def test_the_default_queued_inputs_and_chats_are_a_quarter_of_what_the_kv_pool_runs_at_the_page_grant(engine_world):
+    w = engine_world  # a pool of 64 pages at a page grant of 16: 4 requests, so 1 each
+    gate = hold_engine(w)
+    _, con = w.conversation("a")
+    assert w.say("a", con, "one", pages=1, max_output_tokens=4)[0] == 202
+    error = refused(w.say("a", con, "two", pages=1, max_output_tokens=4), "queued_inputs")
+    assert (error["limit"], error["used"]) == ("1", "1")
+    _, other = w.conversation("b")
+    assert w.say("b", other, "mine", pages=1, max_output_tokens=4)[0] == 202  # b's share is its own
+    assert start_chat(w, "b", 1) == []
+    [(_, reply)] = start_chat(w, "b", 2)
+    assert reply["status"] == 429 and b'"quota":"chats"' in reply["body"] and b'"limit":"1"' in reply["body"]
+    gate.set()

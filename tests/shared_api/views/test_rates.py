@@ -8,10 +8,11 @@ import pytest
 from asgiref.sync import async_to_sync
 
 from gpu_worker.contract.grantfile import quota_problem
-from gpu_worker.contract.vocabulary import CHAT, READ, WRITE
+from gpu_worker.contract.vocabulary import CHAT, DEFAULT_RATES, OUTPUT_TOKENS_RATE, READ, WRITE
 from shared_api import device_client, rates
+from shared_api.auth import effective_rates
 from shared_api.errors import ServiceError
-from shared_api.models import Principal, parse_quotas
+from shared_api.models import DEFAULT, Principal, apply_quotas, parse_quotas
 from shared_api.rates import MAX_TRACKED, RateLimiter, retry_headers
 from shared_api.refusals import RefusalBackoff
 from tests.conftest import Clock
@@ -113,6 +114,16 @@ def test_rates_are_grant_limits_of_at_least_one():
         parse_quotas([f"{REQUESTS}=0"])
 
 
+def test_a_rate_left_out_has_its_default_and_one_set_to_null_is_unlimited():
+    assert effective_rates({}) == DEFAULT_RATES
+    assert effective_rates({REQUESTS: None, BYTES: 5}) == {BYTES: 5,
+                                                           OUTPUT_TOKENS_RATE: DEFAULT_RATES[OUTPUT_TOKENS_RATE]}
+    assert quota_problem({REQUESTS: None, "spaces": None}) is None  # null: unlimited, said explicitly
+    changes = parse_quotas([f"{REQUESTS}=unlimited", f"{BYTES}=default", "spaces=3"])
+    assert changes == {REQUESTS: None, BYTES: DEFAULT, "spaces": 3}
+    assert apply_quotas({BYTES: 10, "chats": 1}, changes) == {REQUESTS: None, "spaces": 3, "chats": 1}
+
+
 # ---- through the front ---------------------------------------------------------------------------
 
 @pytest.fixture
@@ -198,6 +209,27 @@ def test_the_openai_routes_refuse_past_the_rate_in_openais_shape_with_retry_afte
     assert refused["Retry-After"] == "1" and refused["Retry-After-Ms"] == "1000"
     assert refused["Connection"] == "close"  # its body was not read
     assert len(device.requests) == before
+
+
+def test_a_principal_created_without_rates_is_held_to_the_default_request_rate(gateway, device, db, front):
+    principal, token = Principal.create("plain", [READ])  # as `principal create` makes it: no quotas
+    plain = Persona("plain", principal.principal_id, token)
+    limit = DEFAULT_RATES[REQUESTS]
+    for _ in range(limit - 1):  # (the front's bucket for it: the stopped clock refills nothing)
+        rates.limiter().admit(plain.principal_id, {REQUESTS: limit}, 0)
+    assert gateway.get(f"{BASE}/participant", plain).status_code == 200  # the second's last request
+    refused = gateway.get(f"{BASE}/participant", plain)
+    assert_error(refused, 429, "rate_limited", quota=REQUESTS, limit=str(limit))
+    assert len(device.requests) == 1
+
+
+def test_a_rate_set_to_unlimited_is_never_refused(gateway, device, db, front):
+    principal, token = Principal.create("free", [READ], {REQUESTS: None, BYTES: None})
+    free = Persona("free", principal.principal_id, token)
+    limit = DEFAULT_RATES[REQUESTS]
+    for _ in range(limit):  # what would have spent a default principal's second
+        rates.limiter().admit(free.principal_id, {REQUESTS: limit}, 0)
+    assert gateway.get(f"{BASE}/participant", free).status_code == 200
 
 
 def test_opening_an_event_stream_counts_as_a_request(gateway, device, db, front):
