@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import tempfile
@@ -42,13 +43,11 @@ MAX_RATE = 80_000  # registrations/s no device here reaches: each phase has this
 if Path(sys.path[0]).resolve() == ROOT / "bench":  # run as a script: bench/http.py would shadow http
     sys.path[0] = str(ROOT)
 
-from gpu_worker.state import ids  # noqa: E402
 from gpu_worker.admission import Admission  # noqa: E402
 from gpu_worker.ops.kind import Kind  # noqa: E402
 from gpu_worker.storage.journal import MAX_DATA, MAX_RECORDS_PER_TICK, PART_HEADER_SIZE, record_count  # noqa: E402
 from gpu_worker.pack import pack_tiny  # noqa: E402
 from gpu_worker.contract.wire import LENGTH, decode_payload, encode_frame  # noqa: E402
-from gpu_worker.storage.runtime_file import RuntimeFile  # noqa: E402
 
 
 RECORD_BYTES = PART_HEADER_SIZE + MAX_DATA
@@ -76,8 +75,25 @@ def process_cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def registration_frame(incarnation, principal, req_id):
-    lineage = ids.lineage(incarnation, principal).hex()
+def lineages(sock_path, principals, batch=1000):
+    """Each principal's lineage as the device gives it (participant.get, pipelined on one
+    connection): a fresh state's first boot starts its line of history with a random nonce
+    (docs/checkpoint.md, "Lineages after a restore"), so it cannot be computed from the file."""
+    found = {}
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(sock_path)
+        for start in range(0, len(principals), batch):
+            chunk = principals[start:start + batch]
+            s.sendall(b"".join(encode_frame({"v": 1, "id": start + i, "op": "participant.get",
+                                             "principal": p.hex(), "args": {}}) for i, p in enumerate(chunk)))
+            for _ in chunk:
+                (n,) = LENGTH.unpack(s.recv(4, socket.MSG_WAITALL))
+                reply = decode_payload(s.recv(n, socket.MSG_WAITALL))
+                found[reply["id"]] = json.loads(reply["body"])["lineage"]
+    return [found[i] for i in range(len(principals))]
+
+
+def registration_frame(lineage, principal, req_id):
     body = {"schema": "aotx.shared.mutation.v1", "lineage": lineage, "operation_key": secrets.token_hex(16),
             "sequence": "1"}
     canonical = rfc8785.dumps({"method": "POST", "path": "/aotx/v1/shared/participant", "body": body})
@@ -142,12 +158,10 @@ def main():
     runtime = base / "bench.aotxccir"
     pack_tiny(str(runtime), shared=True, capacity={"participants": n_principals, "receipts": n_principals,
                                                     "command_bytes": 512, "result_bytes": 16})
-    incarnation = RuntimeFile.open(str(runtime), verify=False).incarnation
     principals = [secrets.token_bytes(16) for _ in range(n_principals)]
     grants = base / "grants.json"
     grants.write_text(json.dumps({"schema": "aotx.grants.v1", "written_at_ns": time.time_ns(), "principals": {
         p.hex(): {"name": "bench", "actions": ["shared_read", "shared_write"]} for p in principals}}))
-    frames = [registration_frame(incarnation, p, i) for i, p in enumerate(principals, 1)]
     sample = Admission(int(Kind.PARTICIPANT_REGISTER), principals[0], 1, b"\1" * 16, b"\2" * 16, b"\3" * 16,
                        rfc8785.dumps({"method": "POST", "path": "/aotx/v1/shared/participant", "body": {
                            "schema": "aotx.shared.mutation.v1", "lineage": "0" * 32, "operation_key": "1" * 32,
@@ -174,6 +188,8 @@ def main():
             time.sleep(0.05)
         print(f"device pid {device.pid}", file=sys.stderr, flush=True)
         sock = str(journal / "service.sock")
+        frames = [registration_frame(lineage, p, i)
+                  for i, (p, lineage) in enumerate(zip(principals, lineages(sock, principals)), 1)]
         rows = []
         for c in client_counts:
             phase_fsync = raw_fdatasync_rate(str(base), 1.5, tick_bytes)

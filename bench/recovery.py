@@ -17,7 +17,6 @@ import rfc8785
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)  # not bench/: bench/http.py would shadow the standard library http
 
-from gpu_worker.state import ids  # noqa: E402
 from gpu_worker.device import Device  # noqa: E402
 from gpu_worker.contract.grantfile import Grants  # noqa: E402
 from gpu_worker.storage.journal import list_segments  # noqa: E402
@@ -51,7 +50,7 @@ def build(base, transfers):
     write_grants(grants, {p.hex(): ["shared_read", "shared_write"] for p in principals})
     journal = str(base / "journal")
     device = Device(RuntimeFile.open(runtime), journal, Grants(grants))
-    lineages = [ids.lineage(device.state.incarnation, p).hex() for p in principals]
+    lineages = [device.state.participants.lineage_of(p).hex() for p in principals]
     inbox = collections.deque()
     made, sequence = 1, 1  # the boot transfer
     while made < transfers:

@@ -61,13 +61,13 @@ def main():
     runtime = base / "bench.aotxccir"
     pack_tiny(str(runtime), shared=True, capacity={"participants": n, "receipts": n, "command_bytes": 512,
                                                     "result_bytes": 16})
-    incarnation = RuntimeFile.open(str(runtime), verify=False).incarnation
     principals = [secrets.token_bytes(16) for _ in range(n)]
     grants = base / "grants.json"
     grants.write_text(json.dumps({"schema": "aotx.grants.v1", "written_at_ns": time.time_ns(), "principals": {
         p.hex(): {"name": "bench", "actions": ["shared_read", "shared_write"]} for p in principals}}))
     device = Device(RuntimeFile.open(str(runtime)), str(base / "journal"), Grants(str(grants)), fs=NoSyncLayer())
-    payloads = [registration_frame(incarnation, p, i)[4:] for i, p in enumerate(principals, 1)]  # as sockio hands them
+    lineages = [device.state.participants.lineage_of(p).hex() for p in principals]
+    payloads = [registration_frame(lineage, p, i)[4:] for i, (p, lineage) in enumerate(zip(principals, lineages), 1)]  # as sockio hands them
     committer = device.committer
     gc.freeze()  # as boot does once the device is ready
     best = collections.defaultdict(lambda: float("inf"))

@@ -4,7 +4,8 @@ to the tables (live and at replay, the same code); and the save fields once it i
 
 Order of the checks: grant (403), command bytes (400), lineage (409 `stale_lineage`), retry floor
 (410), exact retry (200) or changed bytes (409 `operation_changed`), future sequence (409), key in
-use (409), registration (409 `participant_not_registered`), hold (429), the principal's receipts
+use (409), registration (409 `participant_not_registered`), hold (429; not for a cancellation
+while the journal can be written), the principal's receipts
 quota (429 `quota_exceeded`, ops/quotas.py; never for a retirement), receipt table (507; the last
 slot is a retirement's, and `registration_reserve` slots before it are new participants'
 registrations'), then the kind's own checks (its quotas among them). Nothing changes unless all
@@ -42,7 +43,7 @@ assert all(cols == tuple(range(cols[0], cols[0] + 4)) for cols in SAVE_COLUMNS)
 assert SAVE_COLUMNS[1][0] == SAVE_COLUMNS[0][0] + 4
 ADMISSION_ONLY, ADMISSION_AND_TERMINAL = (0,), (0, 1)
 # Plain ints for the per-request path (an IntEnum member read costs ~80 ns on Python 3.11).
-_REGISTER, _RETIREMENT = int(Kind.PARTICIPANT_REGISTER), int(Kind.RETIREMENT)
+_REGISTER, _RETIREMENT, _CANCELLATION = int(Kind.PARTICIPANT_REGISTER), int(Kind.RETIREMENT), int(Kind.CANCELLATION)
 _SUCCEEDED, _JOURNAL = int(Terminal.SUCCEEDED), int(Source.JOURNAL)
 _ADMISSION_TRANSFER = int(TransferKind.ADMISSION)
 _RECEIPT_WIDTH = width(R)
@@ -84,8 +85,8 @@ def admit(d: Device, msg: Message, kind: OperationKind, budget: int) -> tuple[in
     if not (type(lineage) is str and type(key) is str and HEX32_MATCH(key)
             and type(sequence) is int and type(canonical) is bytes):
         raise ServiceError(400, "bad_command", "mutation lacks lineage, operation_key, sequence or canonical bytes")
-    if len(canonical) > d.command_bytes:
-        raise ServiceError(400, "command_too_large",
+    if len(canonical) > d.command_bytes:  # a payload too large for its receipt (413, as for a body)
+        raise ServiceError(413, "command_too_large",
                            f"canonical operation is {len(canonical)} bytes; the limit is {d.command_bytes}")
     state = d.state
     participants = state.participants
@@ -119,7 +120,10 @@ def admit(d: Device, msg: Message, kind: OperationKind, budget: int) -> tuple[in
     code = kind.code
     if code != _REGISTER and prow is None:
         raise ServiceError(409, "participant_not_registered", "register the participant first (POST /participant)")
-    if d.holds.current:
+    # a hold refuses every new mutation but a cancellation while the journal can be written (a
+    # file_cap or low_disk hold): one small admission that ends its target's output, memory and
+    # completion, which would otherwise still be journaled (docs/checkpoint.md, "Journal holds")
+    if d.holds.current and not (code == _CANCELLATION and d.holds.writable):
         raise d.holds.refusal(d.committer.writer.queued_bytes)
     if code != _RETIREMENT:  # (every principal has a receipts limit: its own, or the default)
         quotas.check(d, principal, prow, "receipts")
@@ -131,8 +135,8 @@ def admit(d: Device, msg: Message, kind: OperationKind, budget: int) -> tuple[in
                            "the receipt table is full; record a retirement (POST /retirements) to free receipts"
                            + ("" if free < 2 else " (the rest is held back for new participants' registrations)"))
     extra = kind.check(d, principal, prow, args, key_raw, sequence)
-    admission = Admission(code, principal, sequence, key_raw, ids.operation(state.incarnation, state.admissions + 1),
-                          canonical, extra)
+    op = ids.operation(state.incarnation, state.admissions + 1, participants.nonce)  # its line of history's
+    admission = Admission(code, principal, sequence, key_raw, op, canonical, extra)
     payload = admission.encode()
     records = record_count(len(payload))
     if records > budget and budget < MAX_RECORDS_PER_TICK:

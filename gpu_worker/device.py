@@ -66,7 +66,8 @@ class Device:
         self.model_digest = runtime.model_digest("gen")
         profile = runtime.shared_profile
         if profile is None:
-            raise DeviceBootError(f"runtime file {runtime.path} has no shared profile; run pack --shared")
+            raise DeviceBootError(f"runtime file {runtime.path} has no shared profile; enable shared operation with "
+                                  f"`python -m gpu_worker pack --runtime {runtime.path} --shared`, then boot again")
         runtime.check_bootable()
         # a profile packed before memory and history existed gets their default capacities
         self.capacities: dict[str, int] = {**runtime_file.DEFAULT_CAPACITIES, **profile["capacities"]}
@@ -87,6 +88,8 @@ class Device:
         self.grants: Grants = cast(Grants, grants)
         self.grant_problem: str | None = None  # why the last grant-file reload failed, while it does
         self.fs = fs or OsFileLayer()
+        # the runtime file's writes in place (its checkpoints: storage/runtime_file.append); tests inject crashes
+        self.runtime_fs: FileLayer = OsFileLayer()
         self.journal_dir = journal_dir
         self.holds = Holds(self.fs, journal_dir, profile["journal_file_cap_bytes"],
                            runtime.runtime_profile["min_free_disk_bytes"], self._journal_hold)
@@ -104,8 +107,8 @@ class Device:
         started = time.perf_counter()
         try:
             recovery = self._load()
-            if serve:
-                self._check_fresh_grants()
+            new_lineage = self._check_fresh_grants() if serve else False
+            media.recover_bytes(self)  # a restore finds the media bytes in the checkpoint (ops/media.py)
             self.committer = Committer(self, self._open_writer(recovery))
         except BaseException:
             self.lock.release()
@@ -119,8 +122,13 @@ class Device:
             state.boot += 1
             state.last_boot_ns = time.time_ns()
             state.save_generation = state.generation
-            self.append(TransferKind.BOOT, msgpack.packb(
-                {"boot": state.boot, "generation": state.generation, "at_ns": state.last_boot_ns}))
+            boot: dict[str, Any] = {"boot": state.boot, "generation": state.generation, "at_ns": state.last_boot_ns}
+            if new_lineage:  # docs/checkpoint.md, "Lineages after a restore"
+                boot["lineage"] = [state.admissions + 1, os.urandom(16)]
+                state.participants.start_lineage(*boot["lineage"])
+                log.info("boot %d starts line of history %d at admission %d: every participant has a new lineage",
+                         state.boot, len(state.participants.starts), state.admissions + 1)
+            self.append(TransferKind.BOOT, msgpack.packb(boot))
             execution.interrupt_unfinished(self)
             for incident in state.hold_incidents:  # a hold still open when the device stopped
                 if incident["ended_ns"] is None:
@@ -168,6 +176,9 @@ class Device:
         state.boot = info["boot"]
         state.save_generation = info["generation"]
         state.last_boot_ns = info.get("at_ns", 0)
+        if "lineage" in info:  # this boot started a line of history (a first boot, or a restore)
+            first, nonce = info["lineage"]
+            state.participants.start_lineage(first, nonce)
 
     def _replay_admission(self, transfer: Transfer) -> None:
         a = admission.Admission.decode(transfer.payload)
@@ -187,16 +198,24 @@ class Device:
     def _replay_hold(self, transfer: Transfer) -> None:
         holds.apply(self.state.hold_incidents, msgpack.unpackb(transfer.payload, raw=False))
 
-    def _check_fresh_grants(self) -> None:
+    def _check_fresh_grants(self) -> bool:
         """SPEC: restore requires fresh deployment grants. A restart (this runtime file on its own
         journal directory, storage/owner.py) needs none, as long as the grant file is not older
         than the one its last boot accepted; a restore (any other journal directory, or a copy of
         the file) needs a grant file written after the file's last boot. Then the journal's owner
-        marker names this file and this boot (docs/checkpoint.md, "Restart and restore")."""
+        marker names this file and this boot (docs/checkpoint.md, "Restart and restore").
+
+        Whether this boot starts a new line of history (True): the first boot of a state, and
+        every restore — the journal it continues may have lost a tail whose operation IDs and
+        sequences clients hold, so every participant gets a new lineage (docs/checkpoint.md,
+        "Lineages after a restore"); and a restart after a boot that started a line but stopped
+        before recording it (the marker counts one line more than the saved state)."""
         from .storage import owner  # imported here: this method is the one owner of the rule
 
         state, grants, directory = self.state, self.grants, self.journal_dir
         marker = owner.read(directory)
+        lines = len(state.participants.starts)
+        new_lineage = not state.last_boot_ns  # a state never booted: its first line
         if state.last_boot_ns:  # booted before: a restart or a restore
             why = owner.why_not_own(marker, directory, self.incarnation_hex, self.runtime.inode, state.boot)
             if why is None:
@@ -206,13 +225,17 @@ class Device:
                         f"grant file {grants.path} is older than the one this device accepted at its last boot "
                         f"(written_at_ns {grants.written_at_ns} < {marker.grants_written_at_ns}); run "
                         "`python manage.py write_grants --config gateway.json`, then boot again")
+                new_lineage = marker.lineages > lines
             elif grants.written_at_ns <= state.last_boot_ns:
                 raise DeviceBootError(
                     f"restore requires fresh deployment grants: {why}, so this boot is a restore, and "
                     f"{grants.path} was written before this runtime file's last boot; run "
                     "`python manage.py write_grants --config gateway.json`, then boot again")
+            else:
+                new_lineage = True
         owner.write(directory, owner.Owner(self.incarnation_hex, self.runtime.inode, state.boot + 1,
-                                           grants.written_at_ns))
+                                           grants.written_at_ns, lines + new_lineage))
+        return new_lineage
 
     def close(self) -> None:
         self.committer.writer.close()
@@ -312,14 +335,20 @@ class Device:
     def refuse_unsaved(self, err: JournalIOError, batches: list[Batch]) -> list[Reply]:
         """ENOSPC while saving a tick: the writer cut the journal back to its durable end. Nothing
         unsaved survives, so rebuild the state from what is saved, hold, and refuse every
-        admission of the unsaved batches; their other replies are answered from the saved state."""
+        admission of the unsaved batches; their other replies are answered from the saved state.
+        Every input left unfinished ends `interrupted` once the journal takes writes again
+        (execution.interrupt_after_failure), and each operation stream finds its receipt again
+        (events.state_rebuilt)."""
         log.warning("journal write failed (%s); rebuilding from the saved state and holding", err)
-        execution.stop_all(self)  # their unsaved outputs are gone: they end at the next boot
+        execution.stop_all(self)  # their unsaved leases and outputs are gone
         media.refuse_waiting(self)  # uploads whose owner was not saved
         self.committer.writer.close()
         self.runtime = runtime_file.RuntimeFile.open(self.runtime.path, verify=False)
         self.committer.writer = self._open_writer(self._load())
+        media.recover_bytes(self)
         self.holds.disk_full(str(err))
+        execution.interrupt_after_failure(self)
+        events.state_rebuilt(self)
         refusal = self.holds.refusal(self.committer.writer.queued_bytes,
                                      "the journal cannot save new operations right now (no space left on device); "
                                      "retry later")
@@ -447,8 +476,9 @@ class Device:
 
     def journal_state(self) -> dict[str, Any]:
         held = self.holds.current or {}
-        return {"hold": bool(held), "cause": held.get("cause"), "since_ns": held.get("since_ns"),
-                "pending_bytes": self.committer.writer.queued_bytes, "disk_error": held.get("disk_error"),
+        since = held.get("since_ns")
+        return {"hold": bool(held), "cause": held.get("cause"), "since_ns": None if since is None else str(since),
+                "pending_bytes": str(self.committer.writer.queued_bytes), "disk_error": held.get("disk_error"),
                 "bytes": str(self.journal_bytes), "file_cap_bytes": str(self.holds.file_cap),
                 "checkpoint_seq": str(self.state.checkpoint_seq)}
 

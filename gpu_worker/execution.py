@@ -2,9 +2,10 @@
 and recovery"), each step a journal transfer made saved before the next starts:
 
   LEASE       lease rows (storage/leases.py: the revision and retention mode its admission
-              recorded) once the admission is saved and its principal's turn comes (`LeaseQueue`);
-              the execution deadline starts when this lease is applied (saved), and covers
-              everything below
+              recorded) once the admission is saved, the input before it in its conversation
+              has its saved terminal, and its principal's turn comes (`LeaseQueue`); the
+              execution deadline starts when this lease is applied (saved), and covers
+              everything below, up to the append of its COMPLETION
   (memory)    the query is embedded (helper thread), the conversation's memory owner recalled
               (tick thread, bounded by the memory capacity) and rendered per the revision
   MEMORY      the input's source text retained as a memory row (or why not: a full table, a quota)
@@ -13,7 +14,12 @@ and recovery"), each step a journal transfer made saved before the next starts:
   MEMORY      retention mode 2: the same model's interpretation of the turn
   COMPLETION  terminal status, finish reason and token counts
 
-Leases are fair per principal (the participant's): saved admissions wait per principal, FIFO
+One conversation runs one input at a time, in conversation order (DESIGN §8): only succeeded
+turns enter a prompt, so the next input waits, unleased and cancellable, until the one before has
+its saved terminal, and its prompt then holds that turn. Its deadline does not run meanwhile (SPEC:
+it starts when the lease is applied; DESIGN's "its deadline running" yields to it).
+
+Leases are fair per principal (the participant's): ready admissions wait per principal, FIFO
 within one and round-robin across them, and a principal's next input is leased only while fewer
 than LEASE_AHEAD of its leased inputs have not started generating. Everything after the lease —
 the embedding and the prompt on helper threads, a place in the engine's queue — runs on the
@@ -23,8 +29,10 @@ its next turn, not behind the backlog, and does not share the helper threads wit
 
 Readers see result bytes only once their OUTPUT transfer is saved. An input whose admission was
 saved but which has no COMPLETION when the device restarts becomes `interrupted` at boot and is
-never run again, so it never repeats its memory input; a cancellation stops what is still to do
-and leaves memory already written. Replay applies the same transfers through the same functions.
+never run again, so it never repeats its memory input; so does every unfinished input once the
+journal takes writes again after an ENOSPC rebuilt the state (`interrupt_after_failure`). A
+cancellation stops what is still to do and leaves memory already written. Replay applies the same
+transfers through the same functions.
 """
 from __future__ import annotations
 
@@ -92,19 +100,38 @@ class Execution:
 
 
 class LeaseQueue:
-    """Receipt rows whose admission is saved, awaiting a lease, per participant row: FIFO within
-    one, round-robin across them (the dict's order is the turn order: the first is next; one that
-    is given a lease goes to the back)."""
+    """Receipt rows whose admission is saved, awaiting a lease.
+
+    One conversation, one input at a time (DESIGN §8): the input whose turn it is in its
+    conversation (`turn`) keeps it from its saved admission through its lease and its run until
+    its terminal is saved (`finished`); the inputs behind it wait per conversation, in conversation
+    order (`waiting`), unleased, so their deadlines have not started (SPEC: the deadline starts
+    when the lease is applied). An input whose turn it is is ready: ready inputs wait per
+    participant row, FIFO within one (in the order they became ready) and round-robin across them
+    (the dict's order is the turn order: the first is next; one that is given a lease goes to the
+    back)."""
 
     def __init__(self) -> None:
-        self.queues: dict[int, deque[int]] = {}
-        self.owner: dict[int, int] = {}  # receipt row -> its participant row
+        self.queues: dict[int, deque[int]] = {}   # participant row -> its ready inputs
+        self.owner: dict[int, int] = {}           # receipt row (ready or waiting) -> its participant row
+        self.conversation: dict[int, int] = {}    # receipt row (ready or waiting) -> its conversation row
+        self.turn: dict[int, int] = {}            # conversation row -> its input whose turn it is
+        self.waiting: dict[int, deque[int]] = {}  # conversation row -> its inputs behind that one
 
-    def append(self, rrow: int, prow: int) -> None:
+    def append(self, rrow: int, prow: int, crow: int) -> None:
+        """A saved admission (admissions are saved in conversation order)."""
         self.owner[rrow] = prow
+        self.conversation[rrow] = crow
+        if crow in self.turn:
+            self.waiting.setdefault(crow, deque()).append(rrow)
+        else:
+            self.turn[crow] = rrow
+            self._ready(rrow, prow)
+
+    def _ready(self, rrow: int, prow: int) -> None:
         queue = self.queues.get(prow)
         if queue is None:
-            queue = self.queues[prow] = deque()  # one with nothing waiting joins at the back
+            queue = self.queues[prow] = deque()  # one with nothing ready joins at the back
         queue.append(rrow)
 
     def __len__(self) -> int:
@@ -114,20 +141,46 @@ class LeaseQueue:
         return rrow in self.owner
 
     def remove(self, rrow: int) -> None:
+        """A cancelled input leaves the queue before its lease; one whose turn it was keeps the
+        turn until its terminal (`cancelled`) is saved."""
         prow = self.owner.pop(rrow)
-        queue = self.queues[prow]
-        queue.remove(rrow)
-        if not queue:
-            del self.queues[prow]
+        crow = self.conversation.pop(rrow)
+        if self.turn.get(crow) == rrow:
+            queue = self.queues[prow]
+            queue.remove(rrow)
+            if not queue:
+                del self.queues[prow]
+        else:
+            waiting = self.waiting[crow]
+            waiting.remove(rrow)
+            if not waiting:
+                del self.waiting[crow]
 
     def take(self, prow: int) -> int:
-        """The head of this participant's queue, which goes to the back of the turn order."""
+        """The head of this participant's ready inputs, which goes to the back of the turn order
+        (and keeps its conversation's turn)."""
         queue = self.queues.pop(prow)
         rrow = queue.popleft()
         del self.owner[rrow]
+        del self.conversation[rrow]
         if queue:
             self.queues[prow] = queue
         return rrow
+
+    def finished(self, crow: int, rrow: int) -> None:
+        """An input's terminal is saved: if it held its conversation's turn, the next input of
+        the conversation is ready (nothing, for one that never held it: cancelled while waiting,
+        or replayed)."""
+        if self.turn.get(crow) != rrow:
+            return
+        waiting = self.waiting.get(crow)
+        if not waiting:
+            del self.turn[crow]
+            return
+        following = self.turn[crow] = waiting.popleft()
+        if not waiting:
+            del self.waiting[crow]
+        self._ready(following, self.owner[following])
 
 
 class Executions:
@@ -135,9 +188,11 @@ class Executions:
 
     def __init__(self) -> None:
         self.live: dict[int, Execution] = {}      # receipt row -> leased, not yet completed
-        self.to_lease = LeaseQueue()              # saved admissions awaiting a lease, per participant
+        self.to_lease = LeaseQueue()              # saved admissions awaiting a lease, in conversation order
         self.leasing: dict[int, int] = {}         # receipt row -> participant row: lease appended, not saved
         self.cancel_when_leased: set[int] = set()  # cancelled before their lease was saved
+        # unfinished inputs an ENOSPC stopped: each ends `interrupted` once the journal takes writes
+        self.to_interrupt: list[int] = []
 
     def ahead(self) -> Counter[int]:
         """Per participant row: its inputs leased (or being leased) that have not started generating."""
@@ -157,19 +212,25 @@ class Executions:
 
 # ---- building the model's input ----------------------------------------------------------
 
-def conversation_turns(d: Device, rrow: int) -> list[dict[str, str]]:
+def conversation_turns(d: Device, rrow: int, everyone: bool = True) -> list[dict[str, str]]:
     """The conversation's earlier succeeded turns before this input, in event order, then this
     input, as chat messages: the retired ones from its history (ops/history.py), the others from
     their live receipts (copies of the saved bytes, taken on the tick thread: `fit_prompt` runs
-    elsewhere)."""
+    elsewhere). Every member's turns when its submitter may read the space (`everyone`), else
+    (a write-only member, or one without its read grant now) the submitter's own only: a prompt
+    never carries bytes its submitter could not read (DESIGN §8)."""
     t = d.state.tables
     crow = t.value(t.receipts, rrow, R.TARGET)
     order = t.value(t.receipts, rrow, R.ORDER)
-    earlier = [turn for turn in history.turns(d, crow) if turn[0] < order]
+    submitter = t.value(t.receipts, rrow, R.PARTICIPANT)
+    earlier = [(turn_order, user, answer) for turn_order, author, user, answer in history.turns(d, crow)
+               if turn_order < order and (everyone or author == submitter)]
     for other in d.state.conversations.inputs.get(crow, []):
         if other == rrow:
             break
         if t.value(t.receipts, other, R.TERMINAL) != Terminal.SUCCEEDED:
+            continue
+        if not everyone and t.value(t.receipts, other, R.PARTICIPANT) != submitter:
             continue
         result = t.get_bytes(t.result_bytes, other, t.value(t.receipts, other, R.RESULT_LEN))
         earlier.append((t.value(t.receipts, other, R.ORDER), input_text(d, other), result.decode("utf-8", "replace")))
@@ -258,18 +319,32 @@ def completion_payload(d: Device, rrow: int, finish: Finish, input_tokens: int, 
 
 
 def has_work(d: Device) -> bool:
-    """Whether a tick has engine transfers to journal now."""
+    """Whether a tick has engine transfers to journal now (none while the disk is full)."""
     ex = d.executions
-    return bool(ex.to_lease and d.runner is not None and ex.leasable()) or any(
+    if not d.holds.writable:
+        return False
+    return bool(ex.to_interrupt) or bool(ex.to_lease and d.runner is not None and ex.leasable()) or any(
         e.buffered and (e.finish or len(e.buffered) >= OUTPUT_CHUNK
                         or time.monotonic() - e.flushed_at >= FLUSH_SECONDS)
         or (e.finish and not e.completing and not e.memory_pending) for e in ex.live.values())
 
 
 def journal_work(d: Device, budget: int) -> int:
-    """Append lease, output and completion transfers within budget; returns the records used."""
+    """Append lease, output and completion transfers within budget; returns the records used.
+    Nothing while the disk is full (a `disk_full` hold): the first tick the journal takes again
+    ends the inputs an ENOSPC stopped (`to_interrupt`)."""
     ex = d.executions
     used = 0
+    if not d.holds.writable:
+        return used
+    while ex.to_interrupt:
+        rrow = ex.to_interrupt[0]
+        payload = completion_payload(d, rrow, Finish.INTERRUPTED, 0, 0)
+        if used + record_count(len(payload)) > budget:
+            return used
+        del ex.to_interrupt[0]
+        d.append(TransferKind.COMPLETION, payload, functools.partial(apply_completion, d, payload))
+        used += record_count(len(payload))
     if ex.to_lease and d.runner is not None:
         rrows = _lease_turns(d, budget)
         if rrows:
@@ -278,8 +353,9 @@ def journal_work(d: Device, budget: int) -> int:
             d.append(TransferKind.LEASE, payload,
                      functools.partial(lease_saved, d, rrows, live=True, revision=revision))
             used += record_count(len(payload))
-    now = time.monotonic()
+    now, now_ns = time.monotonic(), time.time_ns()
     for execution in list(ex.live.values()):
+        _expire(d, execution, now_ns)  # up to its completion's append, the deadline can still end it
         while execution.buffered and (execution.finish or len(execution.buffered) >= OUTPUT_CHUNK
                                       or now - execution.flushed_at >= FLUSH_SECONDS):
             chunk = bytes(execution.buffered[:OUTPUT_CHUNK])
@@ -369,10 +445,12 @@ def lease_saved(d: Device, rrows: list[int], transfer: Transfer, live: bool, rev
 
 
 def _embedded(d: Device, rrow: int, body: dict[str, Any], vectors: Any, error: BaseException | None) -> None:
-    """On the tick thread, the query embedded: recall from the conversation's memory owner, retain
-    the source (a MEMORY transfer, applied now like an admission), and build the prompt with the
-    recalled memory on a helper thread. Nothing happens for an input that ended meanwhile
-    (cancelled, or past its deadline, which covers this memory work)."""
+    """On the tick thread, the query embedded: recall from the conversation's memory, retain the
+    source (a MEMORY transfer, applied now like an admission), and build the prompt with the
+    recalled memory on a helper thread. Its context is what its submitter may read now, its lease
+    saved (`memory.context_reader`): the recalled rows and the earlier turns are filtered by its
+    read rights. Nothing happens for an input that ended meanwhile (cancelled, or past its
+    deadline, which covers this memory work)."""
     execution = d.executions.live.get(rrow)
     if execution is None or execution.finish or d.runner is None:
         return
@@ -381,7 +459,8 @@ def _embedded(d: Device, rrow: int, body: dict[str, Any], vectors: Any, error: B
         return
     t = d.state.tables
     srow = t.value(t.conversations, t.value(t.receipts, rrow, R.TARGET), C.SPACE)
-    items = memory.recall_items(d, srow, vectors[0])
+    readable, reads_space = memory.context_reader(d, rrow)
+    items = memory.recall_items(d, srow, vectors[0], readable)
     flags = Flag.MANAGED if execution.revision == leases.AFFECT_MANAGED else 0
     retain(d, rrow, MemoryKind.SOURCE, flags, None, vectors[-1])
     row = t.row(t.receipts, rrow)
@@ -391,7 +470,7 @@ def _embedded(d: Device, rrow: int, body: dict[str, Any], vectors: Any, error: B
                 # its principal's turn in the engine's round-robin, shared with its chats
                 "tenant": join16(owner[P.PRINCIPAL_HI], owner[P.PRINCIPAL_LO])}
     room = row[R.PAGE_LIMIT] * d.runtime.runtime_profile["page_size"] - row[R.MAX_OUTPUT]
-    messages, tokenizer = conversation_turns(d, rrow), d.runner.engine.tokenizer
+    messages, tokenizer = conversation_turns(d, rrow, everyone=reads_space), d.runner.engine.tokenizer
     system = render.render(execution.revision, items)
     d.off_thread(functools.partial(fit_prompt, tokenizer, messages, room, system),
                  functools.partial(_prompted, d, rrow, settings))
@@ -435,12 +514,13 @@ def retain(d: Device, rrow: int, kind: int, flags: int, text: bytes | None, embe
 def apply_memory(d: Device, payload: bytes, transfer: Transfer | None) -> Callable[[], None]:
     """A MEMORY transfer: its row goes to the lowest free row, owned by the input's space's
     memory owner. At replay (a transfer given) it shows at once; live, what it returns shows it
-    (and notes it in the input's receipt) once the transfer is saved."""
+    (and notes it in the input's receipt) once the transfer is saved. A retained interpretation
+    also changes its turn's source object to the next version (`memory.interpreted`), when saved."""
     actor, sequence, kind, flags, refused, text, vector = msgpack.unpackb(payload)
     rrow = _input_row(d, actor, sequence, transfer, "memory")
     t = d.state.tables
     table = d.state.memory
-    slot, obj = -1, b""
+    slot, obj, op = -1, b"", b""
     if not refused:
         if not table.free_rows or kind not in memory.KIND_NAMES:
             raise _inconsistent(d, transfer, f"memory transfer for sequence {sequence} does not fit the memory table")
@@ -450,8 +530,8 @@ def apply_memory(d: Device, payload: bytes, transfer: Transfer | None) -> Callab
         op = join16(row[R.OP_HI], row[R.OP_LO])
         srow = t.value(t.conversations, row[R.TARGET], C.SPACE)
         obj = memory.object_raw(d, op, kind)
-        new = memory.new_row(d, srow, d.state.participants.lineage[row[R.PARTICIPANT]], obj, kind, flags,
-                             len(text), op, actor)
+        lineage = d.state.participants.lineage_at(row[R.PARTICIPANT], row[R.CREATED])  # its input's IDs' lineage
+        new = memory.new_row(d, srow, lineage, obj, kind, flags, len(text), op, actor)
         embedding = torch.from_numpy(np.frombuffer(vector, dtype="<f4").copy())
         slot = table.write(new, memory.owner_number(d, srow), text, embedding, visible=transfer is not None)
 
@@ -464,6 +544,8 @@ def apply_memory(d: Device, payload: bytes, transfer: Transfer | None) -> Callab
         t.write_row(t.receipts, rrow, changes)
         if slot >= 0 and transfer is None:
             table.reveal(slot, obj)
+        if slot >= 0 and kind == MemoryKind.INTERPRETATION:
+            memory.interpreted(d, op)
     if transfer is not None:
         saved()
     return saved
@@ -594,6 +676,7 @@ def apply_completion(d: Device, payload: bytes, transfer: Transfer) -> None:
     quotas.input_finished(d, t.value(t.receipts, rrow, R.PARTICIPANT), rrow)
     record_save(d, rrow, transfer, (1,))
     d.executions.live.pop(rrow, None)
+    d.executions.to_lease.finished(t.value(t.receipts, rrow, R.TARGET), rrow)  # its conversation's next
     events.terminal_saved(d, rrow)
 
 
@@ -638,33 +721,62 @@ def cancel(d: Device, rrow: int) -> None:
 
 def check_deadlines(d: Device) -> None:
     now = time.time_ns()
-    for rrow, execution in d.executions.live.items():
-        if now < execution.deadline_ns:
-            continue
-        if not execution.finish:
-            execution.finish = Finish.DEADLINE
-            if d.runner is not None:
-                d.runner.cancel(("input", rrow), "deadline")
-        elif execution.memory_pending:  # the deadline covers memory processing too
-            execution.memory_pending = False
-            execution.finish = Finish.DEADLINE
-            if d.runner is not None:
-                d.runner.cancel(("interpret", rrow), "deadline")
+    for execution in d.executions.live.values():
+        _expire(d, execution, now)
+
+
+def _expire(d: Device, execution: Execution, now_ns: int) -> None:
+    """Past its deadline, an input ends `deadline_exceeded` wherever it is: generating, writing
+    its interpretation, or with its result not yet published (SPEC: the deadline includes memory
+    processing, model generation and result publication). What it has not journaled is never
+    published. Once its completion (or, revision 5, the control record before it) is appended its
+    end is decided: the journal saves what it queued, in order, within its ticks."""
+    if (now_ns < execution.deadline_ns or execution.completing or execution.controlled
+            or execution.finish not in (Finish.NONE, Finish.STOP, Finish.LENGTH)):
+        return
+    rrow = execution.rrow
+    if not execution.finish and d.runner is not None:
+        d.runner.cancel(("input", rrow), "deadline")
+    if execution.memory_pending:  # the deadline covers memory processing too
+        execution.memory_pending = False
+        if d.runner is not None:
+            d.runner.cancel(("interpret", rrow), "deadline")
+    execution.finish = Finish.DEADLINE
+    execution.buffered.clear()
+
+
+def unfinished_inputs(d: Device) -> list[int]:
+    """Inputs with a saved admission and no saved terminal, in conversation order."""
+    t = d.state.tables
+    return [rrow for rrows in d.state.conversations.inputs.values() for rrow in rrows
+            if t.value(t.receipts, rrow, R.TERMINAL) == Terminal.NONE]
 
 
 def interrupt_unfinished(d: Device) -> None:
     """At boot: saved admissions with no completion never run again (SPEC)."""
-    t = d.state.tables
-    for rrows in d.state.conversations.inputs.values():
-        for rrow in rrows:
-            if t.value(t.receipts, rrow, R.TERMINAL) == Terminal.NONE:
-                payload = completion_payload(d, rrow, Finish.INTERRUPTED, 0, 0)
-                d.append(TransferKind.COMPLETION, payload, functools.partial(apply_completion, d, payload))
+    for rrow in unfinished_inputs(d):
+        payload = completion_payload(d, rrow, Finish.INTERRUPTED, 0, 0)
+        d.append(TransferKind.COMPLETION, payload, functools.partial(apply_completion, d, payload))
 
 
 def stop_all(d: Device) -> None:
-    """The unsaved outputs are gone (ENOSPC): stop every live input; they end at the next boot."""
+    """The unsaved outputs are gone (ENOSPC): stop every live input and interpretation in the
+    engine (the state is then rebuilt from what is saved, and `interrupt_after_failure` ends
+    them)."""
     if d.runner is not None:
-        for rrow in d.executions.live:
+        for rrow, execution in d.executions.live.items():
             d.runner.cancel(("input", rrow))
+            if execution.memory_pending:
+                d.runner.cancel(("interpret", rrow))
     d.executions.leasing.clear()  # leases not saved are gone with the rest
+
+
+def interrupt_after_failure(d: Device) -> None:
+    """After ENOSPC, in the state rebuilt from what is saved: every unfinished input (queued,
+    waiting for its conversation's turn, or running: its lease and output not saved are gone)
+    ends `interrupted` with a saved COMPLETION once the journal takes writes again (`journal_work`,
+    the first tick after the `disk_full` hold lifts), as at a restart (SPEC: a restored
+    unfinished admission becomes interrupted and does not repeat its memory input). Resuming
+    instead would run again an input whose saved lease may have retained its memory, or continue
+    an output cut at its last save."""
+    d.executions.to_interrupt = unfinished_inputs(d)

@@ -163,11 +163,12 @@ def parse_actions(text: str) -> list[str]:
     return actions
 
 
-def ns_datetime(ns: int | None) -> datetime.datetime | None:
-    """A device timestamp (nanoseconds since the epoch) as an aware datetime."""
+def ns_datetime(ns: int | str | None) -> datetime.datetime | None:
+    """A device timestamp (nanoseconds since the epoch; a number, or a decimal string as the API
+    writes counters) as an aware datetime."""
     if ns is None:
         return None
-    return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc)
+    return datetime.datetime.fromtimestamp(int(ns) / 1e9, tz=datetime.timezone.utc)
 
 
 class CapacitySample(models.Model):

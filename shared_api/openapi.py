@@ -92,11 +92,14 @@ SSE_FRAMING = (
     "Server-sent events (text/event-stream). Each event has `id: <path>@<cursor>`, `event: <type>` and one "
     "`data:` line of JSON; a comment line every 15 s keeps the connection open. Conversation streams send "
     "`event` (an Event; cursor: its input order) as each input's admission is saved, after the ones the "
-    "request's cursor has not seen, and `gap` ({gap, event_floor}) first when that cursor lies in the retired "
-    "window. Operation streams send `output` ({offset, length, next_offset, bytes (base64), text (null unless "
-    "the span is complete UTF-8)}; cursor: next_offset) as the device saves each span, then one `terminal` "
-    "({operation, status, result, terminal}) and end. `Last-Event-ID` resumes from its cursor when the request "
-    "gives none. A stream whose reader loses the right or the grant ends with `event: error` and the error "
+    "request's cursor has not seen, and `gap` ({gap, event_floor}; cursor: the last retired order it stands "
+    "for) before the first event after retired orders: below the event floor (with or without a cursor) or a "
+    "hole another member's retirement left; with `limit` the stream ends after that many `event` events (a "
+    "`gap` is none), without it it runs "
+    "until the client leaves. Operation streams send `output` ({offset, length, next_offset: counters, bytes "
+    "(base64), text (null unless the span is complete UTF-8)}; cursor: next_offset) as the device saves each span, "
+    "then one `terminal` ({operation, status, result, terminal}) and end. `Last-Event-ID` resumes from its cursor "
+    "when the request gives none. A stream whose reader loses the right or the grant ends with `event: error` and the error "
     "body. Disconnecting never cancels the operation.")
 
 SAVE = obj({"source": {"type": "string", "enum": ["journal", "file"]},
@@ -108,9 +111,9 @@ SAVE = obj({"source": {"type": "string", "enum": ["journal", "file"]},
 
 # what every byte-span read answers (operation results, memory payloads): gpu_worker/ops/lists.py byte_span
 BYTE_SPAN = {
-    "offset": {"type": "integer", "minimum": 0},
-    "length": {"type": "integer", "minimum": 0},
-    "next_offset": {"type": "integer", "minimum": 0},
+    "offset": ref("Counter"),
+    "length": ref("Counter"),
+    "next_offset": ref("Counter"),
     "bytes": {"type": "string", "contentEncoding": "base64"},
     "text": nullable({"type": "string"}),
 }
@@ -144,17 +147,22 @@ SCHEMAS = {
         "terminal": obj({"saved": {"type": "boolean"},
                          "status": {"enum": [*TERMINAL_STATUSES, None]},
                          "save": nullable(ref("Save"))}),
-        "pending_bytes": {"type": "integer", "minimum": 0},
+        "pending_bytes": ref("Counter"),
         "disk_error": nullable({"type": "string"}),
         "journal_hold": nullable(obj({"cause": {"enum": ["file_cap", "low_disk", "disk_full"]},
-                                      "since_ns": {"type": "integer"},
+                                      "since_ns": ref("Counter"),
                                       "disk_error": nullable({"type": "string"})})),
-        "result": obj({"length": {"type": "integer", "minimum": 0},
-                       "input_tokens": nullable({"type": "integer", "minimum": 0}),
-                       "output_tokens": nullable({"type": "integer", "minimum": 0}),
+        "result": obj({"length": ref("Counter"),
+                       "input_tokens": nullable(ref("Counter")),
+                       "output_tokens": nullable(ref("Counter")),
                        "finish": nullable({"type": "string"})}),
         "effective": obj({"model_digest": nullable(string("^[0-9a-f]{64}$")),
-                          "page_limit": nullable(ref("Counter"))}),
+                          "page_limit": nullable(ref("Counter")),
+                          "max_output_tokens": nullable(ref("Counter"))},
+                         description="what the device accepted for an input, recorded with its admission apart "
+                                     "from the caller's bytes: the model's digest, the page limit and the output "
+                                     "limit (the caller's, or the default: min(256, pages x page_size / 2)); "
+                                     "null for kinds that do not execute"),
         "memory": nullable(obj({
             "retention": nullable({"type": "string", "enum": list(RETENTIONS)}),
             "context": nullable({"type": "string", "enum": list(CONTEXTS)}),
@@ -166,8 +174,10 @@ SCHEMAS = {
                         "memory) and context rendering, the memory objects it retained, and what it did not "
                         "(with why); a publication's copy. Null for other kinds.")),
     }, description=f"{RECEIPT_SCHEMA}. `sequence` is null for a reader other than the owner. `target` is "
-                   "the created or addressed resource. `journal_hold` is the device's current journal hold "
-                   "(null when none): new mutations answer 429 while it lasts. More keys may be added."),
+                   "the created or addressed resource. `pending_bytes` counts this operation's bytes not yet "
+                   "saved. `journal_hold` is the device's current journal hold (null when none): new mutations "
+                   "answer 429 while it lasts. `effective` is what the device accepted for an input (model "
+                   "digest, page limit, output limit). More keys may be added."),
     "Participant": obj({
         "id": nullable(ref("ParticipantId")),
         "registered": {"type": "boolean"},
@@ -196,7 +206,8 @@ SCHEMAS = {
         "explicit": {"type": "boolean", "description": "false for the owner's implicit row"},
     }),
     "SpaceList": listing("Space", "Spaces the caller can see, in creation order."),
-    "MemberList": listing("Member", "The owner (first page only, explicit false), then explicit member rows."),
+    "MemberList": listing("Member", "The owner (first page only, explicit false, one of its `limit` places), "
+                                    "then explicit member rows."),
     "ConversationList": listing("Conversation", "Conversations of the space, in creation order."),
     "ReceiptList": listing("Receipt", "The caller's own live receipts, in sequence order."),
     "Capabilities": obj({
@@ -212,13 +223,22 @@ SCHEMAS = {
         "limits": {"type": "object", "additionalProperties": ref("Counter"),
                    "required": ["participants", "spaces", "conversations", "members", "receipts",
                                 "command_bytes", "result_bytes", "input_bytes", "media_link_bytes",
-                                "media_rows", "max_output_tokens"]},
+                                "media_rows", "max_output_tokens"],
+                   "description": "capacities and bounds: `command_bytes` per receipt's canonical operation "
+                                  "bytes (413 `command_too_large` past it), `max_output_tokens` the most an "
+                                  "input may name (the page grant's tokens; an input's own bound is its "
+                                  "`pages` x `page_size`)"},
+        "defaults": obj({"max_output_tokens": ref("Counter"), "pages": ref("Counter")},
+                        description="what an input that names none gets: `pages` the page grant; "
+                                    "`max_output_tokens` 256 within half the input's page limit, "
+                                    "min(256, pages x page_size / 2)"),
         "page_size": ref("Counter"),
         "page_grant": ref("Counter"),
         "grants": {"type": "array", "items": {"type": "string"}},
         "journal": obj({"hold": {"type": "boolean"},
                         "cause": nullable({"type": "string"}),
-                        "pending_bytes": {"type": "integer", "minimum": 0},
+                        "since_ns": nullable(ref("Counter")),
+                        "pending_bytes": ref("Counter"),
                         "disk_error": nullable({"type": "string"}),
                         "bytes": ref("Counter")}),
         "runtime": obj({"file_incarnation": ref("Hex32"), "generation": ref("Counter"), "boot": ref("Counter")}),
@@ -245,11 +265,17 @@ SCHEMAS = {
         "target_sequence": ref("Counter"),
         "cause": {"type": "string"},
         "disk_error": nullable({"type": "string"}),
-        "pending_bytes": {"type": "integer", "minimum": 0},
+        "pending_bytes": ref("Counter"),
+        "quota": {"type": "string"},
+        "limit": ref("Counter"),
+        "used": ref("Counter"),
+        "retry_after": string("^[0-9]+(\\.[0-9]+)?$", "seconds, a decimal string"),
     }, ("code", "message"))}, closed=True,
-        description="The one error body. `code` is stable; `message` is one line for people; some codes add "
-                    "details (`fields`, `lineage`, `next_sequence`, `retry_floor`, `sequence`, `target_sequence`; "
-                    "a journal hold adds `cause`, `disk_error`, `pending_bytes`)."),
+        description="The one error body. `code` is stable; `message` is one line for people (caller input it "
+                    "echoes is escaped where no UTF-8 text can hold it: a lone surrogate reads `\\ud800`); "
+                    "some codes add details (`fields`, `lineage`, `next_sequence`, `retry_floor`, `sequence`, "
+                    "`target_sequence`; a journal hold adds `cause`, `disk_error`, `pending_bytes`; a quota or "
+                    "rate adds `quota`, `limit`, and `used` or `retry_after`)."),
     "ParticipantRegisterRequest": mutation_body("Register the calling principal's participant"),
     "SpaceDeletionRequest": mutation_body("Delete the space in the path"),
     "ConversationDeletionRequest": mutation_body("Delete the conversation in the path"),
@@ -276,7 +302,10 @@ SCHEMAS = {
         "Submit a conversation input",
         {"text": {"type": "string", "description": "may be empty only when media is present"},
          "model": {"type": "string", "description": "a model name or digest from /capabilities"},
-         "max_output_tokens": {"type": "integer", "minimum": 1, "default": 256},
+         "max_output_tokens": {"type": "integer", "minimum": 1,
+                               "description": "at most pages x page_size; omitted: min(256, pages x page_size / "
+                                              "2), the prompt keeping the other half (the receipt's "
+                                              "`effective.max_output_tokens`)"},
          "pages": {"type": "integer", "minimum": 1, "description": "page limit; default the page grant"},
          "temperature": {"type": "number", "minimum": 0, "maximum": 2, "default": 0},
          "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 1},
@@ -304,13 +333,21 @@ SCHEMAS = {
         "scope": {"type": "string", "enum": list(SCOPES)},
         "published": {"type": "boolean"},
         "managed": {"type": "boolean"},
+        "interpreted": {"type": "boolean", "description": "a turn's source whose interpretation was retained "
+                                                         "later (which made it version 2)"},
         "owner": {"type": "string", "description": "the memory owner: `private-{32 hex}`, the room's space ID, "
                                                    "or `instance`"},
         "room": nullable(ref("SpaceId")),
         "byte_length": ref("Counter"),
         "source": ref("OperationId"),
         "actor": ref("ParticipantId"),
-    }, description="A 128-byte memory metadata row as JSON (docs/memory.md)."),
+        "published_from": nullable(obj({"object": ref("MemoryId"), "version": ref("Counter")},
+                                       description="the source object and the source version this copy was "
+                                                   "published from")),
+    }, description="A 128-byte memory metadata row as JSON (docs/memory.md), with a published copy's "
+                   "provenance (`published_from`, kept beside the row; null for any other row). `version` "
+                   "starts at 1 and changes when the object does (a turn's source when its interpretation "
+                   "is retained)."),
     "MemoryList": listing("MemoryRow", "The memory of the space's owner, in write order."),
     "MemoryDetail": obj({
         "memory": ref("MemoryRow"),
@@ -318,7 +355,7 @@ SCHEMAS = {
     }, description="One row and its exact payload bytes from `offset`; `text` is null unless the span is "
                    "complete UTF-8."),
     "Sha256": string(SHA256, "a media source's sha256: 64 lowercase hex"),
-    "Media": obj({"sha256": string(SHA256), "length": {"type": "integer", "minimum": 0},
+    "Media": obj({"sha256": string(SHA256), "length": ref("Counter"),
                   "type": {"type": "string", "enum": list(MEDIA_TYPES)}}),
     "Event": obj({
         "cursor": ref("Counter"),
@@ -337,9 +374,12 @@ SCHEMAS = {
                       "next_cursor": nullable(ref("Counter")),
                       "gap": {"type": "boolean"},
                       "event_floor": ref("Counter")},
-                     description="Events after `cursor` in input order. Retired inputs leave a window: "
-                                 "`event_floor` is the first order still readable, and `gap` is true when "
-                                 "`cursor` lies below it."),
+                     description="Events after `cursor` (from order 1 without one) in input order. "
+                                 "Retired inputs leave retired orders: `event_floor` is the first order still "
+                                 "readable, and `gap` is true when the orders this page covers (after `cursor`, "
+                                 "to its last item, or to the last order admitted when `next_cursor` is null) "
+                                 "hold a retired one: a window starting below the floor, or a hole another "
+                                 "member's retirement left."),
     "EventStream": obj({"id": {"type": "string", "description": "`<path>@<cursor>`"},
                         "event": {"type": "string", "enum": ["event", "gap", "output", "terminal", "error"]},
                         "data": {"type": "string", "contentMediaType": "application/json"}},
@@ -351,8 +391,8 @@ SCHEMAS = {
         "status": {"type": "string", "enum": ["admitted", "running", "succeeded", "failed", "cancelled",
                                                "interrupted", "deadline_exceeded"]},
         "finish": nullable({"type": "string"}),
-        "input_tokens": nullable({"type": "integer", "minimum": 0}),
-        "output_tokens": nullable({"type": "integer", "minimum": 0}),
+        "input_tokens": nullable(ref("Counter")),
+        "output_tokens": nullable(ref("Counter")),
     }, description="Exact saved result bytes from `offset`; `text` is null unless the span is complete UTF-8 "
                    "(nothing is ever replaced). Token counts and finish once the terminal result is saved."),
     "CancellationRequest": mutation_body(
@@ -376,7 +416,8 @@ CODES = {
     "duplicate_key": "a JSON object repeats a key",
     "unknown_field": "a field this route does not take (listed in `fields`)",
     "missing_field": "a required field is absent (listed in `fields`)",
-    "command_too_large": "the canonical operation bytes exceed the receipt's command capacity",
+    "command_too_large": "the canonical operation bytes exceed the receipt's command capacity (`limits.command_bytes` "
+                         "in /capabilities, 8192 by default)",
     "bad_command": "gateway/device protocol fault: malformed mutation command (not expected)",
     "bad_principal": "gateway/device protocol fault: command without principal (not expected)",
     "unknown_command": "gateway/device protocol fault: the device does not know the command "
@@ -418,11 +459,14 @@ CODES = {
     "already_finished": "the target input already ended",
     "model_not_available": "the requested model is not served (see /capabilities)",
     "model_lacks_media": "the requested model takes no media of that type",
+    "media_unavailable": "a media source is saved but its bytes were lost (a restore from a checkpoint that did not "
+                         "carry them; its `sha256`): upload it again",
     "page_limit_exceeds_grant": "`pages` exceeds the runtime profile's page grant",
     "page_limit_exceeds_pool": "`pages` exceeds the KV page pool",
     "no_result": "the operation has no result bytes (it is not an input)",
     "space_not_empty": "the space still holds conversations; delete them first",
-    "stale_version": "`source_version` is not the memory object's current version",
+    "stale_version": "`source_version` (a publication) or `version` (a memory read) is not the memory object's "
+                     "current version, given in `version`",
     "unsupported_kind": "the memory object is not retained text, which is what a publication copies",
     "conversation_busy": "the conversation has an unfinished input; cancel it or wait for its terminal result",
     "deadline_exceeded": "the input ran past its execution deadline",
@@ -484,7 +528,7 @@ PROTOCOL_400 = ("bad_principal", "unknown_command", "protocol_version")
 QUERY_400 = ("unknown_parameter",)
 LIST_400 = ("unknown_parameter", "bad_limit", "bad_field", "bad_cursor")
 ENVELOPE_400 = ("invalid_json", "invalid_utf8", "duplicate_key", "unknown_field", "missing_field", "bad_field",
-                "command_too_large", "bad_command")
+                "bad_command")
 SEQUENCE_409 = ("stale_lineage", "operation_changed", "future_sequence", "operation_key_in_use")
 COMMON = {400: ("bad_request", "bad_query"), 401: ("unauthenticated",), 403: ("grant_missing",), 429: ("rate_limited",),
           503: ("device_unavailable", "device_connection_lost", "device_timeout", "gateway_misconfigured",
@@ -500,9 +544,14 @@ PATH_PARAMETERS = {
 }
 
 
+OFFSET = ("offset", {"type": "integer", "minimum": 0}, "byte offset to start from (default 0)")  # byte-span reads
+
+
 def _read(summary: str, success: str, errors: Errors | None = None, *, path: str | None = None,
-          listing: bool = False, stream: str | None = None, description: str = "") -> Spec:
-    """A GET; `stream` "optional" (a `stream=true` query answers server-sent events) or "always"."""
+          listing: bool = False, stream: str | None = None, description: str = "",
+          query: tuple[tuple[str, Schema, str], ...] = ()) -> Spec:
+    """A GET; `stream` "optional" (a `stream=true` query answers server-sent events) or "always";
+    `query` its own query parameters (name, schema, description)."""
     errors = dict(errors or {})
     errors[400] = (*(LIST_400 if listing else QUERY_400), *errors.get(400, ()))
     if path:
@@ -510,7 +559,7 @@ def _read(summary: str, success: str, errors: Errors | None = None, *, path: str
         errors[404] = (*errors.get(404, ()), "not_found")
     return {"method": "GET", "summary": summary, "success": {200: success},
             "errors": errors, "path": path, "listing": listing, "body": None, "description": description,
-            "stream": stream}
+            "stream": stream, "query": query}
 
 
 def _mutation(summary: str, body: str, errors: Errors | None = None, *, path: str | None = None,
@@ -520,7 +569,7 @@ def _mutation(summary: str, body: str, errors: Errors | None = None, *, path: st
     registered = () if body == "ParticipantRegisterRequest" else ("participant_not_registered",)
     errors[409] = (*SEQUENCE_409, *registered, *errors.get(409, ()))
     errors[410] = ("below_retry_floor", *errors.get(410, ()))
-    errors[413] = ("body_too_large",)
+    errors[413] = ("body_too_large", "command_too_large")
     errors[415] = ("unsupported_media_type",)
     # every mutation counts against the receipts quota but a retirement, which frees receipts
     errors[429] = ("journal_hold", *(() if body == "RetirementRequest" else ("quota_exceeded",)),
@@ -565,7 +614,9 @@ OPERATIONS = {  # keyed by the device command each route calls
         "One space", "Space", {403: ("right_missing",), 404: ("space_not_found",)}, path="space"),
     "members.list": _read(
         "Members of a space", "MemberList", {403: ("right_missing",), 404: ("space_not_found",)},
-        path="space", listing=True),
+        path="space", listing=True,
+        description="The owner first (its implicit row takes one of the first page's `limit` places), then the "
+                    "explicit rows in creation order."),
     "members.set": _mutation(
         "Set a member's explicit rights", "MemberSetRequest",
         {403: ("right_missing",), 404: ("space_not_found", "participant_not_found"),
@@ -607,7 +658,8 @@ OPERATIONS = {  # keyed by the device command each route calls
         "Submit an input to a conversation", "InputRequest",
         {400: ("input_too_large", "too_many_media", "reserved_token"), 403: ("right_missing",),
          404: ("conversation_not_found", "media_not_found"),
-         409: ("model_not_available", "model_lacks_media", "page_limit_exceeds_grant", "page_limit_exceeds_pool")},
+         409: ("model_not_available", "model_lacks_media", "media_unavailable", "page_limit_exceeds_grant",
+               "page_limit_exceeds_pool")},
         path="conversation",
         description="Needs the write right on the conversation's space. Runs the model once the admission is "
                     "saved; the receipt's terminal result is saved when generation ends. Earlier turns of the "
@@ -617,35 +669,47 @@ OPERATIONS = {  # keyed by the device command each route calls
         {400: ("bad_last_event_id",), 403: ("right_missing",), 404: ("conversation_not_found",)},
         path="conversation", listing=True, stream="optional",
         description="One event per input of the conversation, in input order, for every reader of its space. "
-                    "`stream=true` answers server-sent events instead (`Last-Event-ID` resumes)."),
+                    "`stream=true` answers server-sent events instead (`Last-Event-ID` resumes); there `limit` "
+                    "ends the stream after that many events, and without it the stream runs on."),
     "operations.subscribe": _read(
         "Output and end of an operation, as a stream", "EventStream",
-        {400: ("bad_offset", "bad_last_event_id"), 404: ("operation_not_found",), 410: ("operation_retired",)},
+        {400: ("bad_offset", "bad_last_event_id"), 404: ("operation_not_found",), 410: ("operation_retired",),
+         504: ("deadline_exceeded",)},
         path="operation", stream="always",
         description="Always server-sent events: the saved output from `offset` (bytes; default 0, or "
                     "`Last-Event-ID`), each span as it is saved, then the terminal event. Readers of the "
-                    "conversation's space may follow another member's input."),
+                    "conversation's space may follow another member's input. An input past its execution "
+                    "deadline answers 504, as its result read does (a stream already open ends with an "
+                    "`error` event carrying that 504 body)."),
     "memory.list": _read(
         "Memory of a space", "MemoryList", {403: ("right_missing",), 404: ("space_not_found",)},
         path="space", listing=True,
         description="The rows of the space's memory owner (a private space's own, a room's, or the instance's), "
-                    "in write order; readable during a journal hold."),
+                    "in write order; readable during a journal hold. An instance space lists the instance's rows "
+                    "retained or published in the instance spaces the caller may read now."),
     "memory.get": _read(
-        "One memory object", "MemoryDetail", {400: ("bad_offset",), 404: ("memory_not_found",)}, path="memory",
-        description="Its row and exact payload bytes from query `offset` (bytes, default 0). 404 for an object "
-                    "whose owner's space the caller may not read now."),
+        "One memory object", "MemoryDetail",
+        {400: ("bad_offset", "bad_field"), 404: ("memory_not_found",), 409: ("stale_version",)}, path="memory",
+        query=(OFFSET,
+               ("version", ref("Counter"), "answer only while this is the object's current version (else 409 "
+                                           "`stale_version`, with the current one in `version`)")),
+        description="Its row and exact payload bytes from query `offset` (bytes, default 0); with query "
+                    "`version`, only while that is the object's current version. 404 for an object the caller "
+                    "may not read now: its space unreadable, or an instance row retained or published in an "
+                    "instance space the caller may not read."),
     "publications.record": _mutation(
         "Publish a memory object", "PublicationRequest",
         {403: ("right_missing",), 404: ("space_not_found", "memory_not_found"),
          409: ("stale_version", "unsupported_kind"), 507: ("memory_full",)}, path="space",
         description="Needs the manage right on this (destination) space and a source memory object the caller "
                     "sees, at its current version. The copy is a new object of this space's memory owner "
-                    "(`published` true; the receipt's `target`); the original keeps its scope."),
+                    "(`published` true; the receipt's `target`) whose row shows its source object and version "
+                    "(`published_from`) to this space's readers; the original keeps its scope."),
     "operations.result": _read(
         "Result bytes of an input", "Result",
         {400: ("bad_offset",), 404: ("operation_not_found",), 409: ("no_result",), 410: ("operation_retired",),
          504: ("deadline_exceeded",)},
-        path="operation",
+        path="operation", query=(OFFSET,),
         description="Query `offset` (bytes, default 0). Readers of the conversation's space may read another "
                     "member's result. An input past its execution deadline answers 504."),
     "media.put": {
@@ -662,7 +726,10 @@ OPERATIONS = {  # keyed by the device command each route calls
     "cancellations.record": _mutation(
         "Cancel the operation at a sequence", "CancellationRequest",
         {404: ("operation_not_found",), 409: ("not_cancellable", "already_finished")},
-        description="Cancellation cannot undo committed memory; disconnecting never cancels."),
+        description="Cancellation cannot undo committed memory; disconnecting never cancels. An input still "
+                    "waiting for its conversation's turn is cancelled before it runs. Admitted during a "
+                    "`file_cap` or `low_disk` journal hold (it ends output that would still be journaled); "
+                    "429 while the disk is full, when every unfinished input is stopped already."),
 }
 
 
@@ -708,6 +775,8 @@ def _parameters(spec: Spec) -> list[OpenApiParameter]:
         params.append(OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT},
                                        OpenApiParameter.QUERY, required=False,
                                        description=f"page size, 1..{MAX_LIMIT} (default {DEFAULT_LIMIT})"))
+    for name, schema, text in spec.get("query", ()):
+        params.append(OpenApiParameter(name, schema, OpenApiParameter.QUERY, required=False, description=text))
     if spec.get("stream") == "optional":
         params.append(OpenApiParameter("stream", {"type": "boolean", "default": False}, OpenApiParameter.QUERY,
                                        required=False, description="true: server-sent events (see EventStream)"))
@@ -779,7 +848,21 @@ Every POST is a mutation: `{"schema": "aotx.shared.mutation.v1", "lineage", "ope
 plus the route's own fields. A new operation answers 202 with its receipt and `Location`; an exact retry
 (same sequence, same canonical bytes) answers 200 with the same receipt; changed input, a future sequence
 or a stale lineage 409; below the retry floor 410; a journal hold 429; a full fixed capacity 507.
-Counters are decimal strings; IDs are `par-{32hex}`, `spc-|con-|op-|mem-{lineage}-{32hex}`, lowercase.
+IDs are `par-{32hex}`, `spc-|con-|op-|mem-{lineage}-{32hex}`, lowercase.
+
+Counters are decimal strings: every integer a response reports — sequences, cursors and event floors,
+byte counts, offsets and lengths, token counts, limits, defaults, quotas and their use, slots, versions,
+nanosecond timestamps — is a JSON string of decimal digits without leading zeros (`"0"`, `"8192"`), never
+a JSON number, in receipts, reads, lists, events, streams, capabilities and error details alike (a JSON
+number is not exact past 2^53 in every client). JSON numbers appear only where the caller sent them:
+an input's `max_output_tokens`, `pages`, `temperature` and `top_p` are JSON numbers in its body, and an
+event's `input` echoes the fields as submitted. The OpenAI-compatible routes (`/v1/...`) keep OpenAI's
+types.
+
+Defaults the device applies are recorded apart from the caller's bytes (the receipt's `effective`): an
+input without `pages` gets the page grant, and without `max_output_tokens` min(256, pages × page_size / 2)
+(the device cannot count the prompt's tokens at admission, so the prompt keeps the other half of the
+page limit; `/capabilities` gives `defaults`, `page_size` and the real maximum in `limits`).
 
 Every error has the one body `{"error": {"code": "...", "message": "...", ...details}}`; each response
 below lists its codes. Outside any single route: 405 `method_not_allowed` (a method the route does not

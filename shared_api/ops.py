@@ -119,8 +119,8 @@ def device_incidents(status: dict[str, Any]) -> list[dict[str, Any]]:
     hold on a full disk cannot journal its start)."""
     incidents = [dict(i) for i in status.get("hold_incidents") or [] if isinstance(i, dict)]
     journal = status.get("journal") or {}
-    since = journal.get("since_ns")
-    if journal.get("hold") and since is not None and all(i.get("since_ns") != since for i in incidents):
+    since = _int(journal.get("since_ns"))  # (a decimal string in the journal state, a number in incidents)
+    if journal.get("hold") and since is not None and all(_int(i.get("since_ns")) != since for i in incidents):
         incidents.append({"cause": journal.get("cause"), "since_ns": since, "ended_ns": None,
                           "disk_error": journal.get("disk_error"), "pending_bytes": journal.get("pending_bytes")})
     return incidents

@@ -298,7 +298,7 @@ def receipt_view(request: HttpRequest, operation: str) -> HttpResponse:
                                 ("disk_error", receipt.get("disk_error")),
                                 ("journal_hold", receipt.get("journal_hold"))])]
     has_result = receipt is not None and (receipt.get("kind") in EXECUTING_KINDS
-                                          or ((receipt.get("result") or {}).get("length") or 0) > 0)
+                                          or int((receipt.get("result") or {}).get("length") or 0) > 0)
     return render(request, "aotx/ops/receipt.html", _context(
         request, f"Receipt {operation}", operation=operation, receipt=receipt, sections=sections, error=error,
         raw=json.dumps(receipt, indent=2, sort_keys=True) if receipt is not None else None,

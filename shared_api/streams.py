@@ -1,7 +1,7 @@
 """Server-sent event streams (SPEC "Results and memory"), as Channels consumers.
 
-    GET /aotx/v1/shared/conversations/{con}/events?stream=true[&cursor=N]   the conversation's events
-    GET /aotx/v1/shared/operations/{op}/events[?offset=N]                     an operation's output
+    GET /aotx/v1/shared/conversations/{con}/events?stream=true[&cursor=N][&limit=N]   the conversation's events
+    GET /aotx/v1/shared/operations/{op}/events[?offset=N]                               an operation's output
 
 A stream is a device subscription (docs/protocol.md, "Subscriptions") opened through the process's
 DeviceMux; the device pushes each event as it is saved, so nothing here polls. Under the gateway's
@@ -11,7 +11,9 @@ wake-ups); otherwise it waits in the stream's queue for its task. Framing (WHATW
 every event has `id: <path>@<cursor>` — the conversation's input order, or the byte offset the
 next span starts at — `event: <type>` and one `data:` line of JSON; a comment after each
 AOTX_SSE_KEEPALIVE seconds (15) of silence (within a third more) keeps idle connections open.
-`Last-Event-ID` resumes from its cursor when the request gives none. A refused stream (401, 403,
+`Last-Event-ID` resumes from its cursor when the request gives none. A conversation stream with
+`limit` ends after that many `event` events (a `gap` is none) and closes its subscription; without
+it the stream runs until the client leaves. A refused stream (401, 403,
 404, 400) is one JSON error body, as everywhere; an error after the stream started is a last
 `event: error` with that body.
 
@@ -156,6 +158,8 @@ class EventStream(AsyncHttpConsumer):
         self.written = time.monotonic()  # when this stream last wrote (PrincipalWatch.keep_alive)
         self.writing = False  # the pump's write is waiting for the connection: on_frame must queue
         self.write_nowait: Callable[[bytes], bool] | None = None  # the server's (shared_api/server.py)
+        self.limit: int | None = None  # `event` events after which the stream ends (None: it runs on)
+        self.sent = 0  # `event` events written
 
     # ---- the request ----------------------------------------------------------------
 
@@ -241,11 +245,18 @@ class EventStream(AsyncHttpConsumer):
                     await self.finish(_sse("error", msg["body"]))
                     return
                 event = self.render(msg)
+                if self.at_limit(msg):  # the last event the request asked for: the subscription closes
+                    stream = self.stream
+                    await self.finish(event)
+                    if stream is not None:
+                        await stream.close()
+                    return
                 if not msg.get("more"):
                     await self.finish(event)
                     return
                 if event:
                     await self.write(event)
+                    self.count(msg)
         except ServiceError as err:
             await self.finish(_sse("error", err.body()))
 
@@ -265,7 +276,8 @@ class EventStream(AsyncHttpConsumer):
         streams costs a thousand socket writes and no task wake-ups. Anything else — the last
         frame, an error, a connection that would make the write wait, a write still waiting —
         returns False and goes through the queue to `pump`, in order."""
-        if self.writing or self.finished or msg.get("status") != 200 or not msg.get("more"):
+        if (self.writing or self.finished or msg.get("status") != 200 or not msg.get("more")
+                or self.at_limit(msg)):
             return False
         event = self.render(msg)
         if event:
@@ -273,7 +285,17 @@ class EventStream(AsyncHttpConsumer):
             if not self.write_nowait(event):
                 return False
             self.written = time.monotonic()
+            self.count(msg)
         return True
+
+    def at_limit(self, msg: Message) -> bool:
+        """Whether `msg` is the stream's last event under its `limit` (a `gap` is no event)."""
+        return self.limit is not None and msg.get("event") == "event" and self.sent + 1 >= self.limit
+
+    def count(self, msg: Message) -> None:
+        """A frame was written: an `event` counts toward `limit`."""
+        if msg.get("event") == "event":
+            self.sent += 1
 
     def render(self, msg: Message) -> bytes:
         """A device frame as one event of this stream (the device names the event and its cursor;
@@ -329,10 +351,11 @@ class ConversationEvents(EventStream):
         unknown = sorted(set(query) - {"stream", "cursor", "limit"})
         if unknown:
             raise ServiceError(400, "unknown_parameter", f"unknown query parameter(s): {', '.join(unknown)}")
-        if query.get("limit"):
+        if "limit" in query:  # the stream ends after this many events; without it, it runs on
             limit = query["limit"][-1]
             if not re.fullmatch(r"[0-9]{1,4}", limit) or not 1 <= int(limit) <= MAX_LIMIT:
                 raise ServiceError(400, "bad_limit", f"limit must be an integer 1..{MAX_LIMIT}")
+            self.limit = int(limit)
         cursor = query["cursor"][-1] if "cursor" in query else self.resume_cursor(last_event_id)
         if cursor is not None and not ids.COUNTER.match(cursor):
             raise ServiceError(400, "bad_field", "cursor must be a decimal string without leading zeros")

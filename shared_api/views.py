@@ -242,10 +242,12 @@ class InputsView(SharedView):
             if name in fields and fields[name] not in allowed:
                 raise ServiceError(400, "bad_field", f"{name} must be one of {', '.join(allowed)}")
         media = fields.get("media", [])
-        if (not isinstance(media, list) or len(media) > MAX_MEDIA
+        if isinstance(media, list) and len(media) > MAX_MEDIA:  # counted first, as the device counts
+            raise ServiceError(400, "too_many_media", f"media holds {len(media)} references; at most {MAX_MEDIA}")
+        if (not isinstance(media, list)
                 or any(not isinstance(m, dict) or set(m) != {"type", "sha256"} or m["type"] not in MEDIA_TYPES
                        or not isinstance(m["sha256"], str) or not SHA256.match(m["sha256"]) for m in media)):
-            raise ServiceError(400, "bad_field", "media must be at most 8 rows of {type: image|audio, sha256: 64 "
+            raise ServiceError(400, "bad_field", "media must be an array of rows {type: image|audio, sha256: 64 "
                                              "lowercase hex}")
         return DeviceCall("conversations.input",
                                mutation.args(conversation=resource_id(conversation, "con"), **fields))
@@ -257,9 +259,9 @@ class MemoryListView(SharedView):
         return DeviceCall("memory.list", list_args(request, space=resource_id(space, "spc")))
 
 
-def offset_arg(request: Request) -> int:
-    """A byte-offset read's only query parameter, `offset` (default 0)."""
-    no_query(request, allowed=("offset",))
+def offset_arg(request: Request, allowed: tuple[str, ...] = ()) -> int:
+    """A byte-offset read's query parameter `offset` (default 0), beside the route's `allowed` others."""
+    no_query(request, allowed=("offset", *allowed))
     offset = request.query_params.get("offset", "0")
     if not DIGITS_ANY.fullmatch(offset):
         raise ServiceError(400, "bad_offset", "offset must be a non-negative integer")
@@ -269,7 +271,13 @@ def offset_arg(request: Request) -> int:
 class MemoryView(SharedView):
     @doc("memory.get")
     def get(self, request: Request, memory: str) -> DeviceCall:
-        return DeviceCall("memory.get", {"memory": resource_id(memory, "mem"), "offset": offset_arg(request)})
+        """One memory object from `offset`; with `version`, only while that is its current version
+        (the device answers 409 `stale_version` otherwise)."""
+        args: dict[str, Any] = {"memory": resource_id(memory, "mem"), "offset": offset_arg(request, ("version",))}
+        version = request.query_params.get("version")
+        if version is not None:
+            args["version"] = decimal_counter(version, "version", positive=True)
+        return DeviceCall("memory.get", args)
 
 
 class PublicationsView(SharedView):

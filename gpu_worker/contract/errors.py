@@ -24,7 +24,26 @@ class ServiceError(Exception):
         return {"error": {"code": self.code, "message": self.message, **self.details}}
 
     def body(self) -> bytes:
-        return dumps(self.document())
+        """The one error body as UTF-8 JSON. A message or detail that echoes the caller's input
+        may hold what no UTF-8 text can (a lone surrogate, from a `\\ud800` escape in a JSON key):
+        such code points are written as their escape (`\\ud800`, six characters), so a refusal is
+        always a refusal and never an encoding failure (a 500)."""
+        try:
+            return dumps(self.document())
+        except UnicodeEncodeError:
+            return dumps(_encodable(self.document()))
 
     def __repr__(self) -> str:
         return f"ServiceError({self.status}, {self.code!r}, {self.message!r})"
+
+
+def _encodable(value: Any) -> Any:
+    """value with every string's unencodable code points (lone surrogates) replaced by their
+    backslash escape, in keys and values alike."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_encodable(k): _encodable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encodable(v) for v in value]
+    return value

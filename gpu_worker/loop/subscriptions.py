@@ -41,6 +41,17 @@ class Subscriptions:
         self._by_conn.setdefault(conn, {})[req_id] = sub
         return sub
 
+    def move(self, sub: Subscription, topic: Topic) -> None:
+        """The subscription follows another topic (its receipt's row changed: ops/events.py)."""
+        if sub.topic == topic:
+            return
+        subs = self._by_topic[sub.topic]
+        subs.remove(sub)
+        if not subs:
+            del self._by_topic[sub.topic]
+        sub.topic = topic
+        self._by_topic.setdefault(topic, []).append(sub)
+
     def of(self, topic: Topic) -> list[Subscription]:
         """The subscriptions of a topic, oldest first (a copy: pushing may end some)."""
         return list(self._by_topic.get(topic, ()))

@@ -104,8 +104,8 @@ class Watchdog:
         stalled = now - self._since
         if stalled >= self.stall_seconds and (self._reported_at is None or now - self._reported_at >= REPEAT_SECONDS):
             self._reported_at = now
-            self.reports += 1
             log.error("device pipeline stalled: work has waited %.1f s with no progress\n%s", stalled, self.report())
+            self.reports += 1  # after the log line: a reader of `reports` finds the report written
         return stalled
 
     def _waiting(self) -> bool:

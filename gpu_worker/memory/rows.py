@@ -7,7 +7,7 @@ memory lists and detail reads show it.
         32    8  version          u64, 1 when retained, +1 at each change
         40    2  kind             u16, Kind
         42    1  scope            u8, the owning space's scope (1 private, 2 room, 3 instance)
-        43    1  flags            u8, Flag bits
+        43    1  flags            u8, Flag bits: 1 published, 2 managed, 4 interpreted
         44    4  byte length      u32, payload bytes
         48   16  owner            the memory owner: a private space's derived owner
                                   (state/ids.memory_owner), a room's space id, zeros for the instance
@@ -16,11 +16,13 @@ memory lists and detail reads show it.
         96   16  source           the operation that wrote the row, op-{object lineage}-{source}
        112   16  actor            the participant whose operation it was, par-{actor}
 
-All integers little-endian; the row is exactly 128 bytes (`ROW.size`)."""
+All integers little-endian; the row is exactly 128 bytes (`ROW.size`), every byte assigned. A
+published copy's provenance (its source object and source version, 40 bytes) does not fit in it:
+the memory table keeps it beside the row (`Provenance`), and the JSON form shows both."""
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum, IntFlag
 from typing import Any
 
@@ -39,8 +41,37 @@ class Kind(IntEnum):
 
 
 class Flag(IntFlag):
-    PUBLISHED = 1  # a copy made by a publication (the source object's provenance is in its admission)
-    MANAGED = 2    # written under an affect-managed lease (revision 5)
+    PUBLISHED = 1    # a copy made by a publication (its source object and version: `Provenance`)
+    MANAGED = 2      # written under an affect-managed lease (revision 5)
+    INTERPRETED = 4  # a turn's source whose interpretation was retained later (that made it version 2)
+
+
+PROVENANCE = struct.Struct("<16s16sQ")  # a published copy's source object (lineage, id) and version
+NO_PROVENANCE = bytes(PROVENANCE.size)
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a published copy came from: its source object and the version it copied (the
+    publication's admission record). Kept beside the 128-byte row, which has no room for it
+    (state/memory.py `provenance`; docs/memory.md "The metadata row")."""
+    lineage: bytes
+    object: bytes
+    version: int
+
+    def pack(self) -> bytes:
+        return PROVENANCE.pack(self.lineage, self.object, self.version)
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> "Provenance | None":
+        """None for the zeros of a row that is not a copy (or a copy loaded from a checkpoint
+        written before provenance was kept)."""
+        if raw == NO_PROVENANCE:
+            return None
+        return cls(*PROVENANCE.unpack(raw))
+
+    def to_json(self) -> dict[str, str]:
+        return {"object": memory_id(self.lineage, self.object), "version": str(self.version)}
 
 
 SCOPES = {1: "private", 2: "room", 3: "instance"}
@@ -96,8 +127,13 @@ class MemoryRow:
             return "instance"
         return "private-" + self.owner.hex()
 
-    def to_json(self) -> dict[str, Any]:
-        """The row as lists and detail reads show it (counters as decimal strings)."""
+    def bumped(self, flags: Flag) -> "MemoryRow":
+        """The row at its next version, with `flags` added (a change to the object)."""
+        return replace(self, version=self.version + 1, flags=self.flags | flags)
+
+    def to_json(self, provenance: Provenance | None = None) -> dict[str, Any]:
+        """The row as lists and detail reads show it (counters as decimal strings), with a
+        published copy's provenance (`published_from`, null for any other row)."""
         return {
             "object": memory_id(self.lineage, self.object),
             "version": str(self.version),
@@ -105,9 +141,11 @@ class MemoryRow:
             "scope": SCOPES[self.scope],
             "published": bool(self.flags & Flag.PUBLISHED),
             "managed": bool(self.flags & Flag.MANAGED),
+            "interpreted": bool(self.flags & Flag.INTERPRETED),
             "owner": self.owner_name(),
             "room": space_id(self.room_lineage, self.room) if self.scope == 2 else None,
             "byte_length": str(self.byte_length),
             "source": operation_id(self.lineage, self.source),
             "actor": participant_id(self.actor),
+            "published_from": provenance.to_json() if provenance is not None else None,
         }

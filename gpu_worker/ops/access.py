@@ -109,10 +109,13 @@ def space_readable(d: Device, principal: bytes, reader: int | None, srow: int) -
 def space_id(d: Device, srow: int) -> str:
     t = d.state.tables
     row = t.row(t.spaces, srow)
-    return ids.space_id(d.state.participants.lineage[row[S.OWNER]], join16(row[S.ID_HI], row[S.ID_LO]))
+    # the owner's lineage when it was created (a restore gives participants new lineages, not old IDs)
+    return ids.space_id(d.state.participants.lineage_at(row[S.OWNER], row[S.CREATED]),
+                        join16(row[S.ID_HI], row[S.ID_LO]))
 
 
 def conversation_id(d: Device, crow: int) -> str:
     t = d.state.tables
     row = t.row(t.conversations, crow)
-    return ids.conversation_id(d.state.participants.lineage[row[C.CREATOR]], join16(row[C.ID_HI], row[C.ID_LO]))
+    return ids.conversation_id(d.state.participants.lineage_at(row[C.CREATOR], row[C.CREATED]),
+                               join16(row[C.ID_HI], row[C.ID_LO]))

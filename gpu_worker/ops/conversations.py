@@ -69,7 +69,7 @@ CREATE: OperationKind = OperationKind(Kind.CONVERSATION_CREATE, "conversations.c
 def view(d: Device, crow: int) -> dict[str, Any]:
     t = d.state.tables
     row = t.row(t.conversations, crow)
-    lineage = d.state.participants.lineage[row[C.CREATOR]]
+    lineage = d.state.participants.lineage_at(row[C.CREATOR], row[C.CREATED])  # the one its ID was made with
     return {"id": ids.conversation_id(lineage, join16(row[C.ID_HI], row[C.ID_LO])),
             "space": access.space_id(d, row[C.SPACE]), "slot": str(crow),
             "created_by_operation": ids.operation_id(lineage, join16(row[C.OP_HI], row[C.OP_LO]))}

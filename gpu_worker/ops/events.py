@@ -3,8 +3,12 @@ operation's output as byte spans, read once or followed as the device saves them
 
 Event cursors count conversation input order: the n-th input admitted to a conversation is event
 n, for good (retiring receipts does not renumber). Only live receipts have events, so retirements
-leave a window: its first order is the `event_floor`, and a cursor below it is a `gap`. Every
-reader with the read right on the conversation's space sees every member's events; another
+leave retired orders: below the `event_floor` (the first order still readable) when the oldest
+inputs go, and holes above it when another member retires an input between two readable ones.
+A read covers a window of orders — from the one after its cursor (order 1 without a cursor) to
+its last event, or to the last order admitted when nothing follows — and says `gap` whenever a
+retired order lies in that window, so a reader always knows it missed events (`window_gap`).
+Every reader with the read right on the conversation's space sees every member's events; another
 participant's `sequence` is null, as in receipts.
 
 Followed reads are subscriptions (loop/subscriptions.py). A conversation subscription gets the
@@ -13,12 +17,14 @@ is then; `GET /operations/{op}/events` follows that input's output). An operatio
 gets the saved output from its byte offset, then each output span as it is saved, then one
 terminal event, which ends it. Each frame names its `event` — first `open` (the subscription is
 accepted; a refusal is instead one error frame), then `event`, `gap`, `output` or `terminal` —
-and, but for `open`, its `cursor`; its body is that event's JSON, ready for the stream's `data:`. A subscription is opened against saved state only and rechecked whenever grants or
+and, but for `open`, its `cursor`; its body is that event's JSON, ready for the stream's `data:`.
+A `gap` frame goes before the first event after retired orders (or alone, when only retired
+orders follow the cursor); its cursor is the last retired order it stands for, so resuming from
+it (Last-Event-ID) neither repeats the gap nor skips an event. A subscription is opened against saved state only and rechecked whenever grants or
 memberships change: a reader who lost the right gets a last frame with the error (403 or 404).
 """
 from __future__ import annotations
 
-import base64
 import bisect
 import json
 from typing import TYPE_CHECKING, Any
@@ -28,8 +34,8 @@ from ..contract.vocabulary import CHAT, ENVELOPE, READ
 from ..contract.wire import Message, dumps, reply
 from ..state.tables import C, R, Right
 from . import access, chat, receipts, registry
-from .lists import page_args
-from .operations import visible_receipt
+from .lists import byte_span, page_args
+from .operations import refuse_past_deadline, visible_receipt
 
 from .kind import Read
 
@@ -72,6 +78,12 @@ def event_floor(d: Device, crow: int, orders: list[int]) -> int:
     return orders[0] if orders else t.value(t.conversations, crow, C.INPUTS) + 1
 
 
+def window_gap(first: int, last: int, readable: int) -> bool:
+    """Whether a read covering orders first..last, of which `readable` are live events, steps
+    over a retired one (orders are numbered without holes, so any shortfall is retired)."""
+    return last >= first and readable < last - first + 1
+
+
 def _cursor(args: dict[str, Any]) -> int | None:
     cursor = args.get("cursor")
     if cursor is None:
@@ -93,8 +105,12 @@ def list_events(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int,
     page = rrows[start:start + limit]
     items = [event(d, r, d.state.tables.value(d.state.tables.receipts, r, R.PARTICIPANT) == prow) for r in page]
     more = start + limit < len(rrows)
+    # the window this page covers: after the cursor, to its last event (more follow) or to the last order
+    t = d.state.tables
+    last = orders[start + len(page) - 1] if more else t.value(t.conversations, crow, C.INPUTS)
+    gap = window_gap((cursor or 0) + 1, last, len(page))
     return 200, {"items": items, "next_cursor": items[-1]["cursor"] if more and items else None,
-                 "gap": cursor is not None and cursor + 1 < floor, "event_floor": str(floor)}
+                 "gap": gap, "event_floor": str(floor)}
 
 
 READS: dict[str, Read] = {"conversations.events": list_events}
@@ -132,13 +148,19 @@ def open_conversation(d: Device, conn: object, msg: Message, batch: Batch) -> in
     orders, rrows = _orders(d, crow)
     floor = event_floor(d, crow, orders)
     d.subscriptions.push(sub, dumps({"event_floor": str(floor)}), event="open")
-    if cursor is not None and cursor + 1 < floor:  # resuming from floor - 1 skips the retired window
-        d.subscriptions.push(sub, dumps({"gap": True, "event_floor": str(floor)}), event="gap", cursor=str(floor - 1))
     start = bisect.bisect_right(orders, cursor) if cursor is not None else 0
     t = d.state.tables
-    for rrow in rrows[start:]:
+    gap = dumps({"gap": True, "event_floor": str(floor)})
+    seen = cursor or 0  # the last order this reader has been told about, an event or a gap
+    for rrow, order in zip(rrows[start:], orders[start:]):
+        if window_gap(seen + 1, order - 1, 0):  # retired orders before this event
+            d.subscriptions.push(sub, gap, event="gap", cursor=str(order - 1))
         own = t.value(t.receipts, rrow, R.PARTICIPANT) == prow
-        d.subscriptions.push(sub, dumps(event(d, rrow, own)), event="event", cursor=str(t.value(t.receipts, rrow, R.ORDER)))
+        d.subscriptions.push(sub, dumps(event(d, rrow, own)), event="event", cursor=str(order))
+        seen = order
+    admitted = t.value(t.conversations, crow, C.INPUTS)
+    if window_gap(seen + 1, admitted, 0):  # only retired orders after the last event
+        d.subscriptions.push(sub, gap, event="gap", cursor=str(admitted))
     return 0
 
 
@@ -160,12 +182,8 @@ def input_saved(d: Device, rrow: int) -> None:
 
 
 def _span(offset: int, data: bytes) -> bytes:
-    try:
-        text: str | None = data.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
-    return dumps({"offset": offset, "length": len(data), "next_offset": offset + len(data),
-                  "bytes": base64.b64encode(data).decode(), "text": text})
+    """An `output` event: the span as a result read shows it (lists.byte_span)."""
+    return dumps(byte_span(data, offset))
 
 
 def _terminal(d: Device, rrow: int, own: bool) -> tuple[bytes, str]:
@@ -187,6 +205,7 @@ def open_operation(d: Device, conn: object, msg: Message, batch: Batch) -> int:
         args = d.args(msg)
         rrow, own = visible_receipt(d, principal, str(args.get("operation", "")))
         t = d.state.tables
+        refuse_past_deadline(t.row(t.receipts, rrow))
         length = t.value(t.receipts, rrow, R.RESULT_LEN)
         offset = args.get("offset", 0)
         if not isinstance(offset, int) or not 0 <= offset <= length:
@@ -196,7 +215,7 @@ def open_operation(d: Device, conn: object, msg: Message, batch: Batch) -> int:
         return 0
     sub = d.subscriptions.open(conn, msg.get("id"), ("op", rrow), principal,
                                {"operation": args["operation"], "offset": length, "own": own})
-    d.subscriptions.push(sub, dumps({"offset": offset, "length": length}), event="open")
+    d.subscriptions.push(sub, dumps({"offset": str(offset), "length": str(length)}), event="open")
     if length > offset:
         d.subscriptions.push(sub, _span(offset, t.get_bytes(t.result_bytes, rrow, length - offset, offset)),
                              event="output", cursor=str(length))
@@ -218,12 +237,37 @@ def output_saved(d: Device, rrow: int, offset: int, data: bytes) -> None:
 
 
 def terminal_saved(d: Device, rrow: int) -> None:
+    """An operation's terminal is saved: its streams end with the terminal event, or with the
+    504 its result read answers when it exceeded its deadline."""
     subs = d.subscriptions.of(("op", rrow))
+    t = d.state.tables
+    try:
+        refuse_past_deadline(t.row(t.receipts, rrow))
+    except ServiceError as err:
+        if subs:
+            d.subscriptions.end_all(subs, err.status, err.body())
+        return
     for own in (True, False):
         group = [sub for sub in subs if sub.data["own"] is own]
         if group:
             body, cursor = _terminal(d, rrow, own)
             d.subscriptions.end_all(group, 200, body, event="terminal", cursor=cursor)
+
+
+def state_rebuilt(d: Device) -> None:
+    """The state was rebuilt from what is saved (ENOSPC: Device.refuse_unsaved). Replay hands
+    out receipt rows in its own order, so a receipt's row may differ from the one it had live:
+    each operation subscription finds its receipt again by operation ID (or ends as a new read
+    would be refused). Conversation rows are handed out the same way live and at replay."""
+    for sub in d.subscriptions.all():
+        if sub.topic[0] != "op":
+            continue
+        try:
+            rrow, _ = visible_receipt(d, sub.principal or b"", sub.data["operation"])
+        except ServiceError as err:
+            d.subscriptions.end(sub, err.status, err.body())
+            continue
+        d.subscriptions.move(sub, ("op", rrow))
 
 
 def close(d: Device, conn: object, msg: Message, batch: Batch) -> int:

@@ -5,11 +5,15 @@ later inputs does not depend on live receipts.
 A retirement folds each succeeded input it frees into its conversation's history, in event
 order. The history row holds at most the profile's `history_bytes` (default 8192) as records
 
-    order u32 | user length u32 | user bytes | answer length u32 | answer bytes
+    order|2^31 u32 | author u32 | user length u32 | user bytes | answer length u32 | answer bytes
 
-oldest first; when a new record does not fit, the oldest records go, and one turn alone larger
-than the row keeps the end of its answer that fits. Replay folds the same receipts at the same
-retirement, so the history is rebuilt exactly; a checkpoint saves the used bytes.
+oldest first, where the author is the participant row of the input's submitter, so that an input
+whose submitter may not read the space is given its own retired turns only (DESIGN §8). A record
+without bit 31 in its first word has no author word (a checkpoint's history from before authors
+were kept): its author is unknown, and only readers of the space are given it. When a new record
+does not fit, the oldest records go, and one turn alone larger than the row keeps the end of its
+answer that fits. Replay folds the same receipts at the same retirement, so the history is
+rebuilt exactly; a checkpoint saves the used bytes.
 """
 from __future__ import annotations
 
@@ -23,33 +27,44 @@ if TYPE_CHECKING:
     from ..device import Device
 
 _U32 = struct.Struct("<I")
-_HEAD = struct.Struct("<II")  # order, user length
+AUTHORED = 1 << 31  # the first word's flag: an author word follows (event orders stay below it)
+UNKNOWN = -1        # the author of a record written before authors were kept
 
 
-def _records(data: bytes) -> list[tuple[int, bytes, bytes]]:
+def _records(data: bytes) -> list[tuple[int, int, bytes, bytes]]:
+    """(order, author, user, answer) of each record, oldest first."""
     out, pos = [], 0
     while pos < len(data):
-        order, user_len = _HEAD.unpack_from(data, pos)
-        pos += _HEAD.size
+        (order,) = _U32.unpack_from(data, pos)
+        pos += _U32.size
+        author = UNKNOWN
+        if order & AUTHORED:
+            order &= ~AUTHORED
+            (author,) = _U32.unpack_from(data, pos)
+            pos += _U32.size
+        (user_len,) = _U32.unpack_from(data, pos)
+        pos += _U32.size
         user = data[pos:pos + user_len]
         pos += user_len
         (answer_len,) = _U32.unpack_from(data, pos)
         pos += _U32.size
-        out.append((order, user, data[pos:pos + answer_len]))
+        out.append((order, author, user, data[pos:pos + answer_len]))
         pos += answer_len
     return out
 
 
-def _encode(order: int, user: bytes, answer: bytes) -> bytes:
-    return _HEAD.pack(order, len(user)) + user + _U32.pack(len(answer)) + answer
+def _encode(order: int, author: int, user: bytes, answer: bytes) -> bytes:
+    head = _U32.pack(order) if author == UNKNOWN else _U32.pack(order | AUTHORED) + _U32.pack(author)
+    return head + _U32.pack(len(user)) + user + _U32.pack(len(answer)) + answer
 
 
-def turns(d: Device, crow: int) -> list[tuple[int, str, str]]:
-    """The retained turns of a conversation: (event order, user text, answer), oldest first."""
+def turns(d: Device, crow: int) -> list[tuple[int, int, str, str]]:
+    """The retained turns of a conversation: (event order, author's participant row or UNKNOWN,
+    user text, answer), oldest first."""
     t = d.state.tables
     data = t.get_bytes(t.history, crow, t.value(t.conversations, crow, C.HISTORY_LEN))
-    return [(order, user.decode("utf-8", "replace"), answer.decode("utf-8", "replace"))
-            for order, user, answer in _records(data)]
+    return [(order, author, user.decode("utf-8", "replace"), answer.decode("utf-8", "replace"))
+            for order, author, user, answer in _records(data)]
 
 
 def fold(d: Device, rrow: int) -> None:
@@ -64,13 +79,13 @@ def fold(d: Device, rrow: int) -> None:
     limit = t.history.shape[1]
     user = input_text(d, rrow).encode("utf-8")
     answer = t.get_bytes(t.result_bytes, rrow, row[R.RESULT_LEN])
-    overhead = _HEAD.size + _U32.size
+    overhead = 4 * _U32.size
     if overhead + len(user) + len(answer) > limit:  # alone too large: the user text, then the answer's end
         user = user[:max(0, limit - overhead)]
         room = limit - overhead - len(user)
         answer = answer[len(answer) - room:] if room > 0 else b""
     old = _records(t.get_bytes(t.history, crow, t.value(t.conversations, crow, C.HISTORY_LEN)))
-    records = sorted(old + [(row[R.ORDER], user, answer)])
+    records = sorted(old + [(row[R.ORDER], row[R.PARTICIPANT], user, answer)])
     encoded = [_encode(*r) for r in records]
     while sum(map(len, encoded)) > limit:
         encoded.pop(0)

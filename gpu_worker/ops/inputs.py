@@ -3,9 +3,18 @@ input and the reads of its result bytes. What happens after the admission is sav
 engine, output, completion) is gpu_worker/execution.py.
 
 The admission records the accepted model digest, the effective page limit and output limit, and
-the retention mode and context revision its lease will carry, apart from the caller's bytes;
-defaults are the profile's (256 output tokens, the page grant, temperature 0, top_p 1), retention
-`source` and context `compact`.
+the retention mode and context revision its lease will carry, apart from the caller's bytes (the
+receipt's `effective` shows the model digest, page limit and output limit); defaults are the
+profile's (256 output tokens, the page grant, temperature 0, top_p 1), retention `source` and
+context `compact`.
+
+An omitted `max_output_tokens` is the profile's default only as far as the page limit allows:
+min(256, pages x page_size / 2), at least 1 (`default_output_tokens`). The page limit holds the
+prompt and the output together, and at admission the device cannot count the prompt's tokens:
+earlier turns, recalled memory and the chat template are chosen and tokenized when the input is
+leased, off the tick thread. So the default leaves the prompt half the page limit, and the lease
+fits the most recent turns into that room (execution.fit_prompt). A caller's own value is taken as
+it is, up to the whole page limit (pages x page_size).
 """
 from __future__ import annotations
 
@@ -56,6 +65,12 @@ def input_text(d: Device, rrow: int) -> str:
     return str(body["text"]) + media_links(body)
 
 
+def default_output_tokens(profile: dict[str, Any], pages: int) -> int:
+    """The output limit of an input that names none: the profile's default (256), within half of
+    what its page limit holds (the other half is the prompt's room)."""
+    return max(1, min(int(profile["max_output_tokens"]), pages * int(profile["page_size"]) // 2))
+
+
 def model_card(d: Device, name: Any) -> dict[str, Any]:
     """The card of a served generation model, by name or digest (409 for any other)."""
     card: dict[str, Any] = d.runtime.json("gen/card")
@@ -89,6 +104,11 @@ def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], k
             raise ServiceError(404, "media_not_found",
                                f"no media source {row.get('sha256') if isinstance(row, dict) else row!r} "
                                "owned by this participant")
+        if source.missing:  # listed by the saved state, its bytes lost (ops/media.recover_bytes)
+            sha = row["sha256"]
+            raise ServiceError(409, "media_unavailable",
+                               f"media source {sha} is saved but its bytes are not (restored from a checkpoint "
+                               f"that did not carry them); upload it again: PUT /aotx/v1/media/{sha}", sha256=sha)
     types = set(r["type"] for r in media)
     if media and not types <= set(card["capabilities"]["media_types"]):
         raise ServiceError(409, "model_lacks_media", f"model {card['name']} takes no {', '.join(sorted(types))} input")
@@ -101,7 +121,7 @@ def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], k
         raise ServiceError(409, "page_limit_exceeds_pool", f"{pages} pages exceed the KV pool of {pool}")
     if pages > grant:
         raise ServiceError(409, "page_limit_exceeds_grant", f"{pages} pages exceed the page grant of {grant}")
-    max_output = args.get("max_output_tokens", profile["max_output_tokens"])
+    max_output = args["max_output_tokens"] if "max_output_tokens" in args else default_output_tokens(profile, pages)
     if not isinstance(max_output, int) or not 1 <= max_output <= pages * profile["page_size"]:
         raise ServiceError(400, "bad_field", f"max_output_tokens must be 1..{pages * profile['page_size']} "
                                              f"for {pages} pages")
@@ -153,10 +173,11 @@ def columns(d: Device, a: Admission) -> dict[int, int]:
 
 
 def saved(d: Device, rrow: int) -> None:
-    """Saved: it waits for its lease (its principal's turn: execution.LeaseQueue), and its event
-    goes to the conversation's subscribers."""
+    """Saved: it waits for its lease (its conversation's turn, then its principal's:
+    execution.LeaseQueue), and its event goes to the conversation's subscribers."""
     t = d.state.tables
-    d.executions.to_lease.append(rrow, t.value(t.receipts, rrow, R.PARTICIPANT))  # its principal's queue
+    row = t.row(t.receipts, rrow)
+    d.executions.to_lease.append(rrow, row[R.PARTICIPANT], row[R.TARGET])
     events.input_saved(d, rrow)
 
 

@@ -49,11 +49,12 @@ def byte_offset(args: dict[str, Any], length: int) -> int:
 
 
 def byte_span(data: bytes, offset: int) -> dict[str, Any]:
-    """Exact bytes from `offset` as a read shows them: base64, and `text` null unless the span is
-    complete UTF-8 (nothing is ever replaced)."""
+    """Exact bytes from `offset` as a read or a stream shows them: base64, and `text` null unless
+    the span is complete UTF-8 (nothing is ever replaced); `offset`, `length` and `next_offset`
+    are counters, decimal strings."""
     try:
         text: str | None = data.decode("utf-8")
     except UnicodeDecodeError:
         text = None
-    return {"offset": offset, "length": len(data), "next_offset": offset + len(data),
+    return {"offset": str(offset), "length": str(len(data)), "next_offset": str(offset + len(data)),
             "bytes": base64.b64encode(data).decode(), "text": text}

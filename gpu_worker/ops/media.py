@@ -3,11 +3,19 @@ each owned by the participants that uploaded it. The bytes are hashed, written a
 then directory) on a thread of their own before the MEDIA transfer that records the owner is
 appended, so a saved owner always has its bytes. An upload answers 201 once that transfer is
 saved, 200 when the caller already owns the source. The caller's media_bytes quota (ops/quotas.py)
-counts an upload from its check until its owner is saved or it is refused."""
+counts an upload from its check until its owner is saved or it is refused.
+
+A checkpoint carries the bytes of every source it lists (`media/<sha256>` components of the
+runtime file: storage/checkpoint.py), so a restore onto a fresh journal directory has them:
+`recover_bytes` writes them back under <journal>/media/ at boot. A source listed by the saved
+state whose bytes are in neither place (a checkpoint written before checkpoints carried media, or
+a file removed by hand) is marked missing, named in the boot log and in `ping`, and refused to
+inputs (409 `media_unavailable`) until its owner uploads it again (docs/checkpoint.md)."""
 from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import threading
 from typing import TYPE_CHECKING, Any
@@ -27,13 +35,63 @@ if TYPE_CHECKING:
     from ..storage.committer import Batch
 
 
+log = logging.getLogger("gpu_worker.media")
+COMPONENT = "media/"  # runtime file components: media/<sha256>, a checkpoint's copy of the bytes
+
+
 def media_dir(d: Device) -> str:
     return os.path.join(d.journal_dir, "media")
 
 
+def read_source(d: Device, sha: str) -> bytes | None:
+    """The bytes of a source under <journal>/media/, or None when they are not there whole (a
+    missing file, or one that no longer hashes to its name)."""
+    try:
+        with open(os.path.join(media_dir(d), sha), "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    return data if hashlib.sha256(data).hexdigest() == sha else None
+
+
+def recover_bytes(d: Device) -> None:
+    """After recovery (boot, or the rebuild after ENOSPC): every source the state lists has its
+    bytes under <journal>/media/, written back from the runtime file's copy when they are not
+    there (a restore on a fresh journal directory), or it is marked missing and logged."""
+    directory = media_dir(d)
+    for sha, source in sorted(d.state.media.items()):
+        path = os.path.join(directory, sha)
+        try:
+            source.missing = os.path.getsize(path) != source.length
+        except FileNotFoundError:
+            source.missing = True
+        if not source.missing:
+            continue
+        name = COMPONENT + sha
+        copy = d.runtime.components.get(name)
+        if copy is not None and copy.sha256 == sha and copy.length == source.length:
+            if os.path.exists(path):  # not its bytes: replaced whole by the checked copy
+                os.remove(path)
+            _store(directory, d.fs, sha, d.runtime.read_verified(name))
+            source.missing = False
+            log.info("media source %s (%d bytes) restored under %s from runtime file %s", sha, source.length,
+                     directory, d.runtime.path)
+        else:
+            if os.path.exists(path):  # not its bytes (another length): kept aside, so an upload writes them again
+                os.replace(path, path + ".damaged")
+            log.warning("media source %s (%d bytes, %s) is listed by the saved state but its bytes are neither "
+                        "under %s nor in runtime file %s; inputs naming it answer 409 media_unavailable until "
+                        "its owner uploads it again", sha, source.length, source.type, directory, d.runtime.path)
+
+
+def missing(d: Device) -> list[str]:
+    """The sources whose bytes are lost (ping shows them)."""
+    return sorted(sha for sha, source in d.state.media.items() if source.missing)
+
+
 def view(d: Device, sha: str) -> dict[str, Any]:
     source = d.state.media[sha]
-    return {"sha256": sha, "length": source.length, "type": source.type}
+    return {"sha256": sha, "length": str(source.length), "type": source.type}
 
 
 def _check(args: dict[str, Any]) -> None:
@@ -90,6 +148,8 @@ def put(d: Device, conn: object, msg: Message, batch: Batch) -> int:
 
     def stored(_: Any, error: BaseException | None) -> None:
         source = d.state.media.get(sha)
+        if error is None and source is not None:
+            source.missing = False  # its bytes are written (again): an upload restores a lost source
         if error is not None or d.holds.current or (source is not None and prow in source.owners):
             _release(d, prow, len(data))  # answered now: its bytes no longer wait for an owner
         if error is None and source is not None and prow in source.owners:

@@ -72,20 +72,27 @@ SET: OperationKind = OperationKind(Kind.MEMBER_SET, "members.set", check=check, 
 
 
 def list_members(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
-    """The owner (implicit, on the first page) then the explicit rows in creation order."""
+    """The owner (implicit, on the first page) then the explicit rows in creation order; a page
+    holds at most `limit` items, the owner taking one of the first page's places. Cursors are the
+    explicit rows' creation counters; after a first page of the owner alone it is "0", which no
+    row was created at (every admission counts from 1), so the next page starts at the first row."""
     state = d.state
     srow = access.space_row(d, args.get("space"), principal, state.participants.by_principal.get(principal),
                             Right.READ)
     cursor, limit = page_args(args)
     t = state.tables
     members = t.members
-    rows, next_cursor = page(members, M.CREATED, (members[:, M.STATE] == 1) & (members[:, M.SPACE] == srow),
-                             cursor, limit)
+    live = (members[:, M.STATE] == 1) & (members[:, M.SPACE] == srow)
     names = state.participants.public_id
     items = []
     if cursor is None:
         items.append({"participant": names[t.value(t.spaces, srow, S.OWNER)],
                       "permissions": access.right_names(access.ALL_RIGHTS), "explicit": False})
+        limit -= 1
+    if limit:
+        rows, next_cursor = page(members, M.CREATED, live, cursor, limit)
+    else:  # the first page is the owner alone: the explicit rows, if any, follow from "0"
+        rows, next_cursor = [], "0" if bool(live.any()) else None
     for mrow in rows:
         row = t.row(members, mrow)
         items.append({"participant": names[row[M.PARTICIPANT]], "permissions": access.right_names(row[M.RIGHTS]),

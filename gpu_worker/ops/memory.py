@@ -5,8 +5,15 @@ two reads (`GET /spaces/{spc}/memory`, `GET /memory/{mem}`).
 Visibility is transitive through publication: a row belongs to exactly one memory owner (a
 private space, a room, or the instance), a publication copies it into another owner, and a caller
 sees the rows of every owner whose space it may currently read (grants ∩ membership, computed for
-all spaces in one batch: access.visible_spaces). A row the caller may not see is 404, as if it
-did not exist.
+all spaces in one batch: access.visible_spaces). The instance's memory is shared by every instance
+space, and each of its rows is fenced to the readers of the instance space it was retained or
+published in, so a zero-rights row (or an explicit row without read) keeps its participant from
+the memory of that space through every other. A row the caller may not see is 404, as if it did
+not exist.
+
+What a caller may read is also what its inputs' prompts may hold (DESIGN §8): recall takes the
+rows of the conversation's memory that its submitter may read when its lease is saved
+(`context_reader`), and nothing else.
 """
 from __future__ import annotations
 
@@ -23,7 +30,7 @@ from ..memory.recall import recall
 from ..memory.rows import ZERO, Flag, MemoryRow, memory_id
 from ..memory.rows import Kind as MemoryKind
 from ..state import ids as derived
-from ..state.tables import NotRetained, R, S, Right, Scope, join16
+from ..state.tables import C, NotRetained, P, R, S, Right, Scope, join16
 from ..storage import leases
 from . import access
 from .lists import byte_offset, byte_span, page_args
@@ -37,10 +44,9 @@ TEXT_KINDS = frozenset({int(MemoryKind.SOURCE), int(MemoryKind.INTERPRETATION)})
 
 
 def owner_number(d: Device, srow: int) -> int:
-    """The memory owner of a space as the memory table numbers it (state/memory.py)."""
-    t = d.state.tables
-    if t.value(t.spaces, srow, S.SCOPE) == Scope.INSTANCE:
-        return d.state.memory.instance_owner
+    """The number the memory table files space srow's rows under (state/memory.py): its row + 1,
+    whatever its scope. For a private space or a room it is the memory owner; for an instance
+    space, the fence of the instance rows it retained or received (`scope_table`)."""
     return srow + 1
 
 
@@ -51,7 +57,7 @@ def new_row(d: Device, srow: int, lineage: bytes, obj: bytes, kind: int, flags: 
     row = t.row(t.spaces, srow)
     scope = row[S.SCOPE]
     raw = join16(row[S.ID_HI], row[S.ID_LO])
-    space_lineage = d.state.participants.lineage[row[S.OWNER]]
+    space_lineage = d.state.participants.lineage_at(row[S.OWNER], row[S.CREATED])  # the one in the space's ID
     owner, room_lineage, room = ZERO, ZERO, ZERO
     if scope == Scope.ROOM:
         owner, room_lineage, room = raw, space_lineage, raw
@@ -62,14 +68,32 @@ def new_row(d: Device, srow: int, lineage: bytes, obj: bytes, kind: int, flags: 
 
 
 def readable_owners(d: Device, principal: bytes, prow: int | None) -> torch.Tensor:
-    """A bool table over owner numbers: the owners whose memory the caller may read now."""
+    """A bool table over owner numbers: those whose rows the caller may read now (read right on
+    their space, grants ∩ membership). The instance rows of a checkpoint written before the
+    fence, which do not say their space, only for a reader of every live instance space."""
     memory = d.state.memory
     rights = access.visible_spaces(d, principal, prow)
     readable = (rights & Right.READ) != 0
-    table = torch.zeros(memory.instance_owner + 1, dtype=torch.bool, device=rights.device)
-    table[1:memory.instance_owner] = readable
+    table = torch.zeros(memory.legacy_instance + 1, dtype=torch.bool, device=rights.device)
+    table[1:memory.legacy_instance] = readable
     spaces = d.state.tables.spaces
-    table[memory.instance_owner] = bool((readable & (spaces[:, S.SCOPE] == Scope.INSTANCE)).any())
+    instance = (spaces[:, S.STATE] == 1) & (spaces[:, S.SCOPE] == Scope.INSTANCE)
+    table[memory.legacy_instance] = bool(instance.any()) and bool(readable[instance].all())
+    return table
+
+
+def scope_table(d: Device, srow: int) -> torch.Tensor:
+    """A bool table over owner numbers: the rows that make up space srow's memory. A private
+    space's or a room's own; for an instance space, the instance's: the rows of every live
+    instance space (and those of an earlier checkpoint)."""
+    memory = d.state.memory
+    spaces = d.state.tables.spaces
+    table = torch.zeros(memory.legacy_instance + 1, dtype=torch.bool, device=spaces.device)
+    if d.state.tables.value(spaces, srow, S.SCOPE) == Scope.INSTANCE:
+        table[1:memory.legacy_instance] = (spaces[:, S.STATE] == 1) & (spaces[:, S.SCOPE] == Scope.INSTANCE)
+        table[memory.legacy_instance] = True
+    else:
+        table[owner_number(d, srow)] = True
     return table
 
 
@@ -84,24 +108,58 @@ def visible_slot(d: Device, principal: bytes, prow: int | None, value: Any) -> i
     raise ServiceError(404, "memory_not_found", f"no memory object {value} visible to this principal")
 
 
+def current_version(row: MemoryRow, version: int, what: str) -> None:
+    """SPEC "The device checks ... current object versions": a read or a publication naming a
+    version of an object must name its current one (409 `stale_version`; `version` is the
+    current one)."""
+    if version != row.version:
+        raise ServiceError(409, "stale_version", f"{what} is at version {row.version}, not {version}",
+                           version=str(row.version))
+
+
 def release_space(d: Device, srow: int) -> None:
-    """A deleted space's memory goes with it (a room's or a private space's; the instance's memory
-    belongs to every instance space and stays)."""
-    memory = d.state.memory
-    number = owner_number(d, srow)
-    if number != memory.instance_owner:
-        memory.release_owner(number)
+    """A deleted space's memory goes with it: a private space's or a room's, and the instance
+    rows retained or published in an instance space (fenced to its readers, nobody could read
+    them again)."""
+    d.state.memory.release_owner(owner_number(d, srow))
+
+
+def context_reader(d: Device, rrow: int) -> tuple[torch.Tensor, bool]:
+    """What an input's prompt may hold (DESIGN §8), from its submitting participant's rights now
+    (stored rights ∩ current grants, asked when its lease is saved): the owner numbers whose
+    memory it may read (`readable_owners`), and whether it may read its conversation's space (if
+    not, its context holds its own turns only)."""
+    t = d.state.tables
+    prow = t.value(t.receipts, rrow, R.PARTICIPANT)
+    principal = join16(*t.row(t.participants, prow)[P.PRINCIPAL_HI:P.PRINCIPAL_LO + 1])
+    srow = t.value(t.conversations, t.value(t.receipts, rrow, R.TARGET), C.SPACE)
+    readable = readable_owners(d, principal, prow)
+    return readable, bool(readable[owner_number(d, srow)])
+
+
+def interpreted(d: Device, op: bytes) -> None:
+    """The interpretation of the turn that input operation `op` wrote is retained (its transfer
+    saved, or replayed): the turn's source object changes to its next version, flagged
+    `interpreted`, so a read or a publication naming the version it had before answers 409
+    `stale_version` (docs/memory.md "Object versions"). Nothing when the source was not retained."""
+    table = d.state.memory
+    slot = table.by_id.get(object_raw(d, op, MemoryKind.SOURCE))
+    if slot is not None:
+        table.change(slot, table.row(slot).bumped(Flag.INTERPRETED))
 
 
 # ---- recall (tick thread: bounded by the memory capacity, not by any input) ---------------
 
-def recall_items(d: Device, srow: int, query: torch.Tensor, k: int = RECALL_K) -> list[render.Item]:
-    """The k text rows of space srow's memory owner most similar to `query`, best first."""
+def recall_items(d: Device, srow: int, query: torch.Tensor, readable: torch.Tensor,
+                 k: int = RECALL_K) -> list[render.Item]:
+    """The k text rows of space srow's memory most similar to `query`, best first, of those in
+    `readable` (the submitter's: `context_reader`)."""
     memory = d.state.memory
     if not memory.used():
         return []
-    visibility = torch.zeros(memory.instance_owner + 1, dtype=torch.bool, device=memory.owners.device)
-    visibility[owner_number(d, srow)] = True
+    visibility = scope_table(d, srow) & readable.to(memory.owners.device)
+    if not bool(visibility.any()):
+        return []
     found = recall(memory.embeddings, memory.owners, visibility, query.to(memory.embeddings.device), k)
     items = []
     for slot in found.rows[0].tolist():
@@ -122,7 +180,7 @@ def list_memory(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int,
     prow = d.state.participants.by_principal.get(principal)
     srow = access.space_row(d, args.get("space"), principal, prow, Right.READ)
     memory = d.state.memory
-    mask = memory.owners == owner_number(d, srow)
+    mask = (scope_table(d, srow) & readable_owners(d, principal, prow))[memory.owners]
     if cursor is not None:
         mask &= memory.order > cursor
     found = torch.nonzero(mask).flatten()
@@ -130,18 +188,29 @@ def list_memory(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int,
     more = len(slots) > limit
     slots = slots[:limit]
     next_cursor = str(int(memory.order[slots[-1]])) if more and slots else None
-    return 200, {"items": [memory.row(s).to_json() for s in slots], "next_cursor": next_cursor}
+    return 200, {"items": [row_json(d, s) for s in slots], "next_cursor": next_cursor}
+
+
+def row_json(d: Device, slot: int) -> dict[str, Any]:
+    """A row as the reads show it, with a published copy's provenance."""
+    memory = d.state.memory
+    return memory.row(slot).to_json(memory.provenance_of(slot))
 
 
 def get_memory(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
     """One row and its exact payload bytes from a byte offset (base64; `text` null unless the span
-    is complete UTF-8)."""
+    is complete UTF-8); with `version`, only while that is the object's current version."""
     prow = d.state.participants.by_principal.get(principal)
     slot = visible_slot(d, principal, prow, args.get("memory"))
     memory = d.state.memory
     row = memory.row(slot)
+    if "version" in args:
+        version = args["version"]
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise ServiceError(400, "bad_field", "version must be a counter of at least 1")
+        current_version(row, version, args["memory"])
     offset = byte_offset(args, row.byte_length)
-    return 200, {"memory": row.to_json(), **byte_span(memory.payload_of(slot, offset), offset)}
+    return 200, {"memory": row_json(d, slot), **byte_span(memory.payload_of(slot, offset), offset)}
 
 
 def object_raw(d: Device, operation: bytes, tag: int) -> bytes:

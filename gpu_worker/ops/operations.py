@@ -32,14 +32,17 @@ def visible_receipt(d: Device, principal: bytes, op: str) -> tuple[int, bool]:
     if rrow is not None:
         t = state.tables
         row = t.row(t.receipts, rrow)
-        if state.participants.lineage[row[R.PARTICIPANT]] == lineage:
+        if state.participants.lineage_at(row[R.PARTICIPANT], row[R.CREATED]) == lineage:
             if row[R.PARTICIPANT] == caller:
                 return rrow, True
             if registry.KINDS[row[R.KIND]].visible_to(d, principal, caller, row):
                 return rrow, False
-    elif (caller is not None and state.participants.lineage[caller] == lineage
-          and derived.operation_counter(state.incarnation, raw) is not None):
-        raise ServiceError(410, "operation_retired", f"operation {op} was retired")
+    elif caller is not None:
+        # retired (410) only if this state's history issued it to the caller; an ID of a line of
+        # history a restore left behind (lost with the journal's tail) was never issued here (404)
+        counter = derived.operation_counter(state.incarnation, raw, state.participants.nonce_at)
+        if counter is not None and state.participants.lineage_at(caller, counter) == lineage:
+            raise ServiceError(410, "operation_retired", f"operation {op} was retired")
     raise ServiceError(404, "operation_not_found", f"no operation {op} visible to this principal")
 
 
@@ -68,24 +71,30 @@ def read_result(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int,
     return result(d, rrow, args)
 
 
+def refuse_past_deadline(row: list[int]) -> None:
+    """504 for an operation whose saved terminal is `deadline_exceeded` (SPEC: a request that
+    exceeds its execution deadline returns 504): its result read and its event stream alike."""
+    if row[R.TERMINAL] == Terminal.DEADLINE_EXCEEDED:
+        raise ServiceError(504, "deadline_exceeded", "the operation exceeded its execution deadline")
+
+
 def result(d: Device, rrow: int, args: dict[str, Any]) -> tuple[int, Any]:
     t = d.state.tables
     row = t.row(t.receipts, rrow)
     if not registry.KINDS[row[R.KIND]].executes:
         raise ServiceError(409, "no_result", "this operation has no result bytes")
-    if row[R.TERMINAL] == Terminal.DEADLINE_EXCEEDED:
-        raise ServiceError(504, "deadline_exceeded", "the operation exceeded its execution deadline")
+    refuse_past_deadline(row)
     length = row[R.RESULT_LEN]
     offset = byte_offset(args, length)
     ended = row[R.TERM_TRANSFER] != 0
     return 200, {
-        "operation": ids.operation_id(d.state.participants.lineage[row[R.PARTICIPANT]],
+        "operation": ids.operation_id(d.state.participants.lineage_at(row[R.PARTICIPANT], row[R.CREATED]),
                                       join16(row[R.OP_HI], row[R.OP_LO])),
         **byte_span(t.get_bytes(t.result_bytes, rrow, length - offset, offset), offset), "complete": ended,
         "status": receipts.TERMINAL_NAMES[row[R.TERMINAL]] if ended else ("running" if row[R.LEASE] else "admitted"),
         "finish": receipts.FINISH_NAMES.get(row[R.FINISH]) if ended else None,
-        "input_tokens": row[R.INPUT_TOKENS] if ended else None,
-        "output_tokens": row[R.OUTPUT_TOKENS] if ended else None,
+        "input_tokens": str(row[R.INPUT_TOKENS]) if ended else None,
+        "output_tokens": str(row[R.OUTPUT_TOKENS]) if ended else None,
     }
 
 

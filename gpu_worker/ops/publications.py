@@ -6,9 +6,12 @@ The copy is a distinct object (`mem-{publisher lineage}-…`, derived from the p
 operation), version 1, with the destination's scope and owner, the `published` flag, the same
 kind, payload bytes and embedding; its `source` is the publication and its `actor` the publisher.
 The original keeps its scope and owner. The admission record holds the whole publication and its
-provenance: destination, source object and source version. Refusals, changing nothing: 404 for a
+provenance: destination, source object and source version; applying it (live and at replay)
+keeps that provenance beside the copy's row, so the destination's readers see the copy's source
+object and version (`published_from`) without seeing the source. Refusals, changing nothing: 404 for a
 destination or source the caller does not see, 403 without current `manage` in the destination,
-409 `stale_version` when source_version is not the object's current version, 409
+409 `stale_version` when source_version is not the object's current version (`version` says
+which is), 409
 `unsupported_kind` for a source that is not retained text, 507 `memory_full` for a full table.
 """
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..contract import ids
 from ..contract.errors import ServiceError
-from ..memory.rows import Flag
+from ..memory.rows import Flag, Provenance
 from ..state.tables import R, Right, join16
 from . import access, memory, quotas
 from .kind import Kind, OperationKind
@@ -39,8 +42,7 @@ def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], k
         raise ServiceError(400, "bad_field", "source_version must be a decimal string")
     table = d.state.memory
     row = table.row(slot)
-    if int(version) != row.version:
-        raise ServiceError(409, "stale_version", f"{args['source']} is at version {row.version}, not {version}")
+    memory.current_version(row, int(version), args["source"])
     if int(row.kind) not in memory.TEXT_KINDS:
         raise ServiceError(409, "unsupported_kind", f"a {memory.KIND_NAMES[int(row.kind)]} memory object cannot be "
                                                     "published; only retained text (source, interpretation)")
@@ -61,7 +63,10 @@ def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: in
     obj = memory.object_raw(d, a.op, COPY)
     copy = memory.new_row(d, srow, lineage, obj, int(original.kind), Flag.PUBLISHED | (original.flags & Flag.MANAGED),
                           original.byte_length, a.op, d.state.participants.raw[prow])
-    return table.write(copy, memory.owner_number(d, srow), table.payload_of(slot), table.embeddings[slot].clone())
+    # its provenance, as the admission recorded it: what the destination's readers see of its source
+    provenance = Provenance(a.extra["source"][0], a.extra["source"][1], a.extra["source_version"])
+    return table.write(copy, memory.owner_number(d, srow), table.payload_of(slot), table.embeddings[slot].clone(),
+                       provenance=provenance)
 
 
 def target_id(d: Device, row: list[int], lineage: bytes) -> str:

@@ -4,7 +4,10 @@ after a restart is rebuilt from the same values and renders to the same bytes.
 
 The rendering is a fixed template because every value is a hex ID, a decimal counter or a fixed
 word (nothing to escape; a disk error, the one free text, is JSON-encoded); tests check that the
-output is canonical JSON (sorted keys, compact).
+output is canonical JSON (sorted keys, compact). Every counter — `sequence`, the save fields'
+generation and boot, `pending_bytes`, the result's `length` and token counts, the effective page
+and output limits, a hold's `since_ns` — is a decimal string (SPEC "Counters use decimal
+strings"): a JSON number past 2**53 is not exact in every client.
 
 `transport.accepted` and `device.committed` are true for every receipt: a receipt exists only for
 an operation the device received and applied (the gateway answers 503 for one it could not hand
@@ -37,7 +40,7 @@ _SAVE = ((R.ADM_TRANSFER, R.ADM_BOOT, R.ADM_GENERATION, R.ADM_SOURCE),
          (R.TERM_TRANSFER, R.TERM_BOOT, R.TERM_GENERATION, R.TERM_SOURCE))
 _ADM_SAVE = slice(R.ADM_TRANSFER, R.ADM_SOURCE + 1)
 _TERM_SAVE = slice(R.TERM_TRANSFER, R.TERM_SOURCE + 1)
-_NO_EXECUTION = '{"model_digest":null,"page_limit":null}'
+_NO_EXECUTION = '{"max_output_tokens":null,"model_digest":null,"page_limit":null}'
 
 
 def _save_json(d: Device, rrow: int, row: list[int], which: int) -> str:
@@ -55,7 +58,7 @@ def render(d: Device, rrow: int, own: bool) -> tuple[str, bytes]:
     t = d.state.tables
     row = t.row(t.receipts, rrow)
     prow = row[R.PARTICIPANT]
-    lineage = d.state.participants.lineage[prow]
+    lineage = d.state.participants.lineage_at(prow, row[R.CREATED])  # the one its IDs were made with
     kind = registry.KINDS[row[R.KIND]]
     op_id = ids.operation_id(lineage, join16(row[R.OP_HI], row[R.OP_LO]))
     admission = _save_json(d, rrow, row, 0)
@@ -66,8 +69,7 @@ def render(d: Device, rrow: int, own: bool) -> tuple[str, bytes]:
     status = f'"{TERMINAL_NAMES[row[R.TERMINAL]]}"' if ended else "null"
     sequence = f'"{row[R.SEQUENCE]}"' if own else "null"
     finish: str | None = None
-    tokens_in: object = "null"
-    tokens_out: object = "null"
+    tokens_in = tokens_out = "null"
     pending = 0 if saved else row[R.COMMAND_LEN]
     if kind.executes and not ended and saved:  # its output: generated or journaled, not yet saved
         live = d.executions.live.get(rrow)
@@ -76,10 +78,11 @@ def render(d: Device, rrow: int, own: bool) -> tuple[str, bytes]:
     held = d.holds.current
     disk_error = json.dumps(held["disk_error"]) if pending and held and held["disk_error"] else "null"
     if kind.executes:
-        effective = f'{{"model_digest":"{d.model_digest}","page_limit":"{row[R.PAGE_LIMIT]}"}}'
+        effective = (f'{{"max_output_tokens":"{row[R.MAX_OUTPUT]}","model_digest":"{d.model_digest}",'
+                     f'"page_limit":"{row[R.PAGE_LIMIT]}"}}')
         if ended:
             finish = FINISH_NAMES.get(row[R.FINISH])
-            tokens_in, tokens_out = row[R.INPUT_TOKENS], row[R.OUTPUT_TOKENS]
+            tokens_in, tokens_out = f'"{row[R.INPUT_TOKENS]}"', f'"{row[R.OUTPUT_TOKENS]}"'
     else:
         effective = _NO_EXECUTION
     finish_json = f'"{finish}"' if finish else "null"
@@ -92,8 +95,8 @@ def render(d: Device, rrow: int, own: bool) -> tuple[str, bytes]:
         f'"operation":"{op_id}",'
         f'"operation_key":"{join16(row[R.KEY_HI], row[R.KEY_LO]).hex()}",'
         f'"participant":"{d.state.participants.public_id[prow]}",'
-        f'"pending_bytes":{pending},'
-        f'"result":{{"finish":{finish_json},"input_tokens":{tokens_in},"length":{row[R.RESULT_LEN]},'
+        f'"pending_bytes":"{pending}",'
+        f'"result":{{"finish":{finish_json},"input_tokens":{tokens_in},"length":"{row[R.RESULT_LEN]}",'
         f'"output_tokens":{tokens_out}}},'
         f'"schema":"{RECEIPT_SCHEMA}",'
         f'"sequence":{sequence},'
@@ -108,7 +111,7 @@ def with_hold(d: Device, body: bytes) -> bytes:
     held = d.holds.current
     if not held:
         return body
-    hold = dumps({k: held[k] for k in ("cause", "since_ns", "disk_error")})
+    hold = dumps({"cause": held["cause"], "since_ns": str(held["since_ns"]), "disk_error": held["disk_error"]})
     return body.replace(b'"journal_hold":null', b'"journal_hold":' + hold, 1)
 
 

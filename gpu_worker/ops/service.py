@@ -11,7 +11,7 @@ from ..contract.errors import ServiceError
 from ..contract.wire import Message, dumps, reply
 from ..storage import audit
 
-from . import chat, quotas
+from . import chat, media, quotas
 from .kind import Read
 
 if TYPE_CHECKING:
@@ -35,7 +35,12 @@ def capabilities(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int
                             if embedding else None),
         "limits": {**{k: str(v) for k, v in d.state.capacities.items()},
                    "input_bytes": str(INPUT_BYTES), "media_link_bytes": str(MEDIA_LINK_BYTES),
-                   "media_rows": str(MAX_MEDIA), "max_output_tokens": str(profile["max_output_tokens"])},
+                   "media_rows": str(MAX_MEDIA),
+                   # the most an input may name: its page limit's tokens, at the largest page limit admitted
+                   "max_output_tokens": str(min(profile["page_grant"], profile["kv_pages"]) * profile["page_size"])},
+        # what an input that names none gets: 256 output tokens within half its page limit
+        # (ops/inputs.py default_output_tokens), and the page grant
+        "defaults": {"max_output_tokens": str(profile["max_output_tokens"]), "pages": str(profile["page_grant"])},
         "page_size": str(profile["page_size"]),
         "page_grant": str(profile["page_grant"]),
         "grants": sorted(d.grants.actions(principal.hex())),
@@ -61,6 +66,7 @@ def ping(d: Device, principal: bytes | None, args: dict[str, Any]) -> tuple[int,
                  "chats": {"running": chat.running(d), "output_tokens": d.chats.output_tokens},
                  "ticks": d.committer.stats.report(),
                  "runtime_file_bytes": os.path.getsize(d.runtime.path),
+                 "media_missing": media.missing(d),  # saved sources whose bytes a restore did not have
                  "pipeline": d.pipeline_state() if d.pipeline_state is not None else None}
 
 

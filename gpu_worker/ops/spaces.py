@@ -90,7 +90,7 @@ def view(d: Device, srow: int, rights: int) -> dict[str, Any]:
     t = d.state.tables
     row = t.row(t.spaces, srow)
     owner = row[S.OWNER]
-    lineage = d.state.participants.lineage[owner]
+    lineage = d.state.participants.lineage_at(owner, row[S.CREATED])  # the one its ID was made with
     space = ids.space_id(lineage, join16(row[S.ID_HI], row[S.ID_LO]))
     return {"id": space, "scope": SCOPE_NAMES[row[S.SCOPE]], "owner": d.state.participants.public_id[owner],
             "memory_owner": memory_owner(d, row[S.SCOPE], space),

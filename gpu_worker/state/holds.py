@@ -57,6 +57,13 @@ class Holds:
         elif not cause and held:
             self.end()
 
+    @property
+    def writable(self) -> bool:
+        """Whether the journal may be written: not while a `disk_full` hold lasts (the write
+        that failed with ENOSPC would fail again; engine transfers wait for it to lift). Under
+        `file_cap` and `low_disk` it takes what admitted work still writes."""
+        return self.current is None or self.current["cause"] != "disk_full"
+
     def disk_full(self, error: str) -> None:
         self.current = {"cause": "disk_full", "since_ns": time.time_ns(), "disk_error": f"ENOSPC: {error}"}
 
@@ -73,7 +80,7 @@ class Holds:
         held = self.current or {"cause": "disk_full", "disk_error": None}
         return ServiceError(429, "journal_hold", message or f"persistent admission is paused ({held['cause']}); "
                                                             "reads, receipts and save status stay available",
-                            cause=held["cause"], disk_error=held["disk_error"], pending_bytes=pending_bytes)
+                            cause=held["cause"], disk_error=held["disk_error"], pending_bytes=str(pending_bytes))
 
 
 def apply(incidents: list[Incident], event: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ device is tracked by the cyclic GC (docs/architecture.md, "The device's memory")
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from . import ids
@@ -15,10 +16,17 @@ from ..contract.ids import participant_id
 
 
 class ParticipantIndex:
-    """Participant rows by principal and by participant ID, and each row's derived names."""
+    """Participant rows by principal and by participant ID, each row's derived names, and the
+    lines of history (lineages) the state went through.
+
+    A line of history starts at the first boot of a state and at every restore (docs/checkpoint.md,
+    "Lineages after a restore"): `starts[i]` is the first admission counter of the i-th line and
+    `nonces[i]` its random nonce. `lineage[prow]` is a participant's current lineage (what
+    mutations must name); an ID made in an earlier line keeps that line's lineage for good
+    (`lineage_at`, from the admission counter that made it)."""
 
     __slots__ = ("incarnation", "by_principal", "by_raw", "lineage", "lineage_hex", "raw", "public_id", "free",
-                 "_unregistered")
+                 "principal", "starts", "nonces", "nonce", "_unregistered", "_past")
 
     def __init__(self, incarnation: bytes) -> None:
         self.incarnation = incarnation
@@ -28,8 +36,13 @@ class ParticipantIndex:
         self.lineage_hex: dict[int, str] = {}
         self.raw: dict[int, bytes] = {}
         self.public_id: dict[int, str] = {}   # "par-…"
+        self.principal: dict[int, bytes] = {}  # row -> principal id
         self.free: list[int] = []
+        self.starts: list[int] = []     # first admission counter of each line of history
+        self.nonces: list[bytes] = []   # its nonce
+        self.nonce: bytes | None = None  # the current line's (None: state from before nonces)
         self._unregistered: dict[bytes, bytes] = {}  # principal -> lineage, a pure function cached
+        self._past: dict[tuple[int, int], bytes] = {}  # (row, line) -> an earlier line's lineage
 
     def rebuild(self, tables: Tables) -> None:
         for prow, row in enumerate(tables.participants.tolist()):
@@ -39,13 +52,57 @@ class ParticipantIndex:
 
     def add(self, prow: int, principal: bytes) -> None:
         raw = ids.participant(self.incarnation, principal)
-        lineage = self._unregistered.pop(principal, None) or ids.lineage(self.incarnation, principal)
+        lineage = self._unregistered.pop(principal, None) or ids.lineage(self.incarnation, principal, self.nonce)
         self.by_principal[principal] = prow
         self.by_raw[raw] = prow
+        self.principal[prow] = principal
         self.lineage[prow] = lineage
         self.lineage_hex[prow] = lineage.hex()
         self.raw[prow] = raw
         self.public_id[prow] = participant_id(raw)
+
+    def load_lineages(self, lines: list[list[object]]) -> None:
+        """The lines of history a checkpoint saved ([first counter, nonce] each), before any row is added."""
+        for first, nonce in lines:
+            if not (isinstance(first, int) and isinstance(nonce, bytes) and len(nonce) == 16):
+                raise ValueError(f"state extent: lineage entry {[first, nonce]!r} is not [counter, 16 bytes]")
+            self.starts.append(first)
+            self.nonces.append(nonce)
+        self.nonce = self.nonces[-1] if self.nonces else None
+
+    def saved_lineages(self) -> list[list[object]]:
+        return [[first, nonce] for first, nonce in zip(self.starts, self.nonces)]
+
+    def start_lineage(self, first: int, nonce: bytes) -> None:
+        """A new line of history from admission counter `first` on: every participant's current
+        lineage changes (a mutation naming the old one answers 409 stale_lineage), while the IDs
+        made before keep theirs (`lineage_at`)."""
+        self.starts.append(first)
+        self.nonces.append(nonce)
+        self.nonce = nonce
+        self._unregistered.clear()
+        for prow, principal in self.principal.items():
+            lineage = ids.lineage(self.incarnation, principal, nonce)
+            self.lineage[prow] = lineage
+            self.lineage_hex[prow] = lineage.hex()
+
+    def nonce_at(self, counter: int) -> bytes | None:
+        """The nonce of the line of history admission counter `counter` belongs to."""
+        line = bisect.bisect_right(self.starts, counter)
+        return self.nonces[line - 1] if line else None
+
+    def lineage_at(self, prow: int, counter: int) -> bytes:
+        """The lineage participant `prow` had when admission counter `counter` was issued: the one
+        every ID that admission made (operation, space, conversation) carries."""
+        starts = self.starts
+        if not starts or counter >= starts[-1]:
+            return self.lineage[prow]
+        line = bisect.bisect_right(starts, counter)
+        lineage = self._past.get((prow, line))
+        if lineage is None:
+            lineage = self._past[(prow, line)] = ids.lineage(self.incarnation, self.principal[prow],
+                                                             self.nonces[line - 1] if line else None)
+        return lineage
 
     def lineage_of(self, principal: bytes) -> bytes:
         """The lineage a principal registers (or registered) under."""
@@ -56,7 +113,7 @@ class ParticipantIndex:
         """The lineage a principal with no row yet registers under (cached until it registers)."""
         lineage = self._unregistered.get(principal)
         if lineage is None:
-            lineage = self._unregistered[principal] = ids.lineage(self.incarnation, principal)
+            lineage = self._unregistered[principal] = ids.lineage(self.incarnation, principal, self.nonce)
         return lineage
 
 
@@ -103,7 +160,8 @@ class SpaceIndex:
     def rebuild(self, tables: Tables, participants: ParticipantIndex) -> None:
         for srow, row in enumerate(tables.spaces.tolist()):
             if row[S.STATE] == 1:  # not a deleted one's tombstone (ops/deletions.py)
-                self.by_id[(participants.lineage[row[S.OWNER]], join16(row[S.ID_HI], row[S.ID_LO]))] = srow
+                lineage = participants.lineage_at(row[S.OWNER], row[S.CREATED])  # the one in its ID
+                self.by_id[(lineage, join16(row[S.ID_HI], row[S.ID_LO]))] = srow
         self.free = tables.unused_rows(tables.spaces)
 
 
@@ -132,7 +190,8 @@ class ConversationIndex:
     def rebuild(self, tables: Tables, participants: ParticipantIndex, input_kind: int) -> None:
         for crow, row in enumerate(tables.conversations.tolist()):
             if row[C.STATE] == 1:  # not a deleted one's tombstone (ops/deletions.py)
-                self.by_id[(participants.lineage[row[C.CREATOR]], join16(row[C.ID_HI], row[C.ID_LO]))] = crow
+                lineage = participants.lineage_at(row[C.CREATOR], row[C.CREATED])  # the one in its ID
+                self.by_id[(lineage, join16(row[C.ID_HI], row[C.ID_LO]))] = crow
         self.free = tables.unused_rows(tables.conversations)
         live = [(row[R.CREATED], rrow, row[R.TARGET]) for rrow, row in enumerate(tables.receipts.tolist())
                 if row[R.STATE] and row[R.KIND] == input_kind]
@@ -142,7 +201,9 @@ class ConversationIndex:
 
 @dataclass
 class MediaSource:
-    """A media file under <journal>/media/ and the participant rows that own it."""
+    """A media file under <journal>/media/ and the participant rows that own it. `missing`: its
+    bytes are neither there nor in the runtime file (found at boot, ops/media.recover_bytes)."""
     length: int
     type: str
     owners: set[int] = field(default_factory=set)
+    missing: bool = False

@@ -5,12 +5,18 @@
     order       (capacity,) int64        the memory counter when it was written (list order, cursors)
     payload     (capacity, payload) u8   the exact payload bytes (byte length in the row)
     embeddings  (capacity, dim) float32  the row's embedding, L2-normalised (what recall scores)
+    provenance  (capacity, 40) uint8     a published copy's source object and version
+                                         (memory/rows.Provenance), zeros for any other row
 
-Owner numbers: a private space's or a room's memory belongs to that one space, numbered by its
-space row + 1; the instance (every instance space) is `spaces capacity + 1`. A row is allocated
-and freed only by journaled changes (a retention, a publication, a space deletion) as they are
-applied, live and at replay in the same order, from the lowest free row, so a replay fills the
-same rows with the same values.
+Owner numbers: every row is numbered by the space it was retained or published in, its space
+row + 1: for a private space or a room that number is its memory owner; instance spaces share
+the instance's memory, and the number is what fences each of its rows to the readers of the
+space it came from (ops/memory.py, docs/memory.md "Owners and visibility"). `legacy_instance`
+(`spaces capacity + 1`) numbers the instance rows of a checkpoint written before that fence,
+which did not say which instance space each came from. A row is allocated, changed (a source
+whose interpretation is retained: `change`) and freed only by journaled changes (a retention, a
+publication, a space deletion) as they are applied, live and at replay in the same order, from
+the lowest free row, so a replay fills the same rows with the same values.
 """
 from __future__ import annotations
 
@@ -20,18 +26,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..memory.rows import ROW, MemoryRow
+from ..memory.rows import NO_PROVENANCE, PROVENANCE, ROW, MemoryRow, Provenance
 
 
 class MemoryTable:
     def __init__(self, capacity: int, payload_bytes: int, dim: int, spaces: int, device: torch.device) -> None:
         self.capacity, self.payload_bytes, self.dim = capacity, payload_bytes, dim
-        self.instance_owner = spaces + 1  # owner numbers run 1..spaces for spaces, then the instance
+        # owner numbers run 1..spaces for spaces, then the instance rows of an earlier checkpoint
+        self.legacy_instance = spaces + 1
         self.rows = torch.zeros((capacity, ROW.size), dtype=torch.uint8, device=device)
         self.owners = torch.zeros(capacity, dtype=torch.int64, device=device)
         self.order = torch.zeros(capacity, dtype=torch.int64, device=device)
         self.payload = torch.zeros((capacity, payload_bytes), dtype=torch.uint8, device=device)
         self.embeddings = torch.zeros((capacity, dim), dtype=torch.float32, device=device)
+        self.provenance = torch.zeros((capacity, PROVENANCE.size), dtype=torch.uint8, device=device)
         self.counter = 0                      # rows written so far (order of the next)
         self.free: list[int] = list(range(capacity))  # a heap: the lowest free row first
         self.by_id: dict[bytes, int] = {}     # object id (16 bytes) -> row
@@ -39,15 +47,18 @@ class MemoryTable:
 
     # ---- writes (journaled changes only) --------------------------------------------------
 
-    def write(self, row: MemoryRow, owner: int, payload: bytes, embedding: torch.Tensor, visible: bool = True) -> int:
+    def write(self, row: MemoryRow, owner: int, payload: bytes, embedding: torch.Tensor, visible: bool = True,
+              provenance: Provenance | None = None) -> int:
         """Store a new object in the lowest free row (the caller checked there is one). A row
         written by an unsaved transfer stays invisible (owner 0) until `reveal`: recall and reads
         see saved memory only, while the row is already taken, so allocation follows the journal
         order live and at replay alike."""
         slot = heapq.heappop(self.free)
         self.counter += 1
-        packed = row.pack()
-        self.rows[slot] = torch.frombuffer(bytearray(packed), dtype=torch.uint8).to(self.rows.device)
+        self._put_row(slot, row)
+        if provenance is not None:
+            self.provenance[slot] = torch.frombuffer(bytearray(provenance.pack()), dtype=torch.uint8).to(
+                self.provenance.device)
         if payload:  # the bytes past it are never read: byte_length bounds every read
             self.payload[slot, :len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(
                 self.payload.device)
@@ -59,6 +70,15 @@ class MemoryTable:
             self.pending[slot] = owner
         self.by_id[row.object] = slot
         return slot
+
+    def _put_row(self, slot: int, row: MemoryRow) -> None:
+        self.rows[slot] = torch.frombuffer(bytearray(row.pack()), dtype=torch.uint8).to(self.rows.device)
+
+    def change(self, slot: int, row: MemoryRow) -> None:
+        """An object's row at its next version (the caller made it with MemoryRow.bumped): the
+        same object, payload and embedding, in the same row."""
+        assert row.object == self.row(slot).object and row.version == self.row(slot).version + 1
+        self._put_row(slot, row)
 
     def reveal(self, slot: int, obj: bytes) -> bool:
         """The transfer that wrote object `obj` in a pending row is saved: it becomes visible
@@ -82,6 +102,7 @@ class MemoryTable:
             self.pending.pop(slot, None)
             self.by_id.pop(self.row(slot).object, None)
             self.rows[slot].zero_()
+            self.provenance[slot].zero_()
             self.owners[slot] = 0
             self.order[slot] = 0
             heapq.heappush(self.free, slot)
@@ -94,6 +115,10 @@ class MemoryTable:
 
     def row(self, slot: int) -> MemoryRow:
         return MemoryRow.unpack(self.rows[slot].cpu().numpy().tobytes())
+
+    def provenance_of(self, slot: int) -> Provenance | None:
+        """A published copy's source object and version (None for any other row)."""
+        return Provenance.unpack(self.provenance[slot].cpu().numpy().tobytes())
 
     def payload_of(self, slot: int, offset: int = 0, length: int | None = None) -> bytes:
         size = self.row(slot).byte_length
@@ -123,6 +148,7 @@ class MemoryTable:
                 "order": self.order[live].cpu().numpy().astype("<i8").tobytes(),
                 "payload": payload,
                 "embeddings": self.embeddings[live].cpu().numpy().astype("<f4").tobytes(),
+                "provenance": self.provenance[live].cpu().numpy().tobytes(),
                 "counter": self.counter}
 
     def load(self, saved: dict[str, Any]) -> None:
@@ -142,6 +168,12 @@ class MemoryTable:
             if embeddings.size != n * self.dim:
                 raise ValueError(f"state extent: memory embeddings are not {self.dim}-dimensional")
             self.embeddings[index] = torch.from_numpy(embeddings.copy()).view(n, self.dim).to(device)
+            # a checkpoint from before provenance was kept has none: its copies show null
+            provenance = saved.get("provenance", NO_PROVENANCE * n)
+            if len(provenance) != n * PROVENANCE.size:
+                raise ValueError(f"state extent: memory provenance is not {PROVENANCE.size} bytes a row")
+            self.provenance[index] = torch.from_numpy(np.frombuffer(provenance, np.uint8).copy()).view(
+                n, PROVENANCE.size).to(device)
             pos = 0
             for slot in slots.tolist():
                 size = self.row(slot).byte_length

@@ -30,21 +30,33 @@ import msgpack
 from . import checkpoint
 from .filelayer import OsFileLayer
 from .journal import ZERO_DIGEST, chain_digest, recover
-from .runtime_file import RuntimeFile
+from .runtime_file import RuntimeFile, RuntimeFileError
+
+
+def _folded(runtime: RuntimeFile) -> tuple[int, bytes]:
+    """(last_seq, last_digest) of the file's checkpoint. Read first and checked (read_verified):
+    a running device's later checkpoints may reuse the space of the state extent this reader's
+    generation names, never that of an audit extent, which every later generation keeps."""
+    if not runtime.has(checkpoint.STATE):
+        return 0, ZERO_DIGEST
+    state = msgpack.unpackb(runtime.read_verified(checkpoint.STATE), raw=False)
+    last_seq: int = state["last_seq"]
+    last_digest: bytes = state["last_digest"]
+    return last_seq, last_digest
 
 
 def transfers(runtime_path: str, journal_dir: str) -> Iterator[tuple[int, int, bytes, bytes]]:
     """(seq, kind, payload, digest) of every saved transfer, oldest first."""
     runtime = RuntimeFile.open(runtime_path, verify=False)
     try:
+        checkpoint_seq, checkpoint_digest = _folded(runtime)
         folded_seq, folded_digest = 0, ZERO_DIGEST
         for name in sorted(runtime.names("audit/")):
-            for seq, kind, payload, digest in msgpack.unpackb(runtime.bytes(name), raw=False):
+            for seq, kind, payload, digest in msgpack.unpackb(runtime.read_verified(name), raw=False):
                 yield seq, kind, payload, digest
                 folded_seq, folded_digest = seq, digest
         if runtime.has(checkpoint.STATE):
-            state = msgpack.unpackb(runtime.bytes(checkpoint.STATE), raw=False)
-            folded_seq, folded_digest = state["last_seq"], state["last_digest"]
+            folded_seq, folded_digest = checkpoint_seq, checkpoint_digest
         incarnation = runtime.incarnation
     finally:
         runtime.close()
@@ -77,7 +89,7 @@ def verify(export_path: str, runtime_path: str, journal_dir: str) -> str | None:
     expected = {seq: digest for seq, _, _, digest in transfers(runtime_path, journal_dir)}
     runtime = RuntimeFile.open(runtime_path, verify=False)
     try:
-        state = msgpack.unpackb(runtime.bytes(checkpoint.STATE), raw=False) if runtime.has(checkpoint.STATE) else None
+        folded = _folded(runtime) if runtime.has(checkpoint.STATE) else None  # (last_seq, last_digest)
     finally:
         runtime.close()
     digest, seq = ZERO_DIGEST, 0
@@ -97,10 +109,10 @@ def verify(export_path: str, runtime_path: str, journal_dir: str) -> str | None:
                        f"{claimed.hex()}"
             if seq in expected and expected[seq] != digest:
                 return f"{export_path}:{number}: seq {seq}: the runtime file or journal has another digest"
-            if state is not None and seq == state["last_seq"] and digest != state["last_digest"]:
+            if folded is not None and seq == folded[0] and digest != folded[1]:
                 return f"{export_path}:{number}: seq {seq}: not the commit digest the file's checkpoint recorded"
-    if state is not None and seq < state["last_seq"]:
-        return f"{export_path}: ends at seq {seq}, before the file's checkpoint at seq {state['last_seq']}"
+    if folded is not None and seq < folded[0]:
+        return f"{export_path}: ends at seq {seq}, before the file's checkpoint at seq {folded[0]}"
     return None
 
 
@@ -121,7 +133,7 @@ def main(argv: list[str]) -> int:
             print(json.dumps(export(args.ccir, args.journal, args.out), sort_keys=True))
             return 0
         why = verify(args.export, args.ccir, args.journal)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RuntimeFileError) as exc:
         print(f"audit: {exc}", file=sys.stderr)
         return 2
     if why is not None:

@@ -1,10 +1,14 @@
 """Checkpoints: the journal folded into state extents of the runtime file (docs/checkpoint.md).
 
-A checkpoint appends two components to the runtime file and flips its superblock:
-  "state/current"       msgpack: counters, the last folded transfer (seq + commit digest) and
-                        the live rows of every table (row indices + raw little-endian values)
+A checkpoint writes these components to the runtime file and flips its superblock:
+  "state/current"       msgpack: counters, the last folded transfer (seq + commit digest), the
+                        lines of history, and the live rows of every table (row indices + raw
+                        little-endian values)
   "audit/<generation>"  msgpack: every transfer folded by this checkpoint, [seq, kind, payload,
                         digest], so the file keeps its logical audit prefix
+  "media/<sha256>"      the bytes of each media source the state lists, added once (media_components)
+The runtime file reuses the space of the extents a checkpoint supersedes (the previous state and
+directory; runtime_file.append), so checkpoints do not grow the file by a state each.
 Then the journal moves to a new segment and the old segments are removed. A crash anywhere in
 between is safe: until the superblock flip the old state + the whole journal hold everything;
 after it, recovery skips the transfers the checkpoint already holds (seq <= last_seq).
@@ -52,6 +56,7 @@ def encode_state(state: DeviceState, last_seq: int, last_digest: bytes, generati
     blob: bytes = msgpack.packb({
         "version": STATE_VERSION, "generation": generation, "last_seq": last_seq, "last_digest": last_digest,
         "admissions": state.admissions, "boot": state.boot, "last_boot_ns": state.last_boot_ns,
+        "lineages": state.participants.saved_lineages(),
         "tables": tables, "digests": digests, "commands": commands, "results": results,
         "media": {sha: [source.length, source.type, [raw[p] for p in sorted(source.owners)]]
                   for sha, source in state.media.items()},
@@ -100,6 +105,7 @@ def load_state(state: DeviceState, blob: bytes | memoryview, input_kind: int) ->
             t.put_bytes(table, r, saved[key][pos[key]:pos[key] + n])
             pos[key] += n
     state.admissions = saved["admissions"]
+    state.participants.load_lineages(saved.get("lineages", []))  # before the indexes derive any lineage
     state.boot = saved["boot"]
     state.last_boot_ns = saved["last_boot_ns"]
     state.checkpoint_seq, state.checkpoint_digest = saved["last_seq"], saved["last_digest"]
@@ -145,6 +151,28 @@ def audit_blob(transfers: list[Transfer]) -> bytes:
     return blob
 
 
+def media_components(device: Device) -> tuple[list[tuple[str, str, bytes]], list[str]]:
+    """(components to add, component names to drop) that make the file carry the bytes of every
+    media source the state lists, `media/<sha256>` each (SPEC: "The complete runtime file saves
+    this state"; the state extent lists sources, the bytes live under <journal>/media/ and would
+    not survive a restore onto another journal directory). A source goes in once, at the first
+    checkpoint that lists it (its extent is kept by every later generation); one the state no
+    longer lists is dropped. A source whose bytes are not under <journal>/media/ whole is left
+    out: the device already reports it missing (ops/media.recover_bytes)."""
+    from ..ops import media  # the one owner of where the bytes live
+
+    present = set(device.runtime.names(media.COMPONENT))
+    listed = {media.COMPONENT + sha for sha in device.state.media}
+    added = []
+    for sha in sorted(device.state.media):
+        if media.COMPONENT + sha in present:
+            continue
+        data = media.read_source(device, sha)
+        if data is not None:
+            added.append((media.COMPONENT + sha, "bytes", data))
+    return added, sorted(present - listed)
+
+
 def write(device: Device) -> dict[str, Any] | None:
     """Fold the device's journal into the runtime file (device idle: nothing queued)."""
     started = time.perf_counter()
@@ -159,8 +187,10 @@ def write(device: Device) -> dict[str, Any] | None:
                      after_seq=current.checkpoint_seq).transfers
     generation = current.generation + 1
     state = encode_state(current, last_seq, last_digest, generation)
+    media_added, media_dropped = media_components(device)
     new_generation = runtime_file.append(device.runtime.path, [
-        (STATE, "bytes", state), (f"audit/{generation:08d}", "bytes", audit_blob(folded))])
+        (STATE, "bytes", state), (f"audit/{generation:08d}", "bytes", audit_blob(folded)), *media_added],
+        drop=media_dropped, fs=device.runtime_fs)
     if new_generation != generation:
         raise RuntimeError(f"runtime file moved to generation {new_generation}, expected {generation}")
     # from here on the file holds every folded transfer: trim the journal

@@ -1,8 +1,10 @@
-"""The file operations the journal uses, behind one small interface.
+"""The file operations the journal and the runtime file's writer use, behind one small interface.
 
-The journal never calls `os` for its segment files directly: it asks a `FileLayer`. Production
-uses `OsFileLayer`; tests use `FaultyFileLayer`, which runs on real files but can run out of
-space, fail an fdatasync, and lose everything that was never made durable, as a power cut would.
+The journal never calls `os` for its segment files directly: it asks a `FileLayer`, and neither
+does an append to the runtime file (storage/runtime_file.py, which writes in place at given
+offsets: `open_rw`). Production uses `OsFileLayer`; tests use `FaultyFileLayer`, which runs on
+real files but can run out of space, fail an fdatasync, stop ("crash") before any chosen write or
+sync, and lose everything that was never made durable, as a power cut would.
 """
 
 from __future__ import annotations
@@ -42,10 +44,31 @@ class AppendFile(Protocol):
         ...
 
 
+class RandomAccessFile(Protocol):
+    """An existing file written in place at given offsets (the runtime file's appends): what a
+    write puts there is durable only after the next fsync."""
+
+    def pwrite(self, data: bytes | memoryview, offset: int) -> None:
+        ...
+
+    def fsync(self) -> None:
+        ...
+
+    def size(self) -> int:
+        ...
+
+    def close(self) -> None:
+        ...
+
+
 class FileLayer(Protocol):
     """Every file operation the journal performs. Errors are `OSError` with an errno."""
 
     def open_append(self, path: str) -> AppendFile:
+        ...
+
+    def open_rw(self, path: str) -> RandomAccessFile:
+        """An existing file, to write in place (the runtime file)."""
         ...
 
     def read_file(self, path: str) -> bytes:
@@ -103,11 +126,37 @@ class OsAppendFile(AppendFile):
             os.close(fd)
 
 
+class OsRandomAccessFile(RandomAccessFile):
+    def __init__(self, path: str, fd: int):
+        self.path = path
+        self._fd = fd
+
+    def pwrite(self, data: bytes | memoryview, offset: int) -> None:
+        view = memoryview(data).cast("B")
+        while view:  # a short write is followed by another, which reports the real error
+            written = os.pwrite(self._fd, view, offset)
+            view, offset = view[written:], offset + written
+
+    def fsync(self) -> None:
+        os.fsync(self._fd)
+
+    def size(self) -> int:
+        return os.fstat(self._fd).st_size
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+
 class OsFileLayer(FileLayer):
     def open_append(self, path: str) -> OsAppendFile:
         # O_APPEND: every write lands at the current end, also after an ftruncate.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         return OsAppendFile(path, fd)
+
+    def open_rw(self, path: str) -> OsRandomAccessFile:
+        return OsRandomAccessFile(path, os.open(path, os.O_RDWR | os.O_CLOEXEC))
 
     def read_file(self, path: str) -> bytes:
         with open(path, "rb") as f:
@@ -176,16 +225,54 @@ class FaultyAppendFile(OsAppendFile):
         layer.durable[self.path] = min(layer.durable.get(self.path, 0), length)
 
 
+class Crash(Exception):
+    """A FaultyFileLayer's simulated crash: the process stops before the write or sync it was told
+    to stop at (then `lose_unsynced` is the power cut that follows)."""
+
+
+class FaultyRandomAccessFile(OsRandomAccessFile):
+    """A file written in place whose writes are durable only once fsynced: each write since the
+    last fsync is remembered with what it overwrote, so a power cut can undo it."""
+
+    def __init__(self, layer: FaultyFileLayer, path: str, fd: int):
+        super().__init__(path, fd)
+        self._layer = layer
+
+    def pwrite(self, data: bytes | memoryview, offset: int) -> None:
+        data = bytes(memoryview(data).cast("B"))
+        torn = self._layer.step(self.path)  # a crash here writes nothing, or (torn) a prefix first
+        size = self.size()
+        before = os.pread(self._fd, len(data), offset) if offset < size else b""
+        self._layer.unsynced.setdefault(self.path, []).append((offset, before, len(data), size))
+        if torn is not None:
+            super().pwrite(data[:torn * len(data) // 2], offset)
+            raise Crash(f"crashed writing {len(data)} bytes at {self.path} offset {offset}")
+        super().pwrite(data, offset)
+
+    def fsync(self) -> None:
+        layer = self._layer
+        if layer.step(self.path) is not None:
+            raise Crash(f"crashed before fsync of {self.path}")
+        if layer.fdatasync_errors:
+            raise _os_error(layer.fdatasync_errors.pop(0), self.path)
+        layer.fdatasync_calls += 1
+        layer.unsynced.pop(self.path, None)
+
+
 class FaultyFileLayer(FileLayer):
     """Real files with injectable faults and a model of what a power cut keeps.
 
     It tracks, per file opened through it, the length last made durable by fdatasync, and which
-    new files still wait for a directory sync. fdatasync itself does not reach the disk: the
-    durability is simulated, which keeps fault tests fast.
+    new files still wait for a directory sync; for a file written in place (`open_rw`), every
+    write since its last fsync and the bytes it overwrote. fdatasync itself does not reach the
+    disk: the durability is simulated, which keeps fault tests fast.
 
     - `space`: bytes left on the "disk" (None: unlimited). A write past it stores what fits and
       raises ENOSPC; truncating gives bytes back.
     - `write_errors` / `fdatasync_errors`: errnos that the next calls raise, one each.
+    - `crash_at(n, torn=)`: the n-th write or fsync from now (0: the next) of a file written in
+      place raises `Crash` instead of running (torn: a write puts half its bytes there first).
+      `steps` counts them, so a test can run an operation once to learn how many there are.
     - `lose_unsynced(mode)`: the power cut. Every tracked file loses what was never durable.
     """
 
@@ -200,7 +287,31 @@ class FaultyFileLayer(FileLayer):
         self.durable: dict[str, int] = {}
         self._undurable_entries: set[str] = set()
         self._open: list[FaultyAppendFile] = []
+        self._open_rw: list[FaultyRandomAccessFile] = []
+        # path -> writes in place since its last fsync: (offset, bytes overwritten, length, file size before)
+        self.unsynced: dict[str, list[tuple[int, bytes, int, int]]] = {}
+        self.steps = 0  # writes and fsyncs of files written in place so far
+        self._crash_step: int | None = None
+        self._crash_torn = False
         self._random = random.Random(seed)
+
+    def crash_at(self, n: int, *, torn: bool = False) -> None:
+        self._crash_step, self._crash_torn = self.steps + n, torn
+
+    def step(self, path: str) -> int | None:
+        """Count one write or fsync of a file written in place; not None when it is to crash
+        (1: torn, the write puts half its bytes first; 0: nothing)."""
+        step, self.steps = self.steps, self.steps + 1
+        if step != self._crash_step:
+            return None
+        self._crash_step = None
+        return 1 if self._crash_torn else 0
+
+    def open_rw(self, path: str) -> FaultyRandomAccessFile:
+        path = os.path.abspath(path)
+        handle = FaultyRandomAccessFile(self, path, os.open(path, os.O_RDWR | os.O_CLOEXEC))
+        self._open_rw.append(handle)
+        return handle
 
     def fail_fdatasync(self, err: int, times: int = 1) -> None:
         self.fdatasync_errors.extend([err] * times)
@@ -259,6 +370,12 @@ class FaultyFileLayer(FileLayer):
         for handle in self._open:
             handle.close()
         self._open.clear()
+        for rw in self._open_rw:
+            rw.close()
+        self._open_rw.clear()
+        for path, writes in self.unsynced.items():
+            self._lose_in_place(path, writes, mode)
+        self.unsynced.clear()
         for path in self._undurable_entries:
             if os.path.exists(path):
                 os.remove(path)
@@ -284,6 +401,23 @@ class FaultyFileLayer(FileLayer):
                 f.seek(keep)
                 f.write(fill)
             self.durable[path] = keep + len(fill)
+
+
+    def _lose_in_place(self, path: str, writes: list[tuple[int, bytes, int, int]], mode: str) -> None:
+        """A file written in place loses its unsynced writes. cut: each is undone (what it
+        overwrote comes back, the file its old size); zeros / garbage: its range holds zero /
+        random bytes; prefix: the first writes (a random number of them) stay, the rest are undone."""
+        keep = self._random.randrange(len(writes) + 1) if mode == "prefix" else 0
+        with open(path, "r+b") as f:
+            if mode in ("zeros", "garbage"):
+                for offset, _, length, _ in writes:
+                    f.seek(offset)
+                    f.write(bytes(length) if mode == "zeros" else self._random.randbytes(length))
+                return
+            for offset, before, _, size in reversed(writes[keep:]):
+                f.seek(offset)
+                f.write(before)
+                f.truncate(size)  # undone in reverse: the size before this write
 
 
 def _os_error(err: int, path: str) -> OSError:

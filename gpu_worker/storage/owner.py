@@ -24,6 +24,10 @@ class Owner:
     inode: int  # the runtime file's inode: a copy of the file is another one
     boot: int  # the boot counter of the boot that wrote the marker
     grants_written_at_ns: int  # written_at_ns of the grant file that boot accepted
+    # the lines of history (lineages) the state has once that boot is recorded: one more than the
+    # saved state says when the boot that wrote the marker started a line and stopped before recording
+    # it (docs/checkpoint.md, "Lineages after a restore"); 0 in markers from before lineage nonces
+    lineages: int = 0
 
 
 def path(directory: str) -> str:
@@ -37,9 +41,10 @@ def read(directory: str) -> Owner | str:
             doc = json.loads(f.read().decode("utf-8"))
         if doc.get("schema") != SCHEMA:
             raise ValueError(f"schema {doc.get('schema')!r}")
-        owner = Owner(doc["incarnation"], doc["inode"], doc["boot"], doc["grants_written_at_ns"])
-        if not (isinstance(owner.incarnation, str) and all(type(v) is int for v in
-                                                           (owner.inode, owner.boot, owner.grants_written_at_ns))):
+        owner = Owner(doc["incarnation"], doc["inode"], doc["boot"], doc["grants_written_at_ns"],
+                      doc.get("lineages", 0))
+        if not (isinstance(owner.incarnation, str) and all(type(v) is int for v in (
+                owner.inode, owner.boot, owner.grants_written_at_ns, owner.lineages))):
             raise ValueError("bad field types")
     except FileNotFoundError:
         return f"journal {directory} has no owner marker"

@@ -3,13 +3,16 @@
 docs/runtime-file.md describes the byte layout; this module is the only code that reads or writes it.
 A file is two superblock slots (A at 0, B at 4096) followed by 4096-aligned extents. The valid
 superblock with the highest generation names the current directory extent, and the directory names
-every component extent. Writers never touch bytes that the current superblock reaches: they add
-extents after the end of the file, make them durable, and only then write the *other* slot. A crash
-at any point therefore leaves the previous generation readable.
+every component extent. Writers never touch bytes that the current superblock reaches: they write
+new extents where nothing it reaches lies — the space of extents it superseded (an older state,
+an older directory), or after the last byte it reaches — make them durable, and only then write the
+*other* slot. A crash at any point therefore leaves the previous generation readable, and the file
+grows only by what the current generation holds, not by every generation it replaced.
 """
 
 from __future__ import annotations
 
+import builtins
 import fcntl
 import hashlib
 import json
@@ -22,6 +25,8 @@ from dataclasses import dataclass, replace
 from typing import Any, BinaryIO, Iterable
 
 import torch
+
+from .filelayer import FileLayer, OsFileLayer, RandomAccessFile
 
 if sys.byteorder != "little":  # extents hold raw little-endian tensors that boot maps without conversion
     raise ImportError("gpu_worker.runtime_file requires a little-endian host")
@@ -322,6 +327,17 @@ class RuntimeFile:
         component = self._component(name)
         return self._view[component.offset:component.offset + component.length].toreadonly()
 
+    def read_verified(self, name: str) -> builtins.bytes:  # (plain `bytes` here would name the method)
+        """A copy of one extent, checked against its sha256. For a reader beside the file's writer
+        (an audit export beside a running device): an extent the generation it opened has since
+        superseded may be reused by a later append (`append`), and then it no longer matches."""
+        component = self._component(name)
+        data = self._view[component.offset:component.offset + component.length].tobytes()
+        if hashlib.sha256(data).hexdigest() != component.sha256:
+            raise RuntimeFileError(f"{self.path}: component {name!r} of generation {self.generation} changed under "
+                                   "this reader (a newer generation reused its space); open the file again")
+        return data
+
     def json(self, name: str) -> Any:
         self._component(name, "json")
         return json.loads(self.bytes(name).tobytes())
@@ -502,7 +518,8 @@ class _ExtentWriter:
         return offset, length, bytes.fromhex(digest)
 
 
-def _collect(writer: _ExtentWriter, components: Iterable[tuple[str, str, Any]]) -> dict[str, Component]:
+def _collect(writer: _ExtentWriter | _PlacedWriter,
+             components: Iterable[tuple[str, str, Any]]) -> dict[str, Component]:
     written: dict[str, Component] = {}
     for name, kind, payload in components:
         if name in written:
@@ -562,9 +579,73 @@ def _create(path: str, components: Iterable[tuple[str, str, Any]], required: int
     _fsync_directory(path)
 
 
+class _FreeSpace:
+    """Where an append may write: the aligned ranges of the data area that the current superblock
+    reaches through nothing — extents of superseded generations, the tail of an append that
+    crashed — up to the last byte it reaches, then everything after that byte (whatever the file
+    holds there is unreachable too). `take` is first fit, lowest offset first, so what a
+    generation supersedes is what the next ones fill, and the file grows only when nothing free
+    fits."""
+
+    def __init__(self, reachable: Iterable[tuple[int, int]]) -> None:
+        self.gaps: list[list[int]] = []  # [start, end) free ranges, ascending
+        at = DATA_START
+        for start, end in sorted(reachable):
+            if start > at:
+                self.gaps.append([at, start])
+            at = max(at, end)
+        self.end = at  # the last byte the current generation reaches: all after it is free
+
+    def take(self, length: int) -> int:
+        if length == 0:
+            return DATA_START  # an empty extent occupies nothing and always lies inside the file
+        for gap in self.gaps:
+            start = _align(gap[0])
+            if start + length <= gap[1]:
+                gap[0] = start + length
+                return start
+        offset = _align(self.end)
+        self.end = offset + length
+        return offset
+
+
+class _PlacedWriter:
+    """Writes each extent in place at the offset `_FreeSpace` gives it, hashing it as it goes."""
+
+    def __init__(self, out: RandomAccessFile, space: _FreeSpace) -> None:
+        self.out = out
+        self.space = space
+
+    def _put(self, raw: bytes | memoryview) -> tuple[int, int, str]:
+        offset = self.space.take(len(raw))
+        if len(raw):
+            self.out.pwrite(raw, offset)
+        return offset, len(raw), hashlib.sha256(raw).hexdigest()
+
+    def put(self, name: str, kind: str, payload: Any) -> Component:
+        raw, dtype, shape = _encode(name, kind, payload)
+        offset, length, digest = self._put(raw)
+        return Component(name, kind, offset, length, digest, dtype, shape)
+
+    def put_directory(self, components: dict[str, Component]) -> tuple[int, int, bytes]:
+        directory = {"schema": DIRECTORY_SCHEMA,
+                     "components": [components[name].to_json() for name in sorted(components)]}
+        offset, length, digest = self._put(canonical_json(directory))
+        return offset, length, bytes.fromhex(digest)
+
+
 def append(path: str | os.PathLike[str], components: Iterable[tuple[str, str, Any]], *,
-           set_required: int = 0) -> int:
-    """Add components (replacing same-named ones) and publish them in the other slot; returns the generation."""
+           set_required: int = 0, drop: Iterable[str] = (), fs: FileLayer | None = None) -> int:
+    """Add components (replacing same-named ones), leave out those named in `drop`, and publish
+    the result in the other slot; returns the generation.
+
+    The new extents and directory go where the current generation reaches nothing (`_FreeSpace`):
+    the space its predecessors' superseded extents held, else after the last byte it reaches. Steps:
+    an fsync (the winner may be an append whose process died before its last fsync: it is made
+    durable before the space its predecessor needs as a fallback is written over), the writes, an
+    fsync, the other slot's superblock, an fsync. A crash before the last fsync completes leaves the
+    current generation the winner, whole (none of its bytes was written); after it, the new one.
+    `fs` is the file layer (tests inject crashes and power cuts)."""
     path = os.fspath(path)
     if set_required & ~KNOWN_REQUIRED:
         raise ValueError(f"unknown required feature bits {set_required:#x}")
@@ -572,19 +653,23 @@ def append(path: str | os.PathLike[str], components: Iterable[tuple[str, str, An
         _lock_for_write(path, f.fileno())
         with RuntimeFile.open(path, verify=False) as current:
             entries, slot, superblock = dict(current.components), current.slot, current._superblock
-        # Start after everything in the file, including any tail a crashed append left behind:
-        # no extent the current superblock can reach is ever overwritten.
-        writer = _ExtentWriter(f, os.fstat(f.fileno()).st_size)
-        entries.update(_collect(writer, components))
-        dir_offset, dir_length, dir_digest = writer.put_directory(entries)
-        f.flush()
-        os.fsync(f.fileno())  # the new extents are durable before any superblock names them
-        successor = replace(superblock, generation=superblock.generation + 1,
-                            required_features=superblock.required_features | set_required,
-                            directory_offset=dir_offset, directory_length=dir_length,
-                            directory_sha256=dir_digest)
-        f.seek(SLOT_OFFSETS[1 - slot])
-        f.write(successor.pack())
-        f.flush()
-        os.fsync(f.fileno())
+            reachable = [(c.offset, c.offset + c.length) for c in entries.values()]
+        reachable.append((superblock.directory_offset, superblock.directory_offset + superblock.directory_length))
+        for name in drop:
+            entries.pop(name, None)
+        out = (fs or OsFileLayer()).open_rw(path)
+        try:
+            out.fsync()
+            writer = _PlacedWriter(out, _FreeSpace(reachable))
+            entries.update(_collect(writer, components))
+            dir_offset, dir_length, dir_digest = writer.put_directory(entries)
+            out.fsync()  # the new extents are durable before any superblock names them
+            successor = replace(superblock, generation=superblock.generation + 1,
+                                required_features=superblock.required_features | set_required,
+                                directory_offset=dir_offset, directory_length=dir_length,
+                                directory_sha256=dir_digest)
+            out.pwrite(successor.pack(), SLOT_OFFSETS[1 - slot])
+            out.fsync()
+        finally:
+            out.close()
     return successor.generation

@@ -60,6 +60,7 @@ ROUTES = {
     "GET spaces/{private}/memory": ("GET", "/spaces/{private}/memory"),
     "GET spaces/{instance}/memory": ("GET", "/spaces/{instance}/memory"),
     "GET memory/{private}": ("GET", "/memory/{private_mem}"),
+    "GET memory/{instance}": ("GET", "/memory/{instance_mem}"),
     "POST spaces": ("POST", "/spaces"),
     "POST spaces/{private}/members": ("POST", "/spaces/{private}/members"),
     "POST spaces/{instance}/members": ("POST", "/spaces/{instance}/members"),
@@ -104,6 +105,7 @@ _IMPLICIT_INSTANCE = {
     "POST spaces/{instance}/members": RIGHT, "POST spaces/{instance}/conversations": NEW,
     "POST conversations/{instance}/inputs": NEW, "POST spaces/{instance}/deletion": RIGHT,
     "GET spaces/{instance}/memory": OK, "POST spaces/{instance}/publications": RIGHT,
+    "GET memory/{instance}": OK,
 }
 _INVISIBLE_PRIVATE = {
     "GET spaces/{private}": NO_SPACE, "GET spaces/{private}/members": NO_SPACE,
@@ -139,6 +141,7 @@ EXPECTED = {
         "GET operations/{private}/result": OK,
         "POST spaces/{private}/deletion": NOT_EMPTY, "POST spaces/{instance}/deletion": NOT_EMPTY,
         "GET spaces/{private}/memory": OK, "GET spaces/{instance}/memory": OK, "GET memory/{private}": OK,
+        "GET memory/{instance}": OK,
         "POST spaces/{private}/publications": NEW, "POST spaces/{instance}/publications": NEW,
     },
     # member row [read] on the private space
@@ -180,7 +183,8 @@ EXPECTED = {
     },
     # registered, no member row anywhere
     "outsider": {**_OWN_READS, **_REGISTERED_WRITER, **_IMPLICIT_INSTANCE, **_INVISIBLE_PRIVATE},
-    # registered, a zero-rights row on the instance space: that blocks implicit instance access
+    # registered, a zero-rights row on the instance space: that blocks implicit instance access,
+    # to the memory retained in it too (through any other instance space as well: see below)
     "zero": {
         **_OWN_READS, **_REGISTERED_WRITER, **_INVISIBLE_PRIVATE,
         "GET spaces/{instance}": NO_SPACE, "GET spaces/{instance}/members": NO_SPACE,
@@ -189,6 +193,7 @@ EXPECTED = {
         "POST spaces/{instance}/members": NO_SPACE, "POST spaces/{instance}/conversations": NO_SPACE,
         "POST conversations/{instance}/inputs": NO_CON, "POST spaces/{instance}/deletion": NO_SPACE,
         "GET spaces/{instance}/memory": NO_SPACE, "POST spaces/{instance}/publications": NO_SPACE,
+        "GET memory/{instance}": NO_MEM,
     },
     # every grant, never registered: sees nothing, every mutation but registration is 409
     "newcomer": {
@@ -202,7 +207,7 @@ EXPECTED = {
         "POST cancellations": UNREG, "POST retirements": UNREG, "POST participant": NEW,
         "POST spaces/{private}/deletion": UNREG, "POST spaces/{instance}/deletion": UNREG,
         "POST conversations/{ghost}/deletion": UNREG,
-        "GET spaces/{instance}/memory": NO_SPACE,
+        "GET spaces/{instance}/memory": NO_SPACE, "GET memory/{instance}": NO_MEM,
         "POST spaces/{private}/publications": UNREG, "POST spaces/{instance}/publications": UNREG,
     },
     # the next three hold member rows [read, write, manage] on the private space; only the
@@ -346,10 +351,16 @@ def world(tiny_runtime, tmp_path_factory):
         # no_read cannot read its own participant; the owner reads it through the member list below
         private = _created(w.mutate("owner", "/spaces"))
         instance = _created(w.mutate("owner", "/spaces", scope="instance"))
+        # a second instance space, which zero may read: the instance's memory is shared through it,
+        # and what zero's row blocks in the first must stay fenced there too
+        open_instance = _created(w.mutate("owner", "/spaces", scope="instance"))
         private_con = _created(w.mutate("owner", f"/spaces/{private['target']}/conversations"))
         instance_con = _created(w.mutate("owner", f"/spaces/{instance['target']}/conversations"))
         private_input = _created(w.mutate("owner", f"/conversations/{private_con['target']}/inputs",
                                           text="hi", model="tiny-llama", max_output_tokens=2))
+        instance_input = _created(w.mutate("owner", f"/conversations/{instance_con['target']}/inputs",
+                                           text="the instance space's fact", model="tiny-llama",
+                                           max_output_tokens=2))
         for persona, permissions in PRIVATE_ROWS.items():
             if persona == "no_read":
                 continue
@@ -362,11 +373,13 @@ def world(tiny_runtime, tmp_path_factory):
         w.ids["no_read"] = no_read_space["participant"]
         _created(w.mutate("owner", f"/spaces/{private['target']}/members", participant=w.ids["no_read"],
                           permissions=PRIVATE_ROWS["no_read"]))
-        # the input's retained source: the memory object the memory and publication routes name
-        def retained():
-            memory = json.loads(w.call("owner", "GET", f"/operations/{private_input['operation']}")[2])["memory"]
+        # the inputs' retained sources: the memory objects the memory and publication routes name
+        def retained(receipt):
+            memory = json.loads(w.call("owner", "GET", f"/operations/{receipt['operation']}")[2])["memory"]
             return memory if memory["retained"] else None
-        memory = wait_for(retained, 60, interval=0.05, what="the private input's retained memory")
+        memory = wait_for(lambda: retained(private_input), 60, interval=0.05, what="the private input's memory")
+        instance_memory = wait_for(lambda: retained(instance_input), 60, interval=0.05,
+                                   what="the instance input's memory")
         stack.manage("principal", "revoke", "no_write", "--actions", "shared_write", "--config", str(stack.config))
         lineage = private["target"].split("-")[1]
         w.params = {
@@ -375,6 +388,7 @@ def world(tiny_runtime, tmp_path_factory):
             "instance_con": instance_con["target"], "ghost_con": f"con-{lineage}-{'7' * 32}",
             "private_op": private["operation"], "instance_op": instance["operation"],
             "private_input": private_input["operation"], "private_mem": memory["retained"][0],
+            "instance_mem": instance_memory["retained"][0], "open_instance": open_instance["target"],
         }
         yield w
     finally:
@@ -471,3 +485,66 @@ def test_a_revoked_grant_takes_effect_on_the_next_request(world):
     status, headers, body = world.call("revokee", "POST", "/spaces", world.envelope("anonymous"))
     assert status == 401 and headers["WWW-Authenticate"].startswith("Bearer"), body
     assert headers["Cache-Control"] == "no-store"
+
+
+# ---- what a write-only member and a blocked participant are served: their inputs' prompts (seen
+# through the receipt's input token count), memory lists and reads, publications (issue 36) ----
+
+def _finished_input(world, persona, conversation, text):
+    """The saved terminal receipt of a new input of `persona` (its own receipt: it may read it)."""
+    receipt = _created(world.mutate(persona, f"/conversations/{conversation}/inputs", text=text,
+                                    model="tiny-llama", max_output_tokens=2))
+
+    def terminal():
+        status, _, body = world.call(persona, "GET", f"/operations/{receipt['operation']}")
+        assert status == 200, body
+        done = json.loads(body)
+        return done if done["terminal"]["saved"] else None
+    return wait_for(terminal, 60, interval=0.05, what=f"{persona}'s input to end")
+
+
+def _alone(world, persona, text):
+    """The same input in a fresh conversation of a fresh private space of the persona's own: a
+    prompt with no earlier turn and nothing to recall."""
+    space = _created(world.mutate(persona, "/spaces"))["target"]
+    conversation = _created(world.mutate(persona, f"/spaces/{space}/conversations"))["target"]
+    return _finished_input(world, persona, conversation, text)
+
+
+def _memory_objects(world, persona, space):
+    status, _, body = world.call(persona, "GET", f"/spaces/{space}/memory")
+    assert status == 200, body
+    return [row["object"] for row in json.loads(body)["items"]]
+
+
+def test_a_write_only_members_input_is_prompted_with_nothing_of_the_space_it_cannot_read(world):
+    private = world.params["private"]
+    # the private space holds the owner's turn and its retained memory; writer may only write there
+    conversation = _created(world.mutate("writer", f"/spaces/{private}/conversations"))["target"]
+    there = _finished_input(world, "writer", conversation, "Hello.")
+    assert there["terminal"]["status"] == "succeeded", there
+    assert there["result"]["input_tokens"] == _alone(world, "writer", "Hello.")["result"]["input_tokens"]
+    # it cannot read the memory, nor publish it into a room of its own
+    status, _, body = world.call("writer", "GET", f"/memory/{world.params['private_mem']}")
+    assert (status, json.loads(body)["error"]["code"]) == (404, "memory_not_found")
+    room = _created(world.mutate("writer", "/spaces", scope="room"))["target"]
+    status, _, body = world.mutate("writer", f"/spaces/{room}/publications",
+                                   source=world.params["private_mem"], source_version="1")
+    assert (status, json.loads(body)["error"]["code"]) == (404, "memory_not_found"), body
+
+
+def test_a_zero_rights_row_fences_the_instance_memory_through_every_other_instance_space(world):
+    blocked_mem = world.params["instance_mem"]  # retained in the instance space zero is blocked from
+    other = world.params["open_instance"]  # an instance space zero may read and write
+    conversation = _created(world.mutate("zero", f"/spaces/{other}/conversations"))["target"]
+    # another participant shares the instance's memory through any instance space it may read
+    assert blocked_mem in _memory_objects(world, "outsider", other)
+    # zero neither lists, reads, publishes nor recalls it
+    assert blocked_mem not in _memory_objects(world, "zero", other)
+    status, _, body = world.call("zero", "GET", f"/memory/{blocked_mem}")
+    assert (status, json.loads(body)["error"]["code"]) == (404, "memory_not_found")
+    room = _created(world.mutate("zero", "/spaces", scope="room"))["target"]
+    status, _, body = world.mutate("zero", f"/spaces/{room}/publications", source=blocked_mem, source_version="1")
+    assert (status, json.loads(body)["error"]["code"]) == (404, "memory_not_found"), body
+    there = _finished_input(world, "zero", conversation, "Hello.")
+    assert there["result"]["input_tokens"] == _alone(world, "zero", "Hello.")["result"]["input_tokens"]

@@ -41,10 +41,10 @@ def test_an_input_is_admitted_runs_and_reads_back(tiny_runtime, tmp_path):
             out = json.loads(stack.http("GET", f"{BASE}/operations/{receipt['operation']}", token=token)[2])
             return out if out["terminal"]["saved"] else None
         final = wait_for(done, 60, interval=0.05, what="the input's terminal result")
-        assert final["terminal"]["status"] == "succeeded" and 1 <= final["result"]["output_tokens"] <= 16
+        assert final["terminal"]["status"] == "succeeded" and 1 <= int(final["result"]["output_tokens"]) <= 16
         status, _, body = stack.http("GET", f"{BASE}/operations/{receipt['operation']}/result?offset=0", token=token)
         result = json.loads(body)
-        assert status == 200 and result["complete"] and len(base64.b64decode(result["bytes"])) == result["length"]
+        assert status == 200 and result["complete"] and str(len(base64.b64decode(result["bytes"]))) == result["length"]
         assert result["length"] == final["result"]["length"]
         for bad in ({"text": "x", "model": "tiny-llama", "pages": 1.0}, {"text": "x", "model": "tiny-llama", "top_p": True},
                     {"text": "<|image|>", "model": "tiny-llama"}, {"text": 1, "model": "tiny-llama"}):
@@ -60,5 +60,39 @@ def test_an_input_is_admitted_runs_and_reads_back(tiny_runtime, tmp_path):
         status, out = mutate(stack, token, f"/conversations/{conversation}/inputs",
                              {"text": "listen", "model": "tiny-llama", "media": [{"type": "audio", "sha256": sha}]})
         assert status == 409 and out["error"]["code"] == "model_lacks_media"
+    finally:
+        stack.stop()
+
+
+def test_a_deadline_exceeded_input_answers_504_on_its_result_and_on_its_event_stream(tmp_path):
+    """SPEC: a request that exceeds its execution deadline returns 504. With a deadline of 1 ms
+    (the least a runtime profile takes) an input is past it long before its completion can be
+    journaled (its embedding, prompt and tokens each cross threads first, and the deadline covers
+    publication); both reads of its result, `GET /operations/{op}/result` and
+    `GET /operations/{op}/events`, answer 504 `deadline_exceeded` through the gateway."""
+    from gpu_worker.pack import pack_tiny
+    runtime = str(tmp_path / "deadline.aotxccir")
+    pack_tiny(runtime, shared=True, runtime_profile={"deadline_ms": 1})
+    stack = Stack(tmp_path, runtime)
+    try:
+        token = stack.principal("writer")
+        stack.boot_device()
+        stack.serve()
+        assert mutate(stack, token, "/participant", {})[0] == 202
+        space = mutate(stack, token, "/spaces", {})[1]["target"]
+        conversation = mutate(stack, token, f"/spaces/{space}/conversations", {})[1]["target"]
+        _, receipt = mutate(stack, token, f"/conversations/{conversation}/inputs",
+                            {"text": "too late", "model": "tiny-llama", "max_output_tokens": 16})
+        operation = f"{BASE}/operations/{receipt['operation']}"
+
+        def done():
+            out = json.loads(stack.http("GET", operation, token=token)[2])
+            return out if out["terminal"]["saved"] else None
+        final = wait_for(done, 60, interval=0.05, what="the input's terminal result")
+        assert final["terminal"]["status"] == "deadline_exceeded"
+        for path in (f"{operation}/result", f"{operation}/events"):
+            status, headers, body = stack.http("GET", path, token=token)
+            assert (status, json.loads(body)["error"]["code"]) == (504, "deadline_exceeded"), path
+            assert headers["Content-Type"] == "application/json" and headers["Cache-Control"] == "no-store"
     finally:
         stack.stop()

@@ -18,10 +18,8 @@ import time
 import pytest
 import rfc8785
 
-from gpu_worker.state import ids
 from gpu_worker.pack import pack_tiny
 from gpu_worker.contract.wire import LENGTH, decode_payload, encode_frame
-from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.conftest import PYTHON, ROOT, wait_for, write_grants
 
 pytestmark = pytest.mark.e2e
@@ -45,10 +43,10 @@ def call(sock, msg):
 class Client(threading.Thread):
     """Closed loop of mutations for one principal; an unanswered request is retried exactly."""
 
-    def __init__(self, principal, incarnation, path, stop):
+    def __init__(self, principal, path, stop):
         super().__init__(daemon=True)
         self.principal, self.path, self.stop = principal, path, stop
-        self.lineage = ids.lineage(incarnation, principal).hex()
+        self.lineage = None  # read from the participant resource once connected (learn_lineage)
         self.saved = {}  # sequence -> receipt bytes the client saw (202 or 200)
         self.errors = []
         self.retries = 0
@@ -85,8 +83,18 @@ class Client(threading.Thread):
                 self.retries += 1
                 time.sleep(0.005)
 
+    def learn_lineage(self, sock):
+        """The lineage to mutate under, from the participant resource (SPEC: "Read /participant to
+        obtain the actual lineage"): the device's line of history decides it, not the file alone.
+        Restarts on its own journal keep it."""
+        reply, sock = self.exchange(sock, {"v": 1, "id": 0, "op": "participant.get", "principal": self.principal.hex(),
+                                           "args": {}})
+        self.lineage = json.loads(reply["body"])["lineage"]
+        return sock
+
     def run(self):
         sequence, sock = 1, None
+        sock = self.learn_lineage(sock)
         while not self.stop.is_set():
             reply, sock = self.exchange(sock, self.request(sequence))
             if reply["status"] not in (200, 202):
@@ -103,13 +111,13 @@ class MemoryClient(Client):
     """Inputs and publications: register, a space, a conversation and a room, then in a loop an
     input, its terminal result (polled), and a publication of the row it retained."""
 
-    def __init__(self, principal, incarnation, path, stop):
-        super().__init__(principal, incarnation, path, stop)
+    def __init__(self, principal, path, stop):
+        super().__init__(principal, path, stop)
         self.space = self.conversation = self.room = None
         self.inputs, self.publications = [], []  # saved receipts' operations / publication targets
 
     def run(self):
-        sock, sequence = None, 1
+        sock, sequence = self.learn_lineage(None), 1
         setup = [("participant.register", "/participant", {}, {}), ("spaces.create", "/spaces", {}, {}),
                  None, ("spaces.create", "/spaces", {"scope": "room"}, {})]
         try:
@@ -197,7 +205,6 @@ def test_kill_dash_nine_under_load_loses_no_saved_receipt_and_applies_nothing_tw
     runtime = str(tmp_path / "kill.aotxccir")
     pack_tiny(runtime, shared=True, capacity={"participants": 8, "spaces": 60000, "receipts": 60000,
                                               "command_bytes": 1024, "result_bytes": 16, "memory": 60000})
-    incarnation = RuntimeFile.open(runtime, verify=False).incarnation
     principals = [secrets.token_bytes(16) for _ in range(CLIENTS)]
     grants = str(tmp_path / "grants.json")
     journal = tmp_path / "journal"
@@ -225,8 +232,8 @@ def test_kill_dash_nine_under_load_loses_no_saved_receipt_and_applies_nothing_tw
                                "args": {"operation": op}})
 
     stop = threading.Event()
-    clients = [Client(p, incarnation, sock_path, stop) for p in principals]
-    memory_client = MemoryClient(memory_principal, incarnation, sock_path, stop)
+    clients = [Client(p, sock_path, stop) for p in principals]
+    memory_client = MemoryClient(memory_principal, sock_path, stop)
     pid = boot()
     for c in clients + [memory_client]:
         c.start()

@@ -69,6 +69,14 @@ def test_memory_is_retained_read_published_and_readable_during_a_hold(tmp_path):
         copy = published["target"]
         status, seen = get(stack, bob, f"/spaces/{room}/memory")
         assert [(r["object"], r["scope"], r["published"]) for r in seen["items"]] == [(copy, "room", True)]
+        # bob cannot read the source, and sees where the copy came from
+        assert seen["items"][0]["published_from"] == {"object": obj, "version": "1"}
+        # a read naming the copy's current version answers, another one 409 with the current one
+        assert get(stack, bob, f"/memory/{copy}?version=1")[1]["memory"] == seen["items"][0]
+        status, stale = get(stack, bob, f"/memory/{copy}?version=2")
+        assert (status, stale["error"]["code"], stale["error"]["version"]) == (409, "stale_version", "1")
+        status, bad = get(stack, bob, f"/memory/{copy}?version=one")
+        assert (status, bad["error"]["code"]) == (400, "bad_field")
         assert base64.b64decode(get(stack, bob, f"/memory/{copy}")[1]["bytes"]) == text.encode()
         assert get(stack, eve, f"/memory/{copy}")[0] == 404
         # bob may read but not manage the room

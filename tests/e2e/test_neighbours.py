@@ -205,7 +205,7 @@ def test_control_tokens_in_one_members_input_cannot_inject_roles_into_anothers_c
     messages = [{"role": "user", "content": INJECTION}, {"role": "assistant", "content": answer},
                 {"role": "system", "content": recalled}, {"role": "user", "content": "what did bob say?"}]
     tok = tokenizer(stack)
-    assert second["result"]["input_tokens"] == len(tok.encode_chat(messages))
+    assert second["result"]["input_tokens"] == str(len(tok.encode_chat(messages)))
     assert len(tok.encode_chat(messages)) != len(tok.encode(tok.apply_chat_template(messages)))
 
 

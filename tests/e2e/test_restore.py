@@ -98,3 +98,64 @@ def test_the_runtime_file_in_use_refuses_a_second_device_a_pack_and_an_offline_c
     packed = subprocess.run([PYTHON, "-m", "gpu_worker", "pack", "--runtime", stack.runtime, "--shared"], cwd=ROOT,
                             capture_output=True, text=True, timeout=120, env=stack.env)
     assert packed.returncode == 0 and packed.stdout.startswith("unchanged"), packed.stderr
+
+
+def mutate(stack, token, path, fields, lineage, sequence, key=None):
+    body = {"schema": "aotx.shared.mutation.v1", "lineage": lineage,
+            "operation_key": key or hashlib.sha256(f"{path}{sequence}{lineage}".encode()).hexdigest()[:32],
+            "sequence": str(sequence), **fields}
+    status, _, reply = stack.http("POST", BASE + path, body, token=token)
+    return status, json.loads(reply)
+
+
+def test_after_a_restore_that_lost_the_journal_tail_no_old_handle_selects_a_new_operation(stack):
+    """SPEC: "a retired operation handle cannot select the new receipt"; the participant resource
+    gives "the actual lineage". The file is checkpointed after two mutations, a third is saved in
+    the journal only, and the file is restored on a fresh journal directory: the third is lost.
+    The restore starts a new lineage: a mutation under the old one answers 409 `stale_lineage`
+    (naming the new lineage), the new operation at the lost sequence gets an ID of the new lineage,
+    the lost operation's and lost space's IDs answer 404, and everything the checkpoint saved keeps
+    its ID and reads back."""
+    alice = stack.principal("alice")
+    stack.boot_device()
+    stack.serve()
+    me = json.loads(stack.http("GET", f"{BASE}/participant", token=alice)[2])
+    assert "lineage" in me, me
+    old = me["lineage"]
+    assert mutate(stack, alice, "/participant", {}, old, 1)[0] == 202
+    status, kept = mutate(stack, alice, "/spaces", {"scope": "room", "id": "a" * 32}, old, 2)
+    assert status == 202
+    out = subprocess.run([PYTHON, "-m", "gpu_worker", "checkpoint", "--ccir", stack.runtime, "--journal",
+                          str(stack.journal)], cwd=ROOT, capture_output=True, text=True, timeout=120, env=stack.env)
+    assert out.returncode == 0, out.stderr
+    kept_receipt = stack.http("GET", f"{BASE}/operations/{kept['operation']}", token=alice)[2]
+    status, lost = mutate(stack, alice, "/spaces", {"scope": "room", "id": "b" * 32}, old, 3)
+    assert status == 202 and lost["admission"]["saved"]  # saved, in the journal only
+    stack.device.kill()
+    stack.journal.rename(stack.base / "journal-lost")  # the restore: the file on a fresh journal directory
+    stack.journal.mkdir()
+    stack.boot_device(fresh_grants=True)
+
+    me = json.loads(stack.http("GET", f"{BASE}/participant", token=alice)[2])
+    assert me["registered"] and me["next_sequence"] == "3" and me["lineage"] != old
+    new = me["lineage"]
+    # a client still holding the old lineage, retrying the lost mutation exactly: refused, told the new one
+    status, refused = mutate(stack, alice, "/spaces", {"scope": "room", "id": "b" * 32}, old, 3)
+    assert status == 409 and refused["error"]["code"] == "stale_lineage" and refused["error"]["lineage"] == new
+    # what the checkpoint saved keeps its IDs and its receipt bytes
+    assert stack.http("GET", f"{BASE}/operations/{kept['operation']}", token=alice)[2] == kept_receipt
+    assert json.loads(stack.http("GET", f"{BASE}/spaces/{kept['target']}", token=alice)[2])["id"] == kept["target"]
+    # the lost operation and the space it created are gone, before and after a new one takes sequence 3
+    assert stack.http("GET", f"{BASE}/operations/{lost['operation']}", token=alice)[0] == 404
+    status, again = mutate(stack, alice, "/spaces", {"scope": "room", "id": "b" * 32}, new, 3)
+    assert status == 202 and again["operation"].startswith(f"op-{new}-")
+    assert again["operation"].split("-")[2] != lost["operation"].split("-")[2]
+    assert again["target"] == f"spc-{new}-{'b' * 32}" != lost["target"]
+    for handle in (f"operations/{lost['operation']}", f"spaces/{lost['target']}"):
+        assert stack.http("GET", f"{BASE}/{handle}", token=alice)[0] == 404, handle
+    # the next boot on this journal is a restart: the lineage stays
+    stack.device.kill()
+    stack.boot_device()
+    assert json.loads(stack.http("GET", f"{BASE}/participant", token=alice)[2])["lineage"] == new
+    assert json.loads(stack.http("GET", f"{BASE}/operations/{again['operation']}", token=alice)[2])["target"] == \
+        again["target"]

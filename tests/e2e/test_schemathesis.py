@@ -172,13 +172,16 @@ SERVER_BUGS = [
     ("POST", f"{BASE}/spaces", _with(b'"id": 9007199254740993'), "strict.Mutation: rfc8785 integer domain"),
     ("POST", f"{BASE}/spaces", _with(b'"scope": "\\ud800"'), "strict.Mutation: rfc8785 lone surrogate"),
     ("POST", f"{BASE}/spaces", b"[" * 50000, "strict.loads_strict: RecursionError is not a ValueError"),
+    ("POST", f"{BASE}/spaces", b'{"\\ud800": 1, ' + json.dumps(MUTATION).encode()[1:],
+     "strict.Mutation: the unknown_field message echoed a lone surrogate it could not encode"),
 ]
 
 
 @pytest.mark.parametrize("method,path,raw,why", [
     pytest.param(*bug, id=name)
-    for name, bug in zip(["unicode-digit-limit", "float-inf", "unsafe-integer", "lone-surrogate", "deep-nesting"],
-                         SERVER_BUGS)])
+    for name, bug in zip(["unicode-digit-limit", "float-inf", "unsafe-integer", "lone-surrogate", "deep-nesting",
+                          "lone-surrogate-key"], SERVER_BUGS)])
 def test_hostile_input_is_a_documented_400_not_a_500(world, method, path, raw, why):
     status, headers, body = world.stack.http(method, path, token=world.token, raw=raw)
-    assert status == 400 and json.loads(body)["error"]["code"] in ("bad_limit", "bad_field", "invalid_json"), body
+    assert status == 400 and json.loads(body)["error"]["code"] in ("bad_limit", "bad_field", "invalid_json",
+                                                                   "unknown_field"), body

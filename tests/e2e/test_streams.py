@@ -158,7 +158,7 @@ def test_an_operation_stream_sends_its_output_then_the_terminal_event_and_ends(s
     assert data == base64.b64decode(result["bytes"])
     assert [e.id for e in spans] == [f"{path}@{json.loads(e.data)['next_offset']}" for e in spans]
     end = json.loads(terminal.data)
-    assert end["status"] == "succeeded" and end["terminal"]["saved"] and end["result"]["length"] == len(data)
+    assert end["status"] == "succeeded" and end["terminal"]["saved"] and end["result"]["length"] == str(len(data))
     middle = len(data) // 2
     resumed = Follower(stack, alice, path, {"Last-Event-ID": f"{path}@{middle}"})
     try:

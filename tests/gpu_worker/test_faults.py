@@ -1,6 +1,7 @@
 """Faults (SPEC "Recorded state and recovery"): journal holds, ENOSPC, EIO, power loss and
 checkpoints; each recovery is a plain restart (the same grant file). Restart versus restore:
 test_restart.py."""
+import collections
 import errno
 import subprocess
 
@@ -13,6 +14,7 @@ from gpu_worker.storage.journal import JournalIOError, list_segments
 from gpu_worker.pack import pack_tiny
 from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.conftest import PYTHON, ROOT
+from tests.gpu_worker.ops.test_inputs import EngineWorld, slow_engine
 from tests.gpu_worker.ops.test_shared_state import World, code
 
 
@@ -33,6 +35,29 @@ class FaultyWorld(World):
         if self.device is not None:
             self.device.close()
         self.device = Device(RuntimeFile.open(self.runtime), self.journal, Grants(self.grants_path), fs=self.fs)
+
+
+class FaultyEngineWorld(EngineWorld):
+    """An EngineWorld (the tiny model on a runner thread) whose device does all journal I/O
+    through a FaultyFileLayer."""
+
+    def __init__(self, runtime, tmp_path, names, fs):
+        self.fs = fs
+        super().__init__(runtime, tmp_path, names)
+
+    def boot(self):
+        if self.device is not None:
+            if self.device.runner is not None:
+                self.device.runner.stop()
+            self.device.close()
+        self.device = Device(RuntimeFile.open(self.runtime), self.journal, Grants(self.grants_path), fs=self.fs)
+
+
+def engine_runtime(tmp_path):
+    path = str(tmp_path / "engine-faults.aotxccir")
+    pack_tiny(path, shared=True, runtime_profile={"min_free_disk_bytes": 1, "kv_pages": 64, "page_grant": 16,
+                                                  "deadline_ms": 600000})
+    return path
 
 
 def saved_state(world, name):
@@ -95,7 +120,7 @@ def test_a_file_cap_holds_new_mutations_with_429_until_a_checkpoint(tmp_path):
     assert status == 429 and body["error"]["code"] == "journal_hold" and body["error"]["cause"] == "file_cap"
     assert saved_state(w, "a") == state
     caps = w.read("a", "capabilities")[1]["journal"]
-    assert caps["hold"] is True and caps["cause"] == "file_cap" and caps["pending_bytes"] == 0
+    assert caps["hold"] is True and caps["cause"] == "file_cap" and caps["pending_bytes"] == "0"
     assert w.read("a", "operations.get", operation=state[2]["items"][0]["operation"])[0] == 200
     w.device.checkpoint()
     assert w.device.holds.current is None and w.device.state.hold_incidents[-1]["cause"] == "file_cap"
@@ -229,3 +254,81 @@ def test_low_free_disk_holds_admission_and_the_hold_lifts_when_space_returns(tmp
     w.device.idle()
     assert w.device.holds.current is None and w.device.state.hold_incidents[-1]["cause"] == "low_disk"
     assert w.mutate("a", "spaces.create", "/spaces", {})[0] == 202
+
+
+def test_after_enospc_every_unfinished_input_ends_interrupted_once_room_returns(tmp_path):
+    """ENOSPC rebuilds the state from what is saved and stops every input (their unsaved leases
+    and outputs are gone). Each then ends with a saved COMPLETION `interrupted` as soon as the
+    journal accepts writes again, as at a restart (SPEC: a restored unfinished admission becomes
+    interrupted and does not repeat its memory input): it has a result and a terminal, its quotas
+    are free, and a retirement may cover it (before, all of that waited for a restart). While the
+    disk is full nothing can be written: a cancellation answers 429 like every mutation (its
+    target is stopped already)."""
+    fs = FaultyFileLayer()
+    w = FaultyEngineWorld(engine_runtime(tmp_path), tmp_path, ["a"], fs)
+    try:
+        _, conversation = w.conversation("a")
+        _, other = w.conversation("a")
+        slow_engine(w)
+        _, running = w.say("a", conversation, "running", max_output_tokens=120, temperature=1.0)
+        w.pump(lambda: w.device.executions.live and w.device.runner.engine.pool.owned)
+        _, waiting = w.say("a", conversation, "waiting", max_output_tokens=8)  # behind the first
+        _, queued = w.say("a", other, "queued", max_output_tokens=8)
+        inputs = (running, waiting, queued)
+        fs.space = 100  # the next tick's write runs out of space part-way
+        assert code(w.mutate("a", "spaces.create", "/spaces", {})) == (429, "journal_hold")
+        assert w.device.holds.current["cause"] == "disk_full"
+        assert code(w.mutate("a", "cancellations.record", "/cancellations",
+                             {"target_sequence": waiting["sequence"]})) == (429, "journal_hold")
+        w.device.idle()  # still full: nothing is written, nothing ends
+        w.device.committer.run_sync(collections.deque())
+        assert [w.read("a", "operations.get", operation=r["operation"])[1]["terminal"]["saved"]
+                for r in inputs] == [False, False, False]
+        w.pump(lambda: w.device.runner.engine.pool.owned == 0)  # the engine stopped them
+        fs.space = None  # room returns; the hold lifts at its next check
+        w.device.idle()
+        assert w.device.holds.current is None
+        w.pump(lambda: all(w.finished("a", r["operation"])() for r in inputs), timeout=30)
+        ends = [w.read("a", "operations.get", operation=r["operation"])[1] for r in inputs]
+        assert [(e["terminal"]["status"], e["result"]["finish"]) for e in ends] == [("interrupted", "interrupted")] * 3
+        assert all(e["terminal"]["save"]["source"] == "journal" for e in ends)
+        assert not w.device.executions.live and not w.device.executions.to_lease
+        state = saved_state(w, "a")
+        w.boot()  # replay gives what live application gave
+        w.attach()
+        assert saved_state(w, "a") == state
+        status, _ = w.mutate("a", "retirements.record", "/retirements",
+                             {"retry_floor": str(int(queued["sequence"]) + 1)})
+        assert status == 202
+    finally:
+        w.device.runner.stop()
+        w.device.close()
+
+
+def test_a_cancellation_is_admitted_during_a_file_cap_hold_and_ends_its_input(tmp_path):
+    """During a hold new mutations answer 429, but a cancellation of an admitted input is admitted
+    (one small admission that ends the output its target would still journal) and its target ends
+    `cancelled`, as it would without the hold."""
+    w = EngineWorld(engine_runtime(tmp_path), tmp_path, ["a"])
+    try:
+        _, conversation = w.conversation("a")
+        slow_engine(w)
+        _, running = w.say("a", conversation, "running", max_output_tokens=120, temperature=1.0)
+        w.pump(lambda: w.device.executions.live and w.device.runner.engine.pool.owned)
+        w.device.holds.file_cap = w.device.journal_bytes  # the journal reaches its cap now
+        w.device.check_hold()
+        assert w.device.holds.current["cause"] == "file_cap"
+        assert code(w.mutate("a", "spaces.create", "/spaces", {})) == (429, "journal_hold")
+        status, cancel = w.mutate("a", "cancellations.record", "/cancellations",
+                                  {"target_sequence": running["sequence"]})
+        assert status == 202 and cancel["target"] == running["operation"], cancel
+        w.pump(w.finished("a", running["operation"]))
+        done = w.read("a", "operations.get", operation=running["operation"])[1]
+        assert done["terminal"]["status"] == "cancelled"
+        state = saved_state(w, "a")
+        w.boot()
+        w.attach()
+        assert saved_state(w, "a") == state
+    finally:
+        w.device.runner.stop()
+        w.device.close()

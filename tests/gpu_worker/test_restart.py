@@ -3,6 +3,7 @@ on its own journal directory with the grant file it last accepted boots with no 
 restore — the file on a journal directory that is not its own, or a copy of the file — still
 needs a grant file written after the file's last boot (SPEC: "Restore requires fresh deployment
 grants")."""
+import hashlib
 import json
 import os
 import shutil
@@ -12,10 +13,11 @@ import pytest
 from gpu_worker.contract.grantfile import Grants
 from gpu_worker.device import Device, DeviceBootError
 from gpu_worker.pack import pack_tiny
+from gpu_worker.state import ids
 from gpu_worker.storage import owner
 from gpu_worker.storage.journal import JournalCorrupt, list_segments, segment_name
 from gpu_worker.storage.runtime_file import RuntimeFile
-from tests.gpu_worker.ops.test_shared_state import World
+from tests.gpu_worker.ops.test_shared_state import World, code
 
 REFUSED = r"^restore requires fresh deployment grants: .*write_grants"
 
@@ -176,3 +178,105 @@ def test_a_restart_with_an_older_grant_file_than_it_accepted_is_refused(tmp_path
     refusal(excinfo)
     w.write_grants()
     boot(w.runtime, w.journal, w.grants_path).close()
+
+
+# ---- lineages after a restore (docs/checkpoint.md, "Lineages after a restore") ---------------------
+
+def lineage(world, name="a"):
+    return world.read(name, "participant.get")[1]["lineage"]
+
+
+def test_the_lineage_and_operation_ids_without_a_nonce_are_those_from_before_nonces_existed():
+    """State saved before lineage nonces existed (no "lineage" in its boots, no "lineages" in its
+    checkpoint) keeps every lineage and operation ID it issued; a nonce changes both."""
+    incarnation, principal = bytes(range(16)), bytes(range(16, 32))
+    assert ids.lineage(incarnation, principal) == hashlib.sha256(
+        b"aotx/lineage\0" + incarnation + principal).digest()[:16]
+    tag = hashlib.sha256(b"aotx/operation\0" + incarnation + (7).to_bytes(8, "little")).digest()[:8]
+    assert ids.operation(incarnation, 7)[8:] == tag
+    nonce = b"\x42" * 16
+    assert ids.lineage(incarnation, principal, nonce) != ids.lineage(incarnation, principal)
+    raw = ids.operation(incarnation, 7, nonce)
+    assert raw[:8] == ids.operation(incarnation, 7)[:8] and raw != ids.operation(incarnation, 7)
+    assert ids.operation_counter(incarnation, raw, lambda counter: nonce) == 7
+    assert ids.operation_counter(incarnation, raw) is None  # not under the line without a nonce
+
+
+def test_a_restore_gives_every_participant_a_new_lineage_and_keeps_every_saved_id(tmp_path):
+    """The file is checkpointed with a space, a conversation and a member; a second space is saved
+    in the journal only. Restored on a fresh journal directory, every participant has a new lineage
+    (an old-lineage mutation: 409 stale_lineage), what the checkpoint saved keeps its ID, the lost
+    space and its operation are 404 (not 410: this history never issued them), and new IDs carry
+    the new lineage, across a checkpoint of the new line and a restart."""
+    w = World(own_runtime(tmp_path), tmp_path, ["a", "b"])
+    old = lineage(w)
+    space = w.space("a", scope="room")
+    status, created = w.mutate("a", "conversations.create", f"/spaces/{space}/conversations", {})
+    assert status == 202
+    conversation = created["target"]
+    assert w.member("a", space, "b", ["read"])[0] == 202
+    kept = w.read("a", "operations.list")[1]["items"]
+    assert w.device.checkpoint() is not None
+    kept = w.read("a", "operations.list")[1]["items"]  # their save fields now say "file"
+    status, lost = w.mutate("a", "spaces.create", "/spaces", {"id": "b" * 32})
+    assert status == 202 and lost["admission"]["saved"]
+    w.device.close()
+
+    w.journal = str(tmp_path / "restored-journal")
+    w.write_grants()
+    w.device = boot(w.runtime, w.journal, w.grants_path)
+    new = lineage(w)
+    assert new != old and lineage(w, "b") != old
+    assert w.read("a", "participant.get")[1]["next_sequence"] == lost["sequence"]
+    me = w.read("a", "participant.get")[1]
+    canonical = b'{"stale":true}'
+    status, refused = w.send("a", "spaces.create", {"lineage": old, "operation_key": "c" * 32,
+                                                    "sequence": int(me["next_sequence"]), "canonical": canonical})
+    assert status == 409 and refused["error"]["code"] == "stale_lineage" and refused["error"]["lineage"] == new
+    assert w.read("a", "operations.list")[1]["items"] == kept
+    for receipt in kept:
+        assert w.read("a", "operations.get", operation=receipt["operation"])[1] == receipt
+    assert w.read("b", "spaces.get", space=space)[1]["id"] == space
+    assert w.read("a", "conversations.get", conversation=conversation)[1]["id"] == conversation
+    assert [s["id"] for s in w.read("a", "spaces.list")[1]["items"]] == [space]
+    assert code(w.read("a", "operations.get", operation=lost["operation"])) == (404, "operation_not_found")
+    assert code(w.read("a", "spaces.get", space=lost["target"])) == (404, "space_not_found")
+    status, again = w.mutate("a", "spaces.create", "/spaces", {"id": "b" * 32})
+    assert status == 202 and again["sequence"] == lost["sequence"] and again["operation"] != lost["operation"]
+    assert again["operation"].startswith(f"op-{new}-") and again["target"] == f"spc-{new}-{'b' * 32}"
+    assert code(w.read("a", "operations.get", operation=lost["operation"])) == (404, "operation_not_found")
+    status, converse = w.mutate("a", "conversations.create", f"/spaces/{space}/conversations", {})
+    assert status == 202 and converse["target"].startswith(f"con-{new}-")  # new IDs: the new lineage
+    # the lines of history survive a checkpoint and a restart: old IDs keep theirs, new ones theirs
+    assert w.device.checkpoint() is not None
+    views = {s: w.read("a", "spaces.get", space=s)[1] for s in (space, again["target"])}
+    for _ in range(2):
+        w.device.close()
+        w.device = boot(w.runtime, w.journal, w.grants_path)
+        assert lineage(w) == new
+        assert {s: w.read("a", "spaces.get", space=s)[1] for s in views} == views
+        assert w.read("a", "conversations.get", conversation=converse["target"])[1]["id"] == converse["target"]
+        w.space("a")  # a journal transfer after the checkpoint, for the second restart to replay
+    w.device.close()
+
+
+def test_a_restore_that_stopped_before_recording_its_boot_still_starts_a_new_lineage(tmp_path):
+    """The marker a restore boot writes counts the line of history that boot starts: a boot that
+    stopped before recording itself leaves a marker one line ahead of the saved state, and the
+    next boot (now a restart on that journal) starts the line instead."""
+    w = checkpointed_world(tmp_path)
+    old = lineage(w)
+    w.device.close()
+    restored = str(tmp_path / "restored-journal")
+    os.makedirs(restored)
+    w.write_grants()  # the restore's fresh grants, accepted by the boot that stopped
+    with RuntimeFile.open(w.runtime) as runtime:
+        inode, incarnation = runtime.inode, runtime.incarnation.hex()
+    state_boot, lines = w.device.state.boot, len(w.device.state.participants.starts)
+    owner.write(restored, owner.Owner(incarnation, inode, state_boot + 1, Grants(w.grants_path).written_at_ns,
+                                      lines + 1))
+    w.journal = restored
+    w.device = boot(w.runtime, restored, w.grants_path)  # no new grants needed: its own journal now
+    assert lineage(w) != old
+    assert owner.read(restored).lineages == lines + 1
+    w.device.close()

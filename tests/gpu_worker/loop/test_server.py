@@ -61,7 +61,7 @@ class LiveDevice:
         return s
 
     def register_frame(self, principal, req_id):
-        return registration_frame(self.device.state.incarnation, principal, req_id)
+        return registration_frame(self.device.state.participants.lineage_of(principal).hex(), principal, req_id)
 
 
 def call(sock, frame):

@@ -100,7 +100,7 @@ def test_retired_inputs_leave_a_gap_and_the_floor_while_orders_stay(world):
     floor = int(ops[2]["sequence"])  # retire the first two inputs (and the setup before them)
     assert world.mutate("a", "retirements.record", "/retirements", {"retry_floor": str(floor)})[0] == 202
     page = world.read("a", "conversations.events", conversation=conversation)[1]
-    assert page["event_floor"] == "3" and [e["cursor"] for e in page["items"]] == ["3"] and page["gap"] is False
+    assert page["event_floor"] == "3" and [e["cursor"] for e in page["items"]] == ["3"] and page["gap"] is True
     gap = world.read("a", "conversations.events", conversation=conversation, cursor="1")[1]
     assert gap["gap"] is True and gap["event_floor"] == "3" and [e["cursor"] for e in gap["items"]] == ["3"]
     later = world.say("a", conversation, "after", max_output_tokens=2)[1]
@@ -110,6 +110,41 @@ def test_retired_inputs_leave_a_gap_and_the_floor_while_orders_stay(world):
     world.boot()
     world.attach()
     assert world.read("a", "conversations.events", conversation=conversation)[1]["event_floor"] == "3"
+
+
+def test_every_read_that_skips_retired_events_reports_the_gap(world):
+    """SPEC: "A retired event window reports a gap and its current event floor". Another member's
+    retirement leaves a hole above the floor (b retires its input, order 2, between a's 1 and 3),
+    and a's own retirement raises the floor: a read whose window starts below the floor, with or
+    without a cursor, or that steps over a retired order, says `gap`; a window with no retired
+    order in it does not."""
+    _, conversation = shared_conversation(world)
+    ops = [world.say(name, conversation, f"from {name}", max_output_tokens=2)[1] for name in ("a", "b", "a")]
+    world.pump(lambda: all(world.finished(n, op["operation"])() for n, op in zip("aba", ops)))
+    floor_b = int(ops[1]["sequence"]) + 1
+    assert world.mutate("b", "retirements.record", "/retirements", {"retry_floor": str(floor_b)})[0] == 202
+
+    def events(**args):
+        page = world.read("a", "conversations.events", conversation=conversation, **args)[1]
+        return [e["cursor"] for e in page["items"]], page["gap"], page["event_floor"], page["next_cursor"]
+
+    assert events() == (["1", "3"], True, "1", None)  # no cursor: from order 1, over the hole at 2
+    assert events(cursor="1") == (["3"], True, "1", None)
+    assert events(limit=1) == (["1"], False, "1", "1")  # order 1 alone: nothing skipped
+    assert events(cursor="1", limit=1) == (["3"], True, "1", None)
+    assert events(cursor="2") == (["3"], False, "1", None)  # resuming after the hole
+    assert events(cursor="3") == ([], False, "1", None)
+    sub = subscribe(world, "a", "conversations.subscribe", conversation=conversation)
+    assert [(kind, cursor) for kind, cursor, _ in bodies(world, sub)] == [("event", "1"), ("gap", "2"), ("event", "3")]
+    assert bodies(world, sub)[1][2] == {"gap": True, "event_floor": "1"}
+    # a's first input retired too: the floor rises to 3 and a read from the start is a gap
+    floor_a = int(ops[0]["sequence"]) + 1
+    assert world.mutate("a", "retirements.record", "/retirements", {"retry_floor": str(floor_a)})[0] == 202
+    assert events() == (["3"], True, "3", None)
+    assert events(cursor="2") == (["3"], False, "3", None)
+    sub = subscribe(world, "b", "conversations.subscribe", conversation=conversation)
+    assert [(kind, cursor) for kind, cursor, _ in bodies(world, sub)] == [("gap", "2"), ("event", "3")]
+    assert bodies(world, sub)[0][2] == {"gap": True, "event_floor": "3"}
 
 
 def test_a_conversation_subscription_gets_the_backlog_then_each_saved_input(world):
@@ -142,15 +177,38 @@ def test_an_operation_subscription_pushes_saved_output_then_one_terminal_event(w
     assert terminal["status"] == "succeeded" and terminal["terminal"]["saved"] is True
     data = b"".join(base64.b64decode(f["bytes"]) for _, _, f in spans)
     offsets = [f["offset"] for _, _, f in spans]
-    assert offsets == [sum(f["length"] for _, _, f in spans[:i]) for i in range(len(spans))]
+    assert offsets == [str(sum(int(f["length"]) for _, _, f in spans[:i])) for i in range(len(spans))]
     whole = world.read("a", "operations.result", operation=receipt["operation"])[1]
-    assert data == base64.b64decode(whole["bytes"]) and terminal["result"]["length"] == len(data)
+    assert data == base64.b64decode(whole["bytes"]) and terminal["result"]["length"] == str(len(data))
     assert cursor == str(len(data))
     offset = len(data) // 2
     again = subscribe(world, "a", "operations.subscribe", operation=receipt["operation"], offset=offset)
     (_, _, span), (end, _, _) = bodies(world, again)
-    assert base64.b64decode(span["bytes"]) == data[offset:] and span["next_offset"] == len(data)
+    assert base64.b64decode(span["bytes"]) == data[offset:] and span["next_offset"] == str(len(data))
     assert end == "terminal" and world.frames[again][-1].get("more") is None
+
+
+def test_a_deadline_exceeded_operation_answers_504_on_its_event_stream_as_on_its_result(world):
+    """SPEC: a request that exceeds its execution deadline returns 504, on both reads of its
+    result. A stream open when the deadline passes gets the spans saved before it, then a last
+    frame 504 `deadline_exceeded` (the gateway's `event: error`); one opened afterwards is refused
+    with 504 (the gateway's status), as `GET /operations/{op}/result` is."""
+    _, conversation = world.conversation("a")
+    slow_engine(world)
+    receipt = world.say("a", conversation, "slow", max_output_tokens=120, temperature=1.0)[1]
+    live = subscribe(world, "a", "operations.subscribe", operation=receipt["operation"], offset=0)
+    world.pump(lambda: world.device.executions.live and world.device.runner.engine.pool.owned)
+    for execution in world.device.executions.live.values():
+        execution.deadline_ns = 0  # the deadline passes now
+    world.pump(lambda: ended(world, live))
+    last = world.frames[live][-1]
+    assert (last["status"], json.loads(last["body"])["error"]["code"]) == (504, "deadline_exceeded")
+    assert all(frame["event"] in ("open", "output") for frame in world.frames[live][:-1])
+    assert code(world.read("a", "operations.result", operation=receipt["operation"])) == (504, "deadline_exceeded")
+    later = subscribe(world, "a", "operations.subscribe", operation=receipt["operation"], offset=0)
+    [refused] = world.frames[later]
+    assert refused.get("more") is None
+    assert (refused["status"], json.loads(refused["body"])["error"]["code"]) == (504, "deadline_exceeded")
 
 
 def test_an_operation_that_never_executes_ends_at_once_and_bad_requests_get_one_error(world):

@@ -43,9 +43,10 @@ def test_one_principals_flood_does_not_push_anothers_input_behind_it(world):
         submit(request_id, prompt, **settings)
     engine.scheduler.admit, engine.step, world.device.runner.submit = recording_admit, gated_step, counting_submit
 
-    _, flood_con = world.conversation("flood")
+    # the flood in conversations of its own: one conversation runs one input at a time anyway
+    flood_cons = [world.conversation("flood")[1] for _ in range(6)]
     _, single_con = world.conversation("single")
-    flood = [world.say("flood", flood_con, f"flood {i}", max_output_tokens=4)[1] for i in range(6)]
+    flood = [world.say("flood", con, f"flood {i}", max_output_tokens=4)[1] for i, con in enumerate(flood_cons)]
     single = world.say("single", single_con, "just one", max_output_tokens=4)[1]
     world.pump(lambda: len(handed) == LEASE_AHEAD + 1)  # the flood's first ones, and the single input
     every = flood + [single]
@@ -81,9 +82,10 @@ def gate_engine(world):
 
 def test_one_principals_backlog_waits_unleased_and_anothers_input_is_leased_before_it(world):
     gate = gate_engine(world)
-    _, flood_con = world.conversation("flood")
+    flood_cons = [world.conversation("flood")[1] for _ in range(6)]  # (one input at a time in each)
     _, single_con = world.conversation("single")
-    flood = [world.say("flood", flood_con, f"flood {i}", max_output_tokens=4)[1]["operation"] for i in range(6)]
+    flood = [world.say("flood", con, f"flood {i}", max_output_tokens=4)[1]["operation"]
+             for i, con in enumerate(flood_cons)]
     world.pump(lambda: not world.device.executions.leasable())  # the flood leased what it may
     single = world.say("single", single_con, "just one", max_output_tokens=4)[1]["operation"]
     t = world.device.state.tables

@@ -85,10 +85,10 @@ def test_an_input_runs_and_its_result_reads_back_exactly_by_offset(world):
     world.pump(world.finished("a", receipt["operation"]))
     done = world.read("a", "operations.get", operation=receipt["operation"])[1]
     assert done["terminal"]["status"] == "succeeded" and done["result"]["finish"] in ("stop", "length")
-    assert done["result"]["output_tokens"] >= 1 and done["result"]["input_tokens"] > 3
+    assert int(done["result"]["output_tokens"]) >= 1 and int(done["result"]["input_tokens"]) > 3
     whole = world.read("a", "operations.result", operation=receipt["operation"])[1]
     data = base64.b64decode(whole["bytes"])
-    assert whole["length"] == len(data) == done["result"]["length"] and whole["next_offset"] == len(data)
+    assert whole["length"] == str(len(data)) == done["result"]["length"] and whole["next_offset"] == str(len(data))
     for offset in range(len(data) + 1):
         part = world.read("a", "operations.result", operation=receipt["operation"], offset=offset)[1]
         assert base64.b64decode(part["bytes"]) == data[offset:]
@@ -172,7 +172,7 @@ def test_an_unfinished_input_becomes_interrupted_after_a_restart_and_never_runs(
     world.boot()
     world.attach()
     done = world.read("a", "operations.get", operation=receipt["operation"])[1]
-    assert done["terminal"]["status"] == "interrupted" and done["result"]["length"] == 0
+    assert done["terminal"]["status"] == "interrupted" and done["result"]["length"] == "0"
     world.pump(lambda: True)
     assert not world.device.executions.live and not world.device.executions.to_lease
 
@@ -185,11 +185,11 @@ def test_the_conversation_context_carries_earlier_turns(world):
     world.pump(world.finished("a", second["operation"]))
     one = world.read("a", "operations.get", operation=first["operation"])[1]["result"]["input_tokens"]
     two = world.read("a", "operations.get", operation=second["operation"])[1]["result"]["input_tokens"]
-    assert two > one + 8
+    assert int(two) > int(one) + 8
 
 
 def test_inputs_beyond_the_page_budget_wait_and_share_the_pool_with_chat(world):
-    _, conversation = world.conversation("a")
+    conversations = [world.conversation("a")[1] for _ in range(4)]  # one conversation runs one input at a time
     slow_engine(world, 0.01)
     # kv_pages 64; every request reserves its whole page limit up front (an input: 16)
     batch = Batch()
@@ -197,7 +197,7 @@ def test_inputs_beyond_the_page_budget_wait_and_share_the_pool_with_chat(world):
         "model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}}, batch)
     assert not batch.replies  # not refused: the engine answers it
     receipts = [world.say("a", conversation, f"input {i}", max_output_tokens=100, temperature=1.0)[1]
-                for i in range(4)]
+                for i, conversation in enumerate(conversations)]
     engine = world.device.runner.engine
     seen = []
     world.pump(lambda: seen.append(engine.pool) or (engine.pool.running == 4 and engine.pool.waiting >= 1))
@@ -216,7 +216,7 @@ def test_media_sources_are_owned_by_their_uploader_and_survive_a_checkpoint(worl
     sha = hashlib.sha256(data).hexdigest()
     assert code(world.read("a", "media.put", sha256=sha, data=data + b"x", type="image")) == (400, "digest_mismatch")
     status, body = world.read("a", "media.put", sha256=sha, data=data, type="image")
-    assert status == 201 and body == {"sha256": sha, "length": len(data), "type": "image"}
+    assert status == 201 and body == {"sha256": sha, "length": str(len(data)), "type": "image"}
     assert world.read("a", "media.put", sha256=sha, data=data, type="image")[0] == 200
     media = [{"type": "image", "sha256": sha}]
     # the tiny model takes no media: ownership passes, model compatibility refuses
@@ -282,3 +282,111 @@ def test_n_choices_share_the_prompts_pages_and_end_together(world):
     chat.start(world.device, "chat-conn", {"id": 78, "principal": world.principals["a"], "args": {
         "model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], "n": 17}}, bad)
     assert json.loads(bad.replies[0][1]["body"])["error"]["code"] == "invalid_n"
+
+
+def record_prompts(monkeypatch):
+    """{input text: the chat messages its prompt was built from} (execution.fit_prompt's argument),
+    filled in as the device builds each input's prompt."""
+    prompts = {}
+    fit = execution.fit_prompt
+
+    def recording(tokenizer, messages, room, system=None):
+        prompts.setdefault(messages[-1]["content"], messages)
+        return fit(tokenizer, messages, room, system)
+    monkeypatch.setattr(execution, "fit_prompt", recording)
+    return prompts
+
+
+def answer_of(world, name, op):
+    """An input's saved result as the next prompt's assistant turn reads it."""
+    result = world.read(name, "operations.result", operation=op)[1]
+    return base64.b64decode(result["bytes"]).decode("utf-8", "replace")
+
+
+def test_inputs_sent_back_to_back_run_in_conversation_order_and_the_second_prompt_holds_the_first_turn(
+        world, monkeypatch):
+    """DESIGN §8, one conversation, one input at a time: the second input is leased only once the
+    first has its saved terminal, so its prompt holds the first's turn (before, both ran at once
+    and the second was prompted without it)."""
+    prompts = record_prompts(monkeypatch)
+    _, conversation = world.conversation("a")
+    _, first = world.say("a", conversation, "first", max_output_tokens=8)
+    _, second = world.say("a", conversation, "second", max_output_tokens=8)
+    overlaps = []
+
+    def both_done():
+        one = world.read("a", "operations.get", operation=first["operation"])[1]
+        two = world.read("a", "operations.result", operation=second["operation"])[1]
+        if two["status"] != "admitted" and not one["terminal"]["saved"]:
+            overlaps.append(two["status"])  # leased while the first had no saved terminal
+        return two["complete"]
+    world.pump(both_done)
+    assert overlaps == []
+    assert world.read("a", "operations.get", operation=first["operation"])[1]["terminal"]["status"] == "succeeded"
+    assert prompts["second"] == [{"role": "user", "content": "first"},
+                                 {"role": "assistant", "content": answer_of(world, "a", first["operation"])},
+                                 {"role": "user", "content": "second"}]
+
+
+def test_a_waiting_input_is_cancellable_and_the_next_one_follows_the_turns_before_it(world, monkeypatch):
+    """An input waiting for its conversation's turn (admitted, not leased: its deadline has not
+    started, SPEC) is cancelled at once; the input after it waits for the first, and its prompt
+    holds the first's turn and not the cancelled one's."""
+    prompts = record_prompts(monkeypatch)
+    _, conversation = world.conversation("a")
+    slow_engine(world)
+    _, first = world.say("a", conversation, "first", max_output_tokens=40, temperature=1.0)
+    _, second = world.say("a", conversation, "second", max_output_tokens=8)
+    _, third = world.say("a", conversation, "third", max_output_tokens=8)
+    world.pump(lambda: world.device.executions.live and world.device.runner.engine.pool.owned)
+    assert world.read("a", "operations.result", operation=second["operation"])[1]["status"] == "admitted"
+    status, cancel = world.mutate("a", "cancellations.record", "/cancellations",
+                                  {"target_sequence": second["sequence"]})
+    assert status == 202, cancel
+    world.pump(world.finished("a", second["operation"]))
+    done = world.read("a", "operations.get", operation=second["operation"])[1]
+    assert done["terminal"]["status"] == "cancelled" and done["result"]["length"] == "0"
+    world.pump(world.finished("a", third["operation"]))
+    statuses = [world.read("a", "operations.get", operation=r["operation"])[1]["terminal"]["status"]
+                for r in (first, third)]
+    assert statuses == ["succeeded", "succeeded"] and "second" not in prompts
+    assert prompts["third"] == [{"role": "user", "content": "first"},
+                                {"role": "assistant", "content": answer_of(world, "a", first["operation"])},
+                                {"role": "user", "content": "third"}]
+
+
+def test_the_deadline_covers_result_publication(world):
+    """SPEC: the deadline includes result publication. Generation has ended but its output is not
+    yet journaled when the deadline passes: the input ends deadline_exceeded (before, the
+    completion said succeeded), and its result reads 504."""
+    _, conversation = world.conversation("a")
+    _, receipt = world.say("a", conversation, "publish", max_output_tokens=8)
+    world.pump(lambda: world.device.executions.live)
+    [live] = world.device.executions.live.values()
+    while not live.finish:  # the engine's events, with no tick to journal what they bring
+        world.device.engine_events(world.events.get(timeout=60))
+    assert live.finish in (execution.Finish.STOP, execution.Finish.LENGTH) and live.buffered
+    live.deadline_ns = 0  # the deadline passes before its output is published
+    world.pump(world.finished("a", receipt["operation"]))
+    done = world.read("a", "operations.get", operation=receipt["operation"])[1]
+    assert done["terminal"]["status"] == "deadline_exceeded" and done["result"]["finish"] == "deadline"
+    assert code(world.read("a", "operations.result", operation=receipt["operation"])) == (504, "deadline_exceeded")
+    world.boot()
+    world.attach()
+    assert world.read("a", "operations.get", operation=receipt["operation"])[1] == done
+
+
+def test_a_retirement_whose_floor_covers_an_unfinished_input_answers_409_and_changes_nothing(world):
+    """SPEC: every receipt below the floor must have a saved terminal result. The device refuses
+    the retirement (409 unfinished_operations) and nothing moves: the floor, the next sequence,
+    the receipts."""
+    _, conversation = world.conversation("a")
+    world.device.runner.stop()
+    world.device.runner = None  # admitted and saved, never leased: unfinished
+    _, receipt = world.say("a", conversation, "unfinished", max_output_tokens=8)
+    before = world.read("a", "participant.get")[1], world.read("a", "operations.list")[1]
+    floor = int(receipt["sequence"]) + 1
+    status, body = world.mutate("a", "retirements.record", "/retirements", {"retry_floor": str(floor)})
+    assert (status, body["error"]["code"], body["error"]["sequence"]) == (409, "unfinished_operations",
+                                                                          receipt["sequence"])
+    assert (world.read("a", "participant.get")[1], world.read("a", "operations.list")[1]) == before

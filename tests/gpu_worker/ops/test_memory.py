@@ -12,7 +12,7 @@ from gpu_worker import execution
 from gpu_worker.memory.rows import ROW
 from gpu_worker.pack import pack_tiny
 from gpu_worker.storage.journal import Transfer, TransferKind, recover
-from gpu_worker.storage import leases
+from gpu_worker.storage import leases, runtime_file
 from gpu_worker.state.tables import R
 from tests.gpu_worker.ops.test_inputs import EngineWorld
 from tests.gpu_worker.ops.test_quotas import QuotaEngineWorld, refused
@@ -66,10 +66,11 @@ def test_an_input_retains_its_source_text_and_the_reads_give_its_row_and_exact_b
     space_view = world.read("a", "spaces.get", space=space)[1]
     assert row == {"object": obj, "version": "1", "kind": "source", "scope": "private", "published": False,
                    "managed": False, "owner": space_view["memory_owner"], "room": None, "byte_length": "30",
-                   "source": receipt["operation"], "actor": world.par["a"]}
+                   "source": receipt["operation"], "actor": world.par["a"], "interpreted": False,
+                   "published_from": None}
     status, detail = world.read("a", "memory.get", memory=obj)
     assert status == 200 and detail["memory"] == row
-    assert base64.b64decode(detail["bytes"]) == b"the capital of france is paris" and detail["next_offset"] == 30
+    assert base64.b64decode(detail["bytes"]) == b"the capital of france is paris" and detail["next_offset"] == "30"
     assert world.read("a", "memory.get", memory=obj, offset=26)[1]["text"] == "aris"
     assert code(world.read("a", "memory.get", memory=obj, offset=31)) == (400, "bad_offset")
 
@@ -289,6 +290,44 @@ def test_mode_2_interprets_the_turn_with_the_same_model_when_qualified(tmp_path)
         w.boot()
         w.attach()
         assert w.read("a", "operations.get", operation=receipt["operation"])[1]["memory"] == receipt["memory"]
+
+
+def test_recovery_keeps_the_recorded_mode_2_after_the_model_loses_its_qualification(tmp_path):
+    """SPEC: "Recovery uses the recorded mode, independent of the current qualification table".
+    An input admitted and leased in mode 2 by a qualified model stops before any interpretation
+    record (the device goes away mid-generation); then the runtime file's card is replaced by one
+    that no longer claims automatic memory (the same file, incarnation and journal: a restart).
+    Only the lease records mode 2: replay of the journal, and then a checkpoint's load, keep it."""
+    runtime = make_runtime(tmp_path, "requalified.aotxccir", automatic_memory=True)
+    with running(EngineWorld(runtime, tmp_path, ["a"])) as w:
+        space, conversation = w.conversation("a")
+        status, receipt = w.say("a", conversation, "remember that i like tea", max_output_tokens=120,
+                                temperature=1.0, retention="interpret")
+        assert status == 202, receipt
+        d = w.device
+        rrow = d.state.receipts.by_sequence[(d.state.participants.by_principal[bytes.fromhex(w.principals["a"])],
+                                             int(receipt["sequence"]))]
+        w.pump(lambda: d.state.tables.value(d.state.tables.receipts, rrow, R.LEASE))  # the lease is saved
+        card = d.runtime.json("gen/card")
+        d.runner.stop()
+        d.close()  # gone before its completion or any interpretation record
+        w.device = None
+        unqualified = {**card, "capabilities": {**card["capabilities"], "automatic_memory": False}}
+        runtime_file.append(runtime, [("gen/card", "json", unqualified)])
+        for recovery in ("journal", "checkpoint"):
+            w.boot()
+            w.attach()
+            d = w.device
+            assert d.runtime.json("gen/card")["capabilities"]["automatic_memory"] is False
+            assert d.state.tables.value(d.state.tables.receipts, rrow, R.RETENTION) == leases.RETAIN_AND_INTERPRET
+            again = w.read("a", "operations.get", operation=receipt["operation"])[1]
+            assert again["terminal"]["status"] == "interrupted", recovery
+            assert again["memory"]["retention"] == "interpret", recovery
+            if recovery == "journal":
+                # a new input asking for mode 2 now records mode 1: only the recorded mode is kept
+                later = run(w, "a", conversation, "and coffee", retention="interpret")
+                assert later["memory"]["retention"] == "source"
+                assert d.checkpoint() is not None  # the next boot loads the modes from the file
 
 
 def test_mode_2_is_recorded_as_mode_1_for_a_model_without_automatic_memory(world):

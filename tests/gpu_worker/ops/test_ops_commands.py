@@ -61,7 +61,7 @@ def test_a_running_inputs_receipt_counts_its_output_not_yet_saved(world):
 
     def pending():
         now = world.read("a", "operations.get", operation=receipt["operation"])[1]
-        seen.append(now["pending_bytes"])
+        seen.append(int(now["pending_bytes"]))
         return now["terminal"]["saved"]
     world.pump(pending)
     assert max(seen) > 0 and seen[-1] == 0  # output waited for its save; nothing pending at the end

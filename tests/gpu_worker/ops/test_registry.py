@@ -61,7 +61,7 @@ def test_an_unknown_command_is_refused(device, principal_id):
 def test_a_journaled_admission_of_an_unknown_kind_fails_closed_naming_file_and_offset(device, tiny_runtime, tmp_path,
                                                                                        principal_id):
     principal = bytes.fromhex(principal_id)
-    body = {"schema": "aotx.shared.mutation.v1", "lineage": ids.lineage(device.state.incarnation, principal).hex(),
+    body = {"schema": "aotx.shared.mutation.v1", "lineage": device.state.participants.lineage_of(principal).hex(),
             "operation_key": secrets.token_hex(16), "sequence": "1"}
     canonical = rfc8785.dumps({"method": "POST", "path": "/aotx/v1/shared/participant", "body": body})
     admission = Admission(99, principal, 1, b"\1" * 16, ids.operation(device.state.incarnation, 1), canonical)

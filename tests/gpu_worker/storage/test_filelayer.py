@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from gpu_worker.storage.filelayer import FaultyFileLayer, OsFileLayer
+from gpu_worker.storage.filelayer import Crash, FaultyFileLayer, OsFileLayer
 
 
 def test_os_layer_appends_truncates_and_reads(tmp_path):
@@ -156,3 +156,60 @@ def test_files_that_existed_before_count_as_durable(tmp_path):
 def test_unknown_loss_mode_is_refused():
     with pytest.raises(ValueError):
         FaultyFileLayer().lose_unsynced("melt")
+
+
+# ---- files written in place (the runtime file's appends) -------------------------------------------
+
+def test_os_layer_writes_in_place_at_offsets_and_past_the_end(tmp_path):
+    path = tmp_path / "r"
+    path.write_bytes(b"0123456789")
+    f = OsFileLayer().open_rw(str(path))
+    f.pwrite(b"ab", 2)
+    f.pwrite(memoryview(b"zz"), 12)  # past the end: the gap reads as zeros
+    f.fsync()
+    assert f.size() == 14
+    f.close()
+    assert path.read_bytes() == b"01ab456789\0\0zz"
+
+
+@pytest.mark.parametrize("mode", FaultyFileLayer.LOSS_MODES)
+def test_power_loss_undoes_or_damages_exactly_the_in_place_writes_since_the_last_fsync(tmp_path, mode):
+    path = tmp_path / "r"
+    path.write_bytes(b"0123456789")
+    fs = FaultyFileLayer(seed=5)
+    f = fs.open_rw(str(path))
+    f.pwrite(b"AB", 0)
+    f.fsync()  # durable
+    f.pwrite(b"cd", 4)
+    f.pwrite(b"efgh", 8)  # grows the file to 12
+    fs.lose_unsynced(mode)
+    data = path.read_bytes()
+    if mode == "cut":
+        assert data == b"AB23456789"
+    elif mode == "zeros":
+        assert data == b"AB23\0\0" + b"67" + bytes(4)
+    elif mode == "garbage":
+        assert data[:4] == b"AB23" and data[6:8] == b"67" and len(data) == 12
+    else:  # the first writes (any number of them) stay, the rest are undone
+        assert data in (b"AB23456789", b"AB23cd6789", b"AB23cd67efgh")
+    with pytest.raises(OSError):
+        f.pwrite(b"the process is gone", 0)
+
+
+def test_a_crash_stops_the_chosen_write_or_sync_and_a_torn_write_puts_half_first(tmp_path):
+    path = tmp_path / "r"
+    path.write_bytes(bytes(8))
+    fs = FaultyFileLayer()
+    f = fs.open_rw(str(path))
+    f.pwrite(b"a", 0)
+    fs.crash_at(1)  # the second from now: the fsync after the next write
+    f.pwrite(b"b", 1)
+    with pytest.raises(Crash):
+        f.fsync()
+    assert fs.steps == 3 and path.read_bytes()[:2] == b"ab"
+    fs.crash_at(0, torn=True)
+    with pytest.raises(Crash):
+        f.pwrite(b"wxyz", 4)
+    assert path.read_bytes()[4:] == b"wx\0\0"
+    fs.lose_unsynced("cut")
+    assert path.read_bytes() == bytes(8)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from gpu_worker.storage import runtime_file
+from gpu_worker.storage.filelayer import Crash, FaultyFileLayer
 from gpu_worker.storage.runtime_file import (ALIGN, DATA_START, FEATURE_BASE, FEATURE_SHARED, SLOT_OFFSETS, SLOT_SIZE,
                                      SUPERBLOCK, RuntimeFile, RuntimeFileError, RuntimeFileLocked)
 from tests.conftest import flock_held_elsewhere
@@ -288,3 +289,116 @@ def test_profiles_and_bootability_checks(path):
         assert runtime.shared_profile is None
         with pytest.raises(RuntimeFileError, match="no component 'gen/tokenizer'"):
             runtime.check_bootable()
+
+
+# ---- reusing superseded extents (docs/runtime-file.md, "Writing") ----------------------------------
+
+def contents(path):
+    """(generation, {name: extent bytes}) of the winning generation, every extent checked (verify)."""
+    with RuntimeFile.open(path) as runtime:
+        return runtime.generation, {name: runtime.bytes(name).tobytes() for name in runtime.names()}
+
+
+def test_appends_reuse_superseded_extents_so_a_replaced_state_stops_growing_the_file(path):
+    """Each append replaces a 20 kB state (as every checkpoint does): the file grows while the first
+    generations lay out their extents, then each new state and directory fills space an older
+    generation superseded, and the size stays put."""
+    sizes = []
+    for i in range(20):
+        runtime_file.append(path, [("state/current", "bytes", bytes([i]) * 20000)])
+        sizes.append(os.path.getsize(path))
+        assert contents(path)[1]["state/current"] == bytes([i]) * 20000
+    assert len(set(sizes[4:])) == 1, sizes
+
+
+def test_the_previous_generation_stays_whole_while_superseded_space_is_reused(path):
+    """The A/B guarantee holds with reuse: an append writes only where the current generation
+    reaches nothing, so right after it the previous generation (the other slot) is whole — a
+    reader falls back to it, every extent checked, if the new superblock is damaged."""
+    for i in range(8):
+        previous = contents(path)
+        runtime_file.append(path, [("state/current", "bytes", bytes([i]) * (5000 + 3000 * (i % 3))),
+                                   (f"audit/{i:08d}", "bytes", bytes([i]) * 100)], drop=["blob"])
+        backup = path.read_bytes()
+        with RuntimeFile.open(path) as runtime:
+            winner = SLOT_OFFSETS[runtime.slot]
+        corrupt(path, winner + 50)
+        assert contents(path) == previous
+        path.write_bytes(backup)
+
+
+def test_drop_leaves_a_component_out_of_the_next_generation(path):
+    runtime_file.append(path, [("extra", "text", "x")], drop=["blob", "not-there"])
+    _, names = contents(path)
+    assert "blob" not in names and names["extra"] == b"x" and "gen/card" in names
+
+
+@pytest.mark.parametrize("torn", [False, True], ids=["whole-writes", "torn-writes"])
+@pytest.mark.parametrize("mode", FaultyFileLayer.LOSS_MODES)
+def test_an_append_interrupted_at_every_write_and_sync_leaves_one_whole_generation(tmp_path, mode, torn):
+    """The append is stopped before each of its writes and syncs in turn (a torn write puts half
+    its bytes first), then a power cut loses what was not synced (cut: undone; zeros, garbage:
+    overwritten; prefix: the first writes kept). The file opens, every extent checked, as exactly
+    the old generation or exactly the new one, and the next append goes on from there."""
+    path = tmp_path / "r.aotxccir"
+    runtime_file.create(path, components())
+    for i in range(3):  # earlier generations: superseded extents for this append to reuse
+        runtime_file.append(path, [("state/current", "bytes", bytes([i]) * 9000),
+                                   (f"audit/{i:08d}", "bytes", bytes([i]) * 50)])
+    before = path.read_bytes()
+    old = contents(path)
+    change = [("state/current", "bytes", b"new!" * 2500), ("audit/00000003", "bytes", b"y" * 60)]
+    probe = FaultyFileLayer()
+    runtime_file.append(path, change, drop=["blob"], fs=probe)
+    new = contents(path)
+    assert new[0] == old[0] + 1 and probe.steps >= 5  # the writes, an fsync, the superblock, an fsync
+    outcomes = set()
+    for step in range(probe.steps):
+        path.write_bytes(before)
+        fs = FaultyFileLayer(seed=step)
+        fs.crash_at(step, torn=torn)
+        with pytest.raises(Crash):
+            runtime_file.append(path, change, drop=["blob"], fs=fs)
+        fs.lose_unsynced(mode)
+        after = contents(path)
+        assert after in (old, new), f"step {step}"
+        outcomes.add(after[0])
+        runtime_file.append(path, [("after", "text", f"{step}")])
+        assert contents(path)[1]["after"] == str(step).encode()
+    assert old[0] in outcomes
+
+
+@pytest.mark.parametrize("mode", FaultyFileLayer.LOSS_MODES)
+def test_an_append_after_one_that_died_before_its_last_sync_makes_that_generation_durable_first(tmp_path, mode):
+    """A process that died after writing its superblock but before the fsync that makes it durable
+    leaves a winner the disk may not hold yet (no power cut: the page cache still has it). The next
+    append writes over what that winner supersedes — its predecessor, still the fallback on disk —
+    so it syncs first: a power cut at any later point leaves a whole generation."""
+    path = tmp_path / "r.aotxccir"
+    runtime_file.create(path, components())
+    runtime_file.append(path, [("state/current", "bytes", b"a" * 9000)])
+    base = path.read_bytes()
+    first = [("state/current", "bytes", b"b" * 9000)]
+    second = [("state/current", "bytes", b"c" * 9000)]
+    probe = FaultyFileLayer()
+    runtime_file.append(path, first, fs=probe)
+    runtime_file.append(path, second, fs=probe)
+    steps = probe.steps // 2
+    for step in range(steps):
+        path.write_bytes(base)
+        fs = FaultyFileLayer(seed=step)
+        fs.crash_at(steps - 1)  # the first append's last fsync: its superblock is written, not synced
+        with pytest.raises(Crash):
+            runtime_file.append(path, first, fs=fs)
+        dead = contents(path)  # what the cache shows the next process: the first append's generation
+        fs.crash_at(step)
+        with pytest.raises(Crash):
+            runtime_file.append(path, second, fs=fs)
+        fs.lose_unsynced(mode)
+        generation, names = contents(path)
+        whole = {b"a" * 9000, b"b" * 9000}
+        if step == steps - 1:  # the second append's superblock is written, not synced: a cut may keep it
+            whole.add(b"c" * 9000)
+        assert names["state/current"] in whole, f"step {step}"
+        if names["state/current"] != b"c" * 9000:
+            assert step == 0 or (generation, names) == dead  # synced before anything was written over

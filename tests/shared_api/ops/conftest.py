@@ -21,7 +21,7 @@ PING: dict[str, Any] = {
     "usage": {"participants": 2, "spaces": 1, "members": 0, "conversations": 1, "receipts": 5},
     "capacities": {"participants": 1024, "spaces": 1024, "members": 4096, "conversations": 4096, "receipts": 1024,
                    "command_bytes": 8192, "result_bytes": 65536},
-    "journal": {"hold": False, "cause": None, "since_ns": None, "pending_bytes": 0, "disk_error": None,
+    "journal": {"hold": False, "cause": None, "since_ns": None, "pending_bytes": "0", "disk_error": None,
                 "bytes": "4096", "file_cap_bytes": "1073741824", "checkpoint_seq": "7"},
     "hold_incidents": [],
     "grants": {"path": "/srv/aotx/grants.json", "written_at_ns": 1, "problem": None},

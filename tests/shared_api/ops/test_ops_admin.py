@@ -22,10 +22,11 @@ SAVE = {"boot": "3", "commit_digest": "d" * 64, "file_incarnation": "e" * 32, "g
 
 def receipt(n=1, kind="conversation.input", status="succeeded", length=5):
     return {"admission": {"save": SAVE, "saved": True}, "device": {"committed": True}, "disk_error": None,
-            "effective": {"model_digest": "f" * 64, "page_limit": "4"}, "journal_hold": None, "kind": kind,
+            "effective": {"max_output_tokens": "32", "model_digest": "f" * 64, "page_limit": "4"}, "journal_hold": None,
+            "kind": kind,
             "operation": OP if n == 1 else f"op-{n:032x}-{n:032x}", "operation_key": f"{n:032x}",
-            "participant": PAR, "pending_bytes": 0,
-            "result": {"finish": "stop", "input_tokens": 3, "length": length, "output_tokens": 2},
+            "participant": PAR, "pending_bytes": "0",  # counters as the device writes them: decimal strings
+            "result": {"finish": "stop", "input_tokens": "3", "length": str(length), "output_tokens": "2"},
             "schema": "aotx.shared.receipt.v1", "sequence": str(n), "target": "con-" + "1" * 32 + "-" + "2" * 32,
             "terminal": {"save": SAVE, "saved": status is not None, "status": status},
             "transport": {"accepted": True}}
@@ -253,9 +254,9 @@ def result_body(data, offset=0):
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         text = None
-    return {"operation": OP, "offset": offset, "length": len(data), "next_offset": offset + len(data),
+    return {"operation": OP, "offset": str(offset), "length": str(len(data)), "next_offset": str(offset + len(data)),
             "bytes": base64.b64encode(data).decode(), "text": text, "complete": True, "status": "succeeded",
-            "finish": "stop", "input_tokens": 3, "output_tokens": 2}
+            "finish": "stop", "input_tokens": "3", "output_tokens": "2"}
 
 
 def test_a_result_is_shown_as_text_when_it_is_utf8_else_as_base64(staff, ops_device):
@@ -277,7 +278,7 @@ def test_the_holds_page_lists_recorded_and_device_incidents_newest_first(staff, 
          "disk_error": None, "pending_bytes": 0},
         {"cause": "file_cap", "since_ns": 1_700_000_000_000_000_000, "ended_ns": None, "disk_error": None,
          "pending_bytes": 321}]
-    ops_device.status["journal"].update(hold=True, cause="file_cap", since_ns=1_700_000_000_000_000_000)
+    ops_device.status["journal"].update(hold=True, cause="file_cap", since_ns="1700000000000000000")  # as the device writes it
     html = staff.get(HOLDS).content.decode()
     rows = re.findall(r'<tr data-cause="(\w+)" data-open="(\w+)">', html)
     assert rows == [("file_cap", "yes"), ("low_disk", "no")]

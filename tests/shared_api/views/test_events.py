@@ -77,3 +77,48 @@ def test_a_stream_request_that_reaches_django_is_not_acceptable(device, people):
 def test_an_operation_stream_rejects_a_malformed_operation_id(gateway, device, people, bad):
     assert_error(gateway.get(f"{BASE}/operations/{bad}/events", people["reader"]), 400, "bad_id")
     assert device.requests == []
+
+
+def subscription_frames(count):
+    """A fake device's answer to `conversations.subscribe`: the open frame, then `count` events
+    (and the subscription stays open, as a live conversation's does)."""
+    frames = [{"status": 200, "more": True, "event": "open", "body": b'{"event_floor":"1"}'},
+              {"status": 200, "more": True, "event": "gap", "cursor": "0", "body": b'{"event_floor":"1","gap":true}'}]
+    frames += [{"status": 200, "more": True, "event": "event", "cursor": str(n), "body": b'{"cursor":"%d"}' % n}
+               for n in range(1, count + 1)]
+    return frames
+
+
+def test_a_conversation_stream_ends_after_limit_events_and_closes_its_subscription(gateway, device, people):
+    """`limit` on a stream was checked and then ignored: the stream ran on. Now the stream ends
+    after `limit` events (a `gap` is not an event), and its device subscription is closed; a client
+    resumes with Last-Event-ID from the last one."""
+    import asyncio
+    from asgiref.sync import async_to_sync
+    from shared_api import device_client
+    from .conftest import asgi_request
+
+    def handler(req):
+        if req["op"] == "conversations.subscribe":
+            return subscription_frames(5)
+        return 200, b'{"closed":true}'
+    device.handler = handler
+    conversation = conversation_id()
+    persona = people[HOLDER[ACTION]]
+    method, url, headers, raw = gateway.request("GET", f"{path(conversation)}?stream=true&limit=2&cursor=0", persona)
+
+    async def run():
+        try:  # bounded: a stream that ignores `limit` never ends
+            return await asyncio.wait_for(asgi_request(method, url, headers, raw), 30)
+        finally:
+            await device_client.aclose_loop()
+    response = async_to_sync(run)()
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/event-stream")
+    events = [block for block in response.content.decode().split("\n\n") if "\nevent: " in f"\n{block}"]
+    kinds = [line.split(": ", 1)[1] for block in events for line in block.split("\n") if line.startswith("event: ")]
+    assert kinds == ["gap", "event", "event"], response.content
+    assert events[-1].startswith(f"id: {path(conversation)}@2\n")
+    opened = next(r for r in device.requests if r["op"] == "conversations.subscribe")
+    assert opened["args"] == {"conversation": conversation, "cursor": "0"}
+    closes = [r for r in device.requests if r["op"] == "subscriptions.close"]
+    assert [c["args"] for c in closes] == [{"id": opened["id"]}]

@@ -105,7 +105,6 @@ def test_it_rejects_a_number_with_no_canonical_form(gateway, device, people, raw
 
 
 @pytest.mark.parametrize("media", [
-    [{"type": "image", "sha256": SHA}] * 9,
     [{"type": "video", "sha256": SHA}],
     [{"type": "image", "sha256": SHA.upper()}],
     [{"type": "image", "sha256": SHA[:-1]}],
@@ -118,6 +117,19 @@ def test_it_rejects_a_number_with_no_canonical_form(gateway, device, people, raw
 ], ids=lambda m: repr(m)[:40])
 def test_it_rejects_malformed_media(gateway, device, people, media):
     assert_error(post(gateway, people, valid(media=media)), 400, "bad_field")
+    assert device.requests == []
+
+
+@pytest.mark.parametrize("rows", [
+    [{"type": "image", "sha256": SHA}] * 9,
+    [{"type": "image", "sha256": SHA}] * 8 + ["not even a row"],
+    [{"type": "audio", "sha256": "cd" * 32}] * 50,
+], ids=["nine", "eight-and-a-bad-one", "fifty"])
+def test_more_than_eight_media_rows_are_too_many_media(gateway, device, people, rows):
+    """The documented code for more than 8 media references is 400 `too_many_media` (it was
+    `bad_field`): the count is checked before the rows' shape, as the device checks it."""
+    error = assert_error(post(gateway, people, valid(media=rows)), 400, "too_many_media")
+    assert "8" in error["message"]
     assert device.requests == []
 
 

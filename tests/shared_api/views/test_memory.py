@@ -96,6 +96,22 @@ def test_the_detail_sends_the_memory_and_the_offset(gateway, device, people, que
     assert_request(device.only_request(), "memory.get", persona.principal_id, {"memory": memory, "offset": offset})
 
 
+def test_the_detail_sends_the_version_it_must_be_at(gateway, device, people):
+    memory = memory_id()
+    refusal = b'{"error":{"code":"stale_version","message":"at 2","version":"2"}}'
+    device.answer(409, refusal)
+    persona = people[HOLDER[action_of("memory.get")]]
+    assert_passed_through(gateway.get(detail_path(memory) + "?version=1&offset=3", persona), 409, refusal)
+    assert_request(device.only_request(), "memory.get", persona.principal_id,
+                   {"memory": memory, "offset": 3, "version": 1})
+
+
+@pytest.mark.parametrize("version", ["0", "-1", "01", "1.5", "abc", "", str(1 << 64)])
+def test_the_detail_rejects_a_bad_version(gateway, device, people, version):
+    assert_error(gateway.get(f"{detail_path(memory_id())}?version={version}", people["reader"]), 400, "bad_field")
+    assert device.requests == []
+
+
 @pytest.mark.parametrize("authorization", BAD_AUTHORIZATIONS)
 def test_a_publication_refuses_a_missing_malformed_or_unknown_token(gateway, device, people, authorization):
     assert_unauthenticated(gateway.post(publish_path(space_id()), body=publication(), authorization=authorization))

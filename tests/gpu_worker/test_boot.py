@@ -1,0 +1,27 @@
+"""`python -m gpu_worker boot` refusing a configuration it cannot serve: one line on stderr naming
+the problem and the step that fixes it, a non-zero exit, and nothing written to the journal
+directory (DESIGN §1: "exits non-zero with a one-line reason when its configuration is wrong")."""
+import os
+import secrets
+import subprocess
+
+from gpu_worker.pack import pack_tiny
+from tests.conftest import ALL, PYTHON, ROOT, write_grants
+
+
+def test_boot_refuses_a_runtime_packed_without_shared_in_one_line(tmp_path):
+    """SPEC: "The service requires a complete runtime profile with shared state enabled"."""
+    runtime = tmp_path / "plain.aotxccir"
+    pack_tiny(str(runtime))  # no --shared: no shared profile, no FEATURE_SHARED
+    grants = tmp_path / "grants.json"
+    write_grants(grants, {secrets.token_hex(16): ALL})
+    journal = tmp_path / "journal"
+    out = subprocess.run([PYTHON, "-m", "gpu_worker", "boot", "--ccir", str(runtime), "--journal", str(journal),
+                          "--service-grants", str(grants), "--device", "cpu"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith(f"boot: runtime file {runtime} has no shared profile; "), out.stderr
+    assert f"pack --runtime {runtime} --shared" in out.stderr
+    # refused before anything was recorded: no segment, no owner marker, no socket
+    assert not journal.exists() or sorted(os.listdir(journal)) in ([], ["lock"])
