@@ -58,6 +58,7 @@ from aotx_client import ApiError, AsyncClient, GaveUp  # noqa: E402
 
 REQUEST_SECONDS = 120.0   # a request not answered within this is one "without an answer"
 BOOT_SECONDS = 120.0      # a boot whose three inputs are not terminal within this is a hang
+START_SECONDS = 600       # a device start beside the load (a 360 MB file copied, a model loaded) may take minutes
 TERMINAL = ("succeeded", "failed", "cancelled", "interrupted", "deadline_exceeded")
 ACTIONS = (("mutation", 3), ("input", 3), ("cancel", 1), ("retire", 1), ("read", 6), ("events", 1),
            ("output", 1), ("chat", 1), ("chat-stream", 1))
@@ -294,6 +295,7 @@ def run_soak(args: argparse.Namespace, runtime: Path, model: str, base: Path) ->
     copy = base / runtime.name
     shutil.copyfile(runtime, copy)  # the boots start from the file as it was, not as the soak left it
     stack = Stack(base, str(copy))
+    stack.ready_seconds = START_SECONDS
     tokens = [stack.principal(f"soak-{i}") for i in range(args.clients)]
     stack.boot_device()
     stack.serve()
@@ -333,7 +335,8 @@ async def three_inputs(port: int, token: str, model: str, counts: Counts) -> boo
 def run_boots(args: argparse.Namespace, runtime: Path, model: str, base: Path) -> dict[str, Any]:
     from tests.harness import Stack
     counts = Counts()
-    hangs: list[str] = []
+    hangs: list[str] = []     # booted, and the three inputs not all terminal in BOOT_SECONDS
+    no_start: list[str] = []  # the device or gateway not ready in START_SECONDS (or exited)
     seconds = []
     for n in range(args.boots):
         directory = base / f"boot-{n}"
@@ -341,26 +344,35 @@ def run_boots(args: argparse.Namespace, runtime: Path, model: str, base: Path) -
         copy = directory / runtime.name
         shutil.copyfile(runtime, copy)
         stack = Stack(directory, str(copy))
+        stack.ready_seconds = START_SECONDS
         token = stack.principal("boot")
         started = time.monotonic()
+        outcome = "ok"
         try:
-            stack.boot_device()
-            stack.serve()
-            ok = asyncio.run(asyncio.wait_for(three_inputs(stack.port, token, model, counts), BOOT_SECONDS + 60))
+            try:
+                stack.boot_device()
+                stack.serve()
+            except (AssertionError, RuntimeError) as exc:  # not ready in START_SECONDS, or exited
+                outcome = "NO START"
+                print(f"boot {n + 1}: {exc}", flush=True)
+            else:
+                if not asyncio.run(asyncio.wait_for(three_inputs(stack.port, token, model, counts),
+                                                    BOOT_SECONDS + 60)):
+                    outcome = "HANG"
         except (asyncio.TimeoutError, ApiError, GaveUp) as exc:
-            ok = False
-            print(f"boot {n}: {type(exc).__name__}: {exc}", flush=True)
+            outcome = "HANG"
+            print(f"boot {n + 1}: {type(exc).__name__}: {exc}", flush=True)
         finally:
             stack.stop()
         seconds.append(time.monotonic() - started)
-        if ok:
+        if outcome == "ok":
             shutil.rmtree(directory, ignore_errors=True)
         else:
-            kept = Path(tempfile.gettempdir()) / f"aotx-soak-hang-{n}-device.log"
+            kept = Path(tempfile.gettempdir()) / f"aotx-soak-{outcome.replace(' ', '-').lower()}-{n + 1}-device.log"
             shutil.copyfile(directory / "device.log", kept)
-            hangs.append(str(kept))
-        print(f"boot {n + 1}/{args.boots}: {'ok' if ok else 'HANG'} in {seconds[-1]:.1f} s", flush=True)
-    return {"counts": counts, "hangs": hangs, "seconds": seconds}
+            (hangs if outcome == "HANG" else no_start).append(str(kept))
+        print(f"boot {n + 1}/{args.boots}: {outcome} in {seconds[-1]:.1f} s", flush=True)
+    return {"counts": counts, "hangs": hangs, "no_start": no_start, "seconds": seconds}
 
 
 # ---- report -----------------------------------------------------------------------------------
@@ -390,34 +402,43 @@ def main() -> int:
         model = RuntimeFile.open(str(runtime)).json("gen/card")["name"]
         load = [] if args.no_load else start_load(base)
         started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        print(f"soak of {started}: model {model}, "
+              f"{'no load beside' if args.no_load else 'dd fdatasync loop + a spinning core beside'}", flush=True)
+        missed = []
         try:
-            soak = None if args.only == "boots" else run_soak(args, runtime, model, base / "soak")
-            boots = None if args.only == "soak" else run_boots(args, runtime, model, base)
+            if args.only != "boots":
+                if not report_soak(args, run_soak(args, runtime, model, base / "soak")):
+                    missed.append("soak")
+            if args.only != "soak":
+                if not report_boots(args, run_boots(args, runtime, model, base)):
+                    missed.append("boots")
         finally:
             stop_load(load)
-    print(f"\nsoak of {started}: model {model}, {'no load beside' if args.no_load else 'dd fdatasync loop + a spinning core beside'}")
-    missed = []
-    if soak is not None:
-        c: Counts = soak["counts"]
-        fives = sum(n for status, n in c.status.items() if status >= 500)
-        print(f"{args.minutes:g} min, {args.clients} clients: {sum(c.actions.values())} actions "
-              f"({', '.join(f'{k} {v}' for k, v in sorted(c.actions.items()))})")
-        print(f"  answers by status: {dict(sorted(c.status.items()))}")
-        print(f"  without an answer: {sum(c.unanswered.values())} {dict(c.unanswered) or ''}; 5xx: {fives}; "
-              f"device timeouts: {c.device_timeouts}")
-        print(f"  saved receipts read back after a kill -9 and a boot: {soak['checked']}, differing: "
-              f"{len(soak['wrong'])}; unexpected action errors: {dict(c.failures) or 0}")
-        if sum(c.unanswered.values()) or fives or c.device_timeouts or soak["wrong"] or c.failures:
-            missed.append("soak")
-    if boots is not None:
-        secs = sorted(boots["seconds"])
-        print(f"{args.boots} fresh boots of three inputs: {args.boots - len(boots['hangs'])} ok, "
-              f"{len(boots['hangs'])} hangs {boots['hangs'] or ''}; a boot took {secs[len(secs) // 2]:.1f} s "
-              f"(median), {secs[-1]:.1f} s (max); answers by status {dict(sorted(boots['counts'].status.items()))}")
-        if boots["hangs"] or sum(boots["counts"].unanswered.values()):
-            missed.append("boots")
     print("goals: " + ("met" if not missed else f"MISSED ({', '.join(missed)})"))
     return 1 if missed else 0
+
+
+def report_soak(args: argparse.Namespace, soak: dict[str, Any]) -> bool:
+    """Prints the soak's lines (as soon as it ends: the boots take long); True when its goals are met."""
+    c: Counts = soak["counts"]
+    fives = sum(n for status, n in c.status.items() if status >= 500)
+    print(f"{args.minutes:g} min, {args.clients} clients: {sum(c.actions.values())} actions "
+          f"({', '.join(f'{k} {v}' for k, v in sorted(c.actions.items()))})")
+    print(f"  answers by status: {dict(sorted(c.status.items()))}")
+    print(f"  without an answer: {sum(c.unanswered.values())} {dict(c.unanswered) or ''}; 5xx: {fives}; "
+          f"device timeouts: {c.device_timeouts}")
+    print(f"  saved receipts read back after a kill -9 and a boot: {soak['checked']}, differing: "
+          f"{len(soak['wrong'])}; unexpected action errors: {dict(c.failures) or 0}", flush=True)
+    return not (sum(c.unanswered.values()) or fives or c.device_timeouts or soak["wrong"] or c.failures)
+
+
+def report_boots(args: argparse.Namespace, boots: dict[str, Any]) -> bool:
+    secs = sorted(boots["seconds"])
+    print(f"{args.boots} fresh boots of three inputs: {args.boots - len(boots['hangs']) - len(boots['no_start'])} ok, "
+          f"{len(boots['hangs'])} hangs {boots['hangs'] or ''}, {len(boots['no_start'])} not started in "
+          f"{START_SECONDS} s {boots['no_start'] or ''}; a boot took {secs[len(secs) // 2]:.1f} s (median), "
+          f"{secs[-1]:.1f} s (max); answers by status {dict(sorted(boots['counts'].status.items()))}", flush=True)
+    return not (boots["hangs"] or boots["no_start"] or sum(boots["counts"].unanswered.values()))
 
 
 if __name__ == "__main__":

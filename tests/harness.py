@@ -12,14 +12,14 @@ from tests.conftest import PYTHON, ROOT, free_port, wait_for
 
 
 class Process:
-    def __init__(self, args, env, log_path, ready_line=None, cwd=ROOT):
+    def __init__(self, args, env, log_path, ready_line=None, cwd=ROOT, ready_seconds=120):
         self.log_path = Path(log_path)
         self.log = open(self.log_path, "ab")
         self.start = self.log.tell()  # a restarted process appends to the same log
         self.proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         if ready_line:
-            wait_for(lambda: ready_line in self.output() or self.proc.poll() is not None, 120,
+            wait_for(lambda: ready_line in self.output() or self.proc.poll() is not None, ready_seconds,
                      what=f"{ready_line!r} in {self.log_path}")
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{args[2:4]} exited {self.proc.returncode}: {self.output()[-2000:]}")
@@ -55,6 +55,7 @@ class Stack:
                         AOTX_GATEWAY_CONFIG=str(self.config), AOTX_DEVICE_TIMEOUT="10",
                         DJANGO_SETTINGS_MODULE="aotx_site.settings")
         self.env.pop("REDIS_URL", None)
+        self.ready_seconds = 120  # how long a device start may take (bench/soak.py allows more beside its load)
         self.manage("migrate", "--noinput", "-v", "0")
         self.device = None
         self.gateway = None
@@ -75,13 +76,13 @@ class Stack:
         self.device = Process([PYTHON, "-m", "gpu_worker", "boot", "--ccir", str(self.runtime), "--journal",
                                str(self.journal), "--service-grants", str(self.grants), "--device", "cpu",
                                *options],
-                              self.env, self.base / "device.log", "device ready")
+                              self.env, self.base / "device.log", "device ready", ready_seconds=self.ready_seconds)
         return self.device
 
     def serve(self):
         self.gateway = Process([PYTHON, "manage.py", "serve", "--config", str(self.config)], self.env,
                                self.base / "gateway.log")
-        wait_for(self._listening, 60, what="gateway port")
+        wait_for(self._listening, self.ready_seconds / 2, what="gateway port")
         return self.gateway
 
     def _listening(self):
