@@ -16,7 +16,16 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
 
+# A wait's bound is a safety net against waiting forever, never the time a step is expected to
+# take: a machine running another `make test` (or a soak) beside this one can be several times
+# slower, so every bound is stretched by this factor (AOTX_TEST_WAIT_SCALE, default 3).
+WAIT_SCALE = float(os.environ.get("AOTX_TEST_WAIT_SCALE", "3"))
+
+
 def wait_for(condition, timeout=30.0, interval=0.02, what="condition"):
+    """Polls `condition` until it returns something true (returned), or fails after `timeout`
+    seconds times WAIT_SCALE."""
+    timeout *= WAIT_SCALE
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
