@@ -48,6 +48,8 @@ import msgpack
 import numpy as np
 import torch
 
+from .contract.ids import participant_id
+from . import images
 from .contract.limits import INTERPRETATION_TOKENS
 from .memory import render
 from .memory.rows import Flag
@@ -471,7 +473,9 @@ def _embedded(d: Device, rrow: int, body: dict[str, Any], vectors: Any, error: B
                 "tenant": join16(owner[P.PRINCIPAL_HI], owner[P.PRINCIPAL_LO])}
     room = row[R.PAGE_LIMIT] * d.runtime.runtime_profile["page_size"] - row[R.MAX_OUTPUT]
     messages, tokenizer = conversation_turns(d, rrow, everyone=reads_space), d.runner.engine.tokenizer
-    system = render.render(execution.revision, items)
+    system = render.render(execution.revision, items, submitter=participant_id(_actor(d, rrow)[0]))
+    if images.start(d, rrow, body, messages, room, system, settings):  # the input's images: images.py
+        return
     d.off_thread(functools.partial(fit_prompt, tokenizer, messages, room, system),
                  functools.partial(_prompted, d, rrow, settings))
 

@@ -14,6 +14,7 @@ import asyncio
 import base64
 import codecs
 import json
+import re
 import secrets
 import struct
 import time
@@ -24,7 +25,8 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from gpu_worker.contract.ids import MAX_COUNTER
-from gpu_worker.contract.limits import MAX_CHAT_BODY_BYTES, MAX_CHOICES, MAX_COMPLETION_LOGPROBS, MAX_TOP_LOGPROBS
+from gpu_worker.contract.limits import (MAX_CHAT_BODY_BYTES, MAX_CHOICES, MAX_COMPLETION_LOGPROBS, MAX_MEDIA,
+                                        MAX_TOP_LOGPROBS)
 from gpu_worker.contract.vocabulary import CHAT
 from gpu_worker.contract.wire import Message
 
@@ -34,7 +36,8 @@ from .errors import WWW_AUTHENTICATE, ServiceError
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "invalid_request_error", 405: "invalid_request_error", 408: "invalid_request_error",
-               413: "invalid_request_error", 429: "rate_limit_error",
+               409: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
+               429: "rate_limit_error",
                503: "server_error", 500: "server_error"}
 # the request field a refusal code is about (its `param`)
 PARAMS = {"invalid_model": "model", "model_not_found": "model", "invalid_messages": "messages",
@@ -44,7 +47,10 @@ PARAMS = {"invalid_model": "model", "model_not_found": "model", "invalid_message
           "invalid_prompt": "prompt", "invalid_input": "input", "invalid_encoding_format": "encoding_format",
           "invalid_dimensions": "dimensions",
           "invalid_presence_penalty": "presence_penalty", "invalid_frequency_penalty": "frequency_penalty",
-          "invalid_logprobs": "logprobs", "invalid_top_logprobs": "top_logprobs"}
+          "invalid_logprobs": "logprobs", "invalid_top_logprobs": "top_logprobs",
+          # an image part of a message (the device's image refusals too)
+          "invalid_image_url": "messages", "invalid_image_data": "messages", "model_lacks_media": "messages",
+          "media_not_image": "messages", "media_truncated": "messages", "media_too_many_pixels": "messages"}
 # Chat Completions request fields: honoured, or what is refused. A field OpenAI defines but this
 # service does not implement is refused unless it holds its no-op value (the value listed).
 HONOURED = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "stream",
@@ -93,16 +99,53 @@ def _text(value: str, code: str, name: str) -> str:
     return value
 
 
-def _content(message: dict[str, Any]) -> str:
+IMAGE_URL = re.compile(r"data:(image/[A-Za-z0-9.+-]+)(?:;[A-Za-z0-9=.+-]+)*;base64,", re.ASCII)
+
+
+def _image(part: dict[str, Any]) -> bytes:
+    """The bytes of an `image_url` part: a base64 `data:image/...;base64,` URL (never fetched
+    otherwise); the body limit (MAX_CHAT_BODY_BYTES) bounds them. Whether they are an image a
+    model takes is the device's check."""
+    image_url = part.get("image_url")
+    url = image_url.get("url") if isinstance(image_url, dict) else image_url
+    if not isinstance(url, str):
+        raise ServiceError(400, "invalid_messages", "an image_url part needs image_url.url")
+    if isinstance(image_url, dict) and (set(image_url) - {"url", "detail"} or
+                                        image_url.get("detail", "auto") not in ("auto", None)):
+        raise ServiceError(400, "invalid_messages", "image_url holds only url (and detail \"auto\")")
+    match = IMAGE_URL.match(url)
+    if match is None:
+        raise ServiceError(400, "invalid_image_url", "an image_url must be a base64 data URL "
+                                                     "(data:image/<type>;base64,...); this service fetches no URL")
+    try:
+        return base64.b64decode(url[match.end():], validate=True)
+    except ValueError:
+        raise ServiceError(400, "invalid_image_data", "the image_url's base64 data is malformed") from None
+
+
+def _message(message: dict[str, Any], images: list[bytes]) -> dict[str, Any]:
+    """The device's message: its content a string, or (with images) text and `{"type": "image"}`
+    parts in order, each image's bytes appended to `images` (docs/protocol.md, chat.completions)."""
     content = message.get("content")
-    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-        if any(not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str)
-               for p in content):
-            raise ServiceError(400, "invalid_messages", "only text content parts are supported")
-        content = "".join(p["text"] for p in content)
+    if isinstance(content, list):  # [{"type": "text", "text": ...} | {"type": "image_url", ...}, ...]
+        parts: list[dict[str, Any]] = []
+        for p in content:
+            if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str):
+                parts.append({"type": "text", "text": _text(p["text"], "invalid_messages", "message content")})
+            elif isinstance(p, dict) and p.get("type") == "image_url":
+                images.append(_image(p))
+                if len(images) > MAX_MEDIA:
+                    raise ServiceError(400, "invalid_messages", f"the messages hold more than {MAX_MEDIA} images")
+                parts.append({"type": "image"})
+            else:
+                raise ServiceError(400, "invalid_messages", "content parts are text or image_url")
+        if all(p["type"] == "text" for p in parts):
+            content = "".join(p["text"] for p in parts)
+        else:
+            return {"role": message.get("role"), "content": parts}
     if not isinstance(content, str):
-        raise ServiceError(400, "invalid_messages", "message content must be a string or text parts")
-    return _text(content, "invalid_messages", "message content")
+        raise ServiceError(400, "invalid_messages", "message content must be a string or content parts")
+    return {"role": message.get("role"), "content": _text(content, "invalid_messages", "message content")}
 
 
 def _fields(body: dict[str, Any], honoured: set[str], no_op: dict[str, tuple[Any, ...]]) -> None:
@@ -132,8 +175,10 @@ def _request_args(body: Any) -> dict[str, Any]:
     model, messages = _model(body), body.get("messages")
     if not isinstance(messages, list) or not messages or any(not isinstance(m, dict) for m in messages):
         raise ServiceError(400, "invalid_messages", "messages must be a non-empty array of objects")
-    args: dict[str, Any] = {"model": model, "messages": [{"role": m.get("role"), "content": _content(m)}
-                                                         for m in messages]}
+    images: list[bytes] = []
+    args: dict[str, Any] = {"model": model, "messages": [_message(m, images) for m in messages]}
+    if images:
+        args["images"] = images
     logprobs, top = body.get("logprobs"), body.get("top_logprobs")
     if logprobs is not None and type(logprobs) is not bool:
         raise ServiceError(400, "invalid_logprobs", "logprobs must be a boolean")

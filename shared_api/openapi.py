@@ -426,6 +426,7 @@ CODES = {
     "input_too_large": "the text and 73 bytes per media link exceed 2048 UTF-8 bytes",
     "too_many_media": f"more than {MAX_MEDIA} media references",
     "reserved_token": "the text contains a reserved media control token",
+    "media_truncated": "an image media source is truncated or corrupt (its `sha256`)",
     "bad_offset": "`offset` is not an integer 0..the result length",
     "bad_last_event_id": "`Last-Event-ID` does not name an event of this stream (`<path>@<cursor>`)",
     "digest_mismatch": "the uploaded bytes do not hash to the sha256 in the path",
@@ -459,6 +460,8 @@ CODES = {
     "already_finished": "the target input already ended",
     "model_not_available": "the requested model is not served (see /capabilities)",
     "model_lacks_media": "the requested model takes no media of that type",
+    "images_exceed_page_limit": "the input's images (the model's `image_token_budget` each) and its output limit "
+                                "exceed its page limit",
     "media_unavailable": "a media source is saved but its bytes were lost (a restore from a checkpoint that did not "
                          "carry them; its `sha256`): upload it again",
     "page_limit_exceeds_grant": "`pages` exceeds the runtime profile's page grant",
@@ -476,6 +479,9 @@ CODES = {
     # 413 / 415 / 429
     "body_too_large": f"the body exceeds {MAX_BODY_BYTES} bytes",
     "unsupported_media_type": "the body is not `application/json`",
+    "media_too_many_pixels": "an image media source has more pixels than the limit (4096 x 4096), or is a "
+                             "decompression bomb (its `sha256`)",
+    "media_not_image": "an image media source's bytes are not an image (its `sha256`)",
     "journal_hold": "a journal hold pauses persistent admission (`cause`, `disk_error`, `pending_bytes`)",
     "quota_exceeded": "the caller's principal is at one of its quotas (`quota` names it; `limit`, `used`); "
                       "nothing changed. `Retry-After: 1`; a principal refused again within a second is answered "
@@ -569,8 +575,8 @@ def _mutation(summary: str, body: str, errors: Errors | None = None, *, path: st
     registered = () if body == "ParticipantRegisterRequest" else ("participant_not_registered",)
     errors[409] = (*SEQUENCE_409, *registered, *errors.get(409, ()))
     errors[410] = ("below_retry_floor", *errors.get(410, ()))
-    errors[413] = ("body_too_large", "command_too_large")
-    errors[415] = ("unsupported_media_type",)
+    errors[413] = ("body_too_large", "command_too_large", *errors.get(413, ()))
+    errors[415] = ("unsupported_media_type", *errors.get(415, ()))
     # every mutation counts against the receipts quota but a retirement, which frees receipts
     errors[429] = ("journal_hold", *(() if body == "RetirementRequest" else ("quota_exceeded",)),
                    *errors.get(429, ()))
@@ -656,10 +662,11 @@ OPERATIONS = {  # keyed by the device command each route calls
                     "before any receipt slot is reused."),
     "conversations.input": _mutation(
         "Submit an input to a conversation", "InputRequest",
-        {400: ("input_too_large", "too_many_media", "reserved_token"), 403: ("right_missing",),
+        {400: ("input_too_large", "too_many_media", "reserved_token", "media_truncated"), 403: ("right_missing",),
          404: ("conversation_not_found", "media_not_found"),
          409: ("model_not_available", "model_lacks_media", "media_unavailable", "page_limit_exceeds_grant",
-               "page_limit_exceeds_pool")},
+               "page_limit_exceeds_pool", "images_exceed_page_limit"),
+         413: ("media_too_many_pixels",), 415: ("media_not_image",)},
         path="conversation",
         description="Needs the write right on the conversation's space. Runs the model once the admission is "
                     "saved; the receipt's terminal result is saved when generation ends. Earlier turns of the "

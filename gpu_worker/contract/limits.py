@@ -14,4 +14,6 @@ MAX_CHOICES = 16               # and our n: each choice of a chat reserves its o
 MEMORY_PAYLOAD_BYTES = INPUT_BYTES  # one memory row's payload: a whole input's text and media links
 RECALL_K = 4                       # memory rows recalled into an input's prompt
 RECALL_CONTEXT_BYTES = 1024        # the recalled items' rendered text, at most (docs/memory.md)
+RECALL_FLOOR = 0.3                 # a recalled row's cosine similarity to the query, at least (docs/memory.md)
+RECALL_MARGIN = 0.1                # ... and at most this far below the best recalled row's
 INTERPRETATION_TOKENS = 48         # the model's interpretation of a turn (retention mode 2)

@@ -26,6 +26,7 @@ from gpu_worker.engine.sampling import penalize, sample
 from gpu_worker.engine.scheduler import EngineRefusal, Scheduler
 from gpu_worker.engine.sequence import FINISH_CANCELLED, Sequence, Status
 from gpu_worker.engine.tokenizer import Tokenizer
+from gpu_worker.engine.vision import PreparedImage, VisionTower
 from gpu_worker.storage.runtime_file import RuntimeFile
 
 
@@ -63,6 +64,10 @@ class Engine:
         self.seed = seed
         self.tokenizer = Tokenizer.from_runtime(runtime)
         self.model = Llama.from_runtime(runtime, self.device, dtype, fused_kernels, cpu_weights)
+        # a vision-language model's image encoder (vision.py; None for a text model). Its `prepare`
+        # runs on helper threads, never the engine's: submit takes what it returns.
+        self.vision = VisionTower.from_runtime(runtime, self.device, dtype)
+        self.image_token_id: int | None = self.card.get("image_token_id")
         self.block_manager = BlockManager(profile["kv_pages"])
         self.prefix_cache = prefix_cache  # reuse the KV pages of earlier requests' prefixes (block_manager.py)
         self.scheduler = Scheduler(self.block_manager, page_grant=self.page_grant, max_running=max_running,
@@ -82,14 +87,17 @@ class Engine:
     def submit(self, request_id: object, prompt_ids: list[int], *, max_new_tokens: int, temperature: float = 0.0,
                top_p: float = 1.0, stop: Iterable[int | str] = (), page_limit: int | None = None,
                seed: int | None = None, ignore_eos: bool = False, tenant: Hashable = None,
-               presence_penalty: float = 0.0, frequency_penalty: float = 0.0, logprobs: int | None = None) -> Sequence:
+               presence_penalty: float = 0.0, frequency_penalty: float = 0.0, logprobs: int | None = None,
+               images: Iterable[PreparedImage] = ()) -> Sequence:
         """Queue a request. `stop` holds token ids (int) and strings (str) that end it besides the model's EOS
         (unless `ignore_eos`, which benchmarks use to generate exactly max_new_tokens). `tenant` (the
         principal it is for) is its queue in the scheduler's round-robin (scheduler.py). `logprobs`
         (0..MAX_TOP_LOGPROBS top alternatives) gives each sampled token's log-probability in its step event:
         the model's distribution after the penalties, before temperature and top_p (as vLLM reports).
         `page_limit` defaults to the pages its prompt and max_new_tokens need, at most the page grant; it is
-        reserved whole at admission, and a request that reaches it finishes with "length"."""
+        reserved whole at admission, and a request that reaches it finishes with "length".
+        `images` (VisionTower.prepare, for a vision-language model): their features go in place of the
+        prompt's image tokens, in order; they must be as many as those tokens."""
         if request_id in self._sequences:
             raise EngineRefusal("duplicate_request", f"request {request_id!r} is already queued or running")
         prompt_ids = [int(t) for t in prompt_ids]
@@ -118,6 +126,16 @@ class Engine:
             raise EngineRefusal("prompt_exceeds_page_limit",
                                 f"a prompt of {len(prompt_ids)} tokens does not fit in {page_limit} pages "
                                 f"of {self.page_size} tokens (or the model's {self.card['max_position_embeddings']})")
+        images = list(images)
+        image_positions = [i for i, t in enumerate(prompt_ids) if t == self.image_token_id] \
+            if self.image_token_id is not None else []
+        features = torch.cat([image.features for image in images]) if images else None
+        if len(image_positions) != (0 if features is None else features.shape[0]):
+            raise EngineRefusal("image_tokens_mismatch",
+                                f"the prompt has {len(image_positions)} image tokens and the images "
+                                f"{0 if features is None else features.shape[0]} feature rows")
+        if features is not None and features.shape[1] != self.card["hidden_size"]:
+            raise EngineRefusal("image_tokens_mismatch", "image features do not have the model's hidden size")
         stop_ids = frozenset(s for s in stop if isinstance(s, int))
         stop_strings = tuple(s.encode("utf-8") for s in stop if isinstance(s, str) and s)
         if seed is None:
@@ -127,8 +145,13 @@ class Engine:
         seq = Sequence(request_id, prompt_ids, max_new_tokens, page_limit, capacity, float(temperature), float(top_p),
                        stop_ids if ignore_eos else self.default_stop_ids | stop_ids, stop_strings, seed, tenant,
                        float(presence_penalty), float(frequency_penalty), logprobs)
+        if images:
+            seq.image_positions, seq.image_features = image_positions, features
+            # pages holding image tokens are equal only for equal images: their digests salt the chain
+            seq.cache_salt = (tenant, tuple(image.digest for image in images))
         if self.prefix_cache:
-            seq.page_hashes = page_hashes(tenant, prompt_ids, self.page_size, len(prompt_ids) // self.page_size)
+            seq.page_hashes = page_hashes(seq.cache_salt, prompt_ids, self.page_size,
+                                          len(prompt_ids) // self.page_size)
         self.scheduler.add(seq)  # raises EngineRefusal for a page limit above the pool or the grant
         self._sequences[request_id] = seq
         return seq
@@ -180,6 +203,8 @@ class Engine:
             events += self._advance(decoding, self.runner.decode(decoding))
         if group:
             events += self._advance(group, self.runner.prefill(group))
+            for seq in group:
+                seq.image_features = None  # in the pool now, as keys and values
             if self.prefix_cache:  # their prompt pages are written: later prompts may share them
                 for seq in group:
                     full = len(seq.prompt_ids) // self.page_size
@@ -196,7 +221,7 @@ class Engine:
             known = len(seq.page_hashes)
             if written > known:
                 tokens = seq.prompt_ids + seq.output_ids
-                seq.page_hashes += page_hashes(seq.tenant, tokens, self.page_size, written,
+                seq.page_hashes += page_hashes(seq.cache_salt, tokens, self.page_size, written,
                                                seq.page_hashes[-1] if known else None, known)
             self.block_manager.register(seq.pages[:written], seq.page_hashes[:written])
         self.scheduler.release(seq)

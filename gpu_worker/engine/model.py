@@ -323,8 +323,12 @@ class Llama:
                            device=self.device, dtype=self.kv_dtype)
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                 block_tables: torch.Tensor, kv_cache: torch.Tensor, last: torch.Tensor | None = None) -> torch.Tensor:
+                 block_tables: torch.Tensor, kv_cache: torch.Tensor, last: torch.Tensor | None = None,
+                 embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Logits `[B, V]` at index `last[b]` of each row, or `[B, Q, V]` at every position when `last` is None.
+
+        embeds: `(flat indices into [B * Q], rows [n, hidden])`: those tokens' inputs are the rows
+        instead of their embeddings (an image's features at its image tokens: vision.py).
 
         tokens, positions, slots: `[B, Q]` int64; block_tables: `[B, pages]` int64 page ids, enough pages
         for the longest row (extra entries may name any page: the causal mask hides them)."""
@@ -351,6 +355,8 @@ class Llama:
 
         pools = self._pools(kv_cache)
         x = F.embedding(tokens, self.embed).to(self.dtype)
+        if embeds is not None:
+            x = x.view(batch * queries, -1).index_copy(0, embeds[0], embeds[1].to(self.dtype)).view(batch, queries, -1)
         h = self._norm(x, self.layers[0].input_norm)
         if paged_decode and self._decode_args is not None and batch <= KERNEL_MAX_ROWS:
             weights, scales, norms = self._decode_args

@@ -103,9 +103,28 @@ class ModelRunner:
         logits.append(self._prefill(chunk))
         return torch.cat(logits)
 
+    def prefill_embeds(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The image features of the rows' uncached prompt parts, with their flat indices in the
+        `[B, width]` batch of prefill_inputs (None when no row has any)."""
+        if not any(seq.image_positions for seq in seqs):
+            return None
+        width = max(len(seq.prompt_ids) - seq.cached_tokens for seq in seqs)
+        index: list[int] = []
+        rows: list[torch.Tensor] = []
+        for b, seq in enumerate(seqs):
+            if not seq.image_positions:
+                continue
+            start = seq.cached_tokens
+            chosen = [j for j, p in enumerate(seq.image_positions) if p >= start]
+            index += [b * width + seq.image_positions[j] - start for j in chosen]
+            assert seq.image_features is not None  # set with image_positions
+            rows.append(seq.image_features[chosen[0]:] if chosen else seq.image_features[:0])
+        device = self.model.device
+        return torch.tensor(index, dtype=torch.int64, device=device), torch.cat(rows).to(device)
+
     def _prefill(self, seqs: list[Sequence]) -> torch.Tensor:
         tokens, positions, slots, tables, last = self.prefill_inputs(seqs)
-        return self.model(tokens, positions, slots, tables, self.kv_cache, last=last)
+        return self.model(tokens, positions, slots, tables, self.kv_cache, last=last, embeds=self.prefill_embeds(seqs))
 
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:
         """Writes each sequence's newest token; returns logits `[len(seqs), vocab]` for the token after it."""

@@ -121,3 +121,126 @@ def _engine_values(runtime: RuntimeFile, state: dict[str, torch.Tensor], cpu_wei
             values = cpu_weight_values(stored, cpu_weights).to(dtype)
             for key, part in zip(keys, values.split([state[key].shape[0] for key in keys])):
                 state[key] = part.contiguous()
+
+
+# ---- Idefics3 (SmolVLM): a random checkpoint directory and the transformers model of a packed one ----
+
+# SmolVLM's chat template (content parts: text and image)
+SMOLVLM_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}{% if message['content'][0]['type'] "
+    "== 'image' %}{{':'}}{% else %}{{': '}}{% endif %}{% for line in message['content'] %}{% if line['type'] == "
+    "'text' %}{{line['text']}}{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}"
+    "<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+# SmolVLM-256M-Instruct's shapes (its config.json, preprocessor_config.json and processor_config.json)
+SMOLVLM_256M = {
+    "text": {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+             "num_key_value_heads": 3, "vocab_size": 49280, "rope_theta": 100000.0, "max_position_embeddings": 8192},
+    "vision": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+               "image_size": 512, "patch_size": 16},
+    "scale_factor": 4, "longest_edge": 2048,
+}
+# The same architecture scaled down for tests: tiles of 64 pixels, 8x8 patches, 4 image tokens a tile.
+TINY_VLM = {
+    "text": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "vocab_size": 448, "rope_theta": 100000.0, "max_position_embeddings": 4096},
+    "vision": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+               "image_size": 64, "patch_size": 8},
+    "scale_factor": 4, "longest_edge": 192,
+}
+
+
+def write_random_idefics3(model_dir: Any, shapes: dict[str, Any] = TINY_VLM, seed: int = 0) -> None:
+    """A SmolVLM-style checkpoint directory with random weights (as `save_pretrained` writes one):
+    config, processor (image processor, tokenizer with SmolVLM's image tokens, chat template) and
+    safetensors. Weights: unit-variance token embeddings and 1/sqrt(fan in) matrices, so logits are
+    spread out and greedy choices are not decided by rounding."""
+    from transformers import (Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessorPil,
+                              Idefics3Processor, PreTrainedTokenizerFast)
+    from tokenizers import AddedToken
+
+    from gpu_worker.pack import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    specials = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]
+    specials += [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<end_of_utterance>",
+                                        unk_token="<|endoftext|>", pad_token="<|endoftext|>")
+    text, vision = dict(shapes["text"]), dict(shapes["vision"])
+    text["vocab_size"] = max(text["vocab_size"], tok.get_vocab_size())
+    eos, image_token_id = tok.token_to_id("<end_of_utterance>"), tok.token_to_id("<image>")
+    assert image_token_id is not None  # added above
+    config = Idefics3Config(
+        text_config={"model_type": "llama", **{k: v for k, v in text.items() if k != "rope_theta"},
+                     "rope_parameters": {"rope_type": "default", "rope_theta": text["rope_theta"]},
+                     "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": eos, "pad_token_id": 0,
+                     "tie_word_embeddings": False},
+        vision_config=vision, scale_factor=shapes["scale_factor"], image_token_id=image_token_id,
+        tie_word_embeddings=False)
+    g = torch.Generator().manual_seed(seed)
+    model = Idefics3ForConditionalGeneration(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("embed_tokens.weight"):
+                param.copy_(torch.randn(param.shape, generator=g))
+            elif "norm" in name and name.endswith("weight"):
+                param.copy_(1 + 0.1 * torch.randn(param.shape, generator=g))
+            elif name.endswith("bias"):
+                param.copy_(0.02 * torch.randn(param.shape, generator=g))
+            else:
+                fan_in = param[0].numel() if param.dim() > 1 else param.shape[0]
+                param.copy_(torch.randn(param.shape, generator=g) * fan_in ** -0.5)
+    model.to(torch.bfloat16).save_pretrained(model_dir)  # type: ignore[arg-type]  # PreTrainedModel.to wraps Module.to
+    tile = vision["image_size"]
+    image_processor = Idefics3ImageProcessorPil(
+        size={"longest_edge": shapes["longest_edge"]}, max_image_size={"longest_edge": tile},
+        image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+    seq_len = (tile // vision["patch_size"]) ** 2 // shapes["scale_factor"] ** 2
+    Idefics3Processor(image_processor, tokenizer, image_seq_len=seq_len,
+                      chat_template=SMOLVLM_TEMPLATE).save_pretrained(model_dir)
+
+
+def transformers_vlm(runtime: RuntimeFile, *, dtype: torch.dtype = torch.float32,
+                     attn_implementation: str = "sdpa") -> Any:
+    """`Idefics3ForConditionalGeneration` in eval mode holding the runtime file's gen/ and vision/
+    tensors (the very values the engine reads, widened to `dtype`)."""
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration
+    from transformers.initialization import no_init_weights
+
+    card, vcard = runtime.json("gen/card"), runtime.json("vision/card")
+    text = llama_config(card).to_dict()
+    config = Idefics3Config(
+        text_config=text,
+        vision_config={"hidden_size": vcard["hidden_size"], "intermediate_size": vcard["intermediate_size"],
+                       "num_hidden_layers": vcard["num_layers"], "num_attention_heads": vcard["num_heads"],
+                       "image_size": vcard["image_size"], "patch_size": vcard["patch_size"],
+                       "layer_norm_eps": vcard["layer_norm_eps"]},
+        scale_factor=vcard["scale_factor"], image_token_id=vcard["image_token_id"],
+        tie_word_embeddings=card["tie_word_embeddings"])
+    config._attn_implementation = attn_implementation
+    with no_init_weights():
+        model = Idefics3ForConditionalGeneration(config)
+    layer_names = {"input_layernorm": "input_layernorm", "post_attention_layernorm": "post_attention_layernorm",
+                   "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
+                   "o_proj": "self_attn.o_proj", "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
+                   "down_proj": "mlp.down_proj"}
+    names = {"embed_tokens": "model.text_model.embed_tokens.weight", "norm": "model.text_model.norm.weight",
+             "lm_head": "lm_head.weight"}
+    state = {}
+    for name in runtime.names("gen/tensor/"):
+        ours = name[len("gen/tensor/"):]
+        if ours.startswith("layers."):
+            _, index, key = ours.split(".")
+            state[f"model.text_model.layers.{index}.{layer_names[key]}.weight"] = runtime.tensor(name).to(dtype)
+        else:
+            state[names[ours]] = runtime.tensor(name).to(dtype)
+    for name in runtime.names("vision/tensor/"):
+        ours = name[len("vision/tensor/"):]
+        theirs = "model.connector.modality_projection.proj.weight" if ours == "connector.proj" else \
+            f"model.vision_model.{ours}"
+        state[theirs] = runtime.tensor(name).to(dtype)
+    if card["tie_word_embeddings"]:
+        state["lm_head.weight"] = state["model.text_model.embed_tokens.weight"]
+    model.load_state_dict(state, strict=True)
+    return model.to(dtype=dtype).eval()  # type: ignore[call-arg]  # as transformers_model

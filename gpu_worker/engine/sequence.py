@@ -50,7 +50,16 @@ class Sequence:
     page_hashes: list[bytes] = field(default_factory=list)
     cached_tokens: int = 0
     generator: torch.Generator | None = None  # set at admission when sampling is not greedy
+    # images (vision.py): the prompt positions of its image tokens and their features `[n, hidden]`,
+    # which the prefill puts in place of those tokens' embeddings
+    image_positions: list[int] = field(default_factory=list)
+    image_features: torch.Tensor | None = None
+    cache_salt: Hashable = None  # what starts its prefix-cache hash chain: the tenant (and its images' digests)
     _held: bytes = b""
+
+    def __post_init__(self) -> None:
+        if self.cache_salt is None:
+            self.cache_salt = self.tenant
 
     @property
     def length(self) -> int:

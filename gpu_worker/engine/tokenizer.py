@@ -83,7 +83,10 @@ def _ids(tokenizer: _HFTokenizer, text: str, add_special_tokens: bool) -> list[i
 
 class Tokenizer:
     def __init__(self, tokenizer_json: str, chat_template: str, *, vocab_size: int,
-                 bos_token_id: int | None = None, eos_token_id: int | None = None):
+                 bos_token_id: int | None = None, eos_token_id: int | None = None, content_parts: bool = False):
+        # A vision-language template (SmolVLM's) reads each message's content as a list of parts
+        # ({"type": "text", "text": ...}, {"type": "image"}): encode_chat gives it text contents so.
+        self.content_parts = content_parts
         self._tokenizer = _HFTokenizer.from_str(tokenizer_json)
         # A second instance that spells special tokens out as text (a property of the instance,
         # so the shared one stays safe for the helper threads that tokenize concurrently).
@@ -106,7 +109,7 @@ class Tokenizer:
         card = runtime.json("gen/card")
         return cls(runtime.bytes("gen/tokenizer").tobytes().decode("utf-8"), runtime.text("gen/chat_template"),
                    vocab_size=card["vocab_size"], bos_token_id=card.get("bos_token_id"),
-                   eos_token_id=card.get("eos_token_id"))
+                   eos_token_id=card.get("eos_token_id"), content_parts="image_token_id" in card)
 
     def _token_byte_table(self, spec: dict[str, Any], vocab_size: int) -> list[bytes]:
         """Every id's raw bytes, computed once: byte-level BPE spells bytes in GPT-2's stand-in alphabet,
@@ -176,7 +179,14 @@ class Tokenizer:
                                      add_generation_prompt=add_generation_prompt,
                                      **{**self._special_tokens(), **kwargs})
 
-    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    def _parts(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if not self.content_parts:
+            return messages
+        return [{**m, "content": [{"type": "text", "text": m["content"]}]} if isinstance(m.get("content"), str) else m
+                for m in messages]
+
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    images: list[str] | None = None) -> list[int]:
         """The prompt's ids, every message's content tokenized as plain text (the module's note).
 
         The template is rendered once with a stand-in for each content, which marks where the
@@ -185,28 +195,54 @@ class Tokenizer:
         two of those is tokenized with special tokens spelled out (what `encode` of the whole
         text does to a prompt without control tokens in its contents, id for id). A template that
         transforms its contents (a filter, a test on the text) gives no such marks: then a content
-        holding a special token's text is refused (ValueError) and the rest encoded as rendered."""
+        holding a special token's text is refused (ValueError) and the rest encoded as rendered.
+
+        `images`: for a template of content parts, the text standing for each `{"type": "image"}`
+        part, in order (vision.image_prompt): each `<image>` the template writes for one is replaced
+        by it, as transformers' Idefics3Processor does."""
+        messages = self._parts(messages)
         rendered = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-        contents = [m.get("content") for m in messages]
         nonce = secrets.token_hex(8)
-        marks = [f"\ue000{nonce}{i}\ue001" for i in range(len(messages))]
-        stand_in = [{**m, "content": marks[i]} if isinstance(m.get("content"), str) else m
-                    for i, m in enumerate(messages)]
+        contents: list[str] = []
+
+        def mark(text: str) -> str:
+            contents.append(text)
+            return f"\ue000{nonce}{len(contents) - 1}\ue001"
+
+        stand_in = []
+        for m in messages:
+            content = m.get("content")
+            if isinstance(content, str):
+                m = {**m, "content": mark(content)}
+            elif isinstance(content, list):
+                m = {**m, "content": [{**part, "text": mark(part["text"])} if part.get("type") == "text" and
+                                      isinstance(part.get("text"), str) else part for part in content]}
+            stand_in.append(m)
         pieces = re.split(f"\ue000{nonce}(\\d+)\ue001", self.apply_chat_template(
             stand_in, add_generation_prompt=add_generation_prompt))
         runs: list[tuple[str, bool]] = []  # (text, is a content) in order
         for n, piece in enumerate(pieces):
-            if n % 2 == 0:
-                runs.append((piece, False))
-            else:
-                content = contents[int(piece)]
-                assert isinstance(content, str)
-                runs.append((content, True))
+            runs.append((piece, False) if n % 2 == 0 else (contents[int(piece)], True))
+        pending = list(images or ())
         if "".join(text for text, _ in runs) != rendered:
-            if any(isinstance(c, str) and any(s in c for s in self._special) for c in contents):
+            if any(any(s in c for s in self._special) for c in contents):
                 raise ValueError("a message holds a chat-template control token as text, and this template's "
                                  "rendering cannot keep it as text")
+            if pending:
+                raise ValueError("this chat template's rendering of images cannot be told from its contents")
             return self.encode(rendered)
+        if pending:
+            expanded = []
+            for text, is_content in runs:
+                if not is_content:
+                    parts = text.split("<image>")
+                    if len(parts) - 1 > len(pending):
+                        raise ValueError("the template writes more <image> tokens than images were given")
+                    text = parts[0] + "".join(pending.pop(0) + rest for rest in parts[1:])
+                expanded.append((text, is_content))
+            runs = expanded
+            if pending:
+                raise ValueError(f"{len(pending)} image(s) have no image part in the messages")
         ids: list[int] = []
         run = ""
         for text, is_content in runs:

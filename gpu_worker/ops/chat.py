@@ -7,9 +7,16 @@ keeps its separate, temporary request contract").
 the gateway decodes them incrementally; with `logprobs` each frame also carries its tokens' OpenAI
 logprobs entries) and the last frame carries the finish reason and token counts (and, not
 streamed, every token's logprobs entry). A closed gateway connection cancels its chats and frees their pages.
+
+Images (OpenAI `image_url` parts, decoded by the gateway): `images` holds their bytes, one per
+`{"type": "image"}` part of the messages. A model whose card does not declare `image` refuses them
+(400 `model_lacks_media`); on the tick thread each is only header-checked (images.check_file, as an
+input's images at admission) and charged `image_token_budget` tokens; decoding, the vision tower and
+the prompt's tokenization run on a helper thread, and the engine gets the prompt with `images=`.
 """
 from __future__ import annotations
 
+import io
 import itertools
 from typing import TYPE_CHECKING, Any
 
@@ -17,8 +24,9 @@ from ..contract.errors import ServiceError
 from ..contract.vocabulary import CHAT
 from ..contract.wire import Message, dumps, reply
 from ..engine.block_manager import pages_for
-from ..contract.limits import MAX_CHOICES, MAX_TOP_LOGPROBS
+from ..contract.limits import MAX_CHOICES, MAX_MEDIA, MAX_TOP_LOGPROBS
 from ..engine.engine import TokenLogprobs
+from ..engine.vision import MediaError, PreparedImage
 from . import quotas
 from .inputs import model_card
 
@@ -63,11 +71,12 @@ def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
                 raise ServiceError(400, "invalid_prompt", "prompt must be a non-empty string (and no messages)")
             size = len(prompt)
         elif (not isinstance(messages, list) or not messages
-                or any(not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str)
+                or any(not isinstance(m, dict) or m.get("role") not in ROLES or not _content_ok(m.get("content"))
                        for m in messages)):
             raise ServiceError(400, "invalid_messages", "messages must be a non-empty list of {role, content}")
         else:
-            size = sum(len(m["content"]) for m in messages)
+            size = sum(len(text) for m in messages for text in _texts(m["content"]))
+        images = _images(args, None if prompt is not None else messages)
         seed = args.get("seed")
         if seed is not None and (type(seed) is not int or not 0 <= seed < 1 << 63):
             raise ServiceError(400, "invalid_seed", "seed must be an integer 0..2^63-1")
@@ -81,36 +90,89 @@ def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
         n = args.get("n", 1)
         if type(n) is not int or not 1 <= n <= MAX_CHOICES:
             raise ServiceError(400, "invalid_n", f"n must be an integer 1..{MAX_CHOICES}")
-        model_card(d, args.get("model"))
+        card = model_card(d, args.get("model"))
+        image_tokens = 0
+        if images:
+            from ..images import check_file  # images.py imports ops (its media reads)
+
+            capabilities = card.get("capabilities") or {}
+            if "image" not in capabilities.get("media_types", []) or getattr(d.runner.engine, "vision", None) is None:
+                raise ServiceError(400, "model_lacks_media", f"model {card['name']!r} does not take images")
+            for i, data in enumerate(images):  # the header and tail only (images.py): nothing decoded here
+                check_file(io.BytesIO(data), f"image {i + 1}")
+            image_tokens = int(capabilities["image_token_budget"]) * len(images)
         max_tokens = args.get("max_tokens")
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise ServiceError(400, "invalid_max_tokens", "max_tokens must be a positive integer")
         quotas.check(d, principal, d.state.participants.by_principal.get(principal), "chats")
         # a prompt that cannot fit is refused before it is tokenized (a 1 MB prompt took seconds)
         fewest = d.runner.engine.tokenizer.fewest_tokens(size)
+        if image_tokens:  # each image charged its budget, as an input's images are (images.check)
+            fewest = (fewest or 0) + image_tokens
         profile = d.runtime.runtime_profile
         capacity = profile["page_grant"] * profile["page_size"]
         if fewest is not None and fewest + (max_tokens or 1) - 1 > capacity:
             raise ServiceError(400, "context_length_exceeded",
-                               f"the prompt holds at least {fewest} tokens; with max_tokens "
+                               f"the prompt holds at least {fewest} tokens{' with its images' if images else ''}; "
+                               f"with max_tokens "
                                f"{max_tokens or 1} that exceeds the page grant of {capacity} tokens")
     except ServiceError as err:
         batch.replies.append((conn, reply(req_id, err.status, err.body())))
         return 0
     d.usage.chats_tokenizing[principal] += 1  # counted against its chats quota until it ends
-    tokenizer = d.runner.engine.tokenizer
-    d.off_thread(lambda: tokenizer.encode_text(prompt) if prompt is not None else tokenizer.encode_chat(messages),
-                 lambda prompt, error: _submit(d, conn, req_id, principal, args, prompt, error))
+    engine = d.runner.engine
+    d.off_thread(lambda: _prompt(engine, prompt, messages, images),
+                 lambda result, error: _submit(d, conn, req_id, principal, args, result, error))
     return 0
 
 
-def _submit(d: Device, conn: Any, req_id: Any, principal: bytes, args: dict[str, Any], prompt: list[int] | None,
-            error: BaseException | None) -> None:
+def _content_ok(content: Any) -> bool:
+    """A message's content: a string, or text and image parts (`{"type": "image"}`, its bytes in `images`)."""
+    return isinstance(content, str) or (isinstance(content, list) and bool(content) and all(
+        isinstance(p, dict) and ((p.get("type") == "text" and isinstance(p.get("text"), str) and len(p) == 2)
+                                 or (p.get("type") == "image" and len(p) == 1)) for p in content))
+
+
+def _texts(content: str | list[dict[str, Any]]) -> list[str]:
+    return [content] if isinstance(content, str) else [p["text"] for p in content if p["type"] == "text"]
+
+
+def _images(args: dict[str, Any], messages: list[dict[str, Any]] | None) -> list[bytes]:
+    """The chat's image bytes, one per image part of its messages, in order."""
+    images = args.get("images")
+    parts = 0 if messages is None else sum(1 for m in messages if isinstance(m["content"], list)
+                                           for p in m["content"] if p["type"] == "image")
+    if images is None and not parts:
+        return []
+    if (not isinstance(images, list) or not 1 <= len(images) <= MAX_MEDIA
+            or any(not isinstance(data, bytes) or not data for data in images) or len(images) != parts):
+        raise ServiceError(400, "invalid_messages", f"images must be 1..{MAX_MEDIA} byte strings, one per image part "
+                                                    "of the messages")
+    return images
+
+
+def _prompt(engine: Any, prompt: str | None, messages: list[dict[str, Any]] | None,
+            images: list[bytes]) -> tuple[list[int], list[PreparedImage]]:
+    """On a helper thread: the images decoded, preprocessed and encoded, and the prompt tokenized."""
+    tokenizer = engine.tokenizer
+    if prompt is not None:
+        return tokenizer.encode_text(prompt), []
+    prepared = [engine.vision.prepare(data) for data in images]
+    if not prepared:
+        return tokenizer.encode_chat(messages), []
+    return tokenizer.encode_chat(messages, images=[image.prompt for image in prepared]), prepared
+
+
+def _submit(d: Device, conn: Any, req_id: Any, principal: bytes, args: dict[str, Any],
+            result: tuple[list[int], list[PreparedImage]] | None, error: BaseException | None) -> None:
     """On the tick thread, the prompt tokenized: refuse what does not fit, or start the chat."""
     d.usage.chat_prepared(principal)
     if getattr(conn, "closed", False) or d.runner is None:
         return  # its client went away meanwhile
+    prompt, images = result if result is not None else (None, [])
     try:
+        if isinstance(error, MediaError):  # damage inside the data, past the header checks
+            raise ServiceError(error.status, error.code, f"an image could not be decoded: {error}")
         if error is not None or prompt is None:
             raise ServiceError(400, "invalid_messages", f"the messages could not be tokenized: {error}")
         profile = d.runtime.runtime_profile
@@ -134,6 +196,8 @@ def _submit(d: Device, conn: Any, req_id: Any, principal: bytes, args: dict[str,
                 "top_p": float(args.get("top_p", 1.0)), "stop": tuple(args.get("stop") or []), "page_limit": pages,
                 "tenant": principal, "logprobs": args.get("logprobs"),
                 **{name: float(args.get(name, 0.0)) for name in PENALTIES}}
+    if images:
+        settings["images"] = images  # each choice's prompt holds them (the prefix cache shares equal images' pages)
     topic = d.chats.next_id()
     choices: list[dict[str, Any]] = [{"text": bytearray(), "tokens": 0, "finish": None,
                 "logprobs": [] if args.get("logprobs") is not None else None} for _ in range(n)]

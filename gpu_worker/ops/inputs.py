@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from .. import images
 from ..contract import ids
 from ..contract.errors import ServiceError
 from ..contract.limits import INPUT_BYTES, MAX_MEDIA, MEDIA_LINK_BYTES
@@ -125,6 +126,7 @@ def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], k
     if not isinstance(max_output, int) or not 1 <= max_output <= pages * profile["page_size"]:
         raise ServiceError(400, "bad_field", f"max_output_tokens must be 1..{pages * profile['page_size']} "
                                              f"for {pages} pages")
+    images.check(d, card, media, pages, max_output)  # each image's bytes, and its tokens in the page limit
     temperature, top_p = args.get("temperature", 0.0), args.get("top_p", 1.0)
     if not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2:
         raise ServiceError(400, "bad_field", "temperature must be a number in [0, 2]")

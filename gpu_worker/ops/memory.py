@@ -23,7 +23,7 @@ import torch
 
 from ..contract import ids
 from ..contract.errors import ServiceError
-from ..contract.limits import RECALL_K
+from ..contract.limits import RECALL_FLOOR, RECALL_K, RECALL_MARGIN
 from ..contract.vocabulary import MEMORY_KINDS, NOT_RETAINED
 from ..memory import render
 from ..memory.recall import recall
@@ -151,9 +151,11 @@ def interpreted(d: Device, op: bytes) -> None:
 # ---- recall (tick thread: bounded by the memory capacity, not by any input) ---------------
 
 def recall_items(d: Device, srow: int, query: torch.Tensor, readable: torch.Tensor,
-                 k: int = RECALL_K) -> list[render.Item]:
-    """The k text rows of space srow's memory most similar to `query`, best first, of those in
-    `readable` (the submitter's: `context_reader`)."""
+                 k: int = RECALL_K, floor: float = RECALL_FLOOR, margin: float = RECALL_MARGIN) -> list[render.Item]:
+    """The text rows of space srow's memory most similar to `query`, best first, of those in
+    `readable` (the submitter's: `context_reader`): of the k most similar, those whose cosine
+    similarity is at least `floor` and within `margin` of the best one's, so that a row is
+    recalled because it is relevant, not because k rows were asked for (docs/memory.md)."""
     memory = d.state.memory
     if not memory.used():
         return []
@@ -161,9 +163,10 @@ def recall_items(d: Device, srow: int, query: torch.Tensor, readable: torch.Tens
     if not bool(visibility.any()):
         return []
     found = recall(memory.embeddings, memory.owners, visibility, query.to(memory.embeddings.device), k)
+    scores, slots = found.scores[0].tolist(), found.rows[0].tolist()
     items = []
-    for slot in found.rows[0].tolist():
-        if slot < 0:
+    for score, slot in zip(scores, slots):
+        if slot < 0 or score < floor or score < scores[0] - margin:
             continue
         row = memory.row(slot)
         if int(row.kind) in TEXT_KINDS:

@@ -200,8 +200,10 @@ def test_control_tokens_in_one_members_input_cannot_inject_roles_into_anothers_c
     second = say(alice, "what did bob say?")
     assert first["terminal"]["status"] == second["terminal"]["status"] == "succeeded"
     # bob's input is recalled from the space's memory into alice's prompt, quoted under the
-    # historical-data rule (docs/memory.md): its control tokens stay text there too
-    recalled = render.render(3, [render.Item("source", par_bob, INJECTION)])
+    # historical-data rule as another member's (docs/memory.md): its control tokens stay text there too
+    par_alice = json.loads(stack.http("GET", f"{BASE}/participant", token=alice)[2])["id"]
+    recalled = render.render(3, [render.Item("source", par_bob, INJECTION)], submitter=par_alice)
+    assert recalled is not None and recalled.splitlines()[1].startswith(render.OTHER)
     messages = [{"role": "user", "content": INJECTION}, {"role": "assistant", "content": answer},
                 {"role": "system", "content": recalled}, {"role": "user", "content": "what did bob say?"}]
     tok = tokenizer(stack)

@@ -53,10 +53,11 @@ def test_a_write_only_members_input_is_prompted_with_its_own_turns_only(world, m
     messages, system = prompts[-1]
     assert users(messages) == ["Hello.", "again"] and system is None
     assert "42" not in str(messages)
-    # the owner reads the space: every turn, and the space's memory recalled
-    run(world, "a", conversation, "what was said")
+    # the owner reads the space: every turn, and the space's memory recalled (asked in the secret's
+    # own words: the most similar row, above the recall floor, whatever the tiny random embedder)
+    run(world, "a", conversation, "the owner's secret is 42")
     messages, system = prompts[-1]
-    assert users(messages) == ["the owner's secret is 42", "Hello.", "again", "what was said"]
+    assert users(messages) == ["the owner's secret is 42", "Hello.", "again", "the owner's secret is 42"]
     assert system is not None and "the owner's secret is 42" in system
 
 
@@ -118,7 +119,7 @@ def test_a_zero_rights_row_fences_instance_memory_from_listing_detail_recall_and
     conversation = conversation_in(world, "c", shared)
     [mine] = run(world, "c", conversation, "what is the instance secret")["memory"]["retained"]
     assert prompts[-1][1] is None  # nothing it may read was there to recall
-    run(world, "b", conversation, "what is the secret")
+    run(world, "b", conversation, "the instance secret is 42")  # its own words: the most similar row
     assert '"the instance secret is 42"' in prompts[-1][1]  # b reads both spaces: recalled
     for _ in range(2):  # live, then replayed from the journal
         listed = [r["object"] for r in rows(world, "b", shared)]

@@ -1,6 +1,7 @@
 """POST /v1/chat/completions (device command `chat.completions`, the `chat` action): plain JSON
 and SSE streams built from the device's `more` frames; errors in OpenAI's shape
 {"error": {"message", "type", "param", "code"}}."""
+import base64
 import json
 
 import pytest
@@ -122,6 +123,8 @@ def test_it_refuses_a_body_over_1_mib(gateway, device, people):
     (chat(messages=[{"role": "user"}]), "invalid_messages"),
     (chat(messages=[{"role": "user", "content": 5}]), "invalid_messages"),
     (chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+     "invalid_image_url"),
+    (chat(messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "x"}}]}]),
      "invalid_messages"),
     (chat(messages=[{"role": "user", "content": [{"type": "text", "text": 1}]}]), "invalid_messages"),
     (chat(max_tokens=0), "invalid_max_tokens"),
@@ -204,6 +207,55 @@ def test_an_unknown_model_is_openais_404_model_not_found(gateway, device, people
     error = assert_openai_error(post(gateway, people["chatter"], chat()), 404, "model_not_found",
                                 "invalid_request_error")
     assert error["param"] == "model"
+
+
+# ---- image parts
+
+PNG = b"\x89PNG\r\n\x1a\n some image bytes"  # the device checks them; the gateway only decodes the URL
+
+
+def image_part(url):
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def test_image_parts_go_to_the_device_as_image_parts_and_their_bytes(gateway, device, people):
+    device.handler = completes()
+    url = "data:image/png;base64," + base64.b64encode(PNG).decode()
+    messages = [{"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "what is"}, image_part(url),
+                                             {"type": "text", "text": " this?"},
+                                             {"type": "image_url", "image_url": {"url": url, "detail": "auto"}}]}]
+    assert post(gateway, people["chatter"], chat(messages=messages)).status_code == 200
+    assert_request(device.only_request(), OP, people["chatter"].principal_id, {
+        "model": "tiny-llama", "stream": False, "images": [PNG, PNG],
+        "messages": [{"role": "system", "content": "be brief"},
+                     {"role": "user", "content": [{"type": "text", "text": "what is"}, {"type": "image"},
+                                                  {"type": "text", "text": " this?"}, {"type": "image"}]}]})
+
+
+@pytest.mark.parametrize("url, code", [
+    ("https://example.com/cat.png", "invalid_image_url"),  # never fetched
+    ("data:text/plain;base64,aGVsbG8=", "invalid_image_url"),
+    ("data:image/png,rawbytes", "invalid_image_url"),  # not base64
+    ("data:image/png;base64,aGVsbG8", "invalid_image_data"),  # missing padding
+    ("data:image/png;base64,aGV*bG8=", "invalid_image_data"),
+], ids=["remote", "not-an-image-type", "not-base64", "bad-padding", "bad-alphabet"])
+def test_an_image_url_that_is_not_a_base64_image_data_url_is_refused_without_calling_the_device(
+        gateway, device, people, url, code):
+    body = chat(messages=[{"role": "user", "content": [image_part(url)]}])
+    error = assert_openai_error(post(gateway, people["chatter"], body), 400, code, "invalid_request_error")
+    assert error["param"] == "messages"
+    assert device.requests == []
+
+
+@pytest.mark.parametrize("status, code", [(400, "model_lacks_media"), (415, "media_not_image"),
+                                          (400, "media_truncated"), (413, "media_too_many_pixels")])
+def test_the_devices_image_refusals_come_in_openais_shape(gateway, device, people, status, code):
+    device.answer(status, json.dumps({"error": {"code": code, "message": "image 1: no"}}).encode())
+    url = "data:image/png;base64," + base64.b64encode(PNG).decode()
+    body = chat(messages=[{"role": "user", "content": [image_part(url)]}])
+    error = assert_openai_error(post(gateway, people["chatter"], body), status, code, "invalid_request_error")
+    assert error["param"] == "messages" and error["message"] == "image 1: no"
 
 
 @pytest.mark.parametrize("field, value", [

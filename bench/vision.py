@@ -1,0 +1,124 @@
+"""Image encode + prefill time per image: the engine beside transformers eager
+(Idefics3ForConditionalGeneration), same weights, same image and prompt, in one run.
+
+    .venv/bin/python bench/vision.py                          # random weights of SmolVLM-256M's shapes
+    .venv/bin/python bench/vision.py --checkpoint DIR         # a SmolVLM checkpoint directory you have
+    .venv/bin/python bench/vision.py --longest-edge 1024      # images split into 2 x 2 tiles + global
+
+Without --checkpoint, a random checkpoint of SmolVLM-256M-Instruct's shapes (reference.SMOLVLM_256M:
+SigLIP 768 x 12 layers over 512-pixel tiles of 16-pixel patches, pixel shuffle by 4 to 64 tokens a
+tile, SmolLM2 576 x 30 layers) is written with transformers' save_pretrained and packed by `pack
+--vlm`'s code. --longest-edge sets the processor's size.longest_edge (SmolVLM's default 2048 makes
+every image up to 4 x 4 tiles plus the global view; 512 one tile), written into both.
+
+Per image, each side does all of it: decode the PNG, preprocess (resize, split, normalise), encode
+the tiles (vision tower + connector), build the prompt's ids and prefill it to the first token's
+logits. Engine: VisionTower.prepare, Tokenizer.encode_chat, submit and one step() (float32, its
+default CPU weights). transformers: Idefics3Processor (its Pillow image processor) and one forward
+of the model with attn_implementation="eager", logits of the last position only. Best of --repeats
+runs each, alternating, so both meet the same moments of a shared machine. The first tokens are
+compared too.
+"""
+import argparse
+import io
+import os
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[0] = ROOT  # not bench/: bench/http.py would shadow the standard library's http
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from gpu_worker.engine import Engine  # noqa: E402
+from gpu_worker.engine.reference import SMOLVLM_256M, transformers_vlm, write_random_idefics3  # noqa: E402
+from gpu_worker.pack import pack_vlm  # noqa: E402
+from gpu_worker.storage.runtime_file import RuntimeFile  # noqa: E402
+
+QUESTION = "Describe this picture in one sentence."
+
+
+def picture(width: int, height: int) -> bytes:
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    gradient = np.linspace(0, 255, width)[None, :, None] * np.ones((height, 1, 3))
+    pixels = np.clip(gradient + rng.normal(0, 40, (height, width, 3)), 0, 255).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(out, format="PNG")
+    return out.getvalue()
+
+
+def messages() -> list:
+    return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+
+
+def engine_once(engine: Engine, data: bytes, n: int) -> tuple[float, int, int]:
+    started = time.perf_counter()
+    prepared = engine.vision.prepare(data)  # type: ignore[union-attr]
+    ids = engine.tokenizer.encode_chat(messages(), images=[prepared.prompt])
+    engine.submit(f"bench-{n}", ids, max_new_tokens=1, images=[prepared])
+    [event] = engine.step()
+    return time.perf_counter() - started, event[1], len(ids)
+
+
+@torch.inference_mode()
+def transformers_once(model, processor, data: bytes) -> tuple[float, int, int]:
+    from PIL import Image
+    started = time.perf_counter()
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    text = processor.apply_chat_template(messages(), add_generation_prompt=True)
+    inputs = processor(text=text, images=[[image]], return_tensors="pt")
+    logits = model(**inputs, logits_to_keep=1).logits[0, -1]
+    return time.perf_counter() - started, int(logits.argmax()), inputs["input_ids"].shape[1]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", metavar="DIR", help="a SmolVLM (Idefics3) checkpoint directory")
+    parser.add_argument("--longest-edge", type=int, default=512,
+                        help="processor size.longest_edge for the random checkpoint (default 512: one tile)")
+    parser.add_argument("--image", default="640x480", help="WIDTHxHEIGHT of the test picture")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    width, height = (int(v) for v in args.image.split("x"))
+    data = picture(width, height)
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = args.checkpoint
+        if checkpoint is None:
+            checkpoint = os.path.join(tmp, "smolvlm-256m-random")
+            started = time.perf_counter()
+            write_random_idefics3(checkpoint, {**SMOLVLM_256M, "longest_edge": args.longest_edge})
+            print(f"random SmolVLM-256M checkpoint written in {time.perf_counter() - started:.1f} s", flush=True)
+        path = os.path.join(tmp, "vlm.aotxccir")
+        pack_vlm(path, checkpoint, with_embedding=False, progress=False)
+        from transformers import Idefics3ImageProcessorPil, Idefics3Processor
+        processor = Idefics3Processor.from_pretrained(
+            checkpoint, image_processor=Idefics3ImageProcessorPil.from_pretrained(checkpoint))
+        with RuntimeFile.open(path) as runtime:
+            engine = Engine(runtime, prefix_cache=False)
+            model = transformers_vlm(runtime, attn_implementation="eager")
+            ours, theirs = [], []
+            engine_once(engine, data, -1)  # warm-up, each side
+            transformers_once(model, processor, data)
+            for n in range(args.repeats):
+                ours.append(engine_once(engine, data, n))
+                theirs.append(transformers_once(model, processor, data))
+    tiles = engine.vision.prepare(data).tiles  # type: ignore[union-attr]
+    best_ours, best_theirs = min(t for t, _, _ in ours), min(t for t, _, _ in theirs)
+    same = all(a[1] == b[1] for a, b in zip(ours, theirs))
+    print(f"image {width}x{height}: {tiles} tiles, prompt of {ours[0][2]} tokens "
+          f"({theirs[0][2]} for transformers); {args.threads} threads; best of {args.repeats}")
+    print("| system | encode + prefill per image (s) | first token |")
+    print("|---|---:|---:|")
+    print(f"| engine | {best_ours:.3f} | {ours[0][1]} |")
+    print(f"| transformers eager | {best_theirs:.3f} | {theirs[0][1]} |")
+    print(f"speed-up {best_theirs / best_ours:.2f}x; first tokens equal: {same}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
