@@ -907,8 +907,8 @@ def _pack(args, capacity: dict | None, limits: dict | None, started: float) -> s
 
 
 def main(argv: list[str]) -> int:
-    os.umask(0o077)  # a runtime file's checkpoints hold the inputs' text: it is its owner's alone
     """`python -m gpu_worker pack ...`; argv holds the arguments after `pack`."""
+    os.umask(0o077)  # a runtime file's checkpoints hold the inputs' text: it is its owner's alone
     try:
         print(_run(_parser().parse_args(argv)))
     except SystemExit as exc:  # --help

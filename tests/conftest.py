@@ -84,6 +84,16 @@ def flock_held_elsewhere(path):
         holder.wait(30)
 
 
+@pytest.fixture(autouse=True)
+def _umask_kept():
+    """A command run in-process (pack's main sets umask 077, as the real command does) must not
+    change the file modes of the tests after it."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    yield
+    os.umask(umask)
+
+
 @pytest.fixture(scope="session")
 def tiny_runtime(tmp_path_factory):
     from gpu_worker.pack import pack_tiny
