@@ -11,7 +11,7 @@ the RIFF length of a WebP; else 400 `media_truncated`). Each image is charged th
 its output limit: an input whose images do not fit is refused 409 `images_exceed_page_limit`.
 Audio rows stay refused 409 `model_lacks_media` until a model declares audio (ops/inputs.check).
 
-Execution (`start`, from execution._embedded): on a helper thread, the bytes of each image row of
+Execution (`start`, once the input's memory is recalled and its turns gathered): on a helper thread, the bytes of each image row of
 the current input are read and checked against their digest, decoded, preprocessed and encoded
 (`VisionTower.prepare`), and the prompt is fitted with image parts in the input's message; then, on
 the tick thread, the engine gets the prompt with `images=`. An image whose full decoding fails
@@ -139,8 +139,9 @@ def prepare_prompt(d: Device, shas: list[str], text: str, messages: list[dict[st
 
 def start(d: Device, rrow: int, body: dict[str, Any], messages: list[dict[str, Any]], room: int,
           system: str | None, settings: dict[str, Any]) -> bool:
-    """From execution._embedded: when the input's images become model input, its prompt is built
-    with them on a helper thread (True); else nothing happens here (False)."""
+    """Once the input's memory is recalled (gpu_worker/execution.py): when the input's images
+    become model input, its prompt is built with them on a helper thread (True); else nothing
+    happens here (False)."""
     shas = image_rows(d, body)
     if not shas:
         return False

@@ -491,20 +491,11 @@ def _align(offset: int) -> int:
     return -(-offset // ALIGN) * ALIGN
 
 
-class _ExtentWriter:
-    """Appends aligned extents to an open file, hashing each one as it is written."""
-
-    def __init__(self, f: BinaryIO, end: int) -> None:
-        self.f = f
-        self.end = end
-        f.seek(end)
+class _Writer:
+    """Writes extents where `_put` places them, hashing each one as it is written."""
 
     def _put(self, raw: bytes | memoryview) -> tuple[int, int, str]:
-        offset = _align(self.end)
-        self.f.write(bytes(offset - self.end))
-        self.f.write(raw)
-        self.end = offset + len(raw)
-        return offset, len(raw), hashlib.sha256(raw).hexdigest()
+        raise NotImplementedError
 
     def put(self, name: str, kind: str, payload: Any) -> Component:
         raw, dtype, shape = _encode(name, kind, payload)
@@ -518,8 +509,23 @@ class _ExtentWriter:
         return offset, length, bytes.fromhex(digest)
 
 
-def _collect(writer: _ExtentWriter | _PlacedWriter,
-             components: Iterable[tuple[str, str, Any]]) -> dict[str, Component]:
+class _ExtentWriter(_Writer):
+    """Appends aligned extents to an open file."""
+
+    def __init__(self, f: BinaryIO, end: int) -> None:
+        self.f = f
+        self.end = end
+        f.seek(end)
+
+    def _put(self, raw: bytes | memoryview) -> tuple[int, int, str]:
+        offset = _align(self.end)
+        self.f.write(bytes(offset - self.end))
+        self.f.write(raw)
+        self.end = offset + len(raw)
+        return offset, len(raw), hashlib.sha256(raw).hexdigest()
+
+
+def _collect(writer: _Writer, components: Iterable[tuple[str, str, Any]]) -> dict[str, Component]:
     written: dict[str, Component] = {}
     for name, kind, payload in components:
         if name in written:
@@ -609,8 +615,8 @@ class _FreeSpace:
         return offset
 
 
-class _PlacedWriter:
-    """Writes each extent in place at the offset `_FreeSpace` gives it, hashing it as it goes."""
+class _PlacedWriter(_Writer):
+    """Writes each extent in place at the offset `_FreeSpace` gives it."""
 
     def __init__(self, out: RandomAccessFile, space: _FreeSpace) -> None:
         self.out = out
@@ -621,17 +627,6 @@ class _PlacedWriter:
         if len(raw):
             self.out.pwrite(raw, offset)
         return offset, len(raw), hashlib.sha256(raw).hexdigest()
-
-    def put(self, name: str, kind: str, payload: Any) -> Component:
-        raw, dtype, shape = _encode(name, kind, payload)
-        offset, length, digest = self._put(raw)
-        return Component(name, kind, offset, length, digest, dtype, shape)
-
-    def put_directory(self, components: dict[str, Component]) -> tuple[int, int, bytes]:
-        directory = {"schema": DIRECTORY_SCHEMA,
-                     "components": [components[name].to_json() for name in sorted(components)]}
-        offset, length, digest = self._put(canonical_json(directory))
-        return offset, length, bytes.fromhex(digest)
 
 
 def append(path: str | os.PathLike[str], components: Iterable[tuple[str, str, Any]], *,

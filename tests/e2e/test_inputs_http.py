@@ -24,15 +24,20 @@ def mutate(stack, token, path, fields):
             return refused.status, {"error": {"code": refused.code, "message": refused.message, **refused.details}}
 
 
+def conversation_of(stack):
+    """Device and gateway up, a registered writer with a space and a conversation: (token, con id)."""
+    token = stack.principal("writer")
+    stack.boot_device()
+    stack.serve()
+    assert mutate(stack, token, "/participant", {})[0] == 202
+    space = mutate(stack, token, "/spaces", {})[1]["target"]
+    return token, mutate(stack, token, f"/spaces/{space}/conversations", {})[1]["target"]
+
+
 def test_an_input_is_admitted_runs_and_reads_back(tiny_runtime, tmp_path):
     stack = Stack(tmp_path, tiny_runtime)
     try:
-        token = stack.principal("writer")
-        stack.boot_device()
-        stack.serve()
-        assert mutate(stack, token, "/participant", {})[0] == 202
-        space = mutate(stack, token, "/spaces", {})[1]["target"]
-        conversation = mutate(stack, token, f"/spaces/{space}/conversations", {})[1]["target"]
+        token, conversation = conversation_of(stack)
         status, receipt = mutate(stack, token, f"/conversations/{conversation}/inputs",
                                  {"text": "hello", "model": "tiny-llama", "max_output_tokens": 16})
         assert status == 202 and receipt["kind"] == "conversation.input", receipt
@@ -75,12 +80,7 @@ def test_a_deadline_exceeded_input_answers_504_on_its_result_and_on_its_event_st
     pack_tiny(runtime, shared=True, runtime_profile={"deadline_ms": 1})
     stack = Stack(tmp_path, runtime)
     try:
-        token = stack.principal("writer")
-        stack.boot_device()
-        stack.serve()
-        assert mutate(stack, token, "/participant", {})[0] == 202
-        space = mutate(stack, token, "/spaces", {})[1]["target"]
-        conversation = mutate(stack, token, f"/spaces/{space}/conversations", {})[1]["target"]
+        token, conversation = conversation_of(stack)
         _, receipt = mutate(stack, token, f"/conversations/{conversation}/inputs",
                             {"text": "too late", "model": "tiny-llama", "max_output_tokens": 16})
         operation = f"{BASE}/operations/{receipt['operation']}"

@@ -89,8 +89,8 @@ VALUES = st.recursive(st.none() | st.booleans() | st.integers(-2 ** 60, 2 ** 60)
        envelope_too=st.booleans())
 def test_any_object_with_an_unknown_key_on_any_mutation_route_is_400_unknown_field_never_5xx(
         gateway, device, people, path, unknown, envelope_too):
-    """Sent as JSON with `\\uXXXX` escapes (so lone surrogates arrive as such), with or without a
-    valid envelope beside them: always 400 `unknown_field` in the one error body, valid UTF-8,
+    """Sent as JSON with `\\u` escapes such as `\\ud800` (so lone surrogates arrive as such), with
+    or without a valid envelope beside them: always 400 `unknown_field` in the one error body, valid UTF-8,
     naming as many keys as were unknown, and nothing reaches the device."""
     body = {**(envelope() if envelope_too else {}), **unknown}
     raw = json.dumps(body, ensure_ascii=True).encode()
