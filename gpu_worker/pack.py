@@ -812,6 +812,18 @@ def pack_tiny(runtime_path, *, shared: bool = False, capacity: dict | None = Non
                   runtime_profile=runtime_profile, started=started, journal_limits=journal_limits)
 
 
+def pack_tiny_vlm(runtime_path, checkpoint_dir, *, shared: bool = False, seed: int = 0, name: str = "smolvlm-tiny",
+                  runtime_profile: dict | None = None) -> dict:
+    """pack_vlm's runtime over a random scaled-down SmolVLM checkpoint (engine/reference.TINY_VLM,
+    written into `checkpoint_dir` by transformers' save_pretrained) with the tiny embedding model:
+    images as model input in fast tests and in a stack booted for them."""
+    from .engine.reference import write_random_idefics3
+    started = time.monotonic()
+    write_random_idefics3(checkpoint_dir, seed=seed)
+    return _write(runtime_path, _chain(vlm_components(checkpoint_dir, name=name, progress=False), _tiny_embedding(seed)),
+                  shared=shared, capacity=None, runtime_profile=runtime_profile, started=started)
+
+
 # ---- command line -----------------------------------------------------------------------------
 
 class _UsageError(Exception):

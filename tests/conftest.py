@@ -102,6 +102,18 @@ def tiny_runtime(tmp_path_factory):
     return str(path)
 
 
+@pytest.fixture(scope="session")
+def tiny_vlm_runtime(tmp_path_factory):
+    """A shared runtime whose model takes images: a random scaled-down SmolVLM (pack.pack_tiny_vlm),
+    named "smolvlm-tiny", 64 KV pages."""
+    from gpu_worker.pack import pack_tiny_vlm
+    base = tmp_path_factory.mktemp("vlm")
+    path = base / "vlm.aotxccir"
+    pack_tiny_vlm(str(path), base / "smolvlm-tiny", shared=True,
+                  runtime_profile={"kv_pages": 64, "page_grant": 16, "deadline_ms": 60000})
+    return str(path)
+
+
 @pytest.fixture
 def principal_id():
     return secrets.token_hex(16)

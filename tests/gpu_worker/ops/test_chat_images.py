@@ -1,5 +1,5 @@
 """Image parts of an ordinary chat at the device (ops/chat.py, `chat.completions` with `images`): on
-the tiny VLM (tests/gpu_worker/ops/test_input_images.py's runtime) the answer is exactly the
+the tiny VLM (conftest's tiny_vlm_runtime) the answer is exactly the
 engine's own greedy answer for the same image and prompt; a text-only model refuses images
 (`model_lacks_media`); bytes that are no image, or a truncated one, are refused precisely before
 anything is tokenized or submitted."""
@@ -13,7 +13,7 @@ from gpu_worker.engine.engine import Engine
 from gpu_worker.pack import pack_tiny
 from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.engine.test_vision import picture, png
-from tests.gpu_worker.ops.test_input_images import MODEL, vlm_runtime  # noqa: F401 (a fixture)
+from tests.gpu_worker.ops.test_input_images import MODEL
 from tests.gpu_worker.ops.test_inputs import EngineWorld
 
 QUESTION = "What is in this picture?"
@@ -50,8 +50,8 @@ def refusal(frames):
 
 
 @pytest.fixture
-def vlm_world(vlm_runtime, tmp_path):  # noqa: F811
-    w = EngineWorld(vlm_runtime, tmp_path, ["a"])
+def vlm_world(tiny_vlm_runtime, tmp_path):
+    w = EngineWorld(tiny_vlm_runtime, tmp_path, ["a"])
     yield w
     w.device.runner.stop()
     w.device.close()

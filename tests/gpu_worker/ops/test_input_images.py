@@ -1,11 +1,10 @@
 """Images as input through the device (gpu_worker/images.py): a runtime packed from a random
-scaled-down SmolVLM checkpoint (tests/engine/test_vision.py's), an input with an uploaded image run
+scaled-down SmolVLM checkpoint (conftest.tiny_vlm_runtime), an input with an uploaded image run
 end to end against the engine's own answer for the same image and prompt, the precise refusals of
 bad image bytes at admission (nothing changes), and image tokens charged against the page limit."""
 import base64
 import hashlib
 import io
-import time
 
 import pytest
 import torch
@@ -13,30 +12,17 @@ from PIL import Image
 
 from gpu_worker import execution
 from gpu_worker.engine.engine import Engine
-from gpu_worker.engine.reference import write_random_idefics3
-from gpu_worker.pack import _chain, _tiny_embedding, _write, vlm_components
 from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.engine.test_vision import picture, png
 from tests.gpu_worker.ops.test_inputs import EngineWorld
 from tests.gpu_worker.ops.test_shared_state import code
 
-MODEL = "smolvlm-tiny"
-
-
-@pytest.fixture(scope="module")
-def vlm_runtime(tmp_path_factory):
-    checkpoint = tmp_path_factory.mktemp("vlm") / MODEL
-    write_random_idefics3(checkpoint)
-    path = str(tmp_path_factory.mktemp("vlm") / "vlm.aotxccir")
-    _write(path, _chain(vlm_components(checkpoint, name=MODEL, progress=False), _tiny_embedding(0)), shared=True,
-           capacity=None, runtime_profile={"kv_pages": 64, "page_grant": 16, "deadline_ms": 60000},
-           started=time.monotonic())
-    return path
+MODEL = "smolvlm-tiny"  # conftest.tiny_vlm_runtime's model
 
 
 @pytest.fixture
-def world(vlm_runtime, tmp_path):
-    w = EngineWorld(vlm_runtime, tmp_path, ["a", "b"])
+def world(tiny_vlm_runtime, tmp_path):
+    w = EngineWorld(tiny_vlm_runtime, tmp_path, ["a", "b"])
     yield w
     if w.device.runner is not None:
         w.device.runner.stop()
@@ -133,6 +119,49 @@ def test_bad_image_bytes_are_refused_precisely_and_change_nothing(world):
     status, receipt = say(world, conversation, "look", [{"type": "image", "sha256": sha}], max_output_tokens=2)
     assert status == 202 and receipt["sequence"] == before["next_sequence"]
     world.pump(world.finished("a", receipt["operation"]))
+
+
+def damaged_inside(data):
+    """A PNG whose header, size and end marker are whole but whose pixel data is damaged: the
+    admission's header and tail check passes it, only full decoding finds the damage."""
+    at = data.index(b"IDAT") + 4 + 20
+    return data[:at] + bytes(b ^ 0x5A for b in data[at:at + 32]) + data[at + 32:]
+
+
+def test_an_image_damaged_inside_fails_its_input_on_the_helper_thread_and_the_next_input_runs(world, monkeypatch):
+    """Admitted (the checks at admission read no pixel), then the decoding on the helper thread
+    fails: the input ends `failed` with a saved terminal, nothing reaches the engine, its pages are
+    given back, and the next input of the conversation runs."""
+    submitted = []
+    runner_submit = world.device.runner.submit
+
+    def recording(request_id, ids, **settings):
+        submitted.append(request_id)
+        runner_submit(request_id, ids, **settings)
+
+    monkeypatch.setattr(world.device.runner, "submit", recording)
+    _, conversation = world.conversation("a")
+    whole = png(picture(80, 60, seed=7))
+    bad = damaged_inside(whole)
+    from gpu_worker.engine.vision import MediaError, decode_image
+    with pytest.raises(MediaError):
+        decode_image(bad)
+    sha = upload(world, "a", bad)
+    status, receipt = say(world, conversation, "look", [{"type": "image", "sha256": sha}], max_output_tokens=4)
+    assert status == 202, receipt
+    world.pump(world.finished("a", receipt["operation"]))
+    done = world.read("a", "operations.get", operation=receipt["operation"])[1]
+    assert done["terminal"]["status"] == "failed" and done["terminal"]["saved"], done
+    assert done["result"]["output_tokens"] in (None, "0") and submitted == []
+    assert not world.device.executions.live
+    pool = world.device.runner.engine.pool
+    assert (pool.owned, pool.pending, pool.running, pool.waiting) == (0, 0, 0, 0)
+    status, receipt = say(world, conversation, "look again", [{"type": "image", "sha256": upload(world, "a", whole)}],
+                          max_output_tokens=2)
+    assert status == 202, receipt
+    world.pump(world.finished("a", receipt["operation"]))
+    assert world.read("a", "operations.get", operation=receipt["operation"])[1]["terminal"]["status"] == "succeeded"
+    assert len(submitted) == 1
 
 
 def test_image_tokens_count_in_the_page_limit(world):
