@@ -32,7 +32,6 @@ DEBUG = os.environ.get("AOTX_DEBUG") == "1"
 ALLOWED_HOSTS = os.environ.get("AOTX_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver").split(",")
 
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",

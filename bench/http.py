@@ -287,6 +287,24 @@ def pg_admin(sql, database="postgres"):
         conn.execute(sql)
 
 
+GATEWAY_POOL = 32  # the gateway's psycopg pool per process, at most (aotx_site/settings.py)
+PG_RESERVE = 10    # connections kept for the DRF baseline, the bench's own and PostgreSQL's
+
+
+def fastapi_pool(workers, clients_max):
+    """asyncpg connections per FastAPI worker: the clients' share of each worker, within what
+    PostgreSQL's max_connections leaves once the gateway's workers could hold their whole pools
+    (all systems run at once) and PG_RESERVE; at most 40, at least 4. With 2 workers and 256
+    clients the earlier 40 a worker, beside the gateway's pools, ran PostgreSQL out of connections."""
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+        max_connections = int(conn.execute("SHOW max_connections").fetchone()[0])
+    room = (max_connections - PG_RESERVE - GATEWAY_POOL * workers) // workers
+    size = max(4, min(40, clients_max // workers, room))
+    print(f"fastapi: asyncpg pool of {size} a worker x {workers} (PostgreSQL max_connections {max_connections}, "
+          f"gateway pools {GATEWAY_POOL} x {workers}, reserve {PG_RESERVE})", file=sys.stderr, flush=True)
+    return size
+
+
 def listening(server, port, what):
     if server.proc.poll() is not None:
         raise BenchError(f"{what} exited: {server.output()[-2000:]}")
@@ -298,10 +316,11 @@ def listening(server, port, what):
 
 
 def uvicorn_server(base, name, app, port, workers, env):
-    """`app` under the gateway's server settings (shared_api/server.py), `workers` processes."""
+    """`app` under the gateway's server settings (shared_api/server.py: its protocol, uvloop, no
+    lifespan, proxy headers off as the gateway has them), `workers` processes."""
     args = [PYTHON, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
             "--http", "shared_api.server:GatewayProtocol", "--loop", "uvloop", "--lifespan", "off",
-            "--no-server-header", "--timeout-keep-alive", "15"]
+            "--no-server-header", "--no-proxy-headers", "--timeout-keep-alive", "15"]
     server = Process(args, env, base / f"{name}.log")
     wait_for(lambda: listening(server, port, name), 60, what=f"{name} port")
     return server
@@ -352,8 +371,8 @@ def check_idempotence(port, identity, path):
 def fastapi_system(base, args, clients_max):
     from bench.fastapi_baseline.app import PREFIX, TABLES
     port = free_port()
-    env = dict(os.environ, BASELINE_PG=f"{PG}/{FASTAPI_DB}", BASELINE_TABLE_PREFIX=PREFIX,
-               BASELINE_POOL=str(max(8, min(40, clients_max // args.workers))))  # under max_connections (100)
+    size = fastapi_pool(args.workers, clients_max)
+    env = dict(os.environ, BASELINE_PG=f"{PG}/{FASTAPI_DB}", BASELINE_TABLE_PREFIX=PREFIX, BASELINE_POOL=str(size))
     identities = [Identity("base_" + secrets.token_urlsafe(32), secrets.token_hex(16), 1) for _ in range(clients_max)]
     drop = f"DROP TABLE IF EXISTS {PREFIX}_tokens, {PREFIX}_operations"
     pg_admin(drop, FASTAPI_DB)

@@ -6,7 +6,7 @@ hostile pattern, on one stack.
 Setup: tests.harness.Stack — the real device on a tiny runtime packed with room for the run
 (receipts, conversations, spaces), `manage.py serve` in front. Principals: `normal` (the measured
 client: every quota and rate `unlimited`, as an operator would set a trusted client whose closed
-loop makes ~800 requests and ~50,000 conversations a minute, past any fair share) and one hostile
+loop makes ~800 requests a second, past any fair share) and one hostile
 principal per pattern (`hostile-chat-prompts` has only `chat`, as in the attack), each under
 HOSTILE_QUOTAS, as an operator would set an untrusted tenant; with --default-principals, as
 `principal create` makes them without --quota: every quota and rate its default (docs/grants.md,
@@ -14,10 +14,13 @@ HOSTILE_QUOTAS, as an operator would set an untrusted tenant; with --default-pri
 
 The normal client (this process, one asyncio loop, an aotx_client AsyncClient each for reads and
 mutations, so sequences and lineage are the SDK's; it counts refusals rather than retrying them) runs
-a closed loop of `GET /participant` (read) and `POST /spaces/{spc}/conversations`
-(mutation, its own sequences) for --seconds per phase, and posts one input a second
+a closed loop of `GET /participant` (read) and `POST /spaces/{spc}/conversations` then `POST
+/conversations/{con}/deletion` of what it made (mutations, its own sequences) for --seconds per
+phase, and posts one input a second
 (`max_output_tokens` 8) whose terminal status it reads afterwards: an input "on time" ended
-`succeeded`, not `deadline_exceeded`. The hostile load runs in another process
+`succeeded`, not `deadline_exceeded`. After each phase it retires every receipt it made, so its
+conversations and receipts never fill a table however long the run. A request of its that fails
+(any refusal: it has no quotas) is counted, and enters the percentiles as never answered. The hostile load runs in another process
 (`--hostile PATTERN`), started before the phase and killed after:
 
   bodies        4 connections at a time POST 1 GiB bodies with no token (zeros, as fast as the
@@ -35,7 +38,7 @@ Reported per phase: the normal client's read and mutation p50/p99 (ms) and their
 client alone just before that pattern (measured again before each pattern, after the previous one
 drained: this machine's speed drifts by 1.3-1.5x over minutes), its inputs on time, and the
 gateway's peak RSS over its RSS at the phase's start (all of the gateway's processes, /proc). Goal (issue "hostile neighbours"): p99 within 2x of alone,
-every input on time, RSS within +100 MiB.
+every input on time, RSS within +100 MiB, and no failed request of the normal client (the verdict line).
 """
 import os
 import sys
@@ -226,6 +229,9 @@ def rss_bytes(root_pid: int) -> int:
     return total
 
 
+FAILED = float("inf")  # a failed request's latency in the percentiles: it never got its answer
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -265,8 +271,20 @@ async def normal_phase(port: int, token: str, seconds: float, gateway_pid: int, 
                     await reads.participant()
                 except (ApiError, GaveUp) as exc:
                     count(f"read {failure(exc)}")
+                    read_ms.append(FAILED)
                     continue
                 read_ms.append((time.perf_counter() - t) * 1e3)
+
+        async def write(path: str) -> dict | None:
+            t = time.perf_counter()
+            try:
+                receipt = await writes.mutate(path, {})
+            except (ApiError, GaveUp) as exc:
+                count(f"write {failure(exc)}")
+                write_ms.append(FAILED)
+                return None
+            write_ms.append((time.perf_counter() - t) * 1e3)
+            return receipt
 
         async def write_loop() -> None:
             next_input = time.monotonic()
@@ -280,13 +298,11 @@ async def normal_phase(port: int, token: str, seconds: float, gateway_pid: int, 
                         continue
                     inputs.append(receipt["operation"])
                     continue
-                t = time.perf_counter()
-                try:
-                    await writes.create_conversation(space)
-                except (ApiError, GaveUp) as exc:
-                    count(f"write {failure(exc)}")
-                    continue
-                write_ms.append((time.perf_counter() - t) * 1e3)
+                # a conversation made, then deleted: the retirement after the phase gives its row
+                # and both receipts back, so a long run never fills a table
+                made = await write(f"/spaces/{space}/conversations")
+                if made is not None:
+                    await write(f"/conversations/{made['target']}/deletion")
 
         async def rss_loop() -> None:
             nonlocal peak_rss
@@ -314,6 +330,10 @@ async def normal_phase(port: int, token: str, seconds: float, gateway_pid: int, 
                     break
                 await asyncio.sleep(0.1)
             on_time += status == "succeeded"
+        try:  # every receipt of the phase retired (each is terminal now): the tables stay as they were
+            await writes.retire(int((await writes.participant())["next_sequence"]))
+        except (ApiError, GaveUp) as exc:
+            count(f"retirement {failure(exc)}")
         return {"read": (pct(read_ms, 0.5), pct(read_ms, 0.99), len(read_ms)),
                 "write": (pct(write_ms, 0.5), pct(write_ms, 0.99), len(write_ms)),
                 "inputs": (on_time, len(inputs)), "rss_mib": (peak_rss - start_rss) / (1 << 20), "errors": errors}
@@ -409,6 +429,12 @@ def main() -> None:
         print(f"{name:<14} {r50:>9.1f} {r99:>9.1f} {r99 / a99:>5.2f}x {w50:>10.1f} {w99:>10.1f} {w99 / b99:>5.2f}x"
               f" {f'{a99:.1f} / {b99:.1f}':>13} {ok:>5}/{total:<4} {r['rss_mib']:>9.1f}  "
               f"{json.dumps(r['errors']) if r['errors'] else ''}")
+    failures = sum(sum(r["errors"].values()) for _, r, _ in rows)
+    late = [name for name, r, alone in rows[1:] if r["read"][1] > 2 * alone["read"][1]
+            or r["write"][1] > 2 * alone["write"][1] or r["inputs"][0] < r["inputs"][1] or r["rss_mib"] > 100]
+    print(f"verdict: {'met' if not late and not failures else 'NOT met'} — patterns past 2x of alone, an input "
+          f"late or RSS past +100 MiB: {', '.join(late) or 'none'}; failed requests of the normal client: {failures} "
+          f"(each counted in its percentiles as never answered)")
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ SAVE_COLUMNS = ((R.ADM_TRANSFER, R.ADM_BOOT, R.ADM_GENERATION, R.ADM_SOURCE),
 assert all(cols == tuple(range(cols[0], cols[0] + 4)) for cols in SAVE_COLUMNS)
 assert SAVE_COLUMNS[1][0] == SAVE_COLUMNS[0][0] + 4
 ADMISSION_ONLY, ADMISSION_AND_TERMINAL = (0,), (0, 1)
-# Plain ints for the per-request path (an IntEnum member read costs ~80 ns on Python 3.11).
+# Plain ints for the per-request path: an IntEnum member read is slow on Python 3.11 (docs/performance.md).
 _REGISTER, _RETIREMENT, _CANCELLATION = int(Kind.PARTICIPANT_REGISTER), int(Kind.RETIREMENT), int(Kind.CANCELLATION)
 _SUCCEEDED, _JOURNAL = int(Terminal.SUCCEEDED), int(Source.JOURNAL)
 _ADMISSION_TRANSFER = int(TransferKind.ADMISSION)

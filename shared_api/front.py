@@ -466,8 +466,8 @@ class Front:
     async def openai(self, scope: Scope, receive: Receive, send: Send, view: Callable[..., Awaitable[Any]]) -> None:
         """/v1/chat/completions and the rest: their async views, run here on a plain HttpRequest,
         without Django's handler and middleware. Those cost a thread per request (the handler's
-        ThreadSensitiveContext and the sync middlewares' hops): a tenant looping on 429 took the
-        other tenants' reads from 2 ms to 27 ms p50 (docs/performance.md, "Hostile neighbours").
+        ThreadSensitiveContext and the sync middlewares' hops), and a tenant looping on 429 slowed
+        the other tenants' reads (docs/performance.md, "Hostile neighbours").
         Refused from the headers as the guard refuses (401, 413), bodies bounded and timed. A
         client that disconnects before its answer is ready cancels the view (`_unless_gone`), and
         one that disconnects from a stream cancels its generator: either way a chat stops."""

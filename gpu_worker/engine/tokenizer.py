@@ -76,7 +76,8 @@ def compile_chat_template(template: str) -> jinja2.Template:
 def _ids(tokenizer: _HFTokenizer, text: str, add_special_tokens: bool) -> list[int]:
     """`tokenizer.encode(text).ids`, through encode_batch: the same ids, but encode_batch lets go
     of the GIL while it works and encode does not. The device tokenizes on helper threads; with
-    encode, a 1 MB prompt held the GIL — and so the tick thread — for its whole 2.5 s."""
+    encode, a large prompt held the GIL — and so the tick thread — for its whole tokenization
+    (docs/performance.md, "Figures behind the code")."""
     ids: list[int] = tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
     return ids
 

@@ -1,8 +1,8 @@
 """The authoritative shared-state tables: fixed-capacity torch tensors on the device.
 
 Rows are int64 columns numbered by the plain classes P, S, M, C and R below (plain ints, not
-IntEnums: on Python 3.11 an IntEnum member costs ~80 ns per attribute read and more as an index,
-and a busy device makes dozens of column accesses per request); 16-byte identifiers are stored as
+IntEnums: on Python 3.11 an IntEnum member is slow to read and slower as an index, and a busy device
+makes dozens of column accesses per request; docs/performance.md); 16-byte identifiers are stored as
 two signed int64 halves. Host-side dicts in the device only index IDs to rows; every value a reply
 shows is read back from these tensors. Capacities come from the runtime file's shared profile.
 """
@@ -186,8 +186,8 @@ class Tables:
         self.result_bytes = torch.zeros((n_rec, capacities["result_bytes"]), **u8)
         # each conversation's retired turns, what its context keeps once receipts go (ops/history.py)
         self.history = torch.zeros((capacities["conversations"], capacities["history_bytes"]), **u8)
-        # On the CPU, flat memoryviews share the tensors' memory: a scalar read or write costs
-        # ~30 ns, against microseconds for a torch dispatch and ~150 ns for a numpy element.
+        # On the CPU, flat memoryviews share the tensors' memory: a scalar read or write through one
+        # is far cheaper than a torch dispatch or a numpy element (docs/performance.md).
         # id(table) -> (element view, columns, byte view)
         self._flat: dict[int, tuple[Any, int, memoryview]] | None = None
         if self.device.type == "cpu":
