@@ -4,7 +4,7 @@
 # requests beside transformers generate and generate_batch). Logs land in $OUT.
 #
 # The device image has torch, transformers, tokenizers, msgpack, safetensors, pytest and
-# pytest-timeout, but not gguf (pack.py imports it). Before the run, here, in the repo's root:
+# pytest-timeout, but not gguf (gpu_worker/pack/gguf.py imports it). Before the run, here, in the repo's root:
 #
 #   grep -qx '/.whl/' .git/info/exclude || echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -159,7 +159,7 @@ def write_random_idefics3(model_dir: Any, shapes: dict[str, Any] = TINY_VLM, see
                               Idefics3Processor, PreTrainedTokenizerFast)
     from tokenizers import AddedToken
 
-    from gpu_worker.pack import tiny_tokenizer
+    from gpu_worker.pack.tiny import tiny_tokenizer
 
     tok = tiny_tokenizer()
     specials = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]
