@@ -34,6 +34,7 @@ import threading  # noqa: E402
 import time  # noqa: E402
 import urllib.request  # noqa: E402
 
+from bench.build_info import describe  # noqa: E402
 from gpu_worker import pack  # noqa: E402
 from gpu_worker.engine import Engine  # noqa: E402
 from gpu_worker.storage.runtime_file import RuntimeFile  # noqa: E402
@@ -160,6 +161,7 @@ def main() -> None:
         same = reuse_out == plain_out
         llama = None
         if args.llama_server and os.path.exists(args.llama_server):
+            print(f"llama-server: {describe(args.llama_server)}", flush=True)
             llama = llama_turns(args.llama_server, gguf, reuse_out,
                                 prompts_of(warm, reuse_out, conversations, args.turns), args.new_tokens,
                                 conversations)

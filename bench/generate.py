@@ -46,6 +46,7 @@ sys.path[0] = str(ROOT)  # not bench/: bench/http.py would shadow the standard l
 
 import torch  # noqa: E402
 
+from bench.build_info import describe  # noqa: E402
 from gpu_worker import pack
 from gpu_worker.storage import runtime_file  # noqa: E402
 from gpu_worker.engine import Engine  # noqa: E402
@@ -226,6 +227,7 @@ def main(argv=None):
             bf16 = Engine(runtime, device=args.device, cpu_weights="bf16", prefix_cache=False)
         gguf = None
         if args.llama_batched_bench:
+            print(f"llama.cpp: {describe(args.llama_batched_bench)}", flush=True)
             if args.random_weights or args.runtime or device.type != "cpu":
                 parser.error("--llama-batched-bench compares on the CPU with the default runtime's GGUF")
             module, distribution, filename = pack.DEFAULT_GGUF
