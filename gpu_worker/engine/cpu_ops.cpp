@@ -45,8 +45,8 @@ namespace {
 constexpr int64_t kRowsPerChunk = 32;  // weight rows reused across blocks of 8 activation rows
 constexpr int64_t kBlock = 32;  // weights per quantized block (linear_q4, linear_q8)
 // Weights are read as one stream (rows are contiguous and taken in order); asking for the bytes 1 KiB
-// ahead keeps more cache misses in flight than the hardware prefetcher alone: -25% time per decode
-// step at 8 rows on the development machine.
+// ahead keeps more cache misses in flight than the hardware prefetcher alone (docs/performance.md,
+// "Figures behind the code").
 constexpr int64_t kPrefetchAhead = 512;  // bfloat16 elements
 
 inline __m256 widen8(const uint16_t* p) {
@@ -163,8 +163,8 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& w) {
   return y;
 }
 
-// rms_norm: a decode step normalises a few rows of 576 values 61 times; the composite PyTorch op costs
-// ~60 us a call on the development machine (five dispatched kernels), this one a few.
+// rms_norm: a decode step normalises a few rows of 576 values 61 times; the composite PyTorch op
+// dispatches five kernels a call, this one none (docs/performance.md, "Figures behind the code").
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && w.dim() == 1 &&
                   x.size(-1) == w.size(0) && x.is_contiguous() && w.is_contiguous() && x.device().is_cpu(),
@@ -508,8 +508,7 @@ constexpr int64_t kTileRows = 4;
 // y [M, 8 * groups] = x @ w.T over a packed weight: runs of groups split across the intra-op threads, each
 // run's weight rows reused from cache for every tile of activation rows. Two groups a run from three rows
 // on; one for one or two rows, where the product is bound by reading the weights and a run of several
-// groups reads as several streams at once (the output head at one row, cold: 1.1-1.5 ms in runs of one
-// group, 1.6-2.1 ms in runs of two or four)
+// groups reads as several streams at once, which is slower (docs/performance.md, "Packed weight rows")
 template <class Pack>
 at::Tensor packed_linear(const at::Tensor& x, const Pack& wp) {
   const int64_t M = x.size(0), N = 8 * wp.groups;
@@ -658,7 +657,7 @@ at::Tensor round_activations(const at::Tensor& x) {
 
 // The float32 weight [8 * groups, K] a packed one holds: for products of many rows (prefill), which are
 // bound by arithmetic, where MKL's cache-blocked sgemm on the widened weight beats dequantizing every
-// block again for each tile of rows (1.84 s against ~0.9 s for a 512-token prefill of SmolLM2-135M).
+// block again for each tile of rows (docs/performance.md, "Figures behind the code").
 template <class Pack>
 at::Tensor packed_dequantize(const Pack& wp, const at::TensorOptions& options) {
   const int64_t N = 8 * wp.groups, K = wp.blocks * kBlock;
@@ -835,7 +834,7 @@ inline void offer(std::vector<Hit>& heap, int64_t k, Hit hit) {
 // Rows r with visibility[owners[r]] true (owner number 0, a free row, and numbers outside the table never)
 // are scored by embeddings[r] . query; the k best come back best first, padded with -inf and -1.
 // One thread, as FAISS scans for a single query: split across two busy cores the scan waited for the
-// second thread's wake-up (7.8 ms against 0.7 ms serial for 100,000 rows; docs/performance.md).
+// second thread's wake-up (docs/performance.md, "Memory: recall and embeddings").
 std::tuple<at::Tensor, at::Tensor> masked_top_k(const at::Tensor& embeddings, const at::Tensor& owners,
                                                 const at::Tensor& visibility, const at::Tensor& query, int64_t k) {
   TORCH_CHECK(embeddings.dim() == 2 && embeddings.scalar_type() == at::kFloat && embeddings.is_contiguous(),
@@ -889,8 +888,8 @@ std::tuple<at::Tensor, at::Tensor> masked_top_k(const at::Tensor& embeddings, co
 // ---- decode_layers: a decode step's layers in one call ---------------------------------------------
 //
 // model.Llama's layer loop for one decode step (one query a row), with the operators above in the same
-// order, so the result is the Python loop's to the bit: the loop's interpreter and dispatch cost about
-// 40 us a layer (some fifteen calls, views and shape checks), a sixth of a one-request step of SmolLM2.
+// order, so the result is the Python loop's to the bit, without the loop's interpreter and dispatch
+// (some fifteen calls, views and shape checks a layer; docs/performance.md, "Figures behind the code").
 
 // y = x @ w.T for a weight as model.Linear keeps it for these kernels: uint8 codes (Q4_1) with float16
 // scales and mins, int8 codes (Q8_0) with float32 scales, or bfloat16 (scales unused)
