@@ -11,8 +11,7 @@
 //   rms_norm(x, w, eps)      x * rsqrt(mean(x^2) + eps) * w over the last dimension, float32
 //   paged_decode_attention   one query per row attending over its keys in the paged KV pool
 //   decode_layers            every layer of a decode step in one call, with the operators above
-//   masked_top_k             memory recall: the k best inner products with one query over the rows a
-//                            visibility table admits (gpu_worker/memory/recall.py)
+//   (masked_top_k, memory recall's scan, is in recall_scan.cpp, built into the same library)
 //
 // linear_bf16. The runtime file stores the model's weights in bfloat16. Widening a bfloat16 to float32 is exact (a
 // 16-bit shift), so computing with the stored bfloat16 weights and float32 activations gives the same
@@ -31,6 +30,8 @@
 #include <ATen/ops/zeros.h>
 #include <immintrin.h>
 #include <torch/library.h>
+
+#include "simd.h"
 
 #include <algorithm>
 #include <cmath>
@@ -52,13 +53,6 @@ constexpr int64_t kPrefetchAhead = 512;  // bfloat16 elements
 inline __m256 widen8(const uint16_t* p) {
   __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 // the eight sums of eight vectors, in order: [sum(v[0]), ..., sum(v[7])]
@@ -789,102 +783,6 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 
 }  // namespace
 
-namespace {
-
-// a . b with four independent accumulators: a recall scan is one dot per row, and a single chain of
-// fused multiply-adds would wait on its own latency instead of on memory.
-inline float dot4(const float* a, const float* b, int64_t n) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
-         acc3 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-    acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), acc2);
-    acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), acc3);
-  }
-  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-  float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-  for (; i < n; i++) sum += a[i] * b[i];
-  return sum;
-}
-
-struct Hit {
-  float score;
-  int64_t row;
-};
-
-// a ranks before b: higher score, then the lower row (so equal scores come out in row order)
-inline bool better(const Hit& a, const Hit& b) { return a.score > b.score || (a.score == b.score && a.row < b.row); }
-
-// keeps the k best hits seen; with `better` as the heap order, front() is the worst of them
-inline void offer(std::vector<Hit>& heap, int64_t k, Hit hit) {
-  if (static_cast<int64_t>(heap.size()) < k) {
-    heap.push_back(hit);
-    std::push_heap(heap.begin(), heap.end(), better);
-  } else if (better(hit, heap.front())) {
-    std::pop_heap(heap.begin(), heap.end(), better);
-    heap.back() = hit;
-    std::push_heap(heap.begin(), heap.end(), better);
-  }
-}
-
-}  // namespace
-
-// Rows r with visibility[owners[r]] true (owner number 0, a free row, and numbers outside the table never)
-// are scored by embeddings[r] . query; the k best come back best first, padded with -inf and -1.
-// One thread, as FAISS scans for a single query: split across two busy cores the scan waited for the
-// second thread's wake-up (docs/performance.md, "Memory: recall and embeddings").
-std::tuple<at::Tensor, at::Tensor> masked_top_k(const at::Tensor& embeddings, const at::Tensor& owners,
-                                                const at::Tensor& visibility, const at::Tensor& query, int64_t k) {
-  TORCH_CHECK(embeddings.dim() == 2 && embeddings.scalar_type() == at::kFloat && embeddings.is_contiguous(),
-              "embeddings: contiguous float32 [N, D]");
-  TORCH_CHECK(owners.dim() == 1 && owners.scalar_type() == at::kLong && owners.is_contiguous() &&
-                  owners.size(0) == embeddings.size(0), "owners: contiguous int64 [N]");
-  TORCH_CHECK(visibility.dim() == 1 && visibility.scalar_type() == at::kBool && visibility.is_contiguous(),
-              "visibility: contiguous bool [V]");
-  TORCH_CHECK(query.dim() == 1 && query.scalar_type() == at::kFloat && query.is_contiguous() &&
-                  query.size(0) == embeddings.size(1), "query: contiguous float32 [D]");
-  TORCH_CHECK(k > 0, "k must be positive");
-  const int64_t n = embeddings.size(0), d = embeddings.size(1), v = visibility.size(0);
-  const float* e = embeddings.data_ptr<float>();
-  const float* q = query.data_ptr<float>();
-  const int64_t* own = owners.data_ptr<int64_t>();
-  const bool* vis = visibility.data_ptr<bool>();
-  std::vector<Hit> best;
-  best.reserve(k);
-  auto visible = [&](int64_t r) {
-    const uint64_t o = static_cast<uint64_t>(own[r]);
-    return o != 0 && o < static_cast<uint64_t>(v) && vis[o];  // 0: a free row
-  };
-  // the next visible row is found first and, when rows were skipped to reach it, its bytes are
-  // requested while this one is scored: with rows skipped at random the hardware prefetcher alone
-  // left the scan waiting on memory (a run of consecutive rows it follows by itself)
-  int64_t r = 0;
-  while (r < n && !visible(r)) r++;
-  while (r < n) {
-    int64_t next = r + 1;
-    while (next < n && !visible(next)) next++;
-    if (next < n && next > r + 1) {
-      const char* p = reinterpret_cast<const char*>(e + next * d);
-      for (int64_t b = 0; b < d * static_cast<int64_t>(sizeof(float)); b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
-    }
-    offer(best, k, Hit{dot4(e + r * d, q, d), r});
-    r = next;
-  }
-  std::sort(best.begin(), best.end(), better);
-  at::Tensor scores = at::empty({k}, query.options());
-  at::Tensor rows = at::empty({k}, owners.options());
-  float* s = scores.data_ptr<float>();
-  int64_t* out = rows.data_ptr<int64_t>();
-  for (int64_t i = 0; i < k; i++) {
-    const bool have = i < static_cast<int64_t>(best.size());
-    s[i] = have ? best[i].score : -std::numeric_limits<float>::infinity();
-    out[i] = have ? best[i].row : -1;
-  }
-  return {scores, rows};
-}
-
 // ---- decode_layers: a decode step's layers in one call ---------------------------------------------
 //
 // model.Llama's layer loop for one decode step (one query a row), with the operators above in the same
@@ -950,6 +848,4 @@ TORCH_LIBRARY(aotx_cpu, m) {
   m.def("decode_layers(Tensor x, Tensor h, Tensor[] weights, Tensor[] scales, Tensor[] norms, Tensor(a!)[] k_pools, "
         "Tensor(b!)[] v_pools, Tensor cos, Tensor sin, Tensor positions, Tensor slots, Tensor block_tables, "
         "Tensor lengths, int page_size, float scale, int heads, int kv_heads, float eps) -> Tensor", &decode_layers);
-  m.def("masked_top_k(Tensor embeddings, Tensor owners, Tensor visibility, Tensor query, int k) -> (Tensor, Tensor)",
-        &masked_top_k);
 }

@@ -1,6 +1,6 @@
 """The engine's CPU operators (cpu_ops.cpp): `torch.ops.aotx_cpu.linear_bf16`, `linear_q4`,
 `linear_q8` (and their `dequantize_*`), `rms_norm`, `add_rms_norm`, `rope_write_kv`, `silu_mul`,
-`paged_decode_attention` and memory recall's `masked_top_k`.
+`paged_decode_attention`, and memory recall's `masked_top_k` (recall_scan.cpp), one library.
 
 `ops()` returns `torch.ops.aotx_cpu`, building the extension first when this virtualenv has no
 build of the current source (about 30 s, once; `make setup` does it). It is None where the CPU
@@ -23,7 +23,10 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("cpu_ops.cpp")
+HERE = Path(__file__).parent
+# the library's sources (the operators, memory recall's scan) and the header they share
+SOURCES = [HERE / "cpu_ops.cpp", HERE / "recall_scan.cpp"]
+HEADERS = [HERE / "simd.h"]
 log = logging.getLogger("gpu_worker.engine")
 
 
@@ -31,7 +34,7 @@ def build_directory() -> Path:
     """Per virtualenv (the build is tied to its torch), else under the user's cache; one directory
     per version of the source, so checkouts of different versions sharing a virtualenv never
     rebuild over each other's extension."""
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in SOURCES + HEADERS)).hexdigest()[:16]
     prefix = Path(sys.prefix) / "aotx-build" / "cpu_ops" / digest
     try:
         prefix.mkdir(parents=True, exist_ok=True)
@@ -51,7 +54,7 @@ def ops() -> torch._ops._OpNamespace | None:
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
         # -fopenmp: at::parallel_for is OpenMP code in the headers; the library then binds to the
         # libgomp.so.1 torch has already loaded, so both share one thread pool
-        load("aotx_cpu_ops", [str(SOURCE)], extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"],
+        load("aotx_cpu_ops", [str(path) for path in SOURCES], extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"],
              extra_ldflags=["-fopenmp"], build_directory=str(build_directory()), is_python_module=False)
     except Exception as exc:  # no compiler, no ninja: PyTorch's operators still serve
         log.warning("CPU operators unavailable (%s); using PyTorch's with float32 weights", exc)

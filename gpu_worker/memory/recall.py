@@ -9,7 +9,7 @@ gather turns it into the row mask. A free row is never recalled whatever the tab
 number past the table is invisible to the native scan and an IndexError in torch. Then:
 
 - on the CPU, one query at a time goes to the native scan `aotx_cpu.masked_top_k`
-  (engine/cpu_ops.cpp): a pass over the owner column that scores only the visible rows and keeps
+  (engine/recall_scan.cpp): a pass over the owner column that scores only the visible rows and keeps
   the k best per thread, without materialising a mask or a score per row;
 - otherwise (a GPU, a batch of queries, or no native operators), when few rows are visible (at
   most `GATHER_FRACTION` of the table) only those rows are scored (index_select + matmul: work

@@ -1,6 +1,7 @@
-"""Builds and loads the device's native code, plain CPython extensions (one per source file):
+"""Builds and loads the device's native code, plain CPython extensions (one per module, from its
+source files and the headers they share):
 
-- `sockio` (sockio.cpp): the native I/O threads, the socket loop and the tick I/O;
+- `sockio` (sockio.cpp and tick_io.cpp): the native I/O threads, the socket loop and the tick I/O;
 - `jcodec` (jcodec.cpp): journal records encoded from a transfer (header, checksum, data);
 - `stacks` (stacks.cpp): every thread's native stack, for the stall watchdog (loop/watchdog.py).
 
@@ -28,9 +29,10 @@ from types import ModuleType
 
 HERE = Path(__file__).parent
 FLAGS = ["-O2", "-std=c++17", "-shared", "-fPIC", "-pthread", "-Wall"]
-# name -> libraries to link (zlib's headers come with the Python headers on Debian: libpython3.x-dev
-# depends on zlib1g-dev)
-MODULES: dict[str, list[str]] = {"sockio": [], "jcodec": ["-lz"], "stacks": []}
+# name -> (its source files, the libraries to link); zlib's headers come with the Python headers on
+# Debian (libpython3.x-dev depends on zlib1g-dev)
+MODULES: dict[str, tuple[list[str], list[str]]] = {"sockio": (["sockio.cpp", "tick_io.cpp"], []),
+                                                   "jcodec": (["jcodec.cpp"], ["-lz"]), "stacks": (["stacks.cpp"], [])}
 
 
 class BuildError(RuntimeError):
@@ -50,26 +52,28 @@ def build_directory() -> Path:
 
 def build(name: str) -> Path:
     """The built extension for the current source, flags and Python headers (named by their hash)."""
-    source = HERE / f"{name}.cpp"
-    libs = MODULES[name]
+    files, libs = MODULES[name]
+    sources = [HERE / file for file in files]
     include = sysconfig.get_paths()["include"]
-    digest = hashlib.sha256(source.read_bytes() + " ".join(FLAGS + libs + [include]).encode()).hexdigest()[:16]
+    text = b"".join(path.read_bytes() for path in sources + sorted(HERE.glob("*.h")))
+    digest = hashlib.sha256(text + " ".join(FLAGS + libs + [include]).encode()).hexdigest()[:16]
+    what = ", ".join(f"gpu_worker/native/{file}" for file in files)
     target = build_directory() / f"aotx_{name}-{digest}{sysconfig.get_config_var('EXT_SUFFIX')}"
     if target.exists():
         return target
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if compiler is None:
-        raise BuildError(f"the device needs a C++ compiler (g++) to build gpu_worker/native/{name}.cpp")
+        raise BuildError(f"the device needs a C++ compiler (g++) to build {what}")
     if not os.path.exists(os.path.join(include, "Python.h")):
-        raise BuildError(f"the device needs the Python headers to build gpu_worker/native/{name}.cpp "
+        raise BuildError(f"the device needs the Python headers to build {what} "
                          f"({include}/Python.h is missing)")
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so")  # concurrent builds: each renames its own
     os.close(fd)
     try:
-        done = subprocess.run([compiler, *FLAGS, f"-I{include}", str(source), "-o", tmp, *libs],
+        done = subprocess.run([compiler, *FLAGS, f"-I{include}", *map(str, sources), "-o", tmp, *libs],
                               capture_output=True, text=True)
         if done.returncode != 0:
-            raise BuildError(f"building gpu_worker/native/{name}.cpp failed:\n{done.stderr.strip()}")
+            raise BuildError(f"building {what} failed:\n{done.stderr.strip()}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

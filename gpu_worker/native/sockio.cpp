@@ -1,13 +1,11 @@
-// The device's native I/O threads, with no interpreter lock: the socket loop (accept, read, split
-// frames, send) and the journal's tick I/O (write + fdatasync). loop/server.py owns the protocol
-// and every reply's content; storage/committer.py owns the ticks.
+// The device's socket thread, with no interpreter lock: the socket loop (accept, read, split frames,
+// send); loop/server.py owns the protocol and every reply's content. The module aotx_sockio also
+// holds the journal's tick I/O thread (tick_io.cpp, built with this file).
 //
 // Why native: the system calls of a busy device's sockets (epoll, one recv and one send per request,
 // each send waking a client) would take the interpreter's time; this thread makes them on another
-// core while the interpreter admits the next tick. A Python thread for the tick I/O would need the
-// interpreter lock to start and to report each fdatasync; a native thread needs neither, and takes
-// the tick's write off the interpreter too. See docs/protocol.md ("Ticks") and docs/journal.md
-// ("Group commit") for the contracts, docs/performance.md for what each move gained.
+// core while the interpreter admits the next tick. See docs/protocol.md ("Ticks") for the contract,
+// docs/performance.md for what the move gained.
 //
 //   Loop(listen_fd, high_water, max_in_flight, max_frame, accept_pause_seconds, uids, gids)
 //                  a connection whose peer (SO_PEERCRED) has none of the uids and none of the
@@ -26,17 +24,13 @@
 //   .stop()        end the thread, close every connection (not the listener: the caller's)
 //   .fail_accepts(n, errno)    tests: the next n accept() calls fail with errno
 //
-//   Syncer()       a thread that runs ticks' I/O one after another, in the order requested
-//   .fileno()      an eventfd, readable while results wait to be taken
-//   .request(fd, data)  queue: write all of data to fd (bytes may be empty), then fdatasync(fd)
-//   .result()      the oldest request's errno (0: written and durable), None while it runs;
-//                  after a failure every request queued behind it, and any made before the
-//                  failure is taken, reports ECANCELED without touching the file
-//   .close()       finish the requests queued, end the thread
+//   Syncer         the tick I/O thread (tick_io.cpp), a type of this module
 //
 //   split(chunks, max_frame)   tests: the frame splitter alone, over a list of byte chunks
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include "handle.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -62,6 +56,12 @@
 #include <vector>
 
 namespace {
+
+using aotx::construct;
+using aotx::dealloc;
+using aotx::Handle;
+using aotx::release;
+using aotx::unwrap;
 
 constexpr uint64_t LISTENER = 0;  // epoll tags; connection ids start at 2 (0 also marks a log line)
 constexpr uint64_t COMMANDS = 1;
@@ -497,175 +497,7 @@ class Loop {
   char buf_[RECV_BYTES];
 };
 
-// ---- the tick I/O thread ----------------------------------------------------------------
-
-// write(2) until all of data is written (a short write is followed by another call, which reports
-// the real error), then fdatasync(2). Returns 0 or the errno of the call that failed.
-int write_and_sync(int fd, const std::string& data) {
-  size_t pos = 0;
-  while (pos < data.size()) {
-    ssize_t n = ::write(fd, data.data() + pos, data.size() - pos);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (n == 0) return EIO;
-    pos += size_t(n);
-  }
-  while (fdatasync(fd) != 0) {
-    if (errno != EINTR) return errno;
-  }
-  return 0;
-}
-
-class Syncer {
- public:
-  Syncer() {
-    // a semaphore: each result posted adds one, each result taken reads one
-    ready_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC | EFD_SEMAPHORE);
-    if (ready_fd_ < 0) throw std::runtime_error(std::string("sockio: ") + strerror(errno));
-    thread_ = std::thread([this] {
-      pthread_setname_np(pthread_self(), "aotx-tick-io");
-      run();
-    });
-  }
-
-  ~Syncer() {
-    stop();
-    ::close(ready_fd_);
-  }
-
-  int ready_fd() const { return ready_fd_; }
-
-  // Queues one tick's I/O behind those already queued; they run one after another, in order.
-  // While a failure waits to be taken, a new request is cancelled at once (ECANCELED).
-  bool request(int fd, std::string data) {
-    std::lock_guard<std::mutex> hold(mu_);
-    if (stopping_) return false;
-    if (failed_) {
-      post(ECANCELED);
-    } else {
-      todo_.push_back(Request{fd, std::move(data)});
-      wake_.notify_one();
-    }
-    return true;
-  }
-
-  // The oldest request's errno (0: written and durable); -1 while it runs or waits; -2 when
-  // nothing was requested.
-  int result() {
-    std::lock_guard<std::mutex> hold(mu_);
-    if (done_.empty()) return todo_.empty() && !running_ ? -2 : -1;
-    uint64_t one;
-    (void)!::read(ready_fd_, &one, sizeof one);
-    int err = done_.front();
-    done_.pop_front();
-    if (err && err != ECANCELED) failed_ = false;  // taken: what is requested from now on runs
-    return err;
-  }
-
-  void stop() {
-    {
-      std::lock_guard<std::mutex> hold(mu_);
-      stopping_ = true;
-      wake_.notify_one();
-    }
-    if (thread_.joinable()) thread_.join();
-  }
-
- private:
-  struct Request {
-    int fd;
-    std::string data;
-  };
-
-  void post(int err) {  // mu_ held
-    done_.push_back(err);
-    eventfd_write(ready_fd_, 1);
-  }
-
-  void run() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      wake_.wait(lock, [this] { return !todo_.empty() || stopping_; });
-      if (todo_.empty()) return;  // stopping, nothing left to do
-      Request request = std::move(todo_.front());
-      todo_.pop_front();
-      running_ = true;
-      lock.unlock();
-      int err = write_and_sync(request.fd, request.data);
-      lock.lock();
-      running_ = false;
-      post(err);
-      if (err) {
-        // Nothing queued behind a failure may run: its fdatasync could report as durable the
-        // data of the write that failed (docs/journal.md). Cancel it, in order, and whatever is
-        // requested until the failure is taken.
-        failed_ = true;
-        for (size_t i = 0; i < todo_.size(); ++i) post(ECANCELED);
-        todo_.clear();
-      }
-    }
-  }
-
-  int ready_fd_ = -1;
-  std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable wake_;
-  std::deque<Request> todo_;  // requested, not yet started
-  std::deque<int> done_;      // results not yet taken, oldest first
-  bool running_ = false, stopping_ = false, failed_ = false;
-};
-
 // ---- the Python type ------------------------------------------------------------------
-
-// A Python object owning one native object (Loop, Syncer): deleted without the interpreter lock,
-// since deleting joins its thread.
-template <class T>
-struct Handle {
-  PyObject_HEAD
-  T* ptr;
-};
-
-template <class T>
-void release(Handle<T>* self) {
-  T* ptr = self->ptr;
-  self->ptr = nullptr;
-  if (ptr) {
-    Py_BEGIN_ALLOW_THREADS
-    delete ptr;
-    Py_END_ALLOW_THREADS
-  }
-}
-
-template <class T>
-void dealloc(Handle<T>* self) {
-  release(self);
-  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
-}
-
-template <class T>
-T* unwrap(Handle<T>* self, const char* missing) {
-  if (!self->ptr) PyErr_SetString(PyExc_RuntimeError, missing);
-  return self->ptr;
-}
-
-// tp_init: the native object made once; a constructor's failure (a thread or an eventfd the
-// system refused) becomes OSError.
-template <class T, class... Args>
-int construct(Handle<T>* self, const char* name, Args... args) {
-  if (self->ptr) {
-    PyErr_Format(PyExc_RuntimeError, "%s already initialised", name);
-    return -1;
-  }
-  try {
-    self->ptr = new T(args...);
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_OSError, e.what());
-    return -1;
-  }
-  return 0;
-}
 
 using PyLoop = Handle<Loop>;
 
@@ -863,62 +695,6 @@ PyMethodDef loop_methods[] = {
 
 PyTypeObject LoopType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
-// ---- Syncer's Python type ------------------------------------------------------------------
-
-using PySyncer = Handle<Syncer>;
-
-int PySyncer_init(PySyncer* self, PyObject* args, PyObject*) {
-  if (!PyArg_ParseTuple(args, "")) return -1;
-  return construct(self, "Syncer");
-}
-
-Syncer* get_syncer(PySyncer* self) { return unwrap(self, "Syncer closed or not initialised"); }
-
-PyObject* PySyncer_fileno(PySyncer* self, PyObject*) {
-  Syncer* syncer = get_syncer(self);
-  return syncer ? PyLong_FromLong(syncer->ready_fd()) : nullptr;
-}
-
-PyObject* PySyncer_request(PySyncer* self, PyObject* args) {
-  Syncer* syncer = get_syncer(self);
-  int fd;
-  Py_buffer data;
-  if (!syncer || !PyArg_ParseTuple(args, "iy*", &fd, &data)) return nullptr;
-  bool queued = syncer->request(fd, std::string(static_cast<const char*>(data.buf), size_t(data.len)));
-  PyBuffer_Release(&data);
-  if (!queued) {
-    PyErr_SetString(PyExc_RuntimeError, "the tick I/O thread is stopping");
-    return nullptr;
-  }
-  Py_RETURN_NONE;
-}
-
-PyObject* PySyncer_result(PySyncer* self, PyObject*) {
-  Syncer* syncer = get_syncer(self);
-  if (!syncer) return nullptr;
-  int err = syncer->result();
-  if (err == -2) {
-    PyErr_SetString(PyExc_RuntimeError, "no tick I/O was requested");
-    return nullptr;
-  }
-  if (err == -1) Py_RETURN_NONE;
-  return PyLong_FromLong(err);
-}
-
-PyObject* PySyncer_close(PySyncer* self, PyObject*) {
-  release(self);
-  Py_RETURN_NONE;
-}
-
-PyMethodDef syncer_methods[] = {
-    {"fileno", (PyCFunction)PySyncer_fileno, METH_NOARGS, "eventfd readable once the requested I/O is done"},
-    {"request", (PyCFunction)PySyncer_request, METH_VARARGS, "queue: write all of data to fd, then fdatasync(fd)"},
-    {"result", (PyCFunction)PySyncer_result, METH_NOARGS, "the oldest request's errno (0: durable), None while it runs"},
-    {"close", (PyCFunction)PySyncer_close, METH_NOARGS, "finish the queued requests and end the thread"},
-    {nullptr, nullptr, 0, nullptr}};
-
-PyTypeObject SyncerType = {PyVarObject_HEAD_INIT(nullptr, 0)};
-
 PyObject* split(PyObject*, PyObject* args) {
   PyObject* chunks;
   Py_ssize_t max_frame;
@@ -963,7 +739,7 @@ PyMethodDef module_methods[] = {
     {"split", split, METH_VARARGS, "tests: split a list of byte chunks into frame payloads"},
     {nullptr, nullptr, 0, nullptr}};
 
-PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "aotx_sockio", "The device's native I/O threads: sockets and tick I/O.", -1,
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "aotx_sockio", "The device's native I/O threads: sockets (sockio.cpp) and tick I/O (tick_io.cpp).", -1,
                           module_methods};
 
 }  // namespace
@@ -978,15 +754,6 @@ PyMODINIT_FUNC PyInit_aotx_sockio(void) {
   LoopType.tp_dealloc = (destructor)dealloc<Loop>;
   LoopType.tp_methods = loop_methods;
   if (PyType_Ready(&LoopType) < 0) return nullptr;
-  SyncerType.tp_name = "aotx_sockio.Syncer";
-  SyncerType.tp_basicsize = sizeof(PySyncer);
-  SyncerType.tp_flags = Py_TPFLAGS_DEFAULT;
-  SyncerType.tp_doc = "The device's tick I/O thread: write, then fdatasync.";
-  SyncerType.tp_new = PyType_GenericNew;
-  SyncerType.tp_init = (initproc)PySyncer_init;
-  SyncerType.tp_dealloc = (destructor)dealloc<Syncer>;
-  SyncerType.tp_methods = syncer_methods;
-  if (PyType_Ready(&SyncerType) < 0) return nullptr;
   PyObject* m = PyModule_Create(&module_def);
   if (!m) return nullptr;
   Py_INCREF(&LoopType);
@@ -995,9 +762,7 @@ PyMODINIT_FUNC PyInit_aotx_sockio(void) {
     Py_DECREF(m);
     return nullptr;
   }
-  Py_INCREF(&SyncerType);
-  if (PyModule_AddObject(m, "Syncer", reinterpret_cast<PyObject*>(&SyncerType)) < 0) {
-    Py_DECREF(&SyncerType);
+  if (aotx::add_tick_io(m) < 0) {
     Py_DECREF(m);
     return nullptr;
   }

@@ -6,7 +6,7 @@ A tick gathers commands from the inbox until its 16-record journal budget is use
 and made durable with one fdatasync; once every transfer a batch appended is saved, the batch's
 replies go out (the device's `answer`). The write and fdatasync run either here (`commit`, and
 every tick while no tick I/O thread is attached) or on the native tick I/O thread
-(native/sockio.cpp `Syncer`, attached by the server): then a whole next tick may wait behind the
+(native/tick_io.cpp `Syncer`, attached by the server): then a whole next tick may wait behind the
 one in flight, so the disk starts it the moment the last one ends (at most two in flight); less
 than a whole tick's worth of commands waits in the inbox until the disk is done and is then
 gathered in one batch (`gather_waits`). Gathering applies admissions to the tables at once, so no
@@ -97,7 +97,7 @@ class TickOwner(Protocol):
 
 
 class Syncer(Protocol):
-    """The native tick I/O thread (native/sockio.cpp)."""
+    """The native tick I/O thread (native/tick_io.cpp)."""
 
     def request(self, fd: int, data: bytes) -> None: ...
 

@@ -1,4 +1,4 @@
-"""The native I/O threads (gpu_worker/sockio.cpp) on their own, without a device. The socket loop:
+"""The native I/O threads (gpu_worker/native/sockio.cpp and tick_io.cpp) on their own, without a device. The socket loop:
 frames in, replies out, backpressure by requests in flight and by reply bytes, closes both ways.
 The tick I/O thread: write + fdatasync, errno reported, one request at a time."""
 import errno
