@@ -54,8 +54,9 @@ def ops() -> torch._ops._OpNamespace | None:
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
         # -fopenmp: at::parallel_for is OpenMP code in the headers; the library then binds to the
         # libgomp.so.1 torch has already loaded, so both share one thread pool
-        load("aotx_cpu_ops", [str(path) for path in SOURCES], extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"],
-             extra_ldflags=["-fopenmp"], build_directory=str(build_directory()), is_python_module=False)
+        load("aotx_cpu_ops", [str(path) for path in SOURCES],
+             extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"], extra_ldflags=["-fopenmp"],
+             build_directory=str(build_directory()), is_python_module=False)
     except Exception as exc:  # no compiler, no ninja: PyTorch's operators still serve
         log.warning("CPU operators unavailable (%s); using PyTorch's with float32 weights", exc)
         return None
