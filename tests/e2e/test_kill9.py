@@ -47,10 +47,20 @@ class Client(threading.Thread):
         super().__init__(daemon=True)
         self.principal, self.path, self.stop = principal, path, stop
         self.lineage = None  # read from the participant resource once connected (learn_lineage)
-        self.saved = {}  # sequence -> receipt bytes the client saw (202 or 200)
+        self.saved = {}  # sequence -> receipt bytes the client saw (202 or 200); written under `lock`
+        self.lock = threading.Lock()  # the test reads `saved` while this thread goes on writing it
         self.errors = []
         self.retries = 0
         self.pause = random.Random(principal)
+
+    def keep(self, sequence, body):
+        with self.lock:
+            self.saved[sequence] = body
+
+    def saved_so_far(self):
+        """(sequence, receipt bytes) of every receipt seen saved so far, in sequence order."""
+        with self.lock:
+            return sorted(self.saved.items())
 
     def mutation(self, sequence, op, path, fields, **args):
         """A device command for a mutation, canonical bytes built as the gateway builds them."""
@@ -100,7 +110,7 @@ class Client(threading.Thread):
             if reply["status"] not in (200, 202):
                 self.errors.append((sequence, reply["status"], reply["body"]))
                 break
-            self.saved[sequence] = reply["body"]
+            self.keep(sequence, reply["body"])
             sequence += 1
             time.sleep(self.pause.uniform(0.002, 0.02))  # bounded load keeps each boot's replay short
         if sock is not None:
@@ -135,7 +145,7 @@ class MemoryClient(Client):
                     self.errors.append((sequence, reply["status"], reply["body"]))
                     return
                 receipt = json.loads(reply["body"])
-                self.saved[sequence] = reply["body"]
+                self.keep(sequence, reply["body"])
                 sequence += 1
                 if msg["op"] == "spaces.create":
                     setattr(self, "space" if self.space is None else "room", receipt["target"])
@@ -158,7 +168,7 @@ class MemoryClient(Client):
                         if reply["status"] not in (200, 202):
                             self.errors.append((sequence, reply["status"], reply["body"]))
                             return
-                        self.saved[sequence] = reply["body"]
+                        self.keep(sequence, reply["body"])
                         self.publications.append(json.loads(reply["body"])["target"])
                         sequence += 1
         finally:
@@ -247,7 +257,7 @@ def test_kill_dash_nine_under_load_loses_no_saved_receipt_and_applies_nothing_tw
             with socket.socket(socket.AF_UNIX) as verifier:
                 verifier.connect(sock_path)
                 for c in clients:  # receipts seen since the last check, plus a sample of older ones
-                    seen = sorted(c.saved.items())
+                    seen = c.saved_so_far()
                     sample = seen[checked[c]:] + rng.sample(seen[:checked[c]], min(5, checked[c]))
                     for sequence, body in sample:
                         reply = read_receipt(verifier, c, body)
