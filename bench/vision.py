@@ -101,7 +101,8 @@ def api_timings(runtime: str, width: int, height: int, repeats: int) -> dict[str
             with Client(f"http://127.0.0.1:{stack.port}", token, timeout=600) as aotx:
                 aotx.register()
                 space = aotx.create_space()["target"]
-                model = RuntimeFile.open(runtime).json("gen/card")["name"]
+                with RuntimeFile.open(runtime) as served:
+                    model = served.json("gen/card")["name"]
 
                 def run_input(media: list) -> float:
                     conversation = aotx.create_conversation(space)["target"]

@@ -1,5 +1,6 @@
 // What the native modules' Python types share (sockio.cpp's Loop, tick_io.cpp's Syncer): a Python
-// object owning one native object, and the entry tick_io.cpp gives sockio.cpp's module init.
+// object owning one native object, its type's set-up, and the entry tick_io.cpp gives sockio.cpp's
+// module init.
 #pragma once
 
 #define PY_SSIZE_T_CLEAN
@@ -52,6 +53,28 @@ int construct(Handle<T>* self, const char* name, Args... args) {
     self->ptr = new T(args...);
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_OSError, e.what());
+    return -1;
+  }
+  return 0;
+}
+
+// Fills `type` as the Python type `qualname` of Handle<T> objects, made by `init`, with `methods`,
+// and adds it to `module` as `name`; -1 with an exception set on failure.
+template <class T>
+int add_type(PyObject* module, PyTypeObject& type, const char* name, const char* qualname, const char* doc,
+             initproc init, PyMethodDef* methods) {
+  type.tp_name = qualname;
+  type.tp_basicsize = sizeof(Handle<T>);
+  type.tp_flags = Py_TPFLAGS_DEFAULT;
+  type.tp_doc = doc;
+  type.tp_new = PyType_GenericNew;
+  type.tp_init = init;
+  type.tp_dealloc = (destructor)dealloc<T>;
+  type.tp_methods = methods;
+  if (PyType_Ready(&type) < 0) return -1;
+  Py_INCREF(&type);
+  if (PyModule_AddObject(module, name, reinterpret_cast<PyObject*>(&type)) < 0) {
+    Py_DECREF(&type);
     return -1;
   }
   return 0;

@@ -58,7 +58,6 @@
 namespace {
 
 using aotx::construct;
-using aotx::dealloc;
 using aotx::Handle;
 using aotx::release;
 using aotx::unwrap;
@@ -745,20 +744,10 @@ PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "aotx_sockio", "The device's na
 }  // namespace
 
 PyMODINIT_FUNC PyInit_aotx_sockio(void) {
-  LoopType.tp_name = "aotx_sockio.Loop";
-  LoopType.tp_basicsize = sizeof(PyLoop);
-  LoopType.tp_flags = Py_TPFLAGS_DEFAULT;
-  LoopType.tp_doc = "The device's socket I/O thread.";
-  LoopType.tp_new = PyType_GenericNew;
-  LoopType.tp_init = (initproc)PyLoop_init;
-  LoopType.tp_dealloc = (destructor)dealloc<Loop>;
-  LoopType.tp_methods = loop_methods;
-  if (PyType_Ready(&LoopType) < 0) return nullptr;
   PyObject* m = PyModule_Create(&module_def);
   if (!m) return nullptr;
-  Py_INCREF(&LoopType);
-  if (PyModule_AddObject(m, "Loop", reinterpret_cast<PyObject*>(&LoopType)) < 0) {
-    Py_DECREF(&LoopType);
+  if (aotx::add_type<Loop>(m, LoopType, "Loop", "aotx_sockio.Loop", "The device's socket I/O thread.",
+                           (initproc)PyLoop_init, loop_methods) < 0) {
     Py_DECREF(m);
     return nullptr;
   }

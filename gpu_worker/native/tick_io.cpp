@@ -31,12 +31,6 @@
 
 namespace {
 
-using aotx::construct;
-using aotx::dealloc;
-using aotx::Handle;
-using aotx::release;
-using aotx::unwrap;
-
 // write(2) until all of data is written (a short write is followed by another call, which reports
 // the real error), then fdatasync(2). Returns 0 or the errno of the call that failed.
 int write_and_sync(int fd, const std::string& data) {
@@ -157,14 +151,14 @@ class Syncer {
 
 // ---- Syncer's Python type ------------------------------------------------------------------
 
-using PySyncer = Handle<Syncer>;
+using PySyncer = aotx::Handle<Syncer>;
 
 int PySyncer_init(PySyncer* self, PyObject* args, PyObject*) {
   if (!PyArg_ParseTuple(args, "")) return -1;
-  return construct(self, "Syncer");
+  return aotx::construct(self, "Syncer");
 }
 
-Syncer* get_syncer(PySyncer* self) { return unwrap(self, "Syncer closed or not initialised"); }
+Syncer* get_syncer(PySyncer* self) { return aotx::unwrap(self, "Syncer closed or not initialised"); }
 
 PyObject* PySyncer_fileno(PySyncer* self, PyObject*) {
   Syncer* syncer = get_syncer(self);
@@ -198,7 +192,7 @@ PyObject* PySyncer_result(PySyncer* self, PyObject*) {
 }
 
 PyObject* PySyncer_close(PySyncer* self, PyObject*) {
-  release(self);
+  aotx::release(self);
   Py_RETURN_NONE;
 }
 
@@ -214,19 +208,7 @@ PyTypeObject SyncerType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 }  // namespace
 
 int aotx::add_tick_io(PyObject* module) {
-  SyncerType.tp_name = "aotx_sockio.Syncer";
-  SyncerType.tp_basicsize = sizeof(PySyncer);
-  SyncerType.tp_flags = Py_TPFLAGS_DEFAULT;
-  SyncerType.tp_doc = "The device's tick I/O thread: write, then fdatasync.";
-  SyncerType.tp_new = PyType_GenericNew;
-  SyncerType.tp_init = (initproc)PySyncer_init;
-  SyncerType.tp_dealloc = (destructor)dealloc<Syncer>;
-  SyncerType.tp_methods = syncer_methods;
-  if (PyType_Ready(&SyncerType) < 0) return -1;
-  Py_INCREF(&SyncerType);
-  if (PyModule_AddObject(module, "Syncer", reinterpret_cast<PyObject*>(&SyncerType)) < 0) {
-    Py_DECREF(&SyncerType);
-    return -1;
-  }
-  return 0;
+  return add_type<Syncer>(module, SyncerType, "Syncer", "aotx_sockio.Syncer",
+                          "The device's tick I/O thread: write, then fdatasync.", (initproc)PySyncer_init,
+                          syncer_methods);
 }

@@ -12,6 +12,7 @@ grows only by what the current generation holds, not by every generation it repl
 
 from __future__ import annotations
 
+import abc
 import builtins
 import fcntl
 import hashlib
@@ -491,11 +492,12 @@ def _align(offset: int) -> int:
     return -(-offset // ALIGN) * ALIGN
 
 
-class _Writer:
+class _Writer(abc.ABC):
     """Writes extents where `_put` places them, hashing each one as it is written."""
 
+    @abc.abstractmethod
     def _put(self, raw: bytes | memoryview) -> tuple[int, int, str]:
-        raise NotImplementedError
+        """Write `raw` where this writer places extents: (offset, length, sha256 hex)."""
 
     def put(self, name: str, kind: str, payload: Any) -> Component:
         raw, dtype, shape = _encode(name, kind, payload)

@@ -15,7 +15,7 @@ import torch
 from gpu_worker.engine.engine import Engine
 from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.conftest import wait_for
-from tests.e2e.test_inputs_http import mutate
+from tests.e2e.test_inputs_http import mutate, new_conversation, writer_space
 from tests.engine.test_vision import picture, png
 from tests.gpu_worker.ops.test_input_images import MODEL, damaged_inside
 from tests.harness import Stack
@@ -28,12 +28,8 @@ QUESTION = "What is in this picture?"
 @pytest.fixture(scope="module")
 def stack(tiny_vlm_runtime, tmp_path_factory):
     s = Stack(tmp_path_factory.mktemp("images"), tiny_vlm_runtime)
-    s.token = s.principal("viewer")
-    s.boot_device()
-    s.serve()
-    assert mutate(s, s.token, "/participant", {})[0] == 202
-    space = mutate(s, s.token, "/spaces", {})[1]["target"]
-    s.conversation = lambda: mutate(s, s.token, f"/spaces/{space}/conversations", {})[1]["target"]
+    s.token, space = writer_space(s)
+    s.conversation = lambda: new_conversation(s, s.token, space)
     yield s
     s.stop()
 

@@ -24,14 +24,23 @@ def mutate(stack, token, path, fields):
             return refused.status, {"error": {"code": refused.code, "message": refused.message, **refused.details}}
 
 
-def conversation_of(stack):
-    """Device and gateway up, a registered writer with a space and a conversation: (token, con id)."""
+def writer_space(stack):
+    """Device and gateway up, a registered writer with a space: (token, space id)."""
     token = stack.principal("writer")
     stack.boot_device()
     stack.serve()
     assert mutate(stack, token, "/participant", {})[0] == 202
-    space = mutate(stack, token, "/spaces", {})[1]["target"]
-    return token, mutate(stack, token, f"/spaces/{space}/conversations", {})[1]["target"]
+    return token, mutate(stack, token, "/spaces", {})[1]["target"]
+
+
+def new_conversation(stack, token, space):
+    return mutate(stack, token, f"/spaces/{space}/conversations", {})[1]["target"]
+
+
+def conversation_of(stack):
+    """writer_space with a conversation in it: (token, conversation id)."""
+    token, space = writer_space(stack)
+    return token, new_conversation(stack, token, space)
 
 
 def test_an_input_is_admitted_runs_and_reads_back(tiny_runtime, tmp_path):

@@ -14,7 +14,7 @@ from gpu_worker.pack import pack_tiny
 from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.engine.test_vision import picture, png
 from tests.gpu_worker.ops.test_input_images import MODEL
-from tests.gpu_worker.ops.test_inputs import EngineWorld
+from tests.gpu_worker.ops.test_inputs import EngineWorld, running
 
 QUESTION = "What is in this picture?"
 
@@ -51,20 +51,16 @@ def refusal(frames):
 
 @pytest.fixture
 def vlm_world(tiny_vlm_runtime, tmp_path):
-    w = EngineWorld(tiny_vlm_runtime, tmp_path, ["a"])
-    yield w
-    w.device.runner.stop()
-    w.device.close()
+    with running(EngineWorld(tiny_vlm_runtime, tmp_path, ["a"])) as w:
+        yield w
 
 
 @pytest.fixture
 def text_world(tmp_path):
     path = str(tmp_path / "engine.aotxccir")
     pack_tiny(path, shared=True, runtime_profile={"kv_pages": 64, "page_grant": 16, "deadline_ms": 60000})
-    w = EngineWorld(path, tmp_path, ["a"])
-    yield w
-    w.device.runner.stop()
-    w.device.close()
+    with running(EngineWorld(path, tmp_path, ["a"])) as w:
+        yield w
 
 
 @torch.inference_mode()

@@ -14,7 +14,7 @@ from gpu_worker import execution
 from gpu_worker.engine.engine import Engine
 from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.engine.test_vision import picture, png
-from tests.gpu_worker.ops.test_inputs import EngineWorld
+from tests.gpu_worker.ops.test_inputs import EngineWorld, running
 from tests.gpu_worker.ops.test_shared_state import code
 
 MODEL = "smolvlm-tiny"  # conftest.tiny_vlm_runtime's model
@@ -22,11 +22,8 @@ MODEL = "smolvlm-tiny"  # conftest.tiny_vlm_runtime's model
 
 @pytest.fixture
 def world(tiny_vlm_runtime, tmp_path):
-    w = EngineWorld(tiny_vlm_runtime, tmp_path, ["a", "b"])
-    yield w
-    if w.device.runner is not None:
-        w.device.runner.stop()
-    w.device.close()
+    with running(EngineWorld(tiny_vlm_runtime, tmp_path, ["a", "b"])) as w:
+        yield w
 
 
 def upload(world, name, data):

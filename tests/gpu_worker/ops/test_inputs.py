@@ -3,6 +3,7 @@ lease, output and completion transfers, result reads by offset, cancellation, de
 interrupted after a restart."""
 import base64
 import collections
+import contextlib
 import queue
 import time
 
@@ -67,13 +68,21 @@ def runtime(tmp_path):
     return path
 
 
+@contextlib.contextmanager
+def running(w):
+    """A world whose engine (when it still has one) and device are stopped when the block ends."""
+    try:
+        yield w
+    finally:
+        if w.device.runner is not None:
+            w.device.runner.stop()
+        w.device.close()
+
+
 @pytest.fixture
 def world(runtime, tmp_path):
-    w = EngineWorld(runtime, tmp_path, ["a", "b"])
-    yield w
-    if w.device.runner is not None:
-        w.device.runner.stop()
-    w.device.close()
+    with running(EngineWorld(runtime, tmp_path, ["a", "b"])) as w:
+        yield w
 
 
 def test_an_input_runs_and_its_result_reads_back_exactly_by_offset(world):

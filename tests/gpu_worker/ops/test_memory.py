@@ -3,7 +3,6 @@ weights): retention of an input's source, the memory reads, visibility, recall i
 prompt per lease revision, interpretation (mode 2), control records (revision 5), full table and
 quota, publication, space deletion, and replay after a restart or a checkpoint."""
 import base64
-import contextlib
 import json
 
 import pytest
@@ -18,7 +17,7 @@ from gpu_worker.pack import pack_tiny
 from gpu_worker.storage.journal import Transfer, TransferKind, recover
 from gpu_worker.storage import leases, runtime_file
 from gpu_worker.state.tables import R
-from tests.gpu_worker.ops.test_inputs import EngineWorld
+from tests.gpu_worker.ops.test_inputs import EngineWorld, running
 from tests.gpu_worker.ops.test_quotas import QuotaEngineWorld, refused
 from tests.gpu_worker.ops.test_shared_state import code
 
@@ -29,16 +28,6 @@ def make_runtime(tmp_path, name="memory.aotxccir", **options):
     path = str(tmp_path / name)
     pack_tiny(path, shared=True, runtime_profile=PROFILE, **options)
     return path
-
-
-@contextlib.contextmanager
-def running(w):
-    """A world whose engine and device are stopped when the block ends."""
-    try:
-        yield w
-    finally:
-        w.device.runner.stop()
-        w.device.close()
 
 
 @pytest.fixture
