@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from .contract.errors import ServiceError
-from .contract.ids import HEX32
+from .contract.commands import parse
 from .contract.wire import Message, pack
 from .ops import quotas
 from .ops.kind import Kind, OperationKind
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from .storage.journal import Transfer
 
 ADMISSION_VERSION = 1
-HEX32_MATCH = HEX32.match
 # (transfer, boot, generation, source) columns of the admission (0) and terminal (1) save fields,
 # consecutive so that record_save writes the four, or all eight, at once
 SAVE_COLUMNS = ((R.ADM_TRANSFER, R.ADM_BOOT, R.ADM_GENERATION, R.ADM_SOURCE),
@@ -77,14 +76,8 @@ def admit(d: Device, msg: Message, kind: OperationKind, budget: int) -> tuple[in
     """One mutation in a tick: (status, receipt row, journal records used), None when it does not
     fit what is left of the tick's record budget, or a ServiceError."""
     principal = d.principal(msg, kind.action)
-    args = msg.get("args")
-    if not isinstance(args, dict):
-        args = {}
-    lineage, key, sequence, canonical = (args.get("lineage"), args.get("operation_key"),
-                                         args.get("sequence"), args.get("canonical"))
-    if not (type(lineage) is str and type(key) is str and HEX32_MATCH(key)
-            and type(sequence) is int and type(canonical) is bytes):
-        raise ServiceError(400, "bad_command", "mutation lacks lineage, operation_key, sequence or canonical bytes")
+    args = parse(kind.args, msg.get("args"))
+    lineage, key, sequence, canonical = args.lineage, args.operation_key, args.sequence, args.canonical
     if len(canonical) > d.command_bytes:  # a payload too large for its receipt (413, as for a body)
         raise ServiceError(413, "command_too_large",
                            f"canonical operation is {len(canonical)} bytes; the limit is {d.command_bytes}")

@@ -25,6 +25,7 @@ from typing import Any, Callable, cast
 import msgpack
 
 from . import admission, execution
+from .contract.commands import TYPES, A, parse
 from .contract.errors import ServiceError
 from .contract.grantfile import GrantFileError, Grants
 from .contract.ids import HEX32
@@ -370,7 +371,7 @@ class Device:
                 raise ServiceError(400, "unknown_command", f"unknown device command {op!r}")
             action = COMMANDS[op].action
             principal = self.principal(msg, action) if action is not None else None
-            status, body = handler(self, principal, self.args(msg))
+            status, body = handler(self, principal, parse(TYPES[op], msg.get("args")))
             return reply(req_id, status, dumps(body))
         except ServiceError as err:
             return reply(req_id, err.status, err.body())
@@ -393,9 +394,9 @@ class Device:
         return prow
 
     @staticmethod
-    def args(msg: Message) -> dict[str, Any]:
-        args = msg.get("args")
-        return args if isinstance(args, dict) else {}
+    def args(msg: Message, kind: type[A]) -> A:
+        """The command's arguments as its declared type (contract/commands.py), or a ServiceError."""
+        return parse(kind, msg.get("args"))
 
     def token_rate(self, tenant: object) -> int | None:
         """A tenant's (principal's) output tokens per second from the grant file, None: unpaced. The

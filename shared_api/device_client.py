@@ -22,7 +22,8 @@ from django.conf import settings
 from django.http import HttpResponse
 
 from gpu_worker.contract.client import Connection
-from gpu_worker.contract.wire import FrameReader, Message, ProtocolError, request
+from gpu_worker.contract.commands import Args, request, typed
+from gpu_worker.contract.wire import FrameReader, Message, ProtocolError
 
 from . import config
 from .errors import ServiceError
@@ -55,8 +56,9 @@ class DeviceClient:
         except OSError as exc:
             raise _unreachable(self.socket_path, exc) from None
 
-    def call(self, op: str, principal_id: str | None, args: dict[str, Any] | None = None) -> Message:
+    def call(self, op: str, principal_id: str | None, args: Args | dict[str, Any] | None = None) -> Message:
         """The device's reply map {"status", "body", "headers"?}."""
+        args = typed(op, args)  # a refusal before a connection is borrowed
         for attempt in (0, 1):
             with self._lock:
                 connection = self._idle.pop() if self._idle else None
@@ -175,11 +177,12 @@ class DeviceMux:
             for stream in streams.values():
                 stream.fail(failure)
 
-    async def _send(self, op: str, principal_id: str | None, args: dict[str, Any] | None,
+    async def _send(self, op: str, principal_id: str | None, args: Args | dict[str, Any] | None,
                     retry_stale: bool, kind: type[Waiter]) -> Waiter:
         """Send one request; its frames go to a new `kind` (a DeviceStream, or a DeviceReply for a
         one-reply call). A connection that turns out to be closed when written to reached
         nothing: with retry_stale, the request goes once more on a fresh connection."""
+        args = typed(op, args)  # a refusal before anything is registered or sent
         for attempt in (0, 1):
             writer, fresh = await self._connection()
             stream = kind(self, next(self._ids))
@@ -225,11 +228,11 @@ class DeviceMux:
             writer.write(b"".join(frames))
         # else the connection ended meanwhile: its reader task has failed every stream it carried
 
-    async def open(self, op: str, principal_id: str | None, args: dict[str, Any]) -> DeviceStream:
+    async def open(self, op: str, principal_id: str | None, args: Args | dict[str, Any]) -> DeviceStream:
         """Send one request; its frames arrive on the returned stream."""
         return await self._send(op, principal_id, args, retry_stale=False, kind=DeviceStream)
 
-    async def call(self, op: str, principal_id: str | None, args: dict[str, Any] | None = None,
+    async def call(self, op: str, principal_id: str | None, args: Args | dict[str, Any] | None = None,
                    timeout: float | None = None) -> Message:
         """One request and its one reply {"status", "body", "headers"?}."""
         waiter = await self._send(op, principal_id, args, retry_stale=True, kind=DeviceReply)
@@ -248,7 +251,7 @@ class DeviceMux:
         writer = self._writer
         return writer is not None and not writer.is_closing() and writer.transport.get_write_buffer_size() <= 1 << 20
 
-    def post_call(self, op: str, principal_id: str | None, args: dict[str, Any] | None,
+    def post_call(self, op: str, principal_id: str | None, args: Args | dict[str, Any] | None,
                   done: Callable[[Message | ServiceError], None]) -> None:
         """`call` without a coroutine, for the protocol's own path (shared_api/server.py): send the
         request now on the open connection (`can_post` must be true) and give `done` its reply, or
@@ -258,6 +261,7 @@ class DeviceMux:
         deadline, times them out."""
         writer = self._writer
         assert writer is not None
+        args = typed(op, args)  # a refusal before anything is registered or sent
         loop = asyncio.get_running_loop()
         waiter = PostedReply(self, next(self._ids), done, loop.time() + self.timeout)
         self._streams[waiter.id] = waiter
@@ -440,7 +444,7 @@ class DevicePool:
         self.waiting = 0
         self._turn = itertools.cycle(self.muxes)
 
-    async def call(self, op: str, principal_id: str | None, args: dict[str, Any] | None = None) -> Message:
+    async def call(self, op: str, principal_id: str | None, args: Args | dict[str, Any] | None = None) -> Message:
         if self.waiting >= self.max_waiting:
             raise ServiceError(503, "gateway_busy", f"{self.waiting} requests of this gateway process are waiting "
                                                     "for the device; nothing was sent: retry later")
@@ -458,7 +462,7 @@ class DevicePool:
         found = next(self._turn)
         return found if found.can_post else None
 
-    def post(self, mux: DeviceMux, op: str, principal_id: str | None, args: dict[str, Any] | None,
+    def post(self, mux: DeviceMux, op: str, principal_id: str | None, args: Args | dict[str, Any] | None,
              done: Callable[[Message | ServiceError], None]) -> None:
         """`call` without a coroutine, on the connection `ready` gave (DeviceMux.post_call)."""
         self.waiting += 1
@@ -552,7 +556,7 @@ def reset() -> None:
         _pools.clear()
 
 
-def device_response(op: str, request: Any, args: dict[str, Any] | None = None) -> HttpResponse:
+def device_response(op: str, request: Any, args: Args | dict[str, Any] | None = None) -> HttpResponse:
     """Call the device for this request's principal (blocking) and pass its exact reply bytes
     through: the shared routes' views when Django itself serves them (the DRF entry point)."""
     return reply_response(client().call(op, request.user.principal_id, args))

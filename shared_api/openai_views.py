@@ -24,8 +24,9 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from gpu_worker.contract.ids import MAX_COUNTER
-from gpu_worker.contract.limits import (MAX_CHAT_BODY_BYTES, MAX_CHOICES, MAX_COMPLETION_LOGPROBS, MAX_MEDIA,
+from gpu_worker.contract.chat import Chat
+from gpu_worker.contract.commands import typed
+from gpu_worker.contract.limits import (MAX_CHAT_BODY_BYTES, MAX_COMPLETION_LOGPROBS, MAX_MEDIA,
                                         MAX_TOP_LOGPROBS)
 from gpu_worker.contract.vocabulary import CHAT
 from gpu_worker.contract.wire import Message
@@ -193,46 +194,25 @@ def _request_args(body: Any) -> dict[str, Any]:
 
 
 def _sampling(body: dict[str, Any]) -> dict[str, Any]:
-    """The generation options both completion routes share."""
-    args: dict[str, Any] = {"stream": bool(body.get("stream", False))}
+    """The generation options both completion routes share, in the device's words (their values
+    are checked by the command's declared type, gpu_worker/contract/commands.Chat): OpenAI's
+    aliases and forms (max_completion_tokens, a stop string) become the device's."""
+    stream = body.get("stream")
+    args: dict[str, Any] = {"stream": False if stream is None else stream}
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
-        if type(max_tokens) is not int or not 1 <= max_tokens <= MAX_COUNTER:
-            raise ServiceError(400, "invalid_max_tokens", f"max_tokens must be an integer 1..{MAX_COUNTER}")
         args["max_tokens"] = max_tokens
-    for name, low, high in (("temperature", 0, 2), ("top_p", 0, 1)):
-        value = body.get(name)
-        if value is not None:
-            if type(value) not in (int, float) or not low <= value <= high or (name == "top_p" and value == 0):
-                raise ServiceError(400, f"invalid_{name}", f"{name} must be a number in [{low}, {high}]")
-            args[name] = float(value)
     stop = body.get("stop")
     if stop is not None:
         stop = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stop, list) or len(stop) > 4 or any(not isinstance(s, str) or not s for s in stop):
-            raise ServiceError(400, "invalid_stop", "stop must be a string or up to 4 strings")
-        args["stop"] = [_text(s, "invalid_stop", "stop") for s in stop]
+        args["stop"] = [_text(s, "invalid_stop", "stop") if isinstance(s, str) else s for s in stop] \
+            if isinstance(stop, list) else stop
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise ServiceError(400, "invalid_stream_options", "stream_options must be an object")
-    n = body.get("n")
-    if n is not None:
-        if type(n) is not int or not 1 <= n <= MAX_CHOICES:
-            raise ServiceError(400, "invalid_n", f"n must be an integer 1..{MAX_CHOICES}")
-        if n > 1:
-            args["n"] = n
-    seed = body.get("seed")
-    if seed is not None:
-        if type(seed) is not int or not 0 <= seed < 1 << 63:
-            raise ServiceError(400, "invalid_seed", "seed must be an integer 0..2^63-1")
-        args["seed"] = seed
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = body.get(name)
-        if value is not None:
-            if type(value) not in (int, float) or not -2 <= value <= 2:
-                raise ServiceError(400, f"invalid_{name}", f"{name} must be a number in [-2, 2]")
-            if value:
-                args[name] = float(value)
+    for name in ("temperature", "top_p", "n", "seed", "presence_penalty", "frequency_penalty"):
+        if body.get(name) is not None:
+            args[name] = body[name]
     return args
 
 
@@ -357,12 +337,13 @@ async def _complete(request: HttpRequest, parse: Any, shape: Shape) -> HttpRespo
         return openai_error(405, "method_not_allowed", "use POST")
     try:
         principal, body = await _body(request)
-        args = parse(body)
+        args = typed("chat.completions", parse(body))
     except ServiceError as err:
         return _refusal(err)
+    assert isinstance(args, Chat)
     completion_id = shape.prefix + secrets.token_hex(12)
     created = int(time.time())
-    if not args["stream"]:
+    if not args.stream:
         # A whole completion can take longer than the device timeout (which bounds an answer that
         # should come at once): wait for it up to AOTX_CHAT_TIMEOUT, then stop it.
         try:
@@ -384,7 +365,7 @@ async def _complete(request: HttpRequest, parse: Any, shape: Shape) -> HttpRespo
             raise
         if msg["status"] != 200:
             return _device_error(msg)
-        return HttpResponse(json.dumps(shape.whole(completion_id, created, args["model"], json.loads(msg["body"]))),
+        return HttpResponse(json.dumps(shape.whole(completion_id, created, args.model, json.loads(msg["body"]))),
                             content_type="application/json")
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))  # an object: parse checked
     try:
@@ -404,12 +385,12 @@ async def _complete(request: HttpRequest, parse: Any, shape: Shape) -> HttpRespo
         raise
     if first["status"] != 200:
         return _device_error(first)
-    model = args["model"]
+    model = args.model
 
     async def events() -> AsyncIterator[str]:
         # The HTTP front (or Django's ASGI handler) cancels this generator when the client disconnects;
         # closing the stream then cancels the chat on the device and frees its pages.
-        n = args.get("n", 1)
+        n = args.n
         # per choice: its UTF-8 decoder (a character may be split between frames) and its text's length so far
         decoders = [codecs.getincrementaldecoder("utf-8")("replace") for _ in range(n)]
         written = [0] * n

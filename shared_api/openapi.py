@@ -407,7 +407,6 @@ CODES = {
     # 400
     "unknown_parameter": "a query parameter this route does not take",
     "bad_limit": f"`limit` is not an integer 1..{MAX_LIMIT}",
-    "bad_cursor": "`cursor` is not a decimal string (device check)",
     "bad_id": "a path or body ID is malformed (prefix, 32 lowercase hex per part)",
     "bad_field": "a field or counter has the wrong type or value (envelope `schema`, lineage, zero operation "
                  "key, sequence 0 or with leading zeros, scope, id, permissions, cursor, counters)",
@@ -418,7 +417,6 @@ CODES = {
     "missing_field": "a required field is absent (listed in `fields`)",
     "command_too_large": "the canonical operation bytes exceed the receipt's command capacity (`limits.command_bytes` "
                          "in /capabilities, 8192 by default)",
-    "bad_command": "gateway/device protocol fault: malformed mutation command (not expected)",
     "bad_principal": "gateway/device protocol fault: command without principal (not expected)",
     "unknown_command": "gateway/device protocol fault: the device does not know the command "
                        "(gateway and device versions differ)",
@@ -532,9 +530,8 @@ STATUS_TEXT = {
 
 PROTOCOL_400 = ("bad_principal", "unknown_command", "protocol_version")
 QUERY_400 = ("unknown_parameter",)
-LIST_400 = ("unknown_parameter", "bad_limit", "bad_field", "bad_cursor")
-ENVELOPE_400 = ("invalid_json", "invalid_utf8", "duplicate_key", "unknown_field", "missing_field", "bad_field",
-                "bad_command")
+LIST_400 = ("unknown_parameter", "bad_limit", "bad_field")
+ENVELOPE_400 = ("invalid_json", "invalid_utf8", "duplicate_key", "unknown_field", "missing_field", "bad_field")
 SEQUENCE_409 = ("stale_lineage", "operation_changed", "future_sequence", "operation_key_in_use")
 COMMON = {400: ("bad_request", "bad_query"), 401: ("unauthenticated",), 403: ("grant_missing",), 429: ("rate_limited",),
           503: ("device_unavailable", "device_connection_lost", "device_timeout", "gateway_misconfigured",

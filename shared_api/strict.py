@@ -71,21 +71,6 @@ def decimal_counter(value: Any, field: str, *, positive: bool = False) -> int:
     return int(value)
 
 
-def hex32(value: Any, field: str, *, nonzero: bool = False) -> str:
-    if not isinstance(value, str) or not ids.HEX32.match(value):
-        raise ServiceError(400, "bad_field", f"{field} must be 32 lowercase hexadecimal digits")
-    if nonzero and int(value, 16) == 0:
-        raise ServiceError(400, "bad_field", f"{field} must be nonzero")
-    return value
-
-
-def resource_id(value: Any, prefix: str) -> str:
-    """IDs are checked here so that a malformed one is a 400 and never reaches the device."""
-    if not isinstance(value, str) or not ids.ID_REGEX[prefix].match(value):
-        raise ServiceError(400, "bad_id", f"{value!r} is not a valid ID ({ids.shape(prefix)}, lowercase hex)")
-    return value
-
-
 _SHAPES: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[frozenset[str], frozenset[str], tuple[str, ...]]] = {}
 
 
@@ -101,7 +86,9 @@ def _shape(fields: tuple[str, ...], required: tuple[str, ...]) -> tuple[frozense
 
 
 class Mutation:
-    """A parsed mutation: the envelope, the operation's own fields and its canonical bytes."""
+    """A parsed mutation: the envelope, the operation's own fields and its canonical bytes. The
+    fields' values are checked by the command's declared type (views.DeviceCall); what is checked
+    here is the body's shape and what only the HTTP form has (the schema, decimal strings)."""
 
     def __init__(self, request: Any, fields: tuple[str, ...] = (), required: tuple[str, ...] = ()) -> None:
         body = request.data
@@ -117,8 +104,8 @@ class Mutation:
             raise ServiceError(400, "missing_field", f"missing field(s): {', '.join(missing)}", fields=missing)
         if body["schema"] != MUTATION_SCHEMA:
             raise ServiceError(400, "bad_field", f"schema must be {MUTATION_SCHEMA!r}")
-        self.lineage = hex32(body["lineage"], "lineage")
-        self.operation_key = hex32(body["operation_key"], "operation_key", nonzero=True)
+        self.lineage = body["lineage"]
+        self.operation_key = body["operation_key"]
         self.sequence = decimal_counter(body["sequence"], "sequence", positive=True)
         self.fields = {k: body[k] for k in fields if k in body}
         try:

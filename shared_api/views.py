@@ -18,15 +18,15 @@ from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from gpu_worker.contract.ids import SHA256
-from gpu_worker.contract.limits import MAX_BODY_BYTES, MAX_LIMIT, MAX_MEDIA, MAX_MEDIA_BYTES
-from gpu_worker.contract.vocabulary import COMMANDS, CONTEXTS, MEDIA_TYPES, PERMISSIONS, RETENTIONS, SCOPES
+from gpu_worker.contract.commands import typed
+from gpu_worker.contract.limits import MAX_BODY_BYTES, MAX_LIMIT, MAX_MEDIA_BYTES
+from gpu_worker.contract.vocabulary import COMMANDS
 
 from .auth import require_action
 from .device_client import device_response
 from .errors import ServiceError
 from .openapi import doc
-from .strict import Mutation, decimal_counter, hex32, resource_id
+from .strict import Mutation, decimal_counter
 
 DIGITS = re.compile(r"[0-9]{1,4}")  # ASCII digits only: str.isdigit() also accepts "²" and "٣"
 DIGITS_ANY = re.compile(r"[0-9]{1,18}")
@@ -37,11 +37,10 @@ def list_args(request: Request, allowed: tuple[str, ...] = (), **extra: Any) -> 
     args: dict[str, Any] = dict(extra)
     cursor = request.query_params.get("cursor")
     if cursor is not None:
-        decimal_counter(cursor, "cursor")
         args["cursor"] = cursor
     limit = request.query_params.get("limit")
     if limit is not None:
-        if not DIGITS.fullmatch(limit) or not 1 <= int(limit) <= MAX_LIMIT:
+        if not DIGITS.fullmatch(limit):
             raise ServiceError(400, "bad_limit", f"limit must be an integer 1..{MAX_LIMIT}")
         args["limit"] = int(limit)
     no_query(request, allowed=("cursor", "limit", *allowed))
@@ -56,12 +55,13 @@ def no_query(request: Request, allowed: tuple[str, ...] = ()) -> None:
 
 class DeviceCall:
     """What a route's handler asks of the device: the command and its arguments (the principal is
-    the request's)."""
+    the request's), built as the command's declared type (gpu_worker/contract/commands.py): every
+    check that needs no state is made there, for the gateway and the device alike."""
     __slots__ = ("op", "args")
 
     def __init__(self, op: str, args: dict[str, Any] | None = None) -> None:
         self.op = op
-        self.args = args
+        self.args = typed(op, args)
 
 
 class SharedView(APIView):
@@ -108,7 +108,7 @@ class OtherParticipantView(SharedView):
     @doc("participants.get")
     def get(self, request: Request, participant: str) -> DeviceCall:
         no_query(request)
-        return DeviceCall("participants.get", {"participant": resource_id(participant, "par")})
+        return DeviceCall("participants.get", {"participant": participant})
 
 
 class SpacesView(SharedView):
@@ -119,71 +119,55 @@ class SpacesView(SharedView):
     @doc("spaces.create")
     def post(self, request: Request) -> DeviceCall:
         mutation = Mutation(request, ("id", "scope"))
-        fields = mutation.fields
-        if "id" in fields:
-            hex32(fields["id"], "id")
-        if fields.get("scope", "private") not in SCOPES:
-            raise ServiceError(400, "bad_field", "scope must be private, room or instance")
-        return DeviceCall("spaces.create", mutation.args(**fields))
+        return DeviceCall("spaces.create", mutation.args(**mutation.fields))
 
 
 class SpaceView(SharedView):
     @doc("spaces.get")
     def get(self, request: Request, space: str) -> DeviceCall:
         no_query(request)
-        return DeviceCall("spaces.get", {"space": resource_id(space, "spc")})
+        return DeviceCall("spaces.get", {"space": space})
 
 
 class MembersView(SharedView):
     @doc("members.list")
     def get(self, request: Request, space: str) -> DeviceCall:
-        return DeviceCall("members.list", list_args(request, space=resource_id(space, "spc")))
+        return DeviceCall("members.list", list_args(request, space=space))
 
     @doc("members.set")
     def post(self, request: Request, space: str) -> DeviceCall:
         mutation = Mutation(request, ("participant", "permissions"), required=("participant", "permissions"))
-        fields = mutation.fields
-        resource_id(fields["participant"], "par")
-        permissions = fields["permissions"]
-        if (not isinstance(permissions, list) or any(p not in PERMISSIONS for p in permissions)
-                or len(set(permissions)) != len(permissions)):
-            raise ServiceError(400, "bad_field", "permissions must be an array of distinct values of read, write, manage")
-        return DeviceCall("members.set",
-                               mutation.args(space=resource_id(space, "spc"), **fields))
+        return DeviceCall("members.set", mutation.args(space=space, **mutation.fields))
 
 
 class ConversationsView(SharedView):
     @doc("conversations.list")
     def get(self, request: Request, space: str) -> DeviceCall:
-        return DeviceCall("conversations.list",
-                               list_args(request, space=resource_id(space, "spc")))
+        return DeviceCall("conversations.list", list_args(request, space=space))
 
     @doc("conversations.create")
     def post(self, request: Request, space: str) -> DeviceCall:
         mutation = Mutation(request, ("id",))
-        if "id" in mutation.fields:
-            hex32(mutation.fields["id"], "id")
-        return DeviceCall("conversations.create",
-                               mutation.args(space=resource_id(space, "spc"), **mutation.fields))
+        return DeviceCall("conversations.create", mutation.args(space=space, **mutation.fields))
 
 
 class SpaceDeletionView(SharedView):
     @doc("spaces.delete")
     def post(self, request: Request, space: str) -> DeviceCall:
-        return DeviceCall("spaces.delete", Mutation(request).args(space=resource_id(space, "spc")))
+        return DeviceCall("spaces.delete", Mutation(request).args(space=space))
 
 
 class ConversationDeletionView(SharedView):
     @doc("conversations.delete")
     def post(self, request: Request, conversation: str) -> DeviceCall:
-        return DeviceCall("conversations.delete", Mutation(request).args(conversation=resource_id(conversation, "con")))
+        return DeviceCall("conversations.delete", Mutation(request).args(conversation=conversation))
 
 
 class ConversationView(SharedView):
     @doc("conversations.get")
     def get(self, request: Request, conversation: str) -> DeviceCall:
         no_query(request)
-        return DeviceCall("conversations.get", {"conversation": resource_id(conversation, "con")})
+        return DeviceCall("conversations.get", {"conversation": conversation})
 
 
 class ConversationEventsView(SharedView):
@@ -192,7 +176,7 @@ class ConversationEventsView(SharedView):
 
     @doc("conversations.events")
     def get(self, request: Request, conversation: str) -> DeviceCall:
-        args = list_args(request, ("stream",), conversation=resource_id(conversation, "con"))
+        args = list_args(request, ("stream",), conversation=conversation)
         stream = request.query_params.get("stream", "false")
         if stream not in ("true", "false"):
             raise ServiceError(400, "bad_field", "stream must be true or false")
@@ -207,7 +191,7 @@ class OperationEventsView(SharedView):
 
     @doc("operations.subscribe")
     def get(self, request: Request, operation: str) -> DeviceCall:
-        resource_id(operation, "op")
+        typed("operations.subscribe", {"operation": operation})
         raise not_streamed()
 
 
@@ -216,47 +200,17 @@ def not_streamed() -> ServiceError:
                                                "(manage.py serve), not by this Django entry point")
 
 
-def _integer(fields: dict[str, Any], name: str) -> None:
-    """An optional integer field, when present, is an integer (not null, a float or a bool)."""
-    if name in fields and type(fields[name]) is not int:  # bool is an int subclass; floats are refused
-        raise ServiceError(400, "bad_field", f"{name} must be a JSON integer")
-
-
-def _number(fields: dict[str, Any], name: str) -> None:
-    if name in fields and type(fields[name]) not in (int, float):
-        raise ServiceError(400, "bad_field", f"{name} must be a JSON number")
-
-
 class InputsView(SharedView):
     @doc("conversations.input")
     def post(self, request: Request, conversation: str) -> DeviceCall:
         mutation = Mutation(request, INPUT_FIELDS, required=("text", "model"))
-        fields = mutation.fields
-        if not isinstance(fields["text"], str) or not isinstance(fields["model"], str):
-            raise ServiceError(400, "bad_field", "text and model must be strings")
-        for name in ("max_output_tokens", "pages"):
-            _integer(fields, name)
-        for name in ("temperature", "top_p"):
-            _number(fields, name)
-        for name, allowed in (("retention", RETENTIONS), ("context", CONTEXTS)):
-            if name in fields and fields[name] not in allowed:
-                raise ServiceError(400, "bad_field", f"{name} must be one of {', '.join(allowed)}")
-        media = fields.get("media", [])
-        if isinstance(media, list) and len(media) > MAX_MEDIA:  # counted first, as the device counts
-            raise ServiceError(400, "too_many_media", f"media holds {len(media)} references; at most {MAX_MEDIA}")
-        if (not isinstance(media, list)
-                or any(not isinstance(m, dict) or set(m) != {"type", "sha256"} or m["type"] not in MEDIA_TYPES
-                       or not isinstance(m["sha256"], str) or not SHA256.match(m["sha256"]) for m in media)):
-            raise ServiceError(400, "bad_field", "media must be an array of rows {type: image|audio, sha256: 64 "
-                                             "lowercase hex}")
-        return DeviceCall("conversations.input",
-                               mutation.args(conversation=resource_id(conversation, "con"), **fields))
+        return DeviceCall("conversations.input", mutation.args(conversation=conversation, **mutation.fields))
 
 
 class MemoryListView(SharedView):
     @doc("memory.list")
     def get(self, request: Request, space: str) -> DeviceCall:
-        return DeviceCall("memory.list", list_args(request, space=resource_id(space, "spc")))
+        return DeviceCall("memory.list", list_args(request, space=space))
 
 
 def offset_arg(request: Request, allowed: tuple[str, ...] = ()) -> int:
@@ -273,7 +227,7 @@ class MemoryView(SharedView):
     def get(self, request: Request, memory: str) -> DeviceCall:
         """One memory object from `offset`; with `version`, only while that is its current version
         (the device answers 409 `stale_version` otherwise)."""
-        args: dict[str, Any] = {"memory": resource_id(memory, "mem"), "offset": offset_arg(request, ("version",))}
+        args: dict[str, Any] = {"memory": memory, "offset": offset_arg(request, ("version",))}
         version = request.query_params.get("version")
         if version is not None:
             args["version"] = decimal_counter(version, "version", positive=True)
@@ -284,18 +238,13 @@ class PublicationsView(SharedView):
     @doc("publications.record")
     def post(self, request: Request, space: str) -> DeviceCall:
         mutation = Mutation(request, ("source", "source_version"), required=("source", "source_version"))
-        fields = mutation.fields
-        resource_id(fields["source"], "mem")
-        if not isinstance(fields["source_version"], str) or not DIGITS_ANY.fullmatch(fields["source_version"]):
-            raise ServiceError(400, "bad_field", "source_version must be a decimal string (the row's version)")
-        return DeviceCall("publications.record", mutation.args(space=resource_id(space, "spc"), **fields))
+        return DeviceCall("publications.record", mutation.args(space=space, **mutation.fields))
 
 
 class ResultView(SharedView):
     @doc("operations.result")
     def get(self, request: Request, operation: str) -> DeviceCall:
-        return DeviceCall("operations.result",
-                          {"operation": resource_id(operation, "op"), "offset": offset_arg(request)})
+        return DeviceCall("operations.result", {"operation": operation, "offset": offset_arg(request)})
 
 
 class RawBytesParser(BaseParser):
@@ -318,11 +267,7 @@ class MediaView(SharedView):
 
     @doc("media.put")
     def put(self, request: Request, sha256: str) -> DeviceCall:
-        if not SHA256.match(sha256):
-            raise ServiceError(400, "bad_id", "the path must be the 64 lowercase hex sha256 of the bytes")
         kind = request.content_type.split("/", 1)[0]
-        if kind not in MEDIA_TYPES:
-            raise ServiceError(415, "unsupported_media_type", "Content-Type must be image/* or audio/*")
         data = request.data if isinstance(request.data, bytes) else b""
         return DeviceCall("media.put", {"sha256": sha256, "data": data, "type": kind})
 
@@ -337,7 +282,7 @@ class OperationView(SharedView):
     @doc("operations.get")
     def get(self, request: Request, operation: str) -> DeviceCall:
         no_query(request)
-        return DeviceCall("operations.get", {"operation": resource_id(operation, "op")})
+        return DeviceCall("operations.get", {"operation": operation})
 
 
 class RetirementsView(SharedView):

@@ -8,7 +8,8 @@ import itertools
 import socket
 from typing import Any
 
-from .wire import FrameReader, Message, ProtocolError, request
+from .commands import Args, request
+from .wire import FrameReader, Message, ProtocolError
 
 
 class Connection:
@@ -26,10 +27,10 @@ class Connection:
         self.sock = sock
         self.reader = FrameReader()
 
-    def call(self, op: str, principal: str | None, args: dict[str, Any] | None = None) -> Message:
+    def call(self, op: str, principal: str | None, args: Args | dict[str, Any] | None = None) -> Message:
         return self.receive(self.send(op, principal, args))
 
-    def send(self, op: str, principal: str | None, args: dict[str, Any] | None = None) -> int:
+    def send(self, op: str, principal: str | None, args: Args | dict[str, Any] | None = None) -> int:
         """Send one request; its id. A failure here means the device has no whole request."""
         req_id = next(self._ids)
         self.sock.sendall(request(req_id, op, principal, args))

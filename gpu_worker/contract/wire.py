@@ -87,12 +87,6 @@ def decode_payload(payload: bytes) -> Message:
     return obj
 
 
-def request(req_id: int, op: str, principal: str | None, args: dict[str, Any] | None = None) -> bytes:
-    """The frame of one request."""
-    return encode_frame({"v": PROTOCOL_VERSION, "id": req_id, "op": op, "principal": principal,
-                         "args": args or {}})
-
-
 def reply(req_id: Any, status: int, body: bytes, headers: dict[str, str] | None = None) -> Message:
     msg: Message = {"id": req_id, "status": status, "body": body}
     if headers:

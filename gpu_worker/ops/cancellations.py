@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import execution
 from ..contract import ids
+from ..contract.commands import Cancellation
 from ..contract.errors import ServiceError
 from ..state.tables import P, R, Terminal, join16
 from . import registry
@@ -17,12 +18,10 @@ if TYPE_CHECKING:
     from ..device import Device
 
 
-def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], key: bytes,
+def check(d: Device, principal: bytes, prow: int | None, args: Cancellation, key: bytes,
           sequence: int) -> dict[str, Any]:
     assert prow is not None
-    target = args.get("target_sequence")
-    if not isinstance(target, int) or target < 1:
-        raise ServiceError(400, "bad_field", "target_sequence must be a positive decimal counter")
+    target = args.target_sequence
     t = d.state.tables
     floor = t.value(t.participants, prow, P.RETRY_FLOOR)
     if target < floor:

@@ -20,11 +20,12 @@ import io
 import itertools
 from typing import TYPE_CHECKING, Any
 
+from ..contract.chat import PENALTIES, Chat as ChatArgs
+from ..contract.commands import NoArgs
 from ..contract.errors import ServiceError
 from ..contract.vocabulary import CHAT
 from ..contract.wire import Message, dumps, reply
 from ..engine.block_manager import pages_for
-from ..contract.limits import MAX_CHOICES, MAX_MEDIA, MAX_TOP_LOGPROBS
 from ..engine.engine import TokenLogprobs
 from ..engine.vision import MediaError, PreparedImage
 from . import quotas
@@ -36,8 +37,6 @@ if TYPE_CHECKING:
     from ..device import Device
     from ..storage.committer import Batch
 
-ROLES = ("system", "user", "assistant")
-PENALTIES = ("presence_penalty", "frequency_penalty")  # OpenAI's, on tokens already generated
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 
 
@@ -64,33 +63,15 @@ def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
         principal = d.principal(msg, CHAT)
         if d.runner is None:
             raise ServiceError(503, "engine_unavailable", "this device runs no generation engine")
-        args = d.args(msg)
-        messages, prompt = args.get("messages"), args.get("prompt")
+        args = d.args(msg, ChatArgs)  # every check that needs no state is made there
+        messages, prompt = args.messages, args.prompt
         if prompt is not None:  # /v1/completions: a plain prompt, tokenized as text
-            if not isinstance(prompt, str) or not prompt or messages is not None:
-                raise ServiceError(400, "invalid_prompt", "prompt must be a non-empty string (and no messages)")
             size = len(prompt)
-        elif (not isinstance(messages, list) or not messages
-                or any(not isinstance(m, dict) or m.get("role") not in ROLES or not _content_ok(m.get("content"))
-                       for m in messages)):
-            raise ServiceError(400, "invalid_messages", "messages must be a non-empty list of {role, content}")
         else:
+            assert messages is not None
             size = sum(len(text) for m in messages for text in _texts(m["content"]))
-        images = _images(args, None if prompt is not None else messages)
-        seed = args.get("seed")
-        if seed is not None and (type(seed) is not int or not 0 <= seed < 1 << 63):
-            raise ServiceError(400, "invalid_seed", "seed must be an integer 0..2^63-1")
-        for name in PENALTIES:
-            value = args.get(name, 0.0)
-            if type(value) not in (int, float) or not -2 <= value <= 2:
-                raise ServiceError(400, f"invalid_{name}", f"{name} must be a number in [-2, 2]")
-        logprobs = args.get("logprobs")
-        if logprobs is not None and (type(logprobs) is not int or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
-            raise ServiceError(400, "invalid_logprobs", f"logprobs must be an integer 0..{MAX_TOP_LOGPROBS}")
-        n = args.get("n", 1)
-        if type(n) is not int or not 1 <= n <= MAX_CHOICES:
-            raise ServiceError(400, "invalid_n", f"n must be an integer 1..{MAX_CHOICES}")
-        card = model_card(d, args.get("model"))
+        images = args.images or []
+        card = model_card(d, args.model)
         image_tokens = 0
         if images:
             from ..images import check_file  # images.py imports ops (its media reads)
@@ -101,9 +82,7 @@ def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
             for i, data in enumerate(images):  # the header and tail only (images.py): nothing decoded here
                 check_file(io.BytesIO(data), f"image {i + 1}")
             image_tokens = int(capabilities["image_token_budget"]) * len(images)
-        max_tokens = args.get("max_tokens")
-        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-            raise ServiceError(400, "invalid_max_tokens", "max_tokens must be a positive integer")
+        max_tokens = args.max_tokens
         quotas.check(d, principal, d.state.participants.by_principal.get(principal), "chats")
         # a prompt that cannot fit is refused before it is tokenized (a 1 MB prompt took seconds)
         fewest = d.runner.engine.tokenizer.fewest_tokens(size)
@@ -126,29 +105,8 @@ def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
     return 0
 
 
-def _content_ok(content: Any) -> bool:
-    """A message's content: a string, or text and image parts (`{"type": "image"}`, its bytes in `images`)."""
-    return isinstance(content, str) or (isinstance(content, list) and bool(content) and all(
-        isinstance(p, dict) and ((p.get("type") == "text" and isinstance(p.get("text"), str) and len(p) == 2)
-                                 or (p.get("type") == "image" and len(p) == 1)) for p in content))
-
-
 def _texts(content: str | list[dict[str, Any]]) -> list[str]:
     return [content] if isinstance(content, str) else [p["text"] for p in content if p["type"] == "text"]
-
-
-def _images(args: dict[str, Any], messages: list[dict[str, Any]] | None) -> list[bytes]:
-    """The chat's image bytes, one per image part of its messages, in order."""
-    images = args.get("images")
-    parts = 0 if messages is None else sum(1 for m in messages if isinstance(m["content"], list)
-                                           for p in m["content"] if p["type"] == "image")
-    if images is None and not parts:
-        return []
-    if (not isinstance(images, list) or not 1 <= len(images) <= MAX_MEDIA
-            or any(not isinstance(data, bytes) or not data for data in images) or len(images) != parts):
-        raise ServiceError(400, "invalid_messages", f"images must be 1..{MAX_MEDIA} byte strings, one per image part "
-                                                    "of the messages")
-    return images
 
 
 def _prompt(engine: Any, prompt: str | None, messages: list[dict[str, Any]] | None,
@@ -163,7 +121,7 @@ def _prompt(engine: Any, prompt: str | None, messages: list[dict[str, Any]] | No
     return tokenizer.encode_chat(messages, images=[image.prompt for image in prepared]), prepared
 
 
-def _submit(d: Device, conn: Any, req_id: Any, principal: bytes, args: dict[str, Any],
+def _submit(d: Device, conn: Any, req_id: Any, principal: bytes, args: ChatArgs,
             result: tuple[list[int], list[PreparedImage]] | None, error: BaseException | None) -> None:
     """On the tick thread, the prompt tokenized: refuse what does not fit, or start the chat."""
     d.usage.chat_prepared(principal)
@@ -177,7 +135,7 @@ def _submit(d: Device, conn: Any, req_id: Any, principal: bytes, args: dict[str,
             raise ServiceError(400, "invalid_messages", f"the messages could not be tokenized: {error}")
         profile = d.runtime.runtime_profile
         capacity = profile["page_grant"] * profile["page_size"]
-        max_tokens = args.get("max_tokens")
+        max_tokens = args.max_tokens
         if max_tokens is None:
             max_tokens = min(profile["max_output_tokens"], capacity - len(prompt) + 1)
         if max_tokens < 1 or len(prompt) + max_tokens - 1 > capacity:
@@ -185,24 +143,24 @@ def _submit(d: Device, conn: Any, req_id: Any, principal: bytes, args: dict[str,
                                f"{len(prompt)} prompt tokens and max_tokens {max_tokens} exceed the page grant of "
                                f"{capacity} tokens")
         pages = pages_for(len(prompt) + max_tokens - 1, profile["page_size"])
-        n = args.get("n", 1)
+        n = args.n
         # with the page limits of its unfinished inputs, which share the pool; each choice reserves its own
         quotas.check(d, principal, d.state.participants.by_principal.get(principal), "kv_pages", pages * n)
     except ServiceError as err:
         d.subscriptions.outbox.append((conn, reply(req_id, err.status, err.body())))
         return
-    seed = args.get("seed")
-    settings = {"max_new_tokens": max_tokens, "temperature": float(args.get("temperature", 1.0)),
-                "top_p": float(args.get("top_p", 1.0)), "stop": tuple(args.get("stop") or []), "page_limit": pages,
-                "tenant": principal, "logprobs": args.get("logprobs"),
-                **{name: float(args.get(name, 0.0)) for name in PENALTIES}}
+    seed = args.seed
+    settings = {"max_new_tokens": max_tokens, "temperature": float(args.temperature),
+                "top_p": float(args.top_p), "stop": tuple(args.stop or []), "page_limit": pages,
+                "tenant": principal, "logprobs": args.logprobs,
+                **{name: float(getattr(args, name)) for name in PENALTIES}}
     if images:
         settings["images"] = images  # each choice's prompt holds them (the prefix cache shares equal images' pages)
     topic = d.chats.next_id()
     choices: list[dict[str, Any]] = [{"text": bytearray(), "tokens": 0, "finish": None,
-                "logprobs": [] if args.get("logprobs") is not None else None} for _ in range(n)]
+                "logprobs": [] if args.logprobs is not None else None} for _ in range(n)]
     sub = d.subscriptions.open(conn, req_id, topic, principal,
-                               {"stream": bool(args.get("stream")), "prompt_tokens": len(prompt), "pages": pages * n,
+                               {"stream": args.stream, "prompt_tokens": len(prompt), "pages": pages * n,
                                 "choices": choices, "later": (prompt, settings, seed) if n > 1 else None})
     d.subscriptions.push(sub, b"", event="accepted")  # the gateway now waits for the whole completion
     d.runner.submit((*topic, 0), prompt, seed=seed, **settings)
@@ -301,7 +259,7 @@ def connection_closed(d: Device, conn: object) -> None:
             cancel(d, sub.topic, len(sub.data["choices"]))
 
 
-def list_models(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
+def list_models(d: Device, principal: bytes, args: NoArgs) -> tuple[int, Any]:
     card = d.runtime.json("gen/card")
     models = [{"name": card["name"], "digest": d.model_digest, "kind": "generation"}]
     if d.embedder is not None:

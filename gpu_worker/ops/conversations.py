@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..contract import ids
+from ..contract.commands import ConversationRef, NewConversation, SpacePage
 from ..contract.errors import ServiceError
 from ..state.tables import C, R, Right, join16, split16
 from . import access, quotas
 from .kind import Kind, OperationKind, Read
-from .lists import page, page_args
+from .lists import page
 from .spaces import resource_key, space_key
 
 if TYPE_CHECKING:
@@ -17,11 +18,11 @@ if TYPE_CHECKING:
     from ..device import Device
 
 
-def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], key: bytes,
+def check(d: Device, principal: bytes, prow: int | None, args: NewConversation, key: bytes,
           sequence: int) -> dict[str, Any]:
     assert prow is not None
-    access.space_row(d, args.get("space"), principal, prow, Right.WRITE)  # 404 / 403 before anything else
-    raw = resource_key(args, key)
+    access.space_row(d, args.space, principal, prow, Right.WRITE)  # 404 / 403 before anything else
+    raw = resource_key(args.id, key)
     state = d.state
     lineage = state.participants.lineage[prow]
     if (lineage, raw) in state.conversations.by_id:
@@ -31,7 +32,7 @@ def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], k
     if not state.conversations.free:
         raise ServiceError(507, "conversation_capacity",
                            f"the conversation table is full ({state.capacities['conversations']})")
-    space = ids.SPACE_ID.match(args["space"])
+    space = ids.SPACE_ID.match(args.space)
     assert space is not None
     return {"space": list(ids.split_id(space)), "id": raw}
 
@@ -75,17 +76,17 @@ def view(d: Device, crow: int) -> dict[str, Any]:
             "created_by_operation": ids.operation_id(lineage, join16(row[C.OP_HI], row[C.OP_LO]))}
 
 
-def list_conversations(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
-    srow = access.space_row(d, args.get("space"), principal, d.state.participants.by_principal.get(principal),
+def list_conversations(d: Device, principal: bytes, args: SpacePage) -> tuple[int, Any]:
+    srow = access.space_row(d, args.space, principal, d.state.participants.by_principal.get(principal),
                             Right.READ)
-    cursor, limit = page_args(args)
+    cursor, limit = args.after, args.limit
     table = d.state.tables.conversations
     rows, next_cursor = page(table, C.CREATED, (table[:, C.STATE] == 1) & (table[:, C.SPACE] == srow), cursor, limit)
     return 200, {"items": [view(d, r) for r in rows], "next_cursor": next_cursor}
 
 
-def get_conversation(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
-    crow = access.conversation_row(d, args.get("conversation"), principal,
+def get_conversation(d: Device, principal: bytes, args: ConversationRef) -> tuple[int, Any]:
+    crow = access.conversation_row(d, args.conversation, principal,
                                    d.state.participants.by_principal.get(principal), Right.READ)
     return 200, view(d, crow)
 

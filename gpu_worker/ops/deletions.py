@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..contract import ids
+from ..contract.commands import ConversationDeletion, SpaceDeletion
 from ..contract.errors import ServiceError
 from ..state.tables import C, R, S, Right, Terminal
 from . import access, events, memory
@@ -42,15 +43,15 @@ def _release(free: list[int], row: int) -> None:
 
 # ---- conversations --------------------------------------------------------------------------
 
-def check_conversation(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], key: bytes,
+def check_conversation(d: Device, principal: bytes, prow: int | None, args: ConversationDeletion, key: bytes,
                        sequence: int) -> dict[str, Any]:
-    crow = access.conversation_row(d, args.get("conversation"), principal, prow, Right.MANAGE)
+    crow = access.conversation_row(d, args.conversation, principal, prow, Right.MANAGE)
     t = d.state.tables
     for rrow in d.state.conversations.inputs.get(crow, []):
         if t.value(t.receipts, rrow, R.TERMINAL) == Terminal.NONE:
             raise ServiceError(409, "conversation_busy", "the conversation has an unfinished input; cancel it or "
                                                          "wait for its terminal result")
-    m = ids.CONVERSATION_ID.match(args["conversation"])
+    m = ids.CONVERSATION_ID.match(args.conversation)
     assert m is not None
     return {"conversation": list(ids.split_id(m))}
 
@@ -79,13 +80,13 @@ DELETE_CONVERSATION: OperationKind = OperationKind(
 
 # ---- spaces ---------------------------------------------------------------------------------
 
-def check_space(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], key: bytes,
+def check_space(d: Device, principal: bytes, prow: int | None, args: SpaceDeletion, key: bytes,
                 sequence: int) -> dict[str, Any]:
-    srow = access.space_row(d, args.get("space"), principal, prow, Right.MANAGE)
+    srow = access.space_row(d, args.space, principal, prow, Right.MANAGE)
     conversations = d.state.tables.conversations
     if bool(((conversations[:, C.STATE] == 1) & (conversations[:, C.SPACE] == srow)).any()):
         raise ServiceError(409, "space_not_empty", "the space still holds conversations; delete them first")
-    m = ids.SPACE_ID.match(args["space"])
+    m = ids.SPACE_ID.match(args.space)
     assert m is not None
     return {"space": list(ids.split_id(m))}
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 from typing import TYPE_CHECKING, Any
 
+from ..contract.chat import Embeddings
 from ..contract.errors import ServiceError
 from ..contract.vocabulary import CHAT
 from ..contract.wire import Message, dumps, reply
@@ -22,8 +23,6 @@ if TYPE_CHECKING:
     from ..device import Device
     from ..storage.committer import Batch
 
-MAX_INPUTS = 256  # texts per request
-
 
 def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
     req_id = msg.get("id")
@@ -31,15 +30,12 @@ def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
         principal = d.principal(msg, CHAT)
         if d.embedder is None:
             raise ServiceError(503, "engine_unavailable", "this device runs no embedding model")
-        args = d.args(msg)
+        args = d.args(msg, Embeddings)
         name = d.embedder.card.name
-        if args.get("model") != name:
-            raise ServiceError(404, "model_not_found", f"embedding model {args.get('model')!r} is not served here; "
+        if args.model != name:
+            raise ServiceError(404, "model_not_found", f"embedding model {args.model!r} is not served here; "
                                                        f"the embedding model is {name!r}")
-        texts = args.get("input")
-        if (not isinstance(texts, list) or not 1 <= len(texts) <= MAX_INPUTS
-                or any(not isinstance(t, str) or not t for t in texts)):
-            raise ServiceError(400, "invalid_input", f"input must be 1..{MAX_INPUTS} non-empty strings")
+        texts = args.input
         quotas.check(d, principal, d.state.participants.by_principal.get(principal), "chats")
     except ServiceError as err:
         batch.replies.append((conn, reply(req_id, err.status, err.body())))

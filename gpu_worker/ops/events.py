@@ -29,12 +29,13 @@ import bisect
 import json
 from typing import TYPE_CHECKING, Any
 
+from ..contract.commands import ConversationPage, ConversationSubscribe, OperationBytes, SubscriptionClose
 from ..contract.errors import ServiceError
 from ..contract.vocabulary import CHAT, ENVELOPE, READ
 from ..contract.wire import Message, dumps, reply
 from ..state.tables import C, R, Right
 from . import access, chat, receipts, registry
-from .lists import byte_span, page_args
+from .lists import byte_offset, byte_span
 from .operations import refuse_past_deadline, visible_receipt
 
 from .kind import Read
@@ -84,21 +85,12 @@ def window_gap(first: int, last: int, readable: int) -> bool:
     return last >= first and readable < last - first + 1
 
 
-def _cursor(args: dict[str, Any]) -> int | None:
-    cursor = args.get("cursor")
-    if cursor is None:
-        return None
-    if not isinstance(cursor, str) or not cursor.isdigit():
-        raise ServiceError(400, "bad_cursor", "cursor must be a decimal string")
-    return int(cursor)
-
-
 # ---- the read --------------------------------------------------------------------------------------
 
-def list_events(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
+def list_events(d: Device, principal: bytes, args: ConversationPage) -> tuple[int, Any]:
     prow = d.state.participants.by_principal.get(principal)
-    crow = access.conversation_row(d, args.get("conversation"), principal, prow, Right.READ)
-    cursor, limit = page_args(args)
+    crow = access.conversation_row(d, args.conversation, principal, prow, Right.READ)
+    cursor, limit = args.after, args.limit
     orders, rrows = _orders(d, crow)
     floor = event_floor(d, crow, orders)
     start = bisect.bisect_right(orders, cursor) if cursor is not None else 0
@@ -137,14 +129,14 @@ def open_conversation(d: Device, conn: object, msg: Message, batch: Batch) -> in
         return 0
     try:
         principal = d.principal(msg, READ)
-        args = d.args(msg)
+        args = d.args(msg, ConversationSubscribe)
         prow = d.state.participants.by_principal.get(principal)
-        crow = access.conversation_row(d, args.get("conversation"), principal, prow, Right.READ)
-        cursor = _cursor(args)
+        crow = access.conversation_row(d, args.conversation, principal, prow, Right.READ)
+        cursor = None if args.cursor is None else int(args.cursor)
     except ServiceError as err:
         _refuse(d, conn, msg, err)
         return 0
-    sub = d.subscriptions.open(conn, msg.get("id"), ("con", crow), principal, {"conversation": args["conversation"]})
+    sub = d.subscriptions.open(conn, msg.get("id"), ("con", crow), principal, {"conversation": args.conversation})
     orders, rrows = _orders(d, crow)
     floor = event_floor(d, crow, orders)
     d.subscriptions.push(sub, dumps({"event_floor": str(floor)}), event="open")
@@ -202,19 +194,17 @@ def open_operation(d: Device, conn: object, msg: Message, batch: Batch) -> int:
         return 0
     try:
         principal = d.principal(msg, READ)
-        args = d.args(msg)
-        rrow, own = visible_receipt(d, principal, str(args.get("operation", "")))
+        args = d.args(msg, OperationBytes)
+        rrow, own = visible_receipt(d, principal, args.operation)
         t = d.state.tables
         refuse_past_deadline(t.row(t.receipts, rrow))
         length = t.value(t.receipts, rrow, R.RESULT_LEN)
-        offset = args.get("offset", 0)
-        if not isinstance(offset, int) or not 0 <= offset <= length:
-            raise ServiceError(400, "bad_offset", f"offset must be 0..{length}")
+        offset = byte_offset(args.offset, length)
     except ServiceError as err:
         _refuse(d, conn, msg, err)
         return 0
     sub = d.subscriptions.open(conn, msg.get("id"), ("op", rrow), principal,
-                               {"operation": args["operation"], "offset": length, "own": own})
+                               {"operation": args.operation, "offset": length, "own": own})
     d.subscriptions.push(sub, dumps({"offset": str(offset), "length": str(length)}), event="open")
     if length > offset:
         d.subscriptions.push(sub, _span(offset, t.get_bytes(t.result_bytes, rrow, length - offset, offset)),
@@ -273,7 +263,12 @@ def state_rebuilt(d: Device) -> None:
 def close(d: Device, conn: object, msg: Message, batch: Batch) -> int:
     """`subscriptions.close {id}`: the gateway's client went away. Never cancels execution (a
     chat, which has no existence beyond its stream, stops)."""
-    sub = d.subscriptions.close(conn, d.args(msg).get("id"))
+    try:
+        target = d.args(msg, SubscriptionClose).id
+    except ServiceError as err:
+        batch.replies.append((conn, reply(msg.get("id"), err.status, err.body())))
+        return 0
+    sub = d.subscriptions.close(conn, target)
     if sub is not None and sub.topic[0] == "chat":
         chat.cancel(d, sub.topic, len(sub.data["choices"]))
     batch.replies.append((conn, reply(msg.get("id"), 200, b'{"closed":' + (b"true" if sub else b"false") + b"}")))

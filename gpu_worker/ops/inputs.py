@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import images
 from ..contract import ids
+from ..contract.commands import Input
 from ..contract.errors import ServiceError
-from ..contract.limits import INPUT_BYTES, MAX_MEDIA, MEDIA_LINK_BYTES
-from ..contract.vocabulary import CONTEXTS, RETENTIONS
 from ..state.tables import C, R, Right, Terminal
 from ..storage import leases
 from . import access, events, memory, quotas
@@ -36,11 +35,6 @@ if TYPE_CHECKING:
     from ..admission import Admission
     from ..device import Device
 
-# Media control tokens of the model families this service may run: text may not carry them
-# (the device adds media links itself); refused before anything is retained.
-RESERVED_TOKENS = ("<|image|>", "<|audio|>", "<image>", "<audio>", "<|media|>", "<|vision_start|>",
-                   "<|vision_end|>", "<|image_pad|>", "<|video_pad|>", "<|audio_bos|>", "<|audio_eos|>",
-                   "<start_of_image>", "<end_of_image>", "<|begin_of_image|>", "<|end_of_image|>")
 
 
 def media_link(sha256: str) -> str:
@@ -80,33 +74,17 @@ def model_card(d: Device, name: Any) -> dict[str, Any]:
     raise ServiceError(409, "model_not_available", f"model {name!r} is not served here; see /capabilities for the models")
 
 
-def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], key: bytes,
+def check(d: Device, principal: bytes, prow: int | None, args: Input, key: bytes,
           sequence: int) -> dict[str, Any]:
-    access.conversation_row(d, args.get("conversation"), principal, prow, Right.WRITE)  # 404 / 403 first
-    text, media = args.get("text"), args.get("media") or []
-    if not isinstance(text, str) or not isinstance(media, list):
-        raise ServiceError(400, "bad_field", "text must be a string and media an array")
-    if not text and not media:
-        raise ServiceError(400, "bad_field", "text can be empty only when media is present")
-    reserved = [token for token in RESERVED_TOKENS if token in text]
-    if reserved:
-        raise ServiceError(400, "reserved_token", f"text contains the reserved media control token {reserved[0]}")
-    if len(media) > MAX_MEDIA:
-        raise ServiceError(400, "too_many_media", f"at most {MAX_MEDIA} media references")
-    size = len(text.encode("utf-8")) + MEDIA_LINK_BYTES * len(media)
-    if size > INPUT_BYTES:
-        raise ServiceError(400, "input_too_large", f"text and media links take {size} bytes; the limit is "
-                                                   f"{INPUT_BYTES} ({MEDIA_LINK_BYTES} per media link)")
-    card = model_card(d, args.get("model"))
+    access.conversation_row(d, args.conversation, principal, prow, Right.WRITE)  # 404 / 403 first
+    media = [{"type": row.type, "sha256": row.sha256} for row in args.media]
+    card = model_card(d, args.model)
     for row in media:
-        # a row without sha256 looks up None: not found, as intended
-        source = d.state.media.get(row.get("sha256")) if isinstance(row, dict) else None  # type: ignore[arg-type]
+        sha = row["sha256"]
+        source = d.state.media.get(sha)
         if source is None or prow not in source.owners:
-            raise ServiceError(404, "media_not_found",
-                               f"no media source {row.get('sha256') if isinstance(row, dict) else row!r} "
-                               "owned by this participant")
+            raise ServiceError(404, "media_not_found", f"no media source {sha} owned by this participant")
         if source.missing:  # listed by the saved state, its bytes lost (ops/media.recover_bytes)
-            sha = row["sha256"]
             raise ServiceError(409, "media_unavailable",
                                f"media source {sha} is saved but its bytes are not (restored from a checkpoint "
                                f"that did not carry them); upload it again: PUT /aotx/v1/media/{sha}", sha256=sha)
@@ -115,40 +93,28 @@ def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], k
         raise ServiceError(409, "model_lacks_media", f"model {card['name']} takes no {', '.join(sorted(types))} input")
     profile = d.runtime.runtime_profile
     grant, pool = profile["page_grant"], profile["kv_pages"]
-    pages = args.get("pages", grant)
-    if not isinstance(pages, int) or pages < 1:
-        raise ServiceError(400, "bad_field", "pages must be a positive integer")
+    pages = grant if args.pages is None else args.pages
     if pages > pool:
         raise ServiceError(409, "page_limit_exceeds_pool", f"{pages} pages exceed the KV pool of {pool}")
     if pages > grant:
         raise ServiceError(409, "page_limit_exceeds_grant", f"{pages} pages exceed the page grant of {grant}")
-    max_output = args["max_output_tokens"] if "max_output_tokens" in args else default_output_tokens(profile, pages)
-    if not isinstance(max_output, int) or not 1 <= max_output <= pages * profile["page_size"]:
+    max_output = default_output_tokens(profile, pages) if args.max_output_tokens is None else args.max_output_tokens
+    if not max_output <= pages * profile["page_size"]:
         raise ServiceError(400, "bad_field", f"max_output_tokens must be 1..{pages * profile['page_size']} "
                                              f"for {pages} pages")
     images.check(d, card, media, pages, max_output)  # each image's bytes, and its tokens in the page limit
-    temperature, top_p = args.get("temperature", 0.0), args.get("top_p", 1.0)
-    if not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2:
-        raise ServiceError(400, "bad_field", "temperature must be a number in [0, 2]")
-    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
-        raise ServiceError(400, "bad_field", "top_p must be a number in (0, 1]")
-    retention, context = args.get("retention", "source"), args.get("context", "compact")
-    if retention not in leases.RETENTION_OF:
-        raise ServiceError(400, "bad_field", f"retention must be one of {', '.join(RETENTIONS)}")
-    if context not in leases.REVISION_OF:
-        raise ServiceError(400, "bad_field", f"context must be one of {', '.join(CONTEXTS)}")
-    mode = leases.RETENTION_OF[retention]
+    mode = leases.RETENTION_OF[args.retention]
     if mode == leases.RETAIN_AND_INTERPRET and not card["capabilities"]["automatic_memory"]:
         mode = leases.RETAIN_SOURCE  # recorded as mode 1: this model cannot interpret (SPEC)
     quotas.check(d, principal, prow, "queued_inputs")
     quotas.check(d, principal, prow, "kv_pages", pages)
-    conversation = ids.CONVERSATION_ID.match(args["conversation"])
+    conversation = ids.CONVERSATION_ID.match(args.conversation)
     assert conversation is not None
     return {"conversation": list(ids.split_id(conversation)),
             "model": d.model_digest, "pages": pages, "max_output_tokens": max_output,
-            "temperature": float(temperature), "top_p": float(top_p),
+            "temperature": float(args.temperature), "top_p": float(args.top_p),
             "media": [[r["type"], r["sha256"]] for r in media], "retention": mode,
-            "revision": leases.REVISION_OF[context]}
+            "revision": leases.REVISION_OF[args.context]}
 
 
 def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..contract.commands import TYPES, Mutation
 from ..contract.vocabulary import COMMANDS
 
 if TYPE_CHECKING:
@@ -38,8 +39,9 @@ class Kind(IntEnum):
     PUBLICATION = 10
 
 
-# check(device, principal, participant row or None, args, operation key, sequence) -> admission extra
-Check = Callable[["Device", bytes, "int | None", dict[str, Any], bytes, int], dict[str, Any]]
+# check(device, principal, participant row or None, the kind's arguments (its type in
+# contract/commands.py, already checked there), operation key, sequence) -> admission extra
+Check = Callable[["Device", bytes, "int | None", Any, bytes, int], dict[str, Any]]
 # apply(device, admission, participant row, journal transfer seq (None at replay), receipt row) -> target row
 Apply = Callable[["Device", "Admission", int, "int | None", int], int]
 # target_id(device, receipt row values, the participant's lineage) -> the receipt's "target"
@@ -52,8 +54,9 @@ Columns = Callable[["Device", "Admission"], dict[int, int]]
 MemoryJson = Callable[["Device", list[int], bytes], str]
 # saved(device, receipt row): the admission is saved (live only; replay finds it saved)
 Saved = Callable[["Device", int], None]
-# a read: read(device, principal bytes (None for ops commands), args) -> (status, body)
-Read = Callable[["Device", Any, dict[str, Any]], tuple[int, Any]]
+# a read: read(device, principal bytes (None for ops commands), its arguments (the command's type
+# in contract/commands.py)) -> (status, body)
+Read = Callable[["Device", Any, Any], tuple[int, Any]]
 # a command answered outside a tick's order: later(device, connection, message, the tick's batch)
 # -> journal records used
 Later = Callable[["Device", object, "Message", "Batch"], int]
@@ -65,7 +68,7 @@ def owner_only(device: Device, principal: bytes, reader: int | None, row: list[i
 
 
 class OperationKind:
-    __slots__ = ("code", "op", "name", "action", "check", "apply", "target_id", "visible_to", "columns", "executes",
+    __slots__ = ("code", "op", "name", "action", "args", "check", "apply", "target_id", "visible_to", "columns", "executes",
                  "saved", "memory")
 
     def __init__(self, code: Kind, op: str, *, check: Check, apply: Apply, target_id: TargetId,
@@ -78,6 +81,9 @@ class OperationKind:
         self.op = op
         self.name = command.receipt_kind     # the receipt's "kind"
         self.action = command.action         # the gateway action the principal needs
+        args = TYPES[op]
+        assert issubclass(args, Mutation), f"{op}'s arguments must carry the mutation envelope"
+        self.args: type[Mutation] = args     # its arguments' declared type
         self.check = check
         self.apply = apply
         self.target_id = target_id

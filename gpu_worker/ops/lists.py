@@ -10,19 +10,6 @@ from typing import Any
 import torch
 
 from ..contract.errors import ServiceError
-from ..contract.limits import DEFAULT_LIMIT, MAX_LIMIT
-
-
-def page_args(args: dict[str, Any]) -> tuple[int | None, int]:
-    """(cursor or None, limit) of a list read; the gateway already checked the syntax."""
-    cursor, limit = args.get("cursor"), args.get("limit", DEFAULT_LIMIT)
-    if not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
-        raise ServiceError(400, "bad_limit", f"limit must be 1..{MAX_LIMIT}")
-    if cursor is None:
-        return None, limit
-    if not isinstance(cursor, str) or not cursor.isdigit():
-        raise ServiceError(400, "bad_cursor", "cursor must be a decimal string")
-    return int(cursor), limit
 
 
 def page(table: torch.Tensor, created_col: int, mask: torch.Tensor, cursor: int | None,
@@ -40,10 +27,9 @@ def page(table: torch.Tensor, created_col: int, mask: torch.Tensor, cursor: int 
     return found, next_cursor
 
 
-def byte_offset(args: dict[str, Any], length: int) -> int:
+def byte_offset(offset: int, length: int) -> int:
     """The `offset` of a byte-span read (result bytes, a memory payload): 0..length."""
-    offset = args.get("offset", 0)
-    if not isinstance(offset, int) or not 0 <= offset <= length:
+    if not offset <= length:
         raise ServiceError(400, "bad_offset", f"offset must be 0..{length}")
     return offset
 

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from ..contract.commands import MediaPut
 from ..contract.errors import ServiceError
-from ..contract.limits import MAX_MEDIA_BYTES
-from ..contract.vocabulary import MEDIA_TYPES, WRITE
+from ..contract.vocabulary import WRITE
 from ..contract.wire import Message, dumps, reply
 from ..state import MediaSource
 from ..storage.journal import JournalCorrupt, Transfer, TransferKind, segment_name
@@ -94,17 +94,6 @@ def view(d: Device, sha: str) -> dict[str, Any]:
     return {"sha256": sha, "length": str(source.length), "type": source.type}
 
 
-def _check(args: dict[str, Any]) -> None:
-    """What can be checked without reading the bytes (the digest is checked off the tick thread)."""
-    sha, data, kind = args.get("sha256"), args.get("data"), args.get("type")
-    if not isinstance(sha, str) or len(sha) != 64 or not isinstance(data, bytes):
-        raise ServiceError(400, "bad_field", "media upload needs sha256 and the bytes")
-    if kind not in MEDIA_TYPES:
-        raise ServiceError(400, "bad_field", "media type must be image or audio")
-    if len(data) > MAX_MEDIA_BYTES:
-        raise ServiceError(413, "media_too_large", f"a media source is at most {MAX_MEDIA_BYTES} bytes")
-
-
 def _store(directory: str, fs: Any, sha: str, data: bytes) -> None:
     """Off the tick thread: the digest, then the file written and fsynced (file, then directory)."""
     if hashlib.sha256(data).hexdigest() != sha:
@@ -132,17 +121,16 @@ def put(d: Device, conn: object, msg: Message, batch: Batch) -> int:
     try:
         principal = d.principal(msg, WRITE)
         prow = d.caller_row(principal)
-        args = d.args(msg)
-        _check(args)
+        args = d.args(msg, MediaPut)
         if d.holds.current:
             raise d.holds.refusal(d.committer.writer.queued_bytes)
-        source = d.state.media.get(args["sha256"])
+        source = d.state.media.get(args.sha256)
         if source is None or prow not in source.owners:  # an upload it already owns adds nothing
-            quotas.check(d, principal, prow, "media_bytes", len(args["data"]))
+            quotas.check(d, principal, prow, "media_bytes", len(args.data))
     except ServiceError as err:
         batch.replies.append((conn, reply(req_id, err.status, err.body())))
         return 0
-    sha, data, kind = args["sha256"], args["data"], args["type"]
+    sha, data, kind = args.sha256, args.data, args.type
     owner = d.state.participants.raw[prow]
     d.usage.media_in_flight[prow] += len(data)
 

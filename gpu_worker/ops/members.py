@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..contract.commands import MemberSet, SpacePage
 from ..contract import ids
 from ..contract.errors import ServiceError
 from ..state.tables import M, R, S, Right
 from . import access, events
 from .kind import Kind, OperationKind, Read
-from .lists import page, page_args
+from .lists import page
 from .spaces import space_key
 
 if TYPE_CHECKING:
@@ -18,27 +19,22 @@ if TYPE_CHECKING:
     from ..device import Device
 
 
-def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], key: bytes,
+def check(d: Device, principal: bytes, prow: int | None, args: MemberSet, key: bytes,
           sequence: int) -> dict[str, Any]:
     state = d.state
-    srow = access.space_row(d, args.get("space"), principal, prow, Right.MANAGE)
-    value = args.get("participant")
-    m = ids.PARTICIPANT_ID.match(value) if isinstance(value, str) else None
+    srow = access.space_row(d, args.space, principal, prow, Right.MANAGE)
+    m = ids.PARTICIPANT_ID.match(args.participant)
     member = state.participants.by_raw.get(bytes.fromhex(m.group(1))) if m else None
     if member is None:
-        raise ServiceError(404, "participant_not_found", f"no registered participant {value}")
-    permissions = args.get("permissions")
-    if (not isinstance(permissions, list) or any(p not in access.RIGHT_NAMES for p in permissions)
-            or len(set(permissions)) != len(permissions)):
-        raise ServiceError(400, "bad_field", "permissions must be distinct values of read, write, manage")
+        raise ServiceError(404, "participant_not_found", f"no registered participant {args.participant}")
     if member == state.tables.value(state.tables.spaces, srow, S.OWNER):
         raise ServiceError(409, "owner_rights_fixed", "the space owner always has read, write and manage")
     if (srow, member) not in state.members.rows and not state.members.free:
         raise ServiceError(507, "member_capacity", f"the member table is full ({state.capacities['members']})")
-    space = ids.SPACE_ID.match(args["space"])
+    space = ids.SPACE_ID.match(args.space)
     assert space is not None
     return {"space": list(ids.split_id(space)), "participant": state.participants.raw[member],
-            "rights": sum(access.RIGHT_NAMES[p] for p in permissions)}
+            "rights": sum(access.RIGHT_NAMES[p] for p in args.permissions)}
 
 
 def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
@@ -71,15 +67,15 @@ SET: OperationKind = OperationKind(Kind.MEMBER_SET, "members.set", check=check, 
                     visible_to=visible_to, saved=saved)
 
 
-def list_members(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
+def list_members(d: Device, principal: bytes, args: SpacePage) -> tuple[int, Any]:
     """The owner (implicit, on the first page) then the explicit rows in creation order; a page
     holds at most `limit` items, the owner taking one of the first page's places. Cursors are the
     explicit rows' creation counters; after a first page of the owner alone it is "0", which no
     row was created at (every admission counts from 1), so the next page starts at the first row."""
     state = d.state
-    srow = access.space_row(d, args.get("space"), principal, state.participants.by_principal.get(principal),
+    srow = access.space_row(d, args.space, principal, state.participants.by_principal.get(principal),
                             Right.READ)
-    cursor, limit = page_args(args)
+    cursor, limit = args.after, args.limit
     t = state.tables
     members = t.members
     live = (members[:, M.STATE] == 1) & (members[:, M.SPACE] == srow)

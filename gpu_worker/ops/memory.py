@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..contract import ids
+from ..contract.commands import MemoryRead, SpacePage
 from ..contract.errors import ServiceError
 from ..contract.limits import RECALL_FLOOR, RECALL_K, RECALL_MARGIN
 from ..contract.vocabulary import MEMORY_KINDS, NOT_RETAINED
@@ -33,7 +34,7 @@ from ..state import ids as derived
 from ..state.tables import C, NotRetained, P, R, S, Right, Scope, join16
 from ..storage import leases
 from . import access
-from .lists import byte_offset, byte_span, page_args
+from .lists import byte_offset, byte_span
 from .kind import Read
 
 if TYPE_CHECKING:
@@ -177,11 +178,11 @@ def recall_items(d: Device, srow: int, query: torch.Tensor, readable: torch.Tens
 
 # ---- reads ----------------------------------------------------------------------------------
 
-def list_memory(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
+def list_memory(d: Device, principal: bytes, args: SpacePage) -> tuple[int, Any]:
     """The rows of a space's memory owner, in write order after `cursor` (a memory counter)."""
-    cursor, limit = page_args(args)
+    cursor, limit = args.after, args.limit
     prow = d.state.participants.by_principal.get(principal)
-    srow = access.space_row(d, args.get("space"), principal, prow, Right.READ)
+    srow = access.space_row(d, args.space, principal, prow, Right.READ)
     memory = d.state.memory
     mask = (scope_table(d, srow) & readable_owners(d, principal, prow))[memory.owners]
     if cursor is not None:
@@ -200,19 +201,16 @@ def row_json(d: Device, slot: int) -> dict[str, Any]:
     return memory.row(slot).to_json(memory.provenance_of(slot))
 
 
-def get_memory(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
+def get_memory(d: Device, principal: bytes, args: MemoryRead) -> tuple[int, Any]:
     """One row and its exact payload bytes from a byte offset (base64; `text` null unless the span
     is complete UTF-8); with `version`, only while that is the object's current version."""
     prow = d.state.participants.by_principal.get(principal)
-    slot = visible_slot(d, principal, prow, args.get("memory"))
+    slot = visible_slot(d, principal, prow, args.memory)
     memory = d.state.memory
     row = memory.row(slot)
-    if "version" in args:
-        version = args["version"]
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise ServiceError(400, "bad_field", "version must be a counter of at least 1")
-        current_version(row, version, args["memory"])
-    offset = byte_offset(args, row.byte_length)
+    if args.version is not None:
+        current_version(row, args.version, args.memory)
+    offset = byte_offset(args.offset, row.byte_length)
     return 200, {"memory": row_json(d, slot), **byte_span(memory.payload_of(slot, offset), offset)}
 
 

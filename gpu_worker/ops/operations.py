@@ -7,12 +7,13 @@ import bisect
 from typing import TYPE_CHECKING, Any
 
 from ..contract import ids
+from ..contract.commands import OperationBytes, OperationRef, Page, ReceiptFilter
 from ..contract.errors import ServiceError
 from ..contract.wire import RawJSON
 from ..state import ids as derived
 from ..state.tables import R, Terminal, join16
 from . import receipts, registry
-from .lists import byte_offset, byte_span, page, page_args
+from .lists import byte_offset, byte_span, page
 
 from .kind import Read
 
@@ -46,8 +47,8 @@ def visible_receipt(d: Device, principal: bytes, op: str) -> tuple[int, bool]:
     raise ServiceError(404, "operation_not_found", f"no operation {op} visible to this principal")
 
 
-def list_operations(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
-    cursor, limit = page_args(args)
+def list_operations(d: Device, principal: bytes, args: Page) -> tuple[int, Any]:
+    cursor, limit = args.after, args.limit
     prow = d.state.participants.by_principal.get(principal)
     seqs = d.state.live_sequences(prow) if prow is not None else range(0)
     start = bisect.bisect_right(seqs, cursor) if cursor is not None else 0
@@ -59,15 +60,15 @@ def list_operations(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[
     return 200, {"items": items, "next_cursor": str(page[-1]) if more and page else None}
 
 
-def get_operation(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
-    rrow, own = visible_receipt(d, principal, str(args.get("operation", "")))
+def get_operation(d: Device, principal: bytes, args: OperationRef) -> tuple[int, Any]:
+    rrow, own = visible_receipt(d, principal, args.operation)
     return 200, RawJSON(receipts.receipt_bytes(d, rrow, own=own))
 
 
-def read_result(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
+def read_result(d: Device, principal: bytes, args: OperationBytes) -> tuple[int, Any]:
     """An operation's saved result bytes from a byte offset: exact base64, `text` null unless the
     span is complete UTF-8 (nothing is ever replaced); 504 past its execution deadline."""
-    rrow, _ = visible_receipt(d, principal, str(args.get("operation", "")))
+    rrow, _ = visible_receipt(d, principal, args.operation)
     return result(d, rrow, args)
 
 
@@ -78,14 +79,14 @@ def refuse_past_deadline(row: list[int]) -> None:
         raise ServiceError(504, "deadline_exceeded", "the operation exceeded its execution deadline")
 
 
-def result(d: Device, rrow: int, args: dict[str, Any]) -> tuple[int, Any]:
+def result(d: Device, rrow: int, args: OperationBytes) -> tuple[int, Any]:
     t = d.state.tables
     row = t.row(t.receipts, rrow)
     if not registry.KINDS[row[R.KIND]].executes:
         raise ServiceError(409, "no_result", "this operation has no result bytes")
     refuse_past_deadline(row)
     length = row[R.RESULT_LEN]
-    offset = byte_offset(args, length)
+    offset = byte_offset(args.offset, length)
     ended = row[R.TERM_TRANSFER] != 0
     return 200, {
         "operation": ids.operation_id(d.state.participants.lineage_at(row[R.PARTICIPANT], row[R.CREATED]),
@@ -115,20 +116,20 @@ def _any_receipt(d: Device, op: Any) -> int:
     return rrow
 
 
-def ops_receipts(d: Device, principal: Any, args: dict[str, Any]) -> tuple[int, Any]:
+def ops_receipts(d: Device, principal: Any, args: ReceiptFilter) -> tuple[int, Any]:
     """Every live receipt, in admission order, filtered by participant, kind, status and save state."""
     table = d.state.tables.receipts
     mask = table[:, R.STATE] == 1
-    if args.get("participant") is not None:
-        m = ids.PARTICIPANT_ID.match(str(args["participant"]))
+    if args.participant is not None:
+        m = ids.PARTICIPANT_ID.match(args.participant)
         prow = d.state.participants.by_raw.get(bytes.fromhex(m.group(1))) if m else None
         mask &= table[:, R.PARTICIPANT] == (prow if prow is not None else -1)
-    if args.get("kind") is not None:
-        kind = next((k.code for k in registry.KINDS.values() if k.name == args["kind"]), None)
+    if args.kind is not None:
+        kind = next((k.code for k in registry.KINDS.values() if k.name == args.kind), None)
         if kind is None:
             raise ServiceError(400, "bad_field", f"kind must be one of {sorted(k.name for k in registry.KINDS.values())}")
         mask &= table[:, R.KIND] == kind
-    status = args.get("status")
+    status = args.status
     if status is not None:
         if status == "admitted":
             mask &= (table[:, R.TERMINAL] == Terminal.NONE) & (table[:, R.LEASE] == 0)
@@ -138,7 +139,7 @@ def ops_receipts(d: Device, principal: Any, args: dict[str, Any]) -> tuple[int, 
             mask &= (table[:, R.TERMINAL] == _STATUS_CODES[status]) & (table[:, R.TERM_TRANSFER] != 0)
         else:
             raise ServiceError(400, "bad_field", "status must be admitted, running or a terminal status")
-    saved = args.get("saved")
+    saved = args.saved
     if saved is not None:
         conditions = {"unsaved": table[:, R.ADM_TRANSFER] == 0,
                       "admission": (table[:, R.ADM_TRANSFER] != 0) & (table[:, R.TERM_TRANSFER] == 0),
@@ -146,17 +147,17 @@ def ops_receipts(d: Device, principal: Any, args: dict[str, Any]) -> tuple[int, 
         if saved not in conditions:
             raise ServiceError(400, "bad_field", "saved must be unsaved, admission or terminal")
         mask &= conditions[saved]
-    cursor, limit = page_args(args)
+    cursor, limit = args.after, args.limit
     rows, next_cursor = page(table, R.CREATED, mask, cursor, limit)
     return 200, {"items": [RawJSON(receipts.receipt_bytes(d, r)) for r in rows], "next_cursor": next_cursor}
 
 
-def ops_receipt(d: Device, principal: Any, args: dict[str, Any]) -> tuple[int, Any]:
-    return 200, RawJSON(receipts.receipt_bytes(d, _any_receipt(d, args.get("operation"))))
+def ops_receipt(d: Device, principal: Any, args: OperationRef) -> tuple[int, Any]:
+    return 200, RawJSON(receipts.receipt_bytes(d, _any_receipt(d, args.operation)))
 
 
-def ops_result(d: Device, principal: Any, args: dict[str, Any]) -> tuple[int, Any]:
-    return result(d, _any_receipt(d, args.get("operation")), args)
+def ops_result(d: Device, principal: Any, args: OperationBytes) -> tuple[int, Any]:
+    return result(d, _any_receipt(d, args.operation), args)
 
 
 OPS_READS: dict[str, Read] = {"ops.receipts": ops_receipts, "ops.receipt": ops_receipt, "ops.result": ops_result}

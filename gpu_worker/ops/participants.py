@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..contract import ids
+from ..contract.commands import Mutation, NoArgs, ParticipantRef
 from ..contract.errors import ServiceError
 from ..state.tables import P, R, split16
 from .kind import Kind, OperationKind, Read
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from ..device import Device
 
 
-def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], key: bytes,
+def check(d: Device, principal: bytes, prow: int | None, args: Mutation, key: bytes,
           sequence: int) -> dict[str, Any]:
     if prow is not None:
         raise ServiceError(409, "already_registered", "the participant is already registered")
@@ -51,7 +52,7 @@ def view(d: Device, prow: int, *, own: bool) -> dict[str, Any]:
             "retry_floor": str(row[P.RETRY_FLOOR]) if own else None}
 
 
-def get_own(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
+def get_own(d: Device, principal: bytes, args: NoArgs) -> tuple[int, Any]:
     participants = d.state.participants
     prow = participants.by_principal.get(principal)
     if prow is None:
@@ -60,9 +61,9 @@ def get_own(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any
     return 200, view(d, prow, own=True)
 
 
-def get_other(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
+def get_other(d: Device, principal: bytes, args: ParticipantRef) -> tuple[int, Any]:
     participants = d.state.participants
-    m = ids.PARTICIPANT_ID.match(str(args.get("participant", "")))
+    m = ids.PARTICIPANT_ID.match(args.participant)
     prow = participants.by_raw.get(bytes.fromhex(m.group(1))) if m else None
     if prow is None:
         raise ServiceError(404, "participant_not_found", "no such registered participant")

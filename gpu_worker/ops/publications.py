@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..contract import ids
+from ..contract.commands import Publication
 from ..contract.errors import ServiceError
 from ..memory.rows import Flag, Provenance
 from ..state.tables import R, Right, join16
@@ -33,23 +34,20 @@ if TYPE_CHECKING:
 COPY = 0xF0  # the memory-object tag of a publication's copy (state/ids.memory_object)
 
 
-def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], key: bytes,
+def check(d: Device, principal: bytes, prow: int | None, args: Publication, key: bytes,
           sequence: int) -> dict[str, Any]:
-    access.space_row(d, args.get("space"), principal, prow, Right.MANAGE)
-    slot = memory.visible_slot(d, principal, prow, args.get("source"))
-    version = args.get("source_version")
-    if not isinstance(version, str) or not version.isdigit():
-        raise ServiceError(400, "bad_field", "source_version must be a decimal string")
+    access.space_row(d, args.space, principal, prow, Right.MANAGE)
+    slot = memory.visible_slot(d, principal, prow, args.source)
     table = d.state.memory
     row = table.row(slot)
-    memory.current_version(row, int(version), args["source"])
+    memory.current_version(row, int(args.source_version), args.source)
     if int(row.kind) not in memory.TEXT_KINDS:
         raise ServiceError(409, "unsupported_kind", f"a {memory.KIND_NAMES[int(row.kind)]} memory object cannot be "
                                                     "published; only retained text (source, interpretation)")
     if not table.free_rows:
         raise ServiceError(507, "memory_full", f"the memory table is full ({table.capacity} rows)")
     quotas.check(d, principal, prow, "memory_rows")
-    space = ids.SPACE_ID.match(args["space"])
+    space = ids.SPACE_ID.match(args.space)
     assert space is not None
     return {"space": list(ids.split_id(space)), "source": [row.lineage, row.object], "source_version": row.version}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 from typing import TYPE_CHECKING, Any
 
+from ..contract.commands import Retirement
 from ..contract.errors import ServiceError
 from ..state.tables import P, R, join16
 from . import deletions, history
@@ -19,12 +20,10 @@ if TYPE_CHECKING:
     from ..device import Device
 
 
-def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], key: bytes,
+def check(d: Device, principal: bytes, prow: int | None, args: Retirement, key: bytes,
           sequence: int) -> dict[str, Any]:
     assert prow is not None
-    floor = args.get("retry_floor")
-    if not isinstance(floor, int) or floor < 1:
-        raise ServiceError(400, "bad_field", "retry_floor must be a positive decimal counter")
+    floor = args.retry_floor
     state = d.state
     t = state.tables
     current = t.value(t.participants, prow, P.RETRY_FLOOR)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from ..contract.commands import AuditExport, NoArgs
 from ..contract.limits import INPUT_BYTES, MAX_MEDIA, MEDIA_LINK_BYTES
 from ..contract.vocabulary import CAPABILITIES_SCHEMA, MUTATION_SCHEMA, RECEIPT_SCHEMA
 from ..contract.errors import ServiceError
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from ..storage.committer import Batch
 
 
-def capabilities(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
+def capabilities(d: Device, principal: bytes, args: NoArgs) -> tuple[int, Any]:
     runtime = d.runtime
     card = runtime.json("gen/card")
     profile = runtime.runtime_profile
@@ -52,7 +53,7 @@ def capabilities(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int
     }
 
 
-def ping(d: Device, principal: bytes | None, args: dict[str, Any]) -> tuple[int, Any]:
+def ping(d: Device, principal: bytes | None, args: NoArgs) -> tuple[int, Any]:
     """Ops status (no principal: the socket admits the gateway's user only, loop/server.py): what the gateway's /metrics,
     /healthz and admin pages show."""
     return 200, {"ok": True, "boot": str(d.state.boot), "generation": str(d.state.generation),
@@ -82,17 +83,19 @@ def kv_pool(d: Device) -> dict[str, int] | None:
             "waiting": pool.waiting}
 
 
-def checkpoint(d: Device, principal: bytes | None, args: dict[str, Any]) -> tuple[int, Any]:
+def checkpoint(d: Device, principal: bytes | None, args: NoArgs) -> tuple[int, Any]:
     return 200, d.checkpoint() or {"generation": d.state.generation, "folded": 0}
 
 
 def audit_export(d: Device, conn: object, msg: Message, batch: Batch) -> int:
     """`audit.export {path}`: write the logical audit prefix to path (storage/audit.py) on a thread
     of its own, since it reads the whole history; the reply comes when the file is written."""
-    path = d.args(msg).get("path")
     req_id = msg.get("id")
-    if not isinstance(path, str) or not os.path.isabs(path) or not os.path.isdir(os.path.dirname(path)):
-        err = ServiceError(400, "bad_field", "path must be an absolute path in an existing directory")
+    try:
+        path = d.args(msg, AuditExport).path
+        if not os.path.isabs(path) or not os.path.isdir(os.path.dirname(path)):
+            raise ServiceError(400, "bad_field", "path must be an absolute path in an existing directory")
+    except ServiceError as err:
         batch.replies.append((conn, reply(req_id, err.status, err.body())))
         return 0
     runtime_path, journal_dir = d.runtime.path, d.journal_dir

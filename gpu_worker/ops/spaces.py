@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..contract import ids, vocabulary
+from ..contract.commands import NewSpace, Page, SpaceRef
 from ..contract.errors import ServiceError
 from ..state import ids as derived
 from ..state.tables import R, S, Right, Scope, join16, split16
 from . import access, quotas
 from .kind import Kind, OperationKind, Read
-from .lists import page, page_args
+from .lists import page
 
 if TYPE_CHECKING:
     from ..admission import Admission
@@ -20,14 +21,10 @@ SCOPES = {name: Scope[name.upper()] for name in vocabulary.SCOPES}  # the contra
 SCOPE_NAMES = {int(v): k for k, v in SCOPES.items()}
 
 
-def resource_key(args: dict[str, Any], key: bytes) -> bytes:
-    """The new resource's ID: `id` when given, else the operation key (SPEC)."""
-    value = args.get("id")
-    if value is None:
-        return key
-    if not isinstance(value, str) or not ids.HEX32.match(value):
-        raise ServiceError(400, "bad_field", "id must be 32 lowercase hexadecimal digits")
-    return bytes.fromhex(value)
+def resource_key(value: str | None, key: bytes) -> bytes:
+    """The new resource's ID: `id` when given (its shape checked by the contract), else the
+    operation key (SPEC)."""
+    return key if value is None else bytes.fromhex(value)
 
 
 def space_key(recorded: list[bytes]) -> tuple[bytes, bytes]:
@@ -35,13 +32,11 @@ def space_key(recorded: list[bytes]) -> tuple[bytes, bytes]:
     return recorded[0], recorded[1]
 
 
-def check(d: Device, principal: bytes, prow: int | None, args: dict[str, Any], key: bytes,
+def check(d: Device, principal: bytes, prow: int | None, args: NewSpace, key: bytes,
           sequence: int) -> dict[str, Any]:
     assert prow is not None
-    scope = SCOPES.get(args.get("scope", "private"))
-    if scope is None:
-        raise ServiceError(400, "bad_field", "scope must be private, room or instance")
-    raw = resource_key(args, key)
+    scope = SCOPES[args.scope]
+    raw = resource_key(args.id, key)
     lineage = d.state.participants.lineage[prow]
     if (lineage, raw) in d.state.spaces.by_id:
         raise ServiceError(409, "space_exists", f"space {ids.space_id(lineage, raw)} already exists")
@@ -98,17 +93,16 @@ def view(d: Device, srow: int, rights: int) -> dict[str, Any]:
             "rights": access.right_names(rights)}
 
 
-def list_spaces(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
-    cursor, limit = page_args(args)
+def list_spaces(d: Device, principal: bytes, args: Page) -> tuple[int, Any]:
     rights = access.visible_spaces(d, principal, d.state.participants.by_principal.get(principal))
-    rows, next_cursor = page(d.state.tables.spaces, S.CREATED, rights != 0, cursor, limit)
+    rows, next_cursor = page(d.state.tables.spaces, S.CREATED, rights != 0, args.after, args.limit)
     by_row = rights.tolist()
     return 200, {"items": [view(d, r, by_row[r]) for r in rows], "next_cursor": next_cursor}
 
 
-def get_space(d: Device, principal: bytes, args: dict[str, Any]) -> tuple[int, Any]:
+def get_space(d: Device, principal: bytes, args: SpaceRef) -> tuple[int, Any]:
     prow = d.state.participants.by_principal.get(principal)
-    srow = access.space_row(d, args.get("space"), principal, prow, Right.READ)
+    srow = access.space_row(d, args.space, principal, prow, Right.READ)
     return 200, view(d, srow, access.effective_rights(d, principal, prow, srow))
 
 

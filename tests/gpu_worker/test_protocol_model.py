@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, invariant, precondition, rule,
                                  run_state_machine_as_test)
 
+from gpu_worker.contract.commands import TYPES
 from gpu_worker.device import Device
 from gpu_worker.contract.grantfile import Grants
 from gpu_worker.pack import pack_tiny
@@ -282,12 +283,12 @@ class ProtocolMachine(RuleBasedStateMachine):
         how = data.draw(st.sampled_from(["key", "field", "kind"]), label="change")
         if how == "key":
             changed = Cmd(original.op, original.path, original.fields, seq, self.new_key(), p.lineage)
-        elif how == "field":
+        elif how == "field" and "id" in TYPES[original.op].__struct_fields__:
             changed = Cmd(original.op, original.path, {**original.fields, "id": self.new_key()}, seq,
                           original.key, p.lineage)
-            if original.op == "retirements.record":
-                changed = Cmd(original.op, original.path, {"retry_floor": str(seq + 7)}, seq, original.key,
-                              p.lineage)
+        elif how == "field" and original.op == "retirements.record":
+            changed = Cmd(original.op, original.path, {"retry_floor": str(seq + 7)}, seq, original.key,
+                          p.lineage)
         elif original.op == "spaces.create":
             changed = Cmd("retirements.record", "/retirements", {"retry_floor": str(seq)}, seq, original.key,
                           p.lineage)

@@ -8,6 +8,10 @@ import pytest
 from shared_api.device_client import DeviceClient
 from shared_api.errors import ServiceError
 
+# The fake devices below answer by command; a client sends only the contract's commands
+# (gpu_worker/contract/commands.py), so they tell real ones apart.
+SLOW, FAST, LATE, HANG_UP = "checkpoint", "ping", "capabilities", "models.list"
+
 
 def test_it_answers_503_device_unavailable_when_no_device_listens(tmp_path):
     client = DeviceClient(str(tmp_path / "service.sock"), timeout=1)
@@ -47,7 +51,7 @@ def test_a_reply_after_its_call_timed_out_is_dropped_and_the_connection_keeps_se
         held = None
         while data := await reader.read(65536):
             for msg in frames.feed(data):
-                if msg["op"] == "slow":
+                if msg["op"] == SLOW:
                     held = msg  # answered only after the next request arrives
                     continue
                 if held is not None:
@@ -61,9 +65,9 @@ def test_a_reply_after_its_call_timed_out_is_dropped_and_the_connection_keeps_se
         mux = DeviceMux(path, timeout=0.2)
         try:
             with pytest.raises(ServiceError) as err:
-                await mux.call("slow", None)
-            answer = await mux.call("fast", None)
-            again = await mux.call("fast", None)
+                await mux.call(SLOW, None)
+            answer = await mux.call(FAST, None)
+            again = await mux.call(FAST, None)
             return err.value, answer, again, mux._abandoned
         finally:
             await mux.aclose()
@@ -92,14 +96,14 @@ def test_posted_calls_get_their_replies_time_out_in_order_and_fail_with_the_conn
         held = []
         while data := await reader.read(65536):
             for msg in frames.feed(data):
-                if msg["op"] == "slow":
+                if msg["op"] == SLOW:
                     held.append(msg)
-                elif msg["op"] == "late":  # the slow calls' replies, after their timeout
+                elif msg["op"] == LATE:  # the slow calls' replies, after their timeout
                     for old in held:
                         writer.write(encode_frame(reply(old["id"], 200, b'"late"')))
                     held = []
                     writer.write(encode_frame(reply(msg["id"], 200, b'"after"')))
-                elif msg["op"] == "hang_up":
+                elif msg["op"] == HANG_UP:
                     writer.close()
                     return
                 else:
@@ -114,7 +118,7 @@ def test_posted_calls_get_their_replies_time_out_in_order_and_fail_with_the_conn
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(lambda loop, context: outcomes.setdefault("raised", context["message"]))
         try:
-            await mux.call("fast", None)  # (connects)
+            await mux.call(FAST, None)  # (connects)
 
             def record(name, raise_after=False):
                 def done(outcome):
@@ -124,9 +128,9 @@ def test_posted_calls_get_their_replies_time_out_in_order_and_fail_with_the_conn
                         raise RuntimeError("a broken callback")
                 return done
             started = loop.time()
-            mux.post_call("slow", None, None, record("slow"))
-            mux.post_call("fast", None, None, record("fast", raise_after=True))
-            mux.post_call("fast", None, None, record("fast2"))
+            mux.post_call(SLOW, None, None, record("slow"))
+            mux.post_call(FAST, None, None, record("fast", raise_after=True))
+            mux.post_call(FAST, None, None, record("fast2"))
 
             async def outcomes_of(*names):
                 try:
@@ -135,10 +139,10 @@ def test_posted_calls_get_their_replies_time_out_in_order_and_fail_with_the_conn
                     raise AssertionError(f"no outcome for {[n for n in names if n not in outcomes]} "
                                          f"after 30 s") from None
             await outcomes_of("slow", "fast", "fast2")  # the slow call timed out, the others answered
-            mux.post_call("late", None, None, record("late"))  # the device then sends slow's reply, late
+            mux.post_call(LATE, None, None, record("late"))  # the device then sends slow's reply, late
             await outcomes_of("late")
-            mux.post_call("slow", None, None, record("orphan"))
-            mux.post_call("hang_up", None, None, record("hang_up"))
+            mux.post_call(SLOW, None, None, record("orphan"))
+            mux.post_call(HANG_UP, None, None, record("hang_up"))
             await outcomes_of("orphan", "hang_up")  # the connection broke
             waiting = set(mux._abandoned), len(mux._posted)
             await mux.aclose()
@@ -179,7 +183,7 @@ def test_a_device_that_stops_reading_times_a_large_request_out_instead_of_holdin
             errors = []
             for _ in range(2):  # the first fills the write buffer; the second must wait for room
                 with pytest.raises(ServiceError) as err:
-                    await asyncio.wait_for(mux.call("media.put", "0" * 32, {"data": b"x" * (8 << 20)}), 30)
+                    await asyncio.wait_for(mux.call("media.put", "0" * 32, {"sha256": "0" * 64, "data": b"x" * (8 << 20), "type": "image"}), 30)
                 errors.append(err.value)
             return errors
         finally:

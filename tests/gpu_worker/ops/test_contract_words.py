@@ -12,7 +12,7 @@ import hashlib
 import pytest
 import rfc8785
 
-from gpu_worker.ops.inputs import RESERVED_TOKENS
+from gpu_worker.contract.commands import RESERVED_TOKENS
 from gpu_worker.pack import pack_tiny
 from tests.gpu_worker.ops.test_events import bodies, ended, subscribe
 from tests.gpu_worker.ops.test_inputs import EngineWorld

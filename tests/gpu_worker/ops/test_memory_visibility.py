@@ -227,7 +227,7 @@ def test_a_turn_without_an_interpretation_keeps_version_1(world):
 def test_a_bad_version_is_refused_and_an_invisible_object_stays_404(world):
     space, conversation = world.conversation("a")
     [obj] = run(world, "a", conversation, "private")["memory"]["retained"]
-    for bad in ("1", -1, 0, 1.5, None):
+    for bad in ("1", -1, 0, 1.5, True):  # (null is "not given", as every optional argument's)
         assert code(world.read("a", "memory.get", memory=obj, version=bad)) == (400, "bad_field")
     assert code(world.read("b", "memory.get", memory=obj, version=9)) == (404, "memory_not_found")
 

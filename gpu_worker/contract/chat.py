@@ -1,0 +1,97 @@
+"""The declared types of the commands behind the OpenAI-compatible routes (/v1/chat/completions,
+/v1/completions, /v1/embeddings): their refusals follow OpenAI's error codes (`invalid_<param>`),
+which OpenAI's API reference documents, not this service's OpenAPI document."""
+from __future__ import annotations
+
+from typing import Any
+
+from . import ids
+from .args import Args, integer, number_in
+from .errors import ServiceError
+from .limits import MAX_CHOICES, MAX_MEDIA, MAX_TOP_LOGPROBS
+
+ROLES = ("system", "user", "assistant")
+PENALTIES = ("presence_penalty", "frequency_penalty")  # OpenAI's, on tokens already generated
+MAX_EMBEDDING_INPUTS = 256  # texts per embeddings request
+
+
+class Embeddings(Args, kw_only=True, frozen=True):
+    model: str
+    input: list[str]
+
+    @classmethod
+    def error_code(cls, field: str | None) -> str:
+        return "invalid_model" if field == "model" else "invalid_input"
+
+    @classmethod
+    def before(cls, raw: dict[str, Any]) -> None:
+        """OpenAI's null is "not given"."""
+
+    def __post_init__(self) -> None:
+        if (type(self.input) is not list or not 1 <= len(self.input) <= MAX_EMBEDDING_INPUTS
+                or any(type(t) is not str or not t for t in self.input)):
+            raise ServiceError(400, "invalid_input", f"input must be 1..{MAX_EMBEDDING_INPUTS} non-empty strings")
+
+
+class Chat(Args, kw_only=True, frozen=True):
+    """chat.completions: `messages` ({role, content}, content a string or text and image parts,
+    each image part's bytes in `images` in order), or a plain `prompt` (/v1/completions)."""
+    model: str
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    images: list[bytes] | None = None
+    stream: bool = False
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] | None = None
+    n: int = 1
+    seed: int | None = None
+    logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.prompt is not None:
+            if type(self.prompt) is not str or not self.prompt or self.messages is not None:
+                raise ServiceError(400, "invalid_prompt", "prompt must be a non-empty string (and no messages)")
+        elif (type(self.messages) is not list or not self.messages
+                or any(type(m) is not dict or m.get("role") not in ROLES or not _content_ok(m.get("content"))
+                       for m in self.messages)):
+            raise ServiceError(400, "invalid_messages", "messages must be a non-empty list of {role, content}")
+        parts = 0 if self.messages is None else sum(1 for m in self.messages if type(m["content"]) is list
+                                                    for p in m["content"] if p["type"] == "image")
+        images = self.images
+        if (images is not None or parts) and (
+                type(images) is not list or not 1 <= len(images) <= MAX_MEDIA
+                or any(type(data) is not bytes or not data for data in images) or len(images) != parts):
+            raise ServiceError(400, "invalid_messages", f"images must be 1..{MAX_MEDIA} byte strings, one per image "
+                                                        "part of the messages")
+        if self.stop is not None and (type(self.stop) is not list or len(self.stop) > 4
+                                      or any(type(s) is not str or not s for s in self.stop)):
+            raise ServiceError(400, "invalid_stop", "stop must be a string or up to 4 strings")
+        if self.seed is not None and (type(self.seed) is not int or not 0 <= self.seed < 1 << 63):
+            raise ServiceError(400, "invalid_seed", "seed must be an integer 0..2^63-1")
+        for name in PENALTIES:
+            number_in(getattr(self, name), name, -2, 2, code=f"invalid_{name}")
+        number_in(self.temperature, "temperature", 0, 2, code="invalid_temperature")
+        number_in(self.top_p, "top_p", 0, 1, open_low=True, code="invalid_top_p")
+        integer(self.logprobs, "logprobs", 0, MAX_TOP_LOGPROBS, code="invalid_logprobs")
+        integer(self.n, "n", 1, MAX_CHOICES, code="invalid_n")
+        integer(self.max_tokens, "max_tokens", 1, ids.MAX_COUNTER, code="invalid_max_tokens")
+
+    @classmethod
+    def error_code(cls, field: str | None) -> str:
+        """OpenAI's routes name the parameter in the code (`invalid_temperature`)."""
+        return "invalid_messages" if field in (None, "images") else f"invalid_{field}"
+
+    @classmethod
+    def before(cls, raw: dict[str, Any]) -> None:
+        """OpenAI's null is "not given" (the routes leave nulls out already)."""
+
+
+def _content_ok(content: object) -> bool:
+    """A message's content: a string, or text and image parts (`{"type": "image"}`, its bytes in `images`)."""
+    return type(content) is str or (type(content) is list and bool(content) and all(
+        type(p) is dict and ((p.get("type") == "text" and type(p.get("text")) is str and len(p) == 2)
+                             or (p.get("type") == "image" and len(p) == 1)) for p in content))
