@@ -54,7 +54,8 @@ from .contract.limits import INTERPRETATION_TOKENS
 from .memory import render
 from .memory.rows import Flag
 from .memory.rows import Kind as MemoryKind
-from .ops import events, history, memory, quotas
+from .memory import shared as memory
+from .ops import events, history, quotas
 from .ops.inputs import input_body, input_text, media_links
 from .state.tables import C, Finish, NotRetained, P, R, Terminal, join16
 from .storage import leases

@@ -21,7 +21,7 @@ Recalled text is quoted with JSON string escaping, so no recalled byte sequence 
 open a new line of its own or pass for the rule or a label: whatever it says ("ignore previous
 instructions") stays data inside a quoted string, after the rule that says so. Items are taken
 best first while the rendered items fit `limit` UTF-8 bytes; an item that does not fit is left out
-whole. Which rows are recalled at all (k, the similarity floor) is ops/memory.recall_items'.
+whole. Which rows are recalled at all (k, the similarity floor) is memory/shared.recall_items'.
 """
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ NO_PROVENANCE = bytes(PROVENANCE.size)
 class Provenance:
     """Where a published copy came from: its source object and the version it copied (the
     publication's admission record). Kept beside the 128-byte row, which has no room for it
-    (state/memory.py `provenance`; docs/memory.md "The metadata row")."""
+    (table.py `provenance`; docs/memory.md "The metadata row")."""
     lineage: bytes
     object: bytes
     version: int

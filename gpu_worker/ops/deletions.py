@@ -20,7 +20,8 @@ from ..contract import ids
 from ..contract.commands import ConversationDeletion, SpaceDeletion
 from ..contract.errors import ServiceError
 from ..state.tables import C, R, S, Right, Terminal
-from . import access, events, memory
+from ..memory import shared as memory
+from . import access, events
 from .kind import Kind, OperationKind
 from .spaces import space_key
 

@@ -27,7 +27,8 @@ from ..contract.commands import Input
 from ..contract.errors import ServiceError
 from ..state.tables import C, R, Right, Terminal
 from ..storage import leases
-from . import access, events, memory, quotas
+from ..memory import shared as memory
+from . import access, events, quotas
 from .conversations import target_id, visible_to
 from .kind import Kind, OperationKind
 

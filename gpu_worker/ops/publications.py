@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 from ..contract import ids
 from ..contract.commands import Publication
 from ..contract.errors import ServiceError
+from ..memory import shared as memory
 from ..memory.rows import Flag, Provenance
 from ..state.tables import R, Right, join16
-from . import access, memory, quotas
+from . import access, quotas
 from .kind import Kind, OperationKind
 from .spaces import space_key
 

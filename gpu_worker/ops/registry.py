@@ -8,8 +8,9 @@ gpu_worker/contract/vocabulary.py, its gateway route (docs/adding-an-operation-k
 """
 from __future__ import annotations
 
-from . import (cancellations, chat, conversations, deletions, embeddings, events, inputs, media, members, memory,
-               operations, participants, publications, retirements, service, spaces)
+from ..memory import shared as memory
+from . import (cancellations, chat, conversations, deletions, embeddings, events, inputs, media, members, operations,
+               participants, publications, retirements, service, spaces)
 from .kind import Later, OperationKind, Read
 
 _KINDS: tuple[OperationKind, ...] = (

@@ -1,12 +1,12 @@
 """What is true on the device: the tables (fixed-capacity tensors), their host-side indexes and
-free rows, the counters a checkpoint saves, the memory table (state/memory.py) and the media
+free rows, the counters a checkpoint saves, the memory table (memory/table.py) and the media
 sources. `DeviceState` is the whole of it; the operations (gpu_worker/ops/) read and change it,
 and replay rebuilds it from the runtime file's checkpoint plus the journal."""
 from __future__ import annotations
 
 from typing import Any
 
-from .memory import MemoryTable
+from ..memory.table import MemoryTable
 from .indexes import (ConversationIndex, MediaSource, MemberIndex, ParticipantIndex, ReceiptIndex,
                       SpaceIndex)
 from ..contract.limits import MEMORY_PAYLOAD_BYTES

@@ -12,7 +12,7 @@ from gpu_worker import execution
 from gpu_worker.contract.limits import RECALL_K
 from gpu_worker.memory import render
 from gpu_worker.memory.rows import ROW
-from gpu_worker.ops import memory as memory_ops
+from gpu_worker.memory import shared as memory_ops
 from gpu_worker.pack import pack_tiny
 from gpu_worker.storage.journal import Transfer, TransferKind, recover
 from gpu_worker.storage import leases, runtime_file

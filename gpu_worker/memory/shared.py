@@ -26,16 +26,16 @@ from ..contract.commands import MemoryRead, SpacePage
 from ..contract.errors import ServiceError
 from ..contract.limits import RECALL_FLOOR, RECALL_K, RECALL_MARGIN
 from ..contract.vocabulary import MEMORY_KINDS, NOT_RETAINED
-from ..memory import render
-from ..memory.recall import recall
-from ..memory.rows import ZERO, Flag, MemoryRow, memory_id
-from ..memory.rows import Kind as MemoryKind
+from ..ops import access
+from ..ops.kind import Read
+from ..ops.lists import byte_offset, byte_span
 from ..state import ids as derived
 from ..state.tables import C, NotRetained, P, R, S, Right, Scope, join16
 from ..storage import leases
-from . import access
-from .lists import byte_offset, byte_span
-from .kind import Read
+from . import render
+from .recall import recall
+from .rows import ZERO, Flag, MemoryRow, memory_id
+from .rows import Kind as MemoryKind
 
 if TYPE_CHECKING:
     from ..device import Device
@@ -45,7 +45,7 @@ TEXT_KINDS = frozenset({int(MemoryKind.SOURCE), int(MemoryKind.INTERPRETATION)})
 
 
 def owner_number(d: Device, srow: int) -> int:
-    """The number the memory table files space srow's rows under (state/memory.py): its row + 1,
+    """The number the memory table files space srow's rows under (table.py): its row + 1,
     whatever its scope. For a private space or a room it is the memory owner; for an instance
     space, the fence of the instance rows it retained or received (`scope_table`)."""
     return srow + 1

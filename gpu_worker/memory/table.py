@@ -11,7 +11,7 @@
 Owner numbers: every row is numbered by the space it was retained or published in, its space
 row + 1: for a private space or a room that number is its memory owner; instance spaces share
 the instance's memory, and the number is what fences each of its rows to the readers of the
-space it came from (ops/memory.py, docs/memory.md "Owners and visibility"). `legacy_instance`
+space it came from (memory/shared.py, docs/memory.md "Owners and visibility"). `legacy_instance`
 (`spaces capacity + 1`) numbers the instance rows of a checkpoint written before that fence,
 which did not say which instance space each came from. A row is allocated, changed (a source
 whose interpretation is retained: `change`) and freed only by journaled changes (a retention, a
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..memory.rows import NO_PROVENANCE, PROVENANCE, ROW, MemoryRow, Provenance
+from .rows import NO_PROVENANCE, PROVENANCE, ROW, MemoryRow, Provenance
 
 
 class MemoryTable:
