@@ -27,12 +27,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import unquote
 
-import msgspec
 import pytest
 import rfc8785
 from asgiref.sync import async_to_sync
 
-from gpu_worker.contract.commands import typed
+from gpu_worker.contract.commands import TYPES, parse, typed
 from gpu_worker.contract.vocabulary import CHAT, COMMANDS, MANAGE, MUTATION_SCHEMA, READ, WRITE
 from gpu_worker.contract.wire import PROTOCOL_VERSION, FrameReader, ProtocolError, encode_frame, reply
 from shared_api import device_client
@@ -506,17 +505,19 @@ def assert_passed_through(response, status: int, body: bytes, headers: dict[str,
 
 
 def assert_request(req: dict[str, Any], op: str, principal: str, args: dict[str, Any]) -> None:
-    """One device request map, all of it: `args` as the command's declared type sends them
-    (gpu_worker/contract/commands.py: defaults left out, numbers in the field's type)."""
+    """One device request map, all of it: `args` read back as the command's declared type are
+    `args` as that type (gpu_worker/contract/commands.py: a default may be left out of the frame,
+    numbers are in the field's type), and the frame holds nothing else."""
     assert set(req) == {"v", "id", "op", "principal", "args"}, req
     assert req["v"] == PROTOCOL_VERSION
     assert isinstance(req["id"], int)
     assert req["op"] == op
     assert req["principal"] == principal
-    expected = msgspec.msgpack.decode(msgspec.msgpack.encode(typed(op, args)))
-    assert req["args"] == expected
-    for name, value in expected.items():  # == would let 1 match 1.0 and True; the types must match too
-        assert type(req["args"][name]) is type(value), (name, req["args"][name])
+    expected = typed(op, args)
+    assert parse(TYPES[op], req["args"]) == expected
+    assert set(req["args"]) <= set(args), req["args"]
+    for name, value in req["args"].items():  # == would let 1 match 1.0 and True; the types must match too
+        assert type(value) is type(getattr(expected, name)), (name, value)
 
 
 # authorization headers that must be refused with 401 (None: no header at all)
