@@ -6,7 +6,6 @@ reads (shared_api/grants.py, which checks the document as the device will read i
 picks the new file up on its next tick; a reload it refused shows on the principal list."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django import forms
@@ -18,9 +17,7 @@ from django.http import HttpRequest, HttpResponse
 from gpu_worker.contract.grantfile import LIMITS, GrantFileError, quota_problem
 from gpu_worker.contract.vocabulary import ACTIONS
 
-from . import config
-from .device_client import DeviceClient
-from .errors import ServiceError
+from . import config, ops
 from .grants import write_grant_file_for
 from .models import Principal, describe_quotas
 from .streams import notify_principals
@@ -147,10 +144,6 @@ class PrincipalAdmin(admin.ModelAdmin):
 
 def device_grant_problem() -> str | None:
     """The device's last grant-file reload failure, None when it has none or cannot be asked."""
-    try:
-        cfg = config.load(settings.AOTX_GATEWAY_CONFIG)
-        msg = DeviceClient(cfg["socket"], STATUS_TIMEOUT).call("ping", None)
-    except (config.ConfigError, ServiceError):
-        return None
-    problem: str | None = json.loads(msg["body"]).get("grants", {}).get("problem")
+    status = ops.ping(STATUS_TIMEOUT)
+    problem: str | None = (status or {}).get("grants", {}).get("problem")
     return problem

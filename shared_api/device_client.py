@@ -1,9 +1,11 @@
-"""The gateway's one client of the device socket. The HTTP front (shared_api/front.py) calls the
-device from the event loop through DevicePool: a few multiplexed asyncio connections per process
-(DeviceMux), each carrying many requests told apart by their ids, so a request costs no thread
-and no connection of its own. Event streams and chats, whose replies come in several frames, open
-a stream on the process's DeviceMux. Synchronous callers (the admin's ops pages, Celery tasks,
-/metrics) keep a pool of blocking connections (DeviceClient). All read frames through the
+"""The gateway's one client of the device socket: DeviceMux, a multiplexed asyncio connection
+carrying many requests told apart by their ids, so a request costs no thread and no connection
+of its own. The HTTP front (shared_api/front.py) calls the device from the event loop through
+DevicePool, a few DeviceMux connections per process; event streams and chats, whose replies come
+in several frames, open a stream on the process's DeviceMux. Synchronous callers (the admin's
+ops pages, Celery tasks, /metrics, Django serving a shared route itself) call through
+BlockingDevice, a DeviceMux on an event loop of its own thread. Every request is built as its
+command's declared type (gpu_worker/contract/commands.py) and every frame read through the
 contract's FrameReader.
 
 Device down or silent -> ServiceError 503 with a clear code, never a hang: `device_unavailable`
@@ -12,7 +14,9 @@ was sent (a mutation may have been admitted; the receipt answers an exact retry)
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
+import os
 import threading
 import weakref
 from collections import deque
@@ -21,7 +25,6 @@ from typing import Any, Callable, TypeVar
 from django.conf import settings
 from django.http import HttpResponse
 
-from gpu_worker.contract.client import Connection
 from gpu_worker.contract.commands import Args, request, typed
 from gpu_worker.contract.wire import FrameReader, Message, ProtocolError
 
@@ -37,68 +40,6 @@ def _unreachable(path: str, exc: OSError) -> ServiceError:
 
 def _timed_out(timeout: float) -> ServiceError:
     return ServiceError(503, "device_timeout", f"the device did not answer within {timeout:g}s; retry the exact request")
-
-
-class DeviceClient:
-    """A pool of blocking device connections for synchronous callers (the admin's ops pages, Celery
-    tasks, /metrics): a call borrows one and returns it when its reply has arrived (callers run on
-    whatever thread they are given, so per-thread sockets would mean a connection per call)."""
-
-    def __init__(self, socket_path: str, timeout: float) -> None:
-        self.socket_path = socket_path
-        self.timeout = timeout
-        self._idle: list[Connection] = []
-        self._lock = threading.Lock()
-
-    def _connect(self) -> Connection:
-        try:
-            return Connection(self.socket_path, connect_timeout=CONNECT_TIMEOUT, timeout=self.timeout)
-        except OSError as exc:
-            raise _unreachable(self.socket_path, exc) from None
-
-    def call(self, op: str, principal_id: str | None, args: Args | dict[str, Any] | None = None) -> Message:
-        """The device's reply map {"status", "body", "headers"?}."""
-        args = typed(op, args)  # a refusal before a connection is borrowed
-        for attempt in (0, 1):
-            with self._lock:
-                connection = self._idle.pop() if self._idle else None
-            fresh = connection is None
-            if connection is None:
-                connection = self._connect()
-            try:
-                req_id = connection.send(op, principal_id, args)
-            except OSError as exc:
-                connection.close()
-                # nothing reached the device. A pooled connection may have gone stale across a
-                # device restart: retry once on a fresh one
-                if fresh or attempt:
-                    raise ServiceError(503, "device_unavailable", f"the device connection failed: {exc}") from None
-                with self._lock:  # the device restarted: every pooled connection is stale
-                    stale, self._idle = self._idle, []
-                for other in stale:
-                    other.close()
-                continue
-            try:
-                msg = connection.receive(req_id)
-            except TimeoutError:
-                connection.close()
-                raise _timed_out(self.timeout) from None
-            except (OSError, ProtocolError) as exc:
-                connection.close()  # the request reached the device: it may have been admitted
-                raise ServiceError(503, "device_connection_lost",
-                                   f"the device connection broke after the request was sent ({exc}); it may have "
-                                   "been admitted: retry it exactly") from None
-            with self._lock:
-                self._idle.append(connection)
-            return msg
-        raise AssertionError("unreachable")
-
-    def close(self) -> None:
-        """Close the pooled connections (a connection in use is closed by its caller)."""
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for connection in idle:
-            connection.close()
 
 
 class DeviceMux:
@@ -477,6 +418,61 @@ class DevicePool:
             await found.aclose()
 
 
+class BlockingDevice:
+    """The blocking face of the one device client, for synchronous callers (the admin's pages,
+    Celery tasks, /metrics and /healthz, Django serving a shared route itself): a DeviceMux on an
+    event loop of its own thread ("aotx-device-client"), started on the first call in each process
+    (a Celery worker forked from a parent that had one starts its own). A call is the mux's `call`,
+    with its failures (503 device_unavailable, device_connection_lost, device_timeout); the caller
+    waits on the call's future, which the mux's reply or its timer completes, and, as a safety net
+    for a loop that could not run it, at most the call's timeout plus the connect bound."""
+
+    def __init__(self, socket_path: str, timeout: float) -> None:
+        self.socket_path = socket_path
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._running: tuple[int, asyncio.AbstractEventLoop, threading.Thread, DeviceMux] | None = None
+
+    def _started(self) -> tuple[asyncio.AbstractEventLoop, DeviceMux]:
+        with self._lock:
+            running = self._running
+            if running is None or running[0] != os.getpid():
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name="aotx-device-client", daemon=True)
+                thread.start()
+                running = self._running = (os.getpid(), loop, thread, DeviceMux(self.socket_path, self.timeout))
+            return running[1], running[3]
+
+    def call(self, op: str, principal_id: str | None, args: Args | dict[str, Any] | None = None,
+             timeout: float | None = None) -> Message:
+        """The device's reply map {"status", "body", "headers"?} (a ServiceError otherwise)."""
+        args = typed(op, args)  # a refusal before anything starts
+        loop, device = self._started()
+        limit = self.timeout if timeout is None else timeout
+        future = asyncio.run_coroutine_threadsafe(device.call(op, principal_id, args, timeout=limit), loop)
+        try:
+            return future.result(limit + CONNECT_TIMEOUT + 1)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise _timed_out(limit) from None
+
+    def close(self) -> None:
+        """Close the connection and end the thread (a forked child's copy is only forgotten)."""
+        with self._lock:
+            running, self._running = self._running, None
+        if running is None or running[0] != os.getpid():
+            return
+        _, loop, thread, device = running
+        try:
+            asyncio.run_coroutine_threadsafe(device.aclose(), loop).result(CONNECT_TIMEOUT)
+        except (concurrent.futures.TimeoutError, RuntimeError):
+            pass  # the thread ends below whatever the connection did
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(CONNECT_TIMEOUT)
+        if not thread.is_alive():
+            loop.close()
+
+
 _muxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, DeviceMux] = weakref.WeakKeyDictionary()
 _pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, DevicePool] = weakref.WeakKeyDictionary()
 
@@ -523,21 +519,35 @@ async def aclose_loop() -> None:
         await found_mux.aclose()
 
 
-_client: DeviceClient | None = None
+_client: BlockingDevice | None = None
+_blocking: dict[str, BlockingDevice] = {}  # by socket path
 _lock = threading.Lock()
 
 
-def client() -> DeviceClient:
-    """Opened lazily per process: the server runs no ASGI lifespan (shared_api/server.py)."""
+def configured_socket() -> str:
+    """The device socket of the gateway's config, read now (503 gateway_misconfigured otherwise)."""
+    try:
+        socket_path: str = config.load(settings.AOTX_GATEWAY_CONFIG)["socket"]
+    except config.ConfigError as exc:
+        raise ServiceError(503, "gateway_misconfigured", str(exc)) from None
+    return socket_path
+
+
+def blocking(socket_path: str) -> BlockingDevice:
+    """The process's blocking client of the device at socket_path (one per path, made on first use)."""
+    with _lock:
+        found = _blocking.get(socket_path)
+        if found is None:
+            found = _blocking[socket_path] = BlockingDevice(socket_path, settings.AOTX_DEVICE_TIMEOUT)
+    return found
+
+
+def client() -> BlockingDevice:
+    """The configured device's blocking client, found once per process (the server runs no ASGI
+    lifespan: shared_api/server.py); the event loop's clients connect to the same socket."""
     global _client
     if _client is None:
-        with _lock:
-            if _client is None:
-                try:
-                    cfg = config.load(settings.AOTX_GATEWAY_CONFIG)
-                except config.ConfigError as exc:
-                    raise ServiceError(503, "gateway_misconfigured", str(exc)) from None
-                _client = DeviceClient(cfg["socket"], settings.AOTX_DEVICE_TIMEOUT)
+        _client = blocking(configured_socket())
     return _client
 
 
@@ -546,14 +556,16 @@ def reset() -> None:
     global _client, _last_pool
     _last_pool = None
     with _lock:
-        if _client is not None:
-            _client.close()
         _client = None
+        found_blocking = list(_blocking.values())
+        _blocking.clear()
         for found in [*_muxes.values(), *(m for p in _pools.values() for m in p.muxes)]:
             if found._writer is not None:
                 found._writer.close()
         _muxes.clear()
         _pools.clear()
+    for device in found_blocking:
+        device.close()
 
 
 def device_response(op: str, request: Any, args: Args | dict[str, Any] | None = None) -> HttpResponse:

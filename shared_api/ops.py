@@ -2,8 +2,9 @@
 helper, the device status (`ping`) as the admin pages, /metrics and /healthz read it, and what the
 Celery tasks store from it — capacity samples and journal hold incidents (shared_api/models.py).
 
-Every call opens one connection and closes it: these are a few calls a minute, and a pooled
-connection would outlive the timeout it was made with."""
+Calls go through the process's blocking device client (shared_api/device_client.py), with the
+gateway's config read at each call (a changed socket path is followed; a broken config is 503
+gateway_misconfigured) and the timeout the caller gives."""
 from __future__ import annotations
 
 import datetime
@@ -15,8 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from . import config
-from .device_client import DeviceClient
+from . import device_client
 from .errors import ServiceError
 from .models import CapacitySample, HoldIncident, ns_datetime
 
@@ -29,15 +29,7 @@ TABLES = ("participants", "spaces", "conversations", "members", "receipts", "mem
 def call(op: str, args: dict[str, Any] | None = None, timeout: float = STATUS_TIMEOUT) -> tuple[int, Any]:
     """(status, parsed body) of one ops command; ServiceError 503 when the device cannot be
     reached or the gateway config cannot be read."""
-    try:
-        cfg = config.load(settings.AOTX_GATEWAY_CONFIG)
-    except config.ConfigError as exc:
-        raise ServiceError(503, "gateway_misconfigured", str(exc)) from None
-    client = DeviceClient(cfg["socket"], timeout)
-    try:
-        msg = client.call(op, None, args)
-    finally:
-        client.close()
+    msg = device_client.blocking(device_client.configured_socket()).call(op, None, args, timeout)
     return msg["status"], json.loads(msg["body"])
 
 
