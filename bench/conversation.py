@@ -11,9 +11,15 @@ greedily. The same token ids go to three systems, turn by turn:
 - reuse: the engine with its prefix cache (gpu_worker/engine/block_manager.py): turn k prefills
   only what is not in cached full pages of turn k-1;
 - cold: the same engine with `prefix_cache=False`, which prefills the whole history every turn;
+- http: the engine with its prefix cache behind EngineServer, a loopback HTTP server speaking
+  llama-server's /completion protocol (token ids in, one server-sent event per token out), so
+  that it and llama-server are timed through the same client, transport and protocol;
 - llama-server (when --llama-server names a binary: built from the llama-cpp-python sdist's
   vendored source, see docs/performance.md), on the same GGUF, 2 threads, its own prompt cache
   (`cache_prompt`), one slot per conversation, token ids sent as the prompt, streamed.
+
+The in-process columns show the engine without any transport; the comparison with llama-server
+is the http columns'.
 
 With --conversations 8 the eight conversations' turn k are submitted together (the engine batches
 them; llama-server gets them concurrently). Reported per turn: time to first token (mean over the
@@ -26,8 +32,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)  # not bench/: bench/http.py would shadow the standard library http
 
 import argparse  # noqa: E402
+import http.server  # noqa: E402
+import itertools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import queue  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
 import threading  # noqa: E402
@@ -62,7 +71,7 @@ def engine_turns(engine: Engine, conversations: int, turns: int, new_tokens: int
                 for c, p in enumerate(prompts)]
         first: dict[int, float] = {}
         while engine.has_work:
-            for request_id, _, _, _ in engine.step():
+            for request_id, *_ in engine.step():
                 first.setdefault(id(engine_seq(seqs, request_id)), time.perf_counter())
         done = time.perf_counter()
         timings.append((sum(first[id(s)] - started for s in seqs) / len(seqs) * 1000, (done - started) * 1000))
@@ -82,48 +91,157 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def llama_turns(binary: str, gguf: str, outputs: list, histories_prompts: list, new_tokens: int,
-                conversations: int) -> list:
+def http_turns(port: int, histories_prompts: list, new_tokens: int, conversations: int) -> list:
+    """Per turn: (mean time to first token, time to last token) in ms, every conversation's turn
+    sent at once to the server on `port` as llama-server's /completion takes it (token ids, greedy,
+    streamed: one server-sent event per token), each on a connection of its own."""
+    timings = []
+    for turn_prompts in histories_prompts:
+        firsts, counts, threads = [None] * conversations, [0] * conversations, []
+        started = time.perf_counter()
+
+        def run(c: int, prompt: list) -> None:
+            body = json.dumps({"prompt": prompt, "n_predict": new_tokens, "temperature": 0, "ignore_eos": True,
+                               "cache_prompt": True, "stream": True, "id_slot": c}).encode()
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/completion", body,
+                                             {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=600) as response:
+                for line in response:
+                    if line.startswith(b"data: "):
+                        if firsts[c] is None:
+                            firsts[c] = time.perf_counter()
+                        counts[c] += 1
+        for c, prompt in enumerate(turn_prompts):
+            threads.append(threading.Thread(target=run, args=(c, prompt)))
+            threads[-1].start()
+        for t in threads:
+            t.join()
+        done = time.perf_counter()
+        if None in firsts or min(counts) < new_tokens:
+            raise RuntimeError(f"a stream ended early: {counts} events for {new_tokens} tokens each")
+        timings.append((sum(f - started for f in firsts) / conversations * 1000, (done - started) * 1000))
+    return timings
+
+
+def wait_for(port: int, what: str) -> None:
+    deadline = time.time() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
+            return
+        except OSError:
+            if time.time() > deadline:
+                raise RuntimeError(f"{what} did not start")
+            time.sleep(0.2)
+
+
+def llama_turns(binary: str, gguf: str, histories_prompts: list, new_tokens: int, conversations: int) -> list:
     """llama-server on the same prompts (token ids), one slot per conversation."""
     port = free_port()
     server = subprocess.Popen([binary, "-m", gguf, "-t", "2", "--port", str(port), "-np", str(conversations),
                                "-c", str(4096 * conversations), "--no-webui"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
-                break
-            except OSError:
-                if time.time() > deadline:
-                    raise RuntimeError("llama-server did not start")
-                time.sleep(0.2)
-        timings = []
-        for turn_prompts in histories_prompts:
-            firsts, threads = [None] * conversations, []
-            started = time.perf_counter()
-
-            def run(c: int, prompt: list) -> None:
-                body = json.dumps({"prompt": prompt, "n_predict": new_tokens, "temperature": 0, "ignore_eos": True,
-                                   "cache_prompt": True, "stream": True, "id_slot": c}).encode()
-                request = urllib.request.Request(f"http://127.0.0.1:{port}/completion", body,
-                                                 {"Content-Type": "application/json"})
-                with urllib.request.urlopen(request, timeout=600) as response:
-                    for line in response:
-                        if line.startswith(b"data: ") and firsts[c] is None:
-                            firsts[c] = time.perf_counter()
-            for c, prompt in enumerate(turn_prompts):
-                threads.append(threading.Thread(target=run, args=(c, prompt)))
-                threads[-1].start()
-            for t in threads:
-                t.join()
-            done = time.perf_counter()
-            timings.append((sum(f - started for f in firsts) / conversations * 1000, (done - started) * 1000))
-        return timings
+        wait_for(port, "llama-server")
+        return http_turns(port, histories_prompts, new_tokens, conversations)
     finally:
         server.terminate()
         server.wait(30)
+
+
+class EngineServer:
+    """The engine behind the protocol llama-server's /completion speaks (token ids in, one
+    server-sent event per token out, with the token's text), on loopback, so that ours pays what
+    llama-server pays: a socket, a request to parse and an event to write per token. A thread of
+    its own steps the engine (as the device's engine thread does); a request's handler thread hands
+    it the prompt and writes each token as the engine gives it (a queue per request: the waker is
+    its put, bounded by the handler's timeout)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.inbox: list[tuple[object, list, int, queue.Queue]] = []
+        self.ready = threading.Condition()
+        self.streams: dict[object, queue.Queue] = {}
+        self.stopping = False
+        self.ids = itertools.count()
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:  # /health
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def do_POST(self) -> None:  # /completion
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                tokens: queue.Queue = queue.Queue()
+                with server.ready:
+                    server.inbox.append((next(server.ids), body["prompt"], body["n_predict"], tokens))
+                    server.ready.notify()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                while (event := tokens.get(timeout=600)) is not None:
+                    token, text = event
+                    self.wfile.write(b"data: " + json.dumps({"content": text.decode("utf-8", "replace"),
+                                                             "tokens": [token], "stop": False}).encode() + b"\n\n")
+                    self.wfile.flush()
+
+        self.http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.http.server_address[1]
+        self.threads = [threading.Thread(target=self.http.serve_forever, daemon=True),
+                        threading.Thread(target=self.step, daemon=True)]
+        for thread in self.threads:
+            thread.start()
+
+    def step(self) -> None:
+        engine = self.engine
+        while True:
+            with self.ready:
+                while not self.inbox and not engine.has_work and not self.stopping:
+                    self.ready.wait()
+                if self.stopping:
+                    return
+                arrived, self.inbox = self.inbox, []
+            for request_id, prompt, n, tokens in arrived:
+                self.streams[request_id] = tokens
+                engine.submit(request_id, prompt, max_new_tokens=n, ignore_eos=True, tenant=request_id)
+            if engine.has_work:
+                for request_id, token, released, reason, _ in engine.step():
+                    tokens = self.streams[request_id]
+                    tokens.put((token, released))
+                    if reason is not None:
+                        tokens.put(None)
+                        del self.streams[request_id]
+
+    def close(self) -> None:
+        with self.ready:
+            self.stopping = True
+            self.ready.notify()
+        self.http.shutdown()
+        self.http.server_close()
+        for thread in self.threads:
+            thread.join(30)
+
+
+def served_turns(runtime: RuntimeFile, histories_prompts: list, new_tokens: int, conversations: int) -> list:
+    """The engine with its prefix cache behind EngineServer, on the same prompts as llama-server."""
+    engine = Engine(runtime, prefix_cache=True)
+    engine_turns(engine, 1, 1, 2)  # warm-up, as the in-process runs have, then a clean cache
+    engine.block_manager.clear_cache()
+    server = EngineServer(engine)
+    try:
+        wait_for(server.port, "the engine's server")
+        return http_turns(server.port, histories_prompts, new_tokens, conversations)
+    finally:
+        server.close()
 
 
 def prompts_of(engine: Engine, outputs: list, conversations: int, turns: int) -> list:
@@ -159,27 +277,31 @@ def main() -> None:
         reuse, reuse_out = engine_turns(warm, conversations, args.turns, args.new_tokens)
         plain, plain_out = engine_turns(cold, conversations, args.turns, args.new_tokens)
         same = reuse_out == plain_out
+        prompts = prompts_of(warm, reuse_out, conversations, args.turns)
+        served = served_turns(runtime, prompts, args.new_tokens, conversations)
         llama = None
         if args.llama_server and os.path.exists(args.llama_server):
             print(f"llama-server: {describe(args.llama_server)}", flush=True)
-            llama = llama_turns(args.llama_server, gguf, reuse_out,
-                                prompts_of(warm, reuse_out, conversations, args.turns), args.new_tokens,
-                                conversations)
+            llama = llama_turns(args.llama_server, gguf, prompts, args.new_tokens, conversations)
         print(f"\n{conversations} conversation(s), {args.turns} turns, {args.new_tokens} new tokens each; "
               f"greedy tokens with reuse == without: {same}")
-        head = "turn  reuse ttft  cold ttft  reuse total  cold total"
+        print("in process: the engine stepped by the bench; over HTTP: the engine with reuse behind EngineServer "
+              "and llama-server, the same client and protocol")
+        head = "turn  reuse ttft  cold ttft  reuse total  cold total  http ttft  http total"
         print(head + ("  llama ttft  llama total" if llama else ""))
         for turn in range(args.turns):
             line = (f"{turn + 1:4d}  {reuse[turn][0]:10.1f}  {plain[turn][0]:9.1f}  {reuse[turn][1]:11.1f}  "
-                    f"{plain[turn][1]:10.1f}")
+                    f"{plain[turn][1]:10.1f}  {served[turn][0]:9.1f}  {served[turn][1]:10.1f}")
             if llama:
                 line += f"  {llama[turn][0]:10.1f}  {llama[turn][1]:11.1f}"
             print(line)
         last = args.turns - 1
         summary = (f"turn {args.turns}: time to first token {plain[last][0] / reuse[last][0]:.2f}x better with reuse "
-                   f"than without")
+                   f"than without (in process)")
         if llama:
-            summary += f", {llama[last][0] / reuse[last][0]:.2f}x llama-server's (above 1: ours is faster)"
+            summary += (f"; over HTTP, llama-server's time to first token / ours {llama[last][0] / served[last][0]:.2f}, "
+                        f"its time to the last token / ours {llama[last][1] / served[last][1]:.2f} "
+                        "(above 1: ours is faster)")
         print(summary)
         if not same:
             raise SystemExit("reuse changed the greedy tokens")
