@@ -43,7 +43,7 @@ MAX_RATE = 80_000  # registrations/s no device here reaches: each phase has this
 if Path(sys.path[0]).resolve() == ROOT / "bench":  # run as a script: bench/http.py would shadow http
     sys.path[0] = str(ROOT)
 
-from gpu_worker.admission import Admission  # noqa: E402
+from gpu_worker.ops.kind import Admission  # noqa: E402
 from gpu_worker.ops.kind import Kind  # noqa: E402
 from gpu_worker.storage.journal import MAX_DATA, MAX_RECORDS_PER_TICK, PART_HEADER_SIZE, record_count  # noqa: E402
 from gpu_worker.pack import pack_tiny  # noqa: E402

@@ -15,7 +15,7 @@ def main(argv):
     if argv[0] == "pack":
         from .pack import main as command
     elif argv[0] == "checkpoint":
-        from .storage.checkpoint_cli import main as command
+        from .checkpoint_cli import main as command
     elif argv[0] == "audit":
         from .storage.audit import main as command
     else:

@@ -14,26 +14,21 @@ bench/tick_cpu.py measures it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-import msgpack
+from typing import TYPE_CHECKING, Protocol
 
 from .contract.errors import ServiceError
 from .contract.commands import parse
-from .contract.wire import Message, pack
+from .contract.wire import Message
 from .ops import quotas
-from .ops.kind import Kind, OperationKind
+from .ops.kind import Admission, Context, Kind, OperationKind, Tables
 from .ops.registry import KINDS
 from .state import ids
 from .state.tables import P, R, Source, Terminal, split16, width
 from .storage.journal import MAX_RECORDS_PER_TICK, TransferKind, record_count
 
 if TYPE_CHECKING:
-    from .device import Device
     from .storage.journal import Transfer
 
-ADMISSION_VERSION = 1
 # (transfer, boot, generation, source) columns of the admission (0) and terminal (1) save fields,
 # consecutive so that record_save writes the four, or all eight, at once
 SAVE_COLUMNS = ((R.ADM_TRANSFER, R.ADM_BOOT, R.ADM_GENERATION, R.ADM_SOURCE),
@@ -48,31 +43,21 @@ _ADMISSION_TRANSFER = int(TransferKind.ADMISSION)
 _RECEIPT_WIDTH = width(R)
 
 
-@dataclass
-class Admission:
-    """The decoded admission transfer: what the journal records for one new operation.
-    `extra` holds what the kind's check returned (IDs, never rows), so replay re-resolves them."""
-    kind: int
-    principal: bytes
-    sequence: int
-    key: bytes
-    op: bytes
-    canonical: bytes
-    extra: dict[str, Any] = field(default_factory=dict)
+class Admitter(Context, Protocol):
+    """What admission sees beyond an operation's context: the device's bounds on a command and on
+    the receipt table, and the admissions whose transfers are not yet saved."""
 
-    def encode(self) -> bytes:
-        return pack([ADMISSION_VERSION, self.kind, self.principal, self.sequence, self.key, self.op,
-                     self.canonical, self.extra])
+    @property
+    def command_bytes(self) -> int: ...
 
-    @classmethod
-    def decode(cls, payload: bytes) -> Admission:
-        fields = msgpack.unpackb(payload, raw=False)
-        if not isinstance(fields, list) or len(fields) != 8 or fields[0] != ADMISSION_VERSION:
-            raise ValueError("unknown admission layout")
-        return cls(*fields[1:])
+    @property
+    def registration_reserve(self) -> int: ...
+
+    @property
+    def pending_admissions(self) -> dict[int, tuple[int, int]]: ...
 
 
-def admit(d: Device, msg: Message, kind: OperationKind, budget: int) -> tuple[int, int, int] | None:
+def admit(d: Admitter, msg: Message, kind: OperationKind, budget: int) -> tuple[int, int, int] | None:
     """One mutation in a tick: (status, receipt row, journal records used), None when it does not
     fit what is left of the tick's record budget, or a ServiceError."""
     principal = d.principal(msg, kind.action)
@@ -140,7 +125,7 @@ def admit(d: Device, msg: Message, kind: OperationKind, budget: int) -> tuple[in
     return 202, rrow, records
 
 
-def apply(d: Device, a: Admission, transfer_seq: int | None) -> int:
+def apply(d: Admitter, a: Admission, transfer_seq: int | None) -> int:
     """Apply one admission to the tables, live (transfer_seq: its journal transfer, not yet saved)
     and at replay (transfer_seq None: saved). Returns its receipt row."""
     kind = KINDS[a.kind]  # replay checked the code: an unknown kind fails closed there
@@ -175,13 +160,13 @@ def apply(d: Device, a: Admission, transfer_seq: int | None) -> int:
     return rrow
 
 
-def mark_saved(d: Device, rrow: int, transfer: Transfer, kind: OperationKind) -> None:
+def mark_saved(d: Tables, rrow: int, transfer: Transfer, kind: OperationKind) -> None:
     """Record the save fields of the transfer that saved this receipt's admission. A kind that
     does not execute finishes at admission: the same transfer saves its terminal result."""
     record_save(d, rrow, transfer, ADMISSION_ONLY if kind.executes else ADMISSION_AND_TERMINAL)
 
 
-def record_save(d: Device, rrow: int, transfer: Transfer, which: tuple[int, ...]) -> None:
+def record_save(d: Tables, rrow: int, transfer: Transfer, which: tuple[int, ...]) -> None:
     """Save fields of a transfer into the admission (0) and/or terminal (1) columns."""
     state = d.state
     t = state.tables

@@ -129,15 +129,15 @@ def main(argv):
         try:
             from .engine.engine import Engine
             from .loop.runner import Runner
-            device.runner = Runner(Engine(runtime, device.state.tables.device.type), server.deliver,
-                                   nice=args.background_nice)
-            device.runner.engine.pacer.rate_of = device.token_rate  # output tokens per second (grant file)
+            runner = device.runner = Runner(Engine(runtime, device.state.tables.device.type), server.deliver,
+                                            nice=args.background_nice)
+            runner.engine.pacer.rate_of = device.token_rate  # output tokens per second (grant file)
         except Exception as exc:  # a runtime whose model cannot load serves no inputs: say why, stop
             device.close()
             return fail(f"cannot load the generation model of {args.ccir}: {exc}", 2)
 
         def ready():
-            device.runner.start()  # after the loop exists: its events come back through the loop
+            runner.start()  # after the loop exists: its events come back through the loop
             if tick_cpu is not None:
                 os.sched_setaffinity(0, {tick_cpu})  # this thread only (Linux: affinity is per thread)
             # What boot built (torch, the model, the indexes) lives as long as the process: keep it out

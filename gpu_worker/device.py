@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, cast
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import msgpack
 
@@ -31,21 +31,26 @@ from .contract.grantfile import GrantFileError, Grants
 from .contract.ids import HEX32
 from .contract.vocabulary import COMMANDS, OUTPUT_TOKENS_RATE
 from .contract.wire import Message, dumps, reply
-from .ops import chat, events, media, quotas, receipts
+from .ops import chat, events, media, receipts
 from .loop.subscriptions import Subscriptions
 from .loop.threads import DEFAULT_NICE, enter_background
-from .ops.chat import Chats
-from .ops.kind import Kind
+from .ops.kind import Admission, Kind, OperationKind
 from .ops.registry import KINDS, LATER, MUTATIONS, READS
 from .state import DeviceState
 from .state import holds
+from .state.executions import Executions
 from .state.holds import Holds
+from .state.usage import Chats, Usage
 from .storage import checkpoint, runtime_file
 from .storage.committer import Batch, Committer, Reply
 from .storage.filelayer import FileLayer, OsFileLayer
 from .storage.journal import (MAX_RECORDS_PER_TICK, JournalCorrupt, JournalIOError, JournalLock, JournalWriter,
                               RecoveryResult, Transfer, TransferKind, recover, segment_name)
 from .storage.runtime_file import RuntimeFile
+
+if TYPE_CHECKING:
+    from .engine.embedding import EmbeddingModel
+    from .loop.runner import Runner
 
 log = logging.getLogger("gpu_worker.device")
 REGISTRATION_RESERVE_SHARE = 64
@@ -81,10 +86,11 @@ class Device:
         # the embedding model memory is written and recalled with (docs/memory.md); an offline
         # command only needs its width
         self.embedding_dim: int = runtime.json("emb/card")["embedding_dim"]
-        self.embedder: Any = None
+        # (None only for an offline command, which embeds nothing)
+        self.embedder: EmbeddingModel = cast("EmbeddingModel", None)
         if serve:
-            from .engine.embedding import EmbeddingModel
-            self.embedder = EmbeddingModel.from_runtime(runtime, device)
+            from .engine.embedding import EmbeddingModel as Model  # loads the model's code only to serve
+            self.embedder = Model.from_runtime(runtime, device)
         # None only for an offline command (serve=False), which admits and reads nothing
         self.grants: Grants = cast(Grants, grants)
         self.grant_problem: str | None = None  # why the last grant-file reload failed, while it does
@@ -97,8 +103,10 @@ class Device:
         # pushes, chats and the engine runner are not state: a rebuild of the tables keeps them
         self.subscriptions = Subscriptions()
         self.chats = Chats()
-        self.usage = quotas.Usage()  # what quotas count beyond the tables (ops/quotas.py)
-        self.runner: Any = None  # loop.runner.Runner, set by boot (or a test) when an engine runs
+        self.usage = Usage()  # what quotas count beyond the tables (ops/quotas.py)
+        # the operation kinds, by the code the journal records: an operation looks others up here
+        self.kinds: dict[int, OperationKind] = KINDS
+        self.runner: Runner | None = None  # set by boot (or a test) when an engine runs
         # hands events from other threads to the tick thread (the server's `deliver`; set by boot)
         self.deliver: Callable[[list[Any]], None] | None = None
         # the loop's pipeline and stall watchdog state for `ping` (the server's `pipeline_state`)
@@ -148,7 +156,7 @@ class Device:
             media_sources = checkpoint.load_state(state, self.runtime.bytes(checkpoint.STATE), _INPUT)
         state.rebuild_indexes(_INPUT, media_sources)
         self.state = state
-        self.executions = execution.Executions()
+        self.executions = Executions()
         self.pending_admissions: dict[int, tuple[int, int]] = {}  # transfer seq -> (receipt row, kind code)
         self.on_saved: dict[int, Callable[[Transfer], None]] = {}  # transfer seq -> what to apply once saved
         # MEDIA transfer seq -> the upload to answer: (connection, request id, sha256, participant row, bytes)
@@ -182,7 +190,7 @@ class Device:
             state.participants.start_lineage(first, nonce)
 
     def _replay_admission(self, transfer: Transfer) -> None:
-        a = admission.Admission.decode(transfer.payload)
+        a = Admission.decode(transfer.payload)
         kind = KINDS.get(a.kind)
         if kind is None:
             raise JournalCorrupt(os.path.join(self.journal_dir, segment_name(transfer.segment)), transfer.offset,
@@ -431,6 +439,10 @@ class Device:
             else:
                 execution.engine_event(self, request_id[1], token, data, finish)
 
+    def stop_input(self, rrow: int) -> None:
+        """Stop an input in execution (a saved cancellation): execution.cancel."""
+        execution.cancel(self, rrow)
+
     def off_thread(self, work: Callable[[], Any], then: Callable[[Any, BaseException | None], None]) -> None:
         """Run `work` (proportional to the data, not one tick's) on a thread of its own; `then`
         runs on the tick thread with its result or its exception. Without a server loop (tests,
@@ -486,7 +498,7 @@ class Device:
     def checkpoint(self) -> dict[str, Any] | None:
         """Fold the journal into the runtime file now (between ticks)."""
         try:
-            result = checkpoint.write(self)
+            result = checkpoint.write(self, media.checkpoint_components(self))
         except OSError as exc:
             log.warning("checkpoint failed: %s", exc)
             raise ServiceError(507, "checkpoint_failed", f"checkpoint failed: {exc}") from None

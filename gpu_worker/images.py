@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
 from .contract.errors import ServiceError
 from .engine.vision import MAX_IMAGE_PIXELS, MediaError, PreparedImage
 from .ops.media import media_dir, read_source
-from .state.tables import Finish
+from .prompt import fit_prompt
+from .ops.kind import Context
 
-if TYPE_CHECKING:
-    from .device import Device
 
 TAIL_BYTES = 4096  # how much of a file's end the truncation check reads
 
@@ -78,7 +77,7 @@ def check_file(f: BinaryIO, name: str, max_pixels: int = MAX_IMAGE_PIXELS, **det
         raise refused(400, "media_truncated", f"the {fmt} data ends before the image does")
 
 
-def check(d: Device, card: dict[str, Any], media: list[dict[str, Any]], pages: int, max_output: int) -> None:
+def check(d: Context, card: dict[str, Any], media: list[dict[str, Any]], pages: int, max_output: int) -> None:
     """ops/inputs.check, for a model that takes images: each image row's bytes checked (header and
     tail), and the images' token budget charged against the page limit beside the output limit."""
     images = [row["sha256"] for row in media if row["type"] == "image"]
@@ -94,7 +93,7 @@ def check(d: Device, card: dict[str, Any], media: list[dict[str, Any]], pages: i
                            f"that exceeds the {room} tokens of {pages} pages")
 
 
-def image_rows(d: Device, body: dict[str, Any]) -> list[str]:
+def image_rows(d: Context, body: dict[str, Any]) -> list[str]:
     """The digests of the input's image rows that become model input (a model with a vision tower)."""
     runner = d.runner
     if runner is None or getattr(runner.engine, "vision", None) is None:
@@ -119,13 +118,13 @@ def with_image_parts(messages: list[dict[str, Any]], text: str, count: int) -> l
     return messages[:-1] + [{"role": "user", "content": parts + [{"type": "text", "text": text}]}]
 
 
-def prepare_prompt(d: Device, shas: list[str], text: str, messages: list[dict[str, Any]], room: int,
+def prepare_prompt(d: Context, shas: list[str], text: str, messages: list[dict[str, Any]], room: int,
                    system: str | None) -> tuple[list[int] | None, list[PreparedImage]]:
     """On a helper thread: the images read, checked and encoded, then the prompt fitted."""
-    from .execution import fit_prompt
 
     assert d.runner is not None
     engine = d.runner.engine
+    assert engine.vision is not None  # admission refused images for a model without a vision tower
     prepared = []
     for sha in shas:
         data = read_source(d, sha)
@@ -137,7 +136,7 @@ def prepare_prompt(d: Device, shas: list[str], text: str, messages: list[dict[st
     return ids, prepared
 
 
-def start(d: Device, rrow: int, body: dict[str, Any], messages: list[dict[str, Any]], room: int,
+def start(d: Context, rrow: int, body: dict[str, Any], messages: list[dict[str, Any]], room: int,
           system: str | None, settings: dict[str, Any]) -> bool:
     """Once the input's memory is recalled (gpu_worker/execution.py): when the input's images
     become model input, its prompt is built with them on a helper thread (True); else nothing
@@ -150,18 +149,14 @@ def start(d: Device, rrow: int, body: dict[str, Any], messages: list[dict[str, A
     return True
 
 
-def _prepared(d: Device, rrow: int, settings: dict[str, Any],
+def _prepared(d: Context, rrow: int, settings: dict[str, Any],
               result: tuple[list[int] | None, list[PreparedImage]] | None, error: BaseException | None) -> None:
     """On the tick thread (execution._prompted with the images): the engine gets the input."""
     execution = d.executions.live.get(rrow)
-    if execution is None or execution.finish or d.runner is None:
+    ids, prepared = result if result is not None else (None, [])
+    # its settings without the images: an interpretation never attaches them again
+    if execution is None or d.runner is None or not execution.prompted(ids, error, settings):
         return
-    if error is not None or result is None or result[0] is None:
-        execution.finish = Finish.FAILED
-        return
-    ids, prepared = result
     assert ids is not None
-    execution.input_tokens = len(ids)
-    execution.settings = settings  # without the images: an interpretation never attaches them again
     d.runner.submit(("input", rrow), ids, images=prepared, **settings)
 

@@ -17,7 +17,7 @@ rows of the conversation's memory that its submitter may read when its lease is 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -27,7 +27,7 @@ from ..contract.errors import ServiceError
 from ..contract.limits import RECALL_FLOOR, RECALL_K, RECALL_MARGIN
 from ..contract.vocabulary import MEMORY_KINDS, NOT_RETAINED
 from ..ops import access
-from ..ops.kind import Read
+from ..ops.kind import Context, Read, Tables
 from ..ops.lists import byte_offset, byte_span
 from ..state import ids as derived
 from ..state.tables import C, NotRetained, P, R, S, Right, Scope, join16
@@ -37,21 +37,19 @@ from .recall import recall
 from .rows import ZERO, Flag, MemoryRow, memory_id
 from .rows import Kind as MemoryKind
 
-if TYPE_CHECKING:
-    from ..device import Device
 
 KIND_NAMES = {int(k): k.name.lower() for k in MemoryKind}
 TEXT_KINDS = frozenset({int(MemoryKind.SOURCE), int(MemoryKind.INTERPRETATION)})  # what a publication copies
 
 
-def owner_number(d: Device, srow: int) -> int:
+def owner_number(d: Tables, srow: int) -> int:
     """The number the memory table files space srow's rows under (table.py): its row + 1,
     whatever its scope. For a private space or a room it is the memory owner; for an instance
     space, the fence of the instance rows it retained or received (`scope_table`)."""
     return srow + 1
 
 
-def new_row(d: Device, srow: int, lineage: bytes, obj: bytes, kind: int, flags: int, length: int,
+def new_row(d: Tables, srow: int, lineage: bytes, obj: bytes, kind: int, flags: int, length: int,
             source: bytes, actor: bytes) -> MemoryRow:
     """The metadata row of a new object owned by space `srow`'s memory owner."""
     t = d.state.tables
@@ -68,7 +66,7 @@ def new_row(d: Device, srow: int, lineage: bytes, obj: bytes, kind: int, flags: 
                      source, actor)
 
 
-def readable_owners(d: Device, principal: bytes, prow: int | None) -> torch.Tensor:
+def readable_owners(d: Context, principal: bytes, prow: int | None) -> torch.Tensor:
     """A bool table over owner numbers: those whose rows the caller may read now (read right on
     their space, grants ∩ membership). The instance rows of a checkpoint written before the
     fence, which do not say their space, only for a reader of every live instance space."""
@@ -83,7 +81,7 @@ def readable_owners(d: Device, principal: bytes, prow: int | None) -> torch.Tens
     return table
 
 
-def scope_table(d: Device, srow: int) -> torch.Tensor:
+def scope_table(d: Tables, srow: int) -> torch.Tensor:
     """A bool table over owner numbers: the rows that make up space srow's memory. A private
     space's or a room's own; for an instance space, the instance's: the rows of every live
     instance space (and those of an earlier checkpoint)."""
@@ -98,7 +96,7 @@ def scope_table(d: Device, srow: int) -> torch.Tensor:
     return table
 
 
-def visible_slot(d: Device, principal: bytes, prow: int | None, value: Any) -> int:
+def visible_slot(d: Context, principal: bytes, prow: int | None, value: Any) -> int:
     """The row of a memory object the caller may see (404 otherwise)."""
     m = ids.MEMORY_ID.match(value) if isinstance(value, str) else None
     memory = d.state.memory
@@ -118,14 +116,14 @@ def current_version(row: MemoryRow, version: int, what: str) -> None:
                            version=str(row.version))
 
 
-def release_space(d: Device, srow: int) -> None:
+def release_space(d: Tables, srow: int) -> None:
     """A deleted space's memory goes with it: a private space's or a room's, and the instance
     rows retained or published in an instance space (fenced to its readers, nobody could read
     them again)."""
     d.state.memory.release_owner(owner_number(d, srow))
 
 
-def context_reader(d: Device, rrow: int) -> tuple[torch.Tensor, bool]:
+def context_reader(d: Context, rrow: int) -> tuple[torch.Tensor, bool]:
     """What an input's prompt may hold (DESIGN §8), from its submitting participant's rights now
     (stored rights ∩ current grants, asked when its lease is saved): the owner numbers whose
     memory it may read (`readable_owners`), and whether it may read its conversation's space (if
@@ -138,7 +136,7 @@ def context_reader(d: Device, rrow: int) -> tuple[torch.Tensor, bool]:
     return readable, bool(readable[owner_number(d, srow)])
 
 
-def interpreted(d: Device, op: bytes) -> None:
+def interpreted(d: Tables, op: bytes) -> None:
     """The interpretation of the turn that input operation `op` wrote is retained (its transfer
     saved, or replayed): the turn's source object changes to its next version, flagged
     `interpreted`, so a read or a publication naming the version it had before answers 409
@@ -151,7 +149,7 @@ def interpreted(d: Device, op: bytes) -> None:
 
 # ---- recall (tick thread: bounded by the memory capacity, not by any input) ---------------
 
-def recall_items(d: Device, srow: int, query: torch.Tensor, readable: torch.Tensor,
+def recall_items(d: Tables, srow: int, query: torch.Tensor, readable: torch.Tensor,
                  k: int = RECALL_K, floor: float = RECALL_FLOOR, margin: float = RECALL_MARGIN) -> list[render.Item]:
     """The text rows of space srow's memory most similar to `query`, best first, of those in
     `readable` (the submitter's: `context_reader`): of the k most similar, those whose cosine
@@ -178,7 +176,7 @@ def recall_items(d: Device, srow: int, query: torch.Tensor, readable: torch.Tens
 
 # ---- reads ----------------------------------------------------------------------------------
 
-def list_memory(d: Device, principal: bytes, args: SpacePage) -> tuple[int, Any]:
+def list_memory(d: Context, principal: bytes, args: SpacePage) -> tuple[int, Any]:
     """The rows of a space's memory owner, in write order after `cursor` (a memory counter)."""
     cursor, limit = args.after, args.limit
     prow = d.state.participants.by_principal.get(principal)
@@ -195,13 +193,13 @@ def list_memory(d: Device, principal: bytes, args: SpacePage) -> tuple[int, Any]
     return 200, {"items": [row_json(d, s) for s in slots], "next_cursor": next_cursor}
 
 
-def row_json(d: Device, slot: int) -> dict[str, Any]:
+def row_json(d: Tables, slot: int) -> dict[str, Any]:
     """A row as the reads show it, with a published copy's provenance."""
     memory = d.state.memory
     return memory.row(slot).to_json(memory.provenance_of(slot))
 
 
-def get_memory(d: Device, principal: bytes, args: MemoryRead) -> tuple[int, Any]:
+def get_memory(d: Context, principal: bytes, args: MemoryRead) -> tuple[int, Any]:
     """One row and its exact payload bytes from a byte offset (base64; `text` null unless the span
     is complete UTF-8); with `version`, only while that is the object's current version."""
     prow = d.state.participants.by_principal.get(principal)
@@ -214,13 +212,13 @@ def get_memory(d: Device, principal: bytes, args: MemoryRead) -> tuple[int, Any]
     return 200, {"memory": row_json(d, slot), **byte_span(memory.payload_of(slot, offset), offset)}
 
 
-def object_raw(d: Device, operation: bytes, tag: int) -> bytes:
+def object_raw(d: Tables, operation: bytes, tag: int) -> bytes:
     """The id of the memory object an operation writes: one per (operation, tag), where the tag is
     the memory kind an input retains, or a publication's copy tag."""
     return derived.memory_object(d.state.incarnation, operation, tag)
 
 
-def object_id(d: Device, lineage: bytes, operation: bytes, tag: int) -> str:
+def object_id(d: Tables, lineage: bytes, operation: bytes, tag: int) -> str:
     return memory_id(lineage, object_raw(d, operation, tag))
 
 
@@ -230,7 +228,7 @@ RETENTION_NAMES = {mode: name for name, mode in leases.RETENTION_OF.items()}
 CONTEXT_NAMES = {revision: name for name, revision in leases.REVISION_OF.items()}
 
 
-def input_receipt(d: Device, row: list[int], lineage: bytes) -> str:
+def input_receipt(d: Tables, row: list[int], lineage: bytes) -> str:
     """An input's receipt `memory`: its retention and context as recorded, the objects it
     retained and what it did not, with why (canonical JSON: sorted keys, compact)."""
     op = join16(row[R.OP_HI], row[R.OP_LO])

@@ -3,22 +3,17 @@ its exact sequence. Disconnect does not cancel; a cancellation cannot undo what 
 Only an input still running can be cancelled (others: 409 `not_cancellable`, `already_finished`)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .. import execution
 from ..contract import ids
 from ..contract.commands import Cancellation
 from ..contract.errors import ServiceError
 from ..state.tables import P, R, Terminal, join16
-from . import registry
-from .kind import Kind, OperationKind
-
-if TYPE_CHECKING:
-    from ..admission import Admission
-    from ..device import Device
+from .kind import Admission, Context, Kind, OperationKind, Tables
 
 
-def check(d: Device, principal: bytes, prow: int | None, args: Cancellation, key: bytes,
+
+def check(d: Context, principal: bytes, prow: int | None, args: Cancellation, key: bytes,
           sequence: int) -> dict[str, Any]:
     assert prow is not None
     target = args.target_sequence
@@ -30,7 +25,7 @@ def check(d: Device, principal: bytes, prow: int | None, args: Cancellation, key
     if rrow is None:
         raise ServiceError(404, "operation_not_found", f"no operation at sequence {target}")
     row = t.row(t.receipts, rrow)
-    kind = registry.KINDS[row[R.KIND]]
+    kind = d.kinds[row[R.KIND]]
     if not kind.executes:
         raise ServiceError(409, "not_cancellable", f"the operation at sequence {target} ({kind.name}) finished at "
                                                    "admission and cannot be cancelled", target_sequence=str(target))
@@ -41,13 +36,13 @@ def check(d: Device, principal: bytes, prow: int | None, args: Cancellation, key
     return {"target_sequence": target}
 
 
-def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+def apply(d: Context, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
     if transfer_seq is not None:  # live: stop generation now; replay: the completion says how it ended
-        execution.cancel(d, d.state.receipts.by_sequence[(prow, a.extra["target_sequence"])])
+        d.stop_input(d.state.receipts.by_sequence[(prow, a.extra["target_sequence"])])
     return prow
 
 
-def columns(d: Device, a: Admission) -> dict[int, int]:
+def columns(d: Tables, a: Admission) -> dict[int, int]:
     """The target operation, so the receipt can name it after the target is retired."""
     state = d.state
     target = state.receipts.by_sequence[(state.participants.by_principal[a.principal], a.extra["target_sequence"])]
@@ -55,7 +50,7 @@ def columns(d: Device, a: Admission) -> dict[int, int]:
     return {R.TARGET_OP_HI: row[R.OP_HI], R.TARGET_OP_LO: row[R.OP_LO]}
 
 
-def target_id(d: Device, row: list[int], lineage: bytes) -> str:
+def target_id(d: Tables, row: list[int], lineage: bytes) -> str:
     return ids.operation_id(lineage, join16(row[R.TARGET_OP_HI], row[R.TARGET_OP_LO]))
 
 

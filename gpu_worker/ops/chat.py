@@ -17,7 +17,6 @@ the prompt's tokenization run on a helper thread, and the engine gets the prompt
 from __future__ import annotations
 
 import io
-import itertools
 from typing import TYPE_CHECKING, Any
 
 from ..contract.chat import PENALTIES, Chat as ChatArgs
@@ -29,32 +28,17 @@ from ..engine.block_manager import pages_for
 from ..engine.engine import TokenLogprobs
 from ..engine.vision import MediaError, PreparedImage
 from . import quotas
-from .inputs import model_card
 
-from .kind import Read
+from .kind import Context, Read
 
 if TYPE_CHECKING:
-    from ..device import Device
     from ..storage.committer import Batch
 
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 
 
-class Chats:
-    """Numbers chat requests; each live chat is a subscription ("chat", number) whose frames are
-    its tokens (loop/subscriptions.py); its choices are the engine requests ("chat", number, i).
-    Counts the tokens the engine generated for chats since boot (`ping`'s "chats"), those of a chat
-    whose client has gone included: ops see what the model spent, and whether a cancelled chat stopped."""
 
-    def __init__(self) -> None:
-        self._ids = itertools.count(1)
-        self.output_tokens = 0
-
-    def next_id(self) -> tuple[str, int]:
-        return ("chat", next(self._ids))
-
-
-def start(d: Device, conn: object, msg: Message, batch: Batch) -> int:
+def start(d: Context, conn: object, msg: Message, batch: Batch) -> int:
     """Check a chat, tokenize its messages on a thread of their own (a long prompt must not stall
     the tick thread), then hand it to the engine. Refusals found here are answered in this tick;
     those that need the prompt's length, as soon as it is known. Journals nothing."""
@@ -121,7 +105,7 @@ def _prompt(engine: Any, prompt: str | None, messages: list[dict[str, Any]] | No
     return tokenizer.encode_chat(messages, images=[image.prompt for image in prepared]), prepared
 
 
-def _submit(d: Device, conn: Any, req_id: Any, principal: bytes, args: ChatArgs,
+def _submit(d: Context, conn: Any, req_id: Any, principal: bytes, args: ChatArgs,
             result: tuple[list[int], list[PreparedImage]] | None, error: BaseException | None) -> None:
     """On the tick thread, the prompt tokenized: refuse what does not fit, or start the chat."""
     d.usage.chat_prepared(principal)
@@ -166,33 +150,38 @@ def _submit(d: Device, conn: Any, req_id: Any, principal: bytes, args: ChatArgs,
     d.runner.submit((*topic, 0), prompt, seed=seed, **settings)
 
 
-def _submit_later_choices(d: Device, topic: tuple[str, int], chat: dict[str, Any]) -> None:
+def _submit_later_choices(d: Context, topic: tuple[str, int], chat: dict[str, Any]) -> None:
     """Choices 1..n-1 start once the first has prefilled the prompt: its full pages are in the
     prefix cache by then (engine.py registers them after prefill), so the others reuse them
     instead of prefilling the prompt again. A seeded request's choice i samples with seed + i."""
     prompt, settings, seed = chat["later"]
     chat["later"] = None
+    if d.runner is None:
+        return
     for i in range(1, len(chat["choices"])):
         d.runner.submit((*topic, i), prompt, seed=None if seed is None else (seed + i) % (1 << 63), **settings)
 
 
-def cancel(d: Device, topic: tuple[str, int], choices: int) -> None:
+def cancel(d: Context, topic: tuple[str, int], choices: int) -> None:
     """Stop every choice of a chat on the engine (a choice not started yet is unknown there: a no-op)."""
     if d.runner is not None:
         for i in range(choices):
             d.runner.cancel((*topic, i))
 
 
-def token_logprobs(d: Device, token: int, details: TokenLogprobs) -> dict[str, Any]:
+def token_logprobs(d: Context, token: int, details: TokenLogprobs) -> dict[str, Any]:
     """OpenAI's logprobs entry of one token: its text, log-probability, bytes and top alternatives."""
+    assert d.runner is not None  # its tokens came from the engine
+    tokenizer = d.runner.engine.tokenizer
+
     def one(token_id: int, logprob: float) -> dict[str, Any]:
-        raw = d.runner.engine.tokenizer.token_bytes(token_id)
+        raw = tokenizer.token_bytes(token_id)
         return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
     chosen, top = details
     return {**one(token, chosen), "top_logprobs": [one(t, lp) for t, lp in top]}
 
 
-def event(d: Device, request_id: tuple[str, int, int], token: int | None, data: bytes, finish: str | None,
+def event(d: Context, request_id: tuple[str, int, int], token: int | None, data: bytes, finish: str | None,
           details: TokenLogprobs | None = None) -> None:
     """One engine event of a chat's choice: token bytes (streamed or collected) with their logprobs
     when asked for, or its end; the chat ends when all its choices have."""
@@ -246,12 +235,12 @@ def event(d: Device, request_id: tuple[str, int, int], token: int | None, data: 
     d.subscriptions.end(sub, 200, dumps(body))
 
 
-def running(d: Device) -> int:
+def running(d: Context) -> int:
     """The chats under way (each is one subscription until its last frame)."""
     return sum(1 for sub in d.subscriptions.all() if sub.topic[0] == "chat")
 
 
-def connection_closed(d: Device, conn: object) -> None:
+def connection_closed(d: Context, conn: object) -> None:
     """The gateway went away (its client disconnected): its chats stop and free their pages; its
     other subscriptions simply end (disconnect never cancels an operation)."""
     for sub in d.subscriptions.connection_closed(conn):
@@ -259,7 +248,15 @@ def connection_closed(d: Device, conn: object) -> None:
             cancel(d, sub.topic, len(sub.data["choices"]))
 
 
-def list_models(d: Device, principal: bytes, args: NoArgs) -> tuple[int, Any]:
+def model_card(d: Context, name: Any) -> dict[str, Any]:
+    """The card of a served generation model, by name or digest (409 for any other)."""
+    card: dict[str, Any] = d.runtime.json("gen/card")
+    if name in (card["name"], d.model_digest):
+        return card
+    raise ServiceError(409, "model_not_available", f"model {name!r} is not served here; see /capabilities for the models")
+
+
+def list_models(d: Context, principal: bytes, args: NoArgs) -> tuple[int, Any]:
     card = d.runtime.json("gen/card")
     models = [{"name": card["name"], "digest": d.model_digest, "kind": "generation"}]
     if d.embedder is not None:

@@ -2,23 +2,20 @@
 conversation's execution slot, and its identity stays when the slot changes."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..contract import ids
 from ..contract.commands import ConversationRef, NewConversation, SpacePage
 from ..contract.errors import ServiceError
 from ..state.tables import C, R, Right, join16, split16
 from . import access, quotas
-from .kind import Kind, OperationKind, Read
+from .kind import Admission, Context, Kind, OperationKind, Read, Tables
 from .lists import page
 from .spaces import resource_key, space_key
 
-if TYPE_CHECKING:
-    from ..admission import Admission
-    from ..device import Device
 
 
-def check(d: Device, principal: bytes, prow: int | None, args: NewConversation, key: bytes,
+def check(d: Context, principal: bytes, prow: int | None, args: NewConversation, key: bytes,
           sequence: int) -> dict[str, Any]:
     assert prow is not None
     access.space_row(d, args.space, principal, prow, Right.WRITE)  # 404 / 403 before anything else
@@ -37,7 +34,7 @@ def check(d: Device, principal: bytes, prow: int | None, args: NewConversation, 
     return {"space": list(ids.split_id(space)), "id": raw}
 
 
-def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
     state = d.state
     srow = state.spaces.by_id[space_key(a.extra["space"])]
     crow = state.conversations.free.pop()
@@ -50,11 +47,11 @@ def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: in
     return crow
 
 
-def target_id(d: Device, row: list[int], lineage: bytes) -> str:
+def target_id(d: Tables, row: list[int], lineage: bytes) -> str:
     return access.conversation_id(d, row[R.TARGET])
 
 
-def visible_to(d: Device, principal: bytes, reader: int | None, row: list[int]) -> bool:
+def visible_to(d: Context, principal: bytes, reader: int | None, row: list[int]) -> bool:
     """Readable where the conversation's space is (members read each other's inputs too); a
     deleted conversation's receipts only by their own participant."""
     t = d.state.tables
@@ -67,7 +64,7 @@ CREATE: OperationKind = OperationKind(Kind.CONVERSATION_CREATE, "conversations.c
                        target_id=target_id, visible_to=visible_to)
 
 
-def view(d: Device, crow: int) -> dict[str, Any]:
+def view(d: Tables, crow: int) -> dict[str, Any]:
     t = d.state.tables
     row = t.row(t.conversations, crow)
     lineage = d.state.participants.lineage_at(row[C.CREATOR], row[C.CREATED])  # the one its ID was made with
@@ -76,7 +73,7 @@ def view(d: Device, crow: int) -> dict[str, Any]:
             "created_by_operation": ids.operation_id(lineage, join16(row[C.OP_HI], row[C.OP_LO]))}
 
 
-def list_conversations(d: Device, principal: bytes, args: SpacePage) -> tuple[int, Any]:
+def list_conversations(d: Context, principal: bytes, args: SpacePage) -> tuple[int, Any]:
     srow = access.space_row(d, args.space, principal, d.state.participants.by_principal.get(principal),
                             Right.READ)
     cursor, limit = args.after, args.limit
@@ -85,7 +82,7 @@ def list_conversations(d: Device, principal: bytes, args: SpacePage) -> tuple[in
     return 200, {"items": [view(d, r) for r in rows], "next_cursor": next_cursor}
 
 
-def get_conversation(d: Device, principal: bytes, args: ConversationRef) -> tuple[int, Any]:
+def get_conversation(d: Context, principal: bytes, args: ConversationRef) -> tuple[int, Any]:
     crow = access.conversation_row(d, args.conversation, principal,
                                    d.state.participants.by_principal.get(principal), Right.READ)
     return 200, view(d, crow)

@@ -14,7 +14,7 @@ them, and by nobody else. Replay applies the same functions, so a restart reprod
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..contract import ids
 from ..contract.commands import ConversationDeletion, SpaceDeletion
@@ -22,12 +22,9 @@ from ..contract.errors import ServiceError
 from ..state.tables import C, R, S, Right, Terminal
 from ..memory import shared as memory
 from . import access, events
-from .kind import Kind, OperationKind
+from .kind import Admission, Context, Kind, OperationKind, Tables
 from .spaces import space_key
 
-if TYPE_CHECKING:
-    from ..admission import Admission
-    from ..device import Device
 
 TOMBSTONE = 2  # the STATE of a deleted row that live receipts still name
 # the kinds whose receipts target a row of each table (R.TARGET)
@@ -44,7 +41,7 @@ def _release(free: list[int], row: int) -> None:
 
 # ---- conversations --------------------------------------------------------------------------
 
-def check_conversation(d: Device, principal: bytes, prow: int | None, args: ConversationDeletion, key: bytes,
+def check_conversation(d: Context, principal: bytes, prow: int | None, args: ConversationDeletion, key: bytes,
                        sequence: int) -> dict[str, Any]:
     crow = access.conversation_row(d, args.conversation, principal, prow, Right.MANAGE)
     t = d.state.tables
@@ -57,7 +54,7 @@ def check_conversation(d: Device, principal: bytes, prow: int | None, args: Conv
     return {"conversation": list(ids.split_id(m))}
 
 
-def apply_conversation(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+def apply_conversation(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
     conversations = d.state.conversations
     recorded = a.extra["conversation"]
     crow = conversations.by_id.pop((recorded[0], recorded[1]))
@@ -65,11 +62,11 @@ def apply_conversation(d: Device, a: Admission, prow: int, transfer_seq: int | N
     return crow
 
 
-def conversation_target(d: Device, row: list[int], lineage: bytes) -> str:
+def conversation_target(d: Tables, row: list[int], lineage: bytes) -> str:
     return access.conversation_id(d, row[R.TARGET])
 
 
-def conversation_saved(d: Device, rrow: int) -> None:
+def conversation_saved(d: Context, rrow: int) -> None:
     """Its streams end (404), as for a reader who lost the right."""
     events.recheck(d)
 
@@ -81,7 +78,7 @@ DELETE_CONVERSATION: OperationKind = OperationKind(
 
 # ---- spaces ---------------------------------------------------------------------------------
 
-def check_space(d: Device, principal: bytes, prow: int | None, args: SpaceDeletion, key: bytes,
+def check_space(d: Context, principal: bytes, prow: int | None, args: SpaceDeletion, key: bytes,
                 sequence: int) -> dict[str, Any]:
     srow = access.space_row(d, args.space, principal, prow, Right.MANAGE)
     conversations = d.state.tables.conversations
@@ -92,7 +89,7 @@ def check_space(d: Device, principal: bytes, prow: int | None, args: SpaceDeleti
     return {"space": list(ids.split_id(m))}
 
 
-def apply_space(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+def apply_space(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
     state = d.state
     t = state.tables
     srow = state.spaces.by_id.pop(space_key(a.extra["space"]))
@@ -106,7 +103,7 @@ def apply_space(d: Device, a: Admission, prow: int, transfer_seq: int | None, rr
     return srow
 
 
-def space_target(d: Device, row: list[int], lineage: bytes) -> str:
+def space_target(d: Tables, row: list[int], lineage: bytes) -> str:
     return access.space_id(d, row[R.TARGET])
 
 
@@ -117,7 +114,7 @@ DELETE_SPACE: OperationKind = OperationKind(
 
 # ---- tombstones -----------------------------------------------------------------------------
 
-def release_tombstones(d: Device, retired: list[tuple[int, int]]) -> None:
+def release_tombstones(d: Tables, retired: list[tuple[int, int]]) -> None:
     """After a retirement freed receipts ((kind, target row) of each): a tombstone no live receipt
     names any more returns to its table's free list, cleared."""
     state = d.state

@@ -34,14 +34,13 @@ from ..contract.errors import ServiceError
 from ..contract.vocabulary import CHAT, ENVELOPE, READ
 from ..contract.wire import Message, dumps, reply
 from ..state.tables import C, R, Right
-from . import access, chat, receipts, registry
+from . import access, chat, receipts
 from .lists import byte_offset, byte_span
 from .operations import refuse_past_deadline, visible_receipt
 
-from .kind import Read
+from .kind import Context, Read, Tables
 
 if TYPE_CHECKING:
-    from ..device import Device
     from ..loop.subscriptions import Subscription
     from ..storage.committer import Batch
 
@@ -55,7 +54,7 @@ def status_of(row: list[int], receipt: dict[str, Any]) -> str:
     return "running" if row[R.LEASE] else "admitted"
 
 
-def event(d: Device, rrow: int, own: bool) -> dict[str, Any]:
+def event(d: Context, rrow: int, own: bool) -> dict[str, Any]:
     """The event of one input: who, what was submitted, how far it is."""
     t = d.state.tables
     row = t.row(t.receipts, rrow)
@@ -67,14 +66,14 @@ def event(d: Device, rrow: int, own: bool) -> dict[str, Any]:
             "terminal": receipt["terminal"]}
 
 
-def _orders(d: Device, crow: int) -> tuple[list[int], list[int]]:
+def _orders(d: Tables, crow: int) -> tuple[list[int], list[int]]:
     """(event orders, receipt rows) of a conversation's live inputs, ascending."""
     t = d.state.tables
     rrows = d.state.conversations.inputs.get(crow, [])
     return [t.value(t.receipts, r, R.ORDER) for r in rrows], rrows
 
 
-def event_floor(d: Device, crow: int, orders: list[int]) -> int:
+def event_floor(d: Tables, crow: int, orders: list[int]) -> int:
     t = d.state.tables
     return orders[0] if orders else t.value(t.conversations, crow, C.INPUTS) + 1
 
@@ -87,7 +86,7 @@ def window_gap(first: int, last: int, readable: int) -> bool:
 
 # ---- the read --------------------------------------------------------------------------------------
 
-def list_events(d: Device, principal: bytes, args: ConversationPage) -> tuple[int, Any]:
+def list_events(d: Context, principal: bytes, args: ConversationPage) -> tuple[int, Any]:
     prow = d.state.participants.by_principal.get(principal)
     crow = access.conversation_row(d, args.conversation, principal, prow, Right.READ)
     cursor, limit = args.after, args.limit
@@ -110,7 +109,7 @@ READS: dict[str, Read] = {"conversations.events": list_events}
 
 # ---- subscriptions -----------------------------------------------------------------------------------
 
-def _deferred(d: Device, conn: object, msg: Message, batch: Batch) -> bool:
+def _deferred(d: Context, conn: object, msg: Message, batch: Batch) -> bool:
     """A subscription opens against saved state only: while anything is unsaved it waits, as a
     read does, until the saves before it are done (then the device answers it again)."""
     if d.committer.writer.queued_records:
@@ -119,11 +118,11 @@ def _deferred(d: Device, conn: object, msg: Message, batch: Batch) -> bool:
     return False
 
 
-def _refuse(d: Device, conn: object, msg: Message, err: ServiceError) -> None:
+def _refuse(d: Context, conn: object, msg: Message, err: ServiceError) -> None:
     d.subscriptions.outbox.append((conn, reply(msg.get("id"), err.status, err.body())))
 
 
-def open_conversation(d: Device, conn: object, msg: Message, batch: Batch) -> int:
+def open_conversation(d: Context, conn: object, msg: Message, batch: Batch) -> int:
     """`conversations.subscribe {conversation, cursor?}`: the events after cursor, then new ones."""
     if _deferred(d, conn, msg, batch):
         return 0
@@ -156,7 +155,7 @@ def open_conversation(d: Device, conn: object, msg: Message, batch: Batch) -> in
     return 0
 
 
-def input_saved(d: Device, rrow: int) -> None:
+def input_saved(d: Context, rrow: int) -> None:
     """An input's admission is saved: its event goes to the conversation's subscribers."""
     t = d.state.tables
     subs = d.subscriptions.of(("con", t.value(t.receipts, rrow, R.TARGET)))
@@ -178,7 +177,7 @@ def _span(offset: int, data: bytes) -> bytes:
     return dumps(byte_span(data, offset))
 
 
-def _terminal(d: Device, rrow: int, own: bool) -> tuple[bytes, str]:
+def _terminal(d: Context, rrow: int, own: bool) -> tuple[bytes, str]:
     """(the terminal event, its cursor: the result's length)."""
     t = d.state.tables
     row = t.row(t.receipts, rrow)
@@ -187,7 +186,7 @@ def _terminal(d: Device, rrow: int, own: bool) -> tuple[bytes, str]:
                   "terminal": receipt["terminal"]}), str(row[R.RESULT_LEN])
 
 
-def open_operation(d: Device, conn: object, msg: Message, batch: Batch) -> int:
+def open_operation(d: Context, conn: object, msg: Message, batch: Batch) -> int:
     """`operations.subscribe {operation, offset}`: saved output from offset, new spans as they are
     saved, then the terminal event (at once for an operation that has ended, or never executes)."""
     if _deferred(d, conn, msg, batch):
@@ -209,13 +208,13 @@ def open_operation(d: Device, conn: object, msg: Message, batch: Batch) -> int:
     if length > offset:
         d.subscriptions.push(sub, _span(offset, t.get_bytes(t.result_bytes, rrow, length - offset, offset)),
                              event="output", cursor=str(length))
-    if t.value(t.receipts, rrow, R.TERM_TRANSFER) or not registry.KINDS[t.value(t.receipts, rrow, R.KIND)].executes:
+    if t.value(t.receipts, rrow, R.TERM_TRANSFER) or not d.kinds[t.value(t.receipts, rrow, R.KIND)].executes:
         body, cursor = _terminal(d, rrow, own)
         d.subscriptions.end(sub, 200, body, event="terminal", cursor=cursor)
     return 0
 
 
-def output_saved(d: Device, rrow: int, offset: int, data: bytes) -> None:
+def output_saved(d: Context, rrow: int, offset: int, data: bytes) -> None:
     subs = d.subscriptions.of(("op", rrow))
     if not subs:
         return
@@ -226,7 +225,7 @@ def output_saved(d: Device, rrow: int, offset: int, data: bytes) -> None:
         d.subscriptions.push_all(due, _span(offset, data), event="output", cursor=str(offset + len(data)))
 
 
-def terminal_saved(d: Device, rrow: int) -> None:
+def terminal_saved(d: Context, rrow: int) -> None:
     """An operation's terminal is saved: its streams end with the terminal event, or with the
     504 its result read answers when it exceeded its deadline."""
     subs = d.subscriptions.of(("op", rrow))
@@ -244,8 +243,8 @@ def terminal_saved(d: Device, rrow: int) -> None:
             d.subscriptions.end_all(group, 200, body, event="terminal", cursor=cursor)
 
 
-def state_rebuilt(d: Device) -> None:
-    """The state was rebuilt from what is saved (ENOSPC: Device.refuse_unsaved). Replay hands
+def state_rebuilt(d: Context) -> None:
+    """The state was rebuilt from what is saved (ENOSPC: Context.refuse_unsaved). Replay hands
     out receipt rows in its own order, so a receipt's row may differ from the one it had live:
     each operation subscription finds its receipt again by operation ID (or ends as a new read
     would be refused). Conversation rows are handed out the same way live and at replay."""
@@ -260,7 +259,7 @@ def state_rebuilt(d: Device) -> None:
         d.subscriptions.move(sub, ("op", rrow))
 
 
-def close(d: Device, conn: object, msg: Message, batch: Batch) -> int:
+def close(d: Context, conn: object, msg: Message, batch: Batch) -> int:
     """`subscriptions.close {id}`: the gateway's client went away. Never cancels execution (a
     chat, which has no existence beyond its stream, stops)."""
     try:
@@ -275,7 +274,7 @@ def close(d: Device, conn: object, msg: Message, batch: Batch) -> int:
     return 0
 
 
-def recheck(d: Device) -> None:
+def recheck(d: Context) -> None:
     """Grants or memberships changed: end every subscription whose reader lost the right."""
     for sub in d.subscriptions.all():
         principal = sub.principal or b""

@@ -18,13 +18,11 @@ rebuilt exactly; a checkpoint saves the used bytes.
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING
 
 from ..state.tables import C, R, Terminal
 from .inputs import input_text
+from .kind import Tables
 
-if TYPE_CHECKING:
-    from ..device import Device
 
 _U32 = struct.Struct("<I")
 AUTHORED = 1 << 31  # the first word's flag: an author word follows (event orders stay below it)
@@ -58,7 +56,7 @@ def _encode(order: int, author: int, user: bytes, answer: bytes) -> bytes:
     return head + _U32.pack(len(user)) + user + _U32.pack(len(answer)) + answer
 
 
-def turns(d: Device, crow: int) -> list[tuple[int, int, str, str]]:
+def turns(d: Tables, crow: int) -> list[tuple[int, int, str, str]]:
     """The retained turns of a conversation: (event order, author's participant row or UNKNOWN,
     user text, answer), oldest first."""
     t = d.state.tables
@@ -67,7 +65,7 @@ def turns(d: Device, crow: int) -> list[tuple[int, int, str, str]]:
             for order, author, user, answer in _records(data)]
 
 
-def fold(d: Device, rrow: int) -> None:
+def fold(d: Tables, rrow: int) -> None:
     """Keep a retiring input's turn (a succeeded one: the context holds no others)."""
     t = d.state.tables
     row = t.row(t.receipts, rrow)

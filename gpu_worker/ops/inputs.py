@@ -13,13 +13,13 @@ min(256, pages x page_size / 2), at least 1 (`default_output_tokens`). The page 
 prompt and the output together, and at admission the device cannot count the prompt's tokens:
 earlier turns, recalled memory and the chat template are chosen and tokenized when the input is
 leased, off the tick thread. So the default leaves the prompt half the page limit, and the lease
-fits the most recent turns into that room (execution.fit_prompt). A caller's own value is taken as
+fits the most recent turns into that room (prompt.fit_prompt). A caller's own value is taken as
 it is, up to the whole page limit (pages x page_size).
 """
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import images
 from ..contract import ids
@@ -29,12 +29,10 @@ from ..state.tables import C, R, Right, Terminal
 from ..storage import leases
 from ..memory import shared as memory
 from . import access, events, quotas
+from .chat import model_card
 from .conversations import target_id, visible_to
-from .kind import Kind, OperationKind
+from .kind import Admission, Context, Kind, OperationKind, Tables
 
-if TYPE_CHECKING:
-    from ..admission import Admission
-    from ..device import Device
 
 
 
@@ -42,7 +40,7 @@ def media_link(sha256: str) -> str:
     return "\nmedia://" + sha256
 
 
-def input_body(d: Device, rrow: int) -> dict[str, Any]:
+def input_body(d: Tables, rrow: int) -> dict[str, Any]:
     """The input's saved command body (its text, media, settings)."""
     t = d.state.tables
     body: dict[str, Any] = json.loads(t.get_bytes(t.command_bytes, rrow, t.value(t.receipts, rrow, R.COMMAND_LEN)))["body"]
@@ -54,7 +52,7 @@ def media_links(body: dict[str, Any]) -> str:
     return "".join(media_link(m["sha256"]) for m in body.get("media", []))
 
 
-def input_text(d: Device, rrow: int) -> str:
+def input_text(d: Tables, rrow: int) -> str:
     """The input's text with the device's media links appended (what the model reads, and what
     retention mode 1 keeps: the links stay text in memory)."""
     body = input_body(d, rrow)
@@ -67,15 +65,7 @@ def default_output_tokens(profile: dict[str, Any], pages: int) -> int:
     return max(1, min(int(profile["max_output_tokens"]), pages * int(profile["page_size"]) // 2))
 
 
-def model_card(d: Device, name: Any) -> dict[str, Any]:
-    """The card of a served generation model, by name or digest (409 for any other)."""
-    card: dict[str, Any] = d.runtime.json("gen/card")
-    if name in (card["name"], d.model_digest):
-        return card
-    raise ServiceError(409, "model_not_available", f"model {name!r} is not served here; see /capabilities for the models")
-
-
-def check(d: Device, principal: bytes, prow: int | None, args: Input, key: bytes,
+def check(d: Context, principal: bytes, prow: int | None, args: Input, key: bytes,
           sequence: int) -> dict[str, Any]:
     access.conversation_row(d, args.conversation, principal, prow, Right.WRITE)  # 404 / 403 first
     media = [{"type": row.type, "sha256": row.sha256} for row in args.media]
@@ -118,7 +108,7 @@ def check(d: Device, principal: bytes, prow: int | None, args: Input, key: bytes
             "revision": leases.REVISION_OF[args.context]}
 
 
-def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+def apply(d: Context, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
     conversations = d.state.conversations
     recorded = a.extra["conversation"]
     crow = conversations.by_id[(recorded[0], recorded[1])]
@@ -129,7 +119,7 @@ def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: in
     return crow
 
 
-def columns(d: Device, a: Admission) -> dict[int, int]:
+def columns(d: Tables, a: Admission) -> dict[int, int]:
     """Its effective limits, and its event order (apply, which runs first, counted it)."""
     t = d.state.tables
     recorded = a.extra["conversation"]
@@ -141,9 +131,9 @@ def columns(d: Device, a: Admission) -> dict[int, int]:
             R.REVISION: a.extra.get("revision", leases.COMPACT) + 1}
 
 
-def saved(d: Device, rrow: int) -> None:
+def saved(d: Context, rrow: int) -> None:
     """Saved: it waits for its lease (its conversation's turn, then its principal's:
-    execution.LeaseQueue), and its event goes to the conversation's subscribers."""
+    state/executions.py LeaseQueue), and its event goes to the conversation's subscribers."""
     t = d.state.tables
     row = t.row(t.receipts, rrow)
     d.executions.to_lease.append(rrow, row[R.PARTICIPANT], row[R.TARGET])

@@ -1,28 +1,140 @@
-"""What an operation kind is: the small interface every mutation implements, and the kind codes
-the journal records (docs/adding-an-operation-kind.md).
+"""What an operation kind is: the small interface every mutation implements, the kind codes the
+journal records, the admission each one's transfer records, and what an operation sees of the
+device (docs/adding-an-operation-kind.md).
 
-A kind's functions take the Device first. `check` validates a new operation against the current
-state and changes nothing (a refusal is a ServiceError); what it returns is recorded in the
-admission transfer (IDs, never rows, so replay re-resolves them). `apply` cannot fail: it changes
-the tables live and at replay alike and returns the row of the operation's target. `target_id`
-renders that target in the receipt, `visible_to` says whether another participant may read the
-receipt, `columns` fills receipt columns of the kind's own, `saved` runs once a live admission is
-saved (an input starts executing and its event is pushed), `memory` renders the memory objects it
-wrote into its receipt.
+What an operation sees is declared here, not the device itself: `Tables` (the authoritative
+tables and the kinds that render their receipts) is all most kinds' functions take; `Context`
+adds the caller's grant and quotas, a journal transfer (`append`) and the committer's state,
+the subscriptions events are pushed to, the engine and its inputs in execution, and the runtime
+file. The device (gpu_worker/device.py) provides both; nothing under ops/ imports it, so the
+device, its admission and execution modules and the operations form no import circle.
+
+A kind's functions take that context first. `check` validates a new operation against the
+current state and changes nothing (a refusal is a ServiceError); what it returns is recorded in
+the admission transfer (IDs, never rows, so replay re-resolves them). `apply` cannot fail: it
+changes the tables live and at replay alike and returns the row of the operation's target.
+`target_id` renders that target in the receipt, `visible_to` says whether another participant
+may read the receipt, `columns` fills receipt columns of the kind's own, `saved` runs once a live
+admission is saved (an input starts executing and its event is pushed), `memory` renders the
+memory objects it wrote into its receipt.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
-from ..contract.commands import TYPES, Mutation
+import msgpack
+
+from ..contract.commands import TYPES, A, Mutation
 from ..contract.vocabulary import COMMANDS
+from ..contract.wire import pack
 
 if TYPE_CHECKING:
-    from ..admission import Admission
+    from ..contract.grantfile import Grants
     from ..contract.wire import Message
-    from ..device import Device
-    from ..storage.committer import Batch
+    from ..engine.embedding import EmbeddingModel
+    from ..loop.runner import Runner
+    from ..loop.subscriptions import Subscriptions
+    from ..state import DeviceState
+    from ..state.executions import Executions
+    from ..state.holds import Holds
+    from ..state.usage import Chats, Usage
+    from ..storage.committer import Batch, Committer
+    from ..storage.filelayer import FileLayer
+    from ..storage.journal import Transfer
+    from ..storage.runtime_file import RuntimeFile
+
+ADMISSION_VERSION = 1
+
+
+class Tables(Protocol):
+    """The authoritative tables (gpu_worker/state/) and the operation kinds that render their
+    receipt rows (ops/registry.py), read-only: what most kinds' functions need."""
+
+    @property
+    def state(self) -> DeviceState: ...
+
+    @property
+    def kinds(self) -> Mapping[int, OperationKind]: ...
+
+
+class Context(Tables, Protocol):
+    """Everything an operation may use beyond the tables (read-only attributes; the device
+    provides them)."""
+
+    # the caller: its grant, its participant row, its command's typed arguments, its quotas
+    @property
+    def grants(self) -> Grants: ...
+
+    @property
+    def usage(self) -> Usage: ...
+
+    def principal(self, msg: Message, action: str) -> bytes: ...
+
+    def caller_row(self, principal: bytes) -> int: ...
+
+    def args(self, msg: Message, kind: type[A]) -> A: ...
+
+    # the journal: a transfer (`on_saved` runs once it is saved), the committer, holds, and the
+    # media sources' directory beside it
+    def append(self, kind: int, payload: bytes, on_saved: Callable[[Transfer], None] | None = None) -> int: ...
+
+    @property
+    def committer(self) -> Committer: ...
+
+    @property
+    def holds(self) -> Holds: ...
+
+    @property
+    def journal_dir(self) -> str: ...
+
+    @property
+    def fs(self) -> FileLayer: ...
+
+    @property
+    def media_waiting(self) -> dict[int, tuple[Any, Any, str, int, int]]: ...
+
+    def journal_state(self) -> dict[str, Any]: ...
+
+    def checkpoint(self) -> dict[str, Any] | None: ...
+
+    # events to subscribers
+    @property
+    def subscriptions(self) -> Subscriptions: ...
+
+    # the engine: its runner, the embedding model, inputs in execution, chats, helper threads
+    @property
+    def runner(self) -> Runner | None: ...
+
+    @property
+    def embedder(self) -> EmbeddingModel: ...
+
+    @property
+    def executions(self) -> Executions: ...
+
+    @property
+    def chats(self) -> Chats: ...
+
+    def off_thread(self, work: Callable[[], Any], then: Callable[[Any, BaseException | None], None]) -> None: ...
+
+    def stop_input(self, rrow: int) -> None: ...
+
+    # the runtime file and what the device reports of itself
+    @property
+    def runtime(self) -> RuntimeFile: ...
+
+    @property
+    def model_digest(self) -> str: ...
+
+    @property
+    def incarnation_hex(self) -> str: ...
+
+    @property
+    def grant_problem(self) -> str | None: ...
+
+    @property
+    def pipeline_state(self) -> Callable[[], dict[str, Any]] | None: ...
 
 
 class Kind(IntEnum):
@@ -39,30 +151,54 @@ class Kind(IntEnum):
     PUBLICATION = 10
 
 
-# check(device, principal, participant row or None, the kind's arguments (its type in
+@dataclass
+class Admission:
+    """The decoded admission transfer: what the journal records for one new operation.
+    `extra` holds what the kind's check returned (IDs, never rows), so replay re-resolves them."""
+    kind: int
+    principal: bytes
+    sequence: int
+    key: bytes
+    op: bytes
+    canonical: bytes
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return pack([ADMISSION_VERSION, self.kind, self.principal, self.sequence, self.key, self.op,
+                     self.canonical, self.extra])
+
+    @classmethod
+    def decode(cls, payload: bytes) -> Admission:
+        fields = msgpack.unpackb(payload, raw=False)
+        if not isinstance(fields, list) or len(fields) != 8 or fields[0] != ADMISSION_VERSION:
+            raise ValueError("unknown admission layout")
+        return cls(*fields[1:])
+
+
+# check(context, principal, participant row or None, the kind's arguments (its type in
 # contract/commands.py, already checked there), operation key, sequence) -> admission extra
-Check = Callable[["Device", bytes, "int | None", Any, bytes, int], dict[str, Any]]
-# apply(device, admission, participant row, journal transfer seq (None at replay), receipt row) -> target row
-Apply = Callable[["Device", "Admission", int, "int | None", int], int]
-# target_id(device, receipt row values, the participant's lineage) -> the receipt's "target"
-TargetId = Callable[["Device", list[int], bytes], str]
-# visible_to(device, reader principal, reader participant row or None, receipt row values) -> bool
-VisibleTo = Callable[["Device", bytes, "int | None", list[int]], bool]
-# columns(device, admission) -> {receipt column: value}
-Columns = Callable[["Device", "Admission"], dict[int, int]]
-# memory(device, receipt row values, the participant's lineage) -> the receipt's "memory" (JSON text)
-MemoryJson = Callable[["Device", list[int], bytes], str]
-# saved(device, receipt row): the admission is saved (live only; replay finds it saved)
-Saved = Callable[["Device", int], None]
+Check = Callable[[Context, bytes, "int | None", Any, bytes, int], dict[str, Any]]
+# apply(context, admission, participant row, journal transfer seq (None at replay), receipt row) -> target row
+Apply = Callable[[Context, Admission, int, "int | None", int], int]
+# target_id(context, receipt row values, the participant's lineage) -> the receipt's "target"
+TargetId = Callable[[Context, list[int], bytes], str]
+# visible_to(context, reader principal, reader participant row or None, receipt row values) -> bool
+VisibleTo = Callable[[Context, bytes, "int | None", list[int]], bool]
+# columns(context, admission) -> {receipt column: value}
+Columns = Callable[[Context, Admission], dict[int, int]]
+# memory(context, receipt row values, the participant's lineage) -> the receipt's "memory" (JSON text)
+MemoryJson = Callable[[Context, list[int], bytes], str]
+# saved(context, receipt row): the admission is saved (live only; replay finds it saved)
+Saved = Callable[[Context, int], None]
 # a read: read(device, principal bytes (None for ops commands), its arguments (the command's type
 # in contract/commands.py)) -> (status, body)
-Read = Callable[["Device", Any, Any], tuple[int, Any]]
+Read = Callable[[Context, Any, Any], tuple[int, Any]]
 # a command answered outside a tick's order: later(device, connection, message, the tick's batch)
 # -> journal records used
-Later = Callable[["Device", object, "Message", "Batch"], int]
+Later = Callable[[Context, object, "Message", "Batch"], int]
 
 
-def owner_only(device: Device, principal: bytes, reader: int | None, row: list[int]) -> bool:
+def owner_only(device: Tables, principal: bytes, reader: int | None, row: list[int]) -> bool:
     """The default: only the participant that made the operation reads its receipt."""
     return False
 

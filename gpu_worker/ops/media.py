@@ -29,9 +29,9 @@ from ..contract.wire import Message, dumps, reply
 from ..state import MediaSource
 from ..storage.journal import JournalCorrupt, Transfer, TransferKind, segment_name
 from . import quotas
+from .kind import Context, Tables
 
 if TYPE_CHECKING:
-    from ..device import Device
     from ..storage.committer import Batch
 
 
@@ -39,11 +39,11 @@ log = logging.getLogger("gpu_worker.media")
 COMPONENT = "media/"  # runtime file components: media/<sha256>, a checkpoint's copy of the bytes
 
 
-def media_dir(d: Device) -> str:
+def media_dir(d: Context) -> str:
     return os.path.join(d.journal_dir, "media")
 
 
-def read_source(d: Device, sha: str) -> bytes | None:
+def read_source(d: Context, sha: str) -> bytes | None:
     """The bytes of a source under <journal>/media/, or None when they are not there whole (a
     missing file, or one that no longer hashes to its name)."""
     try:
@@ -54,7 +54,7 @@ def read_source(d: Device, sha: str) -> bytes | None:
     return data if hashlib.sha256(data).hexdigest() == sha else None
 
 
-def recover_bytes(d: Device) -> None:
+def recover_bytes(d: Context) -> None:
     """After recovery (boot, or the rebuild after ENOSPC): every source the state lists has its
     bytes under <journal>/media/, written back from the runtime file's copy when they are not
     there (a restore on a fresh journal directory), or it is marked missing and logged."""
@@ -84,12 +84,12 @@ def recover_bytes(d: Device) -> None:
                         "its owner uploads it again", sha, source.length, source.type, directory, d.runtime.path)
 
 
-def missing(d: Device) -> list[str]:
+def missing(d: Tables) -> list[str]:
     """The sources whose bytes are lost (ping shows them)."""
     return sorted(sha for sha, source in d.state.media.items() if source.missing)
 
 
-def view(d: Device, sha: str) -> dict[str, Any]:
+def view(d: Tables, sha: str) -> dict[str, Any]:
     source = d.state.media[sha]
     return {"sha256": sha, "length": str(source.length), "type": source.type}
 
@@ -111,7 +111,7 @@ def _store(directory: str, fs: Any, sha: str, data: bytes) -> None:
     fs.fsync_dir(directory)
 
 
-def put(d: Device, conn: object, msg: Message, batch: Batch) -> int:
+def put(d: Context, conn: object, msg: Message, batch: Batch) -> int:
     """A media upload: its bytes are hashed and, when the device has no copy yet, written on a
     thread of their own (an 8 MiB upload must not stall other clients); then it is answered 200
     when the caller already owns the source, or the MEDIA transfer that records the owner is
@@ -160,7 +160,7 @@ def put(d: Device, conn: object, msg: Message, batch: Batch) -> int:
     return 0
 
 
-def saved(d: Device, payload: bytes, transfer: Transfer) -> None:
+def saved(d: Context, payload: bytes, transfer: Transfer) -> None:
     """The owner is saved: answer the upload."""
     apply(d, payload, transfer)
     waiting = d.media_waiting.pop(transfer.seq, None)
@@ -170,7 +170,7 @@ def saved(d: Device, payload: bytes, transfer: Transfer) -> None:
         d.subscriptions.outbox.append((conn, reply(req_id, 201, dumps(view(d, sha)))))
 
 
-def refuse_waiting(d: Device) -> None:
+def refuse_waiting(d: Context) -> None:
     """ENOSPC: uploads whose owner was not saved are refused (their bytes stay, owned by nobody)."""
     refusal = d.holds.refusal(d.committer.writer.queued_bytes, "the journal cannot save new operations right now")
     for conn, req_id, _, prow, length in d.media_waiting.values():
@@ -179,14 +179,14 @@ def refuse_waiting(d: Device) -> None:
     d.media_waiting.clear()
 
 
-def _release(d: Device, prow: int, length: int) -> None:
+def _release(d: Context, prow: int, length: int) -> None:
     in_flight = d.usage.media_in_flight
     in_flight[prow] -= length
     if in_flight[prow] <= 0:
         del in_flight[prow]
 
 
-def apply(d: Device, payload: bytes, transfer: Transfer) -> None:
+def apply(d: Context, payload: bytes, transfer: Transfer) -> None:
     par, sha, length, kind = msgpack.unpackb(payload)
     prow = d.state.participants.by_raw.get(par)
     if prow is None:
@@ -194,3 +194,23 @@ def apply(d: Device, payload: bytes, transfer: Transfer) -> None:
                              f"media transfer seq {transfer.seq} names no participant")
     source = d.state.media.setdefault(sha.hex(), MediaSource(length, kind))
     source.owners.add(prow)
+
+
+def checkpoint_components(d: Context) -> tuple[list[tuple[str, str, bytes]], list[str]]:
+    """(components to add, component names to drop) that make the file carry the bytes of every
+    media source the state lists, `media/<sha256>` each (SPEC: "The complete runtime file saves
+    this state"; the state extent lists sources, the bytes live under <journal>/media/ and would
+    not survive a restore onto another journal directory). A source goes in once, at the first
+    checkpoint that lists it (its extent is kept by every later generation); one the state no
+    longer lists is dropped. A source whose bytes are not under <journal>/media/ whole is left
+    out: the device already reports it missing (recover_bytes)."""
+    present = set(d.runtime.names(COMPONENT))
+    listed = {COMPONENT + sha for sha in d.state.media}
+    added = []
+    for sha in sorted(d.state.media):
+        if COMPONENT + sha in present:
+            continue
+        data = read_source(d, sha)
+        if data is not None:
+            added.append((COMPONENT + sha, "bytes", data))
+    return added, sorted(present - listed)

@@ -3,23 +3,20 @@ permissions array leaves a zero-rights row, which also blocks implicit instance 
 owner's rights are fixed."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..contract.commands import MemberSet, SpacePage
 from ..contract import ids
 from ..contract.errors import ServiceError
 from ..state.tables import M, R, S, Right
 from . import access, events
-from .kind import Kind, OperationKind, Read
+from .kind import Admission, Context, Kind, OperationKind, Read, Tables
 from .lists import page
 from .spaces import space_key
 
-if TYPE_CHECKING:
-    from ..admission import Admission
-    from ..device import Device
 
 
-def check(d: Device, principal: bytes, prow: int | None, args: MemberSet, key: bytes,
+def check(d: Context, principal: bytes, prow: int | None, args: MemberSet, key: bytes,
           sequence: int) -> dict[str, Any]:
     state = d.state
     srow = access.space_row(d, args.space, principal, prow, Right.MANAGE)
@@ -37,7 +34,7 @@ def check(d: Device, principal: bytes, prow: int | None, args: MemberSet, key: b
             "rights": sum(access.RIGHT_NAMES[p] for p in args.permissions)}
 
 
-def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
     state = d.state
     srow = state.spaces.by_id[space_key(a.extra["space"])]
     member = state.participants.by_raw[a.extra["participant"]]
@@ -50,15 +47,15 @@ def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: in
     return srow
 
 
-def target_id(d: Device, row: list[int], lineage: bytes) -> str:
+def target_id(d: Tables, row: list[int], lineage: bytes) -> str:
     return access.space_id(d, row[R.TARGET])
 
 
-def visible_to(d: Device, principal: bytes, reader: int | None, row: list[int]) -> bool:
+def visible_to(d: Context, principal: bytes, reader: int | None, row: list[int]) -> bool:
     return access.space_readable(d, principal, reader, row[R.TARGET])
 
 
-def saved(d: Device, rrow: int) -> None:
+def saved(d: Context, rrow: int) -> None:
     """Rights changed: open streams of readers who lost theirs end (ops/events.py)."""
     events.recheck(d)
 
@@ -67,7 +64,7 @@ SET: OperationKind = OperationKind(Kind.MEMBER_SET, "members.set", check=check, 
                     visible_to=visible_to, saved=saved)
 
 
-def list_members(d: Device, principal: bytes, args: SpacePage) -> tuple[int, Any]:
+def list_members(d: Context, principal: bytes, args: SpacePage) -> tuple[int, Any]:
     """The owner (implicit, on the first page) then the explicit rows in creation order; a page
     holds at most `limit` items, the owner taking one of the first page's places. Cursors are the
     explicit rows' creation counters; after a first page of the owner alone it is "0", which no

@@ -4,7 +4,7 @@ result bytes from a byte offset (SPEC "Results and memory")."""
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..contract import ids
 from ..contract.commands import OperationBytes, OperationRef, Page, ReceiptFilter
@@ -12,16 +12,14 @@ from ..contract.errors import ServiceError
 from ..contract.wire import RawJSON
 from ..state import ids as derived
 from ..state.tables import R, Terminal, join16
-from . import receipts, registry
+from . import receipts
 from .lists import byte_offset, byte_span, page
 
-from .kind import Read
-
-if TYPE_CHECKING:
-    from ..device import Device
+from .kind import Context, Read, Tables
 
 
-def visible_receipt(d: Device, principal: bytes, op: str) -> tuple[int, bool]:
+
+def visible_receipt(d: Context, principal: bytes, op: str) -> tuple[int, bool]:
     """(receipt row, own) of an operation the principal may read; 410 once retired, else 404."""
     m = ids.OPERATION_ID.match(op)
     if not m:
@@ -36,7 +34,7 @@ def visible_receipt(d: Device, principal: bytes, op: str) -> tuple[int, bool]:
         if state.participants.lineage_at(row[R.PARTICIPANT], row[R.CREATED]) == lineage:
             if row[R.PARTICIPANT] == caller:
                 return rrow, True
-            if registry.KINDS[row[R.KIND]].visible_to(d, principal, caller, row):
+            if d.kinds[row[R.KIND]].visible_to(d, principal, caller, row):
                 return rrow, False
     elif caller is not None:
         # retired (410) only if this state's history issued it to the caller; an ID of a line of
@@ -47,7 +45,7 @@ def visible_receipt(d: Device, principal: bytes, op: str) -> tuple[int, bool]:
     raise ServiceError(404, "operation_not_found", f"no operation {op} visible to this principal")
 
 
-def list_operations(d: Device, principal: bytes, args: Page) -> tuple[int, Any]:
+def list_operations(d: Context, principal: bytes, args: Page) -> tuple[int, Any]:
     cursor, limit = args.after, args.limit
     prow = d.state.participants.by_principal.get(principal)
     seqs = d.state.live_sequences(prow) if prow is not None else range(0)
@@ -60,12 +58,12 @@ def list_operations(d: Device, principal: bytes, args: Page) -> tuple[int, Any]:
     return 200, {"items": items, "next_cursor": str(page[-1]) if more and page else None}
 
 
-def get_operation(d: Device, principal: bytes, args: OperationRef) -> tuple[int, Any]:
+def get_operation(d: Context, principal: bytes, args: OperationRef) -> tuple[int, Any]:
     rrow, own = visible_receipt(d, principal, args.operation)
     return 200, RawJSON(receipts.receipt_bytes(d, rrow, own=own))
 
 
-def read_result(d: Device, principal: bytes, args: OperationBytes) -> tuple[int, Any]:
+def read_result(d: Context, principal: bytes, args: OperationBytes) -> tuple[int, Any]:
     """An operation's saved result bytes from a byte offset: exact base64, `text` null unless the
     span is complete UTF-8 (nothing is ever replaced); 504 past its execution deadline."""
     rrow, _ = visible_receipt(d, principal, args.operation)
@@ -79,10 +77,10 @@ def refuse_past_deadline(row: list[int]) -> None:
         raise ServiceError(504, "deadline_exceeded", "the operation exceeded its execution deadline")
 
 
-def result(d: Device, rrow: int, args: OperationBytes) -> tuple[int, Any]:
+def result(d: Tables, rrow: int, args: OperationBytes) -> tuple[int, Any]:
     t = d.state.tables
     row = t.row(t.receipts, rrow)
-    if not registry.KINDS[row[R.KIND]].executes:
+    if not d.kinds[row[R.KIND]].executes:
         raise ServiceError(409, "no_result", "this operation has no result bytes")
     refuse_past_deadline(row)
     length = row[R.RESULT_LEN]
@@ -108,7 +106,7 @@ READS: dict[str, Read] = {"operations.list": list_operations, "operations.get": 
 _STATUS_CODES = {name: code for code, name in receipts.TERMINAL_NAMES.items()}
 
 
-def _any_receipt(d: Device, op: Any) -> int:
+def _any_receipt(d: Tables, op: Any) -> int:
     m = ids.OPERATION_ID.match(op) if isinstance(op, str) else None
     rrow = d.state.receipts.by_op.get(ids.split_id(m)[1]) if m else None
     if rrow is None:
@@ -116,7 +114,7 @@ def _any_receipt(d: Device, op: Any) -> int:
     return rrow
 
 
-def ops_receipts(d: Device, principal: Any, args: ReceiptFilter) -> tuple[int, Any]:
+def ops_receipts(d: Context, principal: Any, args: ReceiptFilter) -> tuple[int, Any]:
     """Every live receipt, in admission order, filtered by participant, kind, status and save state."""
     table = d.state.tables.receipts
     mask = table[:, R.STATE] == 1
@@ -125,9 +123,9 @@ def ops_receipts(d: Device, principal: Any, args: ReceiptFilter) -> tuple[int, A
         prow = d.state.participants.by_raw.get(bytes.fromhex(m.group(1))) if m else None
         mask &= table[:, R.PARTICIPANT] == (prow if prow is not None else -1)
     if args.kind is not None:
-        kind = next((k.code for k in registry.KINDS.values() if k.name == args.kind), None)
+        kind = next((k.code for k in d.kinds.values() if k.name == args.kind), None)
         if kind is None:
-            raise ServiceError(400, "bad_field", f"kind must be one of {sorted(k.name for k in registry.KINDS.values())}")
+            raise ServiceError(400, "bad_field", f"kind must be one of {sorted(k.name for k in d.kinds.values())}")
         mask &= table[:, R.KIND] == kind
     status = args.status
     if status is not None:
@@ -152,11 +150,11 @@ def ops_receipts(d: Device, principal: Any, args: ReceiptFilter) -> tuple[int, A
     return 200, {"items": [RawJSON(receipts.receipt_bytes(d, r)) for r in rows], "next_cursor": next_cursor}
 
 
-def ops_receipt(d: Device, principal: Any, args: OperationRef) -> tuple[int, Any]:
+def ops_receipt(d: Context, principal: Any, args: OperationRef) -> tuple[int, Any]:
     return 200, RawJSON(receipts.receipt_bytes(d, _any_receipt(d, args.operation)))
 
 
-def ops_result(d: Device, principal: Any, args: OperationBytes) -> tuple[int, Any]:
+def ops_result(d: Tables, principal: Any, args: OperationBytes) -> tuple[int, Any]:
     return result(d, _any_receipt(d, args.operation), args)
 
 

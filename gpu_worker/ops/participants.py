@@ -3,20 +3,17 @@ A principal's lineage and participant ID exist before it registers (derived from
 incarnation); registering gives it a table row and its sequence counters."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..contract import ids
 from ..contract.commands import Mutation, NoArgs, ParticipantRef
 from ..contract.errors import ServiceError
 from ..state.tables import P, R, split16
-from .kind import Kind, OperationKind, Read
-
-if TYPE_CHECKING:
-    from ..admission import Admission
-    from ..device import Device
+from .kind import Admission, Kind, OperationKind, Read, Tables
 
 
-def check(d: Device, principal: bytes, prow: int | None, args: Mutation, key: bytes,
+
+def check(d: Tables, principal: bytes, prow: int | None, args: Mutation, key: bytes,
           sequence: int) -> dict[str, Any]:
     if prow is not None:
         raise ServiceError(409, "already_registered", "the participant is already registered")
@@ -25,7 +22,7 @@ def check(d: Device, principal: bytes, prow: int | None, args: Mutation, key: by
     return {}
 
 
-def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
     participants = d.state.participants
     prow = participants.free.pop()
     hi, lo = split16(a.principal)
@@ -35,7 +32,7 @@ def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: in
     return prow
 
 
-def target_id(d: Device, row: list[int], lineage: bytes) -> str:
+def target_id(d: Tables, row: list[int], lineage: bytes) -> str:
     return d.state.participants.public_id[row[R.TARGET]]
 
 
@@ -43,7 +40,7 @@ REGISTER: OperationKind = OperationKind(Kind.PARTICIPANT_REGISTER, "participant.
                          target_id=target_id)
 
 
-def view(d: Device, prow: int, *, own: bool) -> dict[str, Any]:
+def view(d: Tables, prow: int, *, own: bool) -> dict[str, Any]:
     """A participant resource; sequence counters are null for anyone but its own principal."""
     row = d.state.tables.row(d.state.tables.participants, prow)
     return {"id": d.state.participants.public_id[prow], "registered": True,
@@ -52,7 +49,7 @@ def view(d: Device, prow: int, *, own: bool) -> dict[str, Any]:
             "retry_floor": str(row[P.RETRY_FLOOR]) if own else None}
 
 
-def get_own(d: Device, principal: bytes, args: NoArgs) -> tuple[int, Any]:
+def get_own(d: Tables, principal: bytes, args: NoArgs) -> tuple[int, Any]:
     participants = d.state.participants
     prow = participants.by_principal.get(principal)
     if prow is None:
@@ -61,7 +58,7 @@ def get_own(d: Device, principal: bytes, args: NoArgs) -> tuple[int, Any]:
     return 200, view(d, prow, own=True)
 
 
-def get_other(d: Device, principal: bytes, args: ParticipantRef) -> tuple[int, Any]:
+def get_other(d: Tables, principal: bytes, args: ParticipantRef) -> tuple[int, Any]:
     participants = d.state.participants
     m = ids.PARTICIPANT_ID.match(args.participant)
     prow = participants.by_raw.get(bytes.fromhex(m.group(1))) if m else None

@@ -16,7 +16,7 @@ which is), 409
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..contract import ids
 from ..contract.commands import Publication
@@ -25,17 +25,14 @@ from ..memory import shared as memory
 from ..memory.rows import Flag, Provenance
 from ..state.tables import R, Right, join16
 from . import access, quotas
-from .kind import Kind, OperationKind
+from .kind import Admission, Context, Kind, OperationKind, Tables
 from .spaces import space_key
 
-if TYPE_CHECKING:
-    from ..admission import Admission
-    from ..device import Device
 
 COPY = 0xF0  # the memory-object tag of a publication's copy (state/ids.memory_object)
 
 
-def check(d: Device, principal: bytes, prow: int | None, args: Publication, key: bytes,
+def check(d: Context, principal: bytes, prow: int | None, args: Publication, key: bytes,
           sequence: int) -> dict[str, Any]:
     access.space_row(d, args.space, principal, prow, Right.MANAGE)
     slot = memory.visible_slot(d, principal, prow, args.source)
@@ -53,7 +50,7 @@ def check(d: Device, principal: bytes, prow: int | None, args: Publication, key:
     return {"space": list(ids.split_id(space)), "source": [row.lineage, row.object], "source_version": row.version}
 
 
-def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
     table = d.state.memory
     srow = d.state.spaces.by_id[space_key(a.extra["space"])]
     slot = table.by_id[a.extra["source"][1]]
@@ -68,13 +65,13 @@ def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: in
                        provenance=provenance)
 
 
-def target_id(d: Device, row: list[int], lineage: bytes) -> str:
+def target_id(d: Tables, row: list[int], lineage: bytes) -> str:
     """The copy (named from the operation, so the receipt keeps its target after the copy's space
     is deleted)."""
     return memory.object_id(d, lineage, join16(row[R.OP_HI], row[R.OP_LO]), COPY)
 
 
-def receipt_memory(d: Device, row: list[int], lineage: bytes) -> str:
+def receipt_memory(d: Tables, row: list[int], lineage: bytes) -> str:
     return f'{{"context":null,"not_retained":[],"retained":["{target_id(d, row, lineage)}"],"retention":null}}'
 
 

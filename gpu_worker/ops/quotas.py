@@ -26,8 +26,7 @@ What each counts, for the caller's participant:
 """
 from __future__ import annotations
 
-from collections import Counter
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 
@@ -35,10 +34,8 @@ from ..contract.errors import ServiceError
 from ..contract.limits import MAX_MEDIA_BYTES
 from ..contract.vocabulary import DEFAULT_RATES, QUOTAS, RATES
 from ..state.tables import C, R, S, Terminal
-from .kind import Kind
+from .kind import Context, Kind, Tables
 
-if TYPE_CHECKING:
-    from ..device import Device
 
 QUOTA_EXCEEDED = 429
 DEFAULT_SHARE = 4  # a principal's default quota is 1/DEFAULT_SHARE of the runtime's whole
@@ -74,63 +71,41 @@ def defaults(capacities: dict[str, int], runtime_profile: dict[str, Any], journa
             "memory_rows": max(1, capacities["memory"] // share)}
 
 
-class Usage:
-    """Host-side counts the tables cannot give: uploads between their check and their saved
-    owner, chats between their check and their end. Both live on the tick thread. It also keeps
-    the device's default quotas, computed once per runtime file object (`limit` asks at every
-    admission)."""
 
-    def __init__(self) -> None:
-        self.media_in_flight: Counter[int] = Counter()  # participant row -> bytes of unsaved uploads
-        self.chats_tokenizing: Counter[bytes] = Counter()  # principal -> chats not yet handed to the engine
-        self.defaults: tuple[object, dict[str, int]] | None = None  # (the runtime they are of, `defaults`)
-        # (the DeviceState it is of, {participant row: {receipt row: page limit}}) of the inputs
-        # without a terminal result: built by one scan of the receipt table when the state is new
-        # (boot, a rebuild after ENOSPC), then kept by `input_admitted` and `input_finished`, so
-        # that a queued_inputs or kv_pages check (every default principal has both) costs no scan
-        self.unfinished: tuple[object, dict[int, dict[int, int]]] | None = None
-
-    def chat_prepared(self, principal: bytes) -> None:
-        """A chat's prompt is tokenized (or an embedding request done): it stops counting here."""
-        self.chats_tokenizing[principal] -= 1
-        if self.chats_tokenizing[principal] <= 0:
-            del self.chats_tokenizing[principal]
-
-
-def _receipts(d: Device, principal: bytes, prow: int | None) -> int:
+def _receipts(d: Tables, principal: bytes, prow: int | None) -> int:
     return 0 if prow is None else len(d.state.live_sequences(prow))
 
 
-def _spaces(d: Device, principal: bytes, prow: int | None) -> int:
+def _spaces(d: Tables, principal: bytes, prow: int | None) -> int:
     if prow is None:
         return 0
     t = d.state.tables.spaces
     return int(((t[:, S.STATE] == 1) & (t[:, S.OWNER] == prow)).sum())
 
 
-def _conversations(d: Device, principal: bytes, prow: int | None) -> int:
+def _conversations(d: Tables, principal: bytes, prow: int | None) -> int:
     if prow is None:
         return 0
     t = d.state.tables.conversations
     return int(((t[:, C.STATE] == 1) & (t[:, C.CREATOR] == prow)).sum())
 
 
-def _media_bytes(d: Device, principal: bytes, prow: int | None) -> int:
+def _media_bytes(d: Context, principal: bytes, prow: int | None) -> int:
     if prow is None:
         return 0
     return sum(s.length for s in d.state.media.values() if prow in s.owners) + d.usage.media_in_flight[prow]
 
 
-def _chat_subscriptions(d: Device, principal: bytes) -> list[int]:
+def _chat_subscriptions(d: Context, principal: bytes) -> list[int]:
     """The page limits of the principal's running chats."""
     return [sub.data["pages"] for sub in d.subscriptions.all() if sub.topic[0] == "chat" and sub.principal == principal]
 
 
-def _chats(d: Device, principal: bytes, prow: int | None) -> int:
+def _chats(d: Context, principal: bytes, prow: int | None) -> int:
     return len(_chat_subscriptions(d, principal)) + d.usage.chats_tokenizing[principal]
 
 
-def _unfinished(d: Device) -> dict[int, dict[int, int]]:
+def _unfinished(d: Context) -> dict[int, dict[int, int]]:
     """{participant row: {receipt row: page limit}} of the inputs without a terminal result."""
     kept = d.usage.unfinished
     if kept is not None and kept[0] is d.state:
@@ -144,14 +119,14 @@ def _unfinished(d: Device) -> dict[int, dict[int, int]]:
     return found
 
 
-def input_admitted(d: Device, prow: int, rrow: int, pages: int) -> None:
+def input_admitted(d: Context, prow: int, rrow: int, pages: int) -> None:
     """An input's admission is applied (live or at replay): it counts as unfinished."""
     kept = d.usage.unfinished
     if kept is not None and kept[0] is d.state:  # (otherwise the next count scans the table)
         kept[1].setdefault(prow, {})[rrow] = pages
 
 
-def input_finished(d: Device, prow: int, rrow: int) -> None:
+def input_finished(d: Context, prow: int, rrow: int) -> None:
     """An input's terminal result is applied (live or at replay): it no longer counts."""
     kept = d.usage.unfinished
     if kept is not None and kept[0] is d.state:
@@ -162,27 +137,27 @@ def input_finished(d: Device, prow: int, rrow: int) -> None:
                 del kept[1][prow]
 
 
-def _unfinished_inputs(d: Device, prow: int | None) -> tuple[int, int]:
+def _unfinished_inputs(d: Context, prow: int | None) -> tuple[int, int]:
     """(count, page limits) of the participant's inputs without a terminal result."""
     mine = _unfinished(d).get(prow) if prow is not None else None
     return (len(mine), sum(mine.values())) if mine else (0, 0)
 
 
-def _queued_inputs(d: Device, principal: bytes, prow: int | None) -> int:
+def _queued_inputs(d: Context, principal: bytes, prow: int | None) -> int:
     return _unfinished_inputs(d, prow)[0]
 
 
-def _kv_pages(d: Device, principal: bytes, prow: int | None) -> int:
+def _kv_pages(d: Context, principal: bytes, prow: int | None) -> int:
     return _unfinished_inputs(d, prow)[1] + sum(_chat_subscriptions(d, principal))
 
 
-def _memory_rows(d: Device, principal: bytes, prow: int | None) -> int:
+def _memory_rows(d: Tables, principal: bytes, prow: int | None) -> int:
     if prow is None:
         return 0
     return d.state.memory.written_by(d.state.participants.raw[prow])
 
 
-COUNTS: dict[str, Callable[[Device, bytes, "int | None"], int]] = {
+COUNTS: dict[str, Callable[[Context, bytes, "int | None"], int]] = {
     "receipts": _receipts, "spaces": _spaces, "conversations": _conversations, "media_bytes": _media_bytes,
     "chats": _chats, "queued_inputs": _queued_inputs, "kv_pages": _kv_pages,
     "memory_rows": _memory_rows,
@@ -190,12 +165,12 @@ COUNTS: dict[str, Callable[[Device, bytes, "int | None"], int]] = {
 assert tuple(COUNTS) == QUOTAS
 
 
-def _memory_table_rows(d: Device) -> int:
+def _memory_table_rows(d: Tables) -> int:
     return d.state.memory.used()
 
 
-def _table_rows(table: str) -> Callable[[Device], int]:
-    def rows(d: Device) -> int:
+def _table_rows(table: str) -> Callable[[Context], int]:
+    def rows(d: Tables) -> int:
         index = getattr(d.state, table)
         return d.state.capacities[table] - len(index.free)
     return rows
@@ -205,13 +180,13 @@ def _table_rows(table: str) -> Callable[[Device], int]:
 # than one principal's count, and cheap, so a principal whose limit the whole table's use does not
 # reach is not counted row by row (the defaults give every principal a limit; a full count of a
 # large table is a scan at every admission).
-AT_MOST: dict[str, Callable[[Device], int]] = {
+AT_MOST: dict[str, Callable[[Context], int]] = {
     "receipts": _table_rows("receipts"), "spaces": _table_rows("spaces"), "conversations": _table_rows("conversations"),
     "memory_rows": _memory_table_rows,
 }
 
 
-def limit(d: Device, principal: bytes, name: str) -> tuple[int | None, bool]:
+def limit(d: Context, principal: bytes, name: str) -> tuple[int | None, bool]:
     """(the principal's limit `name` in force, None: unlimited; whether it is the default): the
     grant file's setting, else the default (`defaults` for a table quota, DEFAULT_RATES for a rate)."""
     found, value = d.grants.setting(principal.hex(), name)
@@ -226,7 +201,7 @@ def limit(d: Device, principal: bytes, name: str) -> tuple[int | None, bool]:
     return cached[1][name], True
 
 
-def allows(d: Device, principal: bytes, prow: int | None, name: str, adding: int = 1) -> bool:
+def allows(d: Context, principal: bytes, prow: int | None, name: str, adding: int = 1) -> bool:
     """Whether `adding` more of `name` stays within the principal's quota (no refusal)."""
     most, _ = limit(d, principal, name)
     if most is None:
@@ -237,7 +212,7 @@ def allows(d: Device, principal: bytes, prow: int | None, name: str, adding: int
     return COUNTS[name](d, principal, prow) + adding <= most
 
 
-def check(d: Device, principal: bytes, prow: int | None, name: str, adding: int = 1) -> None:
+def check(d: Context, principal: bytes, prow: int | None, name: str, adding: int = 1) -> None:
     """Refuse (429 quota_exceeded) when `adding` more of `name` would pass the principal's quota;
     nothing is counted when it is unlimited, or when the whole table's use is within it."""
     most, _ = limit(d, principal, name)
@@ -254,7 +229,7 @@ def check(d: Device, principal: bytes, prow: int | None, name: str, adding: int 
                            f"this needs {adding} more", quota=name, limit=str(most), used=str(used))
 
 
-def view(d: Device, principal: bytes, prow: int | None) -> dict[str, dict[str, str | bool | None]]:
+def view(d: Context, principal: bytes, prow: int | None) -> dict[str, dict[str, str | bool | None]]:
     """Capabilities: every quota's limit in force (null: unlimited), whether it is the default
     (the grant leaves it out), and current use; numbers as decimal strings."""
     out: dict[str, dict[str, str | bool | None]] = {}
@@ -265,7 +240,7 @@ def view(d: Device, principal: bytes, prow: int | None) -> dict[str, dict[str, s
     return out
 
 
-def rates_view(d: Device, principal: bytes) -> dict[str, dict[str, str | bool | None]]:
+def rates_view(d: Context, principal: bytes) -> dict[str, dict[str, str | bool | None]]:
     """Capabilities: the principal's rates in force (null: unlimited) and whether each is the
     default, as decimal strings. The gateway enforces requests and body bytes from the same
     grant file and defaults (shared_api/rates.py), the engine output tokens (engine/pacing.py);

@@ -19,16 +19,13 @@ error, such as ENOSPC).
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 from ..contract import ids
 from ..contract.vocabulary import BASE_PATH, RECEIPT_SCHEMA
 from ..contract.wire import Message, dumps, reply
 from ..state.tables import Finish, R, Source, Terminal, join16
-from . import registry
+from .kind import Context
 
-if TYPE_CHECKING:
-    from ..device import Device
 
 SOURCE_NAMES = {int(Source.JOURNAL): "journal", int(Source.FILE): "file"}
 TERMINAL_NAMES = {int(t): t.name.lower() for t in Terminal if t != Terminal.NONE}
@@ -43,7 +40,7 @@ _TERM_SAVE = slice(R.TERM_TRANSFER, R.TERM_SOURCE + 1)
 _NO_EXECUTION = '{"max_output_tokens":null,"model_digest":null,"page_limit":null}'
 
 
-def _save_json(d: Device, rrow: int, row: list[int], which: int) -> str:
+def _save_json(d: Context, rrow: int, row: list[int], which: int) -> str:
     transfer_col, boot_col, gen_col, source_col = _SAVE[which]
     if not row[transfer_col]:
         return "null"
@@ -52,14 +49,14 @@ def _save_json(d: Device, rrow: int, row: list[int], which: int) -> str:
             f'"source":"{SOURCE_NAMES[row[source_col]]}"}}')
 
 
-def render(d: Device, rrow: int, own: bool) -> tuple[str, bytes]:
+def render(d: Context, rrow: int, own: bool) -> tuple[str, bytes]:
     """(operation ID, receipt bytes) of a receipt row; `own` False shows another participant's
     receipt, with null sequence counters."""
     t = d.state.tables
     row = t.row(t.receipts, rrow)
     prow = row[R.PARTICIPANT]
     lineage = d.state.participants.lineage_at(prow, row[R.CREATED])  # the one its IDs were made with
-    kind = registry.KINDS[row[R.KIND]]
+    kind = d.kinds[row[R.KIND]]
     op_id = ids.operation_id(lineage, join16(row[R.OP_HI], row[R.OP_LO]))
     admission = _save_json(d, rrow, row, 0)
     # the same transfer saved both (every kind that does not execute): the same fields and digest
@@ -106,7 +103,7 @@ def render(d: Device, rrow: int, own: bool) -> tuple[str, bytes]:
     ).encode()
 
 
-def with_hold(d: Device, body: bytes) -> bytes:
+def with_hold(d: Context, body: bytes) -> bytes:
     """A rendered receipt with the current journal hold spliced in while there is one."""
     held = d.holds.current
     if not held:
@@ -115,12 +112,12 @@ def with_hold(d: Device, body: bytes) -> bytes:
     return body.replace(b'"journal_hold":null', b'"journal_hold":' + hold, 1)
 
 
-def receipt_bytes(d: Device, rrow: int, *, own: bool = True) -> bytes:
+def receipt_bytes(d: Context, rrow: int, *, own: bool = True) -> bytes:
     """A receipt as its reader sees it now (the current hold included)."""
     return with_hold(d, render(d, rrow, own)[1])
 
 
-def receipt_reply(d: Device, req_id: object, status: int, rrow: int) -> Message:
+def receipt_reply(d: Context, req_id: object, status: int, rrow: int) -> Message:
     """The reply to a mutation: its receipt, with `Location` for a new operation (202)."""
     op_id, body = render(d, rrow, True)
     body = with_hold(d, body)

@@ -7,20 +7,17 @@ inputs keep it in their context."""
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..contract.commands import Retirement
 from ..contract.errors import ServiceError
 from ..state.tables import P, R, join16
 from . import deletions, history
-from .kind import Kind, OperationKind
-
-if TYPE_CHECKING:
-    from ..admission import Admission
-    from ..device import Device
+from .kind import Admission, Kind, OperationKind, Tables
 
 
-def check(d: Device, principal: bytes, prow: int | None, args: Retirement, key: bytes,
+
+def check(d: Tables, principal: bytes, prow: int | None, args: Retirement, key: bytes,
           sequence: int) -> dict[str, Any]:
     assert prow is not None
     floor = args.retry_floor
@@ -41,7 +38,7 @@ def check(d: Device, principal: bytes, prow: int | None, args: Retirement, key: 
     return {"retry_floor": floor}
 
 
-def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
     floor = a.extra["retry_floor"]
     state = d.state
     t = state.tables
@@ -66,7 +63,7 @@ def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: in
     return prow
 
 
-def target_id(d: Device, row: list[int], lineage: bytes) -> str:
+def target_id(d: Tables, row: list[int], lineage: bytes) -> str:
     return d.state.participants.public_id[row[R.TARGET]]
 
 

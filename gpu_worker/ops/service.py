@@ -13,14 +13,13 @@ from ..contract.wire import Message, dumps, reply
 from ..storage import audit
 
 from . import chat, media, quotas
-from .kind import Read
+from .kind import Context, Read
 
 if TYPE_CHECKING:
-    from ..device import Device
     from ..storage.committer import Batch
 
 
-def capabilities(d: Device, principal: bytes, args: NoArgs) -> tuple[int, Any]:
+def capabilities(d: Context, principal: bytes, args: NoArgs) -> tuple[int, Any]:
     runtime = d.runtime
     card = runtime.json("gen/card")
     profile = runtime.runtime_profile
@@ -53,7 +52,7 @@ def capabilities(d: Device, principal: bytes, args: NoArgs) -> tuple[int, Any]:
     }
 
 
-def ping(d: Device, principal: bytes | None, args: NoArgs) -> tuple[int, Any]:
+def ping(d: Context, principal: bytes | None, args: NoArgs) -> tuple[int, Any]:
     """Ops status (no principal: the socket admits the gateway's user only, loop/server.py): what the gateway's /metrics,
     /healthz and admin pages show."""
     return 200, {"ok": True, "boot": str(d.state.boot), "generation": str(d.state.generation),
@@ -71,7 +70,7 @@ def ping(d: Device, principal: bytes | None, args: NoArgs) -> tuple[int, Any]:
                  "pipeline": d.pipeline_state() if d.pipeline_state is not None else None}
 
 
-def kv_pool(d: Device) -> dict[str, int] | None:
+def kv_pool(d: Context) -> dict[str, int] | None:
     """The engine's page pool, read from its own thread's counters (a snapshot, not a lock)."""
     if d.runner is None:
         return None
@@ -83,11 +82,11 @@ def kv_pool(d: Device) -> dict[str, int] | None:
             "waiting": pool.waiting}
 
 
-def checkpoint(d: Device, principal: bytes | None, args: NoArgs) -> tuple[int, Any]:
+def checkpoint(d: Context, principal: bytes | None, args: NoArgs) -> tuple[int, Any]:
     return 200, d.checkpoint() or {"generation": d.state.generation, "folded": 0}
 
 
-def audit_export(d: Device, conn: object, msg: Message, batch: Batch) -> int:
+def audit_export(d: Context, conn: object, msg: Message, batch: Batch) -> int:
     """`audit.export {path}`: write the logical audit prefix to path (storage/audit.py) on a thread
     of its own, since it reads the whole history; the reply comes when the file is written."""
     req_id = msg.get("id")
@@ -111,7 +110,7 @@ def audit_export(d: Device, conn: object, msg: Message, batch: Batch) -> int:
     return 0
 
 
-def defer_checkpoint(d: Device, conn: object, msg: Message, batch: Batch) -> int:
+def defer_checkpoint(d: Context, conn: object, msg: Message, batch: Batch) -> int:
     """A checkpoint folds saved state only: it runs once nothing is queued for the journal."""
     d.committer.when_drained(conn, msg)
     return 0

@@ -2,7 +2,7 @@
 scope never changes. Reads list the spaces the caller has any effective right on."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..contract import ids, vocabulary
 from ..contract.commands import NewSpace, Page, SpaceRef
@@ -10,12 +10,9 @@ from ..contract.errors import ServiceError
 from ..state import ids as derived
 from ..state.tables import R, S, Right, Scope, join16, split16
 from . import access, quotas
-from .kind import Kind, OperationKind, Read
+from .kind import Admission, Context, Kind, OperationKind, Read, Tables
 from .lists import page
 
-if TYPE_CHECKING:
-    from ..admission import Admission
-    from ..device import Device
 
 SCOPES = {name: Scope[name.upper()] for name in vocabulary.SCOPES}  # the contract's names, the tables' codes
 SCOPE_NAMES = {int(v): k for k, v in SCOPES.items()}
@@ -32,7 +29,7 @@ def space_key(recorded: list[bytes]) -> tuple[bytes, bytes]:
     return recorded[0], recorded[1]
 
 
-def check(d: Device, principal: bytes, prow: int | None, args: NewSpace, key: bytes,
+def check(d: Context, principal: bytes, prow: int | None, args: NewSpace, key: bytes,
           sequence: int) -> dict[str, Any]:
     assert prow is not None
     scope = SCOPES[args.scope]
@@ -46,7 +43,7 @@ def check(d: Device, principal: bytes, prow: int | None, args: NewSpace, key: by
     return {"id": raw, "scope": int(scope)}
 
 
-def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
     state = d.state
     srow = state.spaces.free.pop()
     id_hi, id_lo = split16(a.extra["id"])
@@ -58,11 +55,11 @@ def apply(d: Device, a: Admission, prow: int, transfer_seq: int | None, rrow: in
     return srow
 
 
-def target_id(d: Device, row: list[int], lineage: bytes) -> str:
+def target_id(d: Tables, row: list[int], lineage: bytes) -> str:
     return access.space_id(d, row[R.TARGET])
 
 
-def visible_to(d: Device, principal: bytes, reader: int | None, row: list[int]) -> bool:
+def visible_to(d: Context, principal: bytes, reader: int | None, row: list[int]) -> bool:
     return access.space_readable(d, principal, reader, row[R.TARGET])
 
 
@@ -70,7 +67,7 @@ CREATE: OperationKind = OperationKind(Kind.SPACE_CREATE, "spaces.create", check=
                        visible_to=visible_to)
 
 
-def memory_owner(d: Device, scope: int, space: str) -> str:
+def memory_owner(d: Tables, scope: int, space: str) -> str:
     """Whose memory a space's conversations share. A room uses its exact space ID; an instance
     space the instance; each private space its own owner (derived from the space ID, so two
     private spaces never share one, even with one participant owning both)."""
@@ -81,7 +78,7 @@ def memory_owner(d: Device, scope: int, space: str) -> str:
     return "private-" + derived.memory_owner(d.state.incarnation, space).hex()
 
 
-def view(d: Device, srow: int, rights: int) -> dict[str, Any]:
+def view(d: Tables, srow: int, rights: int) -> dict[str, Any]:
     t = d.state.tables
     row = t.row(t.spaces, srow)
     owner = row[S.OWNER]
@@ -93,14 +90,14 @@ def view(d: Device, srow: int, rights: int) -> dict[str, Any]:
             "rights": access.right_names(rights)}
 
 
-def list_spaces(d: Device, principal: bytes, args: Page) -> tuple[int, Any]:
+def list_spaces(d: Context, principal: bytes, args: Page) -> tuple[int, Any]:
     rights = access.visible_spaces(d, principal, d.state.participants.by_principal.get(principal))
     rows, next_cursor = page(d.state.tables.spaces, S.CREATED, rights != 0, args.after, args.limit)
     by_row = rights.tolist()
     return 200, {"items": [view(d, r, by_row[r]) for r in rows], "next_cursor": next_cursor}
 
 
-def get_space(d: Device, principal: bytes, args: SpaceRef) -> tuple[int, Any]:
+def get_space(d: Context, principal: bytes, args: SpaceRef) -> tuple[int, Any]:
     prow = d.state.participants.by_principal.get(principal)
     srow = access.space_row(d, args.space, principal, prow, Right.READ)
     return 200, view(d, srow, access.effective_rights(d, principal, prow, srow))

@@ -6,7 +6,8 @@ A checkpoint writes these components to the runtime file and flips its superbloc
                         little-endian values)
   "audit/<generation>"  msgpack: every transfer folded by this checkpoint, [seq, kind, payload,
                         digest], so the file keeps its logical audit prefix
-  "media/<sha256>"      the bytes of each media source the state lists, added once (media_components)
+  "media/<sha256>"      the bytes of each media source the state lists, added once
+                        (ops/media.checkpoint_components)
 The runtime file reuses the space of the extents a checkpoint supersedes (the previous state and
 directory; runtime_file.append), so checkpoints do not grow the file by a state each.
 Then the journal moves to a new segment and the old segments are removed. A crash anywhere in
@@ -18,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
 import numpy as np
@@ -29,8 +30,10 @@ from . import runtime_file
 from .journal import Transfer, list_segments, recover, segment_name
 
 if TYPE_CHECKING:
-    from ..device import Device
     from ..state import DeviceState
+    from .committer import Committer
+    from .filelayer import FileLayer
+    from .runtime_file import RuntimeFile
 
 log = logging.getLogger("gpu_worker.checkpoint")
 STATE = "state/current"
@@ -151,30 +154,33 @@ def audit_blob(transfers: list[Transfer]) -> bytes:
     return blob
 
 
-def media_components(device: Device) -> tuple[list[tuple[str, str, bytes]], list[str]]:
-    """(components to add, component names to drop) that make the file carry the bytes of every
-    media source the state lists, `media/<sha256>` each (SPEC: "The complete runtime file saves
-    this state"; the state extent lists sources, the bytes live under <journal>/media/ and would
-    not survive a restore onto another journal directory). A source goes in once, at the first
-    checkpoint that lists it (its extent is kept by every later generation); one the state no
-    longer lists is dropped. A source whose bytes are not under <journal>/media/ whole is left
-    out: the device already reports it missing (ops/media.recover_bytes)."""
-    from ..ops import media  # the one owner of where the bytes live
+class Folding(Protocol):
+    """What a checkpoint reads and tells of the device whose journal it folds."""
 
-    present = set(device.runtime.names(media.COMPONENT))
-    listed = {media.COMPONENT + sha for sha in device.state.media}
-    added = []
-    for sha in sorted(device.state.media):
-        if media.COMPONENT + sha in present:
-            continue
-        data = media.read_source(device, sha)
-        if data is not None:
-            added.append((media.COMPONENT + sha, "bytes", data))
-    return added, sorted(present - listed)
+    @property
+    def state(self) -> DeviceState: ...
+
+    @property
+    def committer(self) -> Committer: ...
+
+    @property
+    def runtime(self) -> RuntimeFile: ...
+
+    @property
+    def runtime_fs(self) -> FileLayer: ...
+
+    @property
+    def journal_dir(self) -> str: ...
+
+    @property
+    def fs(self) -> FileLayer: ...
+
+    def after_checkpoint(self, generation: int, last_seq: int, last_digest: bytes) -> None: ...
 
 
-def write(device: Device) -> dict[str, Any] | None:
-    """Fold the device's journal into the runtime file (device idle: nothing queued)."""
+def write(device: Folding, media: tuple[list[tuple[str, str, bytes]], list[str]]) -> dict[str, Any] | None:
+    """Fold the device's journal into the runtime file (device idle: nothing queued), with `media`
+    (components to add, component names to drop: ops/media.checkpoint_components)."""
     started = time.perf_counter()
     writer = device.committer.writer
     if writer.queued_records:
@@ -187,7 +193,7 @@ def write(device: Device) -> dict[str, Any] | None:
                      after_seq=current.checkpoint_seq).transfers
     generation = current.generation + 1
     state = encode_state(current, last_seq, last_digest, generation)
-    media_added, media_dropped = media_components(device)
+    media_added, media_dropped = media
     new_generation = runtime_file.append(device.runtime.path, [
         (STATE, "bytes", state), (f"audit/{generation:08d}", "bytes", audit_blob(folded)), *media_added],
         drop=media_dropped, fs=device.runtime_fs)

@@ -1,11 +1,11 @@
-"""Prompt building (gpu_worker/execution.py fit_prompt): the most recent turns that fit, found by
+"""Prompt building (gpu_worker/prompt.py fit_prompt): the most recent turns that fit, found by
 bisection, the same prompt the one-turn-at-a-time drop gives, in a logarithmic number of encodings."""
 import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_worker.execution import fit_prompt
+from gpu_worker.prompt import fit_prompt
 
 
 class CountingTokenizer:

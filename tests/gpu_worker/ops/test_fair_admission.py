@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from gpu_worker.execution import LEASE_AHEAD
+from gpu_worker.state.executions import LEASE_AHEAD
 from gpu_worker.pack import pack_tiny
 from gpu_worker.state.tables import R
 from tests.gpu_worker.ops.test_inputs import EngineWorld

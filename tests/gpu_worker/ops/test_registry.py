@@ -6,7 +6,7 @@ import secrets
 import pytest
 import rfc8785
 
-from gpu_worker.admission import Admission
+from gpu_worker.ops.kind import Admission
 from gpu_worker.contract.vocabulary import COMMANDS
 from gpu_worker.device import Device
 from gpu_worker.ops import registry

@@ -8,8 +8,8 @@ import json
 import os
 import sys
 
-from ..contract.client import Connection
-from ..contract.wire import Message
+from .contract.client import Connection
+from .contract.wire import Message
 
 
 def _ask_device(socket_path: str) -> Message | None:
@@ -35,9 +35,9 @@ def main(argv: list[str]) -> int:
             return 1
         print(f"checkpoint (running device): {json.dumps(body, sort_keys=True)}")
         return 0
-    from ..device import Device
-    from .journal import JournalError
-    from .runtime_file import FileLock, RuntimeFile, RuntimeFileError
+    from .device import Device
+    from .storage.journal import JournalError
+    from .storage.runtime_file import FileLock, RuntimeFile, RuntimeFileError
     try:
         lock = FileLock(args.ccir)  # the one writer of the file while it folds (a device elsewhere refuses)
     except RuntimeFileError as exc:
