@@ -145,13 +145,6 @@ def authenticate(header: str) -> AuthenticatedPrincipal | None:
     return user
 
 
-def cached_principal(header: str) -> AuthenticatedPrincipal | None:
-    """The principal of an Authorization header when the cache knows it; None when there is no
-    token or the cache does not know it (aauthenticate then asks the database); 401 when malformed."""
-    token = _bearer(header)
-    return None if token is None else PRINCIPALS.get(hash_token(token))
-
-
 async def aauthenticate(header: str) -> AuthenticatedPrincipal | None:
     """authenticate() from the event loop: the cache first, the database on a thread on a miss."""
     token = _bearer(header)

@@ -28,7 +28,6 @@ which never cancels an operation.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 import weakref

@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from django.http import HttpResponse
 from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
 from rest_framework.views import APIView
