@@ -1,6 +1,7 @@
 """Bearer-token authentication, the one path every route takes (the HTTP front for the shared
-routes, DRF's authentication class where Django serves them, `authenticate_request` for the
-OpenAI-compatible views, the event streams), and the per-route action check. The device checks
+and OpenAI-compatible routes, `authenticate_request` for the OpenAI-compatible views, the event
+streams; DRF's authentication class names the scheme in the OpenAPI document), and the per-route
+action check. The device checks
 the same actions again against the grant file.
 
 Principals are looked up by their token's SHA-256 in the gateway database once and then kept in

@@ -3,7 +3,7 @@ carrying many requests told apart by their ids, so a request costs no thread and
 of its own. The HTTP front (shared_api/front.py) calls the device from the event loop through
 DevicePool, a few DeviceMux connections per process; event streams and chats, whose replies come
 in several frames, open a stream on the process's DeviceMux. Synchronous callers (the admin's
-ops pages, Celery tasks, /metrics, Django serving a shared route itself) call through
+ops pages, Celery tasks, /metrics) call through
 BlockingDevice, a DeviceMux on an event loop of its own thread. Every request is built as its
 command's declared type (gpu_worker/contract/commands.py) and every frame read through the
 contract's FrameReader.
@@ -22,7 +22,6 @@ import weakref
 from typing import Any, Callable, TypeVar
 
 from django.conf import settings
-from django.http import HttpResponse
 
 from gpu_worker.contract.commands import Args, request, typed
 from gpu_worker.contract.wire import FrameReader, Message, ProtocolError
@@ -382,8 +381,7 @@ def mux() -> DeviceMux:
     loop = asyncio.get_running_loop()
     found = _muxes.get(loop)
     if found is None:
-        pooled = client()
-        found = _muxes[loop] = DeviceMux(pooled.socket_path, pooled.timeout)
+        found = _muxes[loop] = DeviceMux(configured_socket(), settings.AOTX_DEVICE_TIMEOUT)
     return found
 
 
@@ -400,9 +398,8 @@ def pool() -> DevicePool:
         return last[1]
     found = _pools.get(loop)
     if found is None:
-        pooled = client()
-        found = _pools[loop] = DevicePool(pooled.socket_path, pooled.timeout, settings.AOTX_DEVICE_CONNECTIONS,
-                                          settings.AOTX_DEVICE_WAITING)
+        found = _pools[loop] = DevicePool(configured_socket(), settings.AOTX_DEVICE_TIMEOUT,
+                                          settings.AOTX_DEVICE_CONNECTIONS, settings.AOTX_DEVICE_WAITING)
     _last_pool = (weakref.ref(loop), found)
     return found
 
@@ -419,7 +416,6 @@ async def aclose_loop() -> None:
         await found_mux.aclose()
 
 
-_client: BlockingDevice | None = None
 _blocking: dict[str, BlockingDevice] = {}  # by socket path
 _lock = threading.Lock()
 
@@ -442,21 +438,11 @@ def blocking(socket_path: str) -> BlockingDevice:
     return found
 
 
-def client() -> BlockingDevice:
-    """The configured device's blocking client, found once per process (the server runs no ASGI
-    lifespan: shared_api/server.py); the event loop's clients connect to the same socket."""
-    global _client
-    if _client is None:
-        _client = blocking(configured_socket())
-    return _client
-
-
 def reset() -> None:
     """Close and forget the process's clients (tests that point the gateway at another device)."""
-    global _client, _last_pool
+    global _last_pool
     _last_pool = None
     with _lock:
-        _client = None
         found_blocking = list(_blocking.values())
         _blocking.clear()
         for found in [*_muxes.values(), *(m for p in _pools.values() for m in p.muxes)]:
@@ -468,14 +454,3 @@ def reset() -> None:
         device.close()
 
 
-def device_response(op: str, request: Any, args: Args | dict[str, Any] | None = None) -> HttpResponse:
-    """Call the device for this request's principal (blocking) and pass its exact reply bytes
-    through: the shared routes' views when Django itself serves them (the DRF entry point)."""
-    return reply_response(client().call(op, request.user.principal_id, args))
-
-
-def reply_response(msg: Message) -> HttpResponse:
-    response = HttpResponse(msg["body"], status=msg["status"], content_type="application/json")
-    for name, value in (msg.get("headers") or {}).items():
-        response[name] = value
-    return response

@@ -3,27 +3,26 @@ the device call (DeviceCall), and the device's reply bytes go back as they are. 
 re-checks grants and membership.
 
 Each route is a DRF view, so that the schema (drf-spectacular, @doc) and readers see one DRF view
-per route, and Django can serve it (SharedView.finalize_response makes the call, blocking). In
-the gateway's server the HTTP front (shared_api/front.py) runs the same handler methods on the
-event loop: it authenticates and checks the action from the headers, reads the body within the
-route's limit, hands the handler a FrontRequest, and makes the DeviceCall through the pooled
-async client (docs/performance.md says why the front does not go through Django's handler)."""
+per route. The gateway's HTTP front (shared_api/front.py) is the one path that answers them: it
+runs these handler methods on the event loop, after it has authenticated and checked the action
+from the headers and read the body within the route's limit, hands the handler a FrontRequest,
+and makes the DeviceCall through the pooled async client (docs/performance.md says why the front
+does not go through Django's handler). Django never dispatches a shared route: a request that
+reached its handler came around the front, and is answered 500 `internal_error` saying so."""
 from __future__ import annotations
 
 import re
 from typing import Any
 
+from django.http import HttpResponse
 from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from gpu_worker.contract.commands import typed
 from gpu_worker.contract.limits import MAX_BODY_BYTES, MAX_LIMIT, MAX_MEDIA_BYTES
-from gpu_worker.contract.vocabulary import COMMANDS
 
-from .auth import require_action
-from .device_client import device_response
-from .errors import ServiceError
+from .errors import ServiceError, error_response
 from .openapi import doc
 from .strict import Mutation, decimal_counter
 
@@ -71,18 +70,11 @@ class SharedView(APIView):
     body_limit = MAX_BODY_BYTES
     body_code = "body_too_large"
 
-    def initial(self, request: Any, *args: Any, **kwargs: Any) -> None:
-        super().initial(request, *args, **kwargs)
-        command = getattr(getattr(self, request.method.lower(), None), "command", None)
-        if command is not None:
-            action = COMMANDS[command].action
-            assert action is not None
-            require_action(request.user, action)
-
-    def finalize_response(self, request: Any, response: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(response, DeviceCall):
-            response = device_response(response.op, request, response.args)
-        return super().finalize_response(request, response, *args, **kwargs)
+    def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> HttpResponse:
+        """Not a path: the front answers every shared route before Django's handler runs."""
+        return error_response(500, "internal_error", "the shared routes are answered by the gateway's front "
+                                                     "(aotx_site.asgi:application); this request reached Django's "
+                                                     "handler around it: see the gateway's deployment")
 
 
 class CapabilitiesView(SharedView):
