@@ -72,9 +72,16 @@ def streams(tree: Path) -> dict[str, float]:
 
 def prepare_base(tree: Path) -> None:
     """Older bench/journal.py prepared 40,000 registrations a second per phase, fewer than a fast
-    disk now saves (the phase then ran out of receipts): give the base as many as this tree's."""
+    disk now saves (the phase then ran out of receipts): give the base as many as this tree's.
+    Older bench/streams.py opened its streams as a principal with the default requests rate,
+    which refuses most of 300 opened at once: give the base's the unlimited rate this tree's has."""
     script = tree / "bench" / "journal.py"
     script.write_text(script.read_text().replace("args.seconds * 40_000", "args.seconds * 80_000"))
+    script = tree / "bench" / "streams.py"
+    script.write_text(script.read_text().replace(
+        'token = stack.principal("bench")',
+        'token = stack.manage("principal", "create", "bench", "--actions", "shared_read,shared_write,shared_manage,chat", '
+        '"--quota", "requests_per_second=unlimited", "--config", str(stack.config)).stdout.strip().splitlines()[-1]'))
 
 
 def main() -> None:

@@ -64,8 +64,10 @@ class Stack:
         return subprocess.run([PYTHON, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True,
                               text=True, check=check, timeout=120)
 
-    def principal(self, name, actions="shared_read,shared_write,shared_manage,chat"):
-        out = self.manage("principal", "create", name, "--actions", actions, "--config", str(self.config))
+    def principal(self, name, actions="shared_read,shared_write,shared_manage,chat", quotas=()):
+        """A new principal's token; `quotas`: NAME=N|unlimited, as `manage.py principal create --quota`."""
+        out = self.manage("principal", "create", name, "--actions", actions,
+                          *(arg for quota in quotas for arg in ("--quota", quota)), "--config", str(self.config))
         return out.stdout.strip().splitlines()[-1]
 
     def boot_device(self, *options, fresh_grants=False):
