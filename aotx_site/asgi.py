@@ -1,5 +1,5 @@
-"""The gateway's ASGI application: the HTTP front (shared_api/front.py) answers the shared routes
-itself, hands event streams to their Channels consumers (shared_api/streams.py) and every other
+"""The gateway's ASGI application: the HTTP front (shared_api/http/front.py) answers the shared routes
+itself, hands event streams to their Channels consumers (shared_api/streams/events.py) and every other
 request to Django."""
 import gc
 import os
@@ -10,8 +10,8 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_application = get_asgi_application()  # sets Django up before the consumers are imported
 
-from shared_api.front import Front  # noqa: E402
-from shared_api.streams import STREAMS, wants_stream  # noqa: E402
+from shared_api.http.front import Front  # noqa: E402
+from shared_api.streams.events import STREAMS, wants_stream  # noqa: E402
 
 _consumers = {cls: cls.as_asgi() for cls in STREAMS}
 

@@ -45,10 +45,10 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "shared_api.metrics.RequestMetricsMiddleware",  # outermost: /metrics times the whole request
-    "shared_api.middleware.NoStoreMiddleware",
+    "shared_api.http.metrics.RequestMetricsMiddleware",  # outermost: /metrics times the whole request
+    "shared_api.http.middleware.NoStoreMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    "shared_api.middleware.StaticFilesMiddleware",  # STATIC_ROOT (collectstatic) through WhiteNoise
+    "shared_api.http.middleware.StaticFilesMiddleware",  # STATIC_ROOT (collectstatic) through WhiteNoise
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -66,7 +66,7 @@ TEMPLATES = [{
         "django.template.context_processors.request",
         "django.contrib.auth.context_processors.auth",
         "django.contrib.messages.context_processors.messages",
-        "shared_api.context_processors.journal_hold",  # the hold state on every admin page
+        "shared_api.console.context_processors.journal_hold",  # the hold state on every admin page
     ]},
 }]
 ASGI_APPLICATION = "aotx_site.asgi.application"
@@ -86,7 +86,7 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"  # collectstatic (make setup); served by shared_api.middleware.StaticFilesMiddleware
+STATIC_ROOT = VAR_DIR / "static"  # collectstatic (make setup); served by shared_api.http.middleware.StaticFilesMiddleware
 # Django's storage would chmod what it writes (the static files) 0644 whatever the umask: the
 # gateway serves them itself, so they stay private like the rest of VAR_DIR
 FILE_UPLOAD_PERMISSIONS = 0o600
@@ -128,9 +128,9 @@ CELERY_BEAT_SCHEDULE = {
 }
 
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["shared_api.auth.BearerAuthentication"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["shared_api.http.auth.BearerAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PARSER_CLASSES": ["shared_api.strict.StrictJSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["shared_api.routes.strict.StrictJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "shared_api.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
@@ -144,7 +144,7 @@ SPECTACULAR_SETTINGS = {
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     "SERVE_AUTHENTICATION": [],  # the schema is public; a stray Authorization header is ignored
     "SCHEMA_PATH_PREFIX": "/aotx/v1/shared",
-    "POSTPROCESSING_HOOKS": ["shared_api.openapi.postprocess"],  # components: shared_api/openapi.py
+    "POSTPROCESSING_HOOKS": ["shared_api.routes.openapi.postprocess"],  # components: shared_api/routes/openapi.py
 }
 
 # gateway.json: listen address, device socket, grant file (see README "Configuration")

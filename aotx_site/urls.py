@@ -5,9 +5,11 @@ from django.urls import include, path
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularJSONAPIView
 
-from shared_api import metrics, openai_views, ops_admin
+from shared_api.http import metrics
+from shared_api.openai import views as openai_views
+from shared_api.console import pages as ops_admin
 from shared_api.errors import error_response
-from shared_api.views import MediaView
+from shared_api.routes.views import MediaView
 
 
 @csrf_exempt  # no session, no form: another method answers 405, not a CSRF 403
@@ -24,7 +26,7 @@ def landing(request: HttpRequest) -> HttpResponse:
 
 urlpatterns = [
     path("", landing, name="landing"),  # the landing page (the admin's "View site")
-    path("aotx/v1/shared/", include("shared_api.urls")),
+    path("aotx/v1/shared/", include("shared_api.routes.urls")),
     path("aotx/v1/media/<str:sha256>", MediaView.as_view()),
     path("aotx/v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
     *(path(route.lstrip("/"), view) for route, view in openai_views.ROUTES.items()),

@@ -3,7 +3,7 @@ instead, at 16, 64 and 256 concurrent clients, in one run; p50/p99 latency; a ta
 
     .venv/bin/python bench/http.py [--seconds 5] [--clients 16,64,256] [--workers N] [--rounds 3] [--no-drf]
 
-aotx: `manage.py serve` (shared_api/server.py: uvicorn, --workers processes) in front of
+aotx: `manage.py serve` (shared_api/http/server.py: uvicorn, --workers processes) in front of
 `python -m gpu_worker boot` on a tiny runtime, set up by tests.harness.Stack, its database on the
 local PostgreSQL. Each client is one principal that registers first; the mutation is POST
 /aotx/v1/shared/spaces {scope: private} with sequences 2, 3, ...; the read is GET
@@ -316,10 +316,10 @@ def listening(server, port, what):
 
 
 def uvicorn_server(base, name, app, port, workers, env):
-    """`app` under the gateway's server settings (shared_api/server.py: its protocol, uvloop, no
+    """`app` under the gateway's server settings (shared_api/http/server.py: its protocol, uvloop, no
     lifespan, proxy headers off as the gateway has them), `workers` processes."""
     args = [PYTHON, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
-            "--http", "shared_api.server:GatewayProtocol", "--loop", "uvloop", "--lifespan", "off",
+            "--http", "shared_api.http.server:GatewayProtocol", "--loop", "uvloop", "--lifespan", "off",
             "--no-server-header", "--no-proxy-headers", "--timeout-keep-alive", "15"]
     server = Process(args, env, base / f"{name}.log")
     wait_for(lambda: listening(server, port, name), 60, what=f"{name} port")

@@ -20,7 +20,7 @@ from gpu_worker.contract.vocabulary import ACTIONS
 from . import config, ops
 from .grants import write_grant_file_for
 from .models import Principal, describe_quotas
-from .streams import notify_principals
+from .streams.events import notify_principals
 
 STATUS_TIMEOUT = 2.0  # seconds the principal list waits for the device's status
 

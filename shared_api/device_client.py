@@ -1,6 +1,6 @@
 """The gateway's one client of the device socket: DeviceMux, a multiplexed asyncio connection
 carrying many requests told apart by their ids, so a request costs no thread and no connection
-of its own. The HTTP front (shared_api/front.py) calls the device from the event loop through
+of its own. The HTTP front (shared_api/http/front.py) calls the device from the event loop through
 DevicePool, a few DeviceMux connections per process; event streams and chats, whose replies come
 in several frames, open a stream on the process's DeviceMux. Synchronous callers (the admin's
 ops pages, Celery tasks, /metrics) call through

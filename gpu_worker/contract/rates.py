@@ -1,5 +1,5 @@
 """The bucket behind the grant file's rates (docs/grants.md, "Rates"), shared by the gateway (requests
-and body bytes, shared_api/rates.py) and the engine (output tokens, gpu_worker/engine/pacing.py).
+and body bytes, shared_api/http/rates.py) and the engine (output tokens, gpu_worker/engine/pacing.py).
 
 A bucket refills at its rate and holds one second's worth. Whoever uses it takes costs out after a
 check of their own, and may take it into debt (a cost larger than what is left): the average over

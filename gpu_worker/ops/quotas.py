@@ -243,7 +243,7 @@ def view(d: Context, principal: bytes, prow: int | None) -> dict[str, dict[str, 
 def rates_view(d: Context, principal: bytes) -> dict[str, dict[str, str | bool | None]]:
     """Capabilities: the principal's rates in force (null: unlimited) and whether each is the
     default, as decimal strings. The gateway enforces requests and body bytes from the same
-    grant file and defaults (shared_api/rates.py), the engine output tokens (engine/pacing.py);
+    grant file and defaults (shared_api/http/rates.py), the engine output tokens (engine/pacing.py);
     admission here does not count them."""
     out: dict[str, dict[str, str | bool | None]] = {}
     for name in RATES:

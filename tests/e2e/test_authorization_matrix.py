@@ -275,8 +275,8 @@ PRIVATE_ROWS = {"reader": ["read"], "writer": ["write"], "manager": ["manage"],
 def test_the_table_covers_every_persona_and_route():
     for persona, row in EXPECTED.items():
         assert set(row) == set(ROUTES), (persona, sorted(set(ROUTES) ^ set(row)))
-    # ROUTES names every path of shared_api/urls.py (each with its GET and/or POST)
-    from shared_api import urls
+    # ROUTES names every path of shared_api/routes/urls.py (each with its GET and/or POST)
+    from shared_api.routes import urls
     shape = lambda text: re.sub(r"<[^>]*>|\{[^}]*\}", "*", text.lstrip("/"))  # noqa: E731
     assert {shape(str(p.pattern)) for p in urls.urlpatterns} == {shape(path) for _, path in ROUTES.values()}
 

@@ -12,8 +12,8 @@ from drf_spectacular.views import SpectacularAPIView
 from rest_framework.views import APIView
 
 from shared_api import errors as api_errors
-from shared_api import openapi
-from shared_api import urls as shared_urls
+from shared_api.routes import openapi
+from shared_api.routes import urls as shared_urls
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = "/aotx/v1/shared"
@@ -92,7 +92,7 @@ def test_the_json_url_serves_json_by_default():
 def test_every_route_and_method_is_documented_and_nothing_else(schema):
     routes = dict(_api_routes(get_resolver().url_patterns))
     shared = {f"{BASE}/{_template(str(p.pattern))}" for p in shared_urls.urlpatterns}
-    assert shared <= set(routes), "every shared_api/urls.py route is a DRF view under the base path"
+    assert shared <= set(routes), "every shared_api/routes/urls.py route is a DRF view under the base path"
     assert set(schema["paths"]) == set(routes)
     for path, cls in routes.items():
         documented = {m for m in schema["paths"][path] if m in METHODS}
@@ -200,7 +200,7 @@ def test_every_raised_error_code_is_documented_for_its_status(schema):
                 missing.append(f"{status} {code} ({where}): not in info.description")
         elif code not in by_status.get(status, ()):
             missing.append(f"{status} {code} ({where}): no operation documents it")
-    assert not missing, "undocumented error codes; add them to shared_api/openapi.py:\n" + "\n".join(missing)
+    assert not missing, "undocumented error codes; add them to shared_api/routes/openapi.py:\n" + "\n".join(missing)
 
 
 def test_every_documented_code_is_explained_once():

@@ -1,4 +1,4 @@
-"""shared_api/server.py's body_ready: a request body that has all arrived is handed over without
+"""shared_api/http/server.py's body_ready: a request body that has all arrived is handed over without
 a wait, one that is still coming is left to `receive` (with its timeout), under the real uvicorn
 protocol; the front's read_body gives the same bytes either way."""
 import socket
@@ -6,8 +6,8 @@ import threading
 
 import uvicorn
 
-from shared_api.front import read_body
-from shared_api.server import BODY_READY, GatewayProtocol
+from shared_api.http.front import read_body
+from shared_api.http.server import BODY_READY, GatewayProtocol
 from tests.conftest import free_port, wait_for
 
 
@@ -73,7 +73,7 @@ def test_a_body_that_arrived_whole_is_handed_over_and_one_in_pieces_is_read_thro
 def test_read_body_refuses_a_whole_body_over_the_limit():
     import asyncio
 
-    from shared_api.front import BodyRefused
+    from shared_api.http.front import BodyRefused
 
     class Cycle:  # as uvicorn's RequestResponseCycle holds a body whose end the parser has seen
         more_body, disconnected, response_complete = False, False, False
@@ -85,7 +85,7 @@ def test_read_body_refuses_a_whole_body_over_the_limit():
             def resume_reading():
                 pass
 
-    from shared_api.server import _body_ready
+    from shared_api.http.server import _body_ready
 
     async def go():
         scope = {"extensions": {BODY_READY: lambda: _body_ready(Cycle)}}

@@ -1,11 +1,11 @@
-"""shared_api/server.py's write_nowait: a streamed response's body chunks written from outside
+"""shared_api/http/server.py's write_nowait: a streamed response's body chunks written from outside
 the application's task, in order with those it sends, under the real uvicorn protocol."""
 import http.client
 import threading
 
 import uvicorn
 
-from shared_api.server import WRITE_NOWAIT, GatewayProtocol
+from shared_api.http.server import WRITE_NOWAIT, GatewayProtocol
 from tests.conftest import free_port
 
 

@@ -1,5 +1,5 @@
 """Static files (the admin console's CSS and JS) are collected into STATIC_ROOT (`make setup`)
-and served by the gateway through WhiteNoise (shared_api/middleware.py StaticFilesMiddleware),
+and served by the gateway through WhiteNoise (shared_api/http/middleware.py StaticFilesMiddleware),
 with `Cache-Control: no-store` like every other response. The same through a real gateway process:
 tests/e2e/test_static_files.py."""
 import pytest

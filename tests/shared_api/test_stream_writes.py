@@ -1,4 +1,4 @@
-"""An event stream's two write paths (shared_api/streams.py): frames the connection takes at once
+"""An event stream's two write paths (shared_api/streams/events.py): frames the connection takes at once
 are written from the device reader's turn of the loop (`on_frame`, the server's write_nowait);
 the rest go through the queue to the stream's task — and the stream's bytes stay in frame order
 whichever path each frame takes."""
@@ -7,7 +7,7 @@ import asyncio
 from asgiref.sync import async_to_sync
 
 from shared_api.device_client import DeviceStream
-from shared_api.streams import ConversationEvents
+from shared_api.streams.events import ConversationEvents
 
 PATH = "/aotx/v1/shared/conversations/con-x/events"
 

@@ -6,7 +6,7 @@ from gpu_worker.contract.grantfile import GrantFileError
 from shared_api import config
 from shared_api.grants import write_grant_file_for
 from shared_api.models import Principal, apply_quotas, describe_quotas, parse_actions, parse_quotas
-from shared_api.streams import notify_principals
+from shared_api.streams.events import notify_principals
 
 
 class Command(BaseCommand):

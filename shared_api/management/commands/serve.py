@@ -8,7 +8,7 @@ from shared_api import config
 
 
 class Command(BaseCommand):
-    help = "Serve the gateway (uvicorn, shared_api/server.py) on the listen address of gateway.json."
+    help = "Serve the gateway (uvicorn, shared_api/http/server.py) on the listen address of gateway.json."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--config", required=True)
@@ -24,7 +24,7 @@ class Command(BaseCommand):
         settings.AOTX_GATEWAY_CONFIG = path
         settings.AOTX_BODY_TIMEOUT = cfg["body_timeout"]  # this process may be the only worker
         settings.AOTX_GATEWAY_WORKERS = cfg["workers"]
-        from shared_api.server import serve
+        from shared_api.http.server import serve
         self.stdout.write(f"gateway listening on http://{cfg['listen']}/aotx/v1/shared/ (device {cfg['socket']}, "
                           f"{cfg['workers']} worker{'s' if cfg['workers'] > 1 else ''})")
         self.stdout.flush()

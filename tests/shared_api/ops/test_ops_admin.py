@@ -137,7 +137,7 @@ def test_a_legend_whose_series_end_at_different_samples_labels_each_value_with_i
     """A series whose last samples lack a value (a rate's first sample, a key the device stopped
     reporting) ends earlier than its neighbours: its value is labelled with its own sample's time,
     with the date when that is not the page's day."""
-    from shared_api.charts import Chart, Series
+    from shared_api.console.charts import Chart, Series
     now = datetime.datetime(2025, 3, 4, 10, 45, 0, tzinfo=datetime.timezone.utc)
     earlier, later = now - datetime.timedelta(days=1, minutes=3), now - datetime.timedelta(minutes=3)
     chart = Chart("c", "c", [Series("a", [(earlier, 1.0), (later, 2.0)]), Series("b", [(earlier, 5.0), (later, None)])],
@@ -155,7 +155,7 @@ def test_the_fdatasync_rate_is_the_difference_of_two_samples_over_their_time(sta
 
 
 def ops_admin_rate():
-    from shared_api.ops_admin import _rate
+    from shared_api.console.pages import _rate
     samples = list(CapacitySample.objects.order_by("taken_at"))
     return [v for _, v in _rate(samples, lambda s: s.fdatasyncs) if v is not None]
 

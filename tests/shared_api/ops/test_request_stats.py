@@ -1,9 +1,9 @@
-"""RequestStats (shared_api/metrics.py) writes what prometheus-client's own Counter and Histogram
+"""RequestStats (shared_api/http/metrics.py) writes what prometheus-client's own Counter and Histogram
 would for the same requests: the same families, labels, bucket counts and sums."""
 from hypothesis import given, settings, strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from shared_api.metrics import LATENCY_BUCKETS, RequestStats
+from shared_api.http.metrics import LATENCY_BUCKETS, RequestStats
 
 REQUEST = st.tuples(st.sampled_from(["GET", "POST"]), st.sampled_from(["spaces", "operations/<str:operation>"]),
                     st.sampled_from([200, 202, 404]),

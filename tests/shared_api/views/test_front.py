@@ -1,4 +1,4 @@
-"""The HTTP front itself (shared_api/front.py), through the gateway's ASGI application: what it
+"""The HTTP front itself (shared_api/http/front.py), through the gateway's ASGI application: what it
 answers from the headers alone, and its bound on requests waiting for the device."""
 import asyncio
 import threading
@@ -115,7 +115,8 @@ def test_a_rewritten_grant_file_clears_the_principal_cache_of_every_process(gate
     import time
     from pathlib import Path
 
-    from shared_api import auth, config
+    from shared_api import config
+    from shared_api.http import auth
     from shared_api.models import Principal
     from tests.conftest import wait_for
     grants = Path(config.load(settings.AOTX_GATEWAY_CONFIG)["grants_file"])

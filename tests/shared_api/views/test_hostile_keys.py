@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared_api import rates
-from shared_api.openapi import OPERATIONS, SCHEMAS, full_path
-from shared_api.rates import RateLimiter
-from shared_api.refusals import RefusalBackoff
+from shared_api.http import rates
+from shared_api.routes.openapi import OPERATIONS, SCHEMAS, full_path
+from shared_api.http.rates import RateLimiter
+from shared_api.http.refusals import RefusalBackoff
 from tests.conftest import Clock
 
 from .conftest import (BASE, assert_error, conversation_id, envelope, operation_id, participant_id,

@@ -1,4 +1,4 @@
-"""Per-principal rates (shared_api/rates.py): the buckets alone, then through the HTTP front — a
+"""Per-principal rates (shared_api/http/rates.py): the buckets alone, then through the HTTP front — a
 request past its principal's rate is refused 429 `rate_limited` from its headers, its body unread,
 nothing sent to the device — on the shared routes and the OpenAI-compatible ones."""
 import json
@@ -9,12 +9,13 @@ from asgiref.sync import async_to_sync
 
 from gpu_worker.contract.grantfile import quota_problem
 from gpu_worker.contract.vocabulary import CHAT, DEFAULT_RATES, OUTPUT_TOKENS_RATE, READ, WRITE
-from shared_api import device_client, rates
-from shared_api.auth import effective_rates
+from shared_api import device_client
+from shared_api.http import rates
+from shared_api.http.auth import effective_rates
 from shared_api.errors import ServiceError
 from shared_api.models import DEFAULT, Principal, apply_quotas, parse_quotas
-from shared_api.rates import MAX_TRACKED, RateLimiter, retry_headers
-from shared_api.refusals import RefusalBackoff
+from shared_api.http.rates import MAX_TRACKED, RateLimiter, retry_headers
+from shared_api.http.refusals import RefusalBackoff
 from tests.conftest import Clock
 
 from .conftest import BASE, OK_BODY, Persona, assert_error, assert_openai_error, envelope

@@ -1,10 +1,10 @@
-"""Over-quota refusals answered later for a principal that keeps asking (shared_api/refusals.py),
+"""Over-quota refusals answered later for a principal that keeps asking (shared_api/http/refusals.py),
 alone and through the HTTP front, for the shared routes and the OpenAI-compatible ones."""
 import json
 
 import pytest
 
-from shared_api.refusals import MAX_DELAY, MAX_TRACKED, QUIET, RefusalBackoff, is_quota_refusal
+from shared_api.http.refusals import MAX_DELAY, MAX_TRACKED, QUIET, RefusalBackoff, is_quota_refusal
 from tests.conftest import Clock
 
 QUOTA = json.dumps({"error": {"code": "quota_exceeded", "message": "the chats quota of this principal is 2 and 2 are "

@@ -7,12 +7,12 @@ application code runs: a bound on a request's header bytes (431 with the one err
 dropped connection), a header timeout (a connection that does not finish its headers in
 `header_timeout` seconds gets 408 and is closed: slow clients cannot hold connections), and the
 one error body for requests the parser refuses. The keep-alive idle timeout is uvicorn's
-(`idle_timeout`); the body timeout and limits are the application's (shared_api/front.py).
+(`idle_timeout`); the body timeout and limits are the application's (shared_api/http/front.py).
 RedactQuery keeps query values out of the access log (a token sent in a URL is refused and never
 written down). Each request's scope carries `extensions["aotx.write_nowait"]`: the event streams
 write an event's bytes through it from the device reader's turn of the loop when the connection
-takes them at once (shared_api/streams.py); `extensions["aotx.body_ready"]` hands a request's
-body over without a wait when all of it has arrived (shared_api/front.py's read_body). Every
+takes them at once (shared_api/streams/events.py); `extensions["aotx.body_ready"]` hands a request's
+body over without a wait when all of it has arrived (shared_api/http/front.py's read_body). Every
 request runs as uvicorn's ASGI task: pipelining, bodies still arriving and the access log are
 uvicorn's."""
 from __future__ import annotations
@@ -179,7 +179,7 @@ class RedactQuery(logging.Filter):
 
 def log_config() -> dict[str, Any]:
     doc = copy.deepcopy(LOGGING_CONFIG)
-    doc["filters"] = {"redact_query": {"()": "shared_api.server.RedactQuery"}}
+    doc["filters"] = {"redact_query": {"()": "shared_api.http.server.RedactQuery"}}
     doc["handlers"]["access"]["filters"] = ["redact_query"]
     return doc
 
@@ -197,6 +197,6 @@ def options(cfg: dict[str, Any]) -> dict[str, Any]:
     """uvicorn's settings for the gateway. proxy_headers stays off: the gateway trusts no
     forwarded client address (nothing it decides depends on one), and uvicorn's middleware for it
     would wrap every request."""
-    return dict(host=cfg["host"], port=cfg["port"], workers=cfg["workers"], http="shared_api.server:GatewayProtocol",
+    return dict(host=cfg["host"], port=cfg["port"], workers=cfg["workers"], http="shared_api.http.server:GatewayProtocol",
                 loop="uvloop", lifespan="off", timeout_keep_alive=cfg["idle_timeout"], log_config=log_config(),
                 access_log=True, proxy_headers=False, server_header=False)

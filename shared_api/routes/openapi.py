@@ -832,7 +832,7 @@ def doc(key: str) -> Callable[[_F], _F]:
 
 
 class BearerScheme(OpenApiAuthenticationExtension):
-    target_class = "shared_api.auth.BearerAuthentication"
+    target_class = "shared_api.http.auth.BearerAuthentication"
     name = "bearerAuth"
 
     def get_security_definition(self, auto_schema: AutoSchema) -> Schema:
@@ -940,9 +940,9 @@ def _field_text(schema: Schema) -> str:
 def render_markdown() -> str:
     """docs/api.md: a short reference rendered from OPERATIONS, SCHEMAS and CODES."""
     out = ["# AOTX Shared API reference", "",
-           "<!-- Rendered from shared_api/openapi.py (the same table as /aotx/v1/openapi.json). Regenerate with",
+           "<!-- Rendered from shared_api/routes/openapi.py (the same table as /aotx/v1/openapi.json). Regenerate with",
            "     .venv/bin/python -c 'import django, os; os.environ[\"DJANGO_SETTINGS_MODULE\"] = "
-           "\"aotx_site.settings\"; django.setup(); from shared_api.openapi import render_markdown as r; "
+           "\"aotx_site.settings\"; django.setup(); from shared_api.routes.openapi import render_markdown as r; "
            "open(\"docs/api.md\", \"w\").write(r())'",
            "     tests/shared_api/test_openapi.py fails when this file and the schema differ. -->", "",
            "The machine-readable contract is `GET /aotx/v1/openapi.json` (OpenAPI 3.1, no token needed).", "",

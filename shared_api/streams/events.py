@@ -45,11 +45,11 @@ from gpu_worker.contract.limits import MAX_LIMIT
 from gpu_worker.contract.vocabulary import BASE_PATH, READ
 from gpu_worker.contract.wire import Message
 
-from .auth import PRINCIPALS, aauthenticate, require_action
-from .device_client import KEEP_ALIVE, DeviceStream, mux
-from .errors import WWW_AUTHENTICATE
-from .rates import limiter, retry_headers
-from .server import WRITE_NOWAIT
+from ..http.auth import PRINCIPALS, aauthenticate, require_action
+from ..device_client import KEEP_ALIVE, DeviceStream, mux
+from ..errors import WWW_AUTHENTICATE
+from ..http.rates import limiter, retry_headers
+from ..http.server import WRITE_NOWAIT
 
 CONVERSATION_EVENTS = re.compile(rf"^{BASE_PATH}/conversations/([^/]+)/events$")
 OPERATION_EVENTS = re.compile(rf"^{BASE_PATH}/operations/([^/]+)/events$")
@@ -156,7 +156,7 @@ class EventStream(AsyncHttpConsumer):
         self.finished = False
         self.written = time.monotonic()  # when this stream last wrote (PrincipalWatch.keep_alive)
         self.writing = False  # the pump's write is waiting for the connection: on_frame must queue
-        self.write_nowait: Callable[[bytes], bool] | None = None  # the server's (shared_api/server.py)
+        self.write_nowait: Callable[[bytes], bool] | None = None  # the server's (shared_api/http/server.py)
         self.limit: int | None = None  # `event` events after which the stream ends (None: it runs on)
         self.sent = 0  # `event` events written
 

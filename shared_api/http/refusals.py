@@ -7,7 +7,7 @@ device busy refusing it — on a small machine, at the expense of every other te
 gateway process, a principal's second refusal within a second is answered after 10 ms, the third
 after 20 ms, doubling to at most 1 s; a second without a refusal starts it over. The first refusal
 is never delayed, a client that backs off never waits, and the answer itself is unchanged, with
-`Retry-After: 1` added. Refusals for a rate (429 `rate_limited`, shared_api/rates.py) count in the
+`Retry-After: 1` added. Refusals for a rate (429 `rate_limited`, shared_api/http/rates.py) count in the
 same streak and wait the same way. The delay holds a coroutine and the client's connection, nothing
 else.
 """

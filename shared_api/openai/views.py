@@ -31,9 +31,9 @@ from gpu_worker.contract.limits import (MAX_CHAT_BODY_BYTES, MAX_COMPLETION_LOGP
 from gpu_worker.contract.vocabulary import CHAT
 from gpu_worker.contract.wire import Message
 
-from .auth import authenticate_request
-from .device_client import mux
-from .errors import WWW_AUTHENTICATE, ServiceError
+from ..http.auth import authenticate_request
+from ..device_client import mux
+from ..errors import WWW_AUTHENTICATE, ServiceError
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "invalid_request_error", 405: "invalid_request_error", 408: "invalid_request_error",
@@ -504,6 +504,6 @@ async def models(request: HttpRequest) -> HttpResponse:
     return HttpResponse(json.dumps({"object": "list", "data": data}), content_type="application/json")
 
 
-# path -> view: the URLconf's /v1 routes, which the HTTP front answers itself (shared_api/front.py)
+# path -> view: the URLconf's /v1 routes, which the HTTP front answers itself (shared_api/http/front.py)
 ROUTES = {"/v1/chat/completions": chat_completions, "/v1/completions": completions, "/v1/embeddings": embeddings,
           "/v1/models": models}

@@ -16,7 +16,7 @@ from gpu_worker.contract.canonical import NotCanonical, operation_bytes
 from gpu_worker.contract.limits import MAX_BODY_BYTES
 from gpu_worker.contract.vocabulary import ENVELOPE, MUTATION_SCHEMA
 
-from .errors import ServiceError
+from ..errors import ServiceError
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

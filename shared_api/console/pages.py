@@ -9,7 +9,7 @@
 - holds: journal hold incidents (the database's, recorded by `detect_holds`, and the device's
   not yet recorded) and the current hold.
 
-Every admin page also shows the current hold state (shared_api/context_processors.py and
+Every admin page also shows the current hold state (shared_api/console/context_processors.py and
 templates/admin/base_site.html)."""
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ from django.utils.http import urlencode
 from gpu_worker.contract.limits import MAX_LIMIT
 from gpu_worker.contract.vocabulary import COMMANDS, TERMINAL_STATUSES
 
-from . import ops
+from .. import ops
 from .charts import Chart, Series, human, sample_time, thin
-from .errors import ServiceError
-from .models import CapacitySample
+from ..errors import ServiceError
+from ..models import CapacitySample
 
 MAX_POINTS = 600  # a chart draws at most about this many samples (evenly thinned)
 MAX_HOURS = 24 * 90
@@ -162,7 +162,7 @@ def capacity_view(request: HttpRequest) -> HttpResponse:
     status = ops.request_status(request)
     loaded_at = timezone.now()  # the live reading's time: the ping is asked for this page
     charts = capacity_charts(thin(samples, MAX_POINTS), status)
-    for chart in charts:  # legends say which sample their values come from (shared_api/charts.py)
+    for chart in charts:  # legends say which sample their values come from (shared_api/console/charts.py)
         chart.now = loaded_at
     return render(request, "aotx/ops/capacity.html", _context(
         request, "Device capacity", charts=charts, live=live_values(status) if status else None, hours=hours,

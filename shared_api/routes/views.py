@@ -3,7 +3,7 @@ the device call (DeviceCall), and the device's reply bytes go back as they are. 
 re-checks grants and membership.
 
 Each route is a DRF view, so that the schema (drf-spectacular, @doc) and readers see one DRF view
-per route. The gateway's HTTP front (shared_api/front.py) is the one path that answers them: it
+per route. The gateway's HTTP front (shared_api/http/front.py) is the one path that answers them: it
 runs these handler methods on the event loop, after it has authenticated and checked the action
 from the headers and read the body within the route's limit, hands the handler a FrontRequest,
 and makes the DeviceCall through the pooled async client (docs/performance.md says why the front
@@ -22,7 +22,7 @@ from rest_framework.views import APIView
 from gpu_worker.contract.commands import typed
 from gpu_worker.contract.limits import MAX_BODY_BYTES, MAX_LIMIT, MAX_MEDIA_BYTES
 
-from .errors import ServiceError, error_response
+from ..errors import ServiceError, error_response
 from .openapi import doc
 from .strict import Mutation, decimal_counter
 
@@ -163,7 +163,7 @@ class ConversationView(SharedView):
 
 class ConversationEventsView(SharedView):
     """The plain read; with `stream=true` the gateway's ASGI application hands the request to the
-    stream consumer (shared_api/streams.py) before it reaches Django."""
+    stream consumer (shared_api/streams/events.py) before it reaches Django."""
 
     @doc("conversations.events")
     def get(self, request: Request, conversation: str) -> DeviceCall:
@@ -177,7 +177,7 @@ class ConversationEventsView(SharedView):
 
 
 class OperationEventsView(SharedView):
-    """Always a stream (shared_api/streams.py); this view only answers where no stream consumer
+    """Always a stream (shared_api/streams/events.py); this view only answers where no stream consumer
     runs (it documents the route)."""
 
     @doc("operations.subscribe")

@@ -8,7 +8,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.functional import SimpleLazyObject
 
-from . import ops
+from .. import ops
 
 
 def journal_hold(request: HttpRequest) -> dict[str, Any]:

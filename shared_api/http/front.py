@@ -14,7 +14,7 @@ Refusing before reading (every route): a token in the query string is refused an
 a request without a valid token is answered 401 from its headers, and a body over the route's
 limit 413 from its Content-Length (or as soon as a chunked body passes the limit), in both cases
 without reading the body, and the connection is then closed; so is a request past one of its
-principal's rates (429 `rate_limited`, shared_api/rates.py). A body that stalls for
+principal's rates (429 `rate_limited`, shared_api/http/rates.py). A body that stalls for
 AOTX_BODY_TIMEOUT seconds is answered 408. Requests waiting on the device are bounded per process
 (DevicePool: 503 `gateway_busy` beyond). The OpenAI-compatible routes (/v1/chat/completions,
 /v1/completions, /v1/embeddings, /v1/models) run their async views here too, on a plain
@@ -42,22 +42,22 @@ from gpu_worker.contract.wire import Message
 
 from . import metrics
 from .auth import AuthenticatedPrincipal, aauthenticate, require_action
-from .device_client import pool
-from .errors import WWW_AUTHENTICATE, ServiceError
-from .openai_views import ROUTES as OPENAI_ROUTES
-from .openai_views import openai_error
+from ..device_client import pool
+from ..errors import WWW_AUTHENTICATE, ServiceError
+from ..openai.views import ROUTES as OPENAI_ROUTES
+from ..openai.views import openai_error
 from .rates import RateLimited, limiter, retry_headers
 from .refusals import RefusalBackoff, is_quota_refusal
 from .server import BODY_READY
-from .strict import loads_strict
-from .views import DeviceCall, MediaView, SharedView
+from ..routes.strict import loads_strict
+from ..routes.views import DeviceCall, MediaView, SharedView
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-log = logging.getLogger("shared_api.front")
+log = logging.getLogger("shared_api.http.front")
 
 TOKEN_PREFIX = "aotx_"
 TOKEN_PARAMETERS = frozenset(("access_token", "token", "api_key", "apikey", "key", "authorization", "bearer"))
@@ -181,7 +181,7 @@ def _too_large(limit: int, code: str) -> BodyRefused:
 async def read_body(scope: Scope, receive: Receive, limit: int, code: str, timeout: float) -> bytes:
     """The whole body, at most `limit` bytes (BodyRefused 413 past it, 408 when a chunk takes
     longer than `timeout`); the memory it holds is the body and no more. A body that has all
-    arrived with its headers is taken at once (shared_api/server.py's BODY_READY)."""
+    arrived with its headers is taken at once (shared_api/http/server.py's BODY_READY)."""
     ready = scope.get("extensions", {}).get(BODY_READY)
     whole = ready() if ready is not None else None
     if whole is not None:
@@ -403,7 +403,7 @@ class Front:
         return int(msg["status"])
 
     async def refused_again(self, principal_id: str) -> None:
-        """Wait before answering a principal's over-quota refusal (shared_api/refusals.py)."""
+        """Wait before answering a principal's over-quota refusal (shared_api/http/refusals.py)."""
         delay = self.refusals.delay(principal_id)
         if delay:
             await self.sleep(delay)

@@ -29,7 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.utils import floatToGoString
 
-from . import ops
+from .. import ops
 from .middleware import HybridMiddleware
 
 if TYPE_CHECKING:

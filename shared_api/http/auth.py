@@ -26,9 +26,9 @@ from rest_framework.authentication import BaseAuthentication
 
 from gpu_worker.contract.vocabulary import DEFAULT_RATES
 
-from . import config
-from .errors import WWW_AUTHENTICATE, ServiceError
-from .models import Principal, hash_token
+from .. import config
+from ..errors import WWW_AUTHENTICATE, ServiceError
+from ..models import Principal, hash_token
 
 
 class AuthenticatedPrincipal:
@@ -38,7 +38,7 @@ class AuthenticatedPrincipal:
         self.name = principal.name
         self.principal_id = principal.principal_id
         self.actions = principal.current_actions()
-        # {rate name: limit per second} in force (shared_api/rates.py): its grant's, the default
+        # {rate name: limit per second} in force (shared_api/http/rates.py): its grant's, the default
         # (DEFAULT_RATES) for one it leaves out, none for one it sets to null (unlimited)
         self.rates = effective_rates(principal.quotas or {})
 

@@ -1,0 +1,1 @@
+"""Server-sent event streams (Channels consumers) and their fan-out over Redis."""
