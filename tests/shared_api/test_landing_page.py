@@ -13,7 +13,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from shared_api import device_client
-from tests.shared_api.routes.views.conftest import asgi_request
+from tests.shared_api.views.conftest import asgi_request
 
 LINKS = ("/admin/", "/aotx/v1/openapi.json", "/healthz", "/metrics")
 

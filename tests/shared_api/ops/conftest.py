@@ -14,7 +14,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from shared_api import device_client
-from tests.shared_api.routes.views.conftest import HANG_UP, FakeDevice
+from tests.shared_api.views.conftest import HANG_UP, FakeDevice
 
 PING: dict[str, Any] = {
     "ok": True, "boot": "3", "generation": "2",

@@ -6,7 +6,7 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.shared_api.ops.conftest import OLD_KEYS
-from tests.shared_api.routes.views.conftest import asgi_request
+from tests.shared_api.views.conftest import asgi_request
 
 pytestmark = pytest.mark.django_db
 

@@ -64,12 +64,15 @@ def test_it_sends_the_conversation_and_the_paging_args(gateway, device, people):
                    {"conversation": conversation, "cursor": "2", "limit": 5})
 
 
-def test_a_stream_request_that_reaches_django_is_not_acceptable(device, people):
-    """Django's own entry point (its test client here) serves no streams: the ASGI front hands them
-    to their consumers first."""
+def test_a_shared_route_that_reaches_django_is_a_deployment_error(device, people):
+    """Django's own entry point (its test client here) answers no shared route, streams included:
+    the ASGI front hands streams to their consumers and answers the rest itself, so a request that
+    reached Django came around it. Nothing reaches the device."""
     client = Client(HTTP_AUTHORIZATION=people["reader"].authorization)
-    assert_error(client.get(f"{path(conversation_id())}?stream=true"), 406, "not_acceptable")
-    assert_error(client.get(f"{BASE}/operations/{operation_id()}/events"), 406, "not_acceptable")
+    for url in (f"{path(conversation_id())}?stream=true", f"{BASE}/operations/{operation_id()}/events",
+                f"{BASE}/spaces"):
+        error = assert_error(client.get(url), 500, "internal_error")
+        assert "aotx_site.asgi:application" in error["message"]
     assert device.requests == []
 
 
