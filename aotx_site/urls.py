@@ -6,7 +6,6 @@ from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularJSONAPIView
 
 from shared_api.http import metrics
-from shared_api.openai import views as openai_views
 from shared_api.console import pages as ops_admin
 from shared_api.errors import error_response
 from shared_api.routes.views import MediaView
@@ -29,7 +28,6 @@ urlpatterns = [
     path("aotx/v1/shared/", include("shared_api.routes.urls")),
     path("aotx/v1/media/<str:sha256>", MediaView.as_view()),
     path("aotx/v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
-    *(path(route.lstrip("/"), view) for route, view in openai_views.ROUTES.items()),
     path("metrics", metrics.metrics, name="metrics"),  # Prometheus text, no token (README "Operations")
     path("healthz", metrics.healthz, name="healthz"),  # for load balancers: 200 or 503, no token
     path("admin/ops/", include(ops_admin.urls())),  # the admin's operations pages (staff users)

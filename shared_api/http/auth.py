@@ -1,7 +1,6 @@
-"""Bearer-token authentication, the one path every route takes (the HTTP front for the shared
-and OpenAI-compatible routes, `authenticate_request` for the OpenAI-compatible views, the event
-streams; DRF's authentication class names the scheme in the OpenAPI document), and the per-route
-action check. The device checks
+"""Bearer-token authentication, the one path every route takes (`aauthenticate`: the HTTP front
+for the shared and OpenAI-compatible routes, once per request, and the event streams; DRF's
+authentication class names the scheme in the OpenAPI document), and the per-route action check. The device checks
 the same actions again against the grant file.
 
 Principals are looked up by their token's SHA-256 in the gateway database once and then kept in
@@ -21,7 +20,6 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db.models.signals import post_delete, post_save
-from django.http import HttpRequest
 from rest_framework.authentication import BaseAuthentication
 
 from gpu_worker.contract.vocabulary import DEFAULT_RATES
@@ -162,15 +160,6 @@ async def aauthenticate(header: str) -> AuthenticatedPrincipal | None:
 def require_action(user: Any, action: str) -> None:
     if action not in user.actions:
         raise ServiceError(403, "grant_missing", f"this principal lacks the {action} action")
-
-
-async def authenticate_request(request: HttpRequest, action: str) -> AuthenticatedPrincipal:
-    """For async views outside DRF: the authenticated principal holding `action`, or 401/403."""
-    user = await aauthenticate(request.headers.get("Authorization", ""))
-    if user is None:
-        raise ServiceError(401, "unauthenticated", "Authorization must be 'Bearer <token>'")
-    require_action(user, action)
-    return user
 
 
 class BearerAuthentication(BaseAuthentication):

@@ -37,7 +37,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.urls.converters import StringConverter
 
 from gpu_worker.contract.limits import MAX_CHAT_BODY_BYTES
-from gpu_worker.contract.vocabulary import COMMANDS
+from gpu_worker.contract.vocabulary import CHAT, COMMANDS
 from gpu_worker.contract.wire import Message
 
 from . import metrics
@@ -45,6 +45,7 @@ from .auth import AuthenticatedPrincipal, aauthenticate, require_action
 from ..device_client import pool
 from ..errors import WWW_AUTHENTICATE, ServiceError
 from ..openai.views import ROUTES as OPENAI_ROUTES
+from ..openai.views import PRINCIPAL as OPENAI_PRINCIPAL
 from ..openai.views import openai_error
 from .rates import RateLimited, limiter, retry_headers
 from .refusals import RefusalBackoff, is_quota_refusal
@@ -432,6 +433,7 @@ class Front:
             user = await aauthenticate(headers.get(b"authorization", b"").decode("latin-1"))
             if user is None:
                 raise ServiceError(401, "unauthenticated", "Authorization must be 'Bearer <token>'")
+            require_action(user, CHAT)  # every OpenAI-compatible route's action
             length = _content_length(headers)
             if length is not None and length > MAX_CHAT_BODY_BYTES:
                 raise BodyRefused(ServiceError(413, "body_too_large",
@@ -455,6 +457,7 @@ class Front:
                          else "HTTP_" + name.decode("latin-1").upper().replace("-", "_")): value.decode("latin-1")
                         for name, value in headers.items()}
         request._body = raw  # (HttpRequest.body reads it)
+        setattr(request, OPENAI_PRINCIPAL, user.principal_id)  # the views' principal: authenticated once, here
         try:
             response = await self._unless_gone(view(request), receive)
         except ClientGone:

@@ -22,16 +22,12 @@ from typing import Any, AsyncIterator
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
-from django.views.decorators.csrf import csrf_exempt
 
 from gpu_worker.contract.chat import Chat
 from gpu_worker.contract.commands import typed
-from gpu_worker.contract.limits import (MAX_CHAT_BODY_BYTES, MAX_COMPLETION_LOGPROBS, MAX_MEDIA,
-                                        MAX_TOP_LOGPROBS)
-from gpu_worker.contract.vocabulary import CHAT
+from gpu_worker.contract.limits import MAX_COMPLETION_LOGPROBS, MAX_MEDIA, MAX_TOP_LOGPROBS
 from gpu_worker.contract.wire import Message
 
-from ..http.auth import authenticate_request
 from ..device_client import mux
 from ..errors import WWW_AUTHENTICATE, ServiceError
 
@@ -87,8 +83,14 @@ def openai_error(status: int, code: str, message: str, param: str | None = None)
     return response
 
 
-async def _principal(request: HttpRequest) -> str:
-    return (await authenticate_request(request, CHAT)).principal_id
+# the front (shared_api/http/front.py) authenticates the request and checks its `chat` action from
+# the headers, before it reads the body, and leaves the principal here: these views run only there
+PRINCIPAL = "aotx_principal"
+
+
+def _principal(request: HttpRequest) -> str:
+    principal: str = getattr(request, PRINCIPAL)
+    return principal
 
 
 def _text(value: str, code: str, name: str) -> str:
@@ -312,21 +314,17 @@ def _refusal(err: ServiceError) -> HttpResponse:
 
 async def _body(request: HttpRequest) -> tuple[str, Any]:
     """(principal, parsed JSON body) of an OpenAI POST (the token is checked before the body)."""
-    principal = await _principal(request)
-    if len(request.body) > MAX_CHAT_BODY_BYTES:
-        raise ServiceError(413, "body_too_large", "the body is too large")
+    principal = _principal(request)  # (the front read the body within MAX_CHAT_BODY_BYTES)
     try:
         return principal, json.loads(request.body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ServiceError(400, "invalid_json", f"the body is not JSON: {exc}") from None
 
 
-@csrf_exempt
 async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     return await _complete(request, _request_args, CHAT_SHAPE)
 
 
-@csrf_exempt
 async def completions(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     return await _complete(request, _completion_args, TEXT_SHAPE)
 
@@ -436,7 +434,6 @@ async def _complete(request: HttpRequest, parse: Any, shape: Shape) -> HttpRespo
 EMBEDDING_FIELDS = {"model", "input", "encoding_format", "dimensions", "user"}
 
 
-@csrf_exempt
 async def embeddings(request: HttpRequest) -> HttpResponse:
     """`POST /v1/embeddings {model, input: str | [str], encoding_format?: float|base64,
     dimensions?}`: the packed embedding model. Token arrays are refused (this model's tokenizer is
@@ -486,12 +483,11 @@ async def embeddings(request: HttpRequest) -> HttpResponse:
                         content_type="application/json")
 
 
-@csrf_exempt
 async def models(request: HttpRequest) -> HttpResponse:
     if request.method != "GET":
         return openai_error(405, "method_not_allowed", "use GET")
     try:
-        principal = await _principal(request)
+        principal = _principal(request)
         msg = await mux().call("models.list", principal, {})
     except ServiceError as err:
         return openai_error(err.status, err.code, err.message)

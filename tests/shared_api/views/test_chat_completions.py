@@ -6,13 +6,12 @@ import json
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.test import AsyncClient
 
 from gpu_worker.contract.limits import MAX_CHAT_BODY_BYTES
 from tests.conftest import wait_for
 
 from .conftest import (BAD_AUTHORIZATIONS, DEVICE_TIMEOUT, HOLDER, WWW_AUTHENTICATE, action_of, assert_openai_error,
-                       assert_request, lacking)
+                       asgi_request, assert_request, lacking)
 
 PATH = "/v1/chat/completions"
 OP = "chat.completions"
@@ -44,14 +43,13 @@ def streams(*pieces, final=FINAL, status=200):
 
 
 def stream(persona, body):
-    """(response, the whole streamed body): an SSE stream is read in the event loop that made it."""
-    async def go():
-        response = await AsyncClient().post(PATH, json.dumps(body), content_type="application/json",
-                                            headers={"Authorization": persona.authorization})
-        if not response.streaming:
-            return response, response.content
-        return response, b"".join([chunk async for chunk in response.streaming_content])
-    return async_to_sync(go)()
+    """(response, the whole streamed body), through the gateway's ASGI application as the server
+    runs it: the front sends an SSE stream's chunks as they come and ends it."""
+    data = json.dumps(body).encode()
+    headers = [(b"authorization", persona.authorization.encode()), (b"content-type", b"application/json"),
+               (b"content-length", str(len(data)).encode())]
+    response = async_to_sync(asgi_request)("POST", PATH, headers, data)
+    return response, response.content
 
 
 def events(content):
