@@ -1,6 +1,8 @@
 """Bearer-token authentication, the one path every route takes (`aauthenticate`: the HTTP front
-for the shared and OpenAI-compatible routes, once per request, and the event streams; DRF's
-authentication class names the scheme in the OpenAPI document), and the per-route action check. The device checks
+for the shared and OpenAI-compatible routes, once per request, and the event streams; the front's
+native path reads the same cache through `cached_principal` and leaves a miss to the ASGI path;
+DRF's authentication class names the scheme in the OpenAPI document), and the per-route action
+check. The device checks
 the same actions again against the grant file.
 
 Principals are looked up by their token's SHA-256 in the gateway database once and then kept in
@@ -142,6 +144,13 @@ def authenticate(header: str) -> AuthenticatedPrincipal | None:
         user = _lookup(digest)
         PRINCIPALS.put(digest, user)
     return user
+
+
+def cached_principal(header: str) -> AuthenticatedPrincipal | None:
+    """The principal of an Authorization header when the cache knows it; None when there is no
+    token or the cache does not know it (aauthenticate then asks the database); 401 when malformed."""
+    token = _bearer(header)
+    return None if token is None else PRINCIPALS.get(hash_token(token))
 
 
 async def aauthenticate(header: str) -> AuthenticatedPrincipal | None:

@@ -7,8 +7,8 @@ the principal cache, checks the handler's gateway action, reads the body within 
 limit, runs the handler on a FrontRequest and makes its DeviceCall through the process's pooled
 async device client. Nothing of it waits on a thread (docs/performance.md: Django's ASGI handler
 costs several thread hops per request, which bounded the gateway at a few hundred requests a
-second). This is the one path of a shared-route request in production, and the one the per-route
-tests (tests/shared_api/views/) drive.
+second). `native` is the same for a request whose body has arrived with its headers, called by the
+server's protocol without an ASGI task (shared_api/http/server.py); it declines all but the common case.
 
 Refusing before reading (every route): a token in the query string is refused and never logged;
 a request without a valid token is answered 401 from its headers, and a body over the route's
@@ -41,7 +41,7 @@ from gpu_worker.contract.vocabulary import CHAT, COMMANDS
 from gpu_worker.contract.wire import Message
 
 from . import metrics
-from .auth import AuthenticatedPrincipal, aauthenticate, require_action
+from .auth import AuthenticatedPrincipal, aauthenticate, cached_principal, require_action
 from ..device_client import pool
 from ..errors import WWW_AUTHENTICATE, ServiceError
 from ..openai.views import ROUTES as OPENAI_ROUTES
@@ -49,7 +49,7 @@ from ..openai.views import PRINCIPAL as OPENAI_PRINCIPAL
 from ..openai.views import openai_error
 from .rates import RateLimited, limiter, retry_headers
 from .refusals import RefusalBackoff, is_quota_refusal
-from .server import BODY_READY
+from .server import BODY_READY, Answer
 from ..routes.strict import loads_strict
 from ..routes.views import DeviceCall, MediaView, SharedView
 
@@ -402,6 +402,59 @@ class Front:
             await self.refused_again(user.principal_id)
         await respond(send, msg["status"], msg["body"], reply_headers)
         return int(msg["status"])
+
+    def native(self, scope: Scope, body: bytes, answer: Answer) -> bool:
+        """A shared-route request answered without an ASGI task (shared_api/http/server.py's protocol
+        calls this when the whole request, body included, has arrived): the same checks and the
+        same DRF view method as `shared`, then the device call is posted and `answer(status,
+        body, headers)` runs when its reply comes. False, with nothing charged or sent, whenever
+        the request is anything but the common case — a refusal, a principal not in the cache,
+        no open device connection, a query string holding a token, a stream, HEAD — and the
+        protocol then hands it to the ASGI application, which answers it as it always has."""
+        method = scope["method"]
+        if method == "HEAD" or _token_in_query(scope) or self.streams(scope) is not None:
+            return False
+        found = self.route(scope["path"])
+        if found is None:
+            return False
+        route, kwargs = found
+        started = time.perf_counter()
+        headers = _headers(scope)
+        if not _accepts_json(headers):
+            return False
+        try:
+            user = cached_principal(headers.get(b"authorization", b"").decode("latin-1"))
+            if user is None:
+                return False
+            view = route.view
+            handler, length = _admit(view, method, headers, user)
+            if len(body) > type(view).body_limit:
+                return False
+            call = _device_call(view, handler, scope, headers, user, body, kwargs)
+            devices = pool()
+            mux = devices.ready()
+            if mux is None:
+                return False
+            limiter().admit(user.principal_id, user.rates, len(body))
+        except (ServiceError, _MethodNotAllowed):
+            return False  # (the ASGI path answers it; nothing was charged: admit is the last check)
+
+        def replied(outcome: Message | ServiceError) -> None:
+            if isinstance(outcome, ServiceError):
+                status, content, reply_headers = outcome.status, outcome.body(), []
+            else:
+                status, content, reply_headers = int(outcome["status"]), outcome["body"], _reply_headers(outcome)
+            metrics.record(method, route.route, status, started)
+            if is_quota_refusal(status, content):
+                reply_headers.append((b"retry-after", b"1"))
+                delay = self.refusals.delay(user.principal_id)
+                if delay:
+                    asyncio.get_running_loop().call_later(delay, answer, status, content,
+                                                          response_headers(content, reply_headers))
+                    return
+            answer(status, content, response_headers(content, reply_headers))
+        devices.post(mux, call.op, user.principal_id, call.args, replied)
+        return True
 
     async def refused_again(self, principal_id: str) -> None:
         """Wait before answering a principal's over-quota refusal (shared_api/http/refusals.py)."""

@@ -12,9 +12,14 @@ RedactQuery keeps query values out of the access log (a token sent in a URL is r
 written down). Each request's scope carries `extensions["aotx.write_nowait"]`: the event streams
 write an event's bytes through it from the device reader's turn of the loop when the connection
 takes them at once (shared_api/streams/events.py); `extensions["aotx.body_ready"]` hands a request's
-body over without a wait when all of it has arrived (shared_api/http/front.py's read_body). Every
-request runs as uvicorn's ASGI task: pipelining, bodies still arriving and the access log are
-uvicorn's."""
+body over without a wait when all of it has arrived (shared_api/http/front.py's read_body).
+
+The native path: a request whose body arrives with its headers (nearly every API request) is
+offered to the application's `native(scope, body, answer)` (shared_api/http/front.py: the shared
+routes) before any ASGI task exists; the application answers it through `answer(status, body,
+headers)`, now or when the device replies, or declines it, and a declined request runs as an ASGI
+task exactly as it would have. Pipelined requests, bodies still arriving and the access log keep
+uvicorn's behaviour."""
 from __future__ import annotations
 
 import asyncio
@@ -22,12 +27,13 @@ import copy
 import functools
 import logging
 import os
-from typing import Any, cast
+from typing import Any, Callable, cast
 
 import httptools
 import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from gpu_worker.contract.errors import ServiceError
 
@@ -36,6 +42,7 @@ APPLICATION = "aotx_site.asgi:application"
 WRITE_NOWAIT = "aotx.write_nowait"
 # scope["extensions"][BODY_READY]() -> bytes | None: the whole request body when it has all arrived
 BODY_READY = "aotx.body_ready"
+Answer = Callable[[int, bytes, list[tuple[bytes, bytes]]], None]  # a native answer: status, body, headers
 
 
 def _settings() -> tuple[int, float]:
@@ -45,7 +52,7 @@ def _settings() -> tuple[int, float]:
 
 
 class GatewayProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a header size bound and a header timeout."""
+    """uvicorn's httptools protocol with a header size bound, a header timeout, and the native path."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -53,6 +60,10 @@ class GatewayProtocol(HttpToolsProtocol):
         self.header_bytes = 0
         self.header_timer: asyncio.TimerHandle | None = None
         self.refusal: ServiceError | None = None
+        # the application's native(scope, body, answer) -> bool (shared_api/http/front.py), when it has one
+        self.native: Callable[[dict[str, Any], bytes, Answer], bool] | None = getattr(self.app, "native", None)
+        self.deferred: tuple[RequestResponseCycle, Any] | None = None  # a request held for the native path
+        self.in_headers = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -99,6 +110,10 @@ class GatewayProtocol(HttpToolsProtocol):
         except httptools.HttpParserError as exc:
             refusal, self.refusal = self.refusal, None
             self.refuse(refusal or ServiceError(400, "bad_request", f"invalid HTTP request: {exc}"))
+        finally:
+            deferred, self.deferred = self.deferred, None
+            if deferred is not None and not self.transport.is_closing():  # its body is still coming: ASGI
+                super()._start_asgi_task(*deferred)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -123,18 +138,79 @@ class GatewayProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm_header_timer()
-        super().on_headers_complete()
+        self.in_headers = True
+        try:
+            super().on_headers_complete()
+        finally:
+            self.in_headers = False
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         # the next request's headers are due within the idle (keep-alive) timeout, then the header timeout
 
+    # ---- the native path ------------------------------------------------------------------------
+    # A request on a shared route whose body arrives with its headers (nearly all of them) is
+    # answered without an ASGI task, its receive/send callables, the application's coroutines and
+    # a response formatted from ASGI messages (docs/performance.md, "The shared routes' native
+    # path"). The request is held when its headers are complete (not started as a task); when its
+    # body is complete in the same read, the application's `native` answers it or declines, and a
+    # declined request, or one whose body is still coming at the end of the read, starts as an
+    # ASGI task as it would have.
+
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-        """Start the request's ASGI task, its scope given this server's extensions."""
+        if self.in_headers and self.native is not None and app is self.app:
+            self.deferred = (cycle, app)  # (the standard case: not pipelined, not over a limit)
+            return
+        self._run_asgi(cycle, app)
+
+    def _run_asgi(self, cycle: RequestResponseCycle, app: Any) -> None:
+        """Start the request's ASGI task, its scope given this server's extensions (made here, not
+        for every request: a natively answered one never reads them)."""
         extensions = cast("dict[str, Any]", cycle.scope.setdefault("extensions", {}))
         extensions[WRITE_NOWAIT] = functools.partial(_write_nowait, cycle)
         extensions[BODY_READY] = functools.partial(_body_ready, cycle)
         super()._start_asgi_task(cycle, app)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        deferred = self.deferred
+        if deferred is None or deferred[0] is not self.cycle:
+            return
+        self.deferred = None
+        cycle = deferred[0]
+        assert self.native is not None
+        try:
+            taken = self.native(cast("dict[str, Any]", cycle.scope), bytes(cycle.body),
+                                functools.partial(self._answer, cycle))
+        except Exception:  # (the ASGI path runs it again and answers, 500 and a log line included)
+            taken = False
+        if taken:
+            cycle.body = bytearray()
+        else:
+            self._run_asgi(*deferred)
+
+    def _answer(self, cycle: RequestResponseCycle, status: int, body: bytes,
+                headers: list[tuple[bytes, bytes]]) -> None:
+        """Write a natively answered request's response (its headers as the application gives
+        them, Content-Length included), as uvicorn's `send` would for the two ASGI messages."""
+        if cycle.disconnected or cycle.response_complete or self.transport.is_closing():
+            return  # (the client went away: a pipelined request's cycle is not told, the transport is)
+        keep_alive = cycle.keep_alive
+        parts = [STATUS_LINE[status]]
+        for name, value in (*self.server_state.default_headers, *headers):
+            parts += (name, b": ", value, b"\r\n")
+        if not keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts += (b"\r\n", body)
+        self.transport.write(b"".join(parts))
+        cycle.response_started = cycle.response_complete = True
+        if self.access_log:
+            scope = cycle.scope
+            self.access_logger.info('%s - "%s %s HTTP/%s" %d', get_client_addr(scope), scope["method"],
+                                    get_path_with_query_string(scope), scope["http_version"], status)
+        if not keep_alive:
+            self.transport.close()
+        cycle.on_response()
 
 
 def _write_nowait(cycle: Any, chunk: bytes) -> bool:
@@ -194,9 +270,8 @@ def serve(cfg: dict[str, Any]) -> None:
 
 
 def options(cfg: dict[str, Any]) -> dict[str, Any]:
-    """uvicorn's settings for the gateway. proxy_headers stays off: the gateway trusts no
-    forwarded client address (nothing it decides depends on one), and uvicorn's middleware for it
-    would wrap every request."""
+    """uvicorn's settings for the gateway. proxy_headers stays off: it would wrap the application
+    in a middleware, and the protocol's native path needs the application itself."""
     return dict(host=cfg["host"], port=cfg["port"], workers=cfg["workers"], http="shared_api.http.server:GatewayProtocol",
                 loop="uvloop", lifespan="off", timeout_keep_alive=cfg["idle_timeout"], log_config=log_config(),
                 access_log=True, proxy_headers=False, server_header=False)
