@@ -186,6 +186,10 @@ class MediaPut(Args, kw_only=True, frozen=True):
 
 # ---- mutations ---------------------------------------------------------------------------------
 
+_HEX32 = ids.HEX32.match
+_ZERO32 = "0" * 32
+
+
 class Mutation(Args, kw_only=True, frozen=True):
     """A mutation's envelope (SPEC "Mutations"): the participant's lineage, the operation key, the
     sequence and the canonical operation bytes its receipt keeps."""
@@ -195,8 +199,13 @@ class Mutation(Args, kw_only=True, frozen=True):
     canonical: bytes
 
     def __post_init__(self) -> None:
+        # every admission parses one: the common case in one expression (the types are msgspec's),
+        # the named refusal from the checks below
+        key = self.operation_key
+        if _HEX32(self.lineage) and _HEX32(key) and key != _ZERO32 and 1 <= self.sequence <= ids.MAX_COUNTER:
+            return
         hex32(self.lineage, "lineage")
-        hex32(self.operation_key, "operation_key", nonzero=True)
+        hex32(key, "operation_key", nonzero=True)
         counter(self.sequence, "sequence", least=1)
 
 
