@@ -42,7 +42,6 @@ sys.path[0] = ROOT  # not bench/: bench/http.py would shadow the standard librar
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import collections  # noqa: E402
-import json  # noqa: E402
 import random  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402

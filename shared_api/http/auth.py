@@ -132,37 +132,40 @@ def _lookup(digest: str) -> AuthenticatedPrincipal:
     return AuthenticatedPrincipal(principal)
 
 
+def _cached(header: str) -> tuple[str | None, AuthenticatedPrincipal | None]:
+    """(the token's digest, its principal when the cache knows it); (None, None) without a token;
+    401 when malformed."""
+    token = _bearer(header)
+    if token is None:
+        return None, None
+    digest = hash_token(token)
+    return digest, PRINCIPALS.get(digest)
+
+
 def authenticate(header: str) -> AuthenticatedPrincipal | None:
     """The principal of an Authorization header; None when there is none; 401 for a malformed,
     unknown or revoked token. Blocking (the database on a cache miss)."""
-    token = _bearer(header)
-    if token is None:
-        return None
-    digest = hash_token(token)
-    user = PRINCIPALS.get(digest)
-    if user is None:
-        user = _lookup(digest)
-        PRINCIPALS.put(digest, user)
+    digest, user = _cached(header)
+    if digest is None or user is not None:
+        return user
+    user = _lookup(digest)
+    PRINCIPALS.put(digest, user)
     return user
 
 
 def cached_principal(header: str) -> AuthenticatedPrincipal | None:
     """The principal of an Authorization header when the cache knows it; None when there is no
     token or the cache does not know it (aauthenticate then asks the database); 401 when malformed."""
-    token = _bearer(header)
-    return None if token is None else PRINCIPALS.get(hash_token(token))
+    return _cached(header)[1]
 
 
 async def aauthenticate(header: str) -> AuthenticatedPrincipal | None:
     """authenticate() from the event loop: the cache first, the database on a thread on a miss."""
-    token = _bearer(header)
-    if token is None:
-        return None
-    digest = hash_token(token)
-    user = PRINCIPALS.get(digest)
-    if user is None:
-        user = await sync_to_async(_lookup)(digest)
-        PRINCIPALS.put(digest, user)
+    digest, user = _cached(header)
+    if digest is None or user is not None:
+        return user
+    user = await sync_to_async(_lookup)(digest)
+    PRINCIPALS.put(digest, user)
     return user
 
 
