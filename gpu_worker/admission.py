@@ -21,7 +21,6 @@ from .contract.commands import parse
 from .contract.wire import Message
 from .ops import quotas
 from .ops.kind import Admission, Context, Kind, OperationKind, Tables
-from .ops.registry import KINDS
 from .state import ids
 from .state.tables import P, R, Source, Terminal, split16, width
 from .storage.journal import MAX_RECORDS_PER_TICK, TransferKind, record_count
@@ -128,7 +127,7 @@ def admit(d: Admitter, msg: Message, kind: OperationKind, budget: int) -> tuple[
 def apply(d: Admitter, a: Admission, transfer_seq: int | None) -> int:
     """Apply one admission to the tables, live (transfer_seq: its journal transfer, not yet saved)
     and at replay (transfer_seq None: saved). Returns its receipt row."""
-    kind = KINDS[a.kind]  # replay checked the code: an unknown kind fails closed there
+    kind = d.kinds[a.kind]  # replay checked the code: an unknown kind fails closed there
     state = d.state
     state.admissions += 1
     t = state.tables

@@ -191,7 +191,7 @@ class Device:
 
     def _replay_admission(self, transfer: Transfer) -> None:
         a = Admission.decode(transfer.payload)
-        kind = KINDS.get(a.kind)
+        kind = self.kinds.get(a.kind)
         if kind is None:
             raise JournalCorrupt(os.path.join(self.journal_dir, segment_name(transfer.segment)), transfer.offset,
                                  f"admission transfer seq {transfer.seq} has unknown kind {a.kind}")
@@ -333,7 +333,7 @@ class Device:
             pending = self.pending_admissions.pop(seq, None)
             if pending is not None:
                 rrow, code = pending
-                kind = KINDS[code]
+                kind = self.kinds[code]
                 admission.mark_saved(self, rrow, transfer, kind)
                 if kind.saved is not None:
                     kind.saved(self, rrow)
