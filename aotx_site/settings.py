@@ -152,6 +152,7 @@ AOTX_GATEWAY_CONFIG = os.environ.get("AOTX_GATEWAY_CONFIG", str(VAR_DIR / "gatew
 AOTX_DEVICE_TIMEOUT = float(os.environ.get("AOTX_DEVICE_TIMEOUT", "30"))
 AOTX_DEVICE_CONNECTIONS = int(os.environ.get("AOTX_DEVICE_CONNECTIONS", "4"))  # per gateway process
 AOTX_DEVICE_WAITING = int(os.environ.get("AOTX_DEVICE_WAITING", "256"))  # requests waiting on the device, per process
+AOTX_MAX_HEADER_BYTES = int(os.environ.get("AOTX_MAX_HEADER_BYTES", "16384"))  # a request's line and headers
 AOTX_BODY_TIMEOUT = float(os.environ.get("AOTX_BODY_TIMEOUT", "30"))  # seconds a request body may stall
 AOTX_GATEWAY_WORKERS = int(os.environ.get("AOTX_GATEWAY_WORKERS", "1"))  # processes sharing the per-principal rates
 AOTX_PRINCIPAL_CACHE_SECONDS = float(os.environ.get("AOTX_PRINCIPAL_CACHE_SECONDS", "5"))

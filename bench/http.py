@@ -3,13 +3,13 @@ instead, at 16, 64 and 256 concurrent clients, in one run; p50/p99 latency; a ta
 
     .venv/bin/python bench/http.py [--seconds 5] [--clients 16,64,256] [--workers N] [--rounds 3] [--no-drf]
 
-aotx: `manage.py serve` (shared_api/http/server.py: uvicorn, --workers processes) in front of
+aotx: `manage.py serve` (shared_api/http/server.py: granian, RSGI, --workers processes) in front of
 `python -m gpu_worker boot` on a tiny runtime, set up by tests.harness.Stack, its database on the
 local PostgreSQL. Each client is one principal that registers first; the mutation is POST
 /aotx/v1/shared/spaces {scope: private} with sequences 2, 3, ...; the read is GET
 /aotx/v1/shared/operations/{op} of the client's registration receipt.
 
-fastapi: bench/fastapi_baseline (FastAPI on uvicorn + asyncpg, same worker count): the same
+fastapi: bench/fastapi_baseline (FastAPI + asyncpg on granian's ASGI, same worker count): the same
 envelope parsing, a sha256 token lookup, an insert unique by (lineage, sequence) with the RFC 8785
 canonical bytes, synchronously committed on the local PostgreSQL (database `test`); exact retry
 200, changed bytes 409 (checked after the run); the read is its stored receipt by operation ID.
@@ -210,7 +210,7 @@ from shared_api import config
 from shared_api.grants import write_grant_file
 from shared_api.models import ACTIONS, Principal
 with transaction.atomic():
-    made = [Principal.create(PREFIX + str(i), list(ACTIONS)) for i in range(COUNT)]
+    made = [Principal.create(PREFIX + str(i), list(ACTIONS), {"requests_per_second": None}) for i in range(COUNT)]
 write_grant_file(config.load(CONFIG)["grants_file"])
 print(json.dumps([[p.principal_id, token] for p, token in made]))
 """
@@ -315,12 +315,15 @@ def listening(server, port, what):
     return True
 
 
-def uvicorn_server(base, name, app, port, workers, env):
-    """`app` under the gateway's server settings (shared_api/http/server.py: its protocol, uvloop, no
-    lifespan, proxy headers off as the gateway has them), `workers` processes."""
-    args = [PYTHON, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
-            "--http", "shared_api.http.server:GatewayProtocol", "--loop", "uvloop", "--lifespan", "off",
-            "--no-server-header", "--no-proxy-headers", "--timeout-keep-alive", "15"]
+def granian_server(base, name, app, port, workers, env, interface):
+    """`app` under the gateway's server and its settings (shared_api/http/server.py: granian, uvloop,
+    HTTP/1.1, the header read timeout, the access log without query strings), `workers` processes;
+    `interface`: rsgi (the gateway's, the ceiling's) or asgi (the FastAPI baseline's: the same
+    server, so the comparison is of the applications)."""
+    from shared_api.http.server import ACCESS_LOG
+    args = [PYTHON, "-m", "granian", "--interface", interface, "--host", "127.0.0.1", "--port", str(port),
+            "--workers", str(workers), "--loop", "uvloop", "--http", "1", "--no-ws",
+            "--http1-header-read-timeout", "10000", "--access-log", "--access-log-fmt", ACCESS_LOG, app]
     server = Process(args, env, base / f"{name}.log")
     wait_for(lambda: listening(server, port, name), 60, what=f"{name} port")
     return server
@@ -383,8 +386,8 @@ def fastapi_system(base, args, clients_max):
             with conn.cursor() as cur:
                 cur.executemany(f"INSERT INTO {PREFIX}_tokens VALUES (%s, %s)",
                                 [(hashlib.sha256(i.token.encode()).hexdigest(), i.lineage) for i in identities])
-        server = uvicorn_server(base, "fastapi", "bench.fastapi_baseline.app:app", port, args.workers, env)
-        print(f"fastapi: uvicorn pid {server.proc.pid}, port {port}, {args.workers} workers", file=sys.stderr, flush=True)
+        server = granian_server(base, "fastapi", "bench.fastapi_baseline.app:app", port, args.workers, env, "asgi")
+        print(f"fastapi: granian (ASGI) pid {server.proc.pid}, port {port}, {args.workers} workers", file=sys.stderr, flush=True)
         seed(port, identities, "/m")
         makers = [mutations(port, "/m", identity) for identity in identities]
         readers = [reads(port, lambda op: f"/operations/{op}", identity) for identity in identities]
@@ -395,16 +398,16 @@ def fastapi_system(base, args, clients_max):
         yield System("fastapi", port, makers, readers, finish=finish)
     finally:
         if server is not None:
-            server.kill(signal.SIGTERM)  # (uvicorn then writes out what it still holds: a failure's traceback)
+            server.kill(signal.SIGTERM)  # (the server then writes out what it still holds: a failure's traceback)
         pg_admin(drop, FASTAPI_DB)
 
 
 @contextlib.contextmanager
 def ceiling_system(base, args, clients_max):
     port = free_port()
-    server = uvicorn_server(base, "ceiling", "bench.ceiling:app", port, args.workers, dict(os.environ))
+    server = granian_server(base, "ceiling", "bench.ceiling:app", port, args.workers, dict(os.environ), "rsgi")
     try:
-        print(f"ceiling: uvicorn pid {server.proc.pid}, port {port}, {args.workers} workers", file=sys.stderr, flush=True)
+        print(f"ceiling: granian (RSGI) pid {server.proc.pid}, port {port}, {args.workers} workers", file=sys.stderr, flush=True)
         identities = [Identity("x", secrets.token_hex(16), 1, "op-x") for _ in range(clients_max)]
         makers = [mutations(port, "/m", identity) for identity in identities]
         readers = [reads(port, lambda op: f"/operations/{op}", identity) for identity in identities]

@@ -135,7 +135,7 @@ class _Manager(Manager):
     them its own way, in a thread of its own (`_stop_in_order`):
 
     - SIGTERM goes to each process itself, not to its process group: a program stops its own
-      children (uvicorn its workers, Celery its pool and its beat, which, signalled directly, died
+      children (granian its workers, Celery its pool and its beat, which, signalled directly, died
       under a running worker that logged it as an ERROR). Each Procfile line `exec`s its program so
       that the process honcho started is the program, not a shell in front of it.
     - In order: the first process of the Procfile (the device) is the one the others are clients of,

@@ -1,7 +1,8 @@
 """gateway.json: {"listen": "HOST:PORT", "socket": "<journal>/service.sock", "grants_file": PATH}
-and, optional, the server's (README "Configuration"): "workers" (processes, 1), "idle_timeout"
-(seconds a keep-alive connection may sit idle, 15), "header_timeout" (seconds to send the request
-line and headers, 10), "body_timeout" (seconds a body may stall, 30), "max_header_bytes" (16384)."""
+and, optional, the server's (README "Configuration"): "workers" (processes, 1), "header_timeout"
+(seconds to send a request's line and headers, the first or the next on a keep-alive connection,
+10), "body_timeout" (seconds a body may stall, 30), "max_header_bytes" (16384). "idle_timeout" is
+refused by name: an idle keep-alive connection is bounded by header_timeout."""
 import json
 from typing import Any
 
@@ -13,7 +14,6 @@ class ConfigError(Exception):
 REQUIRED = ("listen", "socket", "grants_file")
 OPTIONAL: dict[str, tuple[type, int | float, int | float]] = {  # name: (type, default, least)
     "workers": (int, 1, 1),
-    "idle_timeout": (int, 15, 1),
     "header_timeout": (float, 10.0, 0.1),
     "body_timeout": (float, 30.0, 0.1),
     "max_header_bytes": (int, 16384, 1024),
@@ -37,6 +37,9 @@ def load(path: str) -> dict[str, Any]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"gateway config {path}: listen must be HOST:PORT, got {doc['listen']!r}")
     doc["host"], doc["port"] = host.strip("[]"), int(port)
+    if "idle_timeout" in doc:
+        raise ConfigError(f"gateway config {path}: idle_timeout is no longer a setting: the server closes an idle "
+                          "keep-alive connection when header_timeout passes without a whole request head")
     for name, (kind, default, least) in OPTIONAL.items():
         value = doc.get(name, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and type(value) is not int) \

@@ -19,8 +19,7 @@ import itertools
 import os
 import threading
 import weakref
-from collections import deque
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from django.conf import settings
 
@@ -57,15 +56,13 @@ class DeviceMux:
         self._writer: asyncio.StreamWriter | None = None
         self._reading: asyncio.Task[None] | None = None
         self._connecting = asyncio.Lock()
-        self._streams: dict[int, DeviceStream | DeviceReply | PostedReply] = {}
+        self._streams: dict[int, DeviceStream | DeviceReply] = {}
         # ids whose last frames may still come and are dropped: streams closed early, calls that
         # timed out. Any other unknown id means the connection is out of step: it is closed.
         self._abandoned: set[int] = set()
         # frames written in one turn of the event loop go to the socket in one write: one system
         # call (and one wake-up of the device's socket thread) for all of them
         self._outbox: dict[asyncio.StreamWriter, list[bytes]] = {}
-        self._posted: deque[PostedReply] = deque()  # post_call's calls, oldest first, the answered ones until swept
-        self._sweeper: asyncio.TimerHandle | None = None  # at the oldest posted call's deadline
 
     async def _connection(self) -> tuple[asyncio.StreamWriter, bool]:
         """The open connection, and whether it was opened just now."""
@@ -185,51 +182,7 @@ class DeviceMux:
         finally:
             timer.cancel()
 
-    @property
-    def can_post(self) -> bool:
-        """Whether a request can be posted now, with no wait to connect or to drain."""
-        writer = self._writer
-        return writer is not None and not writer.is_closing() and writer.transport.get_write_buffer_size() <= 1 << 20
-
-    def post_call(self, op: str, principal_id: str | None, args: Args | dict[str, Any] | None,
-                  done: Callable[[Message | ServiceError], None]) -> None:
-        """`call` without a coroutine, for the protocol's own path (shared_api/http/server.py): send the
-        request now on the open connection (`can_post` must be true) and give `done` its reply, or
-        the ServiceError `call` would raise, from the reader as the reply arrives. No future, no
-        timer and no extra turn of the loop per call: the posted calls wait in posting order, so
-        their deadlines are in order too and one timer per connection, at the oldest one's
-        deadline, times them out."""
-        writer = self._writer
-        assert writer is not None
-        args = typed(op, args)  # a refusal before anything is registered or sent
-        loop = asyncio.get_running_loop()
-        waiter = PostedReply(self, next(self._ids), done, loop.time() + self.timeout)
-        self._streams[waiter.id] = waiter
-        self._post(writer, request(waiter.id, op, principal_id, args))
-        self._posted.append(waiter)
-        if self._sweeper is None:
-            self._sweeper = loop.call_at(waiter.deadline, self._sweep)
-
-    def _sweep(self) -> None:
-        """Time out the posted calls past their deadline; wait for the next one's."""
-        self._sweeper = None
-        posted = self._posted
-        loop = asyncio.get_running_loop()
-        self._trim_posted()
-        while posted and posted[0].deadline <= loop.time():
-            waiter = posted[0]
-            waiter.end(self._failure(waiter, asyncio.TimeoutError(), self.timeout))  # (end trims it off)
-        if posted:
-            self._sweeper = loop.call_at(posted[0].deadline, self._sweep)
-
-    def _trim_posted(self) -> None:
-        """Drop the answered calls at the front of the posted ones (answered mostly in order, so
-        the queue stays short)."""
-        posted = self._posted
-        while posted and posted[0].done is None:
-            posted.popleft()
-
-    def _failure(self, waiter: DeviceReply | PostedReply, exc: BaseException, limit: float) -> ServiceError:
+    def _failure(self, waiter: DeviceReply, exc: BaseException, limit: float) -> ServiceError:
         if isinstance(exc, asyncio.TimeoutError):  # (the timer's: no reply within the limit)
             if self._streams.pop(waiter.id, None) is not None:
                 self._abandoned.add(waiter.id)
@@ -262,9 +215,6 @@ class DeviceMux:
         if reading is not None:
             reading.cancel()
             await asyncio.gather(reading, return_exceptions=True)
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = None
 
 
 KEEP_ALIVE: Message = {"keep_alive": True}  # not a device frame: DeviceStream.nudge's wake-up
@@ -277,14 +227,10 @@ class DeviceStream:
         self.mux = mux
         self.id = req_id
         self.queue: asyncio.Queue[Message | ServiceError] = asyncio.Queue()
-        # called by the mux's reader with each frame while the queue is empty; True: taken, not queued
-        self.on_frame: Callable[[Message], bool] | None = None
 
     def deliver(self, msg: Message) -> None:
-        """A frame from the mux's reader: to `on_frame` when nothing is queued before it and it takes
-        the frame at once (no wake-up of the task waiting in `next`), else queued, in order."""
-        if self.on_frame is None or not self.queue.empty() or not self.on_frame(msg):
-            self.queue.put_nowait(msg)
+        """A frame from the mux's reader, queued in order for `next`."""
+        self.queue.put_nowait(msg)
 
     def fail(self, error: ServiceError) -> None:
         """The connection failed: `next` raises `error` after the frames already queued."""
@@ -337,38 +283,6 @@ class DeviceReply:
             self.future.set_exception(asyncio.TimeoutError())
 
 
-class PostedReply:
-    """The one reply of a posted call (DeviceMux.post_call), handed to `done` as it arrives, or
-    the call's failure: the connection failed (503 device_connection_lost) or it timed out
-    (the mux's sweep: 503 device_timeout). `done` is None once it has run."""
-
-    __slots__ = ("mux", "id", "done", "deadline")
-
-    def __init__(self, mux: DeviceMux, req_id: int, done: Callable[[Message | ServiceError], None],
-                 deadline: float) -> None:
-        self.mux = mux
-        self.id = req_id
-        self.done: Callable[[Message | ServiceError], None] | None = done
-        self.deadline = deadline
-
-    def end(self, outcome: Message | ServiceError) -> None:
-        done, self.done = self.done, None
-        if done is None:
-            return
-        try:
-            done(outcome)
-        except Exception as exc:  # (the reader delivers the next frames whatever one answer did)
-            asyncio.get_running_loop().call_exception_handler(
-                {"message": "a posted device call's callback failed", "exception": exc})
-        self.mux._trim_posted()
-
-    def deliver(self, msg: Message) -> None:
-        self.end(msg)
-
-    def fail(self, error: ServiceError) -> None:
-        self.end(self.mux._failure(self, error, self.mux.timeout))
-
-
 Waiter = TypeVar("Waiter", DeviceStream, DeviceReply)  # what a request's frames go to
 
 
@@ -393,24 +307,6 @@ class DevicePool:
             return await next(self._turn).call(op, principal_id, args)
         finally:
             self.waiting -= 1
-
-    def ready(self) -> DeviceMux | None:
-        """The connection the next call goes on, when a call can be posted on it now (`post`);
-        None where `call` would have to wait (to connect) or would refuse (503 gateway_busy)."""
-        if self.waiting >= self.max_waiting:
-            return None
-        found = next(self._turn)
-        return found if found.can_post else None
-
-    def post(self, mux: DeviceMux, op: str, principal_id: str | None, args: Args | dict[str, Any] | None,
-             done: Callable[[Message | ServiceError], None]) -> None:
-        """`call` without a coroutine, on the connection `ready` gave (DeviceMux.post_call)."""
-        self.waiting += 1
-
-        def finished(outcome: Message | ServiceError) -> None:
-            self.waiting -= 1
-            done(outcome)
-        mux.post_call(op, principal_id, args, finished)
 
     async def aclose(self) -> None:
         for found in self.muxes:

@@ -1,5 +1,5 @@
 """Real processes on loopback: the device (`python -m gpu_worker boot`) and the gateway
-(`manage.py serve`: uvicorn, shared_api/http/server.py), each in its own process group so kill -9 is a real crash."""
+(`manage.py serve`: granian, shared_api/http/server.py), each in its own process group so kill -9 is a real crash."""
 import json
 import os
 import signal

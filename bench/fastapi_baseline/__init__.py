@@ -1,2 +1,3 @@
-"""bench/http.py's strongest baseline: what a team would build instead of the gateway, FastAPI on
-uvicorn with asyncpg, doing the same idempotent insert (app.py)."""
+"""bench/http.py's strongest baseline: what a team would build instead of the gateway, FastAPI with
+asyncpg (served by granian's ASGI interface, the gateway's server), doing the same idempotent
+insert (app.py)."""

@@ -39,7 +39,7 @@ pool: asyncpg.Pool | None = None
 
 async def db() -> asyncpg.Pool:
     global pool
-    if pool is None:  # uvicorn runs no lifespan here (as the gateway): open it on first use
+    if pool is None:  # opened on first use (no lifespan hook, as the gateway has none)
         pool = await asyncpg.create_pool(os.environ.get("BASELINE_PG", "postgresql://postgres@127.0.0.1:5432/test"),
                                          min_size=4, max_size=int(os.environ.get("BASELINE_POOL", "32")))
     return pool

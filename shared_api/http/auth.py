@@ -1,7 +1,5 @@
 """Bearer-token authentication, the one path every route takes (`aauthenticate`: the HTTP front
-for the shared and OpenAI-compatible routes, once per request, and the event streams; the front's
-native path reads the same cache through `cached_principal` and leaves a miss to the ASGI path;
-DRF's authentication class names the scheme in the OpenAPI document), and the per-route action
+for the shared and OpenAI-compatible routes, once per request, and the event streams; DRF's authentication class names the scheme in the OpenAPI document), and the per-route action
 check. The device checks
 the same actions again against the grant file.
 
@@ -151,12 +149,6 @@ def authenticate(header: str) -> AuthenticatedPrincipal | None:
     user = _lookup(digest)
     PRINCIPALS.put(digest, user)
     return user
-
-
-def cached_principal(header: str) -> AuthenticatedPrincipal | None:
-    """The principal of an Authorization header when the cache knows it; None when there is no
-    token or the cache does not know it (aauthenticate then asks the database); 401 when malformed."""
-    return _cached(header)[1]
 
 
 async def aauthenticate(header: str) -> AuthenticatedPrincipal | None:

@@ -1,4 +1,5 @@
-"""The gateway's HTTP front: the ASGI application in front of Django (aotx_site/asgi.py).
+"""The gateway's HTTP front: the one application every request goes through (aotx_site/gateway.py),
+served through RSGI by granian (shared_api/http/server.py).
 
 The shared routes (every SharedView in the URLconf: /aotx/v1/shared/..., /aotx/v1/media/...) are
 answered here, on the event loop, by the same DRF view methods Django would run: the front
@@ -7,10 +8,10 @@ the principal cache, checks the handler's gateway action, reads the body within 
 limit, runs the handler on a FrontRequest and makes its DeviceCall through the process's pooled
 async device client. Nothing of it waits on a thread (docs/performance.md: Django's ASGI handler
 costs several thread hops per request, which bounded the gateway at a few hundred requests a
-second). `native` is the same for a request whose body has arrived with its headers, called by the
-server's protocol without an ASGI task (shared_api/http/server.py); it declines all but the common case.
+second).
 
-Refusing before reading (every route): a token in the query string is refused and never logged;
+Refusing before reading (every route): a request head over AOTX_MAX_HEADER_BYTES is answered 431
+`headers_too_large`; a token in the query string is refused and never logged;
 a request without a valid token is answered 401 from its headers, and a body over the route's
 limit 413 from its Content-Length (or as soon as a chunked body passes the limit), in both cases
 without reading the body, and the connection is then closed; so is a request past one of its
@@ -19,8 +20,8 @@ AOTX_BODY_TIMEOUT seconds is answered 408. Requests waiting on the device are bo
 (DevicePool: 503 `gateway_busy` beyond). The OpenAI-compatible routes (/v1/chat/completions,
 /v1/completions, /v1/embeddings, /v1/models) run their async views here too, on a plain
 HttpRequest, refused 401 / 413 from the headers. Event streams go to their Channels consumers,
-every other request (admin, schema, /metrics, /healthz) to Django, behind the same guard: their
-bodies are bounded too.
+every other request (admin, schema, /metrics, /healthz) to Django, both through the server's one
+ASGI bridge (`server.asgi`), Django behind the same guard: its bodies are bounded too.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ from gpu_worker.contract.vocabulary import CHAT, COMMANDS
 from gpu_worker.contract.wire import Message
 
 from . import metrics
-from .auth import AuthenticatedPrincipal, aauthenticate, cached_principal, require_action
+from .auth import AuthenticatedPrincipal, aauthenticate, require_action
 from ..device_client import pool
 from ..errors import WWW_AUTHENTICATE, ServiceError
 from ..openai.views import ROUTES as OPENAI_ROUTES
@@ -49,21 +50,17 @@ from ..openai.views import PRINCIPAL as OPENAI_PRINCIPAL
 from ..openai.views import openai_error
 from .rates import RateLimited, limiter, retry_headers
 from .refusals import RefusalBackoff, is_quota_refusal
-from .server import BODY_READY, Answer
+from .server import ASGIApp, Proto, Receive, Receiver, Scope, Stream, asgi, asgi_scope
 from ..routes.strict import loads_strict
 from ..routes.views import DeviceCall, MediaView, SharedView
-
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 log = logging.getLogger("shared_api.http.front")
 
 TOKEN_PREFIX = "aotx_"
 TOKEN_PARAMETERS = frozenset(("access_token", "token", "api_key", "apikey", "key", "authorization", "bearer"))
-BASE_HEADERS = [(b"content-type", b"application/json"), (b"cache-control", b"no-store"),
-                (b"x-content-type-options", b"nosniff")]
+# the caching and sniffing headers of every answer the front writes itself (Django's: NoStoreMiddleware)
+PRIVATE_HEADERS = [("cache-control", "no-store"), ("x-content-type-options", "nosniff")]
+BASE_HEADERS = [("content-type", "application/json"), *PRIVATE_HEADERS]
 OPENAI_PREFIX = "/v1/"
 OPENAI_CODES = {"rate_limited": "rate_limit_exceeded"}  # our codes under OpenAI's names, on /v1
 
@@ -179,66 +176,63 @@ def _too_large(limit: int, code: str) -> BodyRefused:
     return BodyRefused(ServiceError(413, code, f"the body exceeds this route's {limit} bytes"))
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int, code: str, timeout: float) -> bytes:
+async def read_body(proto: Proto, headers: dict[bytes, bytes], length: int | None, limit: int, code: str,
+                    timeout: float) -> bytes:
     """The whole body, at most `limit` bytes (BodyRefused 413 past it, 408 when a chunk takes
-    longer than `timeout`); the memory it holds is the body and no more. A body that has all
-    arrived with its headers is taken at once (shared_api/http/server.py's BODY_READY)."""
-    ready = scope.get("extensions", {}).get(BODY_READY)
-    whole = ready() if ready is not None else None
-    if whole is not None:
-        if len(whole) > limit:
-            raise _too_large(limit, code)
-        return whole
+    longer than `timeout`: one timer for the body, moved on at each chunk); the memory it holds is
+    the body and no more. ClientGone when the connection ends before the body does."""
+    if length == 0 or (length is None and b"transfer-encoding" not in headers):
+        return b""
     parts: list[bytes] = []
     size = 0
-    while True:
-        try:
-            async with asyncio.timeout(timeout):
-                message = await receive()
-        except TimeoutError:
-            raise BodyRefused(ServiceError(408, "body_timeout", f"the body stalled for {timeout:g}s")) from None
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit, code)
-        if chunk:
-            parts.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(parts)
+    chunks = proto.__aiter__()
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(timeout) as deadline:
+            while True:
+                try:
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
+                size += len(chunk)
+                if size > limit:
+                    raise _too_large(limit, code)
+                parts.append(chunk)
+                deadline.reschedule(loop.time() + timeout)
+    except TimeoutError:
+        raise BodyRefused(ServiceError(408, "body_timeout", f"the body stalled for {timeout:g}s")) from None
+    except (BodyRefused, asyncio.CancelledError):
+        raise
+    except Exception:  # (the server's: the connection broke while the body was arriving)
+        raise ClientGone from None
+    if length is not None and size != length:
+        raise ClientGone  # (the connection ended before the body did)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-async def _disconnected(receive: Receive) -> None:
-    """Returns when the client disconnects (once its body has been read, `receive` answers nothing else)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
+def respond(proto: Proto, status: int, body: bytes, headers: list[tuple[str, str]] | None = None,
+            close: bool = False) -> None:
+    """A JSON answer (the server adds its Content-Length); `close`: the body was not read, so the
+    connection cannot carry another request."""
+    out = [*BASE_HEADERS, *(headers or [])]
+    if close:
+        out.append(("connection", "close"))
+    proto.response_bytes(status, out, body)
 
 
-def response_headers(body: bytes, headers: list[tuple[bytes, bytes]] | None = None,
-                     close: bool = False) -> list[tuple[bytes, bytes]]:
-    out = [*BASE_HEADERS, (b"content-length", str(len(body)).encode()), *(headers or [])]
-    if close:  # the body was not read: the connection cannot carry another request
-        out.append((b"connection", b"close"))
-    return out
+def respond_error(proto: Proto, err: ServiceError, close: bool = False,
+                  headers: list[tuple[str, str]] | None = None) -> None:
+    extra = [("www-authenticate", WWW_AUTHENTICATE)] if err.status == 401 else []
+    respond(proto, err.status, err.body(), extra + (headers or []), close)
 
 
-async def respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None,
-                  close: bool = False) -> None:
-    out = response_headers(body, headers, close)
-    await send({"type": "http.response.start", "status": status, "headers": out})
-    await send({"type": "http.response.body", "body": body})
+async def _disconnected(proto: Proto) -> None:
+    """Returns when the client disconnects."""
+    await proto.client_disconnect()
 
 
-async def respond_error(send: Send, err: ServiceError, close: bool = False,
-                        headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    extra = [(b"www-authenticate", WWW_AUTHENTICATE.encode())] if err.status == 401 else []
-    await respond(send, err.status, err.body(), extra + (headers or []), close)
-
-
-def _reply_headers(msg: Message) -> list[tuple[bytes, bytes]]:
-    return [(str(name).lower().encode("latin-1"), str(value).encode("latin-1"))
-            for name, value in (msg.get("headers") or {}).items()]
+def _reply_headers(msg: Message) -> list[tuple[str, str]]:
+    return [(str(name).lower(), str(value)) for name, value in (msg.get("headers") or {}).items()]
 
 
 def _admit(view: SharedView, method: str, headers: dict[bytes, bytes],
@@ -303,14 +297,16 @@ def shared_routes() -> list[Route]:
 
 
 class Front:
-    """The ASGI application: shared routes here, streams to `streams`, the rest to `django`."""
+    """The application (RSGI): shared routes and OpenAI routes here, streams to `streams`, the rest
+    to `django` (both ASGI, through the server's bridge)."""
 
-    def __init__(self, django: Any, streams: Callable[[Scope], ASGIApp | None]) -> None:
+    def __init__(self, django: ASGIApp, streams: Callable[[Scope], ASGIApp | None]) -> None:
         self.django = django
         self.streams = streams
         self._routes: list[Route] | None = None
         self.refusals = RefusalBackoff()  # over-quota answers, later for a principal that keeps asking
         self.sleep = asyncio.sleep  # (its waits: tests record them)
+        self.max_header_bytes = settings.AOTX_MAX_HEADER_BYTES
 
     def route(self, path: str) -> tuple[Route, dict[str, str]] | None:
         if self._routes is None:
@@ -321,42 +317,46 @@ class Front:
                 return route, match.groupdict()
         return None
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.django(scope, receive, send)
+    async def __rsgi__(self, request: Any, proto: Proto) -> None:
+        if request.proto != "http":  # (the server serves HTTP only: websockets are off)
+            return
+        scope = asgi_scope(request)
+        head = len(scope["path"]) + len(scope["query_string"]) + sum(len(n) + len(v) + 4 for n, v in scope["headers"])
+        if head > self.max_header_bytes:
+            respond_error(proto, ServiceError(431, "headers_too_large", f"the request line and headers exceed "
+                                                                        f"{self.max_header_bytes} bytes"), close=True)
             return
         if _token_in_query(scope):
-            await respond_error(send, ServiceError(
+            respond_error(proto, ServiceError(
                 401, "unauthenticated", "a token is accepted only in the Authorization header, never in the URL "
                                         "(URLs are logged): rotate this token"), close=True)
             return
         consumer = self.streams(scope)
         if consumer is not None:
-            await consumer(scope, receive, send)
+            await asgi(consumer, scope, proto)
             return
         found = self.route(scope["path"])
         if found is not None:
-            await self.shared(scope, receive, send, *found)
+            await self.shared(scope, proto, *found)
             return
         view = OPENAI_ROUTES.get(scope["path"])
         if view is not None:
-            await self.openai(scope, receive, send, view)
+            await self.openai(scope, proto, view)
         else:
-            await self.guarded_django(scope, receive, send)
+            await self.guarded_django(scope, proto)
 
     # ---- the shared routes --------------------------------------------------------------
 
-    async def shared(self, scope: Scope, receive: Receive, send: Send, route: Route, kwargs: dict[str, str]) -> None:
+    async def shared(self, scope: Scope, proto: Proto, route: Route, kwargs: dict[str, str]) -> None:
         started = time.perf_counter()
         method = scope["method"]
         status = 500
         try:
-            status = await self._shared(scope, receive, send, route.view, kwargs, method)
+            status = await self._shared(scope, proto, route.view, kwargs, method)
         finally:
             metrics.record(method, route.route, status, started)
 
-    async def _shared(self, scope: Scope, receive: Receive, send: Send, view: SharedView, kwargs: dict[str, str],
-                      method: str) -> int:
+    async def _shared(self, scope: Scope, proto: Proto, view: SharedView, kwargs: dict[str, str], method: str) -> int:
         headers = _headers(scope)
         close = _body_follows(headers)
         try:
@@ -369,7 +369,7 @@ class Front:
             limiter().admit(user.principal_id, user.rates, length or 0)
             view_class = type(view)
             try:
-                raw = await read_body(scope, receive, view_class.body_limit, view_class.body_code,
+                raw = await read_body(proto, headers, length, view_class.body_limit, view_class.body_code,
                                       settings.AOTX_BODY_TIMEOUT)
             except BodyRefused as refused:
                 raise refused.error from None
@@ -379,7 +379,7 @@ class Front:
             call = _device_call(view, handler, scope, headers, user, raw, kwargs)
             msg = await pool().call(call.op, user.principal_id, call.args)
         except _MethodNotAllowed as exc:
-            await respond_error(send, exc.error(), close, [(b"allow", ", ".join(exc.allowed).encode())])
+            respond_error(proto, exc.error(), close, [("allow", ", ".join(exc.allowed))])
             return 405
         except ClientGone:
             return 499  # (nginx's number for it, in the metrics only)
@@ -388,73 +388,20 @@ class Front:
             if isinstance(err, RateLimited):
                 extra = retry_headers(err)
                 await self.refused_again(err.principal_id)
-            await respond_error(send, err, close, extra)
+            respond_error(proto, err, close, extra)
             return err.status
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("internal error answering %s %s", method, scope["path"])
-            await respond_error(send, ServiceError(500, "internal_error", "internal error; see the gateway log"))
+            respond_error(proto, ServiceError(500, "internal_error", "internal error; see the gateway log"))
             return 500
         reply_headers = _reply_headers(msg)
         if is_quota_refusal(msg["status"], msg["body"]):
-            reply_headers.append((b"retry-after", b"1"))
+            reply_headers.append(("retry-after", "1"))
             await self.refused_again(user.principal_id)
-        await respond(send, msg["status"], msg["body"], reply_headers)
+        respond(proto, msg["status"], msg["body"], reply_headers)
         return int(msg["status"])
-
-    def native(self, scope: Scope, body: bytes, answer: Answer) -> bool:
-        """A shared-route request answered without an ASGI task (shared_api/http/server.py's protocol
-        calls this when the whole request, body included, has arrived): the same checks and the
-        same DRF view method as `shared`, then the device call is posted and `answer(status,
-        body, headers)` runs when its reply comes. False, with nothing charged or sent, whenever
-        the request is anything but the common case — a refusal, a principal not in the cache,
-        no open device connection, a query string holding a token, a stream, HEAD — and the
-        protocol then hands it to the ASGI application, which answers it as it always has."""
-        method = scope["method"]
-        if method == "HEAD" or _token_in_query(scope) or self.streams(scope) is not None:
-            return False
-        found = self.route(scope["path"])
-        if found is None:
-            return False
-        route, kwargs = found
-        started = time.perf_counter()
-        headers = _headers(scope)
-        if not _accepts_json(headers):
-            return False
-        try:
-            user = cached_principal(headers.get(b"authorization", b"").decode("latin-1"))
-            if user is None:
-                return False
-            view = route.view
-            handler, length = _admit(view, method, headers, user)
-            if len(body) > type(view).body_limit:
-                return False
-            call = _device_call(view, handler, scope, headers, user, body, kwargs)
-            devices = pool()
-            mux = devices.ready()
-            if mux is None:
-                return False
-            limiter().admit(user.principal_id, user.rates, len(body))
-        except (ServiceError, _MethodNotAllowed):
-            return False  # (the ASGI path answers it; nothing was charged: admit is the last check)
-
-        def replied(outcome: Message | ServiceError) -> None:
-            if isinstance(outcome, ServiceError):
-                status, content, reply_headers = outcome.status, outcome.body(), []
-            else:
-                status, content, reply_headers = int(outcome["status"]), outcome["body"], _reply_headers(outcome)
-            metrics.record(method, route.route, status, started)
-            if is_quota_refusal(status, content):
-                reply_headers.append((b"retry-after", b"1"))
-                delay = self.refusals.delay(user.principal_id)
-                if delay:
-                    asyncio.get_running_loop().call_later(delay, answer, status, content,
-                                                          response_headers(content, reply_headers))
-                    return
-            answer(status, content, response_headers(content, reply_headers))
-        devices.post(mux, call.op, user.principal_id, call.args, replied)
-        return True
 
     async def refused_again(self, principal_id: str) -> None:
         """Wait before answering a principal's over-quota refusal (shared_api/http/refusals.py)."""
@@ -464,7 +411,7 @@ class Front:
 
     # ---- the OpenAI-compatible routes ----------------------------------------------------
 
-    async def openai(self, scope: Scope, receive: Receive, send: Send, view: Callable[..., Awaitable[Any]]) -> None:
+    async def openai(self, scope: Scope, proto: Proto, view: Callable[..., Awaitable[Any]]) -> None:
         """/v1/chat/completions and the rest: their async views, run here on a plain HttpRequest,
         without Django's handler and middleware. Those cost a thread per request (the handler's
         ThreadSensitiveContext and the sync middlewares' hops), and a tenant looping on 429 slowed
@@ -475,11 +422,11 @@ class Front:
         started = time.perf_counter()
         status = 500
         try:
-            status = await self._openai(scope, receive, send, view)
+            status = await self._openai(scope, proto, view)
         finally:
             metrics.record(scope["method"], scope["path"], status, started)
 
-    async def _openai(self, scope: Scope, receive: Receive, send: Send, view: Callable[..., Awaitable[Any]]) -> int:
+    async def _openai(self, scope: Scope, proto: Proto, view: Callable[..., Awaitable[Any]]) -> int:
         headers = _headers(scope)
         close = _body_follows(headers)
         try:
@@ -492,7 +439,8 @@ class Front:
                 raise BodyRefused(ServiceError(413, "body_too_large",
                                                f"the body exceeds this route's {MAX_CHAT_BODY_BYTES} bytes"))
             limiter().admit(user.principal_id, user.rates, length or 0)
-            raw = await read_body(scope, receive, MAX_CHAT_BODY_BYTES, "body_too_large", settings.AOTX_BODY_TIMEOUT)
+            raw = await read_body(proto, headers, length, MAX_CHAT_BODY_BYTES, "body_too_large",
+                                  settings.AOTX_BODY_TIMEOUT)
             if length is None:
                 limiter().charge(user.principal_id, user.rates, len(raw))
         except ClientGone:
@@ -501,7 +449,7 @@ class Front:
             err = exc.error if isinstance(exc, BodyRefused) else exc
             if isinstance(err, RateLimited):
                 await self.refused_again(err.principal_id)
-            await self._refuse(send, err, True, close=close or err.status == 401)
+            self._refuse(proto, err, True, close=close or err.status == 401)
             return err.status
         request = HttpRequest()
         request.method = scope["method"]
@@ -512,28 +460,29 @@ class Front:
         request._body = raw  # (HttpRequest.body reads it)
         setattr(request, OPENAI_PRINCIPAL, user.principal_id)  # the views' principal: authenticated once, here
         try:
-            response = await self._unless_gone(view(request), receive)
+            response = await self._unless_gone(view(request), proto)
         except ClientGone:
             return 499  # the view was cancelled: it closed its device stream (a chat stops)
         except Exception:
             log.exception("internal error answering %s %s", scope["method"], scope["path"])
-            await self._refuse(send, ServiceError(500, "internal_error", "internal error; see the gateway log"),
-                               True, close=False)
+            self._refuse(proto, ServiceError(500, "internal_error", "internal error; see the gateway log"),
+                         True, close=False)
             return 500
         if isinstance(response, HttpResponse) and is_quota_refusal(response.status_code, response.content):
             response["Retry-After"] = "1"
             await self.refused_again(user.principal_id)
-        await self._send_response(send, receive, response)
+        await self._send_response(proto, response, stream=True)
         return int(response.status_code)
 
     @staticmethod
-    async def _unless_gone(answer: Awaitable[HttpResponseBase], receive: Receive) -> HttpResponseBase:
+    async def _unless_gone(answer: Awaitable[HttpResponseBase], proto: Proto) -> HttpResponseBase:
         """The view's response, or ClientGone when the client disconnects first: the view is then
         cancelled, as Django's ASGI handler cancels its views, and its cleanup closes its device
         stream. A non-streamed chat waits minutes for its whole answer; without this, a client
         that gave up left the device generating an answer nobody would read."""
         loop = asyncio.get_running_loop()
-        answering, listening = asyncio.ensure_future(answer), loop.create_task(_disconnected(receive))
+        answering = asyncio.ensure_future(answer)
+        listening = loop.create_task(_disconnected(proto))
         try:
             await asyncio.wait((answering, listening), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -545,45 +494,49 @@ class Front:
         return answering.result()  # (or the view's exception)
 
     @staticmethod
-    async def _send_response(send: Send, receive: Receive | None, response: HttpResponseBase,
-                             close: bool = False) -> None:
-        """A Django response, as Django's handler would send it behind NoStoreMiddleware (with
-        `close`, the connection ends after it). A streamed one is sent as its generator yields;
-        the client's disconnect (`receive`) cancels the generator (which closes its device
-        stream: a chat stops and frees its pages)."""
-        out = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in response.items()]
-        out += [(b"cache-control", b"no-store"), (b"x-content-type-options", b"nosniff")]
+    def _django_headers(response: HttpResponseBase, close: bool) -> list[tuple[str, str]]:
+        out = [(name.lower(), value) for name, value in response.items()] + PRIVATE_HEADERS
         if close:
-            out.append((b"connection", b"close"))
+            out.append(("connection", "close"))
+        return out
+
+    @classmethod
+    async def _send_response(cls, proto: Proto, response: HttpResponseBase, close: bool = False,
+                             stream: bool = False) -> None:
+        """A Django response, as Django's handler would send it behind NoStoreMiddleware (with
+        `close`, the connection ends after it). A streamed one (`stream`) is sent as its generator
+        yields; the client's disconnect cancels the generator (which closes its device stream: a
+        chat stops and frees its pages)."""
+        out = cls._django_headers(response, close)
         if not isinstance(response, StreamingHttpResponse):
             assert isinstance(response, HttpResponse)
-            body = response.content
-            out.append((b"content-length", str(len(body)).encode()))
-            await send({"type": "http.response.start", "status": response.status_code, "headers": out})
-            await send({"type": "http.response.body", "body": body})
+            proto.response_bytes(response.status_code, out, response.content)
             return
-        assert receive is not None
-        await send({"type": "http.response.start", "status": response.status_code, "headers": out})
+        assert stream
+        # granian ends a streamed response when its transport is released: held here only
+        transport: list[Stream] = [proto.response_stream(response.status_code, out)]
 
-        async def stream() -> None:
+        async def write() -> None:
             async for part in response:
-                await send({"type": "http.response.body", "body": part, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
+                await transport[0].send_bytes(part)
 
         loop = asyncio.get_running_loop()
-        streaming, listening = loop.create_task(stream()), loop.create_task(_disconnected(receive))
+        streaming, listening = loop.create_task(write()), loop.create_task(_disconnected(proto))
         try:
             await asyncio.wait((streaming, listening), return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in (streaming, listening):
                 task.cancel()
             await asyncio.gather(streaming, listening, return_exceptions=True)
+            transport.clear()
         if streaming.done() and not streaming.cancelled() and streaming.exception() is not None:
+            if listening.done():
+                return  # (the client went away: its writes failed)
             raise streaming.exception()  # type: ignore[misc]
 
     # ---- everything else: Django, behind the guard --------------------------------------
 
-    async def guarded_django(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def guarded_django(self, scope: Scope, proto: Proto) -> None:
         """Django reads a whole body before its view runs: refuse what must be refused first."""
         headers = _headers(scope)
         openai = scope["path"].startswith(OPENAI_PREFIX)
@@ -598,49 +551,48 @@ class Front:
                 raise BodyRefused(ServiceError(413, "body_too_large", f"the body exceeds this route's {limit} bytes"))
         except (ServiceError, BodyRefused) as exc:
             err = exc.error if isinstance(exc, BodyRefused) else exc
-            await self._refuse(send, err, openai, close=isinstance(exc, BodyRefused) or err.status == 401)
+            self._refuse(proto, err, openai, close=isinstance(exc, BodyRefused) or err.status == 401)
             return
         refused: list[ServiceError] = []
-        started: list[bool] = []
         received = 0
         timeout = settings.AOTX_BODY_TIMEOUT
 
-        async def bounded_receive() -> dict[str, Any]:
-            nonlocal received
-            if refused:
-                return {"type": "http.disconnect"}
-            try:
-                async with asyncio.timeout(timeout):
-                    message = await receive()
-            except TimeoutError:
-                refused.append(ServiceError(408, "body_timeout", f"the body stalled for {timeout:g}s"))
-                return {"type": "http.disconnect"}
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    refused.append(ServiceError(413, "body_too_large", f"the body exceeds this route's {limit} bytes"))
+        def bound(receive: Receiver) -> Receive:
+            async def bounded_receive() -> dict[str, Any]:
+                nonlocal received
+                if refused:
                     return {"type": "http.disconnect"}
-            return message
+                if receive.body_done:  # (then it waits for the disconnect: no body timeout)
+                    return await receive()
+                try:
+                    async with asyncio.timeout(timeout):
+                        message = await receive()
+                except TimeoutError:
+                    refused.append(ServiceError(408, "body_timeout", f"the body stalled for {timeout:g}s"))
+                    return {"type": "http.disconnect"}
+                if message["type"] == "http.request":
+                    received += len(message.get("body", b""))
+                    if received > limit:
+                        refused.append(ServiceError(413, "body_too_large",
+                                                    f"the body exceeds this route's {limit} bytes"))
+                        return {"type": "http.disconnect"}
+                return message
+            return bounded_receive
 
-        async def watched_send(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                started.append(True)
-            await send(message)
-
-        await self.django(scope, bounded_receive, watched_send)
+        started = await asgi(self.django, scope, proto, bound)
         if refused and not started:  # Django gave up on the body (RequestAborted) and answered nothing
-            await self._refuse(send, refused[0], openai, close=True)
+            self._refuse(proto, refused[0], openai, close=True)
 
     @classmethod
-    async def _refuse(cls, send: Send, err: ServiceError, openai: bool, close: bool) -> None:
+    def _refuse(cls, proto: Proto, err: ServiceError, openai: bool, close: bool) -> None:
         extra = retry_headers(err) if isinstance(err, RateLimited) else []
         if not openai:
-            await respond_error(send, err, close, extra)
+            respond_error(proto, err, close, extra)
             return
         response = openai_error(err.status, OPENAI_CODES.get(err.code, err.code), err.message)  # OpenAI's shape
         for name, value in extra:
-            response[name.decode()] = value.decode()
-        await cls._send_response(send, None, response, close)
+            response[name] = value
+        proto.response_bytes(response.status_code, cls._django_headers(response, close), response.content)
 
 
 class _MethodNotAllowed(Exception):

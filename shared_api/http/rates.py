@@ -105,9 +105,8 @@ def limiter() -> RateLimiter:
     return _limiter
 
 
-def retry_headers(err: ServiceError) -> list[tuple[bytes, bytes]]:
+def retry_headers(err: ServiceError) -> list[tuple[str, str]]:
     """Retry-After (whole seconds, at least 1, as HTTP has it) and Retry-After-Ms (what OpenAI's
     SDKs read first) of a `rate_limited` refusal."""
     wait = float(err.details["retry_after"])
-    return [(b"retry-after", str(max(1, math.ceil(wait))).encode()),
-            (b"retry-after-ms", str(max(1, math.ceil(wait * 1000))).encode())]
+    return [("retry-after", str(max(1, math.ceil(wait)))), ("retry-after-ms", str(max(1, math.ceil(wait * 1000))))]

@@ -870,10 +870,11 @@ page limit; `/capabilities` gives `defaults`, `page_size` and the real maximum i
 
 Every error has the one body `{"error": {"code": "...", "message": "...", ...details}}`; each response
 below lists its codes. Outside any single route: 405 `method_not_allowed` (a method the route does not
-have), 406 `not_acceptable` (an `Accept` header that excludes `application/json`), 408 `header_timeout`
-(the request line and headers took longer than the server's header timeout) and 408 `body_timeout`
+have), 406 `not_acceptable` (an `Accept` header that excludes `application/json`), 408 `body_timeout`
 (the body stalled longer than its timeout), 431 `headers_too_large` (the request line and headers
-exceed the server's bound), 500 `internal_error` (a gateway bug; see the gateway log). A body over
+exceed the gateway's bound), 500 `internal_error` (a gateway bug; see the gateway log). A connection
+whose request line and headers take longer than the server's header timeout is closed unanswered;
+a head past the server's read buffer is answered 431 with no body. A body over
 the route's limit is refused 413 from its `Content-Length` (or as soon as a chunked body passes it),
 and a request without a valid token 401, before the body is read; the connection is then closed."""
 

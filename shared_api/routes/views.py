@@ -73,7 +73,7 @@ class SharedView(APIView):
     def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> HttpResponse:
         """Not a path: the front answers every shared route before Django's handler runs."""
         return error_response(500, "internal_error", "the shared routes are answered by the gateway's front "
-                                                     "(aotx_site.asgi:application); this request reached Django's "
+                                                     "(aotx_site.gateway:application); this request reached Django's "
                                                      "handler around it: see the gateway's deployment")
 
 

@@ -1,5 +1,5 @@
 """The gateway refuses before reading (issue 19, item 1), through a real gateway process
-(`manage.py serve`: uvicorn with the gateway's protocol) on loopback: what must be refused is
+(`manage.py serve`: granian, RSGI) on loopback: what must be refused is
 answered from the headers, with the one error body, and the body is never taken in."""
 import json
 import os
@@ -68,7 +68,7 @@ def gateway(tiny_runtime, tmp_path):
     """A gateway with short timeouts (no device: nothing here may reach it), and a token."""
     stack = Stack(tmp_path, tiny_runtime)
     cfg = json.loads(stack.config.read_text())
-    stack.config.write_text(json.dumps({**cfg, "header_timeout": 1, "body_timeout": 1, "idle_timeout": 2}))
+    stack.config.write_text(json.dumps({**cfg, "header_timeout": 1, "body_timeout": 1}))
     stack.token = stack.principal("alice")
     stack.serve()
     try:
@@ -154,6 +154,14 @@ def test_a_60_kb_authorization_header_answers_431_in_the_error_body(gateway):
         assert_error_body(read_reply(sock), 431, "headers_too_large")
 
 
+def test_a_head_past_the_servers_buffer_is_refused_431_and_closed(gateway):
+    with connect(gateway) as sock:
+        sock.sendall(f"GET {BASE}/capabilities HTTP/1.1\r\nHost: x\r\nX-Pad: {'a' * 600_000}\r\n\r\n".encode())
+        reply = read_reply(sock)
+        assert reply is not None and reply[0] == 431  # (the server's own answer: hyper's, with no body)
+        assert sock.recv(1) == b""
+
+
 def test_a_token_in_the_query_string_is_refused_and_never_lands_in_the_access_log(gateway):
     for query in (f"access_token={gateway.token}", f"cursor={gateway.token}"):
         status, _, body = gateway.http("GET", f"{BASE}/spaces?{query}")
@@ -163,25 +171,27 @@ def test_a_token_in_the_query_string_is_refused_and_never_lands_in_the_access_lo
 
     def logged():  # the gateway's output once the access log has a line for each of the three requests
         out = gateway.gateway.output()
-        return out if out.count(f"GET {BASE}/spaces?") >= 3 else None
+        return out if out.count(f"GET {BASE}/spaces HTTP/1.1") >= 3 else None
     log = wait_for(logged, 30, what="the three requests' lines in the access log")
-    for query in ("access_token=…", "cursor=…", "limit=…"):
-        assert f"{BASE}/spaces?{query} " in log, log[-2000:]
+    assert f"{BASE}/spaces?" not in log and "limit=5" not in log, log[-2000:]  # paths only, never a query
     assert gateway.token not in log and gateway.token[len("aotx_"):] not in log
 
 
-def test_headers_that_do_not_arrive_within_the_header_timeout_answer_408(gateway):
+def test_headers_that_do_not_arrive_within_the_header_timeout_close_the_connection(gateway):
     with connect(gateway) as sock:
         sock.sendall(f"GET {BASE}/capabilities HTTP/1.1\r\nHost: x\r\n".encode())  # never finished
         started = time.monotonic()
-        assert_error_body(read_reply(sock), 408, "header_timeout")
-        assert sock.recv(1) == b""  # and closed
-    assert time.monotonic() - started < 9
+        sock.settimeout(10)
+        assert sock.recv(1) == b""  # closed, unanswered (the server's header read timeout)
+    assert 0.5 < time.monotonic() - started < 9
 
 
 def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(gateway):
     with connect(gateway) as sock:
-        assert_error_body(read_reply(sock), 408, "header_timeout")
+        started = time.monotonic()
+        sock.settimeout(10)
+        assert sock.recv(1) == b""
+    assert 0.5 < time.monotonic() - started < 9
 
 
 def test_a_body_that_stalls_answers_408_after_the_body_timeout(gateway):
@@ -191,14 +201,21 @@ def test_a_body_that_stalls_answers_408_after_the_body_timeout(gateway):
         assert_error_body(read_reply(sock), 408, "body_timeout")
 
 
-def test_an_idle_keep_alive_connection_is_closed_after_the_idle_timeout(gateway):
+def test_an_idle_keep_alive_connection_is_closed_after_the_header_timeout(gateway):
     with connect(gateway) as sock:
-        started = time.monotonic()  # (before the request: the idle time starts after its answer)
         sock.sendall(f"GET {BASE}/capabilities HTTP/1.1\r\nHost: x\r\n\r\n".encode())
         assert_error_body(read_reply(sock), 401, "unauthenticated")  # answered, kept alive
+        answered = time.monotonic()
         sock.settimeout(10)
-        assert sock.recv(1) == b""
-        assert 1 < time.monotonic() - started < 9
+        assert sock.recv(1) == b""  # the next request's head did not come within header_timeout
+        assert 0.5 < time.monotonic() - answered < 9
+
+
+def test_pipelined_requests_are_answered_in_order_on_one_connection(gateway):
+    with connect(gateway) as sock:
+        sock.sendall(b"".join(f"GET {BASE}/spaces?limit={n} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for n in (1, 2, 3)))
+        for _ in range(3):
+            assert_error_body(read_reply(sock), 401, "unauthenticated")
 
 
 def test_an_unauthenticated_chat_completion_body_is_refused_401_before_it_is_read(gateway):

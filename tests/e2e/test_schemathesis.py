@@ -1,5 +1,5 @@
 """schemathesis against the running gateway's own schema (/aotx/v1/openapi.json): real device and
-gateway processes (uvicorn), a registered participant, and for every operation a bounded,
+gateway processes (granian), a registered participant, and for every operation a bounded,
 derandomized run of generated requests in three plans:
 
 - generated: positive data exactly as the schema allows (random lineages, IDs, keys);

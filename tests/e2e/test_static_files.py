@@ -1,4 +1,4 @@
-"""The admin console's static files through a real gateway process (uvicorn), as `make setup`
+"""The admin console's static files through a real gateway process (granian), as `make setup`
 leaves them: collected into STATIC_ROOT (var/static), served with a CSS content type and, like
 every response, `Cache-Control: no-store`."""
 import pytest

@@ -1,4 +1,4 @@
-"""Event streams through the real gateway (uvicorn, Channels consumers) and device: conversation
+"""Event streams through the real gateway (granian, Channels consumers) and device: conversation
 events pushed as they are saved, operation output then its terminal event, Last-Event-ID
 resumption, keep-alive comments, and streams that end when the reader loses the right."""
 import base64

@@ -1,4 +1,4 @@
-"""The whole path with real processes: gateway (uvicorn) + device on loopback, kill -9, reboot."""
+"""The whole path with real processes: gateway (granian) + device on loopback, kill -9, reboot."""
 import json
 import os
 import secrets

@@ -1,5 +1,4 @@
 """The gateway never hangs on the device: a silent or absent device is a 503 with a clear code."""
-import collections
 import socket
 import threading
 
@@ -170,89 +169,6 @@ def test_a_reply_after_its_call_timed_out_is_dropped_and_the_connection_keeps_se
     assert err.status == 503 and err.code == "device_timeout"
     assert answer["body"] == b'"fast"' and again["body"] == b'"fast"'
     assert abandoned == set()  # the late reply was the abandoned id's last frame
-
-
-def test_posted_calls_get_their_replies_time_out_in_order_and_fail_with_the_connection(tmp_path):
-    """DeviceMux.post_call (the native path's): each reply goes to its callback as it arrives; a
-    call left unanswered past the timeout gets 503 device_timeout from the connection's one sweep
-    timer, while the calls posted after it are still answered, and its late reply is dropped; a
-    callback that raises does not stop the replies behind it; when the connection breaks, the calls
-    still waiting get 503 device_connection_lost."""
-    import asyncio
-
-    from gpu_worker.contract.wire import FrameReader, encode_frame, reply
-    from shared_api.device_client import DeviceMux
-
-    path = str(tmp_path / "service.sock")
-
-    async def device(reader, writer):
-        frames = FrameReader()
-        held = []
-        while data := await reader.read(65536):
-            for msg in frames.feed(data):
-                if msg["op"] == SLOW:
-                    held.append(msg)
-                elif msg["op"] == LATE:  # the slow calls' replies, after their timeout
-                    for old in held:
-                        writer.write(encode_frame(reply(old["id"], 200, b'"late"')))
-                    held = []
-                    writer.write(encode_frame(reply(msg["id"], 200, b'"after"')))
-                elif msg["op"] == HANG_UP:
-                    writer.close()
-                    return
-                else:
-                    writer.write(encode_frame(reply(msg["id"], 200, b'"fast"')))
-            await writer.drain()
-
-    async def go():
-        server = await asyncio.start_unix_server(device, path)
-        mux = DeviceMux(path, timeout=0.3)
-        outcomes = {}
-        arrived = collections.defaultdict(asyncio.Event)  # name -> set once its callback has run
-        loop = asyncio.get_running_loop()
-        loop.set_exception_handler(lambda loop, context: outcomes.setdefault("raised", context["message"]))
-        try:
-            await mux.call(FAST, None)  # (connects)
-
-            def record(name, raise_after=False):
-                def done(outcome):
-                    outcomes[name] = (loop.time(), outcome)
-                    arrived[name].set()
-                    if raise_after:
-                        raise RuntimeError("a broken callback")
-                return done
-            started = loop.time()
-            mux.post_call(SLOW, None, None, record("slow"))
-            mux.post_call(FAST, None, None, record("fast", raise_after=True))
-            mux.post_call(FAST, None, None, record("fast2"))
-
-            async def outcomes_of(*names):
-                try:
-                    await asyncio.wait_for(asyncio.gather(*(arrived[name].wait() for name in names)), 30)
-                except asyncio.TimeoutError:
-                    raise AssertionError(f"no outcome for {[n for n in names if n not in outcomes]} "
-                                         f"after 30 s") from None
-            await outcomes_of("slow", "fast", "fast2")  # the slow call timed out, the others answered
-            mux.post_call(LATE, None, None, record("late"))  # the device then sends slow's reply, late
-            await outcomes_of("late")
-            mux.post_call(SLOW, None, None, record("orphan"))
-            mux.post_call(HANG_UP, None, None, record("hang_up"))
-            await outcomes_of("orphan", "hang_up")  # the connection broke
-            waiting = set(mux._abandoned), len(mux._posted)
-            await mux.aclose()
-            return started, outcomes, waiting, mux._sweeper
-        finally:
-            await mux.aclose()
-            server.close()
-    started, outcomes, (abandoned, posted), sweeper = asyncio.run(go())
-    assert outcomes["fast"][1]["body"] == b'"fast"' and outcomes["fast2"][1]["body"] == b'"fast"'
-    assert outcomes["raised"] == "a posted device call's callback failed"
-    at, timed_out = outcomes["slow"]
-    assert isinstance(timed_out, ServiceError) and timed_out.code == "device_timeout" and at - started >= 0.3
-    assert outcomes["late"][1]["body"] == b'"after"'  # (the late reply before it was dropped)
-    for name in ("orphan", "hang_up"):
-        assert isinstance(outcomes[name][1], ServiceError) and outcomes[name][1].code == "device_connection_lost"
-    assert abandoned == set() and posted == 0 and sweeper is None
 
 
 def test_a_device_that_stops_reading_times_a_large_request_out_instead_of_holding_it(tmp_path):

@@ -13,7 +13,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from shared_api import device_client
-from tests.shared_api.views.conftest import asgi_request
+from tests.shared_api.views.conftest import rsgi_request
 
 LINKS = ("/admin/", "/aotx/v1/openapi.json", "/healthz", "/metrics")
 
@@ -32,8 +32,8 @@ def unserved_device(settings, tmp_path):
 
 
 def front(method, path="/", headers=()):
-    """One request through the gateway's ASGI application (the front, then Django)."""
-    return async_to_sync(asgi_request)(method, path, [(b"host", b"testserver"), *headers], b"")
+    """One request through the gateway's application (the front, then Django)."""
+    return async_to_sync(rsgi_request)(method, path, [(b"host", b"testserver"), *headers], b"")
 
 
 def test_get_slash_answers_an_html_page_linking_the_admin_the_api_reference_health_and_metrics(db, unserved_device):

@@ -8,7 +8,7 @@ from shared_api import config
 
 
 class Command(BaseCommand):
-    help = "Serve the gateway (uvicorn, shared_api/http/server.py) on the listen address of gateway.json."
+    help = "Serve the gateway (granian, shared_api/http/server.py) on the listen address of gateway.json."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--config", required=True)

@@ -6,7 +6,7 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.shared_api.ops.conftest import OLD_KEYS
-from tests.shared_api.views.conftest import asgi_request
+from tests.shared_api.views.conftest import rsgi_request
 
 pytestmark = pytest.mark.django_db
 
@@ -78,14 +78,14 @@ def test_a_device_that_hangs_up_is_up_0(ops_device):
 
 
 def test_requests_are_counted_and_timed_by_url_pattern_not_path(ops_device):
-    """Through the gateway's ASGI application, as the server runs it: the front counts the shared
+    """Through the gateway's application, as the server runs it: the front counts the shared
     routes it answers, Django's middleware the rest."""
     client = Client()
     before = scrape(client)
     for n in range(3):  # 401: no token
-        response = async_to_sync(asgi_request)("GET", f"/aotx/v1/shared/operations/op-{n:032x}-{n:032x}", [], b"")
+        response = async_to_sync(rsgi_request)("GET", f"/aotx/v1/shared/operations/op-{n:032x}-{n:032x}", [], b"")
         assert response.status_code == 401
-    assert async_to_sync(asgi_request)("GET", "/no/such/route", [], b"").status_code == 404
+    assert async_to_sync(rsgi_request)("GET", "/no/such/route", [], b"").status_code == 404
     after = scrape(client)
     route = "aotx/v1/shared/operations/<str:operation>"
     key = dict(method="GET", route=route, status="401")

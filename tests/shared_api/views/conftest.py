@@ -25,7 +25,6 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
-from urllib.parse import unquote
 
 import pytest
 import rfc8785
@@ -36,6 +35,7 @@ from gpu_worker.contract.vocabulary import CHAT, COMMANDS, MANAGE, MUTATION_SCHE
 from gpu_worker.contract.wire import PROTOCOL_VERSION, FrameReader, ProtocolError, encode_frame, reply
 from shared_api import device_client
 from shared_api.models import Principal
+from tests import rsgi
 
 BASE = "/aotx/v1/shared"
 OK_BODY = b'{"ok":true}'
@@ -266,7 +266,7 @@ def people(db) -> dict[str, Persona]:
 # ---- calling the gateway -------------------------------------------------------------------
 
 class Response:
-    """An answer of the gateway's ASGI application, with the attributes tests read of Django's."""
+    """An answer of the gateway's application, with the attributes tests read of Django's."""
 
     streaming = False
 
@@ -290,7 +290,7 @@ class Response:
 
 
 def meta_headers(extra: dict[str, Any]) -> list[tuple[bytes, bytes]]:
-    """Django test-client style extras (HTTP_X_Y, CONTENT_TYPE) as ASGI headers."""
+    """Django test-client style extras (HTTP_X_Y, CONTENT_TYPE) as request headers."""
     out = []
     for key, value in extra.items():
         if key.startswith("HTTP_"):
@@ -303,39 +303,18 @@ def meta_headers(extra: dict[str, Any]) -> list[tuple[bytes, bytes]]:
     return out
 
 
-async def asgi_request(method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes,
+async def rsgi_request(method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes,
                        chunks: list[bytes] | None = None) -> Response:
-    """One request through the gateway's ASGI application (the HTTP front, as the server runs it)."""
-    from aotx_site.asgi import application
-    raw_path, _, query = path.partition("?")
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
-             "scheme": "http", "path": unquote(raw_path), "raw_path": raw_path.encode(),
-             "query_string": query.encode(), "root_path": "", "headers": headers,
-             "client": ("127.0.0.1", 50000), "server": ("testserver", 80)}
-    pieces = list(chunks) if chunks is not None else [body]
-    sent: list[dict[str, Any]] = []
-    answered = asyncio.Event()
-
-    async def receive() -> dict[str, Any]:
-        if pieces:
-            piece = pieces.pop(0)
-            return {"type": "http.request", "body": piece, "more_body": bool(pieces)}
-        await answered.wait()  # the client waits for its answer, then goes away
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-        if message["type"] == "http.response.body" and not message.get("more_body"):
-            answered.set()
-
-    await application(scope, receive, send)
-    start = next(m for m in sent if m["type"] == "http.response.start")
-    content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return Response(start["status"], list(start.get("headers", [])), content)
+    """One request through the gateway's application, as the server hands it over (tests/rsgi.py)."""
+    from aotx_site.gateway import application
+    proto = await rsgi.request(application, method, path, headers, list(chunks) if chunks is not None else [body])
+    assert proto.status is not None, "the application answered nothing"
+    return Response(proto.status, [(name.encode("latin-1"), value.encode("latin-1")) for name, value in proto.headers],
+                    bytes(proto.body))
 
 
 class Gateway:
-    """Requests through the gateway's ASGI application with the gateway's conventions: a persona's
+    """Requests through the gateway's application with the gateway's conventions: a persona's
     bearer token, JSON bodies. Each call runs in an event loop of its own (its device connections
     are closed at its end); `session` runs several calls in one loop, as one server process would."""
 
@@ -372,7 +351,7 @@ class Gateway:
                         await until(connections_settled, what="the gateway's device connections to take in "
                                                               f"what {getattr(req, '__name__', req)} did")
                     else:
-                        answers.append(await asgi_request(*req))
+                        answers.append(await rsgi_request(*req))
                 return answers
             finally:
                 await device_client.aclose_loop()

@@ -8,10 +8,11 @@ import pytest
 from asgiref.sync import async_to_sync
 
 from gpu_worker.contract.limits import MAX_CHAT_BODY_BYTES
+from tests import rsgi
 from tests.conftest import wait_for
 
 from .conftest import (BAD_AUTHORIZATIONS, DEVICE_TIMEOUT, HOLDER, WWW_AUTHENTICATE, action_of, assert_openai_error,
-                       asgi_request, assert_request, lacking)
+                       rsgi_request, assert_request, lacking)
 
 PATH = "/v1/chat/completions"
 OP = "chat.completions"
@@ -43,12 +44,12 @@ def streams(*pieces, final=FINAL, status=200):
 
 
 def stream(persona, body):
-    """(response, the whole streamed body), through the gateway's ASGI application as the server
+    """(response, the whole streamed body), through the gateway's application as the server
     runs it: the front sends an SSE stream's chunks as they come and ends it."""
     data = json.dumps(body).encode()
     headers = [(b"authorization", persona.authorization.encode()), (b"content-type", b"application/json"),
                (b"content-length", str(len(data)).encode())]
-    response = async_to_sync(asgi_request)("POST", PATH, headers, data)
+    response = async_to_sync(rsgi_request)("POST", PATH, headers, data)
     return response, response.content
 
 
@@ -461,7 +462,7 @@ def test_a_stream_that_goes_silent_ends_with_a_timeout_event(device, people):
 def test_the_front_answers_the_openai_routes_itself_not_through_djangos_handler(gateway, device, people, monkeypatch):
     """Django's ASGI handler and its sync middleware cost a thread per request: the front runs the
     async views on the event loop (a tenant looping on 429 slowed every other tenant's reads)."""
-    from aotx_site.asgi import application
+    from aotx_site.gateway import application
 
     async def no_django(scope, receive, send):
         raise AssertionError(f"{scope['path']} went to Django's handler")
@@ -470,57 +471,46 @@ def test_the_front_answers_the_openai_routes_itself_not_through_djangos_handler(
     response = post(gateway, people["chatter"], chat())
     assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == RESULT["text"]
     assert response["Cache-Control"] == "no-store" and response["Content-Type"] == "application/json"
-    assert int(response["Content-Length"]) == len(response.content)
     assert_openai_error(gateway.get(PATH, people["chatter"]), 405, "method_not_allowed", "invalid_request_error")
 
 
 def test_a_streamed_chat_whose_client_goes_away_is_closed_on_the_device(device, people):
-    """The front's stream of a chat: the client's http.disconnect cancels it, and the device is told
+    """The front's stream of a chat: the client's disconnect cancels it, and the device is told
     (`subscriptions.close`: the chat stops and frees its pages)."""
-    from aotx_site.asgi import application
+    import asyncio
+    from aotx_site.gateway import application
     from shared_api import device_client
     device.handler = lambda req: [{"status": 200, "body": b"", "more": True, "event": "accepted"},
                                   {"status": 200, "body": b"Hel", "more": True}]  # and then nothing
     body = json.dumps(chat(stream=True)).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": PATH, "raw_path": PATH.encode(), "query_string": b"", "root_path": "",
-             "headers": [(b"authorization", people["chatter"].authorization.encode()),
-                         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-             "client": ("127.0.0.1", 50000), "server": ("testserver", 80)}
-    sent = []
+    headers = [(b"authorization", people["chatter"].authorization.encode()), (b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode())]
+    proto = rsgi.Protocol([body])
 
     async def go():
-        import asyncio
-        got_text = asyncio.Event()
-        pieces = [{"type": "http.request", "body": body, "more_body": False}]
-
-        async def receive():
-            if pieces:
-                return pieces.pop()
-            await got_text.wait()
-            return {"type": "http.disconnect"}  # the client went away mid-stream
-
-        async def send(message):
-            sent.append(message)
-            if b"Hel" in message.get("body", b""):
-                got_text.set()
+        async def leave_after_text():
+            while not any(b"Hel" in chunk for chunk in proto.chunks):
+                await asyncio.sleep(0.01)
+            proto.leave()  # the client went away mid-stream
+        leaving = asyncio.ensure_future(leave_after_text())
         try:
-            await asyncio.wait_for(application(scope, receive, send), 10)
+            await asyncio.wait_for(application.__rsgi__(rsgi.Scope("POST", PATH, headers), proto), 10)
         finally:
+            leaving.cancel()
             await device_client.aclose_loop()
     async_to_sync(go)()
-    assert sent[0]["status"] == 200 and dict(sent[0]["headers"])[b"content-type"] == b"text/event-stream"
-    assert any(b'"content": "Hel"' in m.get("body", b"") for m in sent)
+    assert proto.status == 200 and proto.streamed and dict(proto.headers)["content-type"] == "text/event-stream"
+    assert any(b'"content": "Hel"' in chunk for chunk in proto.chunks)
     wait_for(lambda: [r["op"] for r in device.requests] == [OP, "subscriptions.close"], timeout=5,
              what="the chat, then its close")
 
 
 def test_a_chat_whose_client_goes_away_before_its_answer_is_closed_on_the_device(device, people):
-    """A non-streamed chat waits for its whole answer; the client's http.disconnect meanwhile
-    cancels the view (as Django's ASGI handler does), and the device is told as for a stream
+    """A non-streamed chat waits for its whole answer; the client's disconnect meanwhile cancels
+    the view (as Django's ASGI handler does), and the device is told as for a stream
     (`subscriptions.close`: the chat stops and frees its pages). Nothing is answered: no one reads it."""
     import asyncio
-    from aotx_site.asgi import application
+    from aotx_site.gateway import application
     from shared_api import device_client
 
     def handler(req):
@@ -530,31 +520,23 @@ def test_a_chat_whose_client_goes_away_before_its_answer_is_closed_on_the_device
 
     device.handler = handler
     body = json.dumps(chat()).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": PATH, "raw_path": PATH.encode(), "query_string": b"", "root_path": "",
-             "headers": [(b"authorization", people["chatter"].authorization.encode()),
-                         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-             "client": ("127.0.0.1", 50000), "server": ("testserver", 80)}
-    sent = []
+    headers = [(b"authorization", people["chatter"].authorization.encode()), (b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode())]
+    proto = rsgi.Protocol([body])
 
     async def go():
-        pieces = [{"type": "http.request", "body": body, "more_body": False}]
-
-        async def receive():
-            if pieces:
-                return pieces.pop()
+        async def leave_once_the_device_has_it():
             while not any(r["op"] == OP for r in device.requests):  # the device has the chat...
                 await asyncio.sleep(0.01)
-            return {"type": "http.disconnect"}  # ...when the client goes away
-
-        async def send(message):
-            sent.append(message)
+            proto.leave()  # ...when the client goes away
+        leaving = asyncio.ensure_future(leave_once_the_device_has_it())
         try:
-            await asyncio.wait_for(application(scope, receive, send), 10)
+            await asyncio.wait_for(application.__rsgi__(rsgi.Scope("POST", PATH, headers), proto), 10)
         finally:
+            leaving.cancel()
             await device_client.aclose_loop()
     async_to_sync(go)()
-    assert sent == []
+    assert proto.status is None
     wait_for(lambda: [r["op"] for r in device.requests] == [OP, "subscriptions.close"], timeout=5,
              what="the chat, then its close")
     chat_id = device.requests[0]["id"]

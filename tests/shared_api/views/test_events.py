@@ -72,7 +72,7 @@ def test_a_shared_route_that_reaches_django_is_a_deployment_error(device, people
     for url in (f"{path(conversation_id())}?stream=true", f"{BASE}/operations/{operation_id()}/events",
                 f"{BASE}/spaces"):
         error = assert_error(client.get(url), 500, "internal_error")
-        assert "aotx_site.asgi:application" in error["message"]
+        assert "aotx_site.gateway:application" in error["message"]
     assert device.requests == []
 
 
@@ -99,7 +99,7 @@ def test_a_conversation_stream_ends_after_limit_events_and_closes_its_subscripti
     import asyncio
     from asgiref.sync import async_to_sync
     from shared_api import device_client
-    from .conftest import asgi_request
+    from .conftest import rsgi_request
 
     def handler(req):
         if req["op"] == "conversations.subscribe":
@@ -112,7 +112,7 @@ def test_a_conversation_stream_ends_after_limit_events_and_closes_its_subscripti
 
     async def run():
         try:  # bounded: a stream that ignores `limit` never ends
-            return await asyncio.wait_for(asgi_request(method, url, headers, raw), 30)
+            return await asyncio.wait_for(rsgi_request(method, url, headers, raw), 30)
         finally:
             await device_client.aclose_loop()
     response = async_to_sync(run)()

@@ -1,4 +1,4 @@
-"""The HTTP front itself (shared_api/http/front.py), through the gateway's ASGI application: what it
+"""The HTTP front itself (shared_api/http/front.py), through the gateway's application: what it
 answers from the headers alone, and its bound on requests waiting for the device."""
 import asyncio
 import threading
@@ -6,31 +6,19 @@ import threading
 from asgiref.sync import async_to_sync
 
 from shared_api import device_client
+from tests import rsgi
 
-from .conftest import BASE, OK_BODY, asgi_request, assert_error, assert_unauthenticated, envelope, until
+from .conftest import BASE, OK_BODY, rsgi_request, assert_error, assert_unauthenticated, envelope, until
 
 SPACES = f"{BASE}/spaces"
 
 
-class BodyNeverRead(AssertionError):
-    pass
-
-
 async def unread_body_request(method, path, headers):
-    """asgi_request whose body must never be read: receive() fails the test if called."""
-    from aotx_site.asgi import application
-    sent = []
-
-    async def receive():
-        raise BodyNeverRead("the front read the body")
-
-    async def send(message):
-        sent.append(message)
-    scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "query_string": b"",
-             "headers": headers, "http_version": "1.1", "scheme": "http", "root_path": ""}
-    await application(scope, receive, send)
-    start = sent[0]
-    return start["status"], dict(start["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+    """rsgi_request whose body must never be read: (status, headers, body) of the answer."""
+    from aotx_site.gateway import application
+    proto = await rsgi.request(application, method, path, headers, [b"x" * 1024])
+    assert proto.reads == 0, "the front read the body"
+    return proto.status, {name.encode(): value.encode() for name, value in proto.headers}, bytes(proto.body)
 
 
 def test_an_unauthenticated_post_is_answered_401_without_reading_its_body(gateway, device, people):
@@ -58,9 +46,10 @@ def test_a_media_upload_over_its_limit_is_answered_413_media_too_large_without_r
 
 
 def test_a_chunked_body_past_the_limit_is_refused_413(gateway, device, people):
-    headers = [(b"authorization", people["writer"].authorization.encode()), (b"content-type", b"application/json")]
+    headers = [(b"authorization", people["writer"].authorization.encode()), (b"content-type", b"application/json"),
+               (b"transfer-encoding", b"chunked")]
     chunks = [b" " * 40000, b" " * 40000, b"{}"]
-    response = async_to_sync(asgi_request)("POST", SPACES, headers, b"", chunks)
+    response = async_to_sync(rsgi_request)("POST", SPACES, headers, b"", chunks)
     assert_error(response, 413, "body_too_large")
     assert device.requests == []
 
@@ -80,10 +69,10 @@ def test_requests_beyond_the_bound_waiting_on_the_device_answer_503_gateway_busy
 
     async def go():
         try:
-            waiting = [asyncio.ensure_future(asgi_request(*req)) for _ in range(2)]
+            waiting = [asyncio.ensure_future(rsgi_request(*req)) for _ in range(2)]
             await until(lambda: device_client.pool().waiting == 2, what="both requests waiting on the device")
             try:
-                busy = await asyncio.wait_for(asgi_request(*req), 10)
+                busy = await asyncio.wait_for(rsgi_request(*req), 10)
             except asyncio.TimeoutError:
                 raise AssertionError("the request beyond the bound waited instead of being answered") from None
             still_waiting = [not future.done() for future in waiting]

@@ -2,20 +2,17 @@
 by `unknown_field` — must be encodable whatever the input held. A body whose unknown key is a
 lone surrogate (`{"\\ud800": 1, ...}`, valid JSON that no UTF-8 text can hold) once made the
 refusal's message unencodable, and the gateway answered a plain-text 500. Tested through the
-gateway's two production paths (the front's `native`, which declines a refusal, and the ASGI path,
-which answers it) and, with Hypothesis, over every mutation route and arbitrary keys."""
+gateway's one path and, with Hypothesis, over every mutation route and arbitrary keys."""
 import json
 import string
 
-from asgiref.sync import async_to_sync
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared_api.routes.openapi import OPERATIONS, SCHEMAS, full_path
 
-from .conftest import (BASE, asgi_request, assert_error, conversation_id, envelope, operation_id, participant_id,
+from .conftest import (BASE, assert_error, conversation_id, envelope, operation_id, participant_id,
                        space_id)
-from .test_native import cached, fresh, native, scope_of  # noqa: F401  (cached: a fixture; fresh: autouse)
 
 SURROGATE_KEY_BODY = b'{"\\ud800": 1, ' + json.dumps(envelope(scope="private")).encode()[1:]
 
@@ -55,19 +52,6 @@ def test_a_lone_surrogate_key_is_400_unknown_field_on_the_asgi_path(gateway, dev
     error = assert_error(response, 400, "unknown_field")
     assert error["fields"] == ["\\ud800"] and "\\ud800" in error["message"]
     assert_one_error_body(response.content)
-    assert device.requests == []
-
-
-def test_a_lone_surrogate_key_is_declined_by_the_native_path_and_answered_400_by_the_asgi_path(gateway, device,
-                                                                                              cached):  # noqa: F811
-    """The server offers a whole request to the front's `native` first: a refusal is declined
-    there with nothing sent or charged, and the ASGI path, which the server then runs, answers it."""
-    scope = scope_of("POST", f"{BASE}/spaces", cached["writer"], SURROGATE_KEY_BODY)
-    assert native((scope, SURROGATE_KEY_BODY)) == [(False, None)]
-    assert device.requests == []
-    response = async_to_sync(asgi_request)("POST", f"{BASE}/spaces", scope["headers"], SURROGATE_KEY_BODY)
-    assert response.status_code == 400 and response["Content-Type"] == "application/json"
-    assert assert_one_error_body(response.content)["code"] == "unknown_field"
     assert device.requests == []
 
 

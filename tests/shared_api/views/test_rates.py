@@ -16,6 +16,7 @@ from shared_api.errors import ServiceError
 from shared_api.models import DEFAULT, Principal, apply_quotas, parse_quotas
 from shared_api.http.rates import MAX_TRACKED, RateLimiter, retry_headers
 from shared_api.http.refusals import RefusalBackoff
+from tests import rsgi
 from tests.conftest import Clock
 
 from .conftest import BASE, OK_BODY, Persona, assert_error, assert_openai_error, envelope
@@ -72,7 +73,7 @@ def test_a_body_larger_than_a_seconds_worth_passes_on_a_full_bucket_and_the_debt
     limiter.admit("p", rates, 4000)  # 4 s worth: never refused for its size alone
     err = refusal(limiter, "p", rates, 1)
     assert float(err.details["retry_after"]) == pytest.approx(3.001)
-    assert retry_headers(err) == [(b"retry-after", b"4"), (b"retry-after-ms", b"3001")]
+    assert retry_headers(err) == [("retry-after", "4"), ("retry-after-ms", "3001")]
     clock.now += 3
     refusal(limiter, "p", rates, 4000)  # the next large body waits for a full bucket again
     clock.now += 1
@@ -131,7 +132,7 @@ def test_a_rate_left_out_has_its_default_and_one_set_to_null_is_unlimited():
 def front(monkeypatch):
     """The front with a stopped clock for its rates (nothing refills while a test runs) and its
     waits before refusals recorded instead of slept."""
-    from aotx_site.asgi import application
+    from aotx_site.gateway import application
     waits = []
 
     async def sleep(seconds):
@@ -162,31 +163,20 @@ def test_a_request_past_the_principals_rate_is_refused_from_its_headers_and_reac
 
 
 def test_a_refused_body_is_not_read_and_the_connection_is_closed(device, db, front):
-    from aotx_site.asgi import application
+    from aotx_site.gateway import application
     slow = limited("slow", [READ, WRITE], body_bytes_per_second=100)
     body = json.dumps(envelope(scope="private")).encode()
     received = []
 
     async def call() -> tuple[int, dict[bytes, bytes], bytes]:
-        sent = []
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-                 "scheme": "http", "path": f"{BASE}/spaces", "raw_path": f"{BASE}/spaces".encode(),
-                 "query_string": b"", "root_path": "", "client": ("127.0.0.1", 50000), "server": ("testserver", 80),
-                 "headers": [(b"host", b"testserver"), (b"authorization", slow.authorization.encode()),
-                             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
-
-        async def receive():
-            received.append(True)
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        async def send(message):
-            sent.append(message)
+        headers = [(b"host", b"testserver"), (b"authorization", slow.authorization.encode()),
+                   (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         try:
-            await application(scope, receive, send)
+            proto = await rsgi.request(application, "POST", f"{BASE}/spaces", headers, [body])
         finally:
             await device_client.aclose_loop()
-        start = sent[0]
-        return start["status"], dict(start["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+        received.extend([True] * proto.reads)
+        return proto.status, {k.encode(): v.encode() for k, v in proto.headers}, bytes(proto.body)
 
     assert async_to_sync(call)()[0] == 200  # a full bucket: the body (more than 100 bytes) passes, into debt
     assert received == [True]

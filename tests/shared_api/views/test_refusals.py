@@ -51,7 +51,7 @@ def test_only_quota_refusals_count():
 @pytest.fixture
 def waits(monkeypatch):
     """The front's waits before answering, recorded instead of slept."""
-    from aotx_site.asgi import application
+    from aotx_site.gateway import application
     recorded = []
 
     async def sleep(seconds):
