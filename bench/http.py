@@ -317,13 +317,13 @@ def listening(server, port, what):
 
 def granian_server(base, name, app, port, workers, env, interface):
     """`app` under the gateway's server and its settings (shared_api/http/server.py: granian, uvloop,
-    HTTP/1.1, the header read timeout, the access log without query strings), `workers` processes;
+    HTTP/1.1, the header read timeout, no server access log: the gateway writes its own, and so
+    does the ceiling; the FastAPI baseline runs without one, its fastest), `workers` processes;
     `interface`: rsgi (the gateway's, the ceiling's) or asgi (the FastAPI baseline's: the same
     server, so the comparison is of the applications)."""
-    from shared_api.http.server import ACCESS_LOG
     args = [PYTHON, "-m", "granian", "--interface", interface, "--host", "127.0.0.1", "--port", str(port),
             "--workers", str(workers), "--loop", "uvloop", "--http", "1", "--no-ws",
-            "--http1-header-read-timeout", "10000", "--access-log", "--access-log-fmt", ACCESS_LOG, app]
+            "--http1-header-read-timeout", "10000", "--no-access-log", app]
     server = Process(args, env, base / f"{name}.log")
     wait_for(lambda: listening(server, port, name), 60, what=f"{name} port")
     return server

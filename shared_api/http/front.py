@@ -50,7 +50,7 @@ from ..openai.views import PRINCIPAL as OPENAI_PRINCIPAL
 from ..openai.views import openai_error
 from .rates import RateLimited, limiter, retry_headers
 from .refusals import RefusalBackoff, is_quota_refusal
-from .server import ASGIApp, Proto, Receive, Receiver, Scope, Stream, asgi, asgi_scope
+from .server import ASGIApp, AccessLog, Logged, Proto, Receive, Receiver, Scope, Stream, asgi, asgi_scope
 from ..routes.strict import loads_strict
 from ..routes.views import DeviceCall, MediaView, SharedView
 
@@ -62,6 +62,7 @@ TOKEN_PARAMETERS = frozenset(("access_token", "token", "api_key", "apikey", "key
 PRIVATE_HEADERS = [("cache-control", "no-store"), ("x-content-type-options", "nosniff")]
 BASE_HEADERS = [("content-type", "application/json"), *PRIVATE_HEADERS]
 OPENAI_PREFIX = "/v1/"
+WHOLE_BODY_BYTES = 256 * 1024  # a declared body up to this is read whole, timed as a whole (else chunk by chunk)
 OPENAI_CODES = {"rate_limited": "rate_limit_exceeded"}  # our codes under OpenAI's names, on /v1
 
 
@@ -179,10 +180,25 @@ def _too_large(limit: int, code: str) -> BodyRefused:
 async def read_body(proto: Proto, headers: dict[bytes, bytes], length: int | None, limit: int, code: str,
                     timeout: float) -> bytes:
     """The whole body, at most `limit` bytes (BodyRefused 413 past it, 408 when a chunk takes
-    longer than `timeout`: one timer for the body, moved on at each chunk); the memory it holds is
-    the body and no more. ClientGone when the connection ends before the body does."""
+    longer than `timeout`: one timer for the body, moved on at each chunk; a small declared body,
+    within `limit` by then, is read whole in `timeout`); the memory it holds is the body and no
+    more. ClientGone when the connection ends before the body does."""
     if length == 0 or (length is None and b"transfer-encoding" not in headers):
         return b""
+    if length is not None and length <= WHOLE_BODY_BYTES:
+        # a small declared body in one read (each chunk read is a wake-up from the server's thread)
+        try:
+            async with asyncio.timeout(timeout):
+                body = await proto()
+        except TimeoutError:
+            raise BodyRefused(ServiceError(408, "body_timeout", f"the body stalled for {timeout:g}s")) from None
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # (the server's: the connection broke while the body was arriving)
+            raise ClientGone from None
+        if len(body) != length:
+            raise ClientGone  # (the connection ended before the body did)
+        return body
     parts: list[bytes] = []
     size = 0
     chunks = proto.__aiter__()
@@ -307,6 +323,7 @@ class Front:
         self.refusals = RefusalBackoff()  # over-quota answers, later for a principal that keeps asking
         self.sleep = asyncio.sleep  # (its waits: tests record them)
         self.max_header_bytes = settings.AOTX_MAX_HEADER_BYTES
+        self.access_log = AccessLog()
 
     def route(self, path: str) -> tuple[Route, dict[str, str]] | None:
         if self._routes is None:
@@ -320,6 +337,14 @@ class Front:
     async def __rsgi__(self, request: Any, proto: Proto) -> None:
         if request.proto != "http":  # (the server serves HTTP only: websockets are off)
             return
+        started = time.perf_counter()
+        logged = Logged(proto)
+        try:
+            await self.answer(request, logged)
+        finally:
+            self.access_log.add(request, logged.status, started)
+
+    async def answer(self, request: Any, proto: Proto) -> None:
         scope = asgi_scope(request)
         head = len(scope["path"]) + len(scope["query_string"]) + sum(len(n) + len(v) + 4 for n, v in scope["headers"])
         if head > self.max_header_bytes:
