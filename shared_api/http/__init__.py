@@ -1,1 +1,1 @@
-"""The gateway's HTTP pipeline: the server (uvicorn, its protocol's header bound and timeout), the ASGI front every request goes through, authentication, per-principal rates, over-quota waits, the middleware and metrics of what Django serves."""
+"""The gateway's HTTP pipeline: the server (granian, RSGI, and the one ASGI bridge), the front every request goes through, authentication, per-principal rates, over-quota waits, the middleware and metrics of what Django serves."""

@@ -4,9 +4,10 @@ processes that share the listening socket (`manage.py serve --config gateway.jso
 
 RSGI hands the application a request's head and a protocol object to read the body from and to
 answer with (`response_bytes`, `response_stream`); each request runs as an asyncio task on the
-worker's loop. Granian measured faster than uvicorn on the same routes with nothing of the server
-subclassed (docs/performance.md, "The server: granian's RSGI"), and it is used through its public
-settings only: HTTP/1.1 with a header read timeout (`header_timeout`: a connection that does not
+worker's loop. It replaced uvicorn, which the gateway could only make fast by subclassing its
+protocol (private internals, a pinned version, a second path for the shared routes); beside that,
+granian answers 1.23x the reads, 0.89x the mutations and spends 0.64x the CPU per streamed event
+(docs/performance.md, "The server: granian's RSGI"). It is used through its public settings only: HTTP/1.1 with a header read timeout (`header_timeout`: a connection that does not
 send a whole request head within it, the first or the next on a keep-alive connection, is closed),
 a read buffer that bounds a request head (hyper answers 431 past it). The access log is the
 application's (`AccessLog`: granian's own, a logging call a request, cost a third of the
