@@ -19,7 +19,7 @@ import itertools
 import os
 import threading
 import weakref
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 from django.conf import settings
 
@@ -227,10 +227,14 @@ class DeviceStream:
         self.mux = mux
         self.id = req_id
         self.queue: asyncio.Queue[Message | ServiceError] = asyncio.Queue()
+        # called by the mux's reader with each frame while the queue is empty; True: taken, not queued
+        self.on_frame: Callable[[Message], bool] | None = None
 
     def deliver(self, msg: Message) -> None:
-        """A frame from the mux's reader, queued in order for `next`."""
-        self.queue.put_nowait(msg)
+        """A frame from the mux's reader: to `on_frame` when nothing is queued before it and it takes
+        the frame at once (no wake-up of the task waiting in `next`), else queued, in order."""
+        if self.on_frame is None or not self.queue.empty() or not self.on_frame(msg):
+            self.queue.put_nowait(msg)
 
     def fail(self, error: ServiceError) -> None:
         """The connection failed: `next` raises `error` after the frames already queued."""

@@ -25,7 +25,7 @@ import atexit
 import os
 import sys
 import time
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Generator, Protocol
 
 APPLICATION = "aotx_site.gateway:application"
 # hyper's read buffer for a request head: past it hyper itself answers 431 (with no body); below it
@@ -35,6 +35,8 @@ HEAD_BUFFER_FLOOR = 64 * 1024
 # SIGTERM: a worker still serving (an event stream's client never leaves by itself) is killed after
 # this many seconds; the streams' clients resume with Last-Event-ID
 STOP_SECONDS = 10
+# scope["extensions"][WRITE_NOWAIT](chunk) -> bool: a streamed response's next chunk sent now (`asgi`)
+WRITE_NOWAIT = "aotx.write_nowait"
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -142,6 +144,40 @@ def str_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
     return [(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers]
 
 
+class Resume:
+    """The rest of an awaitable driven one step outside any task (`start`): awaiting it yields the
+    object the awaitable was waiting on, as the awaitable itself would have, then runs it to its
+    end, so a task can finish a wait that began in a plain function."""
+
+    def __init__(self, steps: Any, waiting_on: Any) -> None:
+        self.steps = steps
+        self.waiting_on = waiting_on
+
+    @classmethod
+    def start(cls, awaitable: Awaitable[Any]) -> Resume | None:
+        """None when the awaitable completed at its first step (nothing to wait for)."""
+        steps = awaitable.__await__()
+        try:
+            waiting_on = _step(steps, None)
+        except StopIteration:
+            return None
+        return cls(steps, waiting_on)
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        value = yield self.waiting_on
+        while True:
+            try:
+                waiting_on = _step(self.steps, value)
+            except StopIteration:
+                return
+            value = yield waiting_on
+
+
+def _step(steps: Any, value: Any) -> Any:
+    """The awaitable's next step (granian's awaitables are plain iterators: no `send`)."""
+    return steps.send(value) if hasattr(steps, "send") else next(steps)
+
+
 class Receiver:
     """An ASGI `receive` over an RSGI request: the body's chunks as they arrive; after the last,
     `http.disconnect` once the client disconnects or the response has been sent (`finished`), as
@@ -181,6 +217,25 @@ async def asgi(app: ASGIApp, scope: Scope, proto: Proto, bound: Callable[[Receiv
     response: dict[str, Any] = {}
     stream: Stream | None = None
     receive = Receiver(proto)
+    pending: list[Resume] = []  # a write_nowait's send that the connection did not take at once
+
+    def write_nowait(chunk: bytes) -> bool:
+        """Send the next chunk of a started streamed response now (granian's `send_bytes` sends
+        at once, and its awaitable is already complete when the connection took the bytes): an
+        event stream's fan-out writes an event to every stream from the device reader's turn of
+        the loop, without waking each stream's task. A send the connection did not take at once
+        is left pending: `send` finishes it before anything else is written, and until then this
+        answers False (the caller then queues, in order)."""
+        if stream is None or pending or not chunk or receive.finished.is_set():
+            return False
+        try:
+            waiting = Resume.start(stream.send_bytes(chunk))
+        except Exception:  # (the client went away: the stream's task meets it when it writes)
+            return False
+        if waiting is not None:
+            pending.append(waiting)
+        return True
+    scope.setdefault("extensions", {})[WRITE_NOWAIT] = write_nowait
 
     async def send(message: dict[str, Any]) -> None:
         nonlocal stream
@@ -200,6 +255,8 @@ async def asgi(app: ASGIApp, scope: Scope, proto: Proto, bound: Callable[[Receiv
             stream = proto.response_stream(response["status"], response["headers"])
             response["streamed"] = True
         try:
+            while pending:
+                await pending.pop()
             if body:
                 await stream.send_bytes(body)
         finally:

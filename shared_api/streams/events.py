@@ -4,8 +4,10 @@
     GET /aotx/v1/shared/operations/{op}/events[?offset=N]                               an operation's output
 
 A stream is a device subscription (docs/protocol.md, "Subscriptions") opened through the process's
-DeviceMux; the device pushes each event as it is saved, so nothing here polls: each frame waits
-in the stream's queue for its task, which writes it. Framing (WHATWG):
+DeviceMux; the device pushes each event as it is saved, so nothing here polls. Under the gateway's
+server an event is written from the mux reader's own turn of the loop when the connection takes it
+at once (`on_frame`; one frame to a thousand streams is a thousand socket writes, no task
+wake-ups); otherwise it waits in the stream's queue for its task. Framing (WHATWG):
 every event has `id: <path>@<cursor>` — the conversation's input order, or the byte offset the
 next span starts at — `event: <type>` and one `data:` line of JSON; a comment after each
 AOTX_SSE_KEEPALIVE seconds (15) of silence (within a third more) keeps idle connections open.
@@ -29,7 +31,7 @@ import asyncio
 import re
 import time
 import weakref
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import parse_qs
 
 from asgiref.sync import async_to_sync
@@ -47,6 +49,7 @@ from ..http.auth import PRINCIPALS, aauthenticate, require_action
 from ..device_client import KEEP_ALIVE, DeviceStream, mux
 from ..errors import WWW_AUTHENTICATE
 from ..http.rates import limiter, retry_headers
+from ..http.server import WRITE_NOWAIT
 
 CONVERSATION_EVENTS = re.compile(rf"^{BASE_PATH}/conversations/([^/]+)/events$")
 OPERATION_EVENTS = re.compile(rf"^{BASE_PATH}/operations/([^/]+)/events$")
@@ -152,6 +155,8 @@ class EventStream(AsyncHttpConsumer):
         self.path_bytes = b""
         self.finished = False
         self.written = time.monotonic()  # when this stream last wrote (PrincipalWatch.keep_alive)
+        self.writing = False  # the pump's write is waiting for the connection: on_frame must queue
+        self.write_nowait: Callable[[bytes], bool] | None = None  # the server's (shared_api/http/server.py)
         self.limit: int | None = None  # `event` events after which the stream ends (None: it runs on)
         self.sent = 0  # `event` events written
 
@@ -198,6 +203,9 @@ class EventStream(AsyncHttpConsumer):
             (b"X-Accel-Buffering", b"no")])
         await self.write(b": stream open\n\n")
         watch().add(self)
+        self.write_nowait = self.scope.get("extensions", {}).get(WRITE_NOWAIT)
+        if self.write_nowait is not None:
+            self.stream.on_frame = self.on_frame
         self.task = asyncio.get_running_loop().create_task(self.pump())
 
     def arguments(self, query: dict[str, list[str]], last_event_id: str | None) -> dict[str, Any]:
@@ -256,7 +264,29 @@ class EventStream(AsyncHttpConsumer):
         if not self.finished:
             self.written = time.monotonic()
             # send_body's message, straight to the server (a fan-out makes a write per stream and event)
-            await self.base_send({"type": "http.response.body", "body": data, "more_body": True})
+            self.writing = True
+            try:
+                await self.base_send({"type": "http.response.body", "body": data, "more_body": True})
+            finally:
+                self.writing = False
+
+    def on_frame(self, msg: Message) -> bool:
+        """The DeviceMux's reader hands each frame here first: an event the connection takes at once
+        is written now, in the reader's turn of the loop, so one event fanned out to a thousand
+        streams costs a thousand socket writes and no task wake-ups. Anything else — the last
+        frame, an error, a connection that would make the write wait, a write still waiting —
+        returns False and goes through the queue to `pump`, in order."""
+        if (self.writing or self.finished or msg.get("status") != 200 or not msg.get("more")
+                or self.at_limit(msg)):
+            return False
+        event = self.render(msg)
+        if event:
+            assert self.write_nowait is not None
+            if not self.write_nowait(event):
+                return False
+            self.written = time.monotonic()
+            self.count(msg)
+        return True
 
     def at_limit(self, msg: Message) -> bool:
         """Whether `msg` is the stream's last event under its `limit` (a `gap` is no event)."""

@@ -1,0 +1,89 @@
+"""An event stream's two write paths (shared_api/streams/events.py): frames the connection takes at once
+are written from the device reader's turn of the loop (`on_frame`, the server's write_nowait);
+the rest go through the queue to the stream's task — and the stream's bytes stay in frame order
+whichever path each frame takes."""
+import asyncio
+
+from asgiref.sync import async_to_sync
+
+from shared_api.device_client import DeviceStream
+from shared_api.streams.events import ConversationEvents
+
+PATH = "/aotx/v1/shared/conversations/con-x/events"
+
+
+def frame(cursor, more=True, status=200):
+    return {"id": 1, "status": status, "more": more, "event": "event", "cursor": str(cursor),
+            "body": b'{"n":%d}' % cursor}
+
+
+def consumer(nowait):
+    """A ConversationEvents whose response has started, fed by a DeviceStream; every byte it
+    writes, by either path, lands in `out` in order."""
+    out = []
+    stream = ConversationEvents()
+    stream.scope = {"type": "http", "path": PATH}
+    stream.path, stream.path_bytes = PATH, PATH.encode()
+    stream.stream = DeviceStream(mux=None, req_id=1)
+    stream.gate = asyncio.Event()
+    stream.gate.set()
+
+    async def base_send(message):
+        await stream.gate.wait()  # a connection that makes the write wait while the gate is shut
+        out.append(message["body"])
+    stream.base_send = base_send
+
+    def write_nowait(chunk):
+        if not nowait.pop(0):
+            return False
+        out.append(chunk)
+        return True
+    stream.write_nowait = write_nowait
+    stream.stream.on_frame = stream.on_frame
+    return stream, out
+
+
+async def until(condition, what, timeout=30.0):
+    """Run the loop (the stream's task) until condition() holds; bounded."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.001)
+
+
+def cursors(out):
+    return [int(chunk.split(b"@", 1)[1].split(b"\n", 1)[0]) for chunk in out if chunk.startswith(b"id:")]
+
+
+def test_frames_the_connection_takes_at_once_skip_the_task_and_the_rest_keep_their_order():
+    async def go():
+        # frame 2 would wait: it and every frame behind it in the queue go through the task
+        stream, out = consumer([True, False, True, True, True, True])
+        task = asyncio.get_running_loop().create_task(stream.pump())
+        stream.stream.deliver(frame(1))
+        assert cursors(out) == [1] and stream.stream.queue.empty()  # written in the reader's turn
+        stream.gate.clear()  # the task's write of frame 2 will wait on the connection
+        for cursor in (2, 3):
+            stream.stream.deliver(frame(cursor))  # 3 is queued behind 2, not written ahead of it
+        await until(lambda: stream.writing, "the task's write of frame 2 waiting on the connection")
+        assert cursors(out) == [1]
+        stream.stream.deliver(frame(4))  # the task's write still waits: queued too
+        stream.gate.set()
+        await until(lambda: stream.stream.queue.empty() and not stream.writing, "the task to write what was queued")
+        assert cursors(out) == [1, 2, 3, 4]
+        stream.stream.deliver(frame(5))  # the queue is empty again: at once
+        assert cursors(out) == [1, 2, 3, 4, 5]
+        stream.finished = True  # (no response to end in this test)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    async_to_sync(go)()
+
+
+def test_the_last_frame_and_errors_always_go_through_the_task():
+    stream, _ = consumer([True] * 4)
+    assert not stream.on_frame(frame(9, more=False))  # finish() ends the response: the task's job
+    assert not stream.on_frame(frame(9, status=403))
+    stream.finished = True
+    assert not stream.on_frame(frame(9))
