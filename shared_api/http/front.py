@@ -50,7 +50,8 @@ from ..openai.views import PRINCIPAL as OPENAI_PRINCIPAL
 from ..openai.views import openai_error
 from .rates import RateLimited, limiter, retry_headers
 from .refusals import RefusalBackoff, is_quota_refusal
-from .server import ASGIApp, AccessLog, Logged, Proto, Receive, Receiver, Scope, Stream, asgi, asgi_scope
+from .server import (PRIVATE_HEADERS, ASGIApp, AccessLog, Logged, Proto, Receive, Receiver, Scope, Stream, asgi,
+                     asgi_scope)
 from ..routes.strict import loads_strict
 from ..routes.views import DeviceCall, MediaView, SharedView
 
@@ -58,8 +59,6 @@ log = logging.getLogger("shared_api.http.front")
 
 TOKEN_PREFIX = "aotx_"
 TOKEN_PARAMETERS = frozenset(("access_token", "token", "api_key", "apikey", "key", "authorization", "bearer"))
-# the caching and sniffing headers of every answer the front writes itself (Django's: NoStoreMiddleware)
-PRIVATE_HEADERS = [("cache-control", "no-store"), ("x-content-type-options", "nosniff")]
 BASE_HEADERS = [("content-type", "application/json"), *PRIVATE_HEADERS]
 OPENAI_PREFIX = "/v1/"
 WHOLE_BODY_BYTES = 256 * 1024  # a declared body up to this is read whole, timed as a whole (else chunk by chunk)

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.http import HttpResponse
 
+from .server import PRIVATE_HEADERS
+
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponseBase
 
@@ -48,7 +50,8 @@ class NoStoreMiddleware(HybridMiddleware):
     """SPEC: all responses disable caching (errors, admin pages and the schema included)."""
 
     def after(self, request: HttpRequest, response: HttpResponseBase, state: Any) -> None:
-        response["Cache-Control"] = "no-store"
+        for name, value in PRIVATE_HEADERS:
+            response[name] = value
 
 
 class StaticFilesMiddleware(HybridMiddleware):

@@ -6,7 +6,7 @@ RSGI hands the application a request's head and a protocol object to read the bo
 answer with (`response_bytes`, `response_stream`); each request runs as an asyncio task on the
 worker's loop. It replaced uvicorn, which the gateway could only make fast by subclassing its
 protocol (private internals, a pinned version, a second path for the shared routes); beside that,
-granian answers 1.23x the reads, 0.89x the mutations and spends 0.64x the CPU per streamed event
+granian answers 1.31x the reads, 0.99x the mutations and spends 0.64x the CPU per streamed event
 (docs/performance.md, "The server: granian's RSGI"). It is used through its public settings only: HTTP/1.1 with a header read timeout (`header_timeout`: a connection that does not
 send a whole request head within it, the first or the next on a keep-alive connection, is closed),
 a read buffer that bounds a request head (hyper answers 431 past it). The access log is the
@@ -32,6 +32,10 @@ APPLICATION = "aotx_site.gateway:application"
 # and past max_header_bytes, the application answers 431 in the one error body
 HEAD_BUFFER_FLOOR = 64 * 1024
 
+# every response's caching and sniffing headers (SPEC: all responses disable caching), written
+# here once: the front's answers, the streams' (shared_api/streams/events.py) and Django's
+# (shared_api/http/middleware.py) take them from here
+PRIVATE_HEADERS = [("cache-control", "no-store"), ("x-content-type-options", "nosniff")]
 # SIGTERM: a worker still serving (an event stream's client never leaves by itself) is killed after
 # this many seconds; the streams' clients resume with Last-Event-ID
 STOP_SECONDS = 10

@@ -49,7 +49,7 @@ from ..http.auth import PRINCIPALS, aauthenticate, require_action
 from ..device_client import KEEP_ALIVE, DeviceStream, mux
 from ..errors import WWW_AUTHENTICATE
 from ..http.rates import limiter, retry_headers
-from ..http.server import WRITE_NOWAIT
+from ..http.server import PRIVATE_HEADERS, WRITE_NOWAIT
 
 CONVERSATION_EVENTS = re.compile(rf"^{BASE_PATH}/conversations/([^/]+)/events$")
 OPERATION_EVENTS = re.compile(rf"^{BASE_PATH}/operations/([^/]+)/events$")
@@ -63,6 +63,9 @@ async def principal_changed(principal_ids: list[str]) -> None:
     layer = get_channel_layer()
     if layer is not None and principal_ids:
         await layer.group_send(PRINCIPALS_GROUP, {"type": "principal.changed", "principal_ids": principal_ids})
+
+
+PRIVATE = [(name.encode(), value.encode()) for name, value in PRIVATE_HEADERS]  # (as ASGI headers)
 
 
 class PrincipalWatch:
@@ -199,7 +202,7 @@ class EventStream(AsyncHttpConsumer):
             await self.send_response(first["status"], first["body"], headers=self.json_headers())
             return
         await self.send_headers(status=200, headers=[
-            (b"Content-Type", b"text/event-stream; charset=utf-8"), (b"Cache-Control", b"no-store"),
+            (b"Content-Type", b"text/event-stream; charset=utf-8"), *PRIVATE,
             (b"X-Accel-Buffering", b"no")])
         await self.write(b": stream open\n\n")
         watch().add(self)
@@ -223,7 +226,7 @@ class EventStream(AsyncHttpConsumer):
 
     @staticmethod
     def json_headers(extra: list[tuple[bytes, bytes]] | None = None) -> list[tuple[bytes, bytes]]:
-        return [(b"Content-Type", b"application/json"), (b"Cache-Control", b"no-store"), *(extra or [])]
+        return [(b"Content-Type", b"application/json"), *PRIVATE, *(extra or [])]
 
     async def refuse(self, err: ServiceError) -> None:
         extra = ([(b"WWW-Authenticate", WWW_AUTHENTICATE.encode())] if err.status == 401
