@@ -6,8 +6,10 @@ real server (tests/e2e/test_refuse_before_reading.py)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 from urllib.parse import unquote
+
+from shared_api.http.server import first
 
 
 class Headers:
@@ -59,6 +61,8 @@ class Stream:
             raise ConnectionResetError("the client went away")
         self.proto.body += data
         self.proto.chunks.append(data)
+        if self.proto.on_write is not None:
+            self.proto.on_write(data)
 
     async def send_str(self, data: str) -> None:
         await self.send_bytes(data.encode())
@@ -79,6 +83,7 @@ class Protocol:
         self.gone = asyncio.Event()
         self.streamed = False
         self.reads = 0  # how many times the application started reading the body
+        self.on_write: Callable[[bytes], None] | None = None  # called with each streamed chunk
 
     async def __call__(self) -> bytes:
         self.reads += 1
@@ -92,15 +97,9 @@ class Protocol:
         self.reads += 1
         while self.pieces:
             yield self.pieces.pop(0)
-            await asyncio.sleep(0)
 
     async def client_disconnect(self) -> None:
-        waits = [asyncio.ensure_future(self.answered.wait()), asyncio.ensure_future(self.gone.wait())]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
+        await first(self.answered.wait(), self.gone.wait())
 
     def leave(self) -> None:
         self.gone.set()

@@ -182,6 +182,16 @@ def _step(steps: Any, value: Any) -> Any:
     return steps.send(value) if hasattr(steps, "send") else next(steps)
 
 
+async def first(*waits: Awaitable[Any]) -> None:
+    """Return when the first of `waits` is done; the others are cancelled."""
+    tasks = [asyncio.ensure_future(wait) for wait in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
 class Receiver:
     """An ASGI `receive` over an RSGI request: the body's chunks as they arrive; after the last,
     `http.disconnect` once the client disconnects or the response has been sent (`finished`), as
@@ -205,12 +215,7 @@ class Receiver:
                 return {"type": "http.disconnect"}
             return {"type": "http.request", "body": chunk, "more_body": True}
         if not self.finished.is_set():
-            waits = [asyncio.ensure_future(self.proto.client_disconnect()), asyncio.ensure_future(self.finished.wait())]
-            try:
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for wait in waits:
-                    wait.cancel()
+            await first(self.proto.client_disconnect(), self.finished.wait())
         return {"type": "http.disconnect"}
 
 

@@ -486,17 +486,12 @@ def test_a_streamed_chat_whose_client_goes_away_is_closed_on_the_device(device, 
     headers = [(b"authorization", people["chatter"].authorization.encode()), (b"content-type", b"application/json"),
                (b"content-length", str(len(body)).encode())]
     proto = rsgi.Protocol([body])
+    proto.on_write = lambda data: proto.leave() if b"Hel" in data else None  # it goes away mid-stream
 
     async def go():
-        async def leave_after_text():
-            while not any(b"Hel" in chunk for chunk in proto.chunks):
-                await asyncio.sleep(0.01)
-            proto.leave()  # the client went away mid-stream
-        leaving = asyncio.ensure_future(leave_after_text())
         try:
             await asyncio.wait_for(application.__rsgi__(rsgi.Scope("POST", PATH, headers), proto), 10)
         finally:
-            leaving.cancel()
             await device_client.aclose_loop()
     async_to_sync(go)()
     assert proto.status == 200 and proto.streamed and dict(proto.headers)["content-type"] == "text/event-stream"
@@ -505,7 +500,7 @@ def test_a_streamed_chat_whose_client_goes_away_is_closed_on_the_device(device, 
              what="the chat, then its close")
 
 
-def test_a_chat_whose_client_goes_away_before_its_answer_is_closed_on_the_device(device, people):
+def test_a_chat_whose_client_goes_away_before_its_answer_is_closed_on_the_device(device, people, monkeypatch):
     """A non-streamed chat waits for its whole answer; the client's disconnect meanwhile cancels
     the view (as Django's ASGI handler does), and the device is told as for a stream
     (`subscriptions.close`: the chat stops and frees its pages). Nothing is answered: no one reads it."""
@@ -519,21 +514,22 @@ def test_a_chat_whose_client_goes_away_before_its_answer_is_closed_on_the_device
         return [{"status": 200, "body": b"", "more": True, "event": "accepted"}]  # and then nothing, for now
 
     device.handler = handler
+    deliver = device_client.DeviceStream.deliver
+
+    def delivered(stream, msg):  # the gateway has the device's "accepted": the client goes away
+        deliver(stream, msg)
+        if msg.get("event") == "accepted":
+            proto.leave()
+    monkeypatch.setattr(device_client.DeviceStream, "deliver", delivered)
     body = json.dumps(chat()).encode()
     headers = [(b"authorization", people["chatter"].authorization.encode()), (b"content-type", b"application/json"),
                (b"content-length", str(len(body)).encode())]
     proto = rsgi.Protocol([body])
 
     async def go():
-        async def leave_once_the_device_has_it():
-            while not any(r["op"] == OP for r in device.requests):  # the device has the chat...
-                await asyncio.sleep(0.01)
-            proto.leave()  # ...when the client goes away
-        leaving = asyncio.ensure_future(leave_once_the_device_has_it())
         try:
             await asyncio.wait_for(application.__rsgi__(rsgi.Scope("POST", PATH, headers), proto), 10)
         finally:
-            leaving.cancel()
             await device_client.aclose_loop()
     async_to_sync(go)()
     assert proto.status is None
