@@ -145,6 +145,9 @@ class FakeDevice:
 
     def _serve_frames(self, conn: socket.socket) -> None:
         frames = FrameReader()
+        # once a reply cannot be sent (the gateway closed its side), the frames it wrote before
+        # closing are still read and recorded, as the device reads them: nothing more is sent
+        replying = True
         while True:
             try:
                 data = conn.recv(1 << 16)
@@ -172,13 +175,13 @@ class FakeDevice:
                 if out is HANG_UP:
                     return
                 try:
-                    for frame in out:
+                    for frame in out if replying else ():
                         if isinstance(frame, float):
                             time.sleep(frame)  # a slow device is the behaviour under test (at least this long)
                         else:
                             conn.sendall(frame)
                 except OSError:
-                    return
+                    replying = False
 
     def _frames(self, req: dict[str, Any]) -> Any:
         result = self.handler(req)

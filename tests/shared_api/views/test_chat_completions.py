@@ -537,3 +537,38 @@ def test_a_chat_whose_client_goes_away_before_its_answer_is_closed_on_the_device
              what="the chat, then its close")
     chat_id = device.requests[0]["id"]
     assert device.requests[1]["args"] == {"id": chat_id}
+
+
+def test_a_chat_whose_client_goes_away_as_the_device_receives_it_is_closed_on_the_device(device, people):
+    """The narrowest window: the client goes away while the device handles the request, before the
+    gateway has its "accepted". The gateway still tells the device (`subscriptions.close`), and the
+    frame goes out before the connection closes (the fake device reads on after a failed reply, as
+    the device does)."""
+    import asyncio
+    from aotx_site.gateway import application
+    from shared_api import device_client
+    loop: list[asyncio.AbstractEventLoop] = []
+
+    def handler(req):
+        if req["op"] == "subscriptions.close":
+            return 200, b'{"closed": true}'
+        loop[0].call_soon_threadsafe(proto.leave)  # (the fake device's thread)
+        return [{"status": 200, "body": b"", "more": True, "event": "accepted"}]
+
+    device.handler = handler
+    body = json.dumps(chat()).encode()
+    headers = [(b"authorization", people["chatter"].authorization.encode()), (b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode())]
+    proto = rsgi.Protocol([body])
+
+    async def go():
+        loop.append(asyncio.get_running_loop())
+        try:
+            await asyncio.wait_for(application.__rsgi__(rsgi.Scope("POST", PATH, headers), proto), 10)
+        finally:
+            await device_client.aclose_loop()
+    async_to_sync(go)()
+    assert proto.status is None
+    wait_for(lambda: [r["op"] for r in device.requests] == [OP, "subscriptions.close"], timeout=5,
+             what="the chat, then its close")
+    assert device.requests[1]["args"] == {"id": device.requests[0]["id"]}
