@@ -31,7 +31,7 @@ from .contract.grantfile import GrantFileError, Grants
 from .contract.ids import HEX32
 from .contract.vocabulary import COMMANDS, OUTPUT_TOKENS_RATE
 from .contract.wire import Message, dumps, reply
-from .ops import chat, events, media, receipts
+from .ops import chat, events, media, quotas, receipts
 from .loop.subscriptions import Subscriptions
 from .loop.threads import DEFAULT_NICE, enter_background
 from .ops.kind import Admission, Kind, OperationKind
@@ -400,6 +400,20 @@ class Device:
         if prow is None:
             raise ServiceError(409, "participant_not_registered", "register the participant first (POST /participant)")
         return prow
+
+    def quota_defaults(self) -> dict[str, int]:
+        """The table quotas of a principal whose grant leaves them out, for this runtime file and
+        journal file cap (ops/quotas.py `defaults`), kept until a checkpoint reopens the file."""
+        cached, runtime = self.usage.defaults, self.runtime
+        if cached is None or cached[0] is not runtime:  # (a reopened file: the same numbers)
+            cached = self.usage.defaults = (runtime, quotas.defaults(self.state.capacities, runtime.runtime_profile,
+                                                                     self.holds.file_cap))
+        return cached[1]
+
+    def chat_pages(self, principal: bytes) -> list[int]:
+        """The page limits of the principal's running chats."""
+        return [sub.data["pages"] for sub in self.subscriptions.all()
+                if sub.topic[0] == "chat" and sub.principal == principal]
 
     @staticmethod
     def args(msg: Message, kind: type[A]) -> A:

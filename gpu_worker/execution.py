@@ -61,7 +61,7 @@ from .memory.rows import Kind as MemoryKind
 from .memory import shared as memory
 from .ops import events, history, quotas
 from .ops.inputs import input_body, input_text, media_links
-from .ops.kind import Context, Kind, Tables
+from .ops.kind import Context, Executing, Journaling, Kind, Tables
 from .prompt import fit_prompt
 from .state.executions import IN_THE_ENGINE, LEASE_AHEAD, READY_TO_COMPLETE, Execution, Phase
 from .state.tables import C, Finish, NotRetained, P, R, Terminal, join16
@@ -218,7 +218,7 @@ def journal_work(d: Context, budget: int) -> int:
     return used
 
 
-def _lease_turns(d: Context, budget: int) -> list[int]:
+def _lease_turns(d: Executing, budget: int) -> list[int]:
     """The rows of this tick's lease, taken in turn (LeaseQueue): round after round, each
     participant that may have another input ahead (`Executions.leasable`) gives the head of its
     queue, while the lease fits `budget` records. One lease carries one revision (its header
@@ -315,7 +315,7 @@ def _embedded(d: Context, rrow: int, body: dict[str, Any], vectors: Any, error: 
                  functools.partial(_prompted, d, rrow, settings))
 
 
-def _prompted(d: Context, rrow: int, settings: dict[str, Any], ids: list[int] | None,
+def _prompted(d: Executing, rrow: int, settings: dict[str, Any], ids: list[int] | None,
               error: BaseException | None) -> None:
     """On the tick thread, the prompt built: the engine gets the input (unless it ended meanwhile:
     cancelled, or past its deadline)."""
@@ -346,7 +346,7 @@ def retain(d: Context, rrow: int, kind: int, flags: int, text: bytes | None, emb
     d.append(TransferKind.MEMORY, payload, lambda transfer: saved())
 
 
-def apply_memory(d: Context, payload: bytes, transfer: Transfer | None) -> Callable[[], None]:
+def apply_memory(d: Journaling, payload: bytes, transfer: Transfer | None) -> Callable[[], None]:
     """A MEMORY transfer: its row goes to the lowest free row, owned by the input's space's
     memory owner. At replay (a transfer given) it shows at once; live, what it returns shows it
     (and notes it in the input's receipt) once the transfer is saved. A retained interpretation
@@ -395,7 +395,7 @@ def control_record(d: Context, execution: Execution) -> None:
     retain(d, execution.rrow, MemoryKind.CONTROL, Flag.MANAGED, text, torch.zeros(d.state.memory.dim))
 
 
-def replay_memory(d: Context, transfer: Transfer) -> None:
+def replay_memory(d: Journaling, transfer: Transfer) -> None:
     apply_memory(d, transfer.payload, transfer)
 
 
@@ -429,7 +429,7 @@ def _interpret(d: Context, execution: Execution, ended: Finish) -> None:
     d.off_thread(encoded, then)
 
 
-def _not_retained(d: Context, execution: Execution, refused: NotRetained = NotRetained.NO_ROOM) -> None:
+def _not_retained(d: Journaling, execution: Execution, refused: NotRetained = NotRetained.NO_ROOM) -> None:
     payload = memory_payload(d, execution.rrow, MemoryKind.INTERPRETATION, 0, int(refused), None, None)
     saved = apply_memory(d, payload, None)
     d.append(TransferKind.MEMORY, payload, lambda transfer: saved())
@@ -462,13 +462,13 @@ def interpretation_event(d: Context, rrow: int, data: bytes, finish: str | None)
     d.off_thread(functools.partial(d.embedder.encode, [text.decode("utf-8")]), then)
 
 
-def _inconsistent(d: Context, transfer: Transfer | None, reason: str) -> Exception:
+def _inconsistent(d: Journaling, transfer: Transfer | None, reason: str) -> Exception:
     if transfer is None:  # live: the device wrote it itself, so this is a bug, not a bad journal
         return RuntimeError(reason)
     return JournalCorrupt(os.path.join(d.journal_dir, segment_name(transfer.segment)), transfer.offset, reason)
 
 
-def _input_row(d: Context, actor: bytes, sequence: int, transfer: Transfer | None, what: str) -> int:
+def _input_row(d: Journaling, actor: bytes, sequence: int, transfer: Transfer | None, what: str) -> int:
     """The input a lease/output/completion transfer names; anything else fails closed."""
     prow = d.state.participants.by_raw.get(actor)
     rrow = d.state.receipts.by_sequence.get((prow, sequence)) if prow is not None else None
@@ -535,7 +535,7 @@ def engine_event(d: Context, rrow: int, token: int | None, data: bytes, finish: 
             execution.end(ended)
 
 
-def cancel(d: Context, rrow: int) -> None:
+def cancel(d: Executing, rrow: int) -> None:
     """Stop a live input now (a saved cancellation): its completion says `cancelled`."""
     ex = d.executions
     execution = ex.live.get(rrow)
@@ -555,13 +555,13 @@ def cancel(d: Context, rrow: int) -> None:
         ex.cancel_when_leased.add(rrow)
 
 
-def check_deadlines(d: Context) -> None:
+def check_deadlines(d: Executing) -> None:
     now = time.time_ns()
     for execution in d.executions.live.values():
         _expire(d, execution, now)
 
 
-def _expire(d: Context, execution: Execution, now_ns: int) -> None:
+def _expire(d: Executing, execution: Execution, now_ns: int) -> None:
     """Past its deadline, an input ends `deadline_exceeded` wherever it is: generating, writing
     its interpretation, or with its result not yet published (SPEC: the deadline includes memory
     processing, model generation and result publication). What it has not journaled is never
@@ -593,7 +593,7 @@ def interrupt_unfinished(d: Context) -> None:
         d.append(TransferKind.COMPLETION, payload, functools.partial(apply_completion, d, payload))
 
 
-def stop_all(d: Context) -> None:
+def stop_all(d: Executing) -> None:
     """The unsaved outputs are gone (ENOSPC): stop every live input and interpretation in the
     engine (the state is then rebuilt from what is saved, and `interrupt_after_failure` ends
     them)."""
@@ -605,7 +605,7 @@ def stop_all(d: Context) -> None:
     d.executions.leasing.clear()  # leases not saved are gone with the rest
 
 
-def interrupt_after_failure(d: Context) -> None:
+def interrupt_after_failure(d: Executing) -> None:
     """After ENOSPC, in the state rebuilt from what is saved: every unfinished input (queued,
     waiting for its conversation's turn, or running: its lease and output not saved are gone)
     ends `interrupted` with a saved COMPLETION once the journal takes writes again (`journal_work`,

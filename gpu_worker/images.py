@@ -28,7 +28,7 @@ from .contract.errors import ServiceError
 from .engine.vision import MAX_IMAGE_PIXELS, MediaError, PreparedImage
 from .ops.media import media_dir, read_source
 from .prompt import fit_prompt
-from .ops.kind import Context
+from .ops.kind import Context, Executing
 
 
 TAIL_BYTES = 4096  # how much of a file's end the truncation check reads
@@ -93,7 +93,7 @@ def check(d: Context, card: dict[str, Any], media: list[dict[str, Any]], pages: 
                            f"that exceeds the {room} tokens of {pages} pages")
 
 
-def image_rows(d: Context, body: dict[str, Any]) -> list[str]:
+def image_rows(d: Executing, body: dict[str, Any]) -> list[str]:
     """The digests of the input's image rows that become model input (a model with a vision tower)."""
     runner = d.runner
     if runner is None or getattr(runner.engine, "vision", None) is None:
@@ -149,7 +149,7 @@ def start(d: Context, rrow: int, body: dict[str, Any], messages: list[dict[str, 
     return True
 
 
-def _prepared(d: Context, rrow: int, settings: dict[str, Any],
+def _prepared(d: Executing, rrow: int, settings: dict[str, Any],
               result: tuple[list[int] | None, list[PreparedImage]] | None, error: BaseException | None) -> None:
     """On the tick thread (execution._prompted with the images): the engine gets the input."""
     execution = d.executions.live.get(rrow)

@@ -27,7 +27,7 @@ from ..contract.errors import ServiceError
 from ..contract.limits import RECALL_FLOOR, RECALL_K, RECALL_MARGIN
 from ..contract.vocabulary import MEMORY_KINDS, NOT_RETAINED
 from ..ops import access
-from ..ops.kind import Context, Read, Tables
+from ..ops.kind import Caller, Read, Tables
 from ..ops.lists import byte_offset, byte_span
 from ..state import ids as derived
 from ..state.tables import C, NotRetained, P, R, S, Right, Scope, join16
@@ -66,7 +66,7 @@ def new_row(d: Tables, srow: int, lineage: bytes, obj: bytes, kind: int, flags: 
                      source, actor)
 
 
-def readable_owners(d: Context, principal: bytes, prow: int | None) -> torch.Tensor:
+def readable_owners(d: Caller, principal: bytes, prow: int | None) -> torch.Tensor:
     """A bool table over owner numbers: those whose rows the caller may read now (read right on
     their space, grants ∩ membership). The instance rows of a checkpoint written before the
     fence, which do not say their space, only for a reader of every live instance space."""
@@ -96,7 +96,7 @@ def scope_table(d: Tables, srow: int) -> torch.Tensor:
     return table
 
 
-def visible_slot(d: Context, principal: bytes, prow: int | None, value: Any) -> int:
+def visible_slot(d: Caller, principal: bytes, prow: int | None, value: Any) -> int:
     """The row of a memory object the caller may see (404 otherwise)."""
     m = ids.MEMORY_ID.match(value) if isinstance(value, str) else None
     memory = d.state.memory
@@ -123,7 +123,7 @@ def release_space(d: Tables, srow: int) -> None:
     d.state.memory.release_owner(owner_number(d, srow))
 
 
-def context_reader(d: Context, rrow: int) -> tuple[torch.Tensor, bool]:
+def context_reader(d: Caller, rrow: int) -> tuple[torch.Tensor, bool]:
     """What an input's prompt may hold (DESIGN §8), from its submitting participant's rights now
     (stored rights ∩ current grants, asked when its lease is saved): the owner numbers whose
     memory it may read (`readable_owners`), and whether it may read its conversation's space (if
@@ -176,7 +176,7 @@ def recall_items(d: Tables, srow: int, query: torch.Tensor, readable: torch.Tens
 
 # ---- reads ----------------------------------------------------------------------------------
 
-def list_memory(d: Context, principal: bytes, args: SpacePage) -> tuple[int, Any]:
+def list_memory(d: Caller, principal: bytes, args: SpacePage) -> tuple[int, Any]:
     """The rows of a space's memory owner, in write order after `cursor` (a memory counter)."""
     cursor, limit = args.after, args.limit
     prow = d.state.participants.by_principal.get(principal)
@@ -199,7 +199,7 @@ def row_json(d: Tables, slot: int) -> dict[str, Any]:
     return memory.row(slot).to_json(memory.provenance_of(slot))
 
 
-def get_memory(d: Context, principal: bytes, args: MemoryRead) -> tuple[int, Any]:
+def get_memory(d: Caller, principal: bytes, args: MemoryRead) -> tuple[int, Any]:
     """One row and its exact payload bytes from a byte offset (base64; `text` null unless the span
     is complete UTF-8); with `version`, only while that is the object's current version."""
     prow = d.state.participants.by_principal.get(principal)

@@ -19,7 +19,7 @@ from ..contract import ids
 from ..contract.errors import ServiceError
 from ..contract.vocabulary import MANAGE, PERMISSIONS, READ, WRITE
 from ..state.tables import C, M, S, Right, Scope, join16
-from .kind import Context, Tables
+from .kind import Caller, Tables
 
 
 ALL_RIGHTS = Right.READ | Right.WRITE | Right.MANAGE
@@ -32,7 +32,7 @@ def right_names(bits: int) -> list[str]:
     return sorted(name for name, bit in RIGHT_NAMES.items() if bits & bit)
 
 
-def grant_mask(d: Context, principal: bytes) -> int:
+def grant_mask(d: Caller, principal: bytes) -> int:
     actions = d.grants.actions(principal.hex())
     return sum(bit for action, bit in GRANT_RIGHTS.items() if action in actions)
 
@@ -50,13 +50,13 @@ def stored_rights(d: Tables, prow: int, srow: int) -> int:
     return INSTANCE_RIGHTS if row[S.SCOPE] == Scope.INSTANCE else 0
 
 
-def effective_rights(d: Context, principal: bytes, prow: int | None, srow: int) -> int:
+def effective_rights(d: Caller, principal: bytes, prow: int | None, srow: int) -> int:
     if prow is None:
         return 0
     return stored_rights(d, prow, srow) & grant_mask(d, principal)
 
 
-def visible_spaces(d: Context, principal: bytes, prow: int | None) -> torch.Tensor:
+def visible_spaces(d: Caller, principal: bytes, prow: int | None) -> torch.Tensor:
     """Effective rights of prow on every space, as one tensor (0 = not visible)."""
     t = d.state.tables
     spaces = t.spaces
@@ -72,7 +72,7 @@ def visible_spaces(d: Context, principal: bytes, prow: int | None) -> torch.Tens
     return torch.where(live, rights & grant_mask(d, principal), 0)
 
 
-def space_row(d: Context, value: Any, principal: bytes, prow: int | None, need: int) -> int:
+def space_row(d: Caller, value: Any, principal: bytes, prow: int | None, need: int) -> int:
     """The row of a space ID the caller holds `need` on: 404 when it sees no such space, 403
     when it sees it without that right."""
     m = ids.SPACE_ID.match(value) if isinstance(value, str) else None
@@ -86,7 +86,7 @@ def space_row(d: Context, value: Any, principal: bytes, prow: int | None, need: 
     return srow
 
 
-def conversation_row(d: Context, value: Any, principal: bytes, prow: int | None, need: int) -> int:
+def conversation_row(d: Caller, value: Any, principal: bytes, prow: int | None, need: int) -> int:
     """As space_row, for a conversation (rights are those on its space)."""
     m = ids.CONVERSATION_ID.match(value) if isinstance(value, str) else None
     crow = d.state.conversations.by_id.get(ids.split_id(m)) if m else None
@@ -101,7 +101,7 @@ def conversation_row(d: Context, value: Any, principal: bytes, prow: int | None,
     raise ServiceError(404, "conversation_not_found", f"no conversation {value} visible to this principal")
 
 
-def space_readable(d: Context, principal: bytes, reader: int | None, srow: int) -> bool:
+def space_readable(d: Caller, principal: bytes, reader: int | None, srow: int) -> bool:
     return bool(effective_rights(d, principal, reader, srow) & Right.READ)
 
 

@@ -9,11 +9,11 @@ from ..contract import ids
 from ..contract.commands import Cancellation
 from ..contract.errors import ServiceError
 from ..state.tables import P, R, Terminal, join16
-from .kind import Admission, Context, Kind, OperationKind, Tables
+from .kind import Admission, Executing, Kind, OperationKind, Tables
 
 
 
-def check(d: Context, principal: bytes, prow: int | None, args: Cancellation, key: bytes,
+def check(d: Executing, principal: bytes, prow: int | None, args: Cancellation, key: bytes,
           sequence: int) -> dict[str, Any]:
     assert prow is not None
     target = args.target_sequence
@@ -36,7 +36,7 @@ def check(d: Context, principal: bytes, prow: int | None, args: Cancellation, ke
     return {"target_sequence": target}
 
 
-def apply(d: Context, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+def apply(d: Executing, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
     if transfer_seq is not None:  # live: stop generation now; replay: the completion says how it ended
         d.stop_input(d.state.receipts.by_sequence[(prow, a.extra["target_sequence"])])
     return prow

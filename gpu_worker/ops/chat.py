@@ -29,7 +29,7 @@ from ..engine.engine import TokenLogprobs
 from ..engine.vision import MediaError, PreparedImage
 from . import quotas
 
-from .kind import Context, Read
+from .kind import Context, Executing, Publishing, Read, Reporting
 
 if TYPE_CHECKING:
     from ..storage.committer import Batch
@@ -150,7 +150,7 @@ def _submit(d: Context, conn: Any, req_id: Any, principal: bytes, args: ChatArgs
     d.runner.submit((*topic, 0), prompt, seed=seed, **settings)
 
 
-def _submit_later_choices(d: Context, topic: tuple[str, int], chat: dict[str, Any]) -> None:
+def _submit_later_choices(d: Executing, topic: tuple[str, int], chat: dict[str, Any]) -> None:
     """Choices 1..n-1 start once the first has prefilled the prompt: its full pages are in the
     prefix cache by then (engine.py registers them after prefill), so the others reuse them
     instead of prefilling the prompt again. A seeded request's choice i samples with seed + i."""
@@ -162,14 +162,14 @@ def _submit_later_choices(d: Context, topic: tuple[str, int], chat: dict[str, An
         d.runner.submit((*topic, i), prompt, seed=None if seed is None else (seed + i) % (1 << 63), **settings)
 
 
-def cancel(d: Context, topic: tuple[str, int], choices: int) -> None:
+def cancel(d: Executing, topic: tuple[str, int], choices: int) -> None:
     """Stop every choice of a chat on the engine (a choice not started yet is unknown there: a no-op)."""
     if d.runner is not None:
         for i in range(choices):
             d.runner.cancel((*topic, i))
 
 
-def token_logprobs(d: Context, token: int, details: TokenLogprobs) -> dict[str, Any]:
+def token_logprobs(d: Executing, token: int, details: TokenLogprobs) -> dict[str, Any]:
     """OpenAI's logprobs entry of one token: its text, log-probability, bytes and top alternatives."""
     assert d.runner is not None  # its tokens came from the engine
     tokenizer = d.runner.engine.tokenizer
@@ -235,7 +235,7 @@ def event(d: Context, request_id: tuple[str, int, int], token: int | None, data:
     d.subscriptions.end(sub, 200, dumps(body))
 
 
-def running(d: Context) -> int:
+def running(d: Publishing) -> int:
     """The chats under way (each is one subscription until its last frame)."""
     return sum(1 for sub in d.subscriptions.all() if sub.topic[0] == "chat")
 
@@ -248,7 +248,7 @@ def connection_closed(d: Context, conn: object) -> None:
             cancel(d, sub.topic, len(sub.data["choices"]))
 
 
-def model_card(d: Context, name: Any) -> dict[str, Any]:
+def model_card(d: Reporting, name: Any) -> dict[str, Any]:
     """The card of a served generation model, by name or digest (409 for any other)."""
     card: dict[str, Any] = d.runtime.json("gen/card")
     if name in (card["name"], d.model_digest):

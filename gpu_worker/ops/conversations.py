@@ -9,13 +9,13 @@ from ..contract.commands import ConversationRef, NewConversation, SpacePage
 from ..contract.errors import ServiceError
 from ..state.tables import C, R, Right, join16, split16
 from . import access, quotas
-from .kind import Admission, Context, Kind, OperationKind, Read, Tables
+from .kind import Admission, Caller, Kind, OperationKind, Read, Tables
 from .lists import page
 from .spaces import resource_key, space_key
 
 
 
-def check(d: Context, principal: bytes, prow: int | None, args: NewConversation, key: bytes,
+def check(d: Caller, principal: bytes, prow: int | None, args: NewConversation, key: bytes,
           sequence: int) -> dict[str, Any]:
     assert prow is not None
     access.space_row(d, args.space, principal, prow, Right.WRITE)  # 404 / 403 before anything else
@@ -51,7 +51,7 @@ def target_id(d: Tables, row: list[int], lineage: bytes) -> str:
     return access.conversation_id(d, row[R.TARGET])
 
 
-def visible_to(d: Context, principal: bytes, reader: int | None, row: list[int]) -> bool:
+def visible_to(d: Caller, principal: bytes, reader: int | None, row: list[int]) -> bool:
     """Readable where the conversation's space is (members read each other's inputs too); a
     deleted conversation's receipts only by their own participant."""
     t = d.state.tables
@@ -73,7 +73,7 @@ def view(d: Tables, crow: int) -> dict[str, Any]:
             "created_by_operation": ids.operation_id(lineage, join16(row[C.OP_HI], row[C.OP_LO]))}
 
 
-def list_conversations(d: Context, principal: bytes, args: SpacePage) -> tuple[int, Any]:
+def list_conversations(d: Caller, principal: bytes, args: SpacePage) -> tuple[int, Any]:
     srow = access.space_row(d, args.space, principal, d.state.participants.by_principal.get(principal),
                             Right.READ)
     cursor, limit = args.after, args.limit
@@ -82,7 +82,7 @@ def list_conversations(d: Context, principal: bytes, args: SpacePage) -> tuple[i
     return 200, {"items": [view(d, r) for r in rows], "next_cursor": next_cursor}
 
 
-def get_conversation(d: Context, principal: bytes, args: ConversationRef) -> tuple[int, Any]:
+def get_conversation(d: Caller, principal: bytes, args: ConversationRef) -> tuple[int, Any]:
     crow = access.conversation_row(d, args.conversation, principal,
                                    d.state.participants.by_principal.get(principal), Right.READ)
     return 200, view(d, crow)

@@ -22,7 +22,7 @@ from ..contract.errors import ServiceError
 from ..state.tables import C, R, S, Right, Terminal
 from ..memory import shared as memory
 from . import access, events
-from .kind import Admission, Context, Kind, OperationKind, Tables
+from .kind import Admission, Caller, Context, Kind, OperationKind, Tables
 from .spaces import space_key
 
 
@@ -41,7 +41,7 @@ def _release(free: list[int], row: int) -> None:
 
 # ---- conversations --------------------------------------------------------------------------
 
-def check_conversation(d: Context, principal: bytes, prow: int | None, args: ConversationDeletion, key: bytes,
+def check_conversation(d: Caller, principal: bytes, prow: int | None, args: ConversationDeletion, key: bytes,
                        sequence: int) -> dict[str, Any]:
     crow = access.conversation_row(d, args.conversation, principal, prow, Right.MANAGE)
     t = d.state.tables
@@ -78,7 +78,7 @@ DELETE_CONVERSATION: OperationKind = OperationKind(
 
 # ---- spaces ---------------------------------------------------------------------------------
 
-def check_space(d: Context, principal: bytes, prow: int | None, args: SpaceDeletion, key: bytes,
+def check_space(d: Caller, principal: bytes, prow: int | None, args: SpaceDeletion, key: bytes,
                 sequence: int) -> dict[str, Any]:
     srow = access.space_row(d, args.space, principal, prow, Right.MANAGE)
     conversations = d.state.tables.conversations

@@ -38,7 +38,7 @@ from . import access, chat, receipts
 from .lists import byte_offset, byte_span
 from .operations import refuse_past_deadline, visible_receipt
 
-from .kind import Context, Read, Tables
+from .kind import Context, Journaling, Publishing, Read, Tables
 
 if TYPE_CHECKING:
     from ..loop.subscriptions import Subscription
@@ -109,7 +109,7 @@ READS: dict[str, Read] = {"conversations.events": list_events}
 
 # ---- subscriptions -----------------------------------------------------------------------------------
 
-def _deferred(d: Context, conn: object, msg: Message, batch: Batch) -> bool:
+def _deferred(d: Journaling, conn: object, msg: Message, batch: Batch) -> bool:
     """A subscription opens against saved state only: while anything is unsaved it waits, as a
     read does, until the saves before it are done (then the device answers it again)."""
     if d.committer.writer.queued_records:
@@ -118,7 +118,7 @@ def _deferred(d: Context, conn: object, msg: Message, batch: Batch) -> bool:
     return False
 
 
-def _refuse(d: Context, conn: object, msg: Message, err: ServiceError) -> None:
+def _refuse(d: Publishing, conn: object, msg: Message, err: ServiceError) -> None:
     d.subscriptions.outbox.append((conn, reply(msg.get("id"), err.status, err.body())))
 
 
@@ -214,7 +214,7 @@ def open_operation(d: Context, conn: object, msg: Message, batch: Batch) -> int:
     return 0
 
 
-def output_saved(d: Context, rrow: int, offset: int, data: bytes) -> None:
+def output_saved(d: Publishing, rrow: int, offset: int, data: bytes) -> None:
     subs = d.subscriptions.of(("op", rrow))
     if not subs:
         return

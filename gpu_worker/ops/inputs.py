@@ -31,7 +31,7 @@ from ..memory import shared as memory
 from . import access, events, quotas
 from .chat import model_card
 from .conversations import target_id, visible_to
-from .kind import Admission, Context, Kind, OperationKind, Tables
+from .kind import Admission, Caller, Context, Kind, OperationKind, Tables
 
 
 
@@ -108,7 +108,7 @@ def check(d: Context, principal: bytes, prow: int | None, args: Input, key: byte
             "revision": leases.REVISION_OF[args.context]}
 
 
-def apply(d: Context, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+def apply(d: Caller, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
     conversations = d.state.conversations
     recorded = a.extra["conversation"]
     crow = conversations.by_id[(recorded[0], recorded[1])]

@@ -3,11 +3,13 @@ journal records, the admission each one's transfer records, and what an operatio
 device (docs/adding-an-operation-kind.md).
 
 What an operation sees is declared here, not the device itself: `Tables` (the authoritative
-tables and the kinds that render their receipts) is all most kinds' functions take; `Context`
-adds the caller's grant and quotas, a journal transfer (`append`) and the committer's state,
-the subscriptions events are pushed to, the engine and its inputs in execution, and the runtime
-file. The device (gpu_worker/device.py) provides both; nothing under ops/ imports it, so the
-device, its admission and execution modules and the operations form no import circle.
+tables and the kinds that render their receipts) is all most kinds' functions take; a function
+that needs more takes one facet beside the tables — `Caller` (the caller's grant and quotas),
+`Journaling` (a journal transfer, `append`, and the committer's state), `Publishing` (the
+subscriptions events are pushed to), `Executing` (the engine and its inputs in execution),
+`Reporting` (the runtime file) — or `Context`, every facet, when it needs several. The device
+(gpu_worker/device.py) provides them all; nothing under ops/ imports it, so the device, its
+admission and execution modules and the operations form no import circle.
 
 A kind's functions take that context first. `check` validates a new operation against the
 current state and changes nothing (a refusal is a ServiceError); what it returns is recorded in
@@ -59,11 +61,10 @@ class Tables(Protocol):
     def kinds(self) -> Mapping[int, OperationKind]: ...
 
 
-class Context(Tables, Protocol):
-    """Everything an operation may use beyond the tables (read-only attributes; the device
-    provides them)."""
+class Caller(Tables, Protocol):
+    """The caller: its grant, its participant row, its command's typed arguments, its quotas (the
+    defaults a grant leaves out, its chats' pages)."""
 
-    # the caller: its grant, its participant row, its command's typed arguments, its quotas
     @property
     def grants(self) -> Grants: ...
 
@@ -76,8 +77,15 @@ class Context(Tables, Protocol):
 
     def args(self, msg: Message, kind: type[A]) -> A: ...
 
-    # the journal: a transfer (`on_saved` runs once it is saved), the committer, holds, and the
-    # media sources' directory beside it
+    def quota_defaults(self) -> dict[str, int]: ...
+
+    def chat_pages(self, principal: bytes) -> list[int]: ...
+
+
+class Journaling(Tables, Protocol):
+    """The journal: a transfer (`on_saved` runs once it is saved), the committer, holds, and the
+    media sources' directory beside it."""
+
     def append(self, kind: int, payload: bytes, on_saved: Callable[[Transfer], None] | None = None) -> int: ...
 
     @property
@@ -99,11 +107,17 @@ class Context(Tables, Protocol):
 
     def checkpoint(self) -> dict[str, Any] | None: ...
 
-    # events to subscribers
+
+class Publishing(Tables, Protocol):
+    """Events to subscribers."""
+
     @property
     def subscriptions(self) -> Subscriptions: ...
 
-    # the engine: its runner, the embedding model, inputs in execution, chats, helper threads
+
+class Executing(Tables, Protocol):
+    """The engine: its runner, the embedding model, inputs in execution, chats, helper threads."""
+
     @property
     def runner(self) -> Runner | None: ...
 
@@ -120,7 +134,10 @@ class Context(Tables, Protocol):
 
     def stop_input(self, rrow: int) -> None: ...
 
-    # the runtime file and what the device reports of itself
+
+class Reporting(Tables, Protocol):
+    """The runtime file and what the device reports of itself."""
+
     @property
     def runtime(self) -> RuntimeFile: ...
 
@@ -135,6 +152,11 @@ class Context(Tables, Protocol):
 
     @property
     def pipeline_state(self) -> Callable[[], dict[str, Any]] | None: ...
+
+
+class Context(Caller, Journaling, Publishing, Executing, Reporting, Protocol):
+    """Every facet: for the functions that need several (a quota check reads the caller's grant,
+    the runtime's profile and the journal's file cap)."""
 
 
 class Kind(IntEnum):
@@ -181,13 +203,13 @@ Check = Callable[[Context, bytes, "int | None", Any, bytes, int], dict[str, Any]
 # apply(context, admission, participant row, journal transfer seq (None at replay), receipt row) -> target row
 Apply = Callable[[Context, Admission, int, "int | None", int], int]
 # target_id(context, receipt row values, the participant's lineage) -> the receipt's "target"
-TargetId = Callable[[Context, list[int], bytes], str]
+TargetId = Callable[[Tables, list[int], bytes], str]
 # visible_to(context, reader principal, reader participant row or None, receipt row values) -> bool
-VisibleTo = Callable[[Context, bytes, "int | None", list[int]], bool]
+VisibleTo = Callable[[Caller, bytes, "int | None", list[int]], bool]
 # columns(context, admission) -> {receipt column: value}
-Columns = Callable[[Context, Admission], dict[int, int]]
+Columns = Callable[[Tables, Admission], dict[int, int]]
 # memory(context, receipt row values, the participant's lineage) -> the receipt's "memory" (JSON text)
-MemoryJson = Callable[[Context, list[int], bytes], str]
+MemoryJson = Callable[[Tables, list[int], bytes], str]
 # saved(context, receipt row): the admission is saved (live only; replay finds it saved)
 Saved = Callable[[Context, int], None]
 # a read: read(device, principal bytes (None for ops commands), its arguments (the command's type

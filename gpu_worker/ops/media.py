@@ -29,7 +29,7 @@ from ..contract.wire import Message, dumps, reply
 from ..state import MediaSource
 from ..storage.journal import JournalCorrupt, Transfer, TransferKind, segment_name
 from . import quotas
-from .kind import Context, Tables
+from .kind import Caller, Context, Journaling, Tables
 
 if TYPE_CHECKING:
     from ..storage.committer import Batch
@@ -39,11 +39,11 @@ log = logging.getLogger("gpu_worker.media")
 COMPONENT = "media/"  # runtime file components: media/<sha256>, a checkpoint's copy of the bytes
 
 
-def media_dir(d: Context) -> str:
+def media_dir(d: Journaling) -> str:
     return os.path.join(d.journal_dir, "media")
 
 
-def read_source(d: Context, sha: str) -> bytes | None:
+def read_source(d: Journaling, sha: str) -> bytes | None:
     """The bytes of a source under <journal>/media/, or None when they are not there whole (a
     missing file, or one that no longer hashes to its name)."""
     try:
@@ -179,14 +179,14 @@ def refuse_waiting(d: Context) -> None:
     d.media_waiting.clear()
 
 
-def _release(d: Context, prow: int, length: int) -> None:
+def _release(d: Caller, prow: int, length: int) -> None:
     in_flight = d.usage.media_in_flight
     in_flight[prow] -= length
     if in_flight[prow] <= 0:
         del in_flight[prow]
 
 
-def apply(d: Context, payload: bytes, transfer: Transfer) -> None:
+def apply(d: Journaling, payload: bytes, transfer: Transfer) -> None:
     par, sha, length, kind = msgpack.unpackb(payload)
     prow = d.state.participants.by_raw.get(par)
     if prow is None:

@@ -10,13 +10,13 @@ from ..contract import ids
 from ..contract.errors import ServiceError
 from ..state.tables import M, R, S, Right
 from . import access, events
-from .kind import Admission, Context, Kind, OperationKind, Read, Tables
+from .kind import Admission, Caller, Context, Kind, OperationKind, Read, Tables
 from .lists import page
 from .spaces import space_key
 
 
 
-def check(d: Context, principal: bytes, prow: int | None, args: MemberSet, key: bytes,
+def check(d: Caller, principal: bytes, prow: int | None, args: MemberSet, key: bytes,
           sequence: int) -> dict[str, Any]:
     state = d.state
     srow = access.space_row(d, args.space, principal, prow, Right.MANAGE)
@@ -51,7 +51,7 @@ def target_id(d: Tables, row: list[int], lineage: bytes) -> str:
     return access.space_id(d, row[R.TARGET])
 
 
-def visible_to(d: Context, principal: bytes, reader: int | None, row: list[int]) -> bool:
+def visible_to(d: Caller, principal: bytes, reader: int | None, row: list[int]) -> bool:
     return access.space_readable(d, principal, reader, row[R.TARGET])
 
 
@@ -64,7 +64,7 @@ SET: OperationKind = OperationKind(Kind.MEMBER_SET, "members.set", check=check, 
                     visible_to=visible_to, saved=saved)
 
 
-def list_members(d: Context, principal: bytes, args: SpacePage) -> tuple[int, Any]:
+def list_members(d: Caller, principal: bytes, args: SpacePage) -> tuple[int, Any]:
     """The owner (implicit, on the first page) then the explicit rows in creation order; a page
     holds at most `limit` items, the owner taking one of the first page's places. Cursors are the
     explicit rows' creation counters; after a first page of the owner alone it is "0", which no

@@ -25,14 +25,14 @@ from ..memory import shared as memory
 from ..memory.rows import Flag, Provenance
 from ..state.tables import R, Right, join16
 from . import access, quotas
-from .kind import Admission, Context, Kind, OperationKind, Tables
+from .kind import Admission, Caller, Kind, OperationKind, Tables
 from .spaces import space_key
 
 
 COPY = 0xF0  # the memory-object tag of a publication's copy (state/ids.memory_object)
 
 
-def check(d: Context, principal: bytes, prow: int | None, args: Publication, key: bytes,
+def check(d: Caller, principal: bytes, prow: int | None, args: Publication, key: bytes,
           sequence: int) -> dict[str, Any]:
     access.space_row(d, args.space, principal, prow, Right.MANAGE)
     slot = memory.visible_slot(d, principal, prow, args.source)

@@ -34,7 +34,7 @@ from ..contract.errors import ServiceError
 from ..contract.limits import MAX_MEDIA_BYTES
 from ..contract.vocabulary import DEFAULT_RATES, QUOTAS, RATES
 from ..state.tables import C, R, S, Terminal
-from .kind import Context, Kind, Tables
+from .kind import Caller, Kind, Tables
 
 
 QUOTA_EXCEEDED = 429
@@ -90,22 +90,17 @@ def _conversations(d: Tables, principal: bytes, prow: int | None) -> int:
     return int(((t[:, C.STATE] == 1) & (t[:, C.CREATOR] == prow)).sum())
 
 
-def _media_bytes(d: Context, principal: bytes, prow: int | None) -> int:
+def _media_bytes(d: Caller, principal: bytes, prow: int | None) -> int:
     if prow is None:
         return 0
     return sum(s.length for s in d.state.media.values() if prow in s.owners) + d.usage.media_in_flight[prow]
 
 
-def _chat_subscriptions(d: Context, principal: bytes) -> list[int]:
-    """The page limits of the principal's running chats."""
-    return [sub.data["pages"] for sub in d.subscriptions.all() if sub.topic[0] == "chat" and sub.principal == principal]
+def _chats(d: Caller, principal: bytes, prow: int | None) -> int:
+    return len(d.chat_pages(principal)) + d.usage.chats_tokenizing[principal]
 
 
-def _chats(d: Context, principal: bytes, prow: int | None) -> int:
-    return len(_chat_subscriptions(d, principal)) + d.usage.chats_tokenizing[principal]
-
-
-def _unfinished(d: Context) -> dict[int, dict[int, int]]:
+def _unfinished(d: Caller) -> dict[int, dict[int, int]]:
     """{participant row: {receipt row: page limit}} of the inputs without a terminal result."""
     kept = d.usage.unfinished
     if kept is not None and kept[0] is d.state:
@@ -119,14 +114,14 @@ def _unfinished(d: Context) -> dict[int, dict[int, int]]:
     return found
 
 
-def input_admitted(d: Context, prow: int, rrow: int, pages: int) -> None:
+def input_admitted(d: Caller, prow: int, rrow: int, pages: int) -> None:
     """An input's admission is applied (live or at replay): it counts as unfinished."""
     kept = d.usage.unfinished
     if kept is not None and kept[0] is d.state:  # (otherwise the next count scans the table)
         kept[1].setdefault(prow, {})[rrow] = pages
 
 
-def input_finished(d: Context, prow: int, rrow: int) -> None:
+def input_finished(d: Caller, prow: int, rrow: int) -> None:
     """An input's terminal result is applied (live or at replay): it no longer counts."""
     kept = d.usage.unfinished
     if kept is not None and kept[0] is d.state:
@@ -137,18 +132,18 @@ def input_finished(d: Context, prow: int, rrow: int) -> None:
                 del kept[1][prow]
 
 
-def _unfinished_inputs(d: Context, prow: int | None) -> tuple[int, int]:
+def _unfinished_inputs(d: Caller, prow: int | None) -> tuple[int, int]:
     """(count, page limits) of the participant's inputs without a terminal result."""
     mine = _unfinished(d).get(prow) if prow is not None else None
     return (len(mine), sum(mine.values())) if mine else (0, 0)
 
 
-def _queued_inputs(d: Context, principal: bytes, prow: int | None) -> int:
+def _queued_inputs(d: Caller, principal: bytes, prow: int | None) -> int:
     return _unfinished_inputs(d, prow)[0]
 
 
-def _kv_pages(d: Context, principal: bytes, prow: int | None) -> int:
-    return _unfinished_inputs(d, prow)[1] + sum(_chat_subscriptions(d, principal))
+def _kv_pages(d: Caller, principal: bytes, prow: int | None) -> int:
+    return _unfinished_inputs(d, prow)[1] + sum(d.chat_pages(principal))
 
 
 def _memory_rows(d: Tables, principal: bytes, prow: int | None) -> int:
@@ -157,7 +152,7 @@ def _memory_rows(d: Tables, principal: bytes, prow: int | None) -> int:
     return d.state.memory.written_by(d.state.participants.raw[prow])
 
 
-COUNTS: dict[str, Callable[[Context, bytes, "int | None"], int]] = {
+COUNTS: dict[str, Callable[[Caller, bytes, "int | None"], int]] = {
     "receipts": _receipts, "spaces": _spaces, "conversations": _conversations, "media_bytes": _media_bytes,
     "chats": _chats, "queued_inputs": _queued_inputs, "kv_pages": _kv_pages,
     "memory_rows": _memory_rows,
@@ -169,7 +164,7 @@ def _memory_table_rows(d: Tables) -> int:
     return d.state.memory.used()
 
 
-def _table_rows(table: str) -> Callable[[Context], int]:
+def _table_rows(table: str) -> Callable[[Tables], int]:
     def rows(d: Tables) -> int:
         index = getattr(d.state, table)
         return d.state.capacities[table] - len(index.free)
@@ -180,13 +175,13 @@ def _table_rows(table: str) -> Callable[[Context], int]:
 # than one principal's count, and cheap, so a principal whose limit the whole table's use does not
 # reach is not counted row by row (the defaults give every principal a limit; a full count of a
 # large table is a scan at every admission).
-AT_MOST: dict[str, Callable[[Context], int]] = {
+AT_MOST: dict[str, Callable[[Tables], int]] = {
     "receipts": _table_rows("receipts"), "spaces": _table_rows("spaces"), "conversations": _table_rows("conversations"),
     "memory_rows": _memory_table_rows,
 }
 
 
-def limit(d: Context, principal: bytes, name: str) -> tuple[int | None, bool]:
+def limit(d: Caller, principal: bytes, name: str) -> tuple[int | None, bool]:
     """(the principal's limit `name` in force, None: unlimited; whether it is the default): the
     grant file's setting, else the default (`defaults` for a table quota, DEFAULT_RATES for a rate)."""
     found, value = d.grants.setting(principal.hex(), name)
@@ -194,14 +189,10 @@ def limit(d: Context, principal: bytes, name: str) -> tuple[int | None, bool]:
         return value, False
     if name in DEFAULT_RATES:
         return DEFAULT_RATES[name], True
-    cached, runtime = d.usage.defaults, d.runtime
-    if cached is None or cached[0] is not runtime:  # (a checkpoint reopens the file: the same numbers)
-        cached = d.usage.defaults = (runtime, defaults(d.state.capacities, runtime.runtime_profile,
-                                                       d.holds.file_cap))
-    return cached[1][name], True
+    return d.quota_defaults()[name], True
 
 
-def allows(d: Context, principal: bytes, prow: int | None, name: str, adding: int = 1) -> bool:
+def allows(d: Caller, principal: bytes, prow: int | None, name: str, adding: int = 1) -> bool:
     """Whether `adding` more of `name` stays within the principal's quota (no refusal)."""
     most, _ = limit(d, principal, name)
     if most is None:
@@ -212,7 +203,7 @@ def allows(d: Context, principal: bytes, prow: int | None, name: str, adding: in
     return COUNTS[name](d, principal, prow) + adding <= most
 
 
-def check(d: Context, principal: bytes, prow: int | None, name: str, adding: int = 1) -> None:
+def check(d: Caller, principal: bytes, prow: int | None, name: str, adding: int = 1) -> None:
     """Refuse (429 quota_exceeded) when `adding` more of `name` would pass the principal's quota;
     nothing is counted when it is unlimited, or when the whole table's use is within it."""
     most, _ = limit(d, principal, name)
@@ -229,7 +220,7 @@ def check(d: Context, principal: bytes, prow: int | None, name: str, adding: int
                            f"this needs {adding} more", quota=name, limit=str(most), used=str(used))
 
 
-def view(d: Context, principal: bytes, prow: int | None) -> dict[str, dict[str, str | bool | None]]:
+def view(d: Caller, principal: bytes, prow: int | None) -> dict[str, dict[str, str | bool | None]]:
     """Capabilities: every quota's limit in force (null: unlimited), whether it is the default
     (the grant leaves it out), and current use; numbers as decimal strings."""
     out: dict[str, dict[str, str | bool | None]] = {}
@@ -240,7 +231,7 @@ def view(d: Context, principal: bytes, prow: int | None) -> dict[str, dict[str, 
     return out
 
 
-def rates_view(d: Context, principal: bytes) -> dict[str, dict[str, str | bool | None]]:
+def rates_view(d: Caller, principal: bytes) -> dict[str, dict[str, str | bool | None]]:
     """Capabilities: the principal's rates in force (null: unlimited) and whether each is the
     default, as decimal strings. The gateway enforces requests and body bytes from the same
     grant file and defaults (shared_api/http/rates.py), the engine output tokens (engine/pacing.py);

@@ -24,7 +24,7 @@ from ..contract import ids
 from ..contract.vocabulary import BASE_PATH, RECEIPT_SCHEMA
 from ..contract.wire import Message, dumps, reply
 from ..state.tables import Finish, R, Source, Terminal, join16
-from .kind import Context
+from .kind import Context, Journaling, Reporting
 
 
 SOURCE_NAMES = {int(Source.JOURNAL): "journal", int(Source.FILE): "file"}
@@ -40,7 +40,7 @@ _TERM_SAVE = slice(R.TERM_TRANSFER, R.TERM_SOURCE + 1)
 _NO_EXECUTION = '{"max_output_tokens":null,"model_digest":null,"page_limit":null}'
 
 
-def _save_json(d: Context, rrow: int, row: list[int], which: int) -> str:
+def _save_json(d: Reporting, rrow: int, row: list[int], which: int) -> str:
     transfer_col, boot_col, gen_col, source_col = _SAVE[which]
     if not row[transfer_col]:
         return "null"
@@ -103,7 +103,7 @@ def render(d: Context, rrow: int, own: bool) -> tuple[str, bytes]:
     ).encode()
 
 
-def with_hold(d: Context, body: bytes) -> bytes:
+def with_hold(d: Journaling, body: bytes) -> bytes:
     """A rendered receipt with the current journal hold spliced in while there is one."""
     held = d.holds.current
     if not held:

@@ -13,7 +13,7 @@ from ..contract.wire import Message, dumps, reply
 from ..storage import audit
 
 from . import chat, media, quotas
-from .kind import Context, Read
+from .kind import Context, Executing, Journaling, Read
 
 if TYPE_CHECKING:
     from ..storage.committer import Batch
@@ -70,7 +70,7 @@ def ping(d: Context, principal: bytes | None, args: NoArgs) -> tuple[int, Any]:
                  "pipeline": d.pipeline_state() if d.pipeline_state is not None else None}
 
 
-def kv_pool(d: Context) -> dict[str, int] | None:
+def kv_pool(d: Executing) -> dict[str, int] | None:
     """The engine's page pool, read from its own thread's counters (a snapshot, not a lock)."""
     if d.runner is None:
         return None
@@ -82,7 +82,7 @@ def kv_pool(d: Context) -> dict[str, int] | None:
             "waiting": pool.waiting}
 
 
-def checkpoint(d: Context, principal: bytes | None, args: NoArgs) -> tuple[int, Any]:
+def checkpoint(d: Journaling, principal: bytes | None, args: NoArgs) -> tuple[int, Any]:
     return 200, d.checkpoint() or {"generation": d.state.generation, "folded": 0}
 
 
@@ -110,7 +110,7 @@ def audit_export(d: Context, conn: object, msg: Message, batch: Batch) -> int:
     return 0
 
 
-def defer_checkpoint(d: Context, conn: object, msg: Message, batch: Batch) -> int:
+def defer_checkpoint(d: Journaling, conn: object, msg: Message, batch: Batch) -> int:
     """A checkpoint folds saved state only: it runs once nothing is queued for the journal."""
     d.committer.when_drained(conn, msg)
     return 0

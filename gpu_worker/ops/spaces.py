@@ -10,7 +10,7 @@ from ..contract.errors import ServiceError
 from ..state import ids as derived
 from ..state.tables import R, S, Right, Scope, join16, split16
 from . import access, quotas
-from .kind import Admission, Context, Kind, OperationKind, Read, Tables
+from .kind import Admission, Caller, Kind, OperationKind, Read, Tables
 from .lists import page
 
 
@@ -29,7 +29,7 @@ def space_key(recorded: list[bytes]) -> tuple[bytes, bytes]:
     return recorded[0], recorded[1]
 
 
-def check(d: Context, principal: bytes, prow: int | None, args: NewSpace, key: bytes,
+def check(d: Caller, principal: bytes, prow: int | None, args: NewSpace, key: bytes,
           sequence: int) -> dict[str, Any]:
     assert prow is not None
     scope = SCOPES[args.scope]
@@ -59,7 +59,7 @@ def target_id(d: Tables, row: list[int], lineage: bytes) -> str:
     return access.space_id(d, row[R.TARGET])
 
 
-def visible_to(d: Context, principal: bytes, reader: int | None, row: list[int]) -> bool:
+def visible_to(d: Caller, principal: bytes, reader: int | None, row: list[int]) -> bool:
     return access.space_readable(d, principal, reader, row[R.TARGET])
 
 
@@ -90,14 +90,14 @@ def view(d: Tables, srow: int, rights: int) -> dict[str, Any]:
             "rights": access.right_names(rights)}
 
 
-def list_spaces(d: Context, principal: bytes, args: Page) -> tuple[int, Any]:
+def list_spaces(d: Caller, principal: bytes, args: Page) -> tuple[int, Any]:
     rights = access.visible_spaces(d, principal, d.state.participants.by_principal.get(principal))
     rows, next_cursor = page(d.state.tables.spaces, S.CREATED, rights != 0, args.after, args.limit)
     by_row = rights.tolist()
     return 200, {"items": [view(d, r, by_row[r]) for r in rows], "next_cursor": next_cursor}
 
 
-def get_space(d: Context, principal: bytes, args: SpaceRef) -> tuple[int, Any]:
+def get_space(d: Caller, principal: bytes, args: SpaceRef) -> tuple[int, Any]:
     prow = d.state.participants.by_principal.get(principal)
     srow = access.space_row(d, args.space, principal, prow, Right.READ)
     return 200, view(d, srow, access.effective_rights(d, principal, prow, srow))
