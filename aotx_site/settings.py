@@ -157,6 +157,9 @@ AOTX_BODY_TIMEOUT = float(os.environ.get("AOTX_BODY_TIMEOUT", "30"))  # seconds 
 AOTX_GATEWAY_WORKERS = int(os.environ.get("AOTX_GATEWAY_WORKERS", "1"))  # processes sharing the per-principal rates
 AOTX_PRINCIPAL_CACHE_SECONDS = float(os.environ.get("AOTX_PRINCIPAL_CACHE_SECONDS", "5"))
 AOTX_SSE_KEEPALIVE = float(os.environ.get("AOTX_SSE_KEEPALIVE", "15"))  # seconds between keep-alive comments
+# bytes of events an event stream may hold for a client that reads slower than they come; past it
+# the stream ends (`stream_backlog`) and the client resumes with Last-Event-ID
+AOTX_STREAM_BACKLOG_BYTES = int(os.environ.get("AOTX_STREAM_BACKLOG_BYTES", str(1 << 20)))
 AOTX_CHAT_TIMEOUT = float(os.environ.get("AOTX_CHAT_TIMEOUT", "600"))  # a whole non-streamed completion
 DATA_UPLOAD_MAX_MEMORY_SIZE = (8 << 20) + 4096  # media uploads (PUT /aotx/v1/media/{sha256})
 

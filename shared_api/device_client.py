@@ -229,12 +229,21 @@ class DeviceStream:
         self.queue: asyncio.Queue[Message | ServiceError] = asyncio.Queue()
         # called by the mux's reader with each frame while the queue is empty; True: taken, not queued
         self.on_frame: Callable[[Message], bool] | None = None
+        self.backlog = 0  # body bytes of the frames queued
+        # a bound on `backlog` (None: none) and what is called, once, when a frame passes it: a
+        # reader slower than its frames must not hold the gateway's memory without end
+        self.backlog_limit: int | None = None
+        self.on_backlog: Callable[[], None] | None = None
 
     def deliver(self, msg: Message) -> None:
         """A frame from the mux's reader: to `on_frame` when nothing is queued before it and it takes
         the frame at once (no wake-up of the task waiting in `next`), else queued, in order."""
         if self.on_frame is None or not self.queue.empty() or not self.on_frame(msg):
             self.queue.put_nowait(msg)
+            self.backlog += len(msg.get("body") or b"")
+            if self.backlog_limit is not None and self.backlog > self.backlog_limit and self.on_backlog is not None:
+                overflow, self.on_backlog = self.on_backlog, None
+                overflow()
 
     def fail(self, error: ServiceError) -> None:
         """The connection failed: `next` raises `error` after the frames already queued."""
@@ -253,6 +262,7 @@ class DeviceStream:
                 msg = await self.queue.get()
         if isinstance(msg, ServiceError):
             raise msg
+        self.backlog -= len(msg.get("body") or b"")
         return msg
 
     def nudge(self) -> None:

@@ -100,7 +100,9 @@ SSE_FRAMING = (
     "(base64), text (null unless the span is complete UTF-8)}; cursor: next_offset) as the device saves each span, "
     "then one `terminal` ({operation, status, result, terminal}) and end. `Last-Event-ID` resumes from its cursor "
     "when the request gives none. A stream whose reader loses the right or the grant ends with `event: error` and the error "
-    "body. Disconnecting never cancels the operation.")
+    "body; so does one whose client reads slower than its events come (`stream_backlog`, once "
+    "AOTX_STREAM_BACKLOG_BYTES, 1 MiB, of them wait in the gateway): resume it with `Last-Event-ID`. "
+    "Disconnecting never cancels the operation.")
 
 SAVE = obj({"source": {"type": "string", "enum": ["journal", "file"]},
             "file_incarnation": ref("Hex32"),
@@ -496,6 +498,8 @@ CODES = {
     "device_timeout": "the device did not answer in time; the mutation may have been admitted, "
                       "so retry it exactly",
     "gateway_misconfigured": "the gateway configuration cannot be read",
+    "stream_backlog": "(the last `error` event of a stream) the client read slower than its events came: "
+                      "more than AOTX_STREAM_BACKLOG_BYTES of them waited; resume with `Last-Event-ID`",
     "gateway_busy": "this gateway process has as many requests waiting on the device as it allows "
                     "(AOTX_DEVICE_WAITING); nothing was sent to the device: retry later",
     "bad_request": "the request is not valid HTTP as the gateway reads it (e.g. a Content-Length that is not a number)",
@@ -670,7 +674,8 @@ OPERATIONS = {  # keyed by the device command each route calls
                     "conversation form the context, as far as the page limit allows."),
     "conversations.events": _read(
         "Events of a conversation", "EventList",
-        {400: ("bad_last_event_id",), 403: ("right_missing",), 404: ("conversation_not_found",)},
+        {400: ("bad_last_event_id",), 403: ("right_missing",), 404: ("conversation_not_found",),
+         503: ("stream_backlog",)},
         path="conversation", listing=True, stream="optional",
         description="One event per input of the conversation, in input order, for every reader of its space. "
                     "`stream=true` answers server-sent events instead (`Last-Event-ID` resumes); there `limit` "
@@ -678,7 +683,7 @@ OPERATIONS = {  # keyed by the device command each route calls
     "operations.subscribe": _read(
         "Output and end of an operation, as a stream", "EventStream",
         {400: ("bad_offset", "bad_last_event_id"), 404: ("operation_not_found",), 410: ("operation_retired",),
-         504: ("deadline_exceeded",)},
+         503: ("stream_backlog",), 504: ("deadline_exceeded",)},
         path="operation", stream="always",
         description="Always server-sent events: the saved output from `offset` (bytes; default 0, or "
                     "`Last-Event-ID`), each span as it is saved, then the terminal event. Readers of the "

@@ -162,6 +162,7 @@ class EventStream(AsyncHttpConsumer):
         self.write_nowait: Callable[[bytes], bool] | None = None  # the server's (shared_api/http/server.py)
         self.limit: int | None = None  # `event` events after which the stream ends (None: it runs on)
         self.sent = 0  # `event` events written
+        self.ending: asyncio.Task[None] | None = None  # `end`, begun outside the stream's task
 
     # ---- the request ----------------------------------------------------------------
 
@@ -209,6 +210,8 @@ class EventStream(AsyncHttpConsumer):
         self.write_nowait = self.scope.get("extensions", {}).get(WRITE_NOWAIT)
         if self.write_nowait is not None:
             self.stream.on_frame = self.on_frame
+        self.stream.backlog_limit = settings.AOTX_STREAM_BACKLOG_BYTES
+        self.stream.on_backlog = self.backlogged
         self.task = asyncio.get_running_loop().create_task(self.pump())
 
     def arguments(self, query: dict[str, list[str]], last_event_id: str | None) -> dict[str, Any]:
@@ -318,6 +321,22 @@ class EventStream(AsyncHttpConsumer):
         self.stream = None
         await self.send_body(last, more_body=False)
 
+    async def end(self, err: ServiceError) -> None:
+        """End the stream here with `err` as its last event: the stream's task stops writing, the
+        subscription closes, and the last event gets AOTX_DEVICE_TIMEOUT to go out (a client that
+        does not read may never take it: the response then ends without it)."""
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            await stream.close()
+        try:
+            async with asyncio.timeout(settings.AOTX_DEVICE_TIMEOUT):
+                await self.finish(_sse("error", err.body()))
+        except TimeoutError:
+            pass
+
     async def recheck(self) -> None:
         """A principal change in some gateway process: end the stream if the token lost its read."""
         try:
@@ -326,12 +345,15 @@ class EventStream(AsyncHttpConsumer):
                 raise ServiceError(401, "unauthenticated", "the token was revoked")
             require_action(user, READ)
         except ServiceError as err:
-            if self.task is not None:  # the stream's own task stops writing before the last event
-                self.task.cancel()
-                await asyncio.gather(self.task, return_exceptions=True)
-            if self.stream is not None:
-                await self.stream.close()
-            await self.finish(_sse("error", err.body()))
+            await self.end(err)
+
+    def backlogged(self) -> None:
+        """The client reads slower than its events come: AOTX_STREAM_BACKLOG_BYTES of them wait in
+        this process. The stream ends (`stream_backlog`) and what waits is dropped; the client
+        resumes from the last event it read (Last-Event-ID). Called from the device reader's turn."""
+        err = ServiceError(503, "stream_backlog", f"more than {settings.AOTX_STREAM_BACKLOG_BYTES} bytes of events "
+                                                  "waited for this client to read them; resume with Last-Event-ID")
+        self.ending = asyncio.get_running_loop().create_task(self.end(err))
 
     async def disconnect(self) -> None:
         if self.task is not None:

@@ -87,3 +87,78 @@ def test_the_last_frame_and_errors_always_go_through_the_task():
     assert not stream.on_frame(frame(9, status=403))
     stream.finished = True
     assert not stream.on_frame(frame(9))
+
+
+class Mux:
+    """The DeviceMux's side of a stream's close: recorded."""
+
+    def __init__(self):
+        self.closed = []
+
+    async def _close(self, stream):
+        self.closed.append(stream.id)
+
+
+def backlogged_consumer(settings, limit):
+    settings.AOTX_STREAM_BACKLOG_BYTES = limit
+    stream, out = consumer([False] * 1000)  # no write is taken at once: every frame goes through the queue
+    mux = Mux()
+    stream.stream.mux = mux
+    stream.stream.backlog_limit = limit
+    stream.stream.on_backlog = stream.backlogged
+    return stream, out, mux
+
+
+def test_a_client_that_reads_slower_than_its_events_come_is_ended_not_buffered_without_end(settings):
+    """A stream whose connection stops taking writes: its frames wait in the gateway's queue, and
+    once more than AOTX_STREAM_BACKLOG_BYTES wait the stream ends — its subscription closes on the
+    device, what waited is dropped, and the last event says why (`stream_backlog`)."""
+    async def go():
+        stream, out, mux = backlogged_consumer(settings, 100)
+        stream.task = asyncio.get_running_loop().create_task(stream.pump())
+        stream.gate.clear()  # the client stops reading
+        stream.stream.deliver(frame(1))  # taken by the task, whose write now waits
+        await until(lambda: stream.writing, "the task's write of frame 1 waiting on the connection")
+        cursor = 2
+        while stream.ending is None:
+            assert cursor < 100, "the backlog was never bounded"
+            stream.stream.deliver(frame(cursor))  # 8 body bytes each
+            cursor += 1
+        assert 100 < stream.stream.backlog <= 100 + len(frame(cursor - 1)["body"])  # the first frame past the bound
+        stream.gate.set()  # the client reads again: the last event goes out
+        await stream.ending
+        assert mux.closed == [1] and stream.stream is None and stream.finished and stream.task.done()
+        assert cursors(out) == [] and b"stream_backlog" in out[-1] and out[-1].startswith(b"event: error\n")
+    async_to_sync(go)()
+
+
+def test_the_backlog_counts_only_what_still_waits(settings):
+    """Frames the task has taken no longer count: a stream that keeps up never ends."""
+    async def go():
+        stream, out, mux = backlogged_consumer(settings, 100)
+        stream.task = asyncio.get_running_loop().create_task(stream.pump())
+        for cursor in range(1, 200):
+            stream.stream.deliver(frame(cursor))
+            await until(lambda: stream.stream.queue.empty(), "the task to take the frame")
+        assert stream.ending is None and stream.stream.backlog == 0 and cursors(out) == list(range(1, 200))
+        stream.finished = True
+        stream.task.cancel()
+        await asyncio.gather(stream.task, return_exceptions=True)
+    async_to_sync(go)()
+
+
+def test_ending_a_stream_whose_client_never_reads_again_is_bounded(settings):
+    """The last event cannot go out to a client that never reads: the stream still ends, after
+    AOTX_DEVICE_TIMEOUT, with its subscription closed."""
+    async def go():
+        settings.AOTX_DEVICE_TIMEOUT = 0.05
+        stream, out, mux = backlogged_consumer(settings, 10)
+        stream.task = asyncio.get_running_loop().create_task(stream.pump())
+        stream.gate.clear()
+        for cursor in (1, 2, 3):
+            stream.stream.deliver(frame(cursor))
+            await asyncio.sleep(0)
+        assert stream.ending is not None
+        await asyncio.wait_for(stream.ending, 30)
+        assert mux.closed == [1] and stream.finished and out == []
+    async_to_sync(go)()
