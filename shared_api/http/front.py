@@ -50,8 +50,8 @@ from ..openai.views import PRINCIPAL as OPENAI_PRINCIPAL
 from ..openai.views import openai_error
 from .rates import RateLimited, limiter, retry_headers
 from .refusals import RefusalBackoff, is_quota_refusal
-from .server import (PRIVATE_HEADERS, ASGIApp, AccessLog, Logged, Proto, Receive, Receiver, Scope, Stream, asgi,
-                     asgi_scope)
+from .server import (HEAD_BYTES, HEADERS, PRIVATE_HEADERS, ASGIApp, AccessLog, Logged, Proto, Receive, Receiver,
+                     Scope, Stream, asgi, asgi_scope)
 from ..routes.strict import loads_strict
 from ..routes.views import DeviceCall, MediaView, SharedView
 
@@ -118,7 +118,8 @@ class FrontRequest:
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
     """Request headers by lowercase name (a repeated header: its last value)."""
-    return {name.lower(): value for name, value in scope["headers"]}
+    found: dict[bytes, bytes] | None = scope.get(HEADERS)  # (asgi_scope's)
+    return found if found is not None else {name.lower(): value for name, value in scope["headers"]}
 
 
 def _query(scope: Scope) -> dict[str, str]:
@@ -172,8 +173,12 @@ def _content_length(headers: dict[bytes, bytes]) -> int | None:
         raise ServiceError(400, "bad_request", "Content-Length must be a decimal integer") from None
 
 
-def _too_large(limit: int, code: str) -> BodyRefused:
-    return BodyRefused(ServiceError(413, code, f"the body exceeds this route's {limit} bytes"))
+def _too_large(limit: int, code: str = "body_too_large") -> ServiceError:
+    return ServiceError(413, code, f"the body exceeds this route's {limit} bytes")
+
+
+def _stalled(timeout: float) -> ServiceError:
+    return ServiceError(408, "body_timeout", f"the body stalled for {timeout:g}s")
 
 
 async def read_body(proto: Proto, headers: dict[bytes, bytes], length: int | None, limit: int, code: str,
@@ -190,7 +195,7 @@ async def read_body(proto: Proto, headers: dict[bytes, bytes], length: int | Non
             async with asyncio.timeout(timeout):
                 body = await proto()
         except TimeoutError:
-            raise BodyRefused(ServiceError(408, "body_timeout", f"the body stalled for {timeout:g}s")) from None
+            raise BodyRefused(_stalled(timeout)) from None
         except asyncio.CancelledError:
             raise
         except Exception:  # (the server's: the connection broke while the body was arriving)
@@ -211,11 +216,11 @@ async def read_body(proto: Proto, headers: dict[bytes, bytes], length: int | Non
                     break
                 size += len(chunk)
                 if size > limit:
-                    raise _too_large(limit, code)
+                    raise BodyRefused(_too_large(limit, code))
                 parts.append(chunk)
                 deadline.reschedule(loop.time() + timeout)
     except TimeoutError:
-        raise BodyRefused(ServiceError(408, "body_timeout", f"the body stalled for {timeout:g}s")) from None
+        raise BodyRefused(_stalled(timeout)) from None
     except (BodyRefused, asyncio.CancelledError):
         raise
     except Exception:  # (the server's: the connection broke while the body was arriving)
@@ -265,7 +270,7 @@ def _admit(view: SharedView, method: str, headers: dict[bytes, bytes],
     limit = view_class.body_limit
     length = _content_length(headers)
     if length is not None and length > limit:
-        raise ServiceError(413, view_class.body_code, f"the body exceeds this route's {limit} bytes")
+        raise _too_large(limit, view_class.body_code)
     return handler, length
 
 
@@ -345,8 +350,7 @@ class Front:
 
     async def answer(self, request: Any, proto: Proto) -> None:
         scope = asgi_scope(request)
-        head = len(scope["path"]) + len(scope["query_string"]) + sum(len(n) + len(v) + 4 for n, v in scope["headers"])
-        if head > self.max_header_bytes:
+        if scope[HEAD_BYTES] > self.max_header_bytes:
             respond_error(proto, ServiceError(431, "headers_too_large", f"the request line and headers exceed "
                                                                         f"{self.max_header_bytes} bytes"), close=True)
             return
@@ -460,8 +464,7 @@ class Front:
             require_action(user, CHAT)  # every OpenAI-compatible route's action
             length = _content_length(headers)
             if length is not None and length > MAX_CHAT_BODY_BYTES:
-                raise BodyRefused(ServiceError(413, "body_too_large",
-                                               f"the body exceeds this route's {MAX_CHAT_BODY_BYTES} bytes"))
+                raise BodyRefused(_too_large(MAX_CHAT_BODY_BYTES))
             limiter().admit(user.principal_id, user.rates, length or 0)
             raw = await read_body(proto, headers, length, MAX_CHAT_BODY_BYTES, "body_too_large",
                                   settings.AOTX_BODY_TIMEOUT)
@@ -572,7 +575,7 @@ class Front:
                     raise ServiceError(401, "unauthenticated", "Authorization must be 'Bearer <token>'")
             length = _content_length(headers)
             if length is not None and length > limit:
-                raise BodyRefused(ServiceError(413, "body_too_large", f"the body exceeds this route's {limit} bytes"))
+                raise BodyRefused(_too_large(limit))
         except (ServiceError, BodyRefused) as exc:
             err = exc.error if isinstance(exc, BodyRefused) else exc
             self._refuse(proto, err, openai, close=isinstance(exc, BodyRefused) or err.status == 401)
@@ -592,13 +595,12 @@ class Front:
                     async with asyncio.timeout(timeout):
                         message = await receive()
                 except TimeoutError:
-                    refused.append(ServiceError(408, "body_timeout", f"the body stalled for {timeout:g}s"))
+                    refused.append(_stalled(timeout))
                     return {"type": "http.disconnect"}
                 if message["type"] == "http.request":
                     received += len(message.get("body", b""))
                     if received > limit:
-                        refused.append(ServiceError(413, "body_too_large",
-                                                    f"the body exceeds this route's {limit} bytes"))
+                        refused.append(_too_large(limit))
                         return {"type": "http.disconnect"}
                 return message
             return bounded_receive

@@ -128,14 +128,26 @@ class Proto(Protocol):
     def response_stream(self, status: int, headers: list[tuple[str, str]]) -> Stream: ...
 
 
+HEADERS = "aotx.headers"  # a scope's headers by lowercase name (a repeated one: its last value)
+HEAD_BYTES = "aotx.head_bytes"  # the request line's path and query and the headers, in bytes
+
+
 def asgi_scope(scope: Any) -> Scope:
     """An RSGI request head as an ASGI HTTP scope (the application's routing and checks read it
-    this way; Django and Channels need it)."""
+    this way; Django and Channels need it), with the headers also by name and the head's size,
+    from one walk over them."""
+    pairs, by_name = [], {}
+    size = len(scope.path) + len(scope.query_string)
+    for name, value in scope.headers.items():
+        raw = name.encode("latin-1")
+        pair = (raw, value.encode("latin-1"))
+        pairs.append(pair)
+        by_name[raw.lower()] = pair[1]
+        size += len(name) + len(value) + 4
     return {"type": "http", "asgi": {"version": "3.0"}, "http_version": scope.http_version,
             "method": scope.method, "scheme": scope.scheme, "path": scope.path,
             "raw_path": scope.path.encode("utf-8"), "query_string": scope.query_string.encode("latin-1"),
-            "root_path": "", "headers": [(name.encode("latin-1"), value.encode("latin-1"))
-                                         for name, value in scope.headers.items()],
+            "root_path": "", "headers": pairs, HEADERS: by_name, HEAD_BYTES: size,
             "client": _address(scope.client), "server": _address(scope.server)}
 
 
