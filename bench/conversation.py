@@ -159,7 +159,7 @@ class EngineServer:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.inbox: list[tuple[object, list, int, queue.Queue]] = []
+        self.inbox: list[tuple[object, int, list, int, queue.Queue]] = []
         self.ready = threading.Condition()
         self.streams: dict[object, queue.Queue] = {}
         self.stopping = False
@@ -182,7 +182,9 @@ class EngineServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 tokens: queue.Queue = queue.Queue()
                 with server.ready:
-                    server.inbox.append((next(server.ids), body["prompt"], body["n_predict"], tokens))
+                    # the conversation's slot is its tenant, as a principal is the device's: the
+                    # prefix cache shares pages only within one tenant
+                    server.inbox.append((next(server.ids), body["id_slot"], body["prompt"], body["n_predict"], tokens))
                     server.ready.notify()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
@@ -210,9 +212,9 @@ class EngineServer:
                 if self.stopping:
                     return
                 arrived, self.inbox = self.inbox, []
-            for request_id, prompt, n, tokens in arrived:
+            for request_id, slot, prompt, n, tokens in arrived:
                 self.streams[request_id] = tokens
-                engine.submit(request_id, prompt, max_new_tokens=n, ignore_eos=True, tenant=request_id)
+                engine.submit(request_id, prompt, max_new_tokens=n, ignore_eos=True, tenant=slot)
             if engine.has_work:
                 for request_id, token, released, reason, _ in engine.step():
                     tokens = self.streams[request_id]
