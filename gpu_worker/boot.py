@@ -1,11 +1,15 @@
 """`python -m gpu_worker boot --ccir F --journal DIR --service-grants G [--device cpu|cuda] [--tick-cpu N]
-[--background-nice N] [--allow-uid UID ...] [--socket-group GROUP] [--stall-seconds S]`."""
+[--background-nice N] [--allow-uid UID ...] [--socket-group GROUP] [--stall-seconds S]
+[--replicate ADDRESS [--replication sync|async] [--standby-timeout S]] [--takeover]`, or `... --standby-of ADDRESS` (a standby:
+docs/replication.md)."""
 import argparse
 import gc
 import grp
 import logging
 import os
+import signal
 import sys
+from typing import Callable
 
 from .contract.grantfile import GrantFileError, Grants
 from .loop.threads import DEFAULT_NICE
@@ -60,6 +64,22 @@ def main(argv):
                         help="the stall watchdog logs the pipeline's state and every thread's stack when commands "
                              f"or replies have waited this long with no progress (default {STALL_SECONDS:g}; "
                              "docs/architecture.md, 'Who wakes whom')")
+    parser.add_argument("--replicate", metavar="ADDRESS",
+                        help="ship the journal to a standby that connects here (a Unix socket path, or HOST:PORT): "
+                             "docs/replication.md")
+    parser.add_argument("--replication", choices=("sync", "async"), default="sync",
+                        help="with --replicate: sync (default) counts a transfer saved only once the standby holds "
+                             "it too; async answers from the local fdatasync alone (a failover may lose the tail)")
+    parser.add_argument("--standby-timeout", type=float, metavar="S",
+                        help="with --replication sync: after S seconds without a standby, save transfers here alone "
+                             "(as async) until a standby has caught up; without it the primary holds: it answers no "
+                             "mutation until a standby holds it")
+    parser.add_argument("--standby-of", metavar="ADDRESS",
+                        help="run as a standby: keep --journal a byte-for-byte copy of the primary's journal at "
+                             "ADDRESS (its --replicate), until SIGTERM; --ccir is a copy of the primary's runtime file")
+    parser.add_argument("--takeover", action="store_true",
+                        help="boot a sync standby's journal as the primary's successor: the same line of history "
+                             "(participants keep their lineages), not a restore")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s device %(levelname)s %(message)s")
 
@@ -95,6 +115,14 @@ def main(argv):
     from .storage.journal import JournalError
     from .storage.runtime_file import FileLock, RuntimeFile, RuntimeFileError, RuntimeFileLocked
 
+    if args.standby_timeout is not None and not (args.replicate and args.replication == "sync"
+                                                 and 0 <= args.standby_timeout < float("inf")):
+        return fail("--standby-timeout S: seconds (0 or more) for a primary with --replicate and sync replication")
+    if args.standby_of is not None:
+        if args.replicate is not None or args.takeover:
+            return fail("--standby-of follows a primary: --replicate and --takeover are for a device that serves")
+        return _standby(args, fail)
+
     try:
         grants = Grants(args.service_grants)
     except GrantFileError as exc:
@@ -116,14 +144,23 @@ def main(argv):
             return fail(f"runtime file {args.ccir} was replaced while the device opened it; boot again", 3)
         try:
             os.makedirs(args.journal, exist_ok=True)
-            device = Device(runtime, args.journal, grants, device=_device_name(args.device))
+            device = Device(runtime, args.journal, grants, device=_device_name(args.device), takeover=args.takeover)
         except (DeviceBootError, RuntimeFileError) as exc:  # configuration: profile, grants, file
             return fail(str(exc), 2)
         except (JournalError, OSError) as exc:  # the journal refused: locked, damaged, unreadable
             return fail(str(exc), 3)
         socket_path = os.path.join(args.journal, "service.sock")
+        shipper = None
+        if args.replicate is not None:
+            from .replication.primary import Shipper
+            try:
+                shipper = Shipper(args.replicate, args.journal, runtime.incarnation, sync=args.replication == "sync",
+                                  alone_after=args.standby_timeout)
+            except (OSError, ValueError) as exc:
+                device.close()
+                return fail(f"--replicate {args.replicate}: {exc}")
         server = Server(device, socket_path, allow_uids=tuple(args.allow_uid), socket_group=socket_group,
-                        stall_seconds=args.stall_seconds)
+                        stall_seconds=args.stall_seconds, replica=shipper)
         device.deliver = server.deliver  # other threads' results come back through the loop
         device.background_nice = args.background_nice
         try:
@@ -157,6 +194,37 @@ def main(argv):
         finally:
             device.runner.stop()
             device.close()
+            if shipper is not None:
+                shipper.close()
         return 0
     finally:
         runtime_lock.release()
+
+
+def _standby(args: argparse.Namespace, fail: Callable[..., int]) -> int:
+    """`boot --standby-of`: follow the primary until SIGTERM or SIGINT (gpu_worker/replication/standby.py)."""
+    from .replication.standby import Mirror, Standby, StandbyRefused
+    from .storage.journal import JournalError
+    from .storage.runtime_file import RuntimeFile, RuntimeFileError
+
+    try:
+        incarnation = RuntimeFile.open(args.ccir).incarnation
+    except (OSError, RuntimeFileError) as exc:
+        return fail(f"cannot open runtime file {args.ccir}: {exc}")
+    try:
+        mirror = Mirror(args.journal, incarnation)
+    except (JournalError, OSError) as exc:
+        return fail(str(exc), 3)
+    standby = Standby(args.standby_of, mirror, incarnation)
+    previous = {sig: signal.signal(sig, lambda *_: standby.stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    print(f"standby ready: journal {args.journal} at {mirror.position}, following {args.standby_of}", flush=True)
+    try:
+        standby.run()
+    except StandbyRefused as exc:
+        return fail(str(exc), 4)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        mirror.close()
+    print(f"standby stopped: journal {args.journal} at {mirror.position}", flush=True)
+    return 0

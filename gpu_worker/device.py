@@ -64,9 +64,12 @@ class DeviceBootError(Exception):
 
 class Device:
     def __init__(self, runtime: RuntimeFile, journal_dir: str, grants: Grants | None, *, device: str = "cpu",
-                 fs: FileLayer | None = None, serve: bool = True) -> None:
+                 fs: FileLayer | None = None, serve: bool = True, takeover: bool = False) -> None:
         """serve=False opens the state for an offline command (checkpoint): no grant check, no
-        boot recorded."""
+        boot recorded. takeover: this journal is a sync standby's copy of the primary's
+        (docs/replication.md): its boot continues the primary's line of history, as a restart
+        would, instead of being a restore."""
+        self.takeover = takeover
         self.runtime = runtime
         self.incarnation_hex = runtime.incarnation.hex()
         self.model_digest = runtime.model_digest("gen")
@@ -235,6 +238,16 @@ class Device:
                         f"(written_at_ns {grants.written_at_ns} < {marker.grants_written_at_ns}); run "
                         "`python manage.py write_grants --config gateway.json`, then boot again")
                 new_lineage = marker.lineages > lines
+            elif self.takeover:  # a sync standby holds every saved transfer: nothing a client saw is lost
+                from .replication import standby
+                kept = standby.read_mark(directory)
+                if kept != "sync":
+                    raise DeviceBootError(
+                        f"--takeover needs a journal a standby kept in sync replication; {directory} was kept "
+                        f"{kept or 'by no standby'}: a failover from it may have lost saved transfers, so boot it "
+                        "as a restore (without --takeover, with a fresh grant file: every participant gets a new "
+                        "lineage)")
+                log.info("takeover: journal %s continues the primary's line of history (%s)", directory, why)
             elif grants.written_at_ns <= state.last_boot_ns:
                 raise DeviceBootError(
                     f"restore requires fresh deployment grants: {why}, so this boot is a restore, and "

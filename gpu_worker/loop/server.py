@@ -57,9 +57,10 @@ class Server:
 
     def __init__(self, device: Any, socket_path: str, *, allow_uids: tuple[int, ...] = (),
                  allow_gids: tuple[int, ...] = (), socket_group: int | None = None,
-                 stall_seconds: float = STALL_SECONDS) -> None:
+                 stall_seconds: float = STALL_SECONDS, replica: Any = None) -> None:
         self.device = device                 # gpu_worker.device.Device
         self.committer = device.committer
+        self.replica = replica               # journal shipping to a standby (replication/primary.py Shipper)
         self.socket_path = socket_path
         self.socket_group = socket_group
         self.allow_uids = tuple(sorted({os.geteuid(), *allow_uids}))
@@ -200,7 +201,8 @@ class Server:
         stalled = self.watchdog.stalled_seconds()
         return {"stalled_seconds": round(stalled, 3), "stall_seconds": self.watchdog.stall_seconds,
                 "stalled": stalled >= self.watchdog.stall_seconds, "inbox": len(self.inbox),
-                "batches": len(self.committer.batches), "ticks_in_flight": self.committer.writer.ticks_in_flight}
+                "batches": len(self.committer.batches), "ticks_in_flight": self.committer.writer.ticks_in_flight,
+                "replication": self.replica.state() if self.replica is not None else None}
 
     def _closed(self, conn: Connection) -> None:
         if conn.closed:
@@ -263,10 +265,13 @@ class Server:
             self._wake = os.eventfd(1 if self._stop_asked else 0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         epoll = select.epoll()
         syncer = native.load("sockio").Syncer()
-        self.committer.attach(syncer)
+        self.committer.attach(syncer, self.replica)
         io_fd, sync_fd, wake_fd = io.fileno(), syncer.fileno(), self._wake
+        replica_fd = self.replica.fileno() if self.replica is not None else -1
         for fd in (io_fd, sync_fd, wake_fd):
             epoll.register(fd, _IN)
+        if self.replica is not None:
+            epoll.register(replica_fd, _IN)  # its waker: an acknowledgement, a standby joining or leaving
         on_main = threading.current_thread() is threading.main_thread()  # tests run a server on a thread
         previous: dict[signal.Signals, Any] = {}
         if on_main:
@@ -288,6 +293,8 @@ class Server:
                         self._synced()
                     elif fd == wake_fd:
                         self._woken()
+                    elif fd == replica_fd:
+                        self._step(self.committer.acked)
                     if not self._running:
                         break
                 if self._want_tick and self._running:

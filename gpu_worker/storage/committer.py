@@ -106,12 +106,36 @@ class Syncer(Protocol):
     def fileno(self) -> int: ...
 
 
+class Replica(Protocol):
+    """Journal shipping to a standby (gpu_worker/replication/primary.py Shipper)."""
+
+    @property
+    def waits(self) -> bool: ...  # whether a transfer is saved only once the standby holds it (sync, not alone)
+
+    @property
+    def acked_seq(self) -> int: ...
+
+    def begin(self, writer: JournalWriter) -> None: ...
+
+    def ship(self, segment: int, offset: int, data: bytes, last_seq: int) -> None: ...
+
+    def woken(self, writer: JournalWriter) -> bool: ...
+
+    def cut(self, writer: JournalWriter) -> None: ...
+
+
+MAX_HELD_BATCHES = 64  # batches a sync standby may hold unanswered before gathering waits for it
+
+
 class Committer:
     def __init__(self, owner: TickOwner, writer: JournalWriter) -> None:
         self.owner = owner
         self.writer = writer
         self.batches: deque[Batch] = deque()   # gathered, not yet answered (oldest first)
         self.syncer: Syncer | None = None      # the tick I/O thread, while a server runs
+        self.replica: Replica | None = None    # a standby's journal shipping, while a server runs
+        self._shipped_seq = 0                  # the last transfer whose bytes were shipped
+        self._unacked: deque[Transfer] = deque()  # saved here, not yet on a sync standby (oldest first)
         self._drain_waiters: list[tuple[Any, Message]] = []  # commands that run once nothing is queued
         self.stats = IOStats()
         self.gathered = 0   # batches gathered and ticks finished so far: the stall watchdog's sign of
@@ -129,8 +153,26 @@ class Committer:
 
     # ---- the pipeline ---------------------------------------------------------------
 
-    def attach(self, syncer: Syncer | None) -> None:
+    def attach(self, syncer: Syncer | None, replica: Replica | None = None) -> None:
         self.syncer = syncer
+        self.replica = replica
+        if replica is not None:
+            self._shipped_seq = self.writer.durable_seq
+            replica.begin(self.writer)
+
+    @property
+    def saved_seq(self) -> int:
+        """The last transfer that counts as saved: durable here and, with a sync standby, there."""
+        durable = self.writer.durable_seq
+        replica = self.replica
+        return min(durable, replica.acked_seq) if replica is not None and replica.waits else durable
+
+    def acked(self) -> list[Reply]:
+        """The standby's link moved (an acknowledgement, a standby joined or left): what it saves."""
+        assert self.replica is not None
+        self.replica.woken(self.writer)
+        self._release()
+        return self._pump()
 
     def gather_waits(self, waiting: int) -> bool:
         """True while no batch is gathered, with `waiting` commands in the inbox: a whole tick's
@@ -147,7 +189,8 @@ class Committer:
         return (untaken >= MAX_RECORDS_PER_TICK
                 or bool(writer.ticks_in_flight and untaken + waiting < MAX_RECORDS_PER_TICK)
                 or any(batch.reads for batch in self.batches)
-                or bool(self._drain_waiters and writer.queued_records))
+                or bool(self._drain_waiters and writer.queued_records)
+                or (self.replica is not None and self.replica.waits and len(self.batches) >= MAX_HELD_BATCHES))
 
     def io_waits(self) -> bool:
         """True when queued records could go to the disk now and nothing will send them there
@@ -206,7 +249,7 @@ class Committer:
         replies: list[Reply] = []
         while True:
             saved = []
-            durable = self.writer.durable_seq
+            durable = self.saved_seq
             while self.batches and self.batches[0].last_seq <= durable:
                 saved.append(self.batches.popleft())
             drained = self._drained()
@@ -235,6 +278,8 @@ class Committer:
         while self.io_waits():
             tick = writer.begin_tick()
             assert tick is not None
+            if self.replica is not None:
+                self._ship(tick)
             if self.syncer is None or not tick.file.native_io:
                 return tick
             self.stats.started()
@@ -254,12 +299,43 @@ class Committer:
                 raise  # EIO and the like: stop admitting; the process exits and a restart recovers
             batches = list(self.batches)
             self.batches.clear()
-            return self.owner.refuse_unsaved(err, batches)
+            replies = self.owner.refuse_unsaved(err, batches)
+            if self.replica is not None:  # the state is rebuilt from what is durable here
+                self._unacked.clear()
+                self._shipped_seq = self.writer.durable_seq
+                self.replica.cut(self.writer)
+            return replies
         if self.syncer is not None and tick.file.native_io:
             self._start_io()  # the disk's next tick first: the saves below are recorded while it runs
         self.stats.saved_transfers += len(transfers)
-        self.owner.saved(transfers)
+        if self.replica is not None:
+            self._unacked.extend(transfers)  # saved once a sync standby holds them too
+            self._release()
+        else:
+            self.owner.saved(transfers)
         return []
+
+    def _ship(self, tick: TickIO) -> None:
+        """Hand a tick's bytes to the standby as they go to the disk here, with the last transfer
+        they complete."""
+        assert self.replica is not None
+        last = self._shipped_seq
+        for queued, _, _ in tick.plan:
+            if queued.taken == len(queued.records):
+                last = queued.seq
+        self._shipped_seq = last
+        self.replica.ship(self.writer.segment, tick.plan[0][2], tick.data, last)
+
+    def _release(self) -> None:
+        """Transfers saved here that the sync standby now holds too: saved."""
+        assert self.replica is not None
+        acked = self.replica.acked_seq if self.replica.waits else self.writer.durable_seq
+        unacked = self._unacked
+        done = []
+        while unacked and unacked[0].seq <= acked:
+            done.append(unacked.popleft())
+        if done:
+            self.owner.saved(done)
 
     def _take_cancelled(self, count: int) -> None:
         """A failed tick ended the `count` ticks in flight behind it; the tick I/O thread ran none

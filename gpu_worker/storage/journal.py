@@ -576,6 +576,11 @@ class JournalWriter:
     def ticks_in_flight(self) -> int:
         return len(self._in_flight)
 
+    def ticks_begun(self) -> list[tuple[int, bytes]]:
+        """(offset, bytes) of each tick in flight, oldest first: written or being written in the
+        current segment after `offset`, not yet durable (a standby that joins now gets them)."""
+        return [(tick.plan[0][2], tick.data) for tick in self._in_flight]
+
     @property
     def oldest_tick(self) -> TickIO | None:
         """The tick in flight that finish_tick takes next."""

@@ -219,9 +219,33 @@ def device_metrics(status: dict[str, Any] | None) -> Iterator[Metric]:
                                     "boot --stall-seconds)")
         stalled.add_metric([], float(pipeline["stalled_seconds"]))
         yield stalled
+    replication = pipeline.get("replication") if isinstance(pipeline, dict) else None
+    if isinstance(replication, dict):
+        yield from _replication_metrics(replication)
     for name, key, text in (("aotx_device_boot", "boot", "The device's boot counter"),
                             ("aotx_device_generation", "generation", "The runtime file's checkpoint generation")):
         value = _number(status.get(key))
+        if value is not None:
+            gauge = GaugeMetricFamily(name, text)
+            gauge.add_metric([], value)
+            yield gauge
+
+
+def _replication_metrics(replication: dict[str, Any]) -> Iterator[Metric]:
+    """A primary's journal shipping (docs/replication.md): its standby and how far behind it is."""
+    for name, value, text in (
+            ("aotx_replication_standby_connected", 1.0 if replication.get("standby") else 0.0,
+             "1 while a standby follows this primary's journal"),
+            ("aotx_replication_sync", 1.0 if replication.get("replication") == "sync" else 0.0,
+             "1 when a transfer is saved only once the standby holds it too (sync replication)"),
+            ("aotx_replication_alone", 1.0 if replication.get("alone") else 0.0,
+             "1 while a sync primary saves alone (no standby past --standby-timeout)"),
+            ("aotx_replication_lag_transfers", _number(replication.get("lag_transfers")),
+             "Journal transfers handed to this primary's disk that the standby has not acknowledged"),
+            ("aotx_replication_queued_bytes", _number(replication.get("queued_bytes")),
+             "Journal bytes queued for the standby and not yet sent"),
+            ("aotx_replication_standby_losses", _number(replication.get("standby_losses")),
+             "Standbys that left or were dropped since the device booted")):
         if value is not None:
             gauge = GaugeMetricFamily(name, text)
             gauge.add_metric([], value)

@@ -1,0 +1,379 @@
+"""The primary's side of journal shipping (gpu_worker/replication/__init__.py, docs/replication.md).
+
+The tick thread calls `ship` as each tick starts on the disk (Committer._start_io) and `woken`
+when the Shipper's eventfd is readable (an acknowledgement came, a standby said hello or left);
+everything else runs on the Shipper's own threads, so nothing proportional to the journal's size
+runs on the tick thread: the accept thread takes a standby's hello, and each standby's sender
+thread writes what it lacks from the segment files, then the ticks queued for it, while its
+reader thread takes its acknowledgements. `acked_seq`, the last transfer the standby holds
+durable, is what sync replication waits for.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from gpu_worker.contract.wire import FrameReader, ProtocolError, encode_frame
+from gpu_worker.storage.journal import SEGMENT_HEADER_SIZE, JournalWriter, encode_segment_header, segment_name
+
+from . import HELLO_SECONDS, SEGMENT_CHUNK, listen, read_frames
+
+log = logging.getLogger("gpu_worker.replication")
+
+MAX_TICKS_TRACKED = 1 << 16   # tick ends kept to map an acknowledged position to a transfer
+MAX_QUEUED_BYTES = 64 << 20   # an async standby further behind than this is dropped (it catches up again)
+
+Position = tuple[int, int]  # (segment, offset): journal bytes before it
+
+
+class Link:
+    """One standby's connection: its sender thread writes what the tick thread queued for it, in
+    order; its reader thread takes its acknowledgements (`position`, what it holds durable)."""
+
+    def __init__(self, shipper: Shipper, sock: socket.socket, position: Position) -> None:
+        self.shipper = shipper
+        self.sock = sock
+        self.position = position
+        self.peer = str(sock.getpeername() or "unix socket")
+        self.queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self.queued_bytes = 0  # queued for the sender and not yet sent (the tick thread adds, it subtracts)
+        self.closed = False
+        self.threads = [threading.Thread(target=self._send, name="aotx-replication-send", daemon=True),
+                        threading.Thread(target=self._read, name="aotx-replication-acks", daemon=True)]
+
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def refuse(self, why: str) -> None:
+        try:
+            self.sock.sendall(encode_frame({"refused": why}))
+        except OSError:
+            pass
+        self.close()
+
+    def close(self) -> None:
+        """End the link (idempotent; from any thread): both threads stop, the tick thread hears of it."""
+        if self.closed:
+            return
+        self.closed = True
+        self.queue.put(None)
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.shipper.wake()
+
+    # ---- the sender thread -------------------------------------------------------------------
+
+    def _send(self) -> None:
+        try:
+            while (item := self.queue.get()) is not None:
+                if item[0] == "files":
+                    self._send_files(item[1], item[2])
+                elif item[0] == "frame":
+                    self.sock.sendall(encode_frame(item[1]))
+                else:
+                    segment, offset, data = item
+                    self.sock.sendall(encode_frame({"segment": segment, "offset": offset, "data": data}))
+                    self.queued_bytes -= len(data)
+        except OSError as exc:
+            log.warning("replication to %s: %s", self.peer, exc)
+        finally:
+            self.close()
+            self.sock.close()
+
+    def _send_files(self, start: Position, end: Position) -> None:
+        """The journal bytes from `start` to `end`, read from the primary's segment files."""
+        directory = self.shipper.journal_dir
+        for segment in range(start[0], end[0] + 1):
+            path = os.path.join(directory, segment_name(segment))
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # (a missing segment: the link fails, see `woken`)
+            try:
+                offset = start[1] if segment == start[0] else 0
+                stop = end[1] if segment == end[0] else os.fstat(fd).st_size
+                while offset < stop:
+                    data = os.pread(fd, min(SEGMENT_CHUNK, stop - offset), offset)
+                    if not data:
+                        raise OSError(f"{path} ends at {offset}, before {stop}")
+                    self.sock.sendall(encode_frame({"segment": segment, "offset": offset, "data": data}))
+                    offset += len(data)
+            finally:
+                os.close(fd)
+
+    # ---- the reader thread -------------------------------------------------------------------
+
+    def _read(self) -> None:
+        frames = FrameReader()
+        try:
+            while not self.closed:
+                for msg in read_frames(self.sock, frames):
+                    segment, offset, cut = msg.get("segment"), msg.get("offset"), msg.get("cut")
+                    if msg.get("ack") != 1 or type(segment) is not int or type(offset) is not int or type(cut) is not int:
+                        raise ProtocolError(f"not an acknowledgement: {sorted(msg)}")
+                    if cut == self.shipper.cuts:  # (an acknowledgement of bytes from before a cut counts for nothing)
+                        self.position = (segment, offset)
+                self.shipper.wake()
+        except (OSError, ProtocolError) as exc:
+            if not self.closed:
+                log.warning("replication from %s: %s", self.peer, exc)
+        finally:
+            self.close()
+
+
+class Shipper:
+    """Ships the journal to one standby at a time (module docstring). `sync`: a transfer counts as
+    saved only once the standby acknowledged it (the Committer asks `acked_seq`)."""
+
+    def __init__(self, address: str, journal_dir: str, incarnation: bytes, sync: bool = True,
+                 alone_after: float | None = None) -> None:
+        self.address = address
+        self.journal_dir = journal_dir
+        self.incarnation = bytes(incarnation)
+        self.sync = sync
+        # sync only: seconds without a standby after which transfers are saved here alone (None:
+        # never, the primary holds), until a standby has caught up again
+        self.alone_after = alone_after
+        self.alone = False
+        self._lost_at = time.monotonic()  # since when no standby is streamed to
+        self._timer: threading.Timer | None = None  # wakes the tick loop when alone_after passes
+        self.listener = listen(address)
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # the tick loop's waker (`fileno`)
+        self._lock = threading.Lock()
+        self._arrived: Link | None = None  # said hello; the tick thread starts its stream (`woken`)
+        self.link: Link | None = None      # the standby being streamed to (tick thread)
+        self._ticks: deque[tuple[int, int, int]] = deque()  # (segment, end offset, last whole transfer) begun
+        self.acked_seq = 0  # the last transfer the standby holds durable
+        self.last_seq = 0   # the last transfer whose bytes were handed to the disk here
+        self.cuts = 0       # times the journal was cut back (a failed tick): acknowledgements name the last they saw
+        self.links = 0      # standbys streamed to since boot
+        self.losses = 0     # of them, how many left or were dropped
+        self._stopping = False
+        self._accepting = threading.Thread(target=self._accept, name="aotx-replication-accept", daemon=True)
+
+    def fileno(self) -> int:
+        return self._wake
+
+    @property
+    def waits(self) -> bool:
+        """Whether a transfer is saved only once the standby holds it: sync, and not alone."""
+        return self.sync and not self.alone
+
+    def _lost(self) -> None:
+        """No standby is streamed to from now (boot, or one left): arm the alone_after timer."""
+        self._lost_at = time.monotonic()
+        if self.sync and self.alone_after is not None and not self.alone:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = threading.Timer(self.alone_after, self.wake)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def wake(self) -> None:
+        with self._lock:  # (close() takes the descriptor away under the lock: never a write to a reused number)
+            if self._wake >= 0:
+                os.eventfd_write(self._wake, 1)
+
+    # ---- the tick thread ----------------------------------------------------------------------
+
+    def begin(self, writer: JournalWriter) -> None:
+        """Start shipping: what the journal holds now is the baseline a standby catches up to."""
+        self.last_seq = writer.durable_seq
+        self._ticks.append((writer.segment, writer.offset, writer.durable_seq))
+        self._accepting.start()
+        self._lost()
+
+    def ship(self, segment: int, offset: int, data: bytes, last_seq: int) -> None:
+        """A tick's bytes, handed to the disk at `offset` of `segment` now; `last_seq` is the last
+        transfer they complete (or the one before them)."""
+        self.last_seq = last_seq
+        self._ticks.append((segment, offset + len(data), last_seq))
+        if len(self._ticks) > MAX_TICKS_TRACKED:  # (no standby acknowledges: keep the newest)
+            self._ticks.popleft()
+        link = self.link
+        if link is None or link.closed:
+            return
+        if offset == SEGMENT_HEADER_SIZE:  # a new segment's first tick: its header too (the same bytes)
+            data, offset = encode_segment_header(segment, self.incarnation) + data, 0
+        link.queued_bytes += len(data)
+        if not self.waits and link.queued_bytes > MAX_QUEUED_BYTES:
+            log.warning("replication: the standby at %s is %d bytes behind; dropped (it catches up from the files "
+                        "when it connects again)", link.peer, link.queued_bytes)
+            link.close()
+            return
+        link.queue.put((segment, offset, data))
+
+    def cut(self, writer: JournalWriter) -> None:
+        """A tick failed (ENOSPC) and the device rebuilt its state from what is durable here: the
+        journal ends at the writer's position again, and the transfers after it will be others
+        with the same numbers. The standby cuts its copy there too; what it acknowledged of the
+        bytes after it counts for nothing (acknowledgements name the cut they follow)."""
+        self.cuts += 1
+        self.acked_seq = min(self.acked_seq, writer.durable_seq)
+        self.last_seq = writer.durable_seq
+        self._ticks.clear()
+        self._ticks.append((writer.segment, writer.offset, writer.durable_seq))
+        link = self.link
+        if link is not None and not link.closed:
+            if link.position > (writer.segment, writer.offset):
+                link.position = (writer.segment, writer.offset)
+            link.queue.put(("frame", {"cut": self.cuts, "segment": writer.segment, "offset": writer.offset}))
+
+    def woken(self, writer: JournalWriter) -> bool:
+        """The eventfd was readable: start a standby that said hello, forget one that left, and take
+        acknowledgements. True when `acked_seq` moved."""
+        try:
+            os.eventfd_read(self._wake)
+        except BlockingIOError:
+            pass
+        with self._lock:
+            arrived, self._arrived = self._arrived, None
+        if self.link is not None and self.link.closed:
+            log.warning("replication: the standby at %s left (acknowledged through transfer %d of %d)",
+                        self.link.peer, self.acked_seq, self.last_seq)
+            self.link = None
+            self.losses += 1
+            self._lost()
+        if arrived is not None:
+            self._start(arrived, writer)
+        link = self.link
+        if link is None:
+            if (self.sync and not self.alone and self.alone_after is not None
+                    and time.monotonic() - self._lost_at >= self.alone_after):
+                self.alone = True
+                log.warning("replication: no standby for %.1fs: transfers are saved here alone until one has "
+                            "caught up (--standby-timeout)", self.alone_after)
+            return False
+        acked, ticks = self.acked_seq, self._ticks
+        while ticks and (ticks[0][0], ticks[0][1]) <= link.position:
+            acked = max(acked, ticks.popleft()[2])
+        moved, self.acked_seq = acked > self.acked_seq, acked
+        if self.alone and acked >= self.last_seq:
+            self.alone = False
+            log.info("replication: the standby at %s has caught up: transfers wait for it again", link.peer)
+        return moved
+
+    def _start(self, link: Link, writer: JournalWriter) -> None:
+        """Stream to a standby that said hello: what it lacks from the files up to what is durable
+        here, then the ticks on the disk now, then every tick as it starts."""
+        if self.link is not None:
+            link.refuse(f"a standby ({self.link.peer}) is already connected")
+            return
+        durable = (writer.segment, writer.offset)
+        begun = writer.ticks_begun()
+        written = (writer.segment, begun[-1][0] + len(begun[-1][1])) if begun else durable
+        if link.position > written:
+            link.refuse(f"the standby holds journal bytes to {link.position}, past this primary's {written}: "
+                        "it is not a copy of this journal")
+            return
+        link.queue.put(("frame", {"replication": "sync" if self.sync else "async", "cut": self.cuts}))
+        if link.position < durable:
+            link.queue.put(("files", (link.position[0] or 1, link.position[1]), durable))
+        for offset, data in begun:  # (bytes the standby already holds are written again: the same bytes)
+            link.queue.put((writer.segment, offset, data))
+        self.link = link
+        self.links += 1
+        link.start()
+        log.info("replication: streaming to the standby at %s from %s", link.peer, link.position)
+
+    def state(self) -> dict[str, Any]:
+        """What `ping` reports (tick thread)."""
+        link = self.link if self.link is not None and not self.link.closed else None
+        return {"role": "primary", "replication": "sync" if self.sync else "async", "alone": self.alone,
+                "address": self.address,
+                "standby": link.peer if link is not None else None,
+                "acked_position": list(link.position) if link is not None else None,
+                "acked_seq": self.acked_seq, "last_seq": self.last_seq,
+                "lag_transfers": self.last_seq - self.acked_seq,
+                "queued_bytes": link.queued_bytes if link is not None else 0,
+                "standbys": self.links, "standby_losses": self.losses}
+
+    def close(self) -> None:
+        self._stopping = True
+        if self._timer is not None:
+            self._timer.cancel()
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes accept()
+        except OSError:
+            pass
+        self.listener.close()
+        if self._accepting.is_alive():
+            self._accepting.join(10)
+        for link in (self.link, self._arrived):
+            if link is not None:
+                link.close()
+                for thread in link.threads:
+                    if thread.is_alive():
+                        thread.join(10)
+        with self._lock:
+            fd, self._wake = self._wake, -1
+        os.close(fd)
+
+    # ---- the accept thread --------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        while not self._stopping:
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                link = self._hello(sock)
+            except (OSError, ProtocolError, ValueError) as exc:
+                log.warning("replication: a standby's hello failed: %s", exc)
+                sock.close()
+                continue
+            if link is None:
+                continue
+            with self._lock:
+                previous, self._arrived = self._arrived, link
+            if previous is not None:
+                previous.refuse("another standby said hello meanwhile")
+            self.wake()
+
+    def _hello(self, sock: socket.socket) -> Link | None:
+        sock.settimeout(HELLO_SECONDS)
+        msg = read_frames(sock, FrameReader())[0]
+        segment, offset, incarnation = msg.get("segment"), msg.get("offset"), msg.get("incarnation")
+        digest = msg.get("digest")
+        if (msg.get("hello") != 1 or type(segment) is not int or type(offset) is not int or segment < 0
+                or offset < 0 or type(digest) is not bytes):
+            raise ProtocolError(f"not a hello: {sorted(msg)}")
+        sock.settimeout(None)
+        link = Link(self, sock, (segment, offset))
+        if incarnation != self.incarnation:
+            link.refuse(f"the standby's runtime file is incarnation {bytes(incarnation or b'').hex()}, "
+                        f"this primary's {self.incarnation.hex()}")
+            return None
+        why = self._not_a_copy(segment, offset, digest)
+        if why is not None:
+            link.refuse(f"{why}: the standby's journal is not a copy of this journal")
+            return None
+        if segment and not os.path.exists(os.path.join(self.journal_dir, segment_name(segment))):
+            link.refuse(f"segment {segment} is no longer in this primary's journal (a checkpoint removed it): "
+                        "start the standby from a copy of the primary's runtime file and journal")
+            return None
+        return link
+
+    def _not_a_copy(self, segment: int, offset: int, digest: bytes) -> str | None:
+        """Why the standby's last segment, `offset` bytes hashing to `digest`, is not the start of
+        this journal's segment (None: it is). Read here, on the accept thread: a segment's size."""
+        if not segment:
+            return None
+        try:
+            with open(os.path.join(self.journal_dir, segment_name(segment)), "rb") as f:
+                mine = f.read(offset)
+        except FileNotFoundError:
+            return None  # (refused next: the segment is gone)
+        if len(mine) < offset:
+            return f"the standby holds {offset} bytes of segment {segment}, this primary {len(mine)}"
+        if hashlib.sha256(mine).digest() != digest:
+            return f"segment {segment}'s first {offset} bytes differ"
+        return None

@@ -1,0 +1,243 @@
+"""The standby's side of journal shipping (gpu_worker/replication/__init__.py, docs/replication.md).
+
+`Mirror` is the standby's journal directory: the primary's bytes written at the same segment and
+offset (a segment the primary rewrote after a failed tick is rewritten and cut to the new end, as
+the primary's was), made durable with one fdatasync per batch of frames, a new segment file's
+directory entry with an fsync of the directory. `Standby` keeps a link to the primary: it says
+hello with the position its journal holds, writes what comes, acknowledges each durable position,
+and connects again (bounded back-off) when the link breaks. What the standby holds is a journal the
+device boots from (`boot` on this journal directory and a copy of the primary's runtime file):
+the standby is warm, not hot — its tables are built when it boots.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+import threading
+
+from gpu_worker.contract.wire import FrameReader, ProtocolError, encode_frame
+from gpu_worker.storage.filelayer import OsFileLayer
+from gpu_worker.storage.journal import SEGMENT_HEADER_SIZE, JournalLock, recover, segment_name
+
+from . import MARKER, connect, read_frames
+
+log = logging.getLogger("gpu_worker.replication")
+
+RETRY_FIRST, RETRY_MOST = 0.1, 2.0  # seconds between connection attempts: doubling, at most this
+CONNECT_SECONDS = 5.0
+
+
+MARK_SCHEMA = "aotx.journal.standby.v1"
+
+
+def read_mark(directory: str) -> str | None:
+    """The replication DIR/standby records ("sync" or "async"), None without one."""
+    try:
+        with open(os.path.join(directory, MARKER), "rb") as f:
+            doc = json.loads(f.read())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        return f"unreadable ({exc})"
+    return doc.get("replication") if isinstance(doc, dict) and doc.get("schema") == MARK_SCHEMA else "unknown"
+
+
+class StandbyRefused(Exception):
+    """The primary will not stream to this standby (another runtime file, a journal that is not a
+    copy of its own, a segment it no longer has): connecting again would not help."""
+
+
+class Mirror:
+    """The standby's copy of the primary's journal (module docstring)."""
+
+    def __init__(self, directory: str, incarnation: bytes) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self.directory = directory
+        self.lock = JournalLock(directory)  # one writer per journal, as for a device
+        try:
+            found = recover(directory, OsFileLayer(), incarnation)
+        except BaseException:
+            self.lock.release()
+            raise
+        if found.dropped:
+            log.warning("standby journal: %s", found.dropped)
+        self.segment, self.offset = (found.segment, found.end_offset) if found.segment else (0, 0)
+        self.next_seq = found.next_seq
+        self._fd: int | None = None
+        self._fd_segment = 0
+        self._new_entry = False  # a segment file was created since the last sync: fsync the directory
+        if self.segment:
+            self._open(self.segment)
+            if os.fstat(self._fd).st_size != self.offset:  # type: ignore[arg-type]
+                os.ftruncate(self._fd, self.offset)  # type: ignore[arg-type]  # a torn tail, as the writer cuts it
+                os.fdatasync(self._fd)  # type: ignore[arg-type]
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return self.segment, self.offset
+
+    def write(self, segment: int, offset: int, data: bytes) -> None:
+        """Bytes the primary wrote at `offset` of `segment`: continuing this journal, or rewriting
+        its tail (never leaving a hole)."""
+        if segment == self.segment:
+            if offset > self.offset:
+                raise ProtocolError(f"bytes at {segment}:{offset} leave a hole after {self.offset}")
+        elif segment == self.segment + 1 or (self.segment == 0 and segment == 1):
+            if offset != 0:
+                raise ProtocolError(f"segment {segment} begins at offset {offset}, not at its header")
+        else:
+            raise ProtocolError(f"bytes for segment {segment} after segment {self.segment}")
+        if segment != self._fd_segment:
+            self._open(segment)
+        fd = self._fd
+        assert fd is not None
+        os.pwrite(fd, data, offset)
+        end = offset + len(data)
+        if os.fstat(fd).st_size > end:  # the primary cut a failed tick and wrote again from here
+            os.ftruncate(fd, end)
+        self.segment, self.offset = segment, end
+
+    def mark(self, replication: str, primary: str) -> None:
+        """Record the replication this journal is kept under (DIR/standby): `boot --takeover`
+        continues the primary's line of history only from a journal kept in sync."""
+        if read_mark(self.directory) == replication:
+            return
+        target = os.path.join(self.directory, MARKER)
+        data = json.dumps({"schema": MARK_SCHEMA, "replication": replication, "primary": primary}).encode() + b"\n"
+        fd = os.open(target + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(target + ".tmp", target)
+        OsFileLayer().fsync_dir(self.directory)
+
+    def digest(self) -> bytes:
+        """SHA-256 of the last segment's bytes (the primary checks that its own begins with them)."""
+        if self._fd is None:
+            return hashlib.sha256(b"").digest()
+        h, offset = hashlib.sha256(), 0
+        while offset < self.offset:
+            chunk = os.pread(self._fd, min(1 << 20, self.offset - offset), offset)
+            if not chunk:
+                break
+            h.update(chunk)
+            offset += len(chunk)
+        return h.digest()
+
+    def cut(self, segment: int, offset: int) -> None:
+        """The primary cut its journal back to `offset` of `segment` (the segment it writes): so
+        does this copy, when it holds more."""
+        if segment == self.segment and offset < self.offset:
+            assert self._fd is not None and self._fd_segment == segment
+            os.ftruncate(self._fd, offset)
+            self.offset = offset
+
+    def sync(self) -> tuple[int, int]:
+        """Make everything written durable; the position it holds now."""
+        if self._fd is not None:
+            os.fdatasync(self._fd)
+        if self._new_entry:
+            OsFileLayer().fsync_dir(self.directory)
+            self._new_entry = False
+        return self.position
+
+    def _open(self, segment: int) -> None:
+        if self._fd is not None:
+            os.fdatasync(self._fd)  # the segment it leaves is whole on the disk before the next begins
+            os.close(self._fd)
+        path = os.path.join(self.directory, segment_name(segment))
+        self._new_entry = self._new_entry or not os.path.exists(path)
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._fd_segment = segment
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self.lock.release()
+
+
+class Standby:
+    """Follows a primary (module docstring) until `stop`."""
+
+    def __init__(self, address: str, mirror: Mirror, incarnation: bytes) -> None:
+        self.address = address
+        self.mirror = mirror
+        self.incarnation = bytes(incarnation)
+        self.connected = threading.Event()  # set while a link streams (tests and `run`'s log wait on it)
+        self.acks = 0
+        self._stop = threading.Event()      # stop()'s waker for the back-off wait
+        self._sock: socket.socket | None = None
+
+    def run(self) -> None:
+        """Follow the primary, connecting again after each loss, until `stop` (or a refusal: raised)."""
+        wait = RETRY_FIRST
+        while not self._stop.is_set():
+            try:
+                self._follow()
+                wait = RETRY_FIRST
+            except (OSError, ProtocolError) as exc:
+                if self._stop.is_set():
+                    break
+                log.warning("standby: the link to %s: %s; again in %.1fs", self.address, exc, wait)
+            finally:
+                self.connected.clear()
+            self._stop.wait(wait)
+            wait = min(wait * 2, RETRY_MOST)
+
+    def _follow(self) -> None:
+        sock = connect(self.address, CONNECT_SECONDS)
+        self._sock = sock
+        try:
+            if self._stop.is_set():
+                return
+            segment, offset = self.mirror.position
+            sock.sendall(encode_frame({"hello": 1, "incarnation": self.incarnation, "segment": segment,
+                                       "offset": offset, "digest": self.mirror.digest()}))
+            sock.settimeout(None)  # the primary may be quiet for long: stop() shuts the socket down
+            frames = FrameReader()
+            cut = 0  # the primary's last cut this link saw (its first frame says)
+            log.info("standby: following %s from %s", self.address, (segment, offset))
+            while True:
+                batch = read_frames(sock, frames)
+                self.connected.set()
+                for msg in batch:
+                    if "refused" in msg:
+                        raise StandbyRefused(f"the primary at {self.address} refused: {msg['refused']}")
+                    if "replication" in msg:
+                        self.mirror.mark(str(msg["replication"]), self.address)
+                        cut = msg.get("cut", 0)
+                        continue
+                    if "cut" in msg:  # the primary's journal was cut back (a failed tick): so is this copy
+                        at, end = msg.get("segment"), msg.get("offset")
+                        if type(at) is not int or type(end) is not int:
+                            raise ProtocolError(f"not a cut: {sorted(msg)}")
+                        self.mirror.cut(at, end)
+                        cut = msg["cut"]
+                        continue
+                    at, start, data = msg.get("segment"), msg.get("offset"), msg.get("data")
+                    if type(at) is not int or type(start) is not int or type(data) is not bytes:
+                        raise ProtocolError(f"not journal bytes: {sorted(msg)}")
+                    if start == 0 and len(data) < SEGMENT_HEADER_SIZE:
+                        raise ProtocolError(f"segment {at} begins without its whole header")
+                    self.mirror.write(at, start, data)
+                segment, offset = self.mirror.sync()
+                sock.sendall(encode_frame({"ack": 1, "segment": segment, "offset": offset, "cut": cut}))
+                self.acks += 1
+        finally:
+            self._sock = None
+            sock.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the blocking read
+            except OSError:
+                pass

@@ -1,0 +1,312 @@
+"""Journal shipping to a standby (gpu_worker/replication/): a real primary device served on a
+thread ships its journal over a Unix socket to a standby's Mirror on another thread; the standby's
+journal is the primary's, byte for byte, and in sync replication no reply says "saved" before
+the standby holds the transfer."""
+import collections
+import json
+import os
+import select
+import shutil
+import tempfile
+import threading
+
+import pytest
+
+from gpu_worker.contract.grantfile import Grants
+from gpu_worker.contract.wire import LENGTH, decode_payload
+from gpu_worker.device import Device
+from gpu_worker.replication.primary import Shipper
+from gpu_worker.replication.standby import Mirror, Standby, StandbyRefused
+from gpu_worker.storage.journal import list_segments, segment_name
+from gpu_worker.storage.runtime_file import RuntimeFile
+from tests.conftest import wait_for
+from tests.gpu_worker.loop.test_server import LiveDevice, _exactly, register_all
+
+
+class Primary(LiveDevice):
+    """A LiveDevice whose server ships its journal (`sync` or not) on DIR/replication.sock."""
+
+    def __init__(self, runtime, tmp_path, n_principals, sync, alone_after=None, fs=None):
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        super().__init__(runtime, tmp_path, n_principals, fs=fs)
+        self.sync, self.alone_after = sync, alone_after
+        # AF_UNIX paths are limited to ~107 bytes: the socket in a short directory
+        self.address = os.path.join(tempfile.mkdtemp(prefix="aotx-repl-"), "replication.sock")
+        self.shipper = None
+
+    def start(self):
+        incarnation = RuntimeFile.open(self.runtime).incarnation
+        self.shipper = Shipper(self.address, self.journal, incarnation, sync=self.sync, alone_after=self.alone_after)
+        self.server_options = {"replica": self.shipper}
+        return super().start()
+
+    def stop(self):
+        super().stop()
+        self.shipper.close()
+        shutil.rmtree(os.path.dirname(self.address), ignore_errors=True)
+
+    def position(self):
+        writer = self.device.committer.writer
+        return writer.segment, writer.offset
+
+
+class Follower:
+    """A standby (Mirror + Standby) following `address` on a thread."""
+
+    def __init__(self, address, directory, runtime):
+        self.incarnation = RuntimeFile.open(runtime).incarnation
+        self.mirror = Mirror(directory, self.incarnation)
+        self.standby = Standby(address, self.mirror, self.incarnation)
+        self.error = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        try:
+            self.standby.run()
+        except BaseException as exc:  # a refusal ends run(): the test reads it
+            self.error = exc
+
+    def stop(self):
+        self.standby.stop()
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+        self.mirror.close()
+
+
+def journal_bytes(directory):
+    return {n: open(os.path.join(directory, segment_name(n)), "rb").read() for n in list_segments(directory, _fs())}
+
+
+def _fs():
+    from gpu_worker.storage.filelayer import OsFileLayer
+    return OsFileLayer()
+
+
+def caught_up(primary, follower):
+    return follower.mirror.position == primary.position() and primary.shipper.acked_seq == primary.shipper.last_seq
+
+
+def test_a_sync_standby_holds_every_saved_transfer_byte_for_byte(tiny_runtime, tmp_path):
+    primary = Primary(tiny_runtime, tmp_path / "p", 64, sync=True).start()
+    follower = Follower(primary.address, str(tmp_path / "s" / "journal"), tiny_runtime)
+    try:
+        replies = register_all(primary, primary.principals, 8)
+        assert {r["status"] for r in replies.values()} == {202}
+        # every reply said saved: the standby acknowledged each transfer before it went out
+        held = journal_bytes(follower.mirror.directory)
+        mine = journal_bytes(primary.journal)
+        assert sorted(held) == sorted(mine)
+        for n, data in held.items():
+            assert mine[n].startswith(data)  # the standby holds a prefix; the primary's tail is unsaved
+        wait_for(lambda: caught_up(primary, follower), what="the standby to hold the whole journal")
+    finally:
+        primary.stop()
+        follower.stop()
+    assert journal_bytes(follower.mirror.directory) == journal_bytes(primary.journal)
+    assert follower.error is None
+
+
+def test_without_its_standby_a_sync_primary_saves_locally_but_answers_nothing_until_one_holds_it(
+        tiny_runtime, tmp_path):
+    primary = Primary(tiny_runtime, tmp_path / "p", 1, sync=True).start()
+    follower = None
+    try:
+        sock = primary.connect()
+        durable = primary.device.committer.writer.durable_seq
+        sock.sendall(primary.register_frame(primary.principals[0], 1))
+        wait_for(lambda: primary.device.committer.writer.durable_seq > durable, what="the local fdatasync")
+        assert select.select([sock], [], [], 0)[0] == []  # durable here, not on a standby: no reply
+        assert primary.device.pipeline_state()["replication"]["standby"] is None
+        follower = Follower(primary.address, str(tmp_path / "s" / "journal"), tiny_runtime)
+        sock.settimeout(30)
+        (n,) = LENGTH.unpack(_exactly(sock, 4))  # the reply comes once the standby caught up and acknowledged
+        reply = decode_payload(_exactly(sock, n))
+        assert reply["status"] == 202
+        state = primary.device.pipeline_state()["replication"]
+        assert state["standby"] is not None and state["role"] == "primary" and state["replication"] == "sync"
+        sock.close()
+    finally:
+        primary.stop()
+        if follower is not None:
+            follower.stop()
+
+
+def test_an_async_primary_answers_alone_and_a_late_standby_catches_up_from_the_files(tiny_runtime, tmp_path):
+    primary = Primary(tiny_runtime, tmp_path / "p", 40, sync=False).start()
+    follower = None
+    try:
+        first = register_all(primary, primary.principals[:20], 4)
+        assert {r["status"] for r in first.values()} == {202}
+        follower = Follower(primary.address, str(tmp_path / "s" / "journal"), tiny_runtime)
+        wait_for(lambda: caught_up(primary, follower), what="the late standby to catch up")
+        later = register_all(primary, primary.principals[20:], 4)
+        assert {r["status"] for r in later.values()} == {202}
+        wait_for(lambda: caught_up(primary, follower), what="the standby to follow")
+    finally:
+        primary.stop()
+        if follower is not None:
+            follower.stop()
+    assert journal_bytes(follower.mirror.directory) == journal_bytes(primary.journal)
+
+
+def test_a_standby_that_leaves_and_returns_catches_up_where_it_stopped(tiny_runtime, tmp_path):
+    primary = Primary(tiny_runtime, tmp_path / "p", 30, sync=False).start()
+    directory = str(tmp_path / "s" / "journal")
+    try:
+        follower = Follower(primary.address, directory, tiny_runtime)
+        register_all(primary, primary.principals[:10], 2)
+        wait_for(lambda: caught_up(primary, follower), what="the standby to follow")
+        follower.stop()
+        wait_for(lambda: primary.device.pipeline_state()["replication"]["standby"] is None,
+                 what="the primary to see the standby leave")
+        register_all(primary, primary.principals[10:], 2)  # while it is away
+        follower = Follower(primary.address, directory, tiny_runtime)  # from its own journal's end
+        wait_for(lambda: caught_up(primary, follower), what="the returning standby to catch up")
+        state = primary.device.pipeline_state()["replication"]
+        assert state["standbys"] == 2 and state["standby_losses"] == 1 and state["lag_transfers"] == 0
+    finally:
+        primary.stop()
+        follower.stop()
+    assert journal_bytes(directory) == journal_bytes(primary.journal)
+
+
+def test_the_standbys_journal_boots_a_device_with_every_saved_receipt(tiny_runtime, tmp_path):
+    """The promotion path this far: the standby's journal and a copy of the runtime file boot a
+    device that reads back every receipt a client saw, byte for byte."""
+    primary = Primary(tiny_runtime, tmp_path / "p", 24, sync=True).start()
+    follower = Follower(primary.address, str(tmp_path / "s" / "journal"), tiny_runtime)
+    try:
+        replies = register_all(primary, primary.principals, 4)
+    finally:
+        primary.stop()
+        follower.stop()
+    runtime = str(tmp_path / "s" / "copy.aotxccir")
+    shutil.copyfile(tiny_runtime, runtime)
+    device = Device(RuntimeFile.open(runtime), follower.mirror.directory, Grants(primary.grants), serve=False)
+    try:
+        for principal, reply in replies.items():
+            [(_, msg)] = device.committer.run_sync(collections.deque([("c", {
+                "v": 1, "id": 1, "op": "operations.list", "principal": principal.hex(), "args": {}})]))
+            assert json.loads(msg["body"])["items"] == [json.loads(reply["body"])]
+    finally:
+        device.close()
+
+
+def test_a_standby_of_another_runtime_file_is_refused(tiny_runtime, tmp_path):
+    from gpu_worker.pack import pack_tiny
+    other = str(tmp_path / "other.aotxccir")
+    pack_tiny(other, shared=True)
+    primary = Primary(tiny_runtime, tmp_path / "p", 1, sync=False).start()
+    try:
+        follower = Follower(primary.address, str(tmp_path / "s" / "journal"), other)
+        follower.thread.join(30)
+        assert isinstance(follower.error, StandbyRefused) and "incarnation" in str(follower.error)
+        follower.mirror.close()
+    finally:
+        primary.stop()
+
+
+def test_a_standby_holding_bytes_the_primary_never_wrote_is_refused(tiny_runtime, tmp_path):
+    primary = Primary(tiny_runtime, tmp_path / "p", 4, sync=False).start()
+    directory = str(tmp_path / "s" / "journal")
+    try:
+        follower = Follower(primary.address, directory, tiny_runtime)
+        register_all(primary, primary.principals, 2)
+        wait_for(lambda: caught_up(primary, follower), what="the standby to follow")
+        follower.stop()
+    finally:
+        primary.stop()
+    fresh = Primary(tiny_runtime, tmp_path / "q", 1, sync=False).start()  # another journal, the same file
+    try:
+        follower = Follower(fresh.address, directory, tiny_runtime)
+        follower.thread.join(30)
+        assert isinstance(follower.error, StandbyRefused) and "not a copy" in str(follower.error)
+        follower.mirror.close()
+    finally:
+        fresh.stop()
+
+
+def _kept(tiny_runtime, tmp_path, sync):
+    """A standby's journal kept under `sync` or async replication, and a copy of the runtime file."""
+    primary = Primary(tiny_runtime, tmp_path / "p", 3, sync=sync).start()
+    follower = Follower(primary.address, str(tmp_path / "s" / "journal"), tiny_runtime)
+    try:
+        register_all(primary, primary.principals, 1)
+        wait_for(lambda: caught_up(primary, follower), what="the standby to follow")
+        lineages = {p: primary.device.state.participants.lineage_of(p) for p in primary.principals}
+    finally:
+        primary.stop()
+        follower.stop()
+    runtime = str(tmp_path / "s" / "copy.aotxccir")
+    shutil.copyfile(tiny_runtime, runtime)
+    return primary, follower.mirror.directory, runtime, lineages
+
+
+def test_a_takeover_of_a_sync_standbys_journal_continues_the_line_of_history(tiny_runtime, tmp_path):
+    from gpu_worker.device import DeviceBootError
+    primary, directory, runtime, lineages = _kept(tiny_runtime, tmp_path, sync=True)
+    with pytest.raises(DeviceBootError, match="restore requires fresh deployment grants"):
+        Device(RuntimeFile.open(runtime), directory, Grants(primary.grants))  # without --takeover: a restore
+    device = Device(RuntimeFile.open(runtime), directory, Grants(primary.grants), takeover=True)
+    try:
+        assert {p: device.state.participants.lineage_of(p) for p in lineages} == lineages
+    finally:
+        device.close()
+
+
+def test_a_takeover_of_an_async_standbys_journal_is_refused(tiny_runtime, tmp_path):
+    from gpu_worker.device import DeviceBootError
+    primary, directory, runtime, _ = _kept(tiny_runtime, tmp_path, sync=False)
+    with pytest.raises(DeviceBootError, match="kept async"):
+        Device(RuntimeFile.open(runtime), directory, Grants(primary.grants), takeover=True)
+
+
+def test_with_a_standby_timeout_a_sync_primary_saves_alone_until_a_standby_has_caught_up(tiny_runtime, tmp_path):
+    primary = Primary(tiny_runtime, tmp_path / "p", 20, sync=True, alone_after=0.2).start()
+    follower = None
+    try:
+        alone = register_all(primary, primary.principals[:10], 2)  # answered once the timeout passed
+        assert {r["status"] for r in alone.values()} == {202}
+        assert primary.device.pipeline_state()["replication"]["alone"] is True
+        follower = Follower(primary.address, str(tmp_path / "s" / "journal"), tiny_runtime)
+        wait_for(lambda: primary.device.pipeline_state()["replication"]["alone"] is False,
+                 what="the standby to catch up and the primary to wait for it again")
+        register_all(primary, primary.principals[10:], 2)
+        held = journal_bytes(follower.mirror.directory)
+        for n, data in journal_bytes(primary.journal).items():
+            assert data.startswith(held[n])
+        assert len(b"".join(held.values())) > 0
+        wait_for(lambda: caught_up(primary, follower), what="the standby to hold the whole journal")
+    finally:
+        primary.stop()
+        if follower is not None:
+            follower.stop()
+
+
+def test_a_full_disk_on_the_primary_cuts_the_standbys_copy_too(tmp_path):
+    """ENOSPC on the primary: it rebuilds from what is durable there and refuses the unsaved
+    admissions; the standby, which may hold bytes of the failed tick, cuts its copy back, and
+    the transfers written after carry the same numbers with other bytes. The standby ends with
+    the primary's journal, byte for byte, and every receipt answered saved."""
+    from gpu_worker.pack import pack_tiny
+    from gpu_worker.storage.filelayer import FaultyFileLayer
+    runtime = str(tmp_path / "faults.aotxccir")
+    pack_tiny(runtime, shared=True, runtime_profile={"min_free_disk_bytes": 1})  # only ENOSPC holds
+    fs = FaultyFileLayer()
+    primary = Primary(runtime, tmp_path / "p", 300, sync=True, fs=fs).start()
+    follower = Follower(primary.address, str(tmp_path / "s" / "journal"), runtime)
+    try:
+        fs.space = 30_000  # some registrations fit; then the disk is "full"
+        replies = register_all(primary, primary.principals, 8)
+        assert primary.shipper.cuts > 0
+        fs.space = None
+        late = register_all(primary, [p for p, r in replies.items() if r["status"] != 202][:5], 2)
+        assert {r["status"] for r in late.values()} == {202}  # the hold ended once space came back
+        wait_for(lambda: caught_up(primary, follower), what="the standby to follow")
+    finally:
+        primary.stop()
+        follower.stop()
+    assert journal_bytes(follower.mirror.directory) == journal_bytes(primary.journal)
+    statuses = collections.Counter(r["status"] for r in replies.values())
+    assert statuses[202] > 0 and statuses[429] > 0, statuses
