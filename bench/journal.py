@@ -2,6 +2,7 @@
 and the ceiling implied by "at most 16 records per tick, one fdatasync per tick".
 
     .venv/bin/python bench/journal.py [--seconds 3] [--clients 1,16,64] [--dir DIR] [--tick-cpu N|none]
+                                      [--standby [--rounds 3]]
 
 Each client is a closed loop on its own connection: send one registration for a fresh
 principal, wait for its saved receipt (status 202), repeat. Registrations are encoded before a
@@ -24,11 +25,17 @@ and that CPU per saved registration. The device has three busy threads, the tick
 interpreter), the native socket thread and the native tick I/O thread (write + fdatasync, nearly
 all of it kernel time), so its CPU can pass one core; when the tick loop is near a full core, the
 interpreter, not the disk, sets the rate. bench/tick_cpu.py measures the interpreter's part alone.
+
+--standby boots a second device beside the first, with a sync standby following it (`boot
+--replicate` over a Unix socket, `boot --standby-of` with its own journal directory and a copy of
+the runtime file, on the same disk and machine), and runs every phase on both, alternately, for
+--rounds rounds: each phase's rate with the standby beside the same phase's without it (medians).
 """
 import argparse
 import json
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -144,6 +151,9 @@ def main():
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--clients", default="1,16,64")
     parser.add_argument("--dir", help="directory on the disk to measure (default: a temp dir under var/)")
+    parser.add_argument("--standby", action="store_true",
+                        help="also run every phase on a device with a sync standby beside it, alternately")
+    parser.add_argument("--rounds", type=int, default=3, help="with --standby: alternating rounds (medians)")
     parser.add_argument("--tick-cpu", default="0" if len(os.sched_getaffinity(0)) >= 2 else "none",
                         help="boot the device with --tick-cpu N and run the clients on the other CPUs; 'none' "
                              "leaves every thread unpinned (default: 0 where there are two CPUs or more)")
@@ -154,7 +164,8 @@ def main():
     (ROOT / "var").mkdir(exist_ok=True)
     base = Path(args.dir or tempfile.mkdtemp(prefix="bench-journal-", dir=ROOT / "var"))
     max_frames = int(args.seconds * MAX_RATE)  # per phase: more than the device can save
-    n_principals = max_frames * len(client_counts)
+    rounds = args.rounds if args.standby else 1
+    n_principals = max_frames * len(client_counts) * rounds
     runtime = base / "bench.aotxccir"
     pack_tiny(str(runtime), shared=True, capacity={"participants": n_principals, "receipts": n_principals,
                                                     "command_bytes": 512, "result_bytes": 16})
@@ -175,31 +186,61 @@ def main():
     fsync_rate = raw_fdatasync_rate(str(base), 2.0, tick_bytes)
 
     loadgen = build_loadgen(str(base))
-    log_path = base / "device.log"
-    with open(log_path, "wb") as log:
-        device = subprocess.Popen([sys.executable, "-m", "gpu_worker", "boot", "--ccir", str(runtime), "--journal",
-                                   str(journal), "--service-grants", str(grants), "--device", "cpu"]
-                                  + (["--tick-cpu", str(tick_cpu)] if tick_cpu is not None else []),
-                                  cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        while "device ready" not in log_path.read_text():
-            if device.poll() is not None:
-                raise SystemExit(f"device did not start: {log_path.read_text()}")
+    pin = ["--tick-cpu", str(tick_cpu)] if tick_cpu is not None else []
+    processes = []
+
+    def start(name, argv, ready):
+        log_path = base / f"{name}.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "gpu_worker", "boot", "--service-grants", str(grants)]
+                                    + argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        processes.append(proc)
+        while ready not in log_path.read_text():
+            if proc.poll() is not None:
+                raise SystemExit(f"{name} did not start: {log_path.read_text()}")
             time.sleep(0.05)
+        return proc
+
+    try:
+        device = start("device", ["--ccir", str(runtime), "--journal", str(journal), "--device", "cpu"] + pin,
+                       "device ready")
         print(f"device pid {device.pid}", file=sys.stderr, flush=True)
         sock = str(journal / "service.sock")
         frames = [registration_frame(lineage, p, i)
                   for i, (p, lineage) in enumerate(zip(principals, lineages(sock, principals)), 1)]
+        replicated = None
+        if args.standby:
+            copy, standby_copy = base / "replicated.aotxccir", base / "standby.aotxccir"
+            shutil.copyfile(runtime, copy)
+            shutil.copyfile(runtime, standby_copy)
+            link = str(base / "replication.sock")
+            replicated = start("primary", ["--ccir", str(copy), "--journal", str(base / "journal-primary"),
+                                           "--device", "cpu", "--replicate", link, "--replication", "sync"] + pin,
+                               "device ready")
+            start("standby", ["--ccir", str(standby_copy), "--journal", str(base / "journal-standby"),
+                              "--standby-of", link], "standby ready")
+            replicated_sock = str(base / "journal-primary" / "service.sock")
+            replicated_frames = [registration_frame(lineage, p, i) for i, (p, lineage) in
+                                 enumerate(zip(principals, lineages(replicated_sock, principals)), 1)]
         rows = []
         for c in client_counts:
-            phase_fsync = raw_fdatasync_rate(str(base), 1.5, tick_bytes)
-            rate, busy = phase(loadgen, str(base), sock, frames[:max_frames], c, args.seconds, client_cpus,
-                               device.pid)
-            frames = frames[max_frames:]
-            rows.append((c, rate, busy, phase_fsync))
+            runs: dict[str, list] = {"alone": [], "standby": []}
+            for _ in range(rounds):
+                phase_fsync = raw_fdatasync_rate(str(base), 1.5, tick_bytes)
+                rate, busy = phase(loadgen, str(base), sock, frames[:max_frames], c, args.seconds, client_cpus,
+                                   device.pid)
+                frames = frames[max_frames:]
+                runs["alone"].append((rate, busy, phase_fsync))
+                if replicated is not None:
+                    rate, busy = phase(loadgen, str(base), replicated_sock, replicated_frames[:max_frames], c,
+                                       args.seconds, client_cpus, replicated.pid)
+                    replicated_frames = replicated_frames[max_frames:]
+                    runs["standby"].append((rate, busy, phase_fsync))
+            rows.append((c, runs))
     finally:
-        device.terminate()
-        device.wait(30)
+        for proc in reversed(processes):
+            proc.terminate()
+            proc.wait(30)
     print(f"disk: {base}")
     print("threads: " + (f"the device's tick loop on CPU {tick_cpu}; its other threads and the clients on CPUs "
                          f"{','.join(map(str, sorted(client_cpus)))}; the fdatasync probes unpinned"
@@ -211,13 +252,26 @@ def main():
           f"({per_tick} registrations per full-tick fdatasync); each phase below uses its own probe")
     print(f"{'clients':>8} {'fdatasync/s':>12} {'ceiling':>8} {'saved reg/s':>12} {'x fdatasync':>12} "
           f"{'x ceiling':>10} {'device cpu':>11} {'cpu us/reg':>11}")
-    for c, rate, busy, phase_fsync in rows:
+    for c, runs in rows:
+        rate, busy, phase_fsync = median(runs["alone"])
         ceiling = phase_fsync * per_tick
         print(f"{c:>8} {phase_fsync:>12,.0f} {ceiling:>8,.0f} {rate:>12,.0f} {rate / phase_fsync:>12.2f} "
               f"{rate / ceiling:>10.2f} {busy:>10.0%} {busy / rate * 1e6:>11.0f}")
+    if args.standby:
+        print(f"\nwith a sync standby (same machine and disk), {rounds} alternating rounds, medians:")
+        print(f"{'clients':>8} {'alone reg/s':>12} {'standby reg/s':>14} {'ratio':>6} {'primary cpu us/reg':>19}")
+        for c, runs in rows:
+            alone, with_standby = median(runs["alone"])[0], median(runs["standby"])
+            print(f"{c:>8} {alone:>12,.0f} {with_standby[0]:>14,.0f} {with_standby[0] / alone:>6.2f} "
+                  f"{with_standby[1] / with_standby[0] * 1e6:>19.0f}")
     print("device cpu: the device process's user + system time over the phase (1.0 = one core busy; the tick "
           "loop and the native I/O threads together can pass it); "
           "cpu us/reg: that time per saved registration")
+
+
+def median(runs):
+    """The run whose rate is the median of `runs` (rate, cpu, fdatasync probe)."""
+    return sorted(runs)[len(runs) // 2]
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ class Device:
         (docs/replication.md): its boot continues the primary's line of history, as a restart
         would, instead of being a restore."""
         self.takeover = takeover
+        self.took_over = False  # this boot is a takeover (set by _check_fresh_grants)
         self.runtime = runtime
         self.incarnation_hex = runtime.incarnation.hex()
         self.model_digest = runtime.model_digest("gen")
@@ -122,6 +123,10 @@ class Device:
             new_lineage = self._check_fresh_grants() if serve else False
             media.recover_bytes(self)  # a restore finds the media bytes in the checkpoint (ops/media.py)
             self.committer = Committer(self, self._open_writer(recovery))
+            if self.took_over:  # where this primary's part of the journal begins (a rejoin cuts back to it)
+                from .replication import standby
+                writer = self.committer.writer
+                standby.record_takeover(journal_dir, (writer.segment, writer.offset))
         except BaseException:
             self.lock.release()
             raise
@@ -225,6 +230,16 @@ class Device:
         from .storage import owner  # imported here: this method is the one owner of the rule
 
         state, grants, directory = self.state, self.grants, self.journal_dir
+        if self.takeover:
+            from .replication import standby
+            kept = standby.read_mark(directory)
+            if kept != "sync":
+                raise DeviceBootError(
+                    f"--takeover needs a journal a standby kept in sync replication; {directory} was kept "
+                    f"{kept or 'by no standby'}: a failover from it may have lost saved transfers, so boot it "
+                    "as a restore (without --takeover, with a fresh grant file: every participant gets a new "
+                    "lineage)")
+            self.took_over = True
         marker = owner.read(directory)
         lines = len(state.participants.starts)
         new_lineage = not state.last_boot_ns  # a state never booted: its first line
@@ -239,14 +254,6 @@ class Device:
                         "`python manage.py write_grants --config gateway.json`, then boot again")
                 new_lineage = marker.lineages > lines
             elif self.takeover:  # a sync standby holds every saved transfer: nothing a client saw is lost
-                from .replication import standby
-                kept = standby.read_mark(directory)
-                if kept != "sync":
-                    raise DeviceBootError(
-                        f"--takeover needs a journal a standby kept in sync replication; {directory} was kept "
-                        f"{kept or 'by no standby'}: a failover from it may have lost saved transfers, so boot it "
-                        "as a restore (without --takeover, with a fresh grant file: every participant gets a new "
-                        "lineage)")
                 log.info("takeover: journal %s continues the primary's line of history (%s)", directory, why)
             elif grants.written_at_ns <= state.last_boot_ns:
                 raise DeviceBootError(
@@ -378,6 +385,21 @@ class Device:
         for batch in batches:
             batch.replies.extend((conn, reply(req_id, refusal.status, refusal.body()))
                                  for conn, req_id, _, _ in batch.waiting)
+            batch.waiting = []
+            replies.extend(self.answer(batch))
+        return replies
+
+    def unconfirmed(self, batches: list[Batch]) -> list[Reply]:
+        """After refuse_unsaved, with a sync standby: batches whose transfers were durable here but
+        not yet acknowledged by the standby. The rebuilt state holds them, so they are not refused;
+        whether the standby holds them is not known, so they are not answered saved either: 503
+        `standby_unconfirmed`, and the exact retry answers the receipt once it is saved on both."""
+        err = ServiceError(503, "standby_unconfirmed",
+                           "admitted here, not yet confirmed by the standby when the journal failed: retry exactly "
+                           "(the exact retry answers the receipt)")
+        replies = []
+        for batch in batches:
+            batch.replies.extend((conn, reply(req_id, err.status, err.body())) for conn, req_id, _, _ in batch.waiting)
             batch.waiting = []
             replies.extend(self.answer(batch))
         return replies

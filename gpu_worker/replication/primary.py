@@ -21,9 +21,11 @@ from collections import deque
 from typing import Any
 
 from gpu_worker.contract.wire import FrameReader, ProtocolError, encode_frame
-from gpu_worker.storage.journal import SEGMENT_HEADER_SIZE, JournalWriter, encode_segment_header, segment_name
+from gpu_worker.storage.filelayer import OsFileLayer
+from gpu_worker.storage.journal import (SEGMENT_HEADER_SIZE, JournalWriter, encode_segment_header, list_segments,
+                                        segment_name)
 
-from . import HELLO_SECONDS, SEGMENT_CHUNK, listen, read_frames
+from . import HELLO_SECONDS, SEGMENT_CHUNK, listen, read_frames, standby
 
 log = logging.getLogger("gpu_worker.replication")
 
@@ -45,10 +47,12 @@ class Link:
         self.queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self.queued_bytes = 0  # queued for the sender and not yet sent (the tick thread adds, it subtracts)
         self.closed = False
+        self.started = False
         self.threads = [threading.Thread(target=self._send, name="aotx-replication-send", daemon=True),
                         threading.Thread(target=self._read, name="aotx-replication-acks", daemon=True)]
 
     def start(self) -> None:
+        self.started = True
         for thread in self.threads:
             thread.start()
 
@@ -69,6 +73,8 @@ class Link:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+        if not self.started:
+            self.sock.close()  # (else its sender thread closes it as it ends)
         self.shipper.wake()
 
     # ---- the sender thread -------------------------------------------------------------------
@@ -144,6 +150,7 @@ class Shipper:
         self.alone = False
         self._lost_at = time.monotonic()  # since when no standby is streamed to
         self._timer: threading.Timer | None = None  # wakes the tick loop when alone_after passes
+        self.takeovers: list[Position] = []  # where a rejoining standby may be cut back to (read at `begin`)
         self.listener = listen(address)
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # the tick loop's waker (`fileno`)
         self._lock = threading.Lock()
@@ -187,6 +194,7 @@ class Shipper:
         """Start shipping: what the journal holds now is the baseline a standby catches up to."""
         self.last_seq = writer.durable_seq
         self._ticks.append((writer.segment, writer.offset, writer.durable_seq))
+        self.takeovers = standby.takeovers(self.journal_dir)  # (a takeover boot has recorded its own by now)
         self._accepting.start()
         self._lost()
 
@@ -270,10 +278,12 @@ class Shipper:
         begun = writer.ticks_begun()
         written = (writer.segment, begun[-1][0] + len(begun[-1][1])) if begun else durable
         if link.position > written:
-            link.refuse(f"the standby holds journal bytes to {link.position}, past this primary's {written}: "
-                        "it is not a copy of this journal")
+            if not self._rewind(link, link.position):
+                link.refuse(f"the standby holds journal bytes to {link.position}, past this primary's {written}: "
+                            "it is not a copy of this journal")
             return
-        link.queue.put(("frame", {"replication": "sync" if self.sync else "async", "cut": self.cuts}))
+        link.queue.put(("frame", {"replication": "sync" if self.sync else "async", "cut": self.cuts,
+                                  "takeovers": [list(p) for p in self.takeovers]}))
         if link.position < durable:
             link.queue.put(("files", (link.position[0] or 1, link.position[1]), durable))
         for offset, data in begun:  # (bytes the standby already holds are written again: the same bytes)
@@ -354,13 +364,34 @@ class Shipper:
             return None
         why = self._not_a_copy(segment, offset, digest)
         if why is not None:
-            link.refuse(f"{why}: the standby's journal is not a copy of this journal")
+            if not self._rewind(link, (segment, offset)):
+                link.refuse(f"{why}: the standby's journal is not a copy of this journal")
             return None
         if segment and not os.path.exists(os.path.join(self.journal_dir, segment_name(segment))):
-            link.refuse(f"segment {segment} is no longer in this primary's journal (a checkpoint removed it): "
-                        "start the standby from a copy of the primary's runtime file and journal")
+            newest = max(list_segments(self.journal_dir, OsFileLayer()), default=0)
+            if segment > newest:
+                if not self._rewind(link, (segment, offset)):
+                    link.refuse(f"the standby holds segment {segment}, past this primary's last ({newest}): "
+                                "the standby's journal is not a copy of this journal")
+            else:
+                link.refuse(f"segment {segment} is no longer in this primary's journal (a checkpoint removed it): "
+                            "start the standby from a copy of the primary's runtime file and journal")
             return None
         return link
+
+    def _rewind(self, link: Link, position: Position) -> bool:
+        """A standby whose journal goes on past one of this journal's takeover points in other
+        bytes: it is told to cut back to the latest point before its position (then it says hello
+        again, and is checked again). False when there is none."""
+        points = [p for p in self.takeovers if p < position]
+        if not points:
+            return False
+        try:
+            link.sock.sendall(encode_frame({"rewind": list(points[-1])}))
+        except OSError:
+            pass
+        link.close()
+        return True
 
     def _not_a_copy(self, segment: int, offset: int, digest: bytes) -> str | None:
         """Why the standby's last segment, `offset` bytes hashing to `digest`, is not the start of

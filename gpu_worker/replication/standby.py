@@ -17,10 +17,11 @@ import logging
 import os
 import socket
 import threading
+from typing import Any
 
 from gpu_worker.contract.wire import FrameReader, ProtocolError, encode_frame
 from gpu_worker.storage.filelayer import OsFileLayer
-from gpu_worker.storage.journal import SEGMENT_HEADER_SIZE, JournalLock, recover, segment_name
+from gpu_worker.storage.journal import SEGMENT_HEADER_SIZE, JournalLock, list_segments, recover, segment_name
 
 from . import MARKER, connect, read_frames
 
@@ -33,8 +34,8 @@ CONNECT_SECONDS = 5.0
 MARK_SCHEMA = "aotx.journal.standby.v1"
 
 
-def read_mark(directory: str) -> str | None:
-    """The replication DIR/standby records ("sync" or "async"), None without one."""
+def read_marker(directory: str) -> dict[str, Any] | str | None:
+    """DIR/standby as a dict, None without one, or why it cannot be read."""
     try:
         with open(os.path.join(directory, MARKER), "rb") as f:
             doc = json.loads(f.read())
@@ -42,7 +43,50 @@ def read_mark(directory: str) -> str | None:
         return None
     except (OSError, ValueError) as exc:
         return f"unreadable ({exc})"
-    return doc.get("replication") if isinstance(doc, dict) and doc.get("schema") == MARK_SCHEMA else "unknown"
+    if not isinstance(doc, dict) or doc.get("schema") != MARK_SCHEMA:
+        return "of an unknown schema"
+    return doc
+
+
+def read_mark(directory: str) -> str | None:
+    """The replication DIR/standby records ("sync" or "async"), None without one."""
+    doc = read_marker(directory)
+    return doc.get("replication") if isinstance(doc, dict) else doc
+
+
+def takeovers(directory: str) -> list[tuple[int, int]]:
+    """The journal positions where a takeover began a new primary's part of this journal, oldest
+    first (DIR/standby "takeovers"): a rejoining standby whose journal goes on past one in other
+    bytes held a tail never saved, and is cut back there (docs/replication.md, "Rejoin")."""
+    doc = read_marker(directory)
+    points = doc.get("takeovers", []) if isinstance(doc, dict) else []
+    return [(int(p[0]), int(p[1])) for p in points]
+
+
+def write_marker(directory: str, doc: dict[str, Any]) -> None:
+    """Replace DIR/standby atomically (temporary file, fsync, rename, directory fsync)."""
+    target = os.path.join(directory, MARKER)
+    data = json.dumps({**doc, "schema": MARK_SCHEMA}, sort_keys=True).encode() + b"\n"
+    fd = os.open(target + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(target + ".tmp", target)
+    OsFileLayer().fsync_dir(directory)
+
+
+def record_takeover(directory: str, position: tuple[int, int]) -> None:
+    """A takeover boot begins this primary's part of the journal at `position`."""
+    doc = read_marker(directory)
+    doc = doc if isinstance(doc, dict) else {}
+    doc["takeovers"] = [list(p) for p in takeovers(directory)] + [list(position)]
+    write_marker(directory, doc)
+
+
+class Rewound(Exception):
+    """The journal was cut back to a takeover point: say hello again from there."""
 
 
 class StandbyRefused(Exception):
@@ -100,21 +144,32 @@ class Mirror:
             os.ftruncate(fd, end)
         self.segment, self.offset = segment, end
 
-    def mark(self, replication: str, primary: str) -> None:
-        """Record the replication this journal is kept under (DIR/standby): `boot --takeover`
-        continues the primary's line of history only from a journal kept in sync."""
-        if read_mark(self.directory) == replication:
-            return
-        target = os.path.join(self.directory, MARKER)
-        data = json.dumps({"schema": MARK_SCHEMA, "replication": replication, "primary": primary}).encode() + b"\n"
-        fd = os.open(target + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(target + ".tmp", target)
+    def mark(self, replication: str, primary: str, points: list[tuple[int, int]]) -> None:
+        """Record the replication this journal is kept under and the primary's takeover points
+        (DIR/standby): `boot --takeover` continues the primary's line of history only from a
+        journal kept in sync, and a later rejoin needs the points."""
+        doc = {"replication": replication, "primary": primary, "takeovers": [list(p) for p in points]}
+        if read_marker(self.directory) != {**doc, "schema": MARK_SCHEMA}:
+            write_marker(self.directory, doc)
+
+    def rewind(self, segment: int, offset: int) -> None:
+        """Cut this journal back to `offset` of `segment` (a takeover point of the primary): what
+        follows it here was never saved (the primary it came from was replaced before its standby
+        held it)."""
+        log.warning("standby: journal %s at %s is cut back to %s, the primary's takeover point (the tail after it "
+                    "was never saved)", self.directory, self.position, (segment, offset))
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd, self._fd_segment = None, 0
+        for number in list_segments(self.directory, OsFileLayer()):
+            if number > segment:
+                os.remove(os.path.join(self.directory, segment_name(number)))
+        self._open(segment)
+        assert self._fd is not None
+        os.ftruncate(self._fd, offset)
+        os.fdatasync(self._fd)
         OsFileLayer().fsync_dir(self.directory)
+        self.segment, self.offset = segment, offset
 
     def digest(self) -> bytes:
         """SHA-256 of the last segment's bytes (the primary checks that its own begins with them)."""
@@ -181,6 +236,8 @@ class Standby:
             try:
                 self._follow()
                 wait = RETRY_FIRST
+            except Rewound:
+                continue  # at once, from the takeover point
             except (OSError, ProtocolError) as exc:
                 if self._stop.is_set():
                     break
@@ -209,8 +266,13 @@ class Standby:
                 for msg in batch:
                     if "refused" in msg:
                         raise StandbyRefused(f"the primary at {self.address} refused: {msg['refused']}")
+                    if "rewind" in msg:  # this journal went on past a takeover point in other bytes
+                        at, end = msg["rewind"]
+                        self.mirror.rewind(int(at), int(end))
+                        raise Rewound(f"cut back to the primary's takeover point {(at, end)}")
                     if "replication" in msg:
-                        self.mirror.mark(str(msg["replication"]), self.address)
+                        self.mirror.mark(str(msg["replication"]), self.address,
+                                         [(int(p[0]), int(p[1])) for p in msg.get("takeovers", [])])
                         cut = msg.get("cut", 0)
                         continue
                     if "cut" in msg:  # the primary's journal was cut back (a failed tick): so is this copy

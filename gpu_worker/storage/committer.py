@@ -93,6 +93,8 @@ class TickOwner(Protocol):
 
     def refuse_unsaved(self, err: JournalIOError, batches: list[Batch]) -> list[Reply]: ...
 
+    def unconfirmed(self, batches: list[Batch]) -> list[Reply]: ...
+
     def read(self, msg: Message) -> Message: ...
 
 
@@ -299,8 +301,13 @@ class Committer:
                 raise  # EIO and the like: stop admitting; the process exits and a restart recovers
             batches = list(self.batches)
             self.batches.clear()
-            replies = self.owner.refuse_unsaved(err, batches)
+            # batches durable here that a sync standby had not yet acknowledged: the rebuilt state
+            # holds them, so they are not refused; their outcome is unconfirmed (retry exactly)
+            durable = self.writer.durable_seq
+            unconfirmed = [b for b in batches if b.last_seq <= durable]
+            replies = self.owner.refuse_unsaved(err, [b for b in batches if b.last_seq > durable])
             if self.replica is not None:  # the state is rebuilt from what is durable here
+                replies += self.owner.unconfirmed(unconfirmed)
                 self._unacked.clear()
                 self._shipped_seq = self.writer.durable_seq
                 self.replica.cut(self.writer)

@@ -3,7 +3,8 @@ its journal to a standby process while clients mutate through it; the primary is
 standby stops and its journal boots (`--takeover`) as the new primary, where the clients go on,
 retrying exactly what was unanswered. Every receipt any client saw saved reads back byte for
 byte, no sequence is assigned twice, nothing is applied twice, and the clients keep their
-lineages (a takeover continues the line of history)."""
+lineages (a takeover continues the line of history). The old primary rejoins as the standby of the
+new one from its own journal, cut back to the takeover point, and takes over in the next round."""
 import json
 import os
 import shutil
@@ -31,7 +32,7 @@ def test_a_sync_standby_takes_over_with_every_saved_receipt(tmp_path):
     runtime = str(tmp_path / "a.aotxccir")
     pack_tiny(runtime, shared=True, capacity={"participants": 8, "spaces": 20000, "receipts": 20000,
                                               "command_bytes": 1024, "result_bytes": 16},
-              # no checkpoint: a standby that starts afresh catches up from the primary's first segment
+              # no checkpoint: a standby catches up from segments the primary keeps
               journal_limits={"journal_file_cap_bytes": 1 << 40, "checkpoint_journal_bytes": 1 << 40})
     short = tempfile.mkdtemp(prefix="aotx-fo-")  # AF_UNIX paths are short
     log = tmp_path / "devices.log"
@@ -87,9 +88,8 @@ def test_a_sync_standby_takes_over_with_every_saved_receipt(tmp_path):
             for c in clients:
                 c.path = os.path.join(primary["journal"], "service.sock")
             # a sync primary saves nothing without its standby: the old primary's machine follows
-            # the new one at once. Its journal may hold a tail the standby never acknowledged: it
-            # starts again from a copy of the new primary's journal (rejoining in place is not built yet)
-            shutil.rmtree(standby["journal"])
+            # the new one at once, from its own journal (a tail the standby never acknowledged is
+            # cut back to the takeover point)
             standby_pid = follow(standby, primary)
             wait_for(lambda: any(len(c.saved_so_far()) > b for c, b in zip(clients, before)), 60,
                      what="a first admission on the new primary")

@@ -16,7 +16,7 @@ from gpu_worker.contract.grantfile import Grants
 from gpu_worker.contract.wire import LENGTH, decode_payload
 from gpu_worker.device import Device
 from gpu_worker.replication.primary import Shipper
-from gpu_worker.replication.standby import Mirror, Standby, StandbyRefused
+from gpu_worker.replication.standby import Mirror, Standby, StandbyRefused, takeovers
 from gpu_worker.storage.journal import list_segments, segment_name
 from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.conftest import wait_for
@@ -301,12 +301,56 @@ def test_a_full_disk_on_the_primary_cuts_the_standbys_copy_too(tmp_path):
         replies = register_all(primary, primary.principals, 8)
         assert primary.shipper.cuts > 0
         fs.space = None
-        late = register_all(primary, [p for p, r in replies.items() if r["status"] != 202][:5], 2)
-        assert {r["status"] for r in late.values()} == {202}  # the hold ended once space came back
+        refused = [p for p, r in replies.items() if r["status"] == 429][:5]
+        late = register_all(primary, refused, 2)
+        assert {r["status"] for r in late.values()} == {202}  # the hold ended once space came back; a refusal
+        # changed nothing (a 409 already_registered here would say a refused registration was kept)
         wait_for(lambda: caught_up(primary, follower), what="the standby to follow")
     finally:
         primary.stop()
         follower.stop()
     assert journal_bytes(follower.mirror.directory) == journal_bytes(primary.journal)
     statuses = collections.Counter(r["status"] for r in replies.values())
-    assert statuses[202] > 0 and statuses[429] > 0, statuses
+    assert statuses[202] > 0 and statuses[429] > 0 and set(statuses) <= {202, 429, 503}, statuses
+    for principal, r in replies.items():  # durable but unconfirmed: kept, and an exact retry would answer it
+        if r["status"] == 503:
+            assert json.loads(r["body"])["error"]["code"] == "standby_unconfirmed"
+
+
+def test_an_old_primary_rejoins_as_a_standby_cut_back_to_the_takeover_point(tiny_runtime, tmp_path):
+    """The old primary's journal holds a tail its standby never held (it went on alone); the
+    standby took over and wrote other transfers with the same numbers after that point. The old
+    primary, following the new one, is cut back to the takeover point and then holds the new
+    primary's journal, byte for byte."""
+    old = Primary(tiny_runtime, tmp_path / "p", 12, sync=True).start()
+    follower = Follower(old.address, str(tmp_path / "s" / "journal"), tiny_runtime)
+    try:
+        register_all(old, old.principals[:4], 2)
+        wait_for(lambda: caught_up(old, follower), what="the standby to follow")
+    finally:
+        old.stop()
+        follower.stop()
+    alone = Primary(tiny_runtime, tmp_path / "p", 0, sync=False)  # the old primary goes on alone: a tail
+    alone.principals = old.principals
+    alone.start()
+    try:
+        assert {r["status"] for r in register_all(alone, old.principals[4:8], 2).values()} == {202}
+    finally:
+        alone.stop()
+    runtime = str(tmp_path / "s" / "copy.aotxccir")
+    shutil.copyfile(tiny_runtime, runtime)
+    shutil.copyfile(old.grants, str(tmp_path / "s" / "grants.json"))
+    new = Primary(runtime, tmp_path / "s", 0, sync=False)
+    new.principals, new.device_options = old.principals, {"takeover": True}
+    new.start()
+    try:
+        register_all(new, old.principals[8:], 2)  # the same transfer numbers as the old tail, other bytes
+        [point] = takeovers(new.journal)  # where the new primary's part of the journal begins
+        assert point < (new.device.committer.writer.segment, new.device.committer.writer.offset)
+        rejoined = Follower(new.address, old.journal, tiny_runtime)
+        wait_for(lambda: caught_up(new, rejoined) or rejoined.error, what="the old primary to be cut back and catch up")
+        assert rejoined.error is None
+    finally:
+        new.stop()
+        rejoined.stop()
+    assert journal_bytes(old.journal) == journal_bytes(new.journal)

@@ -30,6 +30,7 @@ class LiveDevice:
     def __init__(self, runtime, tmp_path, n_principals, fs=None, **server_options):
         self.runtime, self.tmp_path, self.fs = runtime, tmp_path, fs
         self.server_options = server_options
+        self.device_options: dict = {}  # Device keywords (a takeover)
         self.principals = [secrets.token_bytes(16) for _ in range(n_principals)]
         self.grants = str(tmp_path / "grants.json")
         self.journal = str(tmp_path / "journal")
@@ -39,7 +40,7 @@ class LiveDevice:
         if not os.path.exists(self.grants):  # a restart keeps the grant file it booted with
             write_grants(self.grants, {p.hex(): ALL for p in self.principals})
         self.device = Device(RuntimeFile.open(self.runtime), self.journal, Grants(self.grants),
-                             fs=self.fs or OsFileLayer())
+                             fs=self.fs or OsFileLayer(), **self.device_options)
         self.server = Server(self.device, os.path.join(self.journal, "service.sock"), **self.server_options)
         self.device.deliver = self.server.deliver  # as boot does: helper threads answer through the loop
         ready = threading.Event()
