@@ -158,6 +158,7 @@ class Shipper:
         self.link: Link | None = None      # the standby being streamed to (tick thread)
         self._ticks: deque[tuple[int, int, int]] = deque()  # (segment, end offset, last whole transfer) begun
         self.acked_seq = 0  # the last transfer the standby holds durable
+        self.position: Position = (0, 0)  # the end of the journal bytes handed to the disk here
         self.last_seq = 0   # the last transfer whose bytes were handed to the disk here
         self.cuts = 0       # times the journal was cut back (a failed tick): acknowledgements name the last they saw
         self.links = 0      # standbys streamed to since boot
@@ -193,6 +194,7 @@ class Shipper:
     def begin(self, writer: JournalWriter) -> None:
         """Start shipping: what the journal holds now is the baseline a standby catches up to."""
         self.last_seq = writer.durable_seq
+        self.position = (writer.segment, writer.offset)
         self._ticks.append((writer.segment, writer.offset, writer.durable_seq))
         self.takeovers = standby.takeovers(self.journal_dir)  # (a takeover boot has recorded its own by now)
         self._accepting.start()
@@ -202,6 +204,7 @@ class Shipper:
         """A tick's bytes, handed to the disk at `offset` of `segment` now; `last_seq` is the last
         transfer they complete (or the one before them)."""
         self.last_seq = last_seq
+        self.position = (segment, offset + len(data))
         self._ticks.append((segment, offset + len(data), last_seq))
         if len(self._ticks) > MAX_TICKS_TRACKED:  # (no standby acknowledges: keep the newest)
             self._ticks.popleft()
@@ -226,6 +229,7 @@ class Shipper:
         self.cuts += 1
         self.acked_seq = min(self.acked_seq, writer.durable_seq)
         self.last_seq = writer.durable_seq
+        self.position = (writer.segment, writer.offset)
         self._ticks.clear()
         self._ticks.append((writer.segment, writer.offset, writer.durable_seq))
         link = self.link
@@ -302,8 +306,24 @@ class Shipper:
                 "acked_position": list(link.position) if link is not None else None,
                 "acked_seq": self.acked_seq, "last_seq": self.last_seq,
                 "lag_transfers": self.last_seq - self.acked_seq,
+                "lag_bytes": self._bytes_between(link.position, self.position) if link is not None else None,
                 "queued_bytes": link.queued_bytes if link is not None else 0,
                 "standbys": self.links, "standby_losses": self.losses}
+
+    def _bytes_between(self, start: Position, end: Position) -> int:
+        """Journal bytes from `start` to `end` (segments between: their sizes on the disk)."""
+        if start >= end:
+            return 0
+        if start[0] == end[0]:
+            return end[1] - start[1]
+        total = end[1]
+        for segment in range(start[0], end[0]):
+            try:
+                size = os.path.getsize(os.path.join(self.journal_dir, segment_name(segment)))
+            except OSError:
+                size = 0
+            total += max(0, size - (start[1] if segment == start[0] else 0))
+        return total
 
     def close(self) -> None:
         self._stopping = True

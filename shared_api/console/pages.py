@@ -147,8 +147,25 @@ def live_values(status: dict[str, Any]) -> dict[str, Any]:
          if io.get("count") else io.get("count", "not reported")),
         ("grant file", f"{grants.get('path')}" + (f" — the device refused its reload: {grants['problem']}"
                                                    if grants.get("problem") else "")),
+        ("replication", _replication(((status.get("pipeline") or {}).get("replication")))),
     ]
     return {"tables": tables, "facts": facts}
+
+
+def _replication(state: dict[str, Any] | None) -> str:
+    """A primary's journal shipping, in one line (docs/replication.md)."""
+    if not state:
+        return "none (no standby configured)"
+    mode = state.get("replication")
+    if state.get("standby"):
+        return (f"primary, {mode}: standby {state['standby']} acknowledged through transfer {state.get('acked_seq')}, "
+                f"{state.get('lag_transfers')} transfers ({state.get('lag_bytes')} bytes) behind, "
+                f"{state.get('queued_bytes')} bytes queued for it; "
+                f"{state.get('standby_losses')} standby losses since boot")
+    held = ("saving alone (--standby-timeout passed)" if state.get("alone")
+            else "holding: nothing is answered saved until a standby holds it" if mode == "sync"
+            else "saving alone (async)")
+    return f"primary, {mode}: NO STANDBY — {held}; {state.get('standby_losses')} standby losses since boot"
 
 
 def capacity_view(request: HttpRequest) -> HttpResponse:

@@ -242,6 +242,8 @@ def _replication_metrics(replication: dict[str, Any]) -> Iterator[Metric]:
              "1 while a sync primary saves alone (no standby past --standby-timeout)"),
             ("aotx_replication_lag_transfers", _number(replication.get("lag_transfers")),
              "Journal transfers handed to this primary's disk that the standby has not acknowledged"),
+            ("aotx_replication_lag_bytes", _number(replication.get("lag_bytes")),
+             "Journal bytes handed to this primary's disk that the standby has not acknowledged"),
             ("aotx_replication_queued_bytes", _number(replication.get("queued_bytes")),
              "Journal bytes queued for the standby and not yet sent"),
             ("aotx_replication_standby_losses", _number(replication.get("standby_losses")),

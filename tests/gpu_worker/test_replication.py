@@ -165,6 +165,7 @@ def test_a_standby_that_leaves_and_returns_catches_up_where_it_stopped(tiny_runt
         wait_for(lambda: caught_up(primary, follower), what="the returning standby to catch up")
         state = primary.device.pipeline_state()["replication"]
         assert state["standbys"] == 2 and state["standby_losses"] == 1 and state["lag_transfers"] == 0
+        assert state["lag_bytes"] == 0 and state["acked_position"] == list(primary.position())
     finally:
         primary.stop()
         follower.stop()

@@ -135,12 +135,12 @@ def test_a_primarys_replication_is_exported(ops_device):
     """The ping's replication section (gpu_worker/replication/primary.py Shipper.state) as gauges."""
     ops_device.status["pipeline"]["replication"] = {
         "role": "primary", "replication": "sync", "alone": False, "address": "/run/r.sock", "standby": "b:7001",
-        "acked_position": [1, 4096], "acked_seq": 40, "last_seq": 43, "lag_transfers": 3, "queued_bytes": 512,
+        "acked_position": [1, 4096], "acked_seq": 40, "last_seq": 43, "lag_transfers": 3, "lag_bytes": 900, "queued_bytes": 512,
         "standbys": 2, "standby_losses": 1}
     m = scrape()
     assert value(m, "aotx_replication_standby_connected") == 1 and value(m, "aotx_replication_sync") == 1
     assert value(m, "aotx_replication_alone") == 0 and value(m, "aotx_replication_lag_transfers") == 3
-    assert value(m, "aotx_replication_queued_bytes") == 512 and value(m, "aotx_replication_standby_losses") == 1
+    assert value(m, "aotx_replication_queued_bytes") == 512 and value(m, "aotx_replication_lag_bytes") == 900 and value(m, "aotx_replication_standby_losses") == 1
     ops_device.status["pipeline"]["replication"].update(standby=None, alone=True)
     m = scrape()
     assert value(m, "aotx_replication_standby_connected") == 0 and value(m, "aotx_replication_alone") == 1

@@ -288,3 +288,17 @@ def test_the_holds_page_lists_recorded_and_device_incidents_newest_first(staff, 
 
 def test_the_holds_page_without_incidents(staff, ops_device):
     assert 'id="aotx-no-incidents"' in staff.get(HOLDS).content.decode()
+
+
+def test_the_live_reading_shows_the_primarys_standby_or_its_absence(staff, ops_device):
+    assert "<th scope=\"row\">replication</th><td>none (no standby configured)</td>" in staff.get(CAPACITY).content.decode()
+    ops_device.status["pipeline"]["replication"] = {
+        "role": "primary", "replication": "sync", "alone": False, "address": "/run/r.sock", "standby": "b:7001",
+        "acked_position": [1, 4096], "acked_seq": 40, "last_seq": 43, "lag_transfers": 3, "lag_bytes": 900, "queued_bytes": 512,
+        "standbys": 2, "standby_losses": 1}
+    html = staff.get(CAPACITY).content.decode()
+    assert ("primary, sync: standby b:7001 acknowledged through transfer 40, 3 transfers (900 bytes) behind, "
+            "512 bytes queued for it; 1 standby losses since boot") in html
+    ops_device.status["pipeline"]["replication"].update(standby=None)
+    html = staff.get(CAPACITY).content.decode()
+    assert "primary, sync: NO STANDBY — holding: nothing is answered saved until a standby holds it" in html
