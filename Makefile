@@ -25,6 +25,7 @@ $(BIN)/.deps: requirements.txt requirements-models.txt gpu_worker/engine/cpu_ops
 	$(BIN)/python -c "from gpu_worker.engine.cpu_ops import main; main()"
 	$(BIN)/python -m gpu_worker.native
 	scripts/install_browser.sh
+	scripts/install_etcd.sh
 	touch $@
 
 deps: $(BIN)/.deps

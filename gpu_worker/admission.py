@@ -55,6 +55,8 @@ class Admitter(Context, Protocol):
     @property
     def pending_admissions(self) -> dict[int, tuple[int, int]]: ...
 
+    def fenced(self) -> str | None: ...
+
 
 def admit(d: Admitter, msg: Message, kind: OperationKind, budget: int) -> tuple[int, int, int] | None:
     """One mutation in a tick: (status, receipt row, journal records used), None when it does not
@@ -100,6 +102,9 @@ def admit(d: Admitter, msg: Message, kind: OperationKind, budget: int) -> tuple[
     # a hold refuses every new mutation but a cancellation while the journal can be written (a
     # file_cap or low_disk hold): one small admission that ends its target's output, memory and
     # completion, which would otherwise still be journaled (docs/checkpoint.md, "Journal holds")
+    fenced = d.fenced()  # a primary whose leadership lease may have lapsed admits nothing (docs/replication.md)
+    if fenced is not None:
+        raise ServiceError(503, "not_primary", f"{fenced}: send it to the current primary")
     if d.holds.current and not (code == _CANCELLATION and d.holds.writable):
         raise d.holds.refusal(d.committer.writer.queued_bytes)
     if code != _RETIREMENT:  # (every principal has a receipts limit: its own, or the default)

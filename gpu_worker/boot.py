@@ -1,13 +1,16 @@
 """`python -m gpu_worker boot --ccir F --journal DIR --service-grants G [--device cpu|cuda] [--tick-cpu N]
 [--background-nice N] [--allow-uid UID ...] [--socket-group GROUP] [--stall-seconds S]
-[--replicate ADDRESS [--replication sync|async] [--standby-timeout S]] [--takeover]`, or `... --standby-of ADDRESS` (a standby:
+[--replicate ADDRESS [--replication sync|async] [--standby-timeout S]] [--etcd URLS [--etcd-key K]
+[--lease-seconds S]] [--takeover]`, or `... --standby-of ADDRESS` (a standby:
 docs/replication.md)."""
 import argparse
 import gc
 import grp
+import json
 import logging
 import os
 import signal
+import socket
 import sys
 from typing import Callable
 
@@ -77,6 +80,13 @@ def main(argv):
     parser.add_argument("--standby-of", metavar="ADDRESS",
                         help="run as a standby: keep --journal a byte-for-byte copy of the primary's journal at "
                              "ADDRESS (its --replicate), until SIGTERM; --ccir is a copy of the primary's runtime file")
+    parser.add_argument("--etcd", metavar="URLS",
+                        help="etcd client URLs, comma-separated: a serving device holds the leader key under a lease "
+                             "and admits nothing once it may have lapsed; a standby takes over by itself when the "
+                             "key it saw held is gone (docs/replication.md, 'Leadership')")
+    parser.add_argument("--etcd-key", default="/aotx/primary", help="the leader key (default /aotx/primary)")
+    parser.add_argument("--lease-seconds", type=int, default=3, metavar="S",
+                        help="the leader lease's TTL (default 3); admissions stop 1 s before it could lapse")
     parser.add_argument("--takeover", action="store_true",
                         help="boot a sync standby's journal as the primary's successor: the same line of history "
                              "(participants keep their lineages), not a restore")
@@ -118,10 +128,13 @@ def main(argv):
     if args.standby_timeout is not None and not (args.replicate and args.replication == "sync"
                                                  and 0 <= args.standby_timeout < float("inf")):
         return fail("--standby-timeout S: seconds (0 or more) for a primary with --replicate and sync replication")
+    if args.lease_seconds < 2:
+        return fail(f"--lease-seconds {args.lease_seconds}: at least 2 (admissions stop 1 s before it could lapse)")
     if args.standby_of is not None:
-        if args.replicate is not None or args.takeover:
-            return fail("--standby-of follows a primary: --replicate and --takeover are for a device that serves")
-        return _standby(args, fail)
+        if args.takeover or (args.replicate is not None and args.etcd is None):
+            return fail("--standby-of follows a primary: --replicate (without --etcd) and --takeover are for a "
+                        "device that serves")
+        return _standby(args, argv, fail)
 
     try:
         grants = Grants(args.service_grants)
@@ -159,6 +172,18 @@ def main(argv):
             except (OSError, ValueError) as exc:
                 device.close()
                 return fail(f"--replicate {args.replicate}: {exc}")
+        if args.etcd is not None:
+            from .replication.lease import Etcd, Leadership, LeadershipError
+            leadership = Leadership(Etcd(args.etcd.split(",")), args.etcd_key.encode(), ttl=args.lease_seconds)
+            try:
+                leadership.campaign(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "journal": args.journal,
+                                                "replicate": args.replicate}).encode())
+            except LeadershipError as exc:
+                device.close()
+                if shipper is not None:
+                    shipper.close()
+                return fail(str(exc), 5)
+            device.leadership = leadership
         server = Server(device, socket_path, allow_uids=tuple(args.allow_uid), socket_group=socket_group,
                         stall_seconds=args.stall_seconds, replica=shipper)
         device.deliver = server.deliver  # other threads' results come back through the loop
@@ -196,13 +221,18 @@ def main(argv):
             device.close()
             if shipper is not None:
                 shipper.close()
+            if device.leadership is not None:
+                device.leadership.stop()  # the key goes at once: a standby need not wait for the lease
         return 0
     finally:
         runtime_lock.release()
 
 
-def _standby(args: argparse.Namespace, fail: Callable[..., int]) -> int:
-    """`boot --standby-of`: follow the primary until SIGTERM or SIGINT (gpu_worker/replication/standby.py)."""
+def _standby(args: argparse.Namespace, argv: list[str], fail: Callable[..., int]) -> int:
+    """`boot --standby-of`: follow the primary until SIGTERM or SIGINT (gpu_worker/replication/standby.py).
+    With --etcd, also until the leader key this standby saw held is gone: then this process
+    becomes `boot --takeover` of its journal (the same arguments, without --standby-of), which
+    campaigns for the key."""
     from .replication.standby import Mirror, Standby, StandbyRefused
     from .storage.journal import JournalError
     from .storage.runtime_file import RuntimeFile, RuntimeFileError
@@ -217,14 +247,38 @@ def _standby(args: argparse.Namespace, fail: Callable[..., int]) -> int:
         return fail(str(exc), 3)
     standby = Standby(args.standby_of, mirror, incarnation)
     previous = {sig: signal.signal(sig, lambda *_: standby.stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    watch = None
+    if args.etcd is not None:
+        from .replication.lease import Etcd, LeaderWatch
+        watch = LeaderWatch(Etcd(args.etcd.split(",")), args.etcd_key.encode(), args.lease_seconds / 3, standby.stop)
+        watch.start()
     print(f"standby ready: journal {args.journal} at {mirror.position}, following {args.standby_of}", flush=True)
     try:
         standby.run()
     except StandbyRefused as exc:
         return fail(str(exc), 4)
     finally:
+        if watch is not None:
+            watch.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         mirror.close()
     print(f"standby stopped: journal {args.journal} at {mirror.position}", flush=True)
+    if watch is not None and watch.gone:
+        takeover = _without(argv, "--standby-of") + ["--takeover"]
+        print(f"standby: the leader key {args.etcd_key} is gone: taking over", flush=True)
+        os.execv(sys.executable, [sys.executable, "-m", "gpu_worker", "boot", *takeover])
     return 0
+
+
+def _without(argv: list[str], option: str) -> list[str]:
+    """argv without `option` and its value (`--x V` or `--x=V`)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == option:
+            skip = True
+        elif not arg.startswith(option + "="):
+            out.append(arg)
+    return out

@@ -71,6 +71,9 @@ class Device:
         would, instead of being a restore."""
         self.takeover = takeover
         self.took_over = False  # this boot is a takeover (set by _check_fresh_grants)
+        # the primary's etcd lease (replication/lease.py Leadership), set by boot --etcd: admissions
+        # stop once it may have lapsed
+        self.leadership: Any = None
         self.runtime = runtime
         self.incarnation_hex = runtime.incarnation.hex()
         self.model_digest = runtime.model_digest("gen")
@@ -389,18 +392,36 @@ class Device:
             replies.extend(self.answer(batch))
         return replies
 
+    def fenced(self) -> str | None:
+        """Why this device must admit nothing (its leadership lease may have lapsed), else None."""
+        return self.leadership.fenced() if self.leadership is not None else None
+
     def unconfirmed(self, batches: list[Batch]) -> list[Reply]:
         """After refuse_unsaved, with a sync standby: batches whose transfers were durable here but
         not yet acknowledged by the standby. The rebuilt state holds them, so they are not refused;
         whether the standby holds them is not known, so they are not answered saved either: 503
         `standby_unconfirmed`, and the exact retry answers the receipt once it is saved on both."""
-        err = ServiceError(503, "standby_unconfirmed",
-                           "admitted here, not yet confirmed by the standby when the journal failed: retry exactly "
-                           "(the exact retry answers the receipt)")
+        return self._unanswered(batches, ServiceError(
+            503, "standby_unconfirmed", "admitted here, not yet confirmed by the standby when the journal failed: "
+                                        "retry exactly (the exact retry answers the receipt)"), reads=False)
+
+    def not_primary(self, batches: list[Batch], why: str) -> list[Reply]:
+        """With a sync standby, once fenced (Committer.fence): what waited for the standby is not
+        saved here and never will be; neither its admissions nor the reads behind them are answered
+        from this state: 503 `not_primary`."""
+        return self._unanswered(batches, ServiceError(503, "not_primary", f"{why}: send it to the current primary"),
+                                reads=True)
+
+    def _unanswered(self, batches: list[Batch], err: ServiceError, reads: bool) -> list[Reply]:
+        """`err` for each batch's admissions (and, with `reads`, its deferred reads); the rest of
+        each batch answered as usual."""
         replies = []
         for batch in batches:
             batch.replies.extend((conn, reply(req_id, err.status, err.body())) for conn, req_id, _, _ in batch.waiting)
             batch.waiting = []
+            if reads:
+                batch.replies.extend((conn, reply(msg.get("id"), err.status, err.body())) for conn, msg in batch.reads)
+                batch.reads = []
             replies.extend(self.answer(batch))
         return replies
 

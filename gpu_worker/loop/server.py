@@ -126,7 +126,7 @@ class Server:
             self._fail(exc)
             return
         self._send(self.device.take_outbox())
-        self._schedule_if_work()
+        self._step(self.committer.fence)  # (a fenced primary's replies held for its standby)
 
     def _schedule_if_work(self) -> None:
         """After every step: tick again when there is something to gather, or records that only a
@@ -202,7 +202,8 @@ class Server:
         return {"stalled_seconds": round(stalled, 3), "stall_seconds": self.watchdog.stall_seconds,
                 "stalled": stalled >= self.watchdog.stall_seconds, "inbox": len(self.inbox),
                 "batches": len(self.committer.batches), "ticks_in_flight": self.committer.writer.ticks_in_flight,
-                "replication": self.replica.state() if self.replica is not None else None}
+                "replication": self.replica.state() if self.replica is not None else None,
+                "leadership": self.device.leadership.state() if self.device.leadership is not None else None}
 
     def _closed(self, conn: Connection) -> None:
         if conn.closed:

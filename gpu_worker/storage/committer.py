@@ -95,6 +95,10 @@ class TickOwner(Protocol):
 
     def unconfirmed(self, batches: list[Batch]) -> list[Reply]: ...
 
+    def fenced(self) -> str | None: ...
+
+    def not_primary(self, batches: list[Batch], why: str) -> list[Reply]: ...
+
     def read(self, msg: Message) -> Message: ...
 
 
@@ -168,6 +172,20 @@ class Committer:
         durable = self.writer.durable_seq
         replica = self.replica
         return min(durable, replica.acked_seq) if replica is not None and replica.waits else durable
+
+    def fence(self) -> list[Reply]:
+        """Ten times a second (the loop's idle timer), with a sync standby: a primary whose leadership
+        lease may have lapsed will never hear its standby again (it is the primary now). What waits
+        for it is answered 503 `not_primary`: retry exactly at the current primary, which holds
+        each such admission or admits it anew."""
+        if self.replica is None or not self.replica.waits or not self.batches:
+            return []
+        why = self.owner.fenced()
+        if why is None:
+            return []
+        batches = list(self.batches)
+        self.batches.clear()
+        return self.owner.not_primary(batches, why)
 
     def acked(self) -> list[Reply]:
         """The standby's link moved (an acknowledgement, a standby joined or left): what it saves."""

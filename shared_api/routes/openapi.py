@@ -498,6 +498,8 @@ CODES = {
     "device_timeout": "the device did not answer in time; the mutation may have been admitted, "
                       "so retry it exactly",
     "gateway_misconfigured": "the gateway configuration cannot be read",
+    "not_primary": "this device's leadership lease may have lapsed (another primary may hold it): it admits "
+                   "nothing; send the mutation, exactly, to the current primary",
     "standby_unconfirmed": "the device's journal failed (disk full) after admitting the mutation and before its "
                            "standby confirmed it: retry it exactly (the exact retry answers its receipt)",
     "stream_backlog": "(the last `error` event of a stream) the client read slower than its events came: "
@@ -583,7 +585,7 @@ def _mutation(summary: str, body: str, errors: Errors | None = None, *, path: st
     # every mutation counts against the receipts quota but a retirement, which frees receipts
     errors[429] = ("journal_hold", *(() if body == "RetirementRequest" else ("quota_exceeded",)),
                    *errors.get(429, ()))
-    errors[503] = ("standby_unconfirmed", *errors.get(503, ()))
+    errors[503] = ("standby_unconfirmed", "not_primary", *errors.get(503, ()))
     errors[507] = ("receipt_table_full", *errors.get(507, ()))
     if path:
         errors[404] = (*errors.get(404, ()), "not_found")

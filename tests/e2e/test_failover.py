@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+import rfc8785
 
 from gpu_worker.pack import pack_tiny
 from tests.conftest import wait_for, write_grants
@@ -131,3 +132,122 @@ def test_a_sync_standby_takes_over_with_every_saved_receipt(tmp_path):
                 os.kill(pid, signal.SIGKILL)
         zygote.close()
         shutil.rmtree(short, ignore_errors=True)
+
+
+def test_a_standby_takes_over_by_itself_when_the_primarys_lease_lapses_and_the_zombie_admits_nothing(tmp_path):
+    """Leadership through a three-member etcd: the primary holds the leader key under a 2 s lease.
+    SIGSTOP stops it past its lease; the standby sees the key gone and becomes the primary by itself
+    (`boot --takeover`, the same process); the clients go on there. SIGCONT: the old primary, a
+    zombie, admits nothing (503 not_primary) though it still believes nothing; every receipt a
+    client saw saved reads back from the new primary."""
+    from tests.etcd import EtcdCluster
+    etcd = EtcdCluster(tmp_path).start()
+    principals = [os.urandom(16) for _ in range(CLIENTS)]
+    late = os.urandom(16)  # registers at the zombie: refused
+    probe = os.urandom(16)  # registers at the new primary as soon as it is ready: the time to the first admission
+    grants = str(tmp_path / "grants.json")
+    write_grants(grants, {p.hex(): ["shared_read", "shared_write"] for p in principals + [late, probe]})
+    runtime = str(tmp_path / "a.aotxccir")
+    pack_tiny(runtime, shared=True, capacity={"participants": 8, "spaces": 20000, "receipts": 20000,
+                                              "command_bytes": 1024, "result_bytes": 16})
+    shutil.copyfile(runtime, str(tmp_path / "b.aotxccir"))
+    short = tempfile.mkdtemp(prefix="aotx-le-")
+    log = tmp_path / "devices.log"
+    log.touch()
+    zygote = Zygote()
+    lease = ["--etcd", ",".join(etcd.endpoints), "--lease-seconds", "2"]
+    a_sock, b_sock = os.path.join(short, "a.sock"), os.path.join(short, "b.sock")
+    a_journal, b_journal = str(tmp_path / "journal-a"), str(tmp_path / "journal-b")
+
+    def start(argv, ready, begin=None):
+        begin = log.stat().st_size if begin is None else begin
+        pid = zygote.boot(argv, str(log))
+        wait_for(lambda: ready in log.read_text()[begin:] or not alive(pid), 60, what=ready)
+        assert alive(pid), log.read_text()[begin:]
+        return pid
+
+    stop = threading.Event()
+    primary_pid = standby_pid = None
+    try:
+        primary_pid = start(["--ccir", runtime, "--journal", a_journal, "--service-grants", grants, "--device", "cpu",
+                             "--replicate", a_sock] + lease, "device ready")
+        standby_pid = start(["--ccir", str(tmp_path / "b.aotxccir"), "--journal", b_journal, "--service-grants", grants,
+                             "--standby-of", a_sock, "--replicate", b_sock, "--standby-timeout", "1"] + lease,
+                            "standby ready")  # once it took over, it saves alone after 1 s without a standby
+        clients = [FollowingClient(p, os.path.join(a_journal, "service.sock"), stop) for p in principals]
+        for c in clients:
+            c.start()
+        wait_for(lambda: all(len(c.saved_so_far()) >= 5 for c in clients), 60, what="five receipts each")
+        begin = log.stat().st_size
+        stopped = time.monotonic()
+        os.kill(primary_pid, signal.SIGSTOP)  # past its lease: a zombie once it runs again
+        before = [len(c.saved_so_far()) for c in clients]
+        for c in clients:
+            c.path = os.path.join(b_journal, "service.sock")
+        wait_for(lambda: "device ready" in log.read_text()[begin:], 60, what="the standby to take over by itself")
+        assert alive(standby_pid)  # the same process, now the primary
+        with socket.socket(socket.AF_UNIX) as current:  # the line of history is the same on both
+            current.settimeout(30)
+            current.connect(os.path.join(b_journal, "service.sock"))
+            lineage, probe_lineage = (json.loads(call(current, {"v": 1, "id": 0, "op": "participant.get",
+                                                                "principal": p.hex(), "args": {}})["body"])["lineage"]
+                                      for p in (late, probe))
+            assert call(current, register(probe, probe_lineage))["status"] == 202
+        took = time.monotonic() - stopped
+        wait_for(lambda: any(len(c.saved_so_far()) > b for c, b in zip(clients, before)), 60,
+                 what="the clients to go on at the new primary (after their 10 s socket timeout at the stopped one)")
+        os.kill(primary_pid, signal.SIGCONT)
+        with socket.socket(socket.AF_UNIX) as zombie:
+            zombie.settimeout(30)
+            zombie.connect(os.path.join(a_journal, "service.sock"))
+            reply = call(zombie, register(late, lineage))
+        assert reply["status"] == 503 and json.loads(reply["body"])["error"]["code"] == "not_primary", reply
+        os.kill(primary_pid, signal.SIGKILL)
+        stop.set()
+        for c in clients:
+            c.join(60)
+            assert not c.is_alive() and not c.errors, c.errors
+        with socket.socket(socket.AF_UNIX) as verifier:
+            verifier.connect(os.path.join(b_journal, "service.sock"))
+            for c in clients:
+                for sequence, body in c.saved.items():
+                    op = json.loads(body)["operation"]
+                    got = call(verifier, {"v": 1, "id": 0, "op": "operations.get", "principal": c.principal.hex(),
+                                          "args": {"operation": op}})
+                    assert got["status"] == 200 and got["body"] == body, (sequence, got)
+                me = json.loads(call(verifier, {"v": 1, "id": 0, "op": "participant.get",
+                                                "principal": c.principal.hex(), "args": {}})["body"])
+                assert me["next_sequence"] == str(max(c.saved) + 1) and me["lineage"] == c.lineage
+        print(f"SIGSTOP of the primary (2 s lease) to the first admission on the standby that took over by "
+              f"itself: {took:.2f}s")
+    finally:
+        stop.set()
+        for pid in (primary_pid, standby_pid):
+            if pid is not None and alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        zygote.close()
+        etcd.stop()
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def register(principal, lineage):
+    """A participant registration as the gateway sends it (a fresh operation key)."""
+    key = os.urandom(16).hex()
+    body = {"schema": "aotx.shared.mutation.v1", "lineage": lineage, "operation_key": key, "sequence": "1"}
+    return {"v": 1, "id": 1, "op": "participant.register", "principal": principal.hex(), "args": {
+        "lineage": lineage, "operation_key": key, "sequence": 1,
+        "canonical": rfc8785.dumps({"method": "POST", "path": "/aotx/v1/shared/participant", "body": body})}}
+
+
+class FollowingClient(Client):
+    """A client that, told `not_primary`, sends the same request, exactly, to the current primary
+    (its `path`, which the test moves), as the SDK's exact retry would."""
+
+    def exchange(self, sock, msg):
+        while True:
+            reply, sock = super().exchange(sock, msg)
+            if reply["status"] != 503 or json.loads(reply["body"])["error"]["code"] != "not_primary":
+                return reply, sock
+            sock.close()
+            sock = None
+            self.retries += 1
