@@ -155,12 +155,26 @@ def main(argv):
             return fail(f"cannot open runtime file {args.ccir}: {exc}")
         if runtime.inode != runtime_lock.inode:
             return fail(f"runtime file {args.ccir} was replaced while the device opened it; boot again", 3)
+        leadership = None
+        if args.etcd is not None:  # leadership first: a takeover records its generation, nothing is admitted without
+            from .replication.lease import Etcd, Leadership, LeadershipError
+            leadership = Leadership(Etcd(args.etcd.split(",")), args.etcd_key.encode(), ttl=args.lease_seconds)
+            try:
+                leadership.campaign(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "journal": args.journal,
+                                                "replicate": args.replicate}).encode())
+            except LeadershipError as exc:
+                return fail(str(exc), 5)
         try:
             os.makedirs(args.journal, exist_ok=True)
-            device = Device(runtime, args.journal, grants, device=_device_name(args.device), takeover=args.takeover)
+            device = Device(runtime, args.journal, grants, device=_device_name(args.device), takeover=args.takeover,
+                            leadership=leadership)
         except (DeviceBootError, RuntimeFileError) as exc:  # configuration: profile, grants, file
+            if leadership is not None:
+                leadership.stop()
             return fail(str(exc), 2)
         except (JournalError, OSError) as exc:  # the journal refused: locked, damaged, unreadable
+            if leadership is not None:
+                leadership.stop()
             return fail(str(exc), 3)
         socket_path = os.path.join(args.journal, "service.sock")
         shipper = None
@@ -171,19 +185,9 @@ def main(argv):
                                   alone_after=args.standby_timeout)
             except (OSError, ValueError) as exc:
                 device.close()
+                if leadership is not None:
+                    leadership.stop()
                 return fail(f"--replicate {args.replicate}: {exc}")
-        if args.etcd is not None:
-            from .replication.lease import Etcd, Leadership, LeadershipError
-            leadership = Leadership(Etcd(args.etcd.split(",")), args.etcd_key.encode(), ttl=args.lease_seconds)
-            try:
-                leadership.campaign(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "journal": args.journal,
-                                                "replicate": args.replicate}).encode())
-            except LeadershipError as exc:
-                device.close()
-                if shipper is not None:
-                    shipper.close()
-                return fail(str(exc), 5)
-            device.leadership = leadership
         server = Server(device, socket_path, allow_uids=tuple(args.allow_uid), socket_group=socket_group,
                         stall_seconds=args.stall_seconds, replica=shipper)
         device.deliver = server.deliver  # other threads' results come back through the loop
@@ -196,6 +200,10 @@ def main(argv):
             runner.engine.pacer.rate_of = device.token_rate  # output tokens per second (grant file)
         except Exception as exc:  # a runtime whose model cannot load serves no inputs: say why, stop
             device.close()
+            if shipper is not None:
+                shipper.close()
+            if leadership is not None:
+                leadership.stop()
             return fail(f"cannot load the generation model of {args.ccir}: {exc}", 2)
 
         def ready():
@@ -221,8 +229,8 @@ def main(argv):
             device.close()
             if shipper is not None:
                 shipper.close()
-            if device.leadership is not None:
-                device.leadership.stop()  # the key goes at once: a standby need not wait for the lease
+            if leadership is not None:
+                leadership.stop()  # the key goes at once: a standby need not wait for the lease
         return 0
     finally:
         runtime_lock.release()

@@ -64,16 +64,17 @@ class DeviceBootError(Exception):
 
 class Device:
     def __init__(self, runtime: RuntimeFile, journal_dir: str, grants: Grants | None, *, device: str = "cpu",
-                 fs: FileLayer | None = None, serve: bool = True, takeover: bool = False) -> None:
+                 fs: FileLayer | None = None, serve: bool = True, takeover: bool = False,
+                 leadership: Any = None) -> None:
         """serve=False opens the state for an offline command (checkpoint): no grant check, no
         boot recorded. takeover: this journal is a sync standby's copy of the primary's
         (docs/replication.md): its boot continues the primary's line of history, as a restart
         would, instead of being a restore."""
         self.takeover = takeover
         self.took_over = False  # this boot is a takeover (set by _check_fresh_grants)
-        # the primary's etcd lease (replication/lease.py Leadership), set by boot --etcd: admissions
-        # stop once it may have lapsed
-        self.leadership: Any = None
+        # the primary's etcd lease (replication/lease.py Leadership, boot --etcd), held before this
+        # boot: admissions stop once it may have lapsed; a takeover records its generation
+        self.leadership: Any = leadership
         self.runtime = runtime
         self.incarnation_hex = runtime.incarnation.hex()
         self.model_digest = runtime.model_digest("gen")
@@ -126,10 +127,13 @@ class Device:
             new_lineage = self._check_fresh_grants() if serve else False
             media.recover_bytes(self)  # a restore finds the media bytes in the checkpoint (ops/media.py)
             self.committer = Committer(self, self._open_writer(recovery))
+            failover: dict[str, Any] | None = None
             if self.took_over:  # where this primary's part of the journal begins (a rejoin cuts back to it)
                 from .replication import standby
                 writer = self.committer.writer
                 standby.record_takeover(journal_dir, (writer.segment, writer.offset))
+                failover = {"position": [writer.segment, writer.offset],
+                            "generation": leadership.generation if leadership is not None else None}
         except BaseException:
             self.lock.release()
             raise
@@ -143,6 +147,9 @@ class Device:
             state.last_boot_ns = time.time_ns()
             state.save_generation = state.generation
             boot: dict[str, Any] = {"boot": state.boot, "generation": state.generation, "at_ns": state.last_boot_ns}
+            if failover is not None:  # an incident of the saved state (docs/replication.md)
+                boot["takeover"] = failover
+                state.failovers.append({"boot": state.boot, "at_ns": state.last_boot_ns, **failover})
             if new_lineage:  # docs/checkpoint.md, "Lineages after a restore"
                 boot["lineage"] = [state.admissions + 1, os.urandom(16)]
                 state.participants.start_lineage(*boot["lineage"])
@@ -196,6 +203,8 @@ class Device:
         state.boot = info["boot"]
         state.save_generation = info["generation"]
         state.last_boot_ns = info.get("at_ns", 0)
+        if "takeover" in info:  # this boot took a standby's journal over (a failover)
+            state.failovers.append({"boot": info["boot"], "at_ns": info.get("at_ns", 0), **info["takeover"]})
         if "lineage" in info:  # this boot started a line of history (a first boot, or a restore)
             first, nonce = info["lineage"]
             state.participants.start_lineage(first, nonce)

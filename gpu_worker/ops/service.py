@@ -52,12 +52,16 @@ def capabilities(d: Context, principal: bytes, args: NoArgs) -> tuple[int, Any]:
     }
 
 
+FAILOVERS_REPORTED = 20  # the newest takeovers a ping reports
+
+
 def ping(d: Context, principal: bytes | None, args: NoArgs) -> tuple[int, Any]:
     """Ops status (no principal: the socket admits the gateway's user only, loop/server.py): what the gateway's /metrics,
     /healthz and admin pages show."""
     return 200, {"ok": True, "boot": str(d.state.boot), "generation": str(d.state.generation),
                  "usage": {**d.state.tables.usage(), "memory": d.state.memory.used()}, "capacities": d.state.capacities,
                  "journal": d.journal_state(), "hold_incidents": d.state.hold_incidents,
+                 "failovers": d.state.failovers[-FAILOVERS_REPORTED:],
                  "grants": {"path": d.grants.path, "written_at_ns": d.grants.written_at_ns,
                             "problem": d.grant_problem},
                  "kv": kv_pool(d),

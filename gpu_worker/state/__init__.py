@@ -37,6 +37,9 @@ class DeviceState:
         self.conversations = ConversationIndex()
         self.media: dict[str, MediaSource] = {}  # sha256 hex -> source
         self.hold_incidents: list[dict[str, Any]] = []  # journal holds, oldest first (state/holds.py)
+        # takeovers of this journal by a standby (boot --takeover), oldest first: {boot, at_ns,
+        # position, generation (the etcd leadership's, or None)}
+        self.failovers: list[dict[str, Any]] = []
 
     def rebuild_indexes(self, input_kind: int, media: dict[str, Any] | None = None) -> None:
         """Indexes derived from the tensors (empty, or just loaded from a checkpoint), and the

@@ -31,7 +31,7 @@ from gpu_worker.contract.vocabulary import COMMANDS, TERMINAL_STATUSES
 from .. import ops
 from .charts import Chart, Series, human, sample_time, thin
 from ..errors import ServiceError
-from ..models import CapacitySample
+from ..models import CapacitySample, ns_datetime
 
 MAX_POINTS = 600  # a chart draws at most about this many samples (evenly thinned)
 MAX_HOURS = 24 * 90
@@ -351,8 +351,19 @@ def result_view(request: HttpRequest, operation: str) -> HttpResponse:
 def holds_view(request: HttpRequest) -> HttpResponse:
     status = ops.request_status(request)
     return render(request, "aotx/ops/holds.html", _context(
-        request, "Journal holds", incidents=ops.incident_rows(status), hold=ops.hold_state(status),
-        journal=(status or {}).get("journal")))
+        request, "Journal holds and failovers", incidents=ops.incident_rows(status), hold=ops.hold_state(status),
+        journal=(status or {}).get("journal"), failovers=failover_rows(status)))
+
+
+def failover_rows(status: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The device's takeovers of its journal (a standby that became the primary), newest first:
+    saved state, reported by its ping (docs/replication.md)."""
+    rows = []
+    for failover in reversed((status or {}).get("failovers") or []):
+        position = failover.get("position") or [None, None]
+        rows.append({"boot": failover.get("boot"), "at": ns_datetime(failover.get("at_ns")),
+                     "segment": position[0], "offset": position[1], "generation": failover.get("generation")})
+    return rows
 
 
 def urls() -> list[Any]:

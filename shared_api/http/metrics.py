@@ -222,6 +222,22 @@ def device_metrics(status: dict[str, Any] | None) -> Iterator[Metric]:
     replication = pipeline.get("replication") if isinstance(pipeline, dict) else None
     if isinstance(replication, dict):
         yield from _replication_metrics(replication)
+    leadership = pipeline.get("leadership") if isinstance(pipeline, dict) else None
+    if isinstance(leadership, dict) and _number(leadership.get("generation")) is not None:
+        generation = GaugeMetricFamily("aotx_leadership_generation",
+                                       "The etcd leader key's create revision this primary holds (boot --etcd)")
+        generation.add_metric([], float(leadership["generation"]))
+        yield generation
+        fenced = GaugeMetricFamily("aotx_leadership_fenced",
+                                   "1 while this primary admits nothing: its leadership lease may have lapsed")
+        fenced.add_metric([], 1.0 if leadership.get("fenced") else 0.0)
+        yield fenced
+    if isinstance(status.get("failovers"), list):
+        failovers = GaugeMetricFamily("aotx_device_failovers",
+                                      "Takeovers of this journal by a standby that became the primary (the newest "
+                                      "20 the ping reports)")
+        failovers.add_metric([], float(len(status["failovers"])))
+        yield failovers
     for name, key, text in (("aotx_device_boot", "boot", "The device's boot counter"),
                             ("aotx_device_generation", "generation", "The runtime file's checkpoint generation")):
         value = _number(status.get(key))

@@ -218,6 +218,10 @@ def test_a_standby_takes_over_by_itself_when_the_primarys_lease_lapses_and_the_z
                 me = json.loads(call(verifier, {"v": 1, "id": 0, "op": "participant.get",
                                                 "principal": c.principal.hex(), "args": {}})["body"])
                 assert me["next_sequence"] == str(max(c.saved) + 1) and me["lineage"] == c.lineage
+            status = json.loads(call(verifier, {"v": 1, "id": 0, "op": "ping", "principal": None, "args": {}})["body"])
+            [failover] = status["failovers"]  # the takeover, an incident of the saved state
+            assert failover["generation"] == status["pipeline"]["leadership"]["generation"] > 0
+            assert status["pipeline"]["leadership"]["fenced"] is None
         print(f"SIGSTOP of the primary (2 s lease) to the first admission on the standby that took over by "
               f"itself: {took:.2f}s")
     finally:

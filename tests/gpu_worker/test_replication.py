@@ -252,8 +252,16 @@ def test_a_takeover_of_a_sync_standbys_journal_continues_the_line_of_history(tin
     device = Device(RuntimeFile.open(runtime), directory, Grants(primary.grants), takeover=True)
     try:
         assert {p: device.state.participants.lineage_of(p) for p in lineages} == lineages
+        [failover] = device.state.failovers  # an incident of the saved state
+        assert (tuple(failover["position"]), failover["generation"], failover["boot"]) == \
+            (takeovers(directory)[0], None, device.state.boot)
     finally:
         device.close()
+    restarted = Device(RuntimeFile.open(runtime), directory, Grants(primary.grants))  # replayed from the journal
+    try:
+        assert restarted.state.failovers == [failover]
+    finally:
+        restarted.close()
 
 
 def test_a_takeover_of_an_async_standbys_journal_is_refused(tiny_runtime, tmp_path):

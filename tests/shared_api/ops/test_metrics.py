@@ -148,3 +148,14 @@ def test_a_primarys_replication_is_exported(ops_device):
 
 def test_no_replication_gauges_without_replication(ops_device):
     assert not [name for name, _ in scrape() if name.startswith("aotx_replication_")]
+
+
+def test_leadership_and_failovers_are_exported(ops_device):
+    ops_device.status["pipeline"]["leadership"] = {"generation": 41, "lease_seconds": 3, "fenced": None,
+                                                   "trusted_for": 1.5}
+    ops_device.status["failovers"] = [{"boot": 5, "at_ns": 1, "position": [2, 96], "generation": 41}]
+    m = scrape()
+    assert value(m, "aotx_leadership_generation") == 41 and value(m, "aotx_leadership_fenced") == 0
+    assert value(m, "aotx_device_failovers") == 1
+    ops_device.status["pipeline"]["leadership"]["fenced"] = "the leadership lease was not renewed in time"
+    assert value(scrape(), "aotx_leadership_fenced") == 1

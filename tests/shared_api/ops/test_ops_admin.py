@@ -302,3 +302,15 @@ def test_the_live_reading_shows_the_primarys_standby_or_its_absence(staff, ops_d
     ops_device.status["pipeline"]["replication"].update(standby=None)
     html = staff.get(CAPACITY).content.decode()
     assert "primary, sync: NO STANDBY — holding: nothing is answered saved until a standby holds it" in html
+
+
+def test_the_holds_page_lists_the_devices_failovers_newest_first(staff, ops_device):
+    html = staff.get(HOLDS).content.decode()
+    assert 'id="aotx-no-failovers"' in html
+    ops_device.status["failovers"] = [
+        {"boot": 3, "at_ns": 1_700_000_000_000_000_000, "position": [1, 4096], "generation": None},
+        {"boot": 5, "at_ns": 1_700_000_100_000_000_000, "position": [2, 96], "generation": 41}]
+    html = staff.get(HOLDS).content.decode()
+    rows = re.findall(r'<tr data-boot="(\d+)"><td>([^<]+)</td><td>\d+</td><td>([^<]+)</td><td>([^<]+)</td></tr>', html)
+    assert rows == [("5", "2023-11-14 22:15:00", "segment 2, offset 96", "41"),
+                    ("3", "2023-11-14 22:13:20", "segment 1, offset 4096", "- (no etcd)")]
