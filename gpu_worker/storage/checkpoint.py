@@ -64,6 +64,7 @@ def encode_state(state: DeviceState, last_seq: int, last_digest: bytes, generati
         "media": {sha: [source.length, source.type, [raw[p] for p in sorted(source.owners)]]
                   for sha, source in state.media.items()},
         "holds": state.hold_incidents,
+        "failovers": state.failovers,
         "memory": state.memory.encode(),
         "history": _history(state),
         "written_ns": time.time_ns(),
@@ -114,6 +115,7 @@ def load_state(state: DeviceState, blob: bytes | memoryview, input_kind: int) ->
     state.checkpoint_seq, state.checkpoint_digest = saved["last_seq"], saved["last_digest"]
     state.save_generation = saved["generation"]
     state.hold_incidents = saved.get("holds", [])
+    state.failovers = saved.get("failovers", [])  # (none in a checkpoint from before replication)
     if "memory" in saved:  # a checkpoint from before memory has none
         state.memory.load(saved["memory"])
     at = 0

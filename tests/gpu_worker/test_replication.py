@@ -363,3 +363,18 @@ def test_an_old_primary_rejoins_as_a_standby_cut_back_to_the_takeover_point(tiny
         new.stop()
         rejoined.stop()
     assert journal_bytes(old.journal) == journal_bytes(new.journal)
+
+
+def test_a_checkpoint_keeps_the_failovers(tiny_runtime, tmp_path):
+    primary, directory, runtime, _ = _kept(tiny_runtime, tmp_path, sync=True)
+    device = Device(RuntimeFile.open(runtime), directory, Grants(primary.grants), takeover=True)
+    try:
+        failovers = list(device.state.failovers)
+        assert len(failovers) == 1 and device.checkpoint() is not None  # the BOOT transfers are folded
+    finally:
+        device.close()
+    restarted = Device(RuntimeFile.open(runtime), directory, Grants(primary.grants))
+    try:
+        assert restarted.recovered <= 2 and restarted.state.failovers == failovers
+    finally:
+        restarted.close()
