@@ -1,0 +1,206 @@
+"""The fault harness for replication (docs/replication.md): two device machines on loopback (each
+its runtime file copy, journal and replication socket), a three-member etcd, and clients mutating
+through the primary's socket with exact retries, while it injects, round after round:
+
+- kill   : kill -9 of the primary; the standby takes over by itself (the etcd lease lapses);
+- stop   : SIGSTOP of the primary past its lease; the standby takes over; SIGCONT: the zombie must
+           answer 503 not_primary to a new mutation; then it is killed;
+- cut    : SIGSTOP of the standby (the link goes quiet) for twice the standby timeout, then SIGCONT:
+           the primary saves alone meanwhile, the standby catches up; no failover.
+
+After a failover the old primary's machine rejoins as the new primary's standby from its own
+journal. After every round: every receipt a client saw saved reads back byte for byte from the
+current primary, each client's next sequence is one past its last saved one (none assigned twice),
+and the leadership generation has grown with every takeover (no two primaries in one generation).
+
+    .venv/bin/python bench/failover.py [--rounds 20] [--lease-seconds 2]
+
+Reported: per round, the fault, the time from it to the first admission on the (new) primary
+(a probe registers a fresh principal there), the generation; then p50 and max over the failovers.
+The devices run the tiny model (a takeover is a boot: with a real model it loads the model too)."""
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[0] = str(ROOT)  # not bench/: bench/http.py would shadow the standard library http
+
+from gpu_worker.pack import pack_tiny  # noqa: E402
+from tests.conftest import wait_for, write_grants  # noqa: E402
+from tests.e2e.test_failover import FollowingClient, register  # noqa: E402
+from tests.e2e.test_kill9 import Zygote, alive, call  # noqa: E402
+from tests.etcd import EtcdCluster  # noqa: E402
+
+CLIENTS = 4
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--lease-seconds", type=int, default=2)
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="bench-failover-"))
+    etcd = EtcdCluster(base).start()
+    principals = [os.urandom(16) for _ in range(CLIENTS)]
+    probes = [os.urandom(16) for _ in range(2 * args.rounds + 2)]
+    grants = str(base / "grants.json")
+    write_grants(grants, {p.hex(): ["shared_read", "shared_write"] for p in principals + probes})
+    runtime = str(base / "a.aotxccir")
+    pack_tiny(runtime, shared=True, capacity={"participants": 64, "spaces": 60000, "receipts": 60000,
+                                              "command_bytes": 1024, "result_bytes": 16})
+    shutil.copyfile(runtime, str(base / "b.aotxccir"))
+    log = base / "devices.log"
+    log.touch()
+    zygote = Zygote()
+    lease = ["--etcd", ",".join(etcd.endpoints), "--lease-seconds", str(args.lease_seconds)]
+    machines = {name: {"ccir": str(base / f"{name}.aotxccir"), "journal": str(base / f"journal-{name}"),
+                       "replicate": str(base / f"{name}.sock")} for name in "ab"}
+
+    def start(argv, ready):
+        begin = log.stat().st_size
+        pid = zygote.boot(argv, str(log))
+        wait_for(lambda: ready in log.read_text()[begin:] or not alive(pid), 120, what=ready)
+        if not alive(pid):
+            raise SystemExit(log.read_text()[begin:])
+        return pid
+
+    def standby(m, primary):
+        return start(["--ccir", m["ccir"], "--journal", m["journal"], "--service-grants", grants,
+                      "--standby-of", primary["replicate"], "--replicate", m["replicate"], "--standby-timeout", "1"]
+                     + lease, "standby ready")
+
+    def sock_of(m):
+        return os.path.join(m["journal"], "service.sock")
+
+    def probe_admission(m, principal):
+        """Register `principal` at m's device as soon as it answers: when it did."""
+        while True:
+            try:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.settimeout(10)
+                    s.connect(sock_of(m))
+                    lineage = json.loads(call(s, {"v": 1, "id": 0, "op": "participant.get", "principal": principal.hex(),
+                                                  "args": {}})["body"])["lineage"]
+                    reply = call(s, register(principal, lineage))
+                if reply["status"] == 202:
+                    return time.monotonic()
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.01)  # (a bounded poll of a socket that is not there yet)
+
+    def ping(m):
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(30)
+            s.connect(sock_of(m))
+            return json.loads(call(s, {"v": 1, "id": 0, "op": "ping", "principal": None, "args": {}})["body"])
+
+    stop = threading.Event()
+    primary, spare = machines["a"], machines["b"]
+    pids = {}
+    rows = []
+    try:
+        pids["a"] = start(["--ccir", primary["ccir"], "--journal", primary["journal"], "--service-grants", grants,
+                           "--device", "cpu", "--replicate", primary["replicate"], "--standby-timeout", "1"] + lease,
+                          "device ready")
+        pids["b"] = standby(spare, primary)
+        clients = [FollowingClient(p, sock_of(primary), stop) for p in principals]
+        for c in clients:
+            c.start()
+        generation = ping(primary)["pipeline"]["leadership"]["generation"]
+        probe = iter(probes)
+        for round_ in range(args.rounds):
+            fault = ("kill", "stop", "cut")[round_ % 3]
+            floor = [len(c.saved_so_far()) for c in clients]
+            wait_for(lambda: all(len(c.saved_so_far()) >= f + 3 for c, f in zip(clients, floor)), 120,
+                     what="each client to save three more receipts")
+            old, new = ("a", "b") if primary is machines["a"] else ("b", "a")
+            began = time.monotonic()
+            if fault == "cut":
+                os.kill(pids[new], signal.SIGSTOP)
+                time.sleep(2.0)  # the fault lasts this long (twice the standby timeout)
+                os.kill(pids[new], signal.SIGCONT)
+                took = probe_admission(primary, next(probe)) - began
+                wait_for(lambda: ping(primary)["pipeline"]["replication"]["lag_transfers"] == 0, 60,
+                         what="the standby to catch up")
+            else:
+                os.kill(pids[old], signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+                begin = log.stat().st_size
+                wait_for(lambda: "device ready" in log.read_text()[begin:], 120, what="the standby to take over")
+                primary, spare = spare, primary
+                for c in clients:
+                    c.path = sock_of(primary)
+                took = probe_admission(primary, next(probe)) - began
+                if fault == "stop":  # the zombie runs again: it must admit nothing
+                    late = next(probe)
+                    with socket.socket(socket.AF_UNIX) as current:  # (the line of history is the same on both)
+                        current.settimeout(30)
+                        current.connect(sock_of(primary))
+                        lineage = json.loads(call(current, {"v": 1, "id": 0, "op": "participant.get",
+                                                            "principal": late.hex(), "args": {}})["body"])["lineage"]
+                    os.kill(pids[old], signal.SIGCONT)
+                    with socket.socket(socket.AF_UNIX) as zombie:
+                        zombie.settimeout(30)
+                        zombie.connect(sock_of(spare))
+                        reply = call(zombie, register(late, lineage))
+                    assert reply["status"] == 503 and b"not_primary" in reply["body"], reply
+                    os.kill(pids[old], signal.SIGKILL)
+                wait_for(lambda: not alive(pids[old]), 30, what="the old primary to be gone")
+                now = ping(primary)["pipeline"]["leadership"]["generation"]
+                assert now > generation, (now, generation)  # a new generation for every takeover
+                generation = now
+                pids[old] = standby(spare, primary)  # the old primary's machine rejoins from its journal
+            verified = verify(clients, sock_of(primary))
+            rows.append((round_ + 1, fault, took, generation, verified))
+            print(f"round {round_ + 1:>2} {fault:>4}: first admission {took:6.2f}s after the fault, generation "
+                  f"{generation}, {verified} saved receipts read back", flush=True)
+        stop.set()
+        for c in clients:
+            c.join(60)
+            assert not c.errors, c.errors
+    finally:
+        stop.set()
+        for pid in pids.values():
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        zygote.close()
+        etcd.stop()
+        shutil.rmtree(base, ignore_errors=True)
+    for fault in ("kill", "stop"):
+        times = sorted(took for _, f, took, _, _ in rows if f == fault)
+        if times:
+            print(f"{fault}: {len(times)} failovers, fault to first admission on the new primary: "
+                  f"p50 {times[len(times) // 2]:.2f}s, max {times[-1]:.2f}s")
+    print(f"{len(rows)} rounds, {rows[-1][4] if rows else 0} saved receipts read back byte for byte after the last; "
+          "no sequence assigned twice; generations only grew")
+
+
+def verify(clients, path):
+    """Every receipt each client saw saved, read back from the device at `path`, byte for byte, and
+    each client's next sequence one past its last saved one. The number of receipts checked."""
+    checked = 0
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(30)
+        s.connect(path)
+        for c in clients:
+            saved = dict(c.saved_so_far())
+            for sequence, body in saved.items():
+                got = call(s, {"v": 1, "id": 0, "op": "operations.get", "principal": c.principal.hex(),
+                               "args": {"operation": json.loads(body)["operation"]}})
+                assert got["status"] == 200 and got["body"] == body, (sequence, got)
+                checked += 1
+            me = json.loads(call(s, {"v": 1, "id": 0, "op": "participant.get", "principal": c.principal.hex(),
+                                     "args": {}})["body"])
+            assert int(me["next_sequence"]) >= max(saved) + 1 and me["lineage"] == c.lineage
+    return checked
+
+
+if __name__ == "__main__":
+    main()
