@@ -6,7 +6,10 @@ through the primary's socket with exact retries, while it injects, round after r
 - stop   : SIGSTOP of the primary past its lease; the standby takes over; SIGCONT: the zombie must
            answer 503 not_primary to a new mutation; then it is killed;
 - cut    : SIGSTOP of the standby (the link goes quiet) for twice the standby timeout, then SIGCONT:
-           the primary saves alone meanwhile, the standby catches up; no failover.
+           the primary holds meanwhile (the link is up, nothing acknowledges), then the standby
+           catches up; no failover;
+- drop   : kill -9 of the standby (the link is gone): the primary saves alone after the standby
+           timeout; the standby starts again from its own journal and catches up; no failover.
 
 After a failover the old primary's machine rejoins as the new primary's standby from its own
 journal. After every round: every receipt a client saw saved reads back byte for byte from the
@@ -14,6 +17,8 @@ current primary, each client's next sequence is one past its last saved one (non
 and the leadership generation has grown with every takeover (no two primaries in one generation).
 
     .venv/bin/python bench/failover.py [--rounds 20] [--lease-seconds 2]
+
+The faults cycle kill, stop, cut, drop.
 
 Reported: per round, the fault, the time from it to the first admission on the (new) primary
 (a probe registers a fresh principal there), the generation; then p50 and max over the failovers.
@@ -117,18 +122,23 @@ def main() -> None:
         generation = ping(primary)["pipeline"]["leadership"]["generation"]
         probe = iter(probes)
         for round_ in range(args.rounds):
-            fault = ("kill", "stop", "cut")[round_ % 3]
+            fault = ("kill", "stop", "cut", "drop")[round_ % 4]
             floor = [len(c.saved_so_far()) for c in clients]
             wait_for(lambda: all(len(c.saved_so_far()) >= f + 3 for c, f in zip(clients, floor)), 120,
                      what="each client to save three more receipts")
             old, new = ("a", "b") if primary is machines["a"] else ("b", "a")
             began = time.monotonic()
-            if fault == "cut":
-                os.kill(pids[new], signal.SIGSTOP)
+            if fault in ("cut", "drop"):
+                os.kill(pids[new], signal.SIGSTOP if fault == "cut" else signal.SIGKILL)
                 time.sleep(2.0)  # the fault lasts this long (twice the standby timeout)
-                os.kill(pids[new], signal.SIGCONT)
+                if fault == "cut":
+                    os.kill(pids[new], signal.SIGCONT)
+                else:
+                    wait_for(lambda: not alive(pids[new]), 30, what="the standby to be gone")
+                    pids[new] = standby(spare, primary)  # from its own journal
                 took = probe_admission(primary, next(probe)) - began
-                wait_for(lambda: ping(primary)["pipeline"]["replication"]["lag_transfers"] == 0, 60,
+                wait_for(lambda: (ping(primary)["pipeline"]["replication"]["standby"] is not None
+                                  and ping(primary)["pipeline"]["replication"]["lag_transfers"] == 0), 60,
                          what="the standby to catch up")
             else:
                 os.kill(pids[old], signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
