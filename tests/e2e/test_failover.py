@@ -19,7 +19,7 @@ import rfc8785
 
 from gpu_worker.pack import pack_tiny
 from tests.conftest import wait_for, write_grants
-from tests.e2e.test_kill9 import Client, Zygote, alive, call
+from tests.e2e.test_kill9 import Client, Zygote, alive, call, list_spaces
 
 pytestmark = pytest.mark.e2e
 CLIENTS = 4
@@ -102,24 +102,8 @@ def test_a_sync_standby_takes_over_with_every_saved_receipt(tmp_path):
         with socket.socket(socket.AF_UNIX) as verifier:
             verifier.connect(os.path.join(primary["journal"], "service.sock"))
             for c in clients:
-                for sequence, body in c.saved.items():
-                    op = json.loads(body)["operation"]
-                    reply = call(verifier, {"v": 1, "id": 0, "op": "operations.get", "principal": c.principal.hex(),
-                                            "args": {"operation": op}})
-                    assert reply["status"] == 200 and reply["body"] == body, (sequence, reply)
-                me = json.loads(call(verifier, {"v": 1, "id": 0, "op": "participant.get",
-                                                "principal": c.principal.hex(), "args": {}})["body"])
-                assert me["lineage"] == c.lineage  # the takeovers kept the line of history
-                assert me["next_sequence"] == str(max(c.saved) + 1)  # no sequence assigned twice
-                spaces, cursor = [], None
-                while True:
-                    page = json.loads(call(verifier, {"v": 1, "id": 0, "op": "spaces.list",
-                                                      "principal": c.principal.hex(),
-                                                      "args": {"limit": 200, **({"cursor": cursor} if cursor else {})}})["body"])
-                    spaces += page["items"]
-                    cursor = page["next_cursor"]
-                    if cursor is None:
-                        break
+                saved_read_back(verifier, c)
+                spaces = list_spaces(verifier, c.principal)
                 assert len(spaces) == len({s["id"] for s in spaces}) == len(c.saved) - 1  # nothing applied twice
         total = sum(len(c.saved) for c in clients)
         takeovers.sort()
@@ -210,14 +194,7 @@ def test_a_standby_takes_over_by_itself_when_the_primarys_lease_lapses_and_the_z
         with socket.socket(socket.AF_UNIX) as verifier:
             verifier.connect(os.path.join(b_journal, "service.sock"))
             for c in clients:
-                for sequence, body in c.saved.items():
-                    op = json.loads(body)["operation"]
-                    got = call(verifier, {"v": 1, "id": 0, "op": "operations.get", "principal": c.principal.hex(),
-                                          "args": {"operation": op}})
-                    assert got["status"] == 200 and got["body"] == body, (sequence, got)
-                me = json.loads(call(verifier, {"v": 1, "id": 0, "op": "participant.get",
-                                                "principal": c.principal.hex(), "args": {}})["body"])
-                assert me["next_sequence"] == str(max(c.saved) + 1) and me["lineage"] == c.lineage
+                saved_read_back(verifier, c)
             status = json.loads(call(verifier, {"v": 1, "id": 0, "op": "ping", "principal": None, "args": {}})["body"])
             [failover] = status["failovers"]  # the takeover, an incident of the saved state
             assert failover["generation"] == status["pipeline"]["leadership"]["generation"] > 0
@@ -255,3 +232,15 @@ class FollowingClient(Client):
             sock.close()
             sock = None
             self.retries += 1
+
+
+def saved_read_back(verifier, client):
+    """Every receipt the client saw saved reads back byte for byte; its lineage is kept (a takeover
+    continues the line of history) and its next sequence is one past its last saved (none twice)."""
+    for sequence, body in client.saved.items():
+        got = call(verifier, {"v": 1, "id": 0, "op": "operations.get", "principal": client.principal.hex(),
+                              "args": {"operation": json.loads(body)["operation"]}})
+        assert got["status"] == 200 and got["body"] == body, (sequence, got)
+    me = json.loads(call(verifier, {"v": 1, "id": 0, "op": "participant.get", "principal": client.principal.hex(),
+                                    "args": {}})["body"])
+    assert me["lineage"] == client.lineage and me["next_sequence"] == str(max(client.saved) + 1)

@@ -176,6 +176,18 @@ class MemoryClient(Client):
                 sock.close()
 
 
+def list_spaces(sock, principal):
+    """Every space the principal sees, all pages."""
+    spaces, cursor = [], None
+    while True:
+        page = json.loads(call(sock, {"v": 1, "id": 0, "op": "spaces.list", "principal": principal.hex(),
+                                      "args": {"limit": 200, **({"cursor": cursor} if cursor else {})}})["body"])
+        spaces += page["items"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return spaces
+
+
 def memory_objects(sock, principal, space):
     objects, cursor = [], None
     while True:
@@ -295,15 +307,7 @@ def test_kill_dash_nine_under_load_loses_no_saved_receipt_and_applies_nothing_tw
                 me = json.loads(call(verifier, {"v": 1, "id": 0, "op": "participant.get",
                                                 "principal": c.principal.hex(), "args": {}})["body"])
                 assert me["next_sequence"] == str(max(c.saved) + 1)
-                spaces, cursor = [], None
-                while True:
-                    page = json.loads(call(verifier, {"v": 1, "id": 0, "op": "spaces.list",
-                                                      "principal": c.principal.hex(),
-                                                      "args": {"limit": 200, **({"cursor": cursor} if cursor else {})}})["body"])
-                    spaces += page["items"]
-                    cursor = page["next_cursor"]
-                    if cursor is None:
-                        break
+                spaces = list_spaces(verifier, c.principal)
                 assert len(spaces) == len({s["id"] for s in spaces}) == len(c.saved) - 1
         total = sum(len(c.saved) for c in clients)
         retries = sum(c.retries for c in clients)

@@ -504,8 +504,6 @@ def test_a_chat_whose_client_goes_away_before_its_answer_is_closed_on_the_device
     """A non-streamed chat waits for its whole answer; the client's disconnect meanwhile cancels
     the view (as Django's ASGI handler does), and the device is told as for a stream
     (`subscriptions.close`: the chat stops and frees its pages). Nothing is answered: no one reads it."""
-    import asyncio
-    from aotx_site.gateway import application
     from shared_api import device_client
 
     def handler(req):
@@ -521,17 +519,8 @@ def test_a_chat_whose_client_goes_away_before_its_answer_is_closed_on_the_device
         if msg.get("event") == "accepted":
             proto.leave()
     monkeypatch.setattr(device_client.DeviceStream, "deliver", delivered)
-    body = json.dumps(chat()).encode()
-    headers = [(b"authorization", people["chatter"].authorization.encode()), (b"content-type", b"application/json"),
-               (b"content-length", str(len(body)).encode())]
-    proto = rsgi.Protocol([body])
-
-    async def go():
-        try:
-            await asyncio.wait_for(application.__rsgi__(rsgi.Scope("POST", PATH, headers), proto), 10)
-        finally:
-            await device_client.aclose_loop()
-    async_to_sync(go)()
+    proto = rsgi.Protocol([json.dumps(chat()).encode()])
+    serve_once(people, proto)
     assert proto.status is None
     wait_for(lambda: [r["op"] for r in device.requests] == [OP, "subscriptions.close"], timeout=5,
              what="the chat, then its close")
@@ -544,10 +533,7 @@ def test_a_chat_whose_client_goes_away_as_the_device_receives_it_is_closed_on_th
     gateway has its "accepted". The gateway still tells the device (`subscriptions.close`), and the
     frame goes out before the connection closes (the fake device reads on after a failed reply, as
     the device does)."""
-    import asyncio
-    from aotx_site.gateway import application
-    from shared_api import device_client
-    loop: list[asyncio.AbstractEventLoop] = []
+    loop: list = []  # the request's event loop (the fake device's thread makes the client leave on it)
 
     def handler(req):
         if req["op"] == "subscriptions.close":
@@ -556,19 +542,29 @@ def test_a_chat_whose_client_goes_away_as_the_device_receives_it_is_closed_on_th
         return [{"status": 200, "body": b"", "more": True, "event": "accepted"}]
 
     device.handler = handler
-    body = json.dumps(chat()).encode()
+    proto = rsgi.Protocol([json.dumps(chat()).encode()])
+    serve_once(people, proto, started=loop.append)
+    assert proto.status is None
+    wait_for(lambda: [r["op"] for r in device.requests] == [OP, "subscriptions.close"], timeout=5,
+             what="the chat, then its close")
+    assert device.requests[1]["args"] == {"id": device.requests[0]["id"]}
+
+
+def serve_once(people, proto, started=None):
+    """The front answers the chatter's POST of `proto`'s body on an event loop of its own (bounded),
+    then the loop's device connections close; `started(loop)` runs first."""
+    import asyncio
+    from aotx_site.gateway import application
+    from shared_api import device_client
+    body = b"".join(proto.pieces)
     headers = [(b"authorization", people["chatter"].authorization.encode()), (b"content-type", b"application/json"),
                (b"content-length", str(len(body)).encode())]
-    proto = rsgi.Protocol([body])
 
     async def go():
-        loop.append(asyncio.get_running_loop())
+        if started is not None:
+            started(asyncio.get_running_loop())
         try:
             await asyncio.wait_for(application.__rsgi__(rsgi.Scope("POST", PATH, headers), proto), 10)
         finally:
             await device_client.aclose_loop()
     async_to_sync(go)()
-    assert proto.status is None
-    wait_for(lambda: [r["op"] for r in device.requests] == [OP, "subscriptions.close"], timeout=5,
-             what="the chat, then its close")
-    assert device.requests[1]["args"] == {"id": device.requests[0]["id"]}
