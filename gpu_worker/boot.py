@@ -12,7 +12,8 @@ import os
 import signal
 import socket
 import sys
-from typing import Callable
+import threading
+from typing import Any, Callable, NamedTuple
 
 from .contract.grantfile import GrantFileError, Grants
 from .loop.threads import DEFAULT_NICE
@@ -109,7 +110,7 @@ def main(argv):
         except KeyError:
             return fail(f"--socket-group {args.socket_group}: no such group")
 
-    tick_cpu = args.tick_cpu
+    tick_cpu, other_cpus = args.tick_cpu, set()
     if tick_cpu is not None:
         # Threads inherit the affinity of the thread that creates them: this one takes the other
         # CPUs now, before torch is loaded, so everything it starts (native I/O threads, engine,
@@ -120,8 +121,8 @@ def main(argv):
             return fail(str(exc))
         os.sched_setaffinity(0, other_cpus)
 
+    threads = _Threads(socket_group, tick_cpu, other_cpus)
     from .device import Device, DeviceBootError
-    from .loop.server import Server
     from .storage.journal import JournalError
     from .storage.runtime_file import FileLock, RuntimeFile, RuntimeFileError, RuntimeFileLocked
 
@@ -131,10 +132,10 @@ def main(argv):
     if args.lease_seconds < 2:
         return fail(f"--lease-seconds {args.lease_seconds}: at least 2 (admissions stop 1 s before it could lapse)")
     if args.standby_of is not None:
-        if args.takeover or (args.replicate is not None and args.etcd is None):
-            return fail("--standby-of follows a primary: --replicate (without --etcd) and --takeover are for a "
-                        "device that serves")
-        return _standby(args, argv, fail)
+        if args.takeover:
+            return fail("--standby-of follows a primary: --takeover is for a journal a standby kept (a standby "
+                        "takes over by itself on SIGUSR1, or with --etcd when the leader key is gone)")
+        return _standby(args, argv, threads, fail)
 
     try:
         grants = Grants(args.service_grants)
@@ -157,11 +158,9 @@ def main(argv):
             return fail(f"runtime file {args.ccir} was replaced while the device opened it; boot again", 3)
         leadership = None
         if args.etcd is not None:  # leadership first: a takeover records its generation, nothing is admitted without
-            from .replication.lease import Etcd, Leadership, LeadershipError
-            leadership = Leadership(Etcd(args.etcd.split(",")), args.etcd_key.encode(), ttl=args.lease_seconds)
+            from .replication.lease import LeadershipError
             try:
-                leadership.campaign(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "journal": args.journal,
-                                                "replicate": args.replicate}).encode())
+                leadership = _campaign(args)
             except LeadershipError as exc:
                 return fail(str(exc), 5)
         try:
@@ -176,107 +175,203 @@ def main(argv):
             if leadership is not None:
                 leadership.stop()
             return fail(str(exc), 3)
-        socket_path = os.path.join(args.journal, "service.sock")
-        shipper = None
-        if args.replicate is not None:
-            from .replication.primary import Shipper
-            try:
-                shipper = Shipper(args.replicate, args.journal, runtime.incarnation, sync=args.replication == "sync",
-                                  alone_after=args.standby_timeout)
-            except (OSError, ValueError) as exc:
-                device.close()
-                if leadership is not None:
-                    leadership.stop()
-                return fail(f"--replicate {args.replicate}: {exc}")
-        server = Server(device, socket_path, allow_uids=tuple(args.allow_uid), socket_group=socket_group,
-                        stall_seconds=args.stall_seconds, replica=shipper)
-        device.deliver = server.deliver  # other threads' results come back through the loop
-        device.background_nice = args.background_nice
-        try:
-            from .engine.engine import Engine
-            from .loop.runner import Runner
-            runner = device.runner = Runner(Engine(runtime, device.state.tables.device.type), server.deliver,
-                                            nice=args.background_nice)
-            runner.engine.pacer.rate_of = device.token_rate  # output tokens per second (grant file)
-        except Exception as exc:  # a runtime whose model cannot load serves no inputs: say why, stop
-            device.close()
-            if shipper is not None:
-                shipper.close()
-            if leadership is not None:
-                leadership.stop()
-            return fail(f"cannot load the generation model of {args.ccir}: {exc}", 2)
-
-        def ready():
-            runner.start()  # after the loop exists: its events come back through the loop
-            if tick_cpu is not None:
-                os.sched_setaffinity(0, {tick_cpu})  # this thread only (Linux: affinity is per thread)
-            # What boot built (torch, the model, the indexes) lives as long as the process: keep it out
-            # of the cyclic GC's full collections, which would otherwise scan all of it every few
-            # thousand admissions (docs/architecture.md, "The device's memory"; docs/performance.md)
-            gc.freeze()
-            print(f"device ready: socket {socket_path} boot {device.state.boot} recovered {device.recovered} "
-                  f"transfers in {device.boot_seconds:.3f}s on {device.state.tables.device}"
-                  + (f"; {device.dropped}" if device.dropped else "")
-                  + (f"; tick loop on CPU {tick_cpu}, other threads on CPUs {','.join(map(str, sorted(other_cpus)))}"
-                     if tick_cpu is not None else ""), flush=True)
-
-        try:
-            server.run(on_ready=ready)
-        except JournalError as exc:
-            return fail(f"stopped on journal error, restart to recover: {exc}", 1)
-        finally:
-            device.runner.stop()
-            device.close()
-            if shipper is not None:
-                shipper.close()
-            if leadership is not None:
-                leadership.stop()  # the key goes at once: a standby need not wait for the lease
-        return 0
+        return _serve(args, runtime, device, leadership, None, threads, fail)
     finally:
         runtime_lock.release()
 
 
-def _standby(args: argparse.Namespace, argv: list[str], fail: Callable[..., int]) -> int:
-    """`boot --standby-of`: follow the primary until SIGTERM or SIGINT (gpu_worker/replication/standby.py).
-    With --etcd, also until the leader key this standby saw held is gone: then this process
-    becomes `boot --takeover` of its journal (the same arguments, without --standby-of), which
-    campaigns for the key."""
-    from .replication.standby import Mirror, Standby, StandbyRefused
+class _Threads(NamedTuple):
+    """Where the serving device's socket and threads go (--socket-group, --tick-cpu)."""
+    socket_group: int | None
+    tick_cpu: int | None
+    other_cpus: set[int]
+
+
+def _campaign(args: argparse.Namespace) -> Any:
+    """Take the leader key (--etcd): the Leadership, or LeadershipError (another primary holds it,
+    etcd unreachable). The key's value says where this device serves (gateways follow it)."""
+    from .replication.lease import Etcd, Leadership
+    leadership = Leadership(Etcd(args.etcd.split(",")), args.etcd_key.encode(), ttl=args.lease_seconds)
+    leadership.campaign(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "journal": args.journal,
+                                    "socket": os.path.abspath(os.path.join(args.journal, "service.sock")),
+                                    "replicate": args.replicate}).encode())
+    return leadership
+
+
+def _serve(args: argparse.Namespace, runtime: Any, device: Any, leadership: Any, engine: Any, threads: _Threads,
+           fail: Callable[..., int]) -> int:
+    """Serve `device` on DIR/service.sock until SIGTERM: the replication shipper (--replicate), the
+    engine runner (`engine` when a hot standby loaded it already), then the loop. Stops the
+    device, the shipper and the leadership when it ends."""
+    from .loop.server import Server
     from .storage.journal import JournalError
-    from .storage.runtime_file import RuntimeFile, RuntimeFileError
+    tick_cpu = threads.tick_cpu
+    socket_path = os.path.join(args.journal, "service.sock")
+    shipper = None
+    if args.replicate is not None:
+        from .replication.primary import Shipper
+        try:
+            shipper = Shipper(args.replicate, args.journal, runtime.incarnation, sync=args.replication == "sync",
+                              alone_after=args.standby_timeout)
+        except (OSError, ValueError) as exc:
+            device.close()
+            if leadership is not None:
+                leadership.stop()
+            return fail(f"--replicate {args.replicate}: {exc}")
+    server = Server(device, socket_path, allow_uids=tuple(args.allow_uid), socket_group=threads.socket_group,
+                    stall_seconds=args.stall_seconds, replica=shipper)
+    device.deliver = server.deliver  # other threads' results come back through the loop
+    device.background_nice = args.background_nice
+    try:
+        from .engine.engine import Engine
+        from .loop.runner import Runner
+        runner = device.runner = Runner(engine or Engine(runtime, device.state.tables.device.type), server.deliver,
+                                        nice=args.background_nice)
+        runner.engine.pacer.rate_of = device.token_rate  # output tokens per second (grant file)
+    except Exception as exc:  # a runtime whose model cannot load serves no inputs: say why, stop
+        device.close()
+        if shipper is not None:
+            shipper.close()
+        if leadership is not None:
+            leadership.stop()
+        return fail(f"cannot load the generation model of {args.ccir}: {exc}", 2)
+
+    def ready():
+        runner.start()  # after the loop exists: its events come back through the loop
+        if tick_cpu is not None:
+            os.sched_setaffinity(0, {tick_cpu})  # this thread only (Linux: affinity is per thread)
+        # What boot built (torch, the model, the indexes) lives as long as the process: keep it out
+        # of the cyclic GC's full collections, which would otherwise scan all of it every few
+        # thousand admissions (docs/architecture.md, "The device's memory"; docs/performance.md)
+        gc.freeze()
+        print(f"device ready: socket {socket_path} boot {device.state.boot} recovered {device.recovered} "
+              f"transfers in {device.boot_seconds:.3f}s on {device.state.tables.device}"
+              + (f"; {device.dropped}" if device.dropped else "")
+              + (f"; tick loop on CPU {tick_cpu}, other threads on CPUs {','.join(map(str, sorted(threads.other_cpus)))}"
+                 if tick_cpu is not None else ""), flush=True)
 
     try:
-        incarnation = RuntimeFile.open(args.ccir).incarnation
-    except (OSError, RuntimeFileError) as exc:
+        server.run(on_ready=ready)
+    except JournalError as exc:
+        return fail(f"stopped on journal error, restart to recover: {exc}", 1)
+    finally:
+        device.runner.stop()
+        device.close()
+        if shipper is not None:
+            shipper.close()
+        if leadership is not None:
+            leadership.stop()  # the key goes at once: a standby need not wait for the lease
+    return 0
+
+
+def _standby(args: argparse.Namespace, argv: list[str], threads: _Threads, fail: Callable[..., int]) -> int:
+    """`boot --standby-of`: a hot standby (gpu_worker/replication/standby.py). Its device loads the
+    tables from its journal and the model, then follows the primary: the journal copy grows and
+    the tables apply it, until SIGTERM or SIGINT (stop), or SIGUSR1 (take over now, as `boot
+    --takeover` would), or, with --etcd, until the leader key this standby saw held is gone (take
+    over and hold the key). A takeover serves in this process at once: the tables and the model
+    are ready. Should applying the copy have failed, this process becomes `boot --takeover` of its
+    journal instead (a boot that reads it again)."""
+    from .device import Device, DeviceBootError
+    from .engine.engine import Engine
+    from .replication.standby import Follower, Mirror, Standby, StandbyRefused
+    from .storage.journal import JournalError, JournalLock
+    from .storage.runtime_file import FileLock, RuntimeFile, RuntimeFileError, RuntimeFileLocked
+
+    try:
+        grants = Grants(args.service_grants)
+    except GrantFileError as exc:
+        return fail(str(exc))
+    try:
+        runtime_lock = FileLock(args.ccir)  # its copy of the runtime file: the device it becomes writes it
+    except RuntimeFileLocked as exc:
+        return fail(str(exc), 3)
+    except RuntimeFileError as exc:
         return fail(f"cannot open runtime file {args.ccir}: {exc}")
     try:
-        mirror = Mirror(args.journal, incarnation)
-    except (JournalError, OSError) as exc:
-        return fail(str(exc), 3)
-    standby = Standby(args.standby_of, mirror, incarnation)
-    previous = {sig: signal.signal(sig, lambda *_: standby.stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    watch = None
-    if args.etcd is not None:
-        from .replication.lease import Etcd, LeaderWatch
-        watch = LeaderWatch(Etcd(args.etcd.split(",")), args.etcd_key.encode(), args.lease_seconds / 3, standby.stop)
-        watch.start()
-    print(f"standby ready: journal {args.journal} at {mirror.position}, following {args.standby_of}", flush=True)
-    try:
-        standby.run()
-    except StandbyRefused as exc:
-        return fail(str(exc), 4)
+        try:
+            runtime = RuntimeFile.open(args.ccir)
+        except (OSError, RuntimeFileError) as exc:
+            return fail(f"cannot open runtime file {args.ccir}: {exc}")
+        try:
+            os.makedirs(args.journal, exist_ok=True)
+            lock = JournalLock(args.journal)
+        except (JournalError, OSError) as exc:
+            return fail(str(exc), 3)
+        try:
+            device = Device(runtime, args.journal, grants, device=_device_name(args.device), following=True)
+            engine = Engine(runtime, device.state.tables.device.type)
+            assert device.following is not None
+            mirror = Mirror(args.journal, runtime.incarnation, lock=lock, position=device.following.position)
+        except (DeviceBootError, RuntimeFileError) as exc:
+            lock.release()
+            return fail(str(exc), 2)
+        except (JournalError, OSError) as exc:
+            lock.release()
+            return fail(str(exc), 3)
+        follower = Follower(device, mirror.position)
+        standby = Standby(args.standby_of, mirror, runtime.incarnation, follower)
+        promote = threading.Event()
+
+        def take_over_now(*_):
+            promote.set()
+            standby.stop()
+
+        previous = {sig: signal.signal(sig, lambda *_: standby.stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
+        previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, take_over_now)
+        watch = None
+        if args.etcd is not None:
+            from .replication.lease import Etcd, LeaderWatch
+            watch = LeaderWatch(Etcd(args.etcd.split(",")), args.etcd_key.encode(), take_over_now)
+            watch.start()
+        follower.start()
+        print(f"standby ready: journal {args.journal} at {mirror.position}, {device.recovered} transfers applied, "
+              f"following {args.standby_of}", flush=True)
+        try:
+            standby.run()
+        except StandbyRefused as exc:
+            mirror.close()
+            return fail(str(exc), 4)
+        finally:
+            if watch is not None:
+                watch.stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        until = mirror.sync()
+        print(f"standby stopped: journal {args.journal} at {until}", flush=True)
+        if not promote.is_set():
+            mirror.close()
+            return 0
+        hot = follower.finish(until)
+        mirror.close(keep_lock=hot)
+        if not hot:
+            runtime_lock.release()
+            takeover = _without(argv, "--standby-of") + ["--takeover"]
+            print(f"standby: taking over by a boot from the journal ({follower.error})", flush=True)
+            os.execv(sys.executable, [sys.executable, "-m", "gpu_worker", "boot", *takeover])
+        print("standby: taking over" + (f": the leader key {args.etcd_key} is gone" if watch is not None else ""),
+              flush=True)
+        leadership = None
+        if args.etcd is not None:
+            from .replication.lease import LeadershipError
+            try:
+                leadership = _campaign(args)
+            except LeadershipError as exc:
+                lock.release()
+                return fail(str(exc), 5)
+        try:
+            device.take_over(lock, leadership, until)
+        except DeviceBootError as exc:
+            if leadership is not None:
+                leadership.stop()
+            return fail(str(exc), 2)
+        except (JournalError, OSError) as exc:
+            if leadership is not None:
+                leadership.stop()
+            return fail(str(exc), 3)
+        return _serve(args, runtime, device, leadership, engine, threads, fail)
     finally:
-        if watch is not None:
-            watch.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        mirror.close()
-    print(f"standby stopped: journal {args.journal} at {mirror.position}", flush=True)
-    if watch is not None and watch.gone:
-        takeover = _without(argv, "--standby-of") + ["--takeover"]
-        print(f"standby: the leader key {args.etcd_key} is gone: taking over", flush=True)
-        os.execv(sys.executable, [sys.executable, "-m", "gpu_worker", "boot", *takeover])
-    return 0
+        runtime_lock.release()
 
 
 def _without(argv: list[str], option: str) -> list[str]:

@@ -45,7 +45,7 @@ from .storage import checkpoint, runtime_file
 from .storage.committer import Batch, Committer, Reply
 from .storage.filelayer import FileLayer, OsFileLayer
 from .storage.journal import (MAX_RECORDS_PER_TICK, JournalCorrupt, JournalIOError, JournalLock, JournalWriter,
-                              RecoveryResult, Transfer, TransferKind, recover, segment_name)
+                              RecoveryResult, Tail, Transfer, TransferKind, recover, segment_name)
 from .storage.runtime_file import RuntimeFile
 
 if TYPE_CHECKING:
@@ -65,11 +65,12 @@ class DeviceBootError(Exception):
 class Device:
     def __init__(self, runtime: RuntimeFile, journal_dir: str, grants: Grants | None, *, device: str = "cpu",
                  fs: FileLayer | None = None, serve: bool = True, takeover: bool = False,
-                 leadership: Any = None) -> None:
+                 leadership: Any = None, following: bool = False) -> None:
         """serve=False opens the state for an offline command (checkpoint): no grant check, no
         boot recorded. takeover: this journal is a sync standby's copy of the primary's
         (docs/replication.md): its boot continues the primary's line of history, as a restart
-        would, instead of being a restore."""
+        would, instead of being a restore. following: a hot standby's device (its tables follow the
+        journal copy until `take_over`: docs/replication.md)."""
         self.takeover = takeover
         self.took_over = False  # this boot is a takeover (set by _check_fresh_grants)
         # the primary's etcd lease (replication/lease.py Leadership, boot --etcd), held before this
@@ -120,10 +121,35 @@ class Device:
         # the loop's pipeline and stall watchdog state for `ping` (the server's `pipeline_state`)
         self.pipeline_state: Callable[[], dict[str, Any]] | None = None
         self.background_nice = DEFAULT_NICE  # off_thread's threads (loop/threads.py); boot --background-nice
-        self.lock = JournalLock(journal_dir)
+        # a hot standby's reader of its journal copy (`follow`), until it takes over; None otherwise
+        self.following: Tail | None = None
         started = time.perf_counter()
+        if following:  # no lock: the standby's Mirror holds the journal's (`take_over` is handed it)
+            recovery = self._load()
+            self.following = Tail(journal_dir, runtime.incarnation, recovery)
+            self._loaded(recovery, started)
+            return
+        self.lock = JournalLock(journal_dir)
         try:
             recovery = self._load()
+        except BaseException:
+            self.lock.release()
+            raise
+        self._begin(recovery, serve)
+        self._loaded(recovery, started)
+
+    def _loaded(self, recovery: RecoveryResult, started: float) -> None:
+        self.recovered = len(recovery.transfers)
+        self.dropped = recovery.dropped
+        if recovery.dropped:
+            log.warning("%s", recovery.dropped)
+        self.boot_seconds = time.perf_counter() - started
+
+    def _begin(self, recovery: RecoveryResult, serve: bool) -> None:
+        """Continue the journal after `recovery` (the state holds everything before it): the
+        writer, and for a device that serves its boot transfer. Releases the lock if it fails."""
+        journal_dir, leadership = self.journal_dir, self.leadership
+        try:
             new_lineage = self._check_fresh_grants() if serve else False
             media.recover_bytes(self)  # a restore finds the media bytes in the checkpoint (ops/media.py)
             self.committer = Committer(self, self._open_writer(recovery))
@@ -137,10 +163,6 @@ class Device:
         except BaseException:
             self.lock.release()
             raise
-        self.recovered = len(recovery.transfers)
-        self.dropped = recovery.dropped
-        if recovery.dropped:
-            log.warning("%s", recovery.dropped)
         if serve:
             state = self.state
             state.boot += 1
@@ -161,7 +183,42 @@ class Device:
                 if incident["ended_ns"] is None:
                     self._journal_hold({"event": "end", **incident, "ended_ns": state.last_boot_ns})
             self.committer.commit()
+
+    # ---- a hot standby (docs/replication.md, "A hot standby") ----------------------------
+
+    def follow(self, until: tuple[int, int]) -> int:
+        """Apply the transfers the journal copy gained before `until` (its durable end): how many."""
+        assert self.following is not None
+        transfers = self.following.read(until)
+        for transfer in transfers:
+            self._replay(transfer)
+        self.recovered += len(transfers)
+        return len(transfers)
+
+    def refollow(self) -> None:
+        """The journal copy was cut back before what was applied (a rewind to a takeover point, a
+        failed tick on the primary): build the state again from the journal as it is now."""
+        started = time.perf_counter()
+        recovery = self._load()
+        self.following = Tail(self.journal_dir, self.runtime.incarnation, recovery)
+        self._loaded(recovery, started)
+
+    def take_over(self, lock: JournalLock, leadership: Any, until: tuple[int, int]) -> None:
+        """This hot standby becomes the primary's successor: it applies what its journal copy holds
+        before `until` and boots as `boot --takeover` would (the same checks, the same boot
+        transfer), without reading the journal again. `lock` is the journal's, handed over by the
+        standby's Mirror (closed by now); `leadership` the etcd lease taken for this boot, if any."""
+        started = time.perf_counter()
+        tail = self.following
+        assert tail is not None
+        applied = self.follow(until)
+        self.lock, self.leadership, self.takeover, self.following = lock, leadership, True, None
+        segment, offset = tail.position
+        self._begin(RecoveryResult([], tail.next_seq, tail.last_digest, segment, offset, None, tail.durable_bytes),
+                    True)
         self.boot_seconds = time.perf_counter() - started
+        log.info("takeover: %d transfers applied at the end of following, %d in all; serving after %.3fs",
+                 applied, self.recovered, self.boot_seconds)
 
     # ---- boot and replay ---------------------------------------------------------------
 

@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 import urllib.request
-from typing import Any
+from typing import Any, Iterator
 
 log = logging.getLogger("gpu_worker.replication")
 
@@ -93,9 +93,43 @@ class Etcd:
 
     def get(self, key: bytes) -> tuple[int, bytes] | None:
         """(create revision, value) of `key`, None when no one holds it."""
+        return self.read(key)[1]
+
+    def read(self, key: bytes) -> tuple[int, tuple[int, bytes] | None]:
+        """The store's revision, and `key`'s (create revision, value) then (None: no one holds it)."""
         answer = self.call("/v3/kv/range", {"key": _b64(key)})
         kvs = answer.get("kvs") or []
-        return (int(kvs[0]["create_revision"]), base64.b64decode(kvs[0].get("value", ""))) if kvs else None
+        revision = int((answer.get("header") or {}).get("revision") or 0)
+        return revision, (int(kvs[0]["create_revision"]), base64.b64decode(kvs[0].get("value", ""))) if kvs else None
+
+    def watch(self, key: bytes, revision: int, quiet: float) -> Iterator[dict[str, Any]]:
+        """The events on `key` from `revision` on, as etcd streams them, until the stream is quiet
+        for `quiet` seconds or ends (then it returns: watch again from the last revision seen)."""
+        body = json.dumps({"create_request": {"key": _b64(key), "start_revision": str(revision)}}).encode()
+        failures = []
+        for endpoint in self.endpoints:
+            request = urllib.request.Request(endpoint + "/v3/watch", body, {"Content-Type": "application/json"})
+            try:
+                response = urllib.request.urlopen(request, timeout=quiet)
+            except OSError as exc:
+                failures.append(f"{endpoint}: {exc}")
+                continue
+            with response:
+                while True:
+                    try:
+                        line = response.readline()
+                    except TimeoutError:
+                        return
+                    except OSError as exc:
+                        raise LeadershipError(f"etcd watch on {endpoint}: {exc}") from exc
+                    if not line:
+                        return
+                    try:
+                        result = json.loads(line).get("result") or {}
+                    except (ValueError, AttributeError) as exc:
+                        raise LeadershipError(f"etcd watch on {endpoint}: {line[:200]!r}") from exc
+                    yield from result.get("events") or ()
+        raise LeadershipError("etcd unreachable: " + "; ".join(failures))
 
 
 class Leadership:
@@ -171,37 +205,64 @@ class Leadership:
 
 
 class LeaderWatch:
-    """A standby's look at the leader key, every `every` seconds (`aotx-leader-watch`): once it has
-    seen the key held, and then finds it gone (the primary's lease lapsed, or it stopped and gave
-    the key up), `gone` is set and `then` is called (the standby stops following, to take over).
-    etcd unreachable is not "gone": the standby waits."""
+    """A look at the leader key that follows it through an etcd watch (`aotx-leader-watch`): the
+    key is read, then watched from the revision read; a watch quiet for WATCH_SECONDS, or broken,
+    is opened again the same way (nothing is missed: it starts where the read was). `on_holder` is
+    called with the holder's (generation, value) each time it changes, and None when no one holds
+    the key. Once it has seen the key held and then finds it gone (the primary's lease lapsed, or
+    it stopped and gave the key up), `gone` is set and `then` is called (a standby takes over), and
+    the watch ends if `then` was given. etcd unreachable is not "gone": the watch waits, and tries
+    again every RETRY_SECONDS."""
 
-    def __init__(self, etcd: Etcd, key: bytes, every: float, then: Any) -> None:
-        self.etcd, self.key, self.every, self.then = etcd, key, every, then
+    WATCH_SECONDS = 5.0
+    RETRY_SECONDS = 0.5
+
+    def __init__(self, etcd: Etcd, key: bytes, then: Any = None, on_holder: Any = None) -> None:
+        self.etcd, self.key, self.then, self.on_holder = etcd, key, then, on_holder
         self.seen: int | None = None  # the generation it saw hold the key
+        self.holder: tuple[int, bytes] | None = None
         self.gone = False
-        self._stop = threading.Event()  # stop()'s waker
+        self._stop = threading.Event()  # stop()'s waker (a watch in progress ends within WATCH_SECONDS)
         self._thread = threading.Thread(target=self._run, name="aotx-leader-watch", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.every):
+        while not self._stop.is_set():
             try:
-                held = self.etcd.get(self.key)
+                revision, held = self.etcd.read(self.key)
+                if self._saw(held):
+                    return
+                for event in self.etcd.watch(self.key, revision + 1, self.WATCH_SECONDS):
+                    kv = event.get("kv") or {}
+                    held = None if event.get("type") == "DELETE" else (
+                        int(kv["create_revision"]), base64.b64decode(kv.get("value", "")))
+                    if self._stop.is_set() or self._saw(held):
+                        return
             except LeadershipError as exc:
                 log.warning("leader watch: %s", exc)
-                continue
-            if held is not None:
-                self.seen = held[0]
-            elif self.seen is not None:
-                log.warning("leader watch: the key %s (generation %d) is gone", self.key.decode(), self.seen)
-                self.gone = True
-                self.then()
-                return
+                self._stop.wait(self.RETRY_SECONDS)
+
+    def _saw(self, held: tuple[int, bytes] | None) -> bool:
+        """Note who holds the key now: whether the watch ends (gone, and a `then` called)."""
+        if held != self.holder:
+            self.holder = held
+            if self.on_holder is not None:
+                self.on_holder(held)
+        if held is not None:
+            self.seen = held[0]
+            return False
+        if self.seen is None or self.gone:
+            return False
+        log.warning("leader watch: the key %s (generation %d) is gone", self.key.decode(), self.seen)
+        self.gone = True
+        if self.then is None:
+            return False
+        self.then()
+        return True
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(10)
+            self._thread.join(self.WATCH_SECONDS + 2 * REQUEST_SECONDS)

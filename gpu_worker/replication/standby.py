@@ -97,19 +97,23 @@ class StandbyRefused(Exception):
 class Mirror:
     """The standby's copy of the primary's journal (module docstring)."""
 
-    def __init__(self, directory: str, incarnation: bytes) -> None:
+    def __init__(self, directory: str, incarnation: bytes, lock: JournalLock | None = None,
+                 position: tuple[int, int] | None = None) -> None:
+        """`lock`: the journal's, when the caller took it already; `position`: where the journal's
+        transfers end, when the caller recovered it already (a hot standby's device)."""
         os.makedirs(directory, exist_ok=True)
         self.directory = directory
-        self.lock = JournalLock(directory)  # one writer per journal, as for a device
-        try:
-            found = recover(directory, OsFileLayer(), incarnation)
-        except BaseException:
-            self.lock.release()
-            raise
-        if found.dropped:
-            log.warning("standby journal: %s", found.dropped)
-        self.segment, self.offset = (found.segment, found.end_offset) if found.segment else (0, 0)
-        self.next_seq = found.next_seq
+        self.lock = lock or JournalLock(directory)  # one writer per journal, as for a device
+        if position is None:
+            try:
+                found = recover(directory, OsFileLayer(), incarnation)
+            except BaseException:
+                self.lock.release()
+                raise
+            if found.dropped:
+                log.warning("standby journal: %s", found.dropped)
+            position = (found.segment, found.end_offset) if found.segment else (0, 0)
+        self.segment, self.offset = position
         self._fd: int | None = None
         self._fd_segment = 0
         self._new_entry = False  # a segment file was created since the last sync: fsync the directory
@@ -210,19 +214,23 @@ class Mirror:
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self._fd_segment = segment
 
-    def close(self) -> None:
+    def close(self, keep_lock: bool = False) -> None:
+        """Close the journal; its lock is released unless `keep_lock` (a hot standby's device takes
+        it over with the journal)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        self.lock.release()
+        if not keep_lock:
+            self.lock.release()
 
 
 class Standby:
     """Follows a primary (module docstring) until `stop`."""
 
-    def __init__(self, address: str, mirror: Mirror, incarnation: bytes) -> None:
+    def __init__(self, address: str, mirror: Mirror, incarnation: bytes, follower: Follower | None = None) -> None:
         self.address = address
         self.mirror = mirror
+        self.follower = follower  # a hot standby's: told each durable position and each cut
         self.incarnation = bytes(incarnation)
         self.connected = threading.Event()  # set while a link streams (tests and `run`'s log wait on it)
         self.acks = 0
@@ -269,6 +277,8 @@ class Standby:
                     if "rewind" in msg:  # this journal went on past a takeover point in other bytes
                         at, end = msg["rewind"]
                         self.mirror.rewind(int(at), int(end))
+                        if self.follower is not None:
+                            self.follower.cut((int(at), int(end)))
                         raise Rewound(f"cut back to the primary's takeover point {(at, end)}")
                     if "replication" in msg:
                         self.mirror.mark(str(msg["replication"]), self.address,
@@ -280,6 +290,8 @@ class Standby:
                         if type(at) is not int or type(end) is not int:
                             raise ProtocolError(f"not a cut: {sorted(msg)}")
                         self.mirror.cut(at, end)
+                        if self.follower is not None:
+                            self.follower.cut((at, end))
                         cut = msg["cut"]
                         continue
                     at, start, data = msg.get("segment"), msg.get("offset"), msg.get("data")
@@ -291,6 +303,8 @@ class Standby:
                 segment, offset = self.mirror.sync()
                 sock.sendall(encode_frame({"ack": 1, "segment": segment, "offset": offset, "cut": cut}))
                 self.acks += 1
+                if self.follower is not None:
+                    self.follower.durable((segment, offset))
         finally:
             self._sock = None
             sock.close()
@@ -303,3 +317,84 @@ class Standby:
                 sock.shutdown(socket.SHUT_RDWR)  # wakes the blocking read
             except OSError:
                 pass
+
+
+class Follower:
+    """A hot standby's applier (`aotx-follow`): after each batch the standby made durable, the
+    device (gpu_worker/device.py, `following`) applies what its journal copy gained to its tables,
+    off the link's thread (acknowledgements never wait for it). Its waker is `durable`/`cut`/`stop`;
+    it also looks every second. A cut before what was applied (a rewind, a primary's failed tick)
+    builds the tables again from the journal. An error stops the applying (`error`): the takeover
+    then boots from the journal instead."""
+
+    LOOK_SECONDS = 1.0
+
+    def __init__(self, device: Any, position: tuple[int, int]) -> None:
+        self.device = device
+        self.error: str | None = None
+        self.refollowed = 0
+        self._cond = threading.Condition()
+        self._durable = position
+        self._cut: tuple[int, int] | None = None
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="aotx-follow", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def durable(self, position: tuple[int, int]) -> None:
+        with self._cond:
+            self._durable = position
+            self._cond.notify()
+
+    def cut(self, position: tuple[int, int]) -> None:
+        with self._cond:
+            self._cut = position if self._cut is None else min(self._cut, position)
+            self._durable = min(self._durable, position)
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and self._cut is None and self._durable <= self._applied():
+                    self._cond.wait(self.LOOK_SECONDS)
+                if self._stop:
+                    return
+            try:
+                self._step()
+            except Exception as exc:  # the takeover boots from the journal instead (boot._standby)
+                log.exception("standby: applying the journal copy failed; a takeover will boot from the journal")
+                self.error = f"{type(exc).__name__}: {exc}"
+                return
+
+    def _applied(self) -> tuple[int, int]:
+        return self.device.following.position
+
+    def _step(self) -> None:
+        with self._cond:
+            cut, self._cut = self._cut, None
+            until = self._durable
+        if cut is not None and cut < self._applied():
+            log.warning("standby: the journal was cut back to %s, before what its tables hold (%s): building them "
+                        "again", cut, self._applied())
+            self.device.refollow()
+            self.refollowed += 1
+        if until > self._applied():
+            self.device.follow(until)
+
+    def finish(self, until: tuple[int, int]) -> bool:
+        """Stop following (the standby stopped: nothing more arrives) and apply a last cut: whether
+        the device's tables are good to take over from (`Device.take_over` applies up to `until`)."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join()
+        if self.error is not None:
+            return False
+        try:
+            self._step()
+        except Exception as exc:
+            log.exception("standby: applying the journal copy failed; a takeover will boot from the journal")
+            self.error = f"{type(exc).__name__}: {exc}"
+            return False
+        return True

@@ -20,7 +20,7 @@ from enum import IntEnum
 from typing import Any
 
 from gpu_worker import native
-from gpu_worker.storage.filelayer import AppendFile, FileLayer
+from gpu_worker.storage.filelayer import AppendFile, FileLayer, OsFileLayer
 
 TYPE_SHARED = 37
 CLASS_A = 0x41
@@ -200,6 +200,7 @@ class _Recovery:
         self.digest = start_digest
         self.transfers: list[Transfer] = []
         self.next_seq: int | None = None  # None until the first transfer is read
+        self._base = 0  # the file offset of the bytes _parts reads (0 but for a Tail's read)
 
     def run(self) -> RecoveryResult:
         numbers = list_segments(self.directory, self.fs)
@@ -228,7 +229,19 @@ class _Recovery:
     def _path(self, number: int) -> str:
         return os.path.join(self.directory, segment_name(number))
 
-    def _segment(self, number: int, data: bytes, final: bool) -> tuple[int, str | None]:
+    def _segment(self, number: int, data: bytes, final: bool, base: int = 0) -> tuple[int, str | None]:
+        """Read segment `number`'s transfers from `data`: the whole file (base 0, header first), or
+        its bytes from `base`, a transfer boundary, on (a standby following the journal, `Tail`).
+        Where the kept bytes end in the file, and what a final segment's torn end dropped."""
+        if base:
+            self._base = base
+            try:
+                end, dropped = self._parts(self._path(number), number, data, final, 0)
+            except JournalCorrupt as exc:
+                raise JournalCorrupt(exc.file, exc.offset + base, exc.reason) from None
+            finally:
+                self._base = 0
+            return end + base, dropped
         path = self._path(number)
         header = data[:SEGMENT_HEADER_SIZE]
         if len(header) < SEGMENT_HEADER_SIZE or not any(header):
@@ -239,8 +252,9 @@ class _Recovery:
             reason = "segment header cut short" if len(header) < 32 else "segment header is zero"
             raise JournalCorrupt(path, 0, reason)
         self._check_segment_header(path, number, header)
+        return self._parts(path, number, data, final, SEGMENT_HEADER_SIZE)
 
-        pos = SEGMENT_HEADER_SIZE
+    def _parts(self, path: str, number: int, data: bytes, final: bool, pos: int) -> tuple[int, str | None]:
         current: _Open | None = None
         while pos < len(data):
             record = _read_record(data, pos)
@@ -356,7 +370,7 @@ class _Recovery:
         kind = TransferKind(current.kind)
         self.digest = chain_digest(self.digest, kind, current.seq, payload)
         self.transfers.append(
-            Transfer(kind, current.seq, payload, self.digest, number, current.start)
+            Transfer(kind, current.seq, payload, self.digest, number, self._base + current.start)
         )
 
 
@@ -387,6 +401,60 @@ def recover(
     if len(incarnation) != 16:
         raise ValueError("file incarnation must be 16 bytes")
     return _Recovery(directory, fs, bytes(incarnation), bytes(start_digest), after_seq).run()
+
+
+class Tail:
+    """The transfers a journal gains after a recovery, read as its files grow: a hot standby's
+    device applies what its copy of the primary's journal receives (gpu_worker/replication/,
+    docs/replication.md). Only bytes before the position `read` is given are looked at (the
+    standby's durable end); a transfer not yet whole there is read the next time.
+
+    `position` is where the transfers read so far end: (segment, offset), a transfer boundary
+    ((0, 0) before the first segment). `next_seq` and `last_digest` continue the recovery's."""
+
+    def __init__(self, directory: str, incarnation: bytes, recovery: RecoveryResult) -> None:
+        self.directory = directory
+        self.incarnation = bytes(incarnation)
+        self.next_seq = recovery.next_seq
+        self.last_digest = recovery.last_digest
+        self.position = (recovery.segment, recovery.end_offset) if recovery.segment else (0, 0)
+        self.durable_bytes = recovery.durable_bytes
+
+    def read(self, until: tuple[int, int]) -> list[Transfer]:
+        """The whole transfers between `position` and `until` (a position this journal's files
+        hold durably), in order; `position` moves past them."""
+        transfers: list[Transfer] = []
+        while self.position < until:
+            segment, offset = self.position
+            if segment == 0 or (offset < SEGMENT_HEADER_SIZE and segment < until[0]):
+                segment, offset = max(segment, 1), 0  # a segment from its header on
+            elif segment < until[0] and offset >= self._size(segment):
+                segment, offset = segment + 1, 0  # this one is whole: the next
+            if offset == 0 and (segment, SEGMENT_HEADER_SIZE) > until:
+                break  # not even its header yet
+            limit = until[1] if segment == until[0] else self._size(segment)
+            path = os.path.join(self.directory, segment_name(segment))
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                data = os.pread(fd, limit - offset, offset)
+            finally:
+                os.close(fd)
+            reader = _Recovery(self.directory, OsFileLayer(), self.incarnation, self.last_digest, self.next_seq - 1)
+            reader.next_seq = self.next_seq
+            # a segment a later one follows ends at a transfer boundary (the writer starts segments there)
+            end, _ = reader._segment(segment, data, segment == until[0], offset)
+            if offset == 0 and end < SEGMENT_HEADER_SIZE:
+                break  # its header is not whole yet
+            transfers += reader.transfers
+            self.next_seq, self.last_digest = reader.next_seq, reader.digest
+            self.durable_bytes += end - (offset if offset else 0)
+            self.position = (segment, end)
+            if end < limit or segment == until[0]:
+                break  # the rest is a transfer not yet whole
+        return transfers
+
+    def _size(self, segment: int) -> int:
+        return os.stat(os.path.join(self.directory, segment_name(segment))).st_size
 
 
 # ---------------------------------------------------------------------------------------------

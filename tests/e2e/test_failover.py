@@ -1,6 +1,7 @@
 """Failover to a sync standby (docs/replication.md), with real processes: a primary device ships
-its journal to a standby process while clients mutate through it; the primary is killed -9; the
-standby stops and its journal boots (`--takeover`) as the new primary, where the clients go on,
+its journal to a hot standby process while clients mutate through it; the primary is killed -9;
+the standby becomes the new primary — promoted in place (SIGUSR1: its tables and model are
+ready) in even rounds, stopped and its journal booted (`--takeover`) in odd ones — and the clients go on,
 retrying exactly what was unanswered. Every receipt any client saw saved reads back byte for
 byte, no sequence is assigned twice, nothing is applied twice, and the clients keep their
 lineages (a takeover continues the line of history). The old primary rejoins as the standby of the
@@ -63,7 +64,8 @@ def test_a_sync_standby_takes_over_with_every_saved_receipt(tmp_path):
 
     def follow(m, primary):
         return start(["--ccir", m["ccir"], "--journal", m["journal"], "--service-grants", grants,
-                      "--standby-of", primary["replicate"]], "standby ready")
+                      "--standby-of", primary["replicate"],  # and, promoted, ships to the next standby
+                      "--replicate", m["replicate"], "--replication", "sync"], "standby ready")
 
     stop = threading.Event()
     primary, standby = machines
@@ -81,11 +83,19 @@ def test_a_sync_standby_takes_over_with_every_saved_receipt(tmp_path):
             killed = time.monotonic()
             os.kill(primary_pid, signal.SIGKILL)
             wait_for(lambda: not alive(primary_pid), 30, what="the primary to die")
-            os.kill(standby_pid, signal.SIGTERM)  # the standby stops following; its journal is whole
-            wait_for(lambda: not alive(standby_pid), 30, what="the standby to stop")
             before = [len(c.saved_so_far()) for c in clients]
-            primary, standby = standby, primary
-            primary_pid = serve(primary, takeover=True)
+            if round_ % 2 == 0:  # promoted in place: the same process serves
+                begin = log.stat().st_size
+                os.kill(standby_pid, signal.SIGUSR1)
+                wait_for(lambda: "device ready" in log.read_text()[begin:] or not alive(standby_pid), 60,
+                         what="the standby to take over")
+                assert alive(standby_pid), log.read_text()[begin:]
+                primary, standby, primary_pid = standby, primary, standby_pid
+            else:
+                os.kill(standby_pid, signal.SIGTERM)  # the standby stops following; its journal is whole
+                wait_for(lambda: not alive(standby_pid), 30, what="the standby to stop")
+                primary, standby = standby, primary
+                primary_pid = serve(primary, takeover=True)
             for c in clients:
                 c.path = os.path.join(primary["journal"], "service.sock")
             # a sync primary saves nothing without its standby: the old primary's machine follows

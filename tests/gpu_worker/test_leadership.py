@@ -83,8 +83,11 @@ def _try(leadership):
 
 
 def test_a_standby_sees_the_key_go_only_after_it_saw_it_held(etcd):
+    """The watch follows the key through etcd's watch stream: each holder as it comes (a gateway's
+    `on_holder`), then its end (a standby's `then`)."""
     gone = threading.Event()
-    watch = LeaderWatch(Etcd(etcd.endpoints), KEY, 0.05, gone.set)
+    holders = []
+    watch = LeaderWatch(Etcd(etcd.endpoints), KEY, gone.set, holders.append)
     watch.start()
     try:
         holder = Leadership(Etcd(etcd.endpoints), KEY, ttl=3)
@@ -93,6 +96,7 @@ def test_a_standby_sees_the_key_go_only_after_it_saw_it_held(etcd):
         assert not gone.is_set()
         holder.stop()
         assert gone.wait(10) and watch.gone
+        assert holders == [(holder.generation, b"a"), None]
     finally:
         watch.stop()
 

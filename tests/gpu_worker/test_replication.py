@@ -16,8 +16,9 @@ from gpu_worker.contract.grantfile import Grants
 from gpu_worker.contract.wire import LENGTH, decode_payload
 from gpu_worker.device import Device
 from gpu_worker.replication.primary import Shipper
+from gpu_worker.replication.standby import Follower as Applier
 from gpu_worker.replication.standby import Mirror, Standby, StandbyRefused, takeovers
-from gpu_worker.storage.journal import list_segments, segment_name
+from gpu_worker.storage.journal import JournalLock, list_segments, segment_name
 from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.conftest import wait_for
 from tests.gpu_worker.loop.test_server import LiveDevice, _exactly, register_all
@@ -51,12 +52,22 @@ class Primary(LiveDevice):
 
 
 class Follower:
-    """A standby (Mirror + Standby) following `address` on a thread."""
+    """A standby (Mirror + Standby) following `address` on a thread; `hot_grants`: a hot one, whose
+    device applies the journal copy as it comes (boot --standby-of), with these grants."""
 
-    def __init__(self, address, directory, runtime):
+    def __init__(self, address, directory, runtime, hot_grants=None):
         self.incarnation = RuntimeFile.open(runtime).incarnation
-        self.mirror = Mirror(directory, self.incarnation)
-        self.standby = Standby(address, self.mirror, self.incarnation)
+        self.device = self.applier = None
+        if hot_grants is None:
+            self.mirror = Mirror(directory, self.incarnation)
+        else:
+            os.makedirs(directory, exist_ok=True)
+            lock = JournalLock(directory)
+            self.device = Device(RuntimeFile.open(runtime), directory, Grants(hot_grants), following=True)
+            self.mirror = Mirror(directory, self.incarnation, lock=lock, position=self.device.following.position)
+            self.applier = Applier(self.device, self.mirror.position)
+            self.applier.start()
+        self.standby = Standby(address, self.mirror, self.incarnation, self.applier)
         self.error = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -72,6 +83,19 @@ class Follower:
         self.thread.join(30)
         assert not self.thread.is_alive()
         self.mirror.close()
+
+    def take_over(self):
+        """Stop following and serve (boot._standby's takeover, without a socket): the device."""
+        self.standby.stop()
+        self.thread.join(30)
+        until = self.mirror.sync()
+        assert self.applier.finish(until), self.applier.error
+        self.mirror.close(keep_lock=True)
+        self.device.take_over(self.mirror.lock, None, until)
+        return self.device
+
+    def applied(self):
+        return self.device.following.position
 
 
 def journal_bytes(directory):
@@ -194,6 +218,50 @@ def test_the_standbys_journal_boots_a_device_with_every_saved_receipt(tiny_runti
         device.close()
 
 
+def listed(device, principal):
+    """The principal's receipts as the device lists them (operations.list), parsed."""
+    [(_, msg)] = device.committer.run_sync(collections.deque([("c", {
+        "v": 1, "id": 1, "op": "operations.list", "principal": principal.hex(), "args": {}})]))
+    return json.loads(msg["body"])["items"]
+
+
+def test_a_hot_standby_applies_the_journal_as_it_comes_and_takes_over_without_reading_it_again(
+        tiny_runtime, tmp_path):
+    """The hot standby's tables follow the copy as it is acknowledged (not at the takeover), and
+    the device it becomes reads back every receipt a client saw saved, continues every lineage,
+    and holds what a boot of the same journal with --takeover would."""
+    primary = Primary(tiny_runtime, tmp_path / "p", 24, sync=True).start()
+    runtime = str(tmp_path / "copy.aotxccir")
+    shutil.copyfile(tiny_runtime, runtime)
+    follower = Follower(primary.address, str(tmp_path / "s" / "journal"), runtime, hot_grants=primary.grants)
+    try:
+        replies = register_all(primary, primary.principals, 4)
+        wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
+                 what="the standby to hold and apply the whole journal")
+        applied = follower.device.recovered
+        assert applied == primary.device.committer.writer.durable_seq  # every transfer, applied as it came
+        lineages = {p: primary.device.state.participants.lineage_of(p) for p in primary.principals}
+    finally:
+        primary.stop()
+    device = follower.take_over()
+    try:
+        assert device.recovered == applied  # nothing was left to read at the takeover
+        for principal, reply in replies.items():
+            assert listed(device, principal) == [json.loads(reply["body"])]
+        assert {p: device.state.participants.lineage_of(p) for p in lineages} == lineages
+        [failover] = device.state.failovers
+        assert tuple(failover["position"]) == takeovers(follower.mirror.directory)[0]
+    finally:
+        device.close()
+    booted = Device(RuntimeFile.open(runtime), follower.mirror.directory, Grants(primary.grants))  # a restart
+    try:
+        for principal, reply in replies.items():
+            assert listed(booted, principal) == [json.loads(reply["body"])]
+        assert booted.state.failovers == [failover]
+    finally:
+        booted.close()
+
+
 def test_a_standby_of_another_runtime_file_is_refused(tiny_runtime, tmp_path):
     from gpu_worker.pack import pack_tiny
     other = str(tmp_path / "other.aotxccir")
@@ -304,7 +372,8 @@ def test_a_full_disk_on_the_primary_cuts_the_standbys_copy_too(tmp_path):
     pack_tiny(runtime, shared=True, runtime_profile={"min_free_disk_bytes": 1})  # only ENOSPC holds
     fs = FaultyFileLayer()
     primary = Primary(runtime, tmp_path / "p", 300, sync=True, fs=fs).start()
-    follower = Follower(primary.address, str(tmp_path / "s" / "journal"), runtime)
+    # hot: a cut before what its tables hold builds them again
+    follower = Follower(primary.address, str(tmp_path / "s" / "journal"), runtime, hot_grants=primary.grants)
     try:
         fs.space = 30_000  # some registrations fit; then the disk is "full"
         replies = register_all(primary, primary.principals, 8)
@@ -314,16 +383,25 @@ def test_a_full_disk_on_the_primary_cuts_the_standbys_copy_too(tmp_path):
         late = register_all(primary, refused, 2)
         assert {r["status"] for r in late.values()} == {202}  # the hold ended once space came back; a refusal
         # changed nothing (a 409 already_registered here would say a refused registration was kept)
-        wait_for(lambda: caught_up(primary, follower), what="the standby to follow")
+        wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
+                 what="the standby to follow")
     finally:
         primary.stop()
-        follower.stop()
     assert journal_bytes(follower.mirror.directory) == journal_bytes(primary.journal)
     statuses = collections.Counter(r["status"] for r in replies.values())
     assert statuses[202] > 0 and statuses[429] > 0 and set(statuses) <= {202, 429, 503}, statuses
-    for principal, r in replies.items():  # durable but unconfirmed: kept, and an exact retry would answer it
-        if r["status"] == 503:
-            assert json.loads(r["body"])["error"]["code"] == "standby_unconfirmed"
+    device = follower.take_over()  # its tables hold what the primary kept, whatever it applied before a cut
+    try:
+        for principal, r in {**replies, **late}.items():
+            kept = listed(device, principal)
+            if r["status"] == 503:  # durable but unconfirmed: kept, and an exact retry would answer it
+                assert json.loads(r["body"])["error"]["code"] == "standby_unconfirmed" and len(kept) == 1
+            elif r["status"] == 202:
+                assert kept == [json.loads(r["body"])]
+            elif principal not in late:  # refused, changed nothing
+                assert kept == []
+    finally:
+        device.close()
 
 
 def test_an_old_primary_rejoins_as_a_standby_cut_back_to_the_takeover_point(tiny_runtime, tmp_path):
@@ -349,20 +427,29 @@ def test_an_old_primary_rejoins_as_a_standby_cut_back_to_the_takeover_point(tiny
     runtime = str(tmp_path / "s" / "copy.aotxccir")
     shutil.copyfile(tiny_runtime, runtime)
     shutil.copyfile(old.grants, str(tmp_path / "s" / "grants.json"))
-    new = Primary(runtime, tmp_path / "s", 0, sync=False)
+    new = Primary(runtime, tmp_path / "s", 0, sync=True)
     new.principals, new.device_options = old.principals, {"takeover": True}
     new.start()
+    # hot: its tables, loaded with the tail, are built again once the journal is cut back
+    rejoined = Follower(new.address, old.journal, tiny_runtime, hot_grants=old.grants)
     try:
-        register_all(new, old.principals[8:], 2)  # the same transfer numbers as the old tail, other bytes
+        replies = register_all(new, old.principals[8:], 2)  # the same transfer numbers as the old tail, other bytes
         [point] = takeovers(new.journal)  # where the new primary's part of the journal begins
         assert point < (new.device.committer.writer.segment, new.device.committer.writer.offset)
-        rejoined = Follower(new.address, old.journal, tiny_runtime)
-        wait_for(lambda: caught_up(new, rejoined) or rejoined.error, what="the old primary to be cut back and catch up")
-        assert rejoined.error is None
+        wait_for(lambda: (caught_up(new, rejoined) and rejoined.applied() == new.position()) or rejoined.error,
+                 what="the old primary to be cut back, catch up and apply it")
+        assert rejoined.error is None and rejoined.applier.refollowed == 1
+        saved = {p: listed(new.device, p) for p in old.principals}
     finally:
         new.stop()
-        rejoined.stop()
     assert journal_bytes(old.journal) == journal_bytes(new.journal)
+    device = rejoined.take_over()  # the old primary's machine, primary again: what the new one saved, not its own tail
+    try:
+        assert {p: listed(device, p) for p in old.principals} == saved
+        assert all(saved[p] == [json.loads(r["body"])] for p, r in replies.items())
+        assert not any(saved[p] for p in old.principals[4:8])  # the tail it held alone is gone
+    finally:
+        device.close()
 
 
 def test_a_checkpoint_keeps_the_failovers(tiny_runtime, tmp_path):

@@ -28,6 +28,7 @@ from gpu_worker.storage.journal import (
     JournalLock,
     JournalLocked,
     JournalWriter,
+    Tail,
     TransferKind,
     encode_segment_header,
     encode_transfer,
@@ -971,3 +972,38 @@ def test_a_lock_held_here_is_refused_to_another_process(tmp_path):
         )
     assert child.returncode == 3
     assert f"locked by another device (pid {os.getpid()})" in child.stdout
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(0, 700), min_size=1, max_size=30), roll=st.sets(st.integers(1, 29)),
+       cuts=st.lists(st.integers(0, 4000), max_size=12), seed=st.integers(0, 1000))
+def test_a_tail_reads_a_growing_copy_exactly_as_recovery_reads_the_whole(tmp_path_factory, sizes, roll, cuts, seed):
+    """A hot standby's device reads its copy of the journal as bytes arrive in any pieces (a piece
+    may end inside a record, inside a transfer, inside a segment header): the transfers it gets,
+    with their digests and positions, are recovery's, and each only once."""
+    source, copy = tmp_path_factory.mktemp("primary"), tmp_path_factory.mktemp("standby")
+    fs = OsFileLayer()
+    writer = open_writer(source, fs)
+    for i, n in enumerate(sizes):
+        if i in roll:
+            writer.start_new_segment()
+        writer.append(TransferKind.ADMISSION, payload(n, seed + i))
+        commit_all(writer)
+    writer.close()
+    whole = recover(str(source), fs, INC).transfers
+    files = [(number, open(segment_path(source, number), "rb").read())
+             for number in range(1, writer.segment + 1)]
+    stream = [(number, offset) for number, data in files for offset in range(len(data) + 1)
+              if offset or number == 1]  # every position a copy can be durable at, in order
+    tail = Tail(str(copy), INC, recover(str(copy), fs, INC))
+    got = []
+    for at in sorted({min(c, len(stream) - 1) for c in cuts}) + [len(stream) - 1]:
+        number, offset = stream[at]
+        for n, data in files:  # the copy holds every byte before (number, offset)
+            if n <= number:
+                with open(segment_path(copy, n), "wb") as f:
+                    f.write(data if n < number else data[:offset])
+        got += tail.read((number, offset))
+    assert summary(got) == summary(whole)
+    assert tail.position == (writer.segment, writer.offset)
+    assert tail.next_seq == len(sizes) + 1 and tail.last_digest == whole[-1].digest
