@@ -1,6 +1,8 @@
 """The fault harness for replication (docs/replication.md): two device machines on loopback (each
-its runtime file copy, journal and replication socket), a three-member etcd, and clients mutating
-through the primary's socket with exact retries, while it injects, round after round:
+its runtime file copy, journal and replication socket; the standby hot), a three-member etcd, two
+gateways that follow the leader key (gateway.json "etcd"), and clients of the SDK (aotx_client,
+exact retries) creating spaces through them, half through each gateway, while it injects, round
+after round:
 
 - kill   : kill -9 of the primary; the standby takes over by itself (the etcd lease lapses);
 - stop   : SIGSTOP of the primary past its lease; the standby takes over; SIGCONT: the zombie must
@@ -20,9 +22,11 @@ and the leadership generation has grown with every takeover (no two primaries in
 
 The faults cycle kill, stop, cut, drop.
 
-Reported: per round, the fault, the time from it to the first admission on the (new) primary
-(a probe registers a fresh principal there), the generation; then p50 and max over the failovers.
-The devices run the tiny model (a takeover is a boot: with a real model it loads the model too)."""
+Reported: per round, the fault, the time from it to the first admission on the (new) primary (a
+probe registers a fresh principal at its socket, every 10 ms), the time to the first receipt an
+SDK client saw saved by it through a gateway (the client's view: its retries back off, to 0.5 s
+apart), the generation; then p50 and max over the failovers. The devices run the tiny model (a
+hot standby loads its model before it follows, so the model's size does not reach the takeover)."""
 import argparse
 import json
 import os
@@ -39,12 +43,82 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)  # not bench/: bench/http.py would shadow the standard library http
 
 from gpu_worker.pack import pack_tiny  # noqa: E402
-from tests.conftest import wait_for, write_grants  # noqa: E402
-from tests.e2e.test_failover import FollowingClient, register  # noqa: E402
+from tests.conftest import PYTHON, free_port, wait_for  # noqa: E402
+from tests.e2e.test_failover import register  # noqa: E402
 from tests.e2e.test_kill9 import Zygote, alive, call  # noqa: E402
 from tests.etcd import EtcdCluster  # noqa: E402
+from tests.harness import Process  # noqa: E402
 
 CLIENTS = 4
+PACE = 0.05  # seconds between one client's mutations (the receipt table holds 60,000 for all the rounds)
+
+
+class SdkClient(threading.Thread):
+    """One principal's participant through the SDK (exact retries) at one gateway, creating spaces
+    until stopped: `saved` {operation: receipt} of every mutation the SDK returned saved, `boots`
+    the save field's boot of each (which primary saved it), `at` when each was returned."""
+
+    def __init__(self, base_url, principal_hex, token, stop):
+        super().__init__(daemon=True)
+        self.base_url, self.principal_hex, self.token, self.stop = base_url, principal_hex, token, stop
+        self.saved, self.at, self.errors = {}, {}, []
+        self.lock = threading.Lock()
+
+    def run(self):
+        from aotx_client import Client
+        try:
+            with Client(self.base_url, self.token, timeout=30, retry_for=120) as aotx:
+                aotx.register()
+                while not self.stop.wait(PACE):
+                    receipt = aotx.create_space()
+                    with self.lock:
+                        self.saved[receipt["operation"]] = receipt
+                        self.at[receipt["operation"]] = time.monotonic()
+        except Exception as exc:  # reported at the end: an SDK client must never give up
+            self.errors.append(exc)
+
+    def first_saved_by(self, boot):
+        """When this client was first answered saved by the primary of `boot` (None: not yet)."""
+        with self.lock:
+            times = [self.at[op] for op, r in self.saved.items() if r["admission"]["save"]["boot"] == str(boot)]
+        return min(times, default=None)
+
+
+def gateway_stack(base, etcd, grants, count):
+    """A gateway database with the principals, and `count` gateways (`manage.py serve`) on it, each
+    following the leader key: (gateway processes, their base URLs, {name: (principal hex, token)})."""
+    env = dict(os.environ, AOTX_VAR_DIR=str(base / "var"), DATABASE_URL=f"sqlite:///{base / 'gateway.sqlite3'}",
+               DJANGO_SETTINGS_MODULE="aotx_site.settings", AOTX_DEVICE_TIMEOUT="10")
+    env.pop("REDIS_URL", None)
+    configs, urls = [], []
+    for i in range(count):
+        port = free_port()
+        config = base / f"gateway-{i}.json"
+        config.write_text(json.dumps({"listen": f"127.0.0.1:{port}", "socket": str(base / "no-primary-yet.sock"),
+                                      "grants_file": grants, "etcd": ",".join(etcd.endpoints)}))
+        configs.append(config)
+        urls.append(f"http://127.0.0.1:{port}")
+    return env, configs, urls
+
+
+def make_principals(env, config, names):
+    """Create the principals in the gateway database and write the grant file: {name: (id hex, token)}."""
+    import subprocess
+    script = ("import json, sys, django; django.setup()\n"
+              "from django.core.management import call_command\n"
+              "from shared_api.models import Principal, apply_quotas, parse_quotas\n"
+              "free = apply_quotas({}, parse_quotas(['receipts=unlimited', 'spaces=unlimited', "
+              "'requests_per_second=unlimited', 'body_bytes_per_second=unlimited']))\n"
+              "call_command('migrate', '--noinput', verbosity=0)\n"
+              "out = {}\n"
+              "for name in sys.argv[2:]:\n"
+              "    p, token = Principal.create(name, ['shared_read', 'shared_write'], free)\n"
+              "    out[name] = [p.principal_id, token]\n"
+              "call_command('write_grants', '--config', sys.argv[1])\n"
+              "print(json.dumps(out))\n")
+    done = subprocess.run([PYTHON, "-c", script, str(config), *names], cwd=ROOT, env=env, capture_output=True,
+                          text=True, check=True, timeout=300)
+    return {name: (pid, token) for name, (pid, token) in json.loads(done.stdout.strip().splitlines()[-1]).items()}
 
 
 def main() -> None:
@@ -54,10 +128,11 @@ def main() -> None:
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="bench-failover-"))
     etcd = EtcdCluster(base).start()
-    principals = [os.urandom(16) for _ in range(CLIENTS)]
-    probes = [os.urandom(16) for _ in range(2 * args.rounds + 2)]
     grants = str(base / "grants.json")
-    write_grants(grants, {p.hex(): ["shared_read", "shared_write"] for p in principals + probes})
+    env, configs, urls = gateway_stack(base, etcd, grants, 2)
+    names = [f"client-{i}" for i in range(CLIENTS)] + [f"probe-{i}" for i in range(2 * args.rounds + 2)]
+    principals = make_principals(env, configs[0], names)
+    probes = [bytes.fromhex(principals[n][0]) for n in names if n.startswith("probe-")]
     runtime = str(base / "a.aotxccir")
     pack_tiny(runtime, shared=True, capacity={"participants": 64, "spaces": 60000, "receipts": 60000,
                                               "command_bytes": 1024, "result_bytes": 16})
@@ -109,25 +184,33 @@ def main() -> None:
 
     stop = threading.Event()
     primary, spare = machines["a"], machines["b"]
-    pids = {}
+    pids, gateways = {}, []
     rows = []
     try:
         pids["a"] = start(["--ccir", primary["ccir"], "--journal", primary["journal"], "--service-grants", grants,
                            "--device", "cpu", "--replicate", primary["replicate"], "--standby-timeout", "1"] + lease,
                           "device ready")
         pids["b"] = standby(spare, primary)
-        clients = [FollowingClient(p, sock_of(primary), stop) for p in principals]
+        for i, config in enumerate(configs):
+            gateways.append(Process([PYTHON, "manage.py", "serve", "--config", str(config)], env,
+                                    base / f"gateway-{i}.log"))
+        for url in urls:
+            wait_for(lambda: listening(url), 60, what=f"the gateway at {url}")
+        clients = [SdkClient(urls[i % len(urls)], *principals[f"client-{i}"], stop) for i in range(CLIENTS)]
         for c in clients:
             c.start()
         generation = ping(primary)["pipeline"]["leadership"]["generation"]
         probe = iter(probes)
         for round_ in range(args.rounds):
             fault = ("kill", "stop", "cut", "drop")[round_ % 4]
-            floor = [len(c.saved_so_far()) for c in clients]
-            wait_for(lambda: all(len(c.saved_so_far()) >= f + 3 for c, f in zip(clients, floor)), 120,
+            floor = [len(c.saved) for c in clients]
+            wait_for(lambda: all(len(c.saved) >= f + 3 or c.errors for c, f in zip(clients, floor)), 120,
                      what="each client to save three more receipts")
+            for c in clients:
+                assert not c.errors, c.errors
             old, new = ("a", "b") if primary is machines["a"] else ("b", "a")
             began = time.monotonic()
+            seen = None
             if fault in ("cut", "drop"):
                 os.kill(pids[new], signal.SIGSTOP if fault == "cut" else signal.SIGKILL)
                 time.sleep(2.0)  # the fault lasts this long (twice the standby timeout)
@@ -145,9 +228,8 @@ def main() -> None:
                 begin = log.stat().st_size
                 wait_for(lambda: "device ready" in log.read_text()[begin:], 120, what="the standby to take over")
                 primary, spare = spare, primary
-                for c in clients:
-                    c.path = sock_of(primary)
                 took = probe_admission(primary, next(probe)) - began
+                boot = ping(primary)["boot"]
                 if fault == "stop":  # the zombie runs again: it must admit nothing
                     late = next(probe)
                     with socket.socket(socket.AF_UNIX) as current:  # (the line of history is the same on both)
@@ -167,48 +249,92 @@ def main() -> None:
                 assert now > generation, (now, generation)  # a new generation for every takeover
                 generation = now
                 pids[old] = standby(spare, primary)  # the old primary's machine rejoins from its journal
+                wait_for(lambda: all(c.first_saved_by(boot) or c.errors for c in clients), 120,
+                         what="every SDK client to be answered by the new primary")
+                seen = min(c.first_saved_by(boot) for c in clients) - began
             verified = verify(clients, sock_of(primary))
-            rows.append((round_ + 1, fault, took, generation, verified))
-            print(f"round {round_ + 1:>2} {fault:>4}: first admission {took:6.2f}s after the fault, generation "
-                  f"{generation}, {verified} saved receipts read back", flush=True)
+            rows.append((round_ + 1, fault, took, seen, generation, verified))
+            print(f"round {round_ + 1:>2} {fault:>4}: first admission {took:6.2f}s after the fault"
+                  + (f", first SDK receipt through a gateway {seen:6.2f}s" if seen is not None else "")
+                  + f", generation {generation}, {verified} saved receipts read back", flush=True)
         stop.set()
         for c in clients:
             c.join(60)
             assert not c.errors, c.errors
+        print(f"at the end, through the SDK at both gateways: {verify_through(clients, urls)} receipts read back as "
+              "they were given", flush=True)
     finally:
         stop.set()
         for pid in pids.values():
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        for g in gateways:
+            g.kill(signal.SIGTERM)
         zygote.close()
         etcd.stop()
         shutil.rmtree(base, ignore_errors=True)
     for fault in ("kill", "stop"):
-        times = sorted(took for _, f, took, _, _ in rows if f == fault)
-        if times:
-            print(f"{fault}: {len(times)} failovers, fault to first admission on the new primary: "
-                  f"p50 {times[len(times) // 2]:.2f}s, max {times[-1]:.2f}s")
-    print(f"{len(rows)} rounds, {rows[-1][4] if rows else 0} saved receipts read back byte for byte after the last; "
+        for index, what in ((2, "first admission on the new primary"), (3, "first SDK receipt through a gateway")):
+            times = sorted(row[index] for row in rows if row[1] == fault)
+            if times:
+                print(f"{fault}: {len(times)} failovers, fault to {what}: p50 {times[len(times) // 2]:.2f}s, "
+                      f"max {times[-1]:.2f}s")
+    print(f"{len(rows)} rounds, {rows[-1][5] if rows else 0} saved receipts read back byte for byte after the last; "
           "no sequence assigned twice; generations only grew")
 
 
+def listening(url):
+    import urllib.error
+    import urllib.request
+    try:
+        urllib.request.urlopen(url + "/aotx/v1/shared/capabilities", timeout=2)
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
 def verify(clients, path):
-    """Every receipt each client saw saved, read back from the device at `path`, byte for byte, and
-    each client's next sequence one past its last saved one. The number of receipts checked."""
+    """Every receipt each SDK client saw saved, read from the device at `path` (the current
+    primary): its bytes are the canonical JSON of what the client was given (the gateway passed
+    the device's bytes on), the sequences each client was given are saved without a gap or a
+    repeat, and its next sequence is past the last. The number of receipts checked."""
+    import rfc8785
     checked = 0
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(30)
         s.connect(path)
         for c in clients:
-            saved = dict(c.saved_so_far())
-            for sequence, body in saved.items():
-                got = call(s, {"v": 1, "id": 0, "op": "operations.get", "principal": c.principal.hex(),
-                               "args": {"operation": json.loads(body)["operation"]}})
-                assert got["status"] == 200 and got["body"] == body, (sequence, got)
+            with c.lock:
+                saved = dict(c.saved)
+            principal = c.principal_hex
+            for op, receipt in saved.items():
+                got = call(s, {"v": 1, "id": 0, "op": "operations.get", "principal": principal,
+                               "args": {"operation": op}})
+                assert got["status"] == 200 and got["body"] == rfc8785.dumps(receipt), (op, got)
                 checked += 1
-            me = json.loads(call(s, {"v": 1, "id": 0, "op": "participant.get", "principal": c.principal.hex(),
+            me = json.loads(call(s, {"v": 1, "id": 0, "op": "participant.get", "principal": principal,
                                      "args": {}})["body"])
-            assert int(me["next_sequence"]) >= max(saved) + 1 and me["lineage"] == c.lineage
+            sequences = sorted(int(r["sequence"]) for r in saved.values())
+            assert sequences == list(range(sequences[0], sequences[0] + len(sequences))), "a sequence twice or lost"
+            assert int(me["next_sequence"]) >= sequences[-1] + 1
+    return checked
+
+
+def verify_through(clients, urls):
+    """The same receipts read back through the SDK at each gateway: equal to what the client was given."""
+    import rfc8785
+    from aotx_client import Client
+    checked = 0
+    for c in clients:
+        with c.lock:
+            saved = dict(c.saved)
+        for url in urls:
+            with Client(url, c.token, timeout=30, retry_for=120) as aotx:
+                for op, receipt in saved.items():
+                    assert rfc8785.dumps(aotx.receipt(op)) == rfc8785.dumps(receipt), (op, receipt)
+                    checked += 1
     return checked
 
 

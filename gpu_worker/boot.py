@@ -212,7 +212,7 @@ def _serve(args: argparse.Namespace, runtime: Any, device: Any, leadership: Any,
         from .replication.primary import Shipper
         try:
             shipper = Shipper(args.replicate, args.journal, runtime.incarnation, sync=args.replication == "sync",
-                              alone_after=args.standby_timeout)
+                              alone_after=args.standby_timeout, generation=device.runtime.generation)
         except (OSError, ValueError) as exc:
             device.close()
             if leadership is not None:
@@ -310,7 +310,7 @@ def _standby(args: argparse.Namespace, argv: list[str], threads: _Threads, fail:
             lock.release()
             return fail(str(exc), 3)
         follower = Follower(device, mirror.position)
-        standby = Standby(args.standby_of, mirror, runtime.incarnation, follower)
+        standby = Standby(args.standby_of, mirror, args.ccir, follower)
         promote = threading.Event()
 
         def take_over_now(*_):

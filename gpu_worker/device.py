@@ -213,6 +213,9 @@ class Device:
         assert tail is not None
         applied = self.follow(until)
         self.lock, self.leadership, self.takeover, self.following = lock, leadership, True, None
+        self.runtime = runtime_file.RuntimeFile.open(self.runtime.path, verify=False)  # the link may have advanced it
+        if self.runtime.generation > self.state.generation:  # its CHECKPOINT transfer did not follow in time
+            self._folded(self.runtime.generation, tail.next_seq - 1, tail.last_digest)
         segment, offset = tail.position
         self._begin(RecoveryResult([], tail.next_seq, tail.last_digest, segment, offset, None, tail.durable_bytes),
                     True)
@@ -643,14 +646,33 @@ class Device:
         self.check_hold()
         return result
 
-    def after_checkpoint(self, generation: int, last_seq: int, last_digest: bytes) -> None:
+    def after_checkpoint(self, generation: int, last_seq: int, last_digest: bytes,
+                         components: list[tuple[str, str, Any]], drop: list[str]) -> None:
+        """The runtime file holds generation `generation` now, every transfer through `last_seq`
+        folded in (written with `components`, `drop`: storage/checkpoint.write). On a primary that
+        replicates, a CHECKPOINT transfer says so in the journal and the standby gets the same
+        components for its copy of the file (docs/replication.md, "Checkpoints"): a state that
+        replays the journal from an older checkpoint (a hot standby's, a takeover's) folds where
+        this one did, so every receipt renders the same save fields on both."""
+        self._folded(generation, last_seq, last_digest)
+        writer = self.committer.writer
+        self._journal_base = writer.durable_bytes - writer.offset
+        self.runtime = runtime_file.RuntimeFile.open(self.runtime.path, verify=False)
+        if self.committer.replica is not None:  # (a standby connecting later has a copy made after it)
+            self.committer.replica.checkpoint(generation, components, drop)
+            self.append(TransferKind.CHECKPOINT, msgpack.packb({"generation": generation, "last_seq": last_seq,
+                                                                "last_digest": last_digest}))
+
+    def _folded(self, generation: int, last_seq: int, last_digest: bytes) -> None:
         state = self.state
         state.tables.mark_folded(generation)
         state.generation = state.save_generation = generation
         state.checkpoint_seq, state.checkpoint_digest = last_seq, last_digest
-        writer = self.committer.writer
-        self._journal_base = writer.durable_bytes - writer.offset
-        self.runtime = runtime_file.RuntimeFile.open(self.runtime.path, verify=False)
+
+    def _replay_checkpoint(self, transfer: Transfer) -> None:
+        info = msgpack.unpackb(transfer.payload, raw=False)
+        if info["generation"] > self.state.generation:  # (a state loaded from that checkpoint holds it)
+            self._folded(info["generation"], info["last_seq"], info["last_digest"])
 
     def idle(self) -> None:
         """Between ticks: grants (a revoked reader's stream ends within this period, loop/server.py
@@ -675,4 +697,5 @@ _REPLAY: dict[int, Callable[[Device, Transfer], None]] = {
     TransferKind.MEDIA: lambda d, transfer: media.apply(d, transfer.payload, transfer),
     TransferKind.HOLD: Device._replay_hold,
     TransferKind.MEMORY: execution.replay_memory,
+    TransferKind.CHECKPOINT: Device._replay_checkpoint,
 }

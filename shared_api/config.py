@@ -2,7 +2,10 @@
 and, optional, the server's (README "Configuration"): "workers" (processes, 1), "header_timeout"
 (seconds to send a request's line and headers, the first or the next on a keep-alive connection,
 10), "body_timeout" (seconds a body may stall, 30), "max_header_bytes" (16384). "idle_timeout" is
-refused by name: an idle keep-alive connection is bounded by header_timeout."""
+refused by name: an idle keep-alive connection is bounded by header_timeout. With a standby,
+"etcd" (client URLs, comma-separated) and "etcd_key" (the leader key, "/aotx/primary"): the
+gateway follows the primary the key names (shared_api/leader.py); "socket" is then where it goes
+until the key names one."""
 import json
 from typing import Any
 
@@ -18,6 +21,7 @@ OPTIONAL: dict[str, tuple[type, int | float, int | float]] = {  # name: (type, d
     "body_timeout": (float, 30.0, 0.1),
     "max_header_bytes": (int, 16384, 1024),
 }
+STRINGS = {"etcd": "", "etcd_key": "/aotx/primary"}  # name: default ("etcd" empty: no leader key to follow)
 
 
 def load(path: str) -> dict[str, Any]:
@@ -40,6 +44,12 @@ def load(path: str) -> dict[str, Any]:
     if "idle_timeout" in doc:
         raise ConfigError(f"gateway config {path}: idle_timeout is no longer a setting: the server closes an idle "
                           "keep-alive connection when header_timeout passes without a whole request head")
+    for name, text in STRINGS.items():
+        doc[name] = doc.get(name, text)
+        if not isinstance(doc[name], str):
+            raise ConfigError(f"gateway config {path}: {name} must be a string")
+    if doc["etcd"] and not all(u.startswith(("http://", "https://")) for u in doc["etcd"].split(",")):
+        raise ConfigError(f"gateway config {path}: etcd must be etcd client URLs (http://HOST:PORT), comma-separated")
     for name, (kind, default, least) in OPTIONAL.items():
         value = doc.get(name, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and type(value) is not int) \

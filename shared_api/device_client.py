@@ -26,7 +26,7 @@ from django.conf import settings
 from gpu_worker.contract.commands import Args, request, typed
 from gpu_worker.contract.wire import FrameReader, Message, ProtocolError
 
-from . import config
+from . import config, leader
 from .errors import ServiceError
 
 CONNECT_TIMEOUT = 2.0
@@ -204,6 +204,14 @@ class DeviceMux:
                 await self._writer.drain()
         except (OSError, TimeoutError):
             pass  # the reader task ends every stream; a close that did not get out ends with the connection
+
+    def redirect(self, socket_path: str) -> None:
+        """Connect to `socket_path` from now on; the open connection (to the old primary) is closed:
+        its reader task fails what it carried (on the loop's thread)."""
+        self.socket_path = socket_path
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
 
     async def aclose(self) -> None:
         """Close the connection and wait for its reader to end (open streams get a 503)."""
@@ -391,7 +399,9 @@ def mux() -> DeviceMux:
     loop = asyncio.get_running_loop()
     found = _muxes.get(loop)
     if found is None:
-        found = _muxes[loop] = DeviceMux(configured_socket(), settings.AOTX_DEVICE_TIMEOUT)
+        made = DeviceMux(configured_socket(), settings.AOTX_DEVICE_TIMEOUT)
+        with _lock:  # (redirect lists the connections from the leader watch's thread)
+            found = _muxes[loop] = made
     return found
 
 
@@ -408,8 +418,10 @@ def pool() -> DevicePool:
         return last[1]
     found = _pools.get(loop)
     if found is None:
-        found = _pools[loop] = DevicePool(configured_socket(), settings.AOTX_DEVICE_TIMEOUT,
-                                          settings.AOTX_DEVICE_CONNECTIONS, settings.AOTX_DEVICE_WAITING)
+        made = DevicePool(configured_socket(), settings.AOTX_DEVICE_TIMEOUT, settings.AOTX_DEVICE_CONNECTIONS,
+                          settings.AOTX_DEVICE_WAITING)
+        with _lock:  # (as in mux)
+            found = _pools[loop] = made
     _last_pool = (weakref.ref(loop), found)
     return found
 
@@ -431,12 +443,30 @@ _lock = threading.Lock()
 
 
 def configured_socket() -> str:
-    """The device socket of the gateway's config, read now (503 gateway_misconfigured otherwise)."""
+    """The device socket of the gateway's config, read now (503 gateway_misconfigured otherwise):
+    its "socket", or with "etcd" the primary's that the leader key names (shared_api/leader.py)."""
     try:
-        socket_path: str = config.load(settings.AOTX_GATEWAY_CONFIG)["socket"]
+        return leader.socket_of(config.load(settings.AOTX_GATEWAY_CONFIG), redirect)
     except config.ConfigError as exc:
         raise ServiceError(503, "gateway_misconfigured", str(exc)) from None
-    return socket_path
+
+
+def redirect(socket_path: str) -> None:
+    """A new primary holds the leader key (shared_api/leader.py, on its watch thread): every
+    device connection of this process goes to `socket_path` from now on; those open are closed,
+    and what they carried gets 503 `device_connection_lost` (retry exactly)."""
+    with _lock:
+        found = [(loop, m) for loop, p in _pools.items() for m in p.muxes] + list(_muxes.items())
+        stale = [d for path, d in _blocking.items() if path != socket_path]
+        for path in [path for path in _blocking if path != socket_path]:
+            del _blocking[path]
+    for loop, found_mux in found:
+        try:
+            loop.call_soon_threadsafe(found_mux.redirect, socket_path)
+        except RuntimeError:  # that loop is closed: nothing of it to move
+            pass
+    for device in stale:
+        device.close()
 
 
 def blocking(socket_path: str) -> BlockingDevice:
@@ -449,9 +479,11 @@ def blocking(socket_path: str) -> BlockingDevice:
 
 
 def reset() -> None:
-    """Close and forget the process's clients (tests that point the gateway at another device)."""
+    """Close and forget the process's clients and its leader watch (tests that point the gateway at
+    another device)."""
     global _last_pool
     _last_pool = None
+    leader.stop()
     with _lock:
         found_blocking = list(_blocking.values())
         _blocking.clear()

@@ -86,6 +86,8 @@ class Link:
                     self._send_files(item[1], item[2])
                 elif item[0] == "frame":
                     self.sock.sendall(encode_frame(item[1]))
+                elif item[0] == "checkpoint":
+                    self._send_checkpoint(*item[1:])
                 else:
                     segment, offset, data = item
                     self.sock.sendall(encode_frame({"segment": segment, "offset": offset, "data": data}))
@@ -114,6 +116,16 @@ class Link:
             finally:
                 os.close(fd)
 
+    def _send_checkpoint(self, generation: int, components: list[tuple[str, str, Any]], drop: list[str]) -> None:
+        """A checkpoint's components in pieces, then the frame that has the standby append them."""
+        for name, kind, data in components:
+            view = memoryview(bytes(data) if not isinstance(data, (bytes, bytearray)) else data)
+            for at in range(0, max(len(view), 1), SEGMENT_CHUNK):
+                self.sock.sendall(encode_frame({"checkpoint": generation, "component": name, "kind": kind,
+                                                "offset": at, "data": bytes(view[at:at + SEGMENT_CHUNK])}))
+        self.sock.sendall(encode_frame({"checkpoint": generation, "components": [c[0] for c in components],
+                                        "drop": list(drop)}))
+
     # ---- the reader thread -------------------------------------------------------------------
 
     def _read(self) -> None:
@@ -139,8 +151,10 @@ class Shipper:
     saved only once the standby acknowledged it (the Committer asks `acked_seq`)."""
 
     def __init__(self, address: str, journal_dir: str, incarnation: bytes, sync: bool = True,
-                 alone_after: float | None = None) -> None:
+                 alone_after: float | None = None, generation: int = 0) -> None:
         self.address = address
+        # the runtime file's generation: a standby's copy must be at it (its checkpoints follow this one's)
+        self.generation = generation
         self.journal_dir = journal_dir
         self.incarnation = bytes(incarnation)
         self.sync = sync
@@ -237,6 +251,14 @@ class Shipper:
             if link.position > (writer.segment, writer.offset):
                 link.position = (writer.segment, writer.offset)
             link.queue.put(("frame", {"cut": self.cuts, "segment": writer.segment, "offset": writer.offset}))
+
+    def checkpoint(self, generation: int, components: list[tuple[str, str, Any]], drop: list[str]) -> None:
+        """A checkpoint made the runtime file generation `generation` with these components (after
+        the bytes of every tick before it): the standby's copy gets the same, in stream order."""
+        self.generation = generation
+        link = self.link
+        if link is not None and not link.closed:
+            link.queue.put(("checkpoint", generation, components, drop))
 
     def woken(self, writer: JournalWriter) -> bool:
         """The eventfd was readable: start a standby that said hello, forget one that left, and take
@@ -382,20 +404,30 @@ class Shipper:
             link.refuse(f"the standby's runtime file is incarnation {bytes(incarnation or b'').hex()}, "
                         f"this primary's {self.incarnation.hex()}")
             return None
+        if msg.get("generation") != self.generation:
+            link.refuse(f"the standby's runtime file is at generation {msg.get('generation')}, this primary's at "
+                        f"{self.generation}: start the standby from a copy of the primary's runtime file as it is now")
+            return None
+        oldest = min(list_segments(self.journal_dir, OsFileLayer()), default=1)
+        if segment < oldest:
+            if segment and segment < oldest - 1:
+                link.refuse(f"segment {segment} is no longer in this primary's journal (a checkpoint removed it): "
+                            "start the standby from a copy of the primary's runtime file as it is now")
+                return None
+            # its copy is at this generation: it holds, folded or in its journal, everything before
+            # this primary's oldest segment (the last checkpoint began it): it goes on from there
+            link.position = (oldest, 0)
+            return link
         why = self._not_a_copy(segment, offset, digest)
         if why is not None:
             if not self._rewind(link, (segment, offset)):
                 link.refuse(f"{why}: the standby's journal is not a copy of this journal")
             return None
         if segment and not os.path.exists(os.path.join(self.journal_dir, segment_name(segment))):
-            newest = max(list_segments(self.journal_dir, OsFileLayer()), default=0)
-            if segment > newest:
-                if not self._rewind(link, (segment, offset)):
-                    link.refuse(f"the standby holds segment {segment}, past this primary's last ({newest}): "
-                                "the standby's journal is not a copy of this journal")
-            else:
-                link.refuse(f"segment {segment} is no longer in this primary's journal (a checkpoint removed it): "
-                            "start the standby from a copy of the primary's runtime file and journal")
+            newest = max(list_segments(self.journal_dir, OsFileLayer()), default=0)  # (segment >= oldest)
+            if not self._rewind(link, (segment, offset)):
+                link.refuse(f"the standby holds segment {segment}, past this primary's last ({newest}): "
+                            "the standby's journal is not a copy of this journal")
             return None
         return link
 

@@ -21,7 +21,9 @@ from typing import Any
 
 from gpu_worker.contract.wire import FrameReader, ProtocolError, encode_frame
 from gpu_worker.storage.filelayer import OsFileLayer
+from gpu_worker.storage import runtime_file
 from gpu_worker.storage.journal import SEGMENT_HEADER_SIZE, JournalLock, list_segments, recover, segment_name
+from gpu_worker.storage.runtime_file import RuntimeFile
 
 from . import MARKER, connect, read_frames
 
@@ -133,7 +135,7 @@ class Mirror:
         if segment == self.segment:
             if offset > self.offset:
                 raise ProtocolError(f"bytes at {segment}:{offset} leave a hole after {self.offset}")
-        elif segment == self.segment + 1 or (self.segment == 0 and segment == 1):
+        elif segment == self.segment + 1 or self.segment == 0:  # (an empty copy begins where the primary's does)
             if offset != 0:
                 raise ProtocolError(f"segment {segment} begins at offset {offset}, not at its header")
         else:
@@ -174,6 +176,15 @@ class Mirror:
         os.fdatasync(self._fd)
         OsFileLayer().fsync_dir(self.directory)
         self.segment, self.offset = segment, offset
+
+    def trim(self, keep_from: int) -> None:
+        """Remove the segments before `keep_from` (a checkpoint folded them into the runtime file
+        copy, as the primary removed its own)."""
+        removed = [n for n in list_segments(self.directory, OsFileLayer()) if n < keep_from]
+        for number in removed:
+            os.remove(os.path.join(self.directory, segment_name(number)))
+        if removed:
+            OsFileLayer().fsync_dir(self.directory)
 
     def digest(self) -> bytes:
         """SHA-256 of the last segment's bytes (the primary checks that its own begins with them)."""
@@ -227,11 +238,15 @@ class Mirror:
 class Standby:
     """Follows a primary (module docstring) until `stop`."""
 
-    def __init__(self, address: str, mirror: Mirror, incarnation: bytes, follower: Follower | None = None) -> None:
+    def __init__(self, address: str, mirror: Mirror, runtime: str, follower: Follower | None = None) -> None:
+        """`runtime`: this standby's copy of the primary's runtime file (its checkpoints follow the
+        primary's)."""
         self.address = address
         self.mirror = mirror
+        self.runtime = runtime
+        self.incarnation = RuntimeFile.open(runtime, verify=False).incarnation
+        self._pieces: dict[str, tuple[str, bytearray]] = {}  # a checkpoint's components as they come
         self.follower = follower  # a hot standby's: told each durable position and each cut
-        self.incarnation = bytes(incarnation)
         self.connected = threading.Event()  # set while a link streams (tests and `run`'s log wait on it)
         self.acks = 0
         self._stop = threading.Event()      # stop()'s waker for the back-off wait
@@ -262,8 +277,9 @@ class Standby:
             if self._stop.is_set():
                 return
             segment, offset = self.mirror.position
-            sock.sendall(encode_frame({"hello": 1, "incarnation": self.incarnation, "segment": segment,
-                                       "offset": offset, "digest": self.mirror.digest()}))
+            generation = RuntimeFile.open(self.runtime, verify=False).generation
+            sock.sendall(encode_frame({"hello": 1, "incarnation": self.incarnation, "generation": generation,
+                                       "segment": segment, "offset": offset, "digest": self.mirror.digest()}))
             sock.settimeout(None)  # the primary may be quiet for long: stop() shuts the socket down
             frames = FrameReader()
             cut = 0  # the primary's last cut this link saw (its first frame says)
@@ -284,6 +300,9 @@ class Standby:
                         self.mirror.mark(str(msg["replication"]), self.address,
                                          [(int(p[0]), int(p[1])) for p in msg.get("takeovers", [])])
                         cut = msg.get("cut", 0)
+                        continue
+                    if "checkpoint" in msg:
+                        self._checkpoint(msg)
                         continue
                     if "cut" in msg:  # the primary's journal was cut back (a failed tick): so is this copy
                         at, end = msg.get("segment"), msg.get("offset")
@@ -308,6 +327,36 @@ class Standby:
         finally:
             self._sock = None
             sock.close()
+
+    def _checkpoint(self, msg: dict[str, Any]) -> None:
+        """A piece of a checkpoint's component, or the end: the copy of the runtime file gets the
+        components the primary's got (its generation must come out the same), and the journal
+        segments the checkpoint folded go (those the hot device has not read yet stay)."""
+        generation = msg["checkpoint"]
+        if "data" in msg:
+            name, kind, at, data = msg.get("component"), msg.get("kind"), msg.get("offset"), msg.get("data")
+            if type(name) is not str or type(kind) is not str or type(at) is not int or type(data) is not bytes:
+                raise ProtocolError(f"not a checkpoint piece: {sorted(msg)}")
+            piece = self._pieces.setdefault(name, (kind, bytearray()))
+            if at != len(piece[1]):
+                raise ProtocolError(f"checkpoint component {name} piece at {at}, after {len(piece[1])} bytes")
+            piece[1].extend(data)
+            return
+        names, drop = msg.get("components"), msg.get("drop")
+        if not isinstance(names, list) or not isinstance(drop, list) or set(names) != set(self._pieces):
+            raise ProtocolError(f"a checkpoint's end names other components than came: {names}")
+        pieces, self._pieces = self._pieces, {}
+        self.mirror.sync()  # (the journal before the checkpoint is durable before the copy says it is folded)
+        made = runtime_file.append(self.runtime, [(n, pieces[n][0], bytes(pieces[n][1])) for n in names],
+                                   drop=[str(n) for n in drop])
+        if made != generation:
+            raise StandbyRefused(f"the runtime file copy {self.runtime} went to generation {made}, the primary's to "
+                                 f"{generation}: start the standby from a copy of the primary's runtime file")
+        keep = self.mirror.segment
+        if self.follower is not None:
+            keep = min(keep, self.follower.applied_segment())
+        self.mirror.trim(keep)
+        log.info("standby: checkpoint generation %d of the primary copied into %s", generation, self.runtime)
 
     def stop(self) -> None:
         self._stop.set()
@@ -369,6 +418,10 @@ class Follower:
 
     def _applied(self) -> tuple[int, int]:
         return self.device.following.position
+
+    def applied_segment(self) -> int:
+        """The segment the device reads now (the ones before it are applied: a checkpoint may trim them)."""
+        return max(self._applied()[0], 1)
 
     def _step(self) -> None:
         with self._cond:

@@ -177,7 +177,8 @@ class Folding(Protocol):
     @property
     def fs(self) -> FileLayer: ...
 
-    def after_checkpoint(self, generation: int, last_seq: int, last_digest: bytes) -> None: ...
+    def after_checkpoint(self, generation: int, last_seq: int, last_digest: bytes,
+                         components: list[tuple[str, str, Any]], drop: list[str]) -> None: ...
 
 
 def write(device: Folding, media: tuple[list[tuple[str, str, bytes]], list[str]]) -> dict[str, Any] | None:
@@ -196,9 +197,9 @@ def write(device: Folding, media: tuple[list[tuple[str, str, bytes]], list[str]]
     generation = current.generation + 1
     state = encode_state(current, last_seq, last_digest, generation)
     media_added, media_dropped = media
-    new_generation = runtime_file.append(device.runtime.path, [
-        (STATE, "bytes", state), (f"audit/{generation:08d}", "bytes", audit_blob(folded)), *media_added],
-        drop=media_dropped, fs=device.runtime_fs)
+    components: list[tuple[str, str, Any]] = [
+        (STATE, "bytes", state), (f"audit/{generation:08d}", "bytes", audit_blob(folded)), *media_added]
+    new_generation = runtime_file.append(device.runtime.path, components, drop=media_dropped, fs=device.runtime_fs)
     if new_generation != generation:
         raise RuntimeError(f"runtime file moved to generation {new_generation}, expected {generation}")
     # from here on the file holds every folded transfer: trim the journal
@@ -207,7 +208,7 @@ def write(device: Folding, media: tuple[list[tuple[str, str, bytes]], list[str]]
     for number in old:
         device.fs.remove(os.path.join(device.journal_dir, segment_name(number)))
     device.fs.fsync_dir(device.journal_dir)
-    device.after_checkpoint(generation, last_seq, last_digest)
+    device.after_checkpoint(generation, last_seq, last_digest, components, list(media_dropped))
     seconds = time.perf_counter() - started
     log.info("checkpoint: generation %d folds %d transfers through seq %d (%d state bytes) in %.3fs",
              generation, len(folded), last_seq, len(state), seconds)

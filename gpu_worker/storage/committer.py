@@ -129,6 +129,8 @@ class Replica(Protocol):
 
     def cut(self, writer: JournalWriter) -> None: ...
 
+    def checkpoint(self, generation: int, components: list[tuple[str, str, Any]], drop: list[str]) -> None: ...
+
 
 MAX_HELD_BATCHES = 64  # batches a sync standby may hold unanswered before gathering waits for it
 

@@ -426,8 +426,10 @@ class Tail:
         transfers: list[Transfer] = []
         while self.position < until:
             segment, offset = self.position
-            if segment == 0 or (offset < SEGMENT_HEADER_SIZE and segment < until[0]):
-                segment, offset = max(segment, 1), 0  # a segment from its header on
+            if segment == 0:  # an empty journal: its first segment (after a checkpoint, not the first there was)
+                segment, offset = min(list_segments(self.directory, OsFileLayer()), default=until[0]), 0
+            elif offset < SEGMENT_HEADER_SIZE and segment < until[0]:
+                offset = 0  # a segment from its header on
             elif segment < until[0] and offset >= self._size(segment):
                 segment, offset = segment + 1, 0  # this one is whole: the next
             if offset == 0 and (segment, SEGMENT_HEADER_SIZE) > until:

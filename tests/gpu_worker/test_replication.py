@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from gpu_worker.contract.grantfile import Grants
-from gpu_worker.contract.wire import LENGTH, decode_payload
+from gpu_worker.contract.wire import LENGTH, decode_payload, encode_frame
 from gpu_worker.device import Device
 from gpu_worker.replication.primary import Shipper
 from gpu_worker.replication.standby import Follower as Applier
@@ -21,7 +21,7 @@ from gpu_worker.replication.standby import Mirror, Standby, StandbyRefused, take
 from gpu_worker.storage.journal import JournalLock, list_segments, segment_name
 from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.conftest import wait_for
-from tests.gpu_worker.loop.test_server import LiveDevice, _exactly, register_all
+from tests.gpu_worker.loop.test_server import LiveDevice, _exactly, call, register_all
 
 
 class Primary(LiveDevice):
@@ -37,7 +37,8 @@ class Primary(LiveDevice):
 
     def start(self):
         incarnation = RuntimeFile.open(self.runtime).incarnation
-        self.shipper = Shipper(self.address, self.journal, incarnation, sync=self.sync, alone_after=self.alone_after)
+        self.shipper = Shipper(self.address, self.journal, incarnation, sync=self.sync, alone_after=self.alone_after,
+                               generation=RuntimeFile.open(self.runtime).generation)
         self.server_options = {"replica": self.shipper}
         return super().start()
 
@@ -67,7 +68,7 @@ class Follower:
             self.mirror = Mirror(directory, self.incarnation, lock=lock, position=self.device.following.position)
             self.applier = Applier(self.device, self.mirror.position)
             self.applier.start()
-        self.standby = Standby(address, self.mirror, self.incarnation, self.applier)
+        self.standby = Standby(address, self.mirror, runtime, self.applier)
         self.error = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -465,3 +466,67 @@ def test_a_checkpoint_keeps_the_failovers(tiny_runtime, tmp_path):
         assert restarted.recovered <= 2 and restarted.state.failovers == failovers
     finally:
         restarted.close()
+
+
+def receipts_of(device_or_sock, replies):
+    """{principal: the receipt bytes the device renders now} for each registration in `replies`."""
+    out = {}
+    for principal, reply in replies.items():
+        msg = {"v": 1, "id": 1, "op": "operations.get", "principal": principal.hex(),
+               "args": {"operation": json.loads(reply["body"])["operation"]}}
+        if isinstance(device_or_sock, Device):
+            [(_, got)] = device_or_sock.committer.run_sync(collections.deque([("c", msg)]))
+        else:
+            got = call(device_or_sock, encode_frame(msg))
+        assert got["status"] == 200, got
+        out[principal] = got["body"]
+    return out
+
+
+def test_a_checkpoint_on_the_primary_reaches_the_standbys_copy_and_a_takeover_renders_the_same_receipts(
+        tiny_runtime, tmp_path):
+    """The primary checkpoints while a hot standby follows: the standby's copy of the runtime file
+    gets the same components (the same generation), the journal segments the checkpoint folded
+    go there too, and its tables fold where the primary's did, so after a takeover every receipt
+    — those folded ("source": "file", the new generation) and those after — reads back byte for
+    byte as the primary rendered it. A standby restarted on its trimmed journal, and one started
+    on an empty journal with a copy of the file as it is now, are taken back; the new primary
+    checkpoints on."""
+    mine, copy = str(tmp_path / "p.aotxccir"), str(tmp_path / "s.aotxccir")
+    shutil.copyfile(tiny_runtime, mine)  # (checkpoints write it: not the shared fixture)
+    shutil.copyfile(tiny_runtime, copy)
+    before = RuntimeFile.open(mine).generation
+    primary = Primary(mine, tmp_path / "p", 24, sync=True).start()
+    directory = str(tmp_path / "s" / "journal")
+    follower = Follower(primary.address, directory, copy, hot_grants=primary.grants)
+    try:
+        replies = register_all(primary, primary.principals[:12], 4)
+        with primary.connect() as sock:
+            done = call(sock, encode_frame({"v": 1, "id": 1, "op": "checkpoint", "principal": None, "args": {}}))
+        assert done["status"] == 200 and json.loads(done["body"])["generation"] == before + 1, done
+        replies.update(register_all(primary, primary.principals[12:], 4))
+        wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
+                 what="the standby to follow past the checkpoint")
+        assert RuntimeFile.open(copy).generation == before + 1
+        assert list_segments(directory, _fs()) == [1, 2]  # (the primary's: [2]; the last folded one stays)
+        follower.stop()
+        fresh_copy = str(tmp_path / "fresh.aotxccir")
+        shutil.copyfile(mine, fresh_copy)  # a new standby: the file as it is now, an empty journal
+        fresh = Follower(primary.address, str(tmp_path / "f" / "journal"), fresh_copy, hot_grants=primary.grants)
+        wait_for(lambda: caught_up(primary, fresh) and fresh.applied() == primary.position(),
+                 what="a new standby to catch up from the checkpoint")
+        fresh.stop()
+        follower = Follower(primary.address, directory, copy, hot_grants=primary.grants)  # restarted
+        wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
+                 what="the restarted standby to catch up")
+        with primary.connect() as sock:
+            rendered = receipts_of(sock, replies)
+    finally:
+        primary.stop()
+    assert any(b'"source":"file"' in body for body in rendered.values())
+    device = follower.take_over()
+    try:
+        assert receipts_of(device, replies) == rendered
+        assert device.checkpoint()["generation"] == before + 2  # its copy goes on from the primary's generation
+    finally:
+        device.close()
