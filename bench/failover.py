@@ -43,82 +43,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)  # not bench/: bench/http.py would shadow the standard library http
 
 from gpu_worker.pack import pack_tiny  # noqa: E402
-from tests.conftest import PYTHON, free_port, wait_for  # noqa: E402
-from tests.e2e.test_failover import register  # noqa: E402
+from tests.conftest import PYTHON, wait_for  # noqa: E402
+from tests.e2e.test_failover import SdkClient, gateway_stack, listening, make_principals, register  # noqa: E402
+from tests.e2e.test_failover import verify_through  # noqa: E402
 from tests.e2e.test_kill9 import Zygote, alive, call  # noqa: E402
 from tests.etcd import EtcdCluster  # noqa: E402
 from tests.harness import Process  # noqa: E402
 
-CLIENTS = 4
-PACE = 0.05  # seconds between one client's mutations (the receipt table holds 60,000 for all the rounds)
-
-
-class SdkClient(threading.Thread):
-    """One principal's participant through the SDK (exact retries) at one gateway, creating spaces
-    until stopped: `saved` {operation: receipt} of every mutation the SDK returned saved, `boots`
-    the save field's boot of each (which primary saved it), `at` when each was returned."""
-
-    def __init__(self, base_url, principal_hex, token, stop):
-        super().__init__(daemon=True)
-        self.base_url, self.principal_hex, self.token, self.stop = base_url, principal_hex, token, stop
-        self.saved, self.at, self.errors = {}, {}, []
-        self.lock = threading.Lock()
-
-    def run(self):
-        from aotx_client import Client
-        try:
-            with Client(self.base_url, self.token, timeout=30, retry_for=120) as aotx:
-                aotx.register()
-                while not self.stop.wait(PACE):
-                    receipt = aotx.create_space()
-                    with self.lock:
-                        self.saved[receipt["operation"]] = receipt
-                        self.at[receipt["operation"]] = time.monotonic()
-        except Exception as exc:  # reported at the end: an SDK client must never give up
-            self.errors.append(exc)
-
-    def first_saved_by(self, boot):
-        """When this client was first answered saved by the primary of `boot` (None: not yet)."""
-        with self.lock:
-            times = [self.at[op] for op, r in self.saved.items() if r["admission"]["save"]["boot"] == str(boot)]
-        return min(times, default=None)
-
-
-def gateway_stack(base, etcd, grants, count):
-    """A gateway database with the principals, and `count` gateways (`manage.py serve`) on it, each
-    following the leader key: (gateway processes, their base URLs, {name: (principal hex, token)})."""
-    env = dict(os.environ, AOTX_VAR_DIR=str(base / "var"), DATABASE_URL=f"sqlite:///{base / 'gateway.sqlite3'}",
-               DJANGO_SETTINGS_MODULE="aotx_site.settings", AOTX_DEVICE_TIMEOUT="10")
-    env.pop("REDIS_URL", None)
-    configs, urls = [], []
-    for i in range(count):
-        port = free_port()
-        config = base / f"gateway-{i}.json"
-        config.write_text(json.dumps({"listen": f"127.0.0.1:{port}", "socket": str(base / "no-primary-yet.sock"),
-                                      "grants_file": grants, "etcd": ",".join(etcd.endpoints)}))
-        configs.append(config)
-        urls.append(f"http://127.0.0.1:{port}")
-    return env, configs, urls
-
-
-def make_principals(env, config, names):
-    """Create the principals in the gateway database and write the grant file: {name: (id hex, token)}."""
-    import subprocess
-    script = ("import json, sys, django; django.setup()\n"
-              "from django.core.management import call_command\n"
-              "from shared_api.models import Principal, apply_quotas, parse_quotas\n"
-              "free = apply_quotas({}, parse_quotas(['receipts=unlimited', 'spaces=unlimited', "
-              "'requests_per_second=unlimited', 'body_bytes_per_second=unlimited']))\n"
-              "call_command('migrate', '--noinput', verbosity=0)\n"
-              "out = {}\n"
-              "for name in sys.argv[2:]:\n"
-              "    p, token = Principal.create(name, ['shared_read', 'shared_write'], free)\n"
-              "    out[name] = [p.principal_id, token]\n"
-              "call_command('write_grants', '--config', sys.argv[1])\n"
-              "print(json.dumps(out))\n")
-    done = subprocess.run([PYTHON, "-c", script, str(config), *names], cwd=ROOT, env=env, capture_output=True,
-                          text=True, check=True, timeout=300)
-    return {name: (pid, token) for name, (pid, token) in json.loads(done.stdout.strip().splitlines()[-1]).items()}
+CLIENTS = 4  # (each creates a space every 0.05 s: the receipt table holds 60,000 for all the rounds)
 
 
 def main() -> None:
@@ -283,18 +215,6 @@ def main() -> None:
           "no sequence assigned twice; generations only grew")
 
 
-def listening(url):
-    import urllib.error
-    import urllib.request
-    try:
-        urllib.request.urlopen(url + "/aotx/v1/shared/capabilities", timeout=2)
-    except urllib.error.HTTPError:
-        return True
-    except OSError:
-        return False
-    return True
-
-
 def verify(clients, path):
     """Every receipt each SDK client saw saved, read from the device at `path` (the current
     primary): its bytes are the canonical JSON of what the client was given (the gateway passed
@@ -319,22 +239,6 @@ def verify(clients, path):
             sequences = sorted(int(r["sequence"]) for r in saved.values())
             assert sequences == list(range(sequences[0], sequences[0] + len(sequences))), "a sequence twice or lost"
             assert int(me["next_sequence"]) >= sequences[-1] + 1
-    return checked
-
-
-def verify_through(clients, urls):
-    """The same receipts read back through the SDK at each gateway: equal to what the client was given."""
-    import rfc8785
-    from aotx_client import Client
-    checked = 0
-    for c in clients:
-        with c.lock:
-            saved = dict(c.saved)
-        for url in urls:
-            with Client(url, c.token, timeout=30, retry_for=120) as aotx:
-                for op, receipt in saved.items():
-                    assert rfc8785.dumps(aotx.receipt(op)) == rfc8785.dumps(receipt), (op, receipt)
-                    checked += 1
     return checked
 
 

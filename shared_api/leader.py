@@ -52,10 +52,13 @@ class Leader:
             log.warning("leader key %s (generation %d) names no device socket (%s): ignored", self.key,
                         generation, exc)
             return
-        first = self.generation is None
+        first, was = self.generation is None, self.socket
         self.socket, self.generation = found, generation
-        log.info("leader key %s: generation %d, the primary's socket %s", self.key, generation, found)
-        if not first:
+        if first:
+            log.info("leader key %s: generation %d, the primary's socket %s", self.key, generation, found)
+        else:  # a failover: worth the operator's eye
+            log.warning("leader key %s: a new primary, generation %d, at %s (was %s): device connections moved",
+                        self.key, generation, found, was)
             self._moved(found)
 
     def stop(self) -> None:

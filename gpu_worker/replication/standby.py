@@ -5,9 +5,11 @@ offset (a segment the primary rewrote after a failed tick is rewritten and cut t
 the primary's was), made durable with one fdatasync per batch of frames, a new segment file's
 directory entry with an fsync of the directory. `Standby` keeps a link to the primary: it says
 hello with the position its journal holds, writes what comes, acknowledges each durable position,
-and connects again (bounded back-off) when the link breaks. What the standby holds is a journal the
-device boots from (`boot` on this journal directory and a copy of the primary's runtime file):
-the standby is warm, not hot — its tables are built when it boots.
+and connects again (bounded back-off) when the link breaks; a checkpoint of the primary comes
+down the link too, and goes into the standby's copy of the runtime file. `Follower` keeps a hot
+standby's device applying what the journal copy gains (boot --standby-of): a takeover serves at
+once (Device.take_over). What the standby holds is also a journal a device boots from (`boot
+--takeover` on this journal directory and the runtime file copy).
 """
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -19,7 +20,7 @@ import pytest
 import rfc8785
 
 from gpu_worker.pack import pack_tiny
-from tests.conftest import wait_for, write_grants
+from tests.conftest import PYTHON, ROOT, free_port, wait_for, write_grants
 from tests.e2e.test_kill9 import Client, Zygote, alive, call, list_spaces
 
 pytestmark = pytest.mark.e2e
@@ -221,6 +222,77 @@ def test_a_standby_takes_over_by_itself_when_the_primarys_lease_lapses_and_the_z
         shutil.rmtree(short, ignore_errors=True)
 
 
+def test_sdk_clients_through_two_gateways_go_on_at_the_standby_that_took_over(tmp_path):
+    """The whole way: a primary and its hot standby (etcd, 2 s lease), two gateways following the
+    leader key (gateway.json "etcd"), SDK clients creating spaces through them, one through each.
+    kill -9 of the primary: the standby takes over by itself, both gateways find it through the
+    key, the clients go on (exact retries, nothing given up), and every receipt any client was
+    given reads back the same through either gateway, no sequence assigned twice."""
+    from tests.etcd import EtcdCluster
+    from tests.harness import Process
+    etcd = EtcdCluster(tmp_path).start()
+    grants = str(tmp_path / "grants.json")
+    env, configs, urls = gateway_stack(tmp_path, etcd, grants, 2)
+    principals = make_principals(env, configs[0], ["client-0", "client-1"])
+    runtime = str(tmp_path / "a.aotxccir")
+    pack_tiny(runtime, shared=True, capacity={"participants": 8, "spaces": 20000, "receipts": 20000,
+                                              "command_bytes": 1024, "result_bytes": 16})
+    shutil.copyfile(runtime, str(tmp_path / "b.aotxccir"))
+    short = tempfile.mkdtemp(prefix="aotx-gw-")
+    log = tmp_path / "devices.log"
+    log.touch()
+    zygote = Zygote()
+    lease = ["--etcd", ",".join(etcd.endpoints), "--lease-seconds", "2"]
+    a_sock, b_sock = os.path.join(short, "a.sock"), os.path.join(short, "b.sock")
+
+    def start(argv, ready):
+        begin = log.stat().st_size
+        pid = zygote.boot(argv, str(log))
+        wait_for(lambda: ready in log.read_text()[begin:] or not alive(pid), 60, what=ready)
+        assert alive(pid), log.read_text()[begin:]
+        return pid
+
+    stop = threading.Event()
+    pids, gateways = [], []
+    try:
+        pids.append(start(["--ccir", runtime, "--journal", str(tmp_path / "journal-a"), "--service-grants", grants,
+                           "--device", "cpu", "--replicate", a_sock] + lease, "device ready"))
+        pids.append(start(["--ccir", str(tmp_path / "b.aotxccir"), "--journal", str(tmp_path / "journal-b"),
+                           "--service-grants", grants, "--standby-of", a_sock, "--replicate", b_sock,
+                           "--standby-timeout", "1"] + lease, "standby ready"))
+        for i, config in enumerate(configs):
+            gateways.append(Process([PYTHON, "manage.py", "serve", "--config", str(config)], env,
+                                    tmp_path / f"gateway-{i}.log"))
+        for url in urls:
+            wait_for(lambda: listening(url), 60, what=f"the gateway at {url}")
+        clients = [SdkClient(urls[i], *principals[f"client-{i}"], stop) for i in range(2)]
+        for c in clients:
+            c.start()
+        wait_for(lambda: all(len(c.saved) >= 5 or c.errors for c in clients), 60, what="five receipts each")
+        begin = log.stat().st_size
+        os.kill(pids[0], signal.SIGKILL)
+        wait_for(lambda: "device ready" in log.read_text()[begin:], 60, what="the standby to take over by itself")
+        wait_for(lambda: all(c.first_saved_by(2) or c.errors for c in clients), 60,
+                 what="each client to be answered by the new primary (boot 2) through its gateway")
+        stop.set()
+        for c in clients:
+            c.join(60)
+            assert not c.is_alive() and not c.errors, c.errors
+        assert verify_through(clients, urls) == 2 * sum(len(c.saved) for c in clients)
+        for i, gateway in enumerate(gateways):
+            assert "leader key /aotx/primary: a new primary" in gateway.output(), f"gateway {i} did not follow the key"
+    finally:
+        stop.set()
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        for gateway in gateways:
+            gateway.kill(signal.SIGTERM)
+        zygote.close()
+        etcd.stop()
+        shutil.rmtree(short, ignore_errors=True)
+
+
 def register(principal, lineage):
     """A participant registration as the gateway sends it (a fresh operation key)."""
     key = os.urandom(16).hex()
@@ -254,3 +326,105 @@ def saved_read_back(verifier, client):
     me = json.loads(call(verifier, {"v": 1, "id": 0, "op": "participant.get", "principal": client.principal.hex(),
                                     "args": {}})["body"])
     assert me["lineage"] == client.lineage and me["next_sequence"] == str(max(client.saved) + 1)
+
+
+class SdkClient(threading.Thread):
+    """One principal's participant through the SDK (exact retries) at one gateway, creating a space
+    every `pace` seconds until stopped: `saved` {operation: receipt} of every mutation the SDK
+    returned saved (the receipt's save fields name the boot of the primary that saved it), `at`
+    when each was returned."""
+
+    def __init__(self, base_url, principal_hex, token, stop, pace=0.05):
+        super().__init__(daemon=True)
+        self.base_url, self.principal_hex, self.token, self.stop = base_url, principal_hex, token, stop
+        self.pace = pace
+        self.saved, self.at, self.errors = {}, {}, []
+        self.lock = threading.Lock()
+
+    def run(self):
+        from aotx_client import Client
+        try:
+            with Client(self.base_url, self.token, timeout=30, retry_for=120) as aotx:
+                aotx.register()
+                while not self.stop.wait(self.pace):
+                    receipt = aotx.create_space()
+                    with self.lock:
+                        self.saved[receipt["operation"]] = receipt
+                        self.at[receipt["operation"]] = time.monotonic()
+        except Exception as exc:  # reported at the end: an SDK client must never give up
+            self.errors.append(exc)
+
+    def first_saved_by(self, boot):
+        """When this client was first answered saved by the primary of `boot` (None: not yet)."""
+        with self.lock:
+            times = [self.at[op] for op, r in self.saved.items() if r["admission"]["save"]["boot"] == str(boot)]
+        return min(times, default=None)
+
+
+def gateway_stack(base, etcd, grants, count):
+    """A gateway database with the principals, and `count` gateways (`manage.py serve`) on it, each
+    following the leader key: (gateway processes, their base URLs, {name: (principal hex, token)})."""
+    env = dict(os.environ, AOTX_VAR_DIR=str(base / "var"), DATABASE_URL=f"sqlite:///{base / 'gateway.sqlite3'}",
+               DJANGO_SETTINGS_MODULE="aotx_site.settings", AOTX_DEVICE_TIMEOUT="10")
+    env.pop("REDIS_URL", None)
+    configs, urls = [], []
+    for i in range(count):
+        port = free_port()
+        config = base / f"gateway-{i}.json"
+        config.write_text(json.dumps({"listen": f"127.0.0.1:{port}", "socket": str(base / "no-primary-yet.sock"),
+                                      "grants_file": grants, "etcd": ",".join(etcd.endpoints)}))
+        configs.append(config)
+        urls.append(f"http://127.0.0.1:{port}")
+    return env, configs, urls
+
+
+def make_principals(env, config, names):
+    """Create the principals in the gateway database and write the grant file: {name: (id hex, token)}."""
+    script = ("import json, sys, django; django.setup()\n"
+              "from django.core.management import call_command\n"
+              "from shared_api.models import Principal, apply_quotas, parse_quotas\n"
+              "free = apply_quotas({}, parse_quotas(['receipts=unlimited', 'spaces=unlimited', "
+              "'requests_per_second=unlimited', 'body_bytes_per_second=unlimited']))\n"
+              "call_command('migrate', '--noinput', verbosity=0)\n"
+              "out = {}\n"
+              "for name in sys.argv[2:]:\n"
+              "    p, token = Principal.create(name, ['shared_read', 'shared_write'], free)\n"
+              "    out[name] = [p.principal_id, token]\n"
+              "call_command('write_grants', '--config', sys.argv[1])\n"
+              "print(json.dumps(out))\n")
+    done = subprocess.run([PYTHON, "-c", script, str(config), *names], cwd=ROOT, env=env, capture_output=True,
+                          text=True, check=True, timeout=300)
+    return {name: (pid, token) for name, (pid, token) in json.loads(done.stdout.strip().splitlines()[-1]).items()}
+
+
+def listening(url):
+    import urllib.error
+    import urllib.request
+    try:
+        urllib.request.urlopen(url + "/aotx/v1/shared/capabilities", timeout=2)
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def verify_through(clients, urls):
+    """Every receipt each SDK client was given, read back through the SDK at each gateway: the
+    same; the sequences it was given are saved without a gap or a repeat, and its next sequence is
+    past the last. The number of receipts read back."""
+    from aotx_client import Client
+    checked = 0
+    for c in clients:
+        with c.lock:
+            saved = dict(c.saved)
+        for url in urls:
+            with Client(url, c.token, timeout=30, retry_for=120) as aotx:
+                for op, receipt in saved.items():
+                    assert rfc8785.dumps(aotx.receipt(op)) == rfc8785.dumps(receipt), (op, receipt)
+                    checked += 1
+                me = aotx.participant()
+            sequences = sorted(int(r["sequence"]) for r in saved.values())
+            assert sequences == list(range(sequences[0], sequences[0] + len(sequences))), "a sequence twice or lost"
+            assert int(me["next_sequence"]) >= sequences[-1] + 1
+    return checked

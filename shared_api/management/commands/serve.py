@@ -25,7 +25,8 @@ class Command(BaseCommand):
         settings.AOTX_BODY_TIMEOUT = cfg["body_timeout"]  # this process may be the only worker
         settings.AOTX_GATEWAY_WORKERS = cfg["workers"]
         from shared_api.http.server import serve
-        self.stdout.write(f"gateway listening on http://{cfg['listen']}/aotx/v1/shared/ (device {cfg['socket']}, "
+        device = (f"the primary the etcd key {cfg['etcd_key']} names" if cfg["etcd"] else f"device {cfg['socket']}")
+        self.stdout.write(f"gateway listening on http://{cfg['listen']}/aotx/v1/shared/ ({device}, "
                           f"{cfg['workers']} worker{'s' if cfg['workers'] > 1 else ''})")
         self.stdout.flush()
         serve(cfg)
