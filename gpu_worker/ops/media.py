@@ -153,6 +153,8 @@ def put(d: Context, conn: object, msg: Message, batch: Batch) -> int:
             d.subscriptions.outbox.append((conn, reply(req_id, refusal.status, refusal.body())))
             return
         payload = msgpack.packb([owner, bytes.fromhex(sha), len(data), kind], use_bin_type=True)
+        if d.committer.replica is not None:  # a standby holds the bytes before it acknowledges their owner
+            d.committer.replica.media(sha, os.path.join(media_dir(d), sha))
         seq = d.append(TransferKind.MEDIA, payload, functools.partial(saved, d, payload))
         d.media_waiting[seq] = (conn, req_id, sha, prow, len(data))
 

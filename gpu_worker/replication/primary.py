@@ -44,6 +44,7 @@ class Link:
         self.sock = sock
         self.position = position
         self.peer = str(sock.getpeername() or "unix socket")
+        self.media: set[str] = set()  # the media sources the standby holds (its hello says)
         self.queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self.queued_bytes = 0  # queued for the sender and not yet sent (the tick thread adds, it subtracts)
         self.closed = False
@@ -88,6 +89,8 @@ class Link:
                     self.sock.sendall(encode_frame(item[1]))
                 elif item[0] == "checkpoint":
                     self._send_checkpoint(*item[1:])
+                elif item[0] == "media":
+                    self._send_media(item[1], item[2])
                 else:
                     segment, offset, data = item
                     self.sock.sendall(encode_frame({"segment": segment, "offset": offset, "data": data}))
@@ -115,6 +118,18 @@ class Link:
                     offset += len(data)
             finally:
                 os.close(fd)
+
+    def _send_media(self, sha: str, path: str) -> None:
+        """A media source's bytes in pieces: {"media": sha, "size": n, "offset": o, "data": bytes}."""
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            offset = 0
+            while True:
+                data = f.read(SEGMENT_CHUNK)
+                self.sock.sendall(encode_frame({"media": sha, "size": size, "offset": offset, "data": data}))
+                offset += len(data)
+                if offset >= size or not data:
+                    return
 
     def _send_checkpoint(self, generation: int, components: list[tuple[str, str, Any]], drop: list[str]) -> None:
         """A checkpoint's components in pieces, then the frame that has the standby append them."""
@@ -252,6 +267,13 @@ class Shipper:
                 link.position = (writer.segment, writer.offset)
             link.queue.put(("frame", {"cut": self.cuts, "segment": writer.segment, "offset": writer.offset}))
 
+    def media(self, sha: str, path: str) -> None:
+        """A media source's bytes, written at `path`, about to get an owner in the journal: the
+        standby gets them first (in stream order, before the tick that holds the MEDIA transfer)."""
+        link = self.link
+        if link is not None and not link.closed:
+            link.queue.put(("media", sha, path))
+
     def checkpoint(self, generation: int, components: list[tuple[str, str, Any]], drop: list[str]) -> None:
         """A checkpoint made the runtime file generation `generation` with these components (after
         the bytes of every tick before it): the standby's copy gets the same, in stream order."""
@@ -310,6 +332,10 @@ class Shipper:
             return
         link.queue.put(("frame", {"replication": "sync" if self.sync else "async", "cut": self.cuts,
                                   "takeovers": [list(p) for p in self.takeovers]}))
+        media = os.path.join(self.journal_dir, "media")
+        for sha in sorted(set(os.listdir(media)) - link.media if os.path.isdir(media) else ()):
+            if len(sha) == 64:  # (not a file being written: `<sha>.tmp.*`)
+                link.queue.put(("media", sha, os.path.join(media, sha)))
         if link.position < durable:
             link.queue.put(("files", (link.position[0] or 1, link.position[1]), durable))
         for offset, data in begun:  # (bytes the standby already holds are written again: the same bytes)
@@ -400,6 +426,7 @@ class Shipper:
             raise ProtocolError(f"not a hello: {sorted(msg)}")
         sock.settimeout(None)
         link = Link(self, sock, (segment, offset))
+        link.media = {str(m) for m in msg.get("media") or ()}
         if incarnation != self.incarnation:
             link.refuse(f"the standby's runtime file is incarnation {bytes(incarnation or b'').hex()}, "
                         f"this primary's {self.incarnation.hex()}")

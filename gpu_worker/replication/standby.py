@@ -120,6 +120,7 @@ class Mirror:
         self.segment, self.offset = position
         self._fd: int | None = None
         self._fd_segment = 0
+        self._media: tuple[str, Any, int, int] | None = None  # a source being received: (sha, hash, fd, bytes)
         self._new_entry = False  # a segment file was created since the last sync: fsync the directory
         if self.segment:
             self._open(self.segment)
@@ -178,6 +179,43 @@ class Mirror:
         os.fdatasync(self._fd)
         OsFileLayer().fsync_dir(self.directory)
         self.segment, self.offset = segment, offset
+
+    def media_held(self) -> list[str]:
+        """The media sources this copy holds (their files under media/, named by their sha256)."""
+        directory = os.path.join(self.directory, "media")
+        return sorted(n for n in os.listdir(directory) if len(n) == 64) if os.path.isdir(directory) else []
+
+    def media_piece(self, msg: dict[str, Any]) -> None:
+        """A piece of a media source's bytes; the last one makes the file whole and durable (under
+        its name only once it hashes to it), before any later frame's journal bytes are acknowledged."""
+        sha, size, at, data = msg.get("media"), msg.get("size"), msg.get("offset"), msg.get("data")
+        if (type(sha) is not str or len(sha) != 64 or type(size) is not int or type(at) is not int
+                or type(data) is not bytes):
+            raise ProtocolError(f"not a media piece: {sorted(msg)}")
+        directory = os.path.join(self.directory, "media")
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, sha)
+        if at == 0:
+            self._media = (sha, hashlib.sha256(), os.open(path + ".tmp.standby", os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                                                         | os.O_CLOEXEC, 0o600), 0)
+        if self._media is None or self._media[0] != sha or self._media[3] != at:
+            raise ProtocolError(f"media {sha} piece at {at} out of order")
+        _, digest, fd, _ = self._media
+        os.write(fd, data)
+        digest.update(data)
+        self._media = (sha, digest, fd, at + len(data))
+        if at + len(data) < size:
+            return
+        self._media = None
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if digest.hexdigest() != sha:
+            os.remove(path + ".tmp.standby")
+            raise ProtocolError(f"media {sha}: the bytes hash to {digest.hexdigest()}")
+        os.replace(path + ".tmp.standby", path)
+        OsFileLayer().fsync_dir(directory)
 
     def trim(self, keep_from: int) -> None:
         """Remove the segments before `keep_from` (a checkpoint folded them into the runtime file
@@ -281,7 +319,8 @@ class Standby:
             segment, offset = self.mirror.position
             generation = RuntimeFile.open(self.runtime, verify=False).generation
             sock.sendall(encode_frame({"hello": 1, "incarnation": self.incarnation, "generation": generation,
-                                       "segment": segment, "offset": offset, "digest": self.mirror.digest()}))
+                                       "segment": segment, "offset": offset, "digest": self.mirror.digest(),
+                                       "media": self.mirror.media_held()}))
             sock.settimeout(None)  # the primary may be quiet for long: stop() shuts the socket down
             frames = FrameReader()
             cut = 0  # the primary's last cut this link saw (its first frame says)
@@ -305,6 +344,9 @@ class Standby:
                         continue
                     if "checkpoint" in msg:
                         self._checkpoint(msg)
+                        continue
+                    if "media" in msg:
+                        self.mirror.media_piece(msg)
                         continue
                     if "cut" in msg:  # the primary's journal was cut back (a failed tick): so is this copy
                         at, end = msg.get("segment"), msg.get("offset")

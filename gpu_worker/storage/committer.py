@@ -131,6 +131,8 @@ class Replica(Protocol):
 
     def checkpoint(self, generation: int, components: list[tuple[str, str, Any]], drop: list[str]) -> None: ...
 
+    def media(self, sha: str, path: str) -> None: ...
+
 
 MAX_HELD_BATCHES = 64  # batches a sync standby may hold unanswered before gathering waits for it
 

@@ -530,3 +530,48 @@ def test_a_checkpoint_on_the_primary_reaches_the_standbys_copy_and_a_takeover_re
         assert device.checkpoint()["generation"] == before + 2  # its copy goes on from the primary's generation
     finally:
         device.close()
+
+
+def test_media_sources_reach_the_standby_before_their_owner_is_saved(tiny_runtime, tmp_path):
+    """An upload's bytes go down the link before the MEDIA transfer that gives them an owner: once
+    the upload is answered saved (sync), the standby holds the file. A source uploaded while no
+    standby was connected (the primary saved alone) is sent when one connects. The standby that
+    takes over has every source, none missing."""
+    import hashlib
+    copy = str(tmp_path / "s.aotxccir")
+    shutil.copyfile(tiny_runtime, copy)
+    primary = Primary(tiny_runtime, tmp_path / "p", 1, sync=True, alone_after=0.2).start()
+    directory = str(tmp_path / "s" / "journal")
+    follower = Follower(primary.address, directory, copy, hot_grants=primary.grants)
+    sources = [os.urandom(3 << 20) for _ in range(2)]  # (more than one piece each)
+    shas = [hashlib.sha256(data).hexdigest() for data in sources]
+    principal = primary.principals[0]
+
+    def upload(data, sha):
+        with primary.connect() as sock:
+            got = call(sock, encode_frame({"v": 1, "id": 1, "op": "media.put", "principal": principal.hex(),
+                                           "args": {"sha256": sha, "data": data, "type": "image"}}))
+        assert got["status"] == 201, got
+
+    try:
+        register_all(primary, [principal], 1)
+        upload(sources[0], shas[0])
+        with open(os.path.join(directory, "media", shas[0]), "rb") as f:  # at once: saved means held there
+            assert f.read() == sources[0]
+        follower.stop()
+        upload(sources[1], shas[1])  # no standby: saved here alone after 0.2 s
+        assert not os.path.exists(os.path.join(directory, "media", shas[1]))
+        follower = Follower(primary.address, directory, copy, hot_grants=primary.grants)
+        wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
+                 what="the standby to catch up")
+    finally:
+        primary.stop()
+    for sha, data in zip(shas, sources):
+        with open(os.path.join(directory, "media", sha), "rb") as f:
+            assert f.read() == data
+    device = follower.take_over()
+    try:
+        assert sorted(device.state.media) == sorted(shas)
+        assert not any(source.missing for source in device.state.media.values())
+    finally:
+        device.close()
