@@ -451,18 +451,25 @@ def configured_socket() -> str:
         raise ServiceError(503, "gateway_misconfigured", str(exc)) from None
 
 
+def _redirect(muxes: list[DeviceMux], socket_path: str) -> None:
+    for found_mux in muxes:
+        found_mux.redirect(socket_path)
+
+
 def redirect(socket_path: str) -> None:
     """A new primary holds the leader key (shared_api/leader.py, on its watch thread): every
     device connection of this process goes to `socket_path` from now on; those open are closed,
     and what they carried gets 503 `device_connection_lost` (retry exactly)."""
     with _lock:
-        found = [(loop, m) for loop, p in _pools.items() for m in p.muxes] + list(_muxes.items())
+        found: dict[asyncio.AbstractEventLoop, list[DeviceMux]] = {loop: list(p.muxes) for loop, p in _pools.items()}
+        for loop, found_mux in _muxes.items():
+            found.setdefault(loop, []).append(found_mux)
         stale = [d for path, d in _blocking.items() if path != socket_path]
         for path in [path for path in _blocking if path != socket_path]:
             del _blocking[path]
-    for loop, found_mux in found:
-        try:
-            loop.call_soon_threadsafe(found_mux.redirect, socket_path)
+    for loop, muxes in found.items():
+        try:  # every connection of a loop in one callback: no request of it goes out between two
+            loop.call_soon_threadsafe(_redirect, muxes, socket_path)
         except RuntimeError:  # that loop is closed: nothing of it to move
             pass
     for device in stale:
