@@ -300,7 +300,6 @@ def _standby(args: argparse.Namespace, argv: list[str], threads: _Threads, fail:
             return fail(str(exc), 3)
         try:
             device = Device(runtime, args.journal, grants, device=_device_name(args.device), following=True)
-            engine = Engine(runtime, device.state.tables.device.type)
             assert device.following is not None
             mirror = Mirror(args.journal, runtime.incarnation, lock=lock, position=device.following.position)
         except (DeviceBootError, RuntimeFileError) as exc:
@@ -309,6 +308,11 @@ def _standby(args: argparse.Namespace, argv: list[str], threads: _Threads, fail:
         except (JournalError, OSError) as exc:
             lock.release()
             return fail(str(exc), 3)
+        try:
+            engine = Engine(runtime, device.state.tables.device.type)  # loaded now: a takeover serves at once
+        except Exception as exc:  # as boot: a runtime whose model cannot load serves no inputs
+            mirror.close()
+            return fail(f"cannot load the generation model of {args.ccir}: {exc}", 2)
         follower = Follower(device, mirror.position)
         standby = Standby(args.standby_of, mirror, args.ccir, follower)
         promote = threading.Event()

@@ -142,27 +142,11 @@ def test_a_standby_takes_over_by_itself_when_the_primarys_lease_lapses_and_the_z
     probe = os.urandom(16)  # registers at the new primary as soon as it is ready: the time to the first admission
     grants = str(tmp_path / "grants.json")
     write_grants(grants, {p.hex(): ["shared_read", "shared_write"] for p in principals + [late, probe]})
-    runtime = str(tmp_path / "a.aotxccir")
-    pack_tiny(runtime, shared=True, capacity={"participants": 8, "spaces": 20000, "receipts": 20000,
-                                              "command_bytes": 1024, "result_bytes": 16})
-    shutil.copyfile(runtime, str(tmp_path / "b.aotxccir"))
-    short = tempfile.mkdtemp(prefix="aotx-le-")
-    log = tmp_path / "devices.log"
-    log.touch()
-    zygote = Zygote()
-    lease = ["--etcd", ",".join(etcd.endpoints), "--lease-seconds", "2"]
-    a_sock, b_sock = os.path.join(short, "a.sock"), os.path.join(short, "b.sock")
+    m = Machines(tmp_path, etcd)
+    runtime, a_sock, b_sock, log, lease, start = m.runtime, m.a_sock, m.b_sock, m.log, m.lease, m.start
     a_journal, b_journal = str(tmp_path / "journal-a"), str(tmp_path / "journal-b")
 
-    def start(argv, ready, begin=None):
-        begin = log.stat().st_size if begin is None else begin
-        pid = zygote.boot(argv, str(log))
-        wait_for(lambda: ready in log.read_text()[begin:] or not alive(pid), 60, what=ready)
-        assert alive(pid), log.read_text()[begin:]
-        return pid
-
     stop = threading.Event()
-    primary_pid = standby_pid = None
     try:
         primary_pid = start(["--ccir", runtime, "--journal", a_journal, "--service-grants", grants, "--device", "cpu",
                              "--replicate", a_sock] + lease, "device ready")
@@ -214,12 +198,7 @@ def test_a_standby_takes_over_by_itself_when_the_primarys_lease_lapses_and_the_z
               f"itself: {took:.2f}s")
     finally:
         stop.set()
-        for pid in (primary_pid, standby_pid):
-            if pid is not None and alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        zygote.close()
-        etcd.stop()
-        shutil.rmtree(short, ignore_errors=True)
+        m.close()
 
 
 def test_sdk_clients_through_two_gateways_go_on_at_the_standby_that_took_over(tmp_path):
@@ -234,34 +213,15 @@ def test_sdk_clients_through_two_gateways_go_on_at_the_standby_that_took_over(tm
     grants = str(tmp_path / "grants.json")
     env, configs, urls = gateway_stack(tmp_path, etcd, grants, 2)
     principals = make_principals(env, configs[0], ["client-0", "client-1"])
-    runtime = str(tmp_path / "a.aotxccir")
-    pack_tiny(runtime, shared=True, capacity={"participants": 8, "spaces": 20000, "receipts": 20000,
-                                              "command_bytes": 1024, "result_bytes": 16})
-    shutil.copyfile(runtime, str(tmp_path / "b.aotxccir"))
-    short = tempfile.mkdtemp(prefix="aotx-gw-")
-    log = tmp_path / "devices.log"
-    log.touch()
-    zygote = Zygote()
-    lease = ["--etcd", ",".join(etcd.endpoints), "--lease-seconds", "2"]
-    a_sock, b_sock = os.path.join(short, "a.sock"), os.path.join(short, "b.sock")
-
-    def start(argv, ready):
-        begin = log.stat().st_size
-        pid = zygote.boot(argv, str(log))
-        wait_for(lambda: ready in log.read_text()[begin:] or not alive(pid), 60, what=ready)
-        assert alive(pid), log.read_text()[begin:]
-        return pid
-
+    m = Machines(tmp_path, etcd)
     stop = threading.Event()
-    pids, gateways = [], []
     try:
-        pids.append(start(["--ccir", runtime, "--journal", str(tmp_path / "journal-a"), "--service-grants", grants,
-                           "--device", "cpu", "--replicate", a_sock] + lease, "device ready"))
-        pids.append(start(["--ccir", str(tmp_path / "b.aotxccir"), "--journal", str(tmp_path / "journal-b"),
-                           "--service-grants", grants, "--standby-of", a_sock, "--replicate", b_sock,
-                           "--standby-timeout", "1"] + lease, "standby ready"))
+        primary = m.start(["--ccir", m.runtime, "--journal", str(tmp_path / "journal-a"), "--service-grants", grants,
+                           "--device", "cpu", "--replicate", m.a_sock] + m.lease, "device ready")
+        m.start(["--ccir", m.copy, "--journal", str(tmp_path / "journal-b"), "--service-grants", grants,
+                 "--standby-of", m.a_sock, "--replicate", m.b_sock, "--standby-timeout", "1"] + m.lease, "standby ready")
         for i, config in enumerate(configs):
-            gateways.append(Process([PYTHON, "manage.py", "serve", "--config", str(config)], env,
+            m.gateways.append(Process([PYTHON, "manage.py", "serve", "--config", str(config)], env,
                                     tmp_path / f"gateway-{i}.log"))
         for url in urls:
             wait_for(lambda: listening(url), 60, what=f"the gateway at {url}")
@@ -269,9 +229,9 @@ def test_sdk_clients_through_two_gateways_go_on_at_the_standby_that_took_over(tm
         for c in clients:
             c.start()
         wait_for(lambda: all(len(c.saved) >= 5 or c.errors for c in clients), 60, what="five receipts each")
-        begin = log.stat().st_size
-        os.kill(pids[0], signal.SIGKILL)
-        wait_for(lambda: "device ready" in log.read_text()[begin:], 60, what="the standby to take over by itself")
+        begin = m.log.stat().st_size
+        os.kill(primary, signal.SIGKILL)
+        wait_for(lambda: "device ready" in m.log.read_text()[begin:], 60, what="the standby to take over by itself")
         wait_for(lambda: all(c.first_saved_by(2) or c.errors for c in clients), 60,
                  what="each client to be answered by the new primary (boot 2) through its gateway")
         stop.set()
@@ -279,18 +239,50 @@ def test_sdk_clients_through_two_gateways_go_on_at_the_standby_that_took_over(tm
             c.join(60)
             assert not c.is_alive() and not c.errors, c.errors
         assert verify_through(clients, urls) == 2 * sum(len(c.saved) for c in clients)
-        for i, gateway in enumerate(gateways):
+        for i, gateway in enumerate(m.gateways):
             assert "leader key /aotx/primary: a new primary" in gateway.output(), f"gateway {i} did not follow the key"
     finally:
         stop.set()
-        for pid in pids:
+        m.close()
+
+
+class Machines:
+    """Two device machines on loopback for the tests with etcd: a runtime file (`runtime`) and its
+    copy (`copy`), replication sockets in a short directory (AF_UNIX paths are short), one log,
+    the zygote that boots them, `lease` the devices' etcd options (a 2 s lease); `close` ends the
+    devices and gateways it started, the zygote and etcd."""
+
+    def __init__(self, tmp_path, etcd):
+        self.etcd = etcd
+        self.runtime, self.copy = str(tmp_path / "a.aotxccir"), str(tmp_path / "b.aotxccir")
+        pack_tiny(self.runtime, shared=True, capacity={"participants": 8, "spaces": 20000, "receipts": 20000,
+                                                       "command_bytes": 1024, "result_bytes": 16})
+        shutil.copyfile(self.runtime, self.copy)
+        self.short = tempfile.mkdtemp(prefix="aotx-le-")
+        self.a_sock, self.b_sock = os.path.join(self.short, "a.sock"), os.path.join(self.short, "b.sock")
+        self.log = tmp_path / "devices.log"
+        self.log.touch()
+        self.zygote = Zygote()
+        self.lease = ["--etcd", ",".join(etcd.endpoints), "--lease-seconds", "2"]
+        self.pids, self.gateways = [], []
+
+    def start(self, argv, ready, begin=None):
+        begin = self.log.stat().st_size if begin is None else begin
+        pid = self.zygote.boot(argv, str(self.log))
+        self.pids.append(pid)
+        wait_for(lambda: ready in self.log.read_text()[begin:] or not alive(pid), 60, what=ready)
+        assert alive(pid), self.log.read_text()[begin:]
+        return pid
+
+    def close(self):
+        for pid in self.pids:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
-        for gateway in gateways:
+        for gateway in self.gateways:
             gateway.kill(signal.SIGTERM)
-        zygote.close()
-        etcd.stop()
-        shutil.rmtree(short, ignore_errors=True)
+        self.zygote.close()
+        self.etcd.stop()
+        shutil.rmtree(self.short, ignore_errors=True)
 
 
 def register(principal, lineage):
