@@ -10,6 +10,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from . import ids
 from .tables import C, M, P, R, S, Tables, join16
 from ..contract.ids import participant_id
@@ -132,10 +134,12 @@ class ReceiptIndex:
         self.release_on_save: dict[int, list[int]] = {}  # transfer seq -> rows freed once it is saved
 
     def rebuild(self, tables: Tables) -> None:
-        for rrow, row in enumerate(tables.receipts.tolist()):
-            if row[R.STATE]:
-                self.add(rrow, row[R.PARTICIPANT], row[R.SEQUENCE], join16(row[R.KEY_HI], row[R.KEY_LO]),
-                         join16(row[R.OP_HI], row[R.OP_LO]))
+        values = tables.array(tables.receipts)
+        live = np.flatnonzero(values[:, R.STATE])
+        rows, prows = live.tolist(), values[live, R.PARTICIPANT].tolist()
+        self.by_sequence.update(zip(zip(prows, values[live, R.SEQUENCE].tolist()), rows))
+        self.by_key.update(zip(zip(prows, tables.ids16(values, live, R.KEY_HI, R.KEY_LO)), rows))
+        self.by_op.update(zip(tables.ids16(values, live, R.OP_HI, R.OP_LO), rows))
         self.free = tables.unused_rows(tables.receipts)
 
     def add(self, rrow: int, prow: int, sequence: int, key: bytes, op: bytes) -> None:
@@ -158,10 +162,11 @@ class SpaceIndex:
         self.free: list[int] = []
 
     def rebuild(self, tables: Tables, participants: ParticipantIndex) -> None:
-        for srow, row in enumerate(tables.spaces.tolist()):
-            if row[S.STATE] == 1:  # not a deleted one's tombstone (ops/deletions.py)
-                lineage = participants.lineage_at(row[S.OWNER], row[S.CREATED])  # the one in its ID
-                self.by_id[(lineage, join16(row[S.ID_HI], row[S.ID_LO]))] = srow
+        values = tables.array(tables.spaces)
+        live = np.flatnonzero(values[:, S.STATE] == 1)  # not a deleted one's tombstone (ops/deletions.py)
+        lineages = map(participants.lineage_at, values[live, S.OWNER].tolist(),
+                       values[live, S.CREATED].tolist())  # the one in its ID
+        self.by_id.update(zip(zip(lineages, tables.ids16(values, live, S.ID_HI, S.ID_LO)), live.tolist()))
         self.free = tables.unused_rows(tables.spaces)
 
 
@@ -173,9 +178,10 @@ class MemberIndex:
         self.free: list[int] = []
 
     def rebuild(self, tables: Tables) -> None:
-        for mrow, row in enumerate(tables.members.tolist()):
-            if row[M.STATE]:
-                self.rows[(row[M.SPACE], row[M.PARTICIPANT])] = mrow
+        values = tables.array(tables.members)
+        live = np.flatnonzero(values[:, M.STATE])
+        self.rows.update(zip(zip(values[live, M.SPACE].tolist(), values[live, M.PARTICIPANT].tolist()),
+                             live.tolist()))
         self.free = tables.unused_rows(tables.members)
 
 
@@ -188,14 +194,16 @@ class ConversationIndex:
         self.inputs: dict[int, list[int]] = {}  # conversation row -> input receipt rows, in admission order
 
     def rebuild(self, tables: Tables, participants: ParticipantIndex, input_kind: int) -> None:
-        for crow, row in enumerate(tables.conversations.tolist()):
-            if row[C.STATE] == 1:  # not a deleted one's tombstone (ops/deletions.py)
-                lineage = participants.lineage_at(row[C.CREATOR], row[C.CREATED])  # the one in its ID
-                self.by_id[(lineage, join16(row[C.ID_HI], row[C.ID_LO]))] = crow
+        values = tables.array(tables.conversations)
+        live = np.flatnonzero(values[:, C.STATE] == 1)  # not a deleted one's tombstone (ops/deletions.py)
+        lineages = map(participants.lineage_at, values[live, C.CREATOR].tolist(),
+                       values[live, C.CREATED].tolist())  # the one in its ID
+        self.by_id.update(zip(zip(lineages, tables.ids16(values, live, C.ID_HI, C.ID_LO)), live.tolist()))
         self.free = tables.unused_rows(tables.conversations)
-        live = [(row[R.CREATED], rrow, row[R.TARGET]) for rrow, row in enumerate(tables.receipts.tolist())
-                if row[R.STATE] and row[R.KIND] == input_kind]
-        for _, rrow, crow in sorted(live):
+        receipts = tables.array(tables.receipts)
+        inputs = np.flatnonzero((receipts[:, R.STATE] != 0) & (receipts[:, R.KIND] == input_kind))
+        inputs = inputs[np.argsort(receipts[inputs, R.CREATED], kind="stable")]  # in admission order
+        for rrow, crow in zip(inputs.tolist(), receipts[inputs, R.TARGET].tolist()):
             self.inputs.setdefault(crow, []).append(rrow)
 
 

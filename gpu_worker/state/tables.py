@@ -12,6 +12,7 @@ import struct
 from enum import IntEnum
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -277,6 +278,18 @@ class Tables:
         for col, value in ((R.ADM_SOURCE, Source.FILE), (R.TERM_SOURCE, Source.FILE),
                            (R.ADM_GENERATION, generation), (R.TERM_GENERATION, generation)):
             self.receipts[live, col] = int(value)
+
+    @staticmethod
+    def array(table: torch.Tensor) -> np.ndarray:
+        """The table as a numpy array (the tensor's own memory on the CPU; a copy from a GPU): for
+        whole-table passes at boot, which go column by column rather than row by row."""
+        return table.numpy() if table.device.type == "cpu" else table.cpu().numpy()
+
+    @staticmethod
+    def ids16(values: np.ndarray, rows: np.ndarray, hi: int, lo: int) -> list[bytes]:
+        """join16 of columns hi, lo at each of `rows`, in one pass."""
+        data = np.ascontiguousarray(values[rows][:, [hi, lo]], dtype="<i8").tobytes()
+        return [data[at:at + 16] for at in range(0, len(data), 16)]
 
     @staticmethod
     def unused_rows(table: torch.Tensor) -> list[int]:

@@ -101,13 +101,12 @@ def load_state(state: DeviceState, blob: bytes | memoryview, input_kind: int) ->
         t.receipt_digests[live] = torch.from_numpy(
             np.frombuffer(saved["digests"], dtype=np.uint8).copy()).view(len(live), 2, 32).to(t.device)
         t.mark_folded(saved["generation"])
-    pos = {"commands": 0, "results": 0}
-    for r in live.tolist():
-        row = t.row(t.receipts, r)
-        for key, table, col in (("commands", t.command_bytes, R.COMMAND_LEN), ("results", t.result_bytes, R.RESULT_LEN)):
-            n = row[col]
-            t.put_bytes(table, r, saved[key][pos[key]:pos[key] + n])
-            pos[key] += n
+    rows, values = live.tolist(), t.array(t.receipts)
+    for key, table, col in (("commands", t.command_bytes, R.COMMAND_LEN), ("results", t.result_bytes, R.RESULT_LEN)):
+        blob, at = memoryview(saved[key]), 0  # each live receipt's bytes, one after another, in row order
+        for r, n in zip(rows, values[rows, col].tolist()):
+            t.put_bytes(table, r, blob[at:at + n])
+            at += n
     state.admissions = saved["admissions"]
     state.participants.load_lineages(saved.get("lineages", []))  # before the indexes derive any lineage
     state.boot = saved["boot"]

@@ -247,3 +247,36 @@ def test_lists_page_with_cursor_and_limit(world):
         if cursor is None:
             break
     assert seen == made
+
+
+def test_indexes_rebuilt_from_the_tables_equal_those_kept_as_the_device_admitted(world):
+    """Boot derives every index from the tables in whole-column passes (state/indexes.py); the
+    device keeps them row by row as it admits, retires and deletes. After a mix of all of those,
+    indexes rebuilt from a copy of the tables are the kept ones, free rows and input order included."""
+    from gpu_worker.ops.kind import Kind
+    from gpu_worker.state import DeviceState
+    spaces = [world.space("owner", scope="room") for _ in range(3)] + [world.space("writer")]
+    world.member("owner", spaces[0], "reader", ["read"])
+    world.member("owner", spaces[1], "writer", ["read", "write"])
+    conversations = [world.mutate("owner", "conversations.create", f"/spaces/{s}/conversations", {})[1]["target"]
+                     for s in spaces[:2]]
+    for conversation in conversations + conversations[:1]:  # (admitted; no engine runs them here)
+        status, _ = world.mutate("owner", "conversations.input", f"/conversations/{conversation}/inputs",
+                                 {"text": "hello", "model": "tiny-llama"}, extra={"conversation": conversation})
+        assert status == 202
+    assert world.mutate("owner", "spaces.delete", f"/spaces/{spaces[2]}/deletion", {})[0] == 202
+    floor = int(world.read("writer", "participant.get")[1]["next_sequence"])
+    assert world.mutate("writer", "retirements.record", "/retirements", {"retry_floor": str(floor)})[0] == 202
+    kept = world.device.state
+    rebuilt = DeviceState(kept.capacities, "cpu", kept.incarnation, kept.generation)
+    for name in ("participants", "spaces", "members", "conversations", "receipts"):
+        getattr(rebuilt.tables, name).copy_(getattr(kept.tables, name))
+    rebuilt.participants.load_lineages([[f, n] for f, n in zip(kept.participants.starts, kept.participants.nonces)])
+    rebuilt.rebuild_indexes(int(Kind.INPUT))
+    for index, fields in (("receipts", ("by_sequence", "by_key", "by_op", "free")), ("spaces", ("by_id", "free")),
+                          ("members", ("rows", "free")), ("conversations", ("by_id", "free", "inputs"))):
+        for field in fields:
+            mine, theirs = getattr(getattr(rebuilt, index), field), getattr(getattr(kept, index), field)
+            if field == "free":  # (the same rows; the device appends the ones a retirement frees)
+                mine, theirs = sorted(mine), sorted(theirs)
+            assert mine == theirs, (index, field)
