@@ -62,8 +62,10 @@ class TransferKind(IntEnum):
     MEMORY = 10
 
 
-_records = native.load("jcodec").records
+_jcodec = native.load("jcodec")
+_records, _whole = _jcodec.records, _jcodec.transfers
 _KIND_OF = {k.value: k for k in TransferKind}  # kind by value: a dict lookup, cheaper than an IntEnum call
+_KIND_MASK = sum(1 << k for k in _KIND_OF)  # the kinds the native reader accepts (all below 64)
 
 
 class JournalError(Exception):
@@ -255,6 +257,7 @@ class _Recovery:
         return self._parts(path, number, data, final, SEGMENT_HEADER_SIZE)
 
     def _parts(self, path: str, number: int, data: bytes, final: bool, pos: int) -> tuple[int, str | None]:
+        pos = self._whole_transfers(number, data, pos)  # the native fast path; the rest (if any) below
         current: _Open | None = None
         while pos < len(data):
             record = _read_record(data, pos)
@@ -303,6 +306,19 @@ class _Recovery:
                 path, current.start, f"transfer seq {current.seq} is cut off by the segment end"
             )
         return pos, None
+
+    def _whole_transfers(self, number: int, data: bytes, pos: int) -> int:
+        """Accept the whole transfers from `pos` on that are exactly as the writer makes them,
+        read natively (jcodec.transfers); where the first one that is not begins (the end of the
+        data when all are): the loop in `_parts` reads on from there with every rule."""
+        lo, hi = (1, self.after_seq + 1) if self.next_seq is None else (self.next_seq, self.next_seq)
+        found, stop = _whole(data, pos, lo, hi, _KIND_MASK, MAX_DATA)
+        for kind, seq, payload, start in found:
+            self.next_seq = seq + 1
+            if seq > self.after_seq:
+                self.digest = chain_digest(self.digest, kind, seq, payload)
+                self.transfers.append(Transfer(_KIND_OF[kind], seq, payload, self.digest, number, self._base + start))
+        return stop
 
     def _torn_tail(self, path: str, data: bytes, pos: int, current: _Open | None) -> tuple[int, str]:
         if current is None and len(data) - pos >= PART_HEADER_SIZE:

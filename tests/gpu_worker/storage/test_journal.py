@@ -1007,3 +1007,45 @@ def test_a_tail_reads_a_growing_copy_exactly_as_recovery_reads_the_whole(tmp_pat
     assert summary(got) == summary(whole)
     assert tail.position == (writer.segment, writer.offset)
     assert tail.next_seq == len(sizes) + 1 and tail.last_digest == whole[-1].digest
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(0, 500), min_size=1, max_size=12), roll=st.sets(st.integers(1, 11)),
+       damage=st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 255)), max_size=3),
+       cut=st.integers(0, 1 << 16), after=st.integers(0, 6), seed=st.integers(0, 1000))
+def test_the_native_reader_reads_exactly_what_the_python_reader_does(tmp_path_factory, monkeypatch, sizes, roll,
+                                                                     damage, cut, after, seed):
+    """Recovery reads whole, intact transfers natively and hands anything else to the Python
+    reader (storage/journal.py `_whole_transfers`): on any journal — damaged bytes, a cut end,
+    transfers a checkpoint holds — what is read, or the corruption named, is the same without it."""
+    from gpu_worker.storage import journal
+    directory = tmp_path_factory.mktemp("j")
+    fs = OsFileLayer()
+    writer = open_writer(directory, fs)
+    for i, n in enumerate(sizes):
+        if i in roll:
+            writer.start_new_segment()
+        writer.append(TransferKind.ADMISSION if i % 3 else TransferKind.OUTPUT, payload(n, seed + i))
+        commit_all(writer)
+    writer.close()
+    whole = recover(str(directory), fs, INC).transfers  # (as a checkpoint at `after` would have it)
+    after = min(after, len(whole))
+    start = whole[after - 1].digest if after else bytes(32)
+    last = segment_path(directory, writer.segment)
+    data = bytearray(open(last, "rb").read())
+    for at, value in damage:
+        data[at % len(data)] = value
+    with open(last, "wb") as f:
+        f.write(bytes(data[:cut % (len(data) + 1)] if cut % 3 == 0 else data))
+
+    def outcome():
+        try:
+            found = recover(str(directory), fs, INC, start_digest=start, after_seq=after)
+        except JournalCorrupt as exc:
+            return str(exc)
+        return summary(found.transfers), found.next_seq, found.last_digest, found.segment, found.end_offset, \
+            found.dropped, found.durable_bytes
+
+    native = outcome()
+    monkeypatch.setattr(journal, "_whole", lambda data, pos, *_: ([], pos))
+    assert outcome() == native
