@@ -232,7 +232,7 @@ class Tables:
             return flat[row * cols + col]
         return int(table[row, col].item())
 
-    def put_bytes(self, table: torch.Tensor, row: int, data: bytes, offset: int = 0) -> None:
+    def put_bytes(self, table: torch.Tensor, row: int, data: bytes | memoryview, offset: int = 0) -> None:
         if not data:
             return
         if self._flat is not None:

@@ -101,10 +101,10 @@ def load_state(state: DeviceState, blob: bytes | memoryview, input_kind: int) ->
         t.receipt_digests[live] = torch.from_numpy(
             np.frombuffer(saved["digests"], dtype=np.uint8).copy()).view(len(live), 2, 32).to(t.device)
         t.mark_folded(saved["generation"])
-    rows, values = live.tolist(), t.array(t.receipts)
+    live_rows, receipts = live.tolist(), t.array(t.receipts)
     for key, table, col in (("commands", t.command_bytes, R.COMMAND_LEN), ("results", t.result_bytes, R.RESULT_LEN)):
         blob, at = memoryview(saved[key]), 0  # each live receipt's bytes, one after another, in row order
-        for r, n in zip(rows, values[rows, col].tolist()):
+        for r, n in zip(live_rows, receipts[live_rows, col].tolist()):
             t.put_bytes(table, r, blob[at:at + n])
             at += n
     state.admissions = saved["admissions"]
