@@ -7,9 +7,13 @@ after round:
 - kill   : kill -9 of the primary; the standby takes over by itself (the etcd lease lapses);
 - stop   : SIGSTOP of the primary past its lease; the standby takes over; SIGCONT: the zombie must
            answer 503 not_primary to a new mutation; then it is killed;
-- cut    : SIGSTOP of the standby (the link goes quiet) for twice the standby timeout, then SIGCONT:
+- quiet  : SIGSTOP of the standby (the link goes quiet) for twice the standby timeout, then SIGCONT:
            the primary holds meanwhile (the link is up, nothing acknowledges), then the standby
            catches up; no failover;
+- cut    : the replication connection cut (the standby reaches the primary through a relay here,
+           which closes the connection and refuses new ones) for twice the standby timeout, then
+           restored: the primary holds, then saves alone; the standby connects again and catches
+           up; no failover;
 - drop   : kill -9 of the standby (the link is gone): the primary saves alone after the standby
            timeout; the standby starts again from its own journal and catches up; no failover.
 
@@ -20,7 +24,7 @@ and the leadership generation has grown with every takeover (no two primaries in
 
     .venv/bin/python bench/failover.py [--rounds 20] [--lease-seconds 2]
 
-The faults cycle kill, stop, cut, drop.
+The faults cycle kill, stop, quiet, cut, drop.
 
 Reported: per round, the fault, the time from it to the first admission on the (new) primary (a
 probe registers a fresh principal at its socket, every 10 ms), the time to the first receipt an
@@ -53,6 +57,74 @@ from tests.harness import Process  # noqa: E402
 CLIENTS = 4  # (each creates a space every 0.05 s: the receipt table holds 60,000 for all the rounds)
 
 
+class Relay:
+    """A replication connection the harness can cut: listens at `path` and joins each connection to
+    `target` (a primary's --replicate), a thread a direction; `cut` closes every joined connection
+    and refuses new ones until `restore`."""
+
+    def __init__(self, path, target):
+        self.path, self.target = path, target
+        self.down = False
+        self.joined = []
+        self.lock = threading.Lock()
+        self.listener = socket.socket(socket.AF_UNIX)
+        self.listener.bind(path)
+        self.listener.listen()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                near, _ = self.listener.accept()
+            except OSError:
+                return
+            far = socket.socket(socket.AF_UNIX)
+            try:
+                if self.down:
+                    raise OSError("cut")
+                far.connect(self.target)
+            except OSError:
+                near.close()
+                far.close()
+                continue
+            with self.lock:
+                self.joined.append((near, far))
+            for a, b in ((near, far), (far, near)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(a, b):
+        try:
+            while data := a.recv(1 << 16):
+                b.sendall(data)
+        except OSError:
+            pass
+        for sock in (a, b):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        a.close()  # (each socket is `a` of one pump; the other pump's writes to it fail: ended)
+
+    def cut(self):
+        self.down = True
+        with self.lock:
+            joined, self.joined = self.joined, []
+        for pair in joined:
+            for sock in pair:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def restore(self):
+        self.down = False
+
+    def close(self):
+        self.cut()
+        self.listener.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=20)
@@ -75,6 +147,8 @@ def main() -> None:
     lease = ["--etcd", ",".join(etcd.endpoints), "--lease-seconds", str(args.lease_seconds)]
     machines = {name: {"ccir": str(base / f"{name}.aotxccir"), "journal": str(base / f"journal-{name}"),
                        "replicate": str(base / f"{name}.sock")} for name in "ab"}
+    for m in machines.values():  # a standby reaches its primary's --replicate through a relay it can cut
+        m["relay"] = Relay(m["replicate"] + ".relay", m["replicate"])
 
     def start(argv, ready):
         begin = log.stat().st_size
@@ -86,7 +160,7 @@ def main() -> None:
 
     def standby(m, primary):
         return start(["--ccir", m["ccir"], "--journal", m["journal"], "--service-grants", grants,
-                      "--standby-of", primary["replicate"], "--replicate", m["replicate"], "--standby-timeout", "1"]
+                      "--standby-of", primary["relay"].path, "--replicate", m["replicate"], "--standby-timeout", "1"]
                      + lease, "standby ready")
 
     def sock_of(m):
@@ -134,7 +208,7 @@ def main() -> None:
         generation = ping(primary)["pipeline"]["leadership"]["generation"]
         probe = iter(probes)
         for round_ in range(args.rounds):
-            fault = ("kill", "stop", "cut", "drop")[round_ % 4]
+            fault = ("kill", "stop", "quiet", "cut", "drop")[round_ % 5]
             floor = [len(c.saved) for c in clients]
             wait_for(lambda: all(len(c.saved) >= f + 3 or c.errors for c, f in zip(clients, floor)), 120,
                      what="each client to save three more receipts")
@@ -143,11 +217,17 @@ def main() -> None:
             old, new = ("a", "b") if primary is machines["a"] else ("b", "a")
             began = time.monotonic()
             seen = None
-            if fault in ("cut", "drop"):
-                os.kill(pids[new], signal.SIGSTOP if fault == "cut" else signal.SIGKILL)
-                time.sleep(2.0)  # the fault lasts this long (twice the standby timeout)
+            if fault in ("quiet", "cut", "drop"):
+                losses = ping(primary)["pipeline"]["replication"]["standby_losses"]
                 if fault == "cut":
+                    primary["relay"].cut()
+                else:
+                    os.kill(pids[new], signal.SIGSTOP if fault == "quiet" else signal.SIGKILL)
+                time.sleep(2.0)  # the fault lasts this long (twice the standby timeout)
+                if fault == "quiet":
                     os.kill(pids[new], signal.SIGCONT)
+                elif fault == "cut":
+                    primary["relay"].restore()
                 else:
                     wait_for(lambda: not alive(pids[new]), 30, what="the standby to be gone")
                     pids[new] = standby(spare, primary)  # from its own journal
@@ -155,6 +235,8 @@ def main() -> None:
                 wait_for(lambda: (ping(primary)["pipeline"]["replication"]["standby"] is not None
                                   and ping(primary)["pipeline"]["replication"]["lag_transfers"] == 0), 60,
                          what="the standby to catch up")
+                if fault != "quiet":  # (the link was gone: the primary saw the standby leave)
+                    assert ping(primary)["pipeline"]["replication"]["standby_losses"] > losses
             else:
                 os.kill(pids[old], signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
                 begin = log.stat().st_size
@@ -204,6 +286,8 @@ def main() -> None:
             g.kill(signal.SIGTERM)
         zygote.close()
         etcd.stop()
+        for m in machines.values():
+            m["relay"].close()
         shutil.rmtree(base, ignore_errors=True)
     for fault in ("kill", "stop"):
         for index, what in ((2, "first admission on the new primary"), (3, "first SDK receipt through a gateway")):
