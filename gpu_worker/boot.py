@@ -124,7 +124,7 @@ def main(argv):
     threads = _Threads(socket_group, tick_cpu, other_cpus)
     from .device import Device, DeviceBootError
     from .storage.journal import JournalError
-    from .storage.runtime_file import FileLock, RuntimeFile, RuntimeFileError, RuntimeFileLocked
+    from .storage.runtime_file import RuntimeFileError
 
     if args.standby_timeout is not None and not (args.replicate and args.replication == "sync"
                                                  and 0 <= args.standby_timeout < float("inf")):
@@ -137,25 +137,11 @@ def main(argv):
                         "takes over by itself on SIGUSR1, or with --etcd when the leader key is gone)")
         return _standby(args, argv, threads, fail)
 
+    opened = _open_runtime(args, fail)
+    if isinstance(opened, int):
+        return opened
+    grants, runtime_lock, runtime = opened
     try:
-        grants = Grants(args.service_grants)
-    except GrantFileError as exc:
-        return fail(str(exc))
-    try:
-        # The device is the file's one writer (its checkpoints append to it) for as long as it
-        # runs: a second device or a pack on it refuses. Released when boot returns or the process ends.
-        runtime_lock = FileLock(args.ccir)
-    except RuntimeFileLocked as exc:
-        return fail(str(exc), 3)
-    except RuntimeFileError as exc:
-        return fail(f"cannot open runtime file {args.ccir}: {exc}")
-    try:
-        try:
-            runtime = RuntimeFile.open(args.ccir)
-        except (OSError, RuntimeFileError) as exc:
-            return fail(f"cannot open runtime file {args.ccir}: {exc}")
-        if runtime.inode != runtime_lock.inode:
-            return fail(f"runtime file {args.ccir} was replaced while the device opened it; boot again", 3)
         leadership = None
         if args.etcd is not None:  # leadership first: a takeover records its generation, nothing is admitted without
             from .replication.lease import LeadershipError
@@ -178,6 +164,33 @@ def main(argv):
         return _serve(args, runtime, device, leadership, None, threads, fail)
     finally:
         runtime_lock.release()
+
+
+def _open_runtime(args: argparse.Namespace, fail: Callable[..., int]) -> tuple[Grants, Any, Any] | int:
+    """The grant file, the runtime file's writer lock and the file (a device, and a standby that
+    may become one), or boot's exit code once `fail` said why. The device is the file's one writer
+    (its checkpoints append to it; a standby's copy takes the primary's) for as long as it runs: a
+    second device or a pack on it refuses. The caller releases the lock."""
+    from .storage.runtime_file import FileLock, RuntimeFile, RuntimeFileError, RuntimeFileLocked
+    try:
+        grants = Grants(args.service_grants)
+    except GrantFileError as exc:
+        return fail(str(exc))
+    try:
+        runtime_lock = FileLock(args.ccir)
+    except RuntimeFileLocked as exc:
+        return fail(str(exc), 3)
+    except RuntimeFileError as exc:
+        return fail(f"cannot open runtime file {args.ccir}: {exc}")
+    try:
+        runtime = RuntimeFile.open(args.ccir)
+    except (OSError, RuntimeFileError) as exc:
+        runtime_lock.release()
+        return fail(f"cannot open runtime file {args.ccir}: {exc}")
+    if runtime.inode != runtime_lock.inode:
+        runtime_lock.release()
+        return fail(f"runtime file {args.ccir} was replaced while the device opened it; boot again", 3)
+    return grants, runtime_lock, runtime
 
 
 class _Threads(NamedTuple):
@@ -276,23 +289,13 @@ def _standby(args: argparse.Namespace, argv: list[str], threads: _Threads, fail:
     from .engine.engine import Engine
     from .replication.standby import Follower, Mirror, Standby, StandbyRefused
     from .storage.journal import JournalError, JournalLock
-    from .storage.runtime_file import FileLock, RuntimeFile, RuntimeFileError, RuntimeFileLocked
+    from .storage.runtime_file import RuntimeFileError
 
+    opened = _open_runtime(args, fail)
+    if isinstance(opened, int):
+        return opened
+    grants, runtime_lock, runtime = opened
     try:
-        grants = Grants(args.service_grants)
-    except GrantFileError as exc:
-        return fail(str(exc))
-    try:
-        runtime_lock = FileLock(args.ccir)  # its copy of the runtime file: the device it becomes writes it
-    except RuntimeFileLocked as exc:
-        return fail(str(exc), 3)
-    except RuntimeFileError as exc:
-        return fail(f"cannot open runtime file {args.ccir}: {exc}")
-    try:
-        try:
-            runtime = RuntimeFile.open(args.ccir)
-        except (OSError, RuntimeFileError) as exc:
-            return fail(f"cannot open runtime file {args.ccir}: {exc}")
         try:
             os.makedirs(args.journal, exist_ok=True)
             lock = JournalLock(args.journal)

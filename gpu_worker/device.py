@@ -123,12 +123,10 @@ class Device:
         self.background_nice = DEFAULT_NICE  # off_thread's threads (loop/threads.py); boot --background-nice
         # a hot standby's reader of its journal copy (`follow`), until it takes over; None otherwise
         self.following: Tail | None = None
-        started = time.perf_counter()
         if following:  # no lock: the standby's Mirror holds the journal's (`take_over` is handed it)
-            recovery = self._load()
-            self.following = Tail(journal_dir, runtime.incarnation, recovery)
-            self._loaded(recovery, started)
+            self.refollow()
             return
+        started = time.perf_counter()
         self.lock = JournalLock(journal_dir)
         try:
             recovery = self._load()
@@ -196,8 +194,9 @@ class Device:
         return len(transfers)
 
     def refollow(self) -> None:
-        """The journal copy was cut back before what was applied (a rewind to a takeover point, a
-        failed tick on the primary): build the state again from the journal as it is now."""
+        """Build the state from the journal as it is now and follow it from there: a hot standby's
+        start, and again when its copy was cut back before what was applied (a rewind to a
+        takeover point, a failed tick on the primary)."""
         started = time.perf_counter()
         recovery = self._load()
         self.following = Tail(self.journal_dir, self.runtime.incarnation, recovery)

@@ -284,7 +284,8 @@ class Standby:
         self.address = address
         self.mirror = mirror
         self.runtime = runtime
-        self.incarnation = RuntimeFile.open(runtime, verify=False).incarnation
+        with RuntimeFile.open(runtime, verify=False) as copy:
+            self.incarnation = copy.incarnation
         self._pieces: dict[str, tuple[str, bytearray]] = {}  # a checkpoint's components as they come
         self.follower = follower  # a hot standby's: told each durable position and each cut
         self.connected = threading.Event()  # set while a link streams (tests and `run`'s log wait on it)
@@ -317,7 +318,8 @@ class Standby:
             if self._stop.is_set():
                 return
             segment, offset = self.mirror.position
-            generation = RuntimeFile.open(self.runtime, verify=False).generation
+            with RuntimeFile.open(self.runtime, verify=False) as copy:  # (a checkpoint of the link moves it)
+                generation = copy.generation
             sock.sendall(encode_frame({"hello": 1, "incarnation": self.incarnation, "generation": generation,
                                        "segment": segment, "offset": offset, "digest": self.mirror.digest(),
                                        "media": self.mirror.media_held()}))
@@ -453,11 +455,7 @@ class Follower:
                     self._cond.wait(self.LOOK_SECONDS)
                 if self._stop:
                     return
-            try:
-                self._step()
-            except Exception as exc:  # the takeover boots from the journal instead (boot._standby)
-                log.exception("standby: applying the journal copy failed; a takeover will boot from the journal")
-                self.error = f"{type(exc).__name__}: {exc}"
+            if not self._stepped():
                 return
 
     def _applied(self) -> tuple[int, int]:
@@ -486,8 +484,10 @@ class Follower:
             self._stop = True
             self._cond.notify()
         self._thread.join()
-        if self.error is not None:
-            return False
+        return self.error is None and self._stepped()
+
+    def _stepped(self) -> bool:
+        """`_step`, or False once it failed (`error`: the takeover boots from the journal instead)."""
         try:
             self._step()
         except Exception as exc:

@@ -465,7 +465,7 @@ class Tail:
                 break  # its header is not whole yet
             transfers += reader.transfers
             self.next_seq, self.last_digest = reader.next_seq, reader.digest
-            self.durable_bytes += end - (offset if offset else 0)
+            self.durable_bytes += end - offset
             self.position = (segment, end)
             if end < limit or segment == until[0]:
                 break  # the rest is a transfer not yet whole
