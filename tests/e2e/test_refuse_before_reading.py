@@ -63,14 +63,32 @@ def assert_error_body(reply, status, code):
     return headers
 
 
-@pytest.fixture
-def gateway(tiny_runtime, tmp_path):
-    """A gateway with short timeouts (no device: nothing here may reach it), and a token."""
+def serving(tiny_runtime, tmp_path, **timeouts):
+    """A gateway (no device: nothing here may reach it) with `timeouts` in its config, and a
+    token."""
     stack = Stack(tmp_path, tiny_runtime)
     cfg = json.loads(stack.config.read_text())
-    stack.config.write_text(json.dumps({**cfg, "header_timeout": 1, "body_timeout": 1}))
+    stack.config.write_text(json.dumps({**cfg, **timeouts}))
     stack.token = stack.principal("alice")
     stack.serve()
+    return stack
+
+
+@pytest.fixture
+def gateway(tiny_runtime, tmp_path):
+    """A gateway with its default timeouts: a test that does not time one out must not depend on
+    how soon a loaded machine lets the server first read a connection."""
+    stack = serving(tiny_runtime, tmp_path)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture
+def impatient(tiny_runtime, tmp_path):
+    """A gateway with 2 s header and body timeouts, for the tests of those timeouts."""
+    stack = serving(tiny_runtime, tmp_path, header_timeout=2, body_timeout=2)
     try:
         yield stack
     finally:
@@ -177,38 +195,38 @@ def test_a_token_in_the_query_string_is_refused_and_never_lands_in_the_access_lo
     assert gateway.token not in log and gateway.token[len("aotx_"):] not in log
 
 
-def test_headers_that_do_not_arrive_within_the_header_timeout_close_the_connection(gateway):
-    with connect(gateway) as sock:
+def test_headers_that_do_not_arrive_within_the_header_timeout_close_the_connection(impatient):
+    with connect(impatient) as sock:
         sock.sendall(f"GET {BASE}/capabilities HTTP/1.1\r\nHost: x\r\n".encode())  # never finished
         started = time.monotonic()
         sock.settimeout(10)
         assert sock.recv(1) == b""  # closed, unanswered (the server's header read timeout)
-    assert 0.5 < time.monotonic() - started < 9
+    assert 1 < time.monotonic() - started < 9
 
 
-def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(gateway):
-    with connect(gateway) as sock:
+def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(impatient):
+    with connect(impatient) as sock:
         started = time.monotonic()
         sock.settimeout(10)
         assert sock.recv(1) == b""
-    assert 0.5 < time.monotonic() - started < 9
+    assert 1 < time.monotonic() - started < 9
 
 
-def test_a_body_that_stalls_answers_408_after_the_body_timeout(gateway):
-    with connect(gateway) as sock:
-        sock.sendall(f"POST {BASE}/spaces HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {gateway.token}\r\n"
+def test_a_body_that_stalls_answers_408_after_the_body_timeout(impatient):
+    with connect(impatient) as sock:
+        sock.sendall(f"POST {BASE}/spaces HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {impatient.token}\r\n"
                      "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"schema\"".encode())
         assert_error_body(read_reply(sock), 408, "body_timeout")
 
 
-def test_an_idle_keep_alive_connection_is_closed_after_the_header_timeout(gateway):
-    with connect(gateway) as sock:
+def test_an_idle_keep_alive_connection_is_closed_after_the_header_timeout(impatient):
+    with connect(impatient) as sock:
         sock.sendall(f"GET {BASE}/capabilities HTTP/1.1\r\nHost: x\r\n\r\n".encode())
         assert_error_body(read_reply(sock), 401, "unauthenticated")  # answered, kept alive
         answered = time.monotonic()
         sock.settimeout(10)
         assert sock.recv(1) == b""  # the next request's head did not come within header_timeout
-        assert 0.5 < time.monotonic() - answered < 9
+        assert 1 < time.monotonic() - answered < 9
 
 
 def test_pipelined_requests_are_answered_in_order_on_one_connection(gateway):
