@@ -14,6 +14,7 @@ bench/tick_cpu.py measures it.
 """
 from __future__ import annotations
 
+import struct
 from typing import TYPE_CHECKING, Protocol
 
 from .contract.errors import ServiceError
@@ -22,7 +23,7 @@ from .contract.wire import Message
 from .ops import quotas
 from .ops.kind import Admission, Context, Kind, OperationKind, Tables
 from .state import ids
-from .state.tables import P, R, Source, Terminal, split16, width
+from .state.tables import P, R, Source, Terminal, width
 from .storage.journal import MAX_RECORDS_PER_TICK, TransferKind, record_count
 
 if TYPE_CHECKING:
@@ -39,7 +40,13 @@ ADMISSION_ONLY, ADMISSION_AND_TERMINAL = (0,), (0, 1)
 _REGISTER, _RETIREMENT, _CANCELLATION = int(Kind.PARTICIPANT_REGISTER), int(Kind.RETIREMENT), int(Kind.CANCELLATION)
 _SUCCEEDED, _JOURNAL = int(Terminal.SUCCEEDED), int(Source.JOURNAL)
 _ADMISSION_TRANSFER = int(TransferKind.ADMISSION)
-_RECEIPT_WIDTH = width(R)
+_UNSAVED = (0, 0, 0, 0)
+# A receipt row as admission writes it, R's columns in order: STATE, PARTICIPANT, SEQUENCE, KIND;
+# the operation key and ID (16 bytes each, KEY_HI/KEY_LO and OP_HI/OP_LO); TARGET, CREATED,
+# COMMAND_LEN, RESULT_LEN, TERMINAL; the admission's and the terminal's save fields; zeros after.
+_RECEIPT_ROW = struct.Struct(f"<4q16s16s5q8q{8 * (width(R) - R.INPUT_TOKENS)}x")
+assert (R.KEY_HI, R.OP_HI, R.TARGET, R.TERMINAL, SAVE_COLUMNS[0][0], R.INPUT_TOKENS) == (4, 6, 8, 12, 13, 21)
+assert _RECEIPT_ROW.size == 8 * width(R)
 
 
 class Admitter(Context, Protocol):
@@ -82,7 +89,7 @@ def admit(d: Admitter, msg: Message, kind: OperationKind, budget: int) -> tuple[
     if sequence < floor:
         raise ServiceError(410, "below_retry_floor", f"sequence {sequence} is below the retry floor {floor}",
                            retry_floor=str(floor))
-    rrow = receipts.by_sequence.get((prow, sequence)) if prow is not None else None
+    rrow = receipts.at(prow, sequence) if prow is not None else None
     if rrow is not None:
         n = tables.value(tables.receipts, rrow, R.COMMAND_LEN)
         if tables.get_bytes(tables.command_bytes, rrow, n) != canonical:
@@ -93,7 +100,7 @@ def admit(d: Admitter, msg: Message, kind: OperationKind, budget: int) -> tuple[
         raise ServiceError(409, "future_sequence", f"sequence {sequence} is ahead of the next sequence {next_seq}",
                            next_sequence=str(next_seq))
     key_raw = bytes.fromhex(key)
-    if prow is not None and (prow, key_raw) in receipts.by_key:
+    if prow is not None and receipts.key_in_use(prow, key_raw):
         raise ServiceError(409, "operation_key_in_use",
                            "operation key belongs to another live operation of this participant")
     code = kind.code
@@ -129,9 +136,10 @@ def admit(d: Admitter, msg: Message, kind: OperationKind, budget: int) -> tuple[
     return 202, rrow, records
 
 
-def apply(d: Admitter, a: Admission, transfer_seq: int | None) -> int:
+def apply(d: Admitter, a: Admission, transfer_seq: int | None, saved: Transfer | None = None) -> int:
     """Apply one admission to the tables, live (transfer_seq: its journal transfer, not yet saved)
-    and at replay (transfer_seq None: saved). Returns its receipt row."""
+    and at replay (transfer_seq None; `saved`: the transfer that saved it, whose save fields go
+    in with the row, as `mark_saved` writes them live). Returns its receipt row."""
     kind = d.kinds[a.kind]  # replay checked the code: an unknown kind fails closed there
     state = d.state
     state.admissions += 1
@@ -143,23 +151,17 @@ def apply(d: Admitter, a: Admission, transfer_seq: int | None) -> int:
     if prow < 0:  # a registration: it wrote the new participant's whole row, next sequence included
         prow = target
     else:
-        t.write_row(t.participants, prow, {P.NEXT_SEQUENCE: a.sequence + 1})
-    row = [0] * _RECEIPT_WIDTH  # the whole row is written: a reused slot starts clean
-    row[R.STATE] = 1
-    row[R.PARTICIPANT] = prow
-    row[R.SEQUENCE] = a.sequence
-    row[R.KIND] = a.kind
-    row[R.KEY_HI], row[R.KEY_LO] = split16(a.key)
-    row[R.OP_HI], row[R.OP_LO] = split16(a.op)
-    row[R.TARGET] = target
-    row[R.CREATED] = state.admissions
-    row[R.COMMAND_LEN] = len(a.canonical)
-    row[R.TERMINAL] = _SUCCEEDED
+        t.put_value(t.participants, prow, P.NEXT_SEQUENCE, a.sequence + 1)
+    which = () if saved is None else ADMISSION_ONLY if kind.executes else ADMISSION_AND_TERMINAL
+    fields = _UNSAVED if saved is None else (saved.seq, state.boot, state.save_generation, _JOURNAL)
+    # the whole row is written: a reused slot starts clean
+    t.put_struct(t.receipts, rrow, 0, _RECEIPT_ROW, 1, prow, a.sequence, a.kind, a.key, a.op, target,
+                 state.admissions, len(a.canonical), 0, _SUCCEEDED, *fields, *(_UNSAVED if len(which) < 2 else fields))
     if kind.columns is not None:
-        for col, value in kind.columns(d, a).items():
-            row[col] = value
-    t.put_cols(t.receipts, rrow, 0, row)
+        t.write_row(t.receipts, rrow, kind.columns(d, a))
     t.put_bytes(t.command_bytes, rrow, a.canonical)
+    if saved is not None:
+        _put_digests(d, rrow, saved.digest, which)
     receipts.add(rrow, prow, a.sequence, a.key, a.op)
     return rrow
 
@@ -175,10 +177,18 @@ def record_save(d: Tables, rrow: int, transfer: Transfer, which: tuple[int, ...]
     state = d.state
     t = state.tables
     fields = (transfer.seq, state.boot, state.save_generation, _JOURNAL)
-    if which is ADMISSION_AND_TERMINAL:  # adjacent columns and digests: one write each
+    if which is ADMISSION_AND_TERMINAL:  # adjacent columns: one write
         t.put_cols(t.receipts, rrow, SAVE_COLUMNS[0][0], fields + fields)
-        t.put_digests(rrow, transfer.digest)
+    else:
+        for w in which:
+            t.put_cols(t.receipts, rrow, SAVE_COLUMNS[w][0], fields)
+    _put_digests(d, rrow, transfer.digest, which)
+
+
+def _put_digests(d: Tables, rrow: int, digest: bytes, which: tuple[int, ...]) -> None:
+    t = d.state.tables
+    if which is ADMISSION_AND_TERMINAL:  # adjacent digests: one write
+        t.put_digests(rrow, digest)
         return
     for w in which:
-        t.put_cols(t.receipts, rrow, SAVE_COLUMNS[w][0], fields)
-        t.put_digest(rrow, w, transfer.digest)
+        t.put_digest(rrow, w, digest)

@@ -15,6 +15,7 @@ rebuilt from the same values and renders to the same bytes.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
@@ -225,7 +226,19 @@ class Device:
     # ---- boot and replay ---------------------------------------------------------------
 
     def _load(self) -> RecoveryResult:
-        """(Re)build the state from the runtime file's checkpoint plus the journal."""
+        """(Re)build the state from the runtime file's checkpoint plus the journal, with the
+        cyclic GC paused: what a load makes (a million transfers, rows' index entries) is acyclic
+        and lives on, so the collections its allocations would trigger only rescan it (a third of
+        reading a 1M-transfer journal; docs/performance.md, "Replay")."""
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._load_state()
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _load_state(self) -> RecoveryResult:
         state = DeviceState(self.capacities, self.table_device, self.runtime.incarnation, self.runtime.generation,
                             self.embedding_dim)
         media_sources: dict[str, Any] = {}
@@ -241,8 +254,12 @@ class Device:
         self._admission_deferred = False
         recovery = recover(self.journal_dir, self.fs, state.incarnation, start_digest=state.checkpoint_digest,
                            after_seq=state.checkpoint_seq)
-        for transfer in recovery.transfers:
-            self._replay(transfer)
+        replay_admission = self._replay_admission
+        for transfer in recovery.transfers:  # (most are admissions: one call each)
+            if transfer.kind is TransferKind.ADMISSION:
+                replay_admission(transfer)
+            else:
+                self._replay(transfer)
         return recovery
 
     def _open_writer(self, recovery: RecoveryResult) -> JournalWriter:
@@ -270,11 +287,10 @@ class Device:
 
     def _replay_admission(self, transfer: Transfer) -> None:
         a = Admission.decode(transfer.payload)
-        kind = self.kinds.get(a.kind)
-        if kind is None:
+        if a.kind not in self.kinds:
             raise JournalCorrupt(os.path.join(self.journal_dir, segment_name(transfer.segment)), transfer.offset,
                                  f"admission transfer seq {transfer.seq} has unknown kind {a.kind}")
-        admission.mark_saved(self, admission.apply(self, a, None), transfer, kind)
+        admission.apply(self, a, None, transfer)
 
     def _journal_hold(self, event: dict[str, Any]) -> None:
         """A hold started or ended (state/holds.py): journal it; the incident is saved state."""

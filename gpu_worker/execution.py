@@ -471,7 +471,7 @@ def _inconsistent(d: Journaling, transfer: Transfer | None, reason: str) -> Exce
 def _input_row(d: Journaling, actor: bytes, sequence: int, transfer: Transfer | None, what: str) -> int:
     """The input a lease/output/completion transfer names; anything else fails closed."""
     prow = d.state.participants.by_raw.get(actor)
-    rrow = d.state.receipts.by_sequence.get((prow, sequence)) if prow is not None else None
+    rrow = d.state.receipts.at(prow, sequence) if prow is not None else None
     if rrow is None or d.state.tables.value(d.state.tables.receipts, rrow, R.KIND) != Kind.INPUT:
         raise _inconsistent(d, transfer, f"{what} transfer names no input at sequence {sequence}")
     return rrow

@@ -30,9 +30,10 @@ from types import ModuleType
 HERE = Path(__file__).parent
 FLAGS = ["-O2", "-std=c++17", "-shared", "-fPIC", "-pthread", "-Wall"]
 # name -> (its source files, the libraries to link); zlib's headers come with the Python headers on
-# Debian (libpython3.x-dev depends on zlib1g-dev)
+# Debian (libpython3.x-dev depends on zlib1g-dev), OpenSSL's (SHA-256) with libssl-dev
 MODULES: dict[str, tuple[list[str], list[str]]] = {"sockio": (["sockio.cpp", "tick_io.cpp"], []),
-                                                   "jcodec": (["jcodec.cpp"], ["-lz"]), "stacks": (["stacks.cpp"], [])}
+                                                   "jcodec": (["jcodec.cpp"], ["-lz", "-lcrypto"]),
+                                                   "stacks": (["stacks.cpp"], [])}
 
 
 class BuildError(RuntimeError):

@@ -3,7 +3,9 @@
 // checksums per record were a measurable part of each admission (docs/performance.md).
 //
 //   records(kind, transfer_seq, payload, max_data) -> [bytes]
-//   transfers(data, pos, first_seq_lo, first_seq_hi, kinds, max_data) -> ([(kind, seq, payload, start)], stop)
+//   transfers(data, pos, first_seq_lo, first_seq_hi, kinds, max_data, digest, after_seq)
+//       -> ([(kind, seq, payload, start, digest or None)], stop)
+//   scatter(table, cols, rows, lengths, blob) -> bytes used (a checkpoint's row bytes, below)
 //
 // Each record: a 32-byte part header (type 37, class 0x41, kind, part index, part count, data
 // length, reserved 0, payload length, transfer seq, CRC-32, reserved 0; little endian) and at
@@ -16,9 +18,13 @@
 // among the bits of `kinds`. It stops at the first transfer that is not whole or not exactly as the
 // writer makes it (cut short, a checksum, a field) and returns where that transfer starts: the
 // Python reader goes on from there with every rule and message of docs/journal.md (a torn tail, or
-// the corruption it names), so the fast path changes what is read in no case.
+// the corruption it names), so the fast path changes what is read in no case. Each transfer past
+// `after_seq` also gets its commit digest, the chain from `digest` on (journal.py chain_digest:
+// SHA-256 of the previous digest, kind u16 LE, seq u64 LE, payload; OpenSSL's, through one
+// reused context: its one-shot SHA256() looks the algorithm up at each call); None at or below.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <openssl/evp.h>
 #include <zlib.h>
 
 #include <stdint.h>
@@ -34,6 +40,7 @@ constexpr unsigned char CLASS_A = 0x41;
 constexpr size_t HEADER = 32;
 constexpr size_t CHECKSUM_AT = 24;
 constexpr uint64_t MAX_PARTS = 0xFFFF;
+constexpr Py_ssize_t DIGEST = 32;  // a transfer's commit digest (SHA-256)
 
 inline void le16(unsigned char* p, uint16_t v) {
   p[0] = uint8_t(v);
@@ -140,7 +147,27 @@ PyObject* transfers(PyObject*, PyObject* args) {
   Py_ssize_t pos;
   unsigned long long lo, hi, kinds;
   Py_ssize_t max_data;
-  if (!PyArg_ParseTuple(args, "y*nKKKn", &data, &pos, &lo, &hi, &kinds, &max_data)) return nullptr;
+  Py_buffer previous;
+  unsigned long long after;
+  if (!PyArg_ParseTuple(args, "y*nKKKny*K", &data, &pos, &lo, &hi, &kinds, &max_data, &previous, &after))
+    return nullptr;
+  unsigned char digest[DIGEST];
+  const bool sized = previous.len == DIGEST;
+  if (sized) memcpy(digest, previous.buf, DIGEST);
+  PyBuffer_Release(&previous);
+  if (!sized) {
+    PyBuffer_Release(&data);
+    PyErr_SetString(PyExc_ValueError, "the previous digest is not 32 bytes");
+    return nullptr;
+  }
+  static EVP_MD* sha256 = EVP_MD_fetch(nullptr, "SHA256", nullptr);  // once per process
+  EVP_MD_CTX* hashing = sha256 ? EVP_MD_CTX_new() : nullptr;
+  if (!hashing) {
+    PyBuffer_Release(&data);
+    PyErr_SetString(PyExc_RuntimeError, "OpenSSL has no SHA-256 for the journal's digests");
+    return nullptr;
+  }
+  bool hashed = true;
   const unsigned char* d = static_cast<const unsigned char*>(data.buf);
   const size_t n = size_t(data.len);
   size_t at = pos < 0 ? n : std::min(size_t(pos), n);
@@ -169,8 +196,25 @@ PyObject* transfers(PyObject*, PyObject* args) {
       at = start;
       break;
     }
-    PyObject* item = Py_BuildValue("(iKy#n)", int(first.kind), (unsigned long long)first.seq, payload.data(),
-                                   Py_ssize_t(payload.size()), Py_ssize_t(start));
+    PyObject* item;
+    if (first.seq > after) {
+      unsigned char head[10];  // kind u16 LE, seq u64 LE
+      for (int b = 0; b < 2; ++b) head[b] = (unsigned char)(first.kind >> (8 * b));
+      for (int b = 0; b < 8; ++b) head[2 + b] = (unsigned char)(first.seq >> (8 * b));
+      hashed = EVP_DigestInit_ex(hashing, sha256, nullptr) && EVP_DigestUpdate(hashing, digest, DIGEST) &&
+               EVP_DigestUpdate(hashing, head, sizeof head) &&
+               EVP_DigestUpdate(hashing, payload.data(), payload.size()) &&
+               EVP_DigestFinal_ex(hashing, digest, nullptr);
+      if (!hashed) {
+        Py_CLEAR(list);
+        break;
+      }
+      item = Py_BuildValue("(iKy#ny#)", int(first.kind), (unsigned long long)first.seq, payload.data(),
+                           Py_ssize_t(payload.size()), Py_ssize_t(start), digest, Py_ssize_t(DIGEST));
+    } else {
+      item = Py_BuildValue("(iKy#nO)", int(first.kind), (unsigned long long)first.seq, payload.data(),
+                           Py_ssize_t(payload.size()), Py_ssize_t(start), Py_None);
+    }
     if (!item || PyList_Append(list, item) < 0) {
       Py_XDECREF(item);
       Py_CLEAR(list);
@@ -180,15 +224,56 @@ PyObject* transfers(PyObject*, PyObject* args) {
     lo = hi = first.seq + 1;
   }
   PyBuffer_Release(&data);
+  EVP_MD_CTX_free(hashing);
+  if (!hashed) PyErr_SetString(PyExc_RuntimeError, "OpenSSL's SHA-256 failed on a journal transfer");
   if (!list) return nullptr;
   PyObject* result = Py_BuildValue("(Nn)", list, Py_ssize_t(at));
   return result;
 }
 
+// scatter(table, cols, rows, lengths, blob) -> bytes used: row rows[i] of `table` (writable, rows
+// of `cols` bytes) gets the next lengths[i] bytes of `blob` at its start; rows and lengths are
+// native int64 arrays. How a checkpoint's receipt bytes, kept one row after another, go back into
+// their rows at boot (state/tables.py put_packed): a million rows in one call.
+PyObject* scatter(PyObject*, PyObject* args) {
+  Py_buffer table, rows, lengths, blob;
+  Py_ssize_t cols;
+  if (!PyArg_ParseTuple(args, "w*ny*y*y*", &table, &cols, &rows, &lengths, &blob)) return nullptr;
+  const char* problem = nullptr;
+  size_t at = 0;
+  const size_t count = size_t(rows.len) / 8;
+  if (cols <= 0 || rows.len % 8 || lengths.len != rows.len) problem = "rows and lengths must be int64 arrays of one length";
+  const int64_t* row = static_cast<const int64_t*>(rows.buf);
+  const int64_t* length = static_cast<const int64_t*>(lengths.buf);
+  unsigned char* out = static_cast<unsigned char*>(table.buf);
+  const unsigned char* in = static_cast<const unsigned char*>(blob.buf);
+  for (size_t i = 0; !problem && i < count; ++i) {
+    const int64_t r = row[i], n = length[i];
+    if (r < 0 || (r + 1) * int64_t(cols) > int64_t(table.len)) problem = "a row is outside the table";
+    else if (n < 0 || n > cols) problem = "a length does not fit a row";
+    else if (at + size_t(n) > size_t(blob.len)) problem = "the blob is shorter than the lengths";
+    else {
+      memcpy(out + r * cols, in + at, size_t(n));
+      at += size_t(n);
+    }
+  }
+  PyBuffer_Release(&table);
+  PyBuffer_Release(&rows);
+  PyBuffer_Release(&lengths);
+  PyBuffer_Release(&blob);
+  if (problem) {
+    PyErr_SetString(PyExc_ValueError, problem);
+    return nullptr;
+  }
+  return PyLong_FromSize_t(at);
+}
+
 PyMethodDef methods[] = {
     {"records", records, METH_VARARGS, "records(kind, transfer_seq, payload, max_data) -> [bytes]"},
     {"transfers", transfers, METH_VARARGS,
-     "transfers(data, pos, first_seq_lo, first_seq_hi, kinds, max_data) -> ([(kind, seq, payload, start)], stop)"},
+     "transfers(data, pos, first_seq_lo, first_seq_hi, kinds, max_data, digest, after_seq) -> "
+     "([(kind, seq, payload, start, digest or None)], stop)"},
+    {"scatter", scatter, METH_VARARGS, "scatter(table, cols, rows, lengths, blob) -> bytes used"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "aotx_jcodec", "Journal records, encoded natively.", -1, methods};

@@ -21,7 +21,7 @@ def check(d: Executing, principal: bytes, prow: int | None, args: Cancellation, 
     floor = t.value(t.participants, prow, P.RETRY_FLOOR)
     if target < floor:
         raise ServiceError(410, "below_retry_floor", f"target_sequence {target} is below the retry floor {floor}")
-    rrow = d.state.receipts.by_sequence.get((prow, target))
+    rrow = d.state.receipts.at(prow, target)
     if rrow is None:
         raise ServiceError(404, "operation_not_found", f"no operation at sequence {target}")
     row = t.row(t.receipts, rrow)
@@ -38,14 +38,14 @@ def check(d: Executing, principal: bytes, prow: int | None, args: Cancellation, 
 
 def apply(d: Executing, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
     if transfer_seq is not None:  # live: stop generation now; replay: the completion says how it ended
-        d.stop_input(d.state.receipts.by_sequence[(prow, a.extra["target_sequence"])])
+        d.stop_input(d.state.receipts.row_of(prow, a.extra["target_sequence"]))
     return prow
 
 
 def columns(d: Tables, a: Admission) -> dict[int, int]:
     """The target operation, so the receipt can name it after the target is retired."""
     state = d.state
-    target = state.receipts.by_sequence[(state.participants.by_principal[a.principal], a.extra["target_sequence"])]
+    target = state.receipts.row_of(state.participants.by_principal[a.principal], a.extra["target_sequence"])
     row = state.tables.row(state.tables.receipts, target)
     return {R.TARGET_OP_HI: row[R.OP_HI], R.TARGET_OP_LO: row[R.OP_LO]}
 

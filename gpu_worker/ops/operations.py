@@ -51,9 +51,9 @@ def list_operations(d: Context, principal: bytes, args: Page) -> tuple[int, Any]
     seqs = d.state.live_sequences(prow) if prow is not None else range(0)
     start = bisect.bisect_right(seqs, cursor) if cursor is not None else 0
     page = seqs[start:start + limit]
-    by_sequence = d.state.receipts.by_sequence
+    row_of = d.state.receipts.row_of
     # prow is None only where seqs is empty
-    items = [RawJSON(receipts.receipt_bytes(d, by_sequence[(prow, s)])) for s in page]  # type: ignore[index]
+    items = [RawJSON(receipts.receipt_bytes(d, row_of(prow, s))) for s in page]  # type: ignore[arg-type]
     more = start + limit < len(seqs)
     return 200, {"items": items, "next_cursor": str(page[-1]) if more and page else None}
 

@@ -32,7 +32,7 @@ def check(d: Tables, principal: bytes, prow: int | None, args: Retirement, key: 
                            f"retry_floor {floor} is above this retirement's own sequence {sequence}")
     seqs = state.live_sequences(prow)
     for seq in seqs[:bisect.bisect_left(seqs, floor)]:
-        if not t.value(t.receipts, state.receipts.by_sequence[(prow, seq)], R.TERM_TRANSFER):
+        if not t.value(t.receipts, state.receipts.row_of(prow, seq), R.TERM_TRANSFER):
             raise ServiceError(409, "unfinished_operations",
                                f"operation at sequence {seq} has no saved terminal result yet", sequence=str(seq))
     return {"retry_floor": floor}
@@ -46,7 +46,7 @@ def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: in
     seqs = state.live_sequences(prow)
     freed, targets = [], []
     for seq in seqs[:bisect.bisect_left(seqs, floor)]:
-        row = t.row(t.receipts, receipts.by_sequence[(prow, seq)])
+        row = t.row(t.receipts, receipts.row_of(prow, seq))
         freed_row = receipts.remove(prow, seq, join16(row[R.KEY_HI], row[R.KEY_LO]), join16(row[R.OP_HI], row[R.OP_LO]))
         if row[R.KIND] == Kind.INPUT:
             history.fold(d, freed_row)  # its turn stays in the conversation's context

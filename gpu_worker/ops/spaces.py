@@ -2,13 +2,14 @@
 scope never changes. Reads list the spaces the caller has any effective right on."""
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 from ..contract import ids, vocabulary
 from ..contract.commands import NewSpace, Page, SpaceRef
 from ..contract.errors import ServiceError
 from ..state import ids as derived
-from ..state.tables import R, S, Right, Scope, join16, split16
+from ..state.tables import R, S, Right, Scope, join16
 from . import access, quotas
 from .kind import Admission, Caller, Kind, OperationKind, Read, Tables
 from .lists import page
@@ -16,6 +17,10 @@ from .lists import page
 
 SCOPES = {name: Scope[name.upper()] for name in vocabulary.SCOPES}  # the contract's names, the tables' codes
 SCOPE_NAMES = {int(v): k for k, v in SCOPES.items()}
+# a space row as its creation writes it, S's columns in order: STATE, OWNER, SCOPE, the ID (16
+# bytes: ID_HI, ID_LO), CREATED, the creating operation (OP_HI, OP_LO)
+_ROW = struct.Struct("<3q16sq16s")
+assert (S.ID_HI, S.CREATED, S.OP_HI, S.OP_LO) == (3, 5, 6, 7) and _ROW.size == 8 * 8
 
 
 def resource_key(value: str | None, key: bytes) -> bytes:
@@ -46,11 +51,8 @@ def check(d: Caller, principal: bytes, prow: int | None, args: NewSpace, key: by
 def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
     state = d.state
     srow = state.spaces.free.pop()
-    id_hi, id_lo = split16(a.extra["id"])
-    op_hi, op_lo = split16(a.op)
-    state.tables.write_row(state.tables.spaces, srow, {
-        S.STATE: 1, S.OWNER: prow, S.SCOPE: a.extra["scope"], S.ID_HI: id_hi, S.ID_LO: id_lo,
-        S.CREATED: state.admissions, S.OP_HI: op_hi, S.OP_LO: op_lo})
+    state.tables.put_struct(state.tables.spaces, srow, 0, _ROW, 1, prow, a.extra["scope"], a.extra["id"],
+                            state.admissions, a.op)
     state.spaces.by_id[(state.participants.lineage[prow], a.extra["id"])] = srow
     return srow
 

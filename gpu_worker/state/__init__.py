@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..memory.table import MemoryTable
-from .indexes import (ConversationIndex, MediaSource, MemberIndex, ParticipantIndex, ReceiptIndex,
-                      SpaceIndex)
+from .indexes import (SEQUENCE_SHIFT, ConversationIndex, MediaSource, MemberIndex, ParticipantIndex,
+                      ReceiptIndex, SpaceIndex)
 from ..contract.limits import MEMORY_PAYLOAD_BYTES
 from .tables import P, Tables
 
@@ -18,6 +18,8 @@ __all__ = ["DeviceState", "MediaSource"]
 class DeviceState:
     def __init__(self, capacities: dict[str, int], device: str, incarnation: bytes, generation: int,
                  embedding_dim: int = 384) -> None:
+        if capacities["participants"] > 1 << SEQUENCE_SHIFT:  # the receipt index keys rows in 32 bits
+            raise ValueError(f"{capacities['participants']} participants: at most {1 << SEQUENCE_SHIFT}")
         self.capacities = capacities
         self.incarnation = incarnation
         self.tables = Tables(capacities, device)

@@ -8,6 +8,7 @@ device is tracked by the cyclic GC (docs/architecture.md, "The device's memory")
 from __future__ import annotations
 
 import bisect
+import struct
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -106,6 +107,18 @@ class ParticipantIndex:
                                                              self.nonces[line - 1] if line else None)
         return lineage
 
+    def lineages_at(self, prows: np.ndarray, counters: np.ndarray) -> list[bytes]:
+        """`lineage_at` of each (row, counter) pair, for a whole table at boot: one lineage
+        derived per participant and line of history, then one dictionary read per pair."""
+        n = len(self.starts)
+        lines = np.searchsorted(self.starts, counters, side="right") if n else np.zeros(len(prows), dtype=np.int64)
+        keys = (prows * (n + 1) + lines).tolist()  # (row, line) as one int
+        known = {}
+        for key in set(keys):
+            prow, line = divmod(key, n + 1)  # a line's first counter is in it (line 0: before any)
+            known[key] = self.lineage_at(prow, self.starts[line - 1] if line else -1)
+        return list(map(known.__getitem__, keys))
+
     def lineage_of(self, principal: bytes) -> bytes:
         """The lineage a principal registers (or registered) under."""
         prow = self.by_principal.get(principal)
@@ -119,16 +132,21 @@ class ParticipantIndex:
         return lineage
 
 
+SEQUENCE_SHIFT = 32  # by_sequence's key: sequence << 32 | participant row (rows: below 2**32)
+_ROW32 = struct.Struct("<I")  # by_key's key: the operation key, then the participant row in 4 bytes
+
+
 class ReceiptIndex:
-    """Live receipt rows by (participant row, sequence), (participant row, operation key) and
-    operation ID; retired rows wait in `release_on_save` until the retirement that freed them is
+    """Live receipt rows by participant row and sequence (one int key, `at`), by participant row
+    and operation key (one 20-byte key, `key_in_use`) and by operation ID (one int and one bytes
+    key rather than tuples: cheaper to build for a million receipts at boot); retired rows wait in `release_on_save` until the retirement that freed them is
     saved (SPEC: the persisted floor advances before a receipt slot is reused)."""
 
     __slots__ = ("by_sequence", "by_key", "by_op", "free", "release_on_save")
 
     def __init__(self) -> None:
-        self.by_sequence: dict[tuple[int, int], int] = {}
-        self.by_key: dict[tuple[int, bytes], int] = {}
+        self.by_sequence: dict[int, int] = {}  # sequence << SEQUENCE_SHIFT | participant row -> receipt row
+        self.by_key: dict[bytes, int] = {}  # operation key + participant row (_ROW32) -> receipt row
         self.by_op: dict[bytes, int] = {}
         self.free: list[int] = []
         self.release_on_save: dict[int, list[int]] = {}  # transfer seq -> rows freed once it is saved
@@ -137,19 +155,39 @@ class ReceiptIndex:
         values = tables.array(tables.receipts)
         live = np.flatnonzero(values[:, R.STATE])
         rows, prows = live.tolist(), values[live, R.PARTICIPANT].tolist()
-        self.by_sequence.update(zip(zip(prows, values[live, R.SEQUENCE].tolist()), rows))
-        self.by_key.update(zip(zip(prows, tables.ids16(values, live, R.KEY_HI, R.KEY_LO)), rows))
+        sequences = values[live, R.SEQUENCE]
+        if len(live) and int(sequences.max()) >= 1 << (63 - SEQUENCE_SHIFT):  # past int64: Python's ints
+            keys = [sequence << SEQUENCE_SHIFT | prow for sequence, prow in zip(sequences.tolist(), prows)]
+        else:
+            keys = (sequences << SEQUENCE_SHIFT | values[live, R.PARTICIPANT]).tolist()
+        self.by_sequence.update(zip(keys, rows))
+        keyed = np.empty((len(live), 20), dtype=np.uint8)  # each row's key bytes, then its row in 4 bytes
+        keyed[:, :16] = np.ascontiguousarray(values[live, R.KEY_HI:R.KEY_HI + 2], dtype="<i8").view(np.uint8)
+        keyed[:, 16:] = np.asarray(values[live, R.PARTICIPANT], dtype="<u4").reshape(-1, 1).view(np.uint8)
+        self.by_key.update(zip(keyed.view("V20").ravel().tolist(), rows))
         self.by_op.update(zip(tables.ids16(values, live, R.OP_HI, R.OP_LO), rows))
         self.free = tables.unused_rows(tables.receipts)
 
+    def at(self, prow: int, sequence: int) -> int | None:
+        """The receipt row of a participant's sequence, None when it has no live receipt."""
+        return self.by_sequence.get(sequence << SEQUENCE_SHIFT | prow)
+
+    def row_of(self, prow: int, sequence: int) -> int:
+        """The receipt row of a live sequence (one of `DeviceState.live_sequences`)."""
+        return self.by_sequence[sequence << SEQUENCE_SHIFT | prow]
+
+    def key_in_use(self, prow: int, key: bytes) -> bool:
+        """Whether a live receipt of this participant has this operation key."""
+        return key + _ROW32.pack(prow) in self.by_key
+
     def add(self, rrow: int, prow: int, sequence: int, key: bytes, op: bytes) -> None:
-        self.by_sequence[(prow, sequence)] = rrow
-        self.by_key[(prow, key)] = rrow
+        self.by_sequence[sequence << SEQUENCE_SHIFT | prow] = rrow
+        self.by_key[key + _ROW32.pack(prow)] = rrow
         self.by_op[op] = rrow
 
     def remove(self, prow: int, sequence: int, key: bytes, op: bytes) -> int:
-        rrow = self.by_sequence.pop((prow, sequence))
-        del self.by_key[(prow, key)]
+        rrow = self.by_sequence.pop(sequence << SEQUENCE_SHIFT | prow)
+        del self.by_key[key + _ROW32.pack(prow)]
         del self.by_op[op]
         return rrow
 
@@ -164,8 +202,7 @@ class SpaceIndex:
     def rebuild(self, tables: Tables, participants: ParticipantIndex) -> None:
         values = tables.array(tables.spaces)
         live = np.flatnonzero(values[:, S.STATE] == 1)  # not a deleted one's tombstone (ops/deletions.py)
-        lineages = map(participants.lineage_at, values[live, S.OWNER].tolist(),
-                       values[live, S.CREATED].tolist())  # the one in its ID
+        lineages = participants.lineages_at(values[live, S.OWNER], values[live, S.CREATED])  # the one in its ID
         self.by_id.update(zip(zip(lineages, tables.ids16(values, live, S.ID_HI, S.ID_LO)), live.tolist()))
         self.free = tables.unused_rows(tables.spaces)
 
@@ -196,8 +233,7 @@ class ConversationIndex:
     def rebuild(self, tables: Tables, participants: ParticipantIndex, input_kind: int) -> None:
         values = tables.array(tables.conversations)
         live = np.flatnonzero(values[:, C.STATE] == 1)  # not a deleted one's tombstone (ops/deletions.py)
-        lineages = map(participants.lineage_at, values[live, C.CREATOR].tolist(),
-                       values[live, C.CREATED].tolist())  # the one in its ID
+        lineages = participants.lineages_at(values[live, C.CREATOR], values[live, C.CREATED])  # the one in its ID
         self.by_id.update(zip(zip(lineages, tables.ids16(values, live, C.ID_HI, C.ID_LO)), live.tolist()))
         self.free = tables.unused_rows(tables.conversations)
         receipts = tables.array(tables.receipts)

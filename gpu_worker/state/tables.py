@@ -9,11 +9,14 @@ shows is read back from these tensors. Capacities come from the runtime file's s
 from __future__ import annotations
 
 import struct
+import sys
 from enum import IntEnum
 from typing import Any
 
 import numpy as np
 import torch
+
+from .. import native
 
 
 class P:
@@ -144,6 +147,8 @@ class Source(IntEnum):
     FILE = 2
 
 
+_scatter = native.load("jcodec").scatter
+assert sys.byteorder == "little"  # the tensors' int64s are written as little-endian bytes (put_struct)
 _HALVES = struct.Struct("<qq")
 _INT64S: dict[int, struct.Struct] = {}  # n -> struct of n native int64 (the tensors' own layout), for run writes
 
@@ -211,6 +216,13 @@ class Tables:
         columns = torch.tensor(list(values), dtype=torch.int64, device=self.device)
         table[row, columns] = torch.tensor(list(values.values()), dtype=torch.int64, device=self.device)
 
+    def put_value(self, table: torch.Tensor, row: int, col: int, value: int) -> None:
+        if self._flat is not None:
+            flat, cols, _ = self._flat[id(table)]
+            flat[row * cols + col] = value
+        else:
+            table[row, col] = value
+
     def put_cols(self, table: torch.Tensor, row: int, first: int, values: list[int] | tuple[int, ...]) -> None:
         """Write consecutive columns first, first + 1, ... of a row in one step (a whole row:
         first 0 and width() values, so nothing of a reused row's old content stays)."""
@@ -219,6 +231,19 @@ class Tables:
             _int64s(len(values)).pack_into(raw, (row * cols + first) * 8, *values)
         else:
             table[row, first:first + len(values)] = torch.tensor(values, dtype=torch.int64, device=self.device)
+
+    def put_struct(self, table: torch.Tensor, row: int, first: int, layout: struct.Struct, *values: Any) -> None:
+        """Write columns from `first` on in one step, as `layout` packs `values`: little-endian
+        int64s ("q"), 16-byte identifiers as the two halves they become ("16s", split16's
+        layout), zero columns ("8x" each). A whole row is one call (the busiest writes: a
+        receipt, a space)."""
+        if self._flat is not None:
+            _, cols, raw = self._flat[id(table)]
+            layout.pack_into(raw, (row * cols + first) * 8, *values)
+        else:
+            data = layout.pack(*values)
+            table[row, first:first + len(data) // 8] = torch.frombuffer(bytearray(data), dtype=torch.int64).to(
+                self.device)
 
     def row(self, table: torch.Tensor, row: int) -> list[int]:
         if self._flat is not None:
@@ -241,6 +266,39 @@ class Tables:
             flat[start:start + len(data)] = data
         else:
             table[row, offset:offset + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
+
+    def put_rows(self, table: torch.Tensor, rows: np.ndarray, values: np.ndarray) -> None:
+        """values[i] into the first columns of row rows[i] (ascending), for whole tables at boot:
+        one block copy where the rows are consecutive (a table filled from its first row)."""
+        n, width = values.shape
+        if self._flat is None:
+            table[torch.from_numpy(rows.copy()).to(self.device), :width] = torch.from_numpy(values.copy()).to(self.device)
+            return
+        array = table.numpy()
+        if n and 0 <= rows[0] and rows[-1] - rows[0] == n - 1 and bool((np.diff(rows) > 0).all()):
+            array[rows[0]:rows[0] + n, :width] = values
+        else:
+            array[rows, :width] = values
+
+    def put_packed(self, table: torch.Tensor, rows: np.ndarray, lengths: np.ndarray, blob: bytes | memoryview) -> None:
+        """Each of `rows` (still zero: a table just made) gets its `lengths` bytes, taken one row
+        after another from `blob` (how a checkpoint keeps receipts' command and result bytes and
+        conversations' histories): one native call rather than a copy per row (a boot from a
+        checkpoint of 1M receipts made 2M of them)."""
+        rows, lengths = np.ascontiguousarray(rows, dtype=np.int64), np.ascontiguousarray(lengths, dtype=np.int64)
+        if self._flat is not None:
+            used = _scatter(self._flat[id(table)][2], table.shape[1], rows, lengths, blob)
+        else:  # through a host block of rows at a time
+            cols, used = table.shape[1], 0
+            chunk = max(1, (32 << 20) // cols)
+            for start in range(0, len(rows), chunk):
+                block = np.zeros((len(rows[start:start + chunk]), cols), dtype=np.uint8)
+                used += _scatter(block, cols, np.arange(len(block), dtype=np.int64), lengths[start:start + chunk],
+                                 memoryview(blob)[used:])
+                table[torch.from_numpy(rows[start:start + chunk]).to(self.device)] = torch.from_numpy(block).to(
+                    self.device)
+        if used != len(blob):
+            raise ValueError(f"{len(blob)} bytes given for rows holding {used}")
 
     def get_bytes(self, table: torch.Tensor, row: int, length: int, offset: int = 0) -> bytes:
         if length <= 0:
@@ -287,9 +345,11 @@ class Tables:
 
     @staticmethod
     def ids16(values: np.ndarray, rows: np.ndarray, hi: int, lo: int) -> list[bytes]:
-        """join16 of columns hi, lo at each of `rows`, in one pass."""
-        data = np.ascontiguousarray(values[rows][:, [hi, lo]], dtype="<i8").tobytes()
-        return [data[at:at + 16] for at in range(0, len(data), 16)]
+        """join16 of columns hi, lo (= hi + 1: an identifier's halves are adjacent) at each of
+        `rows`, in one pass."""
+        assert lo == hi + 1
+        data = np.ascontiguousarray(values[rows, hi:hi + 2], dtype="<i8")
+        return np.frombuffer(data.tobytes(), dtype="V16").tolist()
 
     @staticmethod
     def unused_rows(table: torch.Tensor) -> list[int]:

@@ -87,26 +87,22 @@ def load_state(state: DeviceState, blob: bytes | memoryview, input_kind: int) ->
     for name in ROW_TABLES:
         table = getattr(t, name)
         rows_raw, data = saved["tables"][name]
-        rows = torch.from_numpy(np.frombuffer(rows_raw, dtype="<i8").copy())
+        rows = np.frombuffer(rows_raw, dtype="<i8")
         if len(rows):
             width = len(data) // 8 // len(rows)
             if width > table.shape[1] or width * 8 * len(rows) != len(data):
                 raise ValueError(f"state extent: table {name} has rows of {width} columns; this device knows "
                                  f"{table.shape[1]}")
             narrow = narrow or width < table.shape[1]
-            values = torch.from_numpy(np.frombuffer(data, dtype="<i8").copy()).view(len(rows), width)
-            table[rows.to(t.device), :width] = values.to(t.device)
+            t.put_rows(table, rows, np.frombuffer(data, dtype="<i8").reshape(len(rows), width))
     live = torch.nonzero(t.receipts[:, R.STATE] != 0).flatten()
     if len(live):
         t.receipt_digests[live] = torch.from_numpy(
             np.frombuffer(saved["digests"], dtype=np.uint8).copy()).view(len(live), 2, 32).to(t.device)
         t.mark_folded(saved["generation"])
-    live_rows, receipts = live.tolist(), t.array(t.receipts)
+    live_rows, receipts = live.cpu().numpy(), t.array(t.receipts)
     for key, table, col in (("commands", t.command_bytes, R.COMMAND_LEN), ("results", t.result_bytes, R.RESULT_LEN)):
-        blob, at = memoryview(saved[key]), 0  # each live receipt's bytes, one after another, in row order
-        for r, n in zip(live_rows, receipts[live_rows, col].tolist()):
-            t.put_bytes(table, r, blob[at:at + n])
-            at += n
+        t.put_packed(table, live_rows, receipts[live_rows, col], saved[key])  # in row order, one after another
     state.admissions = saved["admissions"]
     state.participants.load_lineages(saved.get("lineages", []))  # before the indexes derive any lineage
     state.boot = saved["boot"]
@@ -117,11 +113,9 @@ def load_state(state: DeviceState, blob: bytes | memoryview, input_kind: int) ->
     state.failovers = saved.get("failovers", [])  # (none in a checkpoint from before replication)
     if "memory" in saved:  # a checkpoint from before memory has none
         state.memory.load(saved["memory"])
-    at = 0
-    for crow in torch.nonzero(t.conversations[:, C.HISTORY_LEN] != 0).flatten().tolist():
-        n = t.value(t.conversations, crow, C.HISTORY_LEN)
-        t.put_bytes(t.history, crow, saved.get("history", b"")[at:at + n])
-        at += n
+    conversations = t.array(t.conversations)
+    talked = np.flatnonzero(conversations[:, C.HISTORY_LEN])
+    t.put_packed(t.history, talked, conversations[talked, C.HISTORY_LEN], saved.get("history", b""))
     if narrow:
         _derive_event_orders(state, input_kind)
     media: dict[str, Any] = saved.get("media", {})

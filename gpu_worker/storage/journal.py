@@ -312,12 +312,14 @@ class _Recovery:
         read natively (jcodec.transfers); where the first one that is not begins (the end of the
         data when all are): the loop in `_parts` reads on from there with every rule."""
         lo, hi = (1, self.after_seq + 1) if self.next_seq is None else (self.next_seq, self.next_seq)
-        found, stop = _whole(data, pos, lo, hi, _KIND_MASK, MAX_DATA)
-        for kind, seq, payload, start in found:
-            self.next_seq = seq + 1
-            if seq > self.after_seq:
-                self.digest = chain_digest(self.digest, kind, seq, payload)
-                self.transfers.append(Transfer(_KIND_OF[kind], seq, payload, self.digest, number, self._base + start))
+        found, stop = _whole(data, pos, lo, hi, _KIND_MASK, MAX_DATA, self.digest, self.after_seq)
+        append, base = self.transfers.append, self._base
+        for kind, seq, payload, start, digest in found:  # digest: chain_digest's, None at or below after_seq
+            if digest is not None:
+                append(Transfer(_KIND_OF[kind], seq, payload, digest, number, base + start))
+                self.digest = digest
+        if found:
+            self.next_seq = found[-1][1] + 1
         return stop
 
     def _torn_tail(self, path: str, data: bytes, pos: int, current: _Open | None) -> tuple[int, str]:

@@ -323,8 +323,8 @@ def test_recovery_keeps_the_recorded_mode_2_after_the_model_loses_its_qualificat
                                 temperature=1.0, retention="interpret")
         assert status == 202, receipt
         d = w.device
-        rrow = d.state.receipts.by_sequence[(d.state.participants.by_principal[bytes.fromhex(w.principals["a"])],
-                                             int(receipt["sequence"]))]
+        rrow = d.state.receipts.row_of(d.state.participants.by_principal[bytes.fromhex(w.principals["a"])],
+                                       int(receipt["sequence"]))
         w.pump(lambda: d.state.tables.value(d.state.tables.receipts, rrow, R.LEASE))  # the lease is saved
         card = d.runtime.json("gen/card")
         d.runner.stop()
@@ -369,8 +369,8 @@ def test_a_revision_0_lease_replays_with_mode_1_until_an_interpretation_record_s
     space, conversation = world.conversation("a")
     receipt = run(world, "a", conversation, "hello")
     d = world.device
-    rrow = d.state.receipts.by_sequence[(d.state.participants.by_principal[bytes.fromhex(world.principals["a"])],
-                                         int(receipt["sequence"]))]
+    rrow = d.state.receipts.row_of(d.state.participants.by_principal[bytes.fromhex(world.principals["a"])],
+                                   int(receipt["sequence"]))
     actor, sequence = execution._actor(d, rrow)
     payload = leases.encode(0, [leases.LeaseRow(0, 0, sequence, actor, None)])
     execution.replay_lease(d, Transfer(seq=999, kind=TransferKind.LEASE, payload=payload, digest=bytes(32),

@@ -1,0 +1,60 @@
+"""The whole-table passes a boot uses (state/tables.py, state/indexes.py) against the row-by-row
+writes and lookups the device makes as it runs: the same bytes, the same lineages."""
+import os
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpu_worker.state.indexes import ParticipantIndex
+from gpu_worker.state.tables import Tables
+
+CAPACITIES = {"participants": 4, "spaces": 4, "members": 4, "conversations": 4, "receipts": 64, "command_bytes": 48,
+              "result_bytes": 8, "history_bytes": 32}
+
+
+@settings(max_examples=80, deadline=None)
+@given(lengths=st.dictionaries(st.integers(0, 63), st.integers(0, 48), max_size=40), seed=st.integers(0, 1000))
+def test_put_packed_writes_each_row_exactly_as_put_bytes_does(lengths, seed):
+    rows = np.array(sorted(lengths), dtype=np.int64)
+    sizes = np.array([lengths[r] for r in rows.tolist()], dtype=np.int64)
+    blob = np.random.default_rng(seed).integers(0, 256, int(sizes.sum()), dtype=np.uint8).tobytes()
+    packed, by_row = Tables(CAPACITIES), Tables(CAPACITIES)
+    packed.put_packed(packed.command_bytes, rows, sizes, blob)
+    at = 0
+    for r, n in zip(rows.tolist(), sizes.tolist()):
+        by_row.put_bytes(by_row.command_bytes, r, blob[at:at + n])
+        at += n
+    assert torch.equal(packed.command_bytes, by_row.command_bytes)
+
+
+@pytest.mark.parametrize("rows, lengths, blob, problem", [
+    ([1, 2], [3, 3], 7, "given for rows holding"),  # a blob longer than the lengths
+    ([1, 2], [3, 3], 5, "blob is shorter than the lengths"),
+    ([64], [1], 1, "outside the table"),
+    ([-1], [1], 1, "outside the table"),
+    ([0], [49], 49, "does not fit a row"),
+    ([0], [-1], 0, "does not fit a row"),
+])
+def test_put_packed_refuses_what_does_not_fit(rows, lengths, blob, problem):
+    tables = Tables(CAPACITIES)
+    with pytest.raises(ValueError, match=problem):
+        tables.put_packed(tables.command_bytes, np.array(rows, dtype=np.int64), np.array(lengths, dtype=np.int64),
+                          os.urandom(blob))
+
+
+@settings(max_examples=60, deadline=None)
+@given(starts=st.lists(st.integers(1, 50), max_size=4).map(sorted),
+       pairs=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 60)), max_size=30))
+def test_lineages_at_is_lineage_at_for_every_row(starts, pairs):
+    """Every line of history a restore started (none, one, several, two at one counter), every
+    counter before, at and after each line's first."""
+    index = ParticipantIndex(b"i" * 16)
+    index.load_lineages([[first, bytes([n]) * 16] for n, first in enumerate(starts)])
+    for prow in range(4):
+        index.add(prow, bytes([prow + 100]) * 16)
+    prows = np.array([p for p, _ in pairs], dtype=np.int64)
+    counters = np.array([c for _, c in pairs], dtype=np.int64)
+    assert index.lineages_at(prows, counters) == [index.lineage_at(p, c) for p, c in pairs]
