@@ -3,8 +3,8 @@
 // checksums per record were a measurable part of each admission (docs/performance.md).
 //
 //   records(kind, transfer_seq, payload, max_data) -> [bytes]
-//   transfers(data, pos, first_seq_lo, first_seq_hi, kinds, max_data, digest, after_seq)
-//       -> ([(kind, seq, payload, start, digest or None)], stop)
+//   transfers(data, pos, first_seq_lo, first_seq_hi, kinds, max_data, digest, after_seq, kind_objects,
+//             segment, base) -> ([(kind, seq, payload, digest, segment, base + start)], stop, last_seq)
 //   scatter(table, cols, rows, lengths, blob) -> bytes used (a checkpoint's row bytes, below)
 //
 // Each record: a 32-byte part header (type 37, class 0x41, kind, part index, part count, data
@@ -18,10 +18,12 @@
 // among the bits of `kinds`. It stops at the first transfer that is not whole or not exactly as the
 // writer makes it (cut short, a checksum, a field) and returns where that transfer starts: the
 // Python reader goes on from there with every rule and message of docs/journal.md (a torn tail, or
-// the corruption it names), so the fast path changes what is read in no case. Each transfer past
-// `after_seq` also gets its commit digest, the chain from `digest` on (journal.py chain_digest:
-// SHA-256 of the previous digest, kind u16 LE, seq u64 LE, payload; OpenSSL's, through one
-// reused context: its one-shot SHA256() looks the algorithm up at each call); None at or below.
+// the corruption it names), so the fast path changes what is read in no case. The transfers past
+// `after_seq` come back as a Transfer's fields (kind_objects[kind], seq, payload, commit digest,
+// segment, offset); the digest chains from `digest` (journal.py chain_digest: SHA-256 of the
+// previous digest, kind u16 LE, seq u64 LE, payload; OpenSSL's, through one reused context: its
+// one-shot SHA256() looks the algorithm up at each call). Those at or below are read and checked
+// only; last_seq is the seq of the last whole transfer read (0: none).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <openssl/evp.h>
@@ -31,7 +33,6 @@
 #include <string.h>
 
 #include <algorithm>
-#include <string>
 
 namespace {
 
@@ -149,15 +150,19 @@ PyObject* transfers(PyObject*, PyObject* args) {
   Py_ssize_t max_data;
   Py_buffer previous;
   unsigned long long after;
-  if (!PyArg_ParseTuple(args, "y*nKKKny*K", &data, &pos, &lo, &hi, &kinds, &max_data, &previous, &after))
+  PyObject* kind_objects;
+  PyObject* segment;
+  Py_ssize_t base;
+  if (!PyArg_ParseTuple(args, "y*nKKKny*KO!On", &data, &pos, &lo, &hi, &kinds, &max_data, &previous, &after,
+                        &PyTuple_Type, &kind_objects, &segment, &base))
     return nullptr;
   unsigned char digest[DIGEST];
-  const bool sized = previous.len == DIGEST;
+  const bool sized = previous.len == DIGEST && PyTuple_GET_SIZE(kind_objects) == 64;
   if (sized) memcpy(digest, previous.buf, DIGEST);
   PyBuffer_Release(&previous);
   if (!sized) {
     PyBuffer_Release(&data);
-    PyErr_SetString(PyExc_ValueError, "the previous digest is not 32 bytes");
+    PyErr_SetString(PyExc_ValueError, "the previous digest is not 32 bytes, or the kinds not 64");
     return nullptr;
   }
   static EVP_MD* sha256 = EVP_MD_fetch(nullptr, "SHA256", nullptr);  // once per process
@@ -167,68 +172,90 @@ PyObject* transfers(PyObject*, PyObject* args) {
     PyErr_SetString(PyExc_RuntimeError, "OpenSSL has no SHA-256 for the journal's digests");
     return nullptr;
   }
-  bool hashed = true;
+  bool failed = false;
   const unsigned char* d = static_cast<const unsigned char*>(data.buf);
   const size_t n = size_t(data.len);
   size_t at = pos < 0 ? n : std::min(size_t(pos), n);
+  unsigned long long last = 0;  // the seq of the last whole transfer read
   PyObject* list = PyList_New(0);
-  std::string payload;
   while (list && max_data > 0) {
     const size_t start = at;
     Part first;
     if (!read_part(d, n, at, size_t(max_data), first) || first.index != 0 || first.seq < lo || first.seq > hi ||
         first.kind >= 64 || !((kinds >> first.kind) & 1))
       break;
-    payload.assign(reinterpret_cast<const char*>(d + at + HEADER), first.size);
-    at += HEADER + first.size;
+    // the parts' bytes go straight into the payload (none kept for a transfer a checkpoint holds)
+    PyObject* payload = first.seq > after ? PyBytes_FromStringAndSize(nullptr, Py_ssize_t(first.length)) : nullptr;
+    if (first.seq > after && !payload) {
+      failed = true;
+      break;
+    }
+    unsigned char* into = payload ? reinterpret_cast<unsigned char*>(PyBytes_AS_STRING(payload)) : nullptr;
+    size_t filled = 0;
     bool whole = true;
-    for (uint16_t i = 1; i < first.count; ++i) {
+    for (uint16_t i = 0; i < first.count; ++i) {
       Part part;
-      if (!read_part(d, n, at, size_t(max_data), part) || part.index != i || part.kind != first.kind ||
-          part.count != first.count || part.length != first.length || part.seq != first.seq) {
+      if (i && (!read_part(d, n, at, size_t(max_data), part) || part.index != i || part.kind != first.kind ||
+                part.count != first.count || part.length != first.length || part.seq != first.seq)) {
         whole = false;
         break;
       }
-      payload.append(reinterpret_cast<const char*>(d + at + HEADER), part.size);
-      at += HEADER + part.size;
+      const size_t size = i ? part.size : first.size;
+      if (into && filled + size <= first.length) memcpy(into + filled, d + at + HEADER, size);
+      filled += size;
+      at += HEADER + size;
     }
-    if (!whole) {
+    if (!whole || filled != first.length) {  // (read_part checks each size against the length)
+      Py_XDECREF(payload);
       at = start;
       break;
     }
-    PyObject* item;
-    if (first.seq > after) {
-      unsigned char head[10];  // kind u16 LE, seq u64 LE
-      for (int b = 0; b < 2; ++b) head[b] = (unsigned char)(first.kind >> (8 * b));
-      for (int b = 0; b < 8; ++b) head[2 + b] = (unsigned char)(first.seq >> (8 * b));
-      hashed = EVP_DigestInit_ex(hashing, sha256, nullptr) && EVP_DigestUpdate(hashing, digest, DIGEST) &&
-               EVP_DigestUpdate(hashing, head, sizeof head) &&
-               EVP_DigestUpdate(hashing, payload.data(), payload.size()) &&
-               EVP_DigestFinal_ex(hashing, digest, nullptr);
-      if (!hashed) {
-        Py_CLEAR(list);
-        break;
-      }
-      item = Py_BuildValue("(iKy#ny#)", int(first.kind), (unsigned long long)first.seq, payload.data(),
-                           Py_ssize_t(payload.size()), Py_ssize_t(start), digest, Py_ssize_t(DIGEST));
-    } else {
-      item = Py_BuildValue("(iKy#nO)", int(first.kind), (unsigned long long)first.seq, payload.data(),
-                           Py_ssize_t(payload.size()), Py_ssize_t(start), Py_None);
-    }
-    if (!item || PyList_Append(list, item) < 0) {
-      Py_XDECREF(item);
-      Py_CLEAR(list);
+    last = first.seq;
+    lo = hi = first.seq + 1;
+    if (!payload) continue;  // held by a checkpoint: read and checked, not returned nor chained
+    unsigned char head[10];  // kind u16 LE, seq u64 LE
+    for (int b = 0; b < 2; ++b) head[b] = (unsigned char)(first.kind >> (8 * b));
+    for (int b = 0; b < 8; ++b) head[2 + b] = (unsigned char)(first.seq >> (8 * b));
+    if (!(EVP_DigestInit_ex(hashing, sha256, nullptr) && EVP_DigestUpdate(hashing, digest, DIGEST) &&
+          EVP_DigestUpdate(hashing, head, sizeof head) && EVP_DigestUpdate(hashing, into, filled) &&
+          EVP_DigestFinal_ex(hashing, digest, nullptr))) {
+      Py_DECREF(payload);
+      PyErr_SetString(PyExc_RuntimeError, "OpenSSL's SHA-256 failed on a journal transfer");
+      failed = true;
       break;
     }
+    // (kind, seq, payload, digest, segment, offset): a Transfer's fields, in its order
+    PyObject* item = PyTuple_New(6);
+    PyObject* kind = PyTuple_GET_ITEM(kind_objects, first.kind);
+    PyObject* seq = PyLong_FromUnsignedLongLong(first.seq);
+    PyObject* hash = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(digest), DIGEST);
+    PyObject* offset = PyLong_FromSsize_t(base + Py_ssize_t(start));
+    if (!item || !seq || !hash || !offset) {
+      Py_XDECREF(item);
+      Py_XDECREF(seq);
+      Py_XDECREF(hash);
+      Py_XDECREF(offset);
+      Py_DECREF(payload);
+      failed = true;
+      break;
+    }
+    Py_INCREF(kind);
+    Py_INCREF(segment);
+    PyTuple_SET_ITEM(item, 0, kind);
+    PyTuple_SET_ITEM(item, 1, seq);
+    PyTuple_SET_ITEM(item, 2, payload);
+    PyTuple_SET_ITEM(item, 3, hash);
+    PyTuple_SET_ITEM(item, 4, segment);
+    PyTuple_SET_ITEM(item, 5, offset);
+    if (PyList_Append(list, item) < 0) failed = true;
     Py_DECREF(item);
-    lo = hi = first.seq + 1;
+    if (failed) break;
   }
   PyBuffer_Release(&data);
   EVP_MD_CTX_free(hashing);
-  if (!hashed) PyErr_SetString(PyExc_RuntimeError, "OpenSSL's SHA-256 failed on a journal transfer");
+  if (failed) Py_CLEAR(list);
   if (!list) return nullptr;
-  PyObject* result = Py_BuildValue("(Nn)", list, Py_ssize_t(at));
-  return result;
+  return Py_BuildValue("(NnK)", list, Py_ssize_t(at), last);
 }
 
 // scatter(table, cols, rows, lengths, blob) -> bytes used: row rows[i] of `table` (writable, rows
@@ -271,8 +298,8 @@ PyObject* scatter(PyObject*, PyObject* args) {
 PyMethodDef methods[] = {
     {"records", records, METH_VARARGS, "records(kind, transfer_seq, payload, max_data) -> [bytes]"},
     {"transfers", transfers, METH_VARARGS,
-     "transfers(data, pos, first_seq_lo, first_seq_hi, kinds, max_data, digest, after_seq) -> "
-     "([(kind, seq, payload, start, digest or None)], stop)"},
+     "transfers(data, pos, first_seq_lo, first_seq_hi, kinds, max_data, digest, after_seq, kind_objects, segment, "
+     "base) -> ([(kind, seq, payload, digest, segment, offset)], stop, last_seq)"},
     {"scatter", scatter, METH_VARARGS, "scatter(table, cols, rows, lengths, blob) -> bytes used"},
     {nullptr, nullptr, 0, nullptr}};
 

@@ -26,7 +26,7 @@ def visible_receipt(d: Context, principal: bytes, op: str) -> tuple[int, bool]:
         raise ServiceError(404, "operation_not_found", f"no operation {op} visible to this principal")
     lineage, raw = ids.split_id(m)
     state = d.state
-    rrow = state.receipts.by_op.get(raw)
+    rrow = state.receipts.op_row(raw)
     caller = state.participants.by_principal.get(principal)
     if rrow is not None:
         t = state.tables
@@ -108,7 +108,7 @@ _STATUS_CODES = {name: code for code, name in receipts.TERMINAL_NAMES.items()}
 
 def _any_receipt(d: Tables, op: Any) -> int:
     m = ids.OPERATION_ID.match(op) if isinstance(op, str) else None
-    rrow = d.state.receipts.by_op.get(ids.split_id(m)[1]) if m else None
+    rrow = d.state.receipts.op_row(ids.split_id(m)[1]) if m else None
     if rrow is None:
         raise ServiceError(404, "operation_not_found", f"no live operation {op}")
     return rrow

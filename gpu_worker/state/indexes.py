@@ -138,11 +138,17 @@ _ROW32 = struct.Struct("<I")  # by_key's key: the operation key, then the partic
 
 class ReceiptIndex:
     """Live receipt rows by participant row and sequence (one int key, `at`), by participant row
-    and operation key (one 20-byte key, `key_in_use`) and by operation ID (one int and one bytes
-    key rather than tuples: cheaper to build for a million receipts at boot); retired rows wait in `release_on_save` until the retirement that freed them is
-    saved (SPEC: the persisted floor advances before a receipt slot is reused)."""
+    and operation key (one 20-byte key, `key_in_use`) and by operation ID (`op_row`): one int and
+    one bytes key rather than tuples, cheaper to build for a million receipts at boot. Retired
+    rows wait in `release_on_save` until the retirement that freed them is saved (SPEC: the
+    persisted floor advances before a receipt slot is reused).
 
-    __slots__ = ("by_sequence", "by_key", "by_op", "free", "release_on_save")
+    While a device loads (`defer` .. `settle`), `add` only notes the row, and the rows noted are
+    indexed from the tables in whole-column passes when a lookup next needs them: replaying a
+    journal of a million admissions spent more time inserting their index entries one by one
+    than on anything else (docs/performance.md, "Replay")."""
+
+    __slots__ = ("by_sequence", "by_key", "by_op", "free", "release_on_save", "_tables", "_pending")
 
     def __init__(self) -> None:
         self.by_sequence: dict[int, int] = {}  # sequence << SEQUENCE_SHIFT | participant row -> receipt row
@@ -150,42 +156,82 @@ class ReceiptIndex:
         self.by_op: dict[bytes, int] = {}
         self.free: list[int] = []
         self.release_on_save: dict[int, list[int]] = {}  # transfer seq -> rows freed once it is saved
+        self._tables: Tables | None = None  # while deferring: where the noted rows are read
+        self._pending: list[int] = []  # rows added and not yet indexed (only while deferring)
 
     def rebuild(self, tables: Tables) -> None:
         values = tables.array(tables.receipts)
         live = np.flatnonzero(values[:, R.STATE])
-        rows, prows = live.tolist(), values[live, R.PARTICIPANT].tolist()
-        sequences = values[live, R.SEQUENCE]
-        if len(live) and int(sequences.max()) >= 1 << (63 - SEQUENCE_SHIFT):  # past int64: Python's ints
-            keys = [sequence << SEQUENCE_SHIFT | prow for sequence, prow in zip(sequences.tolist(), prows)]
-        else:
-            keys = (sequences << SEQUENCE_SHIFT | values[live, R.PARTICIPANT]).tolist()
-        self.by_sequence.update(zip(keys, rows))
-        keyed = np.empty((len(live), 20), dtype=np.uint8)  # each row's key bytes, then its row in 4 bytes
-        keyed[:, :16] = np.ascontiguousarray(values[live, R.KEY_HI:R.KEY_HI + 2], dtype="<i8").view(np.uint8)
-        keyed[:, 16:] = np.asarray(values[live, R.PARTICIPANT], dtype="<u4").reshape(-1, 1).view(np.uint8)
-        self.by_key.update(zip(keyed.view("V20").ravel().tolist(), rows))
-        self.by_op.update(zip(tables.ids16(values, live, R.OP_HI, R.OP_LO), rows))
+        self._index(values, live, live)
         self.free = tables.unused_rows(tables.receipts)
+
+    def _index(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
+        """Index receipt rows `rows`, whose values are values[at], in one pass per index."""
+        rrows, prows, sequences = rows.tolist(), values[at, R.PARTICIPANT], values[at, R.SEQUENCE]
+        if len(at) and int(sequences.max()) >= 1 << (63 - SEQUENCE_SHIFT):  # past int64: Python's ints
+            keys = [sequence << SEQUENCE_SHIFT | prow for sequence, prow in zip(sequences.tolist(), prows.tolist())]
+        else:
+            keys = (sequences << SEQUENCE_SHIFT | prows).tolist()
+        self.by_sequence.update(zip(keys, rrows))
+        keyed = np.empty((len(at), 20), dtype=np.uint8)  # each row's key bytes, then its row in 4 bytes
+        keyed[:, :16] = np.ascontiguousarray(values[at, R.KEY_HI:R.KEY_HI + 2], dtype="<i8").view(np.uint8)
+        keyed[:, 16:] = np.asarray(prows, dtype="<u4").reshape(-1, 1).view(np.uint8)
+        self.by_key.update(zip(keyed.view("V20").ravel().tolist(), rrows))
+        self.by_op.update(zip(Tables.ids16(values, at, R.OP_HI, R.OP_LO), rrows))
+
+    def defer(self, tables: Tables) -> None:
+        """From now on `add` notes rows, indexed at the next lookup or at `settle`."""
+        self._tables = tables
+
+    def settle(self) -> None:
+        """Index what was noted and index each `add` at once again (the load is over)."""
+        self._catch_up()
+        self._tables = None
+
+    def _catch_up(self) -> None:
+        tables, rows = self._tables, np.array(self._pending, dtype=np.int64)
+        assert tables is not None
+        self._pending = []
+        if tables.device.type == "cpu":  # the table's own memory
+            self._index(tables.array(tables.receipts), rows, rows)
+        else:  # only those rows, off the accelerator
+            self._index(tables.take(tables.receipts, rows), np.arange(len(rows)), rows)
 
     def at(self, prow: int, sequence: int) -> int | None:
         """The receipt row of a participant's sequence, None when it has no live receipt."""
+        if self._pending:
+            self._catch_up()
         return self.by_sequence.get(sequence << SEQUENCE_SHIFT | prow)
 
     def row_of(self, prow: int, sequence: int) -> int:
         """The receipt row of a live sequence (one of `DeviceState.live_sequences`)."""
+        if self._pending:
+            self._catch_up()
         return self.by_sequence[sequence << SEQUENCE_SHIFT | prow]
+
+    def op_row(self, op: bytes) -> int | None:
+        """The receipt row of an operation ID (its 16 raw bytes), None when it is not live."""
+        if self._pending:
+            self._catch_up()
+        return self.by_op.get(op)
 
     def key_in_use(self, prow: int, key: bytes) -> bool:
         """Whether a live receipt of this participant has this operation key."""
+        if self._pending:
+            self._catch_up()
         return key + _ROW32.pack(prow) in self.by_key
 
     def add(self, rrow: int, prow: int, sequence: int, key: bytes, op: bytes) -> None:
+        if self._tables is not None:
+            self._pending.append(rrow)
+            return
         self.by_sequence[sequence << SEQUENCE_SHIFT | prow] = rrow
         self.by_key[key + _ROW32.pack(prow)] = rrow
         self.by_op[op] = rrow
 
     def remove(self, prow: int, sequence: int, key: bytes, op: bytes) -> int:
+        if self._pending:
+            self._catch_up()
         rrow = self.by_sequence.pop(sequence << SEQUENCE_SHIFT | prow)
         del self.by_key[key + _ROW32.pack(prow)]
         del self.by_op[op]

@@ -344,6 +344,11 @@ class Tables:
         return table.numpy() if table.device.type == "cpu" else table.cpu().numpy()
 
     @staticmethod
+    def take(table: torch.Tensor, rows: np.ndarray) -> np.ndarray:
+        """Those rows of the table, as a numpy array (a copy)."""
+        return table[torch.from_numpy(rows).to(table.device)].cpu().numpy()
+
+    @staticmethod
     def ids16(values: np.ndarray, rows: np.ndarray, hi: int, lo: int) -> list[bytes]:
         """join16 of columns hi, lo (= hi + 1: an identifier's halves are adjacent) at each of
         `rows`, in one pass."""

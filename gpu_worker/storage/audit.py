@@ -39,7 +39,7 @@ def _folded(runtime: RuntimeFile) -> tuple[int, bytes]:
     generation names, never that of an audit extent, which every later generation keeps."""
     if not runtime.has(checkpoint.STATE):
         return 0, ZERO_DIGEST
-    state = msgpack.unpackb(runtime.read_verified(checkpoint.STATE), raw=False)
+    state = checkpoint.decode_state(runtime.read_verified(checkpoint.STATE))
     last_seq: int = state["last_seq"]
     last_digest: bytes = state["last_digest"]
     return last_seq, last_digest

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import hashlib
 import os
 import re
@@ -17,7 +18,7 @@ import zlib
 from collections import deque
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpu_worker import native
 from gpu_worker.storage.filelayer import AppendFile, FileLayer, OsFileLayer
@@ -66,6 +67,7 @@ _jcodec = native.load("jcodec")
 _records, _whole = _jcodec.records, _jcodec.transfers
 _KIND_OF = {k.value: k for k in TransferKind}  # kind by value: a dict lookup, cheaper than an IntEnum call
 _KIND_MASK = sum(1 << k for k in _KIND_OF)  # the kinds the native reader accepts (all below 64)
+_KIND_OBJECTS = tuple(_KIND_OF.get(k) for k in range(64))  # what it names them by
 
 
 class JournalError(Exception):
@@ -124,14 +126,17 @@ def chain_digest(previous: bytes, kind: int, transfer_seq: int, payload: bytes) 
     return h.digest()
 
 
-@dataclass
-class Transfer:
+class Transfer(NamedTuple):
+    """One transfer as recovery reads it (a tuple: the native reader makes a million of them)."""
     kind: TransferKind
     seq: int
     payload: bytes
     digest: bytes
     segment: int
     offset: int
+
+
+_as_transfer = functools.partial(tuple.__new__, Transfer)  # a tuple of its fields as a Transfer, in C
 
 
 @dataclass
@@ -312,14 +317,13 @@ class _Recovery:
         read natively (jcodec.transfers); where the first one that is not begins (the end of the
         data when all are): the loop in `_parts` reads on from there with every rule."""
         lo, hi = (1, self.after_seq + 1) if self.next_seq is None else (self.next_seq, self.next_seq)
-        found, stop = _whole(data, pos, lo, hi, _KIND_MASK, MAX_DATA, self.digest, self.after_seq)
-        append, base = self.transfers.append, self._base
-        for kind, seq, payload, start, digest in found:  # digest: chain_digest's, None at or below after_seq
-            if digest is not None:
-                append(Transfer(_KIND_OF[kind], seq, payload, digest, number, base + start))
-                self.digest = digest
-        if found:
-            self.next_seq = found[-1][1] + 1
+        found, stop, last = _whole(data, pos, lo, hi, _KIND_MASK, MAX_DATA, self.digest, self.after_seq,
+                                   _KIND_OBJECTS, number, self._base)
+        if found:  # each a Transfer's fields, its digest chained (those a checkpoint holds are not here)
+            self.transfers.extend(map(_as_transfer, found))
+            self.digest = found[-1][3]
+        if last:
+            self.next_seq = last + 1
         return stop
 
     def _torn_tail(self, path: str, data: bytes, pos: int, current: _Open | None) -> tuple[int, str]:

@@ -58,3 +58,27 @@ def test_lineages_at_is_lineage_at_for_every_row(starts, pairs):
     prows = np.array([p for p, _ in pairs], dtype=np.int64)
     counters = np.array([c for _, c in pairs], dtype=np.int64)
     assert index.lineages_at(prows, counters) == [index.lineage_at(p, c) for p, c in pairs]
+
+
+def test_the_accelerator_paths_write_exactly_what_the_host_paths_do():
+    """On an accelerator the tables have no flat host views and every write goes through torch
+    indexing (state/tables.py); run here with the views off, the same writes leave the same bytes."""
+    from gpu_worker.admission import _RECEIPT_ROW
+    from gpu_worker.ops.spaces import _ROW as SPACE_ROW
+    host, accelerator = Tables(CAPACITIES), Tables(CAPACITIES)
+    accelerator._flat = None
+    rng = np.random.default_rng(7)
+    rows = np.array([0, 1, 2, 5, 9], dtype=np.int64)
+    lengths = np.array([3, 48, 0, 17, 1], dtype=np.int64)
+    blob = os.urandom(int(lengths.sum()))
+    values = rng.integers(-1 << 62, 1 << 62, (len(rows), 5))
+    for t in (host, accelerator):
+        t.put_struct(t.receipts, 7, 0, _RECEIPT_ROW, 1, 2, 3, 4, b"k" * 16, b"o" * 16, 5, 6, 7, 0, 1, *range(8, 16))
+        t.put_struct(t.spaces, 2, 0, SPACE_ROW, 1, 3, 2, b"i" * 16, 9, b"p" * 16)
+        t.put_value(t.participants, 1, 2, -5)
+        t.put_packed(t.command_bytes, rows, lengths, blob)
+        t.put_rows(t.conversations, np.array([0, 1], dtype=np.int64), values[:2])
+        t.put_rows(t.conversations, np.array([3], dtype=np.int64), values[2:3])  # not consecutive with those
+    for name in ("receipts", "spaces", "participants", "command_bytes", "conversations"):
+        assert torch.equal(getattr(host, name), getattr(accelerator, name)), name
+    assert (Tables.take(host.receipts, rows) == Tables.array(host.receipts)[rows]).all()

@@ -8,6 +8,7 @@ import os
 import shutil
 
 import pytest
+import torch
 
 from gpu_worker.contract.grantfile import Grants
 from gpu_worker.device import Device
@@ -171,3 +172,39 @@ def test_a_restore_that_lacks_a_sources_bytes_names_it_and_refuses_inputs_until_
     with RuntimeFile.open(w.runtime) as runtime:
         assert runtime.names("media/") == [f"media/{sha}"]
     w.device.close()
+
+
+def test_a_state_extent_reads_the_same_in_both_layouts_and_refuses_a_damaged_head(tmp_path):
+    """Version 2 keeps the large byte strings after a msgpack head that names them (ext values);
+    version 1, one msgpack map, still loads. Both decode to the same map, and a boot from a
+    version 1 extent reads back what one from version 2 does."""
+    import msgpack
+
+    from gpu_worker.state import DeviceState
+    from gpu_worker.storage import checkpoint
+    w = World(own_runtime(tmp_path), tmp_path, ["a", "b"])
+    try:
+        for name in ("a", "b"):
+            w.space(name)
+        state = w.device.state
+        blob = checkpoint.encode_state(state, 7, b"d" * 32, 3)
+        assert blob[:8] == b"AOTXST\x00\x02"
+        spilled = checkpoint.decode_state(blob)
+        assert isinstance(spilled["commands"], memoryview) and spilled["last_digest"] == b"d" * 32
+        whole = msgpack.packb(spilled, use_bin_type=True)  # version 1's layout of the same map
+        assert checkpoint.decode_state(whole) == spilled
+        loaded = []
+        for extent in (blob, whole):
+            fresh = DeviceState(state.capacities, "cpu", state.incarnation, 3, w.device.embedding_dim)
+            checkpoint.load_state(fresh, extent, 6)
+            loaded.append([getattr(fresh.tables, n).clone() for n in ("receipts", "spaces", "command_bytes",
+                                                                       "receipt_digests")])
+        assert all(map(torch.equal, *loaded))
+        assert torch.equal(loaded[0][1], state.tables.spaces) and torch.equal(loaded[0][2], state.tables.command_bytes)
+        head = int.from_bytes(blob[8:16], "little")
+        for damaged, why in ((blob[:16 + head - 1], "head runs past"),  # cut inside the head
+                             (blob[:16 + head + 10], "runs past its end")):  # cut inside the values
+            with pytest.raises(ValueError, match=why):
+                checkpoint.decode_state(damaged)
+    finally:
+        w.device.close()

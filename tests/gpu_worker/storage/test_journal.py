@@ -1050,5 +1050,5 @@ def test_the_native_reader_reads_exactly_what_the_python_reader_does(tmp_path_fa
             found.dropped, found.durable_bytes
 
     native = outcome()
-    monkeypatch.setattr(journal, "_whole", lambda data, pos, *_: ([], pos))
+    monkeypatch.setattr(journal, "_whole", lambda data, pos, *_: ([], pos, 0))
     assert outcome() == native
