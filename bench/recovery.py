@@ -2,7 +2,8 @@
 booted from a checkpoint. Each boot runs in a fresh process, as a restart does (the state is built
 in this one, and a boot beside its leftovers measured up to half as much again); the timed window
 is the device's construction, after the imports. --versus COMMIT boots the same files with that
-commit's code too, in turns (its medians beside this tree's, and the ratios).
+commit's code too (a copy of them: each tree checkpoints in its own format), in turns, its
+medians beside this tree's, and the ratios.
 
     .venv/bin/python bench/recovery.py [--sizes 10000,100000] [--repeat 3] [--versus COMMIT]
 """
@@ -106,13 +107,13 @@ def boot_fresh(tree, runtime, journal, grants, checkpoint=False):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def alternating(trees, runtime, journal, grants, repeat):
-    """Median boot seconds of each tree, booting in turns (a, b, a, b, ...), and the last boot's
-    recovered count."""
-    seconds = {name: [] for name in trees}
+def alternating(places, repeat):
+    """Median boot seconds of each tree, booting its copy of the files in turns (a, b, a, b, ...),
+    and the last boot's recovered count."""
+    seconds = {name: [] for name in places}
     for _ in range(repeat):
-        for name, tree in trees.items():
-            out = boot_fresh(tree, runtime, journal, grants)
+        for name, (tree, *files) in places.items():
+            out = boot_fresh(tree, *files)
             seconds[name].append(out["seconds"])
     return {name: statistics.median(values) for name, values in seconds.items()}, out["recovered"]
 
@@ -137,14 +138,21 @@ def main():
         for size in (int(s) for s in args.sizes.split(",")):
             work = Path(tempfile.mkdtemp(prefix="bench-recovery-", dir=ROOT / "var"))
             try:
-                runtime, journal, grants, journal_bytes = build(work, size)
-                replays, replayed = alternating(trees, runtime, journal, grants, args.repeat)
-                folded = boot_fresh(ROOT, runtime, journal, grants, checkpoint=True)
-                afters, recovered = alternating(trees, runtime, journal, grants, args.repeat)
-                assert recovered <= len(trees) * args.repeat + 1 and list_segments(journal, OsFileLayer())
+                built = work / "built"
+                built.mkdir()
+                *files, journal_bytes = build(built, size)
+                places = {}  # each tree boots its own copy: its checkpoints are in its own format
+                for i, (name, tree) in enumerate(trees.items()):
+                    place = built if len(trees) == 1 else Path(shutil.copytree(built, work / str(i)))
+                    places[name] = (tree, *(str(place / Path(f).name) for f in files))
+                replays, replayed = alternating(places, args.repeat)
+                folded = {name: boot_fresh(*place, checkpoint=True) for name, place in places.items()}
+                afters, recovered = alternating(places, args.repeat)
+                assert recovered <= args.repeat + 1 and all(list_segments(journal, OsFileLayer())
+                                                            for _, _, journal, _ in places.values())
                 for name in trees:
-                    rows.append((name, replayed, journal_bytes, replays[name], folded["checkpoint_seconds"],
-                                 folded["state_bytes"], afters[name]))
+                    rows.append((name, replayed, journal_bytes, replays[name], folded[name]["checkpoint_seconds"],
+                                 folded[name]["state_bytes"], afters[name]))
             finally:
                 shutil.rmtree(work, ignore_errors=True)
     print(f"{'code':>10} {'transfers':>10} {'journal MiB':>12} {'boot s':>8} {'replay/s':>10} {'checkpoint s':>13} "
