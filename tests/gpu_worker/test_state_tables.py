@@ -82,3 +82,22 @@ def test_the_accelerator_paths_write_exactly_what_the_host_paths_do():
     for name in ("receipts", "spaces", "participants", "command_bytes", "conversations"):
         assert torch.equal(getattr(host, name), getattr(accelerator, name)), name
     assert (Tables.take(host.receipts, rows) == Tables.array(host.receipts)[rows]).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (scripts/gpu_check.sh runs it on a lent GPU)")
+def test_tables_on_cuda_hold_what_host_tables_do():
+    """The same writes and whole-table loads on CUDA tables and on host tables leave the same bytes."""
+    from gpu_worker.admission import _RECEIPT_ROW
+    host, cuda = Tables(CAPACITIES), Tables(CAPACITIES, "cuda")
+    rows = np.array([0, 1, 2, 5, 9], dtype=np.int64)
+    lengths = np.array([3, 48, 0, 17, 1], dtype=np.int64)
+    blob = os.urandom(int(lengths.sum()))
+    values = np.random.default_rng(3).integers(-1 << 62, 1 << 62, (len(rows), 5))
+    for t in (host, cuda):
+        t.put_struct(t.receipts, 7, 0, _RECEIPT_ROW, 1, 2, 3, 4, b"k" * 16, b"o" * 16, 5, 6, 7, 0, 1, *range(8, 16))
+        t.put_value(t.participants, 1, 2, -5)
+        t.put_packed(t.command_bytes, rows, lengths, blob)
+        t.put_rows(t.conversations, rows, values)
+    for name in ("receipts", "participants", "command_bytes", "conversations"):
+        assert torch.equal(getattr(host, name), getattr(cuda, name).cpu()), name
+    assert (Tables.take(cuda.receipts, rows) == Tables.array(host.receipts)[rows]).all()
