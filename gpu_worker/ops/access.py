@@ -76,7 +76,7 @@ def space_row(d: Caller, value: Any, principal: bytes, prow: int | None, need: i
     """The row of a space ID the caller holds `need` on: 404 when it sees no such space, 403
     when it sees it without that right."""
     m = ids.SPACE_ID.match(value) if isinstance(value, str) else None
-    srow = d.state.spaces.by_id.get(ids.split_id(m)) if m else None
+    srow = d.state.spaces.get(ids.split_id(m)) if m else None
     rights = effective_rights(d, principal, prow, srow) if srow is not None else 0
     if not rights:
         raise ServiceError(404, "space_not_found", f"no space {value} visible to this principal")

@@ -36,7 +36,7 @@ def check(d: Caller, principal: bytes, prow: int | None, args: NewConversation, 
 
 def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
     state = d.state
-    srow = state.spaces.by_id[space_key(a.extra["space"])]
+    srow = state.spaces.row(space_key(a.extra["space"]))
     crow = state.conversations.free.pop()
     id_hi, id_lo = split16(a.extra["id"])
     op_hi, op_lo = split16(a.op)

@@ -92,7 +92,7 @@ def check_space(d: Caller, principal: bytes, prow: int | None, args: SpaceDeleti
 def apply_space(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
     state = d.state
     t = state.tables
-    srow = state.spaces.by_id.pop(space_key(a.extra["space"]))
+    srow = state.spaces.pop(space_key(a.extra["space"]))
     memory.release_space(d, srow)  # before the tombstone: its scope names the owner
     t.write_row(t.spaces, srow, {S.STATE: TOMBSTONE})
     members = state.members

@@ -36,7 +36,7 @@ def check(d: Caller, principal: bytes, prow: int | None, args: MemberSet, key: b
 
 def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
     state = d.state
-    srow = state.spaces.by_id[space_key(a.extra["space"])]
+    srow = state.spaces.row(space_key(a.extra["space"]))
     member = state.participants.by_raw[a.extra["participant"]]
     t = state.tables
     mrow = state.members.rows.get((srow, member))

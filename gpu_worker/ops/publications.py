@@ -52,7 +52,7 @@ def check(d: Caller, principal: bytes, prow: int | None, args: Publication, key:
 
 def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
     table = d.state.memory
-    srow = d.state.spaces.by_id[space_key(a.extra["space"])]
+    srow = d.state.spaces.row(space_key(a.extra["space"]))
     slot = table.by_id[a.extra["source"][1]]
     original = table.row(slot)
     lineage = d.state.participants.lineage[prow]

@@ -40,7 +40,7 @@ def check(d: Caller, principal: bytes, prow: int | None, args: NewSpace, key: by
     scope = SCOPES[args.scope]
     raw = resource_key(args.id, key)
     lineage = d.state.participants.lineage[prow]
-    if (lineage, raw) in d.state.spaces.by_id:
+    if d.state.spaces.has((lineage, raw)):
         raise ServiceError(409, "space_exists", f"space {ids.space_id(lineage, raw)} already exists")
     quotas.check(d, principal, prow, "spaces")
     if not d.state.spaces.free:
@@ -53,7 +53,7 @@ def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: in
     srow = state.spaces.free.pop()
     state.tables.put_struct(state.tables.spaces, srow, 0, _ROW, 1, prow, a.extra["scope"], a.extra["id"],
                             state.admissions, a.op)
-    state.spaces.by_id[(state.participants.lineage[prow], a.extra["id"])] = srow
+    state.spaces.add((state.participants.lineage[prow], a.extra["id"]), srow)
     return srow
 
 

@@ -34,7 +34,7 @@ class DeviceState:
         self.checkpoint_digest = bytes(32)
         self.participants = ParticipantIndex(incarnation)
         self.receipts = ReceiptIndex()
-        self.spaces = SpaceIndex()
+        self.spaces = SpaceIndex(self.participants)
         self.members = MemberIndex()
         self.conversations = ConversationIndex()
         self.media: dict[str, MediaSource] = {}  # sha256 hex -> source
@@ -49,7 +49,7 @@ class DeviceState:
         t = self.tables
         self.participants.rebuild(t)
         self.receipts.rebuild(t)
-        self.spaces.rebuild(t, self.participants)
+        self.spaces.rebuild(t)
         self.members.rebuild(t)
         self.conversations.rebuild(t, self.participants, input_kind)
         by_raw = self.participants.by_raw

@@ -132,32 +132,65 @@ class ParticipantIndex:
         return lineage
 
 
+class _Deferring:
+    """An index that, while a device loads (`defer` .. `settle`), only notes the rows added, and
+    indexes them from their table in whole-column passes (`_index`) when a lookup next needs them
+    (`_catch_up`): replaying a journal of a million admissions spent more time inserting index
+    entries one by one than on anything else (docs/performance.md, "Replay")."""
+
+    __slots__ = ("_tables", "_pending")
+    TABLE = ""  # the Tables attribute whose rows it indexes
+
+    def __init__(self) -> None:
+        self._tables: Tables | None = None  # while deferring: where the noted rows are read
+        self._pending: list[int] = []  # rows added and not yet indexed (only while deferring)
+
+    def defer(self, tables: Tables) -> None:
+        """From now on rows added are noted, indexed at the next lookup or at `settle`."""
+        self._tables = tables
+
+    def settle(self) -> None:
+        """Index what was noted and index each row added at once again (the load is over)."""
+        self._catch_up()
+        self._tables = None
+
+    def _catch_up(self) -> None:
+        tables, rows = self._tables, np.array(self._pending, dtype=np.int64)
+        assert tables is not None
+        self._pending = []
+        table = getattr(tables, self.TABLE)
+        if tables.device.type == "cpu":  # the table's own memory
+            self._index(tables.array(table), rows, rows)
+        else:  # only those rows, off the accelerator
+            self._index(tables.take(table, rows), np.arange(len(rows)), rows)
+
+    def _index(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
+        """Index rows `rows`, whose values are values[at], in one pass per index."""
+        raise NotImplementedError
+
+
 SEQUENCE_SHIFT = 32  # by_sequence's key: sequence << 32 | participant row (rows: below 2**32)
 _ROW32 = struct.Struct("<I")  # by_key's key: the operation key, then the participant row in 4 bytes
 
 
-class ReceiptIndex:
+class ReceiptIndex(_Deferring):
     """Live receipt rows by participant row and sequence (one int key, `at`), by participant row
     and operation key (one 20-byte key, `key_in_use`) and by operation ID (`op_row`): one int and
     one bytes key rather than tuples, cheaper to build for a million receipts at boot. Retired
     rows wait in `release_on_save` until the retirement that freed them is saved (SPEC: the
-    persisted floor advances before a receipt slot is reused).
+    persisted floor advances before a receipt slot is reused). Deferred while a device loads
+    (`_Deferring`)."""
 
-    While a device loads (`defer` .. `settle`), `add` only notes the row, and the rows noted are
-    indexed from the tables in whole-column passes when a lookup next needs them: replaying a
-    journal of a million admissions spent more time inserting their index entries one by one
-    than on anything else (docs/performance.md, "Replay")."""
-
-    __slots__ = ("by_sequence", "by_key", "by_op", "free", "release_on_save", "_tables", "_pending")
+    __slots__ = ("by_sequence", "by_key", "by_op", "free", "release_on_save")
+    TABLE = "receipts"
 
     def __init__(self) -> None:
+        super().__init__()
         self.by_sequence: dict[int, int] = {}  # sequence << SEQUENCE_SHIFT | participant row -> receipt row
         self.by_key: dict[bytes, int] = {}  # operation key + participant row (_ROW32) -> receipt row
         self.by_op: dict[bytes, int] = {}
         self.free: list[int] = []
         self.release_on_save: dict[int, list[int]] = {}  # transfer seq -> rows freed once it is saved
-        self._tables: Tables | None = None  # while deferring: where the noted rows are read
-        self._pending: list[int] = []  # rows added and not yet indexed (only while deferring)
 
     def rebuild(self, tables: Tables) -> None:
         values = tables.array(tables.receipts)
@@ -166,7 +199,6 @@ class ReceiptIndex:
         self.free = tables.unused_rows(tables.receipts)
 
     def _index(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
-        """Index receipt rows `rows`, whose values are values[at], in one pass per index."""
         rrows, prows, sequences = rows.tolist(), values[at, R.PARTICIPANT], values[at, R.SEQUENCE]
         if len(at) and int(sequences.max()) >= 1 << (63 - SEQUENCE_SHIFT):  # past int64: Python's ints
             keys = [sequence << SEQUENCE_SHIFT | prow for sequence, prow in zip(sequences.tolist(), prows.tolist())]
@@ -178,24 +210,6 @@ class ReceiptIndex:
         keyed[:, 16:] = np.asarray(prows, dtype="<u4").reshape(-1, 1).view(np.uint8)
         self.by_key.update(zip(keyed.view("V20").ravel().tolist(), rrows))
         self.by_op.update(zip(Tables.ids16(values, at, R.OP_HI, R.OP_LO), rrows))
-
-    def defer(self, tables: Tables) -> None:
-        """From now on `add` notes rows, indexed at the next lookup or at `settle`."""
-        self._tables = tables
-
-    def settle(self) -> None:
-        """Index what was noted and index each `add` at once again (the load is over)."""
-        self._catch_up()
-        self._tables = None
-
-    def _catch_up(self) -> None:
-        tables, rows = self._tables, np.array(self._pending, dtype=np.int64)
-        assert tables is not None
-        self._pending = []
-        if tables.device.type == "cpu":  # the table's own memory
-            self._index(tables.array(tables.receipts), rows, rows)
-        else:  # only those rows, off the accelerator
-            self._index(tables.take(tables.receipts, rows), np.arange(len(rows)), rows)
 
     def at(self, prow: int, sequence: int) -> int | None:
         """The receipt row of a participant's sequence, None when it has no live receipt."""
@@ -238,19 +252,56 @@ class ReceiptIndex:
         return rrow
 
 
-class SpaceIndex:
-    __slots__ = ("by_id", "free")
+class SpaceIndex(_Deferring):
+    """Live space rows by (owner lineage, id): the lineage the space's ID carries, the owner's
+    when it was created (`ParticipantIndex.lineage_at`). Deferred while a device loads
+    (`_Deferring`); every lookup goes through `row`, `get`, `has` or `pop`."""
 
-    def __init__(self) -> None:
+    __slots__ = ("by_id", "free", "_participants")
+    TABLE = "spaces"
+
+    def __init__(self, participants: ParticipantIndex) -> None:
+        super().__init__()
         self.by_id: dict[tuple[bytes, bytes], int] = {}  # (owner lineage, id) -> space row
         self.free: list[int] = []
+        self._participants = participants
 
-    def rebuild(self, tables: Tables, participants: ParticipantIndex) -> None:
+    def rebuild(self, tables: Tables) -> None:
         values = tables.array(tables.spaces)
         live = np.flatnonzero(values[:, S.STATE] == 1)  # not a deleted one's tombstone (ops/deletions.py)
-        lineages = participants.lineages_at(values[live, S.OWNER], values[live, S.CREATED])  # the one in its ID
-        self.by_id.update(zip(zip(lineages, tables.ids16(values, live, S.ID_HI, S.ID_LO)), live.tolist()))
+        self._index(values, live, live)
         self.free = tables.unused_rows(tables.spaces)
+
+    def _index(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
+        lineages = self._participants.lineages_at(values[at, S.OWNER], values[at, S.CREATED])  # the one in its ID
+        self.by_id.update(zip(zip(lineages, Tables.ids16(values, at, S.ID_HI, S.ID_LO)), rows.tolist()))
+
+    def add(self, key: tuple[bytes, bytes], srow: int) -> None:
+        if self._tables is not None:
+            self._pending.append(srow)
+            return
+        self.by_id[key] = srow
+
+    def get(self, key: tuple[bytes, bytes]) -> int | None:
+        if self._pending:
+            self._catch_up()
+        return self.by_id.get(key)
+
+    def row(self, key: tuple[bytes, bytes]) -> int:
+        """The row of a space the journal or a check already found (KeyError: none)."""
+        if self._pending:
+            self._catch_up()
+        return self.by_id[key]
+
+    def has(self, key: tuple[bytes, bytes]) -> bool:
+        if self._pending:
+            self._catch_up()
+        return key in self.by_id
+
+    def pop(self, key: tuple[bytes, bytes]) -> int:
+        if self._pending:
+            self._catch_up()
+        return self.by_id.pop(key)
 
 
 class MemberIndex:

@@ -282,12 +282,14 @@ def test_indexes_rebuilt_from_the_tables_equal_those_kept_as_the_device_admitted
             assert mine == theirs, (index, field)
 
 
-def test_a_replay_indexes_receipts_as_the_device_did_live_even_with_lookups_between(world):
-    """A load notes each replayed receipt and indexes the rows in whole-column passes when a lookup
-    needs them (state/indexes.py, ReceiptIndex.defer): a retirement and a cancellation in the
-    middle of the journal look receipts up before its end. The indexes after the restart are the
-    ones the device kept as it admitted."""
+def test_a_replay_indexes_receipts_and_spaces_as_the_device_did_live_even_with_lookups_between(world):
+    """A load notes each replayed receipt and space and indexes the rows in whole-column passes
+    when a lookup needs them (state/indexes.py, `_Deferring`): a retirement, a cancellation, a
+    member row and a space deletion in the middle of the journal look them up before its end. The
+    indexes after the restart are the ones the device kept as it admitted."""
     spaces = [world.space("writer") for _ in range(4)]
+    world.member("writer", spaces[0], "reader", ["read"])
+    assert world.mutate("writer", "spaces.delete", f"/spaces/{spaces.pop(1)}/deletion", {})[0] == 202
     floor = int(world.read("writer", "participant.get")[1]["next_sequence"]) - 2
     assert world.mutate("writer", "retirements.record", "/retirements", {"retry_floor": str(floor)})[0] == 202
     conversation = world.mutate("owner", "conversations.create", f"/spaces/{world.space('owner')}/conversations",
@@ -298,11 +300,13 @@ def test_a_replay_indexes_receipts_as_the_device_did_live_even_with_lookups_betw
     assert world.mutate("owner", "cancellations.record", "/cancellations",
                         {"target_sequence": receipt["sequence"]})[0] == 202
     spaces += [world.space("writer") for _ in range(3)]
-    kept = world.device.state.receipts
-    before = {field: dict(getattr(kept, field)) for field in ("by_sequence", "by_key", "by_op")}
+    kept = world.device.state
+    before = {(index, field): dict(getattr(getattr(kept, index), field))
+              for index, field in (("receipts", "by_sequence"), ("receipts", "by_key"), ("receipts", "by_op"),
+                                   ("spaces", "by_id"))}
     world.boot()
-    replayed = world.device.state.receipts
-    assert replayed._pending == [] and replayed._tables is None  # settled: adds index at once again
-    for field, index in before.items():
-        assert getattr(replayed, field) == index, field
+    for index in (world.device.state.receipts, world.device.state.spaces):
+        assert index._pending == [] and index._tables is None  # settled: adds index at once again
+    for (index, field), entries in before.items():
+        assert getattr(getattr(world.device.state, index), field) == entries, (index, field)
     assert world.read("writer", "spaces.list")[1]["items"][0]["id"] in spaces
