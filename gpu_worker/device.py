@@ -255,15 +255,16 @@ class Device:
         recovery = recover(self.journal_dir, self.fs, state.incarnation, start_digest=state.checkpoint_digest,
                            after_seq=state.checkpoint_seq)
         replay_admission = self._replay_admission
-        for index in (state.receipts, state.spaces):  # indexed in whole-column passes (state/indexes.py)
+        deferred = (state.receipts, state.spaces)  # indexed in whole-column passes (state/indexes.py)
+        for index in deferred:
             index.defer(state.tables)
         for transfer in recovery.transfers:  # (most are admissions: one call each)
             if transfer.kind is TransferKind.ADMISSION:
                 replay_admission(transfer)
             else:
                 self._replay(transfer)
-        state.receipts.settle()
-        state.spaces.settle()
+        for index in deferred:
+            index.settle()
         return recovery
 
     def _open_writer(self, recovery: RecoveryResult) -> JournalWriter:

@@ -7,6 +7,7 @@ device is tracked by the cyclic GC (docs/architecture.md, "The device's memory")
 """
 from __future__ import annotations
 
+import abc
 import bisect
 import struct
 from dataclasses import dataclass, field
@@ -132,7 +133,7 @@ class ParticipantIndex:
         return lineage
 
 
-class _Deferring:
+class _Deferring(abc.ABC):
     """An index that, while a device loads (`defer` .. `settle`), only notes the rows added, and
     indexes them from their table in whole-column passes (`_index`) when a lookup next needs them
     (`_catch_up`): replaying a journal of a million admissions spent more time inserting index
@@ -164,9 +165,10 @@ class _Deferring:
         else:  # only those rows, off the accelerator
             self._index(tables.take(table, rows), np.arange(len(rows)), rows)
 
+    @abc.abstractmethod
     def _index(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
-        """Index rows `rows`, whose values are values[at], in one pass per index."""
-        raise NotImplementedError
+        """Index rows `rows`, whose values are values[at], in one pass per index (each index's
+        own: what `rebuild` does for the whole table, and `_catch_up` for the rows noted)."""
 
 
 SEQUENCE_SHIFT = 32  # by_sequence's key: sequence << 32 | participant row (rows: below 2**32)
