@@ -218,15 +218,16 @@ def _serve(args: argparse.Namespace, runtime: Any, device: Any, leadership: Any,
     device, the shipper and the leadership when it ends."""
     from .loop.server import Server
     from .storage.journal import JournalError
+    from .storage.runtime_file import RuntimeFileError
     tick_cpu = threads.tick_cpu
     socket_path = os.path.join(args.journal, "service.sock")
     shipper = None
     if args.replicate is not None:
         from .replication.primary import Shipper
         try:
-            shipper = Shipper(args.replicate, args.journal, runtime.incarnation, sync=args.replication == "sync",
-                              alone_after=args.standby_timeout, generation=device.runtime.generation)
-        except (OSError, ValueError) as exc:
+            shipper = Shipper(args.replicate, args.journal, device.runtime.path, sync=args.replication == "sync",
+                              alone_after=args.standby_timeout)
+        except (OSError, ValueError, RuntimeFileError) as exc:
             device.close()
             if leadership is not None:
                 leadership.stop()

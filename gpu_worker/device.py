@@ -194,11 +194,14 @@ class Device:
         self.recovered += len(transfers)
         return len(transfers)
 
-    def refollow(self) -> None:
+    def refollow(self, reopen: bool = False) -> None:
         """Build the state from the journal as it is now and follow it from there: a hot standby's
         start, and again when its copy was cut back before what was applied (a rewind to a
-        takeover point, a failed tick on the primary)."""
+        takeover point, a failed tick on the primary). `reopen`: from the runtime file's newest
+        generation (a catch-up put the primary's state in it)."""
         started = time.perf_counter()
+        if reopen:
+            self.runtime = runtime_file.RuntimeFile.open(self.runtime.path, verify=False)
         recovery = self._load()
         self.following = Tail(self.journal_dir, self.runtime.incarnation, recovery)
         self._loaded(recovery, started)
@@ -325,6 +328,11 @@ class Device:
         if self.takeover:
             from .replication import standby
             kept = standby.read_mark(directory)
+            if kept == "catch-up":  # (replication/standby.py, Standby._catch_up)
+                raise DeviceBootError(
+                    f"--takeover: {directory} is a standby's journal stopped while it caught up to its primary's "
+                    "checkpoint (its journal or its copy of the runtime file is not whole): follow the primary "
+                    "again (--standby-of) to finish the catch-up")
             if kept != "sync":
                 raise DeviceBootError(
                     f"--takeover needs a journal a standby kept in sync replication; {directory} was kept "

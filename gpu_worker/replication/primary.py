@@ -18,12 +18,13 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Iterable
 
 from gpu_worker.contract.wire import FrameReader, ProtocolError, encode_frame
 from gpu_worker.storage.filelayer import OsFileLayer
 from gpu_worker.storage.journal import (SEGMENT_HEADER_SIZE, JournalWriter, encode_segment_header, list_segments,
                                         segment_name)
+from gpu_worker.storage.runtime_file import RuntimeFile, RuntimeFileError
 
 from . import HELLO_SECONDS, SEGMENT_CHUNK, listen, read_frames, standby
 
@@ -31,6 +32,9 @@ log = logging.getLogger("gpu_worker.replication")
 
 MAX_TICKS_TRACKED = 1 << 16   # tick ends kept to map an acknowledged position to a transfer
 MAX_QUEUED_BYTES = 64 << 20   # an async standby further behind than this is dropped (it catches up again)
+# the runtime file components checkpoints write (storage/checkpoint.py, ops/media.py): the saved
+# state a catch-up may replace; any other (the model, the profiles) must be the same on a standby
+SAVED_STATE = ("state/", "audit/", "media/")
 
 Position = tuple[int, int]  # (segment, offset): journal bytes before it
 
@@ -45,6 +49,8 @@ class Link:
         self.position = position
         self.peer = str(sock.getpeername() or "unix socket")
         self.media: set[str] = set()  # the media sources the standby holds (its hello says)
+        self.generation = 0  # its runtime file copy's, and that copy's components' SHA-256 (its hello says)
+        self.components: dict[str, str] = {}
         self.queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self.queued_bytes = 0  # queued for the sender and not yet sent (the tick thread adds, it subtracts)
         self.closed = False
@@ -88,7 +94,10 @@ class Link:
                 elif item[0] == "frame":
                     self.sock.sendall(encode_frame(item[1]))
                 elif item[0] == "checkpoint":
-                    self._send_checkpoint(*item[1:])
+                    self._send_components("checkpoint", item[1], item[2], {"components": [c[0] for c in item[2]],
+                                                                           "drop": list(item[3])})
+                elif item[0] == "catchup":
+                    self._send_catch_up(*item[1:])
                 elif item[0] == "media":
                     self._send_media(item[1], item[2])
                 else:
@@ -131,15 +140,33 @@ class Link:
                 if offset >= size or not data:
                     return
 
-    def _send_checkpoint(self, generation: int, components: list[tuple[str, str, Any]], drop: list[str]) -> None:
-        """A checkpoint's components in pieces, then the frame that has the standby append them."""
+    def _send_components(self, key: str, generation: int, components: Iterable[tuple[str, str, Any]],
+                         end: dict[str, Any]) -> None:
+        """Runtime file components in pieces ({key: generation, "component", "kind", "offset",
+        "data"}), then the frame `end` that has the standby append them: a checkpoint's, or a
+        catch-up's."""
         for name, kind, data in components:
             view = memoryview(bytes(data) if not isinstance(data, (bytes, bytearray)) else data)
             for at in range(0, max(len(view), 1), SEGMENT_CHUNK):
-                self.sock.sendall(encode_frame({"checkpoint": generation, "component": name, "kind": kind,
+                self.sock.sendall(encode_frame({key: generation, "component": name, "kind": kind,
                                                 "offset": at, "data": bytes(view[at:at + SEGMENT_CHUNK])}))
-        self.sock.sendall(encode_frame({"checkpoint": generation, "components": [c[0] for c in components],
-                                        "drop": list(drop)}))
+        self.sock.sendall(encode_frame({key: generation, **end}))
+
+    def _send_catch_up(self, generation: int, names: list[str], drop: list[str]) -> None:
+        """The components of the primary's runtime file at `generation` that the standby's copy
+        lacks or holds other bytes of, read here (off the tick thread); the end frame names every
+        one's SHA-256, which the copy must come out with. A checkpoint that moved the file on
+        meanwhile fails the link: the standby connects again and catches up to the newer one."""
+        with RuntimeFile.open(self.shipper.runtime, verify=False) as current:
+            if current.generation != generation:
+                raise OSError(f"the runtime file went on to generation {current.generation} while a standby caught "
+                              f"up to {generation}")
+            digests = {name: current.components[name].sha256 for name in names}
+            read = ((name, current.components[name].kind, current.read_verified(name)) for name in names)
+            try:  # (one component in memory at a time)
+                self._send_components("catchup", generation, read, {"components": digests, "drop": drop})
+            except RuntimeFileError as exc:
+                raise OSError(str(exc)) from None
 
     # ---- the reader thread -------------------------------------------------------------------
 
@@ -165,13 +192,17 @@ class Shipper:
     """Ships the journal to one standby at a time (module docstring). `sync`: a transfer counts as
     saved only once the standby acknowledged it (the Committer asks `acked_seq`)."""
 
-    def __init__(self, address: str, journal_dir: str, incarnation: bytes, sync: bool = True,
-                 alone_after: float | None = None, generation: int = 0) -> None:
+    def __init__(self, address: str, journal_dir: str, runtime: str, sync: bool = True,
+                 alone_after: float | None = None) -> None:
+        """`runtime`: the path of the primary's runtime file (a standby whose copy is at an older
+        generation catches up from it)."""
         self.address = address
-        # the runtime file's generation: a standby's copy must be at it (its checkpoints follow this one's)
-        self.generation = generation
+        self.runtime = runtime
+        with RuntimeFile.open(runtime, verify=False) as current:
+            self.incarnation = current.incarnation
+            # a standby's copy follows this generation (the checkpoints' frames), or catches up to it
+            self.generation = current.generation
         self.journal_dir = journal_dir
-        self.incarnation = bytes(incarnation)
         self.sync = sync
         # sync only: seconds without a standby after which transfers are saved here alone (None:
         # never, the primary holds), until a standby has caught up again
@@ -325,7 +356,19 @@ class Shipper:
         durable = (writer.segment, writer.offset)
         begun = writer.ticks_begun()
         written = (writer.segment, begun[-1][0] + len(begun[-1][1])) if begun else durable
-        if link.position > written:
+        if link.generation > self.generation:
+            link.refuse(f"the standby's runtime file is at generation {link.generation}, past this primary's "
+                        f"{self.generation} (it checkpointed what this primary may never have held): start it from a "
+                        "copy of this primary's runtime file and an empty journal")
+            return
+        start = link.position  # where the journal bytes it is sent begin
+        if link.generation < self.generation:  # (decided here: a checkpoint may have come after its hello)
+            if not self._catch_up(link):
+                return
+            # its journal copy begins again at this journal's oldest segment; it holds nothing
+            # (acknowledges nothing) until the catch-up is durable there
+            start, link.position = (min(list_segments(self.journal_dir, OsFileLayer()), default=1), 0), (0, 0)
+        elif link.position > written:
             if not self._rewind(link, link.position):
                 link.refuse(f"the standby holds journal bytes to {link.position}, past this primary's {written}: "
                             "it is not a copy of this journal")
@@ -336,14 +379,35 @@ class Shipper:
         for sha in sorted(set(os.listdir(media)) - link.media if os.path.isdir(media) else ()):
             if len(sha) == 64:  # (not a file being written: `<sha>.tmp.*`)
                 link.queue.put(("media", sha, os.path.join(media, sha)))
-        if link.position < durable:
-            link.queue.put(("files", (link.position[0] or 1, link.position[1]), durable))
+        if start < durable:
+            link.queue.put(("files", (start[0] or 1, start[1]), durable))
         for offset, data in begun:  # (bytes the standby already holds are written again: the same bytes)
             link.queue.put((writer.segment, offset, data))
         self.link = link
         self.links += 1
         link.start()
         log.info("replication: streaming to the standby at %s from %s", link.peer, link.position)
+
+    def _catch_up(self, link: Link) -> bool:
+        """A standby whose copy of the runtime file is at an older generation: it gets the
+        components of this generation its copy lacks or holds other bytes of (read and sent by its
+        sender thread), drops those this file no longer has, and empties its journal; the stream
+        goes on from this journal's oldest segment, as for a new standby with a copy of the file
+        as it is now (docs/replication.md, "Catch-up"). False (refused) when the copy holds another
+        model or profile: a catch-up replaces saved state (`SAVED_STATE`), never what the standby's
+        device was built from."""
+        with RuntimeFile.open(self.runtime, verify=False) as current:  # (its directory only: a small read)
+            names = sorted(n for n, c in current.components.items() if link.components.get(n) != c.sha256)
+            drop = sorted(set(link.components) - set(current.components))
+        other = [n for n in names + drop if not n.startswith(SAVED_STATE)]
+        if other:
+            link.refuse(f"the standby's runtime file holds another model or profile (components {other[:3]} differ): "
+                        "start it from a copy of this primary's runtime file")
+            return False
+        link.queue.put(("catchup", self.generation, names, drop))
+        log.info("replication: the standby at %s is at generation %d: it catches up to %d (%d components)",
+                 link.peer, link.generation, self.generation, len(names))
+        return True
 
     def state(self) -> dict[str, Any]:
         """What `ping` reports (tick thread)."""
@@ -431,10 +495,13 @@ class Shipper:
             link.refuse(f"the standby's runtime file is incarnation {bytes(incarnation or b'').hex()}, "
                         f"this primary's {self.incarnation.hex()}")
             return None
-        if msg.get("generation") != self.generation:
-            link.refuse(f"the standby's runtime file is at generation {msg.get('generation')}, this primary's at "
-                        f"{self.generation}: start the standby from a copy of the primary's runtime file as it is now")
-            return None
+        generation, components = msg.get("generation"), msg.get("components") or {}
+        if (type(generation) is not int or not isinstance(components, dict)
+                or not all(type(k) is str and type(v) is str for k, v in components.items())):
+            raise ProtocolError("a hello without its runtime file copy's generation and components")
+        link.generation, link.components = generation, components
+        if generation != self.generation:
+            return link  # it catches up from this primary's file, or is refused (`_start`, on the tick thread)
         oldest = min(list_segments(self.journal_dir, OsFileLayer()), default=1)
         if segment < oldest:
             if segment and segment < oldest - 1:

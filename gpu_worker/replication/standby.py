@@ -13,6 +13,7 @@ once (Device.take_over). What the standby holds is also a journal a device boots
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -180,6 +181,17 @@ class Mirror:
         OsFileLayer().fsync_dir(self.directory)
         self.segment, self.offset = segment, offset
 
+    def empty(self) -> None:
+        """Remove every segment (a catch-up replaces what they held: the primary's stream begins
+        again at its oldest segment)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd, self._fd_segment = None, 0
+        for number in list_segments(self.directory, OsFileLayer()):
+            os.remove(os.path.join(self.directory, segment_name(number)))
+        OsFileLayer().fsync_dir(self.directory)
+        self.segment, self.offset = 0, 0
+
     def media_held(self) -> list[str]:
         """The media sources this copy holds (their files under media/, named by their sha256)."""
         directory = os.path.join(self.directory, "media")
@@ -320,12 +332,16 @@ class Standby:
             segment, offset = self.mirror.position
             with RuntimeFile.open(self.runtime, verify=False) as copy:  # (a checkpoint of the link moves it)
                 generation = copy.generation
+                components = {name: c.sha256 for name, c in copy.components.items()}
             sock.sendall(encode_frame({"hello": 1, "incarnation": self.incarnation, "generation": generation,
-                                       "segment": segment, "offset": offset, "digest": self.mirror.digest(),
-                                       "media": self.mirror.media_held()}))
+                                       "components": components, "segment": segment, "offset": offset,
+                                       "digest": self.mirror.digest(), "media": self.mirror.media_held()}))
             sock.settimeout(None)  # the primary may be quiet for long: stop() shuts the socket down
             frames = FrameReader()
-            cut = 0  # the primary's last cut this link saw (its first frame says)
+            # the primary's last cut this link saw: its "replication" frame says, and nothing is
+            # acknowledged before it (a catch-up comes first: the position held until then is not
+            # of the primary's journal)
+            cut: int | None = None
             log.info("standby: following %s from %s", self.address, (segment, offset))
             while True:
                 batch = read_frames(sock, frames)
@@ -347,6 +363,9 @@ class Standby:
                     if "checkpoint" in msg:
                         self._checkpoint(msg)
                         continue
+                    if "catchup" in msg:
+                        self._catch_up(msg)
+                        continue
                     if "media" in msg:
                         self.mirror.media_piece(msg)
                         continue
@@ -366,6 +385,8 @@ class Standby:
                         raise ProtocolError(f"segment {at} begins without its whole header")
                     self.mirror.write(at, start, data)
                 segment, offset = self.mirror.sync()
+                if cut is None:
+                    continue
                 sock.sendall(encode_frame({"ack": 1, "segment": segment, "offset": offset, "cut": cut}))
                 self.acks += 1
                 if self.follower is not None:
@@ -374,27 +395,66 @@ class Standby:
             self._sock = None
             sock.close()
 
+    def _piece(self, msg: dict[str, Any]) -> bool:
+        """Keep a piece of a runtime file component (a checkpoint's or a catch-up's) with those
+        before it; False when `msg` is the end frame instead."""
+        if "data" not in msg:
+            return False
+        name, kind, at, data = msg.get("component"), msg.get("kind"), msg.get("offset"), msg.get("data")
+        if type(name) is not str or type(kind) is not str or type(at) is not int or type(data) is not bytes:
+            raise ProtocolError(f"not a runtime file component's piece: {sorted(msg)}")
+        piece = self._pieces.setdefault(name, (kind, bytearray()))
+        if at != len(piece[1]):
+            raise ProtocolError(f"component {name} piece at {at}, after {len(piece[1])} bytes")
+        piece[1].extend(data)
+        return True
+
+    def _components(self, names: Any, drop: Any) -> tuple[list[tuple[str, str, Any]], list[str]]:
+        """The components the pieces made and the names to drop, for `runtime_file.append` (the
+        end frame names both)."""
+        if not isinstance(names, (list, dict)) or not isinstance(drop, list) or set(names) != set(self._pieces):
+            raise ProtocolError(f"an end frame names other components than came: {sorted(names or ())}")
+        pieces, self._pieces = self._pieces, {}
+        return ([(n, kind, data.decode() if kind == "text" else bytes(data)) for n in names for kind, data in [pieces[n]]],
+                [str(n) for n in drop])
+
+    def _catch_up(self, msg: dict[str, Any]) -> None:
+        """A piece of a catch-up, or its end: this copy of the runtime file was at an older
+        generation than the primary's, which sends the saved state it lacks. The journal marker
+        says "catch-up" first (a takeover refuses this journal until the primary's stream
+        continues: the copy is not whole in between), the journal copy is emptied, the components
+        go into the copy at the primary's generation (every one's SHA-256 checked against the
+        primary's), and a hot device builds its tables again from it. The stream then goes on from
+        the primary's oldest segment (docs/replication.md, "Catch-up")."""
+        if self._piece(msg):
+            return
+        generation, digests = msg["catchup"], msg.get("components")
+        if type(generation) is not int or not isinstance(digests, dict):
+            raise ProtocolError(f"not a catch-up's end: {sorted(msg)}")
+        components, drop = self._components(digests, msg.get("drop"))
+        self.mirror.mark("catch-up", self.address, takeovers(self.mirror.directory))
+        with self.follower.paused() if self.follower is not None else contextlib.nullcontext():
+            self.mirror.empty()
+            runtime_file.append(self.runtime, components, drop=drop, generation=generation)
+            with RuntimeFile.open(self.runtime, verify=False) as copy:
+                if copy.generation != generation or any(copy.components[n].sha256 != d for n, d in digests.items()):
+                    raise StandbyRefused(f"the runtime file copy {self.runtime} did not come out as the primary's "
+                                         f"generation {generation}")
+            if self.follower is not None:
+                self.follower.reload()
+        log.info("standby: caught up to the primary's generation %d (%d components) in %s", generation,
+                 len(components), self.runtime)
+
     def _checkpoint(self, msg: dict[str, Any]) -> None:
         """A piece of a checkpoint's component, or the end: the copy of the runtime file gets the
         components the primary's got (its generation must come out the same), and the journal
         segments the checkpoint folded go (those the hot device has not read yet stay)."""
-        generation = msg["checkpoint"]
-        if "data" in msg:
-            name, kind, at, data = msg.get("component"), msg.get("kind"), msg.get("offset"), msg.get("data")
-            if type(name) is not str or type(kind) is not str or type(at) is not int or type(data) is not bytes:
-                raise ProtocolError(f"not a checkpoint piece: {sorted(msg)}")
-            piece = self._pieces.setdefault(name, (kind, bytearray()))
-            if at != len(piece[1]):
-                raise ProtocolError(f"checkpoint component {name} piece at {at}, after {len(piece[1])} bytes")
-            piece[1].extend(data)
+        if self._piece(msg):
             return
-        names, drop = msg.get("components"), msg.get("drop")
-        if not isinstance(names, list) or not isinstance(drop, list) or set(names) != set(self._pieces):
-            raise ProtocolError(f"a checkpoint's end names other components than came: {names}")
-        pieces, self._pieces = self._pieces, {}
+        generation = msg["checkpoint"]
+        components, drop = self._components(msg.get("components"), msg.get("drop"))
         self.mirror.sync()  # (the journal before the checkpoint is durable before the copy says it is folded)
-        made = runtime_file.append(self.runtime, [(n, pieces[n][0], bytes(pieces[n][1])) for n in names],
-                                   drop=[str(n) for n in drop])
+        made = runtime_file.append(self.runtime, components, drop=drop)
         if made != generation:
             raise StandbyRefused(f"the runtime file copy {self.runtime} went to generation {made}, the primary's to "
                                  f"{generation}: start the standby from a copy of the primary's runtime file")
@@ -431,6 +491,9 @@ class Follower:
         self._cond = threading.Condition()
         self._durable = position
         self._cut: tuple[int, int] | None = None
+        self._reload = False  # a catch-up replaced the runtime file copy's state and emptied the journal
+        # held while the device reads the journal copy: a catch-up empties it only in between (`paused`)
+        self._reading = threading.Lock()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="aotx-follow", daemon=True)
 
@@ -448,10 +511,23 @@ class Follower:
             self._durable = min(self._durable, position)
             self._cond.notify()
 
+    def paused(self) -> threading.Lock:
+        """Held, the device reads nothing of the journal copy (a catch-up empties it meanwhile)."""
+        return self._reading
+
+    def reload(self) -> None:
+        """The copy of the runtime file is at a new generation and the journal copy begins again:
+        the device builds its tables from them again (its next step)."""
+        with self._cond:
+            self._reload = True
+            self._cut = None
+            self._durable = (0, 0)  # (what the emptied copy held counts for nothing: acknowledgements say anew)
+            self._cond.notify()
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._stop and self._cut is None and self._durable <= self._applied():
+                while not self._stop and not self._reload and self._cut is None and self._durable <= self._applied():
                     self._cond.wait(self.LOOK_SECONDS)
                 if self._stop:
                     return
@@ -466,10 +542,19 @@ class Follower:
         return max(self._applied()[0], 1)
 
     def _step(self) -> None:
+        with self._reading:
+            self._read()
+
+    def _read(self) -> None:
         with self._cond:
             cut, self._cut = self._cut, None
+            reload, self._reload = self._reload, False
             until = self._durable
-        if cut is not None and cut < self._applied():
+        if reload:
+            log.info("standby: building the tables again from the runtime file copy the catch-up made")
+            self.device.refollow(reopen=True)
+            self.refollowed += 1
+        elif cut is not None and cut < self._applied():
             log.warning("standby: the journal was cut back to %s, before what its tables hold (%s): building them "
                         "again", cut, self._applied())
             self.device.refollow()

@@ -632,9 +632,12 @@ class _PlacedWriter(_Writer):
 
 
 def append(path: str | os.PathLike[str], components: Iterable[tuple[str, str, Any]], *,
-           set_required: int = 0, drop: Iterable[str] = (), fs: FileLayer | None = None) -> int:
+           set_required: int = 0, drop: Iterable[str] = (), fs: FileLayer | None = None,
+           generation: int | None = None) -> int:
     """Add components (replacing same-named ones), leave out those named in `drop`, and publish
-    the result in the other slot; returns the generation.
+    the result in the other slot; returns the generation: the next one, or `generation` when
+    given (above the current one: a standby's copy catching up to its primary's file, which went
+    on through generations the copy never saw, docs/replication.md "Catch-up").
 
     The new extents and directory go where the current generation reaches nothing (`_FreeSpace`):
     the space its predecessors' superseded extents held, else after the last byte it reaches. Steps:
@@ -651,6 +654,10 @@ def append(path: str | os.PathLike[str], components: Iterable[tuple[str, str, An
         with RuntimeFile.open(path, verify=False) as current:
             entries, slot, superblock = dict(current.components), current.slot, current._superblock
             reachable = [(c.offset, c.offset + c.length) for c in entries.values()]
+        if generation is None:
+            generation = superblock.generation + 1
+        elif generation <= superblock.generation:
+            raise ValueError(f"{path} is at generation {superblock.generation}: an append cannot make it {generation}")
         reachable.append((superblock.directory_offset, superblock.directory_offset + superblock.directory_length))
         for name in drop:
             entries.pop(name, None)
@@ -661,7 +668,7 @@ def append(path: str | os.PathLike[str], components: Iterable[tuple[str, str, An
             entries.update(_collect(writer, components))
             dir_offset, dir_length, dir_digest = writer.put_directory(entries)
             out.fsync()  # the new extents are durable before any superblock names them
-            successor = replace(superblock, generation=superblock.generation + 1,
+            successor = replace(superblock, generation=generation,
                                 required_features=superblock.required_features | set_required,
                                 directory_offset=dir_offset, directory_length=dir_length,
                                 directory_sha256=dir_digest)

@@ -36,9 +36,7 @@ class Primary(LiveDevice):
         self.shipper = None
 
     def start(self):
-        incarnation = RuntimeFile.open(self.runtime).incarnation
-        self.shipper = Shipper(self.address, self.journal, incarnation, sync=self.sync, alone_after=self.alone_after,
-                               generation=RuntimeFile.open(self.runtime).generation)
+        self.shipper = Shipper(self.address, self.journal, self.runtime, sync=self.sync, alone_after=self.alone_after)
         self.server_options = {"replica": self.shipper}
         return super().start()
 
@@ -573,5 +571,149 @@ def test_media_sources_reach_the_standby_before_their_owner_is_saved(tiny_runtim
     try:
         assert sorted(device.state.media) == sorted(shas)
         assert not any(source.missing for source in device.state.media.values())
+    finally:
+        device.close()
+
+
+def checkpoint(primary):
+    with primary.connect() as sock:
+        done = call(sock, encode_frame({"v": 1, "id": 1, "op": "checkpoint", "principal": None, "args": {}}))
+    assert done["status"] == 200, done
+    return json.loads(done["body"])["generation"]
+
+
+def saved_state(runtime):
+    """{name: SHA-256} of the components checkpoints write, and the file's generation."""
+    with RuntimeFile.open(runtime) as f:
+        return f.generation, {n: c.sha256 for n, c in f.components.items() if n.startswith(("state/", "audit/", "media/"))}
+
+
+def test_a_standby_behind_the_primarys_checkpoints_catches_up_from_its_file(tiny_runtime, tmp_path):
+    """A hot standby stops; the primary checkpoints twice (its journal loses the segments the
+    standby stopped in); the standby comes back with its copy of the runtime file two generations
+    behind and its old journal: the primary sends the saved state its copy lacks, the copy comes
+    out at the primary's generation with the same components, the journal copy begins again at
+    the primary's oldest segment (byte for byte the primary's), the tables are built again, and
+    after a takeover every receipt reads back as the primary rendered it. A new standby made from
+    the file as packed (generation 1) and an empty journal catches up the same way."""
+    from gpu_worker.replication.standby import read_mark
+    mine, copy, packed = (str(tmp_path / n) for n in ("p.aotxccir", "s.aotxccir", "n.aotxccir"))
+    for path in (mine, copy, packed):
+        shutil.copyfile(tiny_runtime, path)
+    primary = Primary(mine, tmp_path / "p", 36, sync=True).start()
+    directory = str(tmp_path / "s" / "journal")
+    follower = Follower(primary.address, directory, copy, hot_grants=primary.grants)
+    try:
+        replies = register_all(primary, primary.principals[:12], 4)
+        wait_for(lambda: caught_up(primary, follower), what="the standby to follow")
+        follower.stop()
+        stopped_in = list_segments(directory, _fs())
+        generation = RuntimeFile.open(copy).generation
+        for part in (primary.principals[12:24], primary.principals[24:]):  # (saved alone: no standby needed)
+            primary.shipper.alone = True
+            replies.update(register_all(primary, part, 4))
+            generation = checkpoint(primary)
+        assert generation == RuntimeFile.open(copy).generation + 2
+        assert min(list_segments(primary.journal, _fs())) > max(stopped_in)  # its segments are gone there
+        follower = Follower(primary.address, directory, copy, hot_grants=primary.grants)
+        wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
+                 what="the standby to catch up from the primary's file")
+        assert saved_state(copy) == saved_state(mine)
+        assert journal_bytes(directory) == journal_bytes(primary.journal)
+        assert read_mark(directory) == "sync" and follower.applier.refollowed == 1
+        fresh = Follower(primary.address, str(tmp_path / "n" / "journal"), packed, hot_grants=primary.grants)
+        follower.stop()
+        wait_for(lambda: caught_up(primary, fresh) and fresh.applied() == primary.position(),
+                 what="a standby from the packed file to catch up")
+        assert saved_state(packed) == saved_state(mine)
+        assert journal_bytes(fresh.mirror.directory) == journal_bytes(primary.journal)
+        with primary.connect() as sock:
+            rendered = receipts_of(sock, replies)
+    finally:
+        primary.stop()
+    device = fresh.take_over()
+    try:
+        assert receipts_of(device, replies) == rendered
+        assert device.checkpoint()["generation"] == generation + 1  # its copy goes on from the primary's
+    finally:
+        device.close()
+
+
+def test_a_standby_whose_copy_holds_another_profile_or_a_later_generation_is_refused(tiny_runtime, tmp_path):
+    """A catch-up replaces saved state only: a copy whose profile differs is refused (its device
+    was built from it), and so is a copy past the primary's generation (it may hold a checkpoint
+    of a tail the primary never had); neither copy is changed."""
+    from gpu_worker.storage import runtime_file
+    mine, other, ahead = (str(tmp_path / n) for n in ("p.aotxccir", "o.aotxccir", "a.aotxccir"))
+    for path in (mine, other, ahead):
+        shutil.copyfile(tiny_runtime, path)
+    profile = RuntimeFile.open(other).json("runtime_profile")
+    runtime_file.append(other, [("runtime_profile", "json", {**profile, "min_free_disk_bytes": 1})])
+    for _ in range(3):
+        runtime_file.append(ahead, [("state/unrelated", "bytes", b"x")])
+    primary = Primary(mine, tmp_path / "p", 4, sync=False).start()
+    try:
+        register_all(primary, primary.principals, 2)
+        checkpoint(primary)
+        checkpoint(primary)
+        for path, why in ((other, "another model or profile"), (ahead, "past this primary's")):
+            before = saved_state(path)
+            follower = Follower(primary.address, path + ".journal", path)
+            follower.thread.join(30)
+            assert isinstance(follower.error, StandbyRefused) and why in str(follower.error), follower.error
+            follower.mirror.close()
+            assert saved_state(path) == before
+    finally:
+        primary.stop()
+
+
+def test_a_catch_up_cut_short_refuses_a_takeover_and_is_done_again_on_the_next_link(tiny_runtime, tmp_path,
+                                                                                    monkeypatch):
+    """The catch-up's append to the copy fails (a full disk, here injected) after the journal copy
+    was emptied: the journal says "catch-up", so a takeover of it is refused (it is not whole);
+    the standby connects again, catches up, and follows: the marker says sync again. Nothing
+    counts as acknowledged by the standby before its catch-up."""
+    from gpu_worker.device import DeviceBootError
+    from gpu_worker.replication import standby as standby_module
+    from gpu_worker.replication.standby import read_mark
+    mine, copy = str(tmp_path / "p.aotxccir"), str(tmp_path / "s.aotxccir")
+    shutil.copyfile(tiny_runtime, mine)
+    shutil.copyfile(tiny_runtime, copy)
+    real_append, failing, release = standby_module.runtime_file.append, threading.Event(), threading.Event()
+
+    def append(path, components, **options):
+        if "generation" in options and not failing.is_set():  # (the catch-up's, the first time)
+            failing.set()
+            release.wait(30)
+            raise OSError(28, "No space left on device (injected)")
+        return real_append(path, components, **options)
+
+    monkeypatch.setattr(standby_module.runtime_file, "append", append)
+    primary = Primary(mine, tmp_path / "p", 8, sync=True).start()
+    directory = str(tmp_path / "s" / "journal")
+    try:
+        primary.shipper.alone = True  # (saved here alone until a standby has caught up)
+        replies = register_all(primary, primary.principals, 2)
+        checkpoint(primary)
+        follower = Follower(primary.address, directory, copy, hot_grants=primary.grants)
+        assert failing.wait(30)
+        assert read_mark(directory) == "catch-up" and list_segments(directory, _fs()) == []
+        assert primary.device.pipeline_state()["replication"]["acked_seq"] == 0
+        kept = str(tmp_path / "kept")  # (the standby holds its journal's lock: a copy of it, as it is now)
+        shutil.copytree(directory, kept)
+        with pytest.raises(DeviceBootError, match="stopped while it caught up"):
+            Device(RuntimeFile.open(copy), kept, Grants(primary.grants), takeover=True)
+        release.set()
+        wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
+                 what="the standby to catch up on its next link")
+        assert read_mark(directory) == "sync" and saved_state(copy) == saved_state(mine)
+        with primary.connect() as sock:
+            rendered = receipts_of(sock, replies)
+    finally:
+        release.set()
+        primary.stop()
+    device = follower.take_over()
+    try:
+        assert receipts_of(device, replies) == rendered
     finally:
         device.close()

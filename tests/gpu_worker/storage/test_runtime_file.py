@@ -402,3 +402,16 @@ def test_an_append_after_one_that_died_before_its_last_sync_makes_that_generatio
         assert names["state/current"] in whole, f"step {step}"
         if names["state/current"] != b"c" * 9000:
             assert step == 0 or (generation, names) == dead  # synced before anything was written over
+
+
+def test_an_append_may_jump_to_a_later_generation_only(tmp_path):
+    path = str(tmp_path / "f.aotxccir")
+    runtime_file.create(path, [("a", "bytes", b"1")])
+    assert runtime_file.append(path, [("b", "bytes", b"2")], generation=7) == 7
+    with runtime_file.RuntimeFile.open(path) as f:
+        assert f.generation == 7 and bytes(f.bytes("b")) == b"2"
+    for generation in (7, 3):
+        with pytest.raises(ValueError, match="cannot make it"):
+            runtime_file.append(path, [("c", "bytes", b"3")], generation=generation)
+    assert runtime_file.append(path, [("c", "bytes", b"3")]) == 8
+
