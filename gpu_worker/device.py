@@ -46,7 +46,7 @@ from .storage import checkpoint, runtime_file
 from .storage.committer import Batch, Committer, Reply
 from .storage.filelayer import FileLayer, OsFileLayer
 from .storage.journal import (MAX_RECORDS_PER_TICK, JournalCorrupt, JournalIOError, JournalLock, JournalWriter,
-                              RecoveryResult, Tail, Transfer, TransferKind, recover, segment_name)
+                              ReadAhead, RecoveryResult, Tail, Transfer, TransferKind, segment_name)
 from .storage.runtime_file import RuntimeFile
 
 if TYPE_CHECKING:
@@ -138,7 +138,7 @@ class Device:
         self._loaded(recovery, started)
 
     def _loaded(self, recovery: RecoveryResult, started: float) -> None:
-        self.recovered = len(recovery.transfers)
+        self.recovered = len(recovery.transfers) + recovery.handed_on
         self.dropped = recovery.dropped
         if recovery.dropped:
             log.warning("%s", recovery.dropped)
@@ -255,20 +255,25 @@ class Device:
         # MEDIA transfer seq -> the upload to answer: (connection, request id, sha256, participant row, bytes)
         self.media_waiting: dict[int, tuple[Any, Any, str, int, int]] = {}
         self._admission_deferred = False
-        recovery = recover(self.journal_dir, self.fs, state.incarnation, start_digest=state.checkpoint_digest,
-                           after_seq=state.checkpoint_seq)
         replay_admission = self._replay_admission
         deferred = (state.receipts, state.spaces)  # indexed in whole-column passes (state/indexes.py)
         for index in deferred:
             index.defer(state.tables)
-        for transfer in recovery.transfers:  # (most are admissions: one call each)
-            if transfer.kind is TransferKind.ADMISSION:
-                replay_admission(transfer)
-            else:
-                self._replay(transfer)
+        # the journal is read on another thread while the pieces read so far are replayed here
+        reading = ReadAhead(self.journal_dir, self.fs, state.incarnation, start_digest=state.checkpoint_digest,
+                            after_seq=state.checkpoint_seq)
+        try:
+            for piece in reading:
+                for transfer in piece:  # (most are admissions: one call each)
+                    if transfer.kind is TransferKind.ADMISSION:
+                        replay_admission(transfer)
+                    else:
+                        self._replay(transfer)
+        finally:
+            reading.close()
         for index in deferred:
             index.settle()
-        return recovery
+        return reading.result()
 
     def _open_writer(self, recovery: RecoveryResult) -> JournalWriter:
         writer = JournalWriter(self.journal_dir, self.fs, self.state.incarnation, recovery)

@@ -4,7 +4,7 @@
 //
 //   records(kind, transfer_seq, payload, max_data) -> [bytes]
 //   transfers(data, pos, first_seq_lo, first_seq_hi, kinds, max_data, digest, after_seq, kind_objects,
-//             segment, base) -> ([(kind, seq, payload, digest, segment, base + start)], stop, last_seq)
+//             segment, base[, limit]) -> ([(kind, seq, payload, digest, segment, base + start)], stop, last_seq)
 //   scatter(table, cols, rows, lengths, blob) -> bytes used (a checkpoint's row bytes, below)
 //
 // Each record: a 32-byte part header (type 37, class 0x41, kind, part index, part count, data
@@ -23,7 +23,9 @@
 // segment, offset); the digest chains from `digest` (journal.py chain_digest: SHA-256 of the
 // previous digest, kind u16 LE, seq u64 LE, payload; OpenSSL's, through one reused context: its
 // one-shot SHA256() looks the algorithm up at each call). Those at or below are read and checked
-// only; last_seq is the seq of the last whole transfer read (0: none).
+// only; last_seq is the seq of the last whole transfer read (0: none). `limit` (> 0) stops after
+// that many whole transfers (a reader handing them on in pieces). The records are checked and the
+// digests chained without the GIL; the objects are made after.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <openssl/evp.h>
@@ -33,6 +35,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <vector>
 
 namespace {
 
@@ -143,6 +146,26 @@ bool read_part(const unsigned char* d, size_t n, size_t at, size_t max_data, Par
   return uint32_t(crc) == rd32(h + CHECKSUM_AT);
 }
 
+// A whole transfer found by `transfers`' first pass: where its records lie and its chained digest.
+struct Found {
+  uint16_t kind, count;
+  uint32_t length;
+  uint64_t seq;
+  size_t start;
+  unsigned char digest[DIGEST];
+};
+
+// The payload of a transfer `found` read: its records' data, in order.
+void gather(const unsigned char* d, const Found& found, unsigned char* into) {
+  size_t at = found.start, filled = 0;
+  for (uint16_t i = 0; i < found.count; ++i) {
+    const size_t size = rd16(d + at + 8);
+    memcpy(into + filled, d + at + HEADER, size);
+    filled += size;
+    at += HEADER + size;
+  }
+}
+
 PyObject* transfers(PyObject*, PyObject* args) {
   Py_buffer data;
   Py_ssize_t pos;
@@ -153,8 +176,9 @@ PyObject* transfers(PyObject*, PyObject* args) {
   PyObject* kind_objects;
   PyObject* segment;
   Py_ssize_t base;
-  if (!PyArg_ParseTuple(args, "y*nKKKny*KO!On", &data, &pos, &lo, &hi, &kinds, &max_data, &previous, &after,
-                        &PyTuple_Type, &kind_objects, &segment, &base))
+  Py_ssize_t limit = 0;
+  if (!PyArg_ParseTuple(args, "y*nKKKny*KO!On|n", &data, &pos, &lo, &hi, &kinds, &max_data, &previous, &after,
+                        &PyTuple_Type, &kind_objects, &segment, &base, &limit))
     return nullptr;
   unsigned char digest[DIGEST];
   const bool sized = previous.len == DIGEST && PyTuple_GET_SIZE(kind_objects) == 64;
@@ -172,73 +196,103 @@ PyObject* transfers(PyObject*, PyObject* args) {
     PyErr_SetString(PyExc_RuntimeError, "OpenSSL has no SHA-256 for the journal's digests");
     return nullptr;
   }
-  bool failed = false;
   const unsigned char* d = static_cast<const unsigned char*>(data.buf);
   const size_t n = size_t(data.len);
   size_t at = pos < 0 ? n : std::min(size_t(pos), n);
   unsigned long long last = 0;  // the seq of the last whole transfer read
-  PyObject* list = PyList_New(0);
-  while (list && max_data > 0) {
+  bool hash_failed = false;
+  std::vector<Found> found;
+  // First pass, without the GIL (the bytes object is held by `data`): check the records, chain
+  // the digests. A thread reading the journal ahead of the one replaying it (Device._load_state)
+  // runs this beside it.
+  Py_BEGIN_ALLOW_THREADS
+  size_t whole = 0;
+  while (max_data > 0 && (limit <= 0 || whole < size_t(limit))) {
     const size_t start = at;
     Part first;
     if (!read_part(d, n, at, size_t(max_data), first) || first.index != 0 || first.seq < lo || first.seq > hi ||
         first.kind >= 64 || !((kinds >> first.kind) & 1))
       break;
-    // the parts' bytes go straight into the payload (none kept for a transfer a checkpoint holds)
-    PyObject* payload = first.seq > after ? PyBytes_FromStringAndSize(nullptr, Py_ssize_t(first.length)) : nullptr;
-    if (first.seq > after && !payload) {
-      failed = true;
+    const bool kept = first.seq > after;  // (one a checkpoint holds is read and checked, not returned nor chained)
+    if (kept && !(EVP_DigestInit_ex(hashing, sha256, nullptr) && EVP_DigestUpdate(hashing, digest, DIGEST))) {
+      hash_failed = true;
       break;
     }
-    unsigned char* into = payload ? reinterpret_cast<unsigned char*>(PyBytes_AS_STRING(payload)) : nullptr;
+    if (kept) {
+      unsigned char head[10];  // kind u16 LE, seq u64 LE
+      for (int b = 0; b < 2; ++b) head[b] = (unsigned char)(first.kind >> (8 * b));
+      for (int b = 0; b < 8; ++b) head[2 + b] = (unsigned char)(first.seq >> (8 * b));
+      hash_failed = !EVP_DigestUpdate(hashing, head, sizeof head);
+    }
     size_t filled = 0;
-    bool whole = true;
-    for (uint16_t i = 0; i < first.count; ++i) {
+    bool ok = !hash_failed;
+    for (uint16_t i = 0; ok && i < first.count; ++i) {
       Part part;
       if (i && (!read_part(d, n, at, size_t(max_data), part) || part.index != i || part.kind != first.kind ||
                 part.count != first.count || part.length != first.length || part.seq != first.seq)) {
-        whole = false;
+        ok = false;
         break;
       }
       const size_t size = i ? part.size : first.size;
-      if (into && filled + size <= first.length) memcpy(into + filled, d + at + HEADER, size);
+      if (kept && !EVP_DigestUpdate(hashing, d + at + HEADER, size)) {
+        hash_failed = true;
+        ok = false;
+        break;
+      }
       filled += size;
       at += HEADER + size;
     }
-    if (!whole || filled != first.length) {  // (read_part checks each size against the length)
-      Py_XDECREF(payload);
+    if (hash_failed) break;
+    if (!ok || filled != first.length) {  // (read_part checks each size against the length)
       at = start;
       break;
     }
     last = first.seq;
     lo = hi = first.seq + 1;
-    if (!payload) continue;  // held by a checkpoint: read and checked, not returned nor chained
-    unsigned char head[10];  // kind u16 LE, seq u64 LE
-    for (int b = 0; b < 2; ++b) head[b] = (unsigned char)(first.kind >> (8 * b));
-    for (int b = 0; b < 8; ++b) head[2 + b] = (unsigned char)(first.seq >> (8 * b));
-    if (!(EVP_DigestInit_ex(hashing, sha256, nullptr) && EVP_DigestUpdate(hashing, digest, DIGEST) &&
-          EVP_DigestUpdate(hashing, head, sizeof head) && EVP_DigestUpdate(hashing, into, filled) &&
-          EVP_DigestFinal_ex(hashing, digest, nullptr))) {
-      Py_DECREF(payload);
-      PyErr_SetString(PyExc_RuntimeError, "OpenSSL's SHA-256 failed on a journal transfer");
-      failed = true;
+    ++whole;
+    if (!kept) continue;
+    if (!EVP_DigestFinal_ex(hashing, digest, nullptr)) {
+      hash_failed = true;
+      at = start;
       break;
     }
-    // (kind, seq, payload, digest, segment, offset): a Transfer's fields, in its order
+    Found f;
+    f.kind = first.kind;
+    f.count = first.count;
+    f.length = first.length;
+    f.seq = first.seq;
+    f.start = start;
+    memcpy(f.digest, digest, DIGEST);
+    found.push_back(f);
+  }
+  Py_END_ALLOW_THREADS
+  EVP_MD_CTX_free(hashing);
+  if (hash_failed) {
+    PyBuffer_Release(&data);
+    PyErr_SetString(PyExc_RuntimeError, "OpenSSL's SHA-256 failed on a journal transfer");
+    return nullptr;
+  }
+  // Second pass: each transfer past `after` as a Transfer's fields, in its order:
+  // (kind, seq, payload, digest, segment, offset)
+  PyObject* list = PyList_New(Py_ssize_t(found.size()));
+  for (size_t i = 0; list && i < found.size(); ++i) {
+    const Found& f = found[i];
     PyObject* item = PyTuple_New(6);
-    PyObject* kind = PyTuple_GET_ITEM(kind_objects, first.kind);
-    PyObject* seq = PyLong_FromUnsignedLongLong(first.seq);
-    PyObject* hash = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(digest), DIGEST);
-    PyObject* offset = PyLong_FromSsize_t(base + Py_ssize_t(start));
-    if (!item || !seq || !hash || !offset) {
+    PyObject* payload = PyBytes_FromStringAndSize(nullptr, Py_ssize_t(f.length));
+    PyObject* seq = PyLong_FromUnsignedLongLong(f.seq);
+    PyObject* hash = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(f.digest), DIGEST);
+    PyObject* offset = PyLong_FromSsize_t(base + Py_ssize_t(f.start));
+    if (!item || !payload || !seq || !hash || !offset) {
       Py_XDECREF(item);
+      Py_XDECREF(payload);
       Py_XDECREF(seq);
       Py_XDECREF(hash);
       Py_XDECREF(offset);
-      Py_DECREF(payload);
-      failed = true;
+      Py_CLEAR(list);
       break;
     }
+    gather(d, f, reinterpret_cast<unsigned char*>(PyBytes_AS_STRING(payload)));
+    PyObject* kind = PyTuple_GET_ITEM(kind_objects, f.kind);
     Py_INCREF(kind);
     Py_INCREF(segment);
     PyTuple_SET_ITEM(item, 0, kind);
@@ -247,13 +301,9 @@ PyObject* transfers(PyObject*, PyObject* args) {
     PyTuple_SET_ITEM(item, 3, hash);
     PyTuple_SET_ITEM(item, 4, segment);
     PyTuple_SET_ITEM(item, 5, offset);
-    if (PyList_Append(list, item) < 0) failed = true;
-    Py_DECREF(item);
-    if (failed) break;
+    PyList_SET_ITEM(list, Py_ssize_t(i), item);
   }
   PyBuffer_Release(&data);
-  EVP_MD_CTX_free(hashing);
-  if (failed) Py_CLEAR(list);
   if (!list) return nullptr;
   return Py_BuildValue("(NnK)", list, Py_ssize_t(at), last);
 }
@@ -299,7 +349,7 @@ PyMethodDef methods[] = {
     {"records", records, METH_VARARGS, "records(kind, transfer_seq, payload, max_data) -> [bytes]"},
     {"transfers", transfers, METH_VARARGS,
      "transfers(data, pos, first_seq_lo, first_seq_hi, kinds, max_data, digest, after_seq, kind_objects, segment, "
-     "base) -> ([(kind, seq, payload, digest, segment, offset)], stop, last_seq)"},
+     "base[, limit]) -> ([(kind, seq, payload, digest, segment, offset)], stop, last_seq)"},
     {"scatter", scatter, METH_VARARGS, "scatter(table, cols, rows, lengths, blob) -> bytes used"},
     {nullptr, nullptr, 0, nullptr}};
 

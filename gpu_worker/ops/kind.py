@@ -22,9 +22,8 @@ memory objects it wrote into its receipt.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Protocol
 
 import msgpack
 
@@ -48,6 +47,8 @@ if TYPE_CHECKING:
     from ..storage.runtime_file import RuntimeFile
 
 ADMISSION_VERSION = 1
+_unpack = msgpack.unpackb
+_as_admission = tuple.__new__  # (Admission's fields in order: one C call)
 
 
 class Tables(Protocol):
@@ -173,28 +174,28 @@ class Kind(IntEnum):
     PUBLICATION = 10
 
 
-@dataclass
-class Admission:
+class Admission(NamedTuple):
     """The decoded admission transfer: what the journal records for one new operation.
-    `extra` holds what the kind's check returned (IDs, never rows), so replay re-resolves them."""
+    `extra` holds what the kind's check returned (IDs, never rows), so replay re-resolves them.
+    A tuple: a replay decodes one per admission (a million for a 1M-transfer journal), and a
+    tuple is made in one step where a dataclass runs its __init__ (docs/performance.md, "Replay")."""
     kind: int
     principal: bytes
     sequence: int
     key: bytes
     op: bytes
     canonical: bytes
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any]
 
     def encode(self) -> bytes:
-        return pack([ADMISSION_VERSION, self.kind, self.principal, self.sequence, self.key, self.op,
-                     self.canonical, self.extra])
+        return pack([ADMISSION_VERSION, *self])
 
     @classmethod
     def decode(cls, payload: bytes) -> Admission:
-        fields = msgpack.unpackb(payload, raw=False)
-        if not isinstance(fields, list) or len(fields) != 8 or fields[0] != ADMISSION_VERSION:
+        fields = _unpack(payload, raw=False)
+        if type(fields) is not list or len(fields) != 8 or fields[0] != ADMISSION_VERSION:
             raise ValueError("unknown admission layout")
-        return cls(*fields[1:])
+        return _as_admission(cls, fields[1:])
 
 
 # check(context, principal, participant row or None, the kind's arguments (its type in

@@ -12,13 +12,15 @@ import fcntl
 import functools
 import hashlib
 import os
+import queue
 import re
 import struct
+import threading
 import zlib
 from collections import deque
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 from gpu_worker import native
 from gpu_worker.storage.filelayer import AppendFile, FileLayer, OsFileLayer
@@ -148,6 +150,7 @@ class RecoveryResult:
     end_offset: int  # where the writer continues in it; below the header size: rewrite it
     dropped: str | None
     durable_bytes: int = 0  # journal bytes kept, all segments together
+    handed_on: int = 0  # transfers given to `recover`'s sink (not in `transfers`)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,15 +200,20 @@ class _Open:
         self.parts: list[bytes] = []
 
 
+READ_PIECE = 8192  # transfers a reader with a sink hands on at a time (`recover`)
+
+
 class _Recovery:
     def __init__(self, directory: str, fs: FileLayer, incarnation: bytes, start_digest: bytes,
-                 after_seq: int) -> None:
+                 after_seq: int, sink: Callable[[list[Transfer]], None] | None = None) -> None:
         self.directory = directory
         self.fs = fs
         self.incarnation = incarnation
         self.after_seq = after_seq
         self.digest = start_digest
-        self.transfers: list[Transfer] = []
+        self.transfers: list[Transfer] = []  # read and not yet handed to `sink` (all of them without one)
+        self.sink = sink
+        self.count = 0  # transfers read (after after_seq), handed on or not
         self.next_seq: int | None = None  # None until the first transfer is read
         self._base = 0  # the file offset of the bytes _parts reads (0 but for a Tail's read)
 
@@ -221,6 +229,7 @@ class _Recovery:
             segment = number
             end, dropped = self._segment(number, data, final)
             kept += end
+            self._hand_on()
         if self.next_seq is None:
             self.next_seq = self.after_seq + 1
         elif self.next_seq <= self.after_seq:
@@ -230,8 +239,15 @@ class _Recovery:
                 f"before checkpoint seq {self.after_seq}",
             )
         return RecoveryResult(
-            self.transfers, self.next_seq, self.digest, segment, end, dropped, kept
+            self.transfers, self.next_seq, self.digest, segment, end, dropped, kept, self.count
         )
+
+    def _hand_on(self) -> None:
+        """Give the sink the transfers read since it was last given some."""
+        if self.sink is not None and self.transfers:
+            self.count += len(self.transfers)
+            self.sink(self.transfers)
+            self.transfers = []
 
     def _path(self, number: int) -> str:
         return os.path.join(self.directory, segment_name(number))
@@ -314,17 +330,23 @@ class _Recovery:
 
     def _whole_transfers(self, number: int, data: bytes, pos: int) -> int:
         """Accept the whole transfers from `pos` on that are exactly as the writer makes them,
-        read natively (jcodec.transfers); where the first one that is not begins (the end of the
-        data when all are): the loop in `_parts` reads on from there with every rule."""
-        lo, hi = (1, self.after_seq + 1) if self.next_seq is None else (self.next_seq, self.next_seq)
-        found, stop, last = _whole(data, pos, lo, hi, _KIND_MASK, MAX_DATA, self.digest, self.after_seq,
-                                   _KIND_OBJECTS, number, self._base)
-        if found:  # each a Transfer's fields, its digest chained (those a checkpoint holds are not here)
-            self.transfers.extend(map(_as_transfer, found))
-            self.digest = found[-1][3]
-        if last:
-            self.next_seq = last + 1
-        return stop
+        read natively (jcodec.transfers; with a sink, READ_PIECE at a time, each piece handed on
+        as it is read); where the first one that is not begins (the end of the data when all
+        are): the loop in `_parts` reads on from there with every rule."""
+        limit = READ_PIECE if self.sink is not None else 0
+        while True:
+            lo, hi = (1, self.after_seq + 1) if self.next_seq is None else (self.next_seq, self.next_seq)
+            found, stop, last = _whole(data, pos, lo, hi, _KIND_MASK, MAX_DATA, self.digest, self.after_seq,
+                                       _KIND_OBJECTS, number, self._base, limit)
+            if found:  # each a Transfer's fields, its digest chained (those a checkpoint holds are not here)
+                self.transfers.extend(map(_as_transfer, found))
+                self.digest = found[-1][3]
+            if last:
+                self.next_seq = last + 1
+            self._hand_on()
+            if not limit or stop == pos or stop >= len(data):
+                return stop
+            pos = stop
 
     def _torn_tail(self, path: str, data: bytes, pos: int, current: _Open | None) -> tuple[int, str]:
         if current is None and len(data) - pos >= PART_HEADER_SIZE:
@@ -414,15 +436,70 @@ def recover(
     *,
     start_digest: bytes = ZERO_DIGEST,
     after_seq: int = 0,
+    sink: Callable[[list[Transfer]], None] | None = None,
 ) -> RecoveryResult:
-    """Read every segment in order and return the saved transfers after `after_seq`.
+    """Read every segment in order and return the saved transfers after `after_seq` — or, with a
+    `sink`, give them to it in pieces as they are read, in order (a device replays each piece
+    while this reads on, on another thread: Device._load_state).
 
     A torn tail (an unacknowledged write cut by a crash) is dropped; anything else that does not
-    fit raises JournalCorrupt naming the file and offset. See docs/journal.md.
+    fit raises JournalCorrupt naming the file and offset (after the sink was given the transfers
+    before it). See docs/journal.md.
     """
     if len(incarnation) != 16:
         raise ValueError("file incarnation must be 16 bytes")
-    return _Recovery(directory, fs, bytes(incarnation), bytes(start_digest), after_seq).run()
+    return _Recovery(directory, fs, bytes(incarnation), bytes(start_digest), after_seq, sink).run()
+
+
+class ReadAhead:
+    """`recover` on a thread of its own (`aotx-journal-read`), handing its transfers over in
+    pieces as it reads them: iterating gives the pieces in order while the thread reads on, so
+    the records' checks and digests (jcodec.transfers, without the GIL) and the file reads run
+    beside the replay of the pieces before (a boot: Device._load_state). `result` is recover's
+    (its `transfers` empty: every one was handed over), or raises what the reading raised (a
+    damaged journal: after the pieces before the damage). Waker of the iteration: each piece the
+    thread hands over and, always last, None (the thread's end, whatever ended it); `close` makes
+    the thread stop at its next piece (a replay that failed)."""
+
+    class _Closed(Exception):
+        pass
+
+    def __init__(self, directory: str, fs: FileLayer, incarnation: bytes, *, start_digest: bytes = ZERO_DIGEST,
+                 after_seq: int = 0) -> None:
+        self._pieces: queue.SimpleQueue[list[Transfer] | None] = queue.SimpleQueue()
+        self._outcome: RecoveryResult | BaseException | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._read, args=(directory, fs, incarnation, start_digest, after_seq),
+                                        name="aotx-journal-read", daemon=True)
+        self._thread.start()
+
+    def _read(self, directory: str, fs: FileLayer, incarnation: bytes, start_digest: bytes, after_seq: int) -> None:
+        try:
+            self._outcome = recover(directory, fs, incarnation, start_digest=start_digest, after_seq=after_seq,
+                                    sink=self._hand)
+        except BaseException as exc:  # (handed to the caller by `result`)
+            self._outcome = exc
+        finally:
+            self._pieces.put(None)
+
+    def _hand(self, piece: list[Transfer]) -> None:
+        if self._closed:
+            raise ReadAhead._Closed("the replay stopped")
+        self._pieces.put(piece)
+
+    def __iter__(self) -> Iterator[list[Transfer]]:
+        while (piece := self._pieces.get()) is not None:
+            yield piece
+
+    def result(self) -> RecoveryResult:
+        self._thread.join()  # (it put None last: it has ended or is ending)
+        if isinstance(self._outcome, BaseException):
+            raise self._outcome
+        assert self._outcome is not None
+        return self._outcome
+
+    def close(self) -> None:
+        self._closed = True
 
 
 class Tail:

@@ -64,7 +64,7 @@ def test_a_journaled_admission_of_an_unknown_kind_fails_closed_naming_file_and_o
     body = {"schema": "aotx.shared.mutation.v1", "lineage": device.state.participants.lineage_of(principal).hex(),
             "operation_key": secrets.token_hex(16), "sequence": "1"}
     canonical = rfc8785.dumps({"method": "POST", "path": "/aotx/v1/shared/participant", "body": body})
-    admission = Admission(99, principal, 1, b"\1" * 16, ids.operation(device.state.incarnation, 1), canonical)
+    admission = Admission(99, principal, 1, b"\1" * 16, ids.operation(device.state.incarnation, 1), canonical, {})
     device.append(TransferKind.ADMISSION, admission.encode())
     device.committer.commit()
     device.close()

@@ -28,6 +28,7 @@ from gpu_worker.storage.journal import (
     JournalLock,
     JournalLocked,
     JournalWriter,
+    ReadAhead,
     Tail,
     TransferKind,
     encode_segment_header,
@@ -1020,7 +1021,9 @@ def test_the_native_reader_reads_exactly_what_the_python_reader_does(tmp_path_fa
                                                                      damage, cut, after, seed):
     """Recovery reads whole, intact transfers natively and hands anything else to the Python
     reader (storage/journal.py `_whole_transfers`): on any journal — damaged bytes, a cut end,
-    transfers a checkpoint holds — what is read, or the corruption named, is the same without it."""
+    transfers a checkpoint holds — what is read, or the corruption named, is the same without it,
+    and the same read ahead on a thread in pieces (ReadAhead: the native reader stops after each
+    piece's transfers and goes on from there)."""
     from gpu_worker.storage import journal
     directory = tmp_path_factory.mktemp("j")
     fs = OsFileLayer()
@@ -1049,6 +1052,20 @@ def test_the_native_reader_reads_exactly_what_the_python_reader_does(tmp_path_fa
         return summary(found.transfers), found.next_seq, found.last_digest, found.segment, found.end_offset, \
             found.dropped, found.durable_bytes
 
+    def read_ahead():  # on the reader's thread, handed over two transfers at a time
+        reading = ReadAhead(str(directory), fs, INC, start_digest=start, after_seq=after)
+        got = [transfer for piece in reading for transfer in piece]
+        try:
+            found = reading.result()
+        except JournalCorrupt as exc:
+            return str(exc)
+        assert found.transfers == [] and found.handed_on == len(got)
+        return summary(got), found.next_seq, found.last_digest, found.segment, found.end_offset, found.dropped, \
+            found.durable_bytes
+
     native = outcome()
+    monkeypatch.setattr(journal, "READ_PIECE", 2)
+    assert read_ahead() == native
     monkeypatch.setattr(journal, "_whole", lambda data, pos, *_: ([], pos, 0))
     assert outcome() == native
+    assert read_ahead() == native
