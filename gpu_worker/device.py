@@ -46,7 +46,8 @@ from .storage import checkpoint, runtime_file
 from .storage.committer import Batch, Committer, Reply
 from .storage.filelayer import FileLayer, OsFileLayer
 from .storage.journal import (MAX_RECORDS_PER_TICK, JournalCorrupt, JournalIOError, JournalLock, JournalWriter,
-                              ReadAhead, RecoveryResult, Tail, Transfer, TransferKind, segment_name)
+                              ZERO_DIGEST, ReadAhead, RecoveryResult, Tail, Transfer, TransferKind,
+                              segment_name)
 from .storage.runtime_file import RuntimeFile
 
 if TYPE_CHECKING:
@@ -242,11 +243,25 @@ class Device:
                 gc.enable()
 
     def _load_state(self) -> RecoveryResult:
+        # the journal is read on another thread from the start (where the checkpoint's state ends),
+        # while the tables are made and loaded here, then replayed here piece by piece as it is read
+        saved = self.runtime.bytes(checkpoint.STATE) if self.runtime.has(checkpoint.STATE) else None
+        after_seq, start_digest = checkpoint.fold_point(saved) if saved is not None else (0, ZERO_DIGEST)
+        reading = ReadAhead(self.journal_dir, self.fs, self.runtime.incarnation, start_digest=start_digest,
+                            after_seq=after_seq)
+        try:
+            return self._replay_after(reading, saved)
+        finally:
+            reading.close()
+
+    def _replay_after(self, reading: ReadAhead, saved: memoryview | None) -> RecoveryResult:
+        """The state: the checkpoint's, `saved` (None: none yet), then the journal's transfers
+        after it as `reading` hands them over."""
         state = DeviceState(self.capacities, self.table_device, self.runtime.incarnation, self.runtime.generation,
                             self.embedding_dim)
         media_sources: dict[str, Any] = {}
-        if self.runtime.has(checkpoint.STATE):
-            media_sources = checkpoint.load_state(state, self.runtime.bytes(checkpoint.STATE), _INPUT)
+        if saved is not None:
+            media_sources = checkpoint.load_state(state, saved, _INPUT)
         state.rebuild_indexes(_INPUT, media_sources)
         self.state = state
         self.executions = Executions()
@@ -259,18 +274,12 @@ class Device:
         deferred = (state.receipts, state.spaces)  # indexed in whole-column passes (state/indexes.py)
         for index in deferred:
             index.defer(state.tables)
-        # the journal is read on another thread while the pieces read so far are replayed here
-        reading = ReadAhead(self.journal_dir, self.fs, state.incarnation, start_digest=state.checkpoint_digest,
-                            after_seq=state.checkpoint_seq)
-        try:
-            for piece in reading:
-                for transfer in piece:  # (most are admissions: one call each)
-                    if transfer.kind is TransferKind.ADMISSION:
-                        replay_admission(transfer)
-                    else:
-                        self._replay(transfer)
-        finally:
-            reading.close()
+        for piece in reading:
+            for transfer in piece:  # (most are admissions: one call each)
+                if transfer.kind is TransferKind.ADMISSION:
+                    replay_admission(transfer)
+                else:
+                    self._replay(transfer)
         for index in deferred:
             index.settle()
         return reading.result()

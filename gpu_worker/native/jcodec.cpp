@@ -324,6 +324,7 @@ PyObject* scatter(PyObject*, PyObject* args) {
   const int64_t* length = static_cast<const int64_t*>(lengths.buf);
   unsigned char* out = static_cast<unsigned char*>(table.buf);
   const unsigned char* in = static_cast<const unsigned char*>(blob.buf);
+  Py_BEGIN_ALLOW_THREADS  // (buffers only: a boot's journal reading runs beside it)
   for (size_t i = 0; !problem && i < count; ++i) {
     const int64_t r = row[i], n = length[i];
     if (r < 0 || (r + 1) * int64_t(cols) > int64_t(table.len)) problem = "a row is outside the table";
@@ -334,6 +335,7 @@ PyObject* scatter(PyObject*, PyObject* args) {
       at += size_t(n);
     }
   }
+  Py_END_ALLOW_THREADS
   PyBuffer_Release(&table);
   PyBuffer_Release(&rows);
   PyBuffer_Release(&lengths);

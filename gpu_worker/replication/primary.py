@@ -51,6 +51,7 @@ class Link:
         self.media: set[str] = set()  # the media sources the standby holds (its hello says)
         self.generation = 0  # its runtime file copy's, and that copy's components' SHA-256 (its hello says)
         self.components: dict[str, str] = {}
+        self.emptied = False  # its journal must begin again at this journal's oldest segment (a catch-up)
         self.queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self.queued_bytes = 0  # queued for the sender and not yet sent (the tick thread adds, it subtracts)
         self.closed = False
@@ -362,7 +363,7 @@ class Shipper:
                         "copy of this primary's runtime file and an empty journal")
             return
         start = link.position  # where the journal bytes it is sent begin
-        if link.generation < self.generation:  # (decided here: a checkpoint may have come after its hello)
+        if link.generation < self.generation or link.emptied:  # (here: a checkpoint may have come after its hello)
             if not self._catch_up(link):
                 return
             # its journal copy begins again at this journal's oldest segment; it holds nothing
@@ -389,7 +390,8 @@ class Shipper:
         log.info("replication: streaming to the standby at %s from %s", link.peer, link.position)
 
     def _catch_up(self, link: Link) -> bool:
-        """A standby whose copy of the runtime file is at an older generation: it gets the
+        """A standby whose copy of the runtime file is at an older generation (or whose journal
+        ends too far before this one's oldest segment to go on there: `emptied`): it gets the
         components of this generation its copy lacks or holds other bytes of (read and sent by its
         sender thread), drops those this file no longer has, and empties its journal; the stream
         goes on from this journal's oldest segment, as for a new standby with a copy of the file
@@ -400,9 +402,10 @@ class Shipper:
             names = sorted(n for n, c in current.components.items() if link.components.get(n) != c.sha256)
             drop = sorted(set(link.components) - set(current.components))
         other = [n for n in names + drop if not n.startswith(SAVED_STATE)]
-        if other:
-            link.refuse(f"the standby's runtime file holds another model or profile (components {other[:3]} differ): "
-                        "start it from a copy of this primary's runtime file")
+        if other or (link.generation == self.generation and names + drop):
+            link.refuse(f"the standby's runtime file holds another model or profile, or other state at the same "
+                        f"generation (components {(other or names + drop)[:3]} differ): start it from a copy of this "
+                        "primary's runtime file")
             return False
         link.queue.put(("catchup", self.generation, names, drop))
         log.info("replication: the standby at %s is at generation %d: it catches up to %d (%d components)",
@@ -504,13 +507,12 @@ class Shipper:
             return link  # it catches up from this primary's file, or is refused (`_start`, on the tick thread)
         oldest = min(list_segments(self.journal_dir, OsFileLayer()), default=1)
         if segment < oldest:
-            if segment and segment < oldest - 1:
-                link.refuse(f"segment {segment} is no longer in this primary's journal (a checkpoint removed it): "
-                            "start the standby from a copy of the primary's runtime file as it is now")
-                return None
             # its copy is at this generation: it holds, folded or in its journal, everything before
             # this primary's oldest segment (the last checkpoint began it): it goes on from there
+            # (a journal that ends before the segment just before it cannot continue there: it is
+            # emptied, as for a catch-up)
             link.position = (oldest, 0)
+            link.emptied = bool(segment) and segment < oldest - 1
             return link
         why = self._not_a_copy(segment, offset, digest)
         if why is not None:

@@ -435,7 +435,10 @@ class Standby:
         self.mirror.mark("catch-up", self.address, takeovers(self.mirror.directory))
         with self.follower.paused() if self.follower is not None else contextlib.nullcontext():
             self.mirror.empty()
-            runtime_file.append(self.runtime, components, drop=drop, generation=generation)
+            with RuntimeFile.open(self.runtime, verify=False) as copy:
+                behind = copy.generation < generation
+            if behind or components or drop:  # (else only the journal begins again: the copy is the primary's)
+                runtime_file.append(self.runtime, components, drop=drop, generation=generation)
             with RuntimeFile.open(self.runtime, verify=False) as copy:
                 if copy.generation != generation or any(copy.components[n].sha256 != d for n, d in digests.items()):
                     raise StandbyRefused(f"the runtime file copy {self.runtime} did not come out as the primary's "

@@ -122,6 +122,14 @@ def decode_state(blob: bytes | memoryview) -> dict[str, Any]:
     return saved
 
 
+def fold_point(blob: bytes | memoryview) -> tuple[int, bytes]:
+    """(last_seq, last_digest) of a state extent: where the journal a boot replays on top of it
+    begins (its head only, for version 2: the boot starts reading the journal before it loads
+    the tables)."""
+    saved = decode_state(blob)
+    return saved["last_seq"], saved["last_digest"]
+
+
 def load_state(state: DeviceState, blob: bytes | memoryview, input_kind: int) -> dict[str, Any]:
     """Fill the (empty) state's tables and counters from a state blob; returns its media sources
     ({sha256: [length, type, [participant raw ids]]}) for the indexes.

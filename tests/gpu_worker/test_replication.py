@@ -717,3 +717,33 @@ def test_a_catch_up_cut_short_refuses_a_takeover_and_is_done_again_on_the_next_l
         assert receipts_of(device, replies) == rendered
     finally:
         device.close()
+
+
+def test_a_standby_whose_journal_ends_before_the_primarys_segments_begins_it_again(tiny_runtime, tmp_path):
+    """A copy of the runtime file as it is now, beside a journal the standby kept from long before
+    (it ends two segments and more before the primary's oldest): the journal cannot go on where
+    the primary's begins, so it is emptied and begins again there (nothing is appended to the copy,
+    which is the primary's); the journal copy is the primary's byte for byte."""
+    mine, copy = str(tmp_path / "p.aotxccir"), str(tmp_path / "s.aotxccir")
+    shutil.copyfile(tiny_runtime, mine)
+    shutil.copyfile(tiny_runtime, copy)
+    primary = Primary(mine, tmp_path / "p", 12, sync=False).start()
+    directory = str(tmp_path / "s" / "journal")
+    try:
+        follower = Follower(primary.address, directory, copy)
+        register_all(primary, primary.principals[:4], 2)
+        wait_for(lambda: caught_up(primary, follower), what="the standby to follow")
+        follower.stop()
+        for part in (primary.principals[4:8], primary.principals[8:]):
+            register_all(primary, part, 2)
+            checkpoint(primary)
+        assert max(list_segments(directory, _fs())) < min(list_segments(primary.journal, _fs())) - 1
+        shutil.copyfile(mine, copy)  # the file as it is now, the old journal
+        generation = RuntimeFile.open(copy).generation
+        follower = Follower(primary.address, directory, copy)
+        wait_for(lambda: caught_up(primary, follower), what="the standby to begin its journal again")
+        assert journal_bytes(directory) == journal_bytes(primary.journal)
+        assert RuntimeFile.open(copy).generation == generation and saved_state(copy) == saved_state(mine)
+    finally:
+        primary.stop()
+        follower.stop()
