@@ -326,6 +326,7 @@ class Standby:
     def _follow(self) -> None:
         sock = connect(self.address, CONNECT_SECONDS)
         self._sock = sock
+        self._pieces = {}  # (pieces of a component a broken link left half sent come again whole)
         try:
             if self._stop.is_set():
                 return
@@ -440,7 +441,8 @@ class Standby:
             if behind or components or drop:  # (else only the journal begins again: the copy is the primary's)
                 runtime_file.append(self.runtime, components, drop=drop, generation=generation)
             with RuntimeFile.open(self.runtime, verify=False) as copy:
-                if copy.generation != generation or any(copy.components[n].sha256 != d for n, d in digests.items()):
+                if copy.generation != generation or any(getattr(copy.components.get(n), "sha256", None) != d
+                                                        for n, d in digests.items()):
                     raise StandbyRefused(f"the runtime file copy {self.runtime} did not come out as the primary's "
                                          f"generation {generation}")
             if self.follower is not None:

@@ -317,6 +317,14 @@ class FollowingClient(Client):
             self.retries += 1
 
 
+def as_given(got, given):
+    """Whether receipt bytes read back are those a client was given: the same bytes, or folded by
+    a checkpoint since, only its save place changed ("source": "file" and the checkpoint's
+    generation, SPEC's save fields)."""
+    return got == given or (json.loads(got)["admission"]["save"]["source"] == "file"
+                            and without_save_place(got) == without_save_place(given))
+
+
 def saved_read_back(verifier, client):
     """Every receipt the client saw saved reads back byte for byte — or, folded by a checkpoint
     since, with only its save place changed ("source": "file" and the checkpoint's generation,
@@ -325,10 +333,7 @@ def saved_read_back(verifier, client):
     for sequence, body in client.saved.items():
         got = call(verifier, {"v": 1, "id": 0, "op": "operations.get", "principal": client.principal.hex(),
                               "args": {"operation": json.loads(body)["operation"]}})
-        assert got["status"] == 200, (sequence, got)
-        if got["body"] != body:
-            assert json.loads(got["body"])["admission"]["save"]["source"] == "file", (sequence, got, body)
-            assert without_save_place(got["body"]) == without_save_place(body), (sequence, got, body)
+        assert got["status"] == 200 and as_given(got["body"], body), (sequence, got, body)
     me = json.loads(call(verifier, {"v": 1, "id": 0, "op": "participant.get", "principal": client.principal.hex(),
                                     "args": {}})["body"])
     assert me["lineage"] == client.lineage and me["next_sequence"] == str(max(client.saved) + 1)
@@ -417,7 +422,7 @@ def listening(url):
 
 def verify_through(clients, urls):
     """Every receipt each SDK client was given, read back through the SDK at each gateway: the
-    same; the sequences it was given are saved without a gap or a repeat, and its next sequence is
+    same (`as_given`); the sequences it was given are saved without a gap or a repeat, and its next sequence is
     past the last. The number of receipts read back."""
     from aotx_client import Client
     checked = 0
@@ -427,7 +432,7 @@ def verify_through(clients, urls):
         for url in urls:
             with Client(url, c.token, timeout=30, retry_for=120) as aotx:
                 for op, receipt in saved.items():
-                    assert rfc8785.dumps(aotx.receipt(op)) == rfc8785.dumps(receipt), (op, receipt)
+                    assert as_given(rfc8785.dumps(aotx.receipt(op)), rfc8785.dumps(receipt)), (op, receipt)
                     checked += 1
                 me = aotx.participant()
             sequences = sorted(int(r["sequence"]) for r in saved.values())

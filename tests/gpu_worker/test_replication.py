@@ -582,6 +582,15 @@ def checkpoint(primary):
     return json.loads(done["body"])["generation"]
 
 
+def copies(runtime, tmp_path, *names):
+    """Copies of the runtime file (the same incarnation) at tmp_path/NAME each: files checkpoints
+    and catch-ups write, not the shared fixture."""
+    paths = [str(tmp_path / name) for name in names]
+    for path in paths:
+        shutil.copyfile(runtime, path)
+    return paths
+
+
 def saved_state(runtime):
     """{name: SHA-256} of the components checkpoints write, and the file's generation."""
     with RuntimeFile.open(runtime) as f:
@@ -597,9 +606,7 @@ def test_a_standby_behind_the_primarys_checkpoints_catches_up_from_its_file(tiny
     after a takeover every receipt reads back as the primary rendered it. A new standby made from
     the file as packed (generation 1) and an empty journal catches up the same way."""
     from gpu_worker.replication.standby import read_mark
-    mine, copy, packed = (str(tmp_path / n) for n in ("p.aotxccir", "s.aotxccir", "n.aotxccir"))
-    for path in (mine, copy, packed):
-        shutil.copyfile(tiny_runtime, path)
+    mine, copy, packed = copies(tiny_runtime, tmp_path, "p.aotxccir", "s.aotxccir", "n.aotxccir")
     primary = Primary(mine, tmp_path / "p", 36, sync=True).start()
     directory = str(tmp_path / "s" / "journal")
     follower = Follower(primary.address, directory, copy, hot_grants=primary.grants)
@@ -644,9 +651,7 @@ def test_a_standby_whose_copy_holds_another_profile_or_a_later_generation_is_ref
     was built from it), and so is a copy past the primary's generation (it may hold a checkpoint
     of a tail the primary never had); neither copy is changed."""
     from gpu_worker.storage import runtime_file
-    mine, other, ahead = (str(tmp_path / n) for n in ("p.aotxccir", "o.aotxccir", "a.aotxccir"))
-    for path in (mine, other, ahead):
-        shutil.copyfile(tiny_runtime, path)
+    mine, other, ahead = copies(tiny_runtime, tmp_path, "p.aotxccir", "o.aotxccir", "a.aotxccir")
     profile = RuntimeFile.open(other).json("runtime_profile")
     runtime_file.append(other, [("runtime_profile", "json", {**profile, "min_free_disk_bytes": 1})])
     for _ in range(3):
@@ -676,9 +681,7 @@ def test_a_catch_up_cut_short_refuses_a_takeover_and_is_done_again_on_the_next_l
     from gpu_worker.device import DeviceBootError
     from gpu_worker.replication import standby as standby_module
     from gpu_worker.replication.standby import read_mark
-    mine, copy = str(tmp_path / "p.aotxccir"), str(tmp_path / "s.aotxccir")
-    shutil.copyfile(tiny_runtime, mine)
-    shutil.copyfile(tiny_runtime, copy)
+    mine, copy = copies(tiny_runtime, tmp_path, "p.aotxccir", "s.aotxccir")
     real_append, failing, release = standby_module.runtime_file.append, threading.Event(), threading.Event()
 
     def append(path, components, **options):
@@ -724,9 +727,7 @@ def test_a_standby_whose_journal_ends_before_the_primarys_segments_begins_it_aga
     (it ends two segments and more before the primary's oldest): the journal cannot go on where
     the primary's begins, so it is emptied and begins again there (nothing is appended to the copy,
     which is the primary's); the journal copy is the primary's byte for byte."""
-    mine, copy = str(tmp_path / "p.aotxccir"), str(tmp_path / "s.aotxccir")
-    shutil.copyfile(tiny_runtime, mine)
-    shutil.copyfile(tiny_runtime, copy)
+    mine, copy = copies(tiny_runtime, tmp_path, "p.aotxccir", "s.aotxccir")
     primary = Primary(mine, tmp_path / "p", 12, sync=False).start()
     directory = str(tmp_path / "s" / "journal")
     try:
@@ -744,6 +745,34 @@ def test_a_standby_whose_journal_ends_before_the_primarys_segments_begins_it_aga
         wait_for(lambda: caught_up(primary, follower), what="the standby to begin its journal again")
         assert journal_bytes(directory) == journal_bytes(primary.journal)
         assert RuntimeFile.open(copy).generation == generation and saved_state(copy) == saved_state(mine)
+    finally:
+        primary.stop()
+        follower.stop()
+
+
+def test_a_catch_up_whose_link_breaks_halfway_is_sent_whole_again(tiny_runtime, tmp_path, monkeypatch):
+    """The link breaks after the first piece of a catch-up came (that piece kept): the next link's
+    catch-up sends every component again from its first byte, and the standby takes it whole
+    (the half-received pieces of the broken link are dropped, not added to)."""
+    from gpu_worker.replication import standby as standby_module
+    real_piece, broke = standby_module.Standby._piece, []
+
+    def piece(self, msg):
+        kept = real_piece(self, msg)
+        if kept and "catchup" in msg and not broke:
+            broke.append(msg["component"])
+            raise OSError("the link broke (injected)")
+        return kept
+
+    monkeypatch.setattr(standby_module.Standby, "_piece", piece)
+    mine, copy = copies(tiny_runtime, tmp_path, "p.aotxccir", "s.aotxccir")
+    primary = Primary(mine, tmp_path / "p", 6, sync=False).start()
+    try:
+        register_all(primary, primary.principals, 2)
+        checkpoint(primary)
+        follower = Follower(primary.address, str(tmp_path / "s" / "journal"), copy)
+        wait_for(lambda: caught_up(primary, follower), what="the standby to catch up on its next link")
+        assert broke and saved_state(copy) == saved_state(mine)
     finally:
         primary.stop()
         follower.stop()
