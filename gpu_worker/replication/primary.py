@@ -52,6 +52,7 @@ class Link:
         self.generation = 0  # its runtime file copy's, and that copy's components' SHA-256 (its hello says)
         self.components: dict[str, str] = {}
         self.emptied = False  # its journal must begin again at this journal's oldest segment (a catch-up)
+        self.catching_up = False  # sent a catch-up that it has not acknowledged yet (`ping` shows it)
         self.queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self.queued_bytes = 0  # queued for the sender and not yet sent (the tick thread adds, it subtracts)
         self.closed = False
@@ -181,6 +182,7 @@ class Link:
                         raise ProtocolError(f"not an acknowledgement: {sorted(msg)}")
                     if cut == self.shipper.cuts:  # (an acknowledgement of bytes from before a cut counts for nothing)
                         self.position = (segment, offset)
+                        self.catching_up = False  # (it acknowledges only after the catch-up is in its copy)
                 self.shipper.wake()
         except (OSError, ProtocolError) as exc:
             if not self.closed:
@@ -224,6 +226,7 @@ class Shipper:
         self.cuts = 0       # times the journal was cut back (a failed tick): acknowledgements name the last they saw
         self.links = 0      # standbys streamed to since boot
         self.losses = 0     # of them, how many left or were dropped
+        self.catch_ups = 0  # standbys sent a catch-up from the runtime file since boot
         self._stopping = False
         self._accepting = threading.Thread(target=self._accept, name="aotx-replication-accept", daemon=True)
 
@@ -408,6 +411,8 @@ class Shipper:
                         "primary's runtime file")
             return False
         link.queue.put(("catchup", self.generation, names, drop))
+        link.catching_up = True
+        self.catch_ups += 1
         log.info("replication: the standby at %s is at generation %d: it catches up to %d (%d components)",
                  link.peer, link.generation, self.generation, len(names))
         return True
@@ -423,6 +428,7 @@ class Shipper:
                 "lag_transfers": self.last_seq - self.acked_seq,
                 "lag_bytes": self._bytes_between(link.position, self.position) if link is not None else None,
                 "queued_bytes": link.queued_bytes if link is not None else 0,
+                "catching_up": link is not None and link.catching_up, "catch_ups": self.catch_ups,
                 "standbys": self.links, "standby_losses": self.losses}
 
     def _bytes_between(self, start: Position, end: Position) -> int:

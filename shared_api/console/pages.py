@@ -157,6 +157,10 @@ def _replication(state: dict[str, Any] | None) -> str:
     if not state:
         return "none (no standby configured)"
     mode = state.get("replication")
+    if state.get("standby") and state.get("catching_up"):
+        return (f"primary, {mode}: standby {state['standby']} CATCHING UP from this primary's runtime file (its copy "
+                f"was behind; it acknowledges nothing until it holds it); {state.get('standby_losses')} standby "
+                "losses since boot")
     if state.get("standby"):
         return (f"primary, {mode}: standby {state['standby']} acknowledged through transfer {state.get('acked_seq')}, "
                 f"{state.get('lag_transfers')} transfers ({state.get('lag_bytes')} bytes) behind, "

@@ -263,7 +263,11 @@ def _replication_metrics(replication: dict[str, Any]) -> Iterator[Metric]:
             ("aotx_replication_queued_bytes", _number(replication.get("queued_bytes")),
              "Journal bytes queued for the standby and not yet sent"),
             ("aotx_replication_standby_losses", _number(replication.get("standby_losses")),
-             "Standbys that left or were dropped since the device booted")):
+             "Standbys that left or were dropped since the device booted"),
+            ("aotx_replication_catching_up", 1.0 if replication.get("catching_up") else 0.0,
+             "1 while the standby catches up from this primary's runtime file (its copy was behind)"),
+            ("aotx_replication_catch_ups", _number(replication.get("catch_ups")),
+             "Standbys sent a catch-up from this primary's runtime file since the device booted")):
         if value is not None:
             gauge = GaugeMetricFamily(name, text)
             gauge.add_metric([], value)

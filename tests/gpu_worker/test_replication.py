@@ -701,7 +701,8 @@ def test_a_catch_up_cut_short_refuses_a_takeover_and_is_done_again_on_the_next_l
         follower = Follower(primary.address, directory, copy, hot_grants=primary.grants)
         assert failing.wait(30)
         assert read_mark(directory) == "catch-up" and list_segments(directory, _fs()) == []
-        assert primary.device.pipeline_state()["replication"]["acked_seq"] == 0
+        state = primary.device.pipeline_state()["replication"]
+        assert state["acked_seq"] == 0 and state["catching_up"] and state["catch_ups"] == 1
         kept = str(tmp_path / "kept")  # (the standby holds its journal's lock: a copy of it, as it is now)
         shutil.copytree(directory, kept)
         with pytest.raises(DeviceBootError, match="stopped while it caught up"):
@@ -710,6 +711,8 @@ def test_a_catch_up_cut_short_refuses_a_takeover_and_is_done_again_on_the_next_l
         wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
                  what="the standby to catch up on its next link")
         assert read_mark(directory) == "sync" and saved_state(copy) == saved_state(mine)
+        state = primary.device.pipeline_state()["replication"]
+        assert not state["catching_up"] and state["catch_ups"] == 2
         with primary.connect() as sock:
             rendered = receipts_of(sock, replies)
     finally:

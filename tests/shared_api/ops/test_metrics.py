@@ -136,12 +136,15 @@ def test_a_primarys_replication_is_exported(ops_device):
     ops_device.status["pipeline"]["replication"] = {
         "role": "primary", "replication": "sync", "alone": False, "address": "/run/r.sock", "standby": "b:7001",
         "acked_position": [1, 4096], "acked_seq": 40, "last_seq": 43, "lag_transfers": 3, "lag_bytes": 900, "queued_bytes": 512,
-        "standbys": 2, "standby_losses": 1}
+        "catching_up": False, "catch_ups": 4, "standbys": 2, "standby_losses": 1}
     m = scrape()
     assert value(m, "aotx_replication_standby_connected") == 1 and value(m, "aotx_replication_sync") == 1
+    assert value(m, "aotx_replication_catching_up") == 0 and value(m, "aotx_replication_catch_ups") == 4
     assert value(m, "aotx_replication_alone") == 0 and value(m, "aotx_replication_lag_transfers") == 3
     assert value(m, "aotx_replication_queued_bytes") == 512 and value(m, "aotx_replication_lag_bytes") == 900 and value(m, "aotx_replication_standby_losses") == 1
-    ops_device.status["pipeline"]["replication"].update(standby=None, alone=True)
+    ops_device.status["pipeline"]["replication"].update(catching_up=True)
+    assert value(scrape(), "aotx_replication_catching_up") == 1
+    ops_device.status["pipeline"]["replication"].update(standby=None, alone=True, catching_up=False)
     m = scrape()
     assert value(m, "aotx_replication_standby_connected") == 0 and value(m, "aotx_replication_alone") == 1
 

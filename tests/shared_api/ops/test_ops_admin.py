@@ -299,7 +299,10 @@ def test_the_live_reading_shows_the_primarys_standby_or_its_absence(staff, ops_d
     html = staff.get(CAPACITY).content.decode()
     assert ("primary, sync: standby b:7001 acknowledged through transfer 40, 3 transfers (900 bytes) behind, "
             "512 bytes queued for it; 1 standby losses since boot") in html
-    ops_device.status["pipeline"]["replication"].update(standby=None)
+    ops_device.status["pipeline"]["replication"].update(catching_up=True)
+    html = staff.get(CAPACITY).content.decode()
+    assert "primary, sync: standby b:7001 CATCHING UP from this primary&#x27;s runtime file" in html
+    ops_device.status["pipeline"]["replication"].update(standby=None, catching_up=False)
     html = staff.get(CAPACITY).content.decode()
     assert "primary, sync: NO STANDBY — holding: nothing is answered saved until a standby holds it" in html
 
