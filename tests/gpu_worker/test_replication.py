@@ -779,3 +779,38 @@ def test_a_catch_up_whose_link_breaks_halfway_is_sent_whole_again(tiny_runtime, 
     finally:
         primary.stop()
         follower.stop()
+
+
+def test_a_standby_from_the_packed_file_catches_up_with_the_media_a_checkpoint_holds(tiny_runtime, tmp_path):
+    """A media source uploaded and folded by a checkpoint (its `media/<sha256>` component) before
+    a new standby, made from the file as packed, connects: the catch-up puts the component in the
+    standby's copy, the link puts the file in its journal's media/, and the device that takes over
+    has the source, not missing."""
+    import hashlib
+    mine, copy = copies(tiny_runtime, tmp_path, "p.aotxccir", "s.aotxccir")
+    primary = Primary(mine, tmp_path / "p", 1, sync=True).start()
+    data = os.urandom(3 << 20)  # (more than one piece)
+    sha = hashlib.sha256(data).hexdigest()
+    principal = primary.principals[0]
+    try:
+        primary.shipper.alone = True  # (saved here alone until a standby has caught up)
+        register_all(primary, [principal], 1)
+        with primary.connect() as sock:
+            got = call(sock, encode_frame({"v": 1, "id": 1, "op": "media.put", "principal": principal.hex(),
+                                           "args": {"sha256": sha, "data": data, "type": "image"}}))
+        assert got["status"] == 201, got
+        checkpoint(primary)
+        assert RuntimeFile.open(mine).has(f"media/{sha}")
+        follower = Follower(primary.address, str(tmp_path / "s" / "journal"), copy, hot_grants=primary.grants)
+        wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
+                 what="a standby from the packed file to catch up")
+        assert saved_state(copy) == saved_state(mine) and bytes(RuntimeFile.open(copy).bytes(f"media/{sha}")) == data
+        with open(os.path.join(follower.mirror.directory, "media", sha), "rb") as f:
+            assert f.read() == data
+    finally:
+        primary.stop()
+    device = follower.take_over()
+    try:
+        assert list(device.state.media) == [sha] and not device.state.media[sha].missing
+    finally:
+        device.close()
