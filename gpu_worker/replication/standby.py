@@ -416,7 +416,8 @@ class Standby:
         if not isinstance(names, (list, dict)) or not isinstance(drop, list) or set(names) != set(self._pieces):
             raise ProtocolError(f"an end frame names other components than came: {sorted(names or ())}")
         pieces, self._pieces = self._pieces, {}
-        return ([(n, kind, data.decode() if kind == "text" else bytes(data)) for n in names for kind, data in [pieces[n]]],
+        return ([(n, kind, data if kind == "bytes" else data.decode() if kind == "text" else bytes(data))
+                 for n in names for kind, data in [pieces[n]]],  # (a state's bytes: not copied once more)
                 [str(n) for n in drop])
 
     def _catch_up(self, msg: dict[str, Any]) -> None:
