@@ -213,7 +213,7 @@ class _Recovery:
         self.digest = start_digest
         self.transfers: list[Transfer] = []  # read and not yet handed to `sink` (all of them without one)
         self.sink = sink
-        self.count = 0  # transfers read (after after_seq), handed on or not
+        self.count = 0  # transfers handed to `sink` so far
         self.next_seq: int | None = None  # None until the first transfer is read
         self._base = 0  # the file offset of the bytes _parts reads (0 but for a Tail's read)
 
