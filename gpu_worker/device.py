@@ -46,7 +46,7 @@ from .storage import checkpoint, runtime_file
 from .storage.committer import Batch, Committer, Reply
 from .storage.filelayer import FileLayer, OsFileLayer
 from .storage.journal import (MAX_RECORDS_PER_TICK, JournalCorrupt, JournalIOError, JournalLock, JournalWriter,
-                              ZERO_DIGEST, ReadAhead, RecoveryResult, Tail, Transfer, TransferKind,
+                              ReadAhead, RecoveryResult, Tail, Transfer, TransferKind,
                               segment_name)
 from .storage.runtime_file import RuntimeFile
 
@@ -195,14 +195,13 @@ class Device:
         self.recovered += len(transfers)
         return len(transfers)
 
-    def refollow(self, reopen: bool = False) -> None:
-        """Build the state from the journal as it is now and follow it from there: a hot standby's
-        start, and again when its copy was cut back before what was applied (a rewind to a
-        takeover point, a failed tick on the primary). `reopen`: from the runtime file's newest
-        generation (a catch-up put the primary's state in it)."""
+    def refollow(self) -> None:
+        """Build the state from the runtime file's newest generation (a checkpoint or a catch-up
+        from the link may have advanced the copy) and the journal as it is now, and follow it from
+        there: a hot standby's start, again when its copy was cut back before what was applied (a
+        rewind to a takeover point, a failed tick on the primary), and after a catch-up."""
         started = time.perf_counter()
-        if reopen:
-            self.runtime = runtime_file.RuntimeFile.open(self.runtime.path, verify=False)
+        self.runtime = runtime_file.RuntimeFile.open(self.runtime.path, verify=False)
         recovery = self._load()
         self.following = Tail(self.journal_dir, self.runtime.incarnation, recovery)
         self._loaded(recovery, started)
@@ -245,8 +244,9 @@ class Device:
     def _load_state(self) -> RecoveryResult:
         # the journal is read on another thread from the start (where the checkpoint's state ends),
         # while the tables are made and loaded here, then replayed here piece by piece as it is read
-        saved = self.runtime.bytes(checkpoint.STATE) if self.runtime.has(checkpoint.STATE) else None
-        after_seq, start_digest = checkpoint.fold_point(saved) if saved is not None else (0, ZERO_DIGEST)
+        has = self.runtime.has(checkpoint.STATE)
+        saved = checkpoint.decode_state(self.runtime.bytes(checkpoint.STATE)) if has else None
+        after_seq, start_digest = checkpoint.fold_point(saved)
         reading = ReadAhead(self.journal_dir, self.fs, self.runtime.incarnation, start_digest=start_digest,
                             after_seq=after_seq)
         try:
@@ -254,14 +254,14 @@ class Device:
         finally:
             reading.close()
 
-    def _replay_after(self, reading: ReadAhead, saved: memoryview | None) -> RecoveryResult:
-        """The state: the checkpoint's, `saved` (None: none yet), then the journal's transfers
-        after it as `reading` hands them over."""
+    def _replay_after(self, reading: ReadAhead, saved: dict[str, Any] | None) -> RecoveryResult:
+        """The state: the checkpoint's, `saved` (decoded; None: none yet), then the journal's
+        transfers after it as `reading` hands them over."""
         state = DeviceState(self.capacities, self.table_device, self.runtime.incarnation, self.runtime.generation,
                             self.embedding_dim)
         media_sources: dict[str, Any] = {}
         if saved is not None:
-            media_sources = checkpoint.load_state(state, saved, _INPUT)
+            media_sources = checkpoint.load_saved(state, saved, _INPUT)
         state.rebuild_indexes(_INPUT, media_sources)
         self.state = state
         self.executions = Executions()

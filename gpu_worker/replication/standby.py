@@ -558,7 +558,7 @@ class Follower:
             until = self._durable
         if reload:
             log.info("standby: building the tables again from the runtime file copy the catch-up made")
-            self.device.refollow(reopen=True)
+            self.device.refollow()
             self.refollowed += 1
         elif cut is not None and cut < self._applied():
             log.warning("standby: the journal was cut back to %s, before what its tables hold (%s): building them "

@@ -37,12 +37,8 @@ def _folded(runtime: RuntimeFile) -> tuple[int, bytes]:
     """(last_seq, last_digest) of the file's checkpoint. Read first and checked (read_verified):
     a running device's later checkpoints may reuse the space of the state extent this reader's
     generation names, never that of an audit extent, which every later generation keeps."""
-    if not runtime.has(checkpoint.STATE):
-        return 0, ZERO_DIGEST
-    state = checkpoint.decode_state(runtime.read_verified(checkpoint.STATE))
-    last_seq: int = state["last_seq"]
-    last_digest: bytes = state["last_digest"]
-    return last_seq, last_digest
+    has = runtime.has(checkpoint.STATE)
+    return checkpoint.fold_point(checkpoint.decode_state(runtime.read_verified(checkpoint.STATE)) if has else None)
 
 
 def transfers(runtime_path: str, journal_dir: str) -> Iterator[tuple[int, int, bytes, bytes]]:

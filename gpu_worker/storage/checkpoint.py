@@ -28,7 +28,7 @@ import torch
 
 from ..state.tables import C, R
 from . import runtime_file
-from .journal import Transfer, list_segments, recover, segment_name
+from .journal import ZERO_DIGEST, Transfer, list_segments, recover, segment_name
 
 if TYPE_CHECKING:
     from ..state import DeviceState
@@ -122,22 +122,25 @@ def decode_state(blob: bytes | memoryview) -> dict[str, Any]:
     return saved
 
 
-def fold_point(blob: bytes | memoryview) -> tuple[int, bytes]:
-    """(last_seq, last_digest) of a state extent: where the journal a boot replays on top of it
-    begins (its head only, for version 2: the boot starts reading the journal before it loads
-    the tables)."""
-    saved = decode_state(blob)
-    return saved["last_seq"], saved["last_digest"]
+def fold_point(saved: dict[str, Any] | None) -> tuple[int, bytes]:
+    """(last_seq, last_digest) of a decoded state extent (None: no checkpoint yet): where the
+    journal after it begins."""
+    return (saved["last_seq"], saved["last_digest"]) if saved is not None else (0, ZERO_DIGEST)
 
 
 def load_state(state: DeviceState, blob: bytes | memoryview, input_kind: int) -> dict[str, Any]:
-    """Fill the (empty) state's tables and counters from a state blob; returns its media sources
-    ({sha256: [length, type, [participant raw ids]]}) for the indexes.
+    """`load_saved` of a state blob."""
+    return load_saved(state, decode_state(blob), input_kind)
+
+
+def load_saved(state: DeviceState, saved: dict[str, Any], input_kind: int) -> dict[str, Any]:
+    """Fill the (empty) state's tables and counters from a decoded state extent (`decode_state`:
+    a boot reads its last_seq and last_digest first, to start reading the journal); returns its
+    media sources ({sha256: [length, type, [participant raw ids]]}) for the indexes.
 
     A table saved with fewer columns (written before those columns existed) loads with the new
     columns zero; event orders, the one such column with a meaning of its own, are then derived
     (`_derive_event_orders`)."""
-    saved = decode_state(blob)
     if saved.get("version") not in (1, STATE_VERSION):
         raise ValueError(f"state extent version {saved.get('version')} is not supported")
     t = state.tables
