@@ -56,6 +56,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpu_worker.device")
 REGISTRATION_RESERVE_SHARE = 64
+# the device's own checkpoint past checkpoint_journal_bytes, when it must wait for saves (idle)
+AUTOMATIC_CHECKPOINT: Message = {"v": 1, "id": None, "op": "checkpoint", "principal": None, "args": {}}
 HEX32_MATCH = HEX32.match
 _INPUT = int(Kind.INPUT)
 
@@ -723,11 +725,14 @@ class Device:
         self._reload_grants()
         self.check_hold()
         execution.check_deadlines(self)
-        if self.journal_bytes >= self.checkpoint_bytes and not self.committer.writer.queued_records:
-            try:
-                self.checkpoint()
-            except ServiceError:
-                pass
+        if self.journal_bytes >= self.checkpoint_bytes:
+            if self.committer.all_saved:
+                try:
+                    self.checkpoint()
+                except ServiceError:
+                    pass
+            elif not self.committer.drain_waiters:  # under load something is always being saved: gathering
+                self.committer.when_drained(None, AUTOMATIC_CHECKPOINT)  # pauses until nothing is, then it runs
 
 
 _REPLAY: dict[int, Callable[[Device, Transfer], None]] = {

@@ -115,7 +115,8 @@ def audit_export(d: Context, conn: object, msg: Message, batch: Batch) -> int:
 
 
 def defer_checkpoint(d: Journaling, conn: object, msg: Message, batch: Batch) -> int:
-    """A checkpoint folds saved state only: it runs once nothing is queued for the journal."""
+    """A checkpoint folds saved state only: it runs once every transfer is saved (on a sync
+    primary, held by its standby too: it waits for the standby as an admission does)."""
     d.committer.when_drained(conn, msg)
     return 0
 

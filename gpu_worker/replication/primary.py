@@ -238,6 +238,11 @@ class Shipper:
         """Whether a transfer is saved only once the standby holds it: sync, and not alone."""
         return self.sync and not self.alone
 
+    @property
+    def stranded(self) -> bool:
+        """It waits for a standby (`waits`) and none is streamed to (tick thread)."""
+        return self.waits and (self.link is None or self.link.closed)
+
     def _lost(self) -> None:
         """No standby is streamed to from now (boot, or one left): arm the alone_after timer."""
         self._lost_at = time.monotonic()

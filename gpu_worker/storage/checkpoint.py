@@ -236,12 +236,13 @@ class Folding(Protocol):
 
 
 def write(device: Folding, media: tuple[list[tuple[str, str, bytes]], list[str]]) -> dict[str, Any] | None:
-    """Fold the device's journal into the runtime file (device idle: nothing queued), with `media`
-    (components to add, component names to drop: ops/media.checkpoint_components)."""
+    """Fold the device's journal into the runtime file (device idle: every transfer saved, here
+    and on a sync standby: Committer.all_saved), with `media` (components to add, component names
+    to drop: ops/media.checkpoint_components)."""
     started = time.perf_counter()
     writer = device.committer.writer
-    if writer.queued_records:
-        raise RuntimeError("checkpoint with unsaved transfers queued")
+    if not device.committer.all_saved:
+        raise RuntimeError("checkpoint with unsaved transfers (queued, or not yet held by the sync standby)")
     last_seq, last_digest = writer.next_seq - 1, writer.last_digest
     current = device.state
     if last_seq <= current.checkpoint_seq:

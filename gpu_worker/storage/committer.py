@@ -133,6 +133,9 @@ class Replica(Protocol):
 
     def media(self, sha: str, path: str) -> None: ...
 
+    @property
+    def stranded(self) -> bool: ...  # it waits for a standby and none is connected
+
 
 MAX_HELD_BATCHES = 64  # batches a sync standby may hold unanswered before gathering waits for it
 
@@ -158,8 +161,25 @@ class Committer:
         return len(self._drain_waiters)
 
     def when_drained(self, conn: Any, msg: Message) -> None:
-        """Answer msg (a checkpoint) once nothing is queued for the journal; gathering pauses."""
+        """Answer msg (a checkpoint) once every transfer is saved (`all_saved`); gathering pauses
+        meanwhile, unless the unsaved ones wait for a standby that is not there (`stranded`). conn
+        None: the device's own (its automatic checkpoint), answered to no one."""
         self._drain_waiters.append((conn, msg))
+
+    @property
+    def all_saved(self) -> bool:
+        """Every transfer appended so far is saved: durable here and, with a sync standby, held
+        there too. A checkpoint folds only then: the state it writes is what a load rebuilds, and
+        a receipt it held unsaved would stay so after a load (its admission's transfer is folded,
+        no replay marks it), though the standby's acknowledgement later saved it here."""
+        return not self.writer.queued_records and not self._unacked
+
+    @property
+    def stranded(self) -> bool:
+        """What is unsaved waits for a sync standby that is not connected: it is saved once one
+        is, or once `--standby-timeout` passes; until then pausing gathering for it (a checkpoint
+        waiting) would only hold up the reads."""
+        return self.replica is not None and self.replica.stranded
 
     # ---- the pipeline ---------------------------------------------------------------
 
@@ -182,13 +202,18 @@ class Committer:
         lease may have lapsed will never hear its standby again (it is the primary now). What waits
         for it is answered 503 `not_primary`: retry exactly at the current primary, which holds
         each such admission or admits it anew."""
-        if self.replica is None or not self.replica.waits or not self.batches:
+        if self.replica is None or not self.replica.waits or not (self.batches or self._drain_waiters):
             return []
         why = self.owner.fenced()
         if why is None:
             return []
         batches = list(self.batches)
         self.batches.clear()
+        if self._drain_waiters:  # a checkpoint waiting for the standby's acknowledgements: never here
+            drains = Batch()
+            drains.reads = [(conn, msg) for conn, msg in self._drain_waiters if conn is not None]
+            self._drain_waiters = []
+            batches.append(drains)
         return self.owner.not_primary(batches, why)
 
     def acked(self) -> list[Reply]:
@@ -201,7 +226,7 @@ class Committer:
     def gather_waits(self, waiting: int) -> bool:
         """True while no batch is gathered, with `waiting` commands in the inbox: a whole tick's
         records already wait behind the ticks in flight; a batch not yet answered holds reads
-        that wait for its saves; a command waits for the journal queue to drain; or a tick is on
+        that wait for its saves; a command waits for every transfer to be saved; or a tick is on
         the disk and less than a tick's worth waits (records and commands). What a gather took
         then could not reach the disk before that tick ends (only a whole tick queues behind
         one), so it is gathered when the tick ends, in one gather instead of one per command as
@@ -213,7 +238,7 @@ class Committer:
         return (untaken >= MAX_RECORDS_PER_TICK
                 or bool(writer.ticks_in_flight and untaken + waiting < MAX_RECORDS_PER_TICK)
                 or any(batch.reads for batch in self.batches)
-                or bool(self._drain_waiters and writer.queued_records)
+                or bool(self._drain_waiters and not self.all_saved and not self.stranded)
                 or (self.replica is not None and self.replica.waits and len(self.batches) >= MAX_HELD_BATCHES))
 
     def io_waits(self) -> bool:
@@ -288,10 +313,11 @@ class Committer:
             replies += self._finish(here)
 
     def _drained(self) -> list[Reply]:
-        if not self._drain_waiters or self.writer.queued_records:
+        if not self._drain_waiters or not self.all_saved:
             return []
         waiters, self._drain_waiters = self._drain_waiters, []
-        return [(conn, self.owner.read(msg)) for conn, msg in waiters]
+        replies = [(conn, self.owner.read(msg)) for conn, msg in waiters]
+        return [(conn, answer) for conn, answer in replies if conn is not None]
 
     def _start_io(self) -> TickIO | None:
         """Hand ticks to the tick I/O thread: the queued records when nothing is in flight, and

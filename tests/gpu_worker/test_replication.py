@@ -530,6 +530,127 @@ def test_a_checkpoint_on_the_primary_reaches_the_standbys_copy_and_a_takeover_re
         device.close()
 
 
+def held_registrations(primary, principals):
+    """A socket per principal with its registration sent, once every one is durable on the
+    primary (not yet answered: a sync primary waits for its standby)."""
+    durable = primary.device.committer.writer.durable_seq
+    socks = []
+    for i, principal in enumerate(principals):
+        sock = primary.connect()
+        sock.sendall(primary.register_frame(principal, i + 1))
+        socks.append(sock)
+    wait_for(lambda: primary.device.committer.writer.durable_seq >= durable + len(principals),
+             what="the registrations to be durable here")
+    return socks
+
+
+def answered(sock):
+    (n,) = LENGTH.unpack(_exactly(sock, 4))
+    return decode_payload(_exactly(sock, n))
+
+
+def test_a_checkpoint_on_a_sync_primary_waits_for_its_standby_and_a_restart_renders_every_receipt_saved(
+        tiny_runtime, tmp_path):
+    """A checkpoint folds saved state only. On a sync primary with no standby, admissions durable
+    here are not saved yet: a checkpoint then waits (its state would hold their receipts unsaved,
+    and a device loading it would never mark them saved: their transfers are folded). A standby
+    connects: the admissions are answered saved, the checkpoint runs, and the primary restarted
+    from its file renders every receipt as the primary did, saved, byte for byte."""
+    mine, copy = copies(tiny_runtime, tmp_path, "p.aotxccir", "s.aotxccir")  # (the checkpoint writes both)
+    before = RuntimeFile.open(mine).generation
+    primary = Primary(mine, tmp_path / "p", 4, sync=True).start()
+    follower = None
+    try:
+        socks = held_registrations(primary, primary.principals)
+        asked = primary.connect()
+        asked.sendall(encode_frame({"v": 1, "id": 9, "op": "checkpoint", "principal": None, "args": {}}))
+        wait_for(lambda: primary.device.committer.drain_waiters == 1 or select.select([asked], [], [], 0)[0],
+                 what="the checkpoint to wait, or be answered")
+        assert select.select([asked] + socks, [], [], 0)[0] == []  # nothing is saved: no reply, no checkpoint
+        assert RuntimeFile.open(mine).generation == before
+        follower = Follower(primary.address, str(tmp_path / "s" / "journal"), copy)
+        replies = {p: answered(sock) for p, sock in zip(primary.principals, socks)}
+        assert {r["status"] for r in replies.values()} == {202}
+        done = answered(asked)
+        assert done["status"] == 200 and json.loads(done["body"])["generation"] == before + 1, done
+        with primary.connect() as sock:
+            rendered = receipts_of(sock, replies)
+        for sock in socks + [asked]:
+            sock.close()
+    finally:
+        primary.stop()
+        if follower is not None:
+            follower.stop()
+    assert all(json.loads(body)["admission"]["save"]["source"] == "file" for body in rendered.values())
+    restarted = Device(RuntimeFile.open(mine), primary.journal, Grants(primary.grants))
+    try:
+        assert receipts_of(restarted, replies) == rendered
+    finally:
+        restarted.close()
+
+
+def test_a_fenced_sync_primary_answers_its_waiting_checkpoint_not_primary(tiny_runtime, tmp_path):
+    """A checkpoint waiting for the standby on a primary whose leadership lease may have lapsed
+    never runs there: 503 `not_primary`, with the admissions it waited behind."""
+    from gpu_worker.replication.lease import Etcd, Leadership
+    from tests.gpu_worker.test_leadership import KEY, Clock
+    (mine,) = copies(tiny_runtime, tmp_path, "p.aotxccir")
+    before = RuntimeFile.open(mine).generation
+    primary = Primary(mine, tmp_path / "p", 1, sync=True).start()
+    try:
+        clock = Clock()
+        leadership = Leadership(Etcd(["http://127.0.0.1:9"]), KEY, ttl=3, clock=clock)  # (never asked)
+        leadership.trusted_until = clock.now + 10
+        primary.device.leadership = leadership
+        [held] = held_registrations(primary, primary.principals)
+        with held, primary.connect() as asked:
+            asked.sendall(encode_frame({"v": 1, "id": 9, "op": "checkpoint", "principal": None, "args": {}}))
+            wait_for(lambda: primary.device.committer.drain_waiters == 1, what="the checkpoint to wait")
+            clock.now += 10  # the lease may have lapsed
+            for sock in (held, asked):
+                got = answered(sock)
+                assert got["status"] == 503 and json.loads(got["body"])["error"]["code"] == "not_primary", got
+        assert primary.device.committer.drain_waiters == 0 and RuntimeFile.open(mine).generation == before
+    finally:
+        primary.stop()
+
+
+def test_a_sync_primary_under_load_checkpoints_by_itself_and_every_copy_renders_its_receipts(tmp_path):
+    """Past checkpoint_journal_bytes under a closed-loop load, something is always waiting for the
+    standby's acknowledgement: the automatic checkpoint waits for it (gathering pauses) instead of
+    folding unsaved receipts, and runs. After, the primary restarted from its file and the standby
+    taking over render every receipt as the primary did."""
+    from gpu_worker.pack import pack_tiny
+    runtime = str(tmp_path / "auto.aotxccir")
+    pack_tiny(runtime, shared=True, journal_limits={"checkpoint_journal_bytes": 40_000})  # (~120 registrations)
+    (copy,) = copies(runtime, tmp_path, "s.aotxccir")
+    before = RuntimeFile.open(runtime).generation
+    primary = Primary(runtime, tmp_path / "p", 1000, sync=True).start()
+    follower = Follower(primary.address, str(tmp_path / "s" / "journal"), copy, hot_grants=primary.grants)
+    try:
+        replies = register_all(primary, primary.principals, 8)
+        assert {r["status"] for r in replies.values()} == {202}
+        assert primary.device.state.generation > before + 2  # (several checkpoints while the clients went on)
+        wait_for(lambda: primary.device.journal_bytes < 40_000, what="the last automatic checkpoint")
+        wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
+                 what="the standby to follow")
+        with primary.connect() as sock:
+            rendered = receipts_of(sock, replies)
+    finally:
+        primary.stop()
+    assert all(json.loads(body)["admission"]["saved"] for body in rendered.values())
+    device = follower.take_over()
+    try:
+        assert receipts_of(device, replies) == rendered
+    finally:
+        device.close()
+    restarted = Device(RuntimeFile.open(runtime), primary.journal, Grants(primary.grants))
+    try:
+        assert receipts_of(restarted, replies) == rendered
+    finally:
+        restarted.close()
+
+
 def test_media_sources_reach_the_standby_before_their_owner_is_saved(tiny_runtime, tmp_path):
     """An upload's bytes go down the link before the MEDIA transfer that gives them an owner: once
     the upload is answered saved (sync), the standby holds the file. A source uploaded while no
