@@ -103,7 +103,8 @@ else:
     _broker = VAR_DIR / "celery"
     for _dir in (_broker, _broker / "out", _broker / "processed", _broker / "control"):
         _dir.mkdir(mode=PRIVATE_DIR, exist_ok=True)
-    CELERY_BROKER_URL = "filesystem://"
+    import aotx_site.broker  # noqa: F401  (registers the transport: kombu's filesystem one, messages written whole)
+    CELERY_BROKER_URL = "aotx-filesystem://"
     CELERY_BROKER_TRANSPORT_OPTIONS = {"data_folder_in": str(_broker / "out"),
                                        "data_folder_out": str(_broker / "out"),
                                        "processed_folder": str(_broker / "processed"),
