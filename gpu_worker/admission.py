@@ -17,12 +17,15 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
+
 from .contract.errors import ServiceError
 from .contract.commands import parse
 from .contract.wire import Message
 from .ops import quotas
 from .ops.kind import Admission, Context, Kind, OperationKind, Tables
 from .state import ids
+from .state.indexes import take_free
 from .state.tables import P, R, Source, Terminal, width
 from .storage.journal import MAX_RECORDS_PER_TICK, TransferKind, record_count
 
@@ -164,6 +167,51 @@ def apply(d: Admitter, a: Admission, transfer_seq: int | None, saved: Transfer |
         _put_digests(d, rrow, saved.digest, which)
     receipts.add(rrow, prow, a.sequence, a.key, a.op)
     return rrow
+
+
+def replay_run(d: Admitter, kind: OperationKind, transfers: list[Transfer], prows: list[int]) -> bool:
+    """At replay, admission transfers of one kind with runs (`decode_run`, `apply_run`), in journal
+    order, by participants already registered (`prows`), each saved by its transfer: what
+    `apply(d, a, None, transfer)` of each does, as columns, one write per table (a million
+    admissions, one call each, were most of a replay: docs/performance.md, "Replay"). Only while
+    the load defers indexing. False, with nothing changed, when a payload is not in the layout
+    the run decoder reads: then apply each by itself."""
+    assert kind.decode_run is not None and kind.apply_run is not None
+    run = kind.decode_run([transfer.payload for transfer in transfers])
+    if run is None:
+        return False
+    state = d.state
+    t = state.tables
+    n = len(transfers)
+    rrows = np.array(take_free(state.receipts.free, n), dtype=np.int64)
+    counters = np.arange(state.admissions + 1, state.admissions + n + 1, dtype=np.int64)
+    state.admissions += n
+    participants = np.array(prows, dtype=np.int64)
+    targets = kind.apply_run(d, run, participants, counters)
+    for prow, sequence in dict(zip(prows, run.sequences.tolist())).items():  # (each one's last)
+        t.put_value(t.participants, prow, P.NEXT_SEQUENCE, sequence + 1)
+    values = np.zeros((n, width(R)), dtype=np.int64)
+    values[:, R.STATE] = 1
+    values[:, R.PARTICIPANT] = participants
+    values[:, R.SEQUENCE] = run.sequences
+    values[:, R.KIND] = kind.code
+    values[:, R.KEY_HI:R.KEY_LO + 1] = run.keys
+    values[:, R.OP_HI:R.OP_LO + 1] = run.ops
+    values[:, R.TARGET] = targets
+    values[:, R.CREATED] = counters
+    values[:, R.COMMAND_LEN] = run.lengths
+    values[:, R.TERMINAL] = _SUCCEEDED
+    # the transfer that saved each admission saved its result too (the kind finishes at admission)
+    seqs = np.array([transfer.seq for transfer in transfers], dtype=np.int64)
+    for first, _, _, _ in SAVE_COLUMNS:
+        values[:, first] = seqs
+        values[:, first + 1:first + 4] = (state.boot, state.save_generation, _JOURNAL)
+    t.put_rows(t.receipts, rrows, values)
+    t.put_packed(t.command_bytes, rrows, run.lengths, run.commands)
+    digests = np.frombuffer(b"".join([transfer.digest for transfer in transfers]), dtype=np.uint8).reshape(n, 1, 32)
+    t.put_digest_block(rrows, np.repeat(digests, 2, axis=1))
+    state.receipts.noted(rrows.tolist())
+    return True
 
 
 def mark_saved(d: Tables, rrow: int, transfer: Transfer, kind: OperationKind) -> None:

@@ -35,7 +35,8 @@ from .contract.wire import Message, dumps, reply
 from .ops import chat, events, media, quotas, receipts
 from .loop.subscriptions import Subscriptions
 from .loop.threads import DEFAULT_NICE, enter_background
-from .ops.kind import Admission, Kind, OperationKind
+from .ops.kind import (ADMISSION_VERSION, HEAD_ARRAY, KIND_AT, PRINCIPAL_AT, PRINCIPAL_BIN, Admission, Kind,
+                       OperationKind)
 from .ops.registry import KINDS, LATER, MUTATIONS, READS
 from .state import DeviceState
 from .state import holds
@@ -272,19 +273,58 @@ class Device:
         # MEDIA transfer seq -> the upload to answer: (connection, request id, sha256, participant row, bytes)
         self.media_waiting: dict[int, tuple[Any, Any, str, int, int]] = {}
         self._admission_deferred = False
-        replay_admission = self._replay_admission
+        # the kinds whose admissions a load applies in runs, by code (_replay_piece)
+        self._batched = {code: kind for code, kind in self.kinds.items() if kind.apply_run is not None}
         deferred = (state.receipts, state.spaces)  # indexed in whole-column passes (state/indexes.py)
         for index in deferred:
             index.defer(state.tables)
         for piece in reading:
-            for transfer in piece:  # (most are admissions: one call each)
-                if transfer.kind is TransferKind.ADMISSION:
-                    replay_admission(transfer)
-                else:
-                    self._replay(transfer)
+            self._replay_piece(piece)
         for index in deferred:
             index.settle()
         return reading.result()
+
+    def _replay_piece(self, piece: list[Transfer]) -> None:
+        """Transfers of a load, in order: each run of admissions of a kind with runs (spaces.create),
+        by participants already registered, as columns (`admission.replay_run`); every other
+        transfer one at a time, after the run before it. A transfer's kind and principal are read
+        at the head of its payload (ops/kind.py HEAD_ARRAY) without decoding it."""
+        registered = self.state.participants.by_principal
+        batched = self._batched
+        version = ADMISSION_VERSION
+        (i, j, bin8, sixteen), principal_at = PRINCIPAL_BIN, PRINCIPAL_AT
+        run_kind: OperationKind | None = None
+        run: list[Transfer] = []
+        prows: list[int] = []
+        for transfer in piece:
+            if transfer.kind is TransferKind.ADMISSION:
+                p = transfer.payload
+                kind = (batched.get(p[KIND_AT]) if len(p) > principal_at.stop and p[0] == HEAD_ARRAY
+                        and p[1] == version and p[i] == bin8 and p[j] == sixteen else None)
+                prow = registered.get(p[principal_at]) if kind is not None else None
+                if prow is not None:
+                    if kind is not run_kind and run:
+                        self._replay_run(run_kind, run, prows)
+                        run, prows = [], []
+                    run_kind = kind
+                    run.append(transfer)
+                    prows.append(prow)
+                    continue
+            if run:
+                self._replay_run(run_kind, run, prows)
+                run, prows = [], []
+            if transfer.kind is TransferKind.ADMISSION:
+                admission.apply(self, self._decoded(transfer), None, transfer)
+            else:
+                self._replay(transfer)
+        if run:
+            self._replay_run(run_kind, run, prows)
+
+    def _replay_run(self, kind: OperationKind | None, run: list[Transfer], prows: list[int]) -> None:
+        assert kind is not None
+        if not admission.replay_run(self, kind, run, prows):  # (a payload in another layout)
+            for transfer in run:
+                admission.apply(self, self._decoded(transfer), None, transfer)
 
     def _open_writer(self, recovery: RecoveryResult) -> JournalWriter:
         writer = JournalWriter(self.journal_dir, self.fs, self.state.incarnation, recovery)
@@ -310,11 +350,14 @@ class Device:
             state.participants.start_lineage(first, nonce)
 
     def _replay_admission(self, transfer: Transfer) -> None:
+        admission.apply(self, self._decoded(transfer), None, transfer)
+
+    def _decoded(self, transfer: Transfer) -> Admission:
         a = Admission.decode(transfer.payload)
         if a.kind not in self.kinds:
             raise JournalCorrupt(os.path.join(self.journal_dir, segment_name(transfer.segment)), transfer.offset,
                                  f"admission transfer seq {transfer.seq} has unknown kind {a.kind}")
-        admission.apply(self, a, None, transfer)
+        return a
 
     def _journal_hold(self, event: dict[str, Any]) -> None:
         """A hold started or ended (state/holds.py): journal it; the incident is saved state."""

@@ -6,6 +6,7 @@
 //   transfers(data, pos, first_seq_lo, first_seq_hi, kinds, max_data, digest, after_seq, kind_objects,
 //             segment, base[, limit]) -> ([(kind, seq, payload, digest, segment, base + start)], stop, last_seq)
 //   scatter(table, cols, rows, lengths, blob) -> bytes used (a checkpoint's row bytes, below)
+//   space_creates(payloads, version, kind) -> the columns of a run of spaces.create admissions (below)
 //
 // Each record: a 32-byte part header (type 37, class 0x41, kind, part index, part count, data
 // length, reserved 0, payload length, transfer seq, CRC-32, reserved 0; little endian) and at
@@ -347,12 +348,117 @@ PyObject* scatter(PyObject*, PyObject* args) {
   return PyLong_FromSize_t(at);
 }
 
+// A reader of one msgpack value at a time from an admission payload (the layout Admission.encode
+// makes with msgpack-python); every read checks the bounds and the type byte, and false ends the
+// payload's fast path (the Python decoder then reads it, with its own errors).
+struct Reader {
+  const unsigned char* p;
+  const unsigned char* end;
+  bool byte(unsigned char b) {
+    if (p >= end || *p != b) return false;
+    ++p;
+    return true;
+  }
+  bool fixed(const char* bytes, size_t n) {  // exactly these bytes (a short str key, with its type byte)
+    if (size_t(end - p) < n || memcmp(p, bytes, n) != 0) return false;
+    p += n;
+    return true;
+  }
+  bool big(size_t n, uint64_t* out) {  // an n-byte big-endian unsigned after the type byte
+    if (size_t(end - p) < n) return false;
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; ++i) v = v << 8 | p[i];
+    p += n;
+    *out = v;
+    return true;
+  }
+  bool uint(int64_t* out) {  // a non-negative int as msgpack-python packs it (fixint, uint 8..64)
+    if (p >= end) return false;
+    const unsigned char t = *p++;
+    uint64_t v = 0;
+    if (t <= 0x7f) v = t;
+    else if (t == 0xcc) { if (!big(1, &v)) return false; }
+    else if (t == 0xcd) { if (!big(2, &v)) return false; }
+    else if (t == 0xce) { if (!big(4, &v)) return false; }
+    else if (t == 0xcf) { if (!big(8, &v) || v > uint64_t(INT64_MAX)) return false; }
+    else return false;
+    *out = int64_t(v);
+    return true;
+  }
+  bool bin16(unsigned char* out) {  // a 16-byte bin (an identifier)
+    if (size_t(end - p) < 18 || p[0] != 0xc4 || p[1] != 16) return false;
+    memcpy(out, p + 2, 16);
+    p += 18;
+    return true;
+  }
+  bool bin(const unsigned char** data, size_t* n) {  // bin 8, 16 or 32
+    if (p >= end) return false;
+    const unsigned char t = *p++;
+    uint64_t len = 0;
+    if (!(t == 0xc4 ? big(1, &len) : t == 0xc5 ? big(2, &len) : t == 0xc6 ? big(4, &len) : false)) return false;
+    if (uint64_t(end - p) < len) return false;
+    *data = p;
+    *n = size_t(len);
+    p += len;
+    return true;
+  }
+};
+
+// space_creates(payloads, version, kind) -> (sequences, keys, ops, commands, lengths, ids, scopes)
+// or None: the columns of a run of spaces.create admissions (a replay writes them as columns:
+// admission.replay_run). Each payload must be exactly [version, kind, principal, sequence, key,
+// op, canonical, {"id": id, "scope": scope}] as Admission.encode packs it (16-byte bin
+// identifiers); sequences, lengths (of the canonical bytes) and scopes are native int64 arrays,
+// keys, ops and ids 16 bytes each, the canonical bytes back to back in `commands`. None when any
+// payload is otherwise: the run is then decoded one admission at a time.
+PyObject* space_creates(PyObject*, PyObject* args) {
+  PyObject* payloads;
+  long version, kind;
+  if (!PyArg_ParseTuple(args, "O!ll", &PyList_Type, &payloads, &version, &kind)) return nullptr;
+  if (version < 0 || version > 0x7f || kind < 0 || kind > 0x7f) {
+    PyErr_SetString(PyExc_ValueError, "version and kind must be positive fixints");
+    return nullptr;
+  }
+  const Py_ssize_t n = PyList_GET_SIZE(payloads);
+  const size_t count = static_cast<size_t>(n);
+  std::vector<int64_t> sequences(count), lengths(count), scopes(count);
+  std::vector<unsigned char> keys(count * 16), ops(count * 16), ids(count * 16);
+  std::vector<unsigned char> commands;
+  static const char ID_KEY[] = "\xa2id", SCOPE_KEY[] = "\xa5scope";
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = PyList_GET_ITEM(payloads, i);
+    if (!PyBytes_Check(item)) Py_RETURN_NONE;
+    const unsigned char* data = reinterpret_cast<const unsigned char*>(PyBytes_AS_STRING(item));
+    Reader r{data, data + PyBytes_GET_SIZE(item)};
+    unsigned char principal[16];
+    const unsigned char* canonical = nullptr;
+    size_t length = 0;
+    const size_t at = size_t(i);
+    if (!(r.byte(0x98) && r.byte(static_cast<unsigned char>(version)) && r.byte(static_cast<unsigned char>(kind))
+          && r.bin16(principal) && r.uint(&sequences[at]) && r.bin16(&keys[at * 16]) && r.bin16(&ops[at * 16])
+          && r.bin(&canonical, &length) && r.byte(0x82) && r.fixed(ID_KEY, 3) && r.bin16(&ids[at * 16])
+          && r.fixed(SCOPE_KEY, 6) && r.uint(&scopes[at]) && r.p == r.end))
+      Py_RETURN_NONE;
+    lengths[at] = int64_t(length);
+    commands.insert(commands.end(), canonical, canonical + length);
+  }
+  auto bytes = [](const void* p, size_t size) {
+    return PyBytes_FromStringAndSize(static_cast<const char*>(p), Py_ssize_t(size));
+  };
+  return Py_BuildValue("(NNNNNNN)", bytes(sequences.data(), count * 8), bytes(keys.data(), keys.size()),
+                       bytes(ops.data(), ops.size()), bytes(commands.data(), commands.size()),
+                       bytes(lengths.data(), count * 8), bytes(ids.data(), ids.size()),
+                       bytes(scopes.data(), count * 8));
+}
+
 PyMethodDef methods[] = {
     {"records", records, METH_VARARGS, "records(kind, transfer_seq, payload, max_data) -> [bytes]"},
     {"transfers", transfers, METH_VARARGS,
      "transfers(data, pos, first_seq_lo, first_seq_hi, kinds, max_data, digest, after_seq, kind_objects, segment, "
      "base[, limit]) -> ([(kind, seq, payload, digest, segment, offset)], stop, last_seq)"},
     {"scatter", scatter, METH_VARARGS, "scatter(table, cols, rows, lengths, blob) -> bytes used"},
+    {"space_creates", space_creates, METH_VARARGS,
+     "space_creates(payloads, version, kind) -> (sequences, keys, ops, commands, lengths, ids, scopes) or None"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "aotx_jcodec", "Journal records, encoded natively.", -1, methods};

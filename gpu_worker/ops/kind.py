@@ -26,6 +26,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Protocol
 
 import msgpack
+import numpy as np
 
 from ..contract.commands import TYPES, A, Mutation
 from ..contract.vocabulary import COMMANDS
@@ -174,6 +175,23 @@ class Kind(IntEnum):
     PUBLICATION = 10
 
 
+# The head of an admission payload as Admission.encode packs it: a fixarray of 8, ADMISSION_VERSION,
+# the kind code (a positive fixint), the principal (a 16-byte bin). A replay reads a transfer's kind
+# and principal there, without decoding the rest, to find runs of one kind (Device._replay_piece).
+HEAD_ARRAY, KIND_AT, PRINCIPAL_BIN, PRINCIPAL_AT = 0x98, 2, (3, 4, 0xc4, 16), slice(5, 21)
+
+
+class Run(NamedTuple):
+    """A run of one kind's admissions decoded as columns (its kind's `decode_run`), one entry per
+    admission in journal order: what a replay writes as columns (admission.replay_run)."""
+    sequences: np.ndarray  # int64
+    keys: np.ndarray       # (n, 2) int64: each operation key's halves, as the tables hold them
+    ops: np.ndarray        # (n, 2) int64: each operation ID's
+    commands: bytes        # the canonical command bytes, back to back
+    lengths: np.ndarray    # int64: each one's length
+    extra: tuple[Any, ...]  # the kind's own columns (spaces.create: the ids' halves, the scopes)
+
+
 class Admission(NamedTuple):
     """The decoded admission transfer: what the journal records for one new operation.
     `extra` holds what the kind's check returned (IDs, never rows), so replay re-resolves them.
@@ -203,6 +221,12 @@ class Admission(NamedTuple):
 Check = Callable[[Context, bytes, "int | None", Any, bytes, int], dict[str, Any]]
 # apply(context, admission, participant row, journal transfer seq (None at replay), receipt row) -> target row
 Apply = Callable[[Context, Admission, int, "int | None", int], int]
+# decode_run(payloads) -> a run of the kind's admissions as columns, or None when a payload is not
+# as Admission.encode packs it (a replay then decodes each: admission.replay_run)
+DecodeRun = Callable[[list[bytes]], "Run | None"]
+# apply_run(context, run, participant rows, admission counters) -> target rows: `apply` of each
+# admission of the run, in order, at replay (docs/performance.md, "Replay")
+ApplyRun = Callable[[Context, "Run", np.ndarray, np.ndarray], np.ndarray]
 # target_id(context, receipt row values, the participant's lineage) -> the receipt's "target"
 TargetId = Callable[[Tables, list[int], bytes], str]
 # visible_to(context, reader principal, reader participant row or None, receipt row values) -> bool
@@ -227,12 +251,13 @@ def owner_only(device: Tables, principal: bytes, reader: int | None, row: list[i
 
 
 class OperationKind:
-    __slots__ = ("code", "op", "name", "action", "args", "check", "apply", "target_id", "visible_to", "columns", "executes",
-                 "saved", "memory")
+    __slots__ = ("code", "op", "name", "action", "args", "check", "apply", "decode_run", "apply_run", "target_id",
+                 "visible_to", "columns", "executes", "saved", "memory")
 
     def __init__(self, code: Kind, op: str, *, check: Check, apply: Apply, target_id: TargetId,
                  visible_to: VisibleTo = owner_only, columns: Columns | None = None, executes: bool = False,
-                 saved: Saved | None = None, memory: MemoryJson | None = None) -> None:
+                 saved: Saved | None = None, memory: MemoryJson | None = None,
+                 runs: tuple[DecodeRun, ApplyRun] | None = None) -> None:
         command = COMMANDS[op]
         if command.receipt_kind is None or command.action is None:
             raise ValueError(f"{op} is not a mutation command of the contract")
@@ -253,6 +278,12 @@ class OperationKind:
         self.executes = executes
         self.saved = saved  # what follows once the admission is saved (start execution, push events)
         self.memory = memory  # the memory it wrote, for its receipt (None: "memory": null)
+        # a replay's runs of this kind's admissions as columns (admission.replay_run): for a kind that
+        # finishes at admission and writes no receipt columns of its own, so a run's receipt rows
+        # are written alike
+        assert runs is None or (not executes and columns is None), f"{op}: runs with executes or columns"
+        self.decode_run: DecodeRun | None = runs[0] if runs is not None else None
+        self.apply_run: ApplyRun | None = runs[1] if runs is not None else None
 
     def __repr__(self) -> str:
         return f"OperationKind({self.name})"

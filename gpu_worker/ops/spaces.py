@@ -5,13 +5,17 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+import numpy as np
+
+from .. import native
 from ..contract import ids, vocabulary
 from ..contract.commands import NewSpace, Page, SpaceRef
 from ..contract.errors import ServiceError
 from ..state import ids as derived
+from ..state.indexes import take_free
 from ..state.tables import R, S, Right, Scope, join16
 from . import access, quotas
-from .kind import Admission, Caller, Kind, OperationKind, Read, Tables
+from .kind import ADMISSION_VERSION, Admission, Caller, Kind, OperationKind, Read, Run, Tables
 from .lists import page
 
 
@@ -57,6 +61,42 @@ def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: in
     return srow
 
 
+_space_creates = native.load("jcodec").space_creates
+
+
+def _halves(data: bytes) -> np.ndarray:
+    """16-byte identifiers back to back as (n, 2) int64: the columns put_struct's "16s" writes."""
+    return np.frombuffer(data, dtype="<i8").reshape(-1, 2)
+
+
+def decode_run(payloads: list[bytes]) -> Run | None:
+    """A run of space creations as columns, decoded natively (jcodec.space_creates); None when a
+    payload is not exactly as Admission.encode packs a creation."""
+    columns = _space_creates(payloads, ADMISSION_VERSION, int(Kind.SPACE_CREATE))
+    if columns is None:
+        return None
+    sequences, keys, ops, commands, lengths, ids, scopes = columns
+    return Run(np.frombuffer(sequences, dtype=np.int64), _halves(keys), _halves(ops), commands,
+               np.frombuffer(lengths, dtype=np.int64), (_halves(ids), np.frombuffer(scopes, dtype=np.int64)))
+
+
+def apply_run(d: Tables, run: Run, prows: np.ndarray, counters: np.ndarray) -> np.ndarray:
+    """`apply` of each creation of the run, in order: the space rows in one write."""
+    state = d.state
+    srows = np.array(take_free(state.spaces.free, len(prows)), dtype=np.int64)
+    ids, scopes = run.extra
+    values = np.empty((len(prows), _ROW.size // 8), dtype=np.int64)
+    values[:, S.STATE] = 1
+    values[:, S.OWNER] = prows
+    values[:, S.SCOPE] = scopes
+    values[:, S.ID_HI:S.ID_LO + 1] = ids
+    values[:, S.CREATED] = counters
+    values[:, S.OP_HI:S.OP_LO + 1] = run.ops
+    state.tables.put_rows(state.tables.spaces, srows, values)
+    state.spaces.noted(srows.tolist())
+    return srows
+
+
 def target_id(d: Tables, row: list[int], lineage: bytes) -> str:
     return access.space_id(d, row[R.TARGET])
 
@@ -66,7 +106,7 @@ def visible_to(d: Caller, principal: bytes, reader: int | None, row: list[int]) 
 
 
 CREATE: OperationKind = OperationKind(Kind.SPACE_CREATE, "spaces.create", check=check, apply=apply, target_id=target_id,
-                       visible_to=visible_to)
+                       visible_to=visible_to, runs=(decode_run, apply_run))
 
 
 def memory_owner(d: Tables, scope: int, space: str) -> str:

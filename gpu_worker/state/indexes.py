@@ -133,6 +133,17 @@ class ParticipantIndex:
         return lineage
 
 
+def take_free(free: list[int], n: int) -> list[int]:
+    """The rows n pop()s of a free list hand out, in that order (a replay's run of admissions)."""
+    if n > len(free):
+        raise IndexError("pop from empty list")
+    start = len(free) - n
+    rows = free[start:]
+    del free[start:]
+    rows.reverse()
+    return rows
+
+
 class _Deferring(abc.ABC):
     """An index that, while a device loads (`defer` .. `settle`), only notes the rows added, and
     indexes them from their table in whole-column passes (`_index`) when a lookup next needs them
@@ -149,6 +160,11 @@ class _Deferring(abc.ABC):
     def defer(self, tables: Tables) -> None:
         """From now on rows added are noted, indexed at the next lookup or at `settle`."""
         self._tables = tables
+
+    def noted(self, rows: list[int]) -> None:
+        """Rows added while deferring, in one call (a replay's run of admissions): as `add` of each."""
+        assert self._tables is not None, "rows are noted only while a load defers indexing"
+        self._pending.extend(rows)
 
     def settle(self) -> None:
         """Index what was noted and index each row added at once again (the load is over)."""

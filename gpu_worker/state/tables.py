@@ -280,11 +280,22 @@ class Tables:
         else:
             array[rows, :width] = values
 
+    def put_digest_block(self, rows: np.ndarray, digests: np.ndarray) -> None:
+        """rows[i]'s admission and terminal commit digests: digests[i], (n, 2, 32) uint8 (a replay's
+        run of admissions, put_digests for each)."""
+        if self._flat is not None:
+            self.receipt_digests.numpy()[rows] = digests
+        else:
+            self.receipt_digests[torch.from_numpy(rows).to(self.device)] = torch.from_numpy(
+                np.ascontiguousarray(digests)).to(self.device)
+
     def put_packed(self, table: torch.Tensor, rows: np.ndarray, lengths: np.ndarray, blob: bytes | memoryview) -> None:
-        """Each of `rows` (still zero: a table just made) gets its `lengths` bytes, taken one row
-        after another from `blob` (how a checkpoint keeps receipts' command and result bytes and
-        conversations' histories): one native call rather than a copy per row (a boot from a
-        checkpoint of 1M receipts made 2M of them)."""
+        """Each of `rows` gets its `lengths` bytes at its start, taken one row after another from
+        `blob` (how a checkpoint keeps receipts' command and result bytes and conversations'
+        histories; a replay's run of admissions, their commands): one native call rather than a
+        copy per row (a boot from a checkpoint of 1M receipts made 2M of them). The rest of a row
+        is left as it was, as put_bytes leaves it (through an accelerator it is zeroed: what is
+        past a row's length is never read)."""
         rows, lengths = np.ascontiguousarray(rows, dtype=np.int64), np.ascontiguousarray(lengths, dtype=np.int64)
         if self._flat is not None:
             used = _scatter(self._flat[id(table)][2], table.shape[1], rows, lengths, blob)

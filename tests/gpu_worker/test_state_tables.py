@@ -72,6 +72,7 @@ def test_the_accelerator_paths_write_exactly_what_the_host_paths_do():
     lengths = np.array([3, 48, 0, 17, 1], dtype=np.int64)
     blob = os.urandom(int(lengths.sum()))
     values = rng.integers(-1 << 62, 1 << 62, (len(rows), 5))
+    digests = rng.integers(0, 256, (2, 2, 32), dtype=np.uint8)
     for t in (host, accelerator):
         t.put_struct(t.receipts, 7, 0, _RECEIPT_ROW, 1, 2, 3, 4, b"k" * 16, b"o" * 16, 5, 6, 7, 0, 1, *range(8, 16))
         t.put_struct(t.spaces, 2, 0, SPACE_ROW, 1, 3, 2, b"i" * 16, 9, b"p" * 16)
@@ -79,8 +80,10 @@ def test_the_accelerator_paths_write_exactly_what_the_host_paths_do():
         t.put_packed(t.command_bytes, rows, lengths, blob)
         t.put_rows(t.conversations, np.array([0, 1], dtype=np.int64), values[:2])
         t.put_rows(t.conversations, np.array([3], dtype=np.int64), values[2:3])  # not consecutive with those
-    for name in ("receipts", "spaces", "participants", "command_bytes", "conversations"):
+        t.put_digest_block(np.array([9, 3]), digests)  # (a replay's run of admissions)
+    for name in ("receipts", "spaces", "participants", "command_bytes", "conversations", "receipt_digests"):
         assert torch.equal(getattr(host, name), getattr(accelerator, name)), name
+    assert host.receipt_digests[[9, 3]].numpy().tobytes() == digests.tobytes()
     assert (Tables.take(host.receipts, rows) == Tables.array(host.receipts)[rows]).all()
 
 
@@ -93,11 +96,13 @@ def test_tables_on_cuda_hold_what_host_tables_do():
     lengths = np.array([3, 48, 0, 17, 1], dtype=np.int64)
     blob = os.urandom(int(lengths.sum()))
     values = np.random.default_rng(3).integers(-1 << 62, 1 << 62, (len(rows), 5))
+    digests = np.random.default_rng(4).integers(0, 256, (2, 2, 32), dtype=np.uint8)
     for t in (host, cuda):
         t.put_struct(t.receipts, 7, 0, _RECEIPT_ROW, 1, 2, 3, 4, b"k" * 16, b"o" * 16, 5, 6, 7, 0, 1, *range(8, 16))
         t.put_value(t.participants, 1, 2, -5)
         t.put_packed(t.command_bytes, rows, lengths, blob)
         t.put_rows(t.conversations, rows, values)
-    for name in ("receipts", "participants", "command_bytes", "conversations"):
+        t.put_digest_block(np.array([9, 3]), digests)
+    for name in ("receipts", "participants", "command_bytes", "conversations", "receipt_digests"):
         assert torch.equal(getattr(host, name), getattr(cuda, name).cpu()), name
     assert (Tables.take(cuda.receipts, rows) == Tables.array(host.receipts)[rows]).all()

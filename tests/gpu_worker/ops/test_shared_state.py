@@ -310,3 +310,62 @@ def test_a_replay_indexes_receipts_and_spaces_as_the_device_did_live_even_with_l
     for (index, field), entries in before.items():
         assert getattr(getattr(world.device.state, index), field) == entries, (index, field)
     assert world.read("writer", "spaces.list")[1]["items"][0]["id"] in spaces
+
+
+@pytest.mark.parametrize("decoded", ["natively", "one by one"])
+def test_a_replay_in_runs_leaves_exactly_the_state_one_admission_at_a_time_leaves(world, monkeypatch, decoded):
+    """A load applies each run of space creations as columns (admission.replay_run), decoded
+    natively or, for payloads in another layout, one by one: with runs of several participants'
+    creations between registrations, member rows, deletions and retirements (receipt and space
+    rows freed and used again, commands of other lengths), the tables, commit digests, command
+    bytes, indexes and free lists are those that applying each admission by itself leaves."""
+    import torch
+    from gpu_worker import admission
+    from gpu_worker.ops import spaces as space_kind
+    for _ in range(3):
+        for name in ("owner", "writer", "reader"):
+            world.space(name, scope="room" if name == "owner" else "private")
+    doomed = world.space("writer", id="cd" * 16)
+    world.member("writer", doomed, "reader", ["read"])
+    assert world.mutate("writer", "spaces.delete", f"/spaces/{doomed}/deletion", {})[0] == 202
+    floor = int(world.read("writer", "participant.get")[1]["next_sequence"])
+    assert world.mutate("writer", "retirements.record", "/retirements", {"retry_floor": str(floor)})[0] == 202
+    for _ in range(4):  # on rows the retirement freed
+        world.space("writer")
+        world.space("outsider", id=secrets.token_hex(16))
+    world.mutate("manager", "conversations.create", f"/spaces/{world.space('manager')}/conversations", {})
+    world.space("manager")
+
+    def state():
+        s = world.device.state
+        tables = {name: getattr(s.tables, name).clone() for name in (
+            "participants", "spaces", "members", "conversations", "receipts", "command_bytes", "receipt_digests")}
+        indexes = {(index, field): getattr(getattr(s, index), field) for index, fields in (
+            ("receipts", ("by_sequence", "by_key", "by_op", "free")), ("spaces", ("by_id", "free")),
+            ("members", ("rows", "free")), ("conversations", ("by_id", "free")),
+            ("participants", ("by_principal", "lineage"))) for field in fields}
+        return tables, {k: (list(v) if isinstance(v, list) else dict(v)) for k, v in indexes.items()}, s.admissions
+
+    runs = []
+    real = admission.replay_run
+
+    def counted(d, kind, transfers, prows):
+        done = real(d, kind, transfers, prows)
+        runs.append(len(transfers) if done else 0)
+        return done
+    monkeypatch.setattr(space_kind.CREATE, "apply_run", None)  # no runs: each by itself
+    world.boot()
+    one_by_one = state()
+    monkeypatch.undo()
+    monkeypatch.setattr(admission, "replay_run", counted)
+    if decoded == "one by one":
+        monkeypatch.setattr(space_kind.CREATE, "decode_run", lambda payloads: None)
+    world.boot()
+    in_runs = state()
+    if decoded == "natively":  # (the run after the registrations: 9)
+        assert max(runs) >= 9 and sum(runs) == 3 * 3 + 1 + 4 * 2 + 2
+    else:
+        assert len(runs) >= 3 and set(runs) == {0}
+    for name, table in one_by_one[0].items():
+        assert torch.equal(table, in_runs[0][name]), name
+    assert one_by_one[1:] == in_runs[1:]
