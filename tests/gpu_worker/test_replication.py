@@ -622,7 +622,7 @@ def test_a_sync_primary_under_load_checkpoints_by_itself_and_every_copy_renders_
     taking over render every receipt as the primary did."""
     from gpu_worker.pack import pack_tiny
     runtime = str(tmp_path / "auto.aotxccir")
-    pack_tiny(runtime, shared=True, journal_limits={"checkpoint_journal_bytes": 40_000})  # (~120 registrations)
+    pack_tiny(runtime, shared=True, journal_limits={"checkpoint_journal_bytes": 20_000})  # (~60 registrations)
     (copy,) = copies(runtime, tmp_path, "s.aotxccir")
     before = RuntimeFile.open(runtime).generation
     primary = Primary(runtime, tmp_path / "p", 1000, sync=True).start()
@@ -630,8 +630,8 @@ def test_a_sync_primary_under_load_checkpoints_by_itself_and_every_copy_renders_
     try:
         replies = register_all(primary, primary.principals, 8)
         assert {r["status"] for r in replies.values()} == {202}
-        assert primary.device.state.generation > before + 2  # (several checkpoints while the clients went on)
-        wait_for(lambda: primary.device.journal_bytes < 40_000, what="the last automatic checkpoint")
+        assert primary.device.state.generation > before + 1  # (checkpoints while the clients went on)
+        wait_for(lambda: primary.device.journal_bytes < 20_000, what="the last automatic checkpoint")
         wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
                  what="the standby to follow")
         with primary.connect() as sock:
