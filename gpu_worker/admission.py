@@ -173,7 +173,8 @@ def replay_run(d: Admitter, kind: OperationKind, transfers: list[Transfer], prow
     """At replay, admission transfers of one kind with runs (`decode_run`, `apply_run`), in journal
     order, by participants already registered (`prows`), each saved by its transfer: what
     `apply(d, a, None, transfer)` of each does, as columns, one write per table (a million
-    admissions, one call each, were most of a replay: docs/performance.md, "Replay"). Only while
+    admissions, one call each, were most of a replay: docs/performance.md, "Runs of admissions as
+    columns"). Only while
     the load defers indexing. False, with nothing changed, when a payload is not in the layout
     the run decoder reads: then apply each by itself."""
     assert kind.decode_run is not None and kind.apply_run is not None

@@ -225,7 +225,7 @@ Apply = Callable[[Context, Admission, int, "int | None", int], int]
 # as Admission.encode packs it (a replay then decodes each: admission.replay_run)
 DecodeRun = Callable[[list[bytes]], "Run | None"]
 # apply_run(context, run, participant rows, admission counters) -> target rows: `apply` of each
-# admission of the run, in order, at replay (docs/performance.md, "Replay")
+# admission of the run, in order, at replay (docs/performance.md, "Runs of admissions as columns")
 ApplyRun = Callable[[Context, "Run", np.ndarray, np.ndarray], np.ndarray]
 # target_id(context, receipt row values, the participant's lineage) -> the receipt's "target"
 TargetId = Callable[[Tables, list[int], bytes], str]
