@@ -47,8 +47,7 @@ from .storage import checkpoint, runtime_file
 from .storage.committer import Batch, Committer, Reply
 from .storage.filelayer import FileLayer, OsFileLayer
 from .storage.journal import (MAX_RECORDS_PER_TICK, JournalCorrupt, JournalIOError, JournalLock, JournalWriter,
-                              ReadAhead, RecoveryResult, Tail, Transfer, TransferKind,
-                              segment_name)
+                              ReadAhead, RecoveryResult, Tail, Transfer, TransferKind, segment_name)
 from .storage.runtime_file import RuntimeFile
 
 if TYPE_CHECKING:
@@ -273,8 +272,6 @@ class Device:
         # MEDIA transfer seq -> the upload to answer: (connection, request id, sha256, participant row, bytes)
         self.media_waiting: dict[int, tuple[Any, Any, str, int, int]] = {}
         self._admission_deferred = False
-        # the kinds whose admissions a load applies in runs, by code (_replay_piece)
-        self._batched = {code: kind for code, kind in self.kinds.items() if kind.apply_run is not None}
         deferred = (state.receipts, state.spaces)  # indexed in whole-column passes (state/indexes.py)
         for index in deferred:
             index.defer(state.tables)
@@ -290,33 +287,28 @@ class Device:
         transfer one at a time, after the run before it. A transfer's kind and principal are read
         at the head of its payload (ops/kind.py HEAD_ARRAY) without decoding it."""
         registered = self.state.participants.by_principal
-        batched = self._batched
-        version = ADMISSION_VERSION
+        batched = {code: kind for code, kind in self.kinds.items() if kind.apply_run is not None}
         (i, j, bin8, sixteen), principal_at = PRINCIPAL_BIN, PRINCIPAL_AT
         run_kind: OperationKind | None = None
         run: list[Transfer] = []
         prows: list[int] = []
         for transfer in piece:
+            kind = prow = None
             if transfer.kind is TransferKind.ADMISSION:
                 p = transfer.payload
-                kind = (batched.get(p[KIND_AT]) if len(p) > principal_at.stop and p[0] == HEAD_ARRAY
-                        and p[1] == version and p[i] == bin8 and p[j] == sixteen else None)
-                prow = registered.get(p[principal_at]) if kind is not None else None
-                if prow is not None:
-                    if kind is not run_kind and run:
-                        self._replay_run(run_kind, run, prows)
-                        run, prows = [], []
-                    run_kind = kind
-                    run.append(transfer)
-                    prows.append(prow)
-                    continue
-            if run:
+                if (len(p) > principal_at.stop and p[0] == HEAD_ARRAY and p[1] == ADMISSION_VERSION
+                        and p[i] == bin8 and p[j] == sixteen):
+                    kind = batched.get(p[KIND_AT])
+                    prow = registered.get(p[principal_at]) if kind is not None else None
+            if run and (prow is None or kind is not run_kind):
                 self._replay_run(run_kind, run, prows)
                 run, prows = [], []
-            if transfer.kind is TransferKind.ADMISSION:
-                admission.apply(self, self._decoded(transfer), None, transfer)
-            else:
+            if prow is None:
                 self._replay(transfer)
+            else:
+                run_kind = kind
+                run.append(transfer)
+                prows.append(prow)
         if run:
             self._replay_run(run_kind, run, prows)
 
@@ -324,7 +316,7 @@ class Device:
         assert kind is not None
         if not admission.replay_run(self, kind, run, prows):  # (a payload in another layout)
             for transfer in run:
-                admission.apply(self, self._decoded(transfer), None, transfer)
+                self._replay_admission(transfer)
 
     def _open_writer(self, recovery: RecoveryResult) -> JournalWriter:
         writer = JournalWriter(self.journal_dir, self.fs, self.state.incarnation, recovery)
@@ -350,14 +342,11 @@ class Device:
             state.participants.start_lineage(first, nonce)
 
     def _replay_admission(self, transfer: Transfer) -> None:
-        admission.apply(self, self._decoded(transfer), None, transfer)
-
-    def _decoded(self, transfer: Transfer) -> Admission:
         a = Admission.decode(transfer.payload)
         if a.kind not in self.kinds:
             raise JournalCorrupt(os.path.join(self.journal_dir, segment_name(transfer.segment)), transfer.offset,
                                  f"admission transfer seq {transfer.seq} has unknown kind {a.kind}")
-        return a
+        admission.apply(self, a, None, transfer)
 
     def _journal_hold(self, event: dict[str, Any]) -> None:
         """A hold started or ended (state/holds.py): journal it; the incident is saved state."""

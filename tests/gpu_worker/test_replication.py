@@ -3,6 +3,7 @@ thread ships its journal over a Unix socket to a standby's Mirror on another thr
 journal is the primary's, byte for byte, and in sync replication no reply says "saved" before
 the standby holds the transfer."""
 import collections
+import contextlib
 import json
 import os
 import select
@@ -481,6 +482,12 @@ def receipts_of(device_or_sock, replies):
     return out
 
 
+def receipts_after_restart(runtime, primary, replies):
+    """receipts_of a device booted on the stopped primary's runtime file and journal (a restart)."""
+    with contextlib.closing(Device(RuntimeFile.open(runtime), primary.journal, Grants(primary.grants))) as device:
+        return receipts_of(device, replies)
+
+
 def test_a_checkpoint_on_the_primary_reaches_the_standbys_copy_and_a_takeover_renders_the_same_receipts(
         tiny_runtime, tmp_path):
     """The primary checkpoints while a hot standby follows: the standby's copy of the runtime file
@@ -582,11 +589,7 @@ def test_a_checkpoint_on_a_sync_primary_waits_for_its_standby_and_a_restart_rend
         if follower is not None:
             follower.stop()
     assert all(json.loads(body)["admission"]["save"]["source"] == "file" for body in rendered.values())
-    restarted = Device(RuntimeFile.open(mine), primary.journal, Grants(primary.grants))
-    try:
-        assert receipts_of(restarted, replies) == rendered
-    finally:
-        restarted.close()
+    assert receipts_after_restart(mine, primary, replies) == rendered
 
 
 def test_a_fenced_sync_primary_answers_its_waiting_checkpoint_not_primary(tiny_runtime, tmp_path):
@@ -644,11 +647,7 @@ def test_a_sync_primary_under_load_checkpoints_by_itself_and_every_copy_renders_
         assert receipts_of(device, replies) == rendered
     finally:
         device.close()
-    restarted = Device(RuntimeFile.open(runtime), primary.journal, Grants(primary.grants))
-    try:
-        assert receipts_of(restarted, replies) == rendered
-    finally:
-        restarted.close()
+    assert receipts_after_restart(runtime, primary, replies) == rendered
 
 
 def test_media_sources_reach_the_standby_before_their_owner_is_saved(tiny_runtime, tmp_path):
