@@ -23,7 +23,9 @@ after round:
 After a failover the old primary's machine rejoins as the new primary's standby from its own
 journal. After every round: every receipt a client saw saved reads back byte for byte from the
 current primary, each client's next sequence is one past its last saved one (none assigned twice),
-and the leadership generation has grown with every takeover (no two primaries in one generation).
+the leadership generation has grown with every takeover (no two primaries in one generation), and
+so has the runtime file generation the receipts carry in their save fields (a takeover makes the
+next one: no generation saved in by two devices).
 
     .venv/bin/python bench/failover.py [--rounds 20] [--lease-seconds 2]
 
@@ -32,7 +34,7 @@ The faults cycle kill, stop, quiet, cut, drop, behind.
 Reported: per round, the fault, the time from it to the first admission on the (new) primary (a
 probe registers a fresh principal at its socket, every 10 ms), the time to the first receipt an
 SDK client saw saved by it through a gateway (the client's view: its retries back off, to 0.5 s
-apart), the generation; then p50 and max over the failovers. The devices run the tiny model (a
+apart), the leadership and file generations; then p50 and max over the failovers. The devices run the tiny model (a
 hot standby loads its model before it follows, so the model's size does not reach the takeover)."""
 import argparse
 import json
@@ -53,6 +55,7 @@ from gpu_worker.pack import pack_tiny  # noqa: E402
 from tests.conftest import PYTHON, wait_for  # noqa: E402
 from tests.e2e.test_failover import SdkClient, gateway_stack, listening, make_principals, register  # noqa: E402
 from tests.e2e.test_failover import as_given, verify_through  # noqa: E402
+from tests.e2e.test_failover import each_takeover_made_a_generation, saves_by_boot  # noqa: E402
 from tests.e2e.test_kill9 import Zygote, alive, call  # noqa: E402
 from tests.etcd import EtcdCluster  # noqa: E402
 from tests.harness import Process  # noqa: E402
@@ -216,6 +219,7 @@ def main() -> None:
         for c in clients:
             c.start()
         generation = ping(primary)["pipeline"]["leadership"]["generation"]
+        file_generation, failovers = int(ping(primary)["generation"]), 0
         probe = iter(probes)
         for round_ in range(args.rounds):
             fault = ("kill", "stop", "quiet", "cut", "drop", "behind")[round_ % 6]
@@ -277,21 +281,30 @@ def main() -> None:
                 now = ping(primary)["pipeline"]["leadership"]["generation"]
                 assert now > generation, (now, generation)  # a new generation for every takeover
                 generation = now
+                made = int(ping(primary)["generation"])  # the runtime file's, made by the takeover
+                assert made > file_generation, (made, file_generation)
+                failovers += 1
                 pids[old] = standby(spare, primary)  # the old primary's machine rejoins from its journal
                 wait_for(lambda: all(c.first_saved_by(boot) or c.errors for c in clients), 120,
                          what="every SDK client to be answered by the new primary")
                 seen = min(c.first_saved_by(boot) for c in clients) - began
             verified = verify(clients, sock_of(primary))
+            file_generation = int(ping(primary)["generation"])  # (a checkpoint of "behind" moves it too)
             rows.append((round_ + 1, fault, took, seen, generation, verified))
             print(f"round {round_ + 1:>2} {fault:>4}: first admission {took:6.2f}s after the fault"
                   + (f", first SDK receipt through a gateway {seen:6.2f}s" if seen is not None else "")
-                  + f", generation {generation}, {verified} saved receipts read back", flush=True)
+                  + f", leadership generation {generation}, file generation {file_generation}, {verified} saved "
+                  "receipts read back", flush=True)
         stop.set()
         for c in clients:
             c.join(60)
             assert not c.errors, c.errors
         print(f"at the end, through the SDK at both gateways: {verify_through(clients, urls)} receipts read back as "
               "they were given", flush=True)
+        by_boot = saves_by_boot([json.dumps(r) for r in c.saved.values()] for c in clients)
+        each_takeover_made_a_generation(by_boot, failovers + 1)
+        spans = " ".join(f"{boot}:{min(g)}-{max(g)}" for boot, g in sorted(by_boot.items()))
+        print(f"file generations in the receipts' save fields, by boot: {spans}", flush=True)
     finally:
         stop.set()
         for pid in pids.values():
@@ -311,7 +324,7 @@ def main() -> None:
                 print(f"{fault}: {len(times)} failovers, fault to {what}: p50 {times[len(times) // 2]:.2f}s, "
                       f"max {times[-1]:.2f}s")
     print(f"{len(rows)} rounds, {rows[-1][5] if rows else 0} saved receipts read back as given after the last; "
-          "no sequence assigned twice; generations only grew")
+          "no sequence assigned twice; leadership and file generations only grew")
 
 
 def verify(clients, path):

@@ -156,19 +156,22 @@ class Device:
             media.recover_bytes(self)  # a restore finds the media bytes in the checkpoint (ops/media.py)
             self.committer = Committer(self, self._open_writer(recovery))
             failover: dict[str, Any] | None = None
+            booted_ns = time.time_ns()
             if self.took_over:  # where this primary's part of the journal begins (a rejoin cuts back to it)
                 from .replication import standby
                 writer = self.committer.writer
                 standby.record_takeover(journal_dir, (writer.segment, writer.offset))
                 failover = {"position": [writer.segment, writer.offset],
-                            "generation": leadership.generation if leadership is not None else None}
+                            "generation": leadership.generation if leadership is not None else None,
+                            "file_generation": self.runtime.generation + 1}
+                self._failover_generation(failover, booted_ns)
         except BaseException:
             self.lock.release()
             raise
         if serve:
             state = self.state
             state.boot += 1
-            state.last_boot_ns = time.time_ns()
+            state.last_boot_ns = booted_ns
             state.save_generation = state.generation
             boot: dict[str, Any] = {"boot": state.boot, "generation": state.generation, "at_ns": state.last_boot_ns}
             if failover is not None:  # an incident of the saved state (docs/replication.md)
@@ -185,6 +188,21 @@ class Device:
                 if incident["ended_ns"] is None:
                     self._journal_hold({"event": "end", **incident, "ended_ns": state.last_boot_ns})
             self.committer.commit()
+
+    def _failover_generation(self, failover: dict[str, Any], at_ns: int) -> None:
+        """A takeover makes the runtime file's next generation, `failover["file_generation"]`, the
+        one every receipt it saves carries in its save fields (SPEC: they identify the file
+        generation): the file gets the failover component (replication FAILOVER: the failover
+        incident this boot records, msgpack) in place of the last one. A rejoining old primary's
+        copy differs from this file in that component only, and adopts it without its journal
+        being sent again (docs/replication.md, "Failover generations")."""
+        from .replication import FAILOVER
+        incident = msgpack.packb({"boot": self.state.boot + 1, "at_ns": at_ns, **failover})
+        generation = runtime_file.append(self.runtime.path, [(FAILOVER, "bytes", incident)], fs=self.runtime_fs,
+                                         generation=failover["file_generation"])
+        self.runtime = runtime_file.RuntimeFile.open(self.runtime.path, verify=False)
+        self.state.generation = generation
+        log.info("takeover: runtime file %s is at generation %d (the failover's)", self.runtime.path, generation)
 
     # ---- a hot standby (docs/replication.md, "A hot standby") ----------------------------
 
@@ -219,8 +237,11 @@ class Device:
         applied = self.follow(until)
         self.lock, self.leadership, self.takeover, self.following = lock, leadership, True, None
         self.runtime = runtime_file.RuntimeFile.open(self.runtime.path, verify=False)  # the link may have advanced it
-        if self.runtime.generation > self.state.generation:  # its CHECKPOINT transfer did not follow in time
-            self._folded(self.runtime.generation, tail.next_seq - 1, tail.last_digest)
+        # a checkpoint whose CHECKPOINT transfer did not follow in time (a copy ahead of the state by
+        # a failover component only folded nothing: checkpoint.folded_generation)
+        folded = checkpoint.folded_generation(self.runtime)
+        if folded > self.state.generation:
+            self._folded(folded, tail.next_seq - 1, tail.last_digest)
         segment, offset = tail.position
         self._begin(RecoveryResult([], tail.next_seq, tail.last_digest, segment, offset, None, tail.durable_bytes),
                     True)
@@ -334,6 +355,9 @@ class Device:
         state = self.state
         state.boot = info["boot"]
         state.save_generation = info["generation"]
+        # a takeover's boot made its generation (`_failover_generation`): a hot standby's state,
+        # loaded from its copy before that, knows the file is there now
+        state.generation = max(state.generation, info["generation"])
         state.last_boot_ns = info.get("at_ns", 0)
         if "takeover" in info:  # this boot took a standby's journal over (a failover)
             state.failovers.append({"boot": info["boot"], "at_ns": info.get("at_ns", 0), **info["takeover"]})

@@ -26,6 +26,9 @@ import socket
 
 from gpu_worker.contract.wire import FrameReader, Message
 
+# the runtime file component a takeover writes, making the file generation its receipts carry
+# (Device._failover_generation; docs/replication.md, "Failover generations")
+FAILOVER = "failover/takeover"
 MARKER = "standby"        # DIR/standby: the replication a standby's journal was kept under (`--takeover` reads it)
 SEGMENT_CHUNK = 1 << 20  # catch-up bytes per frame (within the framing's 16 MiB)
 HELLO_SECONDS = 5.0      # how long a connecting standby has to say hello

@@ -26,15 +26,16 @@ from gpu_worker.storage.journal import (SEGMENT_HEADER_SIZE, JournalWriter, enco
                                         segment_name)
 from gpu_worker.storage.runtime_file import RuntimeFile, RuntimeFileError
 
-from . import HELLO_SECONDS, SEGMENT_CHUNK, listen, read_frames, standby
+from . import FAILOVER, HELLO_SECONDS, SEGMENT_CHUNK, listen, read_frames, standby
 
 log = logging.getLogger("gpu_worker.replication")
 
 MAX_TICKS_TRACKED = 1 << 16   # tick ends kept to map an acknowledged position to a transfer
 MAX_QUEUED_BYTES = 64 << 20   # an async standby further behind than this is dropped (it catches up again)
-# the runtime file components checkpoints write (storage/checkpoint.py, ops/media.py): the saved
-# state a catch-up may replace; any other (the model, the profiles) must be the same on a standby
-SAVED_STATE = ("state/", "audit/", "media/")
+# the runtime file components checkpoints (storage/checkpoint.py, ops/media.py) and takeovers
+# (FAILOVER) write: the saved state a catch-up may replace; any other (the model, the profiles)
+# must be the same on a standby
+SAVED_STATE = ("state/", "audit/", "media/", FAILOVER)
 
 Position = tuple[int, int]  # (segment, offset): journal bytes before it
 
@@ -52,6 +53,9 @@ class Link:
         self.generation = 0  # its runtime file copy's, and that copy's components' SHA-256 (its hello says)
         self.components: dict[str, str] = {}
         self.emptied = False  # its journal must begin again at this journal's oldest segment (a catch-up)
+        # its copy lacks only this primary's failover component (an old primary rejoining): it adopts
+        # them with its journal kept, as (generation, names, drop) the hello found (`Shipper._adopt`)
+        self.adopt: tuple[int, list[str], list[str]] | None = None
         self.catching_up = False  # sent a catch-up that it has not acknowledged yet (`ping` shows it)
         self.queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self.queued_bytes = 0  # queued for the sender and not yet sent (the tick thread adds, it subtracts)
@@ -100,6 +104,8 @@ class Link:
                                                                            "drop": list(item[3])})
                 elif item[0] == "catchup":
                     self._send_catch_up(*item[1:])
+                elif item[0] == "adopt":
+                    self._send_catch_up(item[1], item[2], item[3], kept=True)
                 elif item[0] == "media":
                     self._send_media(item[1], item[2])
                 else:
@@ -154,19 +160,21 @@ class Link:
                                                 "offset": at, "data": bytes(view[at:at + SEGMENT_CHUNK])}))
         self.sock.sendall(encode_frame({key: generation, **end}))
 
-    def _send_catch_up(self, generation: int, names: list[str], drop: list[str]) -> None:
+    def _send_catch_up(self, generation: int, names: list[str], drop: list[str], kept: bool = False) -> None:
         """The components of the primary's runtime file at `generation` that the standby's copy
         lacks or holds other bytes of, read here (off the tick thread); the end frame names every
-        one's SHA-256, which the copy must come out with. A checkpoint that moved the file on
-        meanwhile fails the link: the standby connects again and catches up to the newer one."""
+        one's SHA-256, which the copy must come out with, and, `kept`, says the standby's journal
+        stays (a failover component adopted). A checkpoint that moved the file on meanwhile fails
+        the link: the standby connects again and catches up to the newer one."""
         with RuntimeFile.open(self.shipper.runtime, verify=False) as current:
             if current.generation != generation:
                 raise OSError(f"the runtime file went on to generation {current.generation} while a standby caught "
                               f"up to {generation}")
             digests = {name: current.components[name].sha256 for name in names}
             read = ((name, current.components[name].kind, current.read_verified(name)) for name in names)
+            end: dict[str, Any] = {"components": digests, "drop": drop, **({"journal": "kept"} if kept else {})}
             try:  # (one component in memory at a time)
-                self._send_components("catchup", generation, read, {"components": digests, "drop": drop})
+                self._send_components("catchup", generation, read, end)
             except RuntimeFileError as exc:
                 raise OSError(str(exc)) from None
 
@@ -203,8 +211,9 @@ class Shipper:
         self.runtime = runtime
         with RuntimeFile.open(runtime, verify=False) as current:
             self.incarnation = current.incarnation
-            # a standby's copy follows this generation (the checkpoints' frames), or catches up to it
-            self.generation = current.generation
+        # a standby's copy follows this generation (the checkpoints' frames), or catches up to it:
+        # read at `begin` (a takeover's boot made its own generation by then)
+        self.generation = 0
         self.journal_dir = journal_dir
         self.sync = sync
         # sync only: seconds without a standby after which transfers are saved here alone (None:
@@ -266,6 +275,8 @@ class Shipper:
         self.position = (writer.segment, writer.offset)
         self._ticks.append((writer.segment, writer.offset, writer.durable_seq))
         self.takeovers = standby.takeovers(self.journal_dir)  # (a takeover boot has recorded its own by now)
+        with RuntimeFile.open(self.runtime, verify=False) as current:
+            self.generation = current.generation
         self._accepting.start()
         self._lost()
 
@@ -371,7 +382,11 @@ class Shipper:
                         "copy of this primary's runtime file and an empty journal")
             return
         start = link.position  # where the journal bytes it is sent begin
-        if link.generation < self.generation or link.emptied:  # (here: a checkpoint may have come after its hello)
+        if link.adopt is not None and link.adopt[0] == self.generation and not link.emptied:
+            link.queue.put(("adopt", *link.adopt))  # its journal checked as a copy of this one: it stays
+            log.info("replication: the standby at %s adopts this primary's failover generation %d (%d components)",
+                     link.peer, self.generation, len(link.adopt[1]))
+        elif link.generation < self.generation or link.emptied:  # (a checkpoint may have come after its hello)
             if not self._catch_up(link):
                 return
             # its journal copy begins again at this journal's oldest segment; it holds nothing
@@ -515,7 +530,9 @@ class Shipper:
             raise ProtocolError("a hello without its runtime file copy's generation and components")
         link.generation, link.components = generation, components
         if generation != self.generation:
-            return link  # it catches up from this primary's file, or is refused (`_start`, on the tick thread)
+            link.adopt = self._adopt(link)
+            if link.adopt is None:
+                return link  # it catches up from this primary's file, or is refused (`_start`, on the tick thread)
         oldest = min(list_segments(self.journal_dir, OsFileLayer()), default=1)
         if segment < oldest:
             # its copy is at this generation: it holds, folded or in its journal, everything before
@@ -537,6 +554,21 @@ class Shipper:
                             "the standby's journal is not a copy of this journal")
             return None
         return link
+
+    def _adopt(self, link: Link) -> tuple[int, list[str], list[str]] | None:
+        """(generation, components to send, to drop) when the standby's copy of the runtime file is
+        behind this one's by failover components only (FAILOVER: an old primary rejoining the
+        standby that took over from it, which made a generation that folds nothing): its journal
+        is then checked, and cut back, as a copy of this one at the same generation, and it adopts
+        the components with its journal kept (docs/replication.md, "Failover generations"). None:
+        any other difference (a catch-up, or a refusal). Read on the accept thread: the directory."""
+        with RuntimeFile.open(self.runtime, verify=False) as current:
+            generation = current.generation
+            names = sorted(n for n, c in current.components.items() if link.components.get(n) != c.sha256)
+            drop = sorted(set(link.components) - set(current.components))
+        if link.generation >= generation or not names + drop or any(n != FAILOVER for n in names + drop):
+            return None
+        return generation, names, drop
 
     def _rewind(self, link: Link, position: Position) -> bool:
         """A standby whose journal goes on past one of this journal's takeover points in other

@@ -434,6 +434,9 @@ class Standby:
         if type(generation) is not int or not isinstance(digests, dict):
             raise ProtocolError(f"not a catch-up's end: {sorted(msg)}")
         components, drop = self._components(digests, msg.get("drop"))
+        if msg.get("journal") == "kept":
+            self._adopt(generation, components, drop, digests)
+            return
         self.mirror.mark("catch-up", self.address, takeovers(self.mirror.directory))
         with self.follower.paused() if self.follower is not None else contextlib.nullcontext():
             self.mirror.empty()
@@ -441,15 +444,33 @@ class Standby:
                 behind = copy.generation < generation
             if behind or components or drop:  # (else only the journal begins again: the copy is the primary's)
                 runtime_file.append(self.runtime, components, drop=drop, generation=generation)
-            with RuntimeFile.open(self.runtime, verify=False) as copy:
-                if copy.generation != generation or any(getattr(copy.components.get(n), "sha256", None) != d
-                                                        for n, d in digests.items()):
-                    raise StandbyRefused(f"the runtime file copy {self.runtime} did not come out as the primary's "
-                                         f"generation {generation}")
+            self._came_out(generation, digests)
             if self.follower is not None:
                 self.follower.reload()
         log.info("standby: caught up to the primary's generation %d (%d components) in %s", generation,
                  len(components), self.runtime)
+
+    def _adopt(self, generation: int, components: list[tuple[str, str, Any]], drop: list[str],
+               digests: dict[str, str]) -> None:
+        """A catch-up with the journal kept: this copy lacked only the failover component of the
+        takeover that made the primary's generation (this standby is the old primary, or followed
+        it): the copy gets it at that generation, and the journal, checked as a copy of the
+        primary's (cut back to its takeover point if it went on past it), and the device's tables
+        stay; the takeover's BOOT transfer, next in the stream, tells the tables the generation
+        (docs/replication.md, "Failover generations")."""
+        runtime_file.append(self.runtime, components, drop=drop, generation=generation)
+        self._came_out(generation, digests)
+        log.info("standby: adopted the primary's failover generation %d in %s (the journal stays)", generation,
+                 self.runtime)
+
+    def _came_out(self, generation: int, digests: dict[str, str]) -> None:
+        """The copy is at the primary's `generation`, every component named as the primary's; else
+        StandbyRefused."""
+        with RuntimeFile.open(self.runtime, verify=False) as copy:
+            if copy.generation != generation or any(getattr(copy.components.get(n), "sha256", None) != d
+                                                    for n, d in digests.items()):
+                raise StandbyRefused(f"the runtime file copy {self.runtime} did not come out as the primary's "
+                                     f"generation {generation}")
 
     def _checkpoint(self, msg: dict[str, Any]) -> None:
         """A piece of a checkpoint's component, or the end: the copy of the runtime file gets the

@@ -128,6 +128,14 @@ def fold_point(saved: dict[str, Any] | None) -> tuple[int, bytes]:
     return (saved["last_seq"], saved["last_digest"]) if saved is not None else (0, ZERO_DIGEST)
 
 
+def folded_generation(runtime: RuntimeFile) -> int:
+    """The generation of the runtime file's newest checkpoint (0: none), read from its directory:
+    each checkpoint adds its `audit/<generation>` component. The file's own generation may be past
+    it: a takeover makes a generation that folds nothing (docs/replication.md, "Failover
+    generations")."""
+    return max((int(name[len("audit/"):]) for name in runtime.names("audit/")), default=0)
+
+
 def load_state(state: DeviceState, blob: bytes | memoryview, input_kind: int) -> dict[str, Any]:
     """`load_saved` of a state blob."""
     return load_saved(state, decode_state(blob), input_kind)

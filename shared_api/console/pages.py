@@ -366,7 +366,9 @@ def failover_rows(status: dict[str, Any] | None) -> list[dict[str, Any]]:
     for failover in reversed((status or {}).get("failovers") or []):
         position = failover.get("position") or [None, None]
         rows.append({"boot": failover.get("boot"), "at": ns_datetime(failover.get("at_ns")),
-                     "segment": position[0], "offset": position[1], "generation": failover.get("generation")})
+                     "segment": position[0], "offset": position[1], "generation": failover.get("generation"),
+                     # the runtime file generation it made (none in an incident from before takeovers made one)
+                     "file_generation": failover.get("file_generation")})
     return rows
 
 

@@ -130,6 +130,8 @@ def test_a_sync_standby_takes_over_with_every_saved_receipt(tmp_path):
                 saved_read_back(verifier, c)
                 spaces = list_spaces(verifier, c.principal)
                 assert len(spaces) == len({s["id"] for s in spaces}) == len(c.saved) - 1  # nothing applied twice
+        # (the last boot's first answers may all be exact retries of receipts the boot before saved)
+        each_takeover_made_a_generation(saves_by_boot(c.saved.values() for c in clients), ROUNDS)
         total = sum(len(c.saved) for c in clients)
         takeovers.sort()
         print(f"{ROUNDS} failovers, {total} saved receipts, kill to first admission on the new primary: "
@@ -185,7 +187,8 @@ def test_a_standby_takes_over_by_itself_when_the_primarys_lease_lapses_and_the_z
             lineage, probe_lineage = (json.loads(call(current, {"v": 1, "id": 0, "op": "participant.get",
                                                                 "principal": p.hex(), "args": {}})["body"])["lineage"]
                                       for p in (late, probe))
-            assert call(current, register(probe, probe_lineage))["status"] == 202
+            probed = call(current, register(probe, probe_lineage))
+            assert probed["status"] == 202, probed
         took = time.monotonic() - stopped
         wait_for(lambda: any(len(c.saved_so_far()) > b for c, b in zip(clients, before)), 60,
                  what="the clients to go on at the new primary (after their 10 s socket timeout at the stopped one)")
@@ -207,6 +210,9 @@ def test_a_standby_takes_over_by_itself_when_the_primarys_lease_lapses_and_the_z
             status = json.loads(call(verifier, {"v": 1, "id": 0, "op": "ping", "principal": None, "args": {}})["body"])
             [failover] = status["failovers"]  # the takeover, an incident of the saved state
             assert failover["generation"] == status["pipeline"]["leadership"]["generation"] > 0
+            by_boot = saves_by_boot([c.saved.values() for c in clients] + [[probed["body"]]])
+            each_takeover_made_a_generation(by_boot, 2)
+            assert by_boot[2] == {failover["file_generation"]} == {int(status["generation"])}
             assert status["pipeline"]["leadership"]["fenced"] is None
         print(f"SIGSTOP of the primary (2 s lease) to the first admission on the standby that took over by "
               f"itself: {took:.2f}s")
@@ -253,6 +259,7 @@ def test_sdk_clients_through_two_gateways_go_on_at_the_standby_that_took_over(tm
             c.join(60)
             assert not c.is_alive() and not c.errors, c.errors
         assert verify_through(clients, urls) == 2 * sum(len(c.saved) for c in clients)
+        each_takeover_made_a_generation(saves_by_boot((rfc8785.dumps(r) for r in c.saved.values()) for c in clients), 2)
         for i, gateway in enumerate(m.gateways):
             assert "leader key /aotx/primary: a new primary" in gateway.output(), f"gateway {i} did not follow the key"
     finally:
@@ -328,6 +335,30 @@ def as_given(got, given):
     generation, SPEC's save fields)."""
     return got == given or ((json.loads(got)["admission"]["save"] or {}).get("source") == "file"
                             and without_save_place(got) == without_save_place(given))
+
+
+def saves_by_boot(bodies_per_client):
+    """{boot: {save generation}} of the receipt bodies the clients were given saved in the journal
+    (one given as an exact retry's answer after a checkpoint folded it says "source": "file" and
+    that checkpoint's generation instead: left out)."""
+    by_boot: dict[int, set[int]] = {}
+    for bodies in bodies_per_client:
+        for body in bodies:
+            save = json.loads(body)["admission"]["save"]
+            if save["source"] == "journal":
+                by_boot.setdefault(int(save["boot"]), set()).add(int(save["generation"]))
+    return by_boot
+
+
+def each_takeover_made_a_generation(by_boot, boots):
+    """Boots 1..`boots` (at least) saved receipts, each boot after the first a takeover: every
+    takeover made the runtime file's next generation (SPEC's save fields identify it), so the
+    generations each boot's receipts carry are past those of the boot before: no generation was
+    saved in by two devices."""
+    present = sorted(by_boot)
+    assert present[:boots] == list(range(1, boots + 1)) and present == list(range(1, len(present) + 1)), present
+    for before, after in zip(present, present[1:]):
+        assert max(by_boot[before]) < min(by_boot[after]), by_boot
 
 
 def replication(machine):

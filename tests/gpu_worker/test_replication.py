@@ -11,14 +11,18 @@ import shutil
 import tempfile
 import threading
 
+import msgpack
 import pytest
 
+from bench.journal import registration_frame
 from gpu_worker.contract.grantfile import Grants
 from gpu_worker.contract.wire import LENGTH, decode_payload, encode_frame
 from gpu_worker.device import Device
-from gpu_worker.replication.primary import Shipper
+from gpu_worker.replication import FAILOVER
+from gpu_worker.replication.primary import SAVED_STATE, Shipper
 from gpu_worker.replication.standby import Follower as Applier
 from gpu_worker.replication.standby import Mirror, Standby, StandbyRefused, takeovers
+from gpu_worker.storage import runtime_file
 from gpu_worker.storage.journal import JournalLock, list_segments, segment_name
 from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.conftest import wait_for
@@ -229,13 +233,15 @@ def test_a_hot_standby_applies_the_journal_as_it_comes_and_takes_over_without_re
         tiny_runtime, tmp_path):
     """The hot standby's tables follow the copy as it is acknowledged (not at the takeover), and
     the device it becomes reads back every receipt a client saw saved, continues every lineage,
-    and holds what a boot of the same journal with --takeover would."""
+    and holds what a boot of the same journal with --takeover would. The takeover makes the
+    runtime file's next generation (its failover component says whose): the receipts it saves
+    carry it in their save fields, those saved before keep theirs."""
     primary = Primary(tiny_runtime, tmp_path / "p", 24, sync=True).start()
-    runtime = str(tmp_path / "copy.aotxccir")
-    shutil.copyfile(tiny_runtime, runtime)
+    (runtime,) = copies(tiny_runtime, tmp_path, "copy.aotxccir")
+    before = RuntimeFile.open(runtime).generation
     follower = Follower(primary.address, str(tmp_path / "s" / "journal"), runtime, hot_grants=primary.grants)
     try:
-        replies = register_all(primary, primary.principals, 4)
+        replies = register_all(primary, primary.principals[:20], 4)
         wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
                  what="the standby to hold and apply the whole journal")
         applied = follower.device.recovered
@@ -251,15 +257,38 @@ def test_a_hot_standby_applies_the_journal_as_it_comes_and_takes_over_without_re
         assert {p: device.state.participants.lineage_of(p) for p in lineages} == lineages
         [failover] = device.state.failovers
         assert tuple(failover["position"]) == takeovers(follower.mirror.directory)[0]
+        assert failover["file_generation"] == device.state.generation == RuntimeFile.open(runtime).generation \
+            == before + 1
+        with RuntimeFile.open(runtime) as copy:
+            assert msgpack.unpackb(copy.bytes(FAILOVER)) == {**failover, "boot": device.state.boot}
+        late = {p: registered(device, p) for p in primary.principals[20:]}
+        assert {save_generation(body) for body in late.values()} == {before + 1}
+        assert {save_generation(r["body"]) for r in replies.values()} == {before}
     finally:
         device.close()
     booted = Device(RuntimeFile.open(runtime), follower.mirror.directory, Grants(primary.grants))  # a restart
     try:
         for principal, reply in replies.items():
             assert listed(booted, principal) == [json.loads(reply["body"])]
-        assert booted.state.failovers == [failover]
+        for principal, body in late.items():
+            assert listed(booted, principal) == [json.loads(body)]
+        assert booted.state.failovers == [failover] and booted.state.generation == before + 1
     finally:
         booted.close()
+
+
+def registered(device, principal):
+    """The receipt bytes of the principal's registration, admitted by `device` directly."""
+    lineage = device.state.participants.lineage_of(principal).hex()
+    [(_, got)] = device.committer.run_sync(collections.deque([("c", decode_payload(
+        registration_frame(lineage, principal, 1)[LENGTH.size:]))]))
+    assert got["status"] == 202, got
+    return got["body"]
+
+
+def save_generation(body):
+    """The file generation a receipt's admission save fields name."""
+    return int(json.loads(body)["admission"]["save"]["generation"])
 
 
 def test_a_standby_of_another_runtime_file_is_refused(tiny_runtime, tmp_path):
@@ -317,17 +346,19 @@ def test_a_takeover_of_a_sync_standbys_journal_continues_the_line_of_history(tin
     primary, directory, runtime, lineages = _kept(tiny_runtime, tmp_path, sync=True)
     with pytest.raises(DeviceBootError, match="restore requires fresh deployment grants"):
         Device(RuntimeFile.open(runtime), directory, Grants(primary.grants))  # without --takeover: a restore
+    before = RuntimeFile.open(runtime).generation
     device = Device(RuntimeFile.open(runtime), directory, Grants(primary.grants), takeover=True)
     try:
         assert {p: device.state.participants.lineage_of(p) for p in lineages} == lineages
         [failover] = device.state.failovers  # an incident of the saved state
-        assert (tuple(failover["position"]), failover["generation"], failover["boot"]) == \
-            (takeovers(directory)[0], None, device.state.boot)
+        assert (tuple(failover["position"]), failover["generation"], failover["boot"], failover["file_generation"]) \
+            == (takeovers(directory)[0], None, device.state.boot, before + 1)
+        assert device.state.generation == RuntimeFile.open(runtime).generation == before + 1
     finally:
         device.close()
     restarted = Device(RuntimeFile.open(runtime), directory, Grants(primary.grants))  # replayed from the journal
     try:
-        assert restarted.state.failovers == [failover]
+        assert restarted.state.failovers == [failover] and restarted.state.generation == before + 1
     finally:
         restarted.close()
 
@@ -408,7 +439,9 @@ def test_an_old_primary_rejoins_as_a_standby_cut_back_to_the_takeover_point(tiny
     """The old primary's journal holds a tail its standby never held (it went on alone); the
     standby took over and wrote other transfers with the same numbers after that point. The old
     primary, following the new one, is cut back to the takeover point and then holds the new
-    primary's journal, byte for byte."""
+    primary's journal, byte for byte. Its copy of the runtime file, a generation behind the
+    takeover's, adopts the failover component (the journal kept, not sent again: no catch-up), and
+    its tables the generation the new primary's receipts carry."""
     old = Primary(tiny_runtime, tmp_path / "p", 12, sync=True).start()
     follower = Follower(old.address, str(tmp_path / "s" / "journal"), tiny_runtime)
     try:
@@ -424,14 +457,14 @@ def test_an_old_primary_rejoins_as_a_standby_cut_back_to_the_takeover_point(tiny
         assert {r["status"] for r in register_all(alone, old.principals[4:8], 2).values()} == {202}
     finally:
         alone.stop()
-    runtime = str(tmp_path / "s" / "copy.aotxccir")
-    shutil.copyfile(tiny_runtime, runtime)
+    runtime, old_copy = copies(tiny_runtime, tmp_path, "copy.aotxccir", "old.aotxccir")
+    generation = RuntimeFile.open(runtime).generation
     shutil.copyfile(old.grants, str(tmp_path / "s" / "grants.json"))
     new = Primary(runtime, tmp_path / "s", 0, sync=True)
     new.principals, new.device_options = old.principals, {"takeover": True}
     new.start()
     # hot: its tables, loaded with the tail, are built again once the journal is cut back
-    rejoined = Follower(new.address, old.journal, tiny_runtime, hot_grants=old.grants)
+    rejoined = Follower(new.address, old.journal, old_copy, hot_grants=old.grants)
     try:
         replies = register_all(new, old.principals[8:], 2)  # the same transfer numbers as the old tail, other bytes
         [point] = takeovers(new.journal)  # where the new primary's part of the journal begins
@@ -439,6 +472,10 @@ def test_an_old_primary_rejoins_as_a_standby_cut_back_to_the_takeover_point(tiny
         wait_for(lambda: (caught_up(new, rejoined) and rejoined.applied() == new.position()) or rejoined.error,
                  what="the old primary to be cut back, catch up and apply it")
         assert rejoined.error is None and rejoined.applier.refollowed == 1
+        assert new.shipper.catch_ups == 0  # (adopted: its journal was cut back, not emptied and sent again)
+        assert saved_state(old_copy) == saved_state(runtime) and saved_state(runtime)[0] == generation + 1
+        assert rejoined.device.state.generation == generation + 1  # (the takeover's BOOT transfer, applied)
+        assert {save_generation(r["body"]) for r in replies.values()} == {generation + 1}
         saved = {p: listed(new.device, p) for p in old.principals}
     finally:
         new.stop()
@@ -448,6 +485,7 @@ def test_an_old_primary_rejoins_as_a_standby_cut_back_to_the_takeover_point(tiny
         assert {p: listed(device, p) for p in old.principals} == saved
         assert all(saved[p] == [json.loads(r["body"])] for p, r in replies.items())
         assert not any(saved[p] for p in old.principals[4:8])  # the tail it held alone is gone
+        assert device.state.generation == RuntimeFile.open(old_copy).generation == generation + 2
     finally:
         device.close()
 
@@ -532,7 +570,36 @@ def test_a_checkpoint_on_the_primary_reaches_the_standbys_copy_and_a_takeover_re
     device = follower.take_over()
     try:
         assert receipts_of(device, replies) == rendered
-        assert device.checkpoint()["generation"] == before + 2  # its copy goes on from the primary's generation
+        assert device.state.generation == before + 2  # the takeover's (a failover generation)
+        assert device.checkpoint()["generation"] == before + 3  # its copy goes on from the primary's generation
+    finally:
+        device.close()
+
+
+def test_a_copy_ahead_by_a_failover_component_only_folds_nothing_at_a_takeover(tiny_runtime, tmp_path):
+    """A hot standby whose copy adopted a newer primary's failover generation while its journal
+    does not hold that primary's BOOT transfer yet (the link broke between them) takes over with
+    every receipt as the primary rendered it: saved in the journal, not folded into the file as a
+    copy ahead by a checkpoint is (the test above); the takeover makes the generation after."""
+    mine, copy = copies(tiny_runtime, tmp_path, "p.aotxccir", "s.aotxccir")
+    primary = Primary(mine, tmp_path / "p", 6, sync=True).start()
+    follower = Follower(primary.address, str(tmp_path / "s" / "journal"), copy, hot_grants=primary.grants)
+    try:
+        replies = register_all(primary, primary.principals, 2)
+        wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
+                 what="the standby to follow")
+        with primary.connect() as sock:
+            rendered = receipts_of(sock, replies)
+    finally:
+        primary.stop()
+    generation = RuntimeFile.open(copy).generation
+    runtime_file.append(copy, [(FAILOVER, "bytes", msgpack.packb({"file_generation": generation + 1}))],
+                        generation=generation + 1)  # (as Standby._adopt appends it)
+    device = follower.take_over()
+    try:
+        assert all(b'"source":"journal"' in body for body in rendered.values())
+        assert receipts_of(device, replies) == rendered
+        assert device.state.generation == generation + 2
     finally:
         device.close()
 
@@ -711,10 +778,10 @@ def copies(runtime, tmp_path, *names):
     return paths
 
 
-def saved_state(runtime):
-    """{name: SHA-256} of the components checkpoints write, and the file's generation."""
-    with RuntimeFile.open(runtime) as f:
-        return f.generation, {n: c.sha256 for n, c in f.components.items() if n.startswith(("state/", "audit/", "media/"))}
+def saved_state(path):
+    """{name: SHA-256} of the components checkpoints and takeovers write, and the file's generation."""
+    with RuntimeFile.open(path) as f:
+        return f.generation, {n: c.sha256 for n, c in f.components.items() if n.startswith(SAVED_STATE)}
 
 
 def test_a_standby_behind_the_primarys_checkpoints_catches_up_from_its_file(tiny_runtime, tmp_path):
@@ -761,7 +828,7 @@ def test_a_standby_behind_the_primarys_checkpoints_catches_up_from_its_file(tiny
     device = fresh.take_over()
     try:
         assert receipts_of(device, replies) == rendered
-        assert device.checkpoint()["generation"] == generation + 1  # its copy goes on from the primary's
+        assert device.checkpoint()["generation"] == generation + 2  # its copy goes on from the takeover's
     finally:
         device.close()
 

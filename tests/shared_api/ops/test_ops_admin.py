@@ -312,8 +312,9 @@ def test_the_holds_page_lists_the_devices_failovers_newest_first(staff, ops_devi
     assert 'id="aotx-no-failovers"' in html
     ops_device.status["failovers"] = [
         {"boot": 3, "at_ns": 1_700_000_000_000_000_000, "position": [1, 4096], "generation": None},
-        {"boot": 5, "at_ns": 1_700_000_100_000_000_000, "position": [2, 96], "generation": 41}]
+        {"boot": 5, "at_ns": 1_700_000_100_000_000_000, "position": [2, 96], "generation": 41, "file_generation": 7}]
     html = staff.get(HOLDS).content.decode()
-    rows = re.findall(r'<tr data-boot="(\d+)"><td>([^<]+)</td><td>\d+</td><td>([^<]+)</td><td>([^<]+)</td></tr>', html)
-    assert rows == [("5", "2023-11-14 22:15:00", "segment 2, offset 96", "41"),
-                    ("3", "2023-11-14 22:13:20", "segment 1, offset 4096", "- (no etcd)")]
+    rows = re.findall(r'<tr data-boot="(\d+)"><td>([^<]+)</td><td>\d+</td><td>([^<]+)</td><td>([^<]+)</td>'
+                      r'<td>([^<]+)</td></tr>', html)
+    assert rows == [("5", "2023-11-14 22:15:00", "segment 2, offset 96", "7", "41"),
+                    ("3", "2023-11-14 22:13:20", "segment 1, offset 4096", "-", "- (no etcd)")]
