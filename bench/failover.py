@@ -21,11 +21,12 @@ after round:
            primary's file (docs/replication.md, "Catch-up"); no failover.
 
 After a failover the old primary's machine rejoins as the new primary's standby from its own
-journal. After every round: every receipt a client saw saved reads back byte for byte from the
-current primary, each client's next sequence is one past its last saved one (none assigned twice),
-the leadership generation has grown with every takeover (no two primaries in one generation), and
-so has the runtime file generation the receipts carry in their save fields (a takeover makes the
-next one: no generation saved in by two devices).
+journal (its copy of the runtime file adopts the generation the takeover made: no catch-up).
+After every round: every receipt a client saw saved reads back byte for byte from the current
+primary, each client's next sequence is one past its last saved one (none assigned twice), the
+leadership generation has grown with every takeover (no two primaries in one generation), and so
+has the runtime file generation the receipts carry in their save fields (a takeover makes the next
+one: no generation saved in by two devices).
 
     .venv/bin/python bench/failover.py [--rounds 20] [--lease-seconds 2]
 
@@ -288,6 +289,12 @@ def main() -> None:
                 wait_for(lambda: all(c.first_saved_by(boot) or c.errors for c in clients), 120,
                          what="every SDK client to be answered by the new primary")
                 seen = min(c.first_saved_by(boot) for c in clients) - began
+                wait_for(lambda: (ping(primary)["pipeline"]["replication"]["standby"] is not None
+                                  and ping(primary)["pipeline"]["replication"]["lag_transfers"] == 0), 60,
+                         what="the old primary to rejoin")
+                # its copy, a failover generation behind, adopted it: nothing was caught up from the file
+                assert ping(primary)["pipeline"]["replication"]["catch_ups"] == 0
+                assert "adopted the primary's failover generation" in log.read_text()[begin:]
             verified = verify(clients, sock_of(primary))
             file_generation = int(ping(primary)["generation"])  # (a checkpoint of "behind" moves it too)
             rows.append((round_ + 1, fault, took, seen, generation, verified))
