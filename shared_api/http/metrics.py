@@ -239,7 +239,8 @@ def device_metrics(status: dict[str, Any] | None) -> Iterator[Metric]:
         failovers.add_metric([], float(len(status["failovers"])))
         yield failovers
     for name, key, text in (("aotx_device_boot", "boot", "The device's boot counter"),
-                            ("aotx_device_generation", "generation", "The runtime file's checkpoint generation")):
+                            ("aotx_device_generation", "generation",
+                             "The runtime file's generation (each checkpoint and each takeover makes the next)")):
         value = _number(status.get(key))
         if value is not None:
             gauge = GaugeMetricFamily(name, text)
