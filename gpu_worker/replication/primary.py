@@ -421,9 +421,7 @@ class Shipper:
         as it is now (docs/replication.md, "Catch-up"). False (refused) when the copy holds another
         model or profile: a catch-up replaces saved state (`SAVED_STATE`), never what the standby's
         device was built from."""
-        with RuntimeFile.open(self.runtime, verify=False) as current:  # (its directory only: a small read)
-            names = sorted(n for n, c in current.components.items() if link.components.get(n) != c.sha256)
-            drop = sorted(set(link.components) - set(current.components))
+        _, names, drop = self._differences(link)
         other = [n for n in names + drop if not n.startswith(SAVED_STATE)]
         if other or (link.generation == self.generation and names + drop):
             link.refuse(f"the standby's runtime file holds another model or profile, or other state at the same "
@@ -561,14 +559,19 @@ class Shipper:
         standby that took over from it, which made a generation that folds nothing): its journal
         is then checked, and cut back, as a copy of this one at the same generation, and it adopts
         the components with its journal kept (docs/replication.md, "Failover generations"). None:
-        any other difference (a catch-up, or a refusal). Read on the accept thread: the directory."""
-        with RuntimeFile.open(self.runtime, verify=False) as current:
-            generation = current.generation
-            names = sorted(n for n, c in current.components.items() if link.components.get(n) != c.sha256)
-            drop = sorted(set(link.components) - set(current.components))
+        any other difference (a catch-up, or a refusal). Read on the accept thread."""
+        generation, names, drop = self._differences(link)
         if link.generation >= generation or not names + drop or any(n != FAILOVER for n in names + drop):
             return None
         return generation, names, drop
+
+    def _differences(self, link: Link) -> tuple[int, list[str], list[str]]:
+        """(this runtime file's generation, the components the standby's copy lacks or holds other
+        bytes of, those it holds that this file has not), from its hello's digests and this file's
+        directory (a small read)."""
+        with RuntimeFile.open(self.runtime, verify=False) as current:
+            names = sorted(n for n, c in current.components.items() if link.components.get(n) != c.sha256)
+            return current.generation, names, sorted(set(link.components) - set(current.components))
 
     def _rewind(self, link: Link, position: Position) -> bool:
         """A standby whose journal goes on past one of this journal's takeover points in other

@@ -115,6 +115,17 @@ def caught_up(primary, follower):
     return follower.mirror.position == primary.position() and primary.shipper.acked_seq == primary.shipper.last_seq
 
 
+def followed(primary, follower):
+    """A hot standby holds the primary's whole journal and has applied it."""
+    return caught_up(primary, follower) and follower.applied() == primary.position()
+
+
+def rendered_by(primary, replies):
+    """receipts_of the serving primary, through its socket."""
+    with primary.connect() as sock:
+        return receipts_of(sock, replies)
+
+
 def test_a_sync_standby_holds_every_saved_transfer_byte_for_byte(tiny_runtime, tmp_path):
     primary = Primary(tiny_runtime, tmp_path / "p", 64, sync=True).start()
     follower = Follower(primary.address, str(tmp_path / "s" / "journal"), tiny_runtime)
@@ -242,8 +253,7 @@ def test_a_hot_standby_applies_the_journal_as_it_comes_and_takes_over_without_re
     follower = Follower(primary.address, str(tmp_path / "s" / "journal"), runtime, hot_grants=primary.grants)
     try:
         replies = register_all(primary, primary.principals[:20], 4)
-        wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
-                 what="the standby to hold and apply the whole journal")
+        wait_for(lambda: followed(primary, follower), what="the standby to hold and apply the whole journal")
         applied = follower.device.recovered
         assert applied == primary.device.committer.writer.durable_seq  # every transfer, applied as it came
         lineages = {p: primary.device.state.participants.lineage_of(p) for p in primary.principals}
@@ -414,8 +424,7 @@ def test_a_full_disk_on_the_primary_cuts_the_standbys_copy_too(tmp_path):
         late = register_all(primary, refused, 2)
         assert {r["status"] for r in late.values()} == {202}  # the hold ended once space came back; a refusal
         # changed nothing (a 409 already_registered here would say a refused registration was kept)
-        wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
-                 what="the standby to follow")
+        wait_for(lambda: followed(primary, follower), what="the standby to follow")
     finally:
         primary.stop()
     assert journal_bytes(follower.mirror.directory) == journal_bytes(primary.journal)
@@ -548,22 +557,18 @@ def test_a_checkpoint_on_the_primary_reaches_the_standbys_copy_and_a_takeover_re
             done = call(sock, encode_frame({"v": 1, "id": 1, "op": "checkpoint", "principal": None, "args": {}}))
         assert done["status"] == 200 and json.loads(done["body"])["generation"] == before + 1, done
         replies.update(register_all(primary, primary.principals[12:], 4))
-        wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
-                 what="the standby to follow past the checkpoint")
+        wait_for(lambda: followed(primary, follower), what="the standby to follow past the checkpoint")
         assert RuntimeFile.open(copy).generation == before + 1
         assert list_segments(directory, _fs()) == [1, 2]  # (the primary's: [2]; the last folded one stays)
         follower.stop()
         fresh_copy = str(tmp_path / "fresh.aotxccir")
         shutil.copyfile(mine, fresh_copy)  # a new standby: the file as it is now, an empty journal
         fresh = Follower(primary.address, str(tmp_path / "f" / "journal"), fresh_copy, hot_grants=primary.grants)
-        wait_for(lambda: caught_up(primary, fresh) and fresh.applied() == primary.position(),
-                 what="a new standby to catch up from the checkpoint")
+        wait_for(lambda: followed(primary, fresh), what="a new standby to catch up from the checkpoint")
         fresh.stop()
         follower = Follower(primary.address, directory, copy, hot_grants=primary.grants)  # restarted
-        wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
-                 what="the restarted standby to catch up")
-        with primary.connect() as sock:
-            rendered = receipts_of(sock, replies)
+        wait_for(lambda: followed(primary, follower), what="the restarted standby to catch up")
+        rendered = rendered_by(primary, replies)
     finally:
         primary.stop()
     assert any(b'"source":"file"' in body for body in rendered.values())
@@ -586,10 +591,8 @@ def test_a_copy_ahead_by_a_failover_component_only_folds_nothing_at_a_takeover(t
     follower = Follower(primary.address, str(tmp_path / "s" / "journal"), copy, hot_grants=primary.grants)
     try:
         replies = register_all(primary, primary.principals, 2)
-        wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
-                 what="the standby to follow")
-        with primary.connect() as sock:
-            rendered = receipts_of(sock, replies)
+        wait_for(lambda: followed(primary, follower), what="the standby to follow")
+        rendered = rendered_by(primary, replies)
     finally:
         primary.stop()
     generation = RuntimeFile.open(copy).generation
@@ -647,8 +650,7 @@ def test_a_checkpoint_on_a_sync_primary_waits_for_its_standby_and_a_restart_rend
         assert {r["status"] for r in replies.values()} == {202}
         done = answered(asked)
         assert done["status"] == 200 and json.loads(done["body"])["generation"] == before + 1, done
-        with primary.connect() as sock:
-            rendered = receipts_of(sock, replies)
+        rendered = rendered_by(primary, replies)
         for sock in socks + [asked]:
             sock.close()
     finally:
@@ -702,10 +704,8 @@ def test_a_sync_primary_under_load_checkpoints_by_itself_and_every_copy_renders_
         assert {r["status"] for r in replies.values()} == {202}
         assert primary.device.state.generation > before + 1  # (checkpoints while the clients went on)
         wait_for(lambda: primary.device.journal_bytes < 20_000, what="the last automatic checkpoint")
-        wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
-                 what="the standby to follow")
-        with primary.connect() as sock:
-            rendered = receipts_of(sock, replies)
+        wait_for(lambda: followed(primary, follower), what="the standby to follow")
+        rendered = rendered_by(primary, replies)
     finally:
         primary.stop()
     assert all(json.loads(body)["admission"]["saved"] for body in rendered.values())
@@ -747,8 +747,7 @@ def test_media_sources_reach_the_standby_before_their_owner_is_saved(tiny_runtim
         upload(sources[1], shas[1])  # no standby: saved here alone after 0.2 s
         assert not os.path.exists(os.path.join(directory, "media", shas[1]))
         follower = Follower(primary.address, directory, copy, hot_grants=primary.grants)
-        wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
-                 what="the standby to catch up")
+        wait_for(lambda: followed(primary, follower), what="the standby to catch up")
     finally:
         primary.stop()
     for sha, data in zip(shas, sources):
@@ -810,19 +809,16 @@ def test_a_standby_behind_the_primarys_checkpoints_catches_up_from_its_file(tiny
         assert generation == RuntimeFile.open(copy).generation + 2
         assert min(list_segments(primary.journal, _fs())) > max(stopped_in)  # its segments are gone there
         follower = Follower(primary.address, directory, copy, hot_grants=primary.grants)
-        wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
-                 what="the standby to catch up from the primary's file")
+        wait_for(lambda: followed(primary, follower), what="the standby to catch up from the primary's file")
         assert saved_state(copy) == saved_state(mine)
         assert journal_bytes(directory) == journal_bytes(primary.journal)
         assert read_mark(directory) == "sync" and follower.applier.refollowed == 1
         fresh = Follower(primary.address, str(tmp_path / "n" / "journal"), packed, hot_grants=primary.grants)
         follower.stop()
-        wait_for(lambda: caught_up(primary, fresh) and fresh.applied() == primary.position(),
-                 what="a standby from the packed file to catch up")
+        wait_for(lambda: followed(primary, fresh), what="a standby from the packed file to catch up")
         assert saved_state(packed) == saved_state(mine)
         assert journal_bytes(fresh.mirror.directory) == journal_bytes(primary.journal)
-        with primary.connect() as sock:
-            rendered = receipts_of(sock, replies)
+        rendered = rendered_by(primary, replies)
     finally:
         primary.stop()
     device = fresh.take_over()
@@ -895,13 +891,11 @@ def test_a_catch_up_cut_short_refuses_a_takeover_and_is_done_again_on_the_next_l
         with pytest.raises(DeviceBootError, match="stopped while it caught up"):
             Device(RuntimeFile.open(copy), kept, Grants(primary.grants), takeover=True)
         release.set()
-        wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
-                 what="the standby to catch up on its next link")
+        wait_for(lambda: followed(primary, follower), what="the standby to catch up on its next link")
         assert read_mark(directory) == "sync" and saved_state(copy) == saved_state(mine)
         state = primary.device.pipeline_state()["replication"]
         assert not state["catching_up"] and state["catch_ups"] == 2
-        with primary.connect() as sock:
-            rendered = receipts_of(sock, replies)
+        rendered = rendered_by(primary, replies)
     finally:
         release.set()
         primary.stop()
@@ -989,8 +983,7 @@ def test_a_standby_from_the_packed_file_catches_up_with_the_media_a_checkpoint_h
         checkpoint(primary)
         assert RuntimeFile.open(mine).has(f"media/{sha}")
         follower = Follower(primary.address, str(tmp_path / "s" / "journal"), copy, hot_grants=primary.grants)
-        wait_for(lambda: caught_up(primary, follower) and follower.applied() == primary.position(),
-                 what="a standby from the packed file to catch up")
+        wait_for(lambda: followed(primary, follower), what="a standby from the packed file to catch up")
         assert saved_state(copy) == saved_state(mine) and bytes(RuntimeFile.open(copy).bytes(f"media/{sha}")) == data
         with open(os.path.join(follower.mirror.directory, "media", sha), "rb") as f:
             assert f.read() == data
