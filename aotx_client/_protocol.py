@@ -18,7 +18,10 @@ Mutations (`Mutations.mutate`):
   flight (a sequence this client took was given up: its request was refused) re-reads and takes
   the server's next. Either answer proves the bytes were not admitted at the old sequence, so
   moving is safe; each round admits an operation or fills a gap, so concurrent clients converge.
-  409 `stale_lineage` re-reads the lineage;
+  409 `stale_lineage` (the device checks it after the exact-retry lookup, so it proves the
+  operation was not admitted in the device's line of history: after a restore the same bytes of an
+  operation the restored state kept answer 200 with its receipt) re-reads the lineage and takes a
+  new sequence;
 - every other error is raised as `ApiError` with the one error body's code and details.
 
 Separate processes of one participant are safe the same way: each has its own counter and the

@@ -2,6 +2,8 @@
 hostile pattern, on one stack.
 
     .venv/bin/python bench/neighbours.py [--seconds 8] [--only PATTERN,...] [--runtime F] [--default-principals]
+                                         [--runs N]
+    .venv/bin/python bench/neighbours.py --alone [--seconds 8] [--runs 3]
 
 Setup: tests.harness.Stack — the real device on a tiny runtime packed with room for the run
 (receipts, conversations, spaces), `manage.py serve` in front. Principals: `normal` (the measured
@@ -34,6 +36,14 @@ conversations and receipts never fill a table however long the run. A request of
                 (refusals included);
   slow          200 connections that send a request's headers one byte every 2 s.
 
+--alone measures the other side of fairness (issue 53): a principal alone on the device, as
+`principal create` makes it (every default), against one with every quota and rate unlimited, on
+the same stack, in turns (default, unlimited, default, ...; --runs each). Each turn has two phases of
+--seconds: ALONE_CONVERSATIONS closed loops of inputs (submit, wait for the saved terminal; 32 output
+tokens), then ALONE_CHATS closed loops of chat completions (64 tokens). Reported: inputs/s and output
+tokens/s of each, their ratio default / unlimited (median and range over the runs), and refusals.
+Goal: at least 0.9 on both, no refusal.
+
 Reported per phase: the normal client's read and mutation p50/p99 (ms) and their ratio to the
 client alone just before that pattern (measured again before each pattern, after the previous one
 drained: this machine's speed drifts by 1.3-1.5x over minutes), its inputs on time, and the
@@ -62,6 +72,8 @@ import httpx  # noqa: E402
 
 from aotx_client import ApiError, AsyncClient, GaveUp  # noqa: E402
 
+ALONE_CONVERSATIONS = 16  # more than the old defaults let a principal hold unfinished (3 on the embedded runtime)
+ALONE_CHATS = 16
 PATTERNS = ("bodies", "chat-prompts", "long-history", "media", "chat-flood", "input-flood", "requests", "slow")
 CAPACITY = {"participants": 64, "spaces": 4096, "conversations": 65536, "members": 1024, "receipts": 65536}
 MODEL = "tiny-llama"
@@ -294,7 +306,7 @@ async def normal_phase(port: int, token: str, seconds: float, gateway_pid: int, 
                     try:
                         receipt = await writes.submit_input(con, "hello neighbour", MODEL, max_output_tokens=8)
                     except (ApiError, GaveUp) as exc:
-                        count(f"input {failure(exc)}")
+                        count(f"input {failure(exc)}" + (f" {exc.code}" if isinstance(exc, ApiError) else ""))
                         continue
                     inputs.append(receipt["operation"])
                     continue
@@ -339,6 +351,127 @@ async def normal_phase(port: int, token: str, seconds: float, gateway_pid: int, 
                 "inputs": (on_time, len(inputs)), "rss_mib": (peak_rss - start_rss) / (1 << 20), "errors": errors}
 
 
+# ---- a principal alone (--alone) ---------------------------------------------------------------------
+
+async def alone_setup(port: int, token: str) -> list[str]:
+    async with sdk(port, token) as aotx:
+        await aotx.register()
+        space = (await aotx.create_space())["target"]
+        return [(await aotx.create_conversation(space))["target"] for _ in range(ALONE_CONVERSATIONS)]
+
+
+async def alone_phase(port: int, token: str, seconds: float, conversations: list[str]) -> dict:
+    """Inputs/s and their output tokens/s, then chat output tokens/s, of one principal alone."""
+    errors: dict[str, int] = {}
+    done = {"inputs": 0, "input_tokens": 0, "chat_tokens": 0}
+
+    def count(what: str) -> None:
+        errors[what] = errors.get(what, 0) + 1
+
+    async with sdk(port, token, timeout=300) as aotx:
+        end = time.monotonic() + seconds
+        # one submission at a time: the participant's sequences reach the device in order (concurrent
+        # ones would be refused future_sequence and retried by the SDK after a backoff); the waits
+        # for their results overlap
+        submitting = asyncio.Lock()
+
+        async def inputs(con: str) -> None:
+            while time.monotonic() < end:
+                try:
+                    async with submitting:
+                        op = (await aotx.submit_input(con, "tell me more", MODEL, max_output_tokens=32))["operation"]
+                    receipt = await aotx.wait(op)
+                except (ApiError, GaveUp) as exc:
+                    count(f"input {failure(exc)}" + (f" {exc.code}" if isinstance(exc, ApiError) else ""))
+                    await asyncio.sleep(0.05)
+                    continue
+                if time.monotonic() <= end:
+                    done["inputs"] += 1
+                    done["input_tokens"] += int(receipt["result"]["output_tokens"])
+
+        started = time.monotonic()
+        await asyncio.gather(*(inputs(con) for con in conversations))
+        input_seconds = time.monotonic() - started
+        try:  # every receipt retired: the next turn starts from the same tables
+            await aotx.retire(int((await aotx.participant())["next_sequence"]))
+        except (ApiError, GaveUp) as exc:
+            count(f"retirement {failure(exc)}")
+
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=300, limits=limits) as client:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "tell me a story"}], "max_tokens": 64}
+        headers = {"Authorization": f"Bearer {token}"}
+        end = time.monotonic() + seconds
+
+        async def chats() -> None:
+            while time.monotonic() < end:
+                reply = await client.post("/v1/chat/completions", json=body, headers=headers)
+                if reply.status_code != 200:
+                    count(f"chat {reply.status_code}")
+                    await asyncio.sleep(0.05)
+                elif time.monotonic() <= end:
+                    done["chat_tokens"] += reply.json()["usage"]["completion_tokens"]
+
+        started = time.monotonic()
+        await asyncio.gather(*(chats() for _ in range(ALONE_CHATS)))
+        chat_seconds = time.monotonic() - started
+    return {"inputs_per_s": done["inputs"] / input_seconds, "input_tokens_per_s": done["input_tokens"] / input_seconds,
+            "chat_tokens_per_s": done["chat_tokens"] / chat_seconds, "errors": errors}
+
+
+def run_alone(args: argparse.Namespace) -> None:
+    from gpu_worker.contract.grantfile import LIMITS
+    from gpu_worker.pack import pack_tiny
+    from tests.harness import Stack
+    with tempfile.TemporaryDirectory(prefix="aotx-alone-") as tmp:
+        runtime = Path(tmp) / "bench.aotxccir"
+        if args.runtime:
+            runtime.write_bytes(Path(args.runtime).read_bytes())
+        else:
+            pack_tiny(str(runtime), shared=True, capacity=CAPACITY)
+        stack = Stack(tmp, str(runtime))
+        actions = "shared_read,shared_write,shared_manage,chat"
+        unlimited = [a for name in LIMITS for a in ("--quota", f"{name}=unlimited")]
+        tokens = {"default": stack.manage("principal", "create", "default", "--actions", actions,
+                                          "--config", str(stack.config)).stdout.strip().splitlines()[-1],
+                  "unlimited": stack.manage("principal", "create", "unlimited", "--actions", actions, *unlimited,
+                                            "--config", str(stack.config)).stdout.strip().splitlines()[-1]}
+        stack.boot_device()
+        stack.serve()
+        try:
+            conversations = {name: asyncio.run(alone_setup(stack.port, token)) for name, token in tokens.items()}
+            gc.collect()
+            gc.freeze()
+            turns: dict[str, list[dict]] = {"default": [], "unlimited": []}
+            for run in range(args.runs):
+                for name in ("default", "unlimited"):
+                    time.sleep(3)  # past the other principal's active window (engine/shares.py): alone
+                    turns[name].append(asyncio.run(alone_phase(stack.port, tokens[name], args.seconds,
+                                                               conversations[name])))
+                    r = turns[name][-1]
+                    print(f"run {run + 1} {name:<9} inputs/s {r['inputs_per_s']:7.1f}  input tokens/s "
+                          f"{r['input_tokens_per_s']:8.1f}  chat tokens/s {r['chat_tokens_per_s']:8.1f}  "
+                          f"{json.dumps(r['errors']) if r['errors'] else ''}", flush=True)
+        finally:
+            stack.stop()
+    print(f"a principal alone, {args.seconds:.0f} s a phase, {args.runs} runs in turns; {ALONE_CONVERSATIONS} "
+          f"conversations of inputs (32 tokens), then {ALONE_CHATS} concurrent chats (64 tokens)")
+    print(f"{'measure':<20} {'default':>10} {'unlimited':>10} {'ratio median':>13} {'range':>14}")
+    met = True
+    for key, label in (("inputs_per_s", "inputs/s"), ("input_tokens_per_s", "input tokens/s"),
+                       ("chat_tokens_per_s", "chat tokens/s")):
+        ratios = sorted(d[key] / u[key] if u[key] else float("nan")
+                        for d, u in zip(turns["default"], turns["unlimited"]))
+        median = ratios[len(ratios) // 2]
+        met = met and median >= 0.9
+        print(f"{label:<20} {pct([d[key] for d in turns['default']], 0.5):>10.1f} "
+              f"{pct([u[key] for u in turns['unlimited']], 0.5):>10.1f} {median:>12.2f}x "
+              f"{f'{ratios[0]:.2f}-{ratios[-1]:.2f}':>14}")
+    refusals = sum(sum(r["errors"].values()) for rows in turns.values() for r in rows)
+    print(f"verdict: {'met' if met and not refusals else 'NOT met'} — a default principal alone at >= 0.9 of an "
+          f"unlimited one (median); refusals and failures: {refusals}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=8.0)
@@ -348,6 +481,10 @@ def main() -> None:
                         help="hostile principals created without --quota: every quota and rate its default "
                              "(--no-quotas: the earlier name, when leaving them out meant unlimited)")
     parser.add_argument("--background-nice", type=int, help="the device's boot --background-nice (default: boot's)")
+    parser.add_argument("--alone", action="store_true",
+                        help="a default principal alone against an unlimited one (no hostile patterns)")
+    parser.add_argument("--runs", type=int, default=None,
+                        help="rounds of every pattern (default 1), or with --alone turns of each principal (3)")
     parser.add_argument("--hostile", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--token", help=argparse.SUPPRESS)
@@ -355,6 +492,11 @@ def main() -> None:
     if args.hostile:
         asyncio.run(hostile(args.hostile, args.port, args.token))
         return
+    if args.alone:
+        args.runs = args.runs or 3
+        run_alone(args)
+        return
+    args.runs = args.runs or 1
 
     from gpu_worker.contract.grantfile import LIMITS
     from gpu_worker.pack import pack_tiny
@@ -391,32 +533,48 @@ def main() -> None:
         # the measured client ~100 ms; what exists now is kept out of its reach
         gc.collect()
         gc.freeze()
-        first = asyncio.run(normal_phase(stack.port, normal, args.seconds, pid, space, con))
-        rows = [("alone", first, first)]
+        runs: list[list[tuple[str, dict, dict]]] = []
         try:
-            for number, pattern in enumerate(patterns):
-                # the client alone again just before each pattern (after the drain): its ratio is to
-                # that phase, a minute from it at most, not to one the machine's drift left behind
-                alone = first if number == 0 else asyncio.run(normal_phase(stack.port, normal, args.seconds, pid,
-                                                                            space, con))
-                log = open(Path(tmp) / f"hostile-{pattern}.log", "w+")
-                proc = subprocess.Popen([PYTHON, __file__, "--hostile", pattern, "--port", str(stack.port),
-                                         "--token", tokens[pattern]], stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True, cwd=ROOT)
-                if pattern in ("long-history", "input-flood", "slow"):
-                    wait_for(lambda: "ready" in Path(log.name).read_text() or proc.poll() is not None, 900,
-                             what=f"{pattern} ready")
-                else:
-                    time.sleep(2)  # the load is on before measuring
-                rows.append((pattern, asyncio.run(normal_phase(stack.port, normal, args.seconds, pid, space, con)),
-                             alone))
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                if proc.returncode not in (-signal.SIGKILL, 0):
-                    print(f"{pattern}: the hostile process failed:\n{Path(log.name).read_text()[-2000:]}")
-                time.sleep(2)  # let the gateway and device drain what the hostile process left
+            for _ in range(args.runs):
+                first = asyncio.run(normal_phase(stack.port, normal, args.seconds, pid, space, con))
+                rows = [("alone", first, first)]
+                runs.append(rows)
+                for number, pattern in enumerate(patterns):
+                    # the client alone again just before each pattern (after the drain): its ratio is to
+                    # that phase, a minute from it at most, not to one the machine's drift left behind
+                    alone = first if number == 0 else asyncio.run(normal_phase(stack.port, normal, args.seconds,
+                                                                                pid, space, con))
+                    log = open(Path(tmp) / f"hostile-{pattern}.log", "w+")
+                    proc = subprocess.Popen([PYTHON, __file__, "--hostile", pattern, "--port", str(stack.port),
+                                             "--token", tokens[pattern]], stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True, cwd=ROOT)
+                    if pattern in ("long-history", "input-flood", "slow"):
+                        wait_for(lambda: "ready" in Path(log.name).read_text() or proc.poll() is not None, 900,
+                                 what=f"{pattern} ready")
+                    else:
+                        time.sleep(2)  # the load is on before measuring
+                    rows.append((pattern, asyncio.run(normal_phase(stack.port, normal, args.seconds, pid, space,
+                                                                   con)), alone))
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    if proc.returncode not in (-signal.SIGKILL, 0):
+                        print(f"{pattern}: the hostile process failed:\n{Path(log.name).read_text()[-2000:]}")
+                    time.sleep(2)  # let the gateway and device drain what the hostile process left
+                print_run(rows, args)
         finally:
             stack.stop()
+    if len(runs) > 1:
+        print(f"{len(runs)} runs: the normal client's p99 as a ratio to alone just before, median (range)")
+        print(f"{'phase':<14} {'read p99 x':>20} {'write p99 x':>20}")
+        for i, (name, _, _) in enumerate(runs[0][1:], start=1):
+            ratios = [(r[i][1]["read"][1] / r[i][2]["read"][1], r[i][1]["write"][1] / r[i][2]["write"][1])
+                      for r in runs]
+            reads, writes = sorted(x for x, _ in ratios), sorted(y for _, y in ratios)
+            print(f"{name:<14} {f'{reads[len(reads) // 2]:.2f} ({reads[0]:.2f}-{reads[-1]:.2f})':>20} "
+                  f"{f'{writes[len(writes) // 2]:.2f} ({writes[0]:.2f}-{writes[-1]:.2f})':>20}")
+
+
+def print_run(rows: list[tuple[str, dict, dict]], args: argparse.Namespace) -> None:
     print(f"normal client beside each pattern, {args.seconds:.0f} s a phase; ms; ratio to the client alone just "
           f"before the pattern (its p99s under 'alone before'); hostile principals: "
           f"{'default principals' if args.default_principals else 'HOSTILE_QUOTAS'}")
@@ -434,7 +592,7 @@ def main() -> None:
             or r["write"][1] > 2 * alone["write"][1] or r["inputs"][0] < r["inputs"][1] or r["rss_mib"] > 100]
     print(f"verdict: {'met' if not late and not failures else 'NOT met'} — patterns past 2x of alone, an input "
           f"late or RSS past +100 MiB: {', '.join(late) or 'none'}; failed requests of the normal client: {failures} "
-          f"(each counted in its percentiles as never answered)")
+          f"(each counted in its percentiles as never answered)", flush=True)
 
 
 if __name__ == "__main__":

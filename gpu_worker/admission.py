@@ -2,8 +2,9 @@
 sequence rules, then its kind's own check; the admission transfer that records it; applying it
 to the tables (live and at replay, the same code); and the save fields once it is saved.
 
-Order of the checks: grant (403), command bytes (400), lineage (409 `stale_lineage`), retry floor
-(410), exact retry (200) or changed bytes (409 `operation_changed`), future sequence (409), key in
+Order of the checks: grant (403), command bytes (400), exact retry (200, whatever the lineage) or
+changed bytes (409 `operation_changed` under the current lineage), retry floor (410), lineage (409
+`stale_lineage`: not admitted in this line of history), future sequence (409), key in
 use (409), registration (409 `participant_not_registered`), hold (429; not for a cancellation
 while the journal can be written), the principal's receipts
 quota (429 `quota_exceeded`, ops/quotas.py; never for a retirement), receipt table (507; the last
@@ -87,18 +88,22 @@ def admit(d: Admitter, msg: Message, kind: OperationKind, budget: int) -> tuple[
     else:
         row = tables.row(tables.participants, prow)
         expected, floor, next_seq = participants.lineage_hex[prow], row[P.RETRY_FLOOR], row[P.NEXT_SEQUENCE]
-    if lineage != expected:
-        raise ServiceError(409, "stale_lineage", "lineage is not the participant's current lineage", lineage=expected)
-    if sequence < floor:
-        raise ServiceError(410, "below_retry_floor", f"sequence {sequence} is below the retry floor {floor}",
-                           retry_floor=str(floor))
+    # An exact retry answers its receipt whatever the lineage is now (DESIGN §9): after a restore the
+    # participant has a new lineage, and the very bytes of an operation the restored state kept
+    # (their lineage the old one) must find it, or a client would submit it again as new.
     rrow = receipts.at(prow, sequence) if prow is not None else None
     if rrow is not None:
         n = tables.value(tables.receipts, rrow, R.COMMAND_LEN)
-        if tables.get_bytes(tables.command_bytes, rrow, n) != canonical:
+        if tables.get_bytes(tables.command_bytes, rrow, n) == canonical:
+            return 200, rrow, 0
+        if lineage == expected:
             raise ServiceError(409, "operation_changed",
                                f"sequence {sequence} was admitted with different operation bytes")
-        return 200, rrow, 0
+    if sequence < floor:  # admitted and retired in this line of history, whatever its lineage was
+        raise ServiceError(410, "below_retry_floor", f"sequence {sequence} is below the retry floor {floor}",
+                           retry_floor=str(floor))
+    if lineage != expected:  # not admitted in this line of history: the client may submit it anew
+        raise ServiceError(409, "stale_lineage", "lineage is not the participant's current lineage", lineage=expected)
     if sequence > next_seq:
         raise ServiceError(409, "future_sequence", f"sequence {sequence} is ahead of the next sequence {next_seq}",
                            next_sequence=str(next_seq))

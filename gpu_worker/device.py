@@ -30,7 +30,8 @@ from .contract.commands import TYPES, A, parse
 from .contract.errors import ServiceError
 from .contract.grantfile import GrantFileError, Grants
 from .contract.ids import HEX32
-from .contract.vocabulary import COMMANDS, OUTPUT_TOKENS_RATE
+from .contract.rates import Pace
+from .contract.vocabulary import COMMANDS, DEFAULT_RATES, OUTPUT_TOKENS_RATE
 from .contract.wire import Message, dumps, reply
 from .ops import chat, events, media, quotas, receipts
 from .loop.subscriptions import Subscriptions
@@ -645,10 +646,16 @@ class Device:
         """The command's arguments as its declared type (contract/commands.py), or a ServiceError."""
         return parse(kind, msg.get("args"))
 
-    def token_rate(self, tenant: object) -> int | None:
-        """A tenant's (principal's) output tokens per second from the grant file, None: unpaced. The
-        engine thread asks (engine/pacing.py): a grant reload replaces the quotas' dictionary whole."""
-        return self.grants.quota(tenant.hex(), OUTPUT_TOKENS_RATE) if isinstance(tenant, bytes) else None
+    def token_rate(self, tenant: object) -> Pace | None:
+        """A tenant's (principal's) output-token pace, None: unpaced. The grant file's setting binds
+        always; the default (DEFAULT_RATES) only under contention (engine/shares.py). The engine
+        thread asks (engine/pacing.py): a grant reload replaces the quotas' dictionary whole."""
+        if not isinstance(tenant, bytes):
+            return None
+        found, rate = self.grants.setting(tenant.hex(), OUTPUT_TOKENS_RATE)
+        if found:
+            return None if rate is None else Pace(rate, True)
+        return Pace(DEFAULT_RATES[OUTPUT_TOKENS_RATE], False)
 
     def _reload_grants(self) -> None:
         try:

@@ -6,6 +6,20 @@ check of their own, and may take it into debt (a cost larger than what is left):
 time stays within the rate whatever the sizes, and debt is waited out before the next pass."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
+# A principal stays counted among the active ones this long after its last request (the gateway's
+# rates) or engine work (gpu_worker/engine/shares.py): the defaults that bind under contention only
+# bind while another principal is active (docs/grants.md, "Shares under contention").
+ACTIVE_SECONDS = 2.0
+
+
+class Pace(NamedTuple):
+    """A principal's output-token rate as the engine applies it (engine/pacing.py)."""
+    rate: float    # output tokens per second
+    always: bool   # True: the grant file sets it (binds always); False: the default, which binds
+    #                only while another principal is active (engine/shares.py)
+
 
 class Bucket:
     __slots__ = ("rate", "level", "at")

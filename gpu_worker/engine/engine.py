@@ -24,6 +24,7 @@ from gpu_worker.engine.model_runner import ModelRunner
 from gpu_worker.engine.pacing import TokenPacer
 from gpu_worker.engine.sampling import penalize, sample
 from gpu_worker.engine.scheduler import EngineRefusal, Scheduler
+from gpu_worker.engine.shares import Activity
 from gpu_worker.engine.sequence import FINISH_CANCELLED, Sequence, Status
 from gpu_worker.engine.tokenizer import Tokenizer
 from gpu_worker.engine.vision import PreparedImage, VisionTower
@@ -80,6 +81,7 @@ class Engine:
         self._sequences: dict[object, Sequence] = {}
         self._generated = 0
         self.pacer = TokenPacer()  # output tokens per second per tenant (pacing.py; the device sets rate_of)
+        self.activity = Activity()  # the tenants sharing the engine: shares bind among them (shares.py)
         self.idle_for = 0.0  # after a step: seconds until the next one can do anything (every tenant held)
 
     # ---- requests ---------------------------------------------------------------------------------
@@ -189,11 +191,13 @@ class Engine:
         """One forward pass: the running sequences' next tokens (but those of tenants the pacer
         holds) and the next admission group's prefill. `idle_for` is then the seconds the caller
         may sleep before the next step does anything (0: step again at once)."""
-        running = self.scheduler.running
-        held = self.pacer.held([seq.tenant for seq in running]) if running else set()
+        scheduler = self.scheduler
+        running = scheduler.running
+        active = self.activity.saw({seq.tenant for seq in running}.union(scheduler.queues))
+        held = self.pacer.held([seq.tenant for seq in running], active) if running else set()
         decoding = [seq for seq in running if seq.tenant not in held] if held else list(running)
-        group = self.scheduler.admit()
-        self.pacer.charge([seq.tenant for seq in decoding + group])
+        group = scheduler.admit(active)
+        self.pacer.charge([seq.tenant for seq in decoding + group], active)
         self.idle_for = self.pacer.wait(held) if held and not decoding and not group else 0.0
         for seq in group:
             if seq.temperature > 0:

@@ -22,8 +22,8 @@ page grant) is refused when it is submitted rather than left waiting forever.
 
 from __future__ import annotations
 
-from collections import deque
-from typing import Hashable
+from collections import Counter, deque
+from typing import Collection, Hashable
 
 from gpu_worker.engine.block_manager import BlockManager
 from gpu_worker.engine.sequence import Sequence, Status
@@ -51,6 +51,7 @@ class Scheduler:
         self.num_waiting = 0
         self.pending_pages = 0
         self.budgeted = 0  # the page limits of the running requests (cached pages they share count in each)
+        self.budgeted_by: Counter[Hashable] = Counter()  # the same, per tenant
 
     def check(self, seq: Sequence) -> None:
         pool = self.block_manager.num_pages
@@ -70,17 +71,21 @@ class Scheduler:
         self.num_waiting += 1
         self.pending_pages += seq.page_limit
 
-    def admit(self) -> list[Sequence]:
-        """The next admission group, with pages allocated and status RUNNING."""
+    def admit(self, active: Collection[Hashable] = ()) -> list[Sequence]:
+        """The next admission group, with pages allocated and status RUNNING. `active`: the tenants
+        sharing the engine now (shares.Activity); with two or more, each has its share of the pool."""
+        pool = self.block_manager.num_pages
         owned = self.budgeted  # every running request's whole page limit, shared pages or not
+        share = pool // len(active) if len(active) > 1 else None
+        taken: Counter[Hashable] = Counter()  # page limits this group gives each tenant
         group: list[Sequence]
         reserved, group = 0, []
         queues = self.queues
         while queues and len(self.running) + len(group) < self.max_running:
-            tenant = next(iter(queues))
+            tenant = next(iter(queues)) if share is None else self._below_share(share, taken)
             queue = queues.pop(tenant)
             seq = queue[0]
-            if owned + reserved + seq.page_limit > self.block_manager.num_pages:
+            if owned + reserved + seq.page_limit > pool:
                 self.queues = queues = {tenant: queue, **queues}  # its turn stays first
                 break
             queue.popleft()
@@ -89,6 +94,7 @@ class Scheduler:
             if queue:
                 queues[tenant] = queue  # to the back of the turn order
             reserved += seq.page_limit
+            taken[tenant] += seq.page_limit
             group.append(seq)
         for seq in group:
             # its cached prefix (full pages before its last prompt token, which must be prefilled for
@@ -99,8 +105,18 @@ class Scheduler:
             seq.cached_tokens = len(cached) * self.page_size
             seq.status = Status.RUNNING
         self.budgeted += reserved
+        self.budgeted_by.update(taken)
         self.running.extend(group)
         return group
+
+    def _below_share(self, share: int, taken: Counter[Hashable]) -> Hashable:
+        """The first tenant in turn order whose next request keeps it within `share` (or that has
+        nothing running); the first of all when every waiting tenant is at its share."""
+        for tenant, queue in self.queues.items():
+            mine = self.budgeted_by[tenant] + taken[tenant]
+            if mine == 0 or mine + queue[0].page_limit <= share:
+                return tenant
+        return next(iter(self.queues))
 
     def release(self, seq: Sequence) -> None:
         """Take a finished or cancelled sequence out of the queue or the running set, freeing its pages."""
@@ -108,6 +124,9 @@ class Scheduler:
             self.running.remove(seq)
             self.block_manager.free(seq.pages)
             self.budgeted -= seq.page_limit
+            self.budgeted_by[seq.tenant] -= seq.page_limit
+            if not self.budgeted_by[seq.tenant]:
+                del self.budgeted_by[seq.tenant]
             seq.pages = []
         else:
             queue = self.queues.get(seq.tenant)

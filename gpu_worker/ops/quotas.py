@@ -3,13 +3,17 @@ from the grant file beside its actions. The device is the authority: every check
 admission, on the tick thread, before any row, receipt or transfer changes, and a principal over
 a quota gets 429 `quota_exceeded` naming it (`quota`, `limit`, `used`) with nothing changed.
 
-A quota the grant file does not set has its default (`defaults`): a quarter (DEFAULT_SHARE) of
-what the runtime holds in all, so that a principal created without quotas (`manage.py principal
-create`) cannot take every receipt, space, conversation or KV page from the others: three
-quarters of each stay for them. One set to null is unlimited (the tables' capacities and
-the receipt reserve for registrations still bound it). The gateway does not know the runtime,
-so the device computes these from its own capacities, and capabilities shows each limit in force
-with whether it is the default.
+A quota the grant file does not set has its default (`defaults`). The table quotas default to a
+quarter (DEFAULT_SHARE) of what the runtime holds in all, so that a principal created without quotas
+(`manage.py principal create`) cannot take every receipt, space, conversation or memory row from the
+others: three quarters of each stay for them. What a principal runs (its chats, its inputs' and
+chats' KV pages) defaults to the whole device: those shares bind under contention only, in the
+engine (engine/shares.py, docs/grants.md "Shares under contention"), so a principal alone may use
+every page while others are given their share as soon as they have work. One set in the grant file
+binds always; one set to null is unlimited (the tables' capacities and the receipt reserve for
+registrations still bound it). The gateway does not know the runtime, so the device computes the
+defaults from its own capacities, and capabilities shows each limit in force, whether it is the
+default, and when it binds (`CONTENTION`).
 
 What each counts, for the caller's participant:
 
@@ -41,35 +45,38 @@ QUOTA_EXCEEDED = 429
 DEFAULT_SHARE = 4  # a principal's default quota is 1/DEFAULT_SHARE of the runtime's whole
 
 
-def sequences(runtime_profile: dict[str, Any]) -> int:
-    """Requests at the page grant that the KV pool runs at once (kv_pages // page_grant): the
-    runtime's capacity for chats and running inputs, which it has no table for."""
-    return max(1, runtime_profile["kv_pages"] // runtime_profile["page_grant"])
+# the defaults that bind under contention only: the engine shares them among the active principals
+CONTENTION = frozenset({"chats", "kv_pages"})
 
 
 def defaults(capacities: dict[str, int], runtime_profile: dict[str, Any], journal_file_cap: int) -> dict[str, int]:
-    """The table quotas of a principal whose grant leaves them out: a quarter of each whole (at
-    least one row of each table, so that a tiny table does not make a default principal useless).
+    """The quotas of a principal whose grant leaves them out.
 
-      receipts, spaces, conversations  a quarter of the table's capacity
-      memory_rows                      a quarter of the memory table
-      kv_pages                         a quarter of the KV pool, and at least the page grant (one
-                                       request as large as any may always run)
-      chats, queued_inputs             a quarter of `sequences` (at least 1 each)
+      receipts, spaces, conversations  a quarter of the table's capacity (at least one row, so that
+      memory_rows                      a tiny table does not make a default principal useless)
+      queued_inputs                    a quarter of the receipt table: a queued input holds a
+                                       receipt and waits unleased, costing no page
       media_bytes                      a quarter of journal_file_cap_bytes: the runtime sizes no
                                        media store, and its sources live in the journal directory,
                                        which the operator sized by that cap (at least one source
                                        of the largest size, MAX_MEDIA_BYTES)
+      kv_pages                         the whole KV pool         } under contention the engine
+      chats                            one per page of the pool  } shares them (CONTENTION)
     """
     share = DEFAULT_SHARE
-    each = max(1, sequences(runtime_profile) // share)
-    return {"receipts": max(1, capacities["receipts"] // share), "spaces": max(1, capacities["spaces"] // share),
+    receipts = max(1, capacities["receipts"] // share)
+    return {"receipts": receipts, "spaces": max(1, capacities["spaces"] // share),
             "conversations": max(1, capacities["conversations"] // share),
             "media_bytes": max(MAX_MEDIA_BYTES, journal_file_cap // share),
-            "chats": each, "queued_inputs": each,
-            "kv_pages": max(runtime_profile["page_grant"], runtime_profile["kv_pages"] // share),
+            "chats": runtime_profile["kv_pages"], "queued_inputs": receipts,
+            "kv_pages": runtime_profile["kv_pages"],
             "memory_rows": max(1, capacities["memory"] // share)}
 
+
+def binds(name: str, default: bool) -> str:
+    """When a limit in force applies: "always", or "contention" (a default shared among the active
+    principals, by the engine or the gateway's rates: alone, a principal may use all of it)."""
+    return "contention" if default and (name in CONTENTION or name in RATES) else "always"
 
 
 def _receipts(d: Tables, principal: bytes, prow: int | None) -> int:
@@ -193,9 +200,11 @@ def limit(d: Caller, principal: bytes, name: str) -> tuple[int | None, bool]:
 
 
 def allows(d: Caller, principal: bytes, prow: int | None, name: str, adding: int = 1) -> bool:
-    """Whether `adding` more of `name` stays within the principal's quota (no refusal)."""
-    most, _ = limit(d, principal, name)
-    if most is None:
+    """Whether `adding` more of `name` stays within the principal's quota (no refusal). A default
+    that binds under contention never refuses: the engine shares it (what one request needs past the
+    whole pool is refused by the pool's own check)."""
+    most, default = limit(d, principal, name)
+    if most is None or (default and name in CONTENTION):
         return True
     bound = AT_MOST.get(name)
     if bound is not None and bound(d) + adding <= most:
@@ -205,29 +214,30 @@ def allows(d: Caller, principal: bytes, prow: int | None, name: str, adding: int
 
 def check(d: Caller, principal: bytes, prow: int | None, name: str, adding: int = 1) -> None:
     """Refuse (429 quota_exceeded) when `adding` more of `name` would pass the principal's quota;
-    nothing is counted when it is unlimited, or when the whole table's use is within it."""
-    most, _ = limit(d, principal, name)
-    if most is None:
+    nothing is counted when it is unlimited, a default that binds under contention (`allows`), or
+    when the whole table's use is within it."""
+    most, default = limit(d, principal, name)
+    if most is None or (default and name in CONTENTION):
         return
     bound = AT_MOST.get(name)
     if bound is not None and bound(d) + adding <= most:
         return
     used = COUNTS[name](d, principal, prow)
     if used + adding > most:
-        default = " (the default: docs/grants.md)" if limit(d, principal, name)[1] else ""
+        said = " (the default: docs/grants.md)" if default else ""
         raise ServiceError(QUOTA_EXCEEDED, "quota_exceeded",
-                           f"the {name} quota of this principal is {most}{default} and {used} are in use; "
+                           f"the {name} quota of this principal is {most}{said} and {used} are in use; "
                            f"this needs {adding} more", quota=name, limit=str(most), used=str(used))
 
 
 def view(d: Caller, principal: bytes, prow: int | None) -> dict[str, dict[str, str | bool | None]]:
     """Capabilities: every quota's limit in force (null: unlimited), whether it is the default
-    (the grant leaves it out), and current use; numbers as decimal strings."""
+    (the grant leaves it out), when it binds (`binds`), and current use; numbers as decimal strings."""
     out: dict[str, dict[str, str | bool | None]] = {}
     for name, count in COUNTS.items():
         most, default = limit(d, principal, name)
         out[name] = {"limit": None if most is None else str(most), "default": default,
-                     "used": str(count(d, principal, prow))}
+                     "binds": binds(name, default), "used": str(count(d, principal, prow))}
     return out
 
 
@@ -239,5 +249,5 @@ def rates_view(d: Caller, principal: bytes) -> dict[str, dict[str, str | bool | 
     out: dict[str, dict[str, str | bool | None]] = {}
     for name in RATES:
         most, default = limit(d, principal, name)
-        out[name] = {"limit": None if most is None else str(most), "default": default}
+        out[name] = {"limit": None if most is None else str(most), "default": default, "binds": binds(name, default)}
     return out

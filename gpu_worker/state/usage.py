@@ -34,7 +34,7 @@ class Usage:
         # (the DeviceState it is of, {participant row: {receipt row: page limit}}) of the inputs
         # without a terminal result: built by one scan of the receipt table when the state is new
         # (boot, a rebuild after ENOSPC), then kept by `input_admitted` and `input_finished`, so
-        # that a queued_inputs or kv_pages check (every default principal has both) costs no scan
+        # that a queued_inputs check (every default principal has one) costs no scan
         self.unfinished: tuple[object, dict[int, dict[int, int]]] | None = None
 
     def chat_prepared(self, principal: bytes) -> None:

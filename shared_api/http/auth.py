@@ -39,6 +39,8 @@ class AuthenticatedPrincipal:
         # {rate name: limit per second} in force (shared_api/http/rates.py): its grant's, the default
         # (DEFAULT_RATES) for one it leaves out, none for one it sets to null (unlimited)
         self.rates = effective_rates(principal.quotas or {})
+        # the rates among them at their default: those bind only while another principal is active
+        self.shared_rates = frozenset(DEFAULT_RATES) - set(principal.quotas or {})
 
 
 def effective_rates(quotas: dict[str, int | None]) -> dict[str, int]:

@@ -394,7 +394,7 @@ class Front:
             if user is None:
                 raise ServiceError(401, "unauthenticated", "Authentication credentials were not provided.")
             handler, length = _admit(view, method, headers, user)
-            limiter().admit(user.principal_id, user.rates, length or 0)
+            limiter().admit(user.principal_id, user.rates, length or 0, user.shared_rates)
             view_class = type(view)
             try:
                 raw = await read_body(proto, headers, length, view_class.body_limit, view_class.body_code,
@@ -402,7 +402,7 @@ class Front:
             except BodyRefused as refused:
                 raise refused.error from None
             if length is None:
-                limiter().charge(user.principal_id, user.rates, len(raw))
+                limiter().charge(user.principal_id, user.rates, len(raw), user.shared_rates)
             close = False
             call = _device_call(view, handler, scope, headers, user, raw, kwargs)
             msg = await pool().call(call.op, user.principal_id, call.args)
@@ -465,11 +465,11 @@ class Front:
             length = _content_length(headers)
             if length is not None and length > MAX_CHAT_BODY_BYTES:
                 raise BodyRefused(_too_large(MAX_CHAT_BODY_BYTES))
-            limiter().admit(user.principal_id, user.rates, length or 0)
+            limiter().admit(user.principal_id, user.rates, length or 0, user.shared_rates)
             raw = await read_body(proto, headers, length, MAX_CHAT_BODY_BYTES, "body_too_large",
                                   settings.AOTX_BODY_TIMEOUT)
             if length is None:
-                limiter().charge(user.principal_id, user.rates, len(raw))
+                limiter().charge(user.principal_id, user.rates, len(raw), user.shared_rates)
         except ClientGone:
             return 499
         except (ServiceError, BodyRefused) as exc:

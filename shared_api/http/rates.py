@@ -21,6 +21,11 @@ refused for being larger than a second's worth. A request that does not pass is 
 `rate_limited`, naming the rate, with when it would pass) and changes nothing: no bucket is
 charged, the body is not read.
 
+A rate the grant file sets binds always. A default rate binds only under contention (docs/grants.md,
+"Shares under contention"): while no other principal has sent a request to this process within
+ACTIVE_SECONDS, a principal at its default is not limited (and its bucket is dropped, so it is full
+the moment another principal arrives).
+
 Each gateway process holds its own buckets and allows 1/workers of each rate (gateway.json
 "workers"; a principal's connections spread over the processes), so the gateway as a whole
 stays within the rate. Buckets of principals unseen for a while are forgotten (a full bucket is
@@ -35,7 +40,7 @@ from typing import Callable
 from django.conf import settings
 
 from gpu_worker.contract.errors import ServiceError
-from gpu_worker.contract.rates import Bucket
+from gpu_worker.contract.rates import ACTIVE_SECONDS, Bucket
 
 REQUESTS = "requests_per_second"
 BODY_BYTES = "body_bytes_per_second"
@@ -56,6 +61,7 @@ class RateLimiter:
         self.share = share  # this process's part of each rate (1 / the gateway's processes)
         self.clock = clock
         self.buckets: dict[tuple[str, str], Bucket] = {}
+        self.seen: dict[str, float] = {}  # principal -> its last request, the most recent last
 
     def _bucket(self, principal_id: str, name: str, limit: int, now: float) -> Bucket:
         key = (principal_id, name)
@@ -68,12 +74,33 @@ class RateLimiter:
         self.buckets[key] = bucket
         return bucket
 
-    def admit(self, principal_id: str, rates: dict[str, int], body_bytes: int) -> None:
+    def _alone(self, principal_id: str, now: float) -> bool:
+        """Note the principal's request; whether no other principal sent one within ACTIVE_SECONDS
+        (the entries are kept in order of their last request: the one before this principal's is
+        the most recent other)."""
+        seen = self.seen
+        seen.pop(principal_id, None)
+        if len(seen) >= MAX_TRACKED:
+            del seen[next(iter(seen))]
+        other = next(reversed(seen.values()), None)
+        seen[principal_id] = now
+        return other is None or other < now - ACTIVE_SECONDS
+
+    def admit(self, principal_id: str, rates: dict[str, int], body_bytes: int,
+              shared: frozenset[str] = frozenset()) -> None:
         """Take one request and `body_bytes` from the principal's buckets, or refuse (429
-        `rate_limited`) with nothing taken. `rates`: the principal's {name: limit per second}."""
+        `rate_limited`) with nothing taken. `rates`: the principal's {name: limit per second};
+        `shared`: those at their default, which bind only while another principal is active."""
+        now = self.clock()
+        alone = self._alone(principal_id, now)
         if not rates:
             return
-        now = self.clock()
+        if alone and shared:
+            for name in shared:
+                self.buckets.pop((principal_id, name), None)
+            rates = {name: limit for name, limit in rates.items() if name not in shared}
+            if not rates:
+                return
         costs = ((REQUESTS, 1), (BODY_BYTES, body_bytes))
         buckets = [(name, self._bucket(principal_id, name, rates[name], now), cost)
                    for name, cost in costs if name in rates]
@@ -85,8 +112,12 @@ class RateLimiter:
         for _, bucket, cost in buckets:
             bucket.level -= cost
 
-    def charge(self, principal_id: str, rates: dict[str, int], body_bytes: int) -> None:
-        """Take body bytes that were not declared before the body was read (a chunked body)."""
+    def charge(self, principal_id: str, rates: dict[str, int], body_bytes: int,
+               shared: frozenset[str] = frozenset()) -> None:
+        """Take body bytes that were not declared before the body was read (a chunked body); a
+        default rate only while another principal is active, as `admit`."""
+        if BODY_BYTES in shared and (principal_id, BODY_BYTES) not in self.buckets:
+            return  # (admit dropped it: this principal was alone)
         if body_bytes > 0 and BODY_BYTES in rates:
             now = self.clock()
             bucket = self._bucket(principal_id, BODY_BYTES, rates[BODY_BYTES], now)

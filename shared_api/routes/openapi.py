@@ -133,6 +133,10 @@ SCHEMAS = {
     "ResourceId": {"anyOf": [ref("ParticipantId"), ref("SpaceId"), ref("ConversationId"),
                              ref("OperationId"), ref("MemoryId")]},
     "Permission": {"type": "string", "enum": list(PERMISSIONS)},
+    "Binds": {"type": "string", "enum": ["always", "contention"],
+              "description": "when a limit applies: always, or only while other principals are active (a "
+                             "default shared among them by the engine or the gateway: alone, a principal may "
+                             "use all of it; docs/grants.md, \"Shares under contention\")"},
     "Save": SAVE,
     "Receipt": obj({
         "schema": {"type": "string", "enum": [RECEIPT_SCHEMA]},
@@ -245,11 +249,13 @@ SCHEMAS = {
                         "bytes": ref("Counter")}),
         "runtime": obj({"file_incarnation": ref("Hex32"), "generation": ref("Counter"), "boot": ref("Counter")}),
         "quotas": obj({name: obj({"limit": nullable(ref("Counter")), "default": {"type": "boolean"},
-                                  "used": ref("Counter")}) for name in QUOTAS},
+                                  "binds": ref("Binds"), "used": ref("Counter")}) for name in QUOTAS},
                       description="the caller's own quotas in force (`limit` null: unlimited; `default` true when "
-                                  "the grant file leaves it out and the device's default, a quarter of the "
-                                  "runtime's capacity, applies) and what it holds now (docs/grants.md)"),
-        "rates": obj({name: obj({"limit": nullable(ref("Counter")), "default": {"type": "boolean"}}) for name in RATES},
+                                  "the grant file leaves it out and the device's default applies: a quarter of "
+                                  "each table, the whole device for what it runs) and what it holds now; "
+                                  "`binds` says when the limit applies (docs/grants.md)"),
+        "rates": obj({name: obj({"limit": nullable(ref("Counter")), "default": {"type": "boolean"},
+                                 "binds": ref("Binds")}) for name in RATES},
                      description="the caller's own rates in force (`limit` null: unlimited; `default` true when "
                                  "the grant file leaves it out and the default rate applies), per second: "
                                  "requests and body bytes (the gateway refuses past them, 429 `rate_limited`, "
@@ -598,9 +604,11 @@ OPERATIONS = {  # keyed by the device command each route calls
     "capabilities": _read(
         "Capabilities", "Capabilities",
         description="Schema versions, models (name, digest, media types, automatic memory), limits, page grant, "
-                    "the caller's grants, its quotas and rates in force — each with whether it is the default, "
-                    "the fair share a principal gets for one its grant leaves out — with the quotas' current "
-                    "use (docs/grants.md), and the journal hold state."),
+                    "the caller's grants, its quotas and rates in force — each with whether it is the default "
+                    "(what a principal gets for one its grant leaves out) and when it binds: `always`, or "
+                    "`contention` for the defaults shared among the active principals (KV pages, chats and "
+                    "the rates: alone, a principal may use the whole device) — with the "
+                    "quotas' current use (docs/grants.md), and the journal hold state."),
     "participant.get": _read(
         "The caller's own participant", "Participant",
         description="Registered or not; gives the lineage and next sequence every mutation needs."),

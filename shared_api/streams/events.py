@@ -186,7 +186,7 @@ class EventStream(AsyncHttpConsumer):
             if user is None:
                 raise ServiceError(401, "unauthenticated", "Authorization must be 'Bearer <token>'")
             require_action(user, READ)
-            limiter().admit(user.principal_id, user.rates, 0)
+            limiter().admit(user.principal_id, user.rates, 0, user.shared_rates)
             self.principal_id = user.principal_id
             query = {k: v for k, v in parse_qs(self.scope["query_string"].decode("latin-1"),
                                                keep_blank_values=True).items()}

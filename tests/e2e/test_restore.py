@@ -6,6 +6,8 @@ import subprocess
 
 import pytest
 
+from aotx_client import Client
+from aotx_client._protocol import Pending, PendingLog, canonical
 from tests.conftest import PYTHON, ROOT
 from tests.harness import Stack
 
@@ -123,8 +125,15 @@ def test_after_a_restore_that_lost_the_journal_tail_no_old_handle_selects_a_new_
     assert "lineage" in me, me
     old = me["lineage"]
     assert mutate(stack, alice, "/participant", {}, old, 1)[0] == 202
-    status, kept = mutate(stack, alice, "/spaces", {"scope": "room", "id": "a" * 32}, old, 2)
+    kept_fields = {"scope": "room", "id": "a" * 32}
+    status, kept = mutate(stack, alice, "/spaces", kept_fields, old, 2)
     assert status == 202
+    # a client process killed before it learned the outcome of sequence 2 left it pending (the SDK's
+    # PendingLog: written before the first send); its restart after the restore retries it exactly
+    pending = stack.base / "pending"
+    key = hashlib.sha256(f"/spaces2{old}".encode()).hexdigest()[:32]
+    PendingLog(str(pending)).write(Pending("/spaces", kept_fields, key, 2, canonical(
+        {"schema": "aotx.shared.mutation.v1", "lineage": old, "operation_key": key, "sequence": "2", **kept_fields})))
     out = subprocess.run([PYTHON, "-m", "gpu_worker", "checkpoint", "--ccir", stack.runtime, "--journal",
                           str(stack.journal)], cwd=ROOT, capture_output=True, text=True, timeout=120, env=stack.env)
     assert out.returncode == 0, out.stderr
@@ -144,6 +153,14 @@ def test_after_a_restore_that_lost_the_journal_tail_no_old_handle_selects_a_new_
     assert status == 409 and refused["error"]["code"] == "stale_lineage" and refused["error"]["lineage"] == new
     # what the checkpoint saved keeps its IDs and its receipt bytes
     assert stack.http("GET", f"{BASE}/operations/{kept['operation']}", token=alice)[2] == kept_receipt
+    # issue 52 (9): the exact retry of what the restored file kept answers its receipt, old lineage and
+    # all (it answered 409 stale_lineage, and the SDK then submitted it again at a new sequence)
+    status, again_kept = mutate(stack, alice, "/spaces", kept_fields, old, 2)
+    assert status == 200 and again_kept["operation"] == kept["operation"]
+    with Client(f"http://127.0.0.1:{stack.port}", alice, pending_dir=str(pending)) as aotx:
+        [resumed] = aotx.resume()
+    assert resumed["operation"] == kept["operation"] and not list(pending.glob("*.json"))
+    assert json.loads(stack.http("GET", f"{BASE}/participant", token=alice)[2])["next_sequence"] == "3"
     assert json.loads(stack.http("GET", f"{BASE}/spaces/{kept['target']}", token=alice)[2])["id"] == kept["target"]
     # the lost operation and the space it created are gone, before and after a new one takes sequence 3
     assert stack.http("GET", f"{BASE}/operations/{lost['operation']}", token=alice)[0] == 404

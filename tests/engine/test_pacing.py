@@ -48,3 +48,32 @@ def test_the_engine_steps_a_held_tenants_sequences_only_as_its_rate_allows(engin
     assert paced.pages  # held, it kept its pages; it finishes as it is paced
     engine.cancel("p")
     assert engine.pool.free == engine.pool.total
+
+
+def test_a_default_rate_binds_only_while_another_tenant_is_active(engine):
+    from gpu_worker.contract.rates import Pace
+    from gpu_worker.engine.shares import ACTIVE_SECONDS, Activity
+
+    clock = Clock()
+    engine.pacer = TokenPacer({"shared": Pace(3, False), "capped": Pace(3, True)}.get, clock)
+    engine.activity = Activity(clock)
+    alone = engine.submit("s", list(range(20, 30)), max_new_tokens=40, ignore_eos=True, tenant="shared")
+    for _ in range(8):  # the clock stands still: alone, the default rate does not bind
+        engine.step()
+    assert len(alone.output_ids) == 8
+    other = engine.submit("o", list(range(40, 50)), max_new_tokens=4, ignore_eos=True, tenant="other")
+    for _ in range(8):  # another tenant has work: its bucket starts full (3 tokens), then holds it
+        engine.step()
+    assert len(alone.output_ids) == 8 + 3 and other.status is Status.FINISHED
+    clock.now += ACTIVE_SECONDS / 2  # the other tenant left, but is still counted active a while
+    engine.step()
+    assert len(alone.output_ids) == 11 + 1  # refilled 1.5 tokens: one step, then held again
+    clock.now += ACTIVE_SECONDS
+    for _ in range(4):  # the window passed: alone again, unpaced
+        engine.step()
+    assert len(alone.output_ids) == 12 + 4
+    capped = engine.submit("c", list(range(60, 70)), max_new_tokens=8, ignore_eos=True, tenant="capped")
+    engine.cancel("s")
+    for _ in range(6):  # a rate the grant file sets binds alone too
+        engine.step()
+    assert len(capped.output_ids) == 3

@@ -160,8 +160,8 @@ def admitted_order(engine, steps=400):
     order = []
     admit = engine.scheduler.admit
 
-    def recording():
-        group = admit()
+    def recording(*args):
+        group = admit(*args)
         order.extend(seq.request_id for seq in group)
         return group
     engine.scheduler.admit = recording
@@ -195,3 +195,34 @@ def test_a_tenant_whose_head_does_not_fit_keeps_its_turn_and_nobody_overtakes_it
     engine.cancel("r2")
     engine.step()
     assert big.status is Status.RUNNING and small.status is Status.WAITING  # 3 + 4 owned; 2 more do not fit
+
+
+# ---- fair shares under contention (shares.py) ------------------------------------------------------
+
+def test_a_tenant_alone_fills_the_pool_and_gives_back_to_a_newcomer_below_its_share_first(engine):
+    # a's four requests of 2 pages fill the 8-page pool while a is alone (no share binds then)
+    a = [engine.submit(f"a{i}", PROMPT, max_new_tokens=n, page_limit=2, ignore_eos=True, tenant="a")
+         for i, n in enumerate((3, 6, 60, 60))]
+    engine.step()
+    assert all(seq.status is Status.RUNNING for seq in a) and engine.pool.free == 0
+    b = [engine.submit(f"b{i}", PROMPT, max_new_tokens=60, page_limit=2, ignore_eos=True, tenant="b") for i in range(2)]
+    later = [engine.submit(f"a{i}", PROMPT, max_new_tokens=60, page_limit=2, ignore_eos=True, tenant="a")
+             for i in (4, 5)]
+    run_until_finished(engine, a[0])
+    engine.step()
+    assert b[0].status is Status.RUNNING  # b's turn comes first
+    run_until_finished(engine, a[1])
+    engine.step()
+    # a holds 4 pages (its share of 8 between two), b 2: a's next request would pass its share, so
+    # the pages a gave back go to b (round-robin alone would have given them to a, whose turn it was)
+    assert b[1].status is Status.RUNNING and all(seq.status is Status.WAITING for seq in later)
+    assert engine.scheduler.budgeted_by == {"a": 4, "b": 4}
+
+
+def test_pages_never_stay_idle_while_a_tenant_at_its_share_waits(engine):
+    engine.submit("b0", PROMPT, max_new_tokens=60, page_limit=2, ignore_eos=True, tenant="b")
+    a = [engine.submit(f"a{i}", PROMPT, max_new_tokens=60, page_limit=2, ignore_eos=True, tenant="a")
+         for i in range(3)]
+    engine.step()
+    # a's third request passes its share of 4 pages, but nobody below its share waits: it runs
+    assert all(seq.status is Status.RUNNING for seq in a) and engine.pool.owned == 8

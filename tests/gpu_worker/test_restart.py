@@ -260,6 +260,49 @@ def test_a_restore_gives_every_participant_a_new_lineage_and_keeps_every_saved_i
     w.device.close()
 
 
+def test_an_exact_retry_after_a_restore_answers_its_receipt_whatever_the_lineage_is_now(tmp_path):
+    """Issue 52 (9): a restore gives every participant a new lineage, and admission checked the
+    lineage before looking the sequence up, so the very bytes of an operation the restored file
+    kept answered 409 stale_lineage; the SDK then took it as not admitted and submitted it again
+    at a new sequence: applied twice. Now an exact retry answers 200 with its receipt; a retired
+    one 410; only one the restored history never admitted answers stale_lineage."""
+    w = World(own_runtime(tmp_path), tmp_path, ["a"])
+    sent = []
+    send = w.send
+
+    def recording(name, op, args):
+        sent.append((name, op, dict(args)))
+        return send(name, op, args)
+    w.send = recording
+    w.space("a")
+    retired = sent[-1]
+    assert w.mutate("a", "retirements.record", "/retirements", {"retry_floor": str(retired[2]["sequence"] + 1)})[0] \
+        == 202
+    status, kept = w.mutate("a", "spaces.create", "/spaces", {"scope": "room"})
+    assert status == 202
+    kept_args = sent[-1]
+    assert w.device.checkpoint() is not None
+    kept = w.read("a", "operations.get", operation=kept["operation"])[1]  # (its save fields now say "file")
+    status, lost = w.mutate("a", "spaces.create", "/spaces", {})
+    assert status == 202 and lost["admission"]["saved"]
+    lost_args = sent[-1]
+    old = lineage(w)
+    w.device.close()
+
+    w.journal = str(tmp_path / "restored-journal")
+    w.write_grants()
+    w.device = boot(w.runtime, w.journal, w.grants_path)
+    assert lineage(w) != old
+    assert send(*kept_args) == (200, kept)  # the same bytes, the old lineage: its receipt
+    assert code(send(*retired)) == (410, "below_retry_floor")  # admitted, and retired, in this history
+    status, refused = send(*lost_args)  # the journal tail the restore lost: never admitted here
+    assert (status, refused["error"]["code"]) == (409, "stale_lineage")
+    changed = dict(kept_args[2], canonical=kept_args[2]["canonical"].replace(b'"room"', b'"instance"'))
+    assert code(send("a", "spaces.create", {**changed, "scope": "instance"})) == (409, "stale_lineage")
+    assert [s["scope"] for s in w.read("a", "spaces.list")[1]["items"]].count("room") == 1  # nothing twice
+    w.device.close()
+
+
 def test_a_restore_that_stopped_before_recording_its_boot_still_starts_a_new_lineage(tmp_path):
     """The marker a restore boot writes counts the line of history that boot starts: a boot that
     stopped before recording itself leaves a marker one line ahead of the saved state, and the

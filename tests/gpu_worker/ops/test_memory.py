@@ -220,7 +220,8 @@ def test_the_memory_rows_quota_leaves_the_input_running_and_refuses_a_publicatio
         other = w.space("a")
         refused(w.mutate("a", "publications.record", f"/spaces/{other}/publications",
                          {"source": obj, "source_version": "1"}), "memory_rows")
-        assert w.read("a", "capabilities")[1]["quotas"]["memory_rows"] == {"limit": "1", "default": False, "used": "1"}
+        assert w.read("a", "capabilities")[1]["quotas"]["memory_rows"] == {"limit": "1", "default": False,
+                                                                           "binds": "always", "used": "1"}
 
 
 def test_publication_copies_text_memory_with_provenance_and_refuses_what_it_must(world):

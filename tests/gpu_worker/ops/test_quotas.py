@@ -73,9 +73,9 @@ def test_a_spaces_quota_refuses_the_next_space_naming_it_and_changes_nothing(wor
     assert state_of(world, "a") == before  # no receipt, no row, the same next sequence
     world.space("b")  # another principal is not bound by a's quota
     caps = world.read("a", "capabilities")[1]["quotas"]
-    assert caps["spaces"] == {"limit": "2", "default": False, "used": "2"}
+    assert caps["spaces"] == {"limit": "2", "default": False, "binds": "always", "used": "2"}
     capacity = world.device.state.capacities["conversations"]  # unset: the default, a quarter of the table
-    assert caps["conversations"] == {"limit": str(capacity // 4), "default": True, "used": "0"}
+    assert caps["conversations"] == {"limit": str(capacity // 4), "default": True, "binds": "always", "used": "0"}
     world.set_quotas("a", spaces=3)  # a rewritten grant file applies on the next tick
     world.space("a")
 
@@ -88,7 +88,7 @@ def test_a_conversations_quota_counts_the_conversations_a_principal_created(worl
     refused(world.mutate("a", "conversations.create", f"/spaces/{space}/conversations", {}), "conversations")
     assert state_of(world, "a") == before
     assert world.read("a", "capabilities")[1]["quotas"]["conversations"] == {"limit": "1", "default": False,
-                                                                             "used": "1"}
+                                                                             "binds": "always", "used": "1"}
 
 
 def test_a_receipts_quota_is_freed_by_retirement_which_it_never_refuses(world):
@@ -98,7 +98,8 @@ def test_a_receipts_quota_is_freed_by_retirement_which_it_never_refuses(world):
     refused(world.mutate("a", "spaces.create", "/spaces", {}), "receipts")
     status, retirement = world.mutate("a", "retirements.record", "/retirements", {"retry_floor": "3"})
     assert status == 202  # over its quota, a retirement still goes through: it is what frees receipts
-    assert world.read("a", "capabilities")[1]["quotas"]["receipts"] == {"limit": "3", "default": False, "used": "2"}
+    assert world.read("a", "capabilities")[1]["quotas"]["receipts"] == {"limit": "3", "default": False,
+                                                                        "binds": "always", "used": "2"}
     world.space("a")
 
 
@@ -174,7 +175,8 @@ def test_queued_inputs_and_kv_pages_quotas_count_unfinished_inputs(engine_world)
     before = state_of(w, "a")
     refused(w.say("a", con, "three", pages=1, max_output_tokens=4), "queued_inputs")
     assert state_of(w, "a") == before
-    assert w.read("a", "capabilities")[1]["quotas"]["kv_pages"] == {"limit": "20", "default": False, "used": "16"}
+    assert w.read("a", "capabilities")[1]["quotas"]["kv_pages"] == {"limit": "20", "default": False,
+                                                                    "binds": "always", "used": "16"}
     gate.set()
     w.pump(w.finished("a", second["operation"]))
     w.pump(lambda: w.read("a", "capabilities")[1]["quotas"]["queued_inputs"]["used"] == "0")
@@ -218,11 +220,11 @@ def test_a_chats_pages_count_with_the_principals_unfinished_inputs_against_kv_pa
 def test_capabilities_show_the_principals_rates_from_the_grant_file_which_the_device_does_not_enforce(world):
     world.set_quotas("a", requests_per_second=5, body_bytes_per_second=1 << 20, output_tokens_per_second=None)
     caps = world.read("a", "capabilities")[1]
-    assert caps["rates"] == {"requests_per_second": {"limit": "5", "default": False},
-                             "body_bytes_per_second": {"limit": str(1 << 20), "default": False},
-                             "output_tokens_per_second": {"limit": None, "default": False}}
+    assert caps["rates"] == {"requests_per_second": {"limit": "5", "default": False, "binds": "always"},
+                             "body_bytes_per_second": {"limit": str(1 << 20), "default": False, "binds": "always"},
+                             "output_tokens_per_second": {"limit": None, "default": False, "binds": "always"}}
     assert world.read("b", "capabilities")[1]["rates"] == {  # b's grant sets none: the defaults
-        name: {"limit": str(DEFAULT_RATES[name]), "default": True} for name in RATES}
+        name: {"limit": str(DEFAULT_RATES[name]), "default": True, "binds": "contention"} for name in RATES}
     for _ in range(8):  # the gateway enforces rates; the device admits what reaches it
         world.space("a")
 
@@ -246,12 +248,12 @@ def test_a_principal_whose_grant_sets_nothing_has_a_quarter_of_each_capacity_sho
     quotas = w.read("a", "capabilities")[1]["quotas"]
     expected = {"receipts": caps["receipts"] // 4, "spaces": caps["spaces"] // 4,
                 "conversations": caps["conversations"] // 4, "memory_rows": caps["memory"] // 4,
-                "kv_pages": max(profile["page_grant"], profile["kv_pages"] // 4),
-                "chats": max(1, profile["kv_pages"] // profile["page_grant"] // 4),
-                "queued_inputs": max(1, profile["kv_pages"] // profile["page_grant"] // 4),
+                "kv_pages": profile["kv_pages"], "chats": profile["kv_pages"],  # the whole pool: shared
+                "queued_inputs": caps["receipts"] // 4,                           # under contention
                 "media_bytes": max(MAX_MEDIA_BYTES, d.runtime.shared_profile["journal_file_cap_bytes"] // 4)}
-    assert {name: (q["limit"], q["default"]) for name, q in quotas.items()} == {
-        name: (str(expected[name]), True) for name in QUOTAS}
+    assert {name: (q["limit"], q["default"], q["binds"]) for name, q in quotas.items()} == {
+        name: (str(expected[name]), True, "contention" if name in ("kv_pages", "chats") else "always")
+        for name in QUOTAS}
     assert (expected["spaces"], expected["conversations"], expected["receipts"]) == (2, 4, 16)
 
 
@@ -284,7 +286,8 @@ def test_a_default_principal_holds_a_quarter_of_the_receipts(small_world):
 def test_null_in_the_grant_file_is_unlimited_and_said_so_explicitly(small_world):
     w = small_world
     w.set_quotas("a", spaces=None)
-    assert w.read("a", "capabilities")[1]["quotas"]["spaces"] == {"limit": None, "default": False, "used": "0"}
+    assert w.read("a", "capabilities")[1]["quotas"]["spaces"] == {"limit": None, "default": False,
+                                                                  "binds": "always", "used": "0"}
     for _ in range(3):  # past the default of 2
         w.space("a")
     doc = json.loads(open(w.grants_path).read())
@@ -302,24 +305,53 @@ def test_a_v1_grant_file_is_read_as_it_was_meant_every_quota_it_leaves_out_unlim
         json.dump(doc, f)
     w.device.idle()
     quotas = w.read("a", "capabilities")[1]["quotas"]
-    assert quotas["conversations"] == {"limit": "1", "default": False, "used": "0"}
-    assert all(q == {"limit": None, "default": False, "used": q["used"]}
+    assert quotas["conversations"] == {"limit": "1", "default": False, "binds": "always", "used": "0"}
+    assert all(q == {"limit": None, "default": False, "binds": "always", "used": q["used"]}
                for name, q in quotas.items() if name != "conversations")
-    assert all(r == {"limit": None, "default": False} for r in w.read("b", "capabilities")[1]["rates"].values())
+    assert all(r == {"limit": None, "default": False, "binds": "always"}
+               for r in w.read("b", "capabilities")[1]["rates"].values())
     for _ in range(3):  # b may take more than the default share, as a v1 file meant
         w.space("b")
 
 
-def test_the_default_queued_inputs_and_chats_are_a_quarter_of_what_the_kv_pool_runs_at_the_page_grant(engine_world):
-    w = engine_world  # a pool of 64 pages at a page grant of 16: 4 requests, so 1 each
+def test_a_default_principal_alone_queues_inputs_past_what_runs_at_once_and_runs_chats_beside_them(engine_world):
+    # issue 53: a default principal's 4th unfinished input answered 429 (queued_inputs 1 here, 3 on
+    # the embedded runtime) while the pool sat idle. Queued inputs hold a receipt and no page: they
+    # are bounded by a quarter of the receipt table; chats and pages are shared only under contention.
+    w = engine_world  # a pool of 64 pages at a page grant of 16: 4 requests at the grant at once
     gate = hold_engine(w)
-    _, con = w.conversation("a")
-    assert w.say("a", con, "one", pages=1, max_output_tokens=4)[0] == 202
-    error = refused(w.say("a", con, "two", pages=1, max_output_tokens=4), "queued_inputs")
-    assert (error["limit"], error["used"]) == ("1", "1")
-    _, other = w.conversation("b")
-    assert w.say("b", other, "mine", pages=1, max_output_tokens=4)[0] == 202  # b's share is its own
-    assert start_chat(w, "b", 1) == []
-    [(_, reply)] = start_chat(w, "b", 2)
-    assert reply["status"] == 429 and b'"quota":"chats"' in reply["body"] and b'"limit":"1"' in reply["body"]
+    conversations = [w.conversation("a")[1] for _ in range(6)]
+    ops = []
+    for con in conversations:  # six inputs at the page grant, on six conversations, back to back
+        status, receipt = w.say("a", con, "go", pages=16, max_output_tokens=4)
+        assert status == 202, receipt
+        ops.append(receipt["operation"])
+    assert start_chat(w, "a", 1) == [] and start_chat(w, "a", 2) == []  # and chats beside them
+    quotas = w.read("a", "capabilities")[1]["quotas"]
+    assert quotas["queued_inputs"]["used"] == "6" and int(quotas["kv_pages"]["used"]) > 64  # past the pool
     gate.set()
+    for op in ops:
+        w.pump(w.finished("a", op))
+
+
+def test_the_default_queued_inputs_quota_is_a_quarter_of_the_receipt_table(tmp_path):
+    path = str(tmp_path / "engine.aotxccir")
+    pack_tiny(path, shared=True, capacity={"receipts": 32},
+              runtime_profile={"kv_pages": 64, "page_grant": 16, "deadline_ms": 600000})
+    w = QuotaEngineWorld(path, tmp_path, ["a", "b"])
+    try:
+        w.set_quotas("a", receipts=None)  # only queued_inputs bounds a's unfinished inputs here
+        gate = hold_engine(w)
+        _, con = w.conversation("a")  # its registration, space and conversation hold 3 receipts
+        for _ in range(8):  # the first runs (held), the others wait for their conversation's turn
+            assert w.say("a", con, "queued", pages=16, max_output_tokens=4)[0] == 202
+        before = state_of(w, "a")
+        error = refused(w.say("a", con, "one too many", pages=16, max_output_tokens=4), "queued_inputs")
+        assert (error["limit"], error["used"]) == ("8", "8")
+        assert state_of(w, "a") == before
+        _, other = w.conversation("b")
+        assert w.say("b", other, "mine", pages=1, max_output_tokens=4)[0] == 202  # b's share is its own
+        gate.set()
+    finally:
+        w.device.runner.stop()
+        w.device.close()

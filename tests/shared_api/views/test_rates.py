@@ -107,6 +107,28 @@ def test_buckets_of_a_bounded_number_of_principals_are_kept_the_least_recent_for
     assert len(limiter.buckets) == MAX_TRACKED and ("first", REQUESTS) not in limiter.buckets
 
 
+def test_a_default_rate_binds_only_while_another_principal_is_active():
+    from gpu_worker.contract.rates import ACTIVE_SECONDS
+    clock = Clock()
+    limiter = RateLimiter(clock=clock)
+    shared = frozenset({REQUESTS})
+    for _ in range(20):  # alone, past its default of 4 a second
+        limiter.admit("alone", {REQUESTS: 4}, 0, shared)
+    limiter.admit("other", {}, 0)  # another principal sends a request: now it binds
+    for _ in range(4):  # a bucket that starts full
+        limiter.admit("alone", {REQUESTS: 4}, 0, shared)
+    refusal(limiter, "alone", {REQUESTS: 4})
+    with pytest.raises(ServiceError):
+        limiter.admit("alone", {REQUESTS: 4}, 0, shared)
+    clock.now += ACTIVE_SECONDS + 0.01  # the other one has been quiet long enough: alone again
+    for _ in range(20):
+        limiter.admit("alone", {REQUESTS: 4}, 0, shared)
+    clock.now += ACTIVE_SECONDS + 0.01
+    for _ in range(4):  # a rate its grant sets binds alone too
+        limiter.admit("capped", {REQUESTS: 4}, 0)
+    refusal(limiter, "capped", {REQUESTS: 4})
+
+
 def test_rates_are_grant_limits_of_at_least_one():
     assert quota_problem({REQUESTS: 5, BYTES: 1 << 20, "spaces": 0}) is None
     assert "from 1" in quota_problem({REQUESTS: 0})
@@ -202,16 +224,21 @@ def test_the_openai_routes_refuse_past_the_rate_in_openais_shape_with_retry_afte
     assert len(device.requests) == before
 
 
-def test_a_principal_created_without_rates_is_held_to_the_default_request_rate(gateway, device, db, front):
+def test_a_principal_created_without_rates_is_held_to_the_default_request_rate_beside_others(gateway, device, db,
+                                                                                              front):
     principal, token = Principal.create("plain", [READ])  # as `principal create` makes it: no quotas
     plain = Persona("plain", principal.principal_id, token)
     limit = DEFAULT_RATES[REQUESTS]
-    for _ in range(limit - 1):  # (the front's bucket for it: the stopped clock refills nothing)
+    for _ in range(limit + 5):  # alone: the default does not bind
+        rates.limiter().admit(plain.principal_id, {REQUESTS: limit}, 0, frozenset({REQUESTS}))
+    assert gateway.get(f"{BASE}/participant", plain).status_code == 200
+    rates.limiter().admit("another principal", {}, 0)  # (the stopped clock keeps it active)
+    for _ in range(limit - 1):  # (the front's bucket for it, started full: nothing refills)
         rates.limiter().admit(plain.principal_id, {REQUESTS: limit}, 0)
     assert gateway.get(f"{BASE}/participant", plain).status_code == 200  # the second's last request
     refused = gateway.get(f"{BASE}/participant", plain)
     assert_error(refused, 429, "rate_limited", quota=REQUESTS, limit=str(limit))
-    assert len(device.requests) == 1
+    assert len(device.requests) == 2
 
 
 def test_a_rate_set_to_unlimited_is_never_refused(gateway, device, db, front):
