@@ -26,6 +26,7 @@ $(BIN)/.deps: requirements.txt requirements-models.txt gpu_worker/engine/cpu_ops
 	$(BIN)/python -m gpu_worker.native
 	scripts/install_browser.sh
 	scripts/install_etcd.sh
+	scripts/install_nftables.sh
 	touch $@
 
 deps: $(BIN)/.deps

@@ -9,9 +9,11 @@ Mutations (`Mutations.mutate`):
   one); the canonical body — schema, lineage, a fresh operation key, the sequence and the fields —
   is built once and is what every retry sends again, byte for byte (an exact retry);
 - a timeout, a broken connection, 503 (`device_unavailable`, `device_connection_lost`,
-  `device_timeout`) and 429 (a journal hold or a quota) are retried exactly, with capped
-  exponential backoff, until `retry_for` seconds have passed: a mutation is never applied twice
-  and never lost to a network failure;
+  `device_timeout`, `not_primary`) and 429 (a journal hold or a quota) are retried exactly, with
+  exponential backoff capped at 0.25 s (a failover is over in seconds: the client should not sleep
+  through its end), until `retry_for` seconds have passed: a mutation is never applied twice and
+  never lost to a network failure. Given several gateways (`Gateways`), a failure moves the
+  client to the next one, at once while some gateway is still untried;
 - 409 `operation_changed` (another client of the same participant took the sequence) re-reads
   /participant and takes a new sequence past the server's next; 409 `future_sequence` while a
   lower sequence of this client is in flight waits for it and retries exactly, and with none in
@@ -42,7 +44,7 @@ import random
 import secrets
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Iterator
+from typing import Any, Callable, Generator, Iterator, Sequence
 from urllib.parse import quote
 
 BASE = "/aotx/v1/shared"
@@ -106,8 +108,53 @@ def canonical(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+# 503 codes that say this gateway cannot reach the primary now: the next request goes to another
+# gateway of the list (the same bytes: an exact retry)
+ELSEWHERE = frozenset({"not_primary", "device_unavailable", "device_connection_lost", "device_timeout"})
+
+
+class Gateways:
+    """The gateway URLs a client may use (every machine's gateway: docs/client.md, "Several
+    gateways"), and the one in use. A transport failure, or a 503 saying that this gateway cannot
+    reach the primary (ELSEWHERE), moves the client to the next one, round the list: after the
+    primary's machine is lost, requests go on through the survivors by themselves. Exact retries
+    make moving safe: every mutation is resent byte for byte, wherever it lands."""
+
+    def __init__(self, urls: str | Sequence[str]) -> None:
+        listed = [urls] if isinstance(urls, str) else list(urls)
+        if not listed or not all(isinstance(u, str) and u for u in listed):
+            raise ValueError("at least one gateway URL")
+        self.urls = [u.rstrip("/") for u in listed]
+        self.current = 0
+        self.untried = 0  # gateways moved to since the last answer, not yet tried: the next try goes at once
+        self.lock = threading.Lock()
+
+    def url(self, path: str) -> tuple[int, str]:
+        at = self.current
+        return at, self.urls[at] + path
+
+    def failed(self, at: int) -> None:
+        """The gateway `at` failed a request: the next one is used (unless another request of
+        this client moved on already), at once while some gateway is still untried."""
+        with self.lock:
+            if self.current == at:
+                self.current = (at + 1) % len(self.urls)
+                self.untried = len(self.urls) - 1 if self.untried == 0 else self.untried - 1
+
+    def answered(self, at: int, reply: Reply) -> None:
+        if reply.status == 503 and _code(reply) in ELSEWHERE:
+            self.failed(at)
+        else:
+            self.untried = 0
+
+    def wait(self, seconds: float) -> float:
+        """How long to wait before the next try: nothing while it goes to a gateway not yet tried
+        since the last answer (moving on is not backing off), else the backoff's `seconds`."""
+        return 0.0 if self.untried > 0 else seconds
+
+
 class Backoff:
-    def __init__(self, first: float = 0.05, cap: float = 2.0) -> None:
+    def __init__(self, first: float = 0.05, cap: float = 0.25) -> None:
         self.delay, self.cap = first, cap
 
     def next(self) -> float:

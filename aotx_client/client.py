@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 from urllib.parse import quote
 
 import httpx
 
-from ._protocol import (BASE, ApiError, Call, Event, Follow, Mutations, PendingLog, Reply, Sleep, SSEParser, Step, get,
-                        raise_for, read_result, request, wait_for_terminal)
+from ._protocol import (BASE, ApiError, Call, Event, Follow, Gateways, Mutations, PendingLog, Reply, Sleep, SSEParser,
+                        Step, get, raise_for, read_result, request, wait_for_terminal)
 
 DEFAULT_RETRY_FOR = 120.0  # seconds one exact request is retried through timeouts, 503 and 429
 
@@ -31,7 +31,11 @@ class _Common:
     mutations: Mutations
     retry_for: float
 
-    def _init(self, token: str, retry_for: float, pending_dir: str | None) -> dict[str, str]:
+    gateways: Gateways
+
+    def _init(self, base_url: str | Sequence[str], token: str, retry_for: float,
+              pending_dir: str | None) -> dict[str, str]:
+        self.gateways = Gateways(base_url)
         self.retry_for = retry_for
         self.mutations = Mutations(retry_for, time.monotonic, PendingLog(pending_dir) if pending_dir else None)
         return {"Authorization": f"Bearer {token}", "Accept": "application/json"}
@@ -67,12 +71,15 @@ def _input_fields(text: str, model: str, **options: Any) -> dict[str, Any]:
 
 
 class Client(_Common):
-    """Blocking client. `timeout` is each HTTP request's; `retry_for` bounds exact retries."""
+    """Blocking client. `base_url`: a gateway's URL, or several (every machine's: a request that
+    one cannot serve moves on to the next, `Gateways`). `timeout` is each HTTP request's;
+    `retry_for` bounds exact retries."""
 
-    def __init__(self, base_url: str, token: str, *, timeout: float = 30.0, retry_for: float = DEFAULT_RETRY_FOR,
-                 transport: httpx.BaseTransport | None = None, pending_dir: str | None = None) -> None:
-        headers = self._init(token, retry_for, pending_dir)
-        self.http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout, transport=transport)
+    def __init__(self, base_url: str | Sequence[str], token: str, *, timeout: float | httpx.Timeout = 30.0,
+                 retry_for: float = DEFAULT_RETRY_FOR, transport: httpx.BaseTransport | None = None,
+                 pending_dir: str | None = None) -> None:
+        headers = self._init(base_url, token, retry_for, pending_dir)
+        self.http = httpx.Client(headers=headers, timeout=timeout, transport=transport)
 
     def __enter__(self) -> "Client":
         return self
@@ -92,7 +99,7 @@ class Client(_Common):
                 else:
                     action = step.send(reply)
                 if isinstance(action, Sleep):
-                    time.sleep(action.seconds)
+                    time.sleep(self.gateways.wait(action.seconds))
                     reply = None
                     continue
                 reply = self._send(action)
@@ -100,13 +107,18 @@ class Client(_Common):
             return done.value
 
     def _send(self, call: Call) -> Reply | BaseException:
+        at, url = self.gateways.url(call.path)
         try:
-            r = self.http.request(call.method, call.path, content=call.body, headers=call.headers, params=call.params)
-            return Reply(r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.content)
+            r = self.http.request(call.method, url, content=call.body, headers=call.headers, params=call.params)
         except httpx.TimeoutException as exc:
+            self.gateways.failed(at)
             return TimeoutError(str(exc))
         except httpx.TransportError as exc:
+            self.gateways.failed(at)
             return ConnectionError(str(exc))
+        reply = Reply(r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.content)
+        self.gateways.answered(at, reply)
+        return reply
 
     # the API -----------------------------------------------------------------------------------
     def capabilities(self) -> dict[str, Any]:
@@ -182,11 +194,14 @@ class Client(_Common):
         while True:
             headers, query = follow.request()
             parser = SSEParser()
+            at, url = self.gateways.url(path)
             try:
-                with self.http.stream("GET", path, params=query, headers=headers, timeout=None) as r:
+                with self.http.stream("GET", url, params=query, headers=headers, timeout=None) as r:
                     if r.status_code != 200:
                         r.read()
-                        raise_for(Reply(r.status_code, dict(r.headers), r.content))
+                        reply = Reply(r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.content)
+                        self.gateways.answered(at, reply)
+                        raise_for(reply)
                     for chunk in r.iter_bytes():
                         for event in parser.feed(chunk):
                             done = follow.seen(event)
@@ -195,17 +210,19 @@ class Client(_Common):
                                 return
                     return  # the server ended the stream (an operation's terminal event)
             except httpx.TransportError:
-                time.sleep(0.1)  # resume from the last event seen
+                self.gateways.failed(at)
+                time.sleep(0.1)  # resume from the last event seen (at the next gateway)
 
 
 class AsyncClient(_Common):
     """asyncio client; the same methods as Client, as coroutines (events and output: async
     iterators)."""
 
-    def __init__(self, base_url: str, token: str, *, timeout: float = 30.0, retry_for: float = DEFAULT_RETRY_FOR,
-                 transport: httpx.AsyncBaseTransport | None = None, pending_dir: str | None = None) -> None:
-        headers = self._init(token, retry_for, pending_dir)
-        self.http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout, transport=transport)
+    def __init__(self, base_url: str | Sequence[str], token: str, *, timeout: float | httpx.Timeout = 30.0,
+                 retry_for: float = DEFAULT_RETRY_FOR, transport: httpx.AsyncBaseTransport | None = None,
+                 pending_dir: str | None = None) -> None:
+        headers = self._init(base_url, token, retry_for, pending_dir)
+        self.http = httpx.AsyncClient(headers=headers, timeout=timeout, transport=transport)
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -222,7 +239,7 @@ class AsyncClient(_Common):
             while True:
                 action = step.throw(reply) if isinstance(reply, BaseException) else step.send(reply)
                 if isinstance(action, Sleep):
-                    await asyncio.sleep(action.seconds)
+                    await asyncio.sleep(self.gateways.wait(action.seconds))
                     reply = None
                     continue
                 reply = await self._send(action)
@@ -230,14 +247,18 @@ class AsyncClient(_Common):
             return done.value
 
     async def _send(self, call: Call) -> Reply | BaseException:
+        at, url = self.gateways.url(call.path)
         try:
-            r = await self.http.request(call.method, call.path, content=call.body, headers=call.headers,
-                                        params=call.params)
-            return Reply(r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.content)
+            r = await self.http.request(call.method, url, content=call.body, headers=call.headers, params=call.params)
         except httpx.TimeoutException as exc:
+            self.gateways.failed(at)
             return TimeoutError(str(exc))
         except httpx.TransportError as exc:
+            self.gateways.failed(at)
             return ConnectionError(str(exc))
+        reply = Reply(r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.content)
+        self.gateways.answered(at, reply)
+        return reply
 
     async def capabilities(self) -> dict[str, Any]:
         return await self._run(self._get("/capabilities"))
@@ -304,11 +325,14 @@ class AsyncClient(_Common):
         while True:
             headers, query = follow.request()
             parser = SSEParser()
+            at, url = self.gateways.url(path)
             try:
-                async with self.http.stream("GET", path, params=query, headers=headers, timeout=None) as r:
+                async with self.http.stream("GET", url, params=query, headers=headers, timeout=None) as r:
                     if r.status_code != 200:
                         await r.aread()
-                        raise_for(Reply(r.status_code, dict(r.headers), r.content))
+                        reply = Reply(r.status_code, {k.lower(): v for k, v in r.headers.items()}, r.content)
+                        self.gateways.answered(at, reply)
+                        raise_for(reply)
                     async for chunk in r.aiter_bytes():
                         for event in parser.feed(chunk):
                             done = follow.seen(event)
@@ -317,4 +341,5 @@ class AsyncClient(_Common):
                                 return
                     return
             except httpx.TransportError:
+                self.gateways.failed(at)
                 await asyncio.sleep(0.1)

@@ -30,6 +30,7 @@ urlpatterns = [
     path("aotx/v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
     path("metrics", metrics.metrics, name="metrics"),  # Prometheus text, no token (README "Operations")
     path("healthz", metrics.healthz, name="healthz"),  # for load balancers: 200 or 503, no token
+    path("healthz/primary", metrics.healthz_primary, name="healthz-primary"),  # 200 on the primary's machine only
     path("admin/ops/", include(ops_admin.urls())),  # the admin's operations pages (staff users)
     path("admin/", admin.site.urls),
 ]

@@ -38,11 +38,11 @@ conversations and receipts never fill a table however long the run. A request of
 
 --alone measures the other side of fairness (issue 53): a principal alone on the device, as
 `principal create` makes it (every default), against one with every quota and rate unlimited, on
-the same stack, in turns (default, unlimited, default, ...; --runs each). Each turn has two phases of
---seconds: ALONE_CONVERSATIONS closed loops of inputs (submit, wait for the saved terminal; 32 output
-tokens), then ALONE_CHATS closed loops of chat completions (64 tokens). Reported: inputs/s and output
-tokens/s of each, their ratio default / unlimited (median and range over the runs), and refusals.
-Goal: at least 0.9 on both, no refusal.
+the same stack, in turns (--runs each; each principal goes first in every other run). Each turn,
+on new conversations, has two phases of --seconds: ALONE_CONVERSATIONS closed loops of inputs
+(submit, wait for the saved terminal; 32 output tokens), then ALONE_CHATS closed loops of chat
+completions (64 tokens). Reported: inputs/s and output tokens/s of each, their ratio default /
+unlimited (median and range over the runs), and refusals. Goal: at least 0.9 on both, no refusal.
 
 Reported per phase: the normal client's read and mutation p50/p99 (ms) and their ratio to the
 client alone just before that pattern (measured again before each pattern, after the previous one
@@ -354,6 +354,7 @@ async def normal_phase(port: int, token: str, seconds: float, gateway_pid: int, 
 # ---- a principal alone (--alone) ---------------------------------------------------------------------
 
 async def alone_setup(port: int, token: str) -> list[str]:
+    """New conversations for a turn (in a new space: its deletion is left to the tables' size)."""
     async with sdk(port, token) as aotx:
         await aotx.register()
         space = (await aotx.create_space())["target"]
@@ -439,15 +440,17 @@ def run_alone(args: argparse.Namespace) -> None:
         stack.boot_device()
         stack.serve()
         try:
-            conversations = {name: asyncio.run(alone_setup(stack.port, token)) for name, token in tokens.items()}
             gc.collect()
             gc.freeze()
             turns: dict[str, list[dict]] = {"default": [], "unlimited": []}
             for run in range(args.runs):
-                for name in ("default", "unlimited"):
+                # in turns, each going first every other run; each turn on new conversations (made
+                # before it is timed), so that no turn inherits a longer history than the other's
+                for name in ("default", "unlimited") if run % 2 == 0 else ("unlimited", "default"):
+                    conversations = asyncio.run(alone_setup(stack.port, tokens[name]))
                     time.sleep(3)  # past the other principal's active window (engine/shares.py): alone
                     turns[name].append(asyncio.run(alone_phase(stack.port, tokens[name], args.seconds,
-                                                               conversations[name])))
+                                                               conversations)))
                     r = turns[name][-1]
                     print(f"run {run + 1} {name:<9} inputs/s {r['inputs_per_s']:7.1f}  input tokens/s "
                           f"{r['input_tokens_per_s']:8.1f}  chat tokens/s {r['chat_tokens_per_s']:8.1f}  "

@@ -1,12 +1,12 @@
-"""python -m gpu_worker {pack,boot,checkpoint,audit} ..."""
+"""python -m gpu_worker {pack,boot,checkpoint,audit,link-tls} ..."""
 import os
 import sys
 
-USAGE = "usage: python -m gpu_worker {pack,boot,checkpoint,audit} [options]  (--help after a command for its options)"
+USAGE = "usage: python -m gpu_worker {pack,boot,checkpoint,audit,link-tls} [options]  (--help after a command for its options)"
 
 
 def main(argv):
-    if not argv or argv[0] not in ("pack", "boot", "checkpoint", "audit"):
+    if not argv or argv[0] not in ("pack", "boot", "checkpoint", "audit", "link-tls"):
         print(USAGE, file=sys.stderr)
         return 2
     # What any command creates (runtime file, journal, media, owner marker, checkpoints, audit
@@ -18,6 +18,8 @@ def main(argv):
         from .checkpoint_cli import main as command
     elif argv[0] == "audit":
         from .storage.audit import main as command
+    elif argv[0] == "link-tls":
+        from .replication.tls import main as command
     else:
         from .boot import main as command
     return command(argv[1:])

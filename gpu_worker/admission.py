@@ -2,9 +2,10 @@
 sequence rules, then its kind's own check; the admission transfer that records it; applying it
 to the tables (live and at replay, the same code); and the save fields once it is saved.
 
-Order of the checks: grant (403), command bytes (400), exact retry (200, whatever the lineage) or
-changed bytes (409 `operation_changed` under the current lineage), retry floor (410), lineage (409
-`stale_lineage`: not admitted in this line of history), future sequence (409), key in
+Order of the checks: grant (403), command bytes (400), exact retry (200, whatever the lineage),
+fenced (503 `not_primary`: a deposed primary refuses nothing else), changed bytes (409
+`operation_changed` under the current lineage), retry floor (410), lineage (409 `stale_lineage`: not
+admitted in this line of history), future sequence (409), key in
 use (409), registration (409 `participant_not_registered`), hold (429; not for a cancellation
 while the journal can be written), the principal's receipts
 quota (429 `quota_exceeded`, ops/quotas.py; never for a retirement), receipt table (507; the last
@@ -24,10 +25,10 @@ from .contract.errors import ServiceError
 from .contract.commands import parse
 from .contract.wire import Message
 from .ops import quotas
-from .ops.kind import Admission, Context, Kind, OperationKind, Tables
+from .ops.kind import Admission, Context, Journaling, Kind, OperationKind, Tables
 from .state import ids
 from .state.indexes import take_free
-from .state.tables import P, R, Source, Terminal, width
+from .state.tables import ALONE, HELD, P, R, Source, Terminal, width
 from .storage.journal import MAX_RECORDS_PER_TICK, TransferKind, record_count
 
 if TYPE_CHECKING:
@@ -96,9 +97,14 @@ def admit(d: Admitter, msg: Message, kind: OperationKind, budget: int) -> tuple[
         n = tables.value(tables.receipts, rrow, R.COMMAND_LEN)
         if tables.get_bytes(tables.command_bytes, rrow, n) == canonical:
             return 200, rrow, 0
-        if lineage == expected:
-            raise ServiceError(409, "operation_changed",
-                               f"sequence {sequence} was admitted with different operation bytes")
+    # A primary whose leadership may have lapsed answers nothing else: its state may lag the new
+    # primary's, and a refusal from it (a future sequence, a changed operation) would tell a client
+    # that an operation the new primary admitted was not, and the client would submit it anew.
+    fenced = d.fenced()
+    if fenced is not None:
+        raise ServiceError(503, "not_primary", f"{fenced}: send it to the current primary")
+    if rrow is not None and lineage == expected:
+        raise ServiceError(409, "operation_changed", f"sequence {sequence} was admitted with different operation bytes")
     if sequence < floor:  # admitted and retired in this line of history, whatever its lineage was
         raise ServiceError(410, "below_retry_floor", f"sequence {sequence} is below the retry floor {floor}",
                            retry_floor=str(floor))
@@ -117,9 +123,6 @@ def admit(d: Admitter, msg: Message, kind: OperationKind, budget: int) -> tuple[
     # a hold refuses every new mutation but a cancellation while the journal can be written (a
     # file_cap or low_disk hold): one small admission that ends its target's output, memory and
     # completion, which would otherwise still be journaled (docs/checkpoint.md, "Journal holds")
-    fenced = d.fenced()  # a primary whose leadership lease may have lapsed admits nothing (docs/replication.md)
-    if fenced is not None:
-        raise ServiceError(503, "not_primary", f"{fenced}: send it to the current primary")
     if d.holds.current and not (code == _CANCELLATION and d.holds.writable):
         raise d.holds.refusal(d.committer.writer.queued_bytes)
     if code != _RETIREMENT:  # (every principal has a receipts limit: its own, or the default)
@@ -161,7 +164,7 @@ def apply(d: Admitter, a: Admission, transfer_seq: int | None, saved: Transfer |
     else:
         t.put_value(t.participants, prow, P.NEXT_SEQUENCE, a.sequence + 1)
     which = () if saved is None else ADMISSION_ONLY if kind.executes else ADMISSION_AND_TERMINAL
-    fields = _UNSAVED if saved is None else (saved.seq, state.boot, state.save_generation, _JOURNAL)
+    fields = _UNSAVED if saved is None else (saved.seq, state.boot, state.save_generation, state.replay_source)
     # the whole row is written: a reused slot starts clean
     t.put_struct(t.receipts, rrow, 0, _RECEIPT_ROW, 1, prow, a.sequence, a.kind, a.key, a.op, target,
                  state.admissions, len(a.canonical), 0, _SUCCEEDED, *fields, *(_UNSAVED if len(which) < 2 else fields))
@@ -211,7 +214,7 @@ def replay_run(d: Admitter, kind: OperationKind, transfers: list[Transfer], prow
     seqs = np.array([transfer.seq for transfer in transfers], dtype=np.int64)
     for first, _, _, _ in SAVE_COLUMNS:
         values[:, first] = seqs
-        values[:, first + 1:first + 4] = (state.boot, state.save_generation, _JOURNAL)
+        values[:, first + 1:first + 4] = (state.boot, state.save_generation, state.replay_source)
     t.put_rows(t.receipts, rrows, values)
     t.put_packed(t.command_bytes, rrows, run.lengths, run.commands)
     digests = np.frombuffer(b"".join([transfer.digest for transfer in transfers]), dtype=np.uint8).reshape(n, 1, 32)
@@ -220,17 +223,27 @@ def replay_run(d: Admitter, kind: OperationKind, transfers: list[Transfer], prow
     return True
 
 
-def mark_saved(d: Tables, rrow: int, transfer: Transfer, kind: OperationKind) -> None:
+def mark_saved(d: Journaling, rrow: int, transfer: Transfer, kind: OperationKind) -> None:
     """Record the save fields of the transfer that saved this receipt's admission. A kind that
     does not execute finishes at admission: the same transfer saves its terminal result."""
     record_save(d, rrow, transfer, ADMISSION_ONLY if kind.executes else ADMISSION_AND_TERMINAL)
 
 
-def record_save(d: Tables, rrow: int, transfer: Transfer, which: tuple[int, ...]) -> None:
-    """Save fields of a transfer into the admission (0) and/or terminal (1) columns."""
+def save_source(d: Journaling, seq: int) -> int:
+    """The source of a transfer saved now: the journal, and whether a standby held it (its
+    acknowledgement covers it) or it was saved alone (async, --standby-timeout, no standby)."""
+    replica = d.committer.replica
+    return _JOURNAL | (HELD if replica is not None and seq <= replica.acked_seq else ALONE)
+
+
+def record_save(d: Journaling, rrow: int, transfer: Transfer, which: tuple[int, ...],
+                source: int | None = None) -> None:
+    """Save fields of a transfer into the admission (0) and/or terminal (1) columns; `source`: a
+    replay's (DeviceState.replay_source), None for a transfer saved now (`save_source`)."""
     state = d.state
     t = state.tables
-    fields = (transfer.seq, state.boot, state.save_generation, _JOURNAL)
+    fields = (transfer.seq, state.boot, state.save_generation,
+              save_source(d, transfer.seq) if source is None else source)
     if which is ADMISSION_AND_TERMINAL:  # adjacent columns: one write
         t.put_cols(t.receipts, rrow, SAVE_COLUMNS[0][0], fields + fields)
     else:

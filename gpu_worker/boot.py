@@ -80,7 +80,9 @@ def main(argv):
                              "mutation until a standby holds it")
     parser.add_argument("--standby-of", metavar="ADDRESS",
                         help="run as a standby: keep --journal a byte-for-byte copy of the primary's journal at "
-                             "ADDRESS (its --replicate), until SIGTERM; --ccir is a copy of the primary's runtime file")
+                             "ADDRESS (its --replicate; several, comma-separated: every machine's, and the standby "
+                             "follows whichever is the primary), until SIGTERM; --ccir is a copy of the primary's "
+                             "runtime file")
     parser.add_argument("--etcd", metavar="URLS",
                         help="etcd client URLs, comma-separated: a serving device holds the leader key under a lease "
                              "and admits nothing once it may have lapsed; a standby takes over by itself when the "
@@ -88,6 +90,15 @@ def main(argv):
     parser.add_argument("--etcd-key", default="/aotx/primary", help="the leader key (default /aotx/primary)")
     parser.add_argument("--lease-seconds", type=int, default=3, metavar="S",
                         help="the leader lease's TTL (default 3); admissions stop 1 s before it could lapse")
+    parser.add_argument("--link-tls", metavar="DIR",
+                        help="the replication link's TLS: DIR holds ca.pem, cert.pem and key.pem (python -m "
+                             "gpu_worker link-tls makes them); required for a HOST:PORT link, which crosses machines")
+    parser.add_argument("--link-timeout", type=float, default=None, metavar="S",
+                        help="a replication link with no frame for S seconds is dead (default 3: the primary beats "
+                             "every third of it, the standby answers each beat)")
+    parser.add_argument("--machine", default=socket.gethostname(), metavar="NAME",
+                        help="this device's machine in the leader key (default: the host name): gateways follow a "
+                             "primary on their own machine only (gateway.json \"machine\")")
     parser.add_argument("--takeover", action="store_true",
                         help="boot a sync standby's journal as the primary's successor: the same line of history "
                              "(participants keep their lineages), not a restore")
@@ -126,6 +137,24 @@ def main(argv):
     from .storage.journal import JournalError
     from .storage.runtime_file import RuntimeFileError
 
+    from .replication import DEAD_SECONDS
+    if args.link_timeout is None:
+        args.link_timeout = DEAD_SECONDS
+    if not 0 < args.link_timeout < float("inf"):
+        return fail(f"--link-timeout {args.link_timeout}: a number of seconds above 0")
+    if args.link_tls is not None:
+        from .replication.tls import context
+        try:
+            args.link_server, args.link_client = context(args.link_tls, True), context(args.link_tls, False)
+        except (ValueError, OSError) as exc:
+            return fail(f"--link-tls {args.link_tls}: {exc}")
+    else:
+        args.link_server = args.link_client = None
+    for option, addresses in (("--replicate", args.replicate), ("--standby-of", args.standby_of)):
+        address = next((a for a in (addresses or "").split(",") if a and "/" not in a), None)
+        if address is not None and args.link_tls is None:
+            return fail(f"{option} {address}: a link over TCP crosses machines and needs --link-tls DIR "
+                        "(python -m gpu_worker link-tls makes the certificates)")
     if args.standby_timeout is not None and not (args.replicate and args.replication == "sync"
                                                  and 0 <= args.standby_timeout < float("inf")):
         return fail("--standby-timeout S: seconds (0 or more) for a primary with --replicate and sync replication")
@@ -200,12 +229,14 @@ class _Threads(NamedTuple):
     other_cpus: set[int]
 
 
-def _campaign(args: argparse.Namespace) -> Any:
+def _campaign(args: argparse.Namespace, etcd: Any = None) -> Any:
     """Take the leader key (--etcd): the Leadership, or LeadershipError (another primary holds it,
-    etcd unreachable). The key's value says where this device serves (gateways follow it)."""
+    etcd unreachable). The key's value says where this device serves (gateways follow it). `etcd`:
+    the client a standby used so far (it knows which members answer)."""
     from .replication.lease import Etcd, Leadership
-    leadership = Leadership(Etcd(args.etcd.split(",")), args.etcd_key.encode(), ttl=args.lease_seconds)
-    leadership.campaign(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "journal": args.journal,
+    leadership = Leadership(etcd or Etcd(args.etcd.split(",")), args.etcd_key.encode(), ttl=args.lease_seconds)
+    leadership.campaign(json.dumps({"host": socket.gethostname(), "machine": args.machine, "pid": os.getpid(),
+                                    "journal": args.journal,
                                     "socket": os.path.abspath(os.path.join(args.journal, "service.sock")),
                                     "replicate": args.replicate}).encode())
     return leadership
@@ -226,7 +257,8 @@ def _serve(args: argparse.Namespace, runtime: Any, device: Any, leadership: Any,
         from .replication.primary import Shipper
         try:
             shipper = Shipper(args.replicate, args.journal, device.runtime.path, sync=args.replication == "sync",
-                              alone_after=args.standby_timeout)
+                              alone_after=args.standby_timeout, leadership=leadership, dead_after=args.link_timeout,
+                              tls=args.link_server)
         except (OSError, ValueError, RuntimeFileError) as exc:
             device.close()
             if leadership is not None:
@@ -288,7 +320,7 @@ def _standby(args: argparse.Namespace, argv: list[str], threads: _Threads, fail:
     journal instead (a boot that reads it again)."""
     from .device import Device, DeviceBootError
     from .engine.engine import Engine
-    from .replication.standby import Follower, Mirror, Standby, StandbyRefused
+    from .replication.standby import Follower, Mirror, Standby, StandbyDiskError, StandbyRefused, read_mark
     from .storage.journal import JournalError, JournalLock
     from .storage.runtime_file import RuntimeFileError
 
@@ -318,31 +350,83 @@ def _standby(args: argparse.Namespace, argv: list[str], threads: _Threads, fail:
             mirror.close()
             return fail(f"cannot load the generation model of {args.ccir}: {exc}", 2)
         follower = Follower(device, mirror.position)
-        standby = Standby(args.standby_of, mirror, args.ccir, follower)
+        standby = Standby(args.standby_of, mirror, args.ccir, follower, dead_after=args.link_timeout,
+                          tls=args.link_client)
         promote = threading.Event()
+        etcd = None
+        if args.etcd is not None:  # one client for the watch, the checks and the campaign: it learns who answers
+            from .replication.lease import Etcd
+            etcd = Etcd(args.etcd.split(","))
 
-        def take_over_now(*_):
+        def not_promotable(generation: int | None) -> str | None:
+            """Why this standby may not take over now (None: it may): its journal must be in sync
+            (it holds every transfer the primary saved), and, when etcd's leader key of
+            `generation` went, the sync key must name it (the primary saved nothing alone since)."""
+            kept = read_mark(args.journal)
+            if kept != "sync":
+                return (f"its journal is {kept or 'not'} in sync (DIR/standby): it may lack saved transfers "
+                        "(a catching-up standby holds them only once it has acknowledged what the primary had "
+                        "saved when it connected)")
+            if generation is not None and etcd is not None:
+                from .replication.lease import may_promote
+                return may_promote(etcd, args.etcd_key.encode(), generation, standby.member)
+            return None
+
+        def take_over_now(generation: int | None = None) -> bool:
+            why = not_promotable(generation)
+            if why is not None:
+                print(f"standby: not taking over: {why}", flush=True)
+                return False
             promote.set()
             standby.stop()
+            return True
 
         previous = {sig: signal.signal(sig, lambda *_: standby.stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
-        previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, take_over_now)
+        previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda *_: take_over_now())
         watch = None
-        if args.etcd is not None:
-            from .replication.lease import Etcd, LeaderWatch
-            watch = LeaderWatch(Etcd(args.etcd.split(",")), args.etcd_key.encode(), take_over_now)
-            watch.start()
+
+        def watching() -> Any:
+            if etcd is None:
+                return None
+            from .replication.lease import LeaderWatch
+
+            def holder(held: tuple[int, bytes] | None) -> None:  # a new primary: its link's address
+                if held is not None:
+                    try:
+                        standby.prefer(json.loads(held[1]).get("replicate"))
+                    except (ValueError, AttributeError):
+                        pass
+            started = LeaderWatch(etcd, args.etcd_key.encode(), take_over_now, holder)
+            started.start()
+            return started
+
         follower.start()
         print(f"standby ready: journal {args.journal} at {mirror.position}, {device.recovered} transfers applied, "
               f"following {args.standby_of}", flush=True)
         try:
-            standby.run()
+            while True:
+                watch = watching()
+                try:
+                    standby.run()
+                finally:
+                    if watch is not None:
+                        watch.stop()
+                if not promote.is_set():
+                    break
+                # the journal was in sync when the takeover was decided; a rewind may have come since
+                why = not_promotable(None)
+                if why is None:
+                    break
+                print(f"standby: not taking over after all: {why}; following again", flush=True)
+                promote.clear()
+                standby.resume()
         except StandbyRefused as exc:
             mirror.close()
             return fail(str(exc), 4)
+        except StandbyDiskError as exc:
+            mirror.close()
+            return fail(f"{exc}: stopped, acknowledging nothing more (restart it once the disk is sound)", 6)
         finally:
-            if watch is not None:
-                watch.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         until = mirror.sync()
@@ -363,7 +447,7 @@ def _standby(args: argparse.Namespace, argv: list[str], threads: _Threads, fail:
         if args.etcd is not None:
             from .replication.lease import LeadershipError
             try:
-                leadership = _campaign(args)
+                leadership = _campaign(args, etcd)
             except LeadershipError as exc:
                 lock.release()
                 return fail(str(exc), 5)

@@ -174,6 +174,7 @@ class Device:
             state.boot += 1
             state.last_boot_ns = booted_ns
             state.save_generation = state.generation
+            state.replicated = False  # (as its replay says: a boot saves alone until a REPLICATION transfer)
             boot: dict[str, Any] = {"boot": state.boot, "generation": state.generation, "at_ns": state.last_boot_ns}
             if failover is not None:  # an incident of the saved state (docs/replication.md)
                 boot["takeover"] = failover
@@ -360,6 +361,7 @@ class Device:
         # loaded from its copy before that, knows the file is there now
         state.generation = max(state.generation, info["generation"])
         state.last_boot_ns = info.get("at_ns", 0)
+        state.replicated = False  # a boot saves alone until a REPLICATION transfer says a standby holds them
         if "takeover" in info:  # this boot took a standby's journal over (a failover)
             state.failovers.append({"boot": info["boot"], "at_ns": info.get("at_ns", 0), **info["takeover"]})
         if "lineage" in info:  # this boot started a line of history (a first boot, or a restore)
@@ -406,6 +408,12 @@ class Device:
                     f"--takeover: {directory} is a standby's journal stopped while it caught up to its primary's "
                     "checkpoint (its journal or its copy of the runtime file is not whole): follow the primary "
                     "again (--standby-of) to finish the catch-up")
+            if kept == "catching-up":  # (replication/standby.py, Standby._linked)
+                raise DeviceBootError(
+                    f"--takeover: {directory} is a standby's journal that had not yet acknowledged everything its "
+                    "primary had saved when it connected (or was cut back since): it may lack saved transfers. "
+                    "Follow the primary again (--standby-of) until it is in sync, or boot it as a restore "
+                    "(without --takeover, with a fresh grant file)")
             if kept != "sync":
                 raise DeviceBootError(
                     f"--takeover needs a journal a standby kept in sync replication; {directory} was kept "
@@ -776,6 +784,22 @@ class Device:
         state.generation = state.save_generation = generation
         state.checkpoint_seq, state.checkpoint_digest = last_seq, last_digest
 
+    def replication_marked(self, held: bool, start: int) -> int:
+        """Journal that transfers from `start` on are saved held by a standby (or alone): what their
+        save fields say after a replay (storage/committer.py appends it; docs/journal.md). Its seq."""
+        self.state.replicated = held
+        return self.append(TransferKind.REPLICATION, msgpack.packb({"held": held, "from": start}))
+
+    def _replay_replication(self, transfer: Transfer) -> None:
+        """Transfers from `from` on were saved held (or alone); those before this one already
+        replayed under the other mode get this one's (the mode changed while they waited)."""
+        info = msgpack.unpackb(transfer.payload, raw=False)
+        held, start = bool(info["held"]), int(info["from"])
+        state = self.state
+        if state.replicated is not held and start < transfer.seq:
+            state.tables.mark_held(start, transfer.seq, held)
+        state.replicated = held
+
     def _replay_checkpoint(self, transfer: Transfer) -> None:
         info = msgpack.unpackb(transfer.payload, raw=False)
         if info["generation"] > self.state.generation:  # (a state loaded from that checkpoint holds it)
@@ -803,9 +827,11 @@ _REPLAY: dict[int, Callable[[Device, Transfer], None]] = {
     TransferKind.ADMISSION: Device._replay_admission,
     TransferKind.LEASE: execution.replay_lease,
     TransferKind.OUTPUT: lambda d, transfer: execution.apply_output(d, transfer.payload, transfer),
-    TransferKind.COMPLETION: lambda d, transfer: execution.apply_completion(d, transfer.payload, transfer),
+    TransferKind.COMPLETION: lambda d, transfer: execution.apply_completion(d, transfer.payload, transfer,
+                                                                            d.state.replay_source),
     TransferKind.MEDIA: lambda d, transfer: media.apply(d, transfer.payload, transfer),
     TransferKind.HOLD: Device._replay_hold,
     TransferKind.MEMORY: execution.replay_memory,
     TransferKind.CHECKPOINT: Device._replay_checkpoint,
+    TransferKind.REPLICATION: Device._replay_replication,
 }

@@ -498,7 +498,8 @@ def apply_output(d: Context, payload: bytes, transfer: Transfer) -> None:
     events.output_saved(d, rrow, offset, data)
 
 
-def apply_completion(d: Context, payload: bytes, transfer: Transfer) -> None:
+def apply_completion(d: Context, payload: bytes, transfer: Transfer, source: int | None = None) -> None:
+    """An input's completion is saved (live: `source` None) or replayed (the replay's source)."""
     from .admission import record_save
     actor, sequence, finish, input_tokens, output_tokens = msgpack.unpackb(payload)
     rrow = _input_row(d, actor, sequence, transfer, "completion")
@@ -507,7 +508,7 @@ def apply_completion(d: Context, payload: bytes, transfer: Transfer) -> None:
     t.write_row(t.receipts, rrow, {R.TERMINAL: TERMINAL_OF[finish], R.FINISH: finish, R.INPUT_TOKENS: input_tokens,
                                    R.OUTPUT_TOKENS: output_tokens})
     quotas.input_finished(d, t.value(t.receipts, rrow, R.PARTICIPANT), rrow)
-    record_save(d, rrow, transfer, (1,))
+    record_save(d, rrow, transfer, (1,), source)
     d.executions.live.pop(rrow, None)
     d.executions.to_lease.finished(t.value(t.receipts, rrow, R.TARGET), rrow)  # its conversation's next
     events.terminal_saved(d, rrow)

@@ -4,9 +4,12 @@ and, optional, the server's (README "Configuration"): "workers" (processes, 1), 
 10), "body_timeout" (seconds a body may stall, 30), "max_header_bytes" (16384). "idle_timeout" is
 refused by name: an idle keep-alive connection is bounded by header_timeout. With a standby,
 "etcd" (client URLs, comma-separated) and "etcd_key" (the leader key, "/aotx/primary"): the
-gateway follows the primary the key names (shared_api/leader.py); "socket" is then where it goes
-until the key names one."""
+gateway follows the primary the key names on its own machine (shared_api/leader.py); "socket" is
+then where it goes until the key names one. "machine" (default: the host name) is this gateway's
+machine, as its device's `boot --machine` says: a primary on another machine is not followed (each
+machine's gateway serves its own device; clients given every gateway move to the primary's)."""
 import json
+import socket
 from typing import Any
 
 
@@ -21,7 +24,8 @@ OPTIONAL: dict[str, tuple[type, int | float, int | float]] = {  # name: (type, d
     "body_timeout": (float, 30.0, 0.1),
     "max_header_bytes": (int, 16384, 1024),
 }
-STRINGS = {"etcd": "", "etcd_key": "/aotx/primary"}  # name: default ("etcd" empty: no leader key to follow)
+# name: default ("etcd" empty: no leader key to follow; "machine" empty: the host name)
+STRINGS = {"etcd": "", "etcd_key": "/aotx/primary", "machine": ""}
 
 
 def load(path: str) -> dict[str, Any]:
@@ -48,6 +52,7 @@ def load(path: str) -> dict[str, Any]:
         doc[name] = doc.get(name, text)
         if not isinstance(doc[name], str):
             raise ConfigError(f"gateway config {path}: {name} must be a string")
+    doc["machine"] = doc["machine"] or socket.gethostname()
     if doc["etcd"] and not all(u.startswith(("http://", "https://")) for u in doc["etcd"].split(",")):
         raise ConfigError(f"gateway config {path}: etcd must be etcd client URLs (http://HOST:PORT), comma-separated")
     for name, (kind, default, least) in OPTIONAL.items():

@@ -91,6 +91,9 @@ class DeviceMux:
                 if not data:
                     break
                 for msg in frames.feed(data):
+                    generation = msg.get("g")
+                    if generation is not None and generation < leader.newest_generation():
+                        msg = _deposed(msg, generation)
                     # a frame for several subscriptions of this connection names them all in "ids"
                     for req_id in msg.get("ids") or (msg.get("id", 0),):
                         stream = self._streams.get(req_id)
@@ -396,6 +399,7 @@ _pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, DevicePool] = weakr
 
 def mux() -> DeviceMux:
     """The running event loop's DeviceMux for streams (one loop per server process; tests may run several)."""
+    _here()
     loop = asyncio.get_running_loop()
     found = _muxes.get(loop)
     if found is None:
@@ -412,6 +416,7 @@ def pool() -> DevicePool:
     """The running event loop's DevicePool (the last one found is kept at hand: a lookup in the
     weak dictionary makes a weak reference each time, and every shared route asks)."""
     global _last_pool
+    _here()
     loop = asyncio.get_running_loop()
     last = _last_pool
     if last is not None and last[0]() is loop:
@@ -438,8 +443,24 @@ async def aclose_loop() -> None:
         await found_mux.aclose()
 
 
+def _deposed(msg: Message, generation: int) -> Message:
+    """A reply of a device whose leadership generation is older than the leader key's newest: it
+    is answered 503 `not_primary` instead (retry exactly at the current primary), whatever it said."""
+    error = ServiceError(503, "not_primary", f"the device answered as leadership generation {generation}, which a "
+                                             f"newer one ({leader.newest_generation()}) replaced: retry at the primary")
+    return {"id": msg.get("id"), **({"ids": msg["ids"]} if "ids" in msg else {}), "status": 503, "body": error.body()}
+
+
 _blocking: dict[str, BlockingDevice] = {}  # by socket path
 _lock = threading.Lock()
+
+
+def _here() -> None:
+    """503 `not_primary` while the leader key names a primary on another machine (leader.py)."""
+    machine = leader.elsewhere()
+    if machine is not None:
+        raise ServiceError(503, "not_primary", f"the primary is on machine {machine}: send it to that machine's "
+                                               "gateway")
 
 
 def configured_socket() -> str:
@@ -449,6 +470,9 @@ def configured_socket() -> str:
         return leader.socket_of(config.load(settings.AOTX_GATEWAY_CONFIG), redirect)
     except config.ConfigError as exc:
         raise ServiceError(503, "gateway_misconfigured", str(exc)) from None
+    except leader.Elsewhere as exc:  # (docs/replication.md, "Across machines")
+        raise ServiceError(503, "not_primary", f"the primary is on machine {exc}: send it to that machine's gateway") \
+            from None
 
 
 def _redirect(muxes: list[DeviceMux], socket_path: str) -> None:

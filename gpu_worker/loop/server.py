@@ -152,10 +152,17 @@ class Server:
     # ---- sockets -----------------------------------------------------------------------
 
     def _send(self, replies: list[tuple[Connection, Message]]) -> None:
-        """Hand replies to the socket thread: one (conn id, frames, count) per connection."""
+        """Hand replies to the socket thread: one (conn id, frames, count) per connection. Under an
+        etcd leadership every reply carries its generation ("g"): a gateway that saw a newer one
+        takes it for a deposed primary's (shared_api/device_client.py)."""
         if not replies:
             return
         self.sent += len(replies)
+        leadership = self.device.leadership
+        if leadership is not None:
+            generation = leadership.generation
+            for _, msg in replies:
+                msg["g"] = generation
         by_conn: dict[Connection, list[bytes]] = {}
         for conn, msg in replies:
             frames = by_conn.get(conn)

@@ -23,11 +23,12 @@ import json
 from ..contract import ids
 from ..contract.vocabulary import BASE_PATH, RECEIPT_SCHEMA
 from ..contract.wire import Message, dumps, reply
-from ..state.tables import Finish, R, Source, Terminal, join16
+from ..state.tables import ALONE, HELD, SOURCE_MASK, Finish, R, Source, Terminal, join16
 from .kind import Context, Journaling, Reporting
 
 
 SOURCE_NAMES = {int(Source.JOURNAL): "journal", int(Source.FILE): "file"}
+_HELD_JSON = {HELD: "true", ALONE: "false", 0: "null"}  # a save's "standby": whether a standby held it
 TERMINAL_NAMES = {int(t): t.name.lower() for t in Terminal if t != Terminal.NONE}
 FINISH_NAMES = {int(Finish.STOP): "stop", int(Finish.LENGTH): "length", int(Finish.CANCELLED): "cancelled",
                 int(Finish.DEADLINE): "deadline", int(Finish.INTERRUPTED): "interrupted",
@@ -44,9 +45,10 @@ def _save_json(d: Reporting, rrow: int, row: list[int], which: int) -> str:
     transfer_col, boot_col, gen_col, source_col = _SAVE[which]
     if not row[transfer_col]:
         return "null"
+    source = row[source_col]
     return (f'{{"boot":"{row[boot_col]}","commit_digest":"{d.state.tables.get_digest(rrow, which).hex()}",'
             f'"file_incarnation":"{d.incarnation_hex}","generation":"{row[gen_col]}",'
-            f'"source":"{SOURCE_NAMES[row[source_col]]}"}}')
+            f'"source":"{SOURCE_NAMES[source & SOURCE_MASK]}","standby":{_HELD_JSON[source & (HELD | ALONE)]}}}')
 
 
 def render(d: Context, rrow: int, own: bool) -> tuple[str, bytes]:

@@ -12,17 +12,26 @@ The link: length-prefixed msgpack frames (gpu_worker/contract/wire.py's framing)
 socket (a Unix socket path, or HOST:PORT over TCP):
 
     standby -> primary  {"hello": 1, "incarnation": <16 bytes>, "segment": N, "offset": O,
-                         "digest": <SHA-256 of its segment N's first O bytes>}
-    primary -> standby  {"replication": "sync" | "async", "cut": C}    (first: the standby records it)
-    primary -> standby  {"segment": N, "offset": O, "data": <bytes>}    (many; in journal order)
-    primary -> standby  {"cut": C, "segment": N, "offset": O}           (a failed tick: the journal ends at O)
-    standby -> primary  {"ack": 1, "segment": N, "offset": O, "cut": C} (durable up to there, after cut C)
+                         "digest": <SHA-256 of its segment N's first O bytes>, "member": M, "leader": G}
+    primary -> standby  {"replication": "sync" | "async", "cut": C, "g": G, "sync_at": [N, O]}
+                                                                        (first: the standby records it)
+    primary -> standby  {"segment": N, "offset": O, "data": <bytes>, "g": G}  (many; in journal order)
+    primary -> standby  {"beat": 1, "g": G}                             (when nothing else was sent for a while)
+    primary -> standby  {"cut": C, "segment": N, "offset": O, "g": G}   (a failed tick: the journal ends at O)
+    standby -> primary  {"ack": 1, "segment": N, "offset": O, "cut": C, "g": G}  (durable up to there)
     primary -> standby  {"refused": "<why>"}                            (then it closes)
+
+Every frame after the hello and every acknowledgement carries the primary's leadership generation
+G (etcd's, 0 without etcd); a standby never follows a generation older than one it followed, and
+a primary takes no acknowledgement of another. Either side takes a link quiet for DEAD_SECONDS
+(the primary beats every third of it, the standby acknowledges each beat) for dead. Over TCP the
+link is TLS with a certificate on both sides (tls.py); a Unix socket stays on one machine.
 """
 from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
 from gpu_worker.contract.wire import FrameReader, Message
 
@@ -32,6 +41,7 @@ FAILOVER = "failover/takeover"
 MARKER = "standby"        # DIR/standby: the replication a standby's journal was kept under (`--takeover` reads it)
 SEGMENT_CHUNK = 1 << 20  # catch-up bytes per frame (within the framing's 16 MiB)
 HELLO_SECONDS = 5.0      # how long a connecting standby has to say hello
+DEAD_SECONDS = 3.0       # a link with no frame for this long is dead (the default lease: noticed within one)
 
 
 def parse_address(address: str) -> tuple[int, str | tuple[str, int]]:
@@ -44,18 +54,47 @@ def parse_address(address: str) -> tuple[int, str | tuple[str, int]]:
     return socket.AF_INET6 if ":" in host else socket.AF_INET, (host.strip("[]"), int(port))
 
 
-def connect(address: str, timeout: float) -> socket.socket:
+def _tcp_options(sock: socket.socket, dead_after: float) -> None:
+    """No Nagle delay; the kernel gives up on unacknowledged sends after `dead_after`
+    (TCP_USER_TIMEOUT) and probes a quiet connection (keepalive), so a silent partition breaks a
+    blocked send or read instead of leaving it for TCP's minutes."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    quiet = max(1, int(dead_after))
+    for option, value in (("TCP_USER_TIMEOUT", int(dead_after * 1000)), ("TCP_KEEPIDLE", quiet),
+                          ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, option):  # (Linux)
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
+def connect(address: str, timeout: float, tls: Any = None, dead_after: float = DEAD_SECONDS) -> socket.socket:
+    """A link to `address`; over TCP, `tls` (an ssl.SSLContext: tls.py) is required and wraps it
+    (the primary's certificate checked against the link's CA, this side's presented)."""
     family, where = parse_address(address)
+    if family != socket.AF_UNIX and tls is None:
+        raise ValueError(f"replication over TCP ({address}) needs TLS (--link-tls DIR): it crosses machines")
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout)
+        if family != socket.AF_UNIX:
+            _tcp_options(sock, dead_after)
         sock.connect(where)
     except BaseException:
         sock.close()
         raise
-    if family != socket.AF_UNIX:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
+    if tls is None or family == socket.AF_UNIX:
+        return sock
+    from .tls import TlsSocket
+    try:
+        return TlsSocket(sock, tls, server_side=False, server_hostname=tls_name(tls))  # type: ignore[return-value]
+    except BaseException:
+        sock.close()
+        raise
+
+
+def tls_name(tls: Any) -> str:
+    """The name a link's certificates carry (tls.py: one name for the whole cluster)."""
+    return getattr(tls, "aotx_name", "aotx-replication")
 
 
 def listen(address: str) -> socket.socket:
@@ -73,6 +112,19 @@ def listen(address: str) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def accepted(sock: socket.socket, tls: Any, dead_after: float) -> socket.socket:
+    """An accepted link, its TCP options set and, over TCP, its TLS handshake done (the standby's
+    certificate required): within HELLO_SECONDS."""
+    if sock.family == socket.AF_UNIX:
+        return sock
+    _tcp_options(sock, dead_after)
+    if tls is None:
+        raise ValueError("replication over TCP needs TLS (--link-tls DIR)")
+    from .tls import TlsSocket
+    sock.settimeout(HELLO_SECONDS)
+    return TlsSocket(sock, tls, server_side=True)  # type: ignore[return-value]
 
 
 def read_frames(sock: socket.socket, reader: FrameReader) -> list[Message]:

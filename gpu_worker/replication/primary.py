@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from gpu_worker.contract.wire import FrameReader, ProtocolError, encode_frame
 from gpu_worker.storage.filelayer import OsFileLayer
@@ -26,7 +26,7 @@ from gpu_worker.storage.journal import (SEGMENT_HEADER_SIZE, JournalWriter, enco
                                         segment_name)
 from gpu_worker.storage.runtime_file import RuntimeFile, RuntimeFileError
 
-from . import FAILOVER, HELLO_SECONDS, SEGMENT_CHUNK, listen, read_frames, standby
+from . import DEAD_SECONDS, FAILOVER, HELLO_SECONDS, SEGMENT_CHUNK, accepted, listen, read_frames, standby
 
 log = logging.getLogger("gpu_worker.replication")
 
@@ -49,6 +49,15 @@ class Link:
         self.sock = sock
         self.position = position
         self.peer = str(sock.getpeername() or "unix socket")
+        self.member = ""  # the standby's identity (its hello says; the sync key names it)
+        # what the primary had handed to its disk when the link began: the standby is in sync (its
+        # acknowledgements save transfers, it may take over) only once it holds all of it
+        self.sync_at: Position = (0, 0)
+        self.in_sync = False
+        # the prefix of the standby's last segment the accept thread could not find in the file (a
+        # tick still being written there): (segment, offset, digest, bytes hashed, their hash),
+        # finished from the ticks in flight on the tick thread (`Shipper._start`)
+        self.check: tuple[int, int, bytes, int, Any] | None = None
         self.media: set[str] = set()  # the media sources the standby holds (its hello says)
         self.generation = 0  # its runtime file copy's, and that copy's components' SHA-256 (its hello says)
         self.components: dict[str, str] = {}
@@ -69,9 +78,11 @@ class Link:
         for thread in self.threads:
             thread.start()
 
-    def refuse(self, why: str) -> None:
+    def refuse(self, why: str, again: bool = False) -> None:
+        """Tell the standby why it is not streamed to, and close; `again`: it may connect again at
+        once (a passing reason), else its journal or copy must change first."""
         try:
-            self.sock.sendall(encode_frame({"refused": why}))
+            self.sock.sendall(encode_frame({"refused": why, **({"again": True} if again else {})}))
         except OSError:
             pass
         self.close()
@@ -92,13 +103,29 @@ class Link:
 
     # ---- the sender thread -------------------------------------------------------------------
 
+    def frame(self, msg: dict[str, Any]) -> None:
+        """Send one frame, with the primary's leadership generation (the sender thread)."""
+        msg["g"] = self.shipper.leader
+        self.sock.sendall(encode_frame(msg))
+
     def _send(self) -> None:
+        beat = self.shipper.dead_after / 3
+        leadership = self.shipper.leadership
         try:
-            while (item := self.queue.get()) is not None:
+            while True:
+                try:
+                    item = self.queue.get(timeout=beat)
+                except queue.Empty:  # nothing to send for a while: a heartbeat (the standby acknowledges it)
+                    item = ("frame", {"beat": 1})
+                if item is None:
+                    break
+                fenced = leadership.fenced() if leadership is not None else None
+                if fenced is not None:  # a deposed primary keeps no standby: it goes to the new primary
+                    raise OSError(f"this primary is fenced ({fenced}): the standby is let go")
                 if item[0] == "files":
                     self._send_files(item[1], item[2])
                 elif item[0] == "frame":
-                    self.sock.sendall(encode_frame(item[1]))
+                    self.frame(item[1])
                 elif item[0] == "checkpoint":
                     self._send_components("checkpoint", item[1], item[2], {"components": [c[0] for c in item[2]],
                                                                            "drop": list(item[3])})
@@ -110,7 +137,7 @@ class Link:
                     self._send_media(item[1], item[2])
                 else:
                     segment, offset, data = item
-                    self.sock.sendall(encode_frame({"segment": segment, "offset": offset, "data": data}))
+                    self.frame({"segment": segment, "offset": offset, "data": data})
                     self.queued_bytes -= len(data)
         except OSError as exc:
             log.warning("replication to %s: %s", self.peer, exc)
@@ -131,7 +158,7 @@ class Link:
                     data = os.pread(fd, min(SEGMENT_CHUNK, stop - offset), offset)
                     if not data:
                         raise OSError(f"{path} ends at {offset}, before {stop}")
-                    self.sock.sendall(encode_frame({"segment": segment, "offset": offset, "data": data}))
+                    self.frame({"segment": segment, "offset": offset, "data": data})
                     offset += len(data)
             finally:
                 os.close(fd)
@@ -143,7 +170,7 @@ class Link:
             offset = 0
             while True:
                 data = f.read(SEGMENT_CHUNK)
-                self.sock.sendall(encode_frame({"media": sha, "size": size, "offset": offset, "data": data}))
+                self.frame({"media": sha, "size": size, "offset": offset, "data": data})
                 offset += len(data)
                 if offset >= size or not data:
                     return
@@ -156,9 +183,9 @@ class Link:
         for name, kind, data in components:
             view = memoryview(bytes(data) if not isinstance(data, (bytes, bytearray)) else data)
             for at in range(0, max(len(view), 1), SEGMENT_CHUNK):
-                self.sock.sendall(encode_frame({key: generation, "component": name, "kind": kind,
-                                                "offset": at, "data": bytes(view[at:at + SEGMENT_CHUNK])}))
-        self.sock.sendall(encode_frame({key: generation, **end}))
+                self.frame({key: generation, "component": name, "kind": kind, "offset": at,
+                            "data": bytes(view[at:at + SEGMENT_CHUNK])})
+        self.frame({key: generation, **end})
 
     def _send_catch_up(self, generation: int, names: list[str], drop: list[str], kept: bool = False) -> None:
         """The components of the primary's runtime file at `generation` that the standby's copy
@@ -184,10 +211,18 @@ class Link:
         frames = FrameReader()
         try:
             while not self.closed:
-                for msg in read_frames(self.sock, frames):
+                try:
+                    batch = read_frames(self.sock, frames)
+                except TimeoutError:  # (the socket's timeout is dead_after: the standby acknowledges every beat)
+                    raise ConnectionError(f"no acknowledgement for {self.shipper.dead_after}s: the link is dead") \
+                        from None
+                for msg in batch:
                     segment, offset, cut = msg.get("segment"), msg.get("offset"), msg.get("cut")
                     if msg.get("ack") != 1 or type(segment) is not int or type(offset) is not int or type(cut) is not int:
                         raise ProtocolError(f"not an acknowledgement: {sorted(msg)}")
+                    if msg.get("g") != self.shipper.leader:
+                        raise ProtocolError(f"an acknowledgement of leadership generation {msg.get('g')}, "
+                                            f"not this primary's {self.shipper.leader}")
                     if cut == self.shipper.cuts:  # (an acknowledgement of bytes from before a cut counts for nothing)
                         self.position = (segment, offset)
                         self.catching_up = False  # (it acknowledges only after the catch-up is in its copy)
@@ -204,9 +239,17 @@ class Shipper:
     saved only once the standby acknowledged it (the Committer asks `acked_seq`)."""
 
     def __init__(self, address: str, journal_dir: str, runtime: str, sync: bool = True,
-                 alone_after: float | None = None) -> None:
+                 alone_after: float | None = None, *, leadership: Any = None, dead_after: float = DEAD_SECONDS,
+                 tls: Any = None) -> None:
         """`runtime`: the path of the primary's runtime file (a standby whose copy is at an older
-        generation catches up from it)."""
+        generation catches up from it). `leadership`: the etcd Leadership this primary holds (its
+        generation goes on every frame; the sync key it keeps says which standby may take over);
+        None without etcd (generation 0). `dead_after`: a link quiet this long is dead. `tls`: the
+        ssl.SSLContext of a TCP link (tls.py)."""
+        self.leadership = leadership
+        self.leader = leadership.generation if leadership is not None else 0
+        self.dead_after = dead_after
+        self.tls = tls
         self.address = address
         self.runtime = runtime
         with RuntimeFile.open(runtime, verify=False) as current:
@@ -219,7 +262,18 @@ class Shipper:
         # sync only: seconds without a standby after which transfers are saved here alone (None:
         # never, the primary holds), until a standby has caught up again
         self.alone_after = alone_after
-        self.alone = False
+        # with etcd, saving alone is recorded first: the sync key is cleared (compare-and-swap on
+        # this primary's leadership) by the timer's thread, which then sets this and wakes the loop
+        self._alone_recorded = False
+        # Saving alone is journaled too, before anything is saved alone (the receipts' save fields
+        # say whether a standby held each transfer, after a replay as when they were given):
+        # `alone_due` asks the Committer for a REPLICATION transfer, whose seq is `alone_marker`;
+        # transfers are saved alone (`alone`) once it is durable here. Back in sync, `held_from` asks
+        # for the one that says a standby holds them again.
+        self.alone_due = False
+        self.alone_marker: int | None = None
+        self.held_from: int | None = None
+        self._writer: JournalWriter | None = None
         self._lost_at = time.monotonic()  # since when no standby is streamed to
         self._timer: threading.Timer | None = None  # wakes the tick loop when alone_after passes
         self.takeovers: list[Position] = []  # where a rejoining standby may be cut back to (read at `begin`)
@@ -243,6 +297,13 @@ class Shipper:
         return self._wake
 
     @property
+    def alone(self) -> bool:
+        """A sync primary that saves alone now (--standby-timeout passed, and both etcd's sync key
+        and the journal say so)."""
+        return self.alone_marker is not None and self._writer is not None \
+            and self._writer.durable_seq >= self.alone_marker
+
+    @property
     def waits(self) -> bool:
         """Whether a transfer is saved only once the standby holds it: sync, and not alone."""
         return self.sync and not self.alone
@@ -255,12 +316,48 @@ class Shipper:
     def _lost(self) -> None:
         """No standby is streamed to from now (boot, or one left): arm the alone_after timer."""
         self._lost_at = time.monotonic()
-        if self.sync and self.alone_after is not None and not self.alone:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = threading.Timer(self.alone_after, self.wake)
-            self._timer.daemon = True
-            self._timer.start()
+        if self.sync and self.alone_after is not None and self.alone_marker is None:
+            self._arm(self.alone_after)
+
+    def _arm(self, seconds: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = threading.Timer(seconds, self._alone_due)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _alone_due(self) -> None:
+        """alone_after passed without a standby (the timer's thread): with etcd, the sync key is
+        cleared first, so that no standby takes over by itself from now on (it may lack what is
+        saved alone); only then may the tick thread save alone. A failed clear (etcd unreachable,
+        the leadership lost) is tried again each second, the primary holding meanwhile."""
+        leadership = self.leadership
+        if leadership is not None:
+            try:
+                leadership.record_sync(None)
+            except Exception as exc:  # (LeadershipError, or anything etcd answered)
+                log.warning("replication: could not record in etcd that this primary saves alone (%s); it holds "
+                            "until it can", exc)
+                if not self._stopping:
+                    self._arm(1.0)
+                return
+        self._alone_recorded = True
+        self.wake()
+
+    def _named(self, member: str) -> None:
+        """The standby `member` is in sync: the sync key names it (a helper thread), so that it
+        may take over by itself. Until then it may not; a failure is logged and tried again when
+        it next catches up (the primary saves nothing alone while it is in sync)."""
+        leadership = self.leadership
+        if leadership is None:
+            return
+
+        def name() -> None:
+            try:
+                leadership.record_sync(member)
+            except Exception as exc:
+                log.warning("replication: could not name the standby %s in etcd's sync key: %s", member, exc)
+        threading.Thread(target=name, name="aotx-sync-key", daemon=True).start()
 
     def wake(self) -> None:
         with self._lock:  # (close() takes the descriptor away under the lock: never a write to a reused number)
@@ -274,6 +371,7 @@ class Shipper:
         self.last_seq = writer.durable_seq
         self.position = (writer.segment, writer.offset)
         self._ticks.append((writer.segment, writer.offset, writer.durable_seq))
+        self._writer = writer
         self.takeovers = standby.takeovers(self.journal_dir)  # (a takeover boot has recorded its own by now)
         with RuntimeFile.open(self.runtime, verify=False) as current:
             self.generation = current.generation
@@ -352,30 +450,54 @@ class Shipper:
             self._start(arrived, writer)
         link = self.link
         if link is None:
-            if (self.sync and not self.alone and self.alone_after is not None
-                    and time.monotonic() - self._lost_at >= self.alone_after):
-                self.alone = True
+            if (self.sync and not self.alone_due and self.alone_marker is None and self.alone_after is not None
+                    and self._alone_recorded and time.monotonic() - self._lost_at >= self.alone_after):
+                self.alone_due = True  # (the Committer journals it: `alone_marker`)
                 log.warning("replication: no standby for %.1fs: transfers are saved here alone until one has "
                             "caught up (--standby-timeout)", self.alone_after)
             return False
+        if not link.in_sync:
+            if link.position < link.sync_at:
+                return False  # catching up: its acknowledgements save nothing yet (docs/replication.md, "In sync")
+            link.in_sync = True
+            log.info("replication: the standby at %s (%s) is in sync at %s", link.peer, link.member, link.position)
+            self._named(link.member)
         acked, ticks = self.acked_seq, self._ticks
         while ticks and (ticks[0][0], ticks[0][1]) <= link.position:
             acked = max(acked, ticks.popleft()[2])
         moved, self.acked_seq = acked > self.acked_seq, acked
-        if self.alone and acked >= self.last_seq:
-            self.alone = False
+        if (self.alone_due or self.alone_marker is not None) and acked >= self.last_seq:
+            self.alone_due = self._alone_recorded = False
+            self.alone_marker = None
+            self.held_from = writer.durable_seq + 1  # (those before were saved alone; the Committer journals it)
             log.info("replication: the standby at %s has caught up: transfers wait for it again", link.peer)
         return moved
 
     def _start(self, link: Link, writer: JournalWriter) -> None:
         """Stream to a standby that said hello: what it lacks from the files up to what is durable
-        here, then the ticks on the disk now, then every tick as it starts."""
-        if self.link is not None:
-            link.refuse(f"a standby ({self.link.peer}) is already connected")
-            return
+        here, then the ticks on the disk now, then every tick as it starts. One standby at a time:
+        another one waits (refused, to connect again: it takes the place when this one is gone,
+        as a third machine's standby does). The same standby saying hello while its link is up
+        replaces the link: it died unnoticed from this side (a silent partition), and the standby
+        is not refused for its own dead link."""
+        if self.link is not None and not self.link.closed:
+            if link.member != self.link.member:
+                link.refuse(f"a standby ({self.link.peer}) is connected: wait for its place", again=True)
+                return
+            log.warning("replication: the standby %s said hello again (%s) while its link (%s) is up: the new link "
+                        "replaces it", link.member, link.peer, self.link.peer)
+            self.link.close()
+            self.link = None
+            self.losses += 1
         durable = (writer.segment, writer.offset)
         begun = writer.ticks_begun()
         written = (writer.segment, begun[-1][0] + len(begun[-1][1])) if begun else durable
+        if link.check is not None:
+            why = self._not_handed(link.check, writer.segment, begun)
+            if why is not None:
+                if not self._rewind(link, (link.check[0], link.check[1])):
+                    link.refuse(f"{why}: the standby's journal is not a copy of this journal")
+                return
         if link.generation > self.generation:
             link.refuse(f"the standby's runtime file is at generation {link.generation}, past this primary's "
                         f"{self.generation} (it checkpointed what this primary may never have held): start it from a "
@@ -397,8 +519,10 @@ class Shipper:
                 link.refuse(f"the standby holds journal bytes to {link.position}, past this primary's {written}: "
                             "it is not a copy of this journal")
             return
+        # in sync once it holds what was handed to the disk here now (saved, or waiting for a standby)
+        link.sync_at = written
         link.queue.put(("frame", {"replication": "sync" if self.sync else "async", "cut": self.cuts,
-                                  "takeovers": [list(p) for p in self.takeovers]}))
+                                  "takeovers": [list(p) for p in self.takeovers], "sync_at": list(written)}))
         media = os.path.join(self.journal_dir, "media")
         for sha in sorted(set(os.listdir(media)) - link.media if os.path.isdir(media) else ()):
             if len(sha) == 64:  # (not a file being written: `<sha>.tmp.*`)
@@ -447,6 +571,8 @@ class Shipper:
                 "lag_bytes": self._bytes_between(link.position, self.position) if link is not None else None,
                 "queued_bytes": link.queued_bytes if link is not None else 0,
                 "catching_up": link is not None and link.catching_up, "catch_ups": self.catch_ups,
+                "in_sync": link is not None and link.in_sync, "sync_at": list(link.sync_at) if link else None,
+                "member": link.member if link is not None else None, "leader": self.leader,
                 "standbys": self.links, "standby_losses": self.losses}
 
     def _bytes_between(self, start: Position, end: Position) -> int:
@@ -494,6 +620,7 @@ class Shipper:
             except OSError:
                 return
             try:
+                sock = accepted(sock, self.tls, self.dead_after)
                 link = self._hello(sock)
             except (OSError, ProtocolError, ValueError) as exc:
                 log.warning("replication: a standby's hello failed: %s", exc)
@@ -504,7 +631,7 @@ class Shipper:
             with self._lock:
                 previous, self._arrived = self._arrived, link
             if previous is not None:
-                previous.refuse("another standby said hello meanwhile")
+                previous.refuse("another standby said hello meanwhile", again=True)
             self.wake()
 
     def _hello(self, sock: socket.socket) -> Link | None:
@@ -515,8 +642,24 @@ class Shipper:
         if (msg.get("hello") != 1 or type(segment) is not int or type(offset) is not int or segment < 0
                 or offset < 0 or type(digest) is not bytes):
             raise ProtocolError(f"not a hello: {sorted(msg)}")
-        sock.settimeout(None)
+        member, leader = msg.get("member", ""), msg.get("leader", 0)
+        if type(member) is not str or type(leader) is not int:
+            raise ProtocolError("a hello with a malformed member or leader")
+        sock.settimeout(self.dead_after)  # (both threads: a quiet link is dead; the sender beats before)
         link = Link(self, sock, (segment, offset))
+        link.member = member
+        fenced = self.leadership.fenced() if self.leadership is not None else None
+        if fenced is not None:
+            link.refuse(f"this primary is fenced ({fenced}): follow the new primary", again=True)
+            return None
+        current = self.link  # (the tick thread's: read here only to spare a waiting standby's checks)
+        if current is not None and not current.closed and current.member != member:
+            link.refuse(f"a standby ({current.peer}) is connected: wait for its place", again=True)
+            return None
+        if leader > self.leader:
+            link.refuse(f"the standby followed leadership generation {leader}, newer than this primary's "
+                        f"{self.leader}: this primary is not the leader", again=True)
+            return None
         link.media = {str(m) for m in msg.get("media") or ()}
         if incarnation != self.incarnation:
             link.refuse(f"the standby's runtime file is incarnation {bytes(incarnation or b'').hex()}, "
@@ -540,7 +683,7 @@ class Shipper:
             link.position = (oldest, 0)
             link.emptied = bool(segment) and segment < oldest - 1
             return link
-        why = self._not_a_copy(segment, offset, digest)
+        why = self._not_a_copy(link, segment, offset, digest)
         if why is not None:
             if not self._rewind(link, (segment, offset)):
                 link.refuse(f"{why}: the standby's journal is not a copy of this journal")
@@ -587,18 +730,50 @@ class Shipper:
         link.close()
         return True
 
-    def _not_a_copy(self, segment: int, offset: int, digest: bytes) -> str | None:
+    def _not_a_copy(self, link: Link, segment: int, offset: int, digest: bytes) -> str | None:
         """Why the standby's last segment, `offset` bytes hashing to `digest`, is not the start of
-        this journal's segment (None: it is). Read here, on the accept thread: a segment's size."""
+        this journal's segment (None: it is, or may be). Read here, on the accept thread: a
+        segment's size. The bytes handed to the disk count, not only those in the file: a tick
+        being written here on a slow disk may already be acknowledged by the standby (its copy is
+        written first), and must not be cut back from it. When the file is shorter than `offset`,
+        the rest is checked on the tick thread against the ticks in flight (`link.check`)."""
         if not segment:
             return None
+        h = hashlib.sha256()
         try:
             with open(os.path.join(self.journal_dir, segment_name(segment)), "rb") as f:
-                mine = f.read(offset)
+                have = 0
+                while have < offset and (chunk := f.read(min(SEGMENT_CHUNK, offset - have))):
+                    h.update(chunk)
+                    have += len(chunk)
         except FileNotFoundError:
             return None  # (refused next: the segment is gone)
-        if len(mine) < offset:
-            return f"the standby holds {offset} bytes of segment {segment}, this primary {len(mine)}"
-        if hashlib.sha256(mine).digest() != digest:
+        if have < offset:
+            link.check = (segment, offset, digest, have, h)  # the rest may be in flight (`_not_handed`)
+            return None
+        if h.digest() != digest:
+            return f"segment {segment}'s first {offset} bytes differ"
+        return None
+
+    def _not_handed(self, check: tuple[int, int, bytes, int, Any], current: int,
+                    begun: list[tuple[int, bytes]]) -> str | None:
+        """The end of `_not_a_copy`, on the tick thread: the bytes from what the accept thread
+        read of the file to the standby's offset, from the file now and the ticks in flight."""
+        segment, offset, digest, have, h = check
+        path = os.path.join(self.journal_dir, segment_name(segment))
+        with open(path, "rb") as f:
+            f.seek(have)
+            data = f.read(offset - have)  # (a tick in flight then may be whole in the file now)
+        have += len(data)
+        h.update(data)
+        if have < offset and segment == current:
+            for at, tick in begun:
+                if at <= have < at + len(tick):
+                    piece = tick[have - at:offset - at]
+                    h.update(piece)
+                    have += len(piece)
+        if have < offset:
+            return f"the standby holds {offset} bytes of segment {segment}, this primary handed {have} to its disk"
+        if h.digest() != digest:
             return f"segment {segment}'s first {offset} bytes differ"
         return None

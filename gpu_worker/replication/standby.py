@@ -20,7 +20,7 @@ import logging
 import os
 import socket
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 from gpu_worker.contract.wire import FrameReader, ProtocolError, encode_frame
 from gpu_worker.storage.filelayer import OsFileLayer
@@ -28,12 +28,14 @@ from gpu_worker.storage import runtime_file
 from gpu_worker.storage.journal import SEGMENT_HEADER_SIZE, JournalLock, list_segments, recover, segment_name
 from gpu_worker.storage.runtime_file import RuntimeFile
 
-from . import MARKER, connect, read_frames
+from . import DEAD_SECONDS, MARKER, connect, read_frames
 
 log = logging.getLogger("gpu_worker.replication")
 
-RETRY_FIRST, RETRY_MOST = 0.1, 2.0  # seconds between connection attempts: doubling, at most this
-CONNECT_SECONDS = 5.0
+# seconds between connection attempts: doubling, at most this (a standby waiting for its place, or
+# for a new primary after a failover, finds it within RETRY_MOST: the new primary holds until then)
+RETRY_FIRST, RETRY_MOST = 0.1, 0.5
+CONNECT_SECONDS = 0.5  # a machine that does not answer in this long is not the primary now: the next is tried
 
 
 MARK_SCHEMA = "aotx.journal.standby.v1"
@@ -54,9 +56,33 @@ def read_marker(directory: str) -> dict[str, Any] | str | None:
 
 
 def read_mark(directory: str) -> str | None:
-    """The replication DIR/standby records ("sync" or "async"), None without one."""
+    """The replication DIR/standby records, None without one: "sync" (it holds everything the
+    primary saved), "catching-up" (it follows a sync primary but has not yet acknowledged what the
+    primary had saved when it connected, or was cut back since), "catch-up" (its copy is being
+    replaced), "async"."""
     doc = read_marker(directory)
     return doc.get("replication") if isinstance(doc, dict) else doc
+
+
+def member_of(directory: str) -> str:
+    """This journal copy's standby identity (DIR/standby "member", 32 hex digits, made once): what
+    its hello says and what the primary names in etcd's sync key (docs/replication.md, "Sync
+    standby")."""
+    doc = read_marker(directory)
+    doc = doc if isinstance(doc, dict) else {}
+    member = doc.get("member")
+    if not (isinstance(member, str) and len(member) == 32):
+        member = doc["member"] = os.urandom(16).hex()
+        write_marker(directory, doc)
+    return member
+
+
+def leader_of(directory: str) -> int:
+    """The newest leadership generation this journal copy followed (DIR/standby "leader"): an
+    older primary's stream is refused."""
+    doc = read_marker(directory)
+    leader = doc.get("leader", 0) if isinstance(doc, dict) else 0
+    return leader if type(leader) is int else 0
 
 
 def takeovers(directory: str) -> list[tuple[int, int]]:
@@ -99,6 +125,19 @@ class StandbyRefused(Exception):
     copy of its own, a segment it no longer has): connecting again would not help."""
 
 
+class StandbyDiskError(Exception):
+    """A write or a sync of the journal copy failed: the standby stops, acknowledging nothing more.
+    After a failed fdatasync the kernel may have dropped the dirty pages it could not write and a
+    later fdatasync succeeds, so retrying (as a link error) could acknowledge bytes that are not on
+    the disk; PostgreSQL panics for the same reason. Not an OSError: `Standby.run` must not take it
+    for a broken link."""
+
+
+class Stale(Exception):
+    """The primary at the address leads an older leadership generation than one this copy already
+    followed (a fenced or partitioned old primary): it is not followed; connect again later."""
+
+
 class Mirror:
     """The standby's copy of the primary's journal (module docstring)."""
 
@@ -133,6 +172,14 @@ class Mirror:
     def position(self) -> tuple[int, int]:
         return self.segment, self.offset
 
+    @contextlib.contextmanager
+    def disk(self, what: str) -> Iterator[None]:
+        """Any OSError of the journal copy's files becomes StandbyDiskError (the standby stops)."""
+        try:
+            yield
+        except OSError as exc:
+            raise StandbyDiskError(f"standby journal {self.directory}: {what} failed: {exc}") from exc
+
     def write(self, segment: int, offset: int, data: bytes) -> None:
         """Bytes the primary wrote at `offset` of `segment`: continuing this journal, or rewriting
         its tail (never leaving a hole)."""
@@ -144,23 +191,31 @@ class Mirror:
                 raise ProtocolError(f"segment {segment} begins at offset {offset}, not at its header")
         else:
             raise ProtocolError(f"bytes for segment {segment} after segment {self.segment}")
-        if segment != self._fd_segment:
-            self._open(segment)
-        fd = self._fd
-        assert fd is not None
-        os.pwrite(fd, data, offset)
-        end = offset + len(data)
-        if os.fstat(fd).st_size > end:  # the primary cut a failed tick and wrote again from here
-            os.ftruncate(fd, end)
+        with self.disk(f"writing segment {segment} at {offset}"):
+            if segment != self._fd_segment:
+                self._open(segment)
+            fd = self._fd
+            assert fd is not None
+            os.pwrite(fd, data, offset)
+            end = offset + len(data)
+            if os.fstat(fd).st_size > end:  # the primary cut a failed tick and wrote again from here
+                os.ftruncate(fd, end)
         self.segment, self.offset = segment, end
 
-    def mark(self, replication: str, primary: str, points: list[tuple[int, int]]) -> None:
-        """Record the replication this journal is kept under and the primary's takeover points
-        (DIR/standby): `boot --takeover` continues the primary's line of history only from a
-        journal kept in sync, and a later rejoin needs the points."""
-        doc = {"replication": replication, "primary": primary, "takeovers": [list(p) for p in points]}
-        if read_marker(self.directory) != {**doc, "schema": MARK_SCHEMA}:
-            write_marker(self.directory, doc)
+    def mark(self, replication: str, primary: str, points: list[tuple[int, int]], leader: int | None = None) -> None:
+        """Record the replication this journal is kept under (`read_mark`), the primary's takeover
+        points and the leadership generation it follows (DIR/standby): `boot --takeover` continues
+        the primary's line of history only from a journal in sync, a later rejoin needs the points,
+        and an older primary is not followed again. The member identity stays."""
+        kept = read_marker(self.directory)
+        kept = kept if isinstance(kept, dict) else {}
+        doc = {**kept, "replication": replication, "primary": primary, "takeovers": [list(p) for p in points]}
+        if leader is not None:
+            doc["leader"] = leader
+        doc.pop("schema", None)
+        if kept != {**doc, "schema": MARK_SCHEMA}:
+            with self.disk("writing DIR/standby"):
+                write_marker(self.directory, doc)
 
     def rewind(self, segment: int, offset: int) -> None:
         """Cut this journal back to `offset` of `segment` (a takeover point of the primary): what
@@ -168,28 +223,30 @@ class Mirror:
         held it)."""
         log.warning("standby: journal %s at %s is cut back to %s, the primary's takeover point (the tail after it "
                     "was never saved)", self.directory, self.position, (segment, offset))
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd, self._fd_segment = None, 0
-        for number in list_segments(self.directory, OsFileLayer()):
-            if number > segment:
-                os.remove(os.path.join(self.directory, segment_name(number)))
-        self._open(segment)
-        assert self._fd is not None
-        os.ftruncate(self._fd, offset)
-        os.fdatasync(self._fd)
-        OsFileLayer().fsync_dir(self.directory)
+        with self.disk("cutting the journal back"):
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd, self._fd_segment = None, 0
+            for number in list_segments(self.directory, OsFileLayer()):
+                if number > segment:
+                    os.remove(os.path.join(self.directory, segment_name(number)))
+            self._open(segment)
+            assert self._fd is not None
+            os.ftruncate(self._fd, offset)
+            os.fdatasync(self._fd)
+            OsFileLayer().fsync_dir(self.directory)
         self.segment, self.offset = segment, offset
 
     def empty(self) -> None:
         """Remove every segment (a catch-up replaces what they held: the primary's stream begins
         again at its oldest segment)."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd, self._fd_segment = None, 0
-        for number in list_segments(self.directory, OsFileLayer()):
-            os.remove(os.path.join(self.directory, segment_name(number)))
-        OsFileLayer().fsync_dir(self.directory)
+        with self.disk("emptying the journal"):
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd, self._fd_segment = None, 0
+            for number in list_segments(self.directory, OsFileLayer()):
+                os.remove(os.path.join(self.directory, segment_name(number)))
+            OsFileLayer().fsync_dir(self.directory)
         self.segment, self.offset = 0, 0
 
     def media_held(self) -> list[str]:
@@ -205,38 +262,43 @@ class Mirror:
                 or type(data) is not bytes):
             raise ProtocolError(f"not a media piece: {sorted(msg)}")
         directory = os.path.join(self.directory, "media")
-        os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, sha)
         if at == 0:
-            self._media = (sha, hashlib.sha256(), os.open(path + ".tmp.standby", os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-                                                         | os.O_CLOEXEC, 0o600), 0)
+            with self.disk(f"creating media {sha}"):
+                os.makedirs(directory, exist_ok=True)
+                self._media = (sha, hashlib.sha256(), os.open(path + ".tmp.standby", os.O_WRONLY | os.O_CREAT
+                                                             | os.O_TRUNC | os.O_CLOEXEC, 0o600), 0)
         if self._media is None or self._media[0] != sha or self._media[3] != at:
             raise ProtocolError(f"media {sha} piece at {at} out of order")
         _, digest, fd, _ = self._media
-        os.write(fd, data)
+        with self.disk(f"writing media {sha}"):
+            os.write(fd, data)
         digest.update(data)
         self._media = (sha, digest, fd, at + len(data))
         if at + len(data) < size:
             return
         self._media = None
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with self.disk(f"syncing media {sha}"):
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         if digest.hexdigest() != sha:
             os.remove(path + ".tmp.standby")
             raise ProtocolError(f"media {sha}: the bytes hash to {digest.hexdigest()}")
-        os.replace(path + ".tmp.standby", path)
-        OsFileLayer().fsync_dir(directory)
+        with self.disk(f"placing media {sha}"):
+            os.replace(path + ".tmp.standby", path)
+            OsFileLayer().fsync_dir(directory)
 
     def trim(self, keep_from: int) -> None:
         """Remove the segments before `keep_from` (a checkpoint folded them into the runtime file
         copy, as the primary removed its own)."""
         removed = [n for n in list_segments(self.directory, OsFileLayer()) if n < keep_from]
-        for number in removed:
-            os.remove(os.path.join(self.directory, segment_name(number)))
-        if removed:
-            OsFileLayer().fsync_dir(self.directory)
+        with self.disk("removing folded segments"):
+            for number in removed:
+                os.remove(os.path.join(self.directory, segment_name(number)))
+            if removed:
+                OsFileLayer().fsync_dir(self.directory)
 
     def digest(self) -> bytes:
         """SHA-256 of the last segment's bytes (the primary checks that its own begins with them)."""
@@ -256,16 +318,19 @@ class Mirror:
         does this copy, when it holds more."""
         if segment == self.segment and offset < self.offset:
             assert self._fd is not None and self._fd_segment == segment
-            os.ftruncate(self._fd, offset)
+            with self.disk("cutting the segment"):
+                os.ftruncate(self._fd, offset)
             self.offset = offset
 
     def sync(self) -> tuple[int, int]:
-        """Make everything written durable; the position it holds now."""
-        if self._fd is not None:
-            os.fdatasync(self._fd)
-        if self._new_entry:
-            OsFileLayer().fsync_dir(self.directory)
-            self._new_entry = False
+        """Make everything written durable; the position it holds now. A failure is a
+        StandbyDiskError: nothing more may be acknowledged (its class says why)."""
+        with self.disk("fdatasync"):
+            if self._fd is not None:
+                os.fdatasync(self._fd)
+            if self._new_entry:
+                OsFileLayer().fsync_dir(self.directory)
+                self._new_entry = False
         return self.position
 
     def _open(self, segment: int) -> None:
@@ -290,41 +355,75 @@ class Mirror:
 class Standby:
     """Follows a primary (module docstring) until `stop`."""
 
-    def __init__(self, address: str, mirror: Mirror, runtime: str, follower: Follower | None = None) -> None:
-        """`runtime`: this standby's copy of the primary's runtime file (its checkpoints follow the
-        primary's)."""
-        self.address = address
+    def __init__(self, address: str, mirror: Mirror, runtime: str, follower: Follower | None = None,
+                 dead_after: float = DEAD_SECONDS, tls: Any = None) -> None:
+        """`address`: the primary's replication address, or several, comma-separated (every
+        machine's: the standby follows whichever serves as the primary, trying the next after a
+        failure, so that it finds a new primary after a failover by itself). `runtime`: this
+        standby's copy of the primary's runtime file (its checkpoints follow the primary's).
+        `dead_after`: seconds without a frame (the primary beats a third of it) after which the link
+        is dead and made again. `tls`: an ssl.SSLContext for a TCP link (replication/tls.py), None
+        for a Unix socket."""
+        self.addresses = [a for a in address.split(",") if a]
+        self.address = self.addresses[0]
         self.mirror = mirror
         self.runtime = runtime
+        self.dead_after = dead_after
+        self.tls = tls
         with RuntimeFile.open(runtime, verify=False) as copy:
             self.incarnation = copy.incarnation
+        self.member = member_of(mirror.directory)  # this copy's identity (the sync key names it)
+        self.leader = leader_of(mirror.directory)  # the newest leadership generation followed
         self._pieces: dict[str, tuple[str, bytearray]] = {}  # a checkpoint's components as they come
         self.follower = follower  # a hot standby's: told each durable position and each cut
         self.connected = threading.Event()  # set while a link streams (tests and `run`'s log wait on it)
+        self.in_sync = threading.Event()  # set while its acknowledged position is past the link's sync point
         self.acks = 0
-        self._stop = threading.Event()      # stop()'s waker for the back-off wait
+        self.failures = 0  # links that ended in an error (each is tried again after a back-off)
+        self._stop = threading.Event()
+        self._wake = threading.Event()  # the back-off wait's waker: stop(), and prefer() (a new primary)
+        self._preferred: str | None = None  # the primary's address as etcd's leader key says
         self._sock: socket.socket | None = None
 
     def run(self) -> None:
-        """Follow the primary, connecting again after each loss, until `stop` (or a refusal: raised)."""
+        """Follow the primary, connecting again after each loss (the next address after a failure),
+        until `stop`; a refusal, or a failure of this journal's disk (StandbyDiskError), is raised."""
         wait = RETRY_FIRST
+        at = 0
         while not self._stop.is_set():
+            preferred, self._preferred = self._preferred, None
+            self.address = preferred or self.addresses[at % len(self.addresses)]
             try:
                 self._follow()
                 wait = RETRY_FIRST
             except Rewound:
                 continue  # at once, from the takeover point
-            except (OSError, ProtocolError) as exc:
+            except (OSError, ProtocolError, Stale) as exc:
                 if self._stop.is_set():
                     break
-                log.warning("standby: the link to %s: %s; again in %.1fs", self.address, exc, wait)
+                self.failures += 1
+                at += 1
+                log.warning("standby: the link to %s: %s; next %s in %.1fs", self.address, exc,
+                            self.addresses[at % len(self.addresses)], wait)
             finally:
                 self.connected.clear()
-            self._stop.wait(wait)
-            wait = min(wait * 2, RETRY_MOST)
+                self.in_sync.clear()
+            if self._preferred is None:
+                self._wake.wait(wait)
+                self._wake.clear()
+            if at % len(self.addresses) == 0:  # (back off once every address was tried)
+                wait = min(wait * 2, RETRY_MOST)
+
+    def prefer(self, address: str | None) -> None:
+        """The leader key names a primary whose link is at `address`: the next connection goes
+        there, at once (a standby waiting for its place, or following a deposed primary, finds the
+        new one without trying every machine's address)."""
+        if address and not (self.connected.is_set() and address == self.address):
+            self._preferred = address  # (even the address just tried: it may have been before it listened)
+            self._wake.set()
 
     def _follow(self) -> None:
-        sock = connect(self.address, CONNECT_SECONDS)
+        sock = connect(self.address, CONNECT_SECONDS, self.tls, self.dead_after)
         self._sock = sock
         self._pieces = {}  # (pieces of a component a broken link left half sent come again whole)
         try:
@@ -336,29 +435,46 @@ class Standby:
                 components = {name: c.sha256 for name, c in copy.components.items()}
             sock.sendall(encode_frame({"hello": 1, "incarnation": self.incarnation, "generation": generation,
                                        "components": components, "segment": segment, "offset": offset,
-                                       "digest": self.mirror.digest(), "media": self.mirror.media_held()}))
-            sock.settimeout(None)  # the primary may be quiet for long: stop() shuts the socket down
+                                       "digest": self.mirror.digest(), "media": self.mirror.media_held(),
+                                       "member": self.member, "leader": self.leader}))
+            # the primary beats every third of dead_after: a link quiet for longer is dead (a silent
+            # partition), and so is one whose sends block that long; stop() shuts the socket down
+            sock.settimeout(self.dead_after)
             frames = FrameReader()
             # the primary's last cut this link saw: its "replication" frame says, and nothing is
             # acknowledged before it (a catch-up comes first: the position held until then is not
             # of the primary's journal)
             cut: int | None = None
+            link: dict[str, Any] = {}  # the replication frame's: its mode, leader and sync point
             log.info("standby: following %s from %s", self.address, (segment, offset))
             while True:
-                batch = read_frames(sock, frames)
+                try:
+                    batch = read_frames(sock, frames)
+                except TimeoutError:
+                    raise ConnectionError(f"no frame from the primary for {self.dead_after}s: the link is dead") \
+                        from None
                 self.connected.set()
                 for msg in batch:
                     if "refused" in msg:
+                        if msg.get("again"):
+                            raise ConnectionError(f"the primary at {self.address} asks to connect again: "
+                                                  f"{msg['refused']}")
                         raise StandbyRefused(f"the primary at {self.address} refused: {msg['refused']}")
+                    if link and msg.get("g") != link["leader"]:
+                        raise ProtocolError(f"a frame of leadership generation {msg.get('g')} on a link of "
+                                            f"{link['leader']}")
+                    if "beat" in msg:
+                        continue  # (the acknowledgement below answers it)
                     if "rewind" in msg:  # this journal went on past a takeover point in other bytes
                         at, end = msg["rewind"]
+                        # not in sync until the primary's stream covers what it had saved again
+                        self.mirror.mark("catching-up", self.address, takeovers(self.mirror.directory))
                         self.mirror.rewind(int(at), int(end))
                         if self.follower is not None:
                             self.follower.cut((int(at), int(end)))
                         raise Rewound(f"cut back to the primary's takeover point {(at, end)}")
                     if "replication" in msg:
-                        self.mirror.mark(str(msg["replication"]), self.address,
-                                         [(int(p[0]), int(p[1])) for p in msg.get("takeovers", [])])
+                        link = self._linked(msg)
                         cut = msg.get("cut", 0)
                         continue
                     if "checkpoint" in msg:
@@ -388,13 +504,40 @@ class Standby:
                 segment, offset = self.mirror.sync()
                 if cut is None:
                     continue
-                sock.sendall(encode_frame({"ack": 1, "segment": segment, "offset": offset, "cut": cut}))
+                if link["mode"] == "sync" and not self.in_sync.is_set() and (segment, offset) >= link["sync_at"]:
+                    # durable past what the primary had saved when this link began: it holds every
+                    # saved transfer from now on, and may take over (docs/replication.md, "In sync")
+                    self.mirror.mark("sync", self.address, link["takeovers"])
+                    self.in_sync.set()
+                    log.info("standby: in sync with %s at %s", self.address, (segment, offset))
+                sock.sendall(encode_frame({"ack": 1, "segment": segment, "offset": offset, "cut": cut,
+                                           "g": link["leader"]}))
                 self.acks += 1
                 if self.follower is not None:
                     self.follower.durable((segment, offset))
         finally:
             self._sock = None
             sock.close()
+
+    def _linked(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The primary's first frame after the hello (after a catch-up's frames): its replication
+        mode, leadership generation, takeover points and sync point. An older leadership than this
+        copy followed is Stale; a sync link marks the journal "catching-up" until its durable
+        position passes the sync point (every transfer the primary had saved when it connected)."""
+        mode, leader, sync_at = msg.get("replication"), msg.get("g", 0), msg.get("sync_at", [0, 0])
+        if mode not in ("sync", "async") or type(leader) is not int or not (
+                isinstance(sync_at, list) and len(sync_at) == 2 and all(type(x) is int for x in sync_at)):
+            raise ProtocolError(f"not a replication frame: {sorted(msg)}")
+        if leader < self.leader:
+            raise Stale(f"the primary at {self.address} leads generation {leader}, older than {self.leader} "
+                        "which this standby followed: not followed")
+        points = [(int(p[0]), int(p[1])) for p in msg.get("takeovers", [])]
+        self.leader = leader
+        held = self.mirror.sync() >= tuple(sync_at)  # (what a broken link left written is durable first)
+        self.mirror.mark(mode if mode == "async" or held else "catching-up", self.address, points, leader)
+        if mode == "sync" and held:
+            self.in_sync.set()
+        return {"mode": mode, "leader": leader, "sync_at": tuple(sync_at), "takeovers": points}
 
     def _piece(self, msg: dict[str, Any]) -> bool:
         """Keep a piece of a runtime file component (a checkpoint's or a catch-up's) with those
@@ -491,8 +634,13 @@ class Standby:
         self.mirror.trim(keep)
         log.info("standby: checkpoint generation %d of the primary copied into %s", generation, self.runtime)
 
+    def resume(self) -> None:
+        """After `stop`: `run` follows again (a takeover decided, then found not possible)."""
+        self._stop.clear()
+
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         sock = self._sock
         if sock is not None:
             try:

@@ -10,7 +10,7 @@ from ..memory.table import MemoryTable
 from .indexes import (SEQUENCE_SHIFT, ConversationIndex, MediaSource, MemberIndex, ParticipantIndex,
                       ReceiptIndex, SpaceIndex)
 from ..contract.limits import MEMORY_PAYLOAD_BYTES
-from .tables import P, Tables
+from .tables import ALONE, HELD, P, Source, Tables
 
 __all__ = ["DeviceState", "MediaSource"]
 
@@ -30,6 +30,11 @@ class DeviceState:
         self.last_boot_ns = 0
         self.generation = generation  # the runtime file's superblock generation
         self.save_generation = generation  # the generation save fields report
+        # whether a standby holds each transfer saved from now on, as the journal says (a boot saves
+        # alone; REPLICATION transfers mark a sync standby's transfers, and saving alone again):
+        # what a replayed transfer's save fields say (`replay_source`); None: not known (a journal
+        # written before the journal said so)
+        self.replicated: bool | None = None
         self.checkpoint_seq = 0       # the last transfer the runtime file's checkpoint holds
         self.checkpoint_digest = bytes(32)
         self.participants = ParticipantIndex(incarnation)
@@ -42,6 +47,11 @@ class DeviceState:
         # takeovers of this journal by a standby (boot --takeover), oldest first: {boot, at_ns,
         # position, generation (the etcd leadership's, or None)}
         self.failovers: list[dict[str, Any]] = []
+
+    @property
+    def replay_source(self) -> int:
+        """The source of a replayed transfer's save fields: the journal, and whether a standby held it."""
+        return int(Source.JOURNAL) | (0 if self.replicated is None else HELD if self.replicated else ALONE)
 
     def rebuild_indexes(self, input_kind: int, media: dict[str, Any] | None = None) -> None:
         """Indexes derived from the tensors (empty, or just loaded from a checkpoint), and the

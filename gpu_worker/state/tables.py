@@ -147,6 +147,12 @@ class Source(IntEnum):
     FILE = 2
 
 
+# Bits beside a save's Source in the same column: whether a standby held the transfer when it was
+# saved (a sync primary's acknowledged transfer: HELD; one saved alone, async or without a standby:
+# ALONE; neither: not known, as for a transfer a restart replayed). A checkpoint keeps them.
+SOURCE_MASK, HELD, ALONE = 3, 4, 8
+
+
 _scatter = native.load("jcodec").scatter
 assert sys.byteorder == "little"  # the tensors' int64s are written as little-endian bytes (put_struct)
 _HALVES = struct.Struct("<qq")
@@ -341,12 +347,22 @@ class Tables:
             return self._digests[start:start + 32].tobytes()
         return self.receipt_digests[row, which].cpu().numpy().tobytes()
 
+    def mark_held(self, start: int, end: int, held: bool) -> None:
+        """The saves of transfers start..end-1 were held by a standby (or alone): a replayed
+        REPLICATION transfer's correction (gpu_worker/device.py `_replay_replication`)."""
+        bit, other = (HELD, ALONE) if held else (ALONE, HELD)
+        for transfer_col, source_col in ((R.ADM_TRANSFER, R.ADM_SOURCE), (R.TERM_TRANSFER, R.TERM_SOURCE)):
+            seqs = self.receipts[:, transfer_col]
+            rows = (self.receipts[:, R.STATE] != 0) & (seqs >= start) & (seqs < end)
+            self.receipts[rows, source_col] = (self.receipts[rows, source_col] & ~other) | bit
+
     def mark_folded(self, generation: int) -> None:
         """Every live receipt is now saved in the runtime file, at this generation (a checkpoint)."""
         live = self.receipts[:, R.STATE] != 0
-        for col, value in ((R.ADM_SOURCE, Source.FILE), (R.TERM_SOURCE, Source.FILE),
-                           (R.ADM_GENERATION, generation), (R.TERM_GENERATION, generation)):
-            self.receipts[live, col] = int(value)
+        for col in (R.ADM_SOURCE, R.TERM_SOURCE):  # (whether a standby held it stays)
+            self.receipts[live, col] = (self.receipts[live, col] & ~SOURCE_MASK) | int(Source.FILE)
+        for col in (R.ADM_GENERATION, R.TERM_GENERATION):
+            self.receipts[live, col] = generation
 
     @staticmethod
     def array(table: torch.Tensor) -> np.ndarray:

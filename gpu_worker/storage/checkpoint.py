@@ -90,6 +90,7 @@ def encode_state(state: DeviceState, last_seq: int, last_digest: bytes, generati
                   for sha, source in state.media.items()},
         "holds": state.hold_incidents,
         "failovers": state.failovers,
+        "replicated": state.replicated,
         "memory": state.memory.encode(),
         "history": spill(_history(state)),
         "written_ns": time.time_ns(),
@@ -180,6 +181,7 @@ def load_saved(state: DeviceState, saved: dict[str, Any], input_kind: int) -> di
     state.save_generation = saved["generation"]
     state.hold_incidents = saved.get("holds", [])
     state.failovers = saved.get("failovers", [])  # (none in a checkpoint from before replication)
+    state.replicated = saved.get("replicated")  # whether a standby holds what is saved after it (None: unknown)
     if "memory" in saved:  # a checkpoint from before memory has none
         state.memory.load(saved["memory"])
     conversations = t.array(t.conversations)

@@ -101,6 +101,8 @@ class TickOwner(Protocol):
 
     def read(self, msg: Message) -> Message: ...
 
+    def replication_marked(self, held: bool, start: int) -> int: ...
+
 
 class Syncer(Protocol):
     """The native tick I/O thread (native/tick_io.cpp)."""
@@ -135,6 +137,11 @@ class Replica(Protocol):
 
     @property
     def stranded(self) -> bool: ...  # it waits for a standby and none is connected
+
+    # (the Committer journals its changes of mode: `_mark_replication`)
+    alone_due: bool
+    alone_marker: int | None
+    held_from: int | None
 
 
 MAX_HELD_BATCHES = 64  # batches a sync standby may hold unanswered before gathering waits for it
@@ -189,6 +196,21 @@ class Committer:
         if replica is not None:
             self._shipped_seq = self.writer.durable_seq
             replica.begin(self.writer)
+            if replica.waits:  # (a boot saves alone: its BOOT transfer says so at a replay)
+                self.owner.replication_marked(True, self.writer.next_seq)
+
+    def _mark_replication(self) -> None:
+        """Journal the standby's changes of mode (REPLICATION transfers, docs/journal.md): before
+        anything is saved alone, that it will be from the first transfer the standby does not hold
+        (`Shipper.alone` waits for this transfer to be durable); and, back in sync, that a standby
+        holds the transfers saved from then on."""
+        replica = self.replica
+        assert replica is not None
+        if replica.alone_due and replica.alone_marker is None:
+            replica.alone_marker = self.owner.replication_marked(False, replica.acked_seq + 1)
+        if replica.held_from is not None:
+            self.owner.replication_marked(True, replica.held_from)
+            replica.held_from = None
 
     @property
     def saved_seq(self) -> int:
@@ -220,6 +242,7 @@ class Committer:
         """The standby's link moved (an acknowledgement, a standby joined or left): what it saves."""
         assert self.replica is not None
         self.replica.woken(self.writer)
+        self._mark_replication()
         self._release()
         return self._pump()
 

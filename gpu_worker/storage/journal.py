@@ -63,6 +63,7 @@ class TransferKind(IntEnum):
     MEDIA = 8
     HOLD = 9
     MEMORY = 10
+    REPLICATION = 11
 
 
 _jcodec = native.load("jcodec")

@@ -320,5 +320,33 @@ def healthz(request: HttpRequest) -> HttpResponse:
         journal = status.get("journal") or {}
         body["journal"] = f"held ({journal.get('cause')})" if journal.get("hold") else "not held"
     healthy = body == {"gateway": "up", "device": "reachable", "journal": "not held"}
+    body["role"] = _role(status)
     return HttpResponse(json.dumps(body, sort_keys=True), status=200 if healthy else 503,
+                        content_type="application/json")
+
+
+def _role(status: dict | None) -> str:
+    """The device this gateway serves: "primary" (it admits: no leadership, or one not fenced),
+    "fenced" (a primary that may have lost its leadership: it admits nothing), or "unreachable"
+    (no device answers here: a standby's machine, whose device serves once it takes over)."""
+    if status is None:
+        return "unreachable"
+    leadership = (status.get("pipeline") or {}).get("leadership")
+    return "fenced" if leadership is not None and leadership.get("fenced") else "primary"
+
+
+@csrf_exempt
+def healthz_primary(request: HttpRequest) -> HttpResponse:
+    """GET /healthz/primary: 200 only while this gateway's device is the primary that admits (as
+    Patroni's `GET /primary` for a load balancer's health check: clients and proxies send their
+    requests to the machine that answers 200); 503 otherwise, with the role. No token."""
+    if request.method not in ("GET", "HEAD"):
+        return HttpResponse(status=405, headers={"Allow": "GET, HEAD"})
+    status = ops.ping(settings.AOTX_METRICS_DEVICE_TIMEOUT)
+    role = _role(status)
+    body: dict[str, object] = {"role": role}
+    if status is not None:
+        leadership = (status.get("pipeline") or {}).get("leadership") or {}
+        body["generation"] = str(leadership.get("generation", 0))
+    return HttpResponse(json.dumps(body, sort_keys=True), status=200 if role == "primary" else 503,
                         content_type="application/json")

@@ -108,7 +108,10 @@ SAVE = obj({"source": {"type": "string", "enum": ["journal", "file"]},
             "file_incarnation": ref("Hex32"),
             "generation": ref("Counter"),
             "boot": ref("Counter"),
-            "commit_digest": string("^[0-9a-f]{64}$", "hash chain over saved transfers")},
+            "commit_digest": string("^[0-9a-f]{64}$", "hash chain over saved transfers"),
+            "standby": nullable({"type": "boolean", "description": (
+                "whether a standby held the transfer when it was saved (sync replication: true; saved alone, "
+                "async or without a standby: false; null: not known, for a transfer a restart replayed)")})},
            description="where the save was acknowledged")
 
 # what every byte-span read answers (operation results, memory payloads): gpu_worker/ops/lists.py byte_span

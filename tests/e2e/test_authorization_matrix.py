@@ -310,7 +310,9 @@ class World:
             me = json.loads(body)
             lineage, sequence = me["lineage"], me["next_sequence"]
         else:
-            probe = {"schema": SCHEMA, "lineage": "0" * 32, "operation_key": secrets.token_hex(16), "sequence": "1"}
+            # (a sequence past any the persona used: below its retry floor the answer is 410, whatever the lineage)
+            probe = {"schema": SCHEMA, "lineage": "0" * 32, "operation_key": secrets.token_hex(16),
+                     "sequence": "1000000"}
             status, _, body = self.call(persona, "POST", "/spaces", probe)
             assert status == 409 and json.loads(body)["error"]["code"] == "stale_lineage", (persona, body)
             lineage = json.loads(body)["error"]["lineage"]

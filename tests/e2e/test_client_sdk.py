@@ -27,7 +27,7 @@ def stack(tmp_path_factory):
     runtime = base / "sdk.aotxccir"
     pack_tiny(str(runtime), shared=True, capacity={"receipts": 4096, "conversations": 2048})
     s = Stack(base, str(runtime))
-    s.tokens = {name: s.principal(name) for name in ("alice", "bob", "threads", "procs", "flaky", "hold")}
+    s.tokens = {name: s.principal(name) for name in ("alice", "bob", "threads", "procs", "flaky", "hold", "moves")}
     s.boot_device()
     s.serve()
     s.url = f"http://127.0.0.1:{s.port}"
@@ -122,6 +122,63 @@ def test_lost_answers_are_retried_exactly_and_apply_once(stack):
     assert len(set(made)) == 10
     receipts = own_receipts(stack, stack.tokens["flaky"])
     assert sorted(int(r["sequence"]) for r in receipts) == list(range(1, 13))  # register, space, 10: once each
+
+
+class NotPrimary(httpx.HTTPTransport):
+    """A gateway on a machine whose device is not the primary (or whose machine is gone): requests
+    to `dead` fail to connect, those to `standby` answer 503 not_primary as such a gateway does."""
+
+    def __init__(self, dead, standby):
+        super().__init__()
+        self.dead, self.standby, self.seen = dead, standby, []
+
+    def handle_request(self, request):
+        self.seen.append(request.url.port)
+        if request.url.port == self.dead:
+            raise httpx.ConnectError("connection refused", request=request)
+        if request.url.port == self.standby:
+            return httpx.Response(503, json={"error": {"code": "not_primary", "message": "a standby"}})
+        return super().handle_request(request)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_client_given_every_gateway_moves_past_a_lost_machine_and_a_standby_by_itself(stack, asynchronous):
+    """Issue 52 (8): a client talked to one gateway; after the primary's machine was lost nothing
+    moved it. Given every gateway, it goes on through the one that reaches the primary, with exact
+    retries (each mutation applied once)."""
+    dead, standby = 9, 19  # (nothing listens there: the transport answers for them)
+    urls = [f"http://127.0.0.1:{dead}", f"http://127.0.0.1:{standby}", stack.url]
+    transport = NotPrimary(dead, standby)
+    token = stack.tokens["moves"]
+
+    async def run_async():
+        async with AsyncClient(urls, token, transport=AsyncAdapter(transport), retry_for=30) as aotx:
+            await aotx.register()
+            return await aotx.create_space()
+
+    if asynchronous:
+        space = asyncio.run(run_async())
+    else:
+        with Client(urls, token, transport=transport, retry_for=30) as aotx:
+            aotx.register()
+            space = aotx.create_space()
+    assert space["kind"] == "space.create"
+    assert transport.seen[:2] == [dead, standby] and transport.seen[-1] == stack.port
+    receipts = own_receipts(stack, token)
+    assert [r["kind"] for r in receipts].count("space.create") == (2 if asynchronous else 1)
+
+
+class AsyncAdapter(httpx.AsyncBaseTransport):
+    """An async transport answering through a blocking one (the test's NotPrimary)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    async def handle_async_request(self, request):
+        body = await request.aread()
+        blocking = httpx.Request(request.method, request.url, headers=request.headers, content=body)
+        response = await asyncio.to_thread(self.inner.handle_request, blocking)
+        return httpx.Response(response.status_code, headers=response.headers, content=response.read())
 
 
 def test_eight_threads_of_one_participant_submit_200_mutations_none_lost_or_doubled(stack):

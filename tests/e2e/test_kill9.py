@@ -205,8 +205,8 @@ class Zygote:
         self.proc = subprocess.Popen([PYTHON, "-m", "tests.e2e.zygote"], cwd=ROOT, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
 
-    def boot(self, argv, log):
-        self.proc.stdin.write(json.dumps({"argv": argv, "log": log}) + "\n")
+    def boot(self, argv, log, netns=None):
+        self.proc.stdin.write(json.dumps({"argv": argv, "log": log, **({"netns": netns} if netns else {})}) + "\n")
         self.proc.stdin.flush()
         return int(self.proc.stdout.readline())
 

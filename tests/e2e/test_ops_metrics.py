@@ -41,11 +41,12 @@ def test_metrics_and_healthz_follow_the_device(tiny_runtime, tmp_path):
             assert m[("aotx_device_tick_io_seconds_count", ())] >= 1
         status, headers, body = stack.http("GET", "/healthz")
         assert status == 200 and headers["Cache-Control"] == "no-store"
-        assert json.loads(body) == {"gateway": "up", "device": "reachable", "journal": "not held"}
+        assert json.loads(body) == {"gateway": "up", "device": "reachable", "journal": "not held", "role": "primary"}
 
         stack.device.kill(signal.SIGTERM)
         status, _, body = stack.http("GET", "/healthz")
-        assert status == 503 and json.loads(body) == {"gateway": "up", "device": "unreachable", "journal": "unknown"}
+        assert status == 503 and json.loads(body) == {"gateway": "up", "device": "unreachable", "journal": "unknown",
+                                                      "role": "unreachable"}
         m = scrape(stack)
         assert m[("aotx_device_up", ())] == 0 and not [k for k in m if k[0] == "aotx_device_table_rows"]
     finally:

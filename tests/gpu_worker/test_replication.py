@@ -8,6 +8,7 @@ import json
 import os
 import select
 import shutil
+import socket
 import tempfile
 import threading
 
@@ -16,9 +17,9 @@ import pytest
 
 from bench.journal import registration_frame
 from gpu_worker.contract.grantfile import Grants
-from gpu_worker.contract.wire import LENGTH, decode_payload, encode_frame
+from gpu_worker.contract.wire import LENGTH, FrameReader, decode_payload, encode_frame
 from gpu_worker.device import Device
-from gpu_worker.replication import FAILOVER
+from gpu_worker.replication import DEAD_SECONDS, FAILOVER, read_frames
 from gpu_worker.replication.primary import SAVED_STATE, Shipper
 from gpu_worker.replication.standby import Follower as Applier
 from gpu_worker.replication.standby import Mirror, Standby, StandbyRefused, takeovers
@@ -32,16 +33,19 @@ from tests.gpu_worker.loop.test_server import LiveDevice, _exactly, call, regist
 class Primary(LiveDevice):
     """A LiveDevice whose server ships its journal (`sync` or not) on DIR/replication.sock."""
 
-    def __init__(self, runtime, tmp_path, n_principals, sync, alone_after=None, fs=None):
+    def __init__(self, runtime, tmp_path, n_principals, sync, alone_after=None, fs=None, leadership=None,
+                 dead_after=DEAD_SECONDS, address=None, tls=None):
         tmp_path.mkdir(parents=True, exist_ok=True)
         super().__init__(runtime, tmp_path, n_principals, fs=fs)
         self.sync, self.alone_after = sync, alone_after
+        self.leadership, self.dead_after, self.tls = leadership, dead_after, tls
         # AF_UNIX paths are limited to ~107 bytes: the socket in a short directory
-        self.address = os.path.join(tempfile.mkdtemp(prefix="aotx-repl-"), "replication.sock")
+        self.address = address or os.path.join(tempfile.mkdtemp(prefix="aotx-repl-"), "replication.sock")
         self.shipper = None
 
     def start(self):
-        self.shipper = Shipper(self.address, self.journal, self.runtime, sync=self.sync, alone_after=self.alone_after)
+        self.shipper = Shipper(self.address, self.journal, self.runtime, sync=self.sync, alone_after=self.alone_after,
+                               leadership=self.leadership, dead_after=self.dead_after, tls=self.tls)
         self.server_options = {"replica": self.shipper}
         return super().start()
 
@@ -59,7 +63,7 @@ class Follower:
     """A standby (Mirror + Standby) following `address` on a thread; `hot_grants`: a hot one, whose
     device applies the journal copy as it comes (boot --standby-of), with these grants."""
 
-    def __init__(self, address, directory, runtime, hot_grants=None):
+    def __init__(self, address, directory, runtime, hot_grants=None, dead_after=DEAD_SECONDS, tls=None):
         self.incarnation = RuntimeFile.open(runtime).incarnation
         self.device = self.applier = None
         if hot_grants is None:
@@ -71,7 +75,7 @@ class Follower:
             self.mirror = Mirror(directory, self.incarnation, lock=lock, position=self.device.following.position)
             self.applier = Applier(self.device, self.mirror.position)
             self.applier.start()
-        self.standby = Standby(address, self.mirror, runtime, self.applier)
+        self.standby = Standby(address, self.mirror, runtime, self.applier, dead_after=dead_after, tls=tls)
         self.error = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -994,3 +998,330 @@ def test_a_standby_from_the_packed_file_catches_up_with_the_media_a_checkpoint_h
         assert list(device.state.media) == [sha] and not device.state.media[sha].missing
     finally:
         device.close()
+
+
+# ---- issue 52: in sync only once it holds what was saved; saving alone recorded first; the
+# leadership generation on every frame; a dead link noticed; the bytes handed to the disk; a
+# standby whose disk fails stops --------------------------------------------------------------------
+
+class FakeLeadership:
+    """What a Shipper asks of its etcd Leadership: the generation, and the sync key's writes
+    (`records`); recording "no standby" fails until `allow` is set (etcd unreachable)."""
+
+    def __init__(self, generation=7):
+        self.generation = generation
+        self.records = []
+        self.allow = threading.Event()
+
+    def record_sync(self, member):
+        self.records.append(member)
+        if member is None and not self.allow.is_set():
+            from gpu_worker.replication.lease import LeadershipError
+            raise LeadershipError("etcd unreachable")
+
+
+def test_a_standby_is_in_sync_only_once_it_holds_what_the_primary_had_saved(tiny_runtime, tmp_path, monkeypatch):
+    """(1) The standby wrote "sync" into DIR/standby as the replication frame arrived, before the
+    backlog it lacked: a replacement with an empty journal was promotable while it held nothing."""
+    from gpu_worker.replication.standby import read_mark
+    primary = Primary(tiny_runtime, tmp_path / "p", 12, sync=True, alone_after=0).start()  # saves alone at once
+    follower = None
+    try:
+        assert {r["status"] for r in register_all(primary, primary.principals, 2).values()} == {202}
+        directory = str(tmp_path / "s" / "journal")
+        arrived, gate = threading.Event(), threading.Event()
+        write = Mirror.write
+
+        def held_back(self, *args):
+            arrived.set()
+            assert gate.wait(30)
+            return write(self, *args)
+        monkeypatch.setattr(Mirror, "write", held_back)
+        follower = Follower(primary.address, directory, tiny_runtime)
+        assert arrived.wait(30)  # the replication frame came, then the first of what it lacks
+        assert read_mark(directory) == "catching-up" and not follower.standby.in_sync.is_set()
+        assert not primary.shipper.state()["in_sync"]
+        gate.set()
+        wait_for(lambda: read_mark(directory) == "sync" and primary.shipper.state()["in_sync"]
+                 and caught_up(primary, follower), what="the standby to be in sync")
+    finally:
+        primary.stop()
+        if follower is not None:
+            follower.stop()
+
+
+def test_a_takeover_of_a_catching_up_journal_is_refused(tiny_runtime, tmp_path):
+    from gpu_worker.device import DeviceBootError
+    from gpu_worker.replication.standby import write_marker
+    primary = Primary(tiny_runtime, tmp_path / "p", 4, sync=True).start()
+    follower = Follower(primary.address, str(tmp_path / "s" / "journal"), tiny_runtime)
+    try:
+        register_all(primary, primary.principals, 2)
+        wait_for(lambda: caught_up(primary, follower), what="the standby to follow")
+    finally:
+        primary.stop()
+        follower.stop()
+    directory = follower.mirror.directory
+    doc = json.loads(open(os.path.join(directory, "standby")).read())
+    write_marker(directory, {**doc, "replication": "catching-up"})
+    shutil.copy(primary.grants, tmp_path / "grants.json")
+    with pytest.raises(DeviceBootError, match="had not yet acknowledged everything"):
+        Device(RuntimeFile.open(tiny_runtime), directory, Grants(str(tmp_path / "grants.json")), takeover=True)
+
+
+def test_a_primary_saves_alone_only_once_etcd_records_that_no_standby_may_take_over(tiny_runtime, tmp_path):
+    """(2) With --standby-timeout the primary saved alone after S seconds while its standby, still
+    marked sync, could take over and lose it. The sync key is cleared first now."""
+    leadership = FakeLeadership()
+    primary = Primary(tiny_runtime, tmp_path / "p", 2, sync=True, alone_after=0.1, leadership=leadership).start()
+    follower = None
+    try:
+        sock = primary.connect()
+        sock.sendall(primary.register_frame(primary.principals[0], 1))
+        wait_for(lambda: leadership.records.count(None) >= 2, what="the primary to try to record it saves alone")
+        assert select.select([sock], [], [], 0)[0] == [] and not primary.shipper.alone  # it holds meanwhile
+        leadership.allow.set()  # etcd answers: the sync key names no standby
+        sock.settimeout(30)
+        (n,) = LENGTH.unpack(_exactly(sock, 4))
+        assert decode_payload(_exactly(sock, n))["status"] == 202 and primary.shipper.alone
+        sock.close()
+        follower = Follower(primary.address, str(tmp_path / "s" / "journal"), tiny_runtime)
+        wait_for(lambda: leadership.records[-1] == follower.standby.member and not primary.shipper.alone,
+                 what="the standby in sync to be named in the sync key")
+    finally:
+        primary.stop()
+        if follower is not None:
+            follower.stop()
+
+
+def test_a_standby_never_follows_an_older_leadership_and_a_primary_never_streams_to_a_newer_ones_standby(
+        tiny_runtime, tmp_path):
+    """(4) A standby accepted frames from any primary: a fenced old primary could still feed it."""
+    from gpu_worker.replication.standby import write_marker
+    primary = Primary(tiny_runtime, tmp_path / "p", 1, sync=True, leadership=FakeLeadership(3)).start()
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:  # a standby that followed generation 5 says hello
+            sock.connect(primary.address)
+            sock.sendall(encode_frame({"hello": 1, "incarnation": RuntimeFile.open(tiny_runtime).incarnation,
+                                       "generation": 1, "components": {}, "segment": 0, "offset": 0,
+                                       "digest": b"\0" * 32, "member": "m" * 32, "leader": 5}))
+            sock.settimeout(10)
+            (n,) = LENGTH.unpack(_exactly(sock, 4))
+            answer = decode_payload(_exactly(sock, n))
+        assert answer["again"] is True and "generation 5, newer than this primary's 3" in answer["refused"]
+    finally:
+        primary.stop()
+    # the standby's side: a primary of generation 3 streaming to a copy that followed 5
+    directory = str(tmp_path / "s2" / "journal")
+    os.makedirs(directory)
+    write_marker(directory, {"replication": "sync", "leader": 5, "member": "a" * 32, "takeovers": []})
+    address = os.path.join(tempfile.mkdtemp(prefix="aotx-old-"), "old.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(address)
+    listener.listen(1)
+    follower = Follower(address, directory, tiny_runtime)
+    try:
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(10)
+            frames = read_frames(conn, FrameReader())
+            assert frames[0]["leader"] == 5
+            conn.sendall(encode_frame({"replication": "sync", "cut": 0, "takeovers": [], "sync_at": [0, 0], "g": 3}))
+            assert conn.recv(1 << 16) == b""  # it hangs up without an acknowledgement
+        assert follower.standby.acks == 0 and json.loads(open(os.path.join(directory, "standby")).read())["leader"] == 5
+    finally:
+        follower.stop()
+        listener.close()
+
+
+class Blackhole:
+    """A Unix-socket proxy between a standby and its primary that can stop forwarding both ways
+    without closing anything (a silent partition), and forward again."""
+
+    def __init__(self, target):
+        self.target = target
+        self.address = os.path.join(tempfile.mkdtemp(prefix="aotx-hole-"), "hole.sock")
+        self.listener = socket.socket(socket.AF_UNIX)
+        self.listener.bind(self.address)
+        self.listener.listen(4)
+        self.open = threading.Event()
+        self.open.set()
+        self.pairs = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if not self.open.is_set():
+                self.pairs.append((client, None))  # accepted, never answered: as a partition does
+                continue
+            server = socket.socket(socket.AF_UNIX)
+            server.connect(self.target)
+            self.pairs.append((client, server))
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, a, b):
+        try:
+            while data := a.recv(1 << 16):
+                self.open.wait()  # a silent partition: bytes stop, nothing closes
+                b.sendall(data)
+        except OSError:
+            pass
+
+    def close(self):
+        self.open.set()
+        self.listener.close()
+        for pair in self.pairs:
+            for sock in pair:
+                if sock is not None:
+                    sock.close()
+
+
+def test_a_silent_partition_is_noticed_within_the_link_timeout_and_the_standby_comes_back(tiny_runtime, tmp_path):
+    """(5) No heartbeat, no timeout: both ends blocked for as long as TCP took to give up; a
+    standby that connected again was refused "already connected" and exited."""
+    primary = Primary(tiny_runtime, tmp_path / "p", 8, sync=True, dead_after=0.6).start()
+    hole = Blackhole(primary.address)
+    follower = Follower(hole.address, str(tmp_path / "s" / "journal"), tiny_runtime, dead_after=0.6)
+    try:
+        assert {r["status"] for r in register_all(primary, primary.principals[:4], 2).values()} == {202}
+        hole.open.clear()  # the partition: no byte crosses, no connection ends
+        wait_for(lambda: primary.shipper.state()["standby"] is None and not follower.standby.connected.is_set(),
+                 10, what="both ends to notice the dead link")
+        hole.open.set()  # healed: the standby connects again, and is taken
+        assert {r["status"] for r in register_all(primary, primary.principals[4:], 2).values()} == {202}
+        assert follower.error is None
+    finally:
+        primary.stop()
+        follower.stop()
+        hole.close()
+
+
+def test_a_hello_is_checked_against_the_bytes_handed_to_the_disk_not_only_the_file(tiny_runtime, tmp_path):
+    """(6) A tick still being written on a slow disk may already be acknowledged by the standby: its
+    hello holds more of the segment than the file, which must not count as "not a copy"."""
+    import hashlib
+    from gpu_worker.replication.primary import Link
+    primary = Primary(tiny_runtime, tmp_path / "p", 2, sync=False).start()
+    a, b = socket.socketpair()
+    try:
+        register_all(primary, primary.principals, 1)
+        segment = primary.position()[0]
+        data = open(os.path.join(primary.journal, segment_name(segment)), "rb").read()
+        in_flight = b"the next tick, on its way to the disk"
+        end = len(data) + len(in_flight)
+        link = Link(primary.shipper, a, (segment, end))
+        assert primary.shipper._not_a_copy(link, segment, end, hashlib.sha256(data + in_flight).digest()) is None
+        assert link.check is not None  # the rest is checked on the tick thread, with the ticks in flight
+        assert primary.shipper._not_handed(link.check, segment, [(len(data), in_flight)]) is None
+        other = Link(primary.shipper, b, (segment, end))
+        primary.shipper._not_a_copy(other, segment, end, hashlib.sha256(data + b"x" * len(in_flight)).digest())
+        assert "differ" in primary.shipper._not_handed(other.check, segment, [(len(data), in_flight)])
+        assert "handed" in primary.shipper._not_handed(other.check, segment, [])  # more than was handed: not a copy
+    finally:
+        a.close()
+        b.close()
+        primary.stop()
+
+
+def test_a_standby_whose_fdatasync_fails_stops_and_acknowledges_nothing_more(tiny_runtime, tmp_path, monkeypatch):
+    """(7) An fsync error was retried as a link error, and a later fdatasync could succeed and
+    acknowledge bytes the kernel had dropped."""
+    import errno
+    from gpu_worker.replication.standby import StandbyDiskError
+    primary = Primary(tiny_runtime, tmp_path / "p", 4, sync=True).start()
+    follower = Follower(primary.address, str(tmp_path / "s" / "journal"), tiny_runtime)
+    try:
+        register_all(primary, primary.principals[:2], 1)
+        wait_for(lambda: caught_up(primary, follower), what="the standby to follow")
+        directory = os.path.realpath(follower.mirror.directory)
+        real = os.fdatasync
+
+        def failing(fd):
+            if os.readlink(f"/proc/self/fd/{fd}").startswith(directory):
+                raise OSError(errno.EIO, "Input/output error")
+            return real(fd)
+        monkeypatch.setattr(os, "fdatasync", failing)
+        acks = follower.standby.acks
+        sock = primary.connect()
+        sock.sendall(primary.register_frame(primary.principals[2], 1))
+        wait_for(lambda: isinstance(follower.error, StandbyDiskError), what="the standby to stop on its disk error")
+        assert follower.standby.acks == acks and "fdatasync failed" in str(follower.error)
+        assert select.select([sock], [], [], 0)[0] == []  # never answered saved
+        sock.close()
+    finally:
+        monkeypatch.undo()
+        primary.stop()
+        follower.thread.join(30)
+        follower.mirror.close()
+
+
+def test_receipts_say_whether_a_standby_held_them_and_a_restart_and_a_takeover_say_the_same(
+        tiny_runtime, tmp_path):
+    """(2) Receipts say in their save fields whether a standby held the transfer: saved alone
+    (--standby-timeout) "standby": false, held by the sync standby true. The journal says when the
+    primary began and stopped saving alone (REPLICATION transfers), so a restart's replay and the
+    standby that takes over render every receipt byte for byte as it was given."""
+    primary = Primary(tiny_runtime, tmp_path / "p", 12, sync=True, alone_after=0).start()
+    follower = None
+    try:
+        wait_for(lambda: primary.shipper.alone, what="the primary to save alone")
+        alone = register_all(primary, primary.principals[:6], 2)
+        follower = Follower(primary.address, str(tmp_path / "s" / "journal"), tiny_runtime,
+                            hot_grants=primary.grants)
+        wait_for(lambda: followed(primary, follower) and not primary.shipper.alone, what="the standby in sync")
+        held = register_all(primary, primary.principals[6:], 2)
+        wait_for(lambda: followed(primary, follower), what="the standby to apply everything")
+        rendered = rendered_by(primary, {**alone, **held})
+    finally:
+        primary.stop()
+    try:
+        saves = {p: json.loads(body)["admission"]["save"]["standby"] for p, body in rendered.items()}
+        assert {saves[p] for p in alone} == {False} and {saves[p] for p in held} == {True}
+        assert receipts_after_restart(tiny_runtime, primary, {**alone, **held}) == rendered
+        device = follower.take_over()
+        assert receipts_of(device, {**alone, **held}) == rendered
+    finally:
+        follower.device.close()
+        follower.mirror.close()
+
+
+def test_a_link_between_machines_is_tls_with_a_certificate_on_both_sides(tiny_runtime, tmp_path):
+    """(8) The replication link was clear text without authentication. Over TCP it is TLS 1.3 now,
+    each side's certificate signed by the cluster's CA: a standby without one gets nothing."""
+    from gpu_worker.replication import tls
+    from tests.conftest import free_port
+    tls.make(str(tmp_path / "certs"), ["a", "b"])
+    tls.make(str(tmp_path / "other"), ["x"])  # another cluster's CA
+    primary = Primary(tiny_runtime, tmp_path / "p", 8, sync=True, address=f"127.0.0.1:{free_port()}",
+                      tls=tls.context(str(tmp_path / "certs" / "a"), True)).start()
+    stranger = Follower(primary.address, str(tmp_path / "x" / "journal"), tiny_runtime,
+                        tls=tls.context(str(tmp_path / "other" / "x"), False))
+    follower = None
+    try:
+        with socket.create_connection(("127.0.0.1", int(primary.address.rsplit(":", 1)[1])), timeout=10) as clear:
+            clear.sendall(encode_frame({"hello": 1}))  # in clear: no answer but the end of the connection
+            assert clear.recv(1 << 16)[:1] in (b"", b"\x15")  # (nothing, or a TLS alert)
+        wait_for(lambda: stranger.standby.failures >= 2, what="the stranger's links to fail")
+        assert not stranger.standby.connected.is_set() and stranger.standby.acks == 0
+        stranger.stop()
+        follower = Follower(primary.address, str(tmp_path / "b" / "journal"), tiny_runtime,
+                            tls=tls.context(str(tmp_path / "certs" / "b"), False))
+        assert {r["status"] for r in register_all(primary, primary.principals, 2).values()} == {202}
+        wait_for(lambda: caught_up(primary, follower), what="the standby to follow over TLS")
+    finally:
+        primary.stop()
+        if follower is not None:
+            follower.stop()
+    assert journal_bytes(follower.mirror.directory) == journal_bytes(primary.journal)
+
+
+def test_boot_refuses_a_link_over_tcp_without_tls(tiny_runtime, tmp_path):
+    from gpu_worker import boot
+    code = boot.main(["--ccir", tiny_runtime, "--journal", str(tmp_path / "j"), "--service-grants",
+                      str(tmp_path / "g.json"), "--replicate", "127.0.0.1:7001"])
+    assert code == 2

@@ -29,8 +29,8 @@ def test_one_principals_flood_does_not_push_anothers_input_behind_it(world):
     order, gate, handed = [], threading.Event(), []
     admit, step, submit = engine.scheduler.admit, engine.step, world.device.runner.submit
 
-    def recording_admit():
-        group = admit()
+    def recording_admit(*args):
+        group = admit(*args)
         order.extend(seq.request_id for seq in group)
         return group
 

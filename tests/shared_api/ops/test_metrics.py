@@ -101,14 +101,14 @@ def test_requests_are_counted_and_timed_by_url_pattern_not_path(ops_device):
 def test_healthz_is_200_when_the_gateway_device_and_journal_are_fine(ops_device):
     response = Client().get("/healthz")
     assert response.status_code == 200 and response["Cache-Control"] == "no-store"
-    assert response.json() == {"gateway": "up", "device": "reachable", "journal": "not held"}
+    assert response.json() == {"gateway": "up", "device": "reachable", "journal": "not held", "role": "primary"}
 
 
 def test_healthz_is_503_and_says_the_journal_is_held(ops_device):
     ops_device.status["journal"].update(hold=True, cause="low_disk", since_ns=1)
     response = Client().get("/healthz")
     assert response.status_code == 503
-    assert response.json() == {"gateway": "up", "device": "reachable", "journal": "held (low_disk)"}
+    assert response.json() == {"gateway": "up", "device": "reachable", "journal": "held (low_disk)", "role": "primary"}
 
 
 def test_a_stalled_pipeline_is_exported_and_makes_healthz_503(ops_device):
@@ -116,13 +116,32 @@ def test_a_stalled_pipeline_is_exported_and_makes_healthz_503(ops_device):
     assert value(scrape(), "aotx_device_stalled_seconds") == 12.5
     response = Client().get("/healthz")
     assert response.status_code == 503
-    assert response.json() == {"gateway": "up", "device": "stalled (12.5 s without progress)", "journal": "not held"}
+    assert response.json() == {"gateway": "up", "device": "stalled (12.5 s without progress)", "journal": "not held",
+                               "role": "primary"}
 
 
 def test_healthz_is_503_when_the_device_is_unreachable(no_device):
     response = Client().get("/healthz")
     assert response.status_code == 503 and response["Cache-Control"] == "no-store"
-    assert response.json() == {"gateway": "up", "device": "unreachable", "journal": "unknown"}
+    assert response.json() == {"gateway": "up", "device": "unreachable", "journal": "unknown", "role": "unreachable"}
+
+
+def test_healthz_primary_answers_200_only_on_the_machine_whose_device_admits(ops_device):
+    """Issue 52 (8): a load balancer or a client sends its requests where the primary is."""
+    client = Client()
+    response = client.get("/healthz/primary")
+    assert response.status_code == 200 and response.json() == {"role": "primary", "generation": "0"}
+    ops_device.status["pipeline"]["leadership"] = {"generation": 17, "fenced": None}
+    assert client.get("/healthz/primary").json() == {"role": "primary", "generation": "17"}
+    ops_device.status["pipeline"]["leadership"] = {"generation": 17, "fenced": "the leader key was deleted"}
+    response = client.get("/healthz/primary")
+    assert response.status_code == 503 and response.json()["role"] == "fenced"
+    assert client.get("/healthz").json()["role"] == "fenced"
+
+
+def test_healthz_primary_is_503_where_no_device_answers(no_device):
+    response = Client().get("/healthz/primary")
+    assert response.status_code == 503 and response.json() == {"role": "unreachable"}
 
 
 def test_metrics_and_healthz_need_no_token_and_refuse_other_methods(ops_device):

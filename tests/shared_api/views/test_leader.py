@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import tempfile
 
 import pytest
@@ -52,9 +53,9 @@ def devices(settings, tmp_path, etcd):
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def primary(etcd, device):
+def primary(etcd, device, machine=None):
     holder = Leadership(Etcd(etcd.endpoints), KEY, ttl=3)
-    holder.campaign(json.dumps({"socket": device.path}).encode())
+    holder.campaign(json.dumps({"socket": device.path, "machine": machine or socket.gethostname()}).encode())
     return holder
 
 
@@ -87,6 +88,54 @@ def test_the_gateway_follows_the_leader_key_to_the_new_primary(etcd, devices, pe
         assert leader._current is not None and leader._current[2].generation == taker.generation
     finally:
         taker.stop()
+
+
+def test_a_gateway_whose_machine_is_not_the_primarys_answers_not_primary_and_reaches_no_device(
+        etcd, devices, people, settings, tmp_path):
+    """Issue 52 (8): the gateways read only the key's socket, a path on the primary's machine. Each
+    machine's gateway serves its own device now, and while the key names a primary on another
+    machine it answers 503 not_primary at once (clients given every gateway move on), sending
+    nothing to this machine's device (a standby, or a deposed primary whose state lags)."""
+    a, b = devices
+    config = json.loads(open(settings.AOTX_GATEWAY_CONFIG).read())
+    config["socket"] = b.path  # this gateway's machine has device B
+    (tmp_path / "gateway.json").write_text(json.dumps(config))
+    device_client.reset()
+    holder = primary(etcd, a, machine="another-machine")
+
+    async def run():
+        try:
+            return await rsgi_request(*Gateway().request("GET", f"{BASE}/capabilities", people["reader"]))
+        finally:
+            await device_client.aclose_loop()
+    try:
+        first = async_to_sync(run)()  # (the first request starts the watch: it reads the key at once)
+        error = assert_error(async_to_sync(run)(), 503, "not_primary")
+        assert "another-machine" in error["message"] and first.status_code == 503
+        assert a.requests == [] and b.requests == []
+    finally:
+        holder.stop()
+
+
+def test_a_reply_of_an_older_leadership_generation_is_answered_not_primary(etcd, devices, people):
+    """Issue 52 (4): device replies carry the leadership generation; a gateway that saw a newer
+    one in the leader key takes a reply of an older one for a deposed primary's."""
+    a, _ = devices
+    holder = primary(etcd, a)
+    request = Gateway().request("GET", f"{BASE}/capabilities", people["reader"])
+
+    async def run():
+        try:
+            return await rsgi_request(*request)
+        finally:
+            await device_client.aclose_loop()
+    try:
+        a.handler = lambda req: [{"status": 200, "body": OK_BODY, "g": holder.generation}]
+        assert_passed_through(async_to_sync(run)(), 200, OK_BODY)
+        a.handler = lambda req: [{"status": 200, "body": OK_BODY, "g": holder.generation - 1}]
+        assert_error(async_to_sync(run)(), 503, "not_primary")
+    finally:
+        holder.stop()
 
 
 def test_without_etcd_the_gateway_reaches_its_socket_and_a_bad_etcd_setting_is_refused(settings, tmp_path, people):
