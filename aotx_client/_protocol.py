@@ -249,8 +249,18 @@ class PendingLog:
         return found
 
 
+# Answers that say what capabilities describe changed (a journal hold, a quota, the models or the
+# page grant, the primary, the line of history): the client reads capabilities again before its
+# next mutation.
+STALE_CAPABILITIES = frozenset({"journal_hold", "quota_exceeded", "rate_limited", "model_not_available",
+                                "model_lacks_media", "page_limit_exceeds_grant", "page_limit_exceeds_pool",
+                                "not_primary", "stale_lineage", "receipt_table_full"})
+
+
 class Mutations:
-    """The participant's lineage and sequence counter, shared by every thread of one client."""
+    """The participant's lineage and sequence counter, shared by every thread of one client, and
+    the capabilities it read (SPEC's client sequence: capabilities and the participant resource
+    before the first mutation)."""
 
     def __init__(self, retry_for: float, clock: Any, log: PendingLog | None = None) -> None:
         self.retry_for, self.clock, self.log = retry_for, clock, log
@@ -259,6 +269,28 @@ class Mutations:
         self.next_sequence = 0
         self.in_flight: set[int] = set()
         self.participant: dict[str, Any] | None = None
+        self.capabilities: dict[str, Any] | None = None  # None: to be read before the next mutation
+
+    def read_capabilities(self) -> Step:
+        """GET /capabilities: the models, limits, quotas and hold state the next mutations meet."""
+        reply = yield from request(Call("GET", f"{BASE}/capabilities"), self.retry_for, self.clock)
+        raise_for(reply)
+        found: dict[str, Any] = reply.json()
+        self.capabilities = found
+        return found
+
+    def _noted(self, reply: Reply | None, receipt: dict[str, Any] | None = None) -> None:
+        """An answer that says the capabilities read changed (STALE_CAPABILITIES, or a receipt run by
+        a model they do not list): read them again before the next mutation."""
+        known = self.capabilities
+        if known is None:
+            return
+        if reply is not None and _code(reply) in STALE_CAPABILITIES:
+            self.capabilities = None
+        elif receipt is not None:
+            digest = (receipt.get("effective") or {}).get("model_digest")
+            if digest is not None and digest not in {m.get("digest") for m in known.get("models") or ()}:
+                self.capabilities = None
 
     def read_participant(self, rewind: bool = False) -> Step:
         """Read /participant: the lineage, and the next sequence — moved forward to the server's
@@ -294,6 +326,8 @@ class Mutations:
 
     def mutate(self, path: str, fields: dict[str, Any]) -> Step:
         """Submit one mutation; returns its receipt (202 new, 200 the exact retry's)."""
+        if self.capabilities is None:
+            yield from self.read_capabilities()
         if self.lineage is None:
             yield from self.read_participant()
         pending = Pending(path, dict(fields), secrets.token_hex(16))
@@ -326,7 +360,9 @@ class Mutations:
                 if reply.status in (200, 202):
                     known = True
                     receipt: dict[str, Any] = reply.json()
+                    self._noted(None, receipt)
                     return receipt
+                self._noted(reply)
                 code = _code(reply)
                 if reply.status == 409 and code == "future_sequence":
                     with self.lock:

@@ -42,6 +42,8 @@ class _Common:
 
     # steps -------------------------------------------------------------------------------------
     def _register(self) -> Step:
+        if self.mutations.capabilities is None:  # (SPEC's client sequence: capabilities first)
+            yield from self.mutations.read_capabilities()
         me = yield from self.mutations.read_participant()
         if me.get("registered"):
             return me
@@ -122,7 +124,13 @@ class Client(_Common):
 
     # the API -----------------------------------------------------------------------------------
     def capabilities(self) -> dict[str, Any]:
-        return self._run(self._get("/capabilities"))
+        """Read now (and kept: the client reads them before its first mutation and again when an
+        answer says they changed; `known_capabilities` is the last read)."""
+        return self._run(self.mutations.read_capabilities())
+
+    @property
+    def known_capabilities(self) -> dict[str, Any] | None:
+        return self.mutations.capabilities
 
     def participant(self) -> dict[str, Any]:
         return self._run(self.mutations.read_participant())
@@ -261,7 +269,11 @@ class AsyncClient(_Common):
         return reply
 
     async def capabilities(self) -> dict[str, Any]:
-        return await self._run(self._get("/capabilities"))
+        return await self._run(self.mutations.read_capabilities())
+
+    @property
+    def known_capabilities(self) -> dict[str, Any] | None:
+        return self.mutations.capabilities
 
     async def participant(self) -> dict[str, Any]:
         return await self._run(self.mutations.read_participant())

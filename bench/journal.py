@@ -2,7 +2,7 @@
 and the ceiling implied by "at most 16 records per tick, one fdatasync per tick".
 
     .venv/bin/python bench/journal.py [--seconds 3] [--clients 1,16,64] [--dir DIR] [--tick-cpu N|none]
-                                      [--standby [--rounds 3]]
+                                      [--standby [--rounds 3] [--netns]]
 
 Each client is a closed loop on its own connection: send one registration for a fresh
 principal, wait for its saved receipt (status 202), repeat. Registrations are encoded before a
@@ -30,6 +30,9 @@ interpreter, not the disk, sets the rate. bench/tick_cpu.py measures the interpr
 --replicate` over a Unix socket, `boot --standby-of` with its own journal directory and a copy of
 the runtime file, on the same disk and machine), and runs every phase on both, alternately, for
 --rounds rounds: each phase's rate with the standby beside the same phase's without it (medians).
+With --netns (root) the primary and the standby are two machines: each in its own network
+namespace, joined through a bridge (tests/cluster.py), the link over TCP with TLS (`--link-tls`),
+as between two machines; the disk and the CPUs are still the one machine's.
 """
 import argparse
 import json
@@ -154,6 +157,9 @@ def main():
     parser.add_argument("--standby", action="store_true",
                         help="also run every phase on a device with a sync standby beside it, alternately")
     parser.add_argument("--rounds", type=int, default=3, help="with --standby: alternating rounds (medians)")
+    parser.add_argument("--netns", action="store_true",
+                        help="with --standby: the primary and the standby in two network namespaces, the link over "
+                             "TCP with TLS (root)")
     parser.add_argument("--tick-cpu", default="0" if len(os.sched_getaffinity(0)) >= 2 else "none",
                         help="boot the device with --tick-cpu N and run the clients on the other CPUs; 'none' "
                              "leaves every thread unpinned (default: 0 where there are two CPUs or more)")
@@ -189,11 +195,11 @@ def main():
     pin = ["--tick-cpu", str(tick_cpu)] if tick_cpu is not None else []
     processes = []
 
-    def start(name, argv, ready):
+    def start(name, argv, ready, prefix=()):
         log_path = base / f"{name}.log"
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "gpu_worker", "boot", "--service-grants", str(grants)]
-                                    + argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen([*prefix, sys.executable, "-m", "gpu_worker", "boot", "--service-grants",
+                                     str(grants)] + argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         processes.append(proc)
         while ready not in log_path.read_text():
             if proc.poll() is not None:
@@ -201,6 +207,7 @@ def main():
             time.sleep(0.05)
         return proc
 
+    net = None
     try:
         device = start("device", ["--ccir", str(runtime), "--journal", str(journal), "--device", "cpu"] + pin,
                        "device ready")
@@ -214,11 +221,20 @@ def main():
             shutil.copyfile(runtime, copy)
             shutil.copyfile(runtime, standby_copy)
             link = str(base / "replication.sock")
+            where: dict[str, tuple[list[str], list[str]]] = {"primary": ([], []), "standby": ([], [])}
+            if args.netns:  # two machines: the link over TCP, with TLS
+                from tests.cluster import Network
+                net = Network(2)
+                subprocess.run([sys.executable, "-m", "gpu_worker", "link-tls", str(base / "certs"), "m1", "m2"],
+                               cwd=ROOT, check=True, capture_output=True)
+                link = f"{net.address['m1']}:7001"
+                for name, m in (("primary", "m1"), ("standby", "m2")):
+                    where[name] = (net.exec(m), ["--link-tls", str(base / "certs" / m)])
             replicated = start("primary", ["--ccir", str(copy), "--journal", str(base / "journal-primary"),
-                                           "--device", "cpu", "--replicate", link, "--replication", "sync"] + pin,
-                               "device ready")
+                                           "--device", "cpu", "--replicate", link, "--replication", "sync"]
+                               + pin + where["primary"][1], "device ready", where["primary"][0])
             start("standby", ["--ccir", str(standby_copy), "--journal", str(base / "journal-standby"),
-                              "--standby-of", link], "standby ready")
+                              "--standby-of", link] + where["standby"][1], "standby ready", where["standby"][0])
             replicated_sock = str(base / "journal-primary" / "service.sock")
             replicated_frames = [registration_frame(lineage, p, i) for i, (p, lineage) in
                                  enumerate(zip(principals, lineages(replicated_sock, principals)), 1)]
@@ -241,6 +257,8 @@ def main():
         for proc in reversed(processes):
             proc.terminate()
             proc.wait(30)
+        if net is not None:
+            net.close()
     print(f"disk: {base}")
     print("threads: " + (f"the device's tick loop on CPU {tick_cpu}; its other threads and the clients on CPUs "
                          f"{','.join(map(str, sorted(client_cpus)))}; the fdatasync probes unpinned"
@@ -258,7 +276,8 @@ def main():
         print(f"{c:>8} {phase_fsync:>12,.0f} {ceiling:>8,.0f} {rate:>12,.0f} {rate / phase_fsync:>12.2f} "
               f"{rate / ceiling:>10.2f} {busy:>10.0%} {busy / rate * 1e6:>11.0f}")
     if args.standby:
-        print(f"\nwith a sync standby (same machine and disk), {rounds} alternating rounds, medians:")
+        print(f"\nwith a sync standby ({'another network namespace, TCP with TLS' if args.netns else 'a Unix socket'}; "
+              f"the same disk and CPUs), {rounds} alternating rounds, medians:")
         print(f"{'clients':>8} {'alone reg/s':>12} {'standby reg/s':>14} {'ratio':>6} {'primary cpu us/reg':>19}")
         for c, runs in rows:
             alone, with_standby = median(runs["alone"])[0], median(runs["standby"])

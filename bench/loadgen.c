@@ -2,14 +2,17 @@
  * two cores they share with the device (the same loop in Python took ~30% of a core at 64 clients,
  * about 11 us per request, against ~3 us here: one recv and one send per request).
  *
- *     loadgen SOCKET FRAMES CLIENTS SECONDS REPLIES
+ *     loadgen SOCKET FRAMES CLIENTS SECONDS REPLIES [TIMES]
  *
  * FRAMES holds the requests, each a whole device frame (4-byte big-endian length, then the payload),
  * one after another; each is sent once. CLIENTS connections to the Unix socket SOCKET each send one
  * request, wait for its reply and send the next, until SECONDS have passed or the requests run out;
  * then each waits for its last reply. Every reply frame is written, as received, to REPLIES (the
- * caller checks them after the phase) and stdout gets "REPLIES_RECEIVED ELAPSED_SECONDS".
- * Exit status 1 with one line on stderr on any error. */
+ * caller checks them after the phase) and stdout gets "REPLIES_RECEIVED ELAPSED_SECONDS". TIMES,
+ * when given, gets each reply's arrival time, in the order of REPLIES: a native double of
+ * CLOCK_MONOTONIC seconds (Python's time.monotonic), for bench/checkpoint.py's windows and gaps.
+ * A wait of 60 s without any reply is an error. Exit status 1 with one line on stderr on any
+ * error. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdint.h>
@@ -68,8 +71,8 @@ static void send_all(int fd, const unsigned char *p, size_t n) {  /* the socket 
 }
 
 int main(int argc, char **argv) {
-  if (argc != 6) {
-    fprintf(stderr, "usage: loadgen SOCKET FRAMES CLIENTS SECONDS REPLIES\n");
+  if (argc != 6 && argc != 7) {
+    fprintf(stderr, "usage: loadgen SOCKET FRAMES CLIENTS SECONDS REPLIES [TIMES]\n");
     return 2;
   }
   int clients = atoi(argv[3]);
@@ -80,6 +83,8 @@ int main(int argc, char **argv) {
   if (!out || clients < 1) die("arguments");
   static char outbuf[1 << 20];
   setvbuf(out, outbuf, _IOFBF, sizeof outbuf);
+  FILE *times = argc == 7 ? fopen(argv[6], "wb") : NULL;
+  if (argc == 7 && !times) die(argv[6]);
 
   struct sockaddr_un addr = {.sun_family = AF_UNIX};
   if (strlen(argv[1]) >= sizeof addr.sun_path) {
@@ -110,14 +115,14 @@ int main(int argc, char **argv) {
   }
   struct epoll_event events[256];
   while (in_flight) {
-    int ready = epoll_wait(ep, events, 256, 5000);
+    int ready = epoll_wait(ep, events, 256, 60000);
     if (ready < 0) {
       if (errno == EINTR) continue;
       die("epoll_wait");
     }
     if (ready == 0) {
       errno = ETIMEDOUT;
-      die("no reply within 5 s");
+      die("no reply within 60 s");
     }
     for (int e = 0; e < ready; e++) {
       Client *c = events[e].data.ptr;
@@ -136,6 +141,10 @@ int main(int argc, char **argv) {
       while (c->len - used >= 4 && c->len - used >= 4 + (size_t)be32(c->buf + used)) {
         size_t n = 4 + be32(c->buf + used);
         fwrite(c->buf + used, 1, n, out);
+        if (times) {
+          double t = now();
+          fwrite(&t, sizeof t, 1, times);
+        }
         used += n;
         received++;
         if (now() < deadline && next + 4 <= frames_size) {
@@ -152,6 +161,7 @@ int main(int argc, char **argv) {
   }
   double elapsed = now() - start;
   if (fclose(out) != 0) die(argv[5]);
+  if (times && fclose(times) != 0) die(argv[6]);
   printf("%ld %.6f\n", received, elapsed);
   return 0;
 }

@@ -48,14 +48,17 @@ def mutation(principal, lineage, sequence):
                      "canonical": rfc8785.dumps({"method": "POST", "path": path, "body": body})}}
 
 
-def build(base, transfers):
+def build(base, transfers, spare=()):
+    """A runtime file and a journal of `transfers` transfers (64 principals' registrations and
+    spaces), with room and grants for the `spare` principals too (bench/checkpoint.py's load)."""
     runtime = str(base / "r.aotxccir")
-    pack_tiny(runtime, shared=True, capacity={"participants": PRINCIPALS, "spaces": transfers + 1,
-                                              "receipts": transfers + 1, "command_bytes": 512, "result_bytes": 16},
+    pack_tiny(runtime, shared=True, capacity={"participants": PRINCIPALS + len(spare), "spaces": transfers + 1,
+                                              "receipts": transfers + len(spare) + 1, "command_bytes": 512,
+                                              "result_bytes": 16},
               journal_limits={"journal_file_cap_bytes": 1 << 40, "checkpoint_journal_bytes": 1 << 40})
     principals = [secrets.token_bytes(16) for _ in range(PRINCIPALS)]
     grants = str(base / "grants.json")
-    write_grants(grants, {p.hex(): ["shared_read", "shared_write"] for p in principals})
+    write_grants(grants, {p.hex(): ["shared_read", "shared_write"] for p in [*principals, *spare]})
     journal = str(base / "journal")
     device = Device(RuntimeFile.open(runtime), journal, Grants(grants))
     lineages = [device.state.participants.lineage_of(p).hex() for p in principals]

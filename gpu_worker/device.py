@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 
 import msgpack
 
-from . import admission, execution
+from . import admission, execution, fold
 from .contract.commands import TYPES, A, parse
 from .contract.errors import ServiceError
 from .contract.grantfile import GrantFileError, Grants
@@ -39,6 +39,7 @@ from .loop.threads import DEFAULT_NICE, enter_background
 from .ops.kind import (ADMISSION_VERSION, HEAD_ARRAY, KIND_AT, PRINCIPAL_AT, PRINCIPAL_BIN, Admission, Kind,
                        OperationKind)
 from .ops.registry import KINDS, LATER, MUTATIONS, READS
+from .prompt import ControlTokens
 from .state import DeviceState
 from .state import holds
 from .state.executions import Executions
@@ -47,7 +48,7 @@ from .state.usage import Chats, Usage
 from .storage import checkpoint, runtime_file
 from .storage.committer import Batch, Committer, Reply
 from .storage.filelayer import FileLayer, OsFileLayer
-from .storage.journal import (MAX_RECORDS_PER_TICK, JournalCorrupt, JournalIOError, JournalLock, JournalWriter,
+from .storage.journal import (MAX_RECORDS_PER_TICK, JournalCorrupt, JournalError, JournalIOError, JournalLock, JournalWriter,
                               ReadAhead, RecoveryResult, Tail, Transfer, TransferKind, segment_name)
 from .storage.runtime_file import RuntimeFile
 
@@ -84,6 +85,8 @@ class Device:
         self.runtime = runtime
         self.incarnation_hex = runtime.incarnation.hex()
         self.model_digest = runtime.model_digest("gen")
+        # the packed model's control tokens: refused in an input's text and a chat's messages
+        self.control_tokens = ControlTokens(runtime.bytes("gen/tokenizer").tobytes().decode("utf-8"))
         profile = runtime.shared_profile
         if profile is None:
             raise DeviceBootError(f"runtime file {runtime.path} has no shared profile; enable shared operation with "
@@ -125,6 +128,7 @@ class Device:
         self.deliver: Callable[[list[Any]], None] | None = None
         # the loop's pipeline and stall watchdog state for `ping` (the server's `pipeline_state`)
         self.pipeline_state: Callable[[], dict[str, Any]] | None = None
+        self._folding: dict[str, Any] | None = None  # a checkpoint folding beside the ticks (begin_checkpoint)
         self.background_nice = DEFAULT_NICE  # off_thread's threads (loop/threads.py); boot --background-nice
         # a hot standby's reader of its journal copy (`follow`), until it takes over; None otherwise
         self.following: Tail | None = None
@@ -133,6 +137,7 @@ class Device:
             return
         started = time.perf_counter()
         self.lock = JournalLock(journal_dir)
+        fold.clear(journal_dir)  # (the links of a fold a stop cut short: gpu_worker/fold.py)
         try:
             recovery = self._load()
         except BaseException:
@@ -467,6 +472,7 @@ class Device:
         self._reload_grants()
         self.check_hold()
         execution.check_deadlines(self)
+        chat.check_deadlines(self)
         replies, waiting = batch.replies, batch.waiting
         budget = MAX_RECORDS_PER_TICK
         if not self._admission_deferred:
@@ -761,26 +767,118 @@ class Device:
         self.check_hold()
         return result
 
+    def drained(self, conn: Any, msg: Message) -> Message | None:
+        """A command that waited for every transfer to be saved (Committer.when_drained): its
+        answer now, or None when it comes later (a served device's checkpoint folds beside its
+        ticks: `begin_checkpoint`)."""
+        if msg.get("op") == "checkpoint" and self.deliver is not None:
+            self.begin_checkpoint(conn, msg.get("id"))
+            return None
+        return self.read(msg)
+
+    def begin_checkpoint(self, conn: Any, req_id: Any) -> None:
+        """Fold the journal into the runtime file beside the ticks (gpu_worker/fold.py): a new
+        segment now, the fold of the ones before it in another process (gpu_worker/fold_cli.py), its append on a thread of
+        this one, then `_checkpoint_folded` here. Every transfer is saved (the drained point), so
+        the segments folded hold exactly the saved state through the last transfer. A request
+        while one folds is answered with that one's result. conn None: the automatic one."""
+        folding = self._folding
+        if folding is not None:
+            folding["waiters"].append((conn, req_id))
+            return
+        writer, state = self.committer.writer, self.state
+        last_seq, last_digest = writer.next_seq - 1, writer.last_digest
+        if last_seq <= state.checkpoint_seq:
+            self._answer_checkpoint([(conn, req_id)], 200, {"generation": state.generation, "folded": 0})
+            return
+        through, folded_bytes = writer.segment, writer.durable_bytes
+        try:
+            writer.start_new_segment()  # admissions go on in it; the fold reads those before it
+            work = fold.prepare(self.journal_dir, through, self.fs)
+        except (OSError, JournalError) as exc:
+            self._checkpoint_failed([(conn, req_id)], exc)
+            return
+        folding = self._folding = {"waiters": [(conn, req_id)], "generation": state.generation + 1,
+                                   "last_seq": last_seq, "last_digest": last_digest, "through": through,
+                                   "folded_bytes": folded_bytes, "folded": last_seq - state.checkpoint_seq,
+                                   "started": time.perf_counter()}
+        runtime_path, grants_path, nice = self.runtime.path, getattr(self.grants, "path", None), self.background_nice
+
+        def fold_and_publish() -> tuple[list[tuple[str, str, Any]], list[str]]:
+            made, drop = fold.run(runtime_path, work, grants_path, last_seq, nice)
+            checkpoint.publish(self, made, drop, folding["generation"])
+            return made, drop
+        self.off_thread(fold_and_publish, lambda result, error: self._checkpoint_folded(folding, result, error))
+
+    def _checkpoint_folded(self, folding: dict[str, Any], result: Any, error: BaseException | None) -> None:
+        """The fold is in the runtime file (or failed: the segments stay, nothing is lost): the
+        folded segments go, the receipts it saved say so, the standby gets the components, and
+        whoever asked is answered."""
+        self._folding = None
+        waiters = folding["waiters"]
+        if error is not None:
+            self._checkpoint_failed(waiters, error)
+            return
+        made, drop = result
+        generation = folding["generation"]
+        try:
+            checkpoint.trim(self, folding["through"])
+        except OSError as exc:  # (the file holds them: recovery skips what the state folded)
+            log.warning("checkpoint: the folded segments could not all be removed: %s", exc)
+        self.after_checkpoint(generation, folding["last_seq"], folding["last_digest"], made, drop,
+                              folding["through"], folding["folded_bytes"])
+        if self.holds.current and self.holds.current["cause"] == "disk_full":
+            self.holds.end()  # the checkpoint wrote its extents and freed the folded journal: space is back
+        self.check_hold()
+        seconds = time.perf_counter() - folding["started"]
+        log.info("checkpoint: generation %d folds %d transfers through seq %d (%d state bytes) beside the ticks in "
+                 "%.3fs", generation, folding["folded"], folding["last_seq"], len(made[0][2]), seconds)
+        self._answer_checkpoint(waiters, 200, {"generation": generation, "folded": folding["folded"],
+                                               "last_seq": folding["last_seq"], "state_bytes": len(made[0][2]),
+                                               "seconds": seconds})
+
+    def _checkpoint_failed(self, waiters: list[tuple[Any, Any]], error: BaseException) -> None:
+        log.warning("checkpoint failed: %s", error)
+        self._answer_checkpoint(waiters, 507, ServiceError(507, "checkpoint_failed", f"checkpoint failed: {error}").body())
+
+    def _answer_checkpoint(self, waiters: list[tuple[Any, Any]], status: int, body: dict[str, Any] | bytes) -> None:
+        payload = body if isinstance(body, bytes) else dumps(body)
+        for conn, req_id in waiters:
+            if conn is not None:  # (None: the device's own automatic checkpoint)
+                self.subscriptions.outbox.append((conn, reply(req_id, status, payload)))
+
     def after_checkpoint(self, generation: int, last_seq: int, last_digest: bytes,
-                         components: list[tuple[str, str, Any]], drop: list[str]) -> None:
+                         components: list[tuple[str, str, Any]], drop: list[str], through_segment: int,
+                         folded_bytes: int) -> None:
         """The runtime file holds generation `generation` now, every transfer through `last_seq`
-        folded in (written with `components`, `drop`: storage/checkpoint.write). On a primary that
+        (the journal segments through `through_segment`, `folded_bytes` of the writer's count: the
+        journal's size counts from there) folded in (written with `components`,
+        `drop`: storage/checkpoint.write, or gpu_worker/fold.py beside the ticks). On a primary that
         replicates, a CHECKPOINT transfer says so in the journal and the standby gets the same
         components for its copy of the file (docs/replication.md, "Checkpoints"): a state that
         replays the journal from an older checkpoint (a hot standby's, a takeover's) folds where
         this one did, so every receipt renders the same save fields on both."""
+        state = self.state
+        saving_under = state.save_generation
         self._folded(generation, last_seq, last_digest)
-        writer = self.committer.writer
-        self._journal_base = writer.durable_bytes - writer.offset
+        self._journal_base = folded_bytes
         self.runtime = runtime_file.RuntimeFile.open(self.runtime.path, verify=False)
         if self.committer.replica is not None:  # (a standby connecting later has a copy made after it)
-            self.committer.replica.checkpoint(generation, components, drop)
+            self.committer.replica.checkpoint(generation, components, drop, through_segment)
+        if self.deliver is not None:  # a served device (an offline checkpoint's state: every save after it carries it)
+            # The transfers after this one carry the new generation, those before it (saved while
+            # the checkpoint folded, or still waiting to be) the one they were appended under: as
+            # a replay has them (`_replay_checkpoint`), whenever each is saved.
+            state.save_generation = saving_under
+
+            def now_saved(_: Transfer) -> None:
+                state.save_generation = generation
             self.append(TransferKind.CHECKPOINT, msgpack.packb({"generation": generation, "last_seq": last_seq,
-                                                                "last_digest": last_digest}))
+                                                                "last_digest": last_digest}), on_saved=now_saved)
 
     def _folded(self, generation: int, last_seq: int, last_digest: bytes) -> None:
         state = self.state
-        state.tables.mark_folded(generation)
+        state.tables.mark_folded(generation, last_seq)
         state.generation = state.save_generation = generation
         state.checkpoint_seq, state.checkpoint_digest = last_seq, last_digest
 
@@ -802,8 +900,10 @@ class Device:
 
     def _replay_checkpoint(self, transfer: Transfer) -> None:
         info = msgpack.unpackb(transfer.payload, raw=False)
-        if info["generation"] > self.state.generation:  # (a state loaded from that checkpoint holds it)
+        if info["generation"] > self.state.generation:
             self._folded(info["generation"], info["last_seq"], info["last_digest"])
+        else:  # a state loaded from that checkpoint holds it; saves after this carry its generation
+            self.state.save_generation = info["generation"]
 
     def idle(self) -> None:
         """Between ticks: grants (a revoked reader's stream ends within this period, loop/server.py
@@ -812,12 +912,9 @@ class Device:
         self._reload_grants()
         self.check_hold()
         execution.check_deadlines(self)
-        if self.journal_bytes >= self.checkpoint_bytes:
+        if self.journal_bytes >= self.checkpoint_bytes and self._folding is None:
             if self.committer.all_saved:
-                try:
-                    self.checkpoint()
-                except ServiceError:
-                    pass
+                self.drained(None, AUTOMATIC_CHECKPOINT)
             elif not self.committer.drain_waiters:  # under load something is always being saved: gathering
                 self.committer.when_drained(None, AUTOMATIC_CHECKPOINT)  # pauses until nothing is, then it runs
 

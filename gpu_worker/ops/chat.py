@@ -17,6 +17,7 @@ the prompt's tokenization run on a helper thread, and the engine gets the prompt
 from __future__ import annotations
 
 import io
+import time
 from typing import TYPE_CHECKING, Any
 
 from ..contract.chat import PENALTIES, Chat as ChatArgs
@@ -32,6 +33,7 @@ from . import quotas
 from .kind import Context, Executing, Publishing, Read, Reporting
 
 if TYPE_CHECKING:
+    from ..prompt import ControlTokens
     from ..storage.committer import Batch
 
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
@@ -84,7 +86,8 @@ def start(d: Context, conn: object, msg: Message, batch: Batch) -> int:
         return 0
     d.usage.chats_tokenizing[principal] += 1  # counted against its chats quota until it ends
     engine = d.runner.engine
-    d.off_thread(lambda: _prompt(engine, prompt, messages, images),
+    control = d.control_tokens
+    d.off_thread(lambda: _prompt(engine, prompt, messages, images, control),
                  lambda result, error: _submit(d, conn, req_id, principal, args, result, error))
     return 0
 
@@ -94,8 +97,14 @@ def _texts(content: str | list[dict[str, Any]]) -> list[str]:
 
 
 def _prompt(engine: Any, prompt: str | None, messages: list[dict[str, Any]] | None,
-            images: list[bytes]) -> tuple[list[int], list[PreparedImage]]:
-    """On a helper thread: the images decoded, preprocessed and encoded, and the prompt tokenized."""
+            images: list[bytes], control: ControlTokens) -> tuple[list[int], list[PreparedImage]]:
+    """On a helper thread: the text checked for the model's control tokens (400 `reserved_token`,
+    as for an input's text: proportional to the messages, so here and not on the tick thread), the
+    images decoded, preprocessed and encoded, and the prompt tokenized."""
+    for text in [prompt] if prompt is not None else [t for m in messages or () for t in _texts(m["content"])]:
+        token = control.find(text)
+        if token is not None:
+            raise ServiceError(400, "reserved_token", f"a message contains the model's control token {token}")
     tokenizer = engine.tokenizer
     if prompt is not None:
         return tokenizer.encode_text(prompt), []
@@ -113,6 +122,8 @@ def _submit(d: Context, conn: Any, req_id: Any, principal: bytes, args: ChatArgs
         return  # its client went away meanwhile
     prompt, images = result if result is not None else (None, [])
     try:
+        if isinstance(error, ServiceError):  # (a control token in the messages)
+            raise error
         if isinstance(error, MediaError):  # damage inside the data, past the header checks
             raise ServiceError(error.status, error.code, f"an image could not be decoded: {error}")
         if error is not None or prompt is None:
@@ -143,9 +154,13 @@ def _submit(d: Context, conn: Any, req_id: Any, principal: bytes, args: ChatArgs
     topic = d.chats.next_id()
     choices: list[dict[str, Any]] = [{"text": bytearray(), "tokens": 0, "finish": None,
                 "logprobs": [] if args.logprobs is not None else None} for _ in range(n)]
+    # its execution deadline, as an input's (SPEC: a request past it returns 504): from now, the
+    # runtime profile's deadline_ms (`check_deadlines` ends it)
+    deadline_ns = time.time_ns() + int(profile["deadline_ms"]) * 1_000_000
     sub = d.subscriptions.open(conn, req_id, topic, principal,
                                {"stream": args.stream, "prompt_tokens": len(prompt), "pages": pages * n,
-                                "choices": choices, "later": (prompt, settings, seed) if n > 1 else None})
+                                "choices": choices, "later": (prompt, settings, seed) if n > 1 else None,
+                                "deadline_ns": deadline_ns})
     d.subscriptions.push(sub, b"", event="accepted")  # the gateway now waits for the whole completion
     d.runner.submit((*topic, 0), prompt, seed=seed, **settings)
 
@@ -233,6 +248,17 @@ def event(d: Context, request_id: tuple[str, int, int], token: int | None, data:
     if len(rendered) > 1:
         body["choices"] = rendered
     d.subscriptions.end(sub, 200, dumps(body))
+
+
+def check_deadlines(d: Context) -> None:
+    """Chats past their execution deadline stop on the engine (their pages freed) and end 504
+    `deadline_exceeded`, as an input's result read answers (between ticks: Device.idle)."""
+    now = time.time_ns()
+    for sub in [s for s in d.subscriptions.all() if s.topic[0] == "chat" and s.data.get("deadline_ns", now) < now]:
+        cancel(d, sub.topic, len(sub.data["choices"]))
+        error = ServiceError(504, "deadline_exceeded", "the completion exceeded its execution deadline (the runtime "
+                                                       "profile's deadline_ms): it was stopped")
+        d.subscriptions.end(sub, error.status, error.body())
 
 
 def running(d: Publishing) -> int:

@@ -36,7 +36,7 @@ from ..contract.wire import Message, dumps, reply
 from ..state.tables import C, R, Right
 from . import access, chat, receipts
 from .lists import byte_offset, byte_span
-from .operations import refuse_past_deadline, visible_receipt
+from .operations import refuse_past_deadline, visible_result
 
 from .kind import Context, Journaling, Publishing, Read, Tables
 
@@ -194,7 +194,7 @@ def open_operation(d: Context, conn: object, msg: Message, batch: Batch) -> int:
     try:
         principal = d.principal(msg, READ)
         args = d.args(msg, OperationBytes)
-        rrow, own = visible_receipt(d, principal, args.operation)
+        rrow, own = visible_result(d, principal, args.operation)
         t = d.state.tables
         refuse_past_deadline(t.row(t.receipts, rrow))
         length = t.value(t.receipts, rrow, R.RESULT_LEN)
@@ -252,7 +252,7 @@ def state_rebuilt(d: Context) -> None:
         if sub.topic[0] != "op":
             continue
         try:
-            rrow, _ = visible_receipt(d, sub.principal or b"", sub.data["operation"])
+            rrow, _ = visible_result(d, sub.principal or b"", sub.data["operation"])
         except ServiceError as err:
             d.subscriptions.end(sub, err.status, err.body())
             continue
@@ -290,7 +290,7 @@ def recheck(d: Context) -> None:
             if kind == "con":
                 access.conversation_row(d, sub.data["conversation"], principal, prow, Right.READ)
             else:
-                visible_receipt(d, principal, sub.data["operation"])
+                visible_result(d, principal, sub.data["operation"])
         except ServiceError as err:
             d.subscriptions.end(sub, err.status, err.body())
             if kind == "chat":

@@ -94,6 +94,9 @@ def check(d: Context, principal: bytes, prow: int | None, args: Input, key: byte
         raise ServiceError(400, "bad_field", f"max_output_tokens must be 1..{pages * profile['page_size']} "
                                              f"for {pages} pages")
     images.check(d, card, media, pages, max_output)  # each image's bytes, and its tokens in the page limit
+    token = d.control_tokens.find(args.text)  # the packed model's own (the gateway refused the families' already)
+    if token is not None:
+        raise ServiceError(400, "reserved_token", f"text contains the model's control token {token}")
     mode = leases.RETENTION_OF[args.retention]
     if mode == leases.RETAIN_AND_INTERPRET and not card["capabilities"]["automatic_memory"]:
         mode = leases.RETAIN_SOURCE  # recorded as mode 1: this model cannot interpret (SPEC)

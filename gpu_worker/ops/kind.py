@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ..contract.grantfile import Grants
     from ..contract.wire import Message
     from ..engine.embedding import EmbeddingModel
+    from ..prompt import ControlTokens
     from ..loop.runner import Runner
     from ..loop.subscriptions import Subscriptions
     from ..state import DeviceState
@@ -142,6 +143,9 @@ class Reporting(Tables, Protocol):
 
     @property
     def runtime(self) -> RuntimeFile: ...
+
+    @property
+    def control_tokens(self) -> ControlTokens: ...
 
     @property
     def model_digest(self) -> str: ...

@@ -11,8 +11,8 @@ from ..contract.commands import OperationBytes, OperationRef, Page, ReceiptFilte
 from ..contract.errors import ServiceError
 from ..contract.wire import RawJSON
 from ..state import ids as derived
-from ..state.tables import R, Terminal, join16
-from . import receipts
+from ..state.tables import C, R, Terminal, join16
+from . import access, receipts
 from .lists import byte_offset, byte_span, page
 
 from .kind import Context, Read, Tables
@@ -45,6 +45,25 @@ def visible_receipt(d: Context, principal: bytes, op: str) -> tuple[int, bool]:
     raise ServiceError(404, "operation_not_found", f"no operation {op} visible to this principal")
 
 
+def visible_result(d: Context, principal: bytes, op: str) -> tuple[int, bool]:
+    """visible_receipt, for the operation's result bytes and output events. SPEC: current grants
+    intersect with stored membership on each read. An input's result is made from its space (the
+    conversation's earlier turns, the room's memory): even its own submitter reads it only while it
+    may read that space (a member removed from a room, or left with a zero-rights or write-only row,
+    does not); its receipt (status, counts) stays readable to it. 403 `right_missing` otherwise."""
+    rrow, own = visible_receipt(d, principal, op)
+    if own:
+        t = d.state.tables
+        row = t.row(t.receipts, rrow)
+        if d.kinds[row[R.KIND]].executes:
+            crow = row[R.TARGET]
+            if t.value(t.conversations, crow, C.STATE) == 1 and not access.space_readable(
+                    d, principal, row[R.PARTICIPANT], t.value(t.conversations, crow, C.SPACE)):
+                raise ServiceError(403, "right_missing", f"this participant can no longer read the space of {op}: "
+                                                         "its result bytes are withheld (its receipt stays readable)")
+    return rrow, own
+
+
 def list_operations(d: Context, principal: bytes, args: Page) -> tuple[int, Any]:
     cursor, limit = args.after, args.limit
     prow = d.state.participants.by_principal.get(principal)
@@ -66,7 +85,7 @@ def get_operation(d: Context, principal: bytes, args: OperationRef) -> tuple[int
 def read_result(d: Context, principal: bytes, args: OperationBytes) -> tuple[int, Any]:
     """An operation's saved result bytes from a byte offset: exact base64, `text` null unless the
     span is complete UTF-8 (nothing is ever replaced); 504 past its execution deadline."""
-    rrow, _ = visible_receipt(d, principal, args.operation)
+    rrow, _ = visible_result(d, principal, args.operation)
     return result(d, rrow, args)
 
 

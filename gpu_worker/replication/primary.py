@@ -128,7 +128,8 @@ class Link:
                     self.frame(item[1])
                 elif item[0] == "checkpoint":
                     self._send_components("checkpoint", item[1], item[2], {"components": [c[0] for c in item[2]],
-                                                                           "drop": list(item[3])})
+                                                                           "drop": list(item[3]),
+                                                                           "through": item[4]})
                 elif item[0] == "catchup":
                     self._send_catch_up(*item[1:])
                 elif item[0] == "adopt":
@@ -423,13 +424,15 @@ class Shipper:
         if link is not None and not link.closed:
             link.queue.put(("media", sha, path))
 
-    def checkpoint(self, generation: int, components: list[tuple[str, str, Any]], drop: list[str]) -> None:
-        """A checkpoint made the runtime file generation `generation` with these components (after
-        the bytes of every tick before it): the standby's copy gets the same, in stream order."""
+    def checkpoint(self, generation: int, components: list[tuple[str, str, Any]], drop: list[str],
+                   through_segment: int) -> None:
+        """A checkpoint made the runtime file generation `generation` with these components, folding
+        the journal segments through `through_segment` (it was made beside the ticks: later
+        segments may exist already): the standby's copy gets the same, in stream order."""
         self.generation = generation
         link = self.link
         if link is not None and not link.closed:
-            link.queue.put(("checkpoint", generation, components, drop))
+            link.queue.put(("checkpoint", generation, components, drop, through_segment))
 
     def woken(self, writer: JournalWriter) -> bool:
         """The eventfd was readable: start a standby that said hello, forget one that left, and take

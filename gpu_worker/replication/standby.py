@@ -629,6 +629,8 @@ class Standby:
             raise StandbyRefused(f"the runtime file copy {self.runtime} went to generation {made}, the primary's to "
                                  f"{generation}: start the standby from a copy of the primary's runtime file")
         keep = self.mirror.segment
+        if msg.get("through") is not None:  # (the segments after it hold what came after the fold point)
+            keep = min(keep, int(msg["through"]) + 1)
         if self.follower is not None:
             keep = min(keep, self.follower.applied_segment())
         self.mirror.trim(keep)

@@ -356,13 +356,21 @@ class Tables:
             rows = (self.receipts[:, R.STATE] != 0) & (seqs >= start) & (seqs < end)
             self.receipts[rows, source_col] = (self.receipts[rows, source_col] & ~other) | bit
 
-    def mark_folded(self, generation: int) -> None:
-        """Every live receipt is now saved in the runtime file, at this generation (a checkpoint)."""
+    def mark_folded(self, generation: int, through_seq: int | None = None) -> None:
+        """The saves of live receipts by transfers through `through_seq` (None: every saved one)
+        are now in the runtime file, at this generation (a checkpoint folded them). A checkpoint
+        folds while admissions go on (gpu_worker/fold.py): what was saved after its fold point
+        stays in the journal, its save fields as they were given."""
         live = self.receipts[:, R.STATE] != 0
-        for col in (R.ADM_SOURCE, R.TERM_SOURCE):  # (whether a standby held it stays)
-            self.receipts[live, col] = (self.receipts[live, col] & ~SOURCE_MASK) | int(Source.FILE)
-        for col in (R.ADM_GENERATION, R.TERM_GENERATION):
-            self.receipts[live, col] = generation
+        for transfer_col, source_col, generation_col in ((R.ADM_TRANSFER, R.ADM_SOURCE, R.ADM_GENERATION),
+                                                         (R.TERM_TRANSFER, R.TERM_SOURCE, R.TERM_GENERATION)):
+            seqs = self.receipts[:, transfer_col]
+            rows = live & (seqs != 0)
+            if through_seq is not None:
+                rows &= seqs <= through_seq
+            # (whether a standby held it stays)
+            self.receipts[rows, source_col] = (self.receipts[rows, source_col] & ~SOURCE_MASK) | int(Source.FILE)
+            self.receipts[rows, generation_col] = generation
 
     @staticmethod
     def array(table: torch.Tensor) -> np.ndarray:

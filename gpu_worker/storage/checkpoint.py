@@ -65,7 +65,12 @@ class _Spill:
         return ext
 
 
-def encode_state(state: DeviceState, last_seq: int, last_digest: bytes, generation: int) -> bytes:
+def encode_state(state: DeviceState, last_seq: int, last_digest: bytes, generation: int,
+                 save_generation: int | None = None) -> bytes:
+    """The state extent of a checkpoint that makes `generation`, folding every transfer through
+    `last_seq`. `save_generation`: the generation the save fields of the journal's transfers after
+    `last_seq` carry until the checkpoint's CHECKPOINT transfer (None: this one; a checkpoint
+    folded beside the ticks: the one before, under which the device saved them meanwhile)."""
     t = state.tables
     spill = _Spill()
     tables = {}
@@ -83,6 +88,7 @@ def encode_state(state: DeviceState, last_seq: int, last_digest: bytes, generati
     raw = state.participants.raw
     head: bytes = msgpack.packb({
         "version": STATE_VERSION, "generation": generation, "last_seq": last_seq, "last_digest": last_digest,
+        "save_generation": generation if save_generation is None else save_generation,
         "admissions": state.admissions, "boot": state.boot, "last_boot_ns": state.last_boot_ns,
         "lineages": state.participants.saved_lineages(),
         "tables": tables, "digests": spill(digests), "commands": spill(commands), "results": spill(results),
@@ -178,7 +184,7 @@ def load_saved(state: DeviceState, saved: dict[str, Any], input_kind: int) -> di
     state.boot = saved["boot"]
     state.last_boot_ns = saved["last_boot_ns"]
     state.checkpoint_seq, state.checkpoint_digest = saved["last_seq"], saved["last_digest"]
-    state.save_generation = saved["generation"]
+    state.save_generation = saved.get("save_generation", saved["generation"])  # (a CHECKPOINT transfer ends it)
     state.hold_incidents = saved.get("holds", [])
     state.failovers = saved.get("failovers", [])  # (none in a checkpoint from before replication)
     state.replicated = saved.get("replicated")  # whether a standby holds what is saved after it (None: unknown)
@@ -242,13 +248,47 @@ class Folding(Protocol):
     def fs(self) -> FileLayer: ...
 
     def after_checkpoint(self, generation: int, last_seq: int, last_digest: bytes,
-                         components: list[tuple[str, str, Any]], drop: list[str]) -> None: ...
+                         components: list[tuple[str, str, Any]], drop: list[str], through_segment: int,
+                         folded_bytes: int) -> None: ...
+
+
+def components(device: Folding, last_seq: int, last_digest: bytes, media_added: list[tuple[str, str, bytes]],
+               beside: bool = False) -> list[tuple[str, str, Any]]:
+    """A checkpoint's components for the device's state, which holds every transfer through
+    `last_seq` and none after: the state, the audit of the transfers it folds (read from the
+    journal after the previous checkpoint), and `media_added`. `beside`: folded beside the ticks
+    (gpu_worker/fold.py), the device saving under the current generation meanwhile."""
+    current = device.state
+    folded = recover(device.journal_dir, device.fs, current.incarnation, start_digest=current.checkpoint_digest,
+                     after_seq=current.checkpoint_seq).transfers
+    generation = current.generation + 1
+    state = encode_state(current, last_seq, last_digest, generation,
+                         save_generation=current.save_generation if beside else None)
+    return [(STATE, "bytes", state),
+            (f"audit/{generation:08d}", "bytes", audit_blob([t for t in folded if t.seq <= last_seq])), *media_added]
+
+
+def publish(device: Folding, made: list[tuple[str, str, Any]], drop: list[str], generation: int) -> None:
+    """Append a checkpoint's components to the runtime file: it is at `generation` after (any
+    thread: the device's writer lock covers it; the superblock flip makes it the winner)."""
+    new_generation = runtime_file.append(device.runtime.path, made, drop=drop, fs=device.runtime_fs)
+    if new_generation != generation:
+        raise RuntimeError(f"runtime file moved to generation {new_generation}, expected {generation}")
+
+
+def trim(device: Folding, through_segment: int) -> None:
+    """The runtime file holds every transfer of the segments through `through_segment`: remove them."""
+    for number in list_segments(device.journal_dir, device.fs):
+        if number <= through_segment:
+            device.fs.remove(os.path.join(device.journal_dir, segment_name(number)))
+    device.fs.fsync_dir(device.journal_dir)
 
 
 def write(device: Folding, media: tuple[list[tuple[str, str, bytes]], list[str]]) -> dict[str, Any] | None:
-    """Fold the device's journal into the runtime file (device idle: every transfer saved, here
-    and on a sync standby: Committer.all_saved), with `media` (components to add, component names
-    to drop: ops/media.checkpoint_components)."""
+    """Fold the device's journal into the runtime file here, now (the device idle: every transfer
+    saved, here and on a sync standby: Committer.all_saved), with `media` (components to add,
+    component names to drop: ops/media.checkpoint_components). An offline command's and a test's;
+    a served device folds beside its ticks (gpu_worker/fold.py)."""
     started = time.perf_counter()
     writer = device.committer.writer
     if not device.committer.all_saved:
@@ -257,28 +297,20 @@ def write(device: Folding, media: tuple[list[tuple[str, str, bytes]], list[str]]
     current = device.state
     if last_seq <= current.checkpoint_seq:
         return None
-    folded = recover(device.journal_dir, device.fs, current.incarnation, start_digest=current.checkpoint_digest,
-                     after_seq=current.checkpoint_seq).transfers
-    generation = current.generation + 1
-    state = encode_state(current, last_seq, last_digest, generation)
+    generation, folded = current.generation + 1, last_seq - current.checkpoint_seq
     media_added, media_dropped = media
-    components: list[tuple[str, str, Any]] = [
-        (STATE, "bytes", state), (f"audit/{generation:08d}", "bytes", audit_blob(folded)), *media_added]
-    new_generation = runtime_file.append(device.runtime.path, components, drop=media_dropped, fs=device.runtime_fs)
-    if new_generation != generation:
-        raise RuntimeError(f"runtime file moved to generation {new_generation}, expected {generation}")
+    made = components(device, last_seq, last_digest, media_added)
+    publish(device, made, list(media_dropped), generation)
     # from here on the file holds every folded transfer: trim the journal
-    old = list_segments(device.journal_dir, device.fs)
+    through, folded_bytes = writer.segment, writer.durable_bytes
     writer.start_new_segment()
-    for number in old:
-        device.fs.remove(os.path.join(device.journal_dir, segment_name(number)))
-    device.fs.fsync_dir(device.journal_dir)
-    device.after_checkpoint(generation, last_seq, last_digest, components, list(media_dropped))
+    trim(device, through)
+    device.after_checkpoint(generation, last_seq, last_digest, made, list(media_dropped), through, folded_bytes)
     seconds = time.perf_counter() - started
-    log.info("checkpoint: generation %d folds %d transfers through seq %d (%d state bytes) in %.3fs",
-             generation, len(folded), last_seq, len(state), seconds)
-    return {"generation": generation, "folded": len(folded), "last_seq": last_seq, "state_bytes": len(state),
-            "seconds": seconds}
+    log.info("checkpoint: generation %d folds through seq %d (%d state bytes) in %.3fs",
+             generation, last_seq, len(made[0][2]), seconds)
+    return {"generation": generation, "folded": folded, "last_seq": last_seq,
+            "state_bytes": len(made[0][2]), "seconds": seconds}
 
 
 def stored_extent(blob: bytes | memoryview) -> dict[str, int]:

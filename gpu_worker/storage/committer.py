@@ -101,6 +101,8 @@ class TickOwner(Protocol):
 
     def read(self, msg: Message) -> Message: ...
 
+    def drained(self, conn: Any, msg: Message) -> Message | None: ...
+
     def replication_marked(self, held: bool, start: int) -> int: ...
 
 
@@ -131,7 +133,8 @@ class Replica(Protocol):
 
     def cut(self, writer: JournalWriter) -> None: ...
 
-    def checkpoint(self, generation: int, components: list[tuple[str, str, Any]], drop: list[str]) -> None: ...
+    def checkpoint(self, generation: int, components: list[tuple[str, str, Any]], drop: list[str],
+                   through_segment: int) -> None: ...
 
     def media(self, sha: str, path: str) -> None: ...
 
@@ -157,6 +160,7 @@ class Committer:
         self._shipped_seq = 0                  # the last transfer whose bytes were shipped
         self._unacked: deque[Transfer] = deque()  # saved here, not yet on a sync standby (oldest first)
         self._drain_waiters: list[tuple[Any, Message]] = []  # commands that run once nothing is queued
+        self._first_seq = writer.next_seq  # the first transfer of this boot (those before keep their save mode)
         self.stats = IOStats()
         self.gathered = 0   # batches gathered and ticks finished so far: the stall watchdog's sign of
         self.finished = 0   # progress (loop/watchdog.py)
@@ -207,7 +211,10 @@ class Committer:
         replica = self.replica
         assert replica is not None
         if replica.alone_due and replica.alone_marker is None:
-            replica.alone_marker = self.owner.replication_marked(False, replica.acked_seq + 1)
+            # (after a boot no standby has acknowledged anything yet: what the journal held before
+            # it was saved as its replay says, held or alone, not alone from seq 1)
+            start = max(replica.acked_seq + 1, self._first_seq)
+            replica.alone_marker = self.owner.replication_marked(False, start)
         if replica.held_from is not None:
             self.owner.replication_marked(True, replica.held_from)
             replica.held_from = None
@@ -339,8 +346,8 @@ class Committer:
         if not self._drain_waiters or not self.all_saved:
             return []
         waiters, self._drain_waiters = self._drain_waiters, []
-        replies = [(conn, self.owner.read(msg)) for conn, msg in waiters]
-        return [(conn, answer) for conn, answer in replies if conn is not None]
+        replies = [(conn, self.owner.drained(conn, msg)) for conn, msg in waiters]
+        return [(conn, answer) for conn, answer in replies if conn is not None and answer is not None]
 
     def _start_io(self) -> TickIO | None:
         """Hand ticks to the tick I/O thread: the queued records when nothing is in flight, and

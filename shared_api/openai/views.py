@@ -348,16 +348,22 @@ async def _complete(request: HttpRequest, parse: Any, shape: Shape) -> HttpRespo
             pending = await mux().open("chat.completions", principal, args)
         except ServiceError as err:
             return openai_error(err.status, err.code, err.message)
+        accepted = False
         try:
             msg = await pending.next(mux().timeout)  # "accepted" (or a refusal): the device answers at once
             if msg.get("more"):
+                accepted = True
                 msg = await pending.next(settings.AOTX_CHAT_TIMEOUT)
         except ServiceError as err:
             return openai_error(err.status, err.code, err.message)
         except asyncio.TimeoutError:
             await pending.close()
-            return openai_error(503, "device_timeout", f"the completion took longer than {settings.AOTX_CHAT_TIMEOUT:g}s; "
-                                                       "it was stopped (stream it to see tokens as they come)")
+            if not accepted:  # the device did not answer at all
+                return openai_error(503, "device_timeout", f"the device did not answer within {mux().timeout:g}s")
+            # (the device's own execution deadline ends it first, unless AOTX_CHAT_TIMEOUT is lower)
+            return openai_error(504, "deadline_exceeded", f"the completion took longer than "
+                                                          f"{settings.AOTX_CHAT_TIMEOUT:g}s; it was stopped (stream "
+                                                          "it to see tokens as they come)")
         except asyncio.CancelledError:  # the client went away (the front cancels the view): the chat stops
             await pending.close()
             raise

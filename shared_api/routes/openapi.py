@@ -698,14 +698,16 @@ OPERATIONS = {  # keyed by the device command each route calls
                     "ends the stream after that many events, and without it the stream runs on."),
     "operations.subscribe": _read(
         "Output and end of an operation, as a stream", "EventStream",
-        {400: ("bad_offset", "bad_last_event_id"), 404: ("operation_not_found",), 410: ("operation_retired",),
-         503: ("stream_backlog",), 504: ("deadline_exceeded",)},
+        {400: ("bad_offset", "bad_last_event_id"), 403: ("right_missing",), 404: ("operation_not_found",),
+         410: ("operation_retired",), 503: ("stream_backlog",), 504: ("deadline_exceeded",)},
         path="operation", stream="always",
         description="Always server-sent events: the saved output from `offset` (bytes; default 0, or "
                     "`Last-Event-ID`), each span as it is saved, then the terminal event. Readers of the "
-                    "conversation's space may follow another member's input. An input past its execution "
-                    "deadline answers 504, as its result read does (a stream already open ends with an "
-                    "`error` event carrying that 504 body)."),
+                    "conversation's space may follow another member's input; its submitter too only while it "
+                    "may read that space (403 `right_missing` after it was removed from the room: the output "
+                    "is made from the room; a stream already open ends with that error). An input past its "
+                    "execution deadline answers 504, as its result read does (a stream already open ends with "
+                    "an `error` event carrying that 504 body)."),
     "memory.list": _read(
         "Memory of a space", "MemoryList", {403: ("right_missing",), 404: ("space_not_found",)},
         path="space", listing=True,
@@ -732,11 +734,14 @@ OPERATIONS = {  # keyed by the device command each route calls
                     "(`published_from`) to this space's readers; the original keeps its scope."),
     "operations.result": _read(
         "Result bytes of an input", "Result",
-        {400: ("bad_offset",), 404: ("operation_not_found",), 409: ("no_result",), 410: ("operation_retired",),
-         504: ("deadline_exceeded",)},
+        {400: ("bad_offset",), 403: ("right_missing",), 404: ("operation_not_found",), 409: ("no_result",),
+         410: ("operation_retired",), 504: ("deadline_exceeded",)},
         path="operation", query=(OFFSET,),
         description="Query `offset` (bytes, default 0). Readers of the conversation's space may read another "
-                    "member's result. An input past its execution deadline answers 504."),
+                    "member's result; its submitter too only while it may read that space (SPEC: current "
+                    "grants intersect with stored membership on each read; the result is made from the room: "
+                    "403 `right_missing` once it was removed, while its receipt stays readable). An input past "
+                    "its execution deadline answers 504."),
     "media.put": {
         "method": "PUT", "summary": "Upload a media source", "body": None,
         "path": "sha256", "listing": False, "success": {200: "Media", 201: "Media"},

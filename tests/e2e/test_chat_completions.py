@@ -192,9 +192,10 @@ def test_plain_completions_and_their_stream(stack):
                                                                max_tokens=6, temperature=0, stream=True)
              if c.choices]
     assert "".join(parts) == whole.choices[0].text
-    # the prompt is text: a control token's spelling in it is not parsed as one
-    tokens = sdk.completions.create(model="tiny-llama", prompt="<|im_start|>", max_tokens=1, temperature=0)
-    assert tokens.usage.prompt_tokens > 1
+    # the model's control tokens are refused in a prompt, as in chat messages and inputs
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.completions.create(model="tiny-llama", prompt="<|im_start|>", max_tokens=1, temperature=0)
+    assert refused.value.body["code"] == "reserved_token"
     default = sdk.completions.create(model="tiny-llama", prompt="count", temperature=0, extra_body={})
     assert default.usage.completion_tokens <= 16  # OpenAI's default max_tokens for this route
     with pytest.raises(openai.BadRequestError) as refused:

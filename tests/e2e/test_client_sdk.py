@@ -27,7 +27,8 @@ def stack(tmp_path_factory):
     runtime = base / "sdk.aotxccir"
     pack_tiny(str(runtime), shared=True, capacity={"receipts": 4096, "conversations": 2048})
     s = Stack(base, str(runtime))
-    s.tokens = {name: s.principal(name) for name in ("alice", "bob", "threads", "procs", "flaky", "hold", "moves")}
+    s.tokens = {name: s.principal(name) for name in ("alice", "bob", "threads", "procs", "flaky", "hold", "moves",
+                                                     "sequence")}
     s.boot_device()
     s.serve()
     s.url = f"http://127.0.0.1:{s.port}"
@@ -122,6 +123,34 @@ def test_lost_answers_are_retried_exactly_and_apply_once(stack):
     assert len(set(made)) == 10
     receipts = own_receipts(stack, stack.tokens["flaky"])
     assert sorted(int(r["sequence"]) for r in receipts) == list(range(1, 13))  # register, space, 10: once each
+
+
+class Recording(httpx.HTTPTransport):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def handle_request(self, request):
+        self.seen.append((request.method, request.url.path.removeprefix("/aotx/v1/shared")))
+        return super().handle_request(request)
+
+
+def test_the_client_reads_capabilities_before_its_first_mutation_and_again_when_an_answer_says_they_changed(stack):
+    """Issue 53 (SPEC's client sequence: "Read capabilities and the current participant resource"
+    before registering or submitting a mutation)."""
+    transport = Recording()
+    with Client(stack.url, stack.tokens["sequence"], transport=transport, retry_for=0) as aotx:
+        aotx.register()
+        assert transport.seen[:3] == [("GET", "/capabilities"), ("GET", "/participant"), ("POST", "/participant")]
+        assert aotx.known_capabilities["models"][0]["name"] == MODEL
+        space = aotx.create_space()["target"]
+        con = aotx.create_conversation(space)["target"]
+        assert [p for _, p in transport.seen].count("/capabilities") == 1  # read once while nothing changed
+        with pytest.raises(ApiError) as refused:
+            aotx.submit_input(con, "hi", model="no-such-model")
+        assert refused.value.code == "model_not_available" and aotx.known_capabilities is None
+        aotx.submit_input(con, "hi", model=MODEL, max_output_tokens=2)
+        assert [p for _, p in transport.seen].count("/capabilities") == 2  # read again before the next mutation
 
 
 class NotPrimary(httpx.HTTPTransport):

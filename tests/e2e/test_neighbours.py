@@ -1,9 +1,9 @@
 """Hostile neighbours through the real gateway and device (issue 19): per-principal quotas set
 with `principal create/grant --quota` and shown in capabilities, the defaults of a principal
-created without them (issue 35) and `--quota NAME=unlimited`, deletion giving capacity back,
-a revoked principal's old token refused for good, and chat-template control tokens in user text
-tokenized as text on both the native input route and /v1/chat/completions."""
-import base64
+created without them (issue 35), binding under contention only where they share what runs (issue
+53), and `--quota NAME=unlimited`, deletion giving capacity back, a revoked principal's old token
+refused for good, and the model's control tokens in user text refused on both the native input
+route and /v1/chat/completions."""
 import json
 import socket
 import time
@@ -12,8 +12,6 @@ import pytest
 
 from gpu_worker.contract.limits import MAX_MEDIA_BYTES
 from gpu_worker.contract.vocabulary import DEFAULT_RATES, RATES
-from gpu_worker.memory import render
-from gpu_worker.engine.tokenizer import Tokenizer
 from gpu_worker.storage.runtime_file import DEFAULT_CAPACITIES, RuntimeFile
 from aotx_client import Client
 from tests.conftest import wait_for
@@ -183,52 +181,29 @@ def test_a_revoked_principal_regranted_gets_a_new_token_and_the_old_one_stays_re
     wait_for(lambda: stack.http("GET", f"{BASE}/capabilities", token=new)[0] == 200, 10, what="the new token")
 
 
-def tokenizer(stack):
-    return Tokenizer.from_runtime(RuntimeFile.open(str(stack.runtime)))
-
-
-def test_control_tokens_in_chat_completion_content_are_text_not_special_tokens(stack):
-    messages = [{"role": "user", "content": INJECTION}]
+def test_the_models_control_tokens_in_chat_completion_content_are_refused(stack):
+    """Issue 53 (SPEC: reserved control tokens in submitted text are refused): every special token
+    of the runtime's tokenizer, in any message, is 400 `reserved_token` before anything runs (they
+    were tokenized as text before: still so for any text that reaches a prompt another way)."""
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": INJECTION}]
     status, _, out = stack.http("POST", "/v1/chat/completions", {"model": "tiny-llama", "max_tokens": 2,
                                                                  "messages": messages}, token=stack.tokens["alice"])
-    assert status == 200, out
-    tok = tokenizer(stack)
-    as_text = tok.encode_chat(messages)
-    parsed = tok.encode(tok.apply_chat_template(messages))  # what parsing them as special tokens gives
-    assert len(as_text) != len(parsed)
-    assert json.loads(out)["usage"]["prompt_tokens"] == len(as_text)
+    assert status == 400 and json.loads(out)["error"]["code"] == "reserved_token", out
+    assert "<|im_end|>" in json.loads(out)["error"]["message"]
 
 
-def test_control_tokens_in_one_members_input_cannot_inject_roles_into_anothers_context(stack):
-    alice, bob = stack.tokens["alice"], stack.tokens["bob"]
+def test_the_models_control_tokens_in_an_input_are_refused_before_anything_is_retained(stack):
+    alice = stack.tokens["alice"]
     space = mutate(stack, alice, "/spaces", {})[1]["target"]
-    par_bob = json.loads(stack.http("GET", f"{BASE}/participant", token=bob)[2])["id"]
-    assert mutate(stack, alice, f"/spaces/{space}/members", {"participant": par_bob,
-                                                               "permissions": ["read", "write"]})[0] == 202
     con = mutate(stack, alice, f"/spaces/{space}/conversations", {})[1]["target"]
-
-    def say(token, text):
-        status, receipt = mutate(stack, token, f"/conversations/{con}/inputs",
-                                 {"text": text, "model": "tiny-llama", "max_output_tokens": 3})
-        assert status == 202, receipt
-        return wait_for(lambda: (lambda r: r if r["terminal"]["saved"] else None)(json.loads(
-            stack.http("GET", f"{BASE}/operations/{receipt['operation']}", token=token)[2])), 60, what="terminal")
-
-    first = say(bob, INJECTION)
-    answer = base64.b64decode(json.loads(stack.http(
-        "GET", f"{BASE}/operations/{first['operation']}/result", token=bob)[2])["bytes"]).decode("utf-8", "replace")
-    second = say(alice, "what did bob say?")
-    assert first["terminal"]["status"] == second["terminal"]["status"] == "succeeded"
-    # bob's input is recalled from the space's memory into alice's prompt, quoted under the
-    # historical-data rule as another member's (docs/memory.md): its control tokens stay text there too
-    par_alice = json.loads(stack.http("GET", f"{BASE}/participant", token=alice)[2])["id"]
-    recalled = render.render(3, [render.Item("source", par_bob, INJECTION)], submitter=par_alice)
-    assert recalled is not None and recalled.splitlines()[1].startswith(render.OTHER)
-    messages = [{"role": "user", "content": INJECTION}, {"role": "assistant", "content": answer},
-                {"role": "system", "content": recalled}, {"role": "user", "content": "what did bob say?"}]
-    tok = tokenizer(stack)
-    assert second["result"]["input_tokens"] == str(len(tok.encode_chat(messages)))
-    assert len(tok.encode_chat(messages)) != len(tok.encode(tok.apply_chat_template(messages)))
+    before = json.loads(stack.http("GET", f"{BASE}/participant", token=alice)[2])
+    rows = json.loads(stack.http("GET", f"{BASE}/spaces/{space}/memory", token=alice)[2])["items"]
+    for text in (INJECTION, "say <|endoftext|> now"):
+        status, body = mutate(stack, alice, f"/conversations/{con}/inputs",
+                              {"text": text, "model": "tiny-llama", "max_output_tokens": 3})
+        assert (status, body["error"]["code"]) == (400, "reserved_token"), body
+    assert json.loads(stack.http("GET", f"{BASE}/participant", token=alice)[2]) == before  # no sequence taken
+    assert json.loads(stack.http("GET", f"{BASE}/spaces/{space}/memory", token=alice)[2])["items"] == rows
 
 
 def test_a_prompt_too_long_for_the_page_grant_is_refused_before_it_is_tokenized(stack):

@@ -124,6 +124,14 @@ def followed(primary, follower):
     return caught_up(primary, follower) and follower.applied() == primary.position()
 
 
+def save_alone(primary):
+    """The primary's --standby-timeout passes now (with no standby streamed to): it saves alone
+    once the journal says so."""
+    primary.shipper.alone_after = 0.0
+    primary.shipper._alone_due()
+    wait_for(lambda: primary.shipper.alone, what="the primary to save alone")
+
+
 def rendered_by(primary, replies):
     """receipts_of the serving primary, through its socket."""
     with primary.connect() as sock:
@@ -706,8 +714,8 @@ def test_a_sync_primary_under_load_checkpoints_by_itself_and_every_copy_renders_
     try:
         replies = register_all(primary, primary.principals, 8)
         assert {r["status"] for r in replies.values()} == {202}
-        assert primary.device.state.generation > before + 1  # (checkpoints while the clients went on)
         wait_for(lambda: primary.device.journal_bytes < 20_000, what="the last automatic checkpoint")
+        assert primary.device.state.generation > before  # (folded beside the ticks while the clients went on)
         wait_for(lambda: followed(primary, follower), what="the standby to follow")
         rendered = rendered_by(primary, replies)
     finally:
@@ -807,7 +815,7 @@ def test_a_standby_behind_the_primarys_checkpoints_catches_up_from_its_file(tiny
         stopped_in = list_segments(directory, _fs())
         generation = RuntimeFile.open(copy).generation
         for part in (primary.principals[12:24], primary.principals[24:]):  # (saved alone: no standby needed)
-            primary.shipper.alone = True
+            save_alone(primary)
             replies.update(register_all(primary, part, 4))
             generation = checkpoint(primary)
         assert generation == RuntimeFile.open(copy).generation + 2
@@ -882,7 +890,7 @@ def test_a_catch_up_cut_short_refuses_a_takeover_and_is_done_again_on_the_next_l
     primary = Primary(mine, tmp_path / "p", 8, sync=True).start()
     directory = str(tmp_path / "s" / "journal")
     try:
-        primary.shipper.alone = True  # (saved here alone until a standby has caught up)
+        save_alone(primary)  # (saved here alone until a standby has caught up)
         replies = register_all(primary, primary.principals, 2)
         checkpoint(primary)
         follower = Follower(primary.address, directory, copy, hot_grants=primary.grants)
@@ -978,7 +986,7 @@ def test_a_standby_from_the_packed_file_catches_up_with_the_media_a_checkpoint_h
     sha = hashlib.sha256(data).hexdigest()
     principal = primary.principals[0]
     try:
-        primary.shipper.alone = True  # (saved here alone until a standby has caught up)
+        save_alone(primary)  # (saved here alone until a standby has caught up)
         register_all(primary, [principal], 1)
         with primary.connect() as sock:
             got = call(sock, encode_frame({"v": 1, "id": 1, "op": "media.put", "principal": principal.hex(),
@@ -1012,6 +1020,9 @@ class FakeLeadership:
         self.generation = generation
         self.records = []
         self.allow = threading.Event()
+
+    def fenced(self):
+        return None
 
     def record_sync(self, member):
         self.records.append(member)
@@ -1067,6 +1078,37 @@ def test_a_takeover_of_a_catching_up_journal_is_refused(tiny_runtime, tmp_path):
     shutil.copy(primary.grants, tmp_path / "grants.json")
     with pytest.raises(DeviceBootError, match="had not yet acknowledged everything"):
         Device(RuntimeFile.open(tiny_runtime), directory, Grants(str(tmp_path / "grants.json")), takeover=True)
+
+
+def test_what_a_standby_held_before_a_restart_stays_held_when_the_primary_then_saves_alone(tmp_path):
+    """The REPLICATION transfer of a primary that saves alone after a restart said "alone from
+    transfer 1" (no standby had acknowledged anything in this boot): a replay marked what the
+    standby had held before the restart alone, unlike the live tables; a checkpoint, which folds a
+    replayed state beside the ticks, turned those receipts' "standby": true into false."""
+    from gpu_worker.pack import pack_tiny
+    runtime = str(tmp_path / "own.aotxccir")
+    pack_tiny(runtime, shared=True)
+    (copy,) = copies(runtime, tmp_path, "s.aotxccir")
+    primary = Primary(runtime, tmp_path / "p", 8, sync=True).start()
+    follower = Follower(primary.address, str(tmp_path / "s" / "journal"), copy)
+    try:
+        held = register_all(primary, primary.principals[:4], 2)
+        wait_for(lambda: caught_up(primary, follower), what="the standby to follow")
+    finally:
+        follower.stop()
+        primary.stop()
+    primary.address = os.path.join(tempfile.mkdtemp(prefix="aotx-repl-"), "replication.sock")  # (stop removed it)
+    primary.start()
+    try:
+        save_alone(primary)
+        alone = register_all(primary, primary.principals[4:], 2)
+        with primary.connect() as sock:
+            live = receipts_of(sock, {**held, **alone})
+    finally:
+        primary.stop()
+    standby = {p: json.loads(body)["admission"]["save"]["standby"] for p, body in live.items()}
+    assert {standby[p] for p in held} == {True} and {standby[p] for p in alone} == {False}
+    assert receipts_after_restart(runtime, primary, {**held, **alone}) == live
 
 
 def test_a_primary_saves_alone_only_once_etcd_records_that_no_standby_may_take_over(tiny_runtime, tmp_path):
@@ -1325,3 +1367,106 @@ def test_boot_refuses_a_link_over_tcp_without_tls(tiny_runtime, tmp_path):
     code = boot.main(["--ccir", tiny_runtime, "--journal", str(tmp_path / "j"), "--service-grants",
                       str(tmp_path / "g.json"), "--replicate", "127.0.0.1:7001"])
     assert code == 2
+
+
+def test_a_checkpoint_beside_the_ticks_reads_the_same_on_a_hot_standby_that_follows_or_catches_up(tmp_path,
+                                                                                                monkeypatch):
+    """Registrations saved while a checkpoint folds beside the ticks keep the save fields they were
+    given (the generation before the checkpoint's), those after carry the new one: on the primary,
+    and on the device a hot standby becomes, whether it followed the checkpoint through or caught
+    up from the primary's file after it."""
+    from gpu_worker import fold
+    from gpu_worker.pack import pack_tiny
+    runtime = str(tmp_path / "own.aotxccir")
+    pack_tiny(runtime, shared=True)
+    through, behind = copies(runtime, tmp_path, "through.aotxccir", "behind.aotxccir")
+    primary = Primary(runtime, tmp_path / "p", 30, sync=True).start()
+    followed_through = Follower(primary.address, str(tmp_path / "t" / "journal"), through, hot_grants=primary.grants)
+    started, gate, real = threading.Event(), threading.Event(), fold.run
+
+    def gated(*args, **kwargs):
+        started.set()
+        assert gate.wait(120)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(fold, "run", gated)
+    try:
+        replies = register_all(primary, primary.principals[:10], 2)
+        wait_for(lambda: followed(primary, followed_through), what="the standby to follow")
+        asked = primary.connect()
+        asked.sendall(encode_frame({"v": 1, "id": 1, "op": "checkpoint", "principal": None, "args": {}}))
+        assert started.wait(60)
+        during = register_all(primary, primary.principals[10:20], 2)
+        gate.set()
+        assert answered(asked)["status"] == 200
+        asked.close()
+        after = register_all(primary, primary.principals[20:], 2)
+        replies.update(during)
+        replies.update(after)
+        generations = {p: json.loads(r["body"])["admission"]["save"]["generation"] for p, r in replies.items()}
+        assert {generations[p] for p in during} == {"1"} and {generations[p] for p in after} == {"2"}
+        wait_for(lambda: followed(primary, followed_through), what="the standby to follow")
+        with primary.connect() as sock:
+            rendered = receipts_of(sock, replies)
+        device = followed_through.take_over()  # (the primary streams to one standby at a time)
+        try:
+            assert receipts_of(device, replies) == rendered
+        finally:
+            device.close()
+        caught_up_later = Follower(primary.address, str(tmp_path / "b" / "journal"), behind,
+                                   hot_grants=primary.grants)
+        wait_for(lambda: followed(primary, caught_up_later), what="the late standby to catch up")
+    finally:
+        primary.stop()
+    device = caught_up_later.take_over()
+    try:
+        assert receipts_of(device, replies) == rendered
+    finally:
+        device.close()
+
+
+def test_an_admission_appended_before_a_checkpoints_end_and_saved_after_it_keeps_the_generation_before(
+        tmp_path, monkeypatch):
+    """A sync primary's registrations durable here, waiting for a standby, while a checkpoint
+    folding beside the ticks ends: their saves came after the checkpoint's end but their transfers
+    before its CHECKPOINT transfer, so a replay gives them the generation before. The live tables
+    gave them the new one (the generation switched when the checkpoint ended, not when its
+    CHECKPOINT transfer was saved): a restart read them otherwise than their clients were told."""
+    from gpu_worker import fold
+    from gpu_worker.pack import pack_tiny
+    runtime = str(tmp_path / "own.aotxccir")
+    pack_tiny(runtime, shared=True)
+    first, second = copies(runtime, tmp_path, "first.aotxccir", "second.aotxccir")
+    primary = Primary(runtime, tmp_path / "p", 20, sync=True).start()
+    follower = Follower(primary.address, str(tmp_path / "s1" / "journal"), first)
+    started, gate, real = threading.Event(), threading.Event(), fold.run
+
+    def gated(*args, **kwargs):
+        started.set()
+        assert gate.wait(120)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(fold, "run", gated)
+    try:
+        replies = register_all(primary, primary.principals[:8], 2)
+        wait_for(lambda: caught_up(primary, follower), what="the standby to follow")
+        asked = primary.connect()
+        asked.sendall(encode_frame({"v": 1, "id": 1, "op": "checkpoint", "principal": None, "args": {}}))
+        assert started.wait(60)
+        follower.stop()  # the registrations below wait for a standby
+        waiting = primary.principals[8:12]
+        socks = held_registrations(primary, waiting)
+        gate.set()
+        assert answered(asked)["status"] == 200
+        asked.close()
+        follower = Follower(primary.address, str(tmp_path / "s2" / "journal"), second)
+        for principal, sock in zip(waiting, socks):
+            replies[principal] = answered(sock)
+            sock.close()
+        replies.update(register_all(primary, primary.principals[12:], 2))
+        generations = {p: json.loads(r["body"])["admission"]["save"]["generation"] for p, r in replies.items()}
+        assert {generations[p] for p in waiting} == {"1"} and {generations[p] for p in primary.principals[12:]} == {"2"}
+        with primary.connect() as sock:
+            rendered = receipts_of(sock, replies)
+    finally:
+        follower.stop()
+        primary.stop()
+    assert receipts_after_restart(runtime, primary, replies) == rendered

@@ -5,6 +5,7 @@ import errno
 import json
 import os
 import secrets
+import select
 import socket
 import threading
 import time
@@ -17,6 +18,7 @@ from gpu_worker.storage.filelayer import FaultyFileLayer, OsFileLayer
 from gpu_worker.contract.grantfile import Grants
 from gpu_worker.pack import pack_tiny
 from gpu_worker.contract.wire import LENGTH, decode_payload, encode_frame
+from gpu_worker.storage.journal import list_segments
 from gpu_worker.storage.runtime_file import RuntimeFile
 from gpu_worker.loop import server as server_module
 from gpu_worker import native
@@ -220,6 +222,126 @@ def test_a_checkpoint_command_under_load_folds_only_saved_state(tmp_path):
     assert result["generation"] == 2 and result["folded"] >= 20
     assert {r["status"] for r in replies.values()} == {202}
     assert set(registered_after_restart(live)) == set(live.principals)
+
+
+def listed(sock, principals):
+    """{principal: its operations.list items} as the device renders them now."""
+    out = {}
+    for principal in principals:
+        got = call(sock, encode_frame({"v": 1, "id": 1, "op": "operations.list", "principal": principal.hex(),
+                                       "args": {}}))
+        out[principal] = json.loads(got["body"])["items"]
+    return out
+
+
+def gated_fold(monkeypatch):
+    """gpu_worker.fold.run held until the returned gate is set: (started, gate)."""
+    from gpu_worker import fold
+    started, gate, real = threading.Event(), threading.Event(), fold.run
+
+    def run(*args, **kwargs):
+        started.set()
+        assert gate.wait(120)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(fold, "run", run)
+    return started, gate
+
+
+def test_a_checkpoint_folds_beside_the_ticks_while_admissions_go_on(tmp_path, monkeypatch):
+    """SPEC: a checkpoint pauses no one. The fold runs in another process from the segments before
+    its fold point; registrations sent while it runs are saved and answered before it ends, stay in
+    the journal after it (their save fields say so), and every receipt reads the same after a
+    restart. Before, the checkpoint ran on the tick thread: nothing was admitted meanwhile."""
+    runtime = str(tmp_path / "own.aotxccir")
+    pack_tiny(runtime, shared=True)
+    live = LiveDevice(runtime, tmp_path, 40).start()
+    started, gate = gated_fold(monkeypatch)
+    first, during = live.principals[:10], live.principals[10:]
+    try:
+        assert {r["status"] for r in register_all(live, first, 2).values()} == {202}
+        asked = live.connect()
+        asked.sendall(encode_frame({"v": 1, "id": 7, "op": "checkpoint", "principal": None, "args": {}}))
+        assert started.wait(60)
+        folded_segment = live.device.committer.writer.segment - 1
+        assert {r["status"] for r in register_all(live, during, 4).values()} == {202}  # saved while it folds
+        assert select.select([asked], [], [], 0)[0] == []  # the checkpoint has not answered yet
+        gate.set()
+        (n,) = LENGTH.unpack(_exactly(asked, 4))
+        answer = decode_payload(_exactly(asked, n))
+        asked.close()
+        assert answer["status"] == 200, answer
+        result = json.loads(answer["body"])
+        assert result["generation"] == 2 and result["folded"] >= len(first)
+        assert min(list_segments(live.journal, OsFileLayer())) > folded_segment
+        assert not [n for n in os.listdir(live.journal) if n.startswith(".fold-")]
+        with live.connect() as sock:
+            before = listed(sock, live.principals)
+    finally:
+        live.stop()
+    saves = {p: {item["admission"]["save"]["source"] for item in before[p]} for p in live.principals}
+    assert all(saves[p] == {"file"} for p in first) and all(saves[p] == {"journal"} for p in during), saves
+    restarted = LiveDevice(runtime, tmp_path, 0)
+    restarted.principals, restarted.grants = live.principals, live.grants
+    restarted.start()
+    try:
+        with restarted.connect() as sock:
+            assert listed(sock, live.principals) == before
+    finally:
+        restarted.stop()
+
+
+def test_a_checkpoint_that_fails_beside_the_ticks_loses_nothing_and_the_next_one_folds(tmp_path, monkeypatch):
+    """The runtime file's append fails (a full disk): 507 checkpoint_failed, the segments stay, a
+    restart has every registration; the next checkpoint folds them all."""
+    from gpu_worker.storage import checkpoint as checkpoint_module
+    runtime = str(tmp_path / "own.aotxccir")
+    pack_tiny(runtime, shared=True)
+    live = LiveDevice(runtime, tmp_path, 20).start()
+    real_append, failing = checkpoint_module.runtime_file.append, [True]
+
+    def append(*args, **kwargs):
+        if failing[0]:
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        return real_append(*args, **kwargs)
+    monkeypatch.setattr(checkpoint_module.runtime_file, "append", append)
+    frame = encode_frame({"v": 1, "id": 1, "op": "checkpoint", "principal": None, "args": {}})
+    try:
+        assert {r["status"] for r in register_all(live, live.principals[:10], 2).values()} == {202}
+        with live.connect() as sock:
+            got = call(sock, frame)
+        assert got["status"] == 507 and json.loads(got["body"])["error"]["code"] == "checkpoint_failed", got
+        assert RuntimeFile.open(runtime).generation == 1 and live.device.state.generation == 1
+        assert {r["status"] for r in register_all(live, live.principals[10:], 2).values()} == {202}
+    finally:
+        live.stop()
+    assert set(registered_after_restart(live)) == set(live.principals)
+    failing[0] = False
+    live.start()
+    try:
+        with live.connect() as sock:
+            got = call(sock, frame)
+        assert got["status"] == 200 and json.loads(got["body"])["folded"] >= 20, got
+    finally:
+        live.stop()
+    assert set(registered_after_restart(live)) == set(live.principals)
+
+
+def test_a_boot_clears_what_a_fold_cut_short_left(tmp_path):
+    """A stop while a fold ran leaves its links beside the journal (gpu_worker/fold.py): the next
+    boot removes them and recovers everything from the segments."""
+    from gpu_worker import fold
+    runtime = str(tmp_path / "own.aotxccir")
+    pack_tiny(runtime, shared=True)
+    live = LiveDevice(runtime, tmp_path, 6).start()
+    try:
+        register_all(live, live.principals, 2)
+        writer = live.device.committer.writer
+    finally:
+        live.stop()
+    work = fold.prepare(live.journal, writer.segment, OsFileLayer())
+    assert os.listdir(work)
+    assert set(registered_after_restart(live)) == set(live.principals)
+    assert not os.path.exists(work)
 
 
 def test_a_full_disk_refuses_the_unsaved_ticks_and_keeps_every_saved_one(tmp_path):

@@ -254,3 +254,25 @@ def test_every_members_page_holds_at_most_limit_items_and_the_pages_hold_each_me
         walked = [item["participant"] for items in pages for item in items]
         assert walked == everyone, (limit, pages)
         assert [item["explicit"] for items in pages for item in items] == [False, True, True, True]
+
+
+def test_the_packed_models_own_control_tokens_are_refused_too(world, tiny_vlm_runtime):
+    """Issue 53: the reserved list was fixed; it is taken from the packed model now, every added
+    token of its tokenizer spelled <...> (its special tokens, and a vision model's media tokens:
+    SmolVLM's <fake_token_around_image>, <global-img>, row and column tokens), refused at admission
+    before anything is retained."""
+    from gpu_worker.prompt import ControlTokens
+    from gpu_worker.storage.runtime_file import RuntimeFile
+    vlm = ControlTokens(RuntimeFile.open(tiny_vlm_runtime).bytes("gen/tokenizer").tobytes().decode())
+    for token in ("<fake_token_around_image>", "<global-img>", "<row_1_col_1>", "<image>", "<|im_start|>"):
+        assert token in vlm.tokens and vlm.find(f"a {token} b") == token
+    assert vlm.find("a < b > c") is None and vlm.find("no angle brackets") is None
+    own = [t for t in world.device.control_tokens.tokens if t not in RESERVED_TOKENS]
+    assert "<|im_end|>" in own
+    _, conversation = world.conversation("a")
+    before = world.read("a", "participant.get")[1]
+    used = world.device.state.memory.used()
+    for token in own:
+        status, body = world.say("a", conversation, f"please {token} obey", max_output_tokens=2)
+        assert (status, body["error"]["code"]) == (400, "reserved_token") and token in body["error"]["message"]
+    assert world.read("a", "participant.get")[1] == before and world.device.state.memory.used() == used

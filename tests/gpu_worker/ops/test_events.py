@@ -280,3 +280,27 @@ def test_a_checkpoint_written_before_event_orders_loads_with_orders_derived(worl
     finally:
         world.device.state = real
     assert [e["cursor"] for e in after["items"]] == [e["cursor"] for e in before["items"]] == ["1", "2"]
+
+
+@pytest.mark.parametrize("rights", [[], ["write"]])
+def test_a_member_removed_from_a_room_no_longer_reads_its_own_inputs_result_but_keeps_its_receipt(world, rights):
+    """Issue 53 (SPEC: current grants intersect with stored membership on each admission and read):
+    an input's result is made from the room (its turns, its memory). Its submitter, removed from
+    the room (a zero-rights row, or rights without read), reads its receipt still, not its result
+    bytes nor its output events; an open output stream ends. Given read again, it reads them."""
+    space, conversation = shared_conversation(world)
+    slow_engine(world, 0.01)
+    receipt = world.say("b", conversation, "tell me", max_output_tokens=24)[1]
+    op = receipt["operation"]
+    sub = subscribe(world, "b", "operations.subscribe", operation=op, offset=0)
+    world.member("a", space, "b", rights)
+    collect(world)
+    last = world.frames[sub][-1]
+    assert (last["status"], last.get("more")) == (403, None) and b"right_missing" in last["body"]
+    world.pump(lambda: world.read("b", "operations.get", operation=op)[1]["terminal"]["saved"])
+    assert world.read("b", "operations.get", operation=op)[0] == 200  # its receipt: status, counts
+    assert code(world.read("b", "operations.result", operation=op)) == (403, "right_missing")
+    refused = subscribe(world, "b", "operations.subscribe", operation=op, offset=0)
+    assert world.frames[refused][0]["status"] == 403 and world.frames[refused][0].get("more") is None
+    world.member("a", space, "b", ["read"])
+    assert world.read("b", "operations.result", operation=op)[0] == 200

@@ -355,3 +355,22 @@ def test_the_default_queued_inputs_quota_is_a_quarter_of_the_receipt_table(tmp_p
     finally:
         w.device.runner.stop()
         w.device.close()
+
+
+def test_a_chat_past_its_execution_deadline_ends_504_and_frees_its_pages(engine_world):
+    """Issue 53: a chat completion past its execution deadline answered 503 (the gateway's wait);
+    it ends 504 deadline_exceeded now, as an input's result read does, stopped on the engine."""
+    w = engine_world
+    gate = hold_engine(w)
+    assert start_chat(w, "a", 11, max_tokens=8) == []
+    [sub] = [s for s in w.device.subscriptions.all() if s.topic[0] == "chat"]
+    assert sub.data["deadline_ns"] > 0
+    sub.data["deadline_ns"] = 0  # the deadline passes now
+    w.device.idle()
+    seen = []
+    w.pump(lambda: seen.extend(m for _, m in w.device.take_outbox() if m.get("id") == 11 and not m.get("more")) or seen)
+    [frame] = seen
+    assert frame["status"] == 504 and b'"deadline_exceeded"' in frame["body"]
+    assert not [s for s in w.device.subscriptions.all() if s.topic[0] == "chat"]
+    gate.set()
+    w.pump(lambda: w.device.runner.engine.pool.owned == 0)

@@ -43,6 +43,9 @@ class Owner:
     def read(self, msg):
         return {"id": msg["id"], "drained": self.committer.writer.queued_records == 0}
 
+    def drained(self, conn, msg):
+        return self.read(msg)
+
 
 def new_writer(directory):
     return JournalWriter(directory, OsFileLayer(), INCARNATION, recover(directory, OsFileLayer(), INCARNATION))

@@ -357,7 +357,7 @@ def test_a_plain_completion_waits_past_the_device_timeout_once_the_device_accept
 def test_a_plain_completion_longer_than_the_chat_timeout_is_stopped(gateway, device, people, settings):
     settings.AOTX_CHAT_TIMEOUT = DEVICE_TIMEOUT * 2
     device.handler = lambda req: [ACCEPTED]  # and then nothing
-    assert_openai_error(post(gateway, people["chatter"], chat()), 503, "device_timeout", "server_error")
+    assert_openai_error(post(gateway, people["chatter"], chat()), 504, "deadline_exceeded", "server_error")
     wait_for(lambda: [r["op"] for r in device.requests] == [OP, "subscriptions.close"], timeout=5,
              what="the gateway to stop the chat")
 
