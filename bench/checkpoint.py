@@ -2,27 +2,29 @@
 a checkpoint of a large state folds, under closed-loop clients, beside the same load without one.
 
     .venv/bin/python bench/checkpoint.py [--transfers 1000000] [--clients 64] [--rounds 3]
-                                         [--seconds 5] [--window 30] [--versus COMMIT]
+                                         [--seconds 5] [--window 150] [--versus COMMIT]
 
 Setup, outside every timed window: a runtime file and a journal of --transfers transfers (64
 principals' registrations and spaces: bench/recovery.py's build), with room and grants for the
-load's principals. Each run boots `python -m gpu_worker boot` (--tick-cpu 0 where there are two
-CPUs; the clients on the others) on a fresh copy of those files, and asks each load principal's
-lineage (its registration needs it) before any phase.
+load's principals, and a snapshot of them. Each run boots `python -m gpu_worker boot` (--tick-cpu
+0 where there are two CPUs; the clients on the others) on those files put back as the snapshot
+has them (the runtime file rewritten in place: every boot is a restart of the same file, the same
+lineages), and the first run asks each load principal's lineage (its registration needs it).
 
 A run has two phases, each --clients closed loops (bench/loadgen.c) registering fresh principals,
 every reply checked to be a saved receipt and its arrival time kept:
 
 - without: --seconds of load;
-- during: load for --window seconds, a `checkpoint` asked on its own connection 1 s in. The
-  checkpoint's window runs from the ask to its answer (it must answer within the load).
+- during: the load, a `checkpoint` asked on its own connection 1 s in; the load ends 0.5 s after
+  the checkpoint's answer (or after --window seconds: then the run fails). The checkpoint's window
+  runs from the ask to its answer.
 
-Reported per code: the registrations saved per second inside the checkpoint's window against the
-phase without (the ratio), and the longest gap between two consecutive replies (any client) inside
-the window against the longest in the phase without. With every client waiting for a reply, a gap
-is the tick loop answering no one: the tick's pause. --versus COMMIT runs the same with that
-commit's code on its own copies, the runs alternating (this, COMMIT, this, ...): medians of
---rounds runs each.
+Reported per code: how long the checkpoint took, the registrations saved per second inside its
+window against the phase without (the ratio), and the longest gap between two consecutive replies
+(any client) inside the window against the longest in the phase without. With every client
+waiting for a reply, a gap is the tick loop answering no one: the tick's pause. --versus COMMIT
+boots that commit's code on the same files too, the runs alternating (this, COMMIT, this, ...):
+medians of --rounds runs each.
 """
 import argparse
 import contextlib
@@ -30,6 +32,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import statistics
 import struct
@@ -47,14 +50,14 @@ from bench.journal import build_loadgen, lineages, registration_frame  # noqa: E
 from bench.recovery import build  # noqa: E402
 from gpu_worker.contract.wire import LENGTH, decode_payload, encode_frame  # noqa: E402
 
-RATE = 40_000  # registrations/s no device here reaches: each phase has this many per second ready
+RATE = 25_000  # registrations/s a device here does not pass at 64 clients: each phase has this many per second ready
 
 
-def boot(tree, files, log_path, tick_cpu):
+def boot(tree, files, log_path, tick_cpu, extra=()):
     runtime, journal, grants = files
     argv = [sys.executable, "-m", "gpu_worker", "boot", "--ccir", runtime, "--journal", journal,
             "--service-grants", grants, "--device", "cpu"] + (["--tick-cpu", str(tick_cpu)] if tick_cpu is not None
-                                                              else [])
+                                                              else []) + list(extra)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(argv, cwd=tree, stdout=log, stderr=subprocess.STDOUT)
     while b"device ready" not in Path(log_path).read_bytes():
@@ -64,15 +67,27 @@ def boot(tree, files, log_path, tick_cpu):
     return proc
 
 
-def load(loadgen, base, sock_path, frames, clients, seconds, cpus):
-    """Closed loops (bench/loadgen.c); every reply checked to be 202. The replies' arrival times
-    (time.monotonic seconds), in order."""
-    requests, replies, times = (os.path.join(base, n) for n in ("requests.bin", "replies.bin", "times.bin"))
+def start_load(loadgen, base, sock_path, frames, clients, seconds, cpus):
+    """Closed loops (bench/loadgen.c) on `clients` connections, until `seconds` pass, the frames
+    run out or `finish_load`."""
+    requests = os.path.join(base, "requests.bin")
     with open(requests, "wb") as f:
         f.writelines(frames)
-    subprocess.run([loadgen, sock_path, requests, str(clients), str(seconds), replies, times], check=True,
-                   capture_output=True, text=True,
-                   preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+    return subprocess.Popen([loadgen, sock_path, requests, str(clients), str(seconds),
+                             os.path.join(base, "replies.bin"), os.path.join(base, "times.bin")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+
+
+def finish_load(proc, base, stop=False):
+    """The load's replies' arrival times (time.monotonic seconds), in order, each reply checked to
+    be 202; `stop`: end it first (SIGUSR1: each client waits for its last reply)."""
+    if stop:
+        proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=600)
+    if proc.returncode:
+        raise SystemExit(f"loadgen failed: {err.strip()}")
+    replies, times = os.path.join(base, "replies.bin"), os.path.join(base, "times.bin")
     data, offset = Path(replies).read_bytes(), 0
     while offset < len(data):
         (n,) = LENGTH.unpack_from(data, offset)
@@ -81,7 +96,7 @@ def load(loadgen, base, sock_path, frames, clients, seconds, cpus):
             raise SystemExit(f"a registration was answered {msg['status']}: {msg['body'][:300]}")
         offset += 4 + n
     arrived = Path(times).read_bytes()
-    for path in (requests, replies, times):
+    for path in (replies, times, os.path.join(base, "requests.bin")):
         os.unlink(path)
     return list(struct.unpack(f"{len(arrived) // 8}d", arrived))
 
@@ -103,40 +118,69 @@ def checkpoint_after(sock_path, delay, out):
         out["answered"] = time.monotonic()
 
 
-def run(tree, built, work, principals, loadgen, args, tick_cpu, client_cpus):
-    """One run on a fresh copy of the built files: {"rate", "gap"} without a checkpoint, and
-    {"rate", "gap", "seconds"} in the checkpoint's window."""
-    if work.exists():
-        shutil.rmtree(work)
-    shutil.copytree(built, work)
-    files = [str(work / n) for n in ("r.aotxccir", "journal", "grants.json")]
-    device = boot(tree, files, str(work / "device.log"), tick_cpu)
-    try:
-        sock = str(work / "journal" / "service.sock")
-        frames = [registration_frame(lineage, p, i)
-                  for i, (p, lineage) in enumerate(zip(principals, lineages(sock, principals)), 1)]
-        before = int(RATE * args.seconds)
-        quiet = load(loadgen, str(work), sock, frames[:before], args.clients, args.seconds, client_cpus)
-        asked: dict = {}
-        asker = threading.Thread(target=checkpoint_after, args=(sock, 1.0, asked))
-        asker.start()
-        during = load(loadgen, str(work), sock, frames[before:], args.clients, args.window, client_cpus)
-        asker.join(600)
+class Runs:
+    """The built files (a snapshot beside the working copy the devices boot: each run starts from
+    the snapshot, the runtime file rewritten in place so that every boot is a restart of the same
+    file, and the load's lineages and frames are the same in every run)."""
+
+    def __init__(self, base, transfers, principals):
+        self.work, self.snapshot = base / "work", base / "snapshot"
+        self.work.mkdir()
+        started = time.perf_counter()
+        *_, journal_bytes = build(self.work, transfers, spare=principals)
+        print(f"built {transfers:,} transfers ({journal_bytes / 2**20:.0f} MiB of journal) in "
+              f"{time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+        shutil.copytree(self.work, self.snapshot)
+        self.principals, self.frames = principals, None
+
+    def reset(self):
+        shutil.copyfile(self.snapshot / "r.aotxccir", self.work / "r.aotxccir")  # (the same inode)
+        shutil.rmtree(self.work / "journal")
+        shutil.copytree(self.snapshot / "journal", self.work / "journal")
+
+    def run(self, tree, loadgen, args, tick_cpu, client_cpus):
+        """One run: {"rate", "gap"} without a checkpoint, and {"rate", "gap", "seconds"} in the
+        checkpoint's window."""
+        self.reset()
+        work = self.work
+        device = boot(tree, [str(work / n) for n in ("r.aotxccir", "journal", "grants.json")],
+                      str(work / "device.log"), tick_cpu, args.boot.split())
+        try:
+            sock = str(work / "journal" / "service.sock")
+            if self.frames is None:
+                self.frames = [registration_frame(lineage, p, i) for i, (p, lineage)
+                               in enumerate(zip(self.principals, lineages(sock, self.principals)), 1)]
+            before = int(RATE * args.seconds)
+            quiet = finish_load(start_load(loadgen, str(work), sock, self.frames[:before], args.clients,
+                                           args.seconds, client_cpus), str(work))
+            asked: dict = {}
+            asker = threading.Thread(target=checkpoint_after, args=(sock, 1.0, asked))
+            proc = start_load(loadgen, str(work), sock, self.frames[before:], args.clients, args.window, client_cpus)
+            asker.start()
+            asker.join(args.window + 60)
+            time.sleep(0.5)
+            during = finish_load(proc, str(work), stop=True)
+        finally:
+            device.terminate()
+            device.wait(60)
+            for line in (work / "device.log").read_text().splitlines():
+                if "beside the ticks" in line:
+                    print(line, file=sys.stderr)
         if "answered" not in asked or asked["answered"] > during[-1]:
-            raise SystemExit(f"the checkpoint did not answer within the load's {args.window} s: raise --window")
+            raise SystemExit(f"the checkpoint did not answer within the load (it took "
+                             f"{asked.get('answered', float('nan')) - asked['asked']:.1f} s, the load "
+                             f"{during[-1] - during[0]:.1f} s): raise --window")
         if asked["reply"]["status"] != 200:
             raise SystemExit(f"the checkpoint failed: {asked['reply']}")
         inside = [t for t in during if asked["asked"] <= t <= asked["answered"]]
         seconds = asked["answered"] - asked["asked"]
         # the gap that spans the ask counts too: the window's replies plus the last one before it
         edge = [t for t in during if t < asked["asked"]][-1:]
+        window = edge + inside + [asked["answered"]]
+        gaps = sorted(((b - a, a - asked["asked"]) for a, b in zip(window, window[1:])), reverse=True)[:3]
         return ({"rate": (len(quiet) - 1) / (quiet[-1] - quiet[0]), "gap": longest_gap(quiet)},
-                {"rate": len(inside) / seconds, "gap": longest_gap(edge + inside + [asked["answered"]]),
-                 "seconds": seconds, "folded": json.loads(asked["reply"]["body"]).get("folded")})
-    finally:
-        device.terminate()
-        device.wait(60)
-        shutil.rmtree(work, ignore_errors=True)
+                {"rate": len(inside) / seconds, "gap": longest_gap(window), "seconds": seconds,
+                 "where": ", ".join(f"{g * 1e3:.0f} ms at {at:+.2f} s" for g, at in gaps)})
 
 
 def main():
@@ -145,7 +189,9 @@ def main():
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="the phase without a checkpoint")
-    parser.add_argument("--window", type=float, default=30.0, help="the load of the phase with one")
+    parser.add_argument("--window", type=float, default=150.0,
+                        help="the longest load of the phase with one (it ends 0.5 s after the checkpoint's answer)")
+    parser.add_argument("--boot", default="", help="more arguments for every device's boot (one string)")
     parser.add_argument("--versus", metavar="COMMIT", help="also run that commit's code on its own copies, in turns")
     args = parser.parse_args()
     tick_cpu = 0 if len(os.sched_getaffinity(0)) >= 2 else None
@@ -162,21 +208,17 @@ def main():
                            capture_output=True)
             trees = {"this": ROOT, args.versus: other}
         principals = [secrets.token_bytes(16) for _ in range(int(RATE * (args.seconds + args.window)))]
-        built = base / "built"
-        built.mkdir()
-        started = time.perf_counter()
-        *_, journal_bytes = build(built, args.transfers, spare=[p.hex() for p in principals])
-        print(f"built {args.transfers:,} transfers ({journal_bytes / 2**20:.0f} MiB of journal) in "
-              f"{time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+        runs = Runs(base, args.transfers, principals)
         loadgen = build_loadgen(str(base))
         results = {name: [] for name in trees}
         for r in range(args.rounds):
             for name, tree in trees.items():
-                results[name].append(run(tree, built, base / "run", principals, loadgen, args, tick_cpu, client_cpus))
+                results[name].append(runs.run(tree, loadgen, args, tick_cpu, client_cpus))
                 quiet, during = results[name][-1]
                 print(f"round {r + 1} {name}: without {quiet['rate']:,.0f}/s (longest gap {quiet['gap'] * 1e3:.1f} ms); "
                       f"checkpoint {during['seconds']:.2f} s, {during['rate']:,.0f}/s inside it (longest gap "
-                      f"{during['gap'] * 1e3:.1f} ms)", file=sys.stderr, flush=True)
+                      f"{during['gap'] * 1e3:.1f} ms; the longest: {during['where']} from the ask)", file=sys.stderr,
+                      flush=True)
     print(f"{args.transfers:,}-transfer state, {args.clients} clients, {args.rounds} alternating runs, medians "
           f"(range):")
     print(f"{'code':>10} {'ckpt s':>14} {'reg/s without':>14} {'reg/s during':>13} {'ratio':>16} "

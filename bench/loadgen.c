@@ -11,10 +11,11 @@
  * caller checks them after the phase) and stdout gets "REPLIES_RECEIVED ELAPSED_SECONDS". TIMES,
  * when given, gets each reply's arrival time, in the order of REPLIES: a native double of
  * CLOCK_MONOTONIC seconds (Python's time.monotonic), for bench/checkpoint.py's windows and gaps.
- * A wait of 60 s without any reply is an error. Exit status 1 with one line on stderr on any
- * error. */
+ * SIGUSR1 ends the run early (each client waits for its last reply, as at SECONDS). A wait of
+ * 60 s without any reply is an error. Exit status 1 with one line on stderr on any error. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +36,13 @@ typedef struct {
 static void die(const char *what) {
   fprintf(stderr, "loadgen: %s: %s\n", what, strerror(errno));
   exit(1);
+}
+
+static volatile sig_atomic_t stop_asked = 0;
+
+static void on_usr1(int sig) {
+  (void)sig;
+  stop_asked = 1;
 }
 
 static double now(void) {
@@ -104,6 +112,9 @@ int main(int argc, char **argv) {
     if (epoll_ctl(ep, EPOLL_CTL_ADD, cs[i].fd, &ev) != 0) die("epoll_ctl");
   }
 
+  struct sigaction sa = {.sa_handler = on_usr1};
+  sigemptyset(&sa.sa_mask);
+  if (sigaction(SIGUSR1, &sa, NULL) != 0) die("sigaction");
   long received = 0;
   int in_flight = 0;
   double start = now(), deadline = start + seconds;
@@ -147,7 +158,7 @@ int main(int argc, char **argv) {
         }
         used += n;
         received++;
-        if (now() < deadline && next + 4 <= frames_size) {
+        if (!stop_asked && now() < deadline && next + 4 <= frames_size) {
           size_t m = 4 + be32(frames + next);
           send_all(c->fd, frames + next, m);
           next += m;

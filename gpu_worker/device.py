@@ -779,7 +779,7 @@ class Device:
     def begin_checkpoint(self, conn: Any, req_id: Any) -> None:
         """Fold the journal into the runtime file beside the ticks (gpu_worker/fold.py): a new
         segment now, the fold of the ones before it in another process (gpu_worker/fold_cli.py), its append on a thread of
-        this one, then `_checkpoint_folded` here. Every transfer is saved (the drained point), so
+        this one (and the removal of the folded segments), then `_checkpoint_folded` here. Every transfer is saved (the drained point), so
         the segments folded hold exactly the saved state through the last transfer. A request
         while one folds is answered with that one's result. conn None: the automatic one."""
         folding = self._folding
@@ -802,17 +802,23 @@ class Device:
                                    "last_seq": last_seq, "last_digest": last_digest, "through": through,
                                    "folded_bytes": folded_bytes, "folded": last_seq - state.checkpoint_seq,
                                    "started": time.perf_counter()}
-        runtime_path, grants_path, nice = self.runtime.path, getattr(self.grants, "path", None), self.background_nice
+        runtime_path, nice = self.runtime.path, self.background_nice
 
         def fold_and_publish() -> tuple[list[tuple[str, str, Any]], list[str]]:
-            made, drop = fold.run(runtime_path, work, grants_path, last_seq, nice)
+            made, drop = fold.run(runtime_path, work, last_seq, nice)
+            folding["folded_at"] = time.perf_counter()
             checkpoint.publish(self, made, drop, folding["generation"])
+            folding["published_at"] = time.perf_counter()
+            try:  # (unlinking large files takes a while: not on the tick thread)
+                checkpoint.trim(self, through)
+            except OSError as exc:  # (the file holds them: recovery skips what the state folded)
+                log.warning("checkpoint: the folded segments could not all be removed: %s", exc)
             return made, drop
         self.off_thread(fold_and_publish, lambda result, error: self._checkpoint_folded(folding, result, error))
 
     def _checkpoint_folded(self, folding: dict[str, Any], result: Any, error: BaseException | None) -> None:
-        """The fold is in the runtime file (or failed: the segments stay, nothing is lost): the
-        folded segments go, the receipts it saved say so, the standby gets the components, and
+        """The fold is in the runtime file and its segments are gone (or it failed: the segments
+        stay, nothing is lost): the receipts it saved say so, the standby gets the components, and
         whoever asked is answered."""
         self._folding = None
         waiters = folding["waiters"]
@@ -821,18 +827,16 @@ class Device:
             return
         made, drop = result
         generation = folding["generation"]
-        try:
-            checkpoint.trim(self, folding["through"])
-        except OSError as exc:  # (the file holds them: recovery skips what the state folded)
-            log.warning("checkpoint: the folded segments could not all be removed: %s", exc)
         self.after_checkpoint(generation, folding["last_seq"], folding["last_digest"], made, drop,
                               folding["through"], folding["folded_bytes"])
         if self.holds.current and self.holds.current["cause"] == "disk_full":
             self.holds.end()  # the checkpoint wrote its extents and freed the folded journal: space is back
         self.check_hold()
-        seconds = time.perf_counter() - folding["started"]
+        started = folding["started"]
+        seconds = time.perf_counter() - started
         log.info("checkpoint: generation %d folds %d transfers through seq %d (%d state bytes) beside the ticks in "
-                 "%.3fs", generation, folding["folded"], folding["last_seq"], len(made[0][2]), seconds)
+                 "%.3fs (the fold process %.3fs, the append %.3fs)", generation, folding["folded"], folding["last_seq"],
+                 len(made[0][2]), seconds, folding["folded_at"] - started, folding["published_at"] - folding["folded_at"])
         self._answer_checkpoint(waiters, 200, {"generation": generation, "folded": folding["folded"],
                                                "last_seq": folding["last_seq"], "state_bytes": len(made[0][2]),
                                                "seconds": seconds})

@@ -62,12 +62,11 @@ def clear(journal_dir: str) -> None:
                 shutil.rmtree(os.path.join(journal_dir, name), ignore_errors=True)
 
 
-def run(runtime_path: str, work: str, grants_path: str | None, through_seq: int,
-        nice: int) -> tuple[Components, list[str]]:
+def run(runtime_path: str, work: str, through_seq: int, nice: int) -> tuple[Components, list[str]]:
     """Fold in another process (at `nice`, and idle I/O priority where `ionice` exists): the
     components it made and the component names to drop."""
     argv = [sys.executable, "-m", "gpu_worker.fold_cli", "--ccir", runtime_path, "--journal", work,
-            "--through", str(through_seq)] + (["--grants", grants_path] if grants_path else [])
+            "--through", str(through_seq)]
     # the fold builds its state on the CPU, from this code whatever the working directory
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "",

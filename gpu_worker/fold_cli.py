@@ -2,7 +2,7 @@
 file's checkpoint plus the journal segments in DIR (links to those the checkpoint folds), encoded
 as the checkpoint's components on standard output.
 
-    python -m gpu_worker.fold_cli --ccir F --journal DIR [--grants G] --through SEQ
+    python -m gpu_worker.fold_cli --ccir F --journal DIR --through SEQ
 
 (run by the device, not by hand.)
 """
@@ -14,7 +14,6 @@ import os
 import signal
 import sys
 
-from .contract.grantfile import Grants
 from .device import Device
 from .fold import encode
 from .ops import media
@@ -37,12 +36,11 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpu_worker.fold_cli")
     parser.add_argument("--ccir", required=True)
     parser.add_argument("--journal", required=True)
-    parser.add_argument("--grants")
     parser.add_argument("--through", type=int, required=True)
     args = parser.parse_args(argv)
     _die_with_parent()
-    grants = Grants(args.grants) if args.grants else None
-    device = Device(RuntimeFile.open(args.ccir, verify=False), args.journal, grants, serve=False, following=True)
+    # (no grants: a replay does not ask them, and a grant file can be large)
+    device = Device(RuntimeFile.open(args.ccir, verify=False), args.journal, None, serve=False, following=True)
     assert device.following is not None
     last_seq = device.following.next_seq - 1
     if last_seq != args.through:
