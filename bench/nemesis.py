@@ -55,8 +55,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # (bench/http.py must not shadow the standard library's http)
+if sys.path and Path(sys.path[0] or ".").resolve() == ROOT / "bench":
+    sys.path[0] = str(ROOT)  # run as a script: bench/http.py must not shadow the standard library's http
+elif str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 import rfc8785  # noqa: E402

@@ -16,7 +16,7 @@ import threading
 from typing import Any, Callable, NamedTuple
 
 from .contract.grantfile import GrantFileError, Grants
-from .loop.threads import DEFAULT_NICE
+from .loop.threads import DEFAULT_NICE, keep_off_the_tick_cpu
 from .loop.watchdog import STALL_SECONDS
 
 
@@ -131,6 +131,7 @@ def main(argv):
         except ValueError as exc:
             return fail(str(exc))
         os.sched_setaffinity(0, other_cpus)
+        keep_off_the_tick_cpu(other_cpus)
 
     threads = _Threads(socket_group, tick_cpu, other_cpus)
     from .device import Device, DeviceBootError

@@ -1,9 +1,13 @@
 """The device's background threads (gpu_worker/loop/threads.py): named, and below the tick loop."""
 import os
 import queue
+import subprocess
+import sys
 import threading
 
-from gpu_worker.loop.threads import enter_background
+import pytest
+
+from gpu_worker.loop.threads import enter_background, keep_off_the_tick_cpu
 from tests.gpu_worker.test_device import Rig
 
 
@@ -50,4 +54,34 @@ def test_the_devices_helper_threads_run_at_its_background_nice(tiny_runtime, tmp
         key[1]()  # the tick loop runs the continuation
         assert seen == [(("aotx-off-tick", 9), None)]
     finally:
+        rig.device.close()
+
+
+def test_with_a_tick_cpu_the_devices_helper_threads_and_their_processes_leave_it(tiny_runtime, tmp_path,
+                                                                                 principal_id):
+    """A thread copies its maker's CPU affinity: the tick loop's helpers (and the checkpoint's fold
+    process they start) would otherwise run on the CPU --tick-cpu gave the tick loop alone."""
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < 2:
+        pytest.skip("needs two CPUs")
+    tick_cpu = min(allowed)
+    rig = Rig(tiny_runtime, tmp_path, {principal_id: ["shared_read"]})
+
+    def tick_loop():  # boot's --tick-cpu: the others for the background, this thread on its own CPU
+        keep_off_the_tick_cpu(allowed - {tick_cpu})
+        os.sched_setaffinity(0, {tick_cpu})
+        rig.device.off_thread(lambda: (os.sched_getaffinity(0), subprocess.run(
+            [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"], capture_output=True,
+            text=True, check=True).stdout.strip()), lambda result, error: seen.append((result, error)))
+        return os.sched_getaffinity(0)
+    try:
+        delivered = queue.SimpleQueue()
+        rig.device.deliver = delivered.put
+        seen = []
+        assert _in_thread(tick_loop) == {tick_cpu}
+        [(key, *_)] = delivered.get(timeout=30)
+        key[1]()
+        assert seen == [((allowed - {tick_cpu}, str(sorted(allowed - {tick_cpu}))), None)]
+    finally:
+        keep_off_the_tick_cpu(set())
         rig.device.close()
