@@ -2,7 +2,8 @@
 a checkpoint of a large state folds, under closed-loop clients, beside the same load without one.
 
     .venv/bin/python bench/checkpoint.py [--transfers 1000000] [--clients 64] [--rounds 3]
-                                         [--seconds 5] [--window 150] [--versus COMMIT]
+                                         [--seconds 5] [--window 120] [--rate 20000]
+                                         [--boot ARGS] [--versus COMMIT]
 
 Setup, outside every timed window: a runtime file and a journal of --transfers transfers (64
 principals' registrations and spaces: bench/recovery.py's build), with room and grants for the
@@ -47,10 +48,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)  # not bench/: bench/http.py would shadow the standard library http
 
 from bench.journal import build_loadgen, lineages, registration_frame  # noqa: E402
-from bench.recovery import build  # noqa: E402
 from gpu_worker.contract.wire import LENGTH, decode_payload, encode_frame  # noqa: E402
 
-RATE = 25_000  # registrations/s a device here does not pass at 64 clients: each phase has this many per second ready
+# registrations/s a device here does not pass at 64 clients (11-16k/s measured): each phase has this
+# many a second ready, each a fresh principal in the grant file (a 3.9M-principal run took 11 GiB here)
+RATE = 20_000
 
 
 def boot(tree, files, log_path, tick_cpu, extra=()):
@@ -118,6 +120,17 @@ def checkpoint_after(sock_path, delay, out):
         out["answered"] = time.monotonic()
 
 
+_BUILD = """
+import sys
+from pathlib import Path
+sys.path[0] = sys.argv[1]
+from bench.recovery import build
+ids = Path(sys.argv[4]).read_bytes()
+*_, journal_bytes = build(Path(sys.argv[2]), int(sys.argv[3]), spare=[ids[i:i + 16] for i in range(0, len(ids), 16)])
+print(journal_bytes)
+"""
+
+
 class Runs:
     """The built files (a snapshot beside the working copy the devices boot: each run starts from
     the snapshot, the runtime file rewritten in place so that every boot is a restart of the same
@@ -127,7 +140,14 @@ class Runs:
         self.work, self.snapshot = base / "work", base / "snapshot"
         self.work.mkdir()
         started = time.perf_counter()
-        *_, journal_bytes = build(self.work, transfers, spare=principals)
+        # in a process of its own: what the build's device held (tables and grants for millions of
+        # principals, gigabytes) goes back to the system before the runs, beside which it was killed
+        (base / "principals.bin").write_bytes(b"".join(principals))
+        built = subprocess.run([sys.executable, "-c", _BUILD, str(ROOT), str(self.work), str(transfers),
+                                str(base / "principals.bin")], capture_output=True, text=True)
+        if built.returncode:
+            raise SystemExit(f"the build failed:\n{built.stderr[-3000:]}")
+        journal_bytes = int(built.stdout.split()[-1])
         print(f"built {transfers:,} transfers ({journal_bytes / 2**20:.0f} MiB of journal) in "
               f"{time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
         shutil.copytree(self.work, self.snapshot)
@@ -150,7 +170,7 @@ class Runs:
             if self.frames is None:
                 self.frames = [registration_frame(lineage, p, i) for i, (p, lineage)
                                in enumerate(zip(self.principals, lineages(sock, self.principals)), 1)]
-            before = int(RATE * args.seconds)
+            before = int(args.rate * args.seconds)
             quiet = finish_load(start_load(loadgen, str(work), sock, self.frames[:before], args.clients,
                                            args.seconds, client_cpus), str(work))
             asked: dict = {}
@@ -189,8 +209,10 @@ def main():
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="the phase without a checkpoint")
-    parser.add_argument("--window", type=float, default=150.0,
+    parser.add_argument("--window", type=float, default=120.0,
                         help="the longest load of the phase with one (it ends 0.5 s after the checkpoint's answer)")
+    parser.add_argument("--rate", type=int, default=RATE,
+                        help="registrations made ready a second of each phase (each a principal in the grant file)")
     parser.add_argument("--boot", default="", help="more arguments for every device's boot (one string)")
     parser.add_argument("--versus", metavar="COMMIT", help="also run that commit's code on its own copies, in turns")
     args = parser.parse_args()
@@ -207,7 +229,7 @@ def main():
             stack.callback(subprocess.run, ["git", "worktree", "remove", "--force", str(other)], cwd=ROOT,
                            capture_output=True)
             trees = {"this": ROOT, args.versus: other}
-        principals = [secrets.token_bytes(16) for _ in range(int(RATE * (args.seconds + args.window)))]
+        principals = [secrets.token_bytes(16) for _ in range(int(args.rate * (args.seconds + args.window)))]
         runs = Runs(base, args.transfers, principals)
         loadgen = build_loadgen(str(base))
         results = {name: [] for name in trees}

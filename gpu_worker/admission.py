@@ -52,6 +52,7 @@ _UNSAVED = (0, 0, 0, 0)
 _RECEIPT_ROW = struct.Struct(f"<4q16s16s5q8q{8 * (width(R) - R.INPUT_TOKENS)}x")
 assert (R.KEY_HI, R.OP_HI, R.TARGET, R.TERMINAL, SAVE_COLUMNS[0][0], R.INPUT_TOKENS) == (4, 6, 8, 12, 13, 21)
 assert _RECEIPT_ROW.size == 8 * width(R)
+_R_WIDTH = width(R)  # (width() walks the class: once, not once a run)
 
 
 class Admitter(Context, Protocol):
@@ -177,21 +178,29 @@ def apply(d: Admitter, a: Admission, transfer_seq: int | None, saved: Transfer |
     return rrow
 
 
+# A run shorter than this goes one admission at a time (replay_run answers False): below it, the
+# columns' numpy calls cost more than the calls per admission they save (docs/checkpoint.md,
+# "Replaying a mixed journal").
+MIN_RUN = 16
+
+
 def replay_run(d: Admitter, kind: OperationKind, transfers: list[Transfer], prows: list[int]) -> bool:
     """At replay, admission transfers of one kind with runs (`decode_run`, `apply_run`), in journal
     order, by participants already registered (`prows`), each saved by its transfer: what
     `apply(d, a, None, transfer)` of each does, as columns, one write per table (a million
     admissions, one call each, were most of a replay: docs/performance.md, "Runs of admissions as
-    columns"). Only while
-    the load defers indexing. False, with nothing changed, when a payload is not in the layout
-    the run decoder reads: then apply each by itself."""
+    columns"). Only while the load defers indexing. False, with nothing changed, when the run is
+    shorter than MIN_RUN or a payload is not in the layout the run decoder reads: then apply each
+    by itself."""
     assert kind.decode_run is not None and kind.apply_run is not None
+    n = len(transfers)
+    if n < MIN_RUN:
+        return False
     run = kind.decode_run([transfer.payload for transfer in transfers])
     if run is None:
         return False
     state = d.state
     t = state.tables
-    n = len(transfers)
     rrows = np.array(take_free(state.receipts.free, n), dtype=np.int64)
     counters = np.arange(state.admissions + 1, state.admissions + n + 1, dtype=np.int64)
     state.admissions += n
@@ -199,7 +208,7 @@ def replay_run(d: Admitter, kind: OperationKind, transfers: list[Transfer], prow
     targets = kind.apply_run(d, run, participants, counters)
     for prow, sequence in dict(zip(prows, run.sequences.tolist())).items():  # (each one's last)
         t.put_value(t.participants, prow, P.NEXT_SEQUENCE, sequence + 1)
-    values = np.zeros((n, width(R)), dtype=np.int64)
+    values = np.zeros((n, _R_WIDTH), dtype=np.int64)
     values[:, R.STATE] = 1
     values[:, R.PARTICIPANT] = participants
     values[:, R.SEQUENCE] = run.sequences

@@ -32,9 +32,13 @@ log = logging.getLogger("gpu_worker.engine")
 
 def build_directory() -> Path:
     """Per virtualenv (the build is tied to its torch), else under the user's cache; one directory
-    per version of the source, so checkouts of different versions sharing a virtualenv never
-    rebuild over each other's extension."""
-    digest = hashlib.sha256(b"".join(path.read_bytes() for path in SOURCES + HEADERS)).hexdigest()[:16]
+    per version of the source and per checkout, so checkouts sharing a virtualenv never rebuild
+    over each other's extension: torch's loader runs ninja at every load, and the build commands
+    name the sources by their paths, so two checkouts of one version in one directory rebuilt it
+    (20 s) at each load that followed the other's (bench/recovery.py --versus, a second checkout's
+    boots beside this one's)."""
+    digest = hashlib.sha256(str(HERE.resolve()).encode() + b"\0"
+                            + b"".join(path.read_bytes() for path in SOURCES + HEADERS)).hexdigest()[:16]
     prefix = Path(sys.prefix) / "aotx-build" / "cpu_ops" / digest
     try:
         prefix.mkdir(parents=True, exist_ok=True)

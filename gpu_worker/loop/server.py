@@ -246,7 +246,11 @@ class Server:
             pass
         if self._stop_asked:
             self._running = False
-        while self._from_threads and self._running:
+        # only what was queued when woken: what these events deliver (a continuation's next slice:
+        # Device._mark_folded) waits for the next wake, after the ticks and reads queued meanwhile
+        for _ in range(len(self._from_threads)):
+            if not self._running:
+                break
             self.engine_events(self._from_threads.popleft())
 
     # ---- the loop ----------------------------------------------------------------------

@@ -7,6 +7,7 @@
 //             segment, base[, limit]) -> ([(kind, seq, payload, digest, segment, base + start)], stop, last_seq)
 //   scatter(table, cols, rows, lengths, blob) -> bytes used (a checkpoint's row bytes, below)
 //   space_creates(payloads, version, kind) -> the columns of a run of spaces.create admissions (below)
+//   conversation_creates, member_sets: the same for runs of conversations.create and members.set
 //
 // Each record: a 32-byte part header (type 37, class 0x41, kind, part index, part count, data
 // length, reserved 0, payload length, transfer seq, CRC-32, reserved 0; little endian) and at
@@ -451,6 +452,122 @@ PyObject* space_creates(PyObject*, PyObject* args) {
                        bytes(scopes.data(), count * 8));
 }
 
+// The head of an admission payload as Admission.encode packs it, up to its extra map: a fixarray of
+// 8, version, kind, the principal, the sequence, the operation key and ID and the canonical bytes.
+struct Head {
+  int64_t sequence = 0;
+  unsigned char key[16], op[16];
+  const unsigned char* canonical = nullptr;
+  size_t length = 0;
+};
+
+bool admission_head(Reader& r, long version, long kind, Head& h) {
+  unsigned char principal[16];
+  return r.byte(0x98) && r.byte(static_cast<unsigned char>(version)) && r.byte(static_cast<unsigned char>(kind))
+         && r.bin16(principal) && r.uint(&h.sequence) && r.bin16(h.key) && r.bin16(h.op)
+         && r.bin(&h.canonical, &h.length);
+}
+
+// The columns every run of admissions has (admission.replay_run): sequences and lengths as native
+// int64, keys and ops 16 bytes each, the canonical bytes back to back.
+struct Columns {
+  std::vector<int64_t> sequences, lengths;
+  std::vector<unsigned char> keys, ops, commands;
+  void add(const Head& h) {
+    sequences.push_back(h.sequence);
+    lengths.push_back(int64_t(h.length));
+    keys.insert(keys.end(), h.key, h.key + 16);
+    ops.insert(ops.end(), h.op, h.op + 16);
+    commands.insert(commands.end(), h.canonical, h.canonical + h.length);
+  }
+};
+
+PyObject* as_bytes(const void* p, size_t size) {
+  return PyBytes_FromStringAndSize(static_cast<const char*>(p), Py_ssize_t(size));
+}
+
+bool fixints(long version, long kind) {
+  if (version < 0 || version > 0x7f || kind < 0 || kind > 0x7f) {
+    PyErr_SetString(PyExc_ValueError, "version and kind must be positive fixints");
+    return false;
+  }
+  return true;
+}
+
+// The space an admission's extra names, as ops/*.py check records it: "space": [lineage, id].
+const char SPACE_KEY[] = "\xa5space";
+
+bool space_ref(Reader& r, unsigned char* lineage, unsigned char* id) {
+  return r.fixed(SPACE_KEY, 6) && r.byte(0x92) && r.bin16(lineage) && r.bin16(id);
+}
+
+// conversation_creates(payloads, version, kind) -> (sequences, keys, ops, commands, lengths,
+// space lineages, space ids, ids) or None: a run of conversations.create admissions, each exactly
+// [version, kind, principal, sequence, key, op, canonical, {"space": [lineage, id], "id": id}]
+// (16-byte bins; the extra map in ops/conversations.py check's order). None as space_creates.
+PyObject* conversation_creates(PyObject*, PyObject* args) {
+  PyObject* payloads;
+  long version, kind;
+  if (!PyArg_ParseTuple(args, "O!ll", &PyList_Type, &payloads, &version, &kind)) return nullptr;
+  if (!fixints(version, kind)) return nullptr;
+  const Py_ssize_t n = PyList_GET_SIZE(payloads);
+  Columns c;
+  std::vector<unsigned char> lineages(size_t(n) * 16), spaces(size_t(n) * 16), ids(size_t(n) * 16);
+  static const char ID_KEY[] = "\xa2id";
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = PyList_GET_ITEM(payloads, i);
+    if (!PyBytes_Check(item)) Py_RETURN_NONE;
+    const unsigned char* data = reinterpret_cast<const unsigned char*>(PyBytes_AS_STRING(item));
+    Reader r{data, data + PyBytes_GET_SIZE(item)};
+    Head h;
+    const size_t at = size_t(i) * 16;
+    if (!(admission_head(r, version, kind, h) && r.byte(0x82) && space_ref(r, &lineages[at], &spaces[at])
+          && r.fixed(ID_KEY, 3) && r.bin16(&ids[at]) && r.p == r.end))
+      Py_RETURN_NONE;
+    c.add(h);
+  }
+  const size_t count = size_t(n);
+  return Py_BuildValue("(NNNNNNNN)", as_bytes(c.sequences.data(), count * 8), as_bytes(c.keys.data(), c.keys.size()),
+                       as_bytes(c.ops.data(), c.ops.size()), as_bytes(c.commands.data(), c.commands.size()),
+                       as_bytes(c.lengths.data(), count * 8), as_bytes(lineages.data(), lineages.size()),
+                       as_bytes(spaces.data(), spaces.size()), as_bytes(ids.data(), ids.size()));
+}
+
+// member_sets(payloads, version, kind) -> (sequences, keys, ops, commands, lengths, space lineages,
+// space ids, participants, rights) or None: a run of members.set admissions, each exactly [version,
+// kind, principal, sequence, key, op, canonical, {"space": [lineage, id], "participant": raw id,
+// "rights": rights}] (ops/members.py check's order); rights native int64. None as space_creates.
+PyObject* member_sets(PyObject*, PyObject* args) {
+  PyObject* payloads;
+  long version, kind;
+  if (!PyArg_ParseTuple(args, "O!ll", &PyList_Type, &payloads, &version, &kind)) return nullptr;
+  if (!fixints(version, kind)) return nullptr;
+  const Py_ssize_t n = PyList_GET_SIZE(payloads);
+  Columns c;
+  std::vector<unsigned char> lineages(size_t(n) * 16), spaces(size_t(n) * 16), participants(size_t(n) * 16);
+  std::vector<int64_t> rights(static_cast<size_t>(n));
+  static const char PARTICIPANT_KEY[] = "\xabparticipant", RIGHTS_KEY[] = "\xa6rights";
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = PyList_GET_ITEM(payloads, i);
+    if (!PyBytes_Check(item)) Py_RETURN_NONE;
+    const unsigned char* data = reinterpret_cast<const unsigned char*>(PyBytes_AS_STRING(item));
+    Reader r{data, data + PyBytes_GET_SIZE(item)};
+    Head h;
+    const size_t at = size_t(i) * 16;
+    if (!(admission_head(r, version, kind, h) && r.byte(0x83) && space_ref(r, &lineages[at], &spaces[at])
+          && r.fixed(PARTICIPANT_KEY, 12) && r.bin16(&participants[at]) && r.fixed(RIGHTS_KEY, 7)
+          && r.uint(&rights[size_t(i)]) && r.p == r.end))
+      Py_RETURN_NONE;
+    c.add(h);
+  }
+  const size_t count = size_t(n);
+  return Py_BuildValue("(NNNNNNNNN)", as_bytes(c.sequences.data(), count * 8), as_bytes(c.keys.data(), c.keys.size()),
+                       as_bytes(c.ops.data(), c.ops.size()), as_bytes(c.commands.data(), c.commands.size()),
+                       as_bytes(c.lengths.data(), count * 8), as_bytes(lineages.data(), lineages.size()),
+                       as_bytes(spaces.data(), spaces.size()), as_bytes(participants.data(), participants.size()),
+                       as_bytes(rights.data(), count * 8));
+}
+
 PyMethodDef methods[] = {
     {"records", records, METH_VARARGS, "records(kind, transfer_seq, payload, max_data) -> [bytes]"},
     {"transfers", transfers, METH_VARARGS,
@@ -459,6 +576,12 @@ PyMethodDef methods[] = {
     {"scatter", scatter, METH_VARARGS, "scatter(table, cols, rows, lengths, blob) -> bytes used"},
     {"space_creates", space_creates, METH_VARARGS,
      "space_creates(payloads, version, kind) -> (sequences, keys, ops, commands, lengths, ids, scopes) or None"},
+    {"conversation_creates", conversation_creates, METH_VARARGS,
+     "conversation_creates(payloads, version, kind) -> (sequences, keys, ops, commands, lengths, space lineages, "
+     "space ids, ids) or None"},
+    {"member_sets", member_sets, METH_VARARGS,
+     "member_sets(payloads, version, kind) -> (sequences, keys, ops, commands, lengths, space lineages, space ids, "
+     "participants, rights) or None"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "aotx_jcodec", "Journal records, encoded natively.", -1, methods};

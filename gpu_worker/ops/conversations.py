@@ -2,16 +2,21 @@
 conversation's execution slot, and its identity stays when the slot changes."""
 from __future__ import annotations
 
+import struct
 from typing import Any
 
+import numpy as np
+
+from .. import native
 from ..contract import ids
 from ..contract.commands import ConversationRef, NewConversation, SpacePage
 from ..contract.errors import ServiceError
-from ..state.tables import C, R, Right, join16, split16
+from ..state.indexes import take_free
+from ..state.tables import C, R, Right, join16
 from . import access, quotas
-from .kind import Admission, Caller, Kind, OperationKind, Read, Tables
+from .kind import ADMISSION_VERSION, Admission, Caller, Kind, OperationKind, Read, Run, Tables
 from .lists import page
-from .spaces import resource_key, space_key
+from .spaces import halves, resource_key, sixteens, space_key
 
 
 
@@ -34,17 +39,58 @@ def check(d: Caller, principal: bytes, prow: int | None, args: NewConversation, 
     return {"space": list(ids.split_id(space)), "id": raw}
 
 
+# a conversation row as its creation writes it, C's columns in order: STATE, SPACE, CREATOR, the ID
+# (16 bytes: ID_HI, ID_LO), CREATED, the creating operation (OP_HI, OP_LO); INPUTS and HISTORY_LEN
+# stay as they are
+_ROW = struct.Struct("<3q16sq16s")
+assert (C.ID_HI, C.CREATED, C.OP_HI, C.OP_LO) == (3, 5, 6, 7) and _ROW.size == 8 * 8
+
+
 def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
     state = d.state
     srow = state.spaces.row(space_key(a.extra["space"]))
     crow = state.conversations.free.pop()
-    id_hi, id_lo = split16(a.extra["id"])
-    op_hi, op_lo = split16(a.op)
-    state.tables.write_row(state.tables.conversations, crow, {
-        C.STATE: 1, C.SPACE: srow, C.CREATOR: prow, C.ID_HI: id_hi, C.ID_LO: id_lo,
-        C.CREATED: state.admissions, C.OP_HI: op_hi, C.OP_LO: op_lo})
+    state.tables.put_struct(state.tables.conversations, crow, 0, _ROW, 1, srow, prow, a.extra["id"],
+                            state.admissions, a.op)
     state.conversations.by_id[(state.participants.lineage[prow], a.extra["id"])] = crow
     return crow
+
+
+_conversation_creates = native.load("jcodec").conversation_creates
+_ROW_WIDTH = _ROW.size // 8  # the columns a creation writes
+
+
+def decode_run(payloads: list[bytes]) -> Run | None:
+    """A run of conversation creations as columns, decoded natively (jcodec.conversation_creates);
+    None when a payload is not exactly as Admission.encode packs a creation."""
+    columns = _conversation_creates(payloads, ADMISSION_VERSION, int(Kind.CONVERSATION_CREATE))
+    if columns is None:
+        return None
+    sequences, keys, ops, commands, lengths, space_lineages, space_ids, raw_ids = columns
+    return Run(np.frombuffer(sequences, dtype=np.int64), halves(keys), halves(ops), commands,
+               np.frombuffer(lengths, dtype=np.int64), (sixteens(space_lineages), sixteens(space_ids), raw_ids))
+
+
+def apply_run(d: Tables, run: Run, prows: np.ndarray, counters: np.ndarray) -> np.ndarray:
+    """`apply` of each creation of the run, in order: the spaces looked up, the conversation rows
+    in one write, their IDs indexed."""
+    state = d.state
+    space_lineages, space_ids, raw_ids = run.extra
+    row_of = state.spaces.row
+    srows = [row_of(key) for key in zip(space_lineages, space_ids)]
+    crows = np.array(take_free(state.conversations.free, len(prows)), dtype=np.int64)
+    values = np.empty((len(prows), _ROW_WIDTH), dtype=np.int64)
+    values[:, C.STATE] = 1
+    values[:, C.SPACE] = srows
+    values[:, C.CREATOR] = prows
+    values[:, C.ID_HI:C.ID_LO + 1] = halves(raw_ids)
+    values[:, C.CREATED] = counters
+    values[:, C.OP_HI:C.OP_LO + 1] = run.ops
+    state.tables.put_rows(state.tables.conversations, crows, values)
+    lineage = state.participants.lineage
+    state.conversations.by_id.update(zip(zip([lineage[p] for p in prows.tolist()], sixteens(raw_ids)),
+                                         crows.tolist()))
+    return crows
 
 
 def target_id(d: Tables, row: list[int], lineage: bytes) -> str:
@@ -61,7 +107,7 @@ def visible_to(d: Caller, principal: bytes, reader: int | None, row: list[int]) 
 
 
 CREATE: OperationKind = OperationKind(Kind.CONVERSATION_CREATE, "conversations.create", check=check, apply=apply,
-                       target_id=target_id, visible_to=visible_to)
+                       target_id=target_id, visible_to=visible_to, runs=(decode_run, apply_run))
 
 
 def view(d: Tables, crow: int) -> dict[str, Any]:

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from .. import native
 from ..contract.commands import MemberSet, SpacePage
 from ..contract import ids
 from ..contract.errors import ServiceError
 from ..state.tables import M, R, S, Right
 from . import access, events
-from .kind import Admission, Caller, Context, Kind, OperationKind, Read, Tables
+from .kind import ADMISSION_VERSION, Admission, Caller, Context, Kind, OperationKind, Read, Run, Tables
 from .lists import page
-from .spaces import space_key
+from .spaces import halves, sixteens, space_key
 
 
 
@@ -40,11 +43,57 @@ def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: in
     member = state.participants.by_raw[a.extra["participant"]]
     t = state.tables
     mrow = state.members.rows.get((srow, member))
-    if mrow is None:
+    if mrow is None:  # a new row, whole: STATE, SPACE, PARTICIPANT, RIGHTS, CREATED
         mrow = state.members.rows[(srow, member)] = state.members.free.pop()
-        t.write_row(t.members, mrow, {M.STATE: 1, M.SPACE: srow, M.PARTICIPANT: member, M.CREATED: state.admissions})
-    t.write_row(t.members, mrow, {M.RIGHTS: a.extra["rights"]})
+        t.put_cols(t.members, mrow, 0, (1, srow, member, a.extra["rights"], state.admissions))
+    else:
+        t.put_value(t.members, mrow, M.RIGHTS, a.extra["rights"])
     return srow
+
+
+_member_sets = native.load("jcodec").member_sets
+_ROW_WIDTH = M.CREATED + 1
+assert (M.STATE, M.SPACE, M.PARTICIPANT, M.RIGHTS, M.CREATED) == (0, 1, 2, 3, 4)
+
+
+def decode_run(payloads: list[bytes]) -> Run | None:
+    """A run of member rows set, as columns, decoded natively (jcodec.member_sets); None when a
+    payload is not exactly as Admission.encode packs one."""
+    columns = _member_sets(payloads, ADMISSION_VERSION, int(Kind.MEMBER_SET))
+    if columns is None:
+        return None
+    sequences, keys, ops, commands, lengths, space_lineages, space_ids, participants, rights = columns
+    return Run(np.frombuffer(sequences, dtype=np.int64), halves(keys), halves(ops), commands,
+               np.frombuffer(lengths, dtype=np.int64),
+               (sixteens(space_lineages), sixteens(space_ids), sixteens(participants),
+                np.frombuffer(rights, dtype=np.int64).tolist()))
+
+
+def apply_run(d: Tables, run: Run, prows: np.ndarray, counters: np.ndarray) -> np.ndarray:
+    """`apply` of each member row set in the run, in order: a pair's first row takes the lowest
+    free row (STATE, SPACE, PARTICIPANT, CREATED), and its rights are the last the run sets; the
+    new rows in one write, the rights in another."""
+    state = d.state
+    space_lineages, space_ids, participants, rights = run.extra
+    row_of, by_raw, members = state.spaces.row, state.participants.by_raw, state.members
+    srows = [row_of(key) for key in zip(space_lineages, space_ids)]
+    new: list[list[int]] = []
+    last: dict[int, int] = {}  # member row -> the rights the run leaves it
+    for srow, participant, counter, right in zip(srows, participants, counters.tolist(), rights):
+        member = by_raw[participant]
+        mrow = members.rows.get((srow, member))
+        if mrow is None:
+            mrow = members.rows[(srow, member)] = members.free.pop()
+            new.append([mrow, 1, srow, member, 0, counter])
+        last[mrow] = right
+    t = state.tables
+    if new:
+        made = np.array(new, dtype=np.int64)
+        made[:, 1 + M.RIGHTS] = [last[mrow] for mrow in made[:, 0].tolist()]
+        t.put_rows(t.members, made[:, 0], made[:, 1:])
+    for mrow, right in last.items():
+        t.put_value(t.members, mrow, M.RIGHTS, right)
+    return np.array(srows, dtype=np.int64)
 
 
 def target_id(d: Tables, row: list[int], lineage: bytes) -> str:
@@ -61,7 +110,7 @@ def saved(d: Context, rrow: int) -> None:
 
 
 SET: OperationKind = OperationKind(Kind.MEMBER_SET, "members.set", check=check, apply=apply, target_id=target_id,
-                    visible_to=visible_to, saved=saved)
+                    visible_to=visible_to, saved=saved, runs=(decode_run, apply_run))
 
 
 def list_members(d: Caller, principal: bytes, args: SpacePage) -> tuple[int, Any]:

@@ -64,9 +64,14 @@ def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: in
 _space_creates = native.load("jcodec").space_creates
 
 
-def _halves(data: bytes) -> np.ndarray:
+def halves(data: bytes) -> np.ndarray:
     """16-byte identifiers back to back as (n, 2) int64: the columns put_struct's "16s" writes."""
     return np.frombuffer(data, dtype="<i8").reshape(-1, 2)
+
+
+def sixteens(data: bytes) -> list[bytes]:
+    """16-byte identifiers back to back, each as bytes (an index's key)."""
+    return [data[i:i + 16] for i in range(0, len(data), 16)]
 
 
 def decode_run(payloads: list[bytes]) -> Run | None:
@@ -76,8 +81,8 @@ def decode_run(payloads: list[bytes]) -> Run | None:
     if columns is None:
         return None
     sequences, keys, ops, commands, lengths, ids, scopes = columns
-    return Run(np.frombuffer(sequences, dtype=np.int64), _halves(keys), _halves(ops), commands,
-               np.frombuffer(lengths, dtype=np.int64), (_halves(ids), np.frombuffer(scopes, dtype=np.int64)))
+    return Run(np.frombuffer(sequences, dtype=np.int64), halves(keys), halves(ops), commands,
+               np.frombuffer(lengths, dtype=np.int64), (halves(ids), np.frombuffer(scopes, dtype=np.int64)))
 
 
 def apply_run(d: Tables, run: Run, prows: np.ndarray, counters: np.ndarray) -> np.ndarray:

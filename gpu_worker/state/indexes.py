@@ -144,6 +144,9 @@ def take_free(free: list[int], n: int) -> list[int]:
     return rows
 
 
+FEW = 16  # a catch-up of at most this many noted rows indexes them one by one (`_Deferring._catch_up`)
+
+
 class _Deferring(abc.ABC):
     """An index that, while a device loads (`defer` .. `settle`), only notes the rows added, and
     indexes them from their table in whole-column passes (`_index`) when a lookup next needs them
@@ -172,10 +175,19 @@ class _Deferring(abc.ABC):
         self._tables = None
 
     def _catch_up(self) -> None:
-        tables, rows = self._tables, np.array(self._pending, dtype=np.int64)
+        tables, pending = self._tables, self._pending
         assert tables is not None
         self._pending = []
         table = getattr(tables, self.TABLE)
+        if len(pending) <= FEW and tables.device.type == "cpu":
+            # a few rows, row by row: a mixed journal interleaves kinds, so most catch-ups (a
+            # conversation's space looked up after the one created just before it, an output's
+            # input after its admission) have one or two rows, where the passes' numpy calls
+            # cost ten times what they save (docs/checkpoint.md, "Replaying a mixed journal")
+            for row in pending:
+                self._index_row(tables.row(table, row), row)
+            return
+        rows = np.array(pending, dtype=np.int64)
         if tables.device.type == "cpu":  # the table's own memory
             self._index(tables.array(table), rows, rows)
         else:  # only those rows, off the accelerator
@@ -185,6 +197,10 @@ class _Deferring(abc.ABC):
     def _index(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
         """Index rows `rows`, whose values are values[at], in one pass per index (each index's
         own: what `rebuild` does for the whole table, and `_catch_up` for the rows noted)."""
+
+    @abc.abstractmethod
+    def _index_row(self, values: list[int], row: int) -> None:
+        """Index one row whose values are `values`: exactly what `_index` does for it."""
 
 
 SEQUENCE_SHIFT = 32  # by_sequence's key: sequence << 32 | participant row (rows: below 2**32)
@@ -228,6 +244,12 @@ class ReceiptIndex(_Deferring):
         keyed[:, 16:] = np.asarray(prows, dtype="<u4").reshape(-1, 1).view(np.uint8)
         self.by_key.update(zip(keyed.view("V20").ravel().tolist(), rrows))
         self.by_op.update(zip(Tables.ids16(values, at, R.OP_HI, R.OP_LO), rrows))
+
+    def _index_row(self, values: list[int], row: int) -> None:
+        prow = values[R.PARTICIPANT]
+        self.by_sequence[values[R.SEQUENCE] << SEQUENCE_SHIFT | prow] = row
+        self.by_key[join16(values[R.KEY_HI], values[R.KEY_LO]) + _ROW32.pack(prow)] = row
+        self.by_op[join16(values[R.OP_HI], values[R.OP_LO])] = row
 
     def at(self, prow: int, sequence: int) -> int | None:
         """The receipt row of a participant's sequence, None when it has no live receipt."""
@@ -293,6 +315,10 @@ class SpaceIndex(_Deferring):
     def _index(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
         lineages = self._participants.lineages_at(values[at, S.OWNER], values[at, S.CREATED])  # the one in its ID
         self.by_id.update(zip(zip(lineages, Tables.ids16(values, at, S.ID_HI, S.ID_LO)), rows.tolist()))
+
+    def _index_row(self, values: list[int], row: int) -> None:
+        lineage = self._participants.lineage_at(values[S.OWNER], values[S.CREATED])
+        self.by_id[(lineage, join16(values[S.ID_HI], values[S.ID_LO]))] = row
 
     def add(self, key: tuple[bytes, bytes], srow: int) -> None:
         if self._tables is not None:

@@ -356,21 +356,23 @@ class Tables:
             rows = (self.receipts[:, R.STATE] != 0) & (seqs >= start) & (seqs < end)
             self.receipts[rows, source_col] = (self.receipts[rows, source_col] & ~other) | bit
 
-    def mark_folded(self, generation: int, through_seq: int | None = None) -> None:
+    def mark_folded(self, generation: int, through_seq: int | None = None, rows: slice = slice(None)) -> None:
         """The saves of live receipts by transfers through `through_seq` (None: every saved one)
         are now in the runtime file, at this generation (a checkpoint folded them). A checkpoint
         folds while admissions go on (gpu_worker/fold.py): what was saved after its fold point
-        stays in the journal, its save fields as they were given."""
-        live = self.receipts[:, R.STATE] != 0
+        stays in the journal, its save fields as they were given. `rows`: those of the receipts
+        table only (a served device marks a fold in slices between its ticks: MARK_ROWS)."""
+        table = self.receipts[rows]  # (a view: the writes below go to the table)
+        live = table[:, R.STATE] != 0
         for transfer_col, source_col, generation_col in ((R.ADM_TRANSFER, R.ADM_SOURCE, R.ADM_GENERATION),
                                                          (R.TERM_TRANSFER, R.TERM_SOURCE, R.TERM_GENERATION)):
-            seqs = self.receipts[:, transfer_col]
-            rows = live & (seqs != 0)
+            seqs = table[:, transfer_col]
+            marked = live & (seqs != 0)
             if through_seq is not None:
-                rows &= seqs <= through_seq
+                marked &= seqs <= through_seq
             # (whether a standby held it stays)
-            self.receipts[rows, source_col] = (self.receipts[rows, source_col] & ~SOURCE_MASK) | int(Source.FILE)
-            self.receipts[rows, generation_col] = generation
+            table[marked, source_col] = (table[marked, source_col] & ~SOURCE_MASK) | int(Source.FILE)
+            table[marked, generation_col] = generation
 
     @staticmethod
     def array(table: torch.Tensor) -> np.ndarray:
@@ -380,7 +382,10 @@ class Tables:
 
     @staticmethod
     def take(table: torch.Tensor, rows: np.ndarray) -> np.ndarray:
-        """Those rows of the table, as a numpy array (a copy)."""
+        """Those rows of the table, as a numpy array (a copy; on the CPU through numpy, whose
+        indexing costs a few microseconds where torch's cost a few hundred)."""
+        if table.device.type == "cpu":
+            return table.numpy()[rows]
         return table[torch.from_numpy(rows).to(table.device)].cpu().numpy()
 
     @staticmethod

@@ -251,11 +251,29 @@ def test_a_checkpoint_folds_beside_the_ticks_while_admissions_go_on(tmp_path, mo
     """SPEC: a checkpoint pauses no one. The fold runs in another process from the segments before
     its fold point; registrations sent while it runs are saved and answered before it ends, stay in
     the journal after it (their save fields say so), and every receipt reads the same after a
-    restart. Before, the checkpoint ran on the tick thread: nothing was admitted meanwhile."""
+    restart. Before, the checkpoint ran on the tick thread: nothing was admitted meanwhile. The
+    receipts it saved are marked a slice of rows at a time, between ticks (before, the whole table
+    at once: 171 ms at 1.85M rows), and the checkpoint answers once all are."""
+    from gpu_worker import device as device_module
+    from gpu_worker.state.tables import Tables
     runtime = str(tmp_path / "own.aotxccir")
     pack_tiny(runtime, shared=True)
     live = LiveDevice(runtime, tmp_path, 40).start()
     started, gate = gated_fold(monkeypatch)
+    monkeypatch.setattr(device_module, "MARK_ROWS", 16)
+    marked, real_mark = [], Tables.mark_folded
+
+    wakes, real_woken = [0], Server._woken
+
+    def mark_folded(self, generation, through_seq=None, rows=slice(None)):
+        marked.append((len(range(*rows.indices(self.receipts.shape[0]))), wakes[0]))
+        return real_mark(self, generation, through_seq, rows)
+
+    def woken(self):
+        wakes[0] += 1
+        return real_woken(self)
+    monkeypatch.setattr(Tables, "mark_folded", mark_folded)
+    monkeypatch.setattr(Server, "_woken", woken)
     first, during = live.principals[:10], live.principals[10:]
     try:
         assert {r["status"] for r in register_all(live, first, 2).values()} == {202}
@@ -272,6 +290,11 @@ def test_a_checkpoint_folds_beside_the_ticks_while_admissions_go_on(tmp_path, mo
         assert answer["status"] == 200, answer
         result = json.loads(answer["body"])
         assert result["generation"] == 2 and result["folded"] >= len(first)
+        rows = live.device.state.tables.receipts.shape[0]
+        sizes = [n for n, _ in marked]
+        assert max(sizes) == 16 and sum(sizes) == rows and len(sizes) == -(-rows // 16), marked
+        # each slice in a wake of the loop of its own: ticks and reads go on between them
+        assert len({wake for _, wake in marked}) == len(marked), marked
         assert min(list_segments(live.journal, OsFileLayer())) > folded_segment
         assert not [n for n in os.listdir(live.journal) if n.startswith(".fold-")]
         with live.connect() as sock:
