@@ -71,10 +71,13 @@ def boot(tree, files, log_path, tick_cpu, extra=()):
 
 def start_load(loadgen, base, sock_path, frames, clients, seconds, cpus):
     """Closed loops (bench/loadgen.c) on `clients` connections, until `seconds` pass, the frames
-    run out or `finish_load`."""
+    run out or `finish_load`. `base`: the load's own files (a tmpfs where there is one: a
+    gigabyte of requests and the replies stay off the device's disk); what else is dirty goes to
+    the disk first, so that no writeback of the setup's files falls inside a phase."""
     requests = os.path.join(base, "requests.bin")
     with open(requests, "wb") as f:
         f.writelines(frames)
+    os.sync()
     return subprocess.Popen([loadgen, sock_path, requests, str(clients), str(seconds),
                              os.path.join(base, "replies.bin"), os.path.join(base, "times.bin")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -152,6 +155,7 @@ class Runs:
               f"{time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
         shutil.copytree(self.work, self.snapshot)
         self.principals, self.frames = principals, None
+        self.scratch = str(base / "load")  # (main: a tmpfs where there is one)
 
     def reset(self):
         shutil.copyfile(self.snapshot / "r.aotxccir", self.work / "r.aotxccir")  # (the same inode)
@@ -171,15 +175,16 @@ class Runs:
                 self.frames = [registration_frame(lineage, p, i) for i, (p, lineage)
                                in enumerate(zip(self.principals, lineages(sock, self.principals)), 1)]
             before = int(args.rate * args.seconds)
-            quiet = finish_load(start_load(loadgen, str(work), sock, self.frames[:before], args.clients,
-                                           args.seconds, client_cpus), str(work))
+            quiet = finish_load(start_load(loadgen, self.scratch, sock, self.frames[:before], args.clients,
+                                           args.seconds, client_cpus), self.scratch)
             asked: dict = {}
             asker = threading.Thread(target=checkpoint_after, args=(sock, 1.0, asked))
-            proc = start_load(loadgen, str(work), sock, self.frames[before:], args.clients, args.window, client_cpus)
+            proc = start_load(loadgen, self.scratch, sock, self.frames[before:], args.clients, args.window,
+                              client_cpus)
             asker.start()
             asker.join(args.window + 60)
             time.sleep(0.5)
-            during = finish_load(proc, str(work), stop=True)
+            during = finish_load(proc, self.scratch, stop=True)
         finally:
             device.terminate()
             device.wait(60)
@@ -195,7 +200,7 @@ class Runs:
         inside = [t for t in during if asked["asked"] <= t <= asked["answered"]]
         seconds = asked["answered"] - asked["asked"]
         # the gap that spans the ask counts too: the window's replies plus the last one before it
-        edge = [t for t in during if t < asked["asked"]][-1:]
+        edge = [t for t in during if t < asked["asked"]][-1:] or [asked["asked"]]  # (none: from the ask)
         window = edge + inside + [asked["answered"]]
         gaps = sorted(((b - a, a - asked["asked"]) for a, b in zip(window, window[1:])), reverse=True)[:3]
         return ({"rate": (len(quiet) - 1) / (quiet[-1] - quiet[0]), "gap": longest_gap(quiet)},
@@ -231,6 +236,10 @@ def main():
             trees = {"this": ROOT, args.versus: other}
         principals = [secrets.token_bytes(16) for _ in range(int(args.rate * (args.seconds + args.window)))]
         runs = Runs(base, args.transfers, principals)
+        if os.path.isdir("/dev/shm"):
+            runs.scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-checkpoint-", dir="/dev/shm"))
+        else:
+            os.mkdir(runs.scratch)
         loadgen = build_loadgen(str(base))
         results = {name: [] for name in trees}
         for r in range(args.rounds):
