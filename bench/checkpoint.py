@@ -47,7 +47,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)  # not bench/: bench/http.py would shadow the standard library http
 
-from bench.journal import build_loadgen, lineages, registration_frame  # noqa: E402
+from bench.journal import build_loadgen, lineages, registration_frame, saved_replies  # noqa: E402
+from bench.versus import worktree  # noqa: E402
 from gpu_worker.contract.wire import LENGTH, decode_payload, encode_frame  # noqa: E402
 
 # registrations/s a device here does not pass at 64 clients (11-16k/s measured): each phase has this
@@ -93,13 +94,7 @@ def finish_load(proc, base, stop=False):
     if proc.returncode:
         raise SystemExit(f"loadgen failed: {err.strip()}")
     replies, times = os.path.join(base, "replies.bin"), os.path.join(base, "times.bin")
-    data, offset = Path(replies).read_bytes(), 0
-    while offset < len(data):
-        (n,) = LENGTH.unpack_from(data, offset)
-        msg = decode_payload(data[offset + 4:offset + 4 + n])
-        if msg["status"] != 202:
-            raise SystemExit(f"a registration was answered {msg['status']}: {msg['body'][:300]}")
-        offset += 4 + n
+    saved_replies(replies)
     arrived = Path(times).read_bytes()
     for path in (replies, times, os.path.join(base, "requests.bin")):
         os.unlink(path)
@@ -228,11 +223,7 @@ def main():
         base = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-checkpoint-", dir=ROOT / "var")))
         trees = {"this": ROOT}
         if args.versus:
-            other = base / "tree"
-            subprocess.run(["git", "worktree", "add", "--detach", str(other), args.versus], cwd=ROOT, check=True,
-                           capture_output=True)
-            stack.callback(subprocess.run, ["git", "worktree", "remove", "--force", str(other)], cwd=ROOT,
-                           capture_output=True)
+            other = worktree(stack, args.versus, base / "tree")
             trees = {"this": ROOT, args.versus: other}
         principals = [secrets.token_bytes(16) for _ in range(int(args.rate * (args.seconds + args.window)))]
         runs = Runs(base, args.transfers, principals)

@@ -120,6 +120,20 @@ def build_loadgen(directory):
     return exe
 
 
+def saved_replies(path):
+    """How many replies the file loadgen wrote holds, each checked to be a saved receipt (202)."""
+    data = Path(path).read_bytes()
+    offset = count = 0
+    while offset < len(data):
+        (n,) = LENGTH.unpack_from(data, offset)
+        msg = decode_payload(data[offset + 4:offset + 4 + n])
+        if msg["status"] != 202:
+            raise RuntimeError(f"registration answered {msg['status']}: {msg['body'][:200]}")
+        offset += 4 + n
+        count += 1
+    return count
+
+
 def phase(loadgen, directory, sock_path, frames, clients, seconds, cpus, device_pid):
     """Closed loop on `clients` connections (bench/loadgen.c): send a pre-encoded registration,
     wait for its reply, send the next. Every reply is checked afterwards to be a saved receipt
@@ -133,15 +147,7 @@ def phase(loadgen, directory, sock_path, frames, clients, seconds, cpus, device_
                           preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     busy = (process_cpu_seconds(device_pid) - cpu_before) / (time.perf_counter() - wall_before)
     received, elapsed = done.stdout.split()
-    data = Path(replies).read_bytes()
-    offset = count = 0
-    while offset < len(data):
-        (n,) = LENGTH.unpack_from(data, offset)
-        msg = decode_payload(data[offset + 4:offset + 4 + n])
-        if msg["status"] != 202:
-            raise RuntimeError(f"registration answered {msg['status']}: {msg['body'][:200]}")
-        offset += 4 + n
-        count += 1
+    count = saved_replies(replies)
     if count != int(received):
         raise RuntimeError(f"loadgen counted {received} replies but wrote {count}")
     os.unlink(requests)

@@ -95,6 +95,7 @@ import rfc8785
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)  # not bench/: bench/http.py would shadow the standard library http
 
+from bench.versus import worktree  # noqa: E402
 from gpu_worker.device import Device  # noqa: E402
 from gpu_worker.contract.grantfile import Grants  # noqa: E402
 from gpu_worker.storage.filelayer import OsFileLayer  # noqa: E402
@@ -517,11 +518,7 @@ def main():
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-recovery-", dir=ROOT / "var")))
         trees = {"this": ROOT}
         if args.versus:
-            other = work / "tree"
-            subprocess.run(["git", "worktree", "add", "--detach", str(other), args.versus], cwd=ROOT, check=True,
-                           capture_output=True)
-            stack.callback(subprocess.run, ["git", "worktree", "remove", "--force", str(other)], cwd=ROOT,
-                           capture_output=True)
+            other = worktree(stack, args.versus, work / "tree")
             trees = {args.versus: other, "this": ROOT}
         built = work / "built"
         if args.source:

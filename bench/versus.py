@@ -27,6 +27,16 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
 
+
+def worktree(stack, commit, path):
+    """A checkout of `commit` at `path` (git worktree), removed when `stack` (an ExitStack) closes:
+    the tree a bench's --versus boots."""
+    subprocess.run(["git", "worktree", "add", "--detach", str(path), commit], cwd=ROOT, check=True,
+                   capture_output=True)
+    stack.callback(subprocess.run, ["git", "worktree", "remove", "--force", str(path)], cwd=ROOT,
+                   capture_output=True)
+    return path
+
 def run(tree: Path, script: str, *args: str) -> str:
     done = subprocess.run([PYTHON, f"bench/{script}", *args], cwd=tree, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:

@@ -494,6 +494,23 @@ bool fixints(long version, long kind) {
   return true;
 }
 
+// Each payload of a run read into `c` (its admission head) and by `extra(r, i)` (its extra map, the
+// i-th): false when a payload is not bytes, not in that layout, or longer than what was read.
+template <typename Extra>
+bool read_run(PyObject* payloads, long version, long kind, Columns& c, Extra extra) {
+  const Py_ssize_t n = PyList_GET_SIZE(payloads);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = PyList_GET_ITEM(payloads, i);
+    if (!PyBytes_Check(item)) return false;
+    const unsigned char* data = reinterpret_cast<const unsigned char*>(PyBytes_AS_STRING(item));
+    Reader r{data, data + PyBytes_GET_SIZE(item)};
+    Head h;
+    if (!(admission_head(r, version, kind, h) && extra(r, size_t(i)) && r.p == r.end)) return false;
+    c.add(h);
+  }
+  return true;
+}
+
 // The space an admission's extra names, as ops/*.py check records it: "space": [lineage, id].
 const char SPACE_KEY[] = "\xa5space";
 
@@ -514,18 +531,11 @@ PyObject* conversation_creates(PyObject*, PyObject* args) {
   Columns c;
   std::vector<unsigned char> lineages(size_t(n) * 16), spaces(size_t(n) * 16), ids(size_t(n) * 16);
   static const char ID_KEY[] = "\xa2id";
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* item = PyList_GET_ITEM(payloads, i);
-    if (!PyBytes_Check(item)) Py_RETURN_NONE;
-    const unsigned char* data = reinterpret_cast<const unsigned char*>(PyBytes_AS_STRING(item));
-    Reader r{data, data + PyBytes_GET_SIZE(item)};
-    Head h;
-    const size_t at = size_t(i) * 16;
-    if (!(admission_head(r, version, kind, h) && r.byte(0x82) && space_ref(r, &lineages[at], &spaces[at])
-          && r.fixed(ID_KEY, 3) && r.bin16(&ids[at]) && r.p == r.end))
-      Py_RETURN_NONE;
-    c.add(h);
-  }
+  if (!read_run(payloads, version, kind, c, [&](Reader& r, size_t i) {
+        const size_t at = i * 16;
+        return r.byte(0x82) && space_ref(r, &lineages[at], &spaces[at]) && r.fixed(ID_KEY, 3) && r.bin16(&ids[at]);
+      }))
+    Py_RETURN_NONE;
   const size_t count = size_t(n);
   return Py_BuildValue("(NNNNNNNN)", as_bytes(c.sequences.data(), count * 8), as_bytes(c.keys.data(), c.keys.size()),
                        as_bytes(c.ops.data(), c.ops.size()), as_bytes(c.commands.data(), c.commands.size()),
@@ -547,19 +557,12 @@ PyObject* member_sets(PyObject*, PyObject* args) {
   std::vector<unsigned char> lineages(size_t(n) * 16), spaces(size_t(n) * 16), participants(size_t(n) * 16);
   std::vector<int64_t> rights(static_cast<size_t>(n));
   static const char PARTICIPANT_KEY[] = "\xabparticipant", RIGHTS_KEY[] = "\xa6rights";
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* item = PyList_GET_ITEM(payloads, i);
-    if (!PyBytes_Check(item)) Py_RETURN_NONE;
-    const unsigned char* data = reinterpret_cast<const unsigned char*>(PyBytes_AS_STRING(item));
-    Reader r{data, data + PyBytes_GET_SIZE(item)};
-    Head h;
-    const size_t at = size_t(i) * 16;
-    if (!(admission_head(r, version, kind, h) && r.byte(0x83) && space_ref(r, &lineages[at], &spaces[at])
-          && r.fixed(PARTICIPANT_KEY, 12) && r.bin16(&participants[at]) && r.fixed(RIGHTS_KEY, 7)
-          && r.uint(&rights[size_t(i)]) && r.p == r.end))
-      Py_RETURN_NONE;
-    c.add(h);
-  }
+  if (!read_run(payloads, version, kind, c, [&](Reader& r, size_t i) {
+        const size_t at = i * 16;
+        return r.byte(0x83) && space_ref(r, &lineages[at], &spaces[at]) && r.fixed(PARTICIPANT_KEY, 12)
+               && r.bin16(&participants[at]) && r.fixed(RIGHTS_KEY, 7) && r.uint(&rights[i]);
+      }))
+    Py_RETURN_NONE;
   const size_t count = size_t(n);
   return Py_BuildValue("(NNNNNNNNN)", as_bytes(c.sequences.data(), count * 8), as_bytes(c.keys.data(), c.keys.size()),
                        as_bytes(c.ops.data(), c.ops.size()), as_bytes(c.commands.data(), c.commands.size()),

@@ -27,7 +27,7 @@ from gpu_worker.storage import runtime_file
 from gpu_worker.storage.journal import JournalLock, list_segments, segment_name
 from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.conftest import wait_for
-from tests.gpu_worker.loop.test_server import LiveDevice, _exactly, call, register_all
+from tests.gpu_worker.loop.test_server import LiveDevice, _exactly, call, gated_fold, register_all
 
 
 class Primary(LiveDevice):
@@ -1375,20 +1375,13 @@ def test_a_checkpoint_beside_the_ticks_reads_the_same_on_a_hot_standby_that_foll
     given (the generation before the checkpoint's), those after carry the new one: on the primary,
     and on the device a hot standby becomes, whether it followed the checkpoint through or caught
     up from the primary's file after it."""
-    from gpu_worker import fold
     from gpu_worker.pack import pack_tiny
     runtime = str(tmp_path / "own.aotxccir")
     pack_tiny(runtime, shared=True)
     through, behind = copies(runtime, tmp_path, "through.aotxccir", "behind.aotxccir")
     primary = Primary(runtime, tmp_path / "p", 30, sync=True).start()
     followed_through = Follower(primary.address, str(tmp_path / "t" / "journal"), through, hot_grants=primary.grants)
-    started, gate, real = threading.Event(), threading.Event(), fold.run
-
-    def gated(*args, **kwargs):
-        started.set()
-        assert gate.wait(120)
-        return real(*args, **kwargs)
-    monkeypatch.setattr(fold, "run", gated)
+    started, gate = gated_fold(monkeypatch)
     try:
         replies = register_all(primary, primary.principals[:10], 2)
         wait_for(lambda: followed(primary, followed_through), what="the standby to follow")
@@ -1431,20 +1424,13 @@ def test_an_admission_appended_before_a_checkpoints_end_and_saved_after_it_keeps
     before its CHECKPOINT transfer, so a replay gives them the generation before. The live tables
     gave them the new one (the generation switched when the checkpoint ended, not when its
     CHECKPOINT transfer was saved): a restart read them otherwise than their clients were told."""
-    from gpu_worker import fold
     from gpu_worker.pack import pack_tiny
     runtime = str(tmp_path / "own.aotxccir")
     pack_tiny(runtime, shared=True)
     first, second = copies(runtime, tmp_path, "first.aotxccir", "second.aotxccir")
     primary = Primary(runtime, tmp_path / "p", 20, sync=True).start()
     follower = Follower(primary.address, str(tmp_path / "s1" / "journal"), first)
-    started, gate, real = threading.Event(), threading.Event(), fold.run
-
-    def gated(*args, **kwargs):
-        started.set()
-        assert gate.wait(120)
-        return real(*args, **kwargs)
-    monkeypatch.setattr(fold, "run", gated)
+    started, gate = gated_fold(monkeypatch)
     try:
         replies = register_all(primary, primary.principals[:8], 2)
         wait_for(lambda: caught_up(primary, follower), what="the standby to follow")
