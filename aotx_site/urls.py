@@ -7,7 +7,7 @@ from drf_spectacular.views import SpectacularJSONAPIView
 
 from shared_api.http import metrics
 from shared_api.console import pages as ops_admin
-from shared_api.errors import error_response
+from shared_api.errors import method_not_allowed
 from shared_api.routes.views import MediaView
 
 
@@ -17,8 +17,7 @@ def landing(request: HttpRequest) -> HttpResponse:
     /healthz, /metrics and a curl line for the capabilities — so that a browser pointed at the
     gateway, or the admin's "View site", finds more than a 404 (templates/aotx/landing.html)."""
     if request.method not in ("GET", "HEAD"):
-        return error_response(405, "method_not_allowed", f'Method "{request.method}" not allowed.',
-                              {"Allow": "GET, HEAD"})
+        return method_not_allowed(request.method or "")
     return render(request, "aotx/landing.html",
                   {"capabilities_url": request.build_absolute_uri("/aotx/v1/shared/capabilities")})
 

@@ -12,7 +12,7 @@ from rest_framework.response import Response
 
 from gpu_worker.contract.errors import ServiceError
 
-__all__ = ["ServiceError", "error_response", "exception_handler", "not_found", "server_error"]
+__all__ = ["ServiceError", "error_response", "exception_handler", "method_not_allowed", "not_found", "server_error"]
 
 WWW_AUTHENTICATE = 'Bearer realm="aotx"'
 
@@ -24,6 +24,11 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
     for name, value in (headers or {}).items():
         response[name] = value
     return response
+
+
+def method_not_allowed(method: str, allowed: str = "GET, HEAD") -> HttpResponse:
+    """405 in the one error body, with the methods the route takes in Allow."""
+    return error_response(405, "method_not_allowed", f'Method "{method}" not allowed.', {"Allow": allowed})
 
 
 def service_error_response(err: ServiceError) -> HttpResponse:

@@ -34,6 +34,7 @@ from urllib.parse import parse_qsl
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.http.request import split_domain_port, validate_host
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.urls.converters import StringConverter
 
@@ -50,8 +51,8 @@ from ..openai.views import PRINCIPAL as OPENAI_PRINCIPAL
 from ..openai.views import openai_error
 from .rates import RateLimited, limiter, retry_headers
 from .refusals import RefusalBackoff, is_quota_refusal
-from .server import (HEAD_BYTES, HEADERS, PRIVATE_HEADERS, ASGIApp, AccessLog, Logged, Proto, Receive, Receiver,
-                     Scope, Stream, asgi, asgi_scope)
+from .server import (HEAD_BYTES, HEADERS, PRIVATE_HEADERS, REPEATED, ASGIApp, AccessLog, BodyIncomplete, Logged,
+                     Proto, Receive, Receiver, Scope, Stream, asgi, asgi_scope, body_chunks)
 from ..routes.strict import loads_strict
 from ..routes.views import DeviceCall, MediaView, SharedView
 
@@ -66,7 +67,7 @@ OPENAI_CODES = {"rate_limited": "rate_limit_exceeded"}  # our codes under OpenAI
 
 
 class BodyRefused(Exception):
-    """The body was not read to its end: too large (413) or too slow (408)."""
+    """The body was not read to its end: too large (413), too slow (408) or cut off (400)."""
 
     def __init__(self, error: ServiceError) -> None:
         super().__init__(error.message)
@@ -74,8 +75,7 @@ class BodyRefused(Exception):
 
 
 class ClientGone(Exception):
-    """The client disconnected before its body was read, or (/v1) before its answer was ready:
-    there is no one to answer."""
+    """The client (/v1) disconnected before its answer was ready: there is no one to answer."""
 
 
 class FrontRequest:
@@ -144,6 +144,37 @@ def _token_in_query(scope: Scope) -> bool:
     return False
 
 
+ONCE_ONLY = (b"authorization", b"host")  # headers a request may send once (a proxy may read the first, we the last)
+
+
+def _head_refusal(scope: Scope) -> ServiceError | None:
+    """What every route refuses from the head alone, Django's and the streams' as the API's: a
+    header that says who the caller is, or which site it asks, sent twice (400
+    `repeated_header`); a Host outside AOTX_ALLOWED_HOSTS (400 `bad_host`, Django's rule, applied
+    once here for every route)."""
+    for name in scope.get(REPEATED, ()):
+        if name in ONCE_ONLY:
+            return ServiceError(400, "repeated_header", f"the {name.decode()} header is sent more than once")
+    host = _headers(scope).get(b"host")
+    if host is not None and not _allowed_host(host):
+        return ServiceError(400, "bad_host", f"Invalid Host header {host.decode('latin-1')[:200]!r}: it is not in "
+                                             f"AOTX_ALLOWED_HOSTS")
+    return None
+
+
+_HOSTS_SEEN: dict[bytes, bool] = {}  # Host values answered before, and whether they were allowed
+
+
+def _allowed_host(host: bytes) -> bool:
+    allowed = _HOSTS_SEEN.get(host)
+    if allowed is None:
+        domain, _ = split_domain_port(host.decode("latin-1"))
+        allowed = bool(domain) and validate_host(domain, settings.ALLOWED_HOSTS)
+        if len(_HOSTS_SEEN) < 256:  # (a hostile client's many made-up hosts are checked each time)
+            _HOSTS_SEEN[host] = allowed
+    return allowed
+
+
 def _accepts_json(headers: dict[bytes, bytes]) -> bool:
     """DRF's content negotiation for the one renderer (application/json): no Accept header, or a
     media range that covers application/json."""
@@ -181,12 +212,19 @@ def _stalled(timeout: float) -> ServiceError:
     return ServiceError(408, "body_timeout", f"the body stalled for {timeout:g}s")
 
 
+def _incomplete() -> ServiceError:
+    return ServiceError(400, "body_incomplete", "the body did not arrive whole (its chunked framing broke, or the "
+                                                "connection ended before its end): nothing was done")
+
+
 async def read_body(proto: Proto, headers: dict[bytes, bytes], length: int | None, limit: int, code: str,
                     timeout: float) -> bytes:
     """The whole body, at most `limit` bytes (BodyRefused 413 past it, 408 when a chunk takes
     longer than `timeout`: one timer for the body, moved on at each chunk; a small declared body,
     within `limit` by then, is read whole in `timeout`); the memory it holds is the body and no
-    more. ClientGone when the connection ends before the body does."""
+    more. A body that does not arrive whole (broken chunked framing, fewer bytes than its
+    Content-Length, the connection ended first) is BodyRefused 400 `body_incomplete`: an upload
+    cut off mid-way is never taken for a complete one."""
     if length == 0 or (length is None and b"transfer-encoding" not in headers):
         return b""
     if length is not None and length <= WHOLE_BODY_BYTES:
@@ -198,22 +236,17 @@ async def read_body(proto: Proto, headers: dict[bytes, bytes], length: int | Non
             raise BodyRefused(_stalled(timeout)) from None
         except asyncio.CancelledError:
             raise
-        except Exception:  # (the server's: the connection broke while the body was arriving)
-            raise ClientGone from None
+        except Exception:  # (the server's: the body could not be read whole)
+            raise BodyRefused(_incomplete()) from None
         if len(body) != length:
-            raise ClientGone  # (the connection ended before the body did)
+            raise BodyRefused(_incomplete())
         return body
     parts: list[bytes] = []
     size = 0
-    chunks = proto.__aiter__()
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(timeout) as deadline:
-            while True:
-                try:
-                    chunk = await chunks.__anext__()
-                except StopAsyncIteration:
-                    break
+            async for chunk in body_chunks(proto):
                 size += len(chunk)
                 if size > limit:
                     raise BodyRefused(_too_large(limit, code))
@@ -221,12 +254,10 @@ async def read_body(proto: Proto, headers: dict[bytes, bytes], length: int | Non
                 deadline.reschedule(loop.time() + timeout)
     except TimeoutError:
         raise BodyRefused(_stalled(timeout)) from None
-    except (BodyRefused, asyncio.CancelledError):
-        raise
-    except Exception:  # (the server's: the connection broke while the body was arriving)
-        raise ClientGone from None
+    except BodyIncomplete:
+        raise BodyRefused(_incomplete()) from None
     if length is not None and size != length:
-        raise ClientGone  # (the connection ended before the body did)
+        raise BodyRefused(_incomplete())
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
@@ -354,6 +385,10 @@ class Front:
             respond_error(proto, ServiceError(431, "headers_too_large", f"the request line and headers exceed "
                                                                         f"{self.max_header_bytes} bytes"), close=True)
             return
+        refused = _head_refusal(scope)
+        if refused is not None:
+            respond_error(proto, refused, close=True)
+            return
         if _token_in_query(scope):
             respond_error(proto, ServiceError(
                 401, "unauthenticated", "a token is accepted only in the Authorization header, never in the URL "
@@ -409,8 +444,6 @@ class Front:
         except _MethodNotAllowed as exc:
             respond_error(proto, exc.error(), close, [("allow", ", ".join(exc.allowed))])
             return 405
-        except ClientGone:
-            return 499  # (nginx's number for it, in the metrics only)
         except ServiceError as err:
             extra = None
             if isinstance(err, RateLimited):
@@ -470,8 +503,6 @@ class Front:
                                   settings.AOTX_BODY_TIMEOUT)
             if length is None:
                 limiter().charge(user.principal_id, user.rates, len(raw), user.shared_rates)
-        except ClientGone:
-            return 499
         except (ServiceError, BodyRefused) as exc:
             err = exc.error if isinstance(exc, BodyRefused) else exc
             if isinstance(err, RateLimited):
@@ -602,6 +633,8 @@ class Front:
                     if received > limit:
                         refused.append(_too_large(limit))
                         return {"type": "http.disconnect"}
+                elif receive.incomplete:
+                    refused.append(_incomplete())
                 return message
             return bounded_receive
 

@@ -30,6 +30,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.utils import floatToGoString
 
 from .. import ops
+from ..errors import method_not_allowed
 from .middleware import HybridMiddleware
 
 if TYPE_CHECKING:
@@ -292,7 +293,7 @@ REGISTRY.register(DeviceCollector())
 def metrics(request: HttpRequest) -> HttpResponse:
     """GET /metrics: the gateway's request metrics and the device's status, Prometheus text."""
     if request.method not in ("GET", "HEAD"):
-        return HttpResponse(status=405, headers={"Allow": "GET, HEAD"})
+        return method_not_allowed(request.method or "")
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
 
 
@@ -302,7 +303,7 @@ def healthz(request: HttpRequest) -> HttpResponse:
     pipeline is not stalled (its watchdog's reading, in the ping) and the journal is not held; 503
     otherwise, saying which."""
     if request.method not in ("GET", "HEAD"):
-        return HttpResponse(status=405, headers={"Allow": "GET, HEAD"})
+        return method_not_allowed(request.method or "")
     body: dict[str, str] = {}
     try:
         with connection.cursor() as cursor:
@@ -341,7 +342,7 @@ def healthz_primary(request: HttpRequest) -> HttpResponse:
     Patroni's `GET /primary` for a load balancer's health check: clients and proxies send their
     requests to the machine that answers 200); 503 otherwise, with the role. No token."""
     if request.method not in ("GET", "HEAD"):
-        return HttpResponse(status=405, headers={"Allow": "GET, HEAD"})
+        return method_not_allowed(request.method or "")
     status = ops.ping(settings.AOTX_METRICS_DEVICE_TIMEOUT)
     role = _role(status)
     body: dict[str, object] = {"role": role}

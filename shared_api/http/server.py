@@ -25,7 +25,7 @@ import atexit
 import os
 import sys
 import time
-from typing import Any, Awaitable, Callable, Generator, Protocol
+from typing import Any, AsyncIterator, Awaitable, Callable, Generator, Protocol
 
 APPLICATION = "aotx_site.gateway:application"
 # hyper's read buffer for a request head: past it hyper itself answers 431 (with no body); below it
@@ -130,24 +130,60 @@ class Proto(Protocol):
 
 HEADERS = "aotx.headers"  # a scope's headers by lowercase name (a repeated one: its last value)
 HEAD_BYTES = "aotx.head_bytes"  # the request line's path and query and the headers, in bytes
+REPEATED = "aotx.repeated"  # the lowercase names of the headers the request sent more than once
+
+
+class BodyIncomplete(Exception):
+    """The request body did not arrive whole: its chunked framing broke, or the connection ended
+    before the last chunk or before Content-Length bytes."""
+
+
+async def body_chunks(proto: Proto) -> AsyncIterator[bytes]:
+    """A request body's chunks as they arrive, ending only when the body ended as its framing
+    says; BodyIncomplete otherwise. granian's body iterator does not raise: it yields an empty
+    chunk for a frame it could not read (a broken chunk size, a cut connection) and then one more
+    empty chunk as the end, so a body is whole only when its first empty chunk is its last. A
+    chunked body's trailers also come as an empty chunk and are refused with it (no route reads
+    trailers). tests/e2e/test_http_edges.py holds granian to this, over raw sockets."""
+    chunks = proto.__aiter__()
+    while True:
+        try:
+            chunk = await chunks.__anext__()
+        except StopAsyncIteration:
+            return  # (before the closing empty chunk: a body already taken)
+        except Exception:  # (the server's: the connection broke while the body was arriving)
+            raise BodyIncomplete from None
+        if chunk:
+            yield chunk
+            continue
+        try:
+            await chunks.__anext__()
+        except StopAsyncIteration:
+            return
+        except Exception:
+            pass
+        raise BodyIncomplete
 
 
 def asgi_scope(scope: Any) -> Scope:
     """An RSGI request head as an ASGI HTTP scope (the application's routing and checks read it
     this way; Django and Channels need it), with the headers also by name and the head's size,
     from one walk over them."""
-    pairs, by_name = [], {}
+    pairs, by_name, repeated = [], {}, []
     size = len(scope.path) + len(scope.query_string)
     for name, value in scope.headers.items():
         raw = name.encode("latin-1")
         pair = (raw, value.encode("latin-1"))
         pairs.append(pair)
-        by_name[raw.lower()] = pair[1]
+        lower = raw.lower()
+        if lower in by_name:
+            repeated.append(lower)
+        by_name[lower] = pair[1]
         size += len(name) + len(value) + 4
     return {"type": "http", "asgi": {"version": "3.0"}, "http_version": scope.http_version,
             "method": scope.method, "scheme": scope.scheme, "path": scope.path,
             "raw_path": scope.path.encode("utf-8"), "query_string": scope.query_string.encode("latin-1"),
-            "root_path": "", "headers": pairs, HEADERS: by_name, HEAD_BYTES: size,
+            "root_path": "", "headers": pairs, HEADERS: by_name, HEAD_BYTES: size, REPEATED: repeated,
             "client": _address(scope.client), "server": _address(scope.server)}
 
 
@@ -207,12 +243,15 @@ async def first(*waits: Awaitable[Any]) -> None:
 class Receiver:
     """An ASGI `receive` over an RSGI request: the body's chunks as they arrive; after the last,
     `http.disconnect` once the client disconnects or the response has been sent (`finished`), as
-    an ASGI server says it (a Channels consumer waits for it to stop)."""
+    an ASGI server says it (a Channels consumer waits for it to stop). A body that does not
+    arrive whole ends in `http.disconnect` (`incomplete` says so): the application never sees a
+    cut body as a complete one."""
 
     def __init__(self, proto: Proto) -> None:
         self.proto = proto
-        self.chunks = proto.__aiter__()
+        self.chunks = body_chunks(proto)
         self.body_done = False
+        self.incomplete = False
         self.finished = asyncio.Event()
 
     async def __call__(self) -> dict[str, Any]:
@@ -222,8 +261,8 @@ class Receiver:
             except StopAsyncIteration:
                 self.body_done = True
                 return {"type": "http.request", "body": b"", "more_body": False}
-            except Exception:  # (the server's: the connection broke while the body was arriving)
-                self.body_done = True
+            except BodyIncomplete:
+                self.body_done = self.incomplete = True
                 return {"type": "http.disconnect"}
             return {"type": "http.request", "body": chunk, "more_body": True}
         if not self.finished.is_set():
@@ -239,6 +278,7 @@ async def asgi(app: ASGIApp, scope: Scope, proto: Proto, bound: Callable[[Receiv
     stream: Stream | None = None
     receive = Receiver(proto)
     pending: list[Resume] = []  # a write_nowait's send that the connection did not take at once
+    head_only = scope.get("method") == "HEAD"  # (a HEAD's answer is its head: a body would not be sent)
 
     def write_nowait(chunk: bytes) -> bool:
         """Send the next chunk of a started streamed response now (granian's `send_bytes` sends
@@ -269,9 +309,9 @@ async def asgi(app: ASGIApp, scope: Scope, proto: Proto, bound: Callable[[Receiv
             return
         body = message.get("body", b"")
         if stream is None:
-            if not message.get("more_body"):
+            if not message.get("more_body") or head_only:
                 receive.finished.set()
-                proto.response_bytes(response["status"], response["headers"], body)
+                proto.response_bytes(response["status"], response["headers"], b"" if head_only else body)
                 return
             stream = proto.response_stream(response["status"], response["headers"])
             response["streamed"] = True
@@ -280,6 +320,9 @@ async def asgi(app: ASGIApp, scope: Scope, proto: Proto, bound: Callable[[Receiv
                 await pending.pop()
             if body:
                 await stream.send_bytes(body)
+        except Exception:  # (the server's: the client went away; the application hears it from `receive`)
+            receive.finished.set()
+            stream = None
         finally:
             if not message.get("more_body"):
                 receive.finished.set()
@@ -307,6 +350,7 @@ def serve(cfg: dict[str, Any]) -> None:
     os.environ["AOTX_MAX_HEADER_BYTES"] = str(cfg["max_header_bytes"])
     os.environ["AOTX_BODY_TIMEOUT"] = str(cfg["body_timeout"])
     os.environ["AOTX_GATEWAY_WORKERS"] = str(cfg["workers"])  # (each process allows its share of a rate)
+    os.environ["AOTX_LISTEN_HOST"] = cfg["host"]  # (a host the gateway answers to: aotx_site/settings.py)
     Server(APPLICATION, address=cfg["host"], port=cfg["port"], interface=Interfaces.RSGI,
            workers=cfg["workers"], loop=Loops.uvloop, http=HTTPModes.http1, websockets=False,
            http1_settings=HTTP1Settings(header_read_timeout=int(cfg["header_timeout"] * 1000),

@@ -517,6 +517,11 @@ CODES = {
                     "(AOTX_DEVICE_WAITING); nothing was sent to the device: retry later",
     "bad_request": "the request is not valid HTTP as the gateway reads it (e.g. a Content-Length that is not a number)",
     "bad_query": "the query string has more parameters than the gateway reads",
+    "body_incomplete": "the body did not arrive whole (broken chunked framing, fewer bytes than Content-Length, "
+                       "or the connection ended first): nothing was done; send it again",
+    "repeated_header": "`Authorization` or `Host` is sent more than once (a proxy may read the first, the gateway "
+                       "would read the last): send it once",
+    "bad_host": "the `Host` header names a host outside AOTX_ALLOWED_HOSTS (the same rule on every route)",
     # 507
     "receipt_table_full": "the receipt table is full; record a retirement to free receipts",
     "participant_capacity": "the participant table is full",
@@ -550,7 +555,7 @@ QUERY_400 = ("unknown_parameter",)
 LIST_400 = ("unknown_parameter", "bad_limit", "bad_field")
 ENVELOPE_400 = ("invalid_json", "invalid_utf8", "duplicate_key", "unknown_field", "missing_field", "bad_field")
 SEQUENCE_409 = ("stale_lineage", "operation_changed", "future_sequence", "operation_key_in_use")
-COMMON = {400: ("bad_request", "bad_query"), 401: ("unauthenticated",), 403: ("grant_missing",), 429: ("rate_limited",),
+COMMON = {400: ("bad_request", "bad_query", "body_incomplete", "repeated_header", "bad_host"), 401: ("unauthenticated",), 403: ("grant_missing",), 429: ("rate_limited",),
           503: ("device_unavailable", "device_connection_lost", "device_timeout", "gateway_misconfigured",
                 "gateway_busy")}
 
@@ -900,7 +905,12 @@ have), 406 `not_acceptable` (an `Accept` header that excludes `application/json`
 (the body stalled longer than its timeout), 431 `headers_too_large` (the request line and headers
 exceed the gateway's bound), 500 `internal_error` (a gateway bug; see the gateway log). A connection
 whose request line and headers take longer than the server's header timeout is closed unanswered;
-a head past the server's read buffer is answered 431 with no body. A body over
+a head past the server's read buffer is answered 431 with no body, and so are the other requests
+the server (granian) refuses before the application sees them: a request line it cannot parse (400),
+a URI past its buffer (414), both with empty bodies. On every route, a `Host` outside
+AOTX_ALLOWED_HOSTS is 400 `bad_host` and an `Authorization` or `Host` sent twice 400
+`repeated_header`; a body that does not arrive whole (broken chunked framing, fewer bytes than its
+`Content-Length`, the connection ended first) is 400 `body_incomplete` and nothing is done. A body over
 the route's limit is refused 413 from its `Content-Length` (or as soon as a chunked body passes it),
 and a request without a valid token 401, before the body is read; the connection is then closed."""
 

@@ -28,6 +28,8 @@ from .strict import Mutation, decimal_counter
 
 DIGITS = re.compile(r"[0-9]{1,4}")  # ASCII digits only: str.isdigit() also accepts "²" and "٣"
 DIGITS_ANY = re.compile(r"[0-9]{1,18}")
+# a media upload's Content-Type (its parameters aside): type/subtype, the subtype an RFC 9110 token
+MEDIA_TYPE = re.compile(r"(image|audio)/[A-Za-z0-9!#$%&'*+.^_`|~-]+", re.IGNORECASE)
 INPUT_FIELDS = ("text", "model", "max_output_tokens", "pages", "temperature", "top_p", "media", "retention", "context")
 
 
@@ -258,9 +260,11 @@ class MediaView(SharedView):
 
     @doc("media.put")
     def put(self, request: Request, sha256: str) -> DeviceCall:
-        kind = request.content_type.split("/", 1)[0]
+        media_type = MEDIA_TYPE.fullmatch(request.content_type.split(";", 1)[0].strip())
+        if media_type is None:  # (a type alone, "image", names no format: RFC 9110 wants type/subtype)
+            raise ServiceError(415, "unsupported_media_type", "Content-Type must be image/* or audio/* with a subtype")
         data = request.data if isinstance(request.data, bytes) else b""
-        return DeviceCall("media.put", {"sha256": sha256, "data": data, "type": kind})
+        return DeviceCall("media.put", {"sha256": sha256, "data": data, "type": media_type.group(1).lower()})
 
 
 class OperationsView(SharedView):

@@ -102,7 +102,7 @@ def connect(stack):
 def test_a_1_gib_post_without_a_token_answers_401_while_the_gateway_rss_stays_bounded(gateway):
     before = rss_kib(gateway.gateway.proc.pid)
     with connect(gateway) as sock:
-        sock.sendall(f"POST {BASE}/spaces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(f"POST {BASE}/spaces HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {GIB}\r\n\r\n".encode())
         sent, chunk = 0, b"x" * (1 << 20)
         sock.settimeout(0.05)
@@ -132,7 +132,7 @@ def test_three_unauthenticated_1_gib_bodies_at_once_leave_the_rss_bounded(gatewa
     socks = [connect(gateway) for _ in range(3)]
     try:
         for sock in socks:
-            sock.sendall(f"POST {BASE}/spaces HTTP/1.1\r\nHost: x\r\nContent-Length: {GIB}\r\n\r\n".encode()
+            sock.sendall(f"POST {BASE}/spaces HTTP/1.1\r\nHost: localhost\r\nContent-Length: {GIB}\r\n\r\n".encode()
                          + b"x" * (4 << 20))
         for sock in socks:
             assert_error_body(read_reply(sock), 401, "unauthenticated")
@@ -146,7 +146,7 @@ def test_three_unauthenticated_1_gib_bodies_at_once_leave_the_rss_bounded(gatewa
 
 def test_a_body_over_the_route_limit_answers_413_from_content_length_before_it_is_sent(gateway):
     with connect(gateway) as sock:
-        sock.sendall(f"POST {BASE}/spaces HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {gateway.token}\r\n"
+        sock.sendall(f"POST {BASE}/spaces HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {gateway.token}\r\n"
                      f"Content-Type: application/json\r\nContent-Length: {10 << 20}\r\n\r\n".encode())
         headers = assert_error_body(read_reply(sock), 413, "body_too_large")  # not one body byte was sent
         assert headers["connection"] == "close"
@@ -154,7 +154,7 @@ def test_a_body_over_the_route_limit_answers_413_from_content_length_before_it_i
 
 def test_a_chunked_body_answers_413_as_soon_as_it_passes_the_route_limit(gateway):
     with connect(gateway) as sock:
-        sock.sendall(f"POST {BASE}/spaces HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {gateway.token}\r\n"
+        sock.sendall(f"POST {BASE}/spaces HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {gateway.token}\r\n"
                      "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
         piece = b"x" * 16384
         try:
@@ -167,14 +167,14 @@ def test_a_chunked_body_answers_413_as_soon_as_it_passes_the_route_limit(gateway
 
 def test_a_60_kb_authorization_header_answers_431_in_the_error_body(gateway):
     with connect(gateway) as sock:
-        sock.sendall(f"GET {BASE}/capabilities HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {'a' * 60_000}\r\n\r\n"
+        sock.sendall(f"GET {BASE}/capabilities HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {'a' * 60_000}\r\n\r\n"
                      .encode())
         assert_error_body(read_reply(sock), 431, "headers_too_large")
 
 
 def test_a_head_past_the_servers_buffer_is_refused_431_and_closed(gateway):
     with connect(gateway) as sock:
-        sock.sendall(f"GET {BASE}/capabilities HTTP/1.1\r\nHost: x\r\nX-Pad: {'a' * 600_000}\r\n\r\n".encode())
+        sock.sendall(f"GET {BASE}/capabilities HTTP/1.1\r\nHost: localhost\r\nX-Pad: {'a' * 600_000}\r\n\r\n".encode())
         reply = read_reply(sock)
         assert reply is not None and reply[0] == 431  # (the server's own answer: hyper's, with no body)
         assert sock.recv(1) == b""
@@ -197,7 +197,7 @@ def test_a_token_in_the_query_string_is_refused_and_never_lands_in_the_access_lo
 
 def test_headers_that_do_not_arrive_within_the_header_timeout_close_the_connection(impatient):
     with connect(impatient) as sock:
-        sock.sendall(f"GET {BASE}/capabilities HTTP/1.1\r\nHost: x\r\n".encode())  # never finished
+        sock.sendall(f"GET {BASE}/capabilities HTTP/1.1\r\nHost: localhost\r\n".encode())  # never finished
         started = time.monotonic()
         sock.settimeout(10)
         assert sock.recv(1) == b""  # closed, unanswered (the server's header read timeout)
@@ -214,14 +214,14 @@ def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(impa
 
 def test_a_body_that_stalls_answers_408_after_the_body_timeout(impatient):
     with connect(impatient) as sock:
-        sock.sendall(f"POST {BASE}/spaces HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {impatient.token}\r\n"
+        sock.sendall(f"POST {BASE}/spaces HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {impatient.token}\r\n"
                      "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"schema\"".encode())
         assert_error_body(read_reply(sock), 408, "body_timeout")
 
 
 def test_an_idle_keep_alive_connection_is_closed_after_the_header_timeout(impatient):
     with connect(impatient) as sock:
-        sock.sendall(f"GET {BASE}/capabilities HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        sock.sendall(f"GET {BASE}/capabilities HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
         assert_error_body(read_reply(sock), 401, "unauthenticated")  # answered, kept alive
         answered = time.monotonic()
         sock.settimeout(10)
@@ -231,14 +231,14 @@ def test_an_idle_keep_alive_connection_is_closed_after_the_header_timeout(impati
 
 def test_pipelined_requests_are_answered_in_order_on_one_connection(gateway):
     with connect(gateway) as sock:
-        sock.sendall(b"".join(f"GET {BASE}/spaces?limit={n} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for n in (1, 2, 3)))
+        sock.sendall(b"".join(f"GET {BASE}/spaces?limit={n} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode() for n in (1, 2, 3)))
         for _ in range(3):
             assert_error_body(read_reply(sock), 401, "unauthenticated")
 
 
 def test_an_unauthenticated_chat_completion_body_is_refused_401_before_it_is_read(gateway):
     with connect(gateway) as sock:
-        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {GIB}\r\n\r\n".encode())
         reply = read_reply(sock)
     assert reply is not None and reply[0] == 401
@@ -248,7 +248,7 @@ def test_an_unauthenticated_chat_completion_body_is_refused_401_before_it_is_rea
 
 def test_an_admin_post_over_the_upload_limit_answers_413_before_it_is_read(gateway):
     with connect(gateway) as sock:
-        sock.sendall(f"POST /admin/login/ HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+        sock.sendall(f"POST /admin/login/ HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/x-www-form-urlencoded\r\n"
                      f"Content-Length: {GIB}\r\n\r\n".encode())
         assert_error_body(read_reply(sock), 413, "body_too_large")
 
