@@ -1,6 +1,7 @@
-"""Bearer-token authentication, the one path every route takes (`aauthenticate`: the HTTP front
-for the shared and OpenAI-compatible routes, once per request, and the event streams; DRF's authentication class names the scheme in the OpenAPI document), and the per-route action
-check. The device checks
+"""Bearer-token authentication and the per-route action check: `admit`, the one path every
+route takes (the HTTP front for the shared and OpenAI-compatible routes, once per request, and the
+event streams), with one 401 body (`unauthenticated`); DRF's authentication class names the
+scheme in the OpenAPI document. The device checks
 the same actions again against the grant file.
 
 Principals are looked up by their token's SHA-256 in the gateway database once and then kept in
@@ -115,63 +116,64 @@ post_save.connect(PRINCIPALS.clear, sender=Principal, dispatch_uid="aotx-princip
 post_delete.connect(PRINCIPALS.clear, sender=Principal, dispatch_uid="aotx-principal-cache-delete")
 
 
-def _bearer(header: str) -> str | None:
-    """The token of an Authorization header; None when there is none; 401 when malformed."""
-    if not header:
-        return None
+UNAUTHENTICATED = "a valid token is required: send 'Authorization: Bearer <token>'"
+
+
+def unauthenticated() -> ServiceError:
+    """The one 401 of every route: no token, a malformed header, an unknown or a revoked token
+    alike (the answer does not tell a guesser which)."""
+    return ServiceError(401, "unauthenticated", UNAUTHENTICATED)
+
+
+def _digest(header: str) -> str:
+    """The SHA-256 of an Authorization header's Bearer token; 401 without one."""
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise ServiceError(401, "unauthenticated", "Authorization must be 'Bearer <token>'")
-    return token.strip()
+        raise unauthenticated()
+    return hash_token(token.strip())
 
 
 def _lookup(digest: str) -> AuthenticatedPrincipal:
     principal = Principal.for_digest(digest)
     if principal is None:
-        raise ServiceError(401, "unauthenticated", "unknown or revoked token")
+        raise unauthenticated()
     return AuthenticatedPrincipal(principal)
 
 
-def _cached(header: str) -> tuple[str | None, AuthenticatedPrincipal | None]:
-    """(the token's digest, its principal when the cache knows it); (None, None) without a token;
-    401 when malformed."""
-    token = _bearer(header)
-    if token is None:
-        return None, None
-    digest = hash_token(token)
-    return digest, PRINCIPALS.get(digest)
-
-
-def authenticate(header: str) -> AuthenticatedPrincipal | None:
-    """The principal of an Authorization header; None when there is none; 401 for a malformed,
-    unknown or revoked token. Blocking (the database on a cache miss)."""
-    digest, user = _cached(header)
-    if digest is None or user is not None:
-        return user
-    user = _lookup(digest)
-    PRINCIPALS.put(digest, user)
+def authenticate(header: str) -> AuthenticatedPrincipal:
+    """The principal of an Authorization header; 401 otherwise. Blocking (the database on a cache
+    miss): DRF's authentication class (the schema's security scheme) only; requests take
+    `admit`."""
+    digest = _digest(header)
+    user = PRINCIPALS.get(digest)
+    if user is None:
+        user = _lookup(digest)
+        PRINCIPALS.put(digest, user)
     return user
 
 
-async def aauthenticate(header: str) -> AuthenticatedPrincipal | None:
-    """authenticate() from the event loop: the cache first, the database on a thread on a miss."""
-    digest, user = _cached(header)
-    if digest is None or user is not None:
-        return user
-    user = await sync_to_async(_lookup)(digest)
-    PRINCIPALS.put(digest, user)
+async def admit(header: str, action: str) -> AuthenticatedPrincipal:
+    """The one check every route makes of its caller, from the event loop: the principal of an
+    Authorization header (the cache first, the database on a thread on a miss), 401 without a
+    valid token; then its action, 403 `grant_missing` without it."""
+    digest = _digest(header)
+    user = PRINCIPALS.get(digest)
+    if user is None:
+        user = await sync_to_async(_lookup)(digest)
+        PRINCIPALS.put(digest, user)
+    require_action(user, action)
     return user
 
 
-def require_action(user: Any, action: str) -> None:
+def require_action(user: AuthenticatedPrincipal, action: str) -> None:
     if action not in user.actions:
         raise ServiceError(403, "grant_missing", f"this principal lacks the {action} action")
 
 
 class BearerAuthentication(BaseAuthentication):
     def authenticate(self, request: Any) -> tuple[AuthenticatedPrincipal, None] | None:
-        user = authenticate(request.META.get("HTTP_AUTHORIZATION", ""))
-        return (user, None) if user is not None else None
+        header = request.META.get("HTTP_AUTHORIZATION", "")
+        return (authenticate(header), None) if header else None
 
     def authenticate_header(self, request: Any) -> str:
         return WWW_AUTHENTICATE

@@ -43,7 +43,7 @@ from gpu_worker.contract.vocabulary import CHAT, COMMANDS
 from gpu_worker.contract.wire import Message
 
 from . import metrics
-from .auth import AuthenticatedPrincipal, aauthenticate, require_action
+from .auth import AuthenticatedPrincipal, admit
 from ..device_client import pool
 from ..errors import WWW_AUTHENTICATE, ServiceError
 from ..openai.views import ROUTES as OPENAI_ROUTES
@@ -286,23 +286,28 @@ def _reply_headers(msg: Message) -> list[tuple[str, str]]:
     return [(str(name).lower(), str(value)) for name, value in (msg.get("headers") or {}).items()]
 
 
-def _admit(view: SharedView, method: str, headers: dict[bytes, bytes],
-           user: AuthenticatedPrincipal) -> tuple[Callable[..., Any], int | None]:
-    """The view method for `method`, once the principal holds its action and the declared body is
-    within the route's limit; and the declared length (None: chunked). Refusals: 405, 403, 413."""
+def _authorization(headers: dict[bytes, bytes]) -> str:
+    return headers.get(b"authorization", b"").decode("latin-1")
+
+
+async def _admit(view: SharedView, method: str, headers: dict[bytes, bytes]
+                 ) -> tuple[Callable[..., Any], AuthenticatedPrincipal, int | None]:
+    """The view method for `method`, the caller once it holds the method's action, when the
+    declared body is within the route's limit; and the declared length (None: chunked).
+    Refusals: 405, 401, 403, 413."""
     handler: Callable[..., Any] | None = getattr(view, "get" if method == "HEAD" else method.lower(), None)
     command = getattr(handler, "command", None)
     if handler is None or command is None:
         raise _MethodNotAllowed(method, [m.upper() for m in ("get", "post", "put") if hasattr(view, m)])
     action = COMMANDS[command].action
     assert action is not None
-    require_action(user, action)
+    user = await admit(_authorization(headers), action)
     view_class = type(view)
     limit = view_class.body_limit
     length = _content_length(headers)
     if length is not None and length > limit:
         raise _too_large(limit, view_class.body_code)
-    return handler, length
+    return handler, user, length
 
 
 def _device_call(view: SharedView, handler: Callable[..., Any], scope: Scope, headers: dict[bytes, bytes],
@@ -425,10 +430,7 @@ class Front:
         try:
             if not _accepts_json(headers):  # DRF negotiates first, before it authenticates
                 raise ServiceError(406, "not_acceptable", "Could not satisfy the request Accept header.")
-            user = await aauthenticate(headers.get(b"authorization", b"").decode("latin-1"))
-            if user is None:
-                raise ServiceError(401, "unauthenticated", "Authentication credentials were not provided.")
-            handler, length = _admit(view, method, headers, user)
+            handler, user, length = await _admit(view, method, headers)
             limiter().admit(user.principal_id, user.rates, length or 0, user.shared_rates)
             view_class = type(view)
             try:
@@ -491,10 +493,7 @@ class Front:
         headers = _headers(scope)
         close = _body_follows(headers)
         try:
-            user = await aauthenticate(headers.get(b"authorization", b"").decode("latin-1"))
-            if user is None:
-                raise ServiceError(401, "unauthenticated", "Authorization must be 'Bearer <token>'")
-            require_action(user, CHAT)  # every OpenAI-compatible route's action
+            user = await admit(_authorization(headers), CHAT)  # every OpenAI-compatible route's action
             length = _content_length(headers)
             if length is not None and length > MAX_CHAT_BODY_BYTES:
                 raise BodyRefused(_too_large(MAX_CHAT_BODY_BYTES))
@@ -601,9 +600,7 @@ class Front:
         limit = MAX_CHAT_BODY_BYTES if openai else settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         try:
             if openai:
-                user = await aauthenticate(headers.get(b"authorization", b"").decode("latin-1"))
-                if user is None:
-                    raise ServiceError(401, "unauthenticated", "Authorization must be 'Bearer <token>'")
+                await admit(_authorization(headers), CHAT)
             length = _content_length(headers)
             if length is not None and length > limit:
                 raise BodyRefused(_too_large(limit))

@@ -45,7 +45,7 @@ from gpu_worker.contract.limits import MAX_LIMIT
 from gpu_worker.contract.vocabulary import BASE_PATH, READ
 from gpu_worker.contract.wire import Message
 
-from ..http.auth import PRINCIPALS, aauthenticate, require_action
+from ..http.auth import PRINCIPALS, admit
 from ..device_client import KEEP_ALIVE, DeviceStream, mux
 from ..errors import WWW_AUTHENTICATE
 from ..http.rates import limiter, retry_headers
@@ -182,10 +182,7 @@ class EventStream(AsyncHttpConsumer):
                 raise ServiceError(405, "method_not_allowed", f"method {self.scope['method']} is not allowed here")
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self.scope["headers"]}
             self.token = headers.get("authorization", "")
-            user = await aauthenticate(self.token)
-            if user is None:
-                raise ServiceError(401, "unauthenticated", "Authorization must be 'Bearer <token>'")
-            require_action(user, READ)
+            user = await admit(self.token, READ)
             limiter().admit(user.principal_id, user.rates, 0, user.shared_rates)
             self.principal_id = user.principal_id
             query = {k: v for k, v in parse_qs(self.scope["query_string"].decode("latin-1"),
@@ -340,10 +337,7 @@ class EventStream(AsyncHttpConsumer):
     async def recheck(self) -> None:
         """A principal change in some gateway process: end the stream if the token lost its read."""
         try:
-            user = await aauthenticate(self.token)
-            if user is None:
-                raise ServiceError(401, "unauthenticated", "the token was revoked")
-            require_action(user, READ)
+            await admit(self.token, READ)
         except ServiceError as err:
             await self.end(err)
 

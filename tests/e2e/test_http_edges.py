@@ -141,3 +141,19 @@ def test_a_media_upload_without_a_whole_media_type_is_refused_415(stack, content
             f"Authorization: Bearer {stack.alice}\r\n"
             f"{ctype}Content-Length: {len(body)}\r\n\r\n")
     assert_error_body(send(stack, head, body), 415, "unsupported_media_type")
+
+
+def test_every_route_answers_the_one_401_body(stack):
+    """No token, a malformed header, an unknown token: the same answer on a shared route, an
+    event stream, an OpenAI-compatible route and an unknown /v1 path (one function admits them)."""
+    paths = (f"{BASE}/participant", f"{BASE}/conversations/con-x/events?stream=true", "/v1/models", "/v1/nowhere")
+    headers = ("", "Authorization: Basic abc\r\n", "Authorization: Bearer\r\n", "Authorization: Bearer aotx_nobody\r\n")
+    bodies = set()
+    for path in paths:
+        for header in headers:
+            reply = send(stack, f"GET {path} HTTP/1.1\r\nHost: localhost\r\n{header}Connection: close\r\n\r\n")
+            assert reply is not None and reply[0] == 401, (path, header, reply)
+            assert reply[1]["www-authenticate"] == 'Bearer realm="aotx"'
+            error = json.loads(reply[2])["error"]
+            bodies.add((error["code"], error["message"]))
+    assert bodies == {("unauthenticated", "a valid token is required: send 'Authorization: Bearer <token>'")}
