@@ -7,6 +7,8 @@ nothing and dies on the JSON it cannot decode (`make run` then stops, its other 
 it: honcho). Here the message is written under a name the worker's queue match skips
 (`....msg.part`), then renamed into place: a rename within one folder is atomic, so
 the worker finds a message whole or not at all. Registered as the transport `aotx-filesystem`.
+`_put` is kombu's private method: kombu is pinned in requirements.txt for it, and
+tests/shared_api/test_broker.py sends and takes messages through this transport.
 """
 from __future__ import annotations
 

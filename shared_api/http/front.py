@@ -18,14 +18,15 @@ without reading the body, and the connection is then closed; so is a request pas
 principal's rates (429 `rate_limited`, shared_api/http/rates.py). A body that stalls for
 AOTX_BODY_TIMEOUT seconds is answered 408. Requests waiting on the device are bounded per process
 (DevicePool: 503 `gateway_busy` beyond). The OpenAI-compatible routes (/v1/chat/completions,
-/v1/completions, /v1/embeddings, /v1/models) run their async views here too, on a plain
-HttpRequest, refused 401 / 413 from the headers. Event streams go to their Channels consumers,
+/v1/completions, /v1/embeddings, /v1/models) run their async views here too, on Django's
+ASGIRequest, refused 401 / 413 from the headers. Event streams go to their Channels consumers,
 every other request (admin, schema, /metrics, /healthz) to Django, both through the server's one
 ASGI bridge (`server.asgi`), Django behind the same guard: its bodies are bounded too.
 """
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import re
 import time
@@ -33,7 +34,8 @@ from typing import Any, Awaitable, Callable
 from urllib.parse import parse_qsl
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.core.handlers.asgi import ASGIRequest
+from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.http.request import split_domain_port, validate_host
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.urls.converters import StringConverter
@@ -475,7 +477,7 @@ class Front:
     # ---- the OpenAI-compatible routes ----------------------------------------------------
 
     async def openai(self, scope: Scope, proto: Proto, view: Callable[..., Awaitable[Any]]) -> None:
-        """/v1/chat/completions and the rest: their async views, run here on a plain HttpRequest,
+        """/v1/chat/completions and the rest: their async views, run here on Django's ASGIRequest,
         without Django's handler and middleware. Those cost a thread per request (the handler's
         ThreadSensitiveContext and the sync middlewares' hops), and a tenant looping on 429 slowed
         the other tenants' reads (docs/performance.md, "Hostile neighbours").
@@ -508,13 +510,7 @@ class Front:
                 await self.refused_again(err.principal_id)
             self._refuse(proto, err, True, close=close or err.status == 401)
             return err.status
-        request = HttpRequest()
-        request.method = scope["method"]
-        request.path = request.path_info = scope["path"]
-        request.META = {("CONTENT_TYPE" if name == b"content-type" else "CONTENT_LENGTH" if name == b"content-length"
-                         else "HTTP_" + name.decode("latin-1").upper().replace("-", "_")): value.decode("latin-1")
-                        for name, value in headers.items()}
-        request._body = raw  # (HttpRequest.body reads it)
+        request = ASGIRequest(scope, io.BytesIO(raw))  # (Django's request of an ASGI scope and its body)
         setattr(request, OPENAI_PRINCIPAL, user.principal_id)  # the views' principal: authenticated once, here
         try:
             response = await self._unless_gone(view(request), proto)
