@@ -322,7 +322,8 @@ def _standby(args: argparse.Namespace, argv: list[str], threads: _Threads, fail:
     from .device import Device, DeviceBootError
     from .engine.engine import Engine
     from .replication.standby import Follower, Mirror, Standby, StandbyDiskError, StandbyRefused, read_mark
-    from .storage.journal import JournalError, JournalLock
+    from .storage.journal import JournalError
+    from .storage.journal_lock import JournalLock
     from .storage.runtime_file import RuntimeFileError
 
     opened = _open_runtime(args, fail)

@@ -48,8 +48,10 @@ from .state.usage import Chats, Usage
 from .storage import checkpoint, runtime_file
 from .storage.committer import Batch, Committer, Reply
 from .storage.filelayer import FileLayer, OsFileLayer
-from .storage.journal import (MAX_RECORDS_PER_TICK, JournalCorrupt, JournalError, JournalIOError, JournalLock, JournalWriter,
-                              ReadAhead, RecoveryResult, Tail, Transfer, TransferKind, segment_name)
+from .storage.journal import JournalCorrupt, JournalError, Transfer, TransferKind, segment_name
+from .storage.journal_lock import JournalLock
+from .storage.journal_reader import ReadAhead, RecoveryResult, Tail
+from .storage.journal_writer import MAX_RECORDS_PER_TICK, JournalIOError, JournalWriter
 from .storage.runtime_file import RuntimeFile
 
 if TYPE_CHECKING:

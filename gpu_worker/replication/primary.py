@@ -22,8 +22,8 @@ from typing import Any, Callable, Iterable
 
 from gpu_worker.contract.wire import FrameReader, ProtocolError, encode_frame
 from gpu_worker.storage.filelayer import OsFileLayer
-from gpu_worker.storage.journal import (SEGMENT_HEADER_SIZE, JournalWriter, encode_segment_header, list_segments,
-                                        segment_name)
+from gpu_worker.storage.journal import SEGMENT_HEADER_SIZE, encode_segment_header, list_segments, segment_name
+from gpu_worker.storage.journal_writer import JournalWriter
 from gpu_worker.storage.runtime_file import RuntimeFile, RuntimeFileError
 
 from . import DEAD_SECONDS, FAILOVER, HELLO_SECONDS, SEGMENT_CHUNK, accepted, listen, read_frames, standby

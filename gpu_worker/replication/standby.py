@@ -25,7 +25,9 @@ from typing import Any, Iterator
 from gpu_worker.contract.wire import FrameReader, ProtocolError, encode_frame
 from gpu_worker.storage.filelayer import OsFileLayer
 from gpu_worker.storage import runtime_file
-from gpu_worker.storage.journal import SEGMENT_HEADER_SIZE, JournalLock, list_segments, recover, segment_name
+from gpu_worker.storage.journal import SEGMENT_HEADER_SIZE, list_segments, segment_name
+from gpu_worker.storage.journal_lock import JournalLock
+from gpu_worker.storage.journal_reader import recover
 from gpu_worker.storage.runtime_file import RuntimeFile
 
 from . import DEAD_SECONDS, MARKER, connect, read_frames

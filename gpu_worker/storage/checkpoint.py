@@ -28,7 +28,8 @@ import torch
 
 from ..state.tables import C, R
 from . import runtime_file
-from .journal import ZERO_DIGEST, Transfer, list_segments, recover, segment_name
+from .journal import ZERO_DIGEST, Transfer, list_segments, segment_name
+from .journal_reader import recover
 
 if TYPE_CHECKING:
     from ..state import DeviceState

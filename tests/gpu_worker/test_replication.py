@@ -24,7 +24,8 @@ from gpu_worker.replication.primary import SAVED_STATE, Shipper
 from gpu_worker.replication.standby import Follower as Applier
 from gpu_worker.replication.standby import Mirror, Standby, StandbyRefused, takeovers
 from gpu_worker.storage import runtime_file
-from gpu_worker.storage.journal import JournalLock, list_segments, segment_name
+from gpu_worker.storage.journal import list_segments, segment_name
+from gpu_worker.storage.journal_lock import JournalLock
 from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.conftest import wait_for
 from tests.gpu_worker.loop.test_server import LiveDevice, _exactly, call, gated_fold, register_all

@@ -14,7 +14,8 @@ from gpu_worker.memory import render
 from gpu_worker.memory.rows import ROW
 from gpu_worker.memory import shared as memory_ops
 from gpu_worker.pack import pack_tiny
-from gpu_worker.storage.journal import Transfer, TransferKind, recover
+from gpu_worker.storage.journal import Transfer, TransferKind
+from gpu_worker.storage.journal_reader import recover
 from gpu_worker.storage import leases, runtime_file
 from gpu_worker.state.tables import R
 from tests.gpu_worker.ops.test_inputs import EngineWorld, running
