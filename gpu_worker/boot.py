@@ -201,7 +201,8 @@ def _open_runtime(args: argparse.Namespace, fail: Callable[..., int]) -> tuple[G
     may become one), or boot's exit code once `fail` said why. The device is the file's one writer
     (its checkpoints append to it; a standby's copy takes the primary's) for as long as it runs: a
     second device or a pack on it refuses. The caller releases the lock."""
-    from .storage.runtime_file import FileLock, RuntimeFile, RuntimeFileError, RuntimeFileLocked
+    from .storage.runtime_file import RuntimeFile, RuntimeFileError
+    from .storage.runtime_file_lock import FileLock, RuntimeFileLocked
     try:
         grants = Grants(args.service_grants)
     except GrantFileError as exc:

@@ -45,7 +45,7 @@ from .state import holds
 from .state.executions import Executions
 from .state.holds import Holds
 from .state.usage import Chats, Usage
-from .storage import checkpoint, runtime_file
+from .storage import checkpoint, runtime_file, runtime_file_writer
 from .storage.committer import Batch, Committer, Reply
 from .storage.filelayer import FileLayer, OsFileLayer
 from .storage.journal import JournalCorrupt, JournalError, Transfer, TransferKind, segment_name
@@ -116,7 +116,7 @@ class Device:
         self.grants: Grants = cast(Grants, grants)
         self.grant_problem: str | None = None  # why the last grant-file reload failed, while it does
         self.fs = fs or OsFileLayer()
-        # the runtime file's writes in place (its checkpoints: storage/runtime_file.append); tests inject crashes
+        # the runtime file's writes in place (its checkpoints: storage/runtime_file_writer.append); tests inject crashes
         self.runtime_fs: FileLayer = OsFileLayer()
         self.journal_dir = journal_dir
         self.holds = Holds(self.fs, journal_dir, profile["journal_file_cap_bytes"],
@@ -209,7 +209,7 @@ class Device:
         being sent again (docs/replication.md, "Failover generations")."""
         from .replication import FAILOVER
         incident = msgpack.packb({"boot": self.state.boot + 1, "at_ns": at_ns, **failover})
-        generation = runtime_file.append(self.runtime.path, [(FAILOVER, "bytes", incident)], fs=self.runtime_fs,
+        generation = runtime_file_writer.append(self.runtime.path, [(FAILOVER, "bytes", incident)], fs=self.runtime_fs,
                                          generation=failover["file_generation"])
         self.runtime = runtime_file.RuntimeFile.open(self.runtime.path, verify=False)
         self.state.generation = generation

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 from gpu_worker.contract.wire import FrameReader, ProtocolError, encode_frame
 from gpu_worker.storage.filelayer import OsFileLayer
-from gpu_worker.storage import runtime_file
+from gpu_worker.storage import runtime_file_writer
 from gpu_worker.storage.journal import SEGMENT_HEADER_SIZE, list_segments, segment_name
 from gpu_worker.storage.journal_lock import JournalLock
 from gpu_worker.storage.journal_reader import recover
@@ -556,7 +556,7 @@ class Standby:
         return True
 
     def _components(self, names: Any, drop: Any) -> tuple[list[tuple[str, str, Any]], list[str]]:
-        """The components the pieces made and the names to drop, for `runtime_file.append` (the
+        """The components the pieces made and the names to drop, for `runtime_file_writer.append` (the
         end frame names both)."""
         if not isinstance(names, (list, dict)) or not isinstance(drop, list) or set(names) != set(self._pieces):
             raise ProtocolError(f"an end frame names other components than came: {sorted(names or ())}")
@@ -588,7 +588,7 @@ class Standby:
             with RuntimeFile.open(self.runtime, verify=False) as copy:
                 behind = copy.generation < generation
             if behind or components or drop:  # (else only the journal begins again: the copy is the primary's)
-                runtime_file.append(self.runtime, components, drop=drop, generation=generation)
+                runtime_file_writer.append(self.runtime, components, drop=drop, generation=generation)
             self._came_out(generation, digests)
             if self.follower is not None:
                 self.follower.reload()
@@ -603,7 +603,7 @@ class Standby:
         primary's (cut back to its takeover point if it went on past it), and the device's tables
         stay; the takeover's BOOT transfer, next in the stream, tells the tables the generation
         (docs/replication.md, "Failover generations")."""
-        runtime_file.append(self.runtime, components, drop=drop, generation=generation)
+        runtime_file_writer.append(self.runtime, components, drop=drop, generation=generation)
         self._came_out(generation, digests)
         log.info("standby: adopted the primary's failover generation %d in %s (the journal stays)", generation,
                  self.runtime)
@@ -626,7 +626,7 @@ class Standby:
         generation = msg["checkpoint"]
         components, drop = self._components(msg.get("components"), msg.get("drop"))
         self.mirror.sync()  # (the journal before the checkpoint is durable before the copy says it is folded)
-        made = runtime_file.append(self.runtime, components, drop=drop)
+        made = runtime_file_writer.append(self.runtime, components, drop=drop)
         if made != generation:
             raise StandbyRefused(f"the runtime file copy {self.runtime} went to generation {made}, the primary's to "
                                  f"{generation}: start the standby from a copy of the primary's runtime file")

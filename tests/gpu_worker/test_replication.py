@@ -23,7 +23,7 @@ from gpu_worker.replication import DEAD_SECONDS, FAILOVER, read_frames
 from gpu_worker.replication.primary import SAVED_STATE, Shipper
 from gpu_worker.replication.standby import Follower as Applier
 from gpu_worker.replication.standby import Mirror, Standby, StandbyRefused, takeovers
-from gpu_worker.storage import runtime_file
+from gpu_worker.storage import runtime_file_writer
 from gpu_worker.storage.journal import list_segments, segment_name
 from gpu_worker.storage.journal_lock import JournalLock
 from gpu_worker.storage.runtime_file import RuntimeFile
@@ -609,7 +609,7 @@ def test_a_copy_ahead_by_a_failover_component_only_folds_nothing_at_a_takeover(t
     finally:
         primary.stop()
     generation = RuntimeFile.open(copy).generation
-    runtime_file.append(copy, [(FAILOVER, "bytes", msgpack.packb({"file_generation": generation + 1}))],
+    runtime_file_writer.append(copy, [(FAILOVER, "bytes", msgpack.packb({"file_generation": generation + 1}))],
                         generation=generation + 1)  # (as Standby._adopt appends it)
     device = follower.take_over()
     try:
@@ -846,12 +846,12 @@ def test_a_standby_whose_copy_holds_another_profile_or_a_later_generation_is_ref
     """A catch-up replaces saved state only: a copy whose profile differs is refused (its device
     was built from it), and so is a copy past the primary's generation (it may hold a checkpoint
     of a tail the primary never had); neither copy is changed."""
-    from gpu_worker.storage import runtime_file
+    from gpu_worker.storage import runtime_file_writer
     mine, other, ahead = copies(tiny_runtime, tmp_path, "p.aotxccir", "o.aotxccir", "a.aotxccir")
     profile = RuntimeFile.open(other).json("runtime_profile")
-    runtime_file.append(other, [("runtime_profile", "json", {**profile, "min_free_disk_bytes": 1})])
+    runtime_file_writer.append(other, [("runtime_profile", "json", {**profile, "min_free_disk_bytes": 1})])
     for _ in range(3):
-        runtime_file.append(ahead, [("state/unrelated", "bytes", b"x")])
+        runtime_file_writer.append(ahead, [("state/unrelated", "bytes", b"x")])
     primary = Primary(mine, tmp_path / "p", 4, sync=False).start()
     try:
         register_all(primary, primary.principals, 2)
@@ -878,7 +878,7 @@ def test_a_catch_up_cut_short_refuses_a_takeover_and_is_done_again_on_the_next_l
     from gpu_worker.replication import standby as standby_module
     from gpu_worker.replication.standby import read_mark
     mine, copy = copies(tiny_runtime, tmp_path, "p.aotxccir", "s.aotxccir")
-    real_append, failing, release = standby_module.runtime_file.append, threading.Event(), threading.Event()
+    real_append, failing, release = standby_module.runtime_file_writer.append, threading.Event(), threading.Event()
 
     def append(path, components, **options):
         if "generation" in options and not failing.is_set():  # (the catch-up's, the first time)
@@ -887,7 +887,7 @@ def test_a_catch_up_cut_short_refuses_a_takeover_and_is_done_again_on_the_next_l
             raise OSError(28, "No space left on device (injected)")
         return real_append(path, components, **options)
 
-    monkeypatch.setattr(standby_module.runtime_file, "append", append)
+    monkeypatch.setattr(standby_module.runtime_file_writer, "append", append)
     primary = Primary(mine, tmp_path / "p", 8, sync=True).start()
     directory = str(tmp_path / "s" / "journal")
     try:
