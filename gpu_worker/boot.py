@@ -313,16 +313,19 @@ def _serve(args: argparse.Namespace, runtime: Any, device: Any, leadership: Any,
 
 
 def _standby(args: argparse.Namespace, argv: list[str], threads: _Threads, fail: Callable[..., int]) -> int:
-    """`boot --standby-of`: a hot standby (gpu_worker/replication/standby.py). Its device loads the
-    tables from its journal and the model, then follows the primary: the journal copy grows and
-    the tables apply it, until SIGTERM or SIGINT (stop), or SIGUSR1 (take over now, as `boot
-    --takeover` would), or, with --etcd, until the leader key this standby saw held is gone (take
-    over and hold the key). A takeover serves in this process at once: the tables and the model
-    are ready. Should applying the copy have failed, this process becomes `boot --takeover` of its
-    journal instead (a boot that reads it again)."""
+    """`boot --standby-of`: a hot standby (gpu_worker/replication/ standby.py, mirror.py and
+    follower.py). Its device loads the tables from its journal and the model, then follows the
+    primary: the journal copy grows and the tables apply it, until SIGTERM or SIGINT (stop), or
+    SIGUSR1 (take over now, as `boot --takeover` would), or, with --etcd, until the leader key this
+    standby saw held is gone (take over and hold the key). A takeover serves in this process at
+    once: the tables and the model are ready. Should applying the copy have failed, this process
+    becomes `boot --takeover` of its journal instead (a boot that reads it again)."""
     from .device import Device, DeviceBootError
     from .engine.engine import Engine
-    from .replication.standby import Follower, Mirror, Standby, StandbyDiskError, StandbyRefused, read_mark
+    from .replication.follower import Follower
+    from .replication.marker import read_mark
+    from .replication.mirror import Mirror, StandbyDiskError
+    from .replication.standby import Standby, StandbyRefused
     from .storage.journal import JournalError
     from .storage.journal_lock import JournalLock
     from .storage.runtime_file import RuntimeFileError

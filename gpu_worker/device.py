@@ -168,9 +168,9 @@ class Device:
             failover: dict[str, Any] | None = None
             booted_ns = time.time_ns()
             if self.took_over:  # where this primary's part of the journal begins (a rejoin cuts back to it)
-                from .replication import standby
+                from .replication.marker import record_takeover
                 writer = self.committer.writer
-                standby.record_takeover(journal_dir, (writer.segment, writer.offset))
+                record_takeover(journal_dir, (writer.segment, writer.offset))
                 failover = {"position": [writer.segment, writer.offset],
                             "generation": leadership.generation if leadership is not None else None,
                             "file_generation": self.runtime.generation + 1}
@@ -410,8 +410,8 @@ class Device:
 
         state, grants, directory = self.state, self.grants, self.journal_dir
         if self.takeover:
-            from .replication import standby
-            kept = standby.read_mark(directory)
+            from .replication.marker import read_mark
+            kept = read_mark(directory)
             if kept == "catch-up":  # (replication/standby.py, Standby._catch_up)
                 raise DeviceBootError(
                     f"--takeover: {directory} is a standby's journal stopped while it caught up to its primary's "

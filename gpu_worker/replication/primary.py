@@ -26,7 +26,7 @@ from gpu_worker.storage.journal import SEGMENT_HEADER_SIZE, encode_segment_heade
 from gpu_worker.storage.journal_writer import JournalWriter
 from gpu_worker.storage.runtime_file import RuntimeFile, RuntimeFileError
 
-from . import DEAD_SECONDS, FAILOVER, HELLO_SECONDS, SEGMENT_CHUNK, accepted, listen, read_frames, standby
+from . import DEAD_SECONDS, FAILOVER, HELLO_SECONDS, SEGMENT_CHUNK, accepted, listen, marker, read_frames
 
 log = logging.getLogger("gpu_worker.replication")
 
@@ -373,7 +373,7 @@ class Shipper:
         self.position = (writer.segment, writer.offset)
         self._ticks.append((writer.segment, writer.offset, writer.durable_seq))
         self._writer = writer
-        self.takeovers = standby.takeovers(self.journal_dir)  # (a takeover boot has recorded its own by now)
+        self.takeovers = marker.takeovers(self.journal_dir)  # (a takeover boot has recorded its own by now)
         with RuntimeFile.open(self.runtime, verify=False) as current:
             self.generation = current.generation
         self._accepting.start()

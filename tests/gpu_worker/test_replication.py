@@ -21,8 +21,10 @@ from gpu_worker.contract.wire import LENGTH, FrameReader, decode_payload, encode
 from gpu_worker.device import Device
 from gpu_worker.replication import DEAD_SECONDS, FAILOVER, read_frames
 from gpu_worker.replication.primary import SAVED_STATE, Shipper
-from gpu_worker.replication.standby import Follower as Applier
-from gpu_worker.replication.standby import Mirror, Standby, StandbyRefused, takeovers
+from gpu_worker.replication.follower import Follower as Applier
+from gpu_worker.replication.marker import takeovers
+from gpu_worker.replication.mirror import Mirror
+from gpu_worker.replication.standby import Standby, StandbyRefused
 from gpu_worker.storage import runtime_file_writer
 from gpu_worker.storage.journal import list_segments, segment_name
 from gpu_worker.storage.journal_lock import JournalLock
@@ -804,7 +806,7 @@ def test_a_standby_behind_the_primarys_checkpoints_catches_up_from_its_file(tiny
     the primary's oldest segment (byte for byte the primary's), the tables are built again, and
     after a takeover every receipt reads back as the primary rendered it. A new standby made from
     the file as packed (generation 1) and an empty journal catches up the same way."""
-    from gpu_worker.replication.standby import read_mark
+    from gpu_worker.replication.marker import read_mark
     mine, copy, packed = copies(tiny_runtime, tmp_path, "p.aotxccir", "s.aotxccir", "n.aotxccir")
     primary = Primary(mine, tmp_path / "p", 36, sync=True).start()
     directory = str(tmp_path / "s" / "journal")
@@ -876,7 +878,7 @@ def test_a_catch_up_cut_short_refuses_a_takeover_and_is_done_again_on_the_next_l
     counts as acknowledged by the standby before its catch-up."""
     from gpu_worker.device import DeviceBootError
     from gpu_worker.replication import standby as standby_module
-    from gpu_worker.replication.standby import read_mark
+    from gpu_worker.replication.marker import read_mark
     mine, copy = copies(tiny_runtime, tmp_path, "p.aotxccir", "s.aotxccir")
     real_append, failing, release = standby_module.runtime_file_writer.append, threading.Event(), threading.Event()
 
@@ -1035,7 +1037,7 @@ class FakeLeadership:
 def test_a_standby_is_in_sync_only_once_it_holds_what_the_primary_had_saved(tiny_runtime, tmp_path, monkeypatch):
     """(1) The standby wrote "sync" into DIR/standby as the replication frame arrived, before the
     backlog it lacked: a replacement with an empty journal was promotable while it held nothing."""
-    from gpu_worker.replication.standby import read_mark
+    from gpu_worker.replication.marker import read_mark
     primary = Primary(tiny_runtime, tmp_path / "p", 12, sync=True, alone_after=0).start()  # saves alone at once
     follower = None
     try:
@@ -1064,7 +1066,7 @@ def test_a_standby_is_in_sync_only_once_it_holds_what_the_primary_had_saved(tiny
 
 def test_a_takeover_of_a_catching_up_journal_is_refused(tiny_runtime, tmp_path):
     from gpu_worker.device import DeviceBootError
-    from gpu_worker.replication.standby import write_marker
+    from gpu_worker.replication.marker import write_marker
     primary = Primary(tiny_runtime, tmp_path / "p", 4, sync=True).start()
     follower = Follower(primary.address, str(tmp_path / "s" / "journal"), tiny_runtime)
     try:
@@ -1140,7 +1142,7 @@ def test_a_primary_saves_alone_only_once_etcd_records_that_no_standby_may_take_o
 def test_a_standby_never_follows_an_older_leadership_and_a_primary_never_streams_to_a_newer_ones_standby(
         tiny_runtime, tmp_path):
     """(4) A standby accepted frames from any primary: a fenced old primary could still feed it."""
-    from gpu_worker.replication.standby import write_marker
+    from gpu_worker.replication.marker import write_marker
     primary = Primary(tiny_runtime, tmp_path / "p", 1, sync=True, leadership=FakeLeadership(3)).start()
     try:
         with socket.socket(socket.AF_UNIX) as sock:  # a standby that followed generation 5 says hello
@@ -1275,7 +1277,7 @@ def test_a_standby_whose_fdatasync_fails_stops_and_acknowledges_nothing_more(tin
     """(7) An fsync error was retried as a link error, and a later fdatasync could succeed and
     acknowledge bytes the kernel had dropped."""
     import errno
-    from gpu_worker.replication.standby import StandbyDiskError
+    from gpu_worker.replication.mirror import StandbyDiskError
     primary = Primary(tiny_runtime, tmp_path / "p", 4, sync=True).start()
     follower = Follower(primary.address, str(tmp_path / "s" / "journal"), tiny_runtime)
     try:
