@@ -1250,7 +1250,8 @@ def test_a_hello_is_checked_against_the_bytes_handed_to_the_disk_not_only_the_fi
     """(6) A tick still being written on a slow disk may already be acknowledged by the standby: its
     hello holds more of the segment than the file, which must not count as "not a copy"."""
     import hashlib
-    from gpu_worker.replication.primary import Link
+    from gpu_worker.replication.copies import not_a_copy, not_handed
+    from gpu_worker.replication.primary_link import Link
     primary = Primary(tiny_runtime, tmp_path / "p", 2, sync=False).start()
     a, b = socket.socketpair()
     try:
@@ -1259,14 +1260,15 @@ def test_a_hello_is_checked_against_the_bytes_handed_to_the_disk_not_only_the_fi
         data = open(os.path.join(primary.journal, segment_name(segment)), "rb").read()
         in_flight = b"the next tick, on its way to the disk"
         end = len(data) + len(in_flight)
+        journal = primary.shipper.journal_dir
         link = Link(primary.shipper, a, (segment, end))
-        assert primary.shipper._not_a_copy(link, segment, end, hashlib.sha256(data + in_flight).digest()) is None
+        assert not_a_copy(journal, link, segment, end, hashlib.sha256(data + in_flight).digest()) is None
         assert link.check is not None  # the rest is checked on the tick thread, with the ticks in flight
-        assert primary.shipper._not_handed(link.check, segment, [(len(data), in_flight)]) is None
+        assert not_handed(journal, link.check, segment, [(len(data), in_flight)]) is None
         other = Link(primary.shipper, b, (segment, end))
-        primary.shipper._not_a_copy(other, segment, end, hashlib.sha256(data + b"x" * len(in_flight)).digest())
-        assert "differ" in primary.shipper._not_handed(other.check, segment, [(len(data), in_flight)])
-        assert "handed" in primary.shipper._not_handed(other.check, segment, [])  # more than was handed: not a copy
+        not_a_copy(journal, other, segment, end, hashlib.sha256(data + b"x" * len(in_flight)).digest())
+        assert "differ" in not_handed(journal, other.check, segment, [(len(data), in_flight)])
+        assert "handed" in not_handed(journal, other.check, segment, [])  # more than was handed: not a copy
     finally:
         a.close()
         b.close()
