@@ -150,7 +150,7 @@ SPECTACULAR_SETTINGS = {
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     "SERVE_AUTHENTICATION": [],  # the schema is public; a stray Authorization header is ignored
     "SCHEMA_PATH_PREFIX": "/aotx/v1/shared",
-    "POSTPROCESSING_HOOKS": ["shared_api.routes.openapi.postprocess"],  # components: shared_api/routes/openapi.py
+    "POSTPROCESSING_HOOKS": ["shared_api.routes.openapi.postprocess"],  # components: shared_api/routes/openapi/
 }
 
 # gateway.json: listen address, device socket, grant file (see README "Configuration")

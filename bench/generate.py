@@ -48,7 +48,7 @@ import torch  # noqa: E402
 
 from bench.build_info import describe  # noqa: E402
 from gpu_worker import pack
-from gpu_worker.storage import runtime_file  # noqa: E402
+from gpu_worker.storage import runtime_file_writer  # noqa: E402
 from gpu_worker.engine import Engine  # noqa: E402
 from gpu_worker.engine.reference import transformers_model  # noqa: E402
 from gpu_worker.storage.runtime_file import DEFAULT_RUNTIME_PROFILE, RuntimeFile  # noqa: E402
@@ -121,7 +121,7 @@ def random_weights_runtime(path, kv_pages: int, seed: int = 0):
             for key, shape in shapes.items():
                 yield f"gen/tensor/layers.{n}.{key}", "tensor", weight(*shape)
 
-    runtime_file.create(path, components())
+    runtime_file_writer.create(path, components())
 
 
 def open_runtime(args, workdir, most_requests):

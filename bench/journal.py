@@ -55,7 +55,8 @@ if Path(sys.path[0]).resolve() == ROOT / "bench":  # run as a script: bench/http
 
 from gpu_worker.ops.kind import Admission  # noqa: E402
 from gpu_worker.ops.kind import Kind  # noqa: E402
-from gpu_worker.storage.journal import MAX_DATA, MAX_RECORDS_PER_TICK, PART_HEADER_SIZE, record_count  # noqa: E402
+from gpu_worker.storage.journal import MAX_DATA, PART_HEADER_SIZE, record_count  # noqa: E402
+from gpu_worker.storage.journal_writer import MAX_RECORDS_PER_TICK  # noqa: E402
 from gpu_worker.pack import pack_tiny  # noqa: E402
 from gpu_worker.contract.wire import LENGTH, decode_payload, encode_frame  # noqa: E402
 

@@ -29,7 +29,8 @@ from .ops.kind import Admission, Context, Journaling, Kind, OperationKind, Table
 from .state import ids
 from .state.indexes import take_free
 from .state.tables import ALONE, HELD, P, R, Source, Terminal, width
-from .storage.journal import MAX_RECORDS_PER_TICK, TransferKind, record_count
+from .storage.journal import TransferKind, record_count
+from .storage.journal_writer import MAX_RECORDS_PER_TICK
 
 if TYPE_CHECKING:
     from .storage.journal import Transfer

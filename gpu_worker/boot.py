@@ -201,7 +201,8 @@ def _open_runtime(args: argparse.Namespace, fail: Callable[..., int]) -> tuple[G
     may become one), or boot's exit code once `fail` said why. The device is the file's one writer
     (its checkpoints append to it; a standby's copy takes the primary's) for as long as it runs: a
     second device or a pack on it refuses. The caller releases the lock."""
-    from .storage.runtime_file import FileLock, RuntimeFile, RuntimeFileError, RuntimeFileLocked
+    from .storage.runtime_file import RuntimeFile, RuntimeFileError
+    from .storage.runtime_file_lock import FileLock, RuntimeFileLocked
     try:
         grants = Grants(args.service_grants)
     except GrantFileError as exc:
@@ -312,17 +313,21 @@ def _serve(args: argparse.Namespace, runtime: Any, device: Any, leadership: Any,
 
 
 def _standby(args: argparse.Namespace, argv: list[str], threads: _Threads, fail: Callable[..., int]) -> int:
-    """`boot --standby-of`: a hot standby (gpu_worker/replication/standby.py). Its device loads the
-    tables from its journal and the model, then follows the primary: the journal copy grows and
-    the tables apply it, until SIGTERM or SIGINT (stop), or SIGUSR1 (take over now, as `boot
-    --takeover` would), or, with --etcd, until the leader key this standby saw held is gone (take
-    over and hold the key). A takeover serves in this process at once: the tables and the model
-    are ready. Should applying the copy have failed, this process becomes `boot --takeover` of its
-    journal instead (a boot that reads it again)."""
+    """`boot --standby-of`: a hot standby (gpu_worker/replication/ standby.py, mirror.py and
+    follower.py). Its device loads the tables from its journal and the model, then follows the
+    primary: the journal copy grows and the tables apply it, until SIGTERM or SIGINT (stop), or
+    SIGUSR1 (take over now, as `boot --takeover` would), or, with --etcd, until the leader key this
+    standby saw held is gone (take over and hold the key). A takeover serves in this process at
+    once: the tables and the model are ready. Should applying the copy have failed, this process
+    becomes `boot --takeover` of its journal instead (a boot that reads it again)."""
     from .device import Device, DeviceBootError
     from .engine.engine import Engine
-    from .replication.standby import Follower, Mirror, Standby, StandbyDiskError, StandbyRefused, read_mark
-    from .storage.journal import JournalError, JournalLock
+    from .replication.follower import Follower
+    from .replication.marker import read_mark
+    from .replication.mirror import Mirror, StandbyDiskError
+    from .replication.standby import Standby, StandbyRefused
+    from .storage.journal import JournalError
+    from .storage.journal_lock import JournalLock
     from .storage.runtime_file import RuntimeFileError
 
     opened = _open_runtime(args, fail)

@@ -37,7 +37,8 @@ def main(argv: list[str]) -> int:
         return 0
     from .device import Device
     from .storage.journal import JournalError
-    from .storage.runtime_file import FileLock, RuntimeFile, RuntimeFileError
+    from .storage.runtime_file import RuntimeFile, RuntimeFileError
+    from .storage.runtime_file_lock import FileLock
     try:
         lock = FileLock(args.ccir)  # the one writer of the file while it folds (a device elsewhere refuses)
     except RuntimeFileError as exc:

@@ -45,11 +45,13 @@ from .state import holds
 from .state.executions import Executions
 from .state.holds import Holds
 from .state.usage import Chats, Usage
-from .storage import checkpoint, runtime_file
+from .storage import checkpoint, runtime_file, runtime_file_writer
 from .storage.committer import Batch, Committer, Reply
 from .storage.filelayer import FileLayer, OsFileLayer
-from .storage.journal import (MAX_RECORDS_PER_TICK, JournalCorrupt, JournalError, JournalIOError, JournalLock, JournalWriter,
-                              ReadAhead, RecoveryResult, Tail, Transfer, TransferKind, segment_name)
+from .storage.journal import JournalCorrupt, JournalError, Transfer, TransferKind, segment_name
+from .storage.journal_lock import JournalLock
+from .storage.journal_reader import ReadAhead, RecoveryResult, Tail
+from .storage.journal_writer import MAX_RECORDS_PER_TICK, JournalIOError, JournalWriter
 from .storage.runtime_file import RuntimeFile
 
 if TYPE_CHECKING:
@@ -114,7 +116,7 @@ class Device:
         self.grants: Grants = cast(Grants, grants)
         self.grant_problem: str | None = None  # why the last grant-file reload failed, while it does
         self.fs = fs or OsFileLayer()
-        # the runtime file's writes in place (its checkpoints: storage/runtime_file.append); tests inject crashes
+        # the runtime file's writes in place (its checkpoints: storage/runtime_file_writer.append); tests inject crashes
         self.runtime_fs: FileLayer = OsFileLayer()
         self.journal_dir = journal_dir
         self.holds = Holds(self.fs, journal_dir, profile["journal_file_cap_bytes"],
@@ -166,9 +168,9 @@ class Device:
             failover: dict[str, Any] | None = None
             booted_ns = time.time_ns()
             if self.took_over:  # where this primary's part of the journal begins (a rejoin cuts back to it)
-                from .replication import standby
+                from .replication.marker import record_takeover
                 writer = self.committer.writer
-                standby.record_takeover(journal_dir, (writer.segment, writer.offset))
+                record_takeover(journal_dir, (writer.segment, writer.offset))
                 failover = {"position": [writer.segment, writer.offset],
                             "generation": leadership.generation if leadership is not None else None,
                             "file_generation": self.runtime.generation + 1}
@@ -207,7 +209,7 @@ class Device:
         being sent again (docs/replication.md, "Failover generations")."""
         from .replication import FAILOVER
         incident = msgpack.packb({"boot": self.state.boot + 1, "at_ns": at_ns, **failover})
-        generation = runtime_file.append(self.runtime.path, [(FAILOVER, "bytes", incident)], fs=self.runtime_fs,
+        generation = runtime_file_writer.append(self.runtime.path, [(FAILOVER, "bytes", incident)], fs=self.runtime_fs,
                                          generation=failover["file_generation"])
         self.runtime = runtime_file.RuntimeFile.open(self.runtime.path, verify=False)
         self.state.generation = generation
@@ -408,8 +410,8 @@ class Device:
 
         state, grants, directory = self.state, self.grants, self.journal_dir
         if self.takeover:
-            from .replication import standby
-            kept = standby.read_mark(directory)
+            from .replication.marker import read_mark
+            kept = read_mark(directory)
             if kept == "catch-up":  # (replication/standby.py, Standby._catch_up)
                 raise DeviceBootError(
                     f"--takeover: {directory} is a standby's journal stopped while it caught up to its primary's "

@@ -5,7 +5,7 @@ before) it starts a new journal segment and hands the old ones to another proces
 the state they make (the runtime file's checkpoint, then those segments replayed: a hot standby's
 code, `Device(following=True)`) and encodes the checkpoint's components (the state, the audit of
 the folded transfers, the media sources new to the file) to its standard output. A thread of the
-device appends them to the runtime file (storage/runtime_file.append: the writes, fsyncs and the
+device appends them to the runtime file (storage/runtime_file_writer.append: the writes, fsyncs and the
 superblock flip), and the tick thread, told it is done, removes the folded segments and marks the
 receipts the fold saved. Admissions and commits go on meanwhile, into the new segment: the tick
 thread's part is the segment switch at the start and the bookkeeping at the end.

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from gpu_worker.storage import runtime_file
+from gpu_worker.storage import runtime_file_lock
 from gpu_worker.storage.runtime_file import RuntimeFile, RuntimeFileError
 
 from .defaults import pack_default, pack_vlm
@@ -70,8 +70,8 @@ def _run(args) -> str:
             raise _UsageError("--journal-limits takes K=V pairs with integer values") from None
     started = time.monotonic()
     # An existing file is written (or replaced) only by its one writer: refuse while a device or
-    # another pack holds it (runtime_file.FileLock), for the whole run.
-    lock = runtime_file.FileLock(args.runtime) if os.path.exists(args.runtime) else None
+    # another pack holds it (runtime_file_lock.FileLock), for the whole run.
+    lock = runtime_file_lock.FileLock(args.runtime) if os.path.exists(args.runtime) else None
     try:
         return _pack(args, capacity, limits, started)
     finally:

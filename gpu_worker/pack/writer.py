@@ -19,7 +19,7 @@ from typing import Iterable, Iterator
 
 from tqdm import tqdm
 
-from gpu_worker.storage import checkpoint, runtime_file
+from gpu_worker.storage import checkpoint, runtime_file_writer
 from gpu_worker.storage.runtime_file import (DEFAULT_CAPACITIES, DEFAULT_RUNTIME_PROFILE, DEFAULT_SHARED_PROFILE,
                                      FEATURE_BASE, FEATURE_SHARED, RuntimeFile)
 
@@ -98,7 +98,7 @@ def _write(runtime_path, components: Iterable, *, shared: bool, capacity: dict |
     if shared:
         profiles.append(("shared_profile", "json", shared_profile(capacity, journal_limits)))
     required = FEATURE_BASE | (FEATURE_SHARED if shared else 0)
-    runtime_file.create(runtime_path, _chain(profiles, components), required=required)
+    runtime_file_writer.create(runtime_path, _chain(profiles, components), required=required)
     return _summary(runtime_path, started)
 
 
@@ -119,7 +119,7 @@ def enable_shared(runtime_path, *, capacity: dict | None = None) -> bool:
     else:
         profile = shared_profile(capacity)
     _check_room(runtime_path, profile["capacities"], stored)
-    runtime_file.append(runtime_path, [("shared_profile", "json", profile)], set_required=FEATURE_SHARED)
+    runtime_file_writer.append(runtime_path, [("shared_profile", "json", profile)], set_required=FEATURE_SHARED)
     return True
 
 

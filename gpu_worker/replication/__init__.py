@@ -2,11 +2,12 @@
 
 The primary's `Shipper` (primary.py) sends every tick's journal bytes to one standby as the tick
 starts on the primary's disk, and, for a standby that connects late or comes back, the bytes it
-lacks from the primary's segment files first. The standby's `Mirror` (standby.py) writes them
+lacks from the primary's segment files first. The standby's `Mirror` (mirror.py) writes them
 into its own journal directory at the same segment and offset — the same files, byte for byte —
-makes them durable with one fdatasync per batch of frames, and acknowledges the position it
-holds. In `sync` replication a transfer is saved (its replies go out, its `on_saved` work starts)
-only once the primary's fdatasync and the standby's acknowledgement both cover it.
+and makes them durable with one fdatasync per batch of frames; its `Standby` (standby.py), the
+link, acknowledges the position it holds. In `sync` replication a transfer is saved (its replies
+go out, its `on_saved` work starts) only once the primary's fdatasync and the standby's
+acknowledgement both cover it.
 
 The link: length-prefixed msgpack frames (gpu_worker/contract/wire.py's framing) on one stream
 socket (a Unix socket path, or HOST:PORT over TCP):

@@ -3,30 +3,31 @@
 The tick thread calls `ship` as each tick starts on the disk (Committer._start_io) and `woken`
 when the Shipper's eventfd is readable (an acknowledgement came, a standby said hello or left);
 everything else runs on the Shipper's own threads, so nothing proportional to the journal's size
-runs on the tick thread: the accept thread takes a standby's hello, and each standby's sender
-thread writes what it lacks from the segment files, then the ticks queued for it, while its
-reader thread takes its acknowledgements. `acked_seq`, the last transfer the standby holds
-durable, is what sync replication waits for.
+runs on the tick thread: the accept thread takes a standby's hello (whether its copies go on
+from this primary's: copies.py), and each standby's `Link` (primary_link.py) has a sender thread
+that writes what it lacks from the segment files, then the ticks queued for it, while its reader
+thread takes its acknowledgements. `acked_seq`, the last transfer the standby holds durable, is
+what sync replication waits for.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import queue
 import socket
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Iterable
+from typing import Any
 
-from gpu_worker.contract.wire import FrameReader, ProtocolError, encode_frame
+from gpu_worker.contract.wire import FrameReader, ProtocolError
 from gpu_worker.storage.filelayer import OsFileLayer
-from gpu_worker.storage.journal import (SEGMENT_HEADER_SIZE, JournalWriter, encode_segment_header, list_segments,
-                                        segment_name)
-from gpu_worker.storage.runtime_file import RuntimeFile, RuntimeFileError
+from gpu_worker.storage.journal import SEGMENT_HEADER_SIZE, encode_segment_header, list_segments, segment_name
+from gpu_worker.storage.journal_writer import JournalWriter
+from gpu_worker.storage.runtime_file import RuntimeFile
 
-from . import DEAD_SECONDS, FAILOVER, HELLO_SECONDS, SEGMENT_CHUNK, accepted, listen, read_frames, standby
+from . import DEAD_SECONDS, FAILOVER, HELLO_SECONDS, accepted, listen, marker, read_frames
+from .copies import adopt, differences, not_a_copy, not_handed, rewind
+from .primary_link import Link, Position
 
 log = logging.getLogger("gpu_worker.replication")
 
@@ -36,203 +37,6 @@ MAX_QUEUED_BYTES = 64 << 20   # an async standby further behind than this is dro
 # (FAILOVER) write: the saved state a catch-up may replace; any other (the model, the profiles)
 # must be the same on a standby
 SAVED_STATE = ("state/", "audit/", "media/", FAILOVER)
-
-Position = tuple[int, int]  # (segment, offset): journal bytes before it
-
-
-class Link:
-    """One standby's connection: its sender thread writes what the tick thread queued for it, in
-    order; its reader thread takes its acknowledgements (`position`, what it holds durable)."""
-
-    def __init__(self, shipper: Shipper, sock: socket.socket, position: Position) -> None:
-        self.shipper = shipper
-        self.sock = sock
-        self.position = position
-        self.peer = str(sock.getpeername() or "unix socket")
-        self.member = ""  # the standby's identity (its hello says; the sync key names it)
-        # what the primary had handed to its disk when the link began: the standby is in sync (its
-        # acknowledgements save transfers, it may take over) only once it holds all of it
-        self.sync_at: Position = (0, 0)
-        self.in_sync = False
-        # the prefix of the standby's last segment the accept thread could not find in the file (a
-        # tick still being written there): (segment, offset, digest, bytes hashed, their hash),
-        # finished from the ticks in flight on the tick thread (`Shipper._start`)
-        self.check: tuple[int, int, bytes, int, Any] | None = None
-        self.media: set[str] = set()  # the media sources the standby holds (its hello says)
-        self.generation = 0  # its runtime file copy's, and that copy's components' SHA-256 (its hello says)
-        self.components: dict[str, str] = {}
-        self.emptied = False  # its journal must begin again at this journal's oldest segment (a catch-up)
-        # its copy lacks only this primary's failover component (an old primary rejoining): it adopts
-        # them with its journal kept, as (generation, names, drop) the hello found (`Shipper._adopt`)
-        self.adopt: tuple[int, list[str], list[str]] | None = None
-        self.catching_up = False  # sent a catch-up that it has not acknowledged yet (`ping` shows it)
-        self.queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
-        self.queued_bytes = 0  # queued for the sender and not yet sent (the tick thread adds, it subtracts)
-        self.closed = False
-        self.started = False
-        self.threads = [threading.Thread(target=self._send, name="aotx-replication-send", daemon=True),
-                        threading.Thread(target=self._read, name="aotx-replication-acks", daemon=True)]
-
-    def start(self) -> None:
-        self.started = True
-        for thread in self.threads:
-            thread.start()
-
-    def refuse(self, why: str, again: bool = False) -> None:
-        """Tell the standby why it is not streamed to, and close; `again`: it may connect again at
-        once (a passing reason), else its journal or copy must change first."""
-        try:
-            self.sock.sendall(encode_frame({"refused": why, **({"again": True} if again else {})}))
-        except OSError:
-            pass
-        self.close()
-
-    def close(self) -> None:
-        """End the link (idempotent; from any thread): both threads stop, the tick thread hears of it."""
-        if self.closed:
-            return
-        self.closed = True
-        self.queue.put(None)
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        if not self.started:
-            self.sock.close()  # (else its sender thread closes it as it ends)
-        self.shipper.wake()
-
-    # ---- the sender thread -------------------------------------------------------------------
-
-    def frame(self, msg: dict[str, Any]) -> None:
-        """Send one frame, with the primary's leadership generation (the sender thread)."""
-        msg["g"] = self.shipper.leader
-        self.sock.sendall(encode_frame(msg))
-
-    def _send(self) -> None:
-        beat = self.shipper.dead_after / 3
-        leadership = self.shipper.leadership
-        try:
-            while True:
-                try:
-                    item = self.queue.get(timeout=beat)
-                except queue.Empty:  # nothing to send for a while: a heartbeat (the standby acknowledges it)
-                    item = ("frame", {"beat": 1})
-                if item is None:
-                    break
-                fenced = leadership.fenced() if leadership is not None else None
-                if fenced is not None:  # a deposed primary keeps no standby: it goes to the new primary
-                    raise OSError(f"this primary is fenced ({fenced}): the standby is let go")
-                if item[0] == "files":
-                    self._send_files(item[1], item[2])
-                elif item[0] == "frame":
-                    self.frame(item[1])
-                elif item[0] == "checkpoint":
-                    self._send_components("checkpoint", item[1], item[2], {"components": [c[0] for c in item[2]],
-                                                                           "drop": list(item[3]),
-                                                                           "through": item[4]})
-                elif item[0] == "catchup":
-                    self._send_catch_up(*item[1:])
-                elif item[0] == "adopt":
-                    self._send_catch_up(item[1], item[2], item[3], kept=True)
-                elif item[0] == "media":
-                    self._send_media(item[1], item[2])
-                else:
-                    segment, offset, data = item
-                    self.frame({"segment": segment, "offset": offset, "data": data})
-                    self.queued_bytes -= len(data)
-        except OSError as exc:
-            log.warning("replication to %s: %s", self.peer, exc)
-        finally:
-            self.close()
-            self.sock.close()
-
-    def _send_files(self, start: Position, end: Position) -> None:
-        """The journal bytes from `start` to `end`, read from the primary's segment files."""
-        directory = self.shipper.journal_dir
-        for segment in range(start[0], end[0] + 1):
-            path = os.path.join(directory, segment_name(segment))
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # (a missing segment: the link fails, see `woken`)
-            try:
-                offset = start[1] if segment == start[0] else 0
-                stop = end[1] if segment == end[0] else os.fstat(fd).st_size
-                while offset < stop:
-                    data = os.pread(fd, min(SEGMENT_CHUNK, stop - offset), offset)
-                    if not data:
-                        raise OSError(f"{path} ends at {offset}, before {stop}")
-                    self.frame({"segment": segment, "offset": offset, "data": data})
-                    offset += len(data)
-            finally:
-                os.close(fd)
-
-    def _send_media(self, sha: str, path: str) -> None:
-        """A media source's bytes in pieces: {"media": sha, "size": n, "offset": o, "data": bytes}."""
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            offset = 0
-            while True:
-                data = f.read(SEGMENT_CHUNK)
-                self.frame({"media": sha, "size": size, "offset": offset, "data": data})
-                offset += len(data)
-                if offset >= size or not data:
-                    return
-
-    def _send_components(self, key: str, generation: int, components: Iterable[tuple[str, str, Any]],
-                         end: dict[str, Any]) -> None:
-        """Runtime file components in pieces ({key: generation, "component", "kind", "offset",
-        "data"}), then the frame `end` that has the standby append them: a checkpoint's, or a
-        catch-up's."""
-        for name, kind, data in components:
-            view = memoryview(bytes(data) if not isinstance(data, (bytes, bytearray)) else data)
-            for at in range(0, max(len(view), 1), SEGMENT_CHUNK):
-                self.frame({key: generation, "component": name, "kind": kind, "offset": at,
-                            "data": bytes(view[at:at + SEGMENT_CHUNK])})
-        self.frame({key: generation, **end})
-
-    def _send_catch_up(self, generation: int, names: list[str], drop: list[str], kept: bool = False) -> None:
-        """The components of the primary's runtime file at `generation` that the standby's copy
-        lacks or holds other bytes of, read here (off the tick thread); the end frame names every
-        one's SHA-256, which the copy must come out with, and, `kept`, says the standby's journal
-        stays (a failover component adopted). A checkpoint that moved the file on meanwhile fails
-        the link: the standby connects again and catches up to the newer one."""
-        with RuntimeFile.open(self.shipper.runtime, verify=False) as current:
-            if current.generation != generation:
-                raise OSError(f"the runtime file went on to generation {current.generation} while a standby caught "
-                              f"up to {generation}")
-            digests = {name: current.components[name].sha256 for name in names}
-            read = ((name, current.components[name].kind, current.read_verified(name)) for name in names)
-            end: dict[str, Any] = {"components": digests, "drop": drop, **({"journal": "kept"} if kept else {})}
-            try:  # (one component in memory at a time)
-                self._send_components("catchup", generation, read, end)
-            except RuntimeFileError as exc:
-                raise OSError(str(exc)) from None
-
-    # ---- the reader thread -------------------------------------------------------------------
-
-    def _read(self) -> None:
-        frames = FrameReader()
-        try:
-            while not self.closed:
-                try:
-                    batch = read_frames(self.sock, frames)
-                except TimeoutError:  # (the socket's timeout is dead_after: the standby acknowledges every beat)
-                    raise ConnectionError(f"no acknowledgement for {self.shipper.dead_after}s: the link is dead") \
-                        from None
-                for msg in batch:
-                    segment, offset, cut = msg.get("segment"), msg.get("offset"), msg.get("cut")
-                    if msg.get("ack") != 1 or type(segment) is not int or type(offset) is not int or type(cut) is not int:
-                        raise ProtocolError(f"not an acknowledgement: {sorted(msg)}")
-                    if msg.get("g") != self.shipper.leader:
-                        raise ProtocolError(f"an acknowledgement of leadership generation {msg.get('g')}, "
-                                            f"not this primary's {self.shipper.leader}")
-                    if cut == self.shipper.cuts:  # (an acknowledgement of bytes from before a cut counts for nothing)
-                        self.position = (segment, offset)
-                        self.catching_up = False  # (it acknowledges only after the catch-up is in its copy)
-                self.shipper.wake()
-        except (OSError, ProtocolError) as exc:
-            if not self.closed:
-                log.warning("replication from %s: %s", self.peer, exc)
-        finally:
-            self.close()
 
 
 class Shipper:
@@ -373,7 +177,7 @@ class Shipper:
         self.position = (writer.segment, writer.offset)
         self._ticks.append((writer.segment, writer.offset, writer.durable_seq))
         self._writer = writer
-        self.takeovers = standby.takeovers(self.journal_dir)  # (a takeover boot has recorded its own by now)
+        self.takeovers = marker.takeovers(self.journal_dir)  # (a takeover boot has recorded its own by now)
         with RuntimeFile.open(self.runtime, verify=False) as current:
             self.generation = current.generation
         self._accepting.start()
@@ -496,9 +300,9 @@ class Shipper:
         begun = writer.ticks_begun()
         written = (writer.segment, begun[-1][0] + len(begun[-1][1])) if begun else durable
         if link.check is not None:
-            why = self._not_handed(link.check, writer.segment, begun)
+            why = not_handed(self.journal_dir, link.check, writer.segment, begun)
             if why is not None:
-                if not self._rewind(link, (link.check[0], link.check[1])):
+                if not rewind(self.takeovers, link, (link.check[0], link.check[1])):
                     link.refuse(f"{why}: the standby's journal is not a copy of this journal")
                 return
         if link.generation > self.generation:
@@ -518,7 +322,7 @@ class Shipper:
             # (acknowledges nothing) until the catch-up is durable there
             start, link.position = (min(list_segments(self.journal_dir, OsFileLayer()), default=1), 0), (0, 0)
         elif link.position > written:
-            if not self._rewind(link, link.position):
+            if not rewind(self.takeovers, link, link.position):
                 link.refuse(f"the standby holds journal bytes to {link.position}, past this primary's {written}: "
                             "it is not a copy of this journal")
             return
@@ -548,7 +352,7 @@ class Shipper:
         as it is now (docs/replication.md, "Catch-up"). False (refused) when the copy holds another
         model or profile: a catch-up replaces saved state (`SAVED_STATE`), never what the standby's
         device was built from."""
-        _, names, drop = self._differences(link)
+        _, names, drop = differences(self.runtime, link)
         other = [n for n in names + drop if not n.startswith(SAVED_STATE)]
         if other or (link.generation == self.generation and names + drop):
             link.refuse(f"the standby's runtime file holds another model or profile, or other state at the same "
@@ -674,7 +478,7 @@ class Shipper:
             raise ProtocolError("a hello without its runtime file copy's generation and components")
         link.generation, link.components = generation, components
         if generation != self.generation:
-            link.adopt = self._adopt(link)
+            link.adopt = adopt(self.runtime, link)
             if link.adopt is None:
                 return link  # it catches up from this primary's file, or is refused (`_start`, on the tick thread)
         oldest = min(list_segments(self.journal_dir, OsFileLayer()), default=1)
@@ -686,97 +490,15 @@ class Shipper:
             link.position = (oldest, 0)
             link.emptied = bool(segment) and segment < oldest - 1
             return link
-        why = self._not_a_copy(link, segment, offset, digest)
+        why = not_a_copy(self.journal_dir, link, segment, offset, digest)
         if why is not None:
-            if not self._rewind(link, (segment, offset)):
+            if not rewind(self.takeovers, link, (segment, offset)):
                 link.refuse(f"{why}: the standby's journal is not a copy of this journal")
             return None
         if segment and not os.path.exists(os.path.join(self.journal_dir, segment_name(segment))):
             newest = max(list_segments(self.journal_dir, OsFileLayer()), default=0)  # (segment >= oldest)
-            if not self._rewind(link, (segment, offset)):
+            if not rewind(self.takeovers, link, (segment, offset)):
                 link.refuse(f"the standby holds segment {segment}, past this primary's last ({newest}): "
                             "the standby's journal is not a copy of this journal")
             return None
         return link
-
-    def _adopt(self, link: Link) -> tuple[int, list[str], list[str]] | None:
-        """(generation, components to send, to drop) when the standby's copy of the runtime file is
-        behind this one's by failover components only (FAILOVER: an old primary rejoining the
-        standby that took over from it, which made a generation that folds nothing): its journal
-        is then checked, and cut back, as a copy of this one at the same generation, and it adopts
-        the components with its journal kept (docs/replication.md, "Failover generations"). None:
-        any other difference (a catch-up, or a refusal). Read on the accept thread."""
-        generation, names, drop = self._differences(link)
-        if link.generation >= generation or not names + drop or any(n != FAILOVER for n in names + drop):
-            return None
-        return generation, names, drop
-
-    def _differences(self, link: Link) -> tuple[int, list[str], list[str]]:
-        """(this runtime file's generation, the components the standby's copy lacks or holds other
-        bytes of, those it holds that this file has not), from its hello's digests and this file's
-        directory (a small read)."""
-        with RuntimeFile.open(self.runtime, verify=False) as current:
-            names = sorted(n for n, c in current.components.items() if link.components.get(n) != c.sha256)
-            return current.generation, names, sorted(set(link.components) - set(current.components))
-
-    def _rewind(self, link: Link, position: Position) -> bool:
-        """A standby whose journal goes on past one of this journal's takeover points in other
-        bytes: it is told to cut back to the latest point before its position (then it says hello
-        again, and is checked again). False when there is none."""
-        points = [p for p in self.takeovers if p < position]
-        if not points:
-            return False
-        try:
-            link.sock.sendall(encode_frame({"rewind": list(points[-1])}))
-        except OSError:
-            pass
-        link.close()
-        return True
-
-    def _not_a_copy(self, link: Link, segment: int, offset: int, digest: bytes) -> str | None:
-        """Why the standby's last segment, `offset` bytes hashing to `digest`, is not the start of
-        this journal's segment (None: it is, or may be). Read here, on the accept thread: a
-        segment's size. The bytes handed to the disk count, not only those in the file: a tick
-        being written here on a slow disk may already be acknowledged by the standby (its copy is
-        written first), and must not be cut back from it. When the file is shorter than `offset`,
-        the rest is checked on the tick thread against the ticks in flight (`link.check`)."""
-        if not segment:
-            return None
-        h = hashlib.sha256()
-        try:
-            with open(os.path.join(self.journal_dir, segment_name(segment)), "rb") as f:
-                have = 0
-                while have < offset and (chunk := f.read(min(SEGMENT_CHUNK, offset - have))):
-                    h.update(chunk)
-                    have += len(chunk)
-        except FileNotFoundError:
-            return None  # (refused next: the segment is gone)
-        if have < offset:
-            link.check = (segment, offset, digest, have, h)  # the rest may be in flight (`_not_handed`)
-            return None
-        if h.digest() != digest:
-            return f"segment {segment}'s first {offset} bytes differ"
-        return None
-
-    def _not_handed(self, check: tuple[int, int, bytes, int, Any], current: int,
-                    begun: list[tuple[int, bytes]]) -> str | None:
-        """The end of `_not_a_copy`, on the tick thread: the bytes from what the accept thread
-        read of the file to the standby's offset, from the file now and the ticks in flight."""
-        segment, offset, digest, have, h = check
-        path = os.path.join(self.journal_dir, segment_name(segment))
-        with open(path, "rb") as f:
-            f.seek(have)
-            data = f.read(offset - have)  # (a tick in flight then may be whole in the file now)
-        have += len(data)
-        h.update(data)
-        if have < offset and segment == current:
-            for at, tick in begun:
-                if at <= have < at + len(tick):
-                    piece = tick[have - at:offset - at]
-                    h.update(piece)
-                    have += len(piece)
-        if have < offset:
-            return f"the standby holds {offset} bytes of segment {segment}, this primary handed {have} to its disk"
-        if h.digest() != digest:
-            return f"segment {segment}'s first {offset} bytes differ"
-        return None

@@ -29,7 +29,8 @@ import msgpack
 
 from . import checkpoint
 from .filelayer import OsFileLayer
-from .journal import ZERO_DIGEST, chain_digest, recover
+from .journal import ZERO_DIGEST, chain_digest
+from .journal_reader import recover
 from .runtime_file import RuntimeFile, RuntimeFileError
 
 

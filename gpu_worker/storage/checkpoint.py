@@ -9,7 +9,7 @@ A checkpoint writes these components to the runtime file and flips its superbloc
   "media/<sha256>"      the bytes of each media source the state lists, added once
                         (ops/media.checkpoint_components)
 The runtime file reuses the space of the extents a checkpoint supersedes (the previous state and
-directory; runtime_file.append), so checkpoints do not grow the file by a state each.
+directory; runtime_file_writer.append), so checkpoints do not grow the file by a state each.
 Then the journal moves to a new segment and the old segments are removed. A crash anywhere in
 between is safe: until the superblock flip the old state + the whole journal hold everything;
 after it, recovery skips the transfers the checkpoint already holds (seq <= last_seq).
@@ -27,8 +27,9 @@ import numpy as np
 import torch
 
 from ..state.tables import C, R
-from . import runtime_file
-from .journal import ZERO_DIGEST, Transfer, list_segments, recover, segment_name
+from . import runtime_file_writer
+from .journal import ZERO_DIGEST, Transfer, list_segments, segment_name
+from .journal_reader import recover
 
 if TYPE_CHECKING:
     from ..state import DeviceState
@@ -271,7 +272,7 @@ def components(device: Folding, last_seq: int, last_digest: bytes, media_added: 
 def publish(device: Folding, made: list[tuple[str, str, Any]], drop: list[str], generation: int) -> None:
     """Append a checkpoint's components to the runtime file: it is at `generation` after (any
     thread: the device's writer lock covers it; the superblock flip makes it the winner)."""
-    new_generation = runtime_file.append(device.runtime.path, made, drop=drop, fs=device.runtime_fs)
+    new_generation = runtime_file_writer.append(device.runtime.path, made, drop=drop, fs=device.runtime_fs)
     if new_generation != generation:
         raise RuntimeError(f"runtime file moved to generation {new_generation}, expected {generation}")
 

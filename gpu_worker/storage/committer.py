@@ -26,7 +26,8 @@ from collections import deque
 from typing import Any, Protocol
 
 from ..contract.wire import Message
-from .journal import MAX_RECORDS_PER_TICK, MAX_TICKS_IN_FLIGHT, JournalIOError, JournalWriter, TickIO, Transfer
+from .journal import Transfer
+from .journal_writer import MAX_RECORDS_PER_TICK, MAX_TICKS_IN_FLIGHT, JournalIOError, JournalWriter, TickIO
 
 Reply = tuple[Any, Message]  # (connection, reply)
 

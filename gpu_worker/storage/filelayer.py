@@ -1,7 +1,7 @@
 """The file operations the journal and the runtime file's writer use, behind one small interface.
 
 The journal never calls `os` for its segment files directly: it asks a `FileLayer`, and neither
-does an append to the runtime file (storage/runtime_file.py, which writes in place at given
+does an append to the runtime file (storage/runtime_file_writer.py, which writes in place at given
 offsets: `open_rw`). Production uses `OsFileLayer`; tests use `FaultyFileLayer`, which runs on
 real files but can run out of space, fail an fdatasync, stop ("crash") before any chosen write or
 sync, and lose everything that was never made durable, as a power cut would.

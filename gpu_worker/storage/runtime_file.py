@@ -1,20 +1,17 @@
 """The runtime file (.aotxccir): one container holding everything the device needs except credentials.
 
-docs/runtime-file.md describes the byte layout; this module is the only code that reads or writes it.
-A file is two superblock slots (A at 0, B at 4096) followed by 4096-aligned extents. The valid
-superblock with the highest generation names the current directory extent, and the directory names
-every component extent. Writers never touch bytes that the current superblock reaches: they write
-new extents where nothing it reaches lies — the space of extents it superseded (an older state,
-an older directory), or after the last byte it reaches — make them durable, and only then write the
-*other* slot. A crash at any point therefore leaves the previous generation readable, and the file
-grows only by what the current generation holds, not by every generation it replaced.
+docs/runtime-file.md describes the byte layout; this module holds it — the superblock slots, the
+directory, the component kinds, the feature bits and the default profiles — and reads it
+(`RuntimeFile`). A file is two superblock slots (A at 0, B at 4096) followed by 4096-aligned
+extents. The valid superblock with the highest generation names the current directory extent, and
+the directory names every component extent. Writing a file is runtime_file_writer.py (`create`,
+`append`), under the one writer's lock of runtime_file_lock.py; no other code reads or writes the
+format.
 """
 
 from __future__ import annotations
 
-import abc
 import builtins
-import fcntl
 import hashlib
 import json
 import math
@@ -22,12 +19,10 @@ import mmap
 import os
 import struct
 import sys
-from dataclasses import dataclass, replace
-from typing import Any, BinaryIO, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
-
-from .filelayer import FileLayer, OsFileLayer, RandomAccessFile
 
 if sys.byteorder != "little":  # extents hold raw little-endian tensors that boot maps without conversion
     raise ImportError("gpu_worker.runtime_file requires a little-endian host")
@@ -96,99 +91,6 @@ class RuntimeFileError(Exception):
     """A runtime file that cannot be used; the message is one line and names the file."""
 
 
-class RuntimeFileLocked(RuntimeFileError):
-    """Another process holds the file's lock: a device serving it, a pack or a checkpoint."""
-
-
-# ---- the one writer ---------------------------------------------------------------------------
-# (st_dev, st_ino) of the runtime files whose lock this process holds: its own appends (a running
-# device's checkpoints) go ahead under that lock instead of taking a second, conflicting one.
-_HELD: dict[tuple[int, int], "FileLock"] = {}
-
-
-def _lock_holder(st: os.stat_result) -> str:
-    """The pid holding a flock on the file, from /proc/locks (Linux), or "unknown"."""
-    wanted = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
-    try:
-        with open("/proc/locks", encoding="ascii", errors="replace") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) < 6 or fields[1] != "FLOCK":  # "->" marks a waiter
-                    continue
-                major, minor, inode = fields[5].split(":")
-                if (int(major, 16), int(minor, 16), int(inode)) == wanted:
-                    return fields[4]
-    except (OSError, ValueError):
-        pass
-    return "unknown"
-
-
-def _in_use(path: str, st: os.stat_result) -> RuntimeFileLocked:
-    return RuntimeFileLocked(f"runtime file {path} is in use by another process (pid {_lock_holder(st)}: a device "
-                             "serving it, a pack or a checkpoint); stop it first")
-
-
-class FileLock:
-    """An exclusive advisory flock on the runtime file itself, held by its one writer for as long
-    as it writes: a device for its whole life (boot), `pack` and the offline `checkpoint` for
-    their run. A second one refuses at once (RuntimeFileLocked, one line). flock belongs to the
-    open file description, so the lock ends with the holder, however it ends (kill -9 included),
-    and a second FileLock conflicts even inside the same process; `append` and `create` in the
-    process that holds it go ahead under it."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = os.fspath(path)
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise RuntimeFileError(f"{self.path}: cannot open: {exc.strerror or exc}") from None
-        try:
-            st = os.fstat(fd)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise _in_use(self.path, st) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
-        self.key = (st.st_dev, st.st_ino)
-        _HELD[self.key] = self
-
-    @property
-    def inode(self) -> int:
-        return self.key[1]
-
-    def release(self) -> None:
-        if self._fd >= 0:
-            fd, self._fd = self._fd, -1
-            if _HELD.get(self.key) is self:
-                del _HELD[self.key]
-            os.close(fd)  # closing the last descriptor of the description drops the flock
-
-    def __enter__(self) -> "FileLock":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-def _held(st: os.stat_result) -> bool:
-    return (st.st_dev, st.st_ino) in _HELD
-
-
-def _lock_for_write(path: str, fd: int) -> None:
-    """Before a write to an existing file: go ahead under this process's FileLock, else take the
-    flock on fd (released when fd closes) or refuse in one line."""
-    st = os.fstat(fd)
-    if _held(st):
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise _in_use(path, st) from None
-
-
 @dataclass(frozen=True)
 class Component:
     name: str
@@ -212,7 +114,7 @@ class Component:
 
 
 @dataclass(frozen=True)
-class _Superblock:
+class Superblock:
     required_features: int
     optional_features: int
     file_incarnation: bytes
@@ -233,7 +135,7 @@ class _Superblock:
         return (body + hashlib.sha256(body).digest()).ljust(SLOT_SIZE, b"\0")
 
     @classmethod
-    def unpack(cls, slot: bytes) -> "_Superblock":
+    def unpack(cls, slot: bytes) -> "Superblock":
         """Decode one slot; ValueError says why it is not a valid superblock."""
         (magic, version, header_size, required, optional, incarnation, generation,
          dir_offset, dir_length, dir_sha256, checksum) = SUPERBLOCK.unpack_from(slot)
@@ -261,7 +163,7 @@ def _describe_features(bits: int) -> str:
 class RuntimeFile:
     """A read-only view of one runtime file, mapped into memory."""
 
-    def __init__(self, path: str, mapping: mmap.mmap, slot: int, superblock: _Superblock,
+    def __init__(self, path: str, mapping: mmap.mmap, slot: int, superblock: Superblock,
                  components: dict[str, Component], inode: int = 0):
         self.path = path
         self.inode = inode  # of the file opened (a copy of the file is another inode)
@@ -408,11 +310,11 @@ class RuntimeFile:
                 f"slot={SLOT_NAMES[self.slot]}, components={len(self.components)})")
 
 
-def _choose_superblock(path: str, mapping: mmap.mmap) -> tuple[int, _Superblock, bytes]:
+def _choose_superblock(path: str, mapping: mmap.mmap) -> tuple[int, Superblock, bytes]:
     valid, reasons = [], []
     for slot, offset in enumerate(SLOT_OFFSETS):
         try:
-            superblock = _Superblock.unpack(mapping[offset:offset + SLOT_SIZE])
+            superblock = Superblock.unpack(mapping[offset:offset + SLOT_SIZE])
             start, end = superblock.directory_offset, superblock.directory_offset + superblock.directory_length
             if start < DATA_START or end > len(mapping):
                 raise ValueError("directory outside the file")
@@ -460,220 +362,3 @@ def _check_entry(c: Component, file_size: int) -> None:
             raise ValueError(f"{c.name!r} has dtype {c.dtype!r} and shape {c.shape!r}")
         if math.prod(c.shape) * DTYPES[c.dtype].itemsize != c.length:
             raise ValueError(f"{c.name!r} length {c.length} does not match {c.dtype}{list(c.shape)}")
-
-
-def _encode(name: str, kind: str, payload: Any) -> tuple[memoryview | bytes, str | None, tuple | None]:
-    """The extent bytes for one component, with the tensor dtype and shape when it is a tensor."""
-    if not isinstance(name, str) or not name or "\n" in name:
-        raise ValueError(f"invalid component name {name!r}")
-    if kind == "tensor":
-        if not isinstance(payload, torch.Tensor):
-            raise TypeError(f"component {name!r}: tensor payload must be a torch.Tensor")
-        tensor = payload.detach().cpu().contiguous()
-        if tensor.dtype not in DTYPE_NAMES:
-            raise ValueError(f"component {name!r}: dtype {tensor.dtype} is not storable")
-        # numpy's stubs declare ndarray.__buffer__ only for Python >= 3.12
-        raw: memoryview | bytes = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
-        return raw, DTYPE_NAMES[tensor.dtype], tuple(tensor.shape)
-    if kind == "json":
-        if isinstance(payload, (str, bytes, bytearray)):
-            raw = payload.encode("utf-8") if isinstance(payload, str) else bytes(payload)
-            json.loads(raw)  # stored as given (tokenizer JSON stays as the library wrote it), but valid
-            return raw, None, None
-        return canonical_json(payload), None, None
-    if kind == "text":
-        return payload.encode("utf-8"), None, None
-    if kind == "bytes":
-        return memoryview(payload).cast("B"), None, None
-    raise ValueError(f"component {name!r}: unknown kind {kind!r}")
-
-
-def _align(offset: int) -> int:
-    return -(-offset // ALIGN) * ALIGN
-
-
-class _Writer(abc.ABC):
-    """Writes extents where `_put` places them, hashing each one as it is written."""
-
-    @abc.abstractmethod
-    def _put(self, raw: bytes | memoryview) -> tuple[int, int, str]:
-        """Write `raw` where this writer places extents: (offset, length, sha256 hex)."""
-
-    def put(self, name: str, kind: str, payload: Any) -> Component:
-        raw, dtype, shape = _encode(name, kind, payload)
-        offset, length, digest = self._put(raw)
-        return Component(name, kind, offset, length, digest, dtype, shape)
-
-    def put_directory(self, components: dict[str, Component]) -> tuple[int, int, bytes]:
-        directory = {"schema": DIRECTORY_SCHEMA,
-                     "components": [components[name].to_json() for name in sorted(components)]}
-        offset, length, digest = self._put(canonical_json(directory))
-        return offset, length, bytes.fromhex(digest)
-
-
-class _ExtentWriter(_Writer):
-    """Appends aligned extents to an open file."""
-
-    def __init__(self, f: BinaryIO, end: int) -> None:
-        self.f = f
-        self.end = end
-        f.seek(end)
-
-    def _put(self, raw: bytes | memoryview) -> tuple[int, int, str]:
-        offset = _align(self.end)
-        self.f.write(bytes(offset - self.end))
-        self.f.write(raw)
-        self.end = offset + len(raw)
-        return offset, len(raw), hashlib.sha256(raw).hexdigest()
-
-
-def _collect(writer: _Writer, components: Iterable[tuple[str, str, Any]]) -> dict[str, Component]:
-    written: dict[str, Component] = {}
-    for name, kind, payload in components:
-        if name in written:
-            raise ValueError(f"component {name!r} given twice")
-        written[name] = writer.put(name, kind, payload)
-    return written
-
-
-def _fsync_directory(path: str) -> None:
-    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def create(path: str | os.PathLike[str], components: Iterable[tuple[str, str, Any]], *, required: int = FEATURE_BASE,
-           optional: int = 0) -> None:
-    """Write a brand-new file from (name, kind, payload) triples, consumed one at a time."""
-    path = os.fspath(path)
-    if not required & FEATURE_BASE:
-        raise ValueError("every runtime file requires FEATURE_BASE")
-    # Replacing a file in use would leave its device on an unlinked inode: refuse (FileLock).
-    existing = None
-    if os.path.exists(path):
-        existing = open(path, "rb")
-        try:
-            _lock_for_write(path, existing.fileno())
-        except BaseException:
-            existing.close()
-            raise
-    try:
-        _create(path, components, required, optional)
-    finally:
-        if existing is not None:
-            existing.close()
-
-
-def _create(path: str, components: Iterable[tuple[str, str, Any]], required: int, optional: int) -> None:
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(bytes(DATA_START))  # both slots; slot B stays zero (invalid) until the first append
-            writer = _ExtentWriter(f, DATA_START)
-            written = _collect(writer, components)
-            dir_offset, dir_length, dir_digest = writer.put_directory(written)
-            superblock = _Superblock(required, optional, os.urandom(16), 1, dir_offset, dir_length, dir_digest)
-            f.seek(SLOT_OFFSETS[0])
-            f.write(superblock.pack())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_directory(path)
-
-
-class _FreeSpace:
-    """Where an append may write: the aligned ranges of the data area that the current superblock
-    reaches through nothing — extents of superseded generations, the tail of an append that
-    crashed — up to the last byte it reaches, then everything after that byte (whatever the file
-    holds there is unreachable too). `take` is first fit, lowest offset first, so what a
-    generation supersedes is what the next ones fill, and the file grows only when nothing free
-    fits."""
-
-    def __init__(self, reachable: Iterable[tuple[int, int]]) -> None:
-        self.gaps: list[list[int]] = []  # [start, end) free ranges, ascending
-        at = DATA_START
-        for start, end in sorted(reachable):
-            if start > at:
-                self.gaps.append([at, start])
-            at = max(at, end)
-        self.end = at  # the last byte the current generation reaches: all after it is free
-
-    def take(self, length: int) -> int:
-        if length == 0:
-            return DATA_START  # an empty extent occupies nothing and always lies inside the file
-        for gap in self.gaps:
-            start = _align(gap[0])
-            if start + length <= gap[1]:
-                gap[0] = start + length
-                return start
-        offset = _align(self.end)
-        self.end = offset + length
-        return offset
-
-
-class _PlacedWriter(_Writer):
-    """Writes each extent in place at the offset `_FreeSpace` gives it."""
-
-    def __init__(self, out: RandomAccessFile, space: _FreeSpace) -> None:
-        self.out = out
-        self.space = space
-
-    def _put(self, raw: bytes | memoryview) -> tuple[int, int, str]:
-        offset = self.space.take(len(raw))
-        if len(raw):
-            self.out.pwrite(raw, offset)
-        return offset, len(raw), hashlib.sha256(raw).hexdigest()
-
-
-def append(path: str | os.PathLike[str], components: Iterable[tuple[str, str, Any]], *,
-           set_required: int = 0, drop: Iterable[str] = (), fs: FileLayer | None = None,
-           generation: int | None = None) -> int:
-    """Add components (replacing same-named ones), leave out those named in `drop`, and publish
-    the result in the other slot; returns the generation: the next one, or `generation` when
-    given (above the current one: a standby's copy catching up to its primary's file, which went
-    on through generations the copy never saw, docs/replication.md "Catch-up").
-
-    The new extents and directory go where the current generation reaches nothing (`_FreeSpace`):
-    the space its predecessors' superseded extents held, else after the last byte it reaches. Steps:
-    an fsync (the winner may be an append whose process died before its last fsync: it is made
-    durable before the space its predecessor needs as a fallback is written over), the writes, an
-    fsync, the other slot's superblock, an fsync. A crash before the last fsync completes leaves the
-    current generation the winner, whole (none of its bytes was written); after it, the new one.
-    `fs` is the file layer (tests inject crashes and power cuts)."""
-    path = os.fspath(path)
-    if set_required & ~KNOWN_REQUIRED:
-        raise ValueError(f"unknown required feature bits {set_required:#x}")
-    with open(path, "r+b") as f:
-        _lock_for_write(path, f.fileno())
-        with RuntimeFile.open(path, verify=False) as current:
-            entries, slot, superblock = dict(current.components), current.slot, current._superblock
-            reachable = [(c.offset, c.offset + c.length) for c in entries.values()]
-        if generation is None:
-            generation = superblock.generation + 1
-        elif generation <= superblock.generation:
-            raise ValueError(f"{path} is at generation {superblock.generation}: an append cannot make it {generation}")
-        reachable.append((superblock.directory_offset, superblock.directory_offset + superblock.directory_length))
-        for name in drop:
-            entries.pop(name, None)
-        out = (fs or OsFileLayer()).open_rw(path)
-        try:
-            out.fsync()
-            writer = _PlacedWriter(out, _FreeSpace(reachable))
-            entries.update(_collect(writer, components))
-            dir_offset, dir_length, dir_digest = writer.put_directory(entries)
-            out.fsync()  # the new extents are durable before any superblock names them
-            successor = replace(superblock, generation=generation,
-                                required_features=superblock.required_features | set_required,
-                                directory_offset=dir_offset, directory_length=dir_length,
-                                directory_sha256=dir_digest)
-            out.pwrite(successor.pack(), SLOT_OFFSETS[1 - slot])
-            out.fsync()
-        finally:
-            out.close()
-    return successor.generation

@@ -10,7 +10,8 @@ import pytest
 from gpu_worker.device import Device
 from gpu_worker.storage.filelayer import FaultyFileLayer
 from gpu_worker.contract.grantfile import Grants
-from gpu_worker.storage.journal import JournalIOError, list_segments
+from gpu_worker.storage.journal import list_segments
+from gpu_worker.storage.journal_writer import JournalIOError
 from gpu_worker.pack import pack_tiny
 from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.conftest import PYTHON, ROOT

@@ -9,7 +9,7 @@ import torch
 from tokenizers import Tokenizer
 
 from gpu_worker import pack
-from gpu_worker.storage import runtime_file
+from gpu_worker.storage import runtime_file, runtime_file_writer
 from gpu_worker.storage.runtime_file import (DEFAULT_CAPACITIES, FEATURE_BASE, FEATURE_SHARED, SLOT_OFFSETS, SUPERBLOCK,
                                      RuntimeFile, RuntimeFileError)
 from tests.conftest import flock_held_elsewhere
@@ -179,10 +179,10 @@ def test_enable_shared_appends_a_profile_and_reuses_every_extent(tiny):
         assert after.required_features == FEATURE_BASE | FEATURE_SHARED
         assert {name: after.components[name] for name in old} == old
         profile = after.components["shared_profile"]
-        assert profile.offset == runtime_file._align(size)
+        assert profile.offset == runtime_file_writer._align(size)
         assert after.shared_profile == runtime_file.DEFAULT_SHARED_PROFILE
     directory_offset, directory_length = winning_directory(tiny)
-    assert directory_offset == runtime_file._align(profile.offset + profile.length)
+    assert directory_offset == runtime_file_writer._align(profile.offset + profile.length)
     assert os.path.getsize(tiny) == directory_offset + directory_length
 
 

@@ -21,10 +21,13 @@ from gpu_worker.contract.wire import LENGTH, FrameReader, decode_payload, encode
 from gpu_worker.device import Device
 from gpu_worker.replication import DEAD_SECONDS, FAILOVER, read_frames
 from gpu_worker.replication.primary import SAVED_STATE, Shipper
-from gpu_worker.replication.standby import Follower as Applier
-from gpu_worker.replication.standby import Mirror, Standby, StandbyRefused, takeovers
-from gpu_worker.storage import runtime_file
-from gpu_worker.storage.journal import JournalLock, list_segments, segment_name
+from gpu_worker.replication.follower import Follower as Applier
+from gpu_worker.replication.marker import takeovers
+from gpu_worker.replication.mirror import Mirror
+from gpu_worker.replication.standby import Standby, StandbyRefused
+from gpu_worker.storage import runtime_file_writer
+from gpu_worker.storage.journal import list_segments, segment_name
+from gpu_worker.storage.journal_lock import JournalLock
 from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.conftest import wait_for
 from tests.gpu_worker.loop.test_server import LiveDevice, _exactly, call, gated_fold, register_all
@@ -608,7 +611,7 @@ def test_a_copy_ahead_by_a_failover_component_only_folds_nothing_at_a_takeover(t
     finally:
         primary.stop()
     generation = RuntimeFile.open(copy).generation
-    runtime_file.append(copy, [(FAILOVER, "bytes", msgpack.packb({"file_generation": generation + 1}))],
+    runtime_file_writer.append(copy, [(FAILOVER, "bytes", msgpack.packb({"file_generation": generation + 1}))],
                         generation=generation + 1)  # (as Standby._adopt appends it)
     device = follower.take_over()
     try:
@@ -803,7 +806,7 @@ def test_a_standby_behind_the_primarys_checkpoints_catches_up_from_its_file(tiny
     the primary's oldest segment (byte for byte the primary's), the tables are built again, and
     after a takeover every receipt reads back as the primary rendered it. A new standby made from
     the file as packed (generation 1) and an empty journal catches up the same way."""
-    from gpu_worker.replication.standby import read_mark
+    from gpu_worker.replication.marker import read_mark
     mine, copy, packed = copies(tiny_runtime, tmp_path, "p.aotxccir", "s.aotxccir", "n.aotxccir")
     primary = Primary(mine, tmp_path / "p", 36, sync=True).start()
     directory = str(tmp_path / "s" / "journal")
@@ -845,12 +848,12 @@ def test_a_standby_whose_copy_holds_another_profile_or_a_later_generation_is_ref
     """A catch-up replaces saved state only: a copy whose profile differs is refused (its device
     was built from it), and so is a copy past the primary's generation (it may hold a checkpoint
     of a tail the primary never had); neither copy is changed."""
-    from gpu_worker.storage import runtime_file
+    from gpu_worker.storage import runtime_file_writer
     mine, other, ahead = copies(tiny_runtime, tmp_path, "p.aotxccir", "o.aotxccir", "a.aotxccir")
     profile = RuntimeFile.open(other).json("runtime_profile")
-    runtime_file.append(other, [("runtime_profile", "json", {**profile, "min_free_disk_bytes": 1})])
+    runtime_file_writer.append(other, [("runtime_profile", "json", {**profile, "min_free_disk_bytes": 1})])
     for _ in range(3):
-        runtime_file.append(ahead, [("state/unrelated", "bytes", b"x")])
+        runtime_file_writer.append(ahead, [("state/unrelated", "bytes", b"x")])
     primary = Primary(mine, tmp_path / "p", 4, sync=False).start()
     try:
         register_all(primary, primary.principals, 2)
@@ -875,9 +878,9 @@ def test_a_catch_up_cut_short_refuses_a_takeover_and_is_done_again_on_the_next_l
     counts as acknowledged by the standby before its catch-up."""
     from gpu_worker.device import DeviceBootError
     from gpu_worker.replication import standby as standby_module
-    from gpu_worker.replication.standby import read_mark
+    from gpu_worker.replication.marker import read_mark
     mine, copy = copies(tiny_runtime, tmp_path, "p.aotxccir", "s.aotxccir")
-    real_append, failing, release = standby_module.runtime_file.append, threading.Event(), threading.Event()
+    real_append, failing, release = standby_module.runtime_file_writer.append, threading.Event(), threading.Event()
 
     def append(path, components, **options):
         if "generation" in options and not failing.is_set():  # (the catch-up's, the first time)
@@ -886,7 +889,7 @@ def test_a_catch_up_cut_short_refuses_a_takeover_and_is_done_again_on_the_next_l
             raise OSError(28, "No space left on device (injected)")
         return real_append(path, components, **options)
 
-    monkeypatch.setattr(standby_module.runtime_file, "append", append)
+    monkeypatch.setattr(standby_module.runtime_file_writer, "append", append)
     primary = Primary(mine, tmp_path / "p", 8, sync=True).start()
     directory = str(tmp_path / "s" / "journal")
     try:
@@ -1034,7 +1037,7 @@ class FakeLeadership:
 def test_a_standby_is_in_sync_only_once_it_holds_what_the_primary_had_saved(tiny_runtime, tmp_path, monkeypatch):
     """(1) The standby wrote "sync" into DIR/standby as the replication frame arrived, before the
     backlog it lacked: a replacement with an empty journal was promotable while it held nothing."""
-    from gpu_worker.replication.standby import read_mark
+    from gpu_worker.replication.marker import read_mark
     primary = Primary(tiny_runtime, tmp_path / "p", 12, sync=True, alone_after=0).start()  # saves alone at once
     follower = None
     try:
@@ -1063,7 +1066,7 @@ def test_a_standby_is_in_sync_only_once_it_holds_what_the_primary_had_saved(tiny
 
 def test_a_takeover_of_a_catching_up_journal_is_refused(tiny_runtime, tmp_path):
     from gpu_worker.device import DeviceBootError
-    from gpu_worker.replication.standby import write_marker
+    from gpu_worker.replication.marker import write_marker
     primary = Primary(tiny_runtime, tmp_path / "p", 4, sync=True).start()
     follower = Follower(primary.address, str(tmp_path / "s" / "journal"), tiny_runtime)
     try:
@@ -1139,7 +1142,7 @@ def test_a_primary_saves_alone_only_once_etcd_records_that_no_standby_may_take_o
 def test_a_standby_never_follows_an_older_leadership_and_a_primary_never_streams_to_a_newer_ones_standby(
         tiny_runtime, tmp_path):
     """(4) A standby accepted frames from any primary: a fenced old primary could still feed it."""
-    from gpu_worker.replication.standby import write_marker
+    from gpu_worker.replication.marker import write_marker
     primary = Primary(tiny_runtime, tmp_path / "p", 1, sync=True, leadership=FakeLeadership(3)).start()
     try:
         with socket.socket(socket.AF_UNIX) as sock:  # a standby that followed generation 5 says hello
@@ -1247,7 +1250,8 @@ def test_a_hello_is_checked_against_the_bytes_handed_to_the_disk_not_only_the_fi
     """(6) A tick still being written on a slow disk may already be acknowledged by the standby: its
     hello holds more of the segment than the file, which must not count as "not a copy"."""
     import hashlib
-    from gpu_worker.replication.primary import Link
+    from gpu_worker.replication.copies import not_a_copy, not_handed
+    from gpu_worker.replication.primary_link import Link
     primary = Primary(tiny_runtime, tmp_path / "p", 2, sync=False).start()
     a, b = socket.socketpair()
     try:
@@ -1256,14 +1260,15 @@ def test_a_hello_is_checked_against_the_bytes_handed_to_the_disk_not_only_the_fi
         data = open(os.path.join(primary.journal, segment_name(segment)), "rb").read()
         in_flight = b"the next tick, on its way to the disk"
         end = len(data) + len(in_flight)
+        journal = primary.shipper.journal_dir
         link = Link(primary.shipper, a, (segment, end))
-        assert primary.shipper._not_a_copy(link, segment, end, hashlib.sha256(data + in_flight).digest()) is None
+        assert not_a_copy(journal, link, segment, end, hashlib.sha256(data + in_flight).digest()) is None
         assert link.check is not None  # the rest is checked on the tick thread, with the ticks in flight
-        assert primary.shipper._not_handed(link.check, segment, [(len(data), in_flight)]) is None
+        assert not_handed(journal, link.check, segment, [(len(data), in_flight)]) is None
         other = Link(primary.shipper, b, (segment, end))
-        primary.shipper._not_a_copy(other, segment, end, hashlib.sha256(data + b"x" * len(in_flight)).digest())
-        assert "differ" in primary.shipper._not_handed(other.check, segment, [(len(data), in_flight)])
-        assert "handed" in primary.shipper._not_handed(other.check, segment, [])  # more than was handed: not a copy
+        not_a_copy(journal, other, segment, end, hashlib.sha256(data + b"x" * len(in_flight)).digest())
+        assert "differ" in not_handed(journal, other.check, segment, [(len(data), in_flight)])
+        assert "handed" in not_handed(journal, other.check, segment, [])  # more than was handed: not a copy
     finally:
         a.close()
         b.close()
@@ -1274,7 +1279,7 @@ def test_a_standby_whose_fdatasync_fails_stops_and_acknowledges_nothing_more(tin
     """(7) An fsync error was retried as a link error, and a later fdatasync could succeed and
     acknowledge bytes the kernel had dropped."""
     import errno
-    from gpu_worker.replication.standby import StandbyDiskError
+    from gpu_worker.replication.mirror import StandbyDiskError
     primary = Primary(tiny_runtime, tmp_path / "p", 4, sync=True).start()
     follower = Follower(primary.address, str(tmp_path / "s" / "journal"), tiny_runtime)
     try:

@@ -12,7 +12,7 @@ from drf_spectacular.views import SpectacularAPIView
 from rest_framework.views import APIView
 
 from shared_api import errors as api_errors
-from shared_api.routes import openapi
+from shared_api.routes.openapi import codes, markdown, operations
 from shared_api.routes import urls as shared_urls
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,7 +98,7 @@ def test_every_route_and_method_is_documented_and_nothing_else(schema):
         documented = {m for m in schema["paths"][path] if m in METHODS}
         assert documented == _methods(cls), path
     ids = [op["operationId"] for _, _, op in _operations(schema)]
-    assert len(ids) == len(set(ids)) == len(openapi.OPERATIONS)
+    assert len(ids) == len(set(ids)) == len(operations.OPERATIONS)
 
 
 def test_every_operation_documents_auth_errors_and_the_error_body(schema):
@@ -138,7 +138,7 @@ def test_every_operation_documents_auth_errors_and_the_error_body(schema):
             elif "application/json" not in responses["200"]["content"]:  # always a stream
                 assert {name for loc, name in params if loc == "query"} == {"offset"}, where
             else:  # a plain read: exactly the query parameters its table entry names (byte offset, version)
-                named = {name for name, _, _ in openapi.OPERATIONS[op["operationId"].replace("_", ".")]["query"]}
+                named = {name for name, _, _ in operations.OPERATIONS[op["operationId"].replace("_", ".")]["query"]}
                 assert {name for loc, name in params if loc == "query"} == named, where
         elif method == "put":  # a media upload: not a mutation with a receipt
             assert {200, 201, 400, 409, 413, 415, 429} <= statuses and "requestBody" not in op, where
@@ -201,18 +201,20 @@ def test_every_raised_error_code_is_documented_for_its_status(schema):
                 missing.append(f"{status} {code} ({where}): not in info.description")
         elif code not in by_status.get(status, ()):
             missing.append(f"{status} {code} ({where}): no operation documents it")
-    assert not missing, "undocumented error codes; add them to shared_api/routes/openapi.py:\n" + "\n".join(missing)
+    assert not missing, ("undocumented error codes; add them to shared_api/routes/openapi/ (codes.py, operations.py):\n"
+                         + "\n".join(missing))
 
 
 def test_every_documented_code_is_explained_once():
-    used = {code for key in openapi.OPERATIONS for codes in openapi.operation_errors(key).values() for code in codes}
-    assert used <= set(openapi.CODES)
-    assert set(openapi.CODES) - used == set(), "CODES lists a code no operation documents"
+    used = {code for key in operations.OPERATIONS for listed in operations.operation_errors(key).values()
+            for code in listed}
+    assert used <= set(codes.CODES)
+    assert set(codes.CODES) - used == set(), "CODES lists a code no operation documents"
 
 
 def test_docs_api_md_is_rendered_from_the_schema_table(schema):
     by_id = {op["operationId"]: (method.upper(), path) for path, method, op in _operations(schema)}
-    for key, spec in openapi.OPERATIONS.items():
-        assert by_id[key.replace(".", "_")] == (spec["method"], openapi.full_path(key)), key
+    for key, spec in operations.OPERATIONS.items():
+        assert by_id[key.replace(".", "_")] == (spec["method"], operations.full_path(key)), key
     text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
-    assert text == openapi.render_markdown(), "docs/api.md is stale; regenerate it (command at its top)"
+    assert text == markdown.render_markdown(), "docs/api.md is stale; regenerate it (command at its top)"

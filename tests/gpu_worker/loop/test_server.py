@@ -320,13 +320,13 @@ def test_a_checkpoint_that_fails_beside_the_ticks_loses_nothing_and_the_next_one
     runtime = str(tmp_path / "own.aotxccir")
     pack_tiny(runtime, shared=True)
     live = LiveDevice(runtime, tmp_path, 20).start()
-    real_append, failing = checkpoint_module.runtime_file.append, [True]
+    real_append, failing = checkpoint_module.runtime_file_writer.append, [True]
 
     def append(*args, **kwargs):
         if failing[0]:
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
         return real_append(*args, **kwargs)
-    monkeypatch.setattr(checkpoint_module.runtime_file, "append", append)
+    monkeypatch.setattr(checkpoint_module.runtime_file_writer, "append", append)
     frame = encode_frame({"v": 1, "id": 1, "op": "checkpoint", "principal": None, "args": {}})
     try:
         assert {r["status"] for r in register_all(live, live.principals[:10], 2).values()} == {202}

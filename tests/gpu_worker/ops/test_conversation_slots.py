@@ -15,7 +15,8 @@ import torch
 
 from gpu_worker.ops.kind import Kind
 from gpu_worker.state.tables import R
-from gpu_worker.storage.journal import TransferKind, recover
+from gpu_worker.storage.journal import TransferKind
+from gpu_worker.storage.journal_reader import recover
 from gpu_worker.storage.leases import decode as decode_lease
 from tests.gpu_worker.ops.test_inputs import EngineWorld, record_prompts, runtime  # noqa: F401 (fixture)
 

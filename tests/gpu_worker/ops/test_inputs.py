@@ -11,7 +11,8 @@ import pytest
 
 from gpu_worker import execution
 from gpu_worker.engine.engine import Engine
-from gpu_worker.storage.journal import TransferKind, recover
+from gpu_worker.storage.journal import TransferKind
+from gpu_worker.storage.journal_reader import recover
 from gpu_worker.storage.leases import decode as decode_lease
 from gpu_worker.pack import pack_tiny
 from gpu_worker.loop.runner import Runner

@@ -14,8 +14,9 @@ from gpu_worker.memory import render
 from gpu_worker.memory.rows import ROW
 from gpu_worker.memory import shared as memory_ops
 from gpu_worker.pack import pack_tiny
-from gpu_worker.storage.journal import Transfer, TransferKind, recover
-from gpu_worker.storage import leases, runtime_file
+from gpu_worker.storage.journal import Transfer, TransferKind
+from gpu_worker.storage.journal_reader import recover
+from gpu_worker.storage import leases, runtime_file_writer
 from gpu_worker.state.tables import R
 from tests.gpu_worker.ops.test_inputs import EngineWorld, running
 from tests.gpu_worker.ops.test_quotas import QuotaEngineWorld, refused
@@ -332,7 +333,7 @@ def test_recovery_keeps_the_recorded_mode_2_after_the_model_loses_its_qualificat
         d.close()  # gone before its completion or any interpretation record
         w.device = None
         unqualified = {**card, "capabilities": {**card["capabilities"], "automatic_memory": False}}
-        runtime_file.append(runtime, [("gen/card", "json", unqualified)])
+        runtime_file_writer.append(runtime, [("gen/card", "json", unqualified)])
         for recovery in ("journal", "checkpoint"):
             w.boot()
             w.attach()

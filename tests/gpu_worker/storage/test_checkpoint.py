@@ -13,7 +13,7 @@ import torch
 from gpu_worker.contract.grantfile import Grants
 from gpu_worker.device import Device
 from gpu_worker.pack import pack_tiny
-from gpu_worker.storage import runtime_file
+from gpu_worker.storage import runtime_file_writer
 from gpu_worker.storage.filelayer import Crash, FaultyFileLayer
 from gpu_worker.storage.runtime_file import ALIGN, DATA_START, RuntimeFile
 from tests.gpu_worker.ops.test_shared_state import World, code
@@ -151,7 +151,7 @@ def test_a_restore_that_lacks_a_sources_bytes_names_it_and_refuses_inputs_until_
     assert w.read("a", "media.put", sha256=sha, data=data, type="image")[0] == 201
     w.device.checkpoint()
     w.device.close()
-    runtime_file.append(w.runtime, [], drop=[f"media/{sha}"])  # as an older checkpoint wrote it
+    runtime_file_writer.append(w.runtime, [], drop=[f"media/{sha}"])  # as an older checkpoint wrote it
     w.journal = str(tmp_path / "restored-journal")
     w.write_grants()
     w.device = Device(RuntimeFile.open(w.runtime), w.journal, Grants(w.grants_path))

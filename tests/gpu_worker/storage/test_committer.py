@@ -6,7 +6,9 @@ import errno
 
 from gpu_worker.storage.committer import Batch, Committer
 from gpu_worker.storage.filelayer import OsFileLayer
-from gpu_worker.storage.journal import JournalWriter, TransferKind, recover
+from gpu_worker.storage.journal import TransferKind
+from gpu_worker.storage.journal_reader import recover
+from gpu_worker.storage.journal_writer import JournalWriter
 
 INCARNATION = b"\7" * 16
 

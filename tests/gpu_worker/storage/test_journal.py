@@ -16,7 +16,6 @@ from gpu_worker.storage.filelayer import FaultyAppendFile, FaultyFileLayer, OsFi
 from gpu_worker.storage.journal import (
     CLASS_A,
     MAX_DATA,
-    MAX_RECORDS_PER_TICK,
     PART_HEADER,
     PART_HEADER_SIZE,
     SEGMENT_HEADER,
@@ -24,19 +23,14 @@ from gpu_worker.storage.journal import (
     TYPE_SHARED,
     JournalCorrupt,
     JournalError,
-    JournalIOError,
-    JournalLock,
-    JournalLocked,
-    JournalWriter,
-    ReadAhead,
-    Tail,
     TransferKind,
     encode_segment_header,
-    encode_transfer,
     record_count,
-    recover,
     segment_name,
 )
+from gpu_worker.storage.journal_lock import JournalLock, JournalLocked
+from gpu_worker.storage.journal_reader import ReadAhead, Tail, recover
+from gpu_worker.storage.journal_writer import MAX_RECORDS_PER_TICK, JournalIOError, JournalWriter, encode_transfer
 
 from tests.conftest import ROOT
 
@@ -950,7 +944,7 @@ def test_a_second_lock_in_the_same_process_is_refused(tmp_path):
 def test_a_lock_held_by_another_process_is_refused_until_it_exits(tmp_path):
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys; from gpu_worker.storage.journal import JournalLock\n"
+         "import sys; from gpu_worker.storage.journal_lock import JournalLock\n"
          f"lock = JournalLock({str(tmp_path)!r}); print('locked', flush=True); sys.stdin.read()"],
         cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
@@ -969,7 +963,7 @@ def test_a_lock_held_here_is_refused_to_another_process(tmp_path):
     with JournalLock(str(tmp_path)):
         child = subprocess.run(
             [sys.executable, "-c",
-             "from gpu_worker.storage.journal import JournalLock, JournalLocked\n"
+             "from gpu_worker.storage.journal_lock import JournalLock, JournalLocked\n"
              f"try:\n    JournalLock({str(tmp_path)!r})\nexcept JournalLocked as e:\n"
              "    print(e)\n    raise SystemExit(3)"],
             cwd=REPO, capture_output=True, text=True, timeout=60,
@@ -1020,11 +1014,11 @@ def test_a_tail_reads_a_growing_copy_exactly_as_recovery_reads_the_whole(tmp_pat
 def test_the_native_reader_reads_exactly_what_the_python_reader_does(tmp_path_factory, monkeypatch, sizes, roll,
                                                                      damage, cut, after, seed):
     """Recovery reads whole, intact transfers natively and hands anything else to the Python
-    reader (storage/journal.py `_whole_transfers`): on any journal — damaged bytes, a cut end,
+    reader (storage/journal_reader.py `_whole_transfers`): on any journal — damaged bytes, a cut end,
     transfers a checkpoint holds — what is read, or the corruption named, is the same without it,
     and the same read ahead on a thread in pieces (ReadAhead: the native reader stops after each
     piece's transfers and goes on from there)."""
-    from gpu_worker.storage import journal
+    from gpu_worker.storage import journal_reader
     directory = tmp_path_factory.mktemp("j")
     fs = OsFileLayer()
     writer = open_writer(directory, fs)
@@ -1064,8 +1058,8 @@ def test_the_native_reader_reads_exactly_what_the_python_reader_does(tmp_path_fa
             found.durable_bytes
 
     native = outcome()
-    monkeypatch.setattr(journal, "READ_PIECE", 2)
+    monkeypatch.setattr(journal_reader, "READ_PIECE", 2)
     assert read_ahead() == native
-    monkeypatch.setattr(journal, "_whole", lambda data, pos, *_: ([], pos, 0))
+    monkeypatch.setattr(journal_reader, "_whole", lambda data, pos, *_: ([], pos, 0))
     assert outcome() == native
     assert read_ahead() == native

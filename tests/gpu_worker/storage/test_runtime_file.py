@@ -5,10 +5,11 @@ import os
 import pytest
 import torch
 
-from gpu_worker.storage import runtime_file
+from gpu_worker.storage import runtime_file, runtime_file_lock, runtime_file_writer
 from gpu_worker.storage.filelayer import Crash, FaultyFileLayer
 from gpu_worker.storage.runtime_file import (ALIGN, DATA_START, FEATURE_BASE, FEATURE_SHARED, SLOT_OFFSETS, SLOT_SIZE,
-                                     SUPERBLOCK, RuntimeFile, RuntimeFileError, RuntimeFileLocked)
+                                     SUPERBLOCK, RuntimeFile, RuntimeFileError)
+from gpu_worker.storage.runtime_file_lock import RuntimeFileLocked
 from tests.conftest import flock_held_elsewhere
 
 
@@ -28,7 +29,7 @@ def components():
 @pytest.fixture
 def path(tmp_path):
     path = tmp_path / "r.aotxccir"
-    runtime_file.create(path, components())
+    runtime_file_writer.create(path, components())
     return path
 
 
@@ -53,10 +54,10 @@ def test_superblock_layout_has_the_documented_offsets():
 
 
 def test_superblock_round_trips_and_fills_its_slot():
-    superblock = runtime_file._Superblock(FEATURE_BASE, 0, bytes(range(16)), 7, 8192, 100, b"d" * 32)
+    superblock = runtime_file.Superblock(FEATURE_BASE, 0, bytes(range(16)), 7, 8192, 100, b"d" * 32)
     raw = superblock.pack()
     assert len(raw) == SLOT_SIZE and raw[SUPERBLOCK.size:] == bytes(SLOT_SIZE - SUPERBLOCK.size)
-    assert runtime_file._Superblock.unpack(raw) == superblock
+    assert runtime_file.Superblock.unpack(raw) == superblock
     assert hashlib.sha256(raw[:104]).digest() == raw[104:136]
 
 
@@ -92,16 +93,16 @@ def test_a_new_file_has_generation_1_in_slot_a_and_an_empty_slot_b(path):
 
 
 def test_each_new_file_gets_a_fresh_incarnation(tmp_path):
-    runtime_file.create(tmp_path / "a", components())
-    runtime_file.create(tmp_path / "b", components())
+    runtime_file_writer.create(tmp_path / "a", components())
+    runtime_file_writer.create(tmp_path / "b", components())
     assert slot_fields(tmp_path / "a", 0)[5] != slot_fields(tmp_path / "b", 0)[5]
 
 
 def test_append_writes_the_other_slot_with_the_next_generation(path):
     incarnation = slot_fields(path, 0)[5]
-    assert runtime_file.append(path, [("extra", "text", "one")]) == 2
+    assert runtime_file_writer.append(path, [("extra", "text", "one")]) == 2
     assert slot_fields(path, 1)[6] == 2 and slot_fields(path, 0)[6] == 1
-    assert runtime_file.append(path, [("extra", "text", "two")]) == 3
+    assert runtime_file_writer.append(path, [("extra", "text", "two")]) == 3
     assert slot_fields(path, 0)[6] == 3 and slot_fields(path, 1)[6] == 2
     with RuntimeFile.open(path) as runtime:
         assert (runtime.slot, runtime.generation, runtime.incarnation) == (0, 3, incarnation)
@@ -112,7 +113,7 @@ def test_append_reuses_existing_extents_and_replaces_same_named_components(path)
     with RuntimeFile.open(path) as before:
         old = dict(before.components)
     size = os.path.getsize(path)
-    runtime_file.append(path, [("gen/card", "json", {"name": "y"}), ("new", "bytes", b"z")])
+    runtime_file_writer.append(path, [("gen/card", "json", {"name": "y"}), ("new", "bytes", b"z")])
     with RuntimeFile.open(path) as after:
         assert after.json("gen/card") == {"name": "y"}
         assert after.components["gen/card"].offset >= size
@@ -124,41 +125,41 @@ def test_append_reuses_existing_extents_and_replaces_same_named_components(path)
 
 
 def test_append_sets_required_bits(path):
-    runtime_file.append(path, [("shared_profile", "json", {})], set_required=FEATURE_SHARED)
+    runtime_file_writer.append(path, [("shared_profile", "json", {})], set_required=FEATURE_SHARED)
     with RuntimeFile.open(path) as runtime:
         assert runtime.required_features == FEATURE_BASE | FEATURE_SHARED
 
 
 def test_append_refuses_unknown_required_bits(path):
     with pytest.raises(ValueError):
-        runtime_file.append(path, [], set_required=1 << 5)
+        runtime_file_writer.append(path, [], set_required=1 << 5)
 
 
 def test_append_refuses_while_another_writer_holds_the_file(path):
     with open(path, "rb") as other:
         fcntl.flock(other.fileno(), fcntl.LOCK_EX)
         with pytest.raises(RuntimeFileLocked, match="in use by another process"):
-            runtime_file.append(path, [("x", "text", "y")])
+            runtime_file_writer.append(path, [("x", "text", "y")])
 
 
 def test_a_second_file_lock_refuses_in_one_line_naming_the_holder(path):
-    with runtime_file.FileLock(path):
+    with runtime_file_lock.FileLock(path):
         with pytest.raises(RuntimeFileLocked) as error:
-            runtime_file.FileLock(path)  # flock is per open file description: even in one process
+            runtime_file_lock.FileLock(path)  # flock is per open file description: even in one process
         assert str(error.value) == (f"runtime file {path} is in use by another process (pid {os.getpid()}: a device "
                                     "serving it, a pack or a checkpoint); stop it first")
-    runtime_file.FileLock(path).release()  # released: free again
+    runtime_file_lock.FileLock(path).release()  # released: free again
 
 
 def test_the_lock_holder_appends_under_its_lock_and_others_refuse(path):
     """A running device holds its file's lock for its life and still checkpoints into it."""
-    with runtime_file.FileLock(path):
-        assert runtime_file.append(path, [("x", "text", "y")]) == 2
+    with runtime_file_lock.FileLock(path):
+        assert runtime_file_writer.append(path, [("x", "text", "y")]) == 2
     with flock_held_elsewhere(path) as pid:
         with pytest.raises(RuntimeFileLocked, match=f"in use by another process \\(pid {pid}"):
-            runtime_file.append(path, [("x", "text", "z")])
+            runtime_file_writer.append(path, [("x", "text", "z")])
         with pytest.raises(RuntimeFileLocked, match=f"in use by another process \\(pid {pid}"):
-            runtime_file.FileLock(path)
+            runtime_file_lock.FileLock(path)
     with RuntimeFile.open(path) as runtime:
         assert runtime.generation == 2 and runtime.text("x") == "y"
 
@@ -167,15 +168,15 @@ def test_create_refuses_to_replace_a_file_in_use(path):
     before = open(path, "rb").read()
     with flock_held_elsewhere(path):
         with pytest.raises(RuntimeFileLocked):
-            runtime_file.create(path, components())
+            runtime_file_writer.create(path, components())
     assert open(path, "rb").read() == before and not os.path.exists(f"{path}.tmp")
-    with runtime_file.FileLock(path):  # its holder may replace it
-        runtime_file.create(path, components())
+    with runtime_file_lock.FileLock(path):  # its holder may replace it
+        runtime_file_writer.create(path, components())
     assert open(path, "rb").read() != before
 
 
 def test_it_falls_back_to_the_older_slot_when_the_newer_checksum_is_corrupt(path):
-    runtime_file.append(path, [("gen/card", "json", {"name": "new"})])
+    runtime_file_writer.append(path, [("gen/card", "json", {"name": "new"})])
     corrupt(path, SLOT_OFFSETS[1] + runtime_file.CHECKSUM_OFFSET)
     with RuntimeFile.open(path) as runtime:
         assert (runtime.slot, runtime.generation) == (0, 1)
@@ -183,7 +184,7 @@ def test_it_falls_back_to_the_older_slot_when_the_newer_checksum_is_corrupt(path
 
 
 def test_it_falls_back_when_the_newer_directory_does_not_match_its_digest(path):
-    runtime_file.append(path, [("gen/card", "json", {"name": "new"})])
+    runtime_file_writer.append(path, [("gen/card", "json", {"name": "new"})])
     directory_offset = slot_fields(path, 1)[7]
     corrupt(path, directory_offset + 3)
     with RuntimeFile.open(path) as runtime:
@@ -191,7 +192,7 @@ def test_it_falls_back_when_the_newer_directory_does_not_match_its_digest(path):
 
 
 def test_it_refuses_a_file_without_a_valid_superblock(path):
-    runtime_file.append(path, [("extra", "text", "one")])
+    runtime_file_writer.append(path, [("extra", "text", "one")])
     corrupt(path, SLOT_OFFSETS[0] + 20)
     corrupt(path, SLOT_OFFSETS[1])
     with pytest.raises(RuntimeFileError, match="no valid superblock") as error:
@@ -220,13 +221,13 @@ def test_it_names_the_component_whose_extent_is_corrupt(path):
 def test_an_older_reader_refuses_a_required_shared_file(path):
     with RuntimeFile.open(path, known_required=FEATURE_BASE) as runtime:
         assert runtime.required_features == FEATURE_BASE
-    runtime_file.append(path, [("shared_profile", "json", {})], set_required=FEATURE_SHARED)
+    runtime_file_writer.append(path, [("shared_profile", "json", {})], set_required=FEATURE_SHARED)
     with pytest.raises(RuntimeFileError, match=r"requires feature bits 0x2 \(shared\) unknown to this reader"):
         RuntimeFile.open(path, known_required=FEATURE_BASE)
 
 
 def test_optional_bits_do_not_stop_a_reader(tmp_path):
-    runtime_file.create(tmp_path / "o", components(), optional=1 << 40)
+    runtime_file_writer.create(tmp_path / "o", components(), optional=1 << 40)
     with RuntimeFile.open(tmp_path / "o") as runtime:
         assert runtime.optional_features == 1 << 40
 
@@ -257,9 +258,9 @@ def test_names_has_and_kind_checks(path):
 
 
 def test_model_digest_covers_names_and_contents_not_positions(tmp_path):
-    runtime_file.create(tmp_path / "a", components())
-    runtime_file.create(tmp_path / "b", [("padding", "bytes", b"p" * 10000)] + components()[::-1])
-    runtime_file.create(tmp_path / "c", [("gen/card", "json", {"name": "other"})] + components()[3:])
+    runtime_file_writer.create(tmp_path / "a", components())
+    runtime_file_writer.create(tmp_path / "b", [("padding", "bytes", b"p" * 10000)] + components()[::-1])
+    runtime_file_writer.create(tmp_path / "c", [("gen/card", "json", {"name": "other"})] + components()[3:])
     with RuntimeFile.open(tmp_path / "a") as a, RuntimeFile.open(tmp_path / "b") as b, \
             RuntimeFile.open(tmp_path / "c") as c:
         assert a.components["gen/card"].offset != b.components["gen/card"].offset
@@ -271,17 +272,17 @@ def test_model_digest_covers_names_and_contents_not_positions(tmp_path):
 
 def test_create_refuses_duplicates_and_leaves_nothing_behind(tmp_path):
     with pytest.raises(ValueError, match="given twice"):
-        runtime_file.create(tmp_path / "d", components() + [("blob", "bytes", b"")])
+        runtime_file_writer.create(tmp_path / "d", components() + [("blob", "bytes", b"")])
     assert list(tmp_path.iterdir()) == []
 
 
 def test_create_refuses_unstorable_payloads(tmp_path):
     with pytest.raises(ValueError, match="not storable"):
-        runtime_file.create(tmp_path / "d", [("x", "tensor", torch.zeros(2, dtype=torch.int32))])
+        runtime_file_writer.create(tmp_path / "d", [("x", "tensor", torch.zeros(2, dtype=torch.int32))])
     with pytest.raises(ValueError, match="unknown kind"):
-        runtime_file.create(tmp_path / "d", [("x", "pickle", b"")])
+        runtime_file_writer.create(tmp_path / "d", [("x", "pickle", b"")])
     with pytest.raises(ValueError, match="FEATURE_BASE"):
-        runtime_file.create(tmp_path / "d", [], required=FEATURE_SHARED)
+        runtime_file_writer.create(tmp_path / "d", [], required=FEATURE_SHARED)
 
 
 def test_profiles_and_bootability_checks(path):
@@ -305,7 +306,7 @@ def test_appends_reuse_superseded_extents_so_a_replaced_state_stops_growing_the_
     generation superseded, and the size stays put."""
     sizes = []
     for i in range(20):
-        runtime_file.append(path, [("state/current", "bytes", bytes([i]) * 20000)])
+        runtime_file_writer.append(path, [("state/current", "bytes", bytes([i]) * 20000)])
         sizes.append(os.path.getsize(path))
         assert contents(path)[1]["state/current"] == bytes([i]) * 20000
     assert len(set(sizes[4:])) == 1, sizes
@@ -317,7 +318,7 @@ def test_the_previous_generation_stays_whole_while_superseded_space_is_reused(pa
     reader falls back to it, every extent checked, if the new superblock is damaged."""
     for i in range(8):
         previous = contents(path)
-        runtime_file.append(path, [("state/current", "bytes", bytes([i]) * (5000 + 3000 * (i % 3))),
+        runtime_file_writer.append(path, [("state/current", "bytes", bytes([i]) * (5000 + 3000 * (i % 3))),
                                    (f"audit/{i:08d}", "bytes", bytes([i]) * 100)], drop=["blob"])
         backup = path.read_bytes()
         with RuntimeFile.open(path) as runtime:
@@ -328,7 +329,7 @@ def test_the_previous_generation_stays_whole_while_superseded_space_is_reused(pa
 
 
 def test_drop_leaves_a_component_out_of_the_next_generation(path):
-    runtime_file.append(path, [("extra", "text", "x")], drop=["blob", "not-there"])
+    runtime_file_writer.append(path, [("extra", "text", "x")], drop=["blob", "not-there"])
     _, names = contents(path)
     assert "blob" not in names and names["extra"] == b"x" and "gen/card" in names
 
@@ -341,15 +342,15 @@ def test_an_append_interrupted_at_every_write_and_sync_leaves_one_whole_generati
     overwritten; prefix: the first writes kept). The file opens, every extent checked, as exactly
     the old generation or exactly the new one, and the next append goes on from there."""
     path = tmp_path / "r.aotxccir"
-    runtime_file.create(path, components())
+    runtime_file_writer.create(path, components())
     for i in range(3):  # earlier generations: superseded extents for this append to reuse
-        runtime_file.append(path, [("state/current", "bytes", bytes([i]) * 9000),
+        runtime_file_writer.append(path, [("state/current", "bytes", bytes([i]) * 9000),
                                    (f"audit/{i:08d}", "bytes", bytes([i]) * 50)])
     before = path.read_bytes()
     old = contents(path)
     change = [("state/current", "bytes", b"new!" * 2500), ("audit/00000003", "bytes", b"y" * 60)]
     probe = FaultyFileLayer()
-    runtime_file.append(path, change, drop=["blob"], fs=probe)
+    runtime_file_writer.append(path, change, drop=["blob"], fs=probe)
     new = contents(path)
     assert new[0] == old[0] + 1 and probe.steps >= 5  # the writes, an fsync, the superblock, an fsync
     outcomes = set()
@@ -358,12 +359,12 @@ def test_an_append_interrupted_at_every_write_and_sync_leaves_one_whole_generati
         fs = FaultyFileLayer(seed=step)
         fs.crash_at(step, torn=torn)
         with pytest.raises(Crash):
-            runtime_file.append(path, change, drop=["blob"], fs=fs)
+            runtime_file_writer.append(path, change, drop=["blob"], fs=fs)
         fs.lose_unsynced(mode)
         after = contents(path)
         assert after in (old, new), f"step {step}"
         outcomes.add(after[0])
-        runtime_file.append(path, [("after", "text", f"{step}")])
+        runtime_file_writer.append(path, [("after", "text", f"{step}")])
         assert contents(path)[1]["after"] == str(step).encode()
     assert old[0] in outcomes
 
@@ -375,25 +376,25 @@ def test_an_append_after_one_that_died_before_its_last_sync_makes_that_generatio
     append writes over what that winner supersedes — its predecessor, still the fallback on disk —
     so it syncs first: a power cut at any later point leaves a whole generation."""
     path = tmp_path / "r.aotxccir"
-    runtime_file.create(path, components())
-    runtime_file.append(path, [("state/current", "bytes", b"a" * 9000)])
+    runtime_file_writer.create(path, components())
+    runtime_file_writer.append(path, [("state/current", "bytes", b"a" * 9000)])
     base = path.read_bytes()
     first = [("state/current", "bytes", b"b" * 9000)]
     second = [("state/current", "bytes", b"c" * 9000)]
     probe = FaultyFileLayer()
-    runtime_file.append(path, first, fs=probe)
-    runtime_file.append(path, second, fs=probe)
+    runtime_file_writer.append(path, first, fs=probe)
+    runtime_file_writer.append(path, second, fs=probe)
     steps = probe.steps // 2
     for step in range(steps):
         path.write_bytes(base)
         fs = FaultyFileLayer(seed=step)
         fs.crash_at(steps - 1)  # the first append's last fsync: its superblock is written, not synced
         with pytest.raises(Crash):
-            runtime_file.append(path, first, fs=fs)
+            runtime_file_writer.append(path, first, fs=fs)
         dead = contents(path)  # what the cache shows the next process: the first append's generation
         fs.crash_at(step)
         with pytest.raises(Crash):
-            runtime_file.append(path, second, fs=fs)
+            runtime_file_writer.append(path, second, fs=fs)
         fs.lose_unsynced(mode)
         generation, names = contents(path)
         whole = {b"a" * 9000, b"b" * 9000}
@@ -406,12 +407,12 @@ def test_an_append_after_one_that_died_before_its_last_sync_makes_that_generatio
 
 def test_an_append_may_jump_to_a_later_generation_only(tmp_path):
     path = str(tmp_path / "f.aotxccir")
-    runtime_file.create(path, [("a", "bytes", b"1")])
-    assert runtime_file.append(path, [("b", "bytes", b"2")], generation=7) == 7
+    runtime_file_writer.create(path, [("a", "bytes", b"1")])
+    assert runtime_file_writer.append(path, [("b", "bytes", b"2")], generation=7) == 7
     with runtime_file.RuntimeFile.open(path) as f:
         assert f.generation == 7 and bytes(f.bytes("b")) == b"2"
     for generation in (7, 3):
         with pytest.raises(ValueError, match="cannot make it"):
-            runtime_file.append(path, [("c", "bytes", b"3")], generation=generation)
-    assert runtime_file.append(path, [("c", "bytes", b"3")]) == 8
+            runtime_file_writer.append(path, [("c", "bytes", b"3")], generation=generation)
+    assert runtime_file_writer.append(path, [("c", "bytes", b"3")]) == 8
 

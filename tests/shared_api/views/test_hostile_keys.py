@@ -9,7 +9,8 @@ import string
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared_api.routes.openapi import OPERATIONS, SCHEMAS, full_path
+from shared_api.routes.openapi.operations import OPERATIONS, full_path
+from shared_api.routes.openapi.schemas import SCHEMAS
 
 from .conftest import (BASE, assert_error, conversation_id, envelope, operation_id, participant_id,
                        space_id)
