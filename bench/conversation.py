@@ -11,15 +11,18 @@ greedily. The same token ids go to three systems, turn by turn:
 - reuse: the engine with its prefix cache (gpu_worker/engine/block_manager.py): turn k prefills
   only what is not in cached full pages of turn k-1;
 - cold: the same engine with `prefix_cache=False`, which prefills the whole history every turn;
-- http: the engine with its prefix cache behind EngineServer, a loopback HTTP server speaking
-  llama-server's /completion protocol (token ids in, one server-sent event per token out), so
-  that it and llama-server are timed through the same client, transport and protocol;
+- product: the service itself (gateway and device, booted on the same runtime file): each turn an
+  input POSTed to the conversation and its output read from the operation's event stream, as a
+  client of the API would (the device builds the prompt from the conversation's history, with its
+  template and memory context `plain`, so its prompt is the history plus what memory recall adds,
+  and it stops at the end-of-sequence token: the run prints the output token counts);
 - llama-server (when --llama-server names a binary: built from the llama-cpp-python sdist's
   vendored source, see docs/performance.md), on the same GGUF, 2 threads, its own prompt cache
   (`cache_prompt`), one slot per conversation, token ids sent as the prompt, streamed.
 
 The in-process columns show the engine without any transport; the comparison with llama-server
-is the http columns'.
+is the product columns' (llama-server gets the engine's chat-template prompts of the same
+messages, without recalled memory: no more work than the product does).
 
 With --conversations 8 the eight conversations' turn k are submitted together (the engine batches
 them; llama-server gets them concurrently). Reported per turn: time to first token (mean over the
@@ -32,13 +35,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)  # not bench/: bench/http.py would shadow the standard library http
 
 import argparse  # noqa: E402
-import http.server  # noqa: E402
-import itertools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import queue  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
+import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 import urllib.request  # noqa: E402
@@ -149,101 +150,61 @@ def llama_turns(binary: str, gguf: str, histories_prompts: list, new_tokens: int
         server.wait(30)
 
 
-class EngineServer:
-    """The engine behind the protocol llama-server's /completion speaks (token ids in, one
-    server-sent event per token out, with the token's text), on loopback, so that ours pays what
-    llama-server pays: a socket, a request to parse and an event to write per token. A thread of
-    its own steps the engine (as the device's engine thread does); a request's handler thread hands
-    it the prompt and writes each token as the engine gives it (a queue per request: the waker is
-    its put, bounded by the handler's timeout)."""
+def product_turns(runtime_path: str, conversations: int, turns: int, new_tokens: int) -> tuple[list, list]:
+    """Per turn: (mean time to first token, time to last token) in ms, through the product: the
+    service booted on the runtime (tests.harness.Stack: `python -m gpu_worker boot` behind
+    `manage.py serve`), one SDK client per conversation, each turn an input POSTed to its
+    conversation (greedy, --new-tokens at most, memory context `plain`) and its output read from
+    the operation's event stream: the first output event is the first token, the terminal event
+    the last. Every conversation's turn is sent at once. Also every turn's output token counts
+    (the device stops at the end-of-sequence token: a turn may answer fewer)."""
+    from aotx_client import Client
+    from tests.harness import Stack
+    with tempfile.TemporaryDirectory(prefix="bench-conversation-") as base:
+        stack = Stack(base, runtime_path)
+        tokens = [stack.principal(f"conversation-{c}") for c in range(conversations)]
+        stack.boot_device()
+        stack.serve()
+        url = f"http://127.0.0.1:{stack.port}"
+        clients = [Client(url, token, timeout=600) for token in tokens]
+        try:
+            model = clients[0].capabilities()["models"][0]["name"]
+            rooms = []
+            for aotx in clients:
+                aotx.register()
+                rooms.append(aotx.create_conversation(aotx.create_space()["target"])["target"])
+            timings, counts = [], []
+            for turn in range(turns):
+                firsts: list = [None] * conversations
+                lasts: list = [None] * conversations
+                made: list = [0] * conversations
+                started = time.perf_counter()
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.inbox: list[tuple[object, int, list, int, queue.Queue]] = []
-        self.ready = threading.Condition()
-        self.streams: dict[object, queue.Queue] = {}
-        self.stopping = False
-        self.ids = itertools.count()
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_GET(self) -> None:  # /health
-                self.send_response(200)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def do_POST(self) -> None:  # /completion
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                tokens: queue.Queue = queue.Queue()
-                with server.ready:
-                    # the conversation's slot is its tenant, as a principal is the device's: the
-                    # prefix cache shares pages only within one tenant
-                    server.inbox.append((next(server.ids), body["id_slot"], body["prompt"], body["n_predict"], tokens))
-                    server.ready.notify()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                while (event := tokens.get(timeout=600)) is not None:
-                    token, text = event
-                    self.wfile.write(b"data: " + json.dumps({"content": text.decode("utf-8", "replace"),
-                                                             "tokens": [token], "stop": False}).encode() + b"\n\n")
-                    self.wfile.flush()
-
-        self.http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.http.server_address[1]
-        self.threads = [threading.Thread(target=self.http.serve_forever, daemon=True),
-                        threading.Thread(target=self.step, daemon=True)]
-        for thread in self.threads:
-            thread.start()
-
-    def step(self) -> None:
-        engine = self.engine
-        while True:
-            with self.ready:
-                while not self.inbox and not engine.has_work and not self.stopping:
-                    self.ready.wait()
-                if self.stopping:
-                    return
-                arrived, self.inbox = self.inbox, []
-            for request_id, slot, prompt, n, tokens in arrived:
-                self.streams[request_id] = tokens
-                engine.submit(request_id, prompt, max_new_tokens=n, ignore_eos=True, tenant=slot)
-            if engine.has_work:
-                for request_id, token, released, reason, _ in engine.step():
-                    tokens = self.streams[request_id]
-                    tokens.put((token, released))
-                    if reason is not None:
-                        tokens.put(None)
-                        del self.streams[request_id]
-
-    def close(self) -> None:
-        with self.ready:
-            self.stopping = True
-            self.ready.notify()
-        self.http.shutdown()
-        self.http.server_close()
-        for thread in self.threads:
-            thread.join(30)
-
-
-def served_turns(runtime: RuntimeFile, histories_prompts: list, new_tokens: int, conversations: int) -> list:
-    """The engine with its prefix cache behind EngineServer, on the same prompts as llama-server."""
-    engine = Engine(runtime, prefix_cache=True)
-    engine_turns(engine, 1, 1, 2)  # warm-up, as the in-process runs have, then a clean cache
-    engine.block_manager.clear_cache()
-    server = EngineServer(engine)
-    try:
-        wait_for(server.port, "the engine's server")
-        return http_turns(server.port, histories_prompts, new_tokens, conversations)
-    finally:
-        server.close()
+                def run(c: int) -> None:
+                    aotx = clients[c]
+                    op = aotx.submit_input(rooms[c], user_message(turn + c), model=model,
+                                           max_output_tokens=new_tokens, temperature=0, context="plain")["operation"]
+                    for event in aotx.output(op):
+                        if event.event == "terminal":
+                            lasts[c] = time.perf_counter()
+                        elif firsts[c] is None:
+                            firsts[c] = time.perf_counter()
+                    made[c] = int(aotx.wait(op)["result"]["output_tokens"] or 0)
+                threads = [threading.Thread(target=run, args=(c,)) for c in range(conversations)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                if None in firsts or None in lasts:
+                    raise RuntimeError(f"turn {turn + 1}: an input answered no output")
+                timings.append((sum(f - started for f in firsts) / conversations * 1000,
+                                (max(lasts) - started) * 1000))
+                counts.append(made)
+            return timings, counts
+        finally:
+            for aotx in clients:
+                aotx.close()
+            stack.stop()
 
 
 def prompts_of(engine: Engine, outputs: list, conversations: int, turns: int) -> list:
@@ -280,20 +241,21 @@ def main() -> None:
         plain, plain_out = engine_turns(cold, conversations, args.turns, args.new_tokens)
         same = reuse_out == plain_out
         prompts = prompts_of(warm, reuse_out, conversations, args.turns)
-        served = served_turns(runtime, prompts, args.new_tokens, conversations)
+        served, made = product_turns(args.runtime, conversations, args.turns, args.new_tokens)
         llama = None
         if args.llama_server and os.path.exists(args.llama_server):
             print(f"llama-server: {describe(args.llama_server)}", flush=True)
             llama = llama_turns(args.llama_server, gguf, prompts, args.new_tokens, conversations)
         print(f"\n{conversations} conversation(s), {args.turns} turns, {args.new_tokens} new tokens each; "
               f"greedy tokens with reuse == without: {same}")
-        print("in process: the engine stepped by the bench; over HTTP: the engine with reuse behind EngineServer "
-              "and llama-server, the same client and protocol")
-        head = "turn  reuse ttft  cold ttft  reuse total  cold total  http ttft  http total"
+        print("in process: the engine stepped by the bench; product: an input POSTed through the gateway to the "
+              "device and its output event stream; llama-server: its /completion, streamed")
+        print(f"output tokens through the product, per turn: {made}")
+        head = "turn  reuse ttft  cold ttft  reuse total  cold total  product ttft  product total"
         print(head + ("  llama ttft  llama total" if llama else ""))
         for turn in range(args.turns):
             line = (f"{turn + 1:4d}  {reuse[turn][0]:10.1f}  {plain[turn][0]:9.1f}  {reuse[turn][1]:11.1f}  "
-                    f"{plain[turn][1]:10.1f}  {served[turn][0]:9.1f}  {served[turn][1]:10.1f}")
+                    f"{plain[turn][1]:10.1f}  {served[turn][0]:12.1f}  {served[turn][1]:13.1f}")
             if llama:
                 line += f"  {llama[turn][0]:10.1f}  {llama[turn][1]:11.1f}"
             print(line)
@@ -301,7 +263,7 @@ def main() -> None:
         summary = (f"turn {args.turns}: time to first token {plain[last][0] / reuse[last][0]:.2f}x better with reuse "
                    f"than without (in process)")
         if llama:
-            summary += (f"; over HTTP, llama-server's time to first token / ours {llama[last][0] / served[last][0]:.2f}, "
+            summary += (f"; llama-server's time to first token / the product's {llama[last][0] / served[last][0]:.2f}, "
                         f"its time to the last token / ours {llama[last][1] / served[last][1]:.2f} "
                         "(above 1: ours is faster)")
         print(summary)

@@ -11,8 +11,10 @@ local PostgreSQL. Each client is one principal that registers first; the mutatio
 
 fastapi: bench/fastapi_baseline (FastAPI + asyncpg on granian's ASGI, same worker count): the same
 envelope parsing, a sha256 token lookup, an insert unique by (lineage, sequence) with the RFC 8785
-canonical bytes, synchronously committed on the local PostgreSQL (database `test`); exact retry
-200, changed bytes 409 (checked after the run); the read is its stored receipt by operation ID.
+canonical bytes, synchronously committed on the local PostgreSQL (database `test`; the run prints
+its `fsync` and `synchronous_commit` settings); principals cached for 5 s in each worker, as the
+gateway caches them; exact retry 200, changed bytes 409 (checked after the run); the read is its
+stored receipt by operation ID.
 
 ceiling: bench/ceiling.py, a trivial async view answering a fixed 200, under the gateway's own
 server and worker count: what no gateway on this machine can beat.
@@ -298,10 +300,14 @@ def fastapi_pool(workers, clients_max):
     clients the earlier 40 a worker, beside the gateway's pools, ran PostgreSQL out of connections."""
     with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
         max_connections = int(conn.execute("SHOW max_connections").fetchone()[0])
+        # what a commit costs the baseline: with fsync or synchronous_commit off its "committed"
+        # is not on disk, and its figures are not comparable with a receipt saved by fdatasync
+        durability = {name: conn.execute(f"SHOW {name}").fetchone()[0] for name in ("fsync", "synchronous_commit")}
     room = (max_connections - PG_RESERVE - GATEWAY_POOL * workers) // workers
     size = max(4, min(40, clients_max // workers, room))
     print(f"fastapi: asyncpg pool of {size} a worker x {workers} (PostgreSQL max_connections {max_connections}, "
-          f"gateway pools {GATEWAY_POOL} x {workers}, reserve {PG_RESERVE})", file=sys.stderr, flush=True)
+          f"gateway pools {GATEWAY_POOL} x {workers}, reserve {PG_RESERVE}); PostgreSQL fsync={durability['fsync']}, "
+          f"synchronous_commit={durability['synchronous_commit']}", file=sys.stderr, flush=True)
     return size
 
 

@@ -1,7 +1,8 @@
 """POST /m and GET /operations/{op}: the gateway's space creation and receipt read as a FastAPI +
 asyncpg service would write them, on the local PostgreSQL (BASELINE_PG, default database `test`).
 
-POST /m: the bearer token's SHA-256 looked up (one indexed SELECT), the envelope parsed as
+POST /m: the bearer token's SHA-256 looked up (one indexed SELECT; then cached in the process for
+5 s, as the gateway caches its principals), the envelope parsed as
 strictly as the gateway parses it (UTF-8 JSON object, no duplicate keys, no unknown fields, schema,
 32-hex lineage and nonzero key, decimal sequence, scope), the RFC 8785 canonical bytes of
 {method, path, body} computed, then one INSERT keyed unique by (lineage, sequence), committed
@@ -13,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from typing import Any
 
 import asyncpg
@@ -73,12 +75,24 @@ def receipt(lineage: str, key: str, sequence: str, canonical: bytes) -> bytes:
     }, sort_keys=True, separators=(",", ":")).encode()
 
 
+# token hash -> (lineage, until): principals cached for CACHE_SECONDS, as the gateway caches them
+# (shared_api/http/auth.py, AOTX_PRINCIPAL_CACHE_SECONDS, 5 s by default); unknown tokens never
+CACHE_SECONDS = float(os.environ.get("BASELINE_PRINCIPAL_CACHE_SECONDS", "5"))
+PRINCIPALS: dict[str, tuple[str, float]] = {}
+
+
 async def principal(request: Request, conn: asyncpg.Connection) -> str | None:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token:
         return None
-    lineage: str | None = await conn.fetchval(f"SELECT lineage FROM {PREFIX}_tokens WHERE token_hash = $1",
-                                              hashlib.sha256(token.encode()).hexdigest())
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    now = time.monotonic()
+    cached = PRINCIPALS.get(digest)
+    if cached is not None and cached[1] > now:
+        return cached[0]
+    lineage: str | None = await conn.fetchval(f"SELECT lineage FROM {PREFIX}_tokens WHERE token_hash = $1", digest)
+    if lineage is not None:
+        PRINCIPALS[digest] = (lineage, now + CACHE_SECONDS)
     return lineage
 
 
