@@ -271,6 +271,7 @@ def aotx_system(base, args, clients_max):
         identities = [register(stack, token) for _, token in made]
         makers = [mutations(stack.port, f"{BASE}/spaces", identity) for identity in identities]
         readers = [reads(stack.port, lambda op: f"{BASE}/operations/{op}", identity) for identity in identities]
+        args.aotx_stack = stack  # (drf_front_system serves the same device and database)
         yield System("aotx", stack.port, makers, readers, finish=lambda: gateway_errors(stack.gateway.output()))
     finally:
         stack.stop()
@@ -423,6 +424,25 @@ def ceiling_system(base, args, clients_max):
 
 
 @contextlib.contextmanager
+def drf_front_system(base, args, clients_max):
+    """The gateway with its shared routes dispatched by DRF (bench/drf_front.py), on the aotx
+    system's device and database, its own principals (issue 54 §1's measurement)."""
+    stack = args.aotx_stack
+    port = free_port()
+    made = create_principals(stack, "d", clients_max)
+    server = granian_server(base, "drf-front", "bench.drf_front:application", port, args.workers, stack.env, "rsgi")
+    try:
+        print(f"drf-front: granian (RSGI) pid {server.proc.pid}, port {port}, {args.workers} workers", file=sys.stderr,
+              flush=True)
+        identities = [register(stack, token) for _, token in made]
+        makers = [mutations(port, f"{BASE}/spaces", identity) for identity in identities]
+        readers = [reads(port, lambda op: f"{BASE}/operations/{op}", identity) for identity in identities]
+        yield System("drf-front", port, makers, readers, finish=lambda: gateway_errors(server.output()))
+    finally:
+        server.kill(signal.SIGTERM)
+
+
+@contextlib.contextmanager
 def drf_system(base, args, clients_max):
     port = free_port()
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="bench.baseline.settings",
@@ -463,6 +483,8 @@ def main():
     parser.add_argument("--today", type=float, default=265.0,
                         help="the gateway's mutations/s at 64 clients before this work (issue 20: daphne, sync views)")
     parser.add_argument("--no-drf", action="store_true", help="leave out the earlier DRF + daphne baseline")
+    parser.add_argument("--drf-front", action="store_true",
+                        help="also the gateway with its shared routes dispatched by DRF (bench/drf_front.py)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of every phase; the systems take turns within each (ratios per round, and their median)")
@@ -473,7 +495,8 @@ def main():
     # on the real disk (var/), like the PostgreSQL data directory: /tmp may be a tmpfs
     base = Path(tempfile.mkdtemp(prefix="bench-http-", dir=os.path.join(ROOT, "var")))
     args.base, args.httpgen = str(base), build_httpgen(str(base))
-    starts = [aotx_system, fastapi_system, ceiling_system, *(() if args.no_drf else (drf_system,))]
+    starts = [aotx_system, *((drf_front_system,) if args.drf_front else ()), fastapi_system, ceiling_system,
+              *(() if args.no_drf else (drf_system,))]
     results, errors = {}, {}
     try:
         with contextlib.ExitStack() as running:  # every system up (and idle) while the others run
@@ -504,7 +527,7 @@ def report(args, results, errors):
     print(f"{'system':<9} {'kind':<10} {'clients':>7} {'per s':>9} {'p50 ms':>8} {'p99 ms':>8} {'n':>8} "
           f"{'client CPU':>10}  per s in each round")
     for kind in ("mutations", "reads"):
-        for name in ("aotx", "fastapi", "ceiling", "drf"):
+        for name in ("aotx", "drf-front", "fastapi", "ceiling", "drf"):
             for c in args.clients:
                 runs = results.get((name, kind, c))
                 if not runs:
@@ -526,6 +549,12 @@ def report(args, results, errors):
                      f"{medians[3]:>10.1f}" if kind == "mutations" else f"{'':>10}"]
             each = "; ".join(", ".join(f"{value:.2f}" for value in column) for column in columns)
             print(f"{kind:<20} {c:>7} {' '.join(cells)}  ({each})")
+    if args.drf_front:
+        print("DRF's dispatch (drf-front) over the front's, per round and their median:")
+        for kind in ("mutations", "reads"):
+            for c in args.clients:
+                ratios = [d[0] / a[0] for a, d in zip(results["aotx", kind, c], results["drf-front", kind, c])]
+                print(f"  {kind:<10} {c:>4} clients: {middle(ratios):.2f} ({', '.join(f'{r:.2f}' for r in ratios)})")
     for name, lines in errors.items():
         for line in lines:
             print(f"{name} log: {line}")
