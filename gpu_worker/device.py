@@ -2,9 +2,9 @@
 
 `Device` owns the parts and nothing else: the state (gpu_worker/state/), the committer that runs
 the tick pipeline (storage/committer.py), the grants, the holds, the inputs in execution
-(execution.py), the chats and the engine runner. What each command does lives in its operation
+(pipeline/execution.py), the chats and the engine runner. What each command does lives in its operation
 kind's module (gpu_worker/ops/), found through the one registry (ops/registry.py); the mutation
-protocol common to them all is admission.py.
+protocol common to them all is pipeline/admission.py.
 
 Everything here runs on the device's one tick thread (loop/server.py). A tick gathers commands in
 arrival order until its 16-record journal budget is used (the rest wait for the next tick): reads
@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 
 import msgpack
 
-from . import admission, execution, fold
+from .pipeline import admission, execution, retention
+from .recovery import fold
 from .contract.commands import TYPES, A, parse
 from .contract.errors import ServiceError
 from .contract.grantfile import GrantFileError, Grants
@@ -39,7 +40,7 @@ from .loop.threads import DEFAULT_NICE, enter_background
 from .ops.kind import (ADMISSION_VERSION, HEAD_ARRAY, KIND_AT, PRINCIPAL_AT, PRINCIPAL_BIN, Admission, Kind,
                        OperationKind)
 from .ops.registry import KINDS, LATER, MUTATIONS, READS
-from .prompt import ControlTokens
+from .pipeline.prompt import ControlTokens
 from .state import DeviceState
 from .state import holds
 from .state.executions import Executions
@@ -141,7 +142,7 @@ class Device:
             return
         started = time.perf_counter()
         self.lock = JournalLock(journal_dir)
-        fold.clear(journal_dir)  # (the links of a fold a stop cut short: gpu_worker/fold.py)
+        fold.clear(journal_dir)  # (the links of a fold a stop cut short: gpu_worker/recovery/fold.py)
         try:
             recovery = self._load()
         except BaseException:
@@ -699,7 +700,7 @@ class Device:
             elif request_id[0] == "chat":
                 chat.event(self, request_id, token, data, finish, logprobs)
             elif request_id[0] == "interpret":
-                execution.interpretation_event(self, request_id[1], data, finish)
+                retention.interpretation_event(self, request_id[1], data, finish)
             else:
                 execution.engine_event(self, request_id[1], token, data, finish)
 
@@ -781,7 +782,7 @@ class Device:
         return self.read(msg)
 
     def begin_checkpoint(self, conn: Any, req_id: Any) -> None:
-        """Fold the journal into the runtime file beside the ticks (gpu_worker/fold.py): a new
+        """Fold the journal into the runtime file beside the ticks (gpu_worker/recovery/fold.py): a new
         segment now, the fold of the ones before it in another process (gpu_worker/fold_cli.py), its append on a thread of
         this one (and the removal of the folded segments), then `_checkpoint_folded` here. Every transfer is saved (the drained point), so
         the segments folded hold exactly the saved state through the last transfer. A request
@@ -878,7 +879,7 @@ class Device:
         """The runtime file holds generation `generation` now, every transfer through `last_seq`
         (the journal segments through `through_segment`, `folded_bytes` of the writer's count: the
         journal's size counts from there) folded in (written with `components`,
-        `drop`: storage/checkpoint.write, or gpu_worker/fold.py beside the ticks). On a primary that
+        `drop`: storage/checkpoint.write, or gpu_worker/recovery/fold.py beside the ticks). On a primary that
         replicates, a CHECKPOINT transfer says so in the journal and the standby gets the same
         components for its copy of the file (docs/replication.md, "Checkpoints"): a state that
         replays the journal from an older checkpoint (a hot standby's, a takeover's) folds where
@@ -955,7 +956,7 @@ _REPLAY: dict[int, Callable[[Device, Transfer], None]] = {
                                                                             d.state.replay_source),
     TransferKind.MEDIA: lambda d, transfer: media.apply(d, transfer.payload, transfer),
     TransferKind.HOLD: Device._replay_hold,
-    TransferKind.MEMORY: execution.replay_memory,
+    TransferKind.MEMORY: retention.replay_memory,
     TransferKind.CHECKPOINT: Device._replay_checkpoint,
     TransferKind.REPLICATION: Device._replay_replication,
 }

@@ -1,6 +1,6 @@
 """Conversation inputs (SPEC "Mutations and retries", "Results and memory"): the admission of an
 input and the reads of its result bytes. What happens after the admission is saved (lease,
-engine, output, completion) is gpu_worker/execution.py.
+engine, output, completion) is gpu_worker/pipeline/execution.py.
 
 The admission records the accepted model digest, the effective page limit and output limit, and
 the retention mode and context revision its lease will carry, apart from the caller's bytes (the
@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .. import images
+from ..pipeline import images
 from ..contract import ids
 from ..contract.commands import Input
 from ..contract.errors import ServiceError

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ..contract.grantfile import Grants
     from ..contract.wire import Message
     from ..engine.embedding import EmbeddingModel
-    from ..prompt import ControlTokens
+    from ..pipeline.prompt import ControlTokens
     from ..loop.runner import Runner
     from ..loop.subscriptions import Subscriptions
     from ..state import DeviceState

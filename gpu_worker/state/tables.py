@@ -359,7 +359,7 @@ class Tables:
     def mark_folded(self, generation: int, through_seq: int | None = None, rows: slice = slice(None)) -> None:
         """The saves of live receipts by transfers through `through_seq` (None: every saved one)
         are now in the runtime file, at this generation (a checkpoint folded them). A checkpoint
-        folds while admissions go on (gpu_worker/fold.py): what was saved after its fold point
+        folds while admissions go on (gpu_worker/recovery/fold.py): what was saved after its fold point
         stays in the journal, its save fields as they were given. `rows`: those of the receipts
         table only (a served device marks a fold in slices between its ticks: MARK_ROWS)."""
         table = self.receipts[rows]  # (a view: the writes below go to the table)

@@ -258,7 +258,7 @@ def components(device: Folding, last_seq: int, last_digest: bytes, media_added: 
     """A checkpoint's components for the device's state, which holds every transfer through
     `last_seq` and none after: the state, the audit of the transfers it folds (read from the
     journal after the previous checkpoint), and `media_added`. `beside`: folded beside the ticks
-    (gpu_worker/fold.py), the device saving under the current generation meanwhile."""
+    (gpu_worker/recovery/fold.py), the device saving under the current generation meanwhile."""
     current = device.state
     folded = recover(device.journal_dir, device.fs, current.incarnation, start_digest=current.checkpoint_digest,
                      after_seq=current.checkpoint_seq).transfers
@@ -289,7 +289,7 @@ def write(device: Folding, media: tuple[list[tuple[str, str, bytes]], list[str]]
     """Fold the device's journal into the runtime file here, now (the device idle: every transfer
     saved, here and on a sync standby: Committer.all_saved), with `media` (components to add,
     component names to drop: ops/media.checkpoint_components). An offline command's and a test's;
-    a served device folds beside its ticks (gpu_worker/fold.py)."""
+    a served device folds beside its ticks (gpu_worker/recovery/fold.py)."""
     started = time.perf_counter()
     writer = device.committer.writer
     if not device.committer.all_saved:

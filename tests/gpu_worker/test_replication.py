@@ -1368,7 +1368,7 @@ def test_a_link_between_machines_is_tls_with_a_certificate_on_both_sides(tiny_ru
 
 
 def test_boot_refuses_a_link_over_tcp_without_tls(tiny_runtime, tmp_path):
-    from gpu_worker import boot
+    from gpu_worker.recovery import boot
     code = boot.main(["--ccir", tiny_runtime, "--journal", str(tmp_path / "j"), "--service-grants",
                       str(tmp_path / "g.json"), "--replicate", "127.0.0.1:7001"])
     assert code == 2

@@ -235,8 +235,8 @@ def listed(sock, principals):
 
 
 def gated_fold(monkeypatch):
-    """gpu_worker.fold.run held until the returned gate is set: (started, gate)."""
-    from gpu_worker import fold
+    """gpu_worker.recovery.fold.run held until the returned gate is set: (started, gate)."""
+    from gpu_worker.recovery import fold
     started, gate, real = threading.Event(), threading.Event(), fold.run
 
     def run(*args, **kwargs):
@@ -352,7 +352,7 @@ def test_a_checkpoint_that_fails_beside_the_ticks_loses_nothing_and_the_next_one
 def test_a_boot_clears_what_a_fold_cut_short_left(tmp_path):
     """A stop while a fold ran leaves its links beside the journal (gpu_worker/fold.py): the next
     boot removes them and recovers everything from the segments."""
-    from gpu_worker import fold
+    from gpu_worker.recovery import fold
     runtime = str(tmp_path / "own.aotxccir")
     pack_tiny(runtime, shared=True)
     live = LiveDevice(runtime, tmp_path, 6).start()

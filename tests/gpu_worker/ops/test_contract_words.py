@@ -261,7 +261,7 @@ def test_the_packed_models_own_control_tokens_are_refused_too(world, tiny_vlm_ru
     token of its tokenizer spelled <...> (its special tokens, and a vision model's media tokens:
     SmolVLM's <fake_token_around_image>, <global-img>, row and column tokens), refused at admission
     before anything is retained."""
-    from gpu_worker.prompt import ControlTokens
+    from gpu_worker.pipeline.prompt import ControlTokens
     from gpu_worker.storage.runtime_file import RuntimeFile
     vlm = ControlTokens(RuntimeFile.open(tiny_vlm_runtime).bytes("gen/tokenizer").tobytes().decode())
     for token in ("<fake_token_around_image>", "<global-img>", "<row_1_col_1>", "<image>", "<|im_start|>"):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from gpu_worker import execution
+from gpu_worker.pipeline import execution
 from gpu_worker.engine.engine import Engine
 from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.engine.test_vision import picture, png

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gpu_worker import execution
+from gpu_worker.pipeline import execution
 from gpu_worker.engine.engine import Engine
 from gpu_worker.storage.journal import TransferKind
 from gpu_worker.storage.journal_reader import recover

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from gpu_worker import execution
+from gpu_worker.pipeline import execution, retention, transfers
 from gpu_worker.contract.limits import RECALL_K
 from gpu_worker.memory import render
 from gpu_worker.memory.rows import ROW
@@ -17,7 +17,7 @@ from gpu_worker.pack import pack_tiny
 from gpu_worker.storage.journal import Transfer, TransferKind
 from gpu_worker.storage.journal_reader import recover
 from gpu_worker.storage import leases, runtime_file_writer
-from gpu_worker.state.tables import R
+from gpu_worker.state.tables import C, R
 from tests.gpu_worker.ops.test_inputs import EngineWorld, running
 from tests.gpu_worker.ops.test_quotas import QuotaEngineWorld, refused
 from tests.gpu_worker.ops.test_shared_state import code
@@ -373,14 +373,14 @@ def test_a_revision_0_lease_replays_with_mode_1_until_an_interpretation_record_s
     d = world.device
     rrow = d.state.receipts.row_of(d.state.participants.by_principal[bytes.fromhex(world.principals["a"])],
                                    int(receipt["sequence"]))
-    actor, sequence = execution._actor(d, rrow)
+    actor, sequence = transfers.actor_of(d, rrow)
     payload = leases.encode(0, [leases.LeaseRow(0, 0, sequence, actor, None)])
     execution.replay_lease(d, Transfer(seq=999, kind=TransferKind.LEASE, payload=payload, digest=bytes(32),
                                        segment=1, offset=0))
     assert d.state.tables.value(d.state.tables.receipts, rrow, R.RETENTION) == 1
     assert d.state.tables.value(d.state.tables.receipts, rrow, R.REVISION) == 1
-    record = execution.memory_payload(d, rrow, 2, 0, 3, None, None)  # an interpretation record (not retained)
-    execution.apply_memory(d, record, Transfer(seq=1000, kind=TransferKind.MEMORY, payload=record,
+    record = transfers.memory_payload(d, rrow, 2, 0, 3, None, None)  # an interpretation record (not retained)
+    retention.apply_memory(d, record, Transfer(seq=1000, kind=TransferKind.MEMORY, payload=record,
                                                digest=bytes(32), segment=1, offset=0))
     assert d.state.tables.value(d.state.tables.receipts, rrow, R.RETENTION) == 2
 
@@ -458,7 +458,7 @@ def test_the_history_keeps_the_most_recent_turns_within_its_bound_across_a_check
         crow = w.device.state.conversations.by_id[(bytes.fromhex(conversation.split("-")[1]),
                                                     bytes.fromhex(conversation.split("-")[2]))]
         t = w.device.state.tables
-        assert 0 < t.value(t.conversations, crow, execution.C.HISTORY_LEN) <= 64
+        assert 0 < t.value(t.conversations, crow, C.HISTORY_LEN) <= 64
         assert w.device.checkpoint() is not None
         w.boot()
         w.attach()

@@ -12,7 +12,7 @@ import collections
 import pytest
 import torch
 
-from gpu_worker import admission
+from gpu_worker.pipeline import admission
 from gpu_worker.ops import conversations, members, spaces
 from gpu_worker.pack import pack_tiny
 from tests.gpu_worker.ops.test_inputs import EngineWorld, running

@@ -321,7 +321,7 @@ def test_a_replay_in_runs_leaves_exactly_the_state_one_admission_at_a_time_leave
     rows freed and used again, commands of other lengths), the tables, commit digests, command
     bytes, indexes and free lists are those that applying each admission by itself leaves."""
     import torch
-    from gpu_worker import admission
+    from gpu_worker.pipeline import admission
     from gpu_worker.ops import spaces as space_kind
     for _ in range(3):
         for name in ("owner", "writer", "reader"):

@@ -21,19 +21,19 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from .contract.errors import ServiceError
-from .contract.commands import parse
-from .contract.wire import Message
-from .ops import quotas
-from .ops.kind import Admission, Context, Journaling, Kind, OperationKind, Tables
-from .state import ids
-from .state.indexes import take_free
-from .state.tables import ALONE, HELD, P, R, Source, Terminal, width
-from .storage.journal import TransferKind, record_count
-from .storage.journal_writer import MAX_RECORDS_PER_TICK
+from ..contract.errors import ServiceError
+from ..contract.commands import parse
+from ..contract.wire import Message
+from ..ops import quotas
+from ..ops.kind import Admission, Context, Journaling, Kind, OperationKind, Tables
+from ..state import ids
+from ..state.indexes import take_free
+from ..state.tables import ALONE, HELD, P, R, Source, Terminal, width
+from ..storage.journal import TransferKind, record_count
+from ..storage.journal_writer import MAX_RECORDS_PER_TICK
 
 if TYPE_CHECKING:
-    from .storage.journal import Transfer
+    from ..storage.journal import Transfer
 
 # (transfer, boot, generation, source) columns of the admission (0) and terminal (1) save fields,
 # consecutive so that record_save writes the four, or all eight, at once

@@ -15,9 +15,9 @@ import sys
 import threading
 from typing import Any, Callable, NamedTuple
 
-from .contract.grantfile import GrantFileError, Grants
-from .loop.threads import DEFAULT_NICE, keep_off_the_tick_cpu
-from .loop.watchdog import STALL_SECONDS
+from ..contract.grantfile import GrantFileError, Grants
+from ..loop.threads import DEFAULT_NICE, keep_off_the_tick_cpu
+from ..loop.watchdog import STALL_SECONDS
 
 
 def _device_name(choice):
@@ -134,17 +134,17 @@ def main(argv):
         keep_off_the_tick_cpu(other_cpus)
 
     threads = _Threads(socket_group, tick_cpu, other_cpus)
-    from .device import Device, DeviceBootError
-    from .storage.journal import JournalError
-    from .storage.runtime_file import RuntimeFileError
+    from ..device import Device, DeviceBootError
+    from ..storage.journal import JournalError
+    from ..storage.runtime_file import RuntimeFileError
 
-    from .replication import DEAD_SECONDS
+    from ..replication import DEAD_SECONDS
     if args.link_timeout is None:
         args.link_timeout = DEAD_SECONDS
     if not 0 < args.link_timeout < float("inf"):
         return fail(f"--link-timeout {args.link_timeout}: a number of seconds above 0")
     if args.link_tls is not None:
-        from .replication.tls import context
+        from ..replication.tls import context
         try:
             args.link_server, args.link_client = context(args.link_tls, True), context(args.link_tls, False)
         except (ValueError, OSError) as exc:
@@ -174,7 +174,7 @@ def main(argv):
     try:
         leadership = None
         if args.etcd is not None:  # leadership first: a takeover records its generation, nothing is admitted without
-            from .replication.lease import LeadershipError
+            from ..replication.lease import LeadershipError
             try:
                 leadership = _campaign(args)
             except LeadershipError as exc:
@@ -201,8 +201,8 @@ def _open_runtime(args: argparse.Namespace, fail: Callable[..., int]) -> tuple[G
     may become one), or boot's exit code once `fail` said why. The device is the file's one writer
     (its checkpoints append to it; a standby's copy takes the primary's) for as long as it runs: a
     second device or a pack on it refuses. The caller releases the lock."""
-    from .storage.runtime_file import RuntimeFile, RuntimeFileError
-    from .storage.runtime_file_lock import FileLock, RuntimeFileLocked
+    from ..storage.runtime_file import RuntimeFile, RuntimeFileError
+    from ..storage.runtime_file_lock import FileLock, RuntimeFileLocked
     try:
         grants = Grants(args.service_grants)
     except GrantFileError as exc:
@@ -235,7 +235,7 @@ def _campaign(args: argparse.Namespace, etcd: Any = None) -> Any:
     """Take the leader key (--etcd): the Leadership, or LeadershipError (another primary holds it,
     etcd unreachable). The key's value says where this device serves (gateways follow it). `etcd`:
     the client a standby used so far (it knows which members answer)."""
-    from .replication.lease import Etcd, Leadership
+    from ..replication.lease import Etcd, Leadership
     leadership = Leadership(etcd or Etcd(args.etcd.split(",")), args.etcd_key.encode(), ttl=args.lease_seconds)
     leadership.campaign(json.dumps({"host": socket.gethostname(), "machine": args.machine, "pid": os.getpid(),
                                     "journal": args.journal,
@@ -249,14 +249,14 @@ def _serve(args: argparse.Namespace, runtime: Any, device: Any, leadership: Any,
     """Serve `device` on DIR/service.sock until SIGTERM: the replication shipper (--replicate), the
     engine runner (`engine` when a hot standby loaded it already), then the loop. Stops the
     device, the shipper and the leadership when it ends."""
-    from .loop.server import Server
-    from .storage.journal import JournalError
-    from .storage.runtime_file import RuntimeFileError
+    from ..loop.server import Server
+    from ..storage.journal import JournalError
+    from ..storage.runtime_file import RuntimeFileError
     tick_cpu = threads.tick_cpu
     socket_path = os.path.join(args.journal, "service.sock")
     shipper = None
     if args.replicate is not None:
-        from .replication.primary import Shipper
+        from ..replication.primary import Shipper
         try:
             shipper = Shipper(args.replicate, args.journal, device.runtime.path, sync=args.replication == "sync",
                               alone_after=args.standby_timeout, leadership=leadership, dead_after=args.link_timeout,
@@ -271,8 +271,8 @@ def _serve(args: argparse.Namespace, runtime: Any, device: Any, leadership: Any,
     device.deliver = server.deliver  # other threads' results come back through the loop
     device.background_nice = args.background_nice
     try:
-        from .engine.engine import Engine
-        from .loop.runner import Runner
+        from ..engine.engine import Engine
+        from ..loop.runner import Runner
         runner = device.runner = Runner(engine or Engine(runtime, device.state.tables.device.type), server.deliver,
                                         nice=args.background_nice)
         runner.engine.pacer.rate_of = device.token_rate  # output tokens per second (grant file)
@@ -320,15 +320,15 @@ def _standby(args: argparse.Namespace, argv: list[str], threads: _Threads, fail:
     standby saw held is gone (take over and hold the key). A takeover serves in this process at
     once: the tables and the model are ready. Should applying the copy have failed, this process
     becomes `boot --takeover` of its journal instead (a boot that reads it again)."""
-    from .device import Device, DeviceBootError
-    from .engine.engine import Engine
-    from .replication.follower import Follower
-    from .replication.marker import read_mark
-    from .replication.mirror import Mirror, StandbyDiskError
-    from .replication.standby import Standby, StandbyRefused
-    from .storage.journal import JournalError
-    from .storage.journal_lock import JournalLock
-    from .storage.runtime_file import RuntimeFileError
+    from ..device import Device, DeviceBootError
+    from ..engine.engine import Engine
+    from ..replication.follower import Follower
+    from ..replication.marker import read_mark
+    from ..replication.mirror import Mirror, StandbyDiskError
+    from ..replication.standby import Standby, StandbyRefused
+    from ..storage.journal import JournalError
+    from ..storage.journal_lock import JournalLock
+    from ..storage.runtime_file import RuntimeFileError
 
     opened = _open_runtime(args, fail)
     if isinstance(opened, int):
@@ -361,7 +361,7 @@ def _standby(args: argparse.Namespace, argv: list[str], threads: _Threads, fail:
         promote = threading.Event()
         etcd = None
         if args.etcd is not None:  # one client for the watch, the checks and the campaign: it learns who answers
-            from .replication.lease import Etcd
+            from ..replication.lease import Etcd
             etcd = Etcd(args.etcd.split(","))
 
         def not_promotable(generation: int | None) -> str | None:
@@ -374,7 +374,7 @@ def _standby(args: argparse.Namespace, argv: list[str], threads: _Threads, fail:
                         "(a catching-up standby holds them only once it has acknowledged what the primary had "
                         "saved when it connected)")
             if generation is not None and etcd is not None:
-                from .replication.lease import may_promote
+                from ..replication.lease import may_promote
                 return may_promote(etcd, args.etcd_key.encode(), generation, standby.member)
             return None
 
@@ -394,7 +394,7 @@ def _standby(args: argparse.Namespace, argv: list[str], threads: _Threads, fail:
         def watching() -> Any:
             if etcd is None:
                 return None
-            from .replication.lease import LeaderWatch
+            from ..replication.lease import LeaderWatch
 
             def holder(held: tuple[int, bytes] | None) -> None:  # a new primary: its link's address
                 if held is not None:
@@ -451,7 +451,7 @@ def _standby(args: argparse.Namespace, argv: list[str], threads: _Threads, fail:
               flush=True)
         leadership = None
         if args.etcd is not None:
-            from .replication.lease import LeadershipError
+            from ..replication.lease import LeadershipError
             try:
                 leadership = _campaign(args, etcd)
             except LeadershipError as exc:

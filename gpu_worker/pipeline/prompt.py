@@ -8,7 +8,7 @@ import json
 import re
 from typing import Any
 
-from .contract.commands import RESERVED_TOKENS
+from ..contract.commands import RESERVED_TOKENS
 
 
 class ControlTokens:

@@ -24,11 +24,11 @@ import functools
 import os
 from typing import Any, BinaryIO
 
-from .contract.errors import ServiceError
-from .engine.vision import MAX_IMAGE_PIXELS, MediaError, PreparedImage
-from .ops.media import media_dir, read_source
+from ..contract.errors import ServiceError
+from ..engine.vision import MAX_IMAGE_PIXELS, MediaError, PreparedImage
+from ..ops.media import media_dir, read_source
 from .prompt import fit_prompt
-from .ops.kind import Context, Executing
+from ..ops.kind import Context, Executing
 
 
 TAIL_BYTES = 4096  # how much of a file's end the truncation check reads

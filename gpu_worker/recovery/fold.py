@@ -28,7 +28,7 @@ import subprocess
 import sys
 from typing import Any
 
-from .storage.journal import list_segments, segment_name
+from ..storage.journal import list_segments, segment_name
 
 _HEAD = struct.Struct("<Q")  # the output: the JSON head's length, the head, then the components' bytes
 _WORK = ".fold-"  # the directory of a fold's links, beside the journal's segments
