@@ -205,7 +205,7 @@ PyObject* transfers(PyObject*, PyObject* args) {
   bool hash_failed = false;
   std::vector<Found> found;
   // First pass, without the GIL (the bytes object is held by `data`): check the records, chain
-  // the digests. A thread reading the journal ahead of the one replaying it (Device._load_state)
+  // the digests. A thread reading the journal ahead of the one replaying it (Replay._load_state (recovery/replay.py))
   // runs this beside it.
   Py_BEGIN_ALLOW_THREADS
   size_t whole = 0;

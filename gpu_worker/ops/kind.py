@@ -181,7 +181,7 @@ class Kind(IntEnum):
 
 # The head of an admission payload as Admission.encode packs it: a fixarray of 8, ADMISSION_VERSION,
 # the kind code (a positive fixint), the principal (a 16-byte bin). A replay reads a transfer's kind
-# and principal there, without decoding the rest, to find runs of one kind (Device._replay_piece).
+# and principal there, without decoding the rest, to find runs of one kind (recovery/replay.py `Replay._replay_piece`).
 HEAD_ARRAY, KIND_AT, PRINCIPAL_BIN, PRINCIPAL_AT = 0x98, 2, (3, 4, 0xc4, 16), slice(5, 21)
 
 

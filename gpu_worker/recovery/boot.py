@@ -134,7 +134,8 @@ def main(argv):
         keep_off_the_tick_cpu(other_cpus)
 
     threads = _Threads(socket_group, tick_cpu, other_cpus)
-    from ..device import Device, DeviceBootError
+    from ..device import Device
+    from . import DeviceBootError
     from ..storage.journal import JournalError
     from ..storage.runtime_file import RuntimeFileError
 
@@ -320,7 +321,8 @@ def _standby(args: argparse.Namespace, argv: list[str], threads: _Threads, fail:
     standby saw held is gone (take over and hold the key). A takeover serves in this process at
     once: the tables and the model are ready. Should applying the copy have failed, this process
     becomes `boot --takeover` of its journal instead (a boot that reads it again)."""
-    from ..device import Device, DeviceBootError
+    from ..device import Device
+    from . import DeviceBootError
     from ..engine.engine import Engine
     from ..replication.follower import Follower
     from ..replication.marker import read_mark

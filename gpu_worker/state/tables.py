@@ -349,7 +349,7 @@ class Tables:
 
     def mark_held(self, start: int, end: int, held: bool) -> None:
         """The saves of transfers start..end-1 were held by a standby (or alone): a replayed
-        REPLICATION transfer's correction (gpu_worker/device.py `_replay_replication`)."""
+        REPLICATION transfer's correction (gpu_worker/recovery/replay.py `Replay._replication`)."""
         bit, other = (HELD, ALONE) if held else (ALONE, HELD)
         for transfer_col, source_col in ((R.ADM_TRANSFER, R.ADM_SOURCE), (R.TERM_TRANSFER, R.TERM_SOURCE)):
             seqs = self.receipts[:, transfer_col]

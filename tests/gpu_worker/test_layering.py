@@ -1,6 +1,6 @@
 """The device's layers (docs/architecture.md, "Device"): operations see the device only through
 the context ops/kind.py declares, so nothing below the device's hub imports it, and the device,
-its pipeline's admission and execution modules and the operations form no import circle. Every import
+its parts (pipeline/, recovery/) and the operations form no import circle. Every import
 counts, those under TYPE_CHECKING and inside functions included: each is an edge a reader
 follows."""
 from __future__ import annotations
@@ -12,7 +12,8 @@ import gpu_worker
 
 ROOT = Path(gpu_worker.__file__).parent
 HUB = {"gpu_worker.device", "gpu_worker.pipeline.admission", "gpu_worker.pipeline.execution",
-       "gpu_worker.pipeline.retention", "gpu_worker.pipeline.transfers"}
+       "gpu_worker.pipeline.retention", "gpu_worker.pipeline.transfers", "gpu_worker.pipeline.tick",
+       "gpu_worker.recovery.replay", "gpu_worker.recovery.checkpoints", "gpu_worker.recovery.succession"}
 BELOW_THE_HUB = ("gpu_worker.ops", "gpu_worker.memory", "gpu_worker.state", "gpu_worker.storage",
                  "gpu_worker.pipeline.images", "gpu_worker.pipeline.prompt", "gpu_worker.contract",
                  "gpu_worker.engine")

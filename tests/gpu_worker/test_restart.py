@@ -11,7 +11,8 @@ import shutil
 import pytest
 
 from gpu_worker.contract.grantfile import Grants
-from gpu_worker.device import Device, DeviceBootError
+from gpu_worker.device import Device
+from gpu_worker.recovery import DeviceBootError
 from gpu_worker.pack import pack_tiny
 from gpu_worker.state import ids
 from gpu_worker.storage import owner

@@ -254,13 +254,13 @@ def test_a_checkpoint_folds_beside_the_ticks_while_admissions_go_on(tmp_path, mo
     restart. Before, the checkpoint ran on the tick thread: nothing was admitted meanwhile. The
     receipts it saved are marked a slice of rows at a time, between ticks (before, the whole table
     at once: 171 ms at 1.85M rows), and the checkpoint answers once all are."""
-    from gpu_worker import device as device_module
+    from gpu_worker.recovery import checkpoints as checkpoints_module
     from gpu_worker.state.tables import Tables
     runtime = str(tmp_path / "own.aotxccir")
     pack_tiny(runtime, shared=True)
     live = LiveDevice(runtime, tmp_path, 40).start()
     started, gate = gated_fold(monkeypatch)
-    monkeypatch.setattr(device_module, "MARK_ROWS", 16)
+    monkeypatch.setattr(checkpoints_module, "MARK_ROWS", 16)
     marked, real_mark = [], Tables.mark_folded
 
     wakes, real_woken = [0], Server._woken
