@@ -6,7 +6,7 @@ execution (pipeline/execution.py), the chats and the engine runner; the replay t
 state (`replay`: recovery/replay.py), the checkpoints (`checkpoints`: recovery/checkpoints.py) and
 the boot's place in the line of history with a hot standby's following (`succession`:
 recovery/succession.py). What each command does lives in its operation kind's module
-(gpu_worker/ops/), found through the one registry (ops/registry.py); the mutation protocol common
+(gpu_worker/kinds/), found through the one registry (kinds/registry.py); the mutation protocol common
 to them all is pipeline/admission.py.
 
 Everything here runs on the device's one tick thread (loop/server.py). A tick gathers commands in
@@ -36,9 +36,9 @@ from .contract.vocabulary import COMMANDS, DEFAULT_RATES, OUTPUT_TOKENS_RATE
 from .contract.wire import Message, dumps, reply
 from .loop.subscriptions import Subscriptions
 from .loop.threads import DEFAULT_NICE, enter_background
-from .ops import chat, events, media, quotas
-from .ops.kind import OperationKind
-from .ops.registry import KINDS, READS
+from .kinds import chat, events, media, quotas
+from .kinds.kind import OperationKind
+from .kinds.registry import KINDS, READS
 from .pipeline import execution, retention
 from .pipeline.prompt import ControlTokens
 from .pipeline.tick import Tick
@@ -124,7 +124,7 @@ class Device:
         # pushes, chats and the engine runner are not state: a rebuild of the tables keeps them
         self.subscriptions = Subscriptions()
         self.chats = Chats()
-        self.usage = Usage()  # what quotas count beyond the tables (ops/quotas.py)
+        self.usage = Usage()  # what quotas count beyond the tables (kinds/quotas.py)
         # the operation kinds, by the code the journal records: an operation looks others up here
         self.kinds: dict[int, OperationKind] = KINDS
         self.runner: Runner | None = None  # set by boot (or a test) when an engine runs
@@ -167,7 +167,7 @@ class Device:
         journal_dir, leadership = self.journal_dir, self.leadership
         try:
             new_lineage = self.succession.check_fresh_grants() if serve else False
-            media.recover_bytes(self)  # a restore finds the media bytes in the checkpoint (ops/media.py)
+            media.recover_bytes(self)  # a restore finds the media bytes in the checkpoint (kinds/media.py)
             self.committer = Committer(self, self.open_writer(recovery))
             failover: dict[str, Any] | None = None
             booted_ns = time.time_ns()
@@ -321,7 +321,7 @@ class Device:
 
     def quota_defaults(self) -> dict[str, int]:
         """The table quotas of a principal whose grant leaves them out, for this runtime file and
-        journal file cap (ops/quotas.py `defaults`), kept until a checkpoint reopens the file."""
+        journal file cap (kinds/quotas.py `defaults`), kept until a checkpoint reopens the file."""
         cached, runtime = self.usage.defaults, self.runtime
         if cached is None or cached[0] is not runtime:  # (a reopened file: the same numbers)
             cached = self.usage.defaults = (runtime, quotas.defaults(self.state.capacities, runtime.runtime_profile,

@@ -16,7 +16,7 @@ import sys
 
 from .device import Device
 from .recovery.fold import encode
-from .ops import media
+from .kinds import media
 from .storage import checkpoint
 from .storage.runtime_file import RuntimeFile
 

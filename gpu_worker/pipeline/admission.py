@@ -8,7 +8,7 @@ fenced (503 `not_primary`: a deposed primary refuses nothing else), changed byte
 admitted in this line of history), future sequence (409), key in
 use (409), registration (409 `participant_not_registered`), hold (429; not for a cancellation
 while the journal can be written), the principal's receipts
-quota (429 `quota_exceeded`, ops/quotas.py; never for a retirement), receipt table (507; the last
+quota (429 `quota_exceeded`, kinds/quotas.py; never for a retirement), receipt table (507; the last
 slot is a retirement's, and `registration_reserve` slots before it are new participants'
 registrations'), then the kind's own checks (its quotas among them). Nothing changes unless all
 pass. This is the busiest path of a device:
@@ -24,8 +24,8 @@ import numpy as np
 from ..contract.errors import ServiceError
 from ..contract.commands import parse
 from ..contract.wire import Message
-from ..ops import quotas
-from ..ops.kind import Admission, Context, Journaling, Kind, OperationKind, Tables
+from ..kinds import quotas
+from ..kinds.kind import Admission, Context, Journaling, Kind, OperationKind, Tables
 from ..state import ids
 from ..state.indexes import take_free
 from ..state.tables import ALONE, HELD, P, R, Source, Terminal, width

@@ -55,9 +55,9 @@ from ..memory import render
 from ..memory.rows import Flag
 from ..memory.rows import Kind as MemoryKind
 from ..memory import shared as memory
-from ..ops import events, history, quotas
-from ..ops.inputs import input_body, input_text, media_links
-from ..ops.kind import Context, Executing, Tables
+from ..kinds import events, history, quotas
+from ..kinds.inputs import input_body, input_text, media_links
+from ..kinds.kind import Context, Executing, Tables
 from .prompt import fit_prompt
 from .retention import control_record, interpret, retain
 from .transfers import (actor_of, completion_payload, inconsistent, input_row, lease_payload, lease_revision,
@@ -82,7 +82,7 @@ TERMINAL_OF = {Finish.STOP: Terminal.SUCCEEDED, Finish.LENGTH: Terminal.SUCCEEDE
 
 def conversation_turns(d: Tables, rrow: int, everyone: bool = True) -> list[dict[str, str]]:
     """The conversation's earlier succeeded turns before this input, in event order, then this
-    input, as chat messages: the retired ones from its history (ops/history.py), the others from
+    input, as chat messages: the retired ones from its history (kinds/history.py), the others from
     their live receipts (copies of the saved bytes, taken on the tick thread: `fit_prompt` runs
     elsewhere). Every member's turns when its submitter may read the space (`everyone`), else
     (a write-only member, or one without its read grant now) the submitter's own only: a prompt

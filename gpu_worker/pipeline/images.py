@@ -2,14 +2,14 @@
 precise check of each image's bytes and its page charge, and the execution's preparation of the
 current input's images on helper threads.
 
-Admission (on the tick thread, `check`, from ops/inputs.check) reads no more than an image's header
+Admission (on the tick thread, `check`, from kinds/inputs.check) reads no more than an image's header
 and tail, never decodes a pixel: Pillow identifies the bytes (else 415 `media_not_image`) and gives
 the size from the header (more than vision.MAX_IMAGE_PIXELS: 413 `media_too_many_pixels`); the
 format's end marker must be in the file's tail (PNG's IEND chunk, JPEG's EOI marker, GIF's trailer,
 the RIFF length of a WebP; else 400 `media_truncated`). Each image is charged the card's
 `image_token_budget` (the most prompt tokens one image takes) against the input's page limit, beside
 its output limit: an input whose images do not fit is refused 409 `images_exceed_page_limit`.
-Audio rows stay refused 409 `model_lacks_media` until a model declares audio (ops/inputs.check).
+Audio rows stay refused 409 `model_lacks_media` until a model declares audio (kinds/inputs.check).
 
 Execution (`start`, once the input's memory is recalled and its turns gathered): on a helper thread, the bytes of each image row of
 the current input are read and checked against their digest, decoded, preprocessed and encoded
@@ -26,9 +26,9 @@ from typing import Any, BinaryIO
 
 from ..contract.errors import ServiceError
 from ..engine.vision import MAX_IMAGE_PIXELS, MediaError, PreparedImage
-from ..ops.media import media_dir, read_source
+from ..kinds.media import media_dir, read_source
 from .prompt import fit_prompt
-from ..ops.kind import Context, Executing
+from ..kinds.kind import Context, Executing
 
 
 TAIL_BYTES = 4096  # how much of a file's end the truncation check reads
@@ -42,7 +42,7 @@ def check_header(path: str, sha: str, max_pixels: int = MAX_IMAGE_PIXELS) -> Non
 
 def check_file(f: BinaryIO, name: str, max_pixels: int = MAX_IMAGE_PIXELS, **details: Any) -> None:
     """`check_header` of an open binary file (an uploaded source, or a chat's image bytes in memory,
-    ops/chat.py): `name` begins each refusal's message, `details` go in its body."""
+    kinds/chat.py): `name` begins each refusal's message, `details` go in its body."""
     from PIL import Image, UnidentifiedImageError
 
     def refused(status: int, code: str, message: str) -> ServiceError:
@@ -78,7 +78,7 @@ def check_file(f: BinaryIO, name: str, max_pixels: int = MAX_IMAGE_PIXELS, **det
 
 
 def check(d: Context, card: dict[str, Any], media: list[dict[str, Any]], pages: int, max_output: int) -> None:
-    """ops/inputs.check, for a model that takes images: each image row's bytes checked (header and
+    """kinds/inputs.check, for a model that takes images: each image row's bytes checked (header and
     tail), and the images' token budget charged against the page limit beside the output limit."""
     images = [row["sha256"] for row in media if row["type"] == "image"]
     if not images or "image" not in card["capabilities"]["media_types"]:

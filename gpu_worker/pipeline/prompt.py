@@ -1,5 +1,5 @@
 """Fitting a conversation's turns into the model's input: the prompt of the most recent turns that
-fit the room an input's page limit leaves (ops/inputs.py says how that room is set). Used for
+fit the room an input's page limit leaves (kinds/inputs.py says how that room is set). Used for
 conversation inputs (execution.py) and for inputs with images (images.py), on helper threads.
 Also the model's control tokens, which a caller's text may not carry (`ControlTokens`)."""
 from __future__ import annotations

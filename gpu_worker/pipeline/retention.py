@@ -15,9 +15,9 @@ from ..contract.limits import INTERPRETATION_TOKENS
 from ..memory.rows import Flag
 from ..memory.rows import Kind as MemoryKind
 from ..memory import shared as memory
-from ..ops import quotas
-from ..ops.inputs import input_text
-from ..ops.kind import Context, Journaling
+from ..kinds import quotas
+from ..kinds.inputs import input_text
+from ..kinds.kind import Context, Journaling
 from ..state.executions import Execution, Phase
 from ..state.tables import C, Finish, NotRetained, P, R, join16
 from ..storage import leases

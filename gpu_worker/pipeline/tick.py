@@ -12,8 +12,8 @@ from typing import Any, Callable, Protocol
 
 from ..contract.errors import ServiceError
 from ..contract.wire import Message, reply
-from ..ops import chat, events, media, receipts
-from ..ops.registry import LATER, MUTATIONS
+from ..kinds import chat, events, media, receipts
+from ..kinds.registry import LATER, MUTATIONS
 from ..storage import runtime_file
 from ..storage.committer import Batch, Reply
 from ..storage.journal import Transfer

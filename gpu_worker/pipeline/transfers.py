@@ -7,7 +7,7 @@ import os
 
 import msgpack
 
-from ..ops.kind import Journaling, Kind, Tables
+from ..kinds.kind import Journaling, Kind, Tables
 from ..state.tables import Finish, R
 from ..storage import leases
 from ..storage.journal import JournalCorrupt, Transfer, segment_name

@@ -13,8 +13,8 @@ import msgpack
 
 from ..contract.errors import ServiceError
 from ..contract.wire import Message, dumps, reply
-from ..ops import media
-from ..ops.kind import Context
+from ..kinds import media
+from ..kinds.kind import Context
 from ..storage import checkpoint, runtime_file
 from ..storage.journal import JournalError, Transfer, TransferKind
 from ..storage.runtime_file import RuntimeFile

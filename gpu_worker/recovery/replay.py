@@ -12,9 +12,9 @@ from typing import Any, Callable, Protocol
 
 import msgpack
 
-from ..ops import media
-from ..ops.kind import ADMISSION_VERSION, HEAD_ARRAY, KIND_AT, PRINCIPAL_AT, PRINCIPAL_BIN, Admission, Kind
-from ..ops.kind import OperationKind
+from ..kinds import media
+from ..kinds.kind import ADMISSION_VERSION, HEAD_ARRAY, KIND_AT, PRINCIPAL_AT, PRINCIPAL_BIN, Admission, Kind
+from ..kinds.kind import OperationKind
 from ..pipeline import admission, execution, retention
 from ..state import DeviceState, holds
 from ..storage import checkpoint
@@ -112,7 +112,7 @@ class Replay:
         """Transfers of a load, in order: each run of admissions of a kind with runs (spaces.create),
         by participants already registered, as columns (`admission.replay_run`); every other
         transfer one at a time, after the run before it. A transfer's kind and principal are read
-        at the head of its payload (ops/kind.py HEAD_ARRAY) without decoding it."""
+        at the head of its payload (kinds/kind.py HEAD_ARRAY) without decoding it."""
         registered = self.d.state.participants.by_principal
         batched = {code: kind for code, kind in self.d.kinds.items() if kind.apply_run is not None}
         (i, j, bin8, sixteen), principal_at = PRINCIPAL_BIN, PRINCIPAL_AT

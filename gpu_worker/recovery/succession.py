@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import msgpack
 
-from ..ops.kind import Context
+from ..kinds.kind import Context
 from ..storage import checkpoint, runtime_file, runtime_file_writer
 from ..storage.filelayer import FileLayer
 from ..storage.journal_lock import JournalLock

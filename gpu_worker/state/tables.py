@@ -31,7 +31,7 @@ class P:
 
 class S:
     """spaces columns"""
-    STATE = 0          # 0 free, 1 live, 2 deleted (a tombstone receipts still name: ops/deletions.py)
+    STATE = 0          # 0 free, 1 live, 2 deleted (a tombstone receipts still name: kinds/deletions.py)
     OWNER = 1          # participant row of the creator
     SCOPE = 2          # Scope
     ID_HI = 3          # the 32-hex id after spc-{lineage}-
@@ -52,7 +52,7 @@ class M:
 
 class C:
     """conversations columns (the row is the conversation's execution slot)"""
-    STATE = 0          # 0 free, 1 live, 2 deleted (a tombstone receipts still name: ops/deletions.py)
+    STATE = 0          # 0 free, 1 live, 2 deleted (a tombstone receipts still name: kinds/deletions.py)
     SPACE = 1
     CREATOR = 2        # participant row; its lineage is in the ID
     ID_HI = 3
@@ -61,7 +61,7 @@ class C:
     OP_HI = 6
     OP_LO = 7
     INPUTS = 8         # inputs admitted to it so far: the last event order (SPEC: event cursors)
-    HISTORY_LEN = 9    # bytes used in its row of the history table (ops/history.py)
+    HISTORY_LEN = 9    # bytes used in its row of the history table (kinds/history.py)
 
 
 class Scope(IntEnum):
@@ -196,7 +196,7 @@ class Tables:
         self.receipt_digests = torch.zeros((n_rec, 2, 32), **u8)
         self.command_bytes = torch.zeros((n_rec, capacities["command_bytes"]), **u8)
         self.result_bytes = torch.zeros((n_rec, capacities["result_bytes"]), **u8)
-        # each conversation's retired turns, what its context keeps once receipts go (ops/history.py)
+        # each conversation's retired turns, what its context keeps once receipts go (kinds/history.py)
         self.history = torch.zeros((capacities["conversations"], capacities["history_bytes"]), **u8)
         # On the CPU, flat memoryviews share the tensors' memory: a scalar read or write through one
         # is far cheaper than a torch dispatch or a numpy element (docs/performance.md).

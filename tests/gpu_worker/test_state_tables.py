@@ -64,7 +64,7 @@ def test_the_accelerator_paths_write_exactly_what_the_host_paths_do():
     """On an accelerator the tables have no flat host views and every write goes through torch
     indexing (state/tables.py); run here with the views off, the same writes leave the same bytes."""
     from gpu_worker.pipeline.admission import _RECEIPT_ROW
-    from gpu_worker.ops.spaces import _ROW as SPACE_ROW
+    from gpu_worker.kinds.spaces import _ROW as SPACE_ROW
     host, accelerator = Tables(CAPACITIES), Tables(CAPACITIES)
     accelerator._flat = None
     rng = np.random.default_rng(7)

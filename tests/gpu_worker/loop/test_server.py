@@ -142,7 +142,7 @@ def test_a_slow_media_write_runs_off_the_tick_thread_and_others_are_served_meanw
     while one is stuck on the disk, another client registers and reads."""
     import hashlib
 
-    from gpu_worker.ops import media
+    from gpu_worker.kinds import media
     release, started, threads = threading.Event(), threading.Event(), []
     store = media._store
 

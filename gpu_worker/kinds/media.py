@@ -2,7 +2,7 @@
 each owned by the participants that uploaded it. The bytes are hashed, written and fsynced (file,
 then directory) on a thread of their own before the MEDIA transfer that records the owner is
 appended, so a saved owner always has its bytes. An upload answers 201 once that transfer is
-saved, 200 when the caller already owns the source. The caller's media_bytes quota (ops/quotas.py)
+saved, 200 when the caller already owns the source. The caller's media_bytes quota (kinds/quotas.py)
 counts an upload from its check until its owner is saved or it is refused.
 
 A checkpoint carries the bytes of every source it lists (`media/<sha256>` components of the

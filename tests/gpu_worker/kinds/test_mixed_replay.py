@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from gpu_worker.pipeline import admission
-from gpu_worker.ops import conversations, members, spaces
+from gpu_worker.kinds import conversations, members, spaces
 from gpu_worker.pack import pack_tiny
-from tests.gpu_worker.ops.test_inputs import EngineWorld, running
+from tests.gpu_worker.kinds.test_inputs import EngineWorld, running
 
 TABLES = ("participants", "spaces", "members", "conversations", "receipts", "receipt_digests", "command_bytes",
           "result_bytes", "history")

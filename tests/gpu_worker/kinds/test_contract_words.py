@@ -14,9 +14,9 @@ import rfc8785
 
 from gpu_worker.contract.commands import RESERVED_TOKENS
 from gpu_worker.pack import pack_tiny
-from tests.gpu_worker.ops.test_events import bodies, ended, subscribe
-from tests.gpu_worker.ops.test_inputs import EngineWorld
-from tests.gpu_worker.ops.test_shared_state import BASE, World, code
+from tests.gpu_worker.kinds.test_events import bodies, ended, subscribe
+from tests.gpu_worker.kinds.test_inputs import EngineWorld
+from tests.gpu_worker.kinds.test_shared_state import BASE, World, code
 
 PAGE_GRANT = 16
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from gpu_worker.pack import pack_tiny
-from tests.gpu_worker.ops.test_inputs import EngineWorld
+from tests.gpu_worker.kinds.test_inputs import EngineWorld
 
 CAPACITY = 5
 TEXTS = st.text(alphabet="abcdefgh é", min_size=1, max_size=12)

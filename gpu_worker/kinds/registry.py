@@ -1,9 +1,9 @@
 """The one registry of operation kinds and device commands. Admission, replay, receipt rendering
 and visibility all read KINDS; the device's command dispatch reads MUTATIONS, READS and LATER.
-An unknown kind or command is an error, never a fallback (tests/gpu_worker/ops/test_registry.py
+An unknown kind or command is an error, never a fallback (tests/gpu_worker/kinds/test_registry.py
 checks the registry against the contract's command table).
 
-To add a kind: one module in gpu_worker/ops/ with its OperationKind, one row below, its command in
+To add a kind: one module in gpu_worker/kinds/ with its OperationKind, one row below, its command in
 gpu_worker/contract/vocabulary.py, its gateway route (docs/adding-an-operation-kind.md).
 """
 from __future__ import annotations

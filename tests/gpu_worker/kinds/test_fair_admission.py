@@ -10,7 +10,7 @@ import pytest
 from gpu_worker.state.executions import LEASE_AHEAD
 from gpu_worker.pack import pack_tiny
 from gpu_worker.state.tables import R
-from tests.gpu_worker.ops.test_inputs import EngineWorld
+from tests.gpu_worker.kinds.test_inputs import EngineWorld
 
 
 @pytest.fixture

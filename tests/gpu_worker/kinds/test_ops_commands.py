@@ -9,7 +9,7 @@ import pytest
 
 from gpu_worker.pack import pack_tiny
 from tests.conftest import PYTHON, ROOT
-from tests.gpu_worker.ops.test_inputs import EngineWorld, slow_engine
+from tests.gpu_worker.kinds.test_inputs import EngineWorld, slow_engine
 
 
 @pytest.fixture

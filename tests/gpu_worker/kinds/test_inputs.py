@@ -16,9 +16,9 @@ from gpu_worker.storage.journal_reader import recover
 from gpu_worker.storage.leases import decode as decode_lease
 from gpu_worker.pack import pack_tiny
 from gpu_worker.loop.runner import Runner
-from gpu_worker.ops import chat
+from gpu_worker.kinds import chat
 from gpu_worker.storage.committer import Batch
-from tests.gpu_worker.ops.test_shared_state import World, code
+from tests.gpu_worker.kinds.test_shared_state import World, code
 
 
 class EngineWorld(World):

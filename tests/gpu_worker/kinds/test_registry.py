@@ -6,11 +6,11 @@ import secrets
 import pytest
 import rfc8785
 
-from gpu_worker.ops.kind import Admission
+from gpu_worker.kinds.kind import Admission
 from gpu_worker.contract.vocabulary import COMMANDS
 from gpu_worker.device import Device
-from gpu_worker.ops import registry
-from gpu_worker.ops.kind import Kind, OperationKind
+from gpu_worker.kinds import registry
+from gpu_worker.kinds.kind import Kind, OperationKind
 from gpu_worker.contract.grantfile import Grants
 from gpu_worker.state import ids
 from gpu_worker.storage.journal import JournalCorrupt, TransferKind

@@ -40,7 +40,7 @@ def grant_mask(d: Caller, principal: bytes) -> int:
 def stored_rights(d: Tables, prow: int, srow: int) -> int:
     t = d.state.tables
     row = t.row(t.spaces, srow)
-    if row[S.STATE] != 1:  # a deleted space (ops/deletions.py): nobody's
+    if row[S.STATE] != 1:  # a deleted space (kinds/deletions.py): nobody's
         return 0
     if row[S.OWNER] == prow:
         return ALL_RIGHTS

@@ -1,4 +1,4 @@
-"""Image parts of an ordinary chat at the device (ops/chat.py, `chat.completions` with `images`): on
+"""Image parts of an ordinary chat at the device (kinds/chat.py, `chat.completions` with `images`): on
 the tiny VLM (conftest's tiny_vlm_runtime) the answer is exactly the
 engine's own greedy answer for the same image and prompt; a text-only model refuses images
 (`model_lacks_media`); bytes that are no image, or a truncated one, are refused precisely before
@@ -13,8 +13,8 @@ from gpu_worker.engine.engine import Engine
 from gpu_worker.pack import pack_tiny
 from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.engine.test_vision import picture, png
-from tests.gpu_worker.ops.test_input_images import MODEL
-from tests.gpu_worker.ops.test_inputs import EngineWorld, running
+from tests.gpu_worker.kinds.test_input_images import MODEL
+from tests.gpu_worker.kinds.test_inputs import EngineWorld, running
 
 QUESTION = "What is in this picture?"
 

@@ -60,7 +60,7 @@ def start(d: Context, conn: object, msg: Message, batch: Batch) -> int:
         card = model_card(d, args.model)
         image_tokens = 0
         if images:
-            from ..pipeline.images import check_file  # pipeline/images.py imports ops (its media reads)
+            from ..pipeline.images import check_file  # pipeline/images.py imports kinds (its media reads)
 
             capabilities = card.get("capabilities") or {}
             if "image" not in capabilities.get("media_types", []) or getattr(d.runner.engine, "vision", None) is None:

@@ -1,4 +1,4 @@
-"""Deleting spaces and conversations at the device (ops/deletions.py): a manager's journaled
+"""Deleting spaces and conversations at the device (kinds/deletions.py): a manager's journaled
 operation that gives the capacity back — at once to the creator's quota, and the table row once
 the receipts that name it are retired — refused without the right or while in use, reproduced
 by replay after a restart and after a checkpoint."""
@@ -7,8 +7,8 @@ import collections
 import pytest
 
 from gpu_worker.pack import pack_tiny
-from tests.gpu_worker.ops.test_quotas import QuotaWorld
-from tests.gpu_worker.ops.test_shared_state import code
+from tests.gpu_worker.kinds.test_quotas import QuotaWorld
+from tests.gpu_worker.kinds.test_shared_state import code
 
 
 @pytest.fixture

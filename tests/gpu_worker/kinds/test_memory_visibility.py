@@ -15,10 +15,10 @@ Each is replayed from the journal (and from a checkpoint) to the same state."""
 import base64
 
 from gpu_worker.pack import pack_tiny
-from tests.gpu_worker.ops.test_inputs import EngineWorld
-from tests.gpu_worker.ops.test_memory import PROFILE, capture_prompts, make_runtime, retire_all, rows, run, running
-from tests.gpu_worker.ops.test_memory import world  # noqa: F401  (the fixture: principals a, b, c)
-from tests.gpu_worker.ops.test_shared_state import code
+from tests.gpu_worker.kinds.test_inputs import EngineWorld
+from tests.gpu_worker.kinds.test_memory import PROFILE, capture_prompts, make_runtime, retire_all, rows, run, running
+from tests.gpu_worker.kinds.test_memory import world  # noqa: F401  (the fixture: principals a, b, c)
+from tests.gpu_worker.kinds.test_shared_state import code
 
 
 def conversation_in(world, name, space):
@@ -253,7 +253,7 @@ def test_history_records_without_an_author_are_given_to_readers_of_the_space_onl
     """A checkpoint's history written before authors were kept: `order | user length | user |
     answer length | answer` records read back with an unknown author, beside authored ones."""
     import struct
-    from gpu_worker.ops import history
+    from gpu_worker.kinds import history
     old = struct.pack("<II", 3, 2) + b"hi" + struct.pack("<I", 3) + b"yes"
     new = history._encode(4, 7, b"me", b"ok")
     assert history._records(old + new) == [(3, history.UNKNOWN, b"hi", b"yes"), (4, 7, b"me", b"ok")]

@@ -18,9 +18,9 @@ from gpu_worker.storage.journal import Transfer, TransferKind
 from gpu_worker.storage.journal_reader import recover
 from gpu_worker.storage import leases, runtime_file_writer
 from gpu_worker.state.tables import C, R
-from tests.gpu_worker.ops.test_inputs import EngineWorld, running
-from tests.gpu_worker.ops.test_quotas import QuotaEngineWorld, refused
-from tests.gpu_worker.ops.test_shared_state import code
+from tests.gpu_worker.kinds.test_inputs import EngineWorld, running
+from tests.gpu_worker.kinds.test_quotas import QuotaEngineWorld, refused
+from tests.gpu_worker.kinds.test_shared_state import code
 
 PROFILE = {"kv_pages": 256, "page_grant": 96, "deadline_ms": 60000}
 
@@ -468,7 +468,7 @@ def test_the_history_keeps_the_most_recent_turns_within_its_bound_across_a_check
 
 
 def test_a_cancellation_cannot_undo_committed_memory(world):
-    from tests.gpu_worker.ops.test_inputs import slow_engine
+    from tests.gpu_worker.kinds.test_inputs import slow_engine
     space, conversation = world.conversation("a")
     slow_engine(world)
     status, receipt = world.say("a", conversation, "keep this", max_output_tokens=120, temperature=1.0)

@@ -1,8 +1,8 @@
 """Retirements (SPEC "Mutations and retries"): advance the participant's retry floor and free
 every receipt below it, each of which must have a saved terminal result. The freed slots are
 reused only once the retirement that carries the new floor is saved. A deleted space or
-conversation whose last receipt this retires goes back to its table (ops/deletions.py). A
-retired input's turn is folded into its conversation's history first (ops/history.py), so later
+conversation whose last receipt this retires goes back to its table (kinds/deletions.py). A
+retired input's turn is folded into its conversation's history first (kinds/history.py), so later
 inputs keep it in their context."""
 from __future__ import annotations
 

@@ -105,7 +105,7 @@ def visible_to(d: Caller, principal: bytes, reader: int | None, row: list[int]) 
 
 
 def saved(d: Context, rrow: int) -> None:
-    """Rights changed: open streams of readers who lost theirs end (ops/events.py)."""
+    """Rights changed: open streams of readers who lost theirs end (kinds/events.py)."""
     events.recheck(d)
 
 

@@ -13,12 +13,12 @@ import base64
 
 import torch
 
-from gpu_worker.ops.kind import Kind
+from gpu_worker.kinds.kind import Kind
 from gpu_worker.state.tables import R
 from gpu_worker.storage.journal import TransferKind
 from gpu_worker.storage.journal_reader import recover
 from gpu_worker.storage.leases import decode as decode_lease
-from tests.gpu_worker.ops.test_inputs import EngineWorld, record_prompts, runtime  # noqa: F401 (fixture)
+from tests.gpu_worker.kinds.test_inputs import EngineWorld, record_prompts, runtime  # noqa: F401 (fixture)
 
 CONVERSATION_TARGETS = (Kind.CONVERSATION_CREATE, Kind.INPUT, Kind.CONVERSATION_DELETE)
 

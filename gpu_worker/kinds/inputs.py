@@ -75,7 +75,7 @@ def check(d: Context, principal: bytes, prow: int | None, args: Input, key: byte
         source = d.state.media.get(sha)
         if source is None or prow not in source.owners:
             raise ServiceError(404, "media_not_found", f"no media source {sha} owned by this participant")
-        if source.missing:  # listed by the saved state, its bytes lost (ops/media.recover_bytes)
+        if source.missing:  # listed by the saved state, its bytes lost (kinds/media.recover_bytes)
             raise ServiceError(409, "media_unavailable",
                                f"media source {sha} is saved but its bytes are not (restored from a checkpoint "
                                f"that did not carry them); upload it again: PUT /aotx/v1/media/{sha}", sha256=sha)

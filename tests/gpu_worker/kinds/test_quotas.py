@@ -1,4 +1,4 @@
-"""Per-principal quotas at the device (ops/quotas.py, docs/grants.md): read from the grant file,
+"""Per-principal quotas at the device (kinds/quotas.py, docs/grants.md): read from the grant file,
 checked at admission before anything changes, 429 `quota_exceeded` naming the quota, shown with
 their use in capabilities; the defaults (a quarter of the runtime's capacities) of a principal
 whose grant leaves them out, null for unlimited, v1 files read as they were meant; the receipt
@@ -14,12 +14,12 @@ import pytest
 from gpu_worker.contract import grantfile
 from gpu_worker.contract.limits import MAX_MEDIA_BYTES
 from gpu_worker.contract.vocabulary import DEFAULT_RATES, QUOTAS, RATES
-from gpu_worker.ops import chat
+from gpu_worker.kinds import chat
 from gpu_worker.pack import pack_tiny
 from gpu_worker.storage.committer import Batch
 from tests.conftest import ALL
-from tests.gpu_worker.ops.test_inputs import EngineWorld
-from tests.gpu_worker.ops.test_shared_state import World, code
+from tests.gpu_worker.kinds.test_inputs import EngineWorld
+from tests.gpu_worker.kinds.test_shared_state import World, code
 
 
 class Quotas:

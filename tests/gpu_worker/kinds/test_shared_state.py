@@ -253,7 +253,7 @@ def test_indexes_rebuilt_from_the_tables_equal_those_kept_as_the_device_admitted
     """Boot derives every index from the tables in whole-column passes (state/indexes.py); the
     device keeps them row by row as it admits, retires and deletes. After a mix of all of those,
     indexes rebuilt from a copy of the tables are the kept ones, free rows and input order included."""
-    from gpu_worker.ops.kind import Kind
+    from gpu_worker.kinds.kind import Kind
     from gpu_worker.state import DeviceState
     spaces = [world.space("owner", scope="room") for _ in range(3)] + [world.space("writer")]
     world.member("owner", spaces[0], "reader", ["read"])
@@ -322,7 +322,7 @@ def test_a_replay_in_runs_leaves_exactly_the_state_one_admission_at_a_time_leave
     bytes, indexes and free lists are those that applying each admission by itself leaves."""
     import torch
     from gpu_worker.pipeline import admission
-    from gpu_worker.ops import spaces as space_kind
+    from gpu_worker.kinds import spaces as space_kind
     for _ in range(3):
         for name in ("owner", "writer", "reader"):
             world.space(name, scope="room" if name == "owner" else "private")

@@ -8,7 +8,7 @@ import pytest
 
 from gpu_worker.loop.server import IDLE_SECONDS
 from gpu_worker.pack import pack_tiny
-from tests.gpu_worker.ops.test_quotas import QuotaEngineWorld, hold_engine, start_chat
+from tests.gpu_worker.kinds.test_quotas import QuotaEngineWorld, hold_engine, start_chat
 
 
 @pytest.fixture

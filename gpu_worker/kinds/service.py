@@ -39,7 +39,7 @@ def capabilities(d: Context, principal: bytes, args: NoArgs) -> tuple[int, Any]:
                    # the most an input may name: its page limit's tokens, at the largest page limit admitted
                    "max_output_tokens": str(min(profile["page_grant"], profile["kv_pages"]) * profile["page_size"])},
         # what an input that names none gets: 256 output tokens within half its page limit
-        # (ops/inputs.py default_output_tokens), and the page grant
+        # (kinds/inputs.py default_output_tokens), and the page grant
         "defaults": {"max_output_tokens": str(profile["max_output_tokens"]), "pages": str(profile["page_grant"])},
         "page_size": str(profile["page_size"]),
         "page_grant": str(profile["page_grant"]),

@@ -14,8 +14,8 @@ from gpu_worker.pipeline import execution
 from gpu_worker.engine.engine import Engine
 from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.engine.test_vision import picture, png
-from tests.gpu_worker.ops.test_inputs import EngineWorld, running
-from tests.gpu_worker.ops.test_shared_state import code
+from tests.gpu_worker.kinds.test_inputs import EngineWorld, running
+from tests.gpu_worker.kinds.test_shared_state import code
 
 MODEL = "smolvlm-tiny"  # conftest.tiny_vlm_runtime's model
 

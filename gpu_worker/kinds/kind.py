@@ -8,7 +8,7 @@ that needs more takes one facet beside the tables — `Caller` (the caller's gra
 `Journaling` (a journal transfer, `append`, and the committer's state), `Publishing` (the
 subscriptions events are pushed to), `Executing` (the engine and its inputs in execution),
 `Reporting` (the runtime file) — or `Context`, every facet, when it needs several. The device
-(gpu_worker/device.py) provides them all; nothing under ops/ imports it, so the device, its
+(gpu_worker/device.py) provides them all; nothing under kinds/ imports it, so the device, its
 admission and execution modules and the operations form no import circle.
 
 A kind's functions take that context first. `check` validates a new operation against the
@@ -55,7 +55,7 @@ _as_admission = tuple.__new__  # (Admission's fields in order: one C call)
 
 class Tables(Protocol):
     """The authoritative tables (gpu_worker/state/) and the operation kinds that render their
-    receipt rows (ops/registry.py), read-only: what most kinds' functions need."""
+    receipt rows (kinds/registry.py), read-only: what most kinds' functions need."""
 
     @property
     def state(self) -> DeviceState: ...

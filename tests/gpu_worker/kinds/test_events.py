@@ -11,8 +11,8 @@ import pytest
 from gpu_worker.pack import pack_tiny
 from gpu_worker.state import DeviceState
 from gpu_worker.storage import checkpoint
-from tests.gpu_worker.ops.test_inputs import EngineWorld, slow_engine
-from tests.gpu_worker.ops.test_shared_state import code
+from tests.gpu_worker.kinds.test_inputs import EngineWorld, slow_engine
+from tests.gpu_worker.kinds.test_shared_state import code
 
 
 @pytest.fixture
