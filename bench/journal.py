@@ -53,8 +53,8 @@ MAX_RATE = 80_000  # registrations/s no device here reaches: each phase has this
 if Path(sys.path[0]).resolve() == ROOT / "bench":  # run as a script: bench/http.py would shadow http
     sys.path[0] = str(ROOT)
 
-from gpu_worker.ops.kind import Admission  # noqa: E402
-from gpu_worker.ops.kind import Kind  # noqa: E402
+from gpu_worker.kinds.kind import Admission  # noqa: E402
+from gpu_worker.kinds.kind import Kind  # noqa: E402
 from gpu_worker.storage.journal import MAX_DATA, PART_HEADER_SIZE, record_count  # noqa: E402
 from gpu_worker.storage.journal_writer import MAX_RECORDS_PER_TICK  # noqa: E402
 from gpu_worker.pack import pack_tiny  # noqa: E402

@@ -354,8 +354,8 @@ def build_mixed(base, transfers, seed=0, progress=True):
 def journal_mix(runtime, journal):
     """Transfers per kind in the journal, admissions by their operation kind, read as a boot
     reads them (storage/journal_reader.py ReadAhead)."""
-    from gpu_worker.ops.kind import KIND_AT
-    from gpu_worker.ops.registry import KINDS
+    from gpu_worker.kinds.kind import KIND_AT
+    from gpu_worker.kinds.registry import KINDS
     from gpu_worker.state.tables import Finish
     from gpu_worker.storage.journal import TransferKind
     from gpu_worker.storage.journal_reader import ReadAhead

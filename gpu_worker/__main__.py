@@ -21,7 +21,7 @@ def main(argv):
     elif argv[0] == "link-tls":
         from .replication.tls import main as command
     else:
-        from .boot import main as command
+        from .recovery.boot import main as command
     return command(argv[1:])
 
 

@@ -1,4 +1,4 @@
-"""The fold process of a checkpoint beside the ticks (gpu_worker/fold.py): the state of the runtime
+"""The fold process of a checkpoint beside the ticks (gpu_worker/recovery/fold.py): the state of the runtime
 file's checkpoint plus the journal segments in DIR (links to those the checkpoint folds), encoded
 as the checkpoint's components on standard output.
 
@@ -15,8 +15,8 @@ import signal
 import sys
 
 from .device import Device
-from .fold import encode
-from .ops import media
+from .recovery.fold import encode
+from .kinds import media
 from .storage import checkpoint
 from .storage.runtime_file import RuntimeFile
 

@@ -2,11 +2,25 @@
 carrying many requests told apart by their ids, so a request costs no thread and no connection
 of its own. The HTTP front (shared_api/http/front.py) calls the device from the event loop through
 DevicePool, a few DeviceMux connections per process; event streams and chats, whose replies come
-in several frames, open a stream on the process's DeviceMux. Synchronous callers (the admin's
-ops pages, Celery tasks, /metrics) call through
-BlockingDevice, a DeviceMux on an event loop of its own thread. Every request is built as its
+in several frames, open a stream on the process's DeviceMux. Every request is built as its
 command's declared type (gpu_worker/contract/commands.py) and every frame read through the
 contract's FrameReader.
+
+There is one client, DeviceMux, with two faces, and they stay two. DevicePool (and `mux()`) is
+for code already on an event loop: a call is an `await`, the connections belong to that loop
+(one set per loop), and nothing blocks it. BlockingDevice is for synchronous callers, which all go
+through shared_api/ops.py (`ops.call`, `ops.ping`): the Celery tasks in shared_api/tasks.py (the
+capacity samples, hold detection, the scheduled checkpoint and audit export) and Celery beat's
+wait for the device before its first run (aotx_site/celery.py), which run in processes with no
+event loop at all; and Django's synchronous views, the admin's ops pages (shared_api/admin.py,
+shared_api/console/: status, receipts, results, holds, and the hold banner of every admin page)
+and /metrics and /healthz (shared_api/http/metrics.py), which Django's ASGI handler runs on a
+worker thread, not on the event loop. No management command calls the device. Giving those
+callers the async face would put an event loop in each of them (`asyncio.run` per call: a new
+loop and a new connection every call, or one kept per thread) or make the pages and tasks async
+where Django's admin and Celery are not; BlockingDevice instead runs one DeviceMux on one event
+loop of its own thread per process, so a blocking call is the same DeviceMux call, the same
+frames and the same failures, waited on through a future.
 
 Device down or silent -> ServiceError 503 with a clear code, never a hang: `device_unavailable`
 when nothing reached the device, `device_connection_lost` or `device_timeout` when the request
@@ -339,10 +353,11 @@ class DevicePool:
 
 
 class BlockingDevice:
-    """The blocking face of the one device client, for synchronous callers (the admin's pages,
-    Celery tasks, /metrics and /healthz, Django serving a shared route itself): a DeviceMux on an
-    event loop of its own thread ("aotx-device-client"), started on the first call in each process
-    (a Celery worker forked from a parent that had one starts its own). A call is the mux's `call`,
+    """The blocking face of the one device client, for synchronous callers (through
+    shared_api/ops.py: the admin's pages, Celery tasks and beat, /metrics and /healthz; the module
+    docstring says why they do not await DevicePool): a DeviceMux on an event loop of its own
+    thread ("aotx-device-client"), started on the first call in each process (a Celery worker
+    forked from a parent that had one starts its own). A call is the mux's `call`,
     with its failures (503 device_unavailable, device_connection_lost, device_timeout); the caller
     waits on the call's future, which the mux's reply or its timer completes, and, as a safety net
     for a loop that could not run it, at most the call's timeout plus the connect bound."""

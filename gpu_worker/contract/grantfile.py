@@ -8,7 +8,7 @@ read is never written.
 
 A principal's `quotas` object says, per quota or rate name, an integer limit or `null`
 (unlimited); a name left out gets the default (a fair share: the rates' are DEFAULT_RATES, the
-table quotas' the device computes from its runtime's capacities, ops/quotas.py). That is schema
+table quotas' the device computes from its runtime's capacities, kinds/quotas.py). That is schema
 v2. A v1 file (written before defaults existed, where a name left out meant unlimited and null
 was not allowed) is still read as it was meant: every name it leaves out is unlimited. The
 gateway writes v2 only, so its next write (any principal change, `write_grants`, `make run`'s
@@ -180,7 +180,7 @@ class Grants:
     def setting(self, principal_id: str, name: str) -> tuple[bool, int | None]:
         """(set, limit): whether the principal's grant sets quota or rate `name`, and its limit
         then (None: unlimited). Not set: the default applies (`quota` for a rate; the device's
-        ops/quotas.py for a table quota, whose default depends on the runtime)."""
+        kinds/quotas.py for a table quota, whose default depends on the runtime)."""
         limits = self.quotas.get(principal_id)
         if limits is None or name not in limits:
             return False, None
@@ -190,6 +190,6 @@ class Grants:
         """The principal's rate `name` in force, None when unlimited: its setting, else the default
         (DEFAULT_RATES). Rates only: a table quota's default needs the runtime's capacities."""
         if name not in DEFAULT_RATES:
-            raise ValueError(f"{name} is not a rate; a table quota's limit is ops/quotas.limit's")
+            raise ValueError(f"{name} is not a rate; a table quota's limit is kinds/quotas.limit's")
         found, limit = self.setting(principal_id, name)
         return limit if found else DEFAULT_RATES[name]

@@ -28,7 +28,7 @@ TERMINAL_STATUSES = ("succeeded", "failed", "cancelled", "interrupted", "deadlin
 HOLD_CAUSES = ("file_cap", "low_disk", "disk_full")
 # Per-principal quotas of the grant file (docs/grants.md): what one principal may hold at once.
 # Left out: the default, a fair share of the runtime's capacities that the device computes
-# (gpu_worker/ops/quotas.py, `defaults`); null: unlimited (within the tables' capacities and the
+# (gpu_worker/kinds/quotas.py, `defaults`); null: unlimited (within the tables' capacities and the
 # global reserve).
 QUOTAS = ("receipts", "spaces", "conversations", "media_bytes", "chats", "queued_inputs", "kv_pages",
           "memory_rows")

@@ -247,7 +247,7 @@ class Server:
         if self._stop_asked:
             self._running = False
         # only what was queued when woken: what these events deliver (a continuation's next slice:
-        # Device._mark_folded) waits for the next wake, after the ticks and reads queued meanwhile
+        # Checkpoints._mark_folded) waits for the next wake, after the ticks and reads queued meanwhile
         for _ in range(len(self._from_threads)):
             if not self._running:
                 break

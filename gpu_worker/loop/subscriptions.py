@@ -4,7 +4,7 @@ A subscription is one request on one gateway connection (its frames carry the re
 the ids of every subscription of that connection a frame is for): a conversation's events, an
 operation's output, a chat's tokens. Every frame but the last says `"more": true`; the last ends
 it. What a subscription carries and who may hold one is the
-operations' business (gpu_worker/ops/events.py, ops/chat.py); this registry only keeps them by
+operations' business (gpu_worker/kinds/events.py, kinds/chat.py); this registry only keeps them by
 topic and by connection and queues their frames for the server to send, in order, after the step
 that produced them. A closed connection drops its subscriptions; a subscription's owner can also
 close it (`subscriptions.close`).
@@ -42,7 +42,7 @@ class Subscriptions:
         return sub
 
     def move(self, sub: Subscription, topic: Topic) -> None:
-        """The subscription follows another topic (its receipt's row changed: ops/events.py)."""
+        """The subscription follows another topic (its receipt's row changed: kinds/events.py)."""
         if sub.topic == topic:
             return
         subs = self._by_topic[sub.topic]

@@ -120,7 +120,7 @@ class MemoryRow:
                    source, actor)
 
     def owner_name(self) -> str:
-        """The owner as spaces show their `memory_owner` (ops/spaces.memory_owner)."""
+        """The owner as spaces show their `memory_owner` (kinds/spaces.memory_owner)."""
         if self.scope == 2:
             return space_id(self.room_lineage, self.room)
         if self.scope == 3:

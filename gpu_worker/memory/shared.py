@@ -26,9 +26,9 @@ from ..contract.commands import MemoryRead, SpacePage
 from ..contract.errors import ServiceError
 from ..contract.limits import RECALL_FLOOR, RECALL_K, RECALL_MARGIN
 from ..contract.vocabulary import MEMORY_KINDS, NOT_RETAINED
-from ..ops import access
-from ..ops.kind import Caller, Read, Tables
-from ..ops.lists import byte_offset, byte_span
+from ..kinds import access
+from ..kinds.kind import Caller, Read, Tables
+from ..kinds.lists import byte_offset, byte_span
 from ..state import ids as derived
 from ..state.tables import C, NotRetained, P, R, S, Right, Scope, join16
 from ..storage import leases

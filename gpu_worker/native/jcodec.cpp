@@ -205,7 +205,7 @@ PyObject* transfers(PyObject*, PyObject* args) {
   bool hash_failed = false;
   std::vector<Found> found;
   // First pass, without the GIL (the bytes object is held by `data`): check the records, chain
-  // the digests. A thread reading the journal ahead of the one replaying it (Device._load_state)
+  // the digests. A thread reading the journal ahead of the one replaying it (Replay._load_state (recovery/replay.py))
   // runs this beside it.
   Py_BEGIN_ALLOW_THREADS
   size_t whole = 0;
@@ -511,7 +511,7 @@ bool read_run(PyObject* payloads, long version, long kind, Columns& c, Extra ext
   return true;
 }
 
-// The space an admission's extra names, as ops/*.py check records it: "space": [lineage, id].
+// The space an admission's extra names, as kinds/*.py check records it: "space": [lineage, id].
 const char SPACE_KEY[] = "\xa5space";
 
 bool space_ref(Reader& r, unsigned char* lineage, unsigned char* id) {
@@ -521,7 +521,7 @@ bool space_ref(Reader& r, unsigned char* lineage, unsigned char* id) {
 // conversation_creates(payloads, version, kind) -> (sequences, keys, ops, commands, lengths,
 // space lineages, space ids, ids) or None: a run of conversations.create admissions, each exactly
 // [version, kind, principal, sequence, key, op, canonical, {"space": [lineage, id], "id": id}]
-// (16-byte bins; the extra map in ops/conversations.py check's order). None as space_creates.
+// (16-byte bins; the extra map in kinds/conversations.py check's order). None as space_creates.
 PyObject* conversation_creates(PyObject*, PyObject* args) {
   PyObject* payloads;
   long version, kind;
@@ -546,7 +546,7 @@ PyObject* conversation_creates(PyObject*, PyObject* args) {
 // member_sets(payloads, version, kind) -> (sequences, keys, ops, commands, lengths, space lineages,
 // space ids, participants, rights) or None: a run of members.set admissions, each exactly [version,
 // kind, principal, sequence, key, op, canonical, {"space": [lineage, id], "participant": raw id,
-// "rights": rights}] (ops/members.py check's order); rights native int64. None as space_creates.
+// "rights": rights}] (kinds/members.py check's order); rights native int64. None as space_creates.
 PyObject* member_sets(PyObject*, PyObject* args) {
   PyObject* payloads;
   long version, kind;

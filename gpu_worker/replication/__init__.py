@@ -37,7 +37,7 @@ from typing import Any
 from gpu_worker.contract.wire import FrameReader, Message
 
 # the runtime file component a takeover writes, making the file generation its receipts carry
-# (Device._failover_generation; docs/replication.md, "Failover generations")
+# (Succession.failover_generation, recovery/succession.py; docs/replication.md, "Failover generations")
 FAILOVER = "failover/takeover"
 MARKER = "standby"        # DIR/standby: the replication a standby's journal was kept under (`--takeover` reads it)
 SEGMENT_CHUNK = 1 << 20  # catch-up bytes per frame (within the framing's 16 MiB)

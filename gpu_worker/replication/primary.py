@@ -33,7 +33,7 @@ log = logging.getLogger("gpu_worker.replication")
 
 MAX_TICKS_TRACKED = 1 << 16   # tick ends kept to map an acknowledged position to a transfer
 MAX_QUEUED_BYTES = 64 << 20   # an async standby further behind than this is dropped (it catches up again)
-# the runtime file components checkpoints (storage/checkpoint.py, ops/media.py) and takeovers
+# the runtime file components checkpoints (storage/checkpoint.py, kinds/media.py) and takeovers
 # (FAILOVER) write: the saved state a catch-up may replace; any other (the model, the profiles)
 # must be the same on a standby
 SAVED_STATE = ("state/", "audit/", "media/", FAILOVER)

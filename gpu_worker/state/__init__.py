@@ -1,6 +1,6 @@
 """What is true on the device: the tables (fixed-capacity tensors), their host-side indexes and
 free rows, the counters a checkpoint saves, the memory table (memory/table.py) and the media
-sources. `DeviceState` is the whole of it; the operations (gpu_worker/ops/) read and change it,
+sources. `DeviceState` is the whole of it; the operations (gpu_worker/kinds/) read and change it,
 and replay rebuilds it from the runtime file's checkpoint plus the journal."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The inputs in execution, host side (their saved bytes are in the tables): each leased input's
 live state (`Execution`), the saved admissions awaiting their lease in conversation order and fair
-per principal (`LeaseQueue`), and all of them together (`Executions`). gpu_worker/execution.py moves
+per principal (`LeaseQueue`), and all of them together (`Executions`). gpu_worker/pipeline/execution.py moves
 inputs through them; a rebuild of the tables after an ENOSPC keeps them."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ LEASE_AHEAD = 2
 
 
 class Phase(IntEnum):
-    """Where a leased input is in its life (gpu_worker/execution.py moves it, only through
+    """Where a leased input is in its life (gpu_worker/pipeline/execution.py moves it, only through
     `Execution.move` and `Execution.end`; MOVES says where each phase may go)."""
     MEMORY = 1        # its lease is saved: its query is embedded, memory recalled and its source
     #                   retained, its prompt built (helper threads between tick-thread steps)

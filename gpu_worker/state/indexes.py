@@ -308,7 +308,7 @@ class SpaceIndex(_Deferring):
 
     def rebuild(self, tables: Tables) -> None:
         values = tables.array(tables.spaces)
-        live = np.flatnonzero(values[:, S.STATE] == 1)  # not a deleted one's tombstone (ops/deletions.py)
+        live = np.flatnonzero(values[:, S.STATE] == 1)  # not a deleted one's tombstone (kinds/deletions.py)
         self._index(values, live, live)
         self.free = tables.unused_rows(tables.spaces)
 
@@ -373,7 +373,7 @@ class ConversationIndex:
 
     def rebuild(self, tables: Tables, participants: ParticipantIndex, input_kind: int) -> None:
         values = tables.array(tables.conversations)
-        live = np.flatnonzero(values[:, C.STATE] == 1)  # not a deleted one's tombstone (ops/deletions.py)
+        live = np.flatnonzero(values[:, C.STATE] == 1)  # not a deleted one's tombstone (kinds/deletions.py)
         lineages = participants.lineages_at(values[live, C.CREATOR], values[live, C.CREATED])  # the one in its ID
         self.by_id.update(zip(zip(lineages, tables.ids16(values, live, C.ID_HI, C.ID_LO)), live.tolist()))
         self.free = tables.unused_rows(tables.conversations)
@@ -387,7 +387,7 @@ class ConversationIndex:
 @dataclass
 class MediaSource:
     """A media file under <journal>/media/ and the participant rows that own it. `missing`: its
-    bytes are neither there nor in the runtime file (found at boot, ops/media.recover_bytes)."""
+    bytes are neither there nor in the runtime file (found at boot, kinds/media.recover_bytes)."""
     length: int
     type: str
     owners: set[int] = field(default_factory=set)

@@ -31,7 +31,7 @@ class P:
 
 class S:
     """spaces columns"""
-    STATE = 0          # 0 free, 1 live, 2 deleted (a tombstone receipts still name: ops/deletions.py)
+    STATE = 0          # 0 free, 1 live, 2 deleted (a tombstone receipts still name: kinds/deletions.py)
     OWNER = 1          # participant row of the creator
     SCOPE = 2          # Scope
     ID_HI = 3          # the 32-hex id after spc-{lineage}-
@@ -52,7 +52,7 @@ class M:
 
 class C:
     """conversations columns (the row is the conversation's execution slot)"""
-    STATE = 0          # 0 free, 1 live, 2 deleted (a tombstone receipts still name: ops/deletions.py)
+    STATE = 0          # 0 free, 1 live, 2 deleted (a tombstone receipts still name: kinds/deletions.py)
     SPACE = 1
     CREATOR = 2        # participant row; its lineage is in the ID
     ID_HI = 3
@@ -61,7 +61,7 @@ class C:
     OP_HI = 6
     OP_LO = 7
     INPUTS = 8         # inputs admitted to it so far: the last event order (SPEC: event cursors)
-    HISTORY_LEN = 9    # bytes used in its row of the history table (ops/history.py)
+    HISTORY_LEN = 9    # bytes used in its row of the history table (kinds/history.py)
 
 
 class Scope(IntEnum):
@@ -196,7 +196,7 @@ class Tables:
         self.receipt_digests = torch.zeros((n_rec, 2, 32), **u8)
         self.command_bytes = torch.zeros((n_rec, capacities["command_bytes"]), **u8)
         self.result_bytes = torch.zeros((n_rec, capacities["result_bytes"]), **u8)
-        # each conversation's retired turns, what its context keeps once receipts go (ops/history.py)
+        # each conversation's retired turns, what its context keeps once receipts go (kinds/history.py)
         self.history = torch.zeros((capacities["conversations"], capacities["history_bytes"]), **u8)
         # On the CPU, flat memoryviews share the tensors' memory: a scalar read or write through one
         # is far cheaper than a torch dispatch or a numpy element (docs/performance.md).
@@ -349,7 +349,7 @@ class Tables:
 
     def mark_held(self, start: int, end: int, held: bool) -> None:
         """The saves of transfers start..end-1 were held by a standby (or alone): a replayed
-        REPLICATION transfer's correction (gpu_worker/device.py `_replay_replication`)."""
+        REPLICATION transfer's correction (gpu_worker/recovery/replay.py `Replay._replication`)."""
         bit, other = (HELD, ALONE) if held else (ALONE, HELD)
         for transfer_col, source_col in ((R.ADM_TRANSFER, R.ADM_SOURCE), (R.TERM_TRANSFER, R.TERM_SOURCE)):
             seqs = self.receipts[:, transfer_col]
@@ -359,7 +359,7 @@ class Tables:
     def mark_folded(self, generation: int, through_seq: int | None = None, rows: slice = slice(None)) -> None:
         """The saves of live receipts by transfers through `through_seq` (None: every saved one)
         are now in the runtime file, at this generation (a checkpoint folded them). A checkpoint
-        folds while admissions go on (gpu_worker/fold.py): what was saved after its fold point
+        folds while admissions go on (gpu_worker/recovery/fold.py): what was saved after its fold point
         stays in the journal, its save fields as they were given. `rows`: those of the receipts
         table only (a served device marks a fold in slices between its ticks: MARK_ROWS)."""
         table = self.receipts[rows]  # (a view: the writes below go to the table)

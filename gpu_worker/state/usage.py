@@ -1,6 +1,6 @@
 """Host-side counts the device keeps beside its tables and outside them: a rebuild of the tables
 (after an ENOSPC) keeps them. `Usage` is what per-principal quotas count that no table gives
-(ops/quotas.py), `Chats` numbers chat requests and counts their tokens (ops/chat.py)."""
+(kinds/quotas.py), `Chats` numbers chat requests and counts their tokens (kinds/chat.py)."""
 from __future__ import annotations
 
 import itertools

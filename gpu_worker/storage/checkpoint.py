@@ -7,7 +7,7 @@ A checkpoint writes these components to the runtime file and flips its superbloc
   "audit/<generation>"  msgpack: every transfer folded by this checkpoint, [seq, kind, payload,
                         digest], so the file keeps its logical audit prefix
   "media/<sha256>"      the bytes of each media source the state lists, added once
-                        (ops/media.checkpoint_components)
+                        (kinds/media.checkpoint_components)
 The runtime file reuses the space of the extents a checkpoint supersedes (the previous state and
 directory; runtime_file_writer.append), so checkpoints do not grow the file by a state each.
 Then the journal moves to a new segment and the old segments are removed. A crash anywhere in
@@ -258,7 +258,7 @@ def components(device: Folding, last_seq: int, last_digest: bytes, media_added: 
     """A checkpoint's components for the device's state, which holds every transfer through
     `last_seq` and none after: the state, the audit of the transfers it folds (read from the
     journal after the previous checkpoint), and `media_added`. `beside`: folded beside the ticks
-    (gpu_worker/fold.py), the device saving under the current generation meanwhile."""
+    (gpu_worker/recovery/fold.py), the device saving under the current generation meanwhile."""
     current = device.state
     folded = recover(device.journal_dir, device.fs, current.incarnation, start_digest=current.checkpoint_digest,
                      after_seq=current.checkpoint_seq).transfers
@@ -288,8 +288,8 @@ def trim(device: Folding, through_segment: int) -> None:
 def write(device: Folding, media: tuple[list[tuple[str, str, bytes]], list[str]]) -> dict[str, Any] | None:
     """Fold the device's journal into the runtime file here, now (the device idle: every transfer
     saved, here and on a sync standby: Committer.all_saved), with `media` (components to add,
-    component names to drop: ops/media.checkpoint_components). An offline command's and a test's;
-    a served device folds beside its ticks (gpu_worker/fold.py)."""
+    component names to drop: kinds/media.checkpoint_components). An offline command's and a test's;
+    a served device folds beside its ticks (gpu_worker/recovery/fold.py)."""
     started = time.perf_counter()
     writer = device.committer.writer
     if not device.committer.all_saved:

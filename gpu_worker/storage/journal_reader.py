@@ -318,7 +318,7 @@ def recover(
 ) -> RecoveryResult:
     """Read every segment in order and return the saved transfers after `after_seq` — or, with a
     `sink`, give them to it in pieces as they are read, in order (a device replays each piece
-    while this reads on, on another thread: Device._load_state).
+    while this reads on, on another thread: Replay._load_state (recovery/replay.py)).
 
     A torn tail (an unacknowledged write cut by a crash) is dropped; anything else that does not
     fit raises JournalCorrupt naming the file and offset (after the sink was given the transfers
@@ -333,7 +333,7 @@ class ReadAhead:
     """`recover` on a thread of its own (`aotx-journal-read`), handing its transfers over in
     pieces as it reads them: iterating gives the pieces in order while the thread reads on, so
     the records' checks and digests (jcodec.transfers, without the GIL) and the file reads run
-    beside the replay of the pieces before (a boot: Device._load_state). `result` is recover's
+    beside the replay of the pieces before (a boot: Replay._load_state (recovery/replay.py)). `result` is recover's
     (its `transfers` empty: every one was handed over), or raises what the reading raised (a
     damaged journal: after the pieces before the damage). Waker of the iteration: each piece the
     thread hands over and, always last, None (the thread's end, whatever ended it); `close` makes

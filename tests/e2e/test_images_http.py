@@ -17,7 +17,7 @@ from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.conftest import wait_for
 from tests.e2e.test_inputs_http import mutate, new_conversation, writer_space
 from tests.engine.test_vision import picture, png
-from tests.gpu_worker.ops.test_input_images import MODEL, damaged_inside
+from tests.gpu_worker.kinds.test_input_images import MODEL, damaged_inside
 from tests.harness import Stack
 
 pytestmark = pytest.mark.e2e

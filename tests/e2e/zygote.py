@@ -12,7 +12,7 @@ import sys
 
 import torch  # noqa: F401  -- the expensive import, done once before any fork
 
-from gpu_worker import boot
+from gpu_worker.recovery import boot
 
 
 def _enter(netns):

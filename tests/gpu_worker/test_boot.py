@@ -30,7 +30,7 @@ def test_boot_refuses_a_runtime_packed_without_shared_in_one_line(tmp_path):
 def test_boot_refuses_replication_flags_that_do_not_go_together(tmp_path, capsys):
     """--standby-timeout is for a sync primary; a standby (--standby-of) does not boot a journal with
     --takeover (it takes over by itself: SIGUSR1, or the leader key gone)."""
-    from gpu_worker import boot
+    from gpu_worker.recovery import boot
     base = ["--ccir", str(tmp_path / "r.aotxccir"), "--journal", str(tmp_path / "journal"),
             "--service-grants", str(tmp_path / "grants.json")]
     for extra, words in ((["--standby-timeout", "5"], "--standby-timeout S"),

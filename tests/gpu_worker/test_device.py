@@ -8,7 +8,7 @@ import pytest
 import rfc8785
 
 from gpu_worker.device import Device
-from gpu_worker.ops.receipts import receipt_bytes, render
+from gpu_worker.kinds.receipts import receipt_bytes, render
 from gpu_worker.contract.grantfile import Grants
 from gpu_worker.storage.journal_lock import JournalLocked
 from gpu_worker.storage.journal_writer import MAX_RECORDS_PER_TICK

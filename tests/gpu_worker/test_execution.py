@@ -5,7 +5,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_worker.prompt import fit_prompt
+from gpu_worker.pipeline.prompt import fit_prompt
 
 
 class CountingTokenizer:

@@ -1,6 +1,6 @@
 """An input's life as a state machine (gpu_worker/state/executions.py): one phase, changed only by
 `Execution.move` / `end`, along MOVES. The whole life runs through the engine in
-tests/gpu_worker/ops/test_inputs.py, test_cancellations, test_memory and the deadline tests; here,
+tests/gpu_worker/kinds/test_inputs.py, test_cancellations, test_memory and the deadline tests; here,
 the table itself."""
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ from gpu_worker.storage.journal_writer import JournalIOError
 from gpu_worker.pack import pack_tiny
 from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.conftest import PYTHON, ROOT
-from tests.gpu_worker.ops.test_inputs import EngineWorld, slow_engine
-from tests.gpu_worker.ops.test_shared_state import World, code
+from tests.gpu_worker.kinds.test_inputs import EngineWorld, slow_engine
+from tests.gpu_worker.kinds.test_shared_state import World, code
 
 
 def runtime(tmp_path, **limits):

@@ -1,6 +1,6 @@
 """The device's layers (docs/architecture.md, "Device"): operations see the device only through
-the context ops/kind.py declares, so nothing below the device's hub imports it, and the device,
-its admission and execution modules and the operations form no import circle. Every import
+the context kinds/kind.py declares, so nothing below the device's hub imports it, and the device,
+its parts (pipeline/, recovery/) and the operations form no import circle. Every import
 counts, those under TYPE_CHECKING and inside functions included: each is an edge a reader
 follows."""
 from __future__ import annotations
@@ -11,9 +11,12 @@ from pathlib import Path
 import gpu_worker
 
 ROOT = Path(gpu_worker.__file__).parent
-HUB = {"gpu_worker.device", "gpu_worker.admission", "gpu_worker.execution"}
-BELOW_THE_HUB = ("gpu_worker.ops", "gpu_worker.memory", "gpu_worker.state", "gpu_worker.storage",
-                 "gpu_worker.images", "gpu_worker.prompt", "gpu_worker.contract", "gpu_worker.engine")
+HUB = {"gpu_worker.device", "gpu_worker.pipeline.admission", "gpu_worker.pipeline.execution",
+       "gpu_worker.pipeline.retention", "gpu_worker.pipeline.transfers", "gpu_worker.pipeline.tick",
+       "gpu_worker.recovery.replay", "gpu_worker.recovery.checkpoints", "gpu_worker.recovery.succession"}
+BELOW_THE_HUB = ("gpu_worker.kinds", "gpu_worker.memory", "gpu_worker.state", "gpu_worker.storage",
+                 "gpu_worker.pipeline.images", "gpu_worker.pipeline.prompt", "gpu_worker.contract",
+                 "gpu_worker.engine")
 
 
 def module_name(path: Path) -> str:
@@ -62,9 +65,9 @@ def test_nothing_below_the_hub_imports_it() -> None:
     assert offenders == {}
 
 
-def test_no_import_circle_through_the_device_admission_execution_or_ops() -> None:
+def test_no_import_circle_through_the_device_its_parts_or_the_kinds() -> None:
     graph = import_graph()
-    watched = sorted(name for name in graph if name in HUB or name.startswith("gpu_worker.ops"))
+    watched = sorted(name for name in graph if name in HUB or name.startswith("gpu_worker.kinds"))
     circles = {name: sorted(module for module in reachable(graph, name) if name in reachable(graph, module))
                for name in watched if name in reachable(graph, name)}
     assert circles == {}
@@ -73,6 +76,6 @@ def test_no_import_circle_through_the_device_admission_execution_or_ops() -> Non
 def test_the_graph_sees_a_circle_when_there_is_one() -> None:
     """The check above would fail: an import from an operation back to the device closes one."""
     graph = import_graph()
-    graph["gpu_worker.ops.spaces"].add("gpu_worker.device")
-    assert "gpu_worker.ops.spaces" in reachable(graph, "gpu_worker.ops.spaces")
+    graph["gpu_worker.kinds.spaces"].add("gpu_worker.device")
+    assert "gpu_worker.kinds.spaces" in reachable(graph, "gpu_worker.kinds.spaces")
     assert "gpu_worker.device" in reachable(graph, "gpu_worker.device")

@@ -483,7 +483,7 @@ def test_the_default_pack_carries_all_minilm_l6_v2(default_runtime):
 @pytest.fixture
 def checkpointed(tmp_path):
     """A shared tiny runtime whose checkpoint holds 3 participants, 2 spaces and 5 receipts."""
-    from tests.gpu_worker.ops.test_shared_state import World
+    from tests.gpu_worker.kinds.test_shared_state import World
     path = str(tmp_path / "state.aotxccir")
     pack.pack_tiny(path, shared=True)
     world = World(path, tmp_path, ["a", "b", "c"])

@@ -367,7 +367,7 @@ def _kept(tiny_runtime, tmp_path, sync):
 
 
 def test_a_takeover_of_a_sync_standbys_journal_continues_the_line_of_history(tiny_runtime, tmp_path):
-    from gpu_worker.device import DeviceBootError
+    from gpu_worker.recovery import DeviceBootError
     primary, directory, runtime, lineages = _kept(tiny_runtime, tmp_path, sync=True)
     with pytest.raises(DeviceBootError, match="restore requires fresh deployment grants"):
         Device(RuntimeFile.open(runtime), directory, Grants(primary.grants))  # without --takeover: a restore
@@ -389,7 +389,7 @@ def test_a_takeover_of_a_sync_standbys_journal_continues_the_line_of_history(tin
 
 
 def test_a_takeover_of_an_async_standbys_journal_is_refused(tiny_runtime, tmp_path):
-    from gpu_worker.device import DeviceBootError
+    from gpu_worker.recovery import DeviceBootError
     primary, directory, runtime, _ = _kept(tiny_runtime, tmp_path, sync=False)
     with pytest.raises(DeviceBootError, match="kept async"):
         Device(RuntimeFile.open(runtime), directory, Grants(primary.grants), takeover=True)
@@ -876,7 +876,7 @@ def test_a_catch_up_cut_short_refuses_a_takeover_and_is_done_again_on_the_next_l
     was emptied: the journal says "catch-up", so a takeover of it is refused (it is not whole);
     the standby connects again, catches up, and follows: the marker says sync again. Nothing
     counts as acknowledged by the standby before its catch-up."""
-    from gpu_worker.device import DeviceBootError
+    from gpu_worker.recovery import DeviceBootError
     from gpu_worker.replication import standby as standby_module
     from gpu_worker.replication.marker import read_mark
     mine, copy = copies(tiny_runtime, tmp_path, "p.aotxccir", "s.aotxccir")
@@ -1065,7 +1065,7 @@ def test_a_standby_is_in_sync_only_once_it_holds_what_the_primary_had_saved(tiny
 
 
 def test_a_takeover_of_a_catching_up_journal_is_refused(tiny_runtime, tmp_path):
-    from gpu_worker.device import DeviceBootError
+    from gpu_worker.recovery import DeviceBootError
     from gpu_worker.replication.marker import write_marker
     primary = Primary(tiny_runtime, tmp_path / "p", 4, sync=True).start()
     follower = Follower(primary.address, str(tmp_path / "s" / "journal"), tiny_runtime)
@@ -1368,7 +1368,7 @@ def test_a_link_between_machines_is_tls_with_a_certificate_on_both_sides(tiny_ru
 
 
 def test_boot_refuses_a_link_over_tcp_without_tls(tiny_runtime, tmp_path):
-    from gpu_worker import boot
+    from gpu_worker.recovery import boot
     code = boot.main(["--ccir", tiny_runtime, "--journal", str(tmp_path / "j"), "--service-grants",
                       str(tmp_path / "g.json"), "--replicate", "127.0.0.1:7001"])
     assert code == 2

@@ -11,13 +11,14 @@ import shutil
 import pytest
 
 from gpu_worker.contract.grantfile import Grants
-from gpu_worker.device import Device, DeviceBootError
+from gpu_worker.device import Device
+from gpu_worker.recovery import DeviceBootError
 from gpu_worker.pack import pack_tiny
 from gpu_worker.state import ids
 from gpu_worker.storage import owner
 from gpu_worker.storage.journal import JournalCorrupt, list_segments, segment_name
 from gpu_worker.storage.runtime_file import RuntimeFile
-from tests.gpu_worker.ops.test_shared_state import World, code
+from tests.gpu_worker.kinds.test_shared_state import World, code
 
 REFUSED = r"^restore requires fresh deployment grants: .*write_grants"
 

@@ -63,8 +63,8 @@ def test_lineages_at_is_lineage_at_for_every_row(starts, pairs):
 def test_the_accelerator_paths_write_exactly_what_the_host_paths_do():
     """On an accelerator the tables have no flat host views and every write goes through torch
     indexing (state/tables.py); run here with the views off, the same writes leave the same bytes."""
-    from gpu_worker.admission import _RECEIPT_ROW
-    from gpu_worker.ops.spaces import _ROW as SPACE_ROW
+    from gpu_worker.pipeline.admission import _RECEIPT_ROW
+    from gpu_worker.kinds.spaces import _ROW as SPACE_ROW
     host, accelerator = Tables(CAPACITIES), Tables(CAPACITIES)
     accelerator._flat = None
     rng = np.random.default_rng(7)
@@ -90,7 +90,7 @@ def test_the_accelerator_paths_write_exactly_what_the_host_paths_do():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (scripts/gpu_check.sh runs it on a lent GPU)")
 def test_tables_on_cuda_hold_what_host_tables_do():
     """The same writes and whole-table loads on CUDA tables and on host tables leave the same bytes."""
-    from gpu_worker.admission import _RECEIPT_ROW
+    from gpu_worker.pipeline.admission import _RECEIPT_ROW
     host, cuda = Tables(CAPACITIES), Tables(CAPACITIES, "cuda")
     rows = np.array([0, 1, 2, 5, 9], dtype=np.int64)
     lengths = np.array([3, 48, 0, 17, 1], dtype=np.int64)

@@ -159,7 +159,7 @@ def test_every_operation_documents_auth_errors_and_the_error_body(schema):
 
 # The OpenAI-compatible routes (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models)
 # follow OpenAI's API reference and error shape, not this document: their modules are not scanned.
-OPENAI_COMPATIBLE = {"gpu_worker/contract/chat.py", "gpu_worker/ops/chat.py", "gpu_worker/ops/embeddings.py",
+OPENAI_COMPATIBLE = {"gpu_worker/contract/chat.py", "gpu_worker/kinds/chat.py", "gpu_worker/kinds/embeddings.py",
                      "shared_api/openai/views.py"}
 SOURCES = [path for path in (*sorted((ROOT / "gpu_worker").rglob("*.py")), *sorted((ROOT / "shared_api").rglob("*.py")))
            if path.relative_to(ROOT).as_posix() not in OPENAI_COMPATIBLE and "engine" not in path.parts]

@@ -99,7 +99,7 @@ SAVE = obj({"source": {"type": "string", "enum": ["journal", "file"]},
                 "async or without a standby: false; null: not known, for a transfer a restart replayed)")})},
            description="where the save was acknowledged")
 
-# what every byte-span read answers (operation results, memory payloads): gpu_worker/ops/lists.py byte_span
+# what every byte-span read answers (operation results, memory payloads): gpu_worker/kinds/lists.py byte_span
 BYTE_SPAN = {
     "offset": ref("Counter"),
     "length": ref("Counter"),

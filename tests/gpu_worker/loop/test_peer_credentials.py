@@ -119,7 +119,7 @@ def test_an_allowed_uid_is_served(tiny_runtime, searchable):
 
 
 def test_boot_refuses_an_unknown_socket_group_in_one_line(capsys):
-    from gpu_worker import boot
+    from gpu_worker.recovery import boot
     code = boot.main(["--ccir", "/nonexistent.aotxccir", "--journal", "/nonexistent", "--service-grants",
                       "/nonexistent.json", "--socket-group", "no-such-group-aotx"])
     assert code == 2

@@ -142,7 +142,7 @@ def test_a_slow_media_write_runs_off_the_tick_thread_and_others_are_served_meanw
     while one is stuck on the disk, another client registers and reads."""
     import hashlib
 
-    from gpu_worker.ops import media
+    from gpu_worker.kinds import media
     release, started, threads = threading.Event(), threading.Event(), []
     store = media._store
 
@@ -235,8 +235,8 @@ def listed(sock, principals):
 
 
 def gated_fold(monkeypatch):
-    """gpu_worker.fold.run held until the returned gate is set: (started, gate)."""
-    from gpu_worker import fold
+    """gpu_worker.recovery.fold.run held until the returned gate is set: (started, gate)."""
+    from gpu_worker.recovery import fold
     started, gate, real = threading.Event(), threading.Event(), fold.run
 
     def run(*args, **kwargs):
@@ -254,13 +254,13 @@ def test_a_checkpoint_folds_beside_the_ticks_while_admissions_go_on(tmp_path, mo
     restart. Before, the checkpoint ran on the tick thread: nothing was admitted meanwhile. The
     receipts it saved are marked a slice of rows at a time, between ticks (before, the whole table
     at once: 171 ms at 1.85M rows), and the checkpoint answers once all are."""
-    from gpu_worker import device as device_module
+    from gpu_worker.recovery import checkpoints as checkpoints_module
     from gpu_worker.state.tables import Tables
     runtime = str(tmp_path / "own.aotxccir")
     pack_tiny(runtime, shared=True)
     live = LiveDevice(runtime, tmp_path, 40).start()
     started, gate = gated_fold(monkeypatch)
-    monkeypatch.setattr(device_module, "MARK_ROWS", 16)
+    monkeypatch.setattr(checkpoints_module, "MARK_ROWS", 16)
     marked, real_mark = [], Tables.mark_folded
 
     wakes, real_woken = [0], Server._woken
@@ -352,7 +352,7 @@ def test_a_checkpoint_that_fails_beside_the_ticks_loses_nothing_and_the_next_one
 def test_a_boot_clears_what_a_fold_cut_short_left(tmp_path):
     """A stop while a fold ran leaves its links beside the journal (gpu_worker/fold.py): the next
     boot removes them and recovers everything from the segments."""
-    from gpu_worker import fold
+    from gpu_worker.recovery import fold
     runtime = str(tmp_path / "own.aotxccir")
     pack_tiny(runtime, shared=True)
     live = LiveDevice(runtime, tmp_path, 6).start()

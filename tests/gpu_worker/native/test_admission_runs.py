@@ -1,5 +1,5 @@
 """The native decoders of runs of conversation creations and member rows (jcodec
-conversation_creates and member_sets, through ops/conversations.py and ops/members.py decode_run)
+conversation_creates and member_sets, through kinds/conversations.py and kinds/members.py decode_run)
 against the Python decoder of each admission (Admission.decode): the same fields for every payload
 Admission.encode makes, and None — the replay then decodes each by itself — for any payload in
 another layout."""
@@ -7,8 +7,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_worker.ops import conversations, members
-from gpu_worker.ops.kind import Admission, Kind
+from gpu_worker.kinds import conversations, members
+from gpu_worker.kinds.kind import Admission, Kind
 
 IDS = st.binary(min_size=16, max_size=16)
 COUNTER = st.integers(0, (1 << 63) - 1)

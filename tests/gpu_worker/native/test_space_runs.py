@@ -1,13 +1,13 @@
 """The native decoder of runs of space creations (jcodec.space_creates, through
-ops/spaces.decode_run) against the Python decoder of each admission (Admission.decode): the same
+kinds/spaces.decode_run) against the Python decoder of each admission (Admission.decode): the same
 fields for every payload Admission.encode makes, and None — the replay then decodes each by
 itself — for any payload in another layout."""
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_worker.ops.kind import Admission, Kind
-from gpu_worker.ops.spaces import decode_run
+from gpu_worker.kinds.kind import Admission, Kind
+from gpu_worker.kinds.spaces import decode_run
 
 IDS = st.binary(min_size=16, max_size=16)
 CREATION = st.builds(

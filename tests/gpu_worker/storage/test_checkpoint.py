@@ -16,7 +16,7 @@ from gpu_worker.pack import pack_tiny
 from gpu_worker.storage import runtime_file_writer
 from gpu_worker.storage.filelayer import Crash, FaultyFileLayer
 from gpu_worker.storage.runtime_file import ALIGN, DATA_START, RuntimeFile
-from tests.gpu_worker.ops.test_shared_state import World, code
+from tests.gpu_worker.kinds.test_shared_state import World, code
 
 
 def own_runtime(tmp_path):

@@ -1,0 +1,79 @@
+"""Retirements (SPEC "Mutations and retries"): advance the participant's retry floor and free
+every receipt below it, each of which must have a saved terminal result. The freed slots are
+reused only once the retirement that carries the new floor is saved. A deleted space or
+conversation whose last receipt this retires goes back to its table (kinds/deletions.py). A
+retired input's turn is folded into its conversation's history first (kinds/history.py), so later
+inputs keep it in their context."""
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+import numpy as np
+
+from ..contract.commands import Retirement
+from ..contract.errors import ServiceError
+from ..state.tables import P, R, Tables as Columns
+from . import deletions, history
+from .kind import Admission, Kind, OperationKind, Tables
+
+_INPUT = int(Kind.INPUT)
+
+
+
+def check(d: Tables, principal: bytes, prow: int | None, args: Retirement, key: bytes,
+          sequence: int) -> dict[str, Any]:
+    assert prow is not None
+    floor = args.retry_floor
+    state = d.state
+    t = state.tables
+    current = t.value(t.participants, prow, P.RETRY_FLOOR)
+    if floor <= current:
+        raise ServiceError(409, "retry_floor_not_advanced", f"the retry floor is already {current}",
+                           retry_floor=str(current))
+    if floor > sequence:
+        raise ServiceError(409, "retry_floor_ahead",
+                           f"retry_floor {floor} is above this retirement's own sequence {sequence}")
+    seqs = state.live_sequences(prow)
+    for seq in seqs[:bisect.bisect_left(seqs, floor)]:
+        if not t.value(t.receipts, state.receipts.row_of(prow, seq), R.TERM_TRANSFER):
+            raise ServiceError(409, "unfinished_operations",
+                               f"operation at sequence {seq} has no saved terminal result yet", sequence=str(seq))
+    return {"retry_floor": floor}
+
+
+def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+    floor = a.extra["retry_floor"]
+    state = d.state
+    t = state.tables
+    receipts = state.receipts
+    seqs = state.live_sequences(prow)
+    retired = seqs[:bisect.bisect_left(seqs, floor)]
+    freed = [receipts.row_of(prow, seq) for seq in retired]
+    # the freed rows' columns in one read (a retirement frees hundreds: one row read each was most
+    # of a replay's retirements)
+    values = Columns.take(t.receipts, np.array(freed, dtype=np.int64))
+    kinds, targets_of, every = values[:, R.KIND].tolist(), values[:, R.TARGET].tolist(), np.arange(len(freed))
+    for seq, freed_row, key, op, kind, target in zip(retired, freed, Columns.ids16(values, every, R.KEY_HI, R.KEY_LO),
+                                                     Columns.ids16(values, every, R.OP_HI, R.OP_LO), kinds, targets_of):
+        receipts.remove(prow, seq, key, op)
+        if kind == _INPUT:
+            history.fold(d, freed_row)  # its turn stays in the conversation's context
+            state.conversations.inputs[target].remove(freed_row)
+        t.put_value(t.receipts, freed_row, R.STATE, 0)
+    targets = list(zip(kinds, targets_of))
+    t.write_row(t.participants, prow, {P.RETRY_FLOOR: floor})
+    deletions.release_tombstones(d, targets)  # deleted rows no receipt names any more go back
+    if transfer_seq is None:
+        receipts.free.extend(freed)
+    else:  # reusable only once the floor that retired them is saved
+        receipts.release_on_save[transfer_seq] = freed
+    return prow
+
+
+def target_id(d: Tables, row: list[int], lineage: bytes) -> str:
+    return d.state.participants.public_id[row[R.TARGET]]
+
+
+RECORD: OperationKind = OperationKind(Kind.RETIREMENT, "retirements.record", check=check, apply=apply,
+                                      target_id=target_id)

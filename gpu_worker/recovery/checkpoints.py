@@ -1,0 +1,210 @@
+"""A device's checkpoints (SPEC "Recorded state and recovery", docs/checkpoint.md): the journal
+folded into the runtime file, here between ticks (an offline command's, a test's) or beside the
+ticks (a served device's: gpu_worker/recovery/fold.py), and what the state, the journal's size, the
+standby and the receipts the fold saved say after it. `Checkpoints` is the device's part that does
+it (gpu_worker/device.py holds it)."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Protocol
+
+import msgpack
+
+from ..contract.errors import ServiceError
+from ..contract.wire import Message, dumps, reply
+from ..kinds import media
+from ..kinds.kind import Context
+from ..storage import checkpoint, runtime_file
+from ..storage.journal import JournalError, Transfer, TransferKind
+from ..storage.runtime_file import RuntimeFile
+from . import fold
+
+log = logging.getLogger("gpu_worker.device")
+# receipts rows a loop step marks after a fold beside the ticks (`Checkpoints._mark_folded`): ~6 ms here
+MARK_ROWS = 65536
+
+
+class Checkpointed(Context, checkpoint.Folding, Protocol):
+    """What a checkpoint reads and changes of the device beyond an operation's context: the
+    runtime file it reopens, the loop it hands work to, and the reads it answers once drained."""
+
+    runtime: RuntimeFile
+    background_nice: int
+    deliver: Callable[[list[Any]], None] | None
+
+    def check_hold(self) -> None: ...
+
+    def read(self, msg: Message) -> Message: ...
+
+
+class Checkpoints:
+    """The device's checkpoints: the one folding beside the ticks (`folding`), and where the
+    active journal starts in the writer's byte count (`journal_base`)."""
+
+    def __init__(self, device: Checkpointed) -> None:
+        self.d = device
+        self.folding: dict[str, Any] | None = None  # a checkpoint folding beside the ticks (`begin`)
+        self.journal_base = 0  # bytes before the active journal (since the last checkpoint trimmed it)
+
+    @property
+    def journal_bytes(self) -> int:
+        """Bytes of the active journal (since the last checkpoint trimmed it)."""
+        return self.d.committer.writer.durable_bytes - self.journal_base
+
+    def write(self) -> dict[str, Any] | None:
+        """Fold the journal into the runtime file now (between ticks)."""
+        d = self.d
+        try:
+            result = checkpoint.write(d, media.checkpoint_components(d))
+        except OSError as exc:
+            log.warning("checkpoint failed: %s", exc)
+            raise ServiceError(507, "checkpoint_failed", f"checkpoint failed: {exc}") from None
+        if result and d.holds.current and d.holds.current["cause"] == "disk_full":
+            d.holds.end()  # the checkpoint wrote its extents and freed the folded journal: space is back
+        d.check_hold()
+        return result
+
+    def drained(self, conn: Any, msg: Message) -> Message | None:
+        """A command that waited for every transfer to be saved (Committer.when_drained): its
+        answer now, or None when it comes later (a served device's checkpoint folds beside its
+        ticks: `begin`)."""
+        if msg.get("op") == "checkpoint" and self.d.deliver is not None:
+            self.begin(conn, msg.get("id"))
+            return None
+        return self.d.read(msg)
+
+    def begin(self, conn: Any, req_id: Any) -> None:
+        """Fold the journal into the runtime file beside the ticks (gpu_worker/recovery/fold.py): a
+        new segment now, the fold of the ones before it in another process
+        (gpu_worker/fold_cli.py), its append on a thread of this one (and the removal of the folded
+        segments), then `_folded_beside` here. Every transfer is saved (the drained point), so the
+        segments folded hold exactly the saved state through the last transfer. A request while
+        one folds is answered with that one's result. conn None: the automatic one."""
+        d = self.d
+        folding = self.folding
+        if folding is not None:
+            folding["waiters"].append((conn, req_id))
+            return
+        writer, state = d.committer.writer, d.state
+        last_seq, last_digest = writer.next_seq - 1, writer.last_digest
+        if last_seq <= state.checkpoint_seq:
+            self._answer([(conn, req_id)], 200, {"generation": state.generation, "folded": 0})
+            return
+        through, folded_bytes = writer.segment, writer.durable_bytes
+        try:
+            writer.start_new_segment()  # admissions go on in it; the fold reads those before it
+            work = fold.prepare(d.journal_dir, through, d.fs)
+        except (OSError, JournalError) as exc:
+            self._failed([(conn, req_id)], exc)
+            return
+        folding = self.folding = {"waiters": [(conn, req_id)], "generation": state.generation + 1,
+                                  "last_seq": last_seq, "last_digest": last_digest, "through": through,
+                                  "folded_bytes": folded_bytes, "folded": last_seq - state.checkpoint_seq,
+                                  "started": time.perf_counter()}
+        runtime_path, nice = d.runtime.path, d.background_nice
+
+        def fold_and_publish() -> tuple[list[tuple[str, str, Any]], list[str]]:
+            made, drop = fold.run(runtime_path, work, last_seq, nice)
+            folding["folded_at"] = time.perf_counter()
+            checkpoint.publish(d, made, drop, folding["generation"])
+            folding["published_at"] = time.perf_counter()
+            try:  # (unlinking large files takes a while: not on the tick thread)
+                checkpoint.trim(d, through)
+            except OSError as exc:  # (the file holds them: recovery skips what the state folded)
+                log.warning("checkpoint: the folded segments could not all be removed: %s", exc)
+            return made, drop
+        d.off_thread(fold_and_publish, lambda result, error: self._folded_beside(folding, result, error))
+
+    def _folded_beside(self, folding: dict[str, Any], result: Any, error: BaseException | None) -> None:
+        """The fold is in the runtime file and its segments are gone (or it failed: the segments
+        stay, nothing is lost): the standby gets the components, the receipts it saved say so (in
+        slices between ticks: `_mark_folded`), and then whoever asked is answered."""
+        d = self.d
+        if error is not None:
+            self.folding = None
+            self._failed(folding["waiters"], error)
+            return
+        made, drop = result
+        self.after_checkpoint(folding["generation"], folding["last_seq"], folding["last_digest"], made, drop,
+                              folding["through"], folding["folded_bytes"], mark=False)
+        if d.holds.current and d.holds.current["cause"] == "disk_full":
+            d.holds.end()  # the checkpoint wrote its extents and freed the folded journal: space is back
+        d.check_hold()
+        folding["state_bytes"] = len(made[0][2])
+        self._mark_folded(folding, 0)
+
+    def _mark_folded(self, folding: dict[str, Any], start: int) -> None:
+        """Mark the receipts the fold saved (Tables.mark_folded) MARK_ROWS rows at a time, one
+        slice a loop step (the whole table at once held the tick loop 171 ms at 1.85M rows); a
+        receipt not yet marked shows its save as the journal's, which is true too. The checkpoint
+        ends, and is answered, with the last slice (a checkpoint asked meanwhile gets this one's
+        answer: `folding` stays set until then)."""
+        d = self.d
+        tables = d.state.tables
+        end = start + MARK_ROWS
+        tables.mark_folded(folding["generation"], folding["last_seq"], slice(start, end))
+        if end < tables.receipts.shape[0] and d.deliver is not None:
+            d.deliver([(("thread", lambda: self._mark_folded(folding, end)), None, b"", None, None)])
+            return
+        if end < tables.receipts.shape[0]:  # (no loop: the rest at once)
+            tables.mark_folded(folding["generation"], folding["last_seq"], slice(end, None))
+        self.folding = None
+        generation, started = folding["generation"], folding["started"]
+        seconds = time.perf_counter() - started
+        log.info("checkpoint: generation %d folds %d transfers through seq %d (%d state bytes) beside the ticks in "
+                 "%.3fs (the fold process %.3fs, the append %.3fs)", generation, folding["folded"], folding["last_seq"],
+                 folding["state_bytes"], seconds, folding["folded_at"] - started,
+                 folding["published_at"] - folding["folded_at"])
+        self._answer(folding["waiters"], 200, {"generation": generation, "folded": folding["folded"],
+                                               "last_seq": folding["last_seq"],
+                                               "state_bytes": folding["state_bytes"], "seconds": seconds})
+
+    def _failed(self, waiters: list[tuple[Any, Any]], error: BaseException) -> None:
+        log.warning("checkpoint failed: %s", error)
+        self._answer(waiters, 507, ServiceError(507, "checkpoint_failed", f"checkpoint failed: {error}").body())
+
+    def _answer(self, waiters: list[tuple[Any, Any]], status: int, body: dict[str, Any] | bytes) -> None:
+        payload = body if isinstance(body, bytes) else dumps(body)
+        for conn, req_id in waiters:
+            if conn is not None:  # (None: the device's own automatic checkpoint)
+                self.d.subscriptions.outbox.append((conn, reply(req_id, status, payload)))
+
+    def after_checkpoint(self, generation: int, last_seq: int, last_digest: bytes,
+                         components: list[tuple[str, str, Any]], drop: list[str], through_segment: int,
+                         folded_bytes: int, mark: bool = True) -> None:
+        """The runtime file holds generation `generation` now, every transfer through `last_seq`
+        (the journal segments through `through_segment`, `folded_bytes` of the writer's count: the
+        journal's size counts from there) folded in (written with `components`,
+        `drop`: storage/checkpoint.write, or gpu_worker/recovery/fold.py beside the ticks). On a
+        primary that replicates, a CHECKPOINT transfer says so in the journal and the standby gets
+        the same components for its copy of the file (docs/replication.md, "Checkpoints"): a state
+        that replays the journal from an older checkpoint (a hot standby's, a takeover's) folds
+        where this one did, so every receipt renders the same save fields on both. `mark` False:
+        the caller marks the receipts the fold saved (`_mark_folded`)."""
+        d = self.d
+        state = d.state
+        saving_under = state.save_generation
+        self.folded(generation, last_seq, last_digest, mark)
+        self.journal_base = folded_bytes
+        d.runtime = runtime_file.RuntimeFile.open(d.runtime.path, verify=False)
+        if d.committer.replica is not None:  # (a standby connecting later has a copy made after it)
+            d.committer.replica.checkpoint(generation, components, drop, through_segment)
+        if d.deliver is not None:  # a served device (an offline checkpoint's state: every save after it carries it)
+            # The transfers after this one carry the new generation, those before it (saved while
+            # the checkpoint folded, or still waiting to be) the one they were appended under: as
+            # a replay has them (recovery/replay.py `_checkpoint`), whenever each is saved.
+            state.save_generation = saving_under
+
+            def now_saved(_: Transfer) -> None:
+                state.save_generation = generation
+            d.append(TransferKind.CHECKPOINT, msgpack.packb({"generation": generation, "last_seq": last_seq,
+                                                             "last_digest": last_digest}), on_saved=now_saved)
+
+    def folded(self, generation: int, last_seq: int, last_digest: bytes, mark: bool = True) -> None:
+        """The state holds the checkpoint `generation` through `last_seq` (its receipts marked, unless `mark` False)."""
+        state = self.d.state
+        if mark:
+            state.tables.mark_folded(generation, last_seq)
+        state.generation = state.save_generation = generation
+        state.checkpoint_seq, state.checkpoint_digest = last_seq, last_digest

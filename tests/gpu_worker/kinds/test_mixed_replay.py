@@ -1,0 +1,136 @@
+"""A restart replays a mixed journal to exactly the state the device kept as it admitted (issue 53
+§3): registrations, space creations, member rows (a pair set twice in one run, another again in a
+later run),
+conversations, inputs that ran (lease, memory row, output, completion), an input cancelled before
+its lease, a retirement freeing receipts that later runs of admissions take again. Every table —
+participants, spaces, members, conversations, receipts, their digests, command and result bytes,
+histories, the memory table — and every index and free list after the replay equals the live
+device's, whether the runs of spaces, conversations and member rows are applied as columns
+(admission.replay_run: every run, however short) or each admission by itself."""
+import collections
+
+import pytest
+import torch
+
+from gpu_worker.pipeline import admission
+from gpu_worker.kinds import conversations, members, spaces
+from gpu_worker.pack import pack_tiny
+from tests.gpu_worker.kinds.test_inputs import EngineWorld, running
+
+TABLES = ("participants", "spaces", "members", "conversations", "receipts", "receipt_digests", "command_bytes",
+          "result_bytes", "history")
+MEMORY = ("rows", "owners", "order", "payload", "embeddings", "provenance")
+INDEXES = (("receipts", ("by_sequence", "by_key", "by_op", "free")), ("spaces", ("by_id", "free")),
+           ("members", ("rows", "free")), ("conversations", ("by_id", "free", "inputs")),
+           ("participants", ("by_principal", "by_raw", "lineage")), ("memory", ("free", "by_id", "pending")))
+WITH_RUNS = (spaces.CREATE, conversations.CREATE, members.SET)
+
+
+def snapshot(device):
+    """Everything a replay rebuilds: the tables, the memory table, the indexes and free lists, the counters."""
+    s = device.state
+    tables = {name: getattr(s.tables, name).clone() for name in TABLES}
+    tables.update({f"memory.{name}": getattr(s.memory, name).clone() for name in MEMORY})
+    indexes = {}
+    for index, fields in INDEXES:
+        for field in fields:
+            value = getattr(getattr(s, index), field)
+            indexes[(index, field)] = {k: list(v) for k, v in value.items()} if field == "inputs" else \
+                list(value) if isinstance(value, list) else dict(value)
+    return tables, indexes, (s.admissions, s.memory.counter)
+
+
+def assert_same(live, replayed):
+    for name, table in live[0].items():
+        assert torch.equal(table, replayed[0][name]), name
+    for key, value in live[1].items():
+        assert value == replayed[1][key], key
+    assert live[2] == replayed[2]
+
+
+@pytest.fixture
+def world(tmp_path):
+    runtime = str(tmp_path / "mixed.aotxccir")
+    pack_tiny(runtime, shared=True, runtime_profile={"kv_pages": 64, "page_grant": 16, "deadline_ms": 60000})
+    with running(EngineWorld(runtime, tmp_path, ["a", "b", "c"])) as w:
+        yield w
+
+
+def mixed_journal(w):
+    """The mix, each step its own tick (World.mutate): runs of one kind where the same kind follows."""
+    rooms = [w.space(name, scope="room") for name in ("a", "b", "c") for _ in range(3)]  # a run across principals
+    rooms += [w.space("a", scope="room") for _ in range(2)]
+    mine = [w.space("a") for _ in range(3)]
+    for who, permissions in (("b", ["read"]), ("c", ["read", "write"]), ("b", ["read", "write"])):
+        assert w.member("a", rooms[0], who, permissions)[0] == 202  # b's row set twice in the run
+    for room in rooms[9:]:
+        assert w.member("a", room, "c", ["read"])[0] == 202
+    made = [w.mutate("a", "conversations.create", f"/spaces/{space}/conversations", {})
+            for space in (rooms[0], rooms[9], mine[0], mine[1])]
+    made += [w.mutate("b", "conversations.create", f"/spaces/{rooms[3]}/conversations", {})]
+    assert {status for status, _ in made} == {202}
+    chats = [receipt["target"] for _, receipt in made]
+    ran = [w.say("a", chat, f"turn {i}", max_output_tokens=6)[1] for i, chat in enumerate(chats[:3])]
+    ran.append(w.say("b", chats[4], "mine", max_output_tokens=6)[1])
+    for receipt in ran:
+        w.pump(w.finished("a" if receipt is not ran[-1] else "b", receipt["operation"]))
+    # an input cancelled while it waits for its lease: it ends with no lease, output or memory row
+    runner, w.device.runner = w.device.runner, None
+    status, doomed = w.say("a", chats[1], "never runs", max_output_tokens=6)
+    assert status == 202
+    assert w.mutate("a", "cancellations.record", "/cancellations", {"target_sequence": doomed["sequence"]})[0] == 202
+    w.device.runner = runner
+    w.pump(w.finished("a", doomed["operation"]))
+    # a second turn in a conversation, then a retirement of everything a made before it
+    again = w.say("a", chats[0], "again", max_output_tokens=6)[1]
+    w.pump(w.finished("a", again["operation"]))
+    floor = int(w.read("a", "participant.get")[1]["next_sequence"]) - 2  # (its last input stays)
+    assert w.mutate("a", "retirements.record", "/retirements", {"retry_floor": str(floor)})[0] == 202
+    # runs on the freed receipt rows
+    rooms += [w.space("a", scope="room") for _ in range(4)]
+    for who in ("b", "c"):
+        assert w.member("a", rooms[-1], who, ["read"])[0] == 202
+    assert w.member("a", rooms[9], "c", ["read", "write"])[0] == 202  # set again, a run later
+    for space in rooms[-3:]:
+        assert w.mutate("a", "conversations.create", f"/spaces/{space}/conversations", {})[0] == 202
+    w.space("c")
+
+
+@pytest.mark.parametrize("replayed", ["in runs", "one by one"])
+def test_a_mixed_journal_replays_to_exactly_the_live_state(world, monkeypatch, replayed):
+    mixed_journal(world)
+    world.pump(lambda: not world.device.executions.live and world.device.committer.all_saved)
+    live = snapshot(world.device)
+    listed = world.read("a", "operations.list")
+    runs = collections.Counter()
+    real = admission.replay_run
+
+    def counted(d, kind, transfers, prows):
+        done = real(d, kind, transfers, prows)
+        runs[kind.op] += len(transfers) if done else 0
+        return done
+    if replayed == "in runs":
+        monkeypatch.setattr(admission, "MIN_RUN", 1)  # every run as columns, however short
+        monkeypatch.setattr(admission, "replay_run", counted)
+    else:
+        for kind in WITH_RUNS:
+            monkeypatch.setattr(kind, "apply_run", None)
+    world.boot()
+    world.attach()
+    if replayed == "in runs":  # each kind's runs went through the columns
+        assert runs["spaces.create"] >= 9 + 2 + 3 + 4 and runs["members.set"] >= 3 + 2 + 2
+        assert runs["conversations.create"] >= 5 + 3
+    assert_same(live, snapshot(world.device))
+    assert world.read("a", "operations.list") == listed  # (the receipts render from those rows)
+
+
+def test_runs_shorter_than_the_threshold_replay_one_by_one_to_the_same_state(world, monkeypatch):
+    """With a threshold between the runs' lengths, the short runs of the mix go one admission at a
+    time and the longer ones as columns, in one replay: the same state."""
+    monkeypatch.setattr(admission, "MIN_RUN", 3)
+    mixed_journal(world)
+    world.pump(lambda: not world.device.executions.live and world.device.committer.all_saved)
+    live = snapshot(world.device)
+    world.boot()
+    world.attach()
+    assert_same(live, snapshot(world.device))
