@@ -6,7 +6,7 @@ in several frames, open a stream on the process's DeviceMux. Synchronous callers
 ops pages, Celery tasks, /metrics) call through
 BlockingDevice, a DeviceMux on an event loop of its own thread. Every request is built as its
 command's declared type (gpu_worker/contract/commands.py) and every frame read through the
-contract's FrameReader.
+contract's ReplyReader, as a typed Reply.
 
 Device down or silent -> ServiceError 503 with a clear code, never a hang: `device_unavailable`
 when nothing reached the device, `device_connection_lost` or `device_timeout` when the request
@@ -24,7 +24,7 @@ from typing import Any, Callable, TypeVar
 from django.conf import settings
 
 from gpu_worker.contract.commands import Args, request, typed
-from gpu_worker.contract.wire import FrameReader, Message, ProtocolError
+from gpu_worker.contract.wire import ProtocolError, Reply, ReplyReader
 
 from . import config, leader
 from .errors import ServiceError
@@ -83,7 +83,7 @@ class DeviceMux:
             return writer, True
 
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        frames = FrameReader()
+        frames = ReplyReader()
         failure = ServiceError(503, "device_unavailable", "the device closed the connection")
         try:
             while True:
@@ -91,19 +91,19 @@ class DeviceMux:
                 if not data:
                     break
                 for msg in frames.feed(data):
-                    generation = msg.get("g")
+                    generation = msg.g
                     if generation is not None and generation < leader.newest_generation():
                         msg = _deposed(msg, generation)
                     # a frame for several subscriptions of this connection names them all in "ids"
-                    for req_id in msg.get("ids") or (msg.get("id", 0),):
+                    for req_id in msg.ids or (msg.id or 0,):
                         stream = self._streams.get(req_id)
                         if stream is None:
                             if req_id not in self._abandoned:
                                 raise ProtocolError(f"a reply to request {req_id!r}, which is not waiting")
-                            if not msg.get("more"):
+                            if not msg.more:
                                 self._abandoned.discard(req_id)
                             continue
-                        if not msg.get("more"):
+                        if not msg.more:
                             del self._streams[stream.id]
                         stream.deliver(msg)
         except (OSError, ProtocolError) as exc:
@@ -173,8 +173,8 @@ class DeviceMux:
         return await self._send(op, principal_id, args, retry_stale=False, kind=DeviceStream)
 
     async def call(self, op: str, principal_id: str | None, args: Args | dict[str, Any] | None = None,
-                   timeout: float | None = None) -> Message:
-        """One request and its one reply {"status", "body", "headers"?}."""
+                   timeout: float | None = None) -> Reply:
+        """One request and its one reply (its status, body and headers)."""
         waiter = await self._send(op, principal_id, args, retry_stale=True, kind=DeviceReply)
         limit = self.timeout if timeout is None else timeout
         timer = asyncio.get_running_loop().call_later(limit, waiter.expire)
@@ -228,7 +228,7 @@ class DeviceMux:
             await asyncio.gather(reading, return_exceptions=True)
 
 
-KEEP_ALIVE: Message = {"keep_alive": True}  # not a device frame: DeviceStream.nudge's wake-up
+KEEP_ALIVE = Reply(status=0, more=True)  # not a device frame: DeviceStream.nudge's wake-up
 
 
 class DeviceStream:
@@ -237,21 +237,21 @@ class DeviceStream:
     def __init__(self, mux: DeviceMux, req_id: int) -> None:
         self.mux = mux
         self.id = req_id
-        self.queue: asyncio.Queue[Message | ServiceError] = asyncio.Queue()
+        self.queue: asyncio.Queue[Reply | ServiceError] = asyncio.Queue()
         # called by the mux's reader with each frame while the queue is empty; True: taken, not queued
-        self.on_frame: Callable[[Message], bool] | None = None
+        self.on_frame: Callable[[Reply], bool] | None = None
         self.backlog = 0  # body bytes of the frames queued
         # a bound on `backlog` (None: none) and what is called, once, when a frame passes it: a
         # reader slower than its frames must not hold the gateway's memory without end
         self.backlog_limit: int | None = None
         self.on_backlog: Callable[[], None] | None = None
 
-    def deliver(self, msg: Message) -> None:
+    def deliver(self, msg: Reply) -> None:
         """A frame from the mux's reader: to `on_frame` when nothing is queued before it and it takes
         the frame at once (no wake-up of the task waiting in `next`), else queued, in order."""
         if self.on_frame is None or not self.queue.empty() or not self.on_frame(msg):
             self.queue.put_nowait(msg)
-            self.backlog += len(msg.get("body") or b"")
+            self.backlog += len(msg.body)
             if self.backlog_limit is not None and self.backlog > self.backlog_limit and self.on_backlog is not None:
                 overflow, self.on_backlog = self.on_backlog, None
                 overflow()
@@ -260,7 +260,7 @@ class DeviceStream:
         """The connection failed: `next` raises `error` after the frames already queued."""
         self.queue.put_nowait(error)
 
-    async def next(self, timeout: float | None = None) -> Message:
+    async def next(self, timeout: float | None = None) -> Reply:
         """The next frame (or KEEP_ALIVE, after `nudge`); asyncio.TimeoutError after `timeout`
         seconds without one. A long-lived stream waits without a timeout: arming and cancelling a
         timer for every frame was a tenth of a gateway's work fanning events out to 1,000 streams."""
@@ -273,7 +273,7 @@ class DeviceStream:
                 msg = await self.queue.get()
         if isinstance(msg, ServiceError):
             raise msg
-        self.backlog -= len(msg.get("body") or b"")
+        self.backlog -= len(msg.body)
         return msg
 
     def nudge(self) -> None:
@@ -293,9 +293,9 @@ class DeviceReply:
 
     def __init__(self, mux: DeviceMux, req_id: int) -> None:  # (as DeviceStream is made; it needs no mux)
         self.id = req_id
-        self.future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self.future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
 
-    def deliver(self, msg: Message) -> None:
+    def deliver(self, msg: Reply) -> None:
         if not self.future.done():
             self.future.set_result(msg)
 
@@ -323,7 +323,7 @@ class DevicePool:
         self.waiting = 0
         self._turn = itertools.cycle(self.muxes)
 
-    async def call(self, op: str, principal_id: str | None, args: Args | dict[str, Any] | None = None) -> Message:
+    async def call(self, op: str, principal_id: str | None, args: Args | dict[str, Any] | None = None) -> Reply:
         if self.waiting >= self.max_waiting:
             raise ServiceError(503, "gateway_busy", f"{self.waiting} requests of this gateway process are waiting "
                                                     "for the device; nothing was sent: retry later")
@@ -364,8 +364,8 @@ class BlockingDevice:
             return running[1], running[3]
 
     def call(self, op: str, principal_id: str | None, args: Args | dict[str, Any] | None = None,
-             timeout: float | None = None) -> Message:
-        """The device's reply map {"status", "body", "headers"?} (a ServiceError otherwise)."""
+             timeout: float | None = None) -> Reply:
+        """The device's reply (a ServiceError otherwise)."""
         args = typed(op, args)  # a refusal before anything starts
         loop, device = self._started()
         limit = self.timeout if timeout is None else timeout
@@ -443,12 +443,12 @@ async def aclose_loop() -> None:
         await found_mux.aclose()
 
 
-def _deposed(msg: Message, generation: int) -> Message:
+def _deposed(msg: Reply, generation: int) -> Reply:
     """A reply of a device whose leadership generation is older than the leader key's newest: it
     is answered 503 `not_primary` instead (retry exactly at the current primary), whatever it said."""
     error = ServiceError(503, "not_primary", f"the device answered as leadership generation {generation}, which a "
                                              f"newer one ({leader.newest_generation()}) replaced: retry at the primary")
-    return {"id": msg.get("id"), **({"ids": msg["ids"]} if "ids" in msg else {}), "status": 503, "body": error.body()}
+    return Reply(id=msg.id, ids=msg.ids, status=503, body=error.body())
 
 
 _blocking: dict[str, BlockingDevice] = {}  # by socket path

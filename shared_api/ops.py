@@ -30,7 +30,7 @@ def call(op: str, args: dict[str, Any] | None = None, timeout: float = STATUS_TI
     """(status, parsed body) of one ops command; ServiceError 503 when the device cannot be
     reached or the gateway config cannot be read."""
     msg = device_client.blocking(device_client.configured_socket()).call(op, None, args, timeout)
-    return msg["status"], json.loads(msg["body"])
+    return msg.status, json.loads(msg.body)
 
 
 def ping(timeout: float = STATUS_TIMEOUT) -> dict[str, Any] | None:

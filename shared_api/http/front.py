@@ -42,7 +42,7 @@ from django.urls.converters import StringConverter
 
 from gpu_worker.contract.limits import MAX_CHAT_BODY_BYTES
 from gpu_worker.contract.vocabulary import CHAT, COMMANDS
-from gpu_worker.contract.wire import Message
+from gpu_worker.contract.wire import Reply
 
 from . import metrics
 from .auth import AuthenticatedPrincipal, admit
@@ -284,8 +284,8 @@ async def _disconnected(proto: Proto) -> None:
     await proto.client_disconnect()
 
 
-def _reply_headers(msg: Message) -> list[tuple[str, str]]:
-    return [(str(name).lower(), str(value)) for name, value in (msg.get("headers") or {}).items()]
+def _reply_headers(msg: Reply) -> list[tuple[str, str]]:
+    return [(str(name).lower(), str(value)) for name, value in (msg.headers or {}).items()]
 
 
 def _authorization(headers: dict[bytes, bytes]) -> str:
@@ -462,11 +462,11 @@ class Front:
             respond_error(proto, ServiceError(500, "internal_error", "internal error; see the gateway log"))
             return 500
         reply_headers = _reply_headers(msg)
-        if is_quota_refusal(msg["status"], msg["body"]):
+        if is_quota_refusal(msg.status, msg.body):
             reply_headers.append(("retry-after", "1"))
             await self.refused_again(user.principal_id)
-        respond(proto, msg["status"], msg["body"], reply_headers)
-        return int(msg["status"])
+        respond(proto, msg.status, msg.body, reply_headers)
+        return int(msg.status)
 
     async def refused_again(self, principal_id: str) -> None:
         """Wait before answering a principal's over-quota refusal (shared_api/http/refusals.py)."""

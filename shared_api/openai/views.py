@@ -26,7 +26,7 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from gpu_worker.contract.chat import Chat
 from gpu_worker.contract.commands import typed
 from gpu_worker.contract.limits import MAX_COMPLETION_LOGPROBS, MAX_MEDIA, MAX_TOP_LOGPROBS
-from gpu_worker.contract.wire import Message
+from gpu_worker.contract.wire import Reply
 
 from ..device_client import mux
 from ..errors import WWW_AUTHENTICATE, ServiceError
@@ -301,11 +301,11 @@ class Shape:
 CHAT_SHAPE, TEXT_SHAPE = Shape(True), Shape(False)
 
 
-def _device_error(msg: Message) -> HttpResponse:
-    error = json.loads(msg["body"])["error"]
+def _device_error(msg: Reply) -> HttpResponse:
+    error = json.loads(msg.body)["error"]
     if error["code"] == "model_not_available":  # OpenAI's answer for a model it does not serve
         return openai_error(404, "model_not_found", error["message"], "model")
-    return openai_error(msg["status"], error["code"], error["message"])
+    return openai_error(msg.status, error["code"], error["message"])
 
 
 def _refusal(err: ServiceError) -> HttpResponse:
@@ -351,7 +351,7 @@ async def _complete(request: HttpRequest, parse: Any, shape: Shape) -> HttpRespo
         accepted = False
         try:
             msg = await pending.next(mux().timeout)  # "accepted" (or a refusal): the device answers at once
-            if msg.get("more"):
+            if msg.more:
                 accepted = True
                 msg = await pending.next(settings.AOTX_CHAT_TIMEOUT)
         except ServiceError as err:
@@ -367,9 +367,9 @@ async def _complete(request: HttpRequest, parse: Any, shape: Shape) -> HttpRespo
         except asyncio.CancelledError:  # the client went away (the front cancels the view): the chat stops
             await pending.close()
             raise
-        if msg["status"] != 200:
+        if msg.status != 200:
             return _device_error(msg)
-        return HttpResponse(json.dumps(shape.whole(completion_id, created, args.model, json.loads(msg["body"]))),
+        return HttpResponse(json.dumps(shape.whole(completion_id, created, args.model, json.loads(msg.body))),
                             content_type="application/json")
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))  # an object: parse checked
     try:
@@ -387,7 +387,7 @@ async def _complete(request: HttpRequest, parse: Any, shape: Shape) -> HttpRespo
     except asyncio.CancelledError:  # the client went away before the stream began: the chat stops
         await device.close()
         raise
-    if first["status"] != 200:
+    if first.status != 200:
         return _device_error(first)
     model = args.model
 
@@ -403,20 +403,20 @@ async def _complete(request: HttpRequest, parse: Any, shape: Shape) -> HttpRespo
                 for index in range(n):
                     yield shape.chunk(completion_id, created, model, None, first=True, index=index)
             msg = first
-            while msg.get("more"):
-                index = msg.get("index", 0)
-                text = decoders[index].decode(msg["body"])
-                entries = msg.get("logprobs")
+            while msg.more:
+                index = msg.index
+                text = decoders[index].decode(msg.body)
+                entries = msg.logprobs
                 if text or entries:
                     yield shape.chunk(completion_id, created, model, text, index=index,
                                       logprobs=shape.logprobs(entries, written[index]))
                 written[index] += len(text)
                 msg = await device.next(timeout)
-            if msg["status"] != 200:
-                error = json.loads(msg["body"])["error"]
+            if msg.status != 200:
+                error = json.loads(msg.body)["error"]
                 yield f"data: {json.dumps({'error': {'message': error['message'], 'code': error['code']}})}\n\n"
                 return
-            result = json.loads(msg["body"])
+            result = json.loads(msg.body)
             for index, one in enumerate(result.get("choices") or [result]):
                 tail = decoders[index].decode(b"", final=True)
                 if tail:
@@ -469,9 +469,9 @@ async def embeddings(request: HttpRequest) -> HttpResponse:
         return _refusal(err)
     except asyncio.TimeoutError:
         return openai_error(503, "device_timeout", "the device did not answer in time")
-    if msg["status"] != 200:
+    if msg.status != 200:
         return _device_error(msg)
-    result = json.loads(msg["body"])
+    result = json.loads(msg.body)
     dim = result["dim"]
     if dimensions is not None and dimensions != dim:
         return openai_error(400, "invalid_dimensions", f"this model's embeddings have {dim} dimensions", "dimensions")
@@ -499,10 +499,10 @@ async def models(request: HttpRequest) -> HttpResponse:
         return openai_error(err.status, err.code, err.message)
     except asyncio.TimeoutError:
         return openai_error(503, "device_timeout", "the device did not answer in time")
-    if msg["status"] != 200:
+    if msg.status != 200:
         return _device_error(msg)
     data = [{"id": m["name"], "object": "model", "created": 0, "owned_by": "aotx"}
-            for m in json.loads(msg["body"])["models"]]  # the generation model, then the embedding model
+            for m in json.loads(msg.body)["models"]]  # the generation model, then the embedding model
     return HttpResponse(json.dumps({"object": "list", "data": data}), content_type="application/json")
 
 
