@@ -22,6 +22,10 @@ socket (a Unix socket path, or HOST:PORT over TCP):
     standby -> primary  {"ack": 1, "segment": N, "offset": O, "cut": C, "g": G}  (durable up to there)
     primary -> standby  {"refused": "<why>"}                            (then it closes)
 
+Each side reads a frame through its declared type (frames.py: Hello, Ack, and the primary's
+Replication, Bytes, Beat, Cut, Rewind, Piece, CheckpointEnd, CatchUpEnd, MediaPiece, Refused),
+told apart by these keys; the maps on the link are as above.
+
 Every frame after the hello and every acknowledgement carries the primary's leadership generation
 G (etcd's, 0 without etcd); a standby never follows a generation older than one it followed, and
 a primary takes no acknowledgement of another. Either side takes a link quiet for DEAD_SECONDS

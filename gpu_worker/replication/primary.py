@@ -27,6 +27,7 @@ from gpu_worker.storage.runtime_file import RuntimeFile
 
 from . import DEAD_SECONDS, FAILOVER, HELLO_SECONDS, accepted, listen, marker, read_frames
 from .copies import adopt, differences, not_a_copy, not_handed, rewind
+from .frames import hello
 from .primary_link import Link, Position
 
 log = logging.getLogger("gpu_worker.replication")
@@ -443,15 +444,9 @@ class Shipper:
 
     def _hello(self, sock: socket.socket) -> Link | None:
         sock.settimeout(HELLO_SECONDS)
-        msg = read_frames(sock, FrameReader())[0]
-        segment, offset, incarnation = msg.get("segment"), msg.get("offset"), msg.get("incarnation")
-        digest = msg.get("digest")
-        if (msg.get("hello") != 1 or type(segment) is not int or type(offset) is not int or segment < 0
-                or offset < 0 or type(digest) is not bytes):
-            raise ProtocolError(f"not a hello: {sorted(msg)}")
-        member, leader = msg.get("member", ""), msg.get("leader", 0)
-        if type(member) is not str or type(leader) is not int:
-            raise ProtocolError("a hello with a malformed member or leader")
+        said = hello(read_frames(sock, FrameReader())[0])
+        segment, offset, incarnation, digest = said.segment, said.offset, said.incarnation, said.digest
+        member, leader = said.member, said.leader
         sock.settimeout(self.dead_after)  # (both threads: a quiet link is dead; the sender beats before)
         link = Link(self, sock, (segment, offset))
         link.member = member
@@ -467,14 +462,13 @@ class Shipper:
             link.refuse(f"the standby followed leadership generation {leader}, newer than this primary's "
                         f"{self.leader}: this primary is not the leader", again=True)
             return None
-        link.media = {str(m) for m in msg.get("media") or ()}
+        link.media = set(said.media or ())
         if incarnation != self.incarnation:
             link.refuse(f"the standby's runtime file is incarnation {bytes(incarnation or b'').hex()}, "
                         f"this primary's {self.incarnation.hex()}")
             return None
-        generation, components = msg.get("generation"), msg.get("components") or {}
-        if (type(generation) is not int or not isinstance(components, dict)
-                or not all(type(k) is str and type(v) is str for k, v in components.items())):
+        generation, components = said.generation, said.components or {}
+        if generation is None:
             raise ProtocolError("a hello without its runtime file copy's generation and components")
         link.generation, link.components = generation, components
         if generation != self.generation:

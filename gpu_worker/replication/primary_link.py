@@ -20,6 +20,7 @@ from gpu_worker.storage.journal import segment_name
 from gpu_worker.storage.runtime_file import RuntimeFile, RuntimeFileError
 
 from . import SEGMENT_CHUNK, read_frames
+from .frames import ack
 
 log = logging.getLogger("gpu_worker.replication")
 
@@ -228,11 +229,10 @@ class Link:
                     raise ConnectionError(f"no acknowledgement for {self.shipper.dead_after}s: the link is dead") \
                         from None
                 for msg in batch:
-                    segment, offset, cut = msg.get("segment"), msg.get("offset"), msg.get("cut")
-                    if msg.get("ack") != 1 or type(segment) is not int or type(offset) is not int or type(cut) is not int:
-                        raise ProtocolError(f"not an acknowledgement: {sorted(msg)}")
-                    if msg.get("g") != self.shipper.leader:
-                        raise ProtocolError(f"an acknowledgement of leadership generation {msg.get('g')}, "
+                    acked = ack(msg)
+                    segment, offset, cut = acked.segment, acked.offset, acked.cut
+                    if acked.g != self.shipper.leader:
+                        raise ProtocolError(f"an acknowledgement of leadership generation {acked.g}, "
                                             f"not this primary's {self.shipper.leader}")
                     if cut == self.shipper.cuts:  # (an acknowledgement of bytes from before a cut counts for nothing)
                         self.position = (segment, offset)
