@@ -145,5 +145,5 @@ class PrincipalAdmin(admin.ModelAdmin):
 def device_grant_problem() -> str | None:
     """The device's last grant-file reload failure, None when it has none or cannot be asked."""
     status = ops.ping(STATUS_TIMEOUT)
-    problem: str | None = (status or {}).get("grants", {}).get("problem")
-    return problem
+    problem = ops.json_object((status or {}).get("grants")).get("problem")
+    return problem if isinstance(problem, str) else None

@@ -29,6 +29,7 @@ VERSION_REFUSED = (b'{"error":{"code":"protocol_version","message":"unsupported 
 
 # A JSON value as json.loads gives it (and dumps takes it, with RawJSON for an embedded document).
 JSON: TypeAlias = Union[None, bool, int, float, str, list["JSON"], dict[str, "JSON"]]
+JSONObject: TypeAlias = dict[str, JSON]
 
 # A frame's map as msgpack decodes it: a request the device reads (`v`, `id`, `op`, `principal`,
 # `args`), a reply the device builds, a replication frame before it is typed.

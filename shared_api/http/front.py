@@ -54,7 +54,7 @@ from ..openai.views import openai_error
 from .rates import RateLimited, limiter, retry_headers
 from .refusals import RefusalBackoff, is_quota_refusal
 from .server import (HEAD_BYTES, HEADERS, PRIVATE_HEADERS, REPEATED, ASGIApp, AccessLog, BodyIncomplete, Logged,
-                     Proto, Receive, Receiver, Scope, Stream, asgi, asgi_scope, body_chunks)
+                     Proto, Receive, Receiver, RequestHead, Scope, Stream, asgi, asgi_scope, body_chunks)
 from ..routes.strict import loads_strict
 from ..routes.views import DeviceCall, MediaView, SharedView
 
@@ -376,7 +376,7 @@ class Front:
                 return route, match.groupdict()
         return None
 
-    async def __rsgi__(self, request: Any, proto: Proto) -> None:
+    async def __rsgi__(self, request: RequestHead, proto: Proto) -> None:
         if request.proto != "http":  # (the server serves HTTP only: websockets are off)
             return
         started = time.perf_counter()
@@ -386,7 +386,7 @@ class Front:
         finally:
             self.access_log.add(request, logged.status, started)
 
-    async def answer(self, request: Any, proto: Proto) -> None:
+    async def answer(self, request: RequestHead, proto: Proto) -> None:
         scope = asgi_scope(request)
         if scope[HEAD_BYTES] > self.max_header_bytes:
             respond_error(proto, ServiceError(431, "headers_too_large", f"the request line and headers exceed "
