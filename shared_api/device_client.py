@@ -19,7 +19,7 @@ import itertools
 import os
 import threading
 import weakref
-from typing import Any, Callable, TypeVar
+from typing import Callable, Mapping, TypeVar
 
 from django.conf import settings
 
@@ -117,7 +117,7 @@ class DeviceMux:
             for stream in streams.values():
                 stream.fail(failure)
 
-    async def _send(self, op: str, principal_id: str | None, args: Args | dict[str, Any] | None,
+    async def _send(self, op: str, principal_id: str | None, args: Args | Mapping[str, object] | None,
                     retry_stale: bool, kind: type[Waiter]) -> Waiter:
         """Send one request; its frames go to a new `kind` (a DeviceStream, or a DeviceReply for a
         one-reply call). A connection that turns out to be closed when written to reached
@@ -168,11 +168,11 @@ class DeviceMux:
             writer.write(b"".join(frames))
         # else the connection ended meanwhile: its reader task has failed every stream it carried
 
-    async def open(self, op: str, principal_id: str | None, args: Args | dict[str, Any]) -> DeviceStream:
+    async def open(self, op: str, principal_id: str | None, args: Args | Mapping[str, object]) -> DeviceStream:
         """Send one request; its frames arrive on the returned stream."""
         return await self._send(op, principal_id, args, retry_stale=False, kind=DeviceStream)
 
-    async def call(self, op: str, principal_id: str | None, args: Args | dict[str, Any] | None = None,
+    async def call(self, op: str, principal_id: str | None, args: Args | Mapping[str, object] | None = None,
                    timeout: float | None = None) -> Reply:
         """One request and its one reply (its status, body and headers)."""
         waiter = await self._send(op, principal_id, args, retry_stale=True, kind=DeviceReply)
@@ -323,7 +323,7 @@ class DevicePool:
         self.waiting = 0
         self._turn = itertools.cycle(self.muxes)
 
-    async def call(self, op: str, principal_id: str | None, args: Args | dict[str, Any] | None = None) -> Reply:
+    async def call(self, op: str, principal_id: str | None, args: Args | Mapping[str, object] | None = None) -> Reply:
         if self.waiting >= self.max_waiting:
             raise ServiceError(503, "gateway_busy", f"{self.waiting} requests of this gateway process are waiting "
                                                     "for the device; nothing was sent: retry later")
@@ -363,7 +363,7 @@ class BlockingDevice:
                 running = self._running = (os.getpid(), loop, thread, DeviceMux(self.socket_path, self.timeout))
             return running[1], running[3]
 
-    def call(self, op: str, principal_id: str | None, args: Args | dict[str, Any] | None = None,
+    def call(self, op: str, principal_id: str | None, args: Args | Mapping[str, object] | None = None,
              timeout: float | None = None) -> Reply:
         """The device's reply (a ServiceError otherwise)."""
         args = typed(op, args)  # a refusal before anything starts

@@ -11,7 +11,7 @@ import datetime
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from django.conf import settings
 from django.http import HttpRequest
@@ -29,7 +29,7 @@ STATUS_TIMEOUT = 2.0  # seconds a page, /metrics or /healthz waits for the devic
 TABLES = ("participants", "spaces", "conversations", "members", "receipts", "memory")
 
 
-def call(op: str, args: dict[str, Any] | None = None, timeout: float = STATUS_TIMEOUT) -> tuple[int, Any]:
+def call(op: str, args: Mapping[str, object] | None = None, timeout: float = STATUS_TIMEOUT) -> tuple[int, Any]:
     """(status, parsed body) of one ops command; ServiceError 503 when the device cannot be
     reached or the gateway config cannot be read."""
     msg = device_client.blocking(device_client.configured_socket()).call(op, None, args, timeout)

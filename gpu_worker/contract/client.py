@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import socket
-from typing import Any
+from typing import Mapping
 
 from .commands import Args, request
 from .wire import ProtocolError, Reply, ReplyReader
@@ -27,10 +27,10 @@ class Connection:
         self.sock = sock
         self.reader = ReplyReader()
 
-    def call(self, op: str, principal: str | None, args: Args | dict[str, Any] | None = None) -> Reply:
+    def call(self, op: str, principal: str | None, args: Args | Mapping[str, object] | None = None) -> Reply:
         return self.receive(self.send(op, principal, args))
 
-    def send(self, op: str, principal: str | None, args: Args | dict[str, Any] | None = None) -> int:
+    def send(self, op: str, principal: str | None, args: Args | Mapping[str, object] | None = None) -> int:
         """Send one request; its id. A failure here means the device has no whole request."""
         req_id = next(self._ids)
         self.sock.sendall(request(req_id, op, principal, args))

@@ -113,6 +113,6 @@ class Mutation:
         except NotCanonical as exc:
             raise ServiceError(400, "bad_field", f"body has a value with no canonical JSON form: {exc}") from None
 
-    def args(self, **extra: Any) -> dict[str, Any]:
+    def args(self, **extra: object) -> dict[str, object]:
         return {"lineage": self.lineage, "operation_key": self.operation_key, "sequence": self.sequence,
                 "canonical": self.canonical, **extra}

@@ -12,7 +12,7 @@ reached its handler came around the front, and is answered 500 `internal_error` 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Mapping
 
 from django.http import HttpResponse
 from rest_framework.parsers import BaseParser
@@ -33,8 +33,8 @@ MEDIA_TYPE = re.compile(r"(image|audio)/[A-Za-z0-9!#$%&'*+.^_`|~-]+", re.IGNOREC
 INPUT_FIELDS = ("text", "model", "max_output_tokens", "pages", "temperature", "top_p", "media", "retention", "context")
 
 
-def list_args(request: Request, allowed: tuple[str, ...] = (), **extra: Any) -> dict[str, Any]:
-    args: dict[str, Any] = dict(extra)
+def list_args(request: Request, allowed: tuple[str, ...] = (), **extra: object) -> dict[str, object]:
+    args: dict[str, object] = dict(extra)
     cursor = request.query_params.get("cursor")
     if cursor is not None:
         args["cursor"] = cursor
@@ -59,7 +59,7 @@ class DeviceCall:
     check that needs no state is made there, for the gateway and the device alike."""
     __slots__ = ("op", "args")
 
-    def __init__(self, op: str, args: dict[str, Any] | None = None) -> None:
+    def __init__(self, op: str, args: Mapping[str, object] | None = None) -> None:
         self.op = op
         self.args = typed(op, args)
 
@@ -220,7 +220,7 @@ class MemoryView(SharedView):
     def get(self, request: Request, memory: str) -> DeviceCall:
         """One memory object from `offset`; with `version`, only while that is its current version
         (the device answers 409 `stale_version` otherwise)."""
-        args: dict[str, Any] = {"memory": memory, "offset": offset_arg(request, ("version",))}
+        args: dict[str, object] = {"memory": memory, "offset": offset_arg(request, ("version",))}
         version = request.query_params.get("version")
         if version is not None:
             args["version"] = decimal_counter(version, "version", positive=True)
