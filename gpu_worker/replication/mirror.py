@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 import logging
 import os
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from gpu_worker.contract.wire import ProtocolError
 from gpu_worker.storage.filelayer import OsFileLayer
@@ -24,6 +24,9 @@ from gpu_worker.storage.journal_reader import recover
 
 from .frames import MediaPiece
 from .marker import MARK_SCHEMA, read_marker, write_marker
+
+if TYPE_CHECKING:
+    from hashlib import _Hash as Hash
 
 log = logging.getLogger("gpu_worker.replication")
 
@@ -58,7 +61,7 @@ class Mirror:
         self.segment, self.offset = position
         self._fd: int | None = None
         self._fd_segment = 0
-        self._media: tuple[str, Any, int, int] | None = None  # a source being received: (sha, hash, fd, bytes)
+        self._media: tuple[str, Hash, int, int] | None = None  # a source being received: (sha, hash, fd, bytes)
         self._new_entry = False  # a segment file was created since the last sync: fsync the directory
         if self.segment:
             self._open(self.segment)

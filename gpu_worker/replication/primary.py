@@ -14,10 +14,11 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import ssl
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_worker.contract.wire import FrameReader, ProtocolError
 from gpu_worker.storage.filelayer import OsFileLayer
@@ -29,6 +30,9 @@ from . import DEAD_SECONDS, FAILOVER, HELLO_SECONDS, accepted, listen, marker, r
 from .copies import adopt, differences, not_a_copy, not_handed, rewind
 from .frames import hello
 from .primary_link import Link, Position
+
+if TYPE_CHECKING:
+    from .lease import Leadership
 
 log = logging.getLogger("gpu_worker.replication")
 
@@ -45,8 +49,9 @@ class Shipper:
     saved only once the standby acknowledged it (the Committer asks `acked_seq`)."""
 
     def __init__(self, address: str, journal_dir: str, runtime: str, sync: bool = True,
-                 alone_after: float | None = None, *, leadership: Any = None, dead_after: float = DEAD_SECONDS,
-                 tls: Any = None) -> None:
+                 alone_after: float | None = None, *, leadership: Leadership | None = None,
+                 dead_after: float = DEAD_SECONDS,
+                 tls: ssl.SSLContext | None = None) -> None:
         """`runtime`: the path of the primary's runtime file (a standby whose copy is at an older
         generation catches up from it). `leadership`: the etcd Leadership this primary holds (its
         generation goes on every frame; the sync key it keeps says which standby may take over);
@@ -367,7 +372,7 @@ class Shipper:
                  link.peer, link.generation, self.generation, len(names))
         return True
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> dict[str, object]:
         """What `ping` reports (tick thread)."""
         link = self.link if self.link is not None and not self.link.closed else None
         return {"role": "primary", "replication": "sync" if self.sync else "async", "alone": self.alone,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import ssl
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +56,7 @@ class Standby:
     """Follows a primary (module docstring) until `stop`."""
 
     def __init__(self, address: str, mirror: Mirror, runtime: str, follower: Follower | None = None,
-                 dead_after: float = DEAD_SECONDS, tls: Any = None) -> None:
+                 dead_after: float = DEAD_SECONDS, tls: ssl.SSLContext | None = None) -> None:
         """`address`: the primary's replication address, or several, comma-separated (every
         machine's: the standby follows whichever serves as the primary, trying the next after a
         failure, so that it finds a new primary after a failover by itself). `runtime`: this
