@@ -35,7 +35,7 @@ from urllib.parse import parse_qsl
 
 from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
-from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.http.request import split_domain_port, validate_host
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.urls.converters import StringConverter
@@ -292,12 +292,17 @@ def _authorization(headers: dict[bytes, bytes]) -> str:
     return headers.get(b"authorization", b"").decode("latin-1")
 
 
+# A shared view's method: the request (and the path's values) to what it asks of the device.
+Handler = Callable[..., DeviceCall]
+# An OpenAI-compatible route's view (shared_api/openai/views.py).
+OpenAIView = Callable[[HttpRequest], Awaitable[HttpResponseBase]]
+
 async def _admit(view: SharedView, method: str, headers: dict[bytes, bytes]
-                 ) -> tuple[Callable[..., Any], AuthenticatedPrincipal, int | None]:
+                 ) -> tuple[Handler, AuthenticatedPrincipal, int | None]:
     """The view method for `method`, the caller once it holds the method's action, when the
     declared body is within the route's limit; and the declared length (None: chunked).
     Refusals: 405, 401, 403, 413."""
-    handler: Callable[..., Any] | None = getattr(view, "get" if method == "HEAD" else method.lower(), None)
+    handler: Handler | None = getattr(view, "get" if method == "HEAD" else method.lower(), None)
     command = getattr(handler, "command", None)
     if handler is None or command is None:
         raise _MethodNotAllowed(method, [m.upper() for m in ("get", "post", "put") if hasattr(view, m)])
@@ -312,7 +317,7 @@ async def _admit(view: SharedView, method: str, headers: dict[bytes, bytes]
     return handler, user, length
 
 
-def _device_call(view: SharedView, handler: Callable[..., Any], scope: Scope, headers: dict[bytes, bytes],
+def _device_call(view: SharedView, handler: Handler, scope: Scope, headers: dict[bytes, bytes],
                  user: AuthenticatedPrincipal, raw: bytes, kwargs: dict[str, str]) -> DeviceCall:
     """What the view method asks of the device for this request (its refusals: ServiceError)."""
     request = FrontRequest(scope["method"], scope["path"], _query(scope),
@@ -339,7 +344,7 @@ def shared_routes() -> list[Route]:
     time). Path converters must be `str` (the value as matched), as they all are."""
     routes: list[Route] = []
 
-    def walk(patterns: list[Any], regex: str, route: str) -> None:
+    def walk(patterns: list[URLPattern | URLResolver], regex: str, route: str) -> None:
         for entry in patterns:
             part = entry.pattern.regex.pattern.lstrip("^")
             if isinstance(entry, URLResolver):
@@ -476,7 +481,7 @@ class Front:
 
     # ---- the OpenAI-compatible routes ----------------------------------------------------
 
-    async def openai(self, scope: Scope, proto: Proto, view: Callable[..., Awaitable[Any]]) -> None:
+    async def openai(self, scope: Scope, proto: Proto, view: OpenAIView) -> None:
         """/v1/chat/completions and the rest: their async views, run here on Django's ASGIRequest,
         without Django's handler and middleware. Those cost a thread per request (the handler's
         ThreadSensitiveContext and the sync middlewares' hops), and a tenant looping on 429 slowed
@@ -491,7 +496,7 @@ class Front:
         finally:
             metrics.record(scope["method"], scope["path"], status, started)
 
-    async def _openai(self, scope: Scope, proto: Proto, view: Callable[..., Awaitable[Any]]) -> int:
+    async def _openai(self, scope: Scope, proto: Proto, view: OpenAIView) -> int:
         headers = _headers(scope)
         close = _body_follows(headers)
         try:

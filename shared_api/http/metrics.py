@@ -110,7 +110,7 @@ def record(method: str, route: str, status: int, started: float) -> None:
     STATS.record(method if method in METHODS else "other", route, status, time.perf_counter() - started)
 
 
-class RequestMetricsMiddleware(HybridMiddleware):
+class RequestMetricsMiddleware(HybridMiddleware[float]):
     """Counts and times every request Django serves (outermost, so the time includes the other
     middleware)."""
 

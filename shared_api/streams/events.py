@@ -211,7 +211,7 @@ class EventStream(AsyncHttpConsumer):
         self.stream.on_backlog = self.backlogged
         self.task = asyncio.get_running_loop().create_task(self.pump())
 
-    def arguments(self, query: dict[str, list[str]], last_event_id: str | None) -> dict[str, Any]:
+    def arguments(self, query: dict[str, list[str]], last_event_id: str | None) -> dict[str, object]:
         raise NotImplementedError
 
     def resume_cursor(self, last_event_id: str | None) -> str | None:
@@ -361,7 +361,7 @@ class EventStream(AsyncHttpConsumer):
 class ConversationEvents(EventStream):
     command = "conversations.subscribe"
 
-    def arguments(self, query: dict[str, list[str]], last_event_id: str | None) -> dict[str, Any]:
+    def arguments(self, query: dict[str, list[str]], last_event_id: str | None) -> dict[str, object]:
         match = CONVERSATION_EVENTS.match(self.path)
         assert match is not None
         conversation = match.group(1)
@@ -378,7 +378,7 @@ class ConversationEvents(EventStream):
         cursor = query["cursor"][-1] if "cursor" in query else self.resume_cursor(last_event_id)
         if cursor is not None and not ids.COUNTER.match(cursor):
             raise ServiceError(400, "bad_field", "cursor must be a decimal string without leading zeros")
-        args: dict[str, Any] = {"conversation": conversation}
+        args: dict[str, object] = {"conversation": conversation}
         if cursor is not None:
             args["cursor"] = cursor
         return args
@@ -388,7 +388,7 @@ class ConversationEvents(EventStream):
 class OperationEvents(EventStream):
     command = "operations.subscribe"
 
-    def arguments(self, query: dict[str, list[str]], last_event_id: str | None) -> dict[str, Any]:
+    def arguments(self, query: dict[str, list[str]], last_event_id: str | None) -> dict[str, object]:
         match = OPERATION_EVENTS.match(self.path)
         assert match is not None
         operation = match.group(1)
