@@ -49,7 +49,7 @@ from ..http.auth import PRINCIPALS, admit
 from ..device_client import KEEP_ALIVE, DeviceStream, mux
 from ..errors import WWW_AUTHENTICATE
 from ..http.rates import limiter, retry_headers
-from ..http.server import PRIVATE_HEADERS, WRITE_NOWAIT
+from ..http.server import PRIVATE_HEADERS, WRITE_NOWAIT, Scope
 
 CONVERSATION_EVENTS = re.compile(rf"^{BASE_PATH}/conversations/([^/]+)/events$")
 OPERATION_EVENTS = re.compile(rf"^{BASE_PATH}/operations/([^/]+)/events$")
@@ -407,7 +407,7 @@ class OperationEvents(EventStream):
 STREAMS: tuple[type[EventStream], ...] = (ConversationEvents, OperationEvents)
 
 
-def wants_stream(scope: dict[str, Any]) -> type[EventStream] | None:
+def wants_stream(scope: Scope) -> type[EventStream] | None:
     """The consumer of an HTTP request that asks for an event stream, if it does."""
     path = scope["path"]
     if OPERATION_EVENTS.match(path):
