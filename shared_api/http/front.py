@@ -42,7 +42,7 @@ from django.urls.converters import StringConverter
 
 from gpu_worker.contract.limits import MAX_CHAT_BODY_BYTES
 from gpu_worker.contract.vocabulary import CHAT, COMMANDS
-from gpu_worker.contract.wire import Reply
+from gpu_worker.contract.wire import JSON, Reply
 
 from . import metrics
 from .auth import AuthenticatedPrincipal, admit
@@ -97,17 +97,17 @@ class FrontRequest:
         self.user = user
         self._raw = raw
         self._raw_bytes = raw_bytes
-        self._data: Any = None
+        self._data: JSON | bytes = None  # the body: raw bytes (a media upload's), or its JSON
         self._parsed = False
 
     @property
-    def data(self) -> Any:
+    def data(self) -> JSON | bytes:
         if not self._parsed:
             self._data = self._parse()
             self._parsed = True
         return self._data
 
-    def _parse(self) -> Any:
+    def _parse(self) -> JSON | bytes:
         if self._raw_bytes:
             return self._raw
         if not self._raw:

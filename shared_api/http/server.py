@@ -25,7 +25,10 @@ import atexit
 import os
 import sys
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping, Protocol
+
+if TYPE_CHECKING:
+    from ..config import GatewayConfig
 
 APPLICATION = "aotx_site.gateway:application"
 # hyper's read buffer for a request head: past it hyper itself answers 431 (with no body); below it
@@ -359,7 +362,7 @@ async def asgi(app: ASGIApp, scope: Scope, proto: Proto, bound: Callable[[Receiv
     return "status" in response
 
 
-def serve(cfg: dict[str, Any]) -> None:
+def serve(cfg: GatewayConfig) -> None:
     """Run the gateway until SIGTERM or SIGINT (granian's supervisor, and its workers)."""
     from granian.constants import HTTPModes, Interfaces, Loops
     from granian.http import HTTP1Settings
