@@ -18,7 +18,7 @@ import ssl
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpu_worker.contract.wire import FrameReader, ProtocolError
 from gpu_worker.storage.filelayer import OsFileLayer
@@ -32,6 +32,8 @@ from .frames import hello
 from .primary_link import Link, Position
 
 if TYPE_CHECKING:
+    from gpu_worker.storage.runtime_file_writer import Stored
+
     from .lease import Leadership
 
 log = logging.getLogger("gpu_worker.replication")
@@ -234,7 +236,7 @@ class Shipper:
         if link is not None and not link.closed:
             link.queue.put(("media", sha, path))
 
-    def checkpoint(self, generation: int, components: list[tuple[str, str, Any]], drop: list[str],
+    def checkpoint(self, generation: int, components: list[Stored], drop: list[str],
                    through_segment: int) -> None:
         """A checkpoint made the runtime file generation `generation` with these components, folding
         the journal segments through `through_segment` (it was made beside the ticks: later

@@ -25,6 +25,8 @@ from .frames import ack
 if TYPE_CHECKING:
     from hashlib import _Hash as Hash
 
+    from gpu_worker.storage.runtime_file_writer import Stored
+
     from .lease import Leadership
 
 log = logging.getLogger("gpu_worker.replication")
@@ -192,7 +194,7 @@ class Link:
                 if offset >= size or not data:
                     return
 
-    def _send_components(self, key: str, generation: int, components: Iterable[tuple[str, str, Any]],
+    def _send_components(self, key: str, generation: int, components: Iterable[Stored],
                          end: dict[str, object]) -> None:
         """Runtime file components in pieces ({key: generation, "component", "kind", "offset",
         "data"}), then the frame `end` that has the standby append them: a checkpoint's, or a

@@ -14,7 +14,7 @@ import logging
 import socket
 import ssl
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpu_worker.contract.wire import FrameReader, ProtocolError, encode_frame
 from gpu_worker.storage import runtime_file_writer
@@ -27,6 +27,8 @@ from .frames import (Beat, CatchUpEnd, CheckpointEnd, Cut, MediaPiece, Piece, Re
 from .marker import leader_of, member_of, takeovers
 
 if TYPE_CHECKING:
+    from gpu_worker.storage.runtime_file_writer import Part
+
     from .follower import Follower
     from .mirror import Mirror
 
@@ -246,7 +248,7 @@ class Standby:
         held[1].extend(piece.data)
 
     def _components(self, names: list[str] | dict[str, str], drop: list[str]
-                    ) -> tuple[list[tuple[str, str, Any]], list[str]]:
+                    ) -> tuple[list[Part], list[str]]:
         """The components the pieces made and the names to drop, for `runtime_file_writer.append` (the
         end frame names both)."""
         if set(names) != set(self._pieces):
@@ -282,7 +284,7 @@ class Standby:
         log.info("standby: caught up to the primary's generation %d (%d components) in %s", generation,
                  len(components), self.runtime)
 
-    def _adopt(self, generation: int, components: list[tuple[str, str, Any]], drop: list[str],
+    def _adopt(self, generation: int, components: list[Part], drop: list[str],
                digests: dict[str, str]) -> None:
         """A catch-up with the journal kept: this copy lacked only the failover component of the
         takeover that made the primary's generation (this standby is the old primary, or followed

@@ -23,11 +23,14 @@ import errno
 import os
 import time
 from collections import deque
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..contract.wire import Message
 from .journal import Transfer
 from .journal_writer import MAX_RECORDS_PER_TICK, MAX_TICKS_IN_FLIGHT, JournalIOError, JournalWriter, TickIO
+
+if TYPE_CHECKING:
+    from .runtime_file_writer import Stored
 
 Reply = tuple[object, Message]  # (connection, reply)
 
@@ -134,7 +137,7 @@ class Replica(Protocol):
 
     def cut(self, writer: JournalWriter) -> None: ...
 
-    def checkpoint(self, generation: int, components: list[tuple[str, str, Any]], drop: list[str],
+    def checkpoint(self, generation: int, components: list[Stored], drop: list[str],
                    through_segment: int) -> None: ...
 
     def media(self, sha: str, path: str) -> None: ...
