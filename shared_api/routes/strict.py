@@ -7,7 +7,7 @@ applies are recorded separately (gpu_worker/contract/canonical.py)."""
 from __future__ import annotations
 
 import json
-from typing import Any, NoReturn
+from typing import IO, Any, Mapping, NoReturn
 
 from rest_framework.parsers import BaseParser
 
@@ -59,7 +59,10 @@ def loads_strict(raw: bytes) -> JSON:
 class StrictJSONParser(BaseParser):
     media_type = "application/json"
 
-    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
+    # request.data is the body's JSON value (a route refuses what is not an object), where BaseParser
+    # promises a mapping
+    def parse(self, stream: IO[bytes] | None, media_type: str | None = None,  # type: ignore[override]
+              parser_context: Mapping[str, object] | None = None) -> JSON:
         raw = stream.read() if stream is not None else b""
         return loads_strict(raw)
 

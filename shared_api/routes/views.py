@@ -12,9 +12,9 @@ reached its handler came around the front, and is answered 500 `internal_error` 
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import IO, Mapping
 
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
 from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
 from rest_framework.views import APIView
@@ -72,7 +72,7 @@ class SharedView(APIView):
     body_limit = MAX_BODY_BYTES
     body_code = "body_too_large"
 
-    def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> HttpResponse:
+    def dispatch(self, request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
         """Not a path: the front answers every shared route before Django's handler runs."""
         return error_response(500, "internal_error", "the shared routes are answered by the gateway's front "
                                                      "(aotx_site.gateway:application); this request reached Django's "
@@ -244,7 +244,8 @@ class RawBytesParser(BaseParser):
     media_type = "*/*"
 
     # request.data is the body itself, bytes, where BaseParser promises a mapping
-    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> bytes:  # type: ignore[override]
+    def parse(self, stream: IO[bytes] | None, media_type: str | None = None,  # type: ignore[override]
+              parser_context: Mapping[str, object] | None = None) -> bytes:
         data = stream.read(MAX_MEDIA_BYTES + 1) if stream is not None else b""
         if len(data) > MAX_MEDIA_BYTES:
             raise ServiceError(413, "media_too_large", f"a media source is at most {MAX_MEDIA_BYTES} bytes")
