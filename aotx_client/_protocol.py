@@ -44,10 +44,62 @@ import random
 import secrets
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Iterator, Sequence
+from typing import Any, Callable, Generator, Iterator, Mapping, Sequence, TypeAlias, TypedDict, TypeVar, Union
 from urllib.parse import quote
 
 BASE = "/aotx/v1/shared"
+
+# A JSON value as the API answers it (json.loads), and a JSON object.
+JSON: TypeAlias = Union[None, bool, int, float, str, list["JSON"], dict[str, "JSON"]]
+JSONObject: TypeAlias = dict[str, JSON]
+Clock: TypeAlias = Callable[[], float]  # seconds, monotonic
+
+
+class Save(TypedDict):
+    save: JSONObject | None  # the transfer that saved it (its digest, position ...); null until saved
+    saved: bool
+
+
+class Terminal(Save):
+    status: str | None  # succeeded, failed, cancelled ...; null until saved
+
+
+class Result(TypedDict):
+    finish: str | None
+    input_tokens: str | None
+    length: str
+    output_tokens: str | None
+
+
+class Receipt(TypedDict):
+    """An operation's receipt (the API's Receipt, docs/api.md); counters are decimal strings."""
+    admission: Save
+    device: dict[str, bool]
+    disk_error: JSON
+    effective: dict[str, str]
+    journal_hold: JSONObject | None
+    kind: str
+    memory: JSONObject | None
+    operation: str
+    operation_key: str
+    participant: str
+    pending_bytes: str
+    result: Result
+    schema: str
+    sequence: str | None
+    target: str
+    terminal: Terminal
+    transport: dict[str, bool]
+
+
+class Participant(TypedDict):
+    """/participant: its ID (null before it registers), lineage and counters (decimal strings)."""
+    id: str | None
+    registered: bool
+    lineage: str
+    next_sequence: str
+    retry_floor: str
+
 SCHEMA = "aotx.shared.mutation.v1"
 RETRYABLE_STATUS = (429, 503)
 
@@ -55,7 +107,7 @@ RETRYABLE_STATUS = (429, 503)
 class ApiError(Exception):
     """An error answer of the API: HTTP status, the error body's code, message and details."""
 
-    def __init__(self, status: int, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+    def __init__(self, status: int, code: str, message: str, details: JSONObject | None = None) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status, self.code, self.message, self.details = status, code, message, details or {}
 
@@ -85,11 +137,14 @@ class Reply:
     headers: dict[str, str]
     body: bytes
 
-    def json(self) -> Any:
+    def json(self) -> Any:  # (what the caller expects the answer to be: the API's documented shapes)
         return json.loads(self.body) if self.body else None
 
 
-Step = Generator["Call | Sleep", "Reply | None", Any]
+T = TypeVar("T")
+# A request's steps: the calls and sleeps a driver (the blocking or the asyncio client) carries out,
+# each call's Reply sent back in; its value is the request's outcome.
+Step: TypeAlias = Generator["Call | Sleep", "Reply | None", T]
 
 
 def raise_for(reply: Reply) -> None:
@@ -103,7 +158,7 @@ def raise_for(reply: Reply) -> None:
     raise ApiError(reply.status, str(error.get("code")), str(error.get("message")), details)
 
 
-def canonical(value: Any) -> bytes:
+def canonical(value: object) -> bytes:
     """Sorted keys, no spaces: the bytes an exact retry sends again."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -163,7 +218,7 @@ class Backoff:
         return delay * (0.5 + random.random())  # jittered: clients of one hold do not retry in step
 
 
-def request(call: Call, retry_for: float, clock: Any) -> Step:
+def request(call: Call, retry_for: float, clock: Clock) -> Step[Reply]:
     """One request, retried exactly on transport errors, 429 and 503, for up to retry_for seconds."""
     deadline = clock() + retry_for
     backoff = Backoff()
@@ -187,7 +242,7 @@ def request(call: Call, retry_for: float, clock: Any) -> Step:
 class Pending:
     """A mutation in flight: its sequence and the exact bytes sent."""
     path: str
-    fields: dict[str, Any]
+    fields: JSONObject
     key: str
     sequence: int = 0
     body: bytes = b""
@@ -262,24 +317,24 @@ class Mutations:
     the capabilities it read (SPEC's client sequence: capabilities and the participant resource
     before the first mutation)."""
 
-    def __init__(self, retry_for: float, clock: Any, log: PendingLog | None = None) -> None:
+    def __init__(self, retry_for: float, clock: Clock, log: PendingLog | None = None) -> None:
         self.retry_for, self.clock, self.log = retry_for, clock, log
         self.lock = threading.Lock()
         self.lineage: str | None = None
         self.next_sequence = 0
         self.in_flight: set[int] = set()
-        self.participant: dict[str, Any] | None = None
-        self.capabilities: dict[str, Any] | None = None  # None: to be read before the next mutation
+        self.participant: Participant | None = None
+        self.capabilities: JSONObject | None = None  # None: to be read before the next mutation
 
-    def read_capabilities(self) -> Step:
+    def read_capabilities(self) -> Step[JSONObject]:
         """GET /capabilities: the models, limits, quotas and hold state the next mutations meet."""
         reply = yield from request(Call("GET", f"{BASE}/capabilities"), self.retry_for, self.clock)
         raise_for(reply)
-        found: dict[str, Any] = reply.json()
+        found: JSONObject = reply.json()
         self.capabilities = found
         return found
 
-    def _noted(self, reply: Reply | None, receipt: dict[str, Any] | None = None) -> None:
+    def _noted(self, reply: Reply | None, receipt: Receipt | None = None) -> None:
         """An answer that says the capabilities read changed (STALE_CAPABILITIES, or a receipt run by
         a model they do not list): read them again before the next mutation."""
         known = self.capabilities
@@ -289,16 +344,18 @@ class Mutations:
             self.capabilities = None
         elif receipt is not None:
             digest = (receipt.get("effective") or {}).get("model_digest")
-            if digest is not None and digest not in {m.get("digest") for m in known.get("models") or ()}:
+            models = known.get("models") or []
+            held = {m.get("digest") for m in models if isinstance(m, dict)} if isinstance(models, list) else set()
+            if digest is not None and digest not in held:
                 self.capabilities = None
 
-    def read_participant(self, rewind: bool = False) -> Step:
+    def read_participant(self, rewind: bool = False) -> Step[Participant]:
         """Read /participant: the lineage, and the next sequence — moved forward to the server's
         when other clients used sequences, or back to it (rewind) when sequences this client took
         were given up and a later one answered future_sequence."""
         reply = yield from request(Call("GET", f"{BASE}/participant"), self.retry_for, self.clock)
         raise_for(reply)
-        me: dict[str, Any] = reply.json()
+        me: Participant = reply.json()
         with self.lock:
             self.participant = me
             self.lineage = me["lineage"]
@@ -324,7 +381,7 @@ class Mutations:
         with self.lock:
             self.in_flight.discard(pending.sequence)
 
-    def mutate(self, path: str, fields: dict[str, Any]) -> Step:
+    def mutate(self, path: str, fields: Mapping[str, JSON]) -> Step[Receipt]:
         """Submit one mutation; returns its receipt (202 new, 200 the exact retry's)."""
         if self.capabilities is None:
             yield from self.read_capabilities()
@@ -334,14 +391,14 @@ class Mutations:
         self._assign(pending)
         return (yield from self._submit(pending))
 
-    def resume(self) -> Step:
+    def resume(self) -> Step[list[Receipt]]:
         """Send again, exactly, every mutation a killed process of this client left in the pending
         directory; returns their receipts, lowest sequence first."""
         if self.log is None:
             return []
         left = self.log.load()
         yield from self.read_participant()
-        receipts = []
+        receipts: list[Receipt] = []
         for pending in left:
             with self.lock:
                 self.in_flight.add(pending.sequence)
@@ -349,7 +406,7 @@ class Mutations:
             receipts.append((yield from self._submit(pending)))
         return receipts
 
-    def _submit(self, pending: Pending) -> Step:
+    def _submit(self, pending: Pending) -> Step[Receipt]:
         """Send a mutation until its outcome is known: a receipt, or a refusal raised."""
         waits = Backoff(0.01, 0.5)
         known = False  # GaveUp (the transport failed for retry_for) leaves it pending on disk
@@ -359,7 +416,7 @@ class Mutations:
                 reply = yield from request(call, self.retry_for, self.clock)
                 if reply.status in (200, 202):
                     known = True
-                    receipt: dict[str, Any] = reply.json()
+                    receipt: Receipt = reply.json()
                     self._noted(None, receipt)
                     return receipt
                 self._noted(reply)
@@ -393,19 +450,19 @@ def _code(reply: Reply) -> str | None:
         return None
 
 
-def get(path: str, retry_for: float, clock: Any, params: dict[str, str] | None = None) -> Step:
+def get(path: str, retry_for: float, clock: Clock, params: dict[str, str] | None = None) -> Step[Any]:
     reply = yield from request(Call("GET", path, params=params), retry_for, clock)
     raise_for(reply)
     return reply.json()
 
 
-def wait_for_terminal(op: str, retry_for: float, clock: Any, timeout: float) -> Step:
+def wait_for_terminal(op: str, retry_for: float, clock: Clock, timeout: float) -> Step[Receipt]:
     """Poll the receipt until its terminal result is saved; the receipt. A read past the input's
     execution deadline answers 504: raised as ApiError."""
     deadline = clock() + timeout
     backoff = Backoff(0.02, 0.5)
     while True:
-        receipt: dict[str, Any] = yield from get(f"{BASE}/operations/{quote(op)}", retry_for, clock)
+        receipt: Receipt = yield from get(f"{BASE}/operations/{quote(op)}", retry_for, clock)
         terminal = receipt.get("terminal") or {}
         if terminal.get("saved"):
             return receipt
@@ -414,7 +471,7 @@ def wait_for_terminal(op: str, retry_for: float, clock: Any, timeout: float) -> 
         yield Sleep(backoff.next())
 
 
-def read_result(op: str, offset: int, retry_for: float, clock: Any) -> Step:
+def read_result(op: str, offset: int, retry_for: float, clock: Clock) -> Step[bytes]:
     """The result bytes from offset on."""
     body = yield from get(f"{BASE}/operations/{quote(op)}/result", retry_for, clock, {"offset": str(offset)})
     return base64.b64decode(body["bytes"])
@@ -425,7 +482,7 @@ class Event:
     """One server-sent event: its type, its id (path@cursor, for resuming) and its JSON data."""
     event: str
     id: str | None
-    data: Any
+    data: Any  # the event's JSON, its shape the event type's (docs/api.md)
 
 
 class SSEParser:

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Callable, Iterator, Sequence
+from typing import Any, AsyncIterator, Callable, Iterator, Mapping, Sequence, TypeVar
 from urllib.parse import quote
 
 import httpx
 
-from ._protocol import (BASE, ApiError, Call, Event, Follow, Gateways, Mutations, PendingLog, Reply, Sleep, SSEParser,
-                        Step, get, raise_for, read_result, request, wait_for_terminal)
+from ._protocol import (BASE, JSON, ApiError, Call, Event, Follow, Gateways, JSONObject, Mutations, Participant,
+                        PendingLog, Receipt, Reply, Sleep, SSEParser, Step, get, raise_for, read_result, request,
+                        wait_for_terminal)
+
+T = TypeVar("T")
 
 DEFAULT_RETRY_FOR = 120.0  # seconds one exact request is retried through timeouts, 503 and 429
 
@@ -41,7 +44,7 @@ class _Common:
         return {"Authorization": f"Bearer {token}", "Accept": "application/json"}
 
     # steps -------------------------------------------------------------------------------------
-    def _register(self) -> Step:
+    def _register(self) -> Step[Participant]:
         if self.mutations.capabilities is None:  # (SPEC's client sequence: capabilities first)
             yield from self.mutations.read_capabilities()
         me = yield from self.mutations.read_participant()
@@ -54,10 +57,10 @@ class _Common:
                 raise
         return (yield from self.mutations.read_participant())
 
-    def _get(self, path: str, params: dict[str, str] | None = None) -> Step:
+    def _get(self, path: str, params: dict[str, str] | None = None) -> Step[Any]:
         return (yield from get(BASE + path, self.retry_for, time.monotonic, params))
 
-    def _upload(self, data: bytes, content_type: str) -> Step:
+    def _upload(self, data: bytes, content_type: str) -> Step[str]:
         import hashlib
         digest = hashlib.sha256(data).hexdigest()
         call = Call("PUT", f"/aotx/v1/media/{digest}", data, {"Content-Type": content_type})
@@ -66,8 +69,8 @@ class _Common:
         return digest
 
 
-def _input_fields(text: str, model: str, **options: Any) -> dict[str, Any]:
-    fields: dict[str, Any] = {"text": text, "model": model}
+def _input_fields(text: str, model: str, **options: JSON) -> JSONObject:
+    fields: JSONObject = {"text": text, "model": model}
     fields.update({k: v for k, v in options.items() if v is not None})
     return fields
 
@@ -92,7 +95,7 @@ class Client(_Common):
     def close(self) -> None:
         self.http.close()
 
-    def _run(self, step: Step) -> Any:
+    def _run(self, step: Step[T]) -> T:
         reply: Reply | BaseException | None = None
         try:
             while True:
@@ -123,54 +126,55 @@ class Client(_Common):
         return reply
 
     # the API -----------------------------------------------------------------------------------
-    def capabilities(self) -> dict[str, Any]:
+    def capabilities(self) -> JSONObject:
         """Read now (and kept: the client reads them before its first mutation and again when an
         answer says they changed; `known_capabilities` is the last read)."""
         return self._run(self.mutations.read_capabilities())
 
     @property
-    def known_capabilities(self) -> dict[str, Any] | None:
+    def known_capabilities(self) -> JSONObject | None:
         return self.mutations.capabilities
 
-    def participant(self) -> dict[str, Any]:
+    def participant(self) -> Participant:
         return self._run(self.mutations.read_participant())
 
-    def register(self) -> dict[str, Any]:
+    def register(self) -> Participant:
         """Register this principal's participant unless it is; returns /participant."""
         return self._run(self._register())
 
-    def mutate(self, path: str, fields: dict[str, Any]) -> dict[str, Any]:
-        """Any mutation (path under /aotx/v1/shared); its receipt."""
+    def mutate(self, path: str, fields: Mapping[str, JSON]) -> Receipt:
+        """A mutation (path under /aotx/v1/shared); its receipt."""
         return self._run(self.mutations.mutate(path, fields))
 
-    def resume(self) -> list[dict[str, Any]]:
+    def resume(self) -> list[Receipt]:
         """With `pending_dir`: retry exactly what a killed process left there; their receipts."""
         return self._run(self.mutations.resume())
 
-    def create_space(self, scope: str = "private", id: str | None = None) -> dict[str, Any]:
+    def create_space(self, scope: str = "private", id: str | None = None) -> Receipt:
         return self.mutate("/spaces", {"scope": scope, **({"id": id} if id else {})})
 
-    def set_member(self, space: str, participant: str, permissions: list[str]) -> dict[str, Any]:
-        return self.mutate(f"/spaces/{quote(space)}/members", {"participant": participant, "permissions": permissions})
+    def set_member(self, space: str, participant: str, permissions: list[str]) -> Receipt:
+        return self.mutate(f"/spaces/{quote(space)}/members",
+                           {"participant": participant, "permissions": [*permissions]})
 
-    def create_conversation(self, space: str, id: str | None = None) -> dict[str, Any]:
+    def create_conversation(self, space: str, id: str | None = None) -> Receipt:
         return self.mutate(f"/spaces/{quote(space)}/conversations", {"id": id} if id else {})
 
-    def submit_input(self, conversation: str, text: str, model: str, **options: Any) -> dict[str, Any]:
+    def submit_input(self, conversation: str, text: str, model: str, **options: JSON) -> Receipt:
         """options: max_output_tokens, pages, temperature, top_p, media ([{type, sha256}])."""
         return self.mutate(f"/conversations/{quote(conversation)}/inputs", _input_fields(text, model, **options))
 
-    def cancel(self, target_sequence: int) -> dict[str, Any]:
+    def cancel(self, target_sequence: int) -> Receipt:
         return self.mutate("/cancellations", {"target_sequence": str(target_sequence)})
 
-    def retire(self, retry_floor: int) -> dict[str, Any]:
+    def retire(self, retry_floor: int) -> Receipt:
         """Free every receipt below retry_floor (each must have a saved terminal result)."""
         return self.mutate("/retirements", {"retry_floor": str(retry_floor)})
 
-    def receipt(self, operation: str) -> dict[str, Any]:
+    def receipt(self, operation: str) -> Receipt:
         return self._run(self._get(f"/operations/{quote(operation)}"))
 
-    def wait(self, operation: str, timeout: float = 600.0) -> dict[str, Any]:
+    def wait(self, operation: str, timeout: float = 600.0) -> Receipt:
         """The receipt once its terminal result is saved."""
         return self._run(wait_for_terminal(operation, self.retry_for, time.monotonic, timeout))
 
@@ -181,8 +185,8 @@ class Client(_Common):
         """Upload a media source; its sha256 (the name inputs refer to it by)."""
         return self._run(self._upload(data, content_type))
 
-    def get(self, path: str, **params: str) -> Any:
-        """Any read under /aotx/v1/shared."""
+    def get(self, path: str, **params: str) -> JSON:
+        """A read under /aotx/v1/shared: its JSON."""
         return self._run(self._get(path, params or None))
 
     def events(self, conversation: str, cursor: str | None = None,
@@ -241,7 +245,7 @@ class AsyncClient(_Common):
     async def close(self) -> None:
         await self.http.aclose()
 
-    async def _run(self, step: Step) -> Any:
+    async def _run(self, step: Step[T]) -> T:
         reply: Reply | BaseException | None = None
         try:
             while True:
@@ -268,50 +272,50 @@ class AsyncClient(_Common):
         self.gateways.answered(at, reply)
         return reply
 
-    async def capabilities(self) -> dict[str, Any]:
+    async def capabilities(self) -> JSONObject:
         return await self._run(self.mutations.read_capabilities())
 
     @property
-    def known_capabilities(self) -> dict[str, Any] | None:
+    def known_capabilities(self) -> JSONObject | None:
         return self.mutations.capabilities
 
-    async def participant(self) -> dict[str, Any]:
+    async def participant(self) -> Participant:
         return await self._run(self.mutations.read_participant())
 
-    async def register(self) -> dict[str, Any]:
+    async def register(self) -> Participant:
         return await self._run(self._register())
 
-    async def resume(self) -> list[dict[str, Any]]:
+    async def resume(self) -> list[Receipt]:
         """With `pending_dir`: retry exactly what a killed process left there; their receipts."""
         return await self._run(self.mutations.resume())
 
-    async def mutate(self, path: str, fields: dict[str, Any]) -> dict[str, Any]:
+    async def mutate(self, path: str, fields: Mapping[str, JSON]) -> Receipt:
         return await self._run(self.mutations.mutate(path, fields))
 
-    async def create_space(self, scope: str = "private", id: str | None = None) -> dict[str, Any]:
+    async def create_space(self, scope: str = "private", id: str | None = None) -> Receipt:
         return await self.mutate("/spaces", {"scope": scope, **({"id": id} if id else {})})
 
-    async def set_member(self, space: str, participant: str, permissions: list[str]) -> dict[str, Any]:
+    async def set_member(self, space: str, participant: str, permissions: list[str]) -> Receipt:
         return await self.mutate(f"/spaces/{quote(space)}/members",
-                                 {"participant": participant, "permissions": permissions})
+                                 {"participant": participant, "permissions": [*permissions]})
 
-    async def create_conversation(self, space: str, id: str | None = None) -> dict[str, Any]:
+    async def create_conversation(self, space: str, id: str | None = None) -> Receipt:
         return await self.mutate(f"/spaces/{quote(space)}/conversations", {"id": id} if id else {})
 
-    async def submit_input(self, conversation: str, text: str, model: str, **options: Any) -> dict[str, Any]:
+    async def submit_input(self, conversation: str, text: str, model: str, **options: JSON) -> Receipt:
         return await self.mutate(f"/conversations/{quote(conversation)}/inputs",
                                  _input_fields(text, model, **options))
 
-    async def cancel(self, target_sequence: int) -> dict[str, Any]:
+    async def cancel(self, target_sequence: int) -> Receipt:
         return await self.mutate("/cancellations", {"target_sequence": str(target_sequence)})
 
-    async def retire(self, retry_floor: int) -> dict[str, Any]:
+    async def retire(self, retry_floor: int) -> Receipt:
         return await self.mutate("/retirements", {"retry_floor": str(retry_floor)})
 
-    async def receipt(self, operation: str) -> dict[str, Any]:
+    async def receipt(self, operation: str) -> Receipt:
         return await self._run(self._get(f"/operations/{quote(operation)}"))
 
-    async def wait(self, operation: str, timeout: float = 600.0) -> dict[str, Any]:
+    async def wait(self, operation: str, timeout: float = 600.0) -> Receipt:
         return await self._run(wait_for_terminal(operation, self.retry_for, time.monotonic, timeout))
 
     async def result(self, operation: str, offset: int = 0) -> bytes:
@@ -320,7 +324,7 @@ class AsyncClient(_Common):
     async def upload_media(self, data: bytes, content_type: str) -> str:
         return await self._run(self._upload(data, content_type))
 
-    async def get(self, path: str, **params: str) -> Any:
+    async def get(self, path: str, **params: str) -> JSON:
         return await self._run(self._get(path, params or None))
 
     def events(self, conversation: str, cursor: str | None = None,

@@ -9,7 +9,6 @@
   instead of skipping with a warning."""
 import logging
 import os
-from typing import Any
 
 from celery import Celery, signals
 
@@ -22,7 +21,7 @@ log = logging.getLogger("shared_api.tasks")
 
 
 @signals.import_modules.connect
-def _private_files(**_: Any) -> None:
+def _private_files(**_: object) -> None:
     """Sent when a Celery program (worker, beat) loads its task modules, before it creates any file
     (its children inherit the umask). Only under Celery's command line (its click context): a
     process that merely uses this app (a test loading the task modules) keeps its umask."""
@@ -32,7 +31,7 @@ def _private_files(**_: Any) -> None:
 
 
 @signals.beat_init.connect
-def _wait_for_the_device(**_: Any) -> None:
+def _wait_for_the_device(**_: object) -> None:
     """Beat's first tick waits until the device answers its ping, bounded by AOTX_OPS_START_WAIT.
     Runs in the beat process (with `worker -B`, its own child: a stop ends it by SIGTERM)."""
     from django.conf import settings

@@ -4,7 +4,7 @@ streams to their Channels consumers (shared_api/streams/events.py) and every oth
 Django's ASGI handler."""
 import gc
 import os
-from typing import Any, Awaitable, Callable, cast
+from typing import cast
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "aotx_site.settings")
 from django.core.asgi import get_asgi_application  # noqa: E402
@@ -12,13 +12,13 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 django_application = get_asgi_application()  # sets Django up before the consumers are imported
 
 from shared_api.http.front import Front  # noqa: E402
-from shared_api.http.server import ASGIApp  # noqa: E402
+from shared_api.http.server import ASGIApp, Scope  # noqa: E402
 from shared_api.streams.events import STREAMS, wants_stream  # noqa: E402
 
 _consumers = {cls: cls.as_asgi() for cls in STREAMS}
 
 
-def _stream_consumer(scope: dict[str, Any]) -> Callable[..., Awaitable[None]] | None:
+def _stream_consumer(scope: Scope) -> ASGIApp | None:
     consumer = wants_stream(scope)
     return _consumers[consumer] if consumer is not None else None
 

@@ -128,8 +128,8 @@ class DRFFront(Front):
         except ServiceError as err:
             respond_error(proto, err, close)
             return err.status
-        respond(proto, msg["status"], msg["body"], _reply_headers(msg))
-        return int(msg["status"])
+        respond(proto, msg.status, msg.body, _reply_headers(msg))
+        return int(msg.status)
 
 
 application = DRFFront(gateway.django, gateway.streams)

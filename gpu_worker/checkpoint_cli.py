@@ -9,10 +9,10 @@ import os
 import sys
 
 from .contract.client import Connection
-from .contract.wire import Message
+from .contract.wire import Reply
 
 
-def _ask_device(socket_path: str) -> Message | None:
+def _ask_device(socket_path: str) -> Reply | None:
     """The running device's answer, or None when no device listens."""
     try:
         connection = Connection(socket_path, connect_timeout=5, timeout=600)
@@ -29,8 +29,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     reply = _ask_device(os.path.join(args.journal, "service.sock"))
     if reply is not None:
-        body = json.loads(reply["body"])
-        if reply["status"] != 200:
+        body = json.loads(reply.body)
+        if reply.status != 200:
             print(f"checkpoint: {body['error']['message']}", file=sys.stderr)
             return 1
         print(f"checkpoint (running device): {json.dumps(body, sort_keys=True)}")

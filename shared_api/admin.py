@@ -6,8 +6,6 @@ reads (shared_api/grants.py, which checks the document as the device will read i
 picks the new file up on its next tick; a reload it refused shows on the principal list."""
 from __future__ import annotations
 
-from typing import Any
-
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
@@ -43,7 +41,7 @@ class PrincipalForm(forms.ModelForm):
                       "active": "unticking revokes the principal and its token for good; ticking it again "
                                 "issues a new token"}
 
-    def clean_quotas(self) -> Any:
+    def clean_quotas(self) -> dict[str, int | None]:  # (limit -> quota or null: quota_problem checks)
         quotas = self.cleaned_data.get("quotas")
         if quotas is None:
             return {}
@@ -86,7 +84,7 @@ class PrincipalAdmin(admin.ModelAdmin):
     def quota_list(self, obj: Principal) -> str:
         return describe_quotas(obj.quotas)
 
-    def save_model(self, request: Any, obj: Principal, form: Any, change: bool) -> None:
+    def save_model(self, request: HttpRequest, obj: Principal, form: forms.BaseForm, change: bool) -> None:
         """A new active principal gets its token; a revoked one made active again gets a new one."""
         was_active = change and Principal.objects.filter(pk=obj.pk, active=True).exists()
         token = obj.rotate_token() if obj.active and not was_active else None
@@ -95,11 +93,11 @@ class PrincipalAdmin(admin.ModelAdmin):
         if token is not None:
             show_token(request, obj, token)
 
-    def delete_model(self, request: Any, obj: Principal) -> None:
+    def delete_model(self, request: HttpRequest, obj: Principal) -> None:
         super().delete_model(request, obj)
         rewrite_grant_file(request, [obj.principal_id])
 
-    def delete_queryset(self, request: Any, queryset: QuerySet[Principal]) -> None:
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Principal]) -> None:
         changed = [p.principal_id for p in queryset]
         super().delete_queryset(request, queryset)
         rewrite_grant_file(request, changed)
@@ -132,7 +130,7 @@ class PrincipalAdmin(admin.ModelAdmin):
             show_token(request, principal, token)
         rewrite_grant_file(request, [p.principal_id for p in queryset])
 
-    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, object] | None = None) -> HttpResponse:
         """The principal list also says whether the device accepted the current grant file."""
         if request.method == "GET":
             problem = device_grant_problem()
@@ -145,5 +143,5 @@ class PrincipalAdmin(admin.ModelAdmin):
 def device_grant_problem() -> str | None:
     """The device's last grant-file reload failure, None when it has none or cannot be asked."""
     status = ops.ping(STATUS_TIMEOUT)
-    problem: str | None = (status or {}).get("grants", {}).get("problem")
-    return problem
+    problem = ops.json_object((status or {}).get("grants")).get("problem")
+    return problem if isinstance(problem, str) else None

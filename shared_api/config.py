@@ -10,7 +10,7 @@ machine, as its device's `boot --machine` says: a primary on another machine is 
 machine's gateway serves its own device; clients given every gateway move to the primary's)."""
 import json
 import socket
-from typing import Any
+from typing import TypedDict, cast
 
 
 class ConfigError(Exception):
@@ -24,11 +24,29 @@ OPTIONAL: dict[str, tuple[type, int | float, int | float]] = {  # name: (type, d
     "body_timeout": (float, 30.0, 0.1),
     "max_header_bytes": (int, 16384, 1024),
 }
+
+
+class GatewayConfig(TypedDict):
+    """A checked gateway.json, its defaults filled in (and `listen` split into host and port)."""
+    listen: str
+    socket: str
+    grants_file: str
+    host: str
+    port: int
+    workers: int
+    header_timeout: float
+    body_timeout: float
+    max_header_bytes: int
+    etcd: str
+    etcd_key: str
+    machine: str
+
+
 # name: default ("etcd" empty: no leader key to follow; "machine" empty: the host name)
 STRINGS = {"etcd": "", "etcd_key": "/aotx/primary", "machine": ""}
 
 
-def load(path: str) -> dict[str, Any]:
+def load(path: str) -> GatewayConfig:
     try:
         with open(path, "rb") as f:
             doc = json.loads(f.read().decode("utf-8"))
@@ -61,4 +79,4 @@ def load(path: str) -> dict[str, Any]:
                 or value < least:
             raise ConfigError(f"gateway config {path}: {name} must be a {kind.__name__} of at least {least}")
         doc[name] = kind(value)
-    return doc
+    return cast(GatewayConfig, doc)  # (every field checked above)

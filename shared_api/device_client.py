@@ -4,7 +4,7 @@ of its own. The HTTP front (shared_api/http/front.py) calls the device from the 
 DevicePool, a few DeviceMux connections per process; event streams and chats, whose replies come
 in several frames, open a stream on the process's DeviceMux. Every request is built as its
 command's declared type (gpu_worker/contract/commands.py) and every frame read through the
-contract's FrameReader.
+contract's ReplyReader, as a typed Reply.
 
 There is one client, DeviceMux, with two faces, and they stay two. DevicePool (and `mux()`) is
 for code already on an event loop: a call is an `await`, the connections belong to that loop
@@ -33,12 +33,12 @@ import itertools
 import os
 import threading
 import weakref
-from typing import Any, Callable, TypeVar
+from typing import Callable, Mapping, TypeVar
 
 from django.conf import settings
 
 from gpu_worker.contract.commands import Args, request, typed
-from gpu_worker.contract.wire import FrameReader, Message, ProtocolError
+from gpu_worker.contract.wire import ProtocolError, Reply, ReplyReader
 
 from . import config, leader
 from .errors import ServiceError
@@ -97,7 +97,7 @@ class DeviceMux:
             return writer, True
 
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        frames = FrameReader()
+        frames = ReplyReader()
         failure = ServiceError(503, "device_unavailable", "the device closed the connection")
         try:
             while True:
@@ -105,19 +105,19 @@ class DeviceMux:
                 if not data:
                     break
                 for msg in frames.feed(data):
-                    generation = msg.get("g")
+                    generation = msg.g
                     if generation is not None and generation < leader.newest_generation():
                         msg = _deposed(msg, generation)
                     # a frame for several subscriptions of this connection names them all in "ids"
-                    for req_id in msg.get("ids") or (msg.get("id", 0),):
+                    for req_id in msg.ids or (msg.id or 0,):
                         stream = self._streams.get(req_id)
                         if stream is None:
                             if req_id not in self._abandoned:
                                 raise ProtocolError(f"a reply to request {req_id!r}, which is not waiting")
-                            if not msg.get("more"):
+                            if not msg.more:
                                 self._abandoned.discard(req_id)
                             continue
-                        if not msg.get("more"):
+                        if not msg.more:
                             del self._streams[stream.id]
                         stream.deliver(msg)
         except (OSError, ProtocolError) as exc:
@@ -131,7 +131,7 @@ class DeviceMux:
             for stream in streams.values():
                 stream.fail(failure)
 
-    async def _send(self, op: str, principal_id: str | None, args: Args | dict[str, Any] | None,
+    async def _send(self, op: str, principal_id: str | None, args: Args | Mapping[str, object] | None,
                     retry_stale: bool, kind: type[Waiter]) -> Waiter:
         """Send one request; its frames go to a new `kind` (a DeviceStream, or a DeviceReply for a
         one-reply call). A connection that turns out to be closed when written to reached
@@ -182,13 +182,13 @@ class DeviceMux:
             writer.write(b"".join(frames))
         # else the connection ended meanwhile: its reader task has failed every stream it carried
 
-    async def open(self, op: str, principal_id: str | None, args: Args | dict[str, Any]) -> DeviceStream:
+    async def open(self, op: str, principal_id: str | None, args: Args | Mapping[str, object]) -> DeviceStream:
         """Send one request; its frames arrive on the returned stream."""
         return await self._send(op, principal_id, args, retry_stale=False, kind=DeviceStream)
 
-    async def call(self, op: str, principal_id: str | None, args: Args | dict[str, Any] | None = None,
-                   timeout: float | None = None) -> Message:
-        """One request and its one reply {"status", "body", "headers"?}."""
+    async def call(self, op: str, principal_id: str | None, args: Args | Mapping[str, object] | None = None,
+                   timeout: float | None = None) -> Reply:
+        """One request and its one reply (its status, body and headers)."""
         waiter = await self._send(op, principal_id, args, retry_stale=True, kind=DeviceReply)
         limit = self.timeout if timeout is None else timeout
         timer = asyncio.get_running_loop().call_later(limit, waiter.expire)
@@ -242,7 +242,7 @@ class DeviceMux:
             await asyncio.gather(reading, return_exceptions=True)
 
 
-KEEP_ALIVE: Message = {"keep_alive": True}  # not a device frame: DeviceStream.nudge's wake-up
+KEEP_ALIVE = Reply(status=0, more=True)  # not a device frame: DeviceStream.nudge's wake-up
 
 
 class DeviceStream:
@@ -251,21 +251,21 @@ class DeviceStream:
     def __init__(self, mux: DeviceMux, req_id: int) -> None:
         self.mux = mux
         self.id = req_id
-        self.queue: asyncio.Queue[Message | ServiceError] = asyncio.Queue()
+        self.queue: asyncio.Queue[Reply | ServiceError] = asyncio.Queue()
         # called by the mux's reader with each frame while the queue is empty; True: taken, not queued
-        self.on_frame: Callable[[Message], bool] | None = None
+        self.on_frame: Callable[[Reply], bool] | None = None
         self.backlog = 0  # body bytes of the frames queued
         # a bound on `backlog` (None: none) and what is called, once, when a frame passes it: a
         # reader slower than its frames must not hold the gateway's memory without end
         self.backlog_limit: int | None = None
         self.on_backlog: Callable[[], None] | None = None
 
-    def deliver(self, msg: Message) -> None:
+    def deliver(self, msg: Reply) -> None:
         """A frame from the mux's reader: to `on_frame` when nothing is queued before it and it takes
         the frame at once (no wake-up of the task waiting in `next`), else queued, in order."""
         if self.on_frame is None or not self.queue.empty() or not self.on_frame(msg):
             self.queue.put_nowait(msg)
-            self.backlog += len(msg.get("body") or b"")
+            self.backlog += len(msg.body)
             if self.backlog_limit is not None and self.backlog > self.backlog_limit and self.on_backlog is not None:
                 overflow, self.on_backlog = self.on_backlog, None
                 overflow()
@@ -274,7 +274,7 @@ class DeviceStream:
         """The connection failed: `next` raises `error` after the frames already queued."""
         self.queue.put_nowait(error)
 
-    async def next(self, timeout: float | None = None) -> Message:
+    async def next(self, timeout: float | None = None) -> Reply:
         """The next frame (or KEEP_ALIVE, after `nudge`); asyncio.TimeoutError after `timeout`
         seconds without one. A long-lived stream waits without a timeout: arming and cancelling a
         timer for every frame was a tenth of a gateway's work fanning events out to 1,000 streams."""
@@ -287,7 +287,7 @@ class DeviceStream:
                 msg = await self.queue.get()
         if isinstance(msg, ServiceError):
             raise msg
-        self.backlog -= len(msg.get("body") or b"")
+        self.backlog -= len(msg.body)
         return msg
 
     def nudge(self) -> None:
@@ -307,9 +307,9 @@ class DeviceReply:
 
     def __init__(self, mux: DeviceMux, req_id: int) -> None:  # (as DeviceStream is made; it needs no mux)
         self.id = req_id
-        self.future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self.future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
 
-    def deliver(self, msg: Message) -> None:
+    def deliver(self, msg: Reply) -> None:
         if not self.future.done():
             self.future.set_result(msg)
 
@@ -337,7 +337,7 @@ class DevicePool:
         self.waiting = 0
         self._turn = itertools.cycle(self.muxes)
 
-    async def call(self, op: str, principal_id: str | None, args: Args | dict[str, Any] | None = None) -> Message:
+    async def call(self, op: str, principal_id: str | None, args: Args | Mapping[str, object] | None = None) -> Reply:
         if self.waiting >= self.max_waiting:
             raise ServiceError(503, "gateway_busy", f"{self.waiting} requests of this gateway process are waiting "
                                                     "for the device; nothing was sent: retry later")
@@ -378,9 +378,9 @@ class BlockingDevice:
                 running = self._running = (os.getpid(), loop, thread, DeviceMux(self.socket_path, self.timeout))
             return running[1], running[3]
 
-    def call(self, op: str, principal_id: str | None, args: Args | dict[str, Any] | None = None,
-             timeout: float | None = None) -> Message:
-        """The device's reply map {"status", "body", "headers"?} (a ServiceError otherwise)."""
+    def call(self, op: str, principal_id: str | None, args: Args | Mapping[str, object] | None = None,
+             timeout: float | None = None) -> Reply:
+        """The device's reply (a ServiceError otherwise)."""
         args = typed(op, args)  # a refusal before anything starts
         loop, device = self._started()
         limit = self.timeout if timeout is None else timeout
@@ -458,12 +458,12 @@ async def aclose_loop() -> None:
         await found_mux.aclose()
 
 
-def _deposed(msg: Message, generation: int) -> Message:
+def _deposed(msg: Reply, generation: int) -> Reply:
     """A reply of a device whose leadership generation is older than the leader key's newest: it
     is answered 503 `not_primary` instead (retry exactly at the current primary), whatever it said."""
     error = ServiceError(503, "not_primary", f"the device answered as leadership generation {generation}, which a "
                                              f"newer one ({leader.newest_generation()}) replaced: retry at the primary")
-    return {"id": msg.get("id"), **({"ids": msg["ids"]} if "ids" in msg else {}), "status": 503, "body": error.body()}
+    return Reply(id=msg.id, ids=msg.ids, status=503, body=error.body())
 
 
 _blocking: dict[str, BlockingDevice] = {}  # by socket path

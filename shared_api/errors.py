@@ -18,7 +18,7 @@ WWW_AUTHENTICATE = 'Bearer realm="aotx"'
 
 
 def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None,
-                   **details: Any) -> HttpResponse:
+                   **details: object) -> HttpResponse:
     response = HttpResponse(ServiceError(status, code, message, **details).body(), status=status,
                             content_type="application/json")
     for name, value in (headers or {}).items():

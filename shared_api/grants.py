@@ -3,15 +3,13 @@ contract's writer checks the document as the device will read it, then replaces 
 atomically; no token or token hash is written."""
 from __future__ import annotations
 
-from typing import Any
-
 from gpu_worker.contract import grantfile
 
 from . import config
 from .models import Principal
 
 
-def grant_document() -> dict[str, Any]:
+def grant_document() -> dict[str, object]:
     principals = list(Principal.objects.all())
     return grantfile.document({p.principal_id: (p.name, sorted(p.current_actions())) for p in principals},
                               quotas={p.principal_id: p.quotas for p in principals})

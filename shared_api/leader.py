@@ -21,9 +21,11 @@ import logging
 import os
 import socket
 import threading
-from typing import Any, Callable
+from typing import Callable
 
 from gpu_worker.replication.lease import Etcd, LeaderWatch, LeadershipError
+
+from .config import GatewayConfig
 
 log = logging.getLogger("shared_api.leader")
 
@@ -92,7 +94,7 @@ class Elsewhere(Exception):
     """The leader key names a primary on another machine (its name is the message)."""
 
 
-def socket_of(cfg: dict[str, Any], moved: Callable[[str], None]) -> str:
+def socket_of(cfg: GatewayConfig, moved: Callable[[str], None]) -> str:
     """The device socket to use now under gateway config `cfg`: the leader key's primary with
     "etcd", else "socket"; Elsewhere when the key names a primary on another machine. The watch
     starts on first use in each process (a forked worker starts its own)."""

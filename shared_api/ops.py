@@ -11,10 +11,13 @@ import datetime
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from django.conf import settings
+from django.http import HttpRequest
 from django.utils import timezone
+
+from gpu_worker.contract.wire import JSON, JSONObject
 
 from . import device_client
 from .errors import ServiceError
@@ -26,14 +29,14 @@ STATUS_TIMEOUT = 2.0  # seconds a page, /metrics or /healthz waits for the devic
 TABLES = ("participants", "spaces", "conversations", "members", "receipts", "memory")
 
 
-def call(op: str, args: dict[str, Any] | None = None, timeout: float = STATUS_TIMEOUT) -> tuple[int, Any]:
+def call(op: str, args: Mapping[str, object] | None = None, timeout: float = STATUS_TIMEOUT) -> tuple[int, Any]:
     """(status, parsed body) of one ops command; ServiceError 503 when the device cannot be
     reached or the gateway config cannot be read."""
     msg = device_client.blocking(device_client.configured_socket()).call(op, None, args, timeout)
-    return msg["status"], json.loads(msg["body"])
+    return msg.status, json.loads(msg.body)
 
 
-def ping(timeout: float = STATUS_TIMEOUT) -> dict[str, Any] | None:
+def ping(timeout: float = STATUS_TIMEOUT) -> JSONObject | None:
     """The device's status, None when it cannot be reached (or answers something else)."""
     try:
         status, body = call("ping", None, timeout)
@@ -53,51 +56,58 @@ def wait_for_device(limit: float, interval: float = 0.5) -> bool:
     return True
 
 
-def request_status(request: Any) -> dict[str, Any] | None:
+def request_status(request: HttpRequest) -> JSONObject | None:
     """The device's status once per request (the hold banner and a page may both want it)."""
     if not hasattr(request, "_aotx_device_status"):
-        request._aotx_device_status = ping()
-    status: dict[str, Any] | None = request._aotx_device_status
+        setattr(request, "_aotx_device_status", ping())
+    status: JSONObject | None = getattr(request, "_aotx_device_status")
     return status
 
 
-def hold_state(status: dict[str, Any] | None) -> dict[str, Any]:
+def json_object(value: JSON) -> JSONObject:
+    """A member of the status that should be an object: itself, or {} (absent, null, another type)."""
+    return value if isinstance(value, dict) else {}
+
+
+def hold_state(status: JSONObject | None) -> dict[str, object]:
     """What the banner on every admin page says: reachable, held, cause, since."""
     if status is None:
         return {"reachable": False, "hold": None, "cause": None, "since": None}
-    journal = status.get("journal") or {}
+    journal = json_object(status.get("journal"))
     return {"reachable": True, "hold": bool(journal.get("hold")), "cause": journal.get("cause"),
-            "since": ns_datetime(journal.get("since_ns")), "disk_error": journal.get("disk_error"),
+            "since": ns_datetime(_int(journal.get("since_ns"))), "disk_error": journal.get("disk_error"),
             "pending_bytes": journal.get("pending_bytes")}
 
 
-def _int(value: Any) -> int | None:
+def _int(value: JSON) -> int | None:
     """Counters come as numbers or decimal strings (the journal's byte counts)."""
-    if value is None:
+    if not isinstance(value, (int, float, str)):
         return None
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except ValueError:
         return None
 
 
 # ---- capacity samples ------------------------------------------------------------------------
 
-def store_sample(status: dict[str, Any]) -> Any:
+def store_sample(status: JSONObject) -> CapacitySample:
     """One CapacitySample from a ping; samples older than the retention are dropped."""
-    ticks = status.get("ticks") or {}
-    io = ticks.get("io_seconds") or {}
-    executions = status.get("executions") or {}
-    journal = status.get("journal") or {}
+    ticks = json_object(status.get("ticks"))
+    io = json_object(ticks.get("io_seconds"))
+    executions = json_object(status.get("executions"))
+    journal = json_object(status.get("journal"))
+    seconds = io.get("sum")
     sample = CapacitySample.objects.create(
         taken_at=timezone.now(), boot=_int(status.get("boot")) or 0,
-        usage={k: _int(v) for k, v in (status.get("usage") or {}).items()},
-        capacities={k: _int(v) for k, v in (status.get("capacities") or {}).items()},
+        usage={k: _int(v) for k, v in json_object(status.get("usage")).items()},
+        capacities={k: _int(v) for k, v in json_object(status.get("capacities")).items()},
         kv=status.get("kv"), executions_queued=_int(executions.get("queued")),
         executions_running=_int(executions.get("running")),
         journal_bytes=_int(journal.get("bytes")) or 0, runtime_file_bytes=_int(status.get("runtime_file_bytes")),
         saved_transfers=_int(ticks.get("saved_transfers")), fdatasyncs=_int(io.get("count")),
-        fdatasync_seconds=io.get("sum"), subscriptions=_int(status.get("subscriptions")),
+        fdatasync_seconds=seconds if isinstance(seconds, (int, float, str)) else None,
+        subscriptions=_int(status.get("subscriptions")),
         hold=bool(journal.get("hold")))
     cutoff = timezone.now() - datetime.timedelta(days=settings.AOTX_SAMPLE_RETENTION_DAYS)
     CapacitySample.objects.filter(taken_at__lt=cutoff).delete()
@@ -106,11 +116,12 @@ def store_sample(status: dict[str, Any]) -> Any:
 
 # ---- journal hold incidents ------------------------------------------------------------------
 
-def device_incidents(status: dict[str, Any]) -> list[dict[str, Any]]:
+def device_incidents(status: JSONObject) -> list[JSONObject]:
     """The device's incidents, oldest first, with the current hold when it is not among them (a
     hold on a full disk cannot journal its start)."""
-    incidents = [dict(i) for i in status.get("hold_incidents") or [] if isinstance(i, dict)]
-    journal = status.get("journal") or {}
+    held = status.get("hold_incidents")
+    incidents = [dict(i) for i in held or [] if isinstance(i, dict)] if isinstance(held, list) else []
+    journal = json_object(status.get("journal"))
     since = _int(journal.get("since_ns"))  # (a decimal string in the journal state, a number in incidents)
     if journal.get("hold") and since is not None and all(_int(i.get("since_ns")) != since for i in incidents):
         incidents.append({"cause": journal.get("cause"), "since_ns": since, "ended_ns": None,
@@ -118,7 +129,7 @@ def device_incidents(status: dict[str, Any]) -> list[dict[str, Any]]:
     return incidents
 
 
-def record_incidents(status: dict[str, Any]) -> list[Any]:
+def record_incidents(status: JSONObject) -> list[HoldIncident]:
     """Store the device's incidents in the database (HoldIncident, keyed by start); each new one
     is logged at WARNING. Returns the new ones."""
     new = []
@@ -147,7 +158,7 @@ def record_incidents(status: dict[str, Any]) -> list[Any]:
     return new
 
 
-def incident_rows(status: dict[str, Any] | None, limit: int = 500) -> list[dict[str, Any]]:
+def incident_rows(status: JSONObject | None, limit: int = 500) -> list[dict[str, Any]]:
     """The holds page: the database's incidents and the device's not yet recorded, newest first."""
     rows: dict[int, dict[str, Any]] = {}
     for stored in HoldIncident.objects.order_by("-since_ns")[:limit]:

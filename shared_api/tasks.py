@@ -15,9 +15,11 @@ from __future__ import annotations
 import datetime
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Mapping
 
 from celery import shared_task
+
+from gpu_worker.contract.wire import JSONObject
 
 log = logging.getLogger("shared_api.tasks")
 PING_TIMEOUT = 10.0
@@ -27,7 +29,7 @@ class DeviceCommandFailed(RuntimeError):
     """The device answered an ops command with an error."""
 
 
-def _ping(what: str) -> dict[str, Any] | None:
+def _ping(what: str) -> JSONObject | None:
     from . import ops
     status = ops.ping(PING_TIMEOUT)
     if status is None:
@@ -35,7 +37,7 @@ def _ping(what: str) -> dict[str, Any] | None:
     return status
 
 
-def _command(op: str, args: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def _command(op: str, args: Mapping[str, object] | None = None) -> JSONObject | None:
     from django.conf import settings
 
     from . import ops
@@ -48,12 +50,12 @@ def _command(op: str, args: dict[str, Any] | None = None) -> dict[str, Any] | No
     if status != 200:
         error = body.get("error", {}) if isinstance(body, dict) else {}
         raise DeviceCommandFailed(f"{op}: {status} {error.get('code')}: {error.get('message')}")
-    result: dict[str, Any] = body
+    result: JSONObject = body
     return result
 
 
 @shared_task
-def sample_capacity() -> dict[str, Any] | None:
+def sample_capacity() -> JSONObject | None:
     """Store the device's table usage, KV pages, queue, journal and tick counters (once a minute)."""
     from . import ops
     status = _ping("capacity sample")
@@ -66,20 +68,20 @@ def sample_capacity() -> dict[str, Any] | None:
 
 
 @shared_task
-def detect_holds() -> dict[str, Any] | None:
+def detect_holds() -> JSONObject | None:
     """Record the device's journal hold incidents; a new one is logged at WARNING (ops.record_incidents)."""
     from . import ops
     status = _ping("hold detection")
     if status is None:
         return None
     new = ops.record_incidents(status)
-    journal = status.get("journal") or {}
+    journal = ops.json_object(status.get("journal"))
     return {"new": [{"cause": i.cause, "since_ns": i.since_ns, "ended_ns": i.ended_ns} for i in new],
             "hold": bool(journal.get("hold")), "cause": journal.get("cause")}
 
 
 @shared_task
-def checkpoint() -> dict[str, Any] | None:
+def checkpoint() -> JSONObject | None:
     """Fold the journal into the runtime file (the device also does by itself past
     checkpoint_journal_bytes); a checkpoint also lifts a file_cap hold."""
     result = _command("checkpoint")
@@ -95,7 +97,7 @@ def audit_path(now: datetime.datetime | None = None) -> Path:
 
 
 @shared_task
-def export_audit() -> dict[str, Any] | None:
+def export_audit() -> JSONObject | None:
     """Have the device write the logical audit prefix (every saved transfer) to a new file under
     the audit directory; the answer is {"path", "transfers", "last_seq", "last_digest"}. The device
     writes the file itself, so its user needs write access to that directory."""

@@ -2,8 +2,6 @@
 (gpu_worker/contract/commands.py has the types)."""
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from . import ids
@@ -22,7 +20,7 @@ class Args(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True
         return "bad_id" if field in ID_FIELDS else "bad_field"
 
     @classmethod
-    def before(cls, raw: dict[str, Any]) -> None:
+    def before(cls, raw: dict[str, object]) -> None:
         """Checks of the map before its values are read: null is never a value (an optional
         argument is left out, and null where a value belongs is refused, as a client's JSON null is)."""
         if None not in raw.values():  # (the common case, answered in C)

@@ -3,7 +3,7 @@ fields only (defaults the device applies are recorded separately). The gateway c
 device stores them with the receipt and compares them byte for byte on every retry."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import json
 
@@ -18,7 +18,7 @@ _c_write = _c_make_encoder and _c_make_encoder(
     None, _encoder.default, json.encoder.encode_basestring, None, ":", ",", True, False, True)
 
 
-def _dumps(doc: dict[str, Any]) -> str:
+def _dumps(doc: Mapping[str, object]) -> str:
     """json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)."""
     return "".join(_c_write(doc, 0)) if _c_write else _encoder.encode(doc)
 
@@ -57,8 +57,8 @@ def _plain(value: Any, depth: int = 0) -> bool:
     return False
 
 
-def operation_bytes(method: str, path: str, body: dict[str, Any]) -> bytes:
-    doc: dict[str, Any] = {"method": method, "path": path, "body": body}
+def operation_bytes(method: str, path: str, body: Mapping[str, object]) -> bytes:
+    doc: dict[str, Any] = {"method": method, "path": path, "body": body}  # (rfc8785 takes its own JSON type)
     if _plain(doc):  # the common case, through json's C writer rather than rfc8785's pure-Python one
         try:
             return _dumps(doc).encode("utf-8")

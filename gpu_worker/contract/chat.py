@@ -24,7 +24,7 @@ class Embeddings(Args, kw_only=True, frozen=True):
         return "invalid_model" if field == "model" else "invalid_input"
 
     @classmethod
-    def before(cls, raw: dict[str, Any]) -> None:
+    def before(cls, raw: dict[str, object]) -> None:
         """OpenAI's null is "not given"."""
 
     def __post_init__(self) -> None:
@@ -86,7 +86,7 @@ class Chat(Args, kw_only=True, frozen=True):
         return "invalid_messages" if field in (None, "images") else f"invalid_{field}"
 
     @classmethod
-    def before(cls, raw: dict[str, Any]) -> None:
+    def before(cls, raw: dict[str, object]) -> None:
         """OpenAI's null is "not given" (the routes leave nulls out already)."""
 
 

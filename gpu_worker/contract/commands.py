@@ -16,7 +16,7 @@ defaults written here; null is never a value (Args.before).
 from __future__ import annotations
 
 import re
-from typing import Any, TypeVar
+from typing import Mapping, TypeVar
 
 import msgspec
 
@@ -315,7 +315,7 @@ class Input(Mutation, kw_only=True, frozen=True):
     context: str = "compact"
 
     @classmethod
-    def before(cls, raw: dict[str, Any]) -> None:
+    def before(cls, raw: dict[str, object]) -> None:
         super().before(raw)
         media = raw.get("media")
         if type(media) is list and len(media) > MAX_MEDIA:  # counted first: the rows are not read
@@ -399,7 +399,7 @@ TYPES: dict[str, type[Args]] = {
 _REQUESTS = msgspec.msgpack.Encoder()
 
 
-def typed(op: str, args: Args | dict[str, Any] | None) -> Args:
+def typed(op: str, args: Args | Mapping[str, object] | None) -> Args:
     """A command's arguments as its declared type: a map is checked as that type, so no client
     sends what the device would refuse as malformed (a ServiceError, before anything is sent)."""
     if isinstance(args, Args):
@@ -410,7 +410,8 @@ def typed(op: str, args: Args | dict[str, Any] | None) -> Args:
     return parse(kind, args)
 
 
-def request(req_id: int, op: str, principal: str | None, args: Args | dict[str, Any] | None = None) -> bytes:
+def request(req_id: int, op: str, principal: str | None,
+            args: Args | Mapping[str, object] | None = None) -> bytes:
     """The frame of one request, its arguments as the command's declared type (`typed`)."""
     args = typed(op, args)
     payload = _REQUESTS.encode({"v": PROTOCOL_VERSION, "id": req_id, "op": op, "principal": principal, "args": args})

@@ -7,20 +7,18 @@ it refuses before the device sees a request, and maps it to a response in one pl
 """
 from __future__ import annotations
 
-from typing import Any
-
 from .wire import dumps
 
 
 class ServiceError(Exception):
-    def __init__(self, status: int, code: str, message: str, **details: Any) -> None:
+    def __init__(self, status: int, code: str, message: str, **details: object) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.details = details
 
-    def document(self) -> dict[str, Any]:
+    def document(self) -> dict[str, object]:
         return {"error": {"code": self.code, "message": self.message, **self.details}}
 
     def body(self) -> bytes:
@@ -37,7 +35,7 @@ class ServiceError(Exception):
         return f"ServiceError({self.status}, {self.code!r}, {self.message!r})"
 
 
-def _encodable(value: Any) -> Any:
+def _encodable(value: object) -> object:
     """value with every string's unencodable code points (lone surrogates) replaced by their
     backslash escape, in keys and values alike."""
     if isinstance(value, str):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Mapping
+from typing import Mapping
 
 from .ids import HEX32
 from .vocabulary import ACTIONS, DEFAULT_RATES, MAX_QUOTA, QUOTAS, RATES
@@ -36,7 +36,7 @@ class GrantFileError(Exception):
 LIMITS = QUOTAS + RATES  # the names a principal's `quotas` object may hold
 
 
-def quota_problem(quotas: Any, unlimited: bool = True) -> str | None:
+def quota_problem(quotas: object, unlimited: bool = True) -> str | None:
     """Why a quota object is unusable (None when it is fine): {name among QUOTAS: integer
     0..2^63-1 or null, name among RATES: integer 1..2^63-1 or null}; null (unlimited) only where
     `unlimited` (not in a v1 file)."""
@@ -54,13 +54,13 @@ def quota_problem(quotas: Any, unlimited: bool = True) -> str | None:
     return None
 
 
-def parse(doc: Any, path: str = "<grants>") -> tuple[dict[str, frozenset[str]], int]:
+def parse(doc: object, path: str = "<grants>") -> tuple[dict[str, frozenset[str]], int]:
     """({principal id: actions}, written_at_ns) of a grant document, or GrantFileError."""
     principals, _, written = parse_with_quotas(doc, path)
     return principals, written
 
 
-def parse_with_quotas(doc: Any, path: str = "<grants>") -> tuple[dict[str, frozenset[str]],
+def parse_with_quotas(doc: object, path: str = "<grants>") -> tuple[dict[str, frozenset[str]],
                                                                 dict[str, dict[str, int | None]], int]:
     """({principal id: actions}, {principal id: {name: limit, None: unlimited}}, written_at_ns), or
     GrantFileError. A name a principal's quotas leave out is not in its dict: it has the default.
@@ -96,13 +96,13 @@ def parse_with_quotas(doc: Any, path: str = "<grants>") -> tuple[dict[str, froze
 
 
 def document(principals: Mapping[str, tuple[str, list[str]]], written_at_ns: int | None = None,
-             quotas: Mapping[str, Mapping[str, int | None]] | None = None) -> dict[str, Any]:
+             quotas: Mapping[str, Mapping[str, int | None]] | None = None) -> dict[str, object]:
     """A grant document (v2) from {principal id: (name, actions)} and {principal id: {name: limit,
     None: unlimited}} (a principal without quotas, or with none set, has no `quotas` key: every
     quota and rate its default)."""
-    entries: dict[str, Any] = {}
+    entries: dict[str, object] = {}
     for pid, (name, actions) in principals.items():
-        entry: dict[str, Any] = {"name": name, "actions": sorted(set(actions))}
+        entry: dict[str, object] = {"name": name, "actions": sorted(set(actions))}
         limits = (quotas or {}).get(pid)
         if limits:
             entry["quotas"] = dict(sorted(limits.items()))
@@ -110,7 +110,7 @@ def document(principals: Mapping[str, tuple[str, list[str]]], written_at_ns: int
     return {"schema": SCHEMA, "written_at_ns": written_at_ns or time.time_ns(), "principals": entries}
 
 
-def write(path: str, doc: dict[str, Any]) -> int:
+def write(path: str, doc: dict[str, object]) -> int:
     """Check doc as the device would, then replace the file atomically: a temporary file, fsynced,
     renamed over the old one, the directory fsynced (the device never reads a half-written file).
     Returns the number of principals written; GrantFileError writes nothing."""

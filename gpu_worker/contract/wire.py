@@ -5,15 +5,21 @@ A frame is a 4-byte big-endian length followed by one msgpack map. Requests carr
 replies carry ``{"id": int, "status": int, "body": bytes, "headers": {...}?, "more": bool?}``
 where ``body`` is the exact JSON the gateway sends to its client (the device renders receipts
 once, so a receipt read back after a restart is the same bytes).
+
+The device builds its replies as maps (`reply`, and the streams' frames in loop/subscriptions.py);
+a gateway reads each as a `Reply`, a Struct of every field a reply frame may carry, decoded
+straight from the frame's bytes (ReplyReader). The bytes on the wire are the maps' either way.
 """
 from __future__ import annotations
 
 import json
 import struct
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeAlias, TypeVar, Union
 
 import msgpack
+import msgspec
 
 PROTOCOL_VERSION = 1
 LENGTH = struct.Struct(">I")
@@ -21,7 +27,30 @@ MAX_FRAME = 1 << 24
 VERSION_REFUSED = (b'{"error":{"code":"protocol_version","message":"unsupported device protocol version; '
                    b'expected 1"}}')
 
+# A JSON value as json.loads gives it (and dumps takes it, with RawJSON for an embedded document).
+JSON: TypeAlias = Union[None, bool, int, float, str, list["JSON"], dict[str, "JSON"]]
+JSONObject: TypeAlias = dict[str, JSON]
+
+# A frame's map as msgpack decodes it: a request the device reads (`v`, `id`, `op`, `principal`,
+# `args`), a reply the device builds, a replication frame before it is typed.
 Message = dict[str, Any]
+
+
+class Reply(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A reply frame as a gateway reads it (docs/protocol.md, "Frames", "Subscriptions"): a
+    one-reply command's answer, or one frame of a stream (a chat's tokens, a subscription's
+    events). Fields the device leaves out read as the defaults here."""
+    status: int
+    body: bytes = b""
+    id: int | None = None  # the request answered; None with `ids`
+    ids: list[int] | None = None  # a frame for several subscriptions of one connection
+    headers: dict[str, str] | None = None  # HTTP headers the gateway adds to its answer
+    more: bool = False  # True on every frame of a stream but its last
+    g: int | None = None  # the leadership generation of the device that answered (etcd)
+    event: str | None = None  # a stream frame's kind: accepted, open, gap, event, output, terminal
+    cursor: str | None = None  # where a subscriber resumes after this frame
+    index: int = 0  # a streamed chat token's choice (n > 1)
+    logprobs: list[dict[str, object]] | None = None  # a streamed chat token's logprobs entries
 
 
 class ProtocolError(Exception):
@@ -35,7 +64,7 @@ class RawJSON(bytes):
 _MARK = "\x00raw{}\x00"
 
 
-def dumps(obj: Any) -> bytes:
+def dumps(obj: object) -> bytes:
     """Deterministic compact JSON (sorted keys): the same state always renders to the same bytes.
 
     RawJSON values inside obj are spliced in as they are, so a list of receipts contains each
@@ -44,7 +73,7 @@ def dumps(obj: Any) -> bytes:
         return bytes(obj)
     raws: list[RawJSON] = []
 
-    def default(o: Any) -> str:
+    def default(o: object) -> str:
         if isinstance(o, RawJSON):
             raws.append(o)
             return _MARK.format(len(raws) - 1)
@@ -59,7 +88,7 @@ def dumps(obj: Any) -> bytes:
 _local = threading.local()
 
 
-def pack(obj: Any) -> bytes:
+def pack(obj: object) -> bytes:
     """msgpack.packb(obj, use_bin_type=True), with one Packer per thread: packb builds a new
     Packer (and its 256 KiB buffer) per call, which costs a busy device measurably."""
     packer = getattr(_local, "packer", None)
@@ -87,34 +116,49 @@ def decode_payload(payload: bytes) -> Message:
     return obj
 
 
-def reply(req_id: Any, status: int, body: bytes, headers: dict[str, str] | None = None) -> Message:
+def reply(req_id: object, status: int, body: bytes, headers: dict[str, str] | None = None) -> Message:
     msg: Message = {"id": req_id, "status": status, "body": body}
     if headers:
         msg["headers"] = headers
     return msg
 
 
-class FrameReader:
-    """Splits a byte stream into frame payloads: every client of the device socket (blocking or
-    asyncio) feeds what it received and takes whole messages out, so one piece of code knows the
-    framing."""
+_REPLY = msgspec.msgpack.Decoder(Reply)
 
-    __slots__ = ("_buffer",)
 
-    def __init__(self) -> None:
+def decode_reply(payload: bytes) -> Reply:
+    """One reply frame's payload; ProtocolError for anything but a reply map."""
+    try:
+        return _REPLY.decode(payload)
+    except msgspec.DecodeError as exc:  # (ValidationError is a DecodeError)
+        raise ProtocolError(f"frame is not a reply: {exc}") from None
+
+
+F = TypeVar("F")
+
+
+class Frames(Generic[F]):
+    """Splits a byte stream into frames, each decoded by `decode`: every reader of the device
+    socket and of a replication link feeds what it received and takes whole frames out, so one
+    piece of code knows the framing."""
+
+    __slots__ = ("_buffer", "_decode")
+
+    def __init__(self, decode: Callable[[bytes], F]) -> None:
         self._buffer = bytearray()
+        self._decode = decode
 
-    def feed(self, data: bytes) -> list[Message]:
+    def feed(self, data: bytes) -> list[F]:
         buffer = self._buffer
         buffer += data
-        messages = []
+        messages: list[F] = []
         while len(buffer) >= 4:
             (n,) = LENGTH.unpack_from(buffer)
             if n > MAX_FRAME:
                 raise ProtocolError(f"frame of {n} bytes exceeds {MAX_FRAME}")
             if len(buffer) < 4 + n:
                 break
-            messages.append(decode_payload(bytes(buffer[4:4 + n])))
+            messages.append(self._decode(bytes(buffer[4:4 + n])))
             del buffer[:4 + n]
         return messages
 
@@ -122,3 +166,21 @@ class FrameReader:
     def pending(self) -> int:
         """Bytes received that do not yet make a whole frame."""
         return len(self._buffer)
+
+
+class FrameReader(Frames[Message]):
+    """Frames as maps (the device's requests, replication frames)."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(decode_payload)
+
+
+class ReplyReader(Frames[Reply]):
+    """Frames as Replies (a client of the device socket)."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(decode_reply)

@@ -7,6 +7,7 @@ this module (transformers is a test and benchmark dependency).
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -150,7 +151,7 @@ TINY_VLM = {
 }
 
 
-def write_random_idefics3(model_dir: Any, shapes: dict[str, Any] = TINY_VLM, seed: int = 0) -> None:
+def write_random_idefics3(model_dir: str | os.PathLike[str], shapes: dict[str, Any] = TINY_VLM, seed: int = 0) -> None:
     """A SmolVLM-style checkpoint directory with random weights (as `save_pretrained` writes one):
     config, processor (image processor, tokenizer with SmolVLM's image tokens, chat template) and
     safetensors. Weights: unit-variance token embeddings and 1/sqrt(fan in) matrices, so logits are

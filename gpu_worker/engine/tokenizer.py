@@ -57,7 +57,7 @@ def _raise_exception(message: str) -> NoReturn:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | str | None = None,
+def _tojson(value: object, ensure_ascii: bool = False, indent: int | str | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     # transformers replaces Jinja's tojson, which HTML-escapes; templates expect plain JSON.
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
@@ -170,7 +170,7 @@ class Tokenizer:
         return names
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            **kwargs: Any) -> str:
+                            **kwargs: object) -> str:
         """The prompt text for `messages`, as `transformers` renders it with `tokenize=False`."""
         if not messages:
             raise ValueError("cannot apply the chat template to an empty conversation")

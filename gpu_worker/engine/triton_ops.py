@@ -36,7 +36,6 @@ import logging
 import os
 import sys
 from types import ModuleType
-from typing import Any
 
 import torch
 

@@ -41,7 +41,7 @@ class Runner:
     def start(self) -> None:
         self.thread.start()
 
-    def submit(self, request_id: object, prompt_ids: list[int], **settings: Any) -> None:
+    def submit(self, request_id: object, prompt_ids: list[int], **settings: object) -> None:
         self.commands.put(("submit", request_id, prompt_ids, settings))
 
     def cancel(self, request_id: object, reason: str = "cancelled") -> None:

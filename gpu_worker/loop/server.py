@@ -20,12 +20,18 @@ import signal
 import socket
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, cast
 
 from .. import native
 from .watchdog import STALL_SECONDS, Watchdog
 from ..contract.wire import (MAX_FRAME, PROTOCOL_VERSION, VERSION_REFUSED, Message, ProtocolError, decode_payload,
                              encode_frame, reply)
+
+if TYPE_CHECKING:
+    from ..replication.lease import Leadership
+    from ..replication.primary import Shipper
+    from ..storage.committer import Committer
+    from .runner import Event
 
 log = logging.getLogger("gpu_worker.server")
 IDLE_SECONDS = 0.1
@@ -48,6 +54,26 @@ class Connection:
         self.closed = False
 
 
+class Served(Protocol):
+    """What the loop needs of the device (gpu_worker/device.py's Device)."""
+    committer: Committer
+    leadership: Leadership | None
+    pipeline_state: Callable[[], dict[str, object]] | None  # the loop's own, set by the loop
+
+    @property
+    def internal_work(self) -> bool: ...
+
+    def read(self, msg: Message) -> Message: ...
+
+    def take_outbox(self) -> list[tuple[object, Message]]: ...
+
+    def engine_events(self, events: list[Event]) -> None: ...
+
+    def connection_closed(self, conn: object) -> None: ...
+
+    def idle(self) -> None: ...
+
+
 class Server:
     """The socket is the device's trust boundary: every frame names its principal, so only the
     gateway may connect. The socket file is mode 0600 (the device's user only), or 0660 with its
@@ -55,9 +81,9 @@ class Server:
     native loop) must have the device's own uid, one of `allow_uids` or its primary gid among
     `allow_gids` (and `socket_group`), else it is closed at once and the refusal logged."""
 
-    def __init__(self, device: Any, socket_path: str, *, allow_uids: tuple[int, ...] = (),
+    def __init__(self, device: Served, socket_path: str, *, allow_uids: tuple[int, ...] = (),
                  allow_gids: tuple[int, ...] = (), socket_group: int | None = None,
-                 stall_seconds: float = STALL_SECONDS, replica: Any = None) -> None:
+                 stall_seconds: float = STALL_SECONDS, replica: Shipper | None = None) -> None:
         self.device = device                 # gpu_worker.device.Device
         self.committer = device.committer
         self.replica = replica               # journal shipping to a standby (replication/primary.py Shipper)
@@ -73,7 +99,7 @@ class Server:
         self._conns: dict[int, Connection] = {}  # conn id -> Connection, from its first frame
         self._wake: int | None = None        # run()'s eventfd: other threads wake the loop through it
         self._wake_lock = threading.RLock()  # re-entrant: stop() may run in a signal handler
-        self._from_threads: collections.deque[list[Any]] = collections.deque()  # engine events from deliver()
+        self._from_threads: collections.deque[list[Event]] = collections.deque()  # engine events from deliver()
         self._stop_asked = False
         self.sent = 0                        # replies handed to the socket thread (the watchdog's progress)
         self.watchdog = Watchdog(self, stall_seconds)
@@ -106,7 +132,7 @@ class Server:
     def _synced(self) -> None:
         self._step(self.committer.synced)
 
-    def _step(self, step: Callable[..., list[tuple[Connection, Message]]], *args: Any) -> None:
+    def _step(self, step: Callable[..., list[tuple[object, Message]]], *args: object) -> None:
         try:
             self._send(step(*args) + self.device.take_outbox())
         except BaseException as exc:  # a journal I/O error stops the device so a restart recovers
@@ -139,7 +165,7 @@ class Server:
                                     and (self.inbox or self.device.internal_work)):
             self._want_tick = True
 
-    def engine_events(self, events: list[Any]) -> None:
+    def engine_events(self, events: list[Event]) -> None:
         """The engine thread's events, on this loop's thread."""
         try:
             self.device.engine_events(events)
@@ -151,8 +177,9 @@ class Server:
 
     # ---- sockets -----------------------------------------------------------------------
 
-    def _send(self, replies: list[tuple[Connection, Message]]) -> None:
-        """Hand replies to the socket thread: one (conn id, frames, count) per connection. Under an
+    def _send(self, replies: list[tuple[object, Message]]) -> None:
+        """Hand replies to the socket thread: one (conn id, frames, count) per connection (each reply's
+        connection one of this server's: the device keeps them as they came, typed `object`). Under an
         etcd leadership every reply carries its generation ("g"): a gateway that saw a newer one
         takes it for a deposed primary's (shared_api/device_client.py)."""
         if not replies:
@@ -164,7 +191,8 @@ class Server:
             for _, msg in replies:
                 msg["g"] = generation
         by_conn: dict[Connection, list[bytes]] = {}
-        for conn, msg in replies:
+        for peer, msg in replies:
+            conn = cast(Connection, peer)
             frames = by_conn.get(conn)
             if frames is None:
                 by_conn[conn] = [encode_frame(msg)]
@@ -203,7 +231,7 @@ class Server:
             else:
                 log.warning("%s", data)
 
-    def pipeline_state(self) -> dict[str, Any]:
+    def pipeline_state(self) -> dict[str, object]:
         """What `ping` reports of this loop: the stall watchdog's reading and the queues."""
         stalled = self.watchdog.stalled_seconds()
         return {"stalled_seconds": round(stalled, 3), "stall_seconds": self.watchdog.stall_seconds,
@@ -224,7 +252,7 @@ class Server:
 
     # ---- other threads -----------------------------------------------------------------
 
-    def deliver(self, events: list[Any]) -> None:
+    def deliver(self, events: list[Event]) -> None:
         """From the engine thread: hand events to the loop (dropped while no loop runs)."""
         with self._wake_lock:
             if self._wake is not None:

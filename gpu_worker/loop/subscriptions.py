@@ -21,7 +21,7 @@ Topic = tuple[str, int]  # ("con", conversation row), ("op", receipt row), ("cha
 class Subscription:
     __slots__ = ("conn", "req_id", "topic", "principal", "data")
 
-    def __init__(self, conn: Any, req_id: Any, topic: Topic, principal: bytes | None, data: Any) -> None:
+    def __init__(self, conn: object, req_id: object, topic: Topic, principal: bytes | None, data: Any) -> None:
         self.conn = conn
         self.req_id = req_id
         self.topic = topic
@@ -32,10 +32,10 @@ class Subscription:
 class Subscriptions:
     def __init__(self) -> None:
         self._by_topic: dict[Topic, list[Subscription]] = {}
-        self._by_conn: dict[Any, dict[Any, Subscription]] = {}  # conn -> request id -> subscription
-        self.outbox: list[tuple[Any, Message]] = []
+        self._by_conn: dict[object, dict[object, Subscription]] = {}  # conn -> request id -> subscription
+        self.outbox: list[tuple[object, Message]] = []
 
-    def open(self, conn: Any, req_id: Any, topic: Topic, principal: bytes | None, data: Any = None) -> Subscription:
+    def open(self, conn: object, req_id: object, topic: Topic, principal: bytes | None, data: Any = None) -> Subscription:
         sub = Subscription(conn, req_id, topic, principal, data)
         self._by_topic.setdefault(topic, []).append(sub)
         self._by_conn.setdefault(conn, {})[req_id] = sub
@@ -62,49 +62,49 @@ class Subscriptions:
     def all(self) -> list[Subscription]:
         return [sub for subs in self._by_topic.values() for sub in subs]
 
-    def push(self, sub: Subscription, body: bytes, **fields: Any) -> None:
+    def push(self, sub: Subscription, body: bytes, **fields: object) -> None:
         """One frame of a subscription; `fields` (an event's type and cursor) go in the frame."""
         self.outbox.append((sub.conn, {"id": sub.req_id, "status": 200, "more": True, "body": body, **fields}))
 
-    def push_all(self, subs: list[Subscription], body: bytes, **fields: Any) -> None:
+    def push_all(self, subs: list[Subscription], body: bytes, **fields: object) -> None:
         """The same frame to many subscriptions: one frame per connection, naming them all in `ids`
         (a thousand streams of one gateway watching one conversation cost one frame, not a
         thousand)."""
         for conn, req_ids in self._by_connection(subs).items():
             self.outbox.append((conn, {"ids": req_ids, "status": 200, "more": True, "body": body, **fields}))
 
-    def end(self, sub: Subscription, status: int, body: bytes, **fields: Any) -> None:
+    def end(self, sub: Subscription, status: int, body: bytes, **fields: object) -> None:
         """The last frame (a final event, or an error that ends the stream); the subscription goes."""
         self.outbox.append((sub.conn, {**reply(sub.req_id, status, body), **fields}))
         self._remove(sub)
 
-    def end_all(self, subs: list[Subscription], status: int, body: bytes, **fields: Any) -> None:
+    def end_all(self, subs: list[Subscription], status: int, body: bytes, **fields: object) -> None:
         for conn, req_ids in self._by_connection(subs).items():
             self.outbox.append((conn, {"ids": req_ids, "status": status, "body": body, **fields}))
         for sub in subs:
             self._remove(sub)
 
     @staticmethod
-    def _by_connection(subs: list[Subscription]) -> dict[Any, list[Any]]:
-        grouped: dict[Any, list[Any]] = {}
+    def _by_connection(subs: list[Subscription]) -> dict[object, list[object]]:
+        grouped: dict[object, list[object]] = {}
         for sub in subs:
             grouped.setdefault(sub.conn, []).append(sub.req_id)
         return grouped
 
-    def close(self, conn: Any, req_id: Any) -> Subscription | None:
+    def close(self, conn: object, req_id: object) -> Subscription | None:
         """Its owner closes it (no frame follows)."""
         sub = self._by_conn.get(conn, {}).get(req_id)
         if sub is not None:
             self._remove(sub)
         return sub
 
-    def connection_closed(self, conn: Any) -> list[Subscription]:
+    def connection_closed(self, conn: object) -> list[Subscription]:
         gone = list(self._by_conn.get(conn, {}).values())
         for sub in gone:
             self._remove(sub)
         return gone
 
-    def take_outbox(self) -> list[tuple[Any, Message]]:
+    def take_outbox(self) -> list[tuple[object, Message]]:
         outbox, self.outbox = self.outbox, []
         return outbox
 

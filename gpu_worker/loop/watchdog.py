@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from .. import native
 
@@ -164,7 +164,7 @@ class Watchdog:
         return "\n".join(lines)
 
 
-def _describe(msg: Any) -> str:
+def _describe(msg: object) -> str:
     return f"{msg.get('op')}#{msg.get('id')}" if isinstance(msg, dict) else type(msg).__name__
 
 

@@ -17,8 +17,6 @@ rows of the conversation's memory that its submitter may read when its lease is 
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from ..contract import ids
@@ -96,7 +94,7 @@ def scope_table(d: Tables, srow: int) -> torch.Tensor:
     return table
 
 
-def visible_slot(d: Caller, principal: bytes, prow: int | None, value: Any) -> int:
+def visible_slot(d: Caller, principal: bytes, prow: int | None, value: object) -> int:
     """The row of a memory object the caller may see (404 otherwise)."""
     m = ids.MEMORY_ID.match(value) if isinstance(value, str) else None
     memory = d.state.memory
@@ -176,7 +174,7 @@ def recall_items(d: Tables, srow: int, query: torch.Tensor, readable: torch.Tens
 
 # ---- reads ----------------------------------------------------------------------------------
 
-def list_memory(d: Caller, principal: bytes, args: SpacePage) -> tuple[int, Any]:
+def list_memory(d: Caller, principal: bytes, args: SpacePage) -> tuple[int, dict[str, object]]:
     """The rows of a space's memory owner, in write order after `cursor` (a memory counter)."""
     cursor, limit = args.after, args.limit
     prow = d.state.participants.by_principal.get(principal)
@@ -193,13 +191,13 @@ def list_memory(d: Caller, principal: bytes, args: SpacePage) -> tuple[int, Any]
     return 200, {"items": [row_json(d, s) for s in slots], "next_cursor": next_cursor}
 
 
-def row_json(d: Tables, slot: int) -> dict[str, Any]:
+def row_json(d: Tables, slot: int) -> dict[str, object]:
     """A row as the reads show it, with a published copy's provenance."""
     memory = d.state.memory
     return memory.row(slot).to_json(memory.provenance_of(slot))
 
 
-def get_memory(d: Caller, principal: bytes, args: MemoryRead) -> tuple[int, Any]:
+def get_memory(d: Caller, principal: bytes, args: MemoryRead) -> tuple[int, dict[str, object]]:
     """One row and its exact payload bytes from a byte offset (base64; `text` null unless the span
     is complete UTF-8); with `version`, only while that is the object's current version."""
     prow = d.state.participants.by_principal.get(principal)

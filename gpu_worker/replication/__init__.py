@@ -22,6 +22,10 @@ socket (a Unix socket path, or HOST:PORT over TCP):
     standby -> primary  {"ack": 1, "segment": N, "offset": O, "cut": C, "g": G}  (durable up to there)
     primary -> standby  {"refused": "<why>"}                            (then it closes)
 
+Each side reads a frame through its declared type (frames.py: Hello, Ack, and the primary's
+Replication, Bytes, Beat, Cut, Rewind, Piece, CheckpointEnd, CatchUpEnd, MediaPiece, Refused),
+told apart by these keys; the maps on the link are as above.
+
 Every frame after the hello and every acknowledgement carries the primary's leadership generation
 G (etcd's, 0 without etcd); a standby never follows a generation older than one it followed, and
 a primary takes no acknowledgement of another. Either side takes a link quiet for DEAD_SECONDS
@@ -32,7 +36,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
+import ssl
 
 from gpu_worker.contract.wire import FrameReader, Message
 
@@ -68,7 +72,8 @@ def _tcp_options(sock: socket.socket, dead_after: float) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
-def connect(address: str, timeout: float, tls: Any = None, dead_after: float = DEAD_SECONDS) -> socket.socket:
+def connect(address: str, timeout: float, tls: ssl.SSLContext | None = None,
+            dead_after: float = DEAD_SECONDS) -> socket.socket:
     """A link to `address`; over TCP, `tls` (an ssl.SSLContext: tls.py) is required and wraps it
     (the primary's certificate checked against the link's CA, this side's presented)."""
     family, where = parse_address(address)
@@ -93,7 +98,7 @@ def connect(address: str, timeout: float, tls: Any = None, dead_after: float = D
         raise
 
 
-def tls_name(tls: Any) -> str:
+def tls_name(tls: ssl.SSLContext) -> str:
     """The name a link's certificates carry (tls.py: one name for the whole cluster)."""
     return getattr(tls, "aotx_name", "aotx-replication")
 
@@ -115,7 +120,7 @@ def listen(address: str) -> socket.socket:
     return sock
 
 
-def accepted(sock: socket.socket, tls: Any, dead_after: float) -> socket.socket:
+def accepted(sock: socket.socket, tls: ssl.SSLContext | None, dead_after: float) -> socket.socket:
     """An accepted link, its TCP options set and, over TCP, its TLS handshake done (the standby's
     certificate required): within HELLO_SECONDS."""
     if sock.family == socket.AF_UNIX:

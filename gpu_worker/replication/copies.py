@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpu_worker.contract.wire import encode_frame
 from gpu_worker.storage.journal import segment_name
@@ -17,6 +17,9 @@ from gpu_worker.storage.runtime_file import RuntimeFile
 
 from . import FAILOVER, SEGMENT_CHUNK
 from .primary_link import Link, Position
+
+if TYPE_CHECKING:
+    from hashlib import _Hash as Hash
 
 
 def adopt(runtime: str, link: Link) -> tuple[int, list[str], list[str]] | None:
@@ -82,7 +85,7 @@ def not_a_copy(journal_dir: str, link: Link, segment: int, offset: int, digest: 
     return None
 
 
-def not_handed(journal_dir: str, check: tuple[int, int, bytes, int, Any], current: int,
+def not_handed(journal_dir: str, check: tuple[int, int, bytes, int, Hash], current: int,
                begun: list[tuple[int, bytes]]) -> str | None:
     """The end of `not_a_copy`, on the tick thread: the bytes from what the accept thread
     read of the file to the standby's offset, from the file now and the ticks in flight."""

@@ -6,9 +6,21 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from gpu_worker.storage.journal_reader import Tail
 
 log = logging.getLogger("gpu_worker.replication")
+
+
+class Hot(Protocol):
+    """What the follower needs of a hot standby's device (gpu_worker/device.py)."""
+    following: Tail | None  # its journal reader, while it follows
+
+    def follow(self, until: tuple[int, int]) -> int: ...
+
+    def refollow(self) -> None: ...
 
 
 class Follower:
@@ -21,7 +33,7 @@ class Follower:
 
     LOOK_SECONDS = 1.0
 
-    def __init__(self, device: Any, position: tuple[int, int]) -> None:
+    def __init__(self, device: Hot, position: tuple[int, int]) -> None:
         self.device = device
         self.error: str | None = None
         self.refollowed = 0
@@ -72,7 +84,9 @@ class Follower:
                 return
 
     def _applied(self) -> tuple[int, int]:
-        return self.device.following.position
+        following = self.device.following
+        assert following is not None  # (a hot standby follows from its start: refollow sets it)
+        return following.position
 
     def applied_segment(self) -> int:
         """The segment the device reads now (the ones before it are applied: a checkpoint may trim them)."""

@@ -36,7 +36,7 @@ import logging
 import threading
 import time
 import urllib.request
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 log = logging.getLogger("gpu_worker.replication")
 
@@ -171,7 +171,7 @@ class Leadership:
     """This primary's hold on the leader key (module docstring)."""
 
     def __init__(self, etcd: Etcd, key: bytes, ttl: int = 3, margin: float = 1.0,
-                 clock: Any = boottime) -> None:
+                 clock: Callable[[], float] = boottime) -> None:
         if not 0 < margin < ttl:
             raise ValueError(f"the margin ({margin}s) must be above 0 and below the lease's TTL ({ttl}s)")
         self.etcd, self.key, self.ttl, self.margin, self.clock = etcd, key, ttl, margin, clock
@@ -261,7 +261,7 @@ class Leadership:
                 return
             self.trusted_until = max(self.trusted_until, sent + ttl - self.margin)
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> dict[str, object]:
         fenced = self.fenced()
         return {"generation": self.generation, "lease_seconds": self.ttl, "fenced": fenced,
                 "trusted_for": round(max(0.0, self.trusted_until - self.clock()), 3)}
@@ -318,7 +318,8 @@ class LeaderWatch:
     WATCH_SECONDS = 5.0
     RETRY_SECONDS = 0.5
 
-    def __init__(self, etcd: Etcd, key: bytes, then: Any = None, on_holder: Any = None,
+    def __init__(self, etcd: Etcd, key: bytes, then: Callable[[int], object] | None = None,
+                 on_holder: Callable[[tuple[int, bytes] | None], object] | None = None,
                  name: str = "aotx-leader-watch") -> None:
         self.etcd, self.key, self.then, self.on_holder = etcd, key, then, on_holder
         self.seen: int | None = None  # the generation it saw hold the key

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Mapping
 
 from gpu_worker.storage.filelayer import OsFileLayer
 
@@ -70,7 +70,7 @@ def takeovers(directory: str) -> list[tuple[int, int]]:
     return [(int(p[0]), int(p[1])) for p in points]
 
 
-def write_marker(directory: str, doc: dict[str, Any]) -> None:
+def write_marker(directory: str, doc: Mapping[str, object]) -> None:
     """Replace DIR/standby atomically (temporary file, fsync, rename, directory fsync)."""
     target = os.path.join(directory, MARKER)
     data = json.dumps({**doc, "schema": MARK_SCHEMA}, sort_keys=True).encode() + b"\n"

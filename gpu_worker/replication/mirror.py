@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 import logging
 import os
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from gpu_worker.contract.wire import ProtocolError
 from gpu_worker.storage.filelayer import OsFileLayer
@@ -22,7 +22,11 @@ from gpu_worker.storage.journal import list_segments, segment_name
 from gpu_worker.storage.journal_lock import JournalLock
 from gpu_worker.storage.journal_reader import recover
 
+from .frames import MediaPiece
 from .marker import MARK_SCHEMA, read_marker, write_marker
+
+if TYPE_CHECKING:
+    from hashlib import _Hash as Hash
 
 log = logging.getLogger("gpu_worker.replication")
 
@@ -57,7 +61,7 @@ class Mirror:
         self.segment, self.offset = position
         self._fd: int | None = None
         self._fd_segment = 0
-        self._media: tuple[str, Any, int, int] | None = None  # a source being received: (sha, hash, fd, bytes)
+        self._media: tuple[str, Hash, int, int] | None = None  # a source being received: (sha, hash, fd, bytes)
         self._new_entry = False  # a segment file was created since the last sync: fsync the directory
         if self.segment:
             self._open(self.segment)
@@ -151,13 +155,12 @@ class Mirror:
         directory = os.path.join(self.directory, "media")
         return sorted(n for n in os.listdir(directory) if len(n) == 64) if os.path.isdir(directory) else []
 
-    def media_piece(self, msg: dict[str, Any]) -> None:
+    def media_piece(self, piece: MediaPiece) -> None:
         """A piece of a media source's bytes; the last one makes the file whole and durable (under
         its name only once it hashes to it), before any later frame's journal bytes are acknowledged."""
-        sha, size, at, data = msg.get("media"), msg.get("size"), msg.get("offset"), msg.get("data")
-        if (type(sha) is not str or len(sha) != 64 or type(size) is not int or type(at) is not int
-                or type(data) is not bytes):
-            raise ProtocolError(f"not a media piece: {sorted(msg)}")
+        sha, size, at, data = piece.media, piece.size, piece.offset, piece.data
+        if len(sha) != 64:
+            raise ProtocolError(f"not a media piece: a name of {len(sha)} characters")
         directory = os.path.join(self.directory, "media")
         path = os.path.join(directory, sha)
         if at == 0:

@@ -14,10 +14,11 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import ssl
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpu_worker.contract.wire import FrameReader, ProtocolError
 from gpu_worker.storage.filelayer import OsFileLayer
@@ -27,7 +28,13 @@ from gpu_worker.storage.runtime_file import RuntimeFile
 
 from . import DEAD_SECONDS, FAILOVER, HELLO_SECONDS, accepted, listen, marker, read_frames
 from .copies import adopt, differences, not_a_copy, not_handed, rewind
+from .frames import hello
 from .primary_link import Link, Position
+
+if TYPE_CHECKING:
+    from gpu_worker.storage.runtime_file_writer import Stored
+
+    from .lease import Leadership
 
 log = logging.getLogger("gpu_worker.replication")
 
@@ -44,8 +51,9 @@ class Shipper:
     saved only once the standby acknowledged it (the Committer asks `acked_seq`)."""
 
     def __init__(self, address: str, journal_dir: str, runtime: str, sync: bool = True,
-                 alone_after: float | None = None, *, leadership: Any = None, dead_after: float = DEAD_SECONDS,
-                 tls: Any = None) -> None:
+                 alone_after: float | None = None, *, leadership: Leadership | None = None,
+                 dead_after: float = DEAD_SECONDS,
+                 tls: ssl.SSLContext | None = None) -> None:
         """`runtime`: the path of the primary's runtime file (a standby whose copy is at an older
         generation catches up from it). `leadership`: the etcd Leadership this primary holds (its
         generation goes on every frame; the sync key it keeps says which standby may take over);
@@ -228,7 +236,7 @@ class Shipper:
         if link is not None and not link.closed:
             link.queue.put(("media", sha, path))
 
-    def checkpoint(self, generation: int, components: list[tuple[str, str, Any]], drop: list[str],
+    def checkpoint(self, generation: int, components: list[Stored], drop: list[str],
                    through_segment: int) -> None:
         """A checkpoint made the runtime file generation `generation` with these components, folding
         the journal segments through `through_segment` (it was made beside the ticks: later
@@ -366,7 +374,7 @@ class Shipper:
                  link.peer, link.generation, self.generation, len(names))
         return True
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> dict[str, object]:
         """What `ping` reports (tick thread)."""
         link = self.link if self.link is not None and not self.link.closed else None
         return {"role": "primary", "replication": "sync" if self.sync else "async", "alone": self.alone,
@@ -443,15 +451,9 @@ class Shipper:
 
     def _hello(self, sock: socket.socket) -> Link | None:
         sock.settimeout(HELLO_SECONDS)
-        msg = read_frames(sock, FrameReader())[0]
-        segment, offset, incarnation = msg.get("segment"), msg.get("offset"), msg.get("incarnation")
-        digest = msg.get("digest")
-        if (msg.get("hello") != 1 or type(segment) is not int or type(offset) is not int or segment < 0
-                or offset < 0 or type(digest) is not bytes):
-            raise ProtocolError(f"not a hello: {sorted(msg)}")
-        member, leader = msg.get("member", ""), msg.get("leader", 0)
-        if type(member) is not str or type(leader) is not int:
-            raise ProtocolError("a hello with a malformed member or leader")
+        said = hello(read_frames(sock, FrameReader())[0])
+        segment, offset, incarnation, digest = said.segment, said.offset, said.incarnation, said.digest
+        member, leader = said.member, said.leader
         sock.settimeout(self.dead_after)  # (both threads: a quiet link is dead; the sender beats before)
         link = Link(self, sock, (segment, offset))
         link.member = member
@@ -467,14 +469,13 @@ class Shipper:
             link.refuse(f"the standby followed leadership generation {leader}, newer than this primary's "
                         f"{self.leader}: this primary is not the leader", again=True)
             return None
-        link.media = {str(m) for m in msg.get("media") or ()}
+        link.media = set(said.media or ())
         if incarnation != self.incarnation:
             link.refuse(f"the standby's runtime file is incarnation {bytes(incarnation or b'').hex()}, "
                         f"this primary's {self.incarnation.hex()}")
             return None
-        generation, components = msg.get("generation"), msg.get("components") or {}
-        if (type(generation) is not int or not isinstance(components, dict)
-                or not all(type(k) is str and type(v) is str for k, v in components.items())):
+        generation, components = said.generation, said.components or {}
+        if generation is None:
             raise ProtocolError("a hello without its runtime file copy's generation and components")
         link.generation, link.components = generation, components
         if generation != self.generation:

@@ -13,13 +13,21 @@ import os
 import queue
 import socket
 import threading
-from typing import Any, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from gpu_worker.contract.wire import FrameReader, ProtocolError, encode_frame
 from gpu_worker.storage.journal import segment_name
 from gpu_worker.storage.runtime_file import RuntimeFile, RuntimeFileError
 
 from . import SEGMENT_CHUNK, read_frames
+from .frames import ack
+
+if TYPE_CHECKING:
+    from hashlib import _Hash as Hash
+
+    from gpu_worker.storage.runtime_file_writer import Stored
+
+    from .lease import Leadership
 
 log = logging.getLogger("gpu_worker.replication")
 
@@ -33,7 +41,7 @@ class Shipping(Protocol):
     def leader(self) -> int: ...  # the leadership generation every frame carries
 
     @property
-    def leadership(self) -> Any: ...  # the etcd Leadership (its fence), None without etcd
+    def leadership(self) -> Leadership | None: ...  # the etcd Leadership (its fence), None without etcd
 
     @property
     def dead_after(self) -> float: ...
@@ -67,7 +75,7 @@ class Link:
         # the prefix of the standby's last segment the accept thread could not find in the file (a
         # tick still being written there): (segment, offset, digest, bytes hashed, their hash),
         # finished from the ticks in flight on the tick thread (`Shipper._start`)
-        self.check: tuple[int, int, bytes, int, Any] | None = None
+        self.check: tuple[int, int, bytes, int, Hash] | None = None
         self.media: set[str] = set()  # the media sources the standby holds (its hello says)
         self.generation = 0  # its runtime file copy's, and that copy's components' SHA-256 (its hello says)
         self.components: dict[str, str] = {}
@@ -113,7 +121,7 @@ class Link:
 
     # ---- the sender thread -------------------------------------------------------------------
 
-    def frame(self, msg: dict[str, Any]) -> None:
+    def frame(self, msg: dict[str, object]) -> None:
         """Send one frame, with the primary's leadership generation (the sender thread)."""
         msg["g"] = self.shipper.leader
         self.sock.sendall(encode_frame(msg))
@@ -186,8 +194,8 @@ class Link:
                 if offset >= size or not data:
                     return
 
-    def _send_components(self, key: str, generation: int, components: Iterable[tuple[str, str, Any]],
-                         end: dict[str, Any]) -> None:
+    def _send_components(self, key: str, generation: int, components: Iterable[Stored],
+                         end: dict[str, object]) -> None:
         """Runtime file components in pieces ({key: generation, "component", "kind", "offset",
         "data"}), then the frame `end` that has the standby append them: a checkpoint's, or a
         catch-up's."""
@@ -210,7 +218,7 @@ class Link:
                               f"up to {generation}")
             digests = {name: current.components[name].sha256 for name in names}
             read = ((name, current.components[name].kind, current.read_verified(name)) for name in names)
-            end: dict[str, Any] = {"components": digests, "drop": drop, **({"journal": "kept"} if kept else {})}
+            end: dict[str, object] = {"components": digests, "drop": drop, **({"journal": "kept"} if kept else {})}
             try:  # (one component in memory at a time)
                 self._send_components("catchup", generation, read, end)
             except RuntimeFileError as exc:
@@ -228,11 +236,10 @@ class Link:
                     raise ConnectionError(f"no acknowledgement for {self.shipper.dead_after}s: the link is dead") \
                         from None
                 for msg in batch:
-                    segment, offset, cut = msg.get("segment"), msg.get("offset"), msg.get("cut")
-                    if msg.get("ack") != 1 or type(segment) is not int or type(offset) is not int or type(cut) is not int:
-                        raise ProtocolError(f"not an acknowledgement: {sorted(msg)}")
-                    if msg.get("g") != self.shipper.leader:
-                        raise ProtocolError(f"an acknowledgement of leadership generation {msg.get('g')}, "
+                    acked = ack(msg)
+                    segment, offset, cut = acked.segment, acked.offset, acked.cut
+                    if acked.g != self.shipper.leader:
+                        raise ProtocolError(f"an acknowledgement of leadership generation {acked.g}, "
                                             f"not this primary's {self.shipper.leader}")
                     if cut == self.shipper.cuts:  # (an acknowledgement of bytes from before a cut counts for nothing)
                         self.position = (segment, offset)

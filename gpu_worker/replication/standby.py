@@ -12,8 +12,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import ssl
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpu_worker.contract.wire import FrameReader, ProtocolError, encode_frame
 from gpu_worker.storage import runtime_file_writer
@@ -21,9 +22,13 @@ from gpu_worker.storage.journal import SEGMENT_HEADER_SIZE
 from gpu_worker.storage.runtime_file import RuntimeFile
 
 from . import DEAD_SECONDS, connect, read_frames
+from .frames import (Beat, CatchUpEnd, CheckpointEnd, Cut, MediaPiece, Piece, Refused, Replication, Rewind,
+                     from_primary)
 from .marker import leader_of, member_of, takeovers
 
 if TYPE_CHECKING:
+    from gpu_worker.storage.runtime_file_writer import Part
+
     from .follower import Follower
     from .mirror import Mirror
 
@@ -53,7 +58,7 @@ class Standby:
     """Follows a primary (module docstring) until `stop`."""
 
     def __init__(self, address: str, mirror: Mirror, runtime: str, follower: Follower | None = None,
-                 dead_after: float = DEAD_SECONDS, tls: Any = None) -> None:
+                 dead_after: float = DEAD_SECONDS, tls: ssl.SSLContext | None = None) -> None:
         """`address`: the primary's replication address, or several, comma-separated (every
         machine's: the standby follows whichever serves as the primary, trying the next after a
         failure, so that it finds a new primary after a failover by itself). `runtime`: this
@@ -142,7 +147,7 @@ class Standby:
             # acknowledged before it (a catch-up comes first: the position held until then is not
             # of the primary's journal)
             cut: int | None = None
-            link: dict[str, Any] = {}  # the replication frame's: its mode, leader and sync point
+            link: Replication | None = None  # the replication frame: its mode, leader and sync point
             log.info("standby: following %s from %s", self.address, (segment, offset))
             while True:
                 try:
@@ -152,63 +157,63 @@ class Standby:
                         from None
                 self.connected.set()
                 for msg in batch:
-                    if "refused" in msg:
-                        if msg.get("again"):
+                    frame = from_primary(msg)
+                    if isinstance(frame, Refused):
+                        if frame.again:
                             raise ConnectionError(f"the primary at {self.address} asks to connect again: "
-                                                  f"{msg['refused']}")
-                        raise StandbyRefused(f"the primary at {self.address} refused: {msg['refused']}")
-                    if link and msg.get("g") != link["leader"]:
-                        raise ProtocolError(f"a frame of leadership generation {msg.get('g')} on a link of "
-                                            f"{link['leader']}")
-                    if "beat" in msg:
+                                                  f"{frame.refused}")
+                        raise StandbyRefused(f"the primary at {self.address} refused: {frame.refused}")
+                    if link is not None and frame.g != link.leader:
+                        raise ProtocolError(f"a frame of leadership generation {frame.g} on a link of "
+                                            f"{link.leader}")
+                    if isinstance(frame, Beat):
                         continue  # (the acknowledgement below answers it)
-                    if "rewind" in msg:  # this journal went on past a takeover point in other bytes
-                        at, end = msg["rewind"]
+                    if isinstance(frame, Rewind):  # this journal went on past a takeover point in other bytes
+                        at, end = frame.rewind
                         # not in sync until the primary's stream covers what it had saved again
                         self.mirror.mark("catching-up", self.address, takeovers(self.mirror.directory))
-                        self.mirror.rewind(int(at), int(end))
-                        if self.follower is not None:
-                            self.follower.cut((int(at), int(end)))
-                        raise Rewound(f"cut back to the primary's takeover point {(at, end)}")
-                    if "replication" in msg:
-                        link = self._linked(msg)
-                        cut = msg.get("cut", 0)
-                        continue
-                    if "checkpoint" in msg:
-                        self._checkpoint(msg)
-                        continue
-                    if "catchup" in msg:
-                        self._catch_up(msg)
-                        continue
-                    if "media" in msg:
-                        self.mirror.media_piece(msg)
-                        continue
-                    if "cut" in msg:  # the primary's journal was cut back (a failed tick): so is this copy
-                        at, end = msg.get("segment"), msg.get("offset")
-                        if type(at) is not int or type(end) is not int:
-                            raise ProtocolError(f"not a cut: {sorted(msg)}")
-                        self.mirror.cut(at, end)
+                        self.mirror.rewind(at, end)
                         if self.follower is not None:
                             self.follower.cut((at, end))
-                        cut = msg["cut"]
+                        raise Rewound(f"cut back to the primary's takeover point {(at, end)}")
+                    if isinstance(frame, Replication):
+                        link = self._linked(frame)
+                        cut = frame.cut
                         continue
-                    at, start, data = msg.get("segment"), msg.get("offset"), msg.get("data")
-                    if type(at) is not int or type(start) is not int or type(data) is not bytes:
-                        raise ProtocolError(f"not journal bytes: {sorted(msg)}")
+                    if isinstance(frame, Piece):
+                        self._piece(frame)
+                        continue
+                    if isinstance(frame, CheckpointEnd):
+                        self._checkpoint(frame)
+                        continue
+                    if isinstance(frame, CatchUpEnd):
+                        self._catch_up(frame)
+                        continue
+                    if isinstance(frame, MediaPiece):
+                        self.mirror.media_piece(frame)
+                        continue
+                    if isinstance(frame, Cut):  # the primary's journal was cut back (a failed tick): so is this copy
+                        self.mirror.cut(frame.segment, frame.offset)
+                        if self.follower is not None:
+                            self.follower.cut((frame.segment, frame.offset))
+                        cut = frame.cut
+                        continue
+                    at, start, data = frame.segment, frame.offset, frame.data
                     if start == 0 and len(data) < SEGMENT_HEADER_SIZE:
                         raise ProtocolError(f"segment {at} begins without its whole header")
                     self.mirror.write(at, start, data)
                 segment, offset = self.mirror.sync()
                 if cut is None:
                     continue
-                if link["mode"] == "sync" and not self.in_sync.is_set() and (segment, offset) >= link["sync_at"]:
+                assert link is not None  # (cut is the replication frame's)
+                if link.replication == "sync" and not self.in_sync.is_set() and (segment, offset) >= link.sync_at:
                     # durable past what the primary had saved when this link began: it holds every
                     # saved transfer from now on, and may take over (docs/replication.md, "In sync")
-                    self.mirror.mark("sync", self.address, link["takeovers"])
+                    self.mirror.mark("sync", self.address, link.takeovers)
                     self.in_sync.set()
                     log.info("standby: in sync with %s at %s", self.address, (segment, offset))
                 sock.sendall(encode_frame({"ack": 1, "segment": segment, "offset": offset, "cut": cut,
-                                           "g": link["leader"]}))
+                                           "g": link.leader}))
                 self.acks += 1
                 if self.follower is not None:
                     self.follower.durable((segment, offset))
@@ -216,65 +221,54 @@ class Standby:
             self._sock = None
             sock.close()
 
-    def _linked(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def _linked(self, frame: Replication) -> Replication:
         """The primary's first frame after the hello (after a catch-up's frames): its replication
         mode, leadership generation, takeover points and sync point. An older leadership than this
         copy followed is Stale; a sync link marks the journal "catching-up" until its durable
         position passes the sync point (every transfer the primary had saved when it connected)."""
-        mode, leader, sync_at = msg.get("replication"), msg.get("g", 0), msg.get("sync_at", [0, 0])
-        if mode not in ("sync", "async") or type(leader) is not int or not (
-                isinstance(sync_at, list) and len(sync_at) == 2 and all(type(x) is int for x in sync_at)):
-            raise ProtocolError(f"not a replication frame: {sorted(msg)}")
+        mode, leader, sync_at = frame.replication, frame.leader, frame.sync_at
         if leader < self.leader:
             raise Stale(f"the primary at {self.address} leads generation {leader}, older than {self.leader} "
                         "which this standby followed: not followed")
-        points = [(int(p[0]), int(p[1])) for p in msg.get("takeovers", [])]
+        points = frame.takeovers
         self.leader = leader
-        held = self.mirror.sync() >= tuple(sync_at)  # (what a broken link left written is durable first)
+        held = self.mirror.sync() >= sync_at  # (what a broken link left written is durable first)
         self.mirror.mark(mode if mode == "async" or held else "catching-up", self.address, points, leader)
         if mode == "sync" and held:
             self.in_sync.set()
-        return {"mode": mode, "leader": leader, "sync_at": tuple(sync_at), "takeovers": points}
+        return frame
 
-    def _piece(self, msg: dict[str, Any]) -> bool:
+    def _piece(self, piece: Piece) -> None:
         """Keep a piece of a runtime file component (a checkpoint's or a catch-up's) with those
-        before it; False when `msg` is the end frame instead."""
-        if "data" not in msg:
-            return False
-        name, kind, at, data = msg.get("component"), msg.get("kind"), msg.get("offset"), msg.get("data")
-        if type(name) is not str or type(kind) is not str or type(at) is not int or type(data) is not bytes:
-            raise ProtocolError(f"not a runtime file component's piece: {sorted(msg)}")
-        piece = self._pieces.setdefault(name, (kind, bytearray()))
-        if at != len(piece[1]):
-            raise ProtocolError(f"component {name} piece at {at}, after {len(piece[1])} bytes")
-        piece[1].extend(data)
-        return True
+        before it."""
+        name, at = piece.component, piece.offset
+        held = self._pieces.setdefault(name, (piece.kind, bytearray()))
+        if at != len(held[1]):
+            raise ProtocolError(f"component {name} piece at {at}, after {len(held[1])} bytes")
+        held[1].extend(piece.data)
 
-    def _components(self, names: Any, drop: Any) -> tuple[list[tuple[str, str, Any]], list[str]]:
+    def _components(self, names: list[str] | dict[str, str], drop: list[str]
+                    ) -> tuple[list[Part], list[str]]:
         """The components the pieces made and the names to drop, for `runtime_file_writer.append` (the
         end frame names both)."""
-        if not isinstance(names, (list, dict)) or not isinstance(drop, list) or set(names) != set(self._pieces):
+        if set(names) != set(self._pieces):
             raise ProtocolError(f"an end frame names other components than came: {sorted(names or ())}")
         pieces, self._pieces = self._pieces, {}
         return ([(n, kind, data if kind == "bytes" else data.decode() if kind == "text" else bytes(data))
                  for n in names for kind, data in [pieces[n]]],  # (a state's bytes: not copied once more)
                 [str(n) for n in drop])
 
-    def _catch_up(self, msg: dict[str, Any]) -> None:
-        """A piece of a catch-up, or its end: this copy of the runtime file was at an older
+    def _catch_up(self, end: CatchUpEnd) -> None:
+        """A catch-up's end (its pieces came before): this copy of the runtime file was at an older
         generation than the primary's, which sends the saved state it lacks. The journal marker
         says "catch-up" first (a takeover refuses this journal until the primary's stream
         continues: the copy is not whole in between), the journal copy is emptied, the components
         go into the copy at the primary's generation (every one's SHA-256 checked against the
         primary's), and a hot device builds its tables again from it. The stream then goes on from
         the primary's oldest segment (docs/replication.md, "Catch-up")."""
-        if self._piece(msg):
-            return
-        generation, digests = msg["catchup"], msg.get("components")
-        if type(generation) is not int or not isinstance(digests, dict):
-            raise ProtocolError(f"not a catch-up's end: {sorted(msg)}")
-        components, drop = self._components(digests, msg.get("drop"))
-        if msg.get("journal") == "kept":
+        generation, digests = end.catchup, end.components
+        components, drop = self._components(digests, end.drop)
+        if end.journal == "kept":
             self._adopt(generation, components, drop, digests)
             return
         self.mirror.mark("catch-up", self.address, takeovers(self.mirror.directory))
@@ -290,7 +284,7 @@ class Standby:
         log.info("standby: caught up to the primary's generation %d (%d components) in %s", generation,
                  len(components), self.runtime)
 
-    def _adopt(self, generation: int, components: list[tuple[str, str, Any]], drop: list[str],
+    def _adopt(self, generation: int, components: list[Part], drop: list[str],
                digests: dict[str, str]) -> None:
         """A catch-up with the journal kept: this copy lacked only the failover component of the
         takeover that made the primary's generation (this standby is the old primary, or followed
@@ -312,22 +306,20 @@ class Standby:
                 raise StandbyRefused(f"the runtime file copy {self.runtime} did not come out as the primary's "
                                      f"generation {generation}")
 
-    def _checkpoint(self, msg: dict[str, Any]) -> None:
-        """A piece of a checkpoint's component, or the end: the copy of the runtime file gets the
+    def _checkpoint(self, end: CheckpointEnd) -> None:
+        """A checkpoint's end (its components' pieces came before): the copy of the runtime file gets the
         components the primary's got (its generation must come out the same), and the journal
         segments the checkpoint folded go (those the hot device has not read yet stay)."""
-        if self._piece(msg):
-            return
-        generation = msg["checkpoint"]
-        components, drop = self._components(msg.get("components"), msg.get("drop"))
+        generation = end.checkpoint
+        components, drop = self._components(end.components, end.drop)
         self.mirror.sync()  # (the journal before the checkpoint is durable before the copy says it is folded)
         made = runtime_file_writer.append(self.runtime, components, drop=drop)
         if made != generation:
             raise StandbyRefused(f"the runtime file copy {self.runtime} went to generation {made}, the primary's to "
                                  f"{generation}: start the standby from a copy of the primary's runtime file")
         keep = self.mirror.segment
-        if msg.get("through") is not None:  # (the segments after it hold what came after the fold point)
-            keep = min(keep, int(msg["through"]) + 1)
+        if end.through is not None:  # (the segments after it hold what came after the fold point)
+            keep = min(keep, end.through + 1)
         if self.follower is not None:
             keep = min(keep, self.follower.applied_segment())
         self.mirror.trim(keep)

@@ -10,6 +10,7 @@ from ..memory.table import MemoryTable
 from .indexes import (SEQUENCE_SHIFT, ConversationIndex, MediaSource, MemberIndex, ParticipantIndex,
                       ReceiptIndex, SpaceIndex)
 from ..contract.limits import MEMORY_PAYLOAD_BYTES
+from .holds import Incident
 from .tables import ALONE, HELD, P, Source, Tables
 
 __all__ = ["DeviceState", "MediaSource"]
@@ -43,7 +44,7 @@ class DeviceState:
         self.members = MemberIndex()
         self.conversations = ConversationIndex()
         self.media: dict[str, MediaSource] = {}  # sha256 hex -> source
-        self.hold_incidents: list[dict[str, Any]] = []  # journal holds, oldest first (state/holds.py)
+        self.hold_incidents: list[Incident] = []  # journal holds, oldest first (state/holds.py)
         # takeovers of this journal by a standby (boot --takeover), oldest first: {boot, at_ns,
         # position, generation (the etcd leadership's, or None)}
         self.failovers: list[dict[str, Any]] = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 from ..contract.errors import ServiceError
 from ..storage.filelayer import FileLayer
@@ -19,18 +19,27 @@ log = logging.getLogger("gpu_worker.holds")
 DISK_FULL_MARGIN = 4 << 20
 MAX_INCIDENTS = 1000
 
-Incident = dict[str, Any]  # {"cause", "since_ns", "ended_ns" (None while open), "disk_error", "pending_bytes"}
+
+
+class Incident(TypedDict):
+    """A saved hold, as its HOLD transfers said (`ended_ns` None while it lasts)."""
+    cause: str | None
+    since_ns: int | None
+    ended_ns: int | None
+    disk_error: str | None
+    pending_bytes: int | None
 
 
 class Holds:
     def __init__(self, fs: FileLayer, journal_dir: str, file_cap: int, min_free_disk: int,
-                 journal: Callable[[dict[str, Any]], None]) -> None:
+                 journal: Callable[[dict[str, object]], None]) -> None:
         self.fs = fs
         self.journal_dir = journal_dir
         self.file_cap = file_cap
         self.min_free_disk = min_free_disk
         self.journal = journal  # records a hold event: {"event": "start" | "end", ...the incident}
-        self.current: dict[str, Any] | None = None  # {"cause", "since_ns", "disk_error"} while held
+        # {"cause", "since_ns", "disk_error"} while held (read by the device as a plain map)
+        self.current: dict[str, Any] | None = None
 
     def check(self, journal_bytes: int) -> None:
         """Hold on file-cap or disk pressure; lift the hold once both clear."""
@@ -77,15 +86,19 @@ class Holds:
 
     def refusal(self, pending_bytes: int, message: str | None = None) -> ServiceError:
         """The 429 a mutation gets while a hold lasts."""
-        held = self.current or {"cause": "disk_full", "disk_error": None}
-        return ServiceError(429, "journal_hold", message or f"persistent admission is paused ({held['cause']}); "
+        held = self.current
+        cause, error = (held["cause"], held["disk_error"]) if held is not None else ("disk_full", None)
+        return ServiceError(429, "journal_hold", message or f"persistent admission is paused ({cause}); "
                                                             "reads, receipts and save status stay available",
-                            cause=held["cause"], disk_error=held["disk_error"], pending_bytes=str(pending_bytes))
+                            cause=cause, disk_error=error, pending_bytes=str(pending_bytes))
 
 
 def apply(incidents: list[Incident], event: dict[str, Any]) -> None:
-    """A saved HOLD transfer into the saved incidents (live once saved, and at replay)."""
-    incident = {k: event.get(k) for k in ("cause", "since_ns", "ended_ns", "disk_error", "pending_bytes")}
+    """A saved HOLD transfer into the saved incidents (live once saved, and at replay); `event` is
+    the transfer's map as msgpack decoded it."""
+    incident: Incident = {"cause": event.get("cause"), "since_ns": event.get("since_ns"),
+                          "ended_ns": event.get("ended_ns"), "disk_error": event.get("disk_error"),
+                          "pending_bytes": event.get("pending_bytes")}
     for known in reversed(incidents):
         if known["since_ns"] == incident["since_ns"]:
             known.update(incident)  # its end

@@ -238,7 +238,7 @@ class Tables:
         else:
             table[row, first:first + len(values)] = torch.tensor(values, dtype=torch.int64, device=self.device)
 
-    def put_struct(self, table: torch.Tensor, row: int, first: int, layout: struct.Struct, *values: Any) -> None:
+    def put_struct(self, table: torch.Tensor, row: int, first: int, layout: struct.Struct, *values: int | bytes) -> None:
         """Write columns from `first` on in one step, as `layout` packs `values`: little-endian
         int64s ("q"), 16-byte identifiers as the two halves they become ("16s", split16's
         layout), zero columns ("8x" each). A whole row is one call (the busiest writes: a

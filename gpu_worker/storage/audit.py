@@ -23,7 +23,7 @@ import base64
 import json
 import os
 import sys
-from typing import Any, Iterator
+from typing import Iterator
 
 import msgpack
 
@@ -62,7 +62,7 @@ def transfers(runtime_path: str, journal_dir: str) -> Iterator[tuple[int, int, b
         yield t.seq, int(t.kind), t.payload, t.digest
 
 
-def export(runtime_path: str, journal_dir: str, out_path: str) -> dict[str, Any]:
+def export(runtime_path: str, journal_dir: str, out_path: str) -> dict[str, object]:
     """Write the export atomically (a temporary file, fsynced, renamed); its summary."""
     tmp = f"{out_path}.tmp.{os.getpid()}"
     count, last_seq, last_digest = 0, 0, ZERO_DIGEST

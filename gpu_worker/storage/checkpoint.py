@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from .committer import Committer
     from .filelayer import FileLayer
     from .runtime_file import RuntimeFile
+    from .runtime_file_writer import Stored
 
 log = logging.getLogger("gpu_worker.checkpoint")
 STATE = "state/current"
@@ -249,12 +250,12 @@ class Folding(Protocol):
     def fs(self) -> FileLayer: ...
 
     def after_checkpoint(self, generation: int, last_seq: int, last_digest: bytes,
-                         components: list[tuple[str, str, Any]], drop: list[str], through_segment: int,
+                         components: list[Stored], drop: list[str], through_segment: int,
                          folded_bytes: int) -> None: ...
 
 
 def components(device: Folding, last_seq: int, last_digest: bytes, media_added: list[tuple[str, str, bytes]],
-               beside: bool = False) -> list[tuple[str, str, Any]]:
+               beside: bool = False) -> list[Stored]:
     """A checkpoint's components for the device's state, which holds every transfer through
     `last_seq` and none after: the state, the audit of the transfers it folds (read from the
     journal after the previous checkpoint), and `media_added`. `beside`: folded beside the ticks
@@ -269,7 +270,7 @@ def components(device: Folding, last_seq: int, last_digest: bytes, media_added: 
             (f"audit/{generation:08d}", "bytes", audit_blob([t for t in folded if t.seq <= last_seq])), *media_added]
 
 
-def publish(device: Folding, made: list[tuple[str, str, Any]], drop: list[str], generation: int) -> None:
+def publish(device: Folding, made: list[Stored], drop: list[str], generation: int) -> None:
     """Append a checkpoint's components to the runtime file: it is at `generation` after (any
     thread: the device's writer lock covers it; the superblock flip makes it the winner)."""
     new_generation = runtime_file_writer.append(device.runtime.path, made, drop=drop, fs=device.runtime_fs)

@@ -23,13 +23,16 @@ import errno
 import os
 import time
 from collections import deque
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..contract.wire import Message
 from .journal import Transfer
 from .journal_writer import MAX_RECORDS_PER_TICK, MAX_TICKS_IN_FLIGHT, JournalIOError, JournalWriter, TickIO
 
-Reply = tuple[Any, Message]  # (connection, reply)
+if TYPE_CHECKING:
+    from .runtime_file_writer import Stored
+
+Reply = tuple[object, Message]  # (connection, reply)
 
 
 class Batch:
@@ -40,8 +43,8 @@ class Batch:
 
     def __init__(self) -> None:
         self.replies: list[Reply] = []                      # ready now: refusals, reads of saved state
-        self.waiting: list[tuple[Any, Any, int, int]] = []  # (conn, req_id, status, receipt row) of admissions
-        self.reads: list[tuple[Any, Message]] = []          # reads that must not see unsaved state before them
+        self.waiting: list[tuple[object, object, int, int]] = []  # (conn, req_id, status, receipt row) of admissions
+        self.reads: list[tuple[object, Message]] = []          # reads that must not see unsaved state before them
         self.last_seq = 0
 
 
@@ -73,7 +76,7 @@ class IOStats:
     def cancelled(self) -> None:
         self._started.clear()
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> dict[str, object]:
         """Prometheus-style: cumulative counts per upper bound."""
         buckets, total = {}, 0
         for bound, count in zip((*map(str, IO_BUCKETS), "+Inf"), self.counts):
@@ -86,7 +89,7 @@ class IOStats:
 class TickOwner(Protocol):
     """What the committer needs of the device."""
 
-    def gather(self, inbox: deque[tuple[Any, Message]], batch: Batch) -> None: ...
+    def gather(self, inbox: deque[tuple[object, Message]], batch: Batch) -> None: ...
 
     def answer(self, batch: Batch) -> list[Reply]: ...
 
@@ -102,7 +105,7 @@ class TickOwner(Protocol):
 
     def read(self, msg: Message) -> Message: ...
 
-    def drained(self, conn: Any, msg: Message) -> Message | None: ...
+    def drained(self, conn: object, msg: Message) -> Message | None: ...
 
     def replication_marked(self, held: bool, start: int) -> int: ...
 
@@ -134,7 +137,7 @@ class Replica(Protocol):
 
     def cut(self, writer: JournalWriter) -> None: ...
 
-    def checkpoint(self, generation: int, components: list[tuple[str, str, Any]], drop: list[str],
+    def checkpoint(self, generation: int, components: list[Stored], drop: list[str],
                    through_segment: int) -> None: ...
 
     def media(self, sha: str, path: str) -> None: ...
@@ -160,7 +163,7 @@ class Committer:
         self.replica: Replica | None = None    # a standby's journal shipping, while a server runs
         self._shipped_seq = 0                  # the last transfer whose bytes were shipped
         self._unacked: deque[Transfer] = deque()  # saved here, not yet on a sync standby (oldest first)
-        self._drain_waiters: list[tuple[Any, Message]] = []  # commands that run once nothing is queued
+        self._drain_waiters: list[tuple[object, Message]] = []  # commands that run once nothing is queued
         self._first_seq = writer.next_seq  # the first transfer of this boot (those before keep their save mode)
         self.stats = IOStats()
         self.gathered = 0   # batches gathered and ticks finished so far: the stall watchdog's sign of
@@ -172,7 +175,7 @@ class Committer:
     def drain_waiters(self) -> int:
         return len(self._drain_waiters)
 
-    def when_drained(self, conn: Any, msg: Message) -> None:
+    def when_drained(self, conn: object, msg: Message) -> None:
         """Answer msg (a checkpoint) once every transfer is saved (`all_saved`); gathering pauses
         meanwhile, unless the unsaved ones wait for a standby that is not there (`stranded`). conn
         None: the device's own (its automatic checkpoint), answered to no one."""
@@ -282,7 +285,7 @@ class Committer:
         return bool(writer.untaken_records and writer.ticks_in_flight < MAX_TICKS_IN_FLIGHT
                     and (not writer.ticks_in_flight or writer.untaken_records >= MAX_RECORDS_PER_TICK))
 
-    def tick(self, inbox: deque[tuple[Any, Message]]) -> list[Reply]:
+    def tick(self, inbox: deque[tuple[object, Message]]) -> list[Reply]:
         """Gather a batch from inbox (unless one must not be gathered now) and move the pipeline:
         the replies that are ready. The pipeline moves also when nothing is gathered: records
         queued between ticks must reach the disk although they are the very reason gathering waits
@@ -316,7 +319,7 @@ class Committer:
                 raise RuntimeError("commit() with ticks on the tick I/O thread")
         return replies
 
-    def run_sync(self, inbox: deque[tuple[Any, Message]]) -> list[Reply]:
+    def run_sync(self, inbox: deque[tuple[object, Message]]) -> list[Reply]:
         """One whole tick here: gather, write, save, answer (tests and offline use)."""
         return self.tick(inbox) + self.commit()
 

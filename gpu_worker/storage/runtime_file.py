@@ -149,7 +149,7 @@ class Superblock:
                    dir_sha256, version, header_size)
 
 
-def canonical_json(value: Any) -> bytes:
+def canonical_json(value: object) -> bytes:
     """The one JSON encoding the file uses, so equal values give equal bytes and digests."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False).encode("utf-8")

@@ -16,17 +16,25 @@ import hashlib
 import json
 import os
 from dataclasses import replace
-from typing import Any, BinaryIO, Iterable
+from typing import BinaryIO, Iterable, TypeAlias, Union
 
 import torch
 
+from ..contract.wire import JSON
 from .filelayer import FileLayer, OsFileLayer, RandomAccessFile
 from .runtime_file import (ALIGN, DATA_START, DIRECTORY_SCHEMA, DTYPE_NAMES, FEATURE_BASE, KNOWN_REQUIRED, SLOT_OFFSETS,
                            Component, RuntimeFile, Superblock, canonical_json)
 from .runtime_file_lock import lock_for_write
 
 
-def _encode(name: str, kind: str, payload: Any) -> tuple[memoryview | bytes, str | None, tuple | None]:
+# A component's content, by its kind: "tensor" a torch.Tensor; "json" a JSON value, or its text or
+# bytes as written; "text" a str; "bytes" a buffer.
+Payload: TypeAlias = Union[torch.Tensor, bytes, bytearray, memoryview, JSON]
+Part: TypeAlias = tuple[str, str, Payload]  # a component to write: (name, kind, payload)
+Stored: TypeAlias = tuple[str, str, bytes]  # a component already as its bytes (a checkpoint's, a copy's)
+
+
+def _encode(name: str, kind: str, payload: Payload) -> tuple[memoryview | bytes, str | None, tuple | None]:
     """The extent bytes for one component, with the tensor dtype and shape when it is a tensor."""
     if not isinstance(name, str) or not name or "\n" in name:
         raise ValueError(f"invalid component name {name!r}")
@@ -46,8 +54,12 @@ def _encode(name: str, kind: str, payload: Any) -> tuple[memoryview | bytes, str
             return raw, None, None
         return canonical_json(payload), None, None
     if kind == "text":
+        if not isinstance(payload, str):
+            raise TypeError(f"component {name!r}: text payload must be a str")
         return payload.encode("utf-8"), None, None
     if kind == "bytes":
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise TypeError(f"component {name!r}: bytes payload must be bytes, a bytearray or a memoryview")
         return memoryview(payload).cast("B"), None, None
     raise ValueError(f"component {name!r}: unknown kind {kind!r}")
 
@@ -63,7 +75,7 @@ class _Writer(abc.ABC):
     def _put(self, raw: bytes | memoryview) -> tuple[int, int, str]:
         """Write `raw` where this writer places extents: (offset, length, sha256 hex)."""
 
-    def put(self, name: str, kind: str, payload: Any) -> Component:
+    def put(self, name: str, kind: str, payload: Payload) -> Component:
         raw, dtype, shape = _encode(name, kind, payload)
         offset, length, digest = self._put(raw)
         return Component(name, kind, offset, length, digest, dtype, shape)
@@ -91,7 +103,7 @@ class _ExtentWriter(_Writer):
         return offset, len(raw), hashlib.sha256(raw).hexdigest()
 
 
-def _collect(writer: _Writer, components: Iterable[tuple[str, str, Any]]) -> dict[str, Component]:
+def _collect(writer: _Writer, components: Iterable[Part]) -> dict[str, Component]:
     written: dict[str, Component] = {}
     for name, kind, payload in components:
         if name in written:
@@ -108,7 +120,7 @@ def _fsync_directory(path: str) -> None:
         os.close(fd)
 
 
-def create(path: str | os.PathLike[str], components: Iterable[tuple[str, str, Any]], *, required: int = FEATURE_BASE,
+def create(path: str | os.PathLike[str], components: Iterable[Part], *, required: int = FEATURE_BASE,
            optional: int = 0) -> None:
     """Write a brand-new file from (name, kind, payload) triples, consumed one at a time."""
     path = os.fspath(path)
@@ -130,7 +142,7 @@ def create(path: str | os.PathLike[str], components: Iterable[tuple[str, str, An
             existing.close()
 
 
-def _create(path: str, components: Iterable[tuple[str, str, Any]], required: int, optional: int) -> None:
+def _create(path: str, components: Iterable[Part], required: int, optional: int) -> None:
     tmp = path + ".tmp"
     try:
         with open(tmp, "wb") as f:
@@ -195,7 +207,7 @@ class _PlacedWriter(_Writer):
         return offset, len(raw), hashlib.sha256(raw).hexdigest()
 
 
-def append(path: str | os.PathLike[str], components: Iterable[tuple[str, str, Any]], *,
+def append(path: str | os.PathLike[str], components: Iterable[Part], *,
            set_required: int = 0, drop: Iterable[str] = (), fs: FileLayer | None = None,
            generation: int | None = None) -> int:
     """Add components (replacing same-named ones), leave out those named in `drop`, and publish

@@ -2,8 +2,6 @@
 device once per page, and only when the page is rendered for a staff user."""
 from __future__ import annotations
 
-from typing import Any
-
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.functional import SimpleLazyObject
@@ -11,7 +9,7 @@ from django.utils.functional import SimpleLazyObject
 from .. import ops
 
 
-def journal_hold(request: HttpRequest) -> dict[str, Any]:
+def journal_hold(request: HttpRequest) -> dict[str, object]:
     user = getattr(request, "user", None)
     if not (user is not None and user.is_active and user.is_staff and request.path.startswith(reverse("admin:index"))):
         return {}

@@ -21,12 +21,13 @@ from django import forms
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
-from django.urls import path, reverse
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.http import urlencode
 
 from gpu_worker.contract.limits import MAX_LIMIT
 from gpu_worker.contract.vocabulary import COMMANDS, TERMINAL_STATUSES
+from gpu_worker.contract.wire import JSON
 
 from .. import ops
 from .charts import Chart, Series, human, sample_time, thin
@@ -42,7 +43,7 @@ EXECUTING_KINDS = ("conversation.input",)  # kinds with result bytes (ops.result
 PAGE_SIZE = 50
 
 
-def _context(request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+def _context(request: HttpRequest, title: str, **extra: object) -> dict[str, object]:
     return {**admin.site.each_context(request), "title": title, **extra}
 
 
@@ -206,10 +207,10 @@ class ReceiptFilter(forms.Form):
     limit = forms.IntegerField(min_value=1, max_value=MAX_LIMIT, required=False, initial=PAGE_SIZE)
 
 
-def _device_error(exc_or_body: ServiceError | Any, status: int | None = None) -> str:
+def _device_error(exc_or_body: ServiceError | JSON, status: int | None = None) -> str:
     if isinstance(exc_or_body, ServiceError):
         return f"{exc_or_body.status} {exc_or_body.code}: {exc_or_body.message}"
-    error = exc_or_body.get("error", {}) if isinstance(exc_or_body, dict) else {}
+    error = ops.json_object(exc_or_body.get("error")) if isinstance(exc_or_body, dict) else {}
     return f"{status} {error.get('code', 'error')}: {error.get('message', exc_or_body)}"
 
 
@@ -219,7 +220,7 @@ def _cursor(value: str | None) -> str | None:
 
 def receipts_view(request: HttpRequest) -> HttpResponse:
     form = ReceiptFilter(request.GET or None)
-    filters: dict[str, Any] = {}
+    filters: dict[str, str] = {}  # (the form's choice fields)
     if form.is_bound and form.is_valid():
         filters = {k: v for k, v in form.cleaned_data.items() if v not in (None, "") and k != "limit"}
     limit = (form.cleaned_data.get("limit") if form.is_bound and form.is_valid() else None) or PAGE_SIZE
@@ -228,7 +229,7 @@ def receipts_view(request: HttpRequest) -> HttpResponse:
     items: list[dict[str, Any]] = []
     error = next_url = prev_url = None
     if not form.is_bound or form.is_valid():
-        args: dict[str, Any] = {**filters, "limit": limit}
+        args: dict[str, object] = {**filters, "limit": limit}
         if cursor is not None:
             args["cursor"] = cursor
         try:
@@ -372,7 +373,7 @@ def failover_rows(status: dict[str, Any] | None) -> list[dict[str, Any]]:
     return rows
 
 
-def urls() -> list[Any]:
+def urls() -> list[URLPattern]:
     """Mounted at admin/ops/ before the admin's own URLs; every page needs a staff user."""
     staff = admin.site.admin_view
     return [

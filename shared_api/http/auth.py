@@ -16,12 +16,12 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
-from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db.models.signals import post_delete, post_save
 from rest_framework.authentication import BaseAuthentication
+from rest_framework.request import Request
 
 from gpu_worker.contract.vocabulary import DEFAULT_RATES
 
@@ -104,7 +104,7 @@ class PrincipalCache:
         if len(self._entries) > self.MAX_ENTRIES:
             self._entries.popitem(last=False)
 
-    def clear(self, *args: Any, **kwargs: Any) -> None:
+    def clear(self, *args: object, **kwargs: object) -> None:
         """Forget every principal (also a signal receiver: any principal saved or deleted)."""
         self._entries.clear()
         self._grant_path = None
@@ -171,9 +171,9 @@ def require_action(user: AuthenticatedPrincipal, action: str) -> None:
 
 
 class BearerAuthentication(BaseAuthentication):
-    def authenticate(self, request: Any) -> tuple[AuthenticatedPrincipal, None] | None:
+    def authenticate(self, request: Request) -> tuple[AuthenticatedPrincipal, None] | None:
         header = request.META.get("HTTP_AUTHORIZATION", "")
         return (authenticate(header), None) if header else None
 
-    def authenticate_header(self, request: Any) -> str:
+    def authenticate_header(self, request: Request) -> str:
         return WWW_AUTHENTICATE

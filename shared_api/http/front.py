@@ -35,14 +35,14 @@ from urllib.parse import parse_qsl
 
 from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
-from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.http.request import split_domain_port, validate_host
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.urls.converters import StringConverter
 
 from gpu_worker.contract.limits import MAX_CHAT_BODY_BYTES
 from gpu_worker.contract.vocabulary import CHAT, COMMANDS
-from gpu_worker.contract.wire import Message
+from gpu_worker.contract.wire import JSON, Reply
 
 from . import metrics
 from .auth import AuthenticatedPrincipal, admit
@@ -54,7 +54,7 @@ from ..openai.views import openai_error
 from .rates import RateLimited, limiter, retry_headers
 from .refusals import RefusalBackoff, is_quota_refusal
 from .server import (HEAD_BYTES, HEADERS, PRIVATE_HEADERS, REPEATED, ASGIApp, AccessLog, BodyIncomplete, Logged,
-                     Proto, Receive, Receiver, Scope, Stream, asgi, asgi_scope, body_chunks)
+                     Proto, Receive, Receiver, RequestHead, Scope, Stream, asgi, asgi_scope, body_chunks)
 from ..routes.strict import loads_strict
 from ..routes.views import DeviceCall, MediaView, SharedView
 
@@ -97,17 +97,17 @@ class FrontRequest:
         self.user = user
         self._raw = raw
         self._raw_bytes = raw_bytes
-        self._data: Any = None
+        self._data: JSON | bytes = None  # the body: raw bytes (a media upload's), or its JSON
         self._parsed = False
 
     @property
-    def data(self) -> Any:
+    def data(self) -> JSON | bytes:
         if not self._parsed:
             self._data = self._parse()
             self._parsed = True
         return self._data
 
-    def _parse(self) -> Any:
+    def _parse(self) -> JSON | bytes:
         if self._raw_bytes:
             return self._raw
         if not self._raw:
@@ -284,20 +284,25 @@ async def _disconnected(proto: Proto) -> None:
     await proto.client_disconnect()
 
 
-def _reply_headers(msg: Message) -> list[tuple[str, str]]:
-    return [(str(name).lower(), str(value)) for name, value in (msg.get("headers") or {}).items()]
+def _reply_headers(msg: Reply) -> list[tuple[str, str]]:
+    return [(str(name).lower(), str(value)) for name, value in (msg.headers or {}).items()]
 
 
 def _authorization(headers: dict[bytes, bytes]) -> str:
     return headers.get(b"authorization", b"").decode("latin-1")
 
 
+# A shared view's method: the request (and the path's values) to what it asks of the device.
+Handler = Callable[..., DeviceCall]
+# An OpenAI-compatible route's view (shared_api/openai/views.py).
+OpenAIView = Callable[[HttpRequest], Awaitable[HttpResponseBase]]
+
 async def _admit(view: SharedView, method: str, headers: dict[bytes, bytes]
-                 ) -> tuple[Callable[..., Any], AuthenticatedPrincipal, int | None]:
+                 ) -> tuple[Handler, AuthenticatedPrincipal, int | None]:
     """The view method for `method`, the caller once it holds the method's action, when the
     declared body is within the route's limit; and the declared length (None: chunked).
     Refusals: 405, 401, 403, 413."""
-    handler: Callable[..., Any] | None = getattr(view, "get" if method == "HEAD" else method.lower(), None)
+    handler: Handler | None = getattr(view, "get" if method == "HEAD" else method.lower(), None)
     command = getattr(handler, "command", None)
     if handler is None or command is None:
         raise _MethodNotAllowed(method, [m.upper() for m in ("get", "post", "put") if hasattr(view, m)])
@@ -312,7 +317,7 @@ async def _admit(view: SharedView, method: str, headers: dict[bytes, bytes]
     return handler, user, length
 
 
-def _device_call(view: SharedView, handler: Callable[..., Any], scope: Scope, headers: dict[bytes, bytes],
+def _device_call(view: SharedView, handler: Handler, scope: Scope, headers: dict[bytes, bytes],
                  user: AuthenticatedPrincipal, raw: bytes, kwargs: dict[str, str]) -> DeviceCall:
     """What the view method asks of the device for this request (its refusals: ServiceError)."""
     request = FrontRequest(scope["method"], scope["path"], _query(scope),
@@ -339,7 +344,7 @@ def shared_routes() -> list[Route]:
     time). Path converters must be `str` (the value as matched), as they all are."""
     routes: list[Route] = []
 
-    def walk(patterns: list[Any], regex: str, route: str) -> None:
+    def walk(patterns: list[URLPattern | URLResolver], regex: str, route: str) -> None:
         for entry in patterns:
             part = entry.pattern.regex.pattern.lstrip("^")
             if isinstance(entry, URLResolver):
@@ -376,7 +381,7 @@ class Front:
                 return route, match.groupdict()
         return None
 
-    async def __rsgi__(self, request: Any, proto: Proto) -> None:
+    async def __rsgi__(self, request: RequestHead, proto: Proto) -> None:
         if request.proto != "http":  # (the server serves HTTP only: websockets are off)
             return
         started = time.perf_counter()
@@ -386,7 +391,7 @@ class Front:
         finally:
             self.access_log.add(request, logged.status, started)
 
-    async def answer(self, request: Any, proto: Proto) -> None:
+    async def answer(self, request: RequestHead, proto: Proto) -> None:
         scope = asgi_scope(request)
         if scope[HEAD_BYTES] > self.max_header_bytes:
             respond_error(proto, ServiceError(431, "headers_too_large", f"the request line and headers exceed "
@@ -462,11 +467,11 @@ class Front:
             respond_error(proto, ServiceError(500, "internal_error", "internal error; see the gateway log"))
             return 500
         reply_headers = _reply_headers(msg)
-        if is_quota_refusal(msg["status"], msg["body"]):
+        if is_quota_refusal(msg.status, msg.body):
             reply_headers.append(("retry-after", "1"))
             await self.refused_again(user.principal_id)
-        respond(proto, msg["status"], msg["body"], reply_headers)
-        return int(msg["status"])
+        respond(proto, msg.status, msg.body, reply_headers)
+        return int(msg.status)
 
     async def refused_again(self, principal_id: str) -> None:
         """Wait before answering a principal's over-quota refusal (shared_api/http/refusals.py)."""
@@ -476,7 +481,7 @@ class Front:
 
     # ---- the OpenAI-compatible routes ----------------------------------------------------
 
-    async def openai(self, scope: Scope, proto: Proto, view: Callable[..., Awaitable[Any]]) -> None:
+    async def openai(self, scope: Scope, proto: Proto, view: OpenAIView) -> None:
         """/v1/chat/completions and the rest: their async views, run here on Django's ASGIRequest,
         without Django's handler and middleware. Those cost a thread per request (the handler's
         ThreadSensitiveContext and the sync middlewares' hops), and a tenant looping on 429 slowed
@@ -491,7 +496,7 @@ class Front:
         finally:
             metrics.record(scope["method"], scope["path"], status, started)
 
-    async def _openai(self, scope: Scope, proto: Proto, view: Callable[..., Awaitable[Any]]) -> int:
+    async def _openai(self, scope: Scope, proto: Proto, view: OpenAIView) -> int:
         headers = _headers(scope)
         close = _body_follows(headers)
         try:

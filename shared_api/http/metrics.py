@@ -29,6 +29,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.utils import floatToGoString
 
+from gpu_worker.contract.wire import JSONObject
+
 from .. import ops
 from ..errors import method_not_allowed
 from .middleware import HybridMiddleware
@@ -108,7 +110,7 @@ def record(method: str, route: str, status: int, started: float) -> None:
     STATS.record(method if method in METHODS else "other", route, status, time.perf_counter() - started)
 
 
-class RequestMetricsMiddleware(HybridMiddleware):
+class RequestMetricsMiddleware(HybridMiddleware[float]):
     """Counts and times every request Django serves (outermost, so the time includes the other
     middleware)."""
 
@@ -315,10 +317,10 @@ def healthz(request: HttpRequest) -> HttpResponse:
     if status is None:
         body["device"], body["journal"] = "unreachable", "unknown"
     else:
-        pipeline = status.get("pipeline") or {}
+        pipeline = ops.json_object(status.get("pipeline"))
         body["device"] = (f"stalled ({pipeline.get('stalled_seconds')} s without progress)" if pipeline.get("stalled")
                           else "reachable")
-        journal = status.get("journal") or {}
+        journal = ops.json_object(status.get("journal"))
         body["journal"] = f"held ({journal.get('cause')})" if journal.get("hold") else "not held"
     healthy = body == {"gateway": "up", "device": "reachable", "journal": "not held"}
     body["role"] = _role(status)
@@ -326,14 +328,14 @@ def healthz(request: HttpRequest) -> HttpResponse:
                         content_type="application/json")
 
 
-def _role(status: dict | None) -> str:
+def _role(status: JSONObject | None) -> str:
     """The device this gateway serves: "primary" (it admits: no leadership, or one not fenced),
     "fenced" (a primary that may have lost its leadership: it admits nothing), or "unreachable"
     (no device answers here: a standby's machine, whose device serves once it takes over)."""
     if status is None:
         return "unreachable"
-    leadership = (status.get("pipeline") or {}).get("leadership")
-    return "fenced" if leadership is not None and leadership.get("fenced") else "primary"
+    leadership = ops.json_object(ops.json_object(status.get("pipeline")).get("leadership"))
+    return "fenced" if leadership.get("fenced") else "primary"
 
 
 @csrf_exempt
@@ -347,7 +349,7 @@ def healthz_primary(request: HttpRequest) -> HttpResponse:
     role = _role(status)
     body: dict[str, object] = {"role": role}
     if status is not None:
-        leadership = (status.get("pipeline") or {}).get("leadership") or {}
+        leadership = ops.json_object(ops.json_object(status.get("pipeline")).get("leadership"))
         body["generation"] = str(leadership.get("generation", 0))
     return HttpResponse(json.dumps(body, sort_keys=True), status=200 if role == "primary" else 503,
                         content_type="application/json")

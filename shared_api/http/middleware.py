@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generic, TypeVar
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.http import HttpResponse
@@ -10,28 +10,33 @@ from .server import PRIVATE_HEADERS
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponseBase
+    from whitenoise.responders import StaticFile
+
+S = TypeVar("S")  # what `before` hands to `after`
+# The next handler: a response, or (under ASGI) a coroutine of one.
+GetResponse = Callable[["HttpRequest"], Any]
 
 
-class HybridMiddleware:
+class HybridMiddleware(Generic[S]):
     """The gateway's middleware base: sync and async capable, so that under ASGI a middleware adds
     no thread hop of its own. A subclass says what happens around the response: `before` (its
-    result is handed to `after`) and `after`."""
+    result, of type S, is handed to `after`) and `after`."""
     sync_capable = True
     async_capable = True
 
-    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+    def __init__(self, get_response: GetResponse) -> None:
         self.get_response = get_response
         self.is_async = iscoroutinefunction(get_response)
         if self.is_async:
             markcoroutinefunction(self)
 
-    def before(self, request: HttpRequest) -> Any:
-        return None
+    def before(self, request: HttpRequest) -> S:
+        raise NotImplementedError
 
-    def after(self, request: HttpRequest, response: HttpResponseBase, state: Any) -> None:
+    def after(self, request: HttpRequest, response: HttpResponseBase, state: S) -> None:
         pass
 
-    def __call__(self, request: HttpRequest) -> HttpResponseBase | Coroutine[Any, Any, HttpResponseBase]:
+    def __call__(self, request: HttpRequest) -> HttpResponseBase | Awaitable[HttpResponseBase]:
         if self.is_async:
             return self._acall(request)
         state = self.before(request)
@@ -46,15 +51,18 @@ class HybridMiddleware:
         return response
 
 
-class NoStoreMiddleware(HybridMiddleware):
+class NoStoreMiddleware(HybridMiddleware[None]):
     """SPEC: all responses disable caching (errors, admin pages and the schema included)."""
 
-    def after(self, request: HttpRequest, response: HttpResponseBase, state: Any) -> None:
+    def before(self, request: HttpRequest) -> None:
+        return None
+
+    def after(self, request: HttpRequest, response: HttpResponseBase, state: None) -> None:
         for name, value in PRIVATE_HEADERS:
             response[name] = value
 
 
-class StaticFilesMiddleware(HybridMiddleware):
+class StaticFilesMiddleware(HybridMiddleware[None]):
     """Static files (the admin's CSS and JS): settings.STATIC_ROOT, filled by `collectstatic`
     (`make setup`), served under STATIC_URL through WhiteNoise's file table and responder (media
     types, ETag / Last-Modified and 304, HEAD, ranges, precompressed variants when present).
@@ -65,7 +73,7 @@ class StaticFilesMiddleware(HybridMiddleware):
     gives these responses `Cache-Control: no-store` like every other (SPEC: all responses disable
     caching); they are a few small files of the admin console."""
 
-    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+    def __init__(self, get_response: GetResponse) -> None:
         from django.conf import settings
         from whitenoise.base import WhiteNoise
 
@@ -75,13 +83,13 @@ class StaticFilesMiddleware(HybridMiddleware):
         if root and os.path.isdir(root):  # before collectstatic there is nothing to serve
             self.files.add_files(os.fspath(root), prefix=settings.STATIC_URL)
 
-    def _file(self, request: HttpRequest) -> Any:
+    def _file(self, request: HttpRequest) -> StaticFile | None:
         if request.method not in ("GET", "HEAD"):
             return None
         return self.files.files.get(request.path_info)
 
     @staticmethod
-    def _serve(static_file: Any, request: HttpRequest) -> HttpResponse:
+    def _serve(static_file: StaticFile, request: HttpRequest) -> HttpResponse:
         answer = static_file.get_response(request.method, request.META)
         body = b""
         if answer.file is not None:
@@ -93,7 +101,7 @@ class StaticFilesMiddleware(HybridMiddleware):
             response[key] = value
         return response
 
-    def __call__(self, request: HttpRequest) -> HttpResponseBase | Coroutine[Any, Any, HttpResponseBase]:
+    def __call__(self, request: HttpRequest) -> HttpResponseBase | Awaitable[HttpResponseBase]:
         if self.is_async:
             return self._acall(request)
         static_file = self._file(request)

@@ -139,5 +139,5 @@ def limiter() -> RateLimiter:
 def retry_headers(err: ServiceError) -> list[tuple[str, str]]:
     """Retry-After (whole seconds, at least 1, as HTTP has it) and Retry-After-Ms (what OpenAI's
     SDKs read first) of a `rate_limited` refusal."""
-    wait = float(err.details["retry_after"])
+    wait = float(str(err.details["retry_after"]))  # (RateLimited writes it as a decimal string)
     return [("retry-after", str(max(1, math.ceil(wait)))), ("retry-after-ms", str(max(1, math.ceil(wait * 1000))))]

@@ -25,7 +25,10 @@ import atexit
 import os
 import sys
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable, Generator, Protocol
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping, Protocol
+
+if TYPE_CHECKING:
+    from ..config import GatewayConfig
 
 APPLICATION = "aotx_site.gateway:application"
 # hyper's read buffer for a request head: past it hyper itself answers 431 (with no body); below it
@@ -61,7 +64,7 @@ class AccessLog:
         self.timer: asyncio.TimerHandle | None = None
         atexit.register(self.flush)
 
-    def add(self, request: Any, status: int, started: float) -> None:
+    def add(self, request: RequestHead, status: int, started: float) -> None:
         self.lines.append(f'{request.client} - "{request.method} {request.path} HTTP/{request.http_version}" '
                           f'{status} {(time.perf_counter() - started) * 1000:.3f}\n')
         if len(self.lines) >= self.FLUSH_LINES:
@@ -93,7 +96,7 @@ class Logged:
     def __call__(self) -> Awaitable[bytes]:
         return self.proto()
 
-    def __aiter__(self) -> Any:
+    def __aiter__(self) -> AsyncIterator[bytes]:
         return self.proto.__aiter__()
 
     def client_disconnect(self) -> Awaitable[None]:
@@ -114,12 +117,27 @@ class Stream(Protocol):
     async def send_bytes(self, data: bytes) -> None: ...
 
 
+class RequestHead(Protocol):
+    """What the application reads of an RSGI HTTP request head (granian's scope)."""
+    proto: str
+    http_version: str
+    method: str
+    scheme: str
+    path: str
+    query_string: str
+    client: str
+    server: str
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+
 class Proto(Protocol):
     """What the application uses of an RSGI HTTP protocol object."""
 
     def __call__(self) -> Awaitable[bytes]: ...
 
-    def __aiter__(self) -> Any: ...
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
 
     def client_disconnect(self) -> Awaitable[None]: ...
 
@@ -165,11 +183,13 @@ async def body_chunks(proto: Proto) -> AsyncIterator[bytes]:
         raise BodyIncomplete
 
 
-def asgi_scope(scope: Any) -> Scope:
+def asgi_scope(scope: RequestHead) -> Scope:
     """An RSGI request head as an ASGI HTTP scope (the application's routing and checks read it
     this way; Django and Channels need it), with the headers also by name and the head's size,
     from one walk over them."""
-    pairs, by_name, repeated = [], {}, []
+    pairs: list[tuple[bytes, bytes]] = []
+    by_name: dict[bytes, bytes] = {}
+    repeated: list[bytes] = []
     size = len(scope.path) + len(scope.query_string)
     for name, value in scope.headers.items():
         raw = name.encode("latin-1")
@@ -201,12 +221,12 @@ class Resume:
     object the awaitable was waiting on, as the awaitable itself would have, then runs it to its
     end, so a task can finish a wait that began in a plain function."""
 
-    def __init__(self, steps: Any, waiting_on: Any) -> None:
+    def __init__(self, steps: Iterator[object], waiting_on: object) -> None:
         self.steps = steps
         self.waiting_on = waiting_on
 
     @classmethod
-    def start(cls, awaitable: Awaitable[Any]) -> Resume | None:
+    def start(cls, awaitable: Awaitable[object]) -> Resume | None:
         """None when the awaitable completed at its first step (nothing to wait for)."""
         steps = awaitable.__await__()
         try:
@@ -215,7 +235,7 @@ class Resume:
             return None
         return cls(steps, waiting_on)
 
-    def __await__(self) -> Generator[Any, Any, None]:
+    def __await__(self) -> Generator[object, object, None]:
         value = yield self.waiting_on
         while True:
             try:
@@ -225,12 +245,13 @@ class Resume:
             value = yield waiting_on
 
 
-def _step(steps: Any, value: Any) -> Any:
+def _step(steps: Iterator[object], value: object) -> object:
     """The awaitable's next step (granian's awaitables are plain iterators: no `send`)."""
-    return steps.send(value) if hasattr(steps, "send") else next(steps)
+    send = getattr(steps, "send", None)
+    return send(value) if send is not None else next(steps)
 
 
-async def first(*waits: Awaitable[Any]) -> None:
+async def first(*waits: Awaitable[object]) -> None:
     """Return when the first of `waits` is done; the others are cancelled."""
     tasks = [asyncio.ensure_future(wait) for wait in waits]
     try:
@@ -341,7 +362,7 @@ async def asgi(app: ASGIApp, scope: Scope, proto: Proto, bound: Callable[[Receiv
     return "status" in response
 
 
-def serve(cfg: dict[str, Any]) -> None:
+def serve(cfg: GatewayConfig) -> None:
     """Run the gateway until SIGTERM or SIGINT (granian's supervisor, and its workers)."""
     from granian.constants import HTTPModes, Interfaces, Loops
     from granian.http import HTTP1Settings

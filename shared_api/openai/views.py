@@ -18,7 +18,7 @@ import re
 import secrets
 import struct
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, Mapping
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
@@ -26,7 +26,7 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from gpu_worker.contract.chat import Chat
 from gpu_worker.contract.commands import typed
 from gpu_worker.contract.limits import MAX_COMPLETION_LOGPROBS, MAX_MEDIA, MAX_TOP_LOGPROBS
-from gpu_worker.contract.wire import Message
+from gpu_worker.contract.wire import Reply
 
 from ..device_client import mux
 from ..errors import WWW_AUTHENTICATE, ServiceError
@@ -52,7 +52,7 @@ PARAMS = {"invalid_model": "model", "model_not_found": "model", "invalid_message
 # service does not implement is refused unless it holds its no-op value (the value listed).
 HONOURED = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "stream",
             "stream_options", "n", "seed", "user", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs"}
-NO_OP: dict[str, tuple[Any, ...]] = {"logit_bias": ({}, None),
+NO_OP: dict[str, tuple[object, ...]] = {"logit_bias": ({}, None),
          "store": (False, None),
          "parallel_tool_calls": (None,), "tools": ([], None), "tool_choice": ("none", None), "functions": ([], None),
          "function_call": ("none", None), "response_format": ({"type": "text"}, None), "modalities": (["text"], None),
@@ -60,7 +60,7 @@ NO_OP: dict[str, tuple[Any, ...]] = {"logit_bias": ({}, None),
          "reasoning_effort": (None,), "web_search_options": (None,)}
 COMPLETION_HONOURED = {"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "stream", "stream_options",
                        "n", "seed", "user", "presence_penalty", "frequency_penalty", "logprobs"}
-COMPLETION_NO_OP: dict[str, tuple[Any, ...]] = {"echo": (False, None), "best_of": (1, None),
+COMPLETION_NO_OP: dict[str, tuple[object, ...]] = {"echo": (False, None), "best_of": (1, None),
                                                 "suffix": (None, ""), "logit_bias": ({}, None)}
 
 
@@ -126,12 +126,12 @@ def _image(part: dict[str, Any]) -> bytes:
         raise ServiceError(400, "invalid_image_data", "the image_url's base64 data is malformed") from None
 
 
-def _message(message: dict[str, Any], images: list[bytes]) -> dict[str, Any]:
+def _message(message: dict[str, Any], images: list[bytes]) -> dict[str, object]:
     """The device's message: its content a string, or (with images) text and `{"type": "image"}`
     parts in order, each image's bytes appended to `images` (docs/protocol.md, chat.completions)."""
     content = message.get("content")
     if isinstance(content, list):  # [{"type": "text", "text": ...} | {"type": "image_url", ...}, ...]
-        parts: list[dict[str, Any]] = []
+        parts: list[dict[str, str]] = []
         for p in content:
             if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str):
                 parts.append({"type": "text", "text": _text(p["text"], "invalid_messages", "message content")})
@@ -151,7 +151,7 @@ def _message(message: dict[str, Any], images: list[bytes]) -> dict[str, Any]:
     return {"role": message.get("role"), "content": _text(content, "invalid_messages", "message content")}
 
 
-def _fields(body: dict[str, Any], honoured: set[str], no_op: dict[str, tuple[Any, ...]]) -> None:
+def _fields(body: Mapping[str, object], honoured: set[str], no_op: dict[str, tuple[object, ...]]) -> None:
     """Refuse (400, naming it) a field this route does not implement with a value that would
     change the answer, and any field OpenAI does not define."""
     for name in sorted(body):
@@ -164,14 +164,14 @@ def _fields(body: dict[str, Any], honoured: set[str], no_op: dict[str, tuple[Any
                                        f"(accepted only as {', '.join(json.dumps(v) for v in no_op[name])})")
 
 
-def _model(body: dict[str, Any]) -> str:
+def _model(body: Mapping[str, object]) -> str:
     model = body.get("model")
     if not isinstance(model, str):
         raise ServiceError(400, "invalid_model", "model is required")
     return _text(model, "invalid_model", "model")
 
 
-def _request_args(body: Any) -> dict[str, Any]:
+def _request_args(body: object) -> dict[str, object]:
     if not isinstance(body, dict):
         raise ServiceError(400, "invalid_json", "the body must be a JSON object")
     _fields(body, HONOURED, NO_OP)
@@ -179,7 +179,7 @@ def _request_args(body: Any) -> dict[str, Any]:
     if not isinstance(messages, list) or not messages or any(not isinstance(m, dict) for m in messages):
         raise ServiceError(400, "invalid_messages", "messages must be a non-empty array of objects")
     images: list[bytes] = []
-    args: dict[str, Any] = {"model": model, "messages": [_message(m, images) for m in messages]}
+    args: dict[str, object] = {"model": model, "messages": [_message(m, images) for m in messages]}
     if images:
         args["images"] = images
     logprobs, top = body.get("logprobs"), body.get("top_logprobs")
@@ -195,12 +195,12 @@ def _request_args(body: Any) -> dict[str, Any]:
     return {**args, **_sampling(body)}
 
 
-def _sampling(body: dict[str, Any]) -> dict[str, Any]:
+def _sampling(body: Mapping[str, object]) -> dict[str, object]:
     """The generation options both completion routes share, in the device's words (their values
     are checked by the command's declared type, gpu_worker/contract/commands.Chat): OpenAI's
     aliases and forms (max_completion_tokens, a stop string) become the device's."""
     stream = body.get("stream")
-    args: dict[str, Any] = {"stream": False if stream is None else stream}
+    args: dict[str, object] = {"stream": False if stream is None else stream}
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
         args["max_tokens"] = max_tokens
@@ -218,7 +218,7 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
     return args
 
 
-def _completion_args(body: Any) -> dict[str, Any]:
+def _completion_args(body: object) -> dict[str, object]:
     """/v1/completions: one plain prompt (a string, or an array holding one)."""
     if not isinstance(body, dict):
         raise ServiceError(400, "invalid_json", "the body must be a JSON object")
@@ -251,7 +251,7 @@ class Shape:
         self.object = "chat.completion" if chat else "text_completion"
         self.chunk_object = "chat.completion.chunk" if chat else "text_completion"
 
-    def logprobs(self, entries: list[dict[str, Any]] | None, offset: int = 0) -> dict[str, Any] | None:
+    def logprobs(self, entries: list[dict[str, Any]] | None, offset: int = 0) -> dict[str, object] | None:
         """OpenAI's logprobs object of a choice or chunk from the device's token entries: chat's
         {"content": [...]}, or the completions route's parallel lists (`offset`: the text's length
         before these tokens, for text_offset)."""
@@ -267,10 +267,10 @@ class Shape:
                 "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
                 "text_offset": offsets}
 
-    def whole(self, completion_id: str, created: int, model: str, result: dict[str, Any]) -> dict[str, Any]:
+    def whole(self, completion_id: str, created: int, model: str, result: dict[str, Any]) -> dict[str, object]:
         choices = []
         for one in result.get("choices") or [{"index": 0, **result}]:  # n > 1 lists each choice
-            choice: dict[str, Any] = {"index": one["index"], "finish_reason": one["finish_reason"],
+            choice: dict[str, object] = {"index": one["index"], "finish_reason": one["finish_reason"],
                                       "logprobs": self.logprobs(one.get("logprobs"))}
             if self.chat:
                 choice["message"] = {"role": "assistant", "content": one["text"]}
@@ -281,8 +281,8 @@ class Shape:
                 "usage": _usage(result)}
 
     def chunk(self, completion_id: str, created: int, model: str, text: str | None, finish: str | None = None,
-              first: bool = False, logprobs: dict[str, Any] | None = None, index: int = 0) -> str:
-        choice: dict[str, Any] = {"index": index, "finish_reason": finish, "logprobs": logprobs}
+              first: bool = False, logprobs: dict[str, object] | None = None, index: int = 0) -> str:
+        choice: dict[str, object] = {"index": index, "finish_reason": finish, "logprobs": logprobs}
         if self.chat:
             choice["delta"] = ({"role": "assistant", "content": ""} if first else
                                {} if text is None else {"content": text})
@@ -301,11 +301,11 @@ class Shape:
 CHAT_SHAPE, TEXT_SHAPE = Shape(True), Shape(False)
 
 
-def _device_error(msg: Message) -> HttpResponse:
-    error = json.loads(msg["body"])["error"]
+def _device_error(msg: Reply) -> HttpResponse:
+    error = json.loads(msg.body)["error"]
     if error["code"] == "model_not_available":  # OpenAI's answer for a model it does not serve
         return openai_error(404, "model_not_found", error["message"], "model")
-    return openai_error(msg["status"], error["code"], error["message"])
+    return openai_error(msg.status, error["code"], error["message"])
 
 
 def _refusal(err: ServiceError) -> HttpResponse:
@@ -329,7 +329,8 @@ async def completions(request: HttpRequest) -> HttpResponse | StreamingHttpRespo
     return await _complete(request, _completion_args, TEXT_SHAPE)
 
 
-async def _complete(request: HttpRequest, parse: Any, shape: Shape) -> HttpResponse | StreamingHttpResponse:
+async def _complete(request: HttpRequest, parse: Callable[[object], dict[str, object]],
+                    shape: Shape) -> HttpResponse | StreamingHttpResponse:
     """Both completion routes: the device's `chat.completions` (messages, or a plain prompt)."""
     if request.method != "POST":
         return openai_error(405, "method_not_allowed", "use POST")
@@ -351,7 +352,7 @@ async def _complete(request: HttpRequest, parse: Any, shape: Shape) -> HttpRespo
         accepted = False
         try:
             msg = await pending.next(mux().timeout)  # "accepted" (or a refusal): the device answers at once
-            if msg.get("more"):
+            if msg.more:
                 accepted = True
                 msg = await pending.next(settings.AOTX_CHAT_TIMEOUT)
         except ServiceError as err:
@@ -367,9 +368,9 @@ async def _complete(request: HttpRequest, parse: Any, shape: Shape) -> HttpRespo
         except asyncio.CancelledError:  # the client went away (the front cancels the view): the chat stops
             await pending.close()
             raise
-        if msg["status"] != 200:
+        if msg.status != 200:
             return _device_error(msg)
-        return HttpResponse(json.dumps(shape.whole(completion_id, created, args.model, json.loads(msg["body"]))),
+        return HttpResponse(json.dumps(shape.whole(completion_id, created, args.model, json.loads(msg.body))),
                             content_type="application/json")
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))  # an object: parse checked
     try:
@@ -387,7 +388,7 @@ async def _complete(request: HttpRequest, parse: Any, shape: Shape) -> HttpRespo
     except asyncio.CancelledError:  # the client went away before the stream began: the chat stops
         await device.close()
         raise
-    if first["status"] != 200:
+    if first.status != 200:
         return _device_error(first)
     model = args.model
 
@@ -403,20 +404,20 @@ async def _complete(request: HttpRequest, parse: Any, shape: Shape) -> HttpRespo
                 for index in range(n):
                     yield shape.chunk(completion_id, created, model, None, first=True, index=index)
             msg = first
-            while msg.get("more"):
-                index = msg.get("index", 0)
-                text = decoders[index].decode(msg["body"])
-                entries = msg.get("logprobs")
+            while msg.more:
+                index = msg.index
+                text = decoders[index].decode(msg.body)
+                entries = msg.logprobs
                 if text or entries:
                     yield shape.chunk(completion_id, created, model, text, index=index,
                                       logprobs=shape.logprobs(entries, written[index]))
                 written[index] += len(text)
                 msg = await device.next(timeout)
-            if msg["status"] != 200:
-                error = json.loads(msg["body"])["error"]
+            if msg.status != 200:
+                error = json.loads(msg.body)["error"]
                 yield f"data: {json.dumps({'error': {'message': error['message'], 'code': error['code']}})}\n\n"
                 return
-            result = json.loads(msg["body"])
+            result = json.loads(msg.body)
             for index, one in enumerate(result.get("choices") or [result]):
                 tail = decoders[index].decode(b"", final=True)
                 if tail:
@@ -469,9 +470,9 @@ async def embeddings(request: HttpRequest) -> HttpResponse:
         return _refusal(err)
     except asyncio.TimeoutError:
         return openai_error(503, "device_timeout", "the device did not answer in time")
-    if msg["status"] != 200:
+    if msg.status != 200:
         return _device_error(msg)
-    result = json.loads(msg["body"])
+    result = json.loads(msg.body)
     dim = result["dim"]
     if dimensions is not None and dimensions != dim:
         return openai_error(400, "invalid_dimensions", f"this model's embeddings have {dim} dimensions", "dimensions")
@@ -480,7 +481,7 @@ async def embeddings(request: HttpRequest) -> HttpResponse:
     data = []
     for i in range(len(texts)):
         chunk = raw[i * size:(i + 1) * size]
-        vector: Any = base64.b64encode(chunk).decode() if encoding == "base64" else \
+        vector: str | list[float] = base64.b64encode(chunk).decode() if encoding == "base64" else \
             list(struct.unpack(f"<{dim}f", chunk))
         data.append({"object": "embedding", "index": i, "embedding": vector})
     tokens = result["prompt_tokens"]
@@ -499,10 +500,10 @@ async def models(request: HttpRequest) -> HttpResponse:
         return openai_error(err.status, err.code, err.message)
     except asyncio.TimeoutError:
         return openai_error(503, "device_timeout", "the device did not answer in time")
-    if msg["status"] != 200:
+    if msg.status != 200:
         return _device_error(msg)
     data = [{"id": m["name"], "object": "model", "created": 0, "owned_by": "aotx"}
-            for m in json.loads(msg["body"])["models"]]  # the generation model, then the embedding model
+            for m in json.loads(msg.body)["models"]]  # the generation model, then the embedding model
     return HttpResponse(json.dumps({"object": "list", "data": data}), content_type="application/json")
 
 

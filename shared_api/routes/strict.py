@@ -7,7 +7,7 @@ applies are recorded separately (gpu_worker/contract/canonical.py)."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import IO, Any, Mapping, NoReturn
 
 from rest_framework.parsers import BaseParser
 
@@ -15,11 +15,12 @@ from gpu_worker.contract import ids
 from gpu_worker.contract.canonical import NotCanonical, operation_bytes
 from gpu_worker.contract.limits import MAX_BODY_BYTES
 from gpu_worker.contract.vocabulary import ENVELOPE, MUTATION_SCHEMA
+from gpu_worker.contract.wire import JSON
 
 from ..errors import ServiceError
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _no_duplicates(pairs: list[tuple[str, JSON]]) -> dict[str, JSON]:
     obj = dict(pairs)
     if len(obj) != len(pairs):  # (one pass in C for the common case; the loop only names the key)
         seen: set[str] = set()
@@ -30,7 +31,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> NoReturn:
     raise ServiceError(400, "invalid_json", f"{name} is not JSON")
 
 
@@ -38,7 +39,7 @@ def _no_constant(name: str) -> Any:
 _DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
 
 
-def loads_strict(raw: bytes) -> Any:
+def loads_strict(raw: bytes) -> JSON:
     if len(raw) > MAX_BODY_BYTES:
         raise ServiceError(413, "body_too_large", f"body exceeds {MAX_BODY_BYTES} bytes")
     try:
@@ -58,12 +59,15 @@ def loads_strict(raw: bytes) -> Any:
 class StrictJSONParser(BaseParser):
     media_type = "application/json"
 
-    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
+    # request.data is the body's JSON value (a route refuses what is not an object), where BaseParser
+    # promises a mapping
+    def parse(self, stream: IO[bytes] | None, media_type: str | None = None,  # type: ignore[override]
+              parser_context: Mapping[str, object] | None = None) -> JSON:
         raw = stream.read() if stream is not None else b""
         return loads_strict(raw)
 
 
-def decimal_counter(value: Any, field: str, *, positive: bool = False) -> int:
+def decimal_counter(value: object, field: str, *, positive: bool = False) -> int:
     if not isinstance(value, str) or not ids.COUNTER.match(value) or int(value) > ids.MAX_COUNTER:
         raise ServiceError(400, "bad_field", f"{field} must be a decimal string without leading zeros")
     if positive and value == "0":
@@ -113,6 +117,6 @@ class Mutation:
         except NotCanonical as exc:
             raise ServiceError(400, "bad_field", f"body has a value with no canonical JSON form: {exc}") from None
 
-    def args(self, **extra: Any) -> dict[str, Any]:
+    def args(self, **extra: object) -> dict[str, object]:
         return {"lineage": self.lineage, "operation_key": self.operation_key, "sequence": self.sequence,
                 "canonical": self.canonical, **extra}

@@ -12,9 +12,9 @@ reached its handler came around the front, and is answered 500 `internal_error` 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import IO, Mapping
 
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
 from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
 from rest_framework.views import APIView
@@ -33,8 +33,8 @@ MEDIA_TYPE = re.compile(r"(image|audio)/[A-Za-z0-9!#$%&'*+.^_`|~-]+", re.IGNOREC
 INPUT_FIELDS = ("text", "model", "max_output_tokens", "pages", "temperature", "top_p", "media", "retention", "context")
 
 
-def list_args(request: Request, allowed: tuple[str, ...] = (), **extra: Any) -> dict[str, Any]:
-    args: dict[str, Any] = dict(extra)
+def list_args(request: Request, allowed: tuple[str, ...] = (), **extra: object) -> dict[str, object]:
+    args: dict[str, object] = dict(extra)
     cursor = request.query_params.get("cursor")
     if cursor is not None:
         args["cursor"] = cursor
@@ -59,7 +59,7 @@ class DeviceCall:
     check that needs no state is made there, for the gateway and the device alike."""
     __slots__ = ("op", "args")
 
-    def __init__(self, op: str, args: dict[str, Any] | None = None) -> None:
+    def __init__(self, op: str, args: Mapping[str, object] | None = None) -> None:
         self.op = op
         self.args = typed(op, args)
 
@@ -72,7 +72,7 @@ class SharedView(APIView):
     body_limit = MAX_BODY_BYTES
     body_code = "body_too_large"
 
-    def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> HttpResponse:
+    def dispatch(self, request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
         """Not a path: the front answers every shared route before Django's handler runs."""
         return error_response(500, "internal_error", "the shared routes are answered by the gateway's front "
                                                      "(aotx_site.gateway:application); this request reached Django's "
@@ -220,7 +220,7 @@ class MemoryView(SharedView):
     def get(self, request: Request, memory: str) -> DeviceCall:
         """One memory object from `offset`; with `version`, only while that is its current version
         (the device answers 409 `stale_version` otherwise)."""
-        args: dict[str, Any] = {"memory": memory, "offset": offset_arg(request, ("version",))}
+        args: dict[str, object] = {"memory": memory, "offset": offset_arg(request, ("version",))}
         version = request.query_params.get("version")
         if version is not None:
             args["version"] = decimal_counter(version, "version", positive=True)
@@ -244,7 +244,8 @@ class RawBytesParser(BaseParser):
     media_type = "*/*"
 
     # request.data is the body itself, bytes, where BaseParser promises a mapping
-    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> bytes:  # type: ignore[override]
+    def parse(self, stream: IO[bytes] | None, media_type: str | None = None,  # type: ignore[override]
+              parser_context: Mapping[str, object] | None = None) -> bytes:
         data = stream.read(MAX_MEDIA_BYTES + 1) if stream is not None else b""
         if len(data) > MAX_MEDIA_BYTES:
             raise ServiceError(413, "media_too_large", f"a media source is at most {MAX_MEDIA_BYTES} bytes")

@@ -43,13 +43,13 @@ from gpu_worker.contract import ids
 from gpu_worker.contract.errors import ServiceError
 from gpu_worker.contract.limits import MAX_LIMIT
 from gpu_worker.contract.vocabulary import BASE_PATH, READ
-from gpu_worker.contract.wire import Message
+from gpu_worker.contract.wire import Reply
 
 from ..http.auth import PRINCIPALS, admit
 from ..device_client import KEEP_ALIVE, DeviceStream, mux
 from ..errors import WWW_AUTHENTICATE
 from ..http.rates import limiter, retry_headers
-from ..http.server import PRIVATE_HEADERS, WRITE_NOWAIT
+from ..http.server import PRIVATE_HEADERS, WRITE_NOWAIT, Scope
 
 CONVERSATION_EVENTS = re.compile(rf"^{BASE_PATH}/conversations/([^/]+)/events$")
 OPERATION_EVENTS = re.compile(rf"^{BASE_PATH}/operations/([^/]+)/events$")
@@ -196,8 +196,8 @@ class EventStream(AsyncHttpConsumer):
         except ServiceError as err:
             await self.refuse(err)
             return
-        if first["status"] != 200:
-            await self.send_response(first["status"], first["body"], headers=self.json_headers())
+        if first.status != 200:
+            await self.send_response(first.status, first.body, headers=self.json_headers())
             return
         await self.send_headers(status=200, headers=[
             (b"Content-Type", b"text/event-stream; charset=utf-8"), *PRIVATE,
@@ -211,7 +211,7 @@ class EventStream(AsyncHttpConsumer):
         self.stream.on_backlog = self.backlogged
         self.task = asyncio.get_running_loop().create_task(self.pump())
 
-    def arguments(self, query: dict[str, list[str]], last_event_id: str | None) -> dict[str, Any]:
+    def arguments(self, query: dict[str, list[str]], last_event_id: str | None) -> dict[str, object]:
         raise NotImplementedError
 
     def resume_cursor(self, last_event_id: str | None) -> str | None:
@@ -244,8 +244,8 @@ class EventStream(AsyncHttpConsumer):
                 if msg is KEEP_ALIVE:
                     await self.write(b": keep-alive\n\n")
                     continue
-                if msg["status"] != 200:
-                    await self.finish(_sse("error", msg["body"]))
+                if msg.status != 200:
+                    await self.finish(_sse("error", msg.body))
                     return
                 event = self.render(msg)
                 if self.at_limit(msg):  # the last event the request asked for: the subscription closes
@@ -254,7 +254,7 @@ class EventStream(AsyncHttpConsumer):
                     if stream is not None:
                         await stream.close()
                     return
-                if not msg.get("more"):
+                if not msg.more:
                     await self.finish(event)
                     return
                 if event:
@@ -273,13 +273,13 @@ class EventStream(AsyncHttpConsumer):
             finally:
                 self.writing = False
 
-    def on_frame(self, msg: Message) -> bool:
+    def on_frame(self, msg: Reply) -> bool:
         """The DeviceMux's reader hands each frame here first: an event the connection takes at once
         is written now, in the reader's turn of the loop, so one event fanned out to a thousand
         streams costs a thousand socket writes and no task wake-ups. Anything else — the last
         frame, an error, a connection that would make the write wait, a write still waiting —
         returns False and goes through the queue to `pump`, in order."""
-        if (self.writing or self.finished or msg.get("status") != 200 or not msg.get("more")
+        if (self.writing or self.finished or msg.status != 200 or not msg.more
                 or self.at_limit(msg)):
             return False
         event = self.render(msg)
@@ -291,24 +291,24 @@ class EventStream(AsyncHttpConsumer):
             self.count(msg)
         return True
 
-    def at_limit(self, msg: Message) -> bool:
+    def at_limit(self, msg: Reply) -> bool:
         """Whether `msg` is the stream's last event under its `limit` (a `gap` is no event)."""
-        return self.limit is not None and msg.get("event") == "event" and self.sent + 1 >= self.limit
+        return self.limit is not None and msg.event == "event" and self.sent + 1 >= self.limit
 
-    def count(self, msg: Message) -> None:
+    def count(self, msg: Reply) -> None:
         """A frame was written: an `event` counts toward `limit`."""
-        if msg.get("event") == "event":
+        if msg.event == "event":
             self.sent += 1
 
-    def render(self, msg: Message) -> bytes:
+    def render(self, msg: Reply) -> bytes:
         """A device frame as one event of this stream (the device names the event and its cursor;
         its body is the data, as is): no parsing on the way through."""
-        event = msg.get("event")
+        event = msg.event
         if event == "open":
             return b""  # the stream is accepted: the opening comment went out already
-        cursor = msg.get("cursor")
+        cursor = msg.cursor
         head = b"id: %s@%s\n" % (self.path_bytes, cursor.encode()) if cursor is not None else b""
-        return head + b"event: " + str(event).encode() + b"\ndata: " + msg["body"] + b"\n\n"
+        return head + b"event: " + str(event).encode() + b"\ndata: " + msg.body + b"\n\n"
 
     async def finish(self, last: bytes) -> None:
         """The last event; the device has ended the subscription (or it is closed here first)."""
@@ -361,7 +361,7 @@ class EventStream(AsyncHttpConsumer):
 class ConversationEvents(EventStream):
     command = "conversations.subscribe"
 
-    def arguments(self, query: dict[str, list[str]], last_event_id: str | None) -> dict[str, Any]:
+    def arguments(self, query: dict[str, list[str]], last_event_id: str | None) -> dict[str, object]:
         match = CONVERSATION_EVENTS.match(self.path)
         assert match is not None
         conversation = match.group(1)
@@ -378,7 +378,7 @@ class ConversationEvents(EventStream):
         cursor = query["cursor"][-1] if "cursor" in query else self.resume_cursor(last_event_id)
         if cursor is not None and not ids.COUNTER.match(cursor):
             raise ServiceError(400, "bad_field", "cursor must be a decimal string without leading zeros")
-        args: dict[str, Any] = {"conversation": conversation}
+        args: dict[str, object] = {"conversation": conversation}
         if cursor is not None:
             args["cursor"] = cursor
         return args
@@ -388,7 +388,7 @@ class ConversationEvents(EventStream):
 class OperationEvents(EventStream):
     command = "operations.subscribe"
 
-    def arguments(self, query: dict[str, list[str]], last_event_id: str | None) -> dict[str, Any]:
+    def arguments(self, query: dict[str, list[str]], last_event_id: str | None) -> dict[str, object]:
         match = OPERATION_EVENTS.match(self.path)
         assert match is not None
         operation = match.group(1)
@@ -407,7 +407,7 @@ class OperationEvents(EventStream):
 STREAMS: tuple[type[EventStream], ...] = (ConversationEvents, OperationEvents)
 
 
-def wants_stream(scope: dict[str, Any]) -> type[EventStream] | None:
+def wants_stream(scope: Scope) -> type[EventStream] | None:
     """The consumer of an HTTP request that asks for an event stream, if it does."""
     path = scope["path"]
     if OPERATION_EVENTS.match(path):

@@ -233,7 +233,7 @@ def device_status(stack):
     """The device's `ping` (ops, no principal), straight from its socket."""
     from gpu_worker.contract.client import Connection
     with Connection(str(stack.journal / "service.sock"), connect_timeout=2, timeout=10) as connection:
-        return json.loads(connection.call("ping", None)["body"])
+        return json.loads(connection.call("ping", None).body)
 
 
 def test_a_chat_whose_client_gave_up_before_its_answer_stops_on_the_device(stack):

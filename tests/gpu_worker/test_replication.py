@@ -956,12 +956,11 @@ def test_a_catch_up_whose_link_breaks_halfway_is_sent_whole_again(tiny_runtime, 
     from gpu_worker.replication import standby as standby_module
     real_piece, broke = standby_module.Standby._piece, []
 
-    def piece(self, msg):
-        kept = real_piece(self, msg)
-        if kept and "catchup" in msg and not broke:
-            broke.append(msg["component"])
+    def piece(self, frame):
+        real_piece(self, frame)
+        if frame.catchup is not None and not broke:
+            broke.append(frame.component)
             raise OSError("the link broke (injected)")
-        return kept
 
     monkeypatch.setattr(standby_module.Standby, "_piece", piece)
     mine, copy = copies(tiny_runtime, tmp_path, "p.aotxccir", "s.aotxccir")

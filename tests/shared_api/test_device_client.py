@@ -65,7 +65,7 @@ def test_blocking_calls_share_one_connection_and_a_restarted_device_is_found_aga
         caller.start()
     for caller in callers:
         caller.join(10)
-    assert len(replies) == 8 and all(r["status"] == 200 for r in replies)
+    assert len(replies) == 8 and all(r.status == 200 for r in replies)
     assert {number for number, _ in answers} == {1}  # one connection carried them all
     assert [t.name for t in threading.enumerate()].count("aotx-device-client") == 1
     # the device restarts: the old connection is gone
@@ -82,7 +82,7 @@ def test_blocking_calls_share_one_connection_and_a_restarted_device_is_found_aga
             break
         except ServiceError as err:
             assert err.code in ("device_unavailable", "device_connection_lost")
-    assert found is not None and found["status"] == 200
+    assert found is not None and found.status == 200
     client.close()
     assert "aotx-device-client" not in [t.name for t in threading.enumerate()]
     server.shutdown(socket.SHUT_RDWR)
@@ -97,16 +97,16 @@ def test_a_forked_child_calls_through_a_client_of_its_own(tmp_path):
     answers = []
     server, _ = _pinged_device(path, answers)
     client = BlockingDevice(path, timeout=5)
-    assert client.call("ping", None)["status"] == 200
+    assert client.call("ping", None).status == 200
     pid = os.fork()
     if pid == 0:  # the child: exit status 0 only if its call was answered
         try:
-            os._exit(0 if client.call("ping", None)["status"] == 200 else 1)
+            os._exit(0 if client.call("ping", None).status == 200 else 1)
         except BaseException:
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert client.call("ping", None)["status"] == 200
+    assert client.call("ping", None).status == 200
     client.close()
     server.shutdown(socket.SHUT_RDWR)
     server.close()
@@ -167,7 +167,7 @@ def test_a_reply_after_its_call_timed_out_is_dropped_and_the_connection_keeps_se
             server.close()
     err, answer, again, abandoned = asyncio.run(go())
     assert err.status == 503 and err.code == "device_timeout"
-    assert answer["body"] == b'"fast"' and again["body"] == b'"fast"'
+    assert answer.body == b'"fast"' and again.body == b'"fast"'
     assert abandoned == set()  # the late reply was the abandoned id's last frame
 
 

@@ -6,6 +6,7 @@ import asyncio
 
 from asgiref.sync import async_to_sync
 
+from gpu_worker.contract.wire import Reply
 from shared_api.device_client import DeviceStream
 from shared_api.streams.events import ConversationEvents
 
@@ -13,8 +14,7 @@ PATH = "/aotx/v1/shared/conversations/con-x/events"
 
 
 def frame(cursor, more=True, status=200):
-    return {"id": 1, "status": status, "more": more, "event": "event", "cursor": str(cursor),
-            "body": b'{"n":%d}' % cursor}
+    return Reply(id=1, status=status, more=more, event="event", cursor=str(cursor), body=b'{"n":%d}' % cursor)
 
 
 def consumer(nowait):
@@ -124,7 +124,7 @@ def test_a_client_that_reads_slower_than_its_events_come_is_ended_not_buffered_w
             assert cursor < 100, "the backlog was never bounded"
             stream.stream.deliver(frame(cursor))  # 8 body bytes each
             cursor += 1
-        assert 100 < stream.stream.backlog <= 100 + len(frame(cursor - 1)["body"])  # the first frame past the bound
+        assert 100 < stream.stream.backlog <= 100 + len(frame(cursor - 1).body)  # the first frame past the bound
         stream.gate.set()  # the client reads again: the last event goes out
         await stream.ending
         assert mux.closed == [1] and stream.stream is None and stream.finished and stream.task.done()

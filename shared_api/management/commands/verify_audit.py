@@ -39,7 +39,7 @@ class Command(BaseCommand):
         path = opts["config"] or settings.AOTX_GATEWAY_CONFIG
         if not (opts["ccir"] and opts["journal"]):
             try:
-                cfg = config.load(path)
+                cfg = dict(config.load(path))  # (and a "runtime" it may name)
             except config.ConfigError as exc:
                 raise CommandError(f"{exc} (or pass --ccir and --journal)")
         journal = opts["journal"] or str(Path(cfg["socket"]).parent)

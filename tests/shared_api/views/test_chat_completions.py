@@ -516,7 +516,7 @@ def test_a_chat_whose_client_goes_away_before_its_answer_is_closed_on_the_device
 
     def delivered(stream, msg):  # the gateway has the device's "accepted": the client goes away
         deliver(stream, msg)
-        if msg.get("event") == "accepted":
+        if msg.event == "accepted":
             proto.leave()
     monkeypatch.setattr(device_client.DeviceStream, "deliver", delivered)
     proto = rsgi.Protocol([json.dumps(chat()).encode()])
