@@ -92,7 +92,7 @@ def device_answers(socket_path: str) -> bool:
     from gpu_worker.contract.client import Connection
     try:
         with Connection(socket_path, connect_timeout=1, timeout=5) as connection:
-            return connection.call("ping", None).get("status") == 200
+            return connection.call("ping", None).status == 200
     except (OSError, ValueError):
         return False
 
