@@ -30,11 +30,8 @@ def _secret_key():
 SECRET_KEY = _secret_key()
 DEBUG = os.environ.get("AOTX_DEBUG") == "1"
 # The hosts the gateway answers to, on every route (the API's included: shared_api/http/front.py
-# applies them before anything else); the address it listens on, when it names one, is one of them
+# applies them before anything else, and adds the address it listens on when that names one)
 ALLOWED_HOSTS = os.environ.get("AOTX_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1],testserver").split(",")
-_LISTEN_HOST = os.environ.get("AOTX_LISTEN_HOST", "")
-if _LISTEN_HOST not in ("", "0.0.0.0", "::"):
-    ALLOWED_HOSTS.append(f"[{_LISTEN_HOST}]" if ":" in _LISTEN_HOST else _LISTEN_HOST)
 
 INSTALLED_APPS = [
     "django.contrib.admin",

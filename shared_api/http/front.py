@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import os
 import re
 import time
 from typing import Any, Awaitable, Callable
@@ -162,6 +163,18 @@ def _head_refusal(scope: Scope) -> ServiceError | None:
         return ServiceError(400, "bad_host", f"Invalid Host header {host.decode('latin-1')[:200]!r}: it is not in "
                                              f"AOTX_ALLOWED_HOSTS")
     return None
+
+
+def allow_listen_host() -> None:
+    """The address the gateway listens on, when it names one (`serve` sets AOTX_LISTEN_HOST before
+    its workers start; a worker may have loaded the settings before), is an allowed host: added
+    to settings.ALLOWED_HOSTS, which Django's own check (the admin) reads on every request too."""
+    host = os.environ.get("AOTX_LISTEN_HOST", "")
+    if host in ("", "0.0.0.0", "::"):
+        return
+    pattern = f"[{host}]" if ":" in host else host
+    if pattern not in settings.ALLOWED_HOSTS:
+        settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, pattern]
 
 
 _HOSTS_SEEN: dict[bytes, bool] = {}  # Host values answered before, and whether they were allowed
@@ -371,6 +384,7 @@ class Front:
         self.sleep = asyncio.sleep  # (its waits: tests record them)
         self.max_header_bytes = settings.AOTX_MAX_HEADER_BYTES
         self.access_log = AccessLog()
+        allow_listen_host()
 
     def route(self, path: str) -> tuple[Route, dict[str, str]] | None:
         if self._routes is None:

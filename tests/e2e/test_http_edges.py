@@ -4,6 +4,7 @@ whole is never admitted; a request that says two things about who it is is refus
 error body answers everything the application answers."""
 import hashlib
 import json
+import signal
 import socket
 
 import pytest
@@ -157,3 +158,29 @@ def test_every_route_answers_the_one_401_body(stack):
             error = json.loads(reply[2])["error"]
             bodies.add((error["code"], error["message"]))
     assert bodies == {("unauthenticated", "a valid token is required: send 'Authorization: Bearer <token>'")}
+
+
+def test_the_address_the_gateway_listens_on_is_an_allowed_host(tiny_runtime, tmp_path):
+    """A gateway listening on 127.0.0.2 (not in the default AOTX_ALLOWED_HOSTS) answers requests
+    that name it, as clients of a gateway on another machine's address do; another host is still
+    refused."""
+    from tests.conftest import free_port, wait_for
+    from tests.harness import PYTHON, Process
+    stack = Stack(tmp_path, tiny_runtime)
+    port = free_port()
+    stack.config.write_text(json.dumps({**json.loads(stack.config.read_text()), "listen": f"127.0.0.2:{port}"}))
+    gateway = Process([PYTHON, "manage.py", "serve", "--config", str(stack.config)], stack.env, tmp_path / "gw.log")
+
+    def ask(host):
+        try:
+            with socket.create_connection(("127.0.0.2", port), timeout=10) as sock:
+                sock.sendall(f"GET {BASE}/capabilities HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+                return read_reply(sock)
+        except OSError:
+            return None
+    try:
+        wait_for(lambda: ask(f"127.0.0.2:{port}") is not None, 60, what="the gateway on 127.0.0.2")
+        assert_error_body(ask(f"127.0.0.2:{port}"), 401, "unauthenticated")  # (its host allowed: no token)
+        assert_error_body(ask("elsewhere.example"), 400, "bad_host")
+    finally:
+        gateway.kill(signal.SIGTERM)
