@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generic, TypeVar, cast
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.http import HttpResponse
@@ -31,7 +31,7 @@ class HybridMiddleware(Generic[S]):
             markcoroutinefunction(self)
 
     def before(self, request: HttpRequest) -> S:
-        raise NotImplementedError
+        return cast(S, None)  # (a middleware with nothing to hand on: `after` gets None)
 
     def after(self, request: HttpRequest, response: HttpResponseBase, state: S) -> None:
         pass
@@ -53,9 +53,6 @@ class HybridMiddleware(Generic[S]):
 
 class NoStoreMiddleware(HybridMiddleware[None]):
     """SPEC: all responses disable caching (errors, admin pages and the schema included)."""
-
-    def before(self, request: HttpRequest) -> None:
-        return None
 
     def after(self, request: HttpRequest, response: HttpResponseBase, state: None) -> None:
         for name, value in PRIVATE_HEADERS:

@@ -10,7 +10,6 @@ import socket
 import pytest
 
 from aotx_client import Client
-from aotx_client._protocol import SCHEMA, canonical
 from tests.e2e.test_refuse_before_reading import assert_error_body, read_reply
 from tests.harness import Stack
 
@@ -27,8 +26,7 @@ def stack(tiny_runtime, tmp_path_factory):
     stack.boot_device()
     stack.serve()
     with Client(f"http://127.0.0.1:{stack.port}", stack.alice, timeout=60) as aotx:
-        aotx.mutate("/participant", {})
-        stack.lineage = aotx.mutations.lineage
+        stack.lineage = aotx.register()["lineage"]
     try:
         yield stack
     finally:
@@ -42,8 +40,10 @@ def next_sequence(stack):
 
 
 def envelope(stack, sequence):
-    return canonical({"schema": SCHEMA, "lineage": stack.lineage, "operation_key": hashlib.md5(f"edge-{sequence}".encode()).hexdigest(),
-                      "sequence": str(sequence), "scope": "private"})
+    """A space creation's mutation body, as a client sends it (docs/api.md's envelope)."""
+    return json.dumps({"schema": "aotx.shared.mutation.v1", "lineage": stack.lineage,
+                       "operation_key": hashlib.md5(f"edge-{sequence}".encode()).hexdigest(),
+                       "sequence": str(sequence), "scope": "private"}, separators=(",", ":")).encode()
 
 
 def send(stack, head, body=b"", half_close=False, timeout=10.0):
