@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .rows import NO_PROVENANCE, PROVENANCE, ROW, MemoryRow, Provenance
+from ..shards import Shards
 
 
 class MemoryTable:
@@ -42,7 +43,7 @@ class MemoryTable:
         self.provenance = torch.zeros((capacity, PROVENANCE.size), dtype=torch.uint8, device=device)
         self.counter = 0                      # rows written so far (order of the next)
         self.free: list[int] = list(range(capacity))  # a heap: the lowest free row first
-        self.by_id: dict[bytes, int] = {}     # object id (16 bytes) -> row
+        self.by_id: Shards[bytes, int] = Shards()  # object id (16 bytes) -> row (gpu_worker/shards.py)
         self.pending: dict[int, int] = {}     # row -> owner number: written, invisible until saved
 
     # ---- writes (journaled changes only) --------------------------------------------------
@@ -188,5 +189,5 @@ class MemoryTable:
         live = set(torch.nonzero(self.owners != 0).flatten().tolist())
         self.free = [s for s in range(self.capacity) if s not in live]
         heapq.heapify(self.free)
-        self.by_id = {self.row(s).object: s for s in live}
+        self.by_id = Shards((self.row(s).object, s) for s in live)
         self.pending = {}

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import ids
+from ..shards import Shards
 from .tables import C, M, P, R, S, Tables, join16
 from ..contract.ids import participant_id
 
@@ -34,13 +35,13 @@ class ParticipantIndex:
 
     def __init__(self, incarnation: bytes) -> None:
         self.incarnation = incarnation
-        self.by_principal: dict[bytes, int] = {}
-        self.by_raw: dict[bytes, int] = {}   # participant raw id -> row
-        self.lineage: dict[int, bytes] = {}
-        self.lineage_hex: dict[int, str] = {}
-        self.raw: dict[int, bytes] = {}
-        self.public_id: dict[int, str] = {}   # "par-…"
-        self.principal: dict[int, bytes] = {}  # row -> principal id
+        self.by_principal: Shards[bytes, int] = Shards()
+        self.by_raw: Shards[bytes, int] = Shards()   # participant raw id -> row
+        self.lineage: Shards[int, bytes] = Shards()
+        self.lineage_hex: Shards[int, str] = Shards()
+        self.raw: Shards[int, bytes] = Shards()
+        self.public_id: Shards[int, str] = Shards()   # "par-…"
+        self.principal: Shards[int, bytes] = Shards()  # row -> principal id
         self.free: list[int] = []
         self.starts: list[int] = []     # first admission counter of each line of history
         self.nonces: list[bytes] = []   # its nonce
@@ -220,9 +221,9 @@ class ReceiptIndex(_Deferring):
 
     def __init__(self) -> None:
         super().__init__()
-        self.by_sequence: dict[int, int] = {}  # sequence << SEQUENCE_SHIFT | participant row -> receipt row
-        self.by_key: dict[bytes, int] = {}  # operation key + participant row (_ROW32) -> receipt row
-        self.by_op: dict[bytes, int] = {}
+        self.by_sequence: Shards[int, int] = Shards()  # sequence << SEQUENCE_SHIFT | participant row -> receipt row
+        self.by_key: Shards[bytes, int] = Shards()  # operation key + participant row (_ROW32) -> receipt row
+        self.by_op: Shards[bytes, int] = Shards()
         self.free: list[int] = []
         self.release_on_save: dict[int, list[int]] = {}  # transfer seq -> rows freed once it is saved
 
@@ -302,7 +303,7 @@ class SpaceIndex(_Deferring):
 
     def __init__(self, participants: ParticipantIndex) -> None:
         super().__init__()
-        self.by_id: dict[tuple[bytes, bytes], int] = {}  # (owner lineage, id) -> space row
+        self.by_id: Shards[tuple[bytes, bytes], int] = Shards()  # (owner lineage, id) -> space row
         self.free: list[int] = []
         self._participants = participants
 
@@ -352,7 +353,7 @@ class MemberIndex:
     __slots__ = ("rows", "free")
 
     def __init__(self) -> None:
-        self.rows: dict[tuple[int, int], int] = {}  # (space row, participant row) -> member row
+        self.rows: Shards[tuple[int, int], int] = Shards()  # (space row, participant row) -> member row
         self.free: list[int] = []
 
     def rebuild(self, tables: Tables) -> None:
@@ -367,9 +368,9 @@ class ConversationIndex:
     __slots__ = ("by_id", "free", "inputs")
 
     def __init__(self) -> None:
-        self.by_id: dict[tuple[bytes, bytes], int] = {}  # (creator lineage, id) -> conversation row
+        self.by_id: Shards[tuple[bytes, bytes], int] = Shards()  # (creator lineage, id) -> conversation row
         self.free: list[int] = []
-        self.inputs: dict[int, list[int]] = {}  # conversation row -> input receipt rows, in admission order
+        self.inputs: Shards[int, list[int]] = Shards()  # conversation row -> input receipt rows, in admission order
 
     def rebuild(self, tables: Tables, participants: ParticipantIndex, input_kind: int) -> None:
         values = tables.array(tables.conversations)

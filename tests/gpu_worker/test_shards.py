@@ -1,0 +1,89 @@
+"""gpu_worker/shards.py: a dict in shards answers as one dict does, and the device's indexes keep
+no single table that grows with the state (a CPython dict rebuilds its whole table as it grows:
+docs/performance.md, "Checkpoint")."""
+import collections
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpu_worker.shards import SHARDS, Shards
+from tests.conftest import ALL, write_grants
+from tests.gpu_worker.test_device import Rig
+
+KEYS = st.one_of(st.integers(-(1 << 70), 1 << 70), st.binary(max_size=20),
+                 st.tuples(st.binary(max_size=4), st.integers(0, 9)))
+OPS = st.lists(st.tuples(st.sampled_from(["set", "del", "pop", "popd", "setdefault", "get", "in", "update"]),
+                         KEYS, st.integers()), max_size=80)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=OPS)
+def test_shards_answer_every_call_as_a_dict_does(ops):
+    mine, theirs = Shards(), {}
+    for op, key, value in ops:
+        if op == "set":
+            mine[key] = value
+            theirs[key] = value
+        elif op in ("del", "pop"):
+            outcomes = []
+            for m in (mine, theirs):
+                try:
+                    outcomes.append(m.pop(key) if op == "pop" else m.__delitem__(key))
+                except KeyError:
+                    outcomes.append(KeyError)
+            assert outcomes[0] == outcomes[1]
+        elif op == "popd":
+            assert mine.pop(key, "none") == theirs.pop(key, "none")
+        elif op == "setdefault":
+            assert mine.setdefault(key, value) == theirs.setdefault(key, value)
+        elif op == "get":
+            assert mine.get(key) == theirs.get(key) and mine.get(key, 7) == theirs.get(key, 7)
+        elif op == "in":
+            assert (key in mine) == (key in theirs)
+        else:
+            mine.update([(key, value), (value, key)])
+            theirs.update([(key, value), (value, key)])
+        assert len(mine) == len(theirs) and mine == theirs and dict(mine) == theirs
+    assert sorted(map(repr, mine.items())) == sorted(map(repr, theirs.items()))
+    assert sorted(map(repr, mine)) == sorted(map(repr, theirs.keys()))
+    assert sorted(map(repr, mine.values())) == sorted(map(repr, theirs.values()))
+    assert mine == Shards(theirs.items()) and (mine != Shards([(object(), 1)]))
+
+
+def largest_tables(state):
+    """Each index map of the device's state: its name and the entries of its largest dict table."""
+    for index in (state.participants, state.receipts, state.spaces, state.members, state.conversations, state.memory):
+        for name in getattr(type(index), "__slots__", ()) or vars(index):
+            value = getattr(index, name, None)
+            if isinstance(value, Shards):
+                yield f"{type(index).__name__}.{name}", max(map(len, value._shards))
+            elif isinstance(value, dict):
+                yield f"{type(index).__name__}.{name}", len(value)
+
+
+def test_no_index_of_the_device_keeps_a_dict_that_grows_with_its_tables(tiny_runtime, tmp_path):
+    """A thousand registrations and a space each: every map the device keeps per participant,
+    receipt and space holds them in shards of about 1/SHARDS each, so no insert rebuilds a table
+    of the whole state while the tick thread waits (it did: seven dicts of a million entries)."""
+    n = 1000
+    principals = [f"{i:032x}" for i in range(1, n + 1)]
+    rig = Rig(tiny_runtime, tmp_path, {p: ALL for p in principals})
+    try:
+        def answers(messages):
+            inbox, replies = collections.deque(("c", m) for m in messages), []
+            while inbox:  # a tick gathers a bounded batch
+                replies += [reply for _, reply in rig.device.committer.run_sync(inbox)]
+            return replies
+
+        lineages = [json.loads(r["body"])["lineage"] for r in answers(rig.msg("participant.get", p) for p in principals)]
+        registrations = answers(rig.msg("participant.register", p, rig.register_args(p, lineage=lineage))
+                                for p, lineage in zip(principals, lineages))
+        assert [r["status"] for r in registrations] == [202] * n
+        assert len(rig.device.state.participants.by_principal) == n
+        tables = dict(largest_tables(rig.device.state))
+        assert tables["ParticipantIndex.by_principal"] > 0 and tables["ReceiptIndex.by_op"] > 0
+        grown = {name: size for name, size in tables.items() if size > 4 * n // SHARDS}
+        assert not grown, grown
+    finally:
+        rig.device.close()
