@@ -29,6 +29,7 @@ medians of --rounds runs each.
 """
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import secrets
@@ -70,14 +71,12 @@ def boot(tree, files, log_path, tick_cpu, extra=()):
     return proc
 
 
-def start_load(loadgen, base, sock_path, frames, clients, seconds, cpus):
-    """Closed loops (bench/loadgen.c) on `clients` connections, until `seconds` pass, the frames
-    run out or `finish_load`. `base`: the load's own files (a tmpfs where there is one: a
-    gigabyte of requests and the replies stay off the device's disk); what else is dirty goes to
-    the disk first, so that no writeback of the setup's files falls inside a phase."""
-    requests = os.path.join(base, "requests.bin")
-    with open(requests, "wb") as f:
-        f.writelines(frames)
+def start_load(loadgen, base, sock_path, requests, clients, seconds, cpus):
+    """Closed loops (bench/loadgen.c) on `clients` connections sending the frames of the file
+    `requests` (on the disk, written and synced once: loadgen reads it whole before it starts),
+    until `seconds` pass, the frames run out or `finish_load`. `base`: where the replies go (a
+    tmpfs where there is one: gigabytes of replies stay off the device's disk). What else is dirty
+    goes to the disk first, so that no writeback of the setup's files falls inside a phase."""
     os.sync()
     return subprocess.Popen([loadgen, sock_path, requests, str(clients), str(seconds),
                              os.path.join(base, "replies.bin"), os.path.join(base, "times.bin")],
@@ -90,13 +89,13 @@ def finish_load(proc, base, stop=False):
     be 202; `stop`: end it first (SIGUSR1: each client waits for its last reply)."""
     if stop:
         proc.send_signal(signal.SIGUSR1)
-    out, err = proc.communicate(timeout=600)
+    out, err = proc.communicate(timeout=600)  # (err: after the "sending" line start_load's caller read)
     if proc.returncode:
         raise SystemExit(f"loadgen failed: {err.strip()}")
     replies, times = os.path.join(base, "replies.bin"), os.path.join(base, "times.bin")
     saved_replies(replies)
     arrived = Path(times).read_bytes()
-    for path in (replies, times, os.path.join(base, "requests.bin")):
+    for path in (replies, times):
         os.unlink(path)
     return list(struct.unpack(f"{len(arrived) // 8}d", arrived))
 
@@ -149,7 +148,8 @@ class Runs:
         print(f"built {transfers:,} transfers ({journal_bytes / 2**20:.0f} MiB of journal) in "
               f"{time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
         shutil.copytree(self.work, self.snapshot)
-        self.principals, self.frames = principals, None
+        self.principals, self.requests = principals, None
+        self.base = base
         self.scratch = str(base / "load")  # (main: a tmpfs where there is one)
 
     def reset(self):
@@ -166,26 +166,35 @@ class Runs:
                       str(work / "device.log"), tick_cpu, args.boot.split())
         try:
             sock = str(work / "journal" / "service.sock")
-            if self.frames is None:
-                self.frames = [registration_frame(lineage, p, i) for i, (p, lineage)
-                               in enumerate(zip(self.principals, lineages(sock, self.principals)), 1)]
-            before = int(args.rate * args.seconds)
-            quiet = finish_load(start_load(loadgen, self.scratch, sock, self.frames[:before], args.clients,
+            if self.requests is None:  # once, on the disk: in memory and in a tmpfs they were
+                # gigabytes beside an 8 GB device and its 7 GB fold process (one run was OOM-killed)
+                frames = (registration_frame(lineage, p, i) for i, (p, lineage)
+                          in enumerate(zip(self.principals, lineages(sock, self.principals)), 1))
+                before = int(args.rate * args.seconds)
+                self.requests = [str(self.base / "quiet.bin"), str(self.base / "during.bin")]
+                for path, count in zip(self.requests, (before, None)):
+                    with open(path, "wb") as f:
+                        f.writelines(itertools.islice(frames, count))
+                os.sync()
+            quiet = finish_load(start_load(loadgen, self.scratch, sock, self.requests[0], args.clients,
                                            args.seconds, client_cpus), self.scratch)
             asked: dict = {}
-            asker = threading.Thread(target=checkpoint_after, args=(sock, 1.0, asked))
-            proc = start_load(loadgen, self.scratch, sock, self.frames[before:], args.clients, args.window,
+            proc = start_load(loadgen, self.scratch, sock, self.requests[1], args.clients, args.window,
                               client_cpus)
+            if proc.stderr.readline() != "sending\n":  # (its requests read: 1 s of load from here on)
+                raise SystemExit(f"loadgen failed: {proc.communicate()[1]}")
+            asker = threading.Thread(target=checkpoint_after, args=(sock, 1.0, asked))
             asker.start()
             asker.join(args.window + 60)
             time.sleep(0.5)
             during = finish_load(proc, self.scratch, stop=True)
         finally:
+            died = device.poll()  # (before the terminate: a device that ended on its own)
             device.terminate()
             device.wait(60)
-            for line in (work / "device.log").read_text().splitlines():
-                if "beside the ticks" in line:
-                    print(line, file=sys.stderr)
+            log = (work / "device.log").read_text().splitlines()
+            for line in log[-60:] if died is not None else (line for line in log if "beside the ticks" in line):
+                print(line, file=sys.stderr)
         if "answered" not in asked or asked["answered"] > during[-1]:
             raise SystemExit(f"the checkpoint did not answer within the load (it took "
                              f"{asked.get('answered', float('nan')) - asked['asked']:.1f} s, the load "

@@ -11,8 +11,10 @@
  * caller checks them after the phase) and stdout gets "REPLIES_RECEIVED ELAPSED_SECONDS". TIMES,
  * when given, gets each reply's arrival time, in the order of REPLIES: a native double of
  * CLOCK_MONOTONIC seconds (Python's time.monotonic), for bench/checkpoint.py's windows and gaps.
+ * stderr gets "sending" once FRAMES is read and every client connected, before the first request
+ * (reading a gigabyte of FRAMES takes seconds: a caller that times from the start waits for it).
  * SIGUSR1 ends the run early (each client waits for its last reply, as at SECONDS). A wait of
- * 60 s without any reply is an error. Exit status 1 with one line on stderr on any error. */
+ * 60 s without any reply is an error. Exit status 1 with one more line on stderr on any error. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <signal.h>
@@ -117,6 +119,7 @@ int main(int argc, char **argv) {
   if (sigaction(SIGUSR1, &sa, NULL) != 0) die("sigaction");
   long received = 0;
   int in_flight = 0;
+  fputs("sending\n", stderr);  /* read and connected: a caller may time from here */
   double start = now(), deadline = start + seconds;
   for (int i = 0; i < clients && next + 4 <= frames_size; i++) {
     size_t n = 4 + be32(frames + next);
