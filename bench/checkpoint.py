@@ -48,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)  # not bench/: bench/http.py would shadow the standard library http
 
-from bench.journal import build_loadgen, lineages, registration_frame, saved_replies  # noqa: E402
+from bench.journal import build_loadgen, lineages, registration_frame  # noqa: E402
 from bench.versus import worktree  # noqa: E402
 from gpu_worker.contract.wire import LENGTH, decode_payload, encode_frame  # noqa: E402
 
@@ -78,25 +78,25 @@ def start_load(loadgen, base, sock_path, requests, clients, seconds, cpus):
     tmpfs where there is one: gigabytes of replies stay off the device's disk). What else is dirty
     goes to the disk first, so that no writeback of the setup's files falls inside a phase."""
     os.sync()
-    return subprocess.Popen([loadgen, sock_path, requests, str(clients), str(seconds),
-                             os.path.join(base, "replies.bin"), os.path.join(base, "times.bin")],
+    return subprocess.Popen([loadgen, sock_path, requests, str(clients), str(seconds), "-",
+                             os.path.join(base, "times.bin")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
 
 
 def finish_load(proc, base, stop=False):
-    """The load's replies' arrival times (time.monotonic seconds), in order, each reply checked to
-    be 202; `stop`: end it first (SIGUSR1: each client waits for its last reply)."""
+    """The load's replies' arrival times (time.monotonic seconds), in order, each reply checked by
+    loadgen to be 202; `stop`: end it first (SIGUSR1: each client waits for its last reply)."""
     if stop:
         proc.send_signal(signal.SIGUSR1)
     out, err = proc.communicate(timeout=600)  # (err: after the "sending" line start_load's caller read)
     if proc.returncode:
         raise SystemExit(f"loadgen failed: {err.strip()}")
-    replies, times = os.path.join(base, "replies.bin"), os.path.join(base, "times.bin")
-    saved_replies(replies)
+    times = os.path.join(base, "times.bin")
     arrived = Path(times).read_bytes()
-    for path in (replies, times):
-        os.unlink(path)
+    os.unlink(times)
+    if len(arrived) // 8 != int(out.split()[0]):
+        raise SystemExit(f"loadgen counted {out.split()[0]} replies and timed {len(arrived) // 8}")
     return list(struct.unpack(f"{len(arrived) // 8}d", arrived))
 
 

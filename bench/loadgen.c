@@ -8,7 +8,9 @@
  * one after another; each is sent once. CLIENTS connections to the Unix socket SOCKET each send one
  * request, wait for its reply and send the next, until SECONDS have passed or the requests run out;
  * then each waits for its last reply. Every reply frame is written, as received, to REPLIES (the
- * caller checks them after the phase) and stdout gets "REPLIES_RECEIVED ELAPSED_SECONDS". TIMES,
+ * caller checks them after the phase), or, with REPLIES "-", checked here to carry the top-level
+ * "status" 202 (a saved receipt; any other ends the run, exit status 1: millions of replies
+ * written to a tmpfs were gigabytes of memory); stdout gets "REPLIES_RECEIVED ELAPSED_SECONDS". TIMES,
  * when given, gets each reply's arrival time, in the order of REPLIES: a native double of
  * CLOCK_MONOTONIC seconds (Python's time.monotonic), for bench/checkpoint.py's windows and gaps.
  * stderr gets "sending" once FRAMES is read and every client connected, before the first request
@@ -80,6 +82,56 @@ static void send_all(int fd, const unsigned char *p, size_t n) {  /* the socket 
   }
 }
 
+/* msgpack, as much as a reply frame's top level needs: skip one value at p (end: the frame's end);
+ * NULL when it does not fit. */
+static const unsigned char *skip(const unsigned char *p, const unsigned char *end, int depth) {
+  if (p >= end || depth > 8) return NULL;
+  unsigned char t = *p++;
+  size_t n = 0, items = 0;
+  if (t <= 0x7f || t >= 0xe0 || t == 0xc0 || t == 0xc2 || t == 0xc3) return p;
+  if ((t & 0xe0) == 0xa0) n = t & 0x1f;                          /* fixstr */
+  else if ((t & 0xf0) == 0x80) items = 2 * (size_t)(t & 0x0f);   /* fixmap */
+  else if ((t & 0xf0) == 0x90) items = t & 0x0f;                 /* fixarray */
+  else if (t == 0xcc || t == 0xd0) n = 1;
+  else if (t == 0xcd || t == 0xd1) n = 2;
+  else if (t == 0xce || t == 0xd2 || t == 0xca) n = 4;
+  else if (t == 0xcf || t == 0xd3 || t == 0xcb) n = 8;
+  else if (t == 0xd9 || t == 0xc4) { if (p + 1 > end) return NULL; n = p[0]; p += 1; }
+  else if (t == 0xda || t == 0xc5) { if (p + 2 > end) return NULL; n = (size_t)p[0] << 8 | p[1]; p += 2; }
+  else if (t == 0xdb || t == 0xc6) { if (p + 4 > end) return NULL; n = be32(p); p += 4; }
+  else if (t == 0xdc || t == 0xde) {
+    if (p + 2 > end) return NULL;
+    items = ((size_t)p[0] << 8 | p[1]) * (t == 0xde ? 2 : 1);
+    p += 2;
+  } else if (t == 0xdd || t == 0xdf) {
+    if (p + 4 > end) return NULL;
+    items = (size_t)be32(p) * (t == 0xdf ? 2 : 1);
+    p += 4;
+  } else return NULL;  /* ext types: not in a reply */
+  if (n > (size_t)(end - p)) return NULL;
+  p += n;
+  while (p && items--) p = skip(p, end, depth + 1);
+  return p;
+}
+
+/* The top-level "status" of a reply frame's payload: a map with a positive int there (else -1). */
+static long reply_status(const unsigned char *p, const unsigned char *end) {
+  size_t pairs;
+  if (p < end && (*p & 0xf0) == 0x80) pairs = *p++ & 0x0f;
+  else if (p + 3 <= end && *p == 0xde) { pairs = (size_t)p[1] << 8 | p[2]; p += 3; }
+  else return -1;
+  while (pairs--) {
+    const unsigned char *key = p;
+    if (!(p = skip(p, end, 0))) return -1;
+    int is_status = p - key == 7 && memcmp(key, "\xa6status", 7) == 0;
+    if (is_status && p < end && *p <= 0x7f) return *p;
+    if (is_status && p + 2 <= end && *p == 0xcc) return p[1];
+    if (is_status && p + 3 <= end && *p == 0xcd) return (long)p[1] << 8 | p[2];
+    if (is_status || !(p = skip(p, end, 0))) return -1;
+  }
+  return -1;
+}
+
 int main(int argc, char **argv) {
   if (argc != 6 && argc != 7) {
     fprintf(stderr, "usage: loadgen SOCKET FRAMES CLIENTS SECONDS REPLIES [TIMES]\n");
@@ -89,10 +141,11 @@ int main(int argc, char **argv) {
   double seconds = atof(argv[4]);
   size_t frames_size, next = 0;
   unsigned char *frames = read_file(argv[2], &frames_size);
-  FILE *out = fopen(argv[5], "wb");
-  if (!out || clients < 1) die("arguments");
+  int check = strcmp(argv[5], "-") == 0;  /* check each reply here instead of writing it */
+  FILE *out = check ? NULL : fopen(argv[5], "wb");
+  if ((!check && !out) || clients < 1) die("arguments");
   static char outbuf[1 << 20];
-  setvbuf(out, outbuf, _IOFBF, sizeof outbuf);
+  if (out) setvbuf(out, outbuf, _IOFBF, sizeof outbuf);
   FILE *times = argc == 7 ? fopen(argv[6], "wb") : NULL;
   if (argc == 7 && !times) die(argv[6]);
 
@@ -154,7 +207,17 @@ int main(int argc, char **argv) {
       size_t used = 0;
       while (c->len - used >= 4 && c->len - used >= 4 + (size_t)be32(c->buf + used)) {
         size_t n = 4 + be32(c->buf + used);
-        fwrite(c->buf + used, 1, n, out);
+        if (out) {
+          fwrite(c->buf + used, 1, n, out);
+        } else {
+          long status = reply_status(c->buf + used + 4, c->buf + used + n);
+          if (status != 202) {
+            fprintf(stderr, "loadgen: reply %ld answered status %ld; its first bytes:", received + 1, status);
+            for (size_t b = 4; b < n && b < 260; b++) fprintf(stderr, " %02x", c->buf[used + b]);
+            fputc('\n', stderr);
+            exit(1);
+          }
+        }
         if (times) {
           double t = now();
           fwrite(&t, sizeof t, 1, times);
@@ -174,7 +237,7 @@ int main(int argc, char **argv) {
     }
   }
   double elapsed = now() - start;
-  if (fclose(out) != 0) die(argv[5]);
+  if (out && fclose(out) != 0) die(argv[5]);
   if (times && fclose(times) != 0) die(argv[6]);
   printf("%ld %.6f\n", received, elapsed);
   return 0;
