@@ -66,6 +66,7 @@ import psycopg  # noqa: E402
 from gpu_worker.pack import pack_tiny  # noqa: E402
 from tests.conftest import PYTHON, free_port, wait_for  # noqa: E402
 from tests.harness import Process, Stack  # noqa: E402
+from bench.versus import worktree  # noqa: E402
 
 BASE = "/aotx/v1/shared"
 SCHEMA = "aotx.shared.mutation.v1"
@@ -271,7 +272,7 @@ def aotx_system(base, args, clients_max):
         identities = [register(stack, token) for _, token in made]
         makers = [mutations(stack.port, f"{BASE}/spaces", identity) for identity in identities]
         readers = [reads(stack.port, lambda op: f"{BASE}/operations/{op}", identity) for identity in identities]
-        args.aotx_stack = stack  # (drf_front_system serves the same device and database)
+        args.aotx_stack = stack  # (front_of_system serves the same device and database)
         yield System("aotx", stack.port, makers, readers, finish=lambda: gateway_errors(stack.gateway.output()))
     finally:
         stack.stop()
@@ -322,7 +323,7 @@ def listening(server, port, what):
     return True
 
 
-def granian_server(base, name, app, port, workers, env, interface):
+def granian_server(base, name, app, port, workers, env, interface, cwd=ROOT):
     """`app` under the gateway's server and its settings (shared_api/http/server.py: granian, uvloop,
     HTTP/1.1, the header read timeout, no server access log: the gateway writes its own, and so
     does the ceiling; the FastAPI baseline runs without one, its fastest), `workers` processes;
@@ -331,7 +332,7 @@ def granian_server(base, name, app, port, workers, env, interface):
     args = [PYTHON, "-m", "granian", "--interface", interface, "--host", "127.0.0.1", "--port", str(port),
             "--workers", str(workers), "--loop", "uvloop", "--http", "1", "--no-ws",
             "--http1-header-read-timeout", "10000", "--no-access-log", app]
-    server = Process(args, env, base / f"{name}.log")
+    server = Process(args, env, base / f"{name}.log", cwd=cwd)
     wait_for(lambda: listening(server, port, name), 60, what=f"{name} port")
     return server
 
@@ -424,22 +425,27 @@ def ceiling_system(base, args, clients_max):
 
 
 @contextlib.contextmanager
-def drf_front_system(base, args, clients_max):
-    """The gateway with its shared routes dispatched by DRF (bench/drf_front.py), on the aotx
-    system's device and database, its own principals (issue 54 §1's measurement)."""
+def front_of_system(base, args, clients_max):
+    """The gateway of an earlier commit (--front-of, checked out in a worktree), on the aotx
+    system's device and database, with its own principals: this gateway's cost against that one's
+    on the same device, alternating (issue 54 §1: the shared routes dispatched by DRF, against the
+    front that dispatched them itself)."""
     stack = args.aotx_stack
     port = free_port()
     made = create_principals(stack, "d", clients_max)
-    server = granian_server(base, "drf-front", "bench.drf_front:application", port, args.workers, stack.env, "rsgi")
-    try:
-        print(f"drf-front: granian (RSGI) pid {server.proc.pid}, port {port}, {args.workers} workers", file=sys.stderr,
-              flush=True)
-        identities = [register(stack, token) for _, token in made]
-        makers = [mutations(port, f"{BASE}/spaces", identity) for identity in identities]
-        readers = [reads(port, lambda op: f"{BASE}/operations/{op}", identity) for identity in identities]
-        yield System("drf-front", port, makers, readers, finish=lambda: gateway_errors(server.output()))
-    finally:
-        server.kill(signal.SIGTERM)
+    with contextlib.ExitStack() as trees:
+        tree = worktree(trees, args.front_of, base / "front-of")
+        server = granian_server(base, "front-of", "aotx_site.gateway:application", port, args.workers,
+                                dict(stack.env, PYTHONPATH=str(tree)), "rsgi", cwd=tree)
+        try:
+            print(f"front-of {args.front_of}: granian (RSGI) pid {server.proc.pid}, port {port}, {args.workers} "
+                  f"workers", file=sys.stderr, flush=True)
+            identities = [register(stack, token) for _, token in made]
+            makers = [mutations(port, f"{BASE}/spaces", identity) for identity in identities]
+            readers = [reads(port, lambda op: f"{BASE}/operations/{op}", identity) for identity in identities]
+            yield System("front-of", port, makers, readers, finish=lambda: gateway_errors(server.output()))
+        finally:
+            server.kill(signal.SIGTERM)
 
 
 @contextlib.contextmanager
@@ -483,8 +489,8 @@ def main():
     parser.add_argument("--today", type=float, default=265.0,
                         help="the gateway's mutations/s at 64 clients before this work (issue 20: daphne, sync views)")
     parser.add_argument("--no-drf", action="store_true", help="leave out the earlier DRF + daphne baseline")
-    parser.add_argument("--drf-front", action="store_true",
-                        help="also the gateway with its shared routes dispatched by DRF (bench/drf_front.py)")
+    parser.add_argument("--front-of", metavar="COMMIT",
+                        help="also that commit's gateway (a worktree) on the same device, in turns with this one")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of every phase; the systems take turns within each (ratios per round, and their median)")
@@ -495,7 +501,7 @@ def main():
     # on the real disk (var/), like the PostgreSQL data directory: /tmp may be a tmpfs
     base = Path(tempfile.mkdtemp(prefix="bench-http-", dir=os.path.join(ROOT, "var")))
     args.base, args.httpgen = str(base), build_httpgen(str(base))
-    starts = [aotx_system, *((drf_front_system,) if args.drf_front else ()), fastapi_system, ceiling_system,
+    starts = [aotx_system, *((front_of_system,) if args.front_of else ()), fastapi_system, ceiling_system,
               *(() if args.no_drf else (drf_system,))]
     results, errors = {}, {}
     try:
@@ -527,7 +533,7 @@ def report(args, results, errors):
     print(f"{'system':<9} {'kind':<10} {'clients':>7} {'per s':>9} {'p50 ms':>8} {'p99 ms':>8} {'n':>8} "
           f"{'client CPU':>10}  per s in each round")
     for kind in ("mutations", "reads"):
-        for name in ("aotx", "drf-front", "fastapi", "ceiling", "drf"):
+        for name in ("aotx", "front-of", "fastapi", "ceiling", "drf"):
             for c in args.clients:
                 runs = results.get((name, kind, c))
                 if not runs:
@@ -549,11 +555,11 @@ def report(args, results, errors):
                      f"{medians[3]:>10.1f}" if kind == "mutations" else f"{'':>10}"]
             each = "; ".join(", ".join(f"{value:.2f}" for value in column) for column in columns)
             print(f"{kind:<20} {c:>7} {' '.join(cells)}  ({each})")
-    if args.drf_front:
-        print("DRF's dispatch (drf-front) over the front's, per round and their median:")
+    if args.front_of:
+        print(f"this gateway over {args.front_of}'s (front-of), per round and their median:")
         for kind in ("mutations", "reads"):
             for c in args.clients:
-                ratios = [d[0] / a[0] for a, d in zip(results["aotx", kind, c], results["drf-front", kind, c])]
+                ratios = [a[0] / d[0] for a, d in zip(results["aotx", kind, c], results["front-of", kind, c])]
                 print(f"  {kind:<10} {c:>4} clients: {middle(ratios):.2f} ({', '.join(f'{r:.2f}' for r in ratios)})")
     for name, lines in errors.items():
         for line in lines:

@@ -120,12 +120,13 @@ def mutation(principal, lineage, sequence):
                      "canonical": rfc8785.dumps({"method": "POST", "path": path, "body": body})}}
 
 
-def build(base, transfers, spare=()):
+def build(base, transfers, spare=(), command_bytes=512):
     """A runtime file and a journal of `transfers` transfers (64 principals' registrations and
-    spaces), with room and grants for the `spare` principals (raw ids) too (bench/checkpoint.py's load)."""
+    spaces), with room and grants for the `spare` principals (raw ids) too (bench/checkpoint.py's
+    load); `command_bytes`: each receipt row's room for its command (these are about 210 bytes)."""
     runtime = str(base / "r.aotxccir")
     pack_tiny(runtime, shared=True, capacity={"participants": PRINCIPALS + len(spare), "spaces": transfers + 1,
-                                              "receipts": transfers + len(spare) + 1, "command_bytes": 512,
+                                              "receipts": transfers + len(spare) + 1, "command_bytes": command_bytes,
                                               "result_bytes": 16},
               journal_limits={"journal_file_cap_bytes": 1 << 40, "checkpoint_journal_bytes": 1 << 40})
     principals = [secrets.token_bytes(16) for _ in range(PRINCIPALS)]

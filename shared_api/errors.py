@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.core.exceptions import TooManyFieldsSent
 from django.http import HttpRequest, HttpResponse
 from rest_framework import exceptions
 from rest_framework.response import Response
@@ -51,6 +52,8 @@ _DRF_CODES = {
 def exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponse | Response | None:
     if isinstance(exc, ServiceError):
         return service_error_response(exc)
+    if isinstance(exc, TooManyFieldsSent):  # (Django's, reading the query string)
+        return error_response(400, "bad_query", "too many query parameters")
     if isinstance(exc, exceptions.APIException):
         headers = {}
         if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):

@@ -1,8 +1,8 @@
 """Bearer-token authentication and the per-route action check: `admit`, the one path every
 route takes (the HTTP front for the shared and OpenAI-compatible routes, once per request, and the
-event streams), with one 401 body (`unauthenticated`); DRF's authentication class names the
-scheme in the OpenAPI document. The device checks
-the same actions again against the grant file.
+event streams), with one 401 body (`unauthenticated`); DRF's authentication class hands the shared
+routes' views the principal `admit` found (and names the scheme in the OpenAPI document). The
+device checks the same actions again against the grant file.
 
 Principals are looked up by their token's SHA-256 in the gateway database once and then kept in
 a per-process cache (PRINCIPALS), so that a request on the event loop costs no database round
@@ -140,18 +140,6 @@ def _lookup(digest: str) -> AuthenticatedPrincipal:
     return AuthenticatedPrincipal(principal)
 
 
-def authenticate(header: str) -> AuthenticatedPrincipal:
-    """The principal of an Authorization header; 401 otherwise. Blocking (the database on a cache
-    miss): DRF's authentication class (the schema's security scheme) only; requests take
-    `admit`."""
-    digest = _digest(header)
-    user = PRINCIPALS.get(digest)
-    if user is None:
-        user = _lookup(digest)
-        PRINCIPALS.put(digest, user)
-    return user
-
-
 async def admit(header: str, action: str) -> AuthenticatedPrincipal:
     """The one check every route makes of its caller, from the event loop: the principal of an
     Authorization header (the cache first, the database on a thread on a miss), 401 without a
@@ -170,10 +158,25 @@ def require_action(user: AuthenticatedPrincipal, action: str) -> None:
         raise ServiceError(403, "grant_missing", f"this principal lacks the {action} action")
 
 
+ADMITTED = "aotx.admitted"  # the request scope's key for the principal the front admitted (`admit`)
+
+
+def admitted_principal(request: Request) -> AuthenticatedPrincipal | None:
+    """The principal the front admitted for this request, None for a request it did not pass."""
+    scope = getattr(request, "scope", None)  # (Django's ASGIRequest's, through DRF's Request)
+    admitted = scope.get(ADMITTED) if isinstance(scope, dict) else None
+    return admitted if isinstance(admitted, AuthenticatedPrincipal) else None
+
+
 class BearerAuthentication(BaseAuthentication):
+    """DRF's authentication of the shared routes: the principal the front admitted from this
+    request's headers before it read the body (the request scope's ADMITTED), so that a request
+    is authenticated once, by `admit`. A shared view runs only under the front
+    (SharedView.initial)."""
+
     def authenticate(self, request: Request) -> tuple[AuthenticatedPrincipal, None] | None:
-        header = request.META.get("HTTP_AUTHORIZATION", "")
-        return (authenticate(header), None) if header else None
+        admitted = admitted_principal(request)
+        return (admitted, None) if admitted is not None else None
 
     def authenticate_header(self, request: Request) -> str:
         return WWW_AUTHENTICATE

@@ -2,13 +2,14 @@
 served through RSGI by granian (shared_api/http/server.py).
 
 The shared routes (every SharedView in the URLconf: /aotx/v1/shared/..., /aotx/v1/media/...) are
-answered here, on the event loop, by the same DRF view methods Django would run: the front
-resolves the path with Django's URL resolver, authenticates from the Authorization header through
-the principal cache, checks the handler's gateway action, reads the body within the route's
-limit, runs the handler on a FrontRequest and makes its DeviceCall through the process's pooled
-async device client. Nothing of it waits on a thread (docs/performance.md: Django's ASGI handler
-costs several thread hops per request, which bounded the gateway at a few hundred requests a
-second).
+dispatched by DRF here, on the event loop: the front matches the path against the URLconf's
+patterns, admits the caller from the Authorization header through the principal cache (401/403
+before the body), reads the body within the route's limit, calls the route's DRF view function
+on Django's ASGIRequest of it (DRF's request, authentication and permission classes, parsers,
+negotiation and exception handler: shared_api/routes/views.py) and makes the handler's
+DeviceCall through the process's pooled async device client. Nothing of it waits on a thread
+(docs/performance.md: Django's ASGI handler costs several thread hops per request, which bounded
+the gateway at a few hundred requests a second).
 
 Refusing before reading (every route): a request head over AOTX_MAX_HEADER_BYTES is answered 431
 `headers_too_large`; a token in the query string is refused and never logged;
@@ -43,10 +44,10 @@ from django.urls.converters import StringConverter
 
 from gpu_worker.contract.limits import MAX_CHAT_BODY_BYTES
 from gpu_worker.contract.vocabulary import CHAT, COMMANDS
-from gpu_worker.contract.wire import JSON, Reply
+from gpu_worker.contract.wire import Reply
 
 from . import metrics
-from .auth import AuthenticatedPrincipal, admit
+from .auth import ADMITTED, AuthenticatedPrincipal, admit
 from ..device_client import pool
 from ..errors import WWW_AUTHENTICATE, ServiceError
 from ..openai.views import ROUTES as OPENAI_ROUTES
@@ -56,8 +57,7 @@ from .rates import RateLimited, limiter, retry_headers
 from .refusals import RefusalBackoff, is_quota_refusal
 from .server import (HEAD_BYTES, HEADERS, PRIVATE_HEADERS, REPEATED, ASGIApp, AccessLog, BodyIncomplete, Logged,
                      Proto, Receive, Receiver, RequestHead, Scope, Stream, asgi, asgi_scope, body_chunks)
-from ..routes.strict import loads_strict
-from ..routes.views import DeviceCall, MediaView, SharedView
+from ..routes.views import DeviceCall, SharedView
 
 log = logging.getLogger("shared_api.http.front")
 
@@ -81,60 +81,10 @@ class ClientGone(Exception):
     """The client (/v1) disconnected before its answer was ready: there is no one to answer."""
 
 
-class FrontRequest:
-    """What a SharedView handler reads of its request, under DRF Request's names: method, path,
-    query_params (the last value of each name, as QueryDict.get gives), content_type, user and
-    data (the strictly parsed JSON body, or the raw bytes for a raw-bytes route, parsed when first
-    read, as DRF does)."""
-
-    __slots__ = ("method", "path", "query_params", "content_type", "user", "_raw", "_raw_bytes", "_data", "_parsed")
-
-    def __init__(self, method: str, path: str, query_params: dict[str, str], content_type: str,
-                 user: AuthenticatedPrincipal, raw: bytes, raw_bytes: bool) -> None:
-        self.method = method
-        self.path = path
-        self.query_params = query_params
-        self.content_type = content_type
-        self.user = user
-        self._raw = raw
-        self._raw_bytes = raw_bytes
-        self._data: JSON | bytes = None  # the body: raw bytes (a media upload's), or its JSON
-        self._parsed = False
-
-    @property
-    def data(self) -> JSON | bytes:
-        if not self._parsed:
-            self._data = self._parse()
-            self._parsed = True
-        return self._data
-
-    def _parse(self) -> JSON | bytes:
-        if self._raw_bytes:
-            return self._raw
-        if not self._raw:
-            return {}  # DRF: no body is empty data, whatever the Content-Type
-        media_type = self.content_type.split(";", 1)[0].strip().lower()
-        if media_type != "application/json":
-            raise ServiceError(415, "unsupported_media_type", f'Unsupported media type "{self.content_type}" in request.')
-        return loads_strict(self._raw)
-
-
 def _headers(scope: Scope) -> dict[bytes, bytes]:
     """Request headers by lowercase name (a repeated header: its last value)."""
     found: dict[bytes, bytes] | None = scope.get(HEADERS)  # (asgi_scope's)
     return found if found is not None else {name.lower(): value for name, value in scope["headers"]}
-
-
-def _query(scope: Scope) -> dict[str, str]:
-    query = scope.get("query_string", b"")
-    if not query:
-        return {}
-    try:
-        pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True,
-                          max_num_fields=settings.DATA_UPLOAD_MAX_NUMBER_FIELDS)
-    except ValueError:
-        raise ServiceError(400, "bad_query", "too many query parameters") from None
-    return dict(pairs)
 
 
 def _token_in_query(scope: Scope) -> bool:
@@ -188,19 +138,6 @@ def _allowed_host(host: bytes) -> bool:
         if len(_HOSTS_SEEN) < 256:  # (a hostile client's many made-up hosts are checked each time)
             _HOSTS_SEEN[host] = allowed
     return allowed
-
-
-def _accepts_json(headers: dict[bytes, bytes]) -> bool:
-    """DRF's content negotiation for the one renderer (application/json): no Accept header, or a
-    media range that covers application/json."""
-    accept = headers.get(b"accept")
-    if accept is None:
-        return True
-    for part in accept.decode("latin-1").split(","):
-        media = part.split(";", 1)[0].strip().lower()
-        if media in ("*/*", "application/*", "application/json", "*"):
-            return True
-    return False
 
 
 def _body_follows(headers: dict[bytes, bytes]) -> bool:
@@ -305,17 +242,15 @@ def _authorization(headers: dict[bytes, bytes]) -> str:
     return headers.get(b"authorization", b"").decode("latin-1")
 
 
-# A shared view's method: the request (and the path's values) to what it asks of the device.
-Handler = Callable[..., DeviceCall]
 # An OpenAI-compatible route's view (shared_api/openai/views.py).
 OpenAIView = Callable[[HttpRequest], Awaitable[HttpResponseBase]]
 
 async def _admit(view: SharedView, method: str, headers: dict[bytes, bytes]
-                 ) -> tuple[Handler, AuthenticatedPrincipal, int | None]:
-    """The view method for `method`, the caller once it holds the method's action, when the
-    declared body is within the route's limit; and the declared length (None: chunked).
-    Refusals: 405, 401, 403, 413."""
-    handler: Handler | None = getattr(view, "get" if method == "HEAD" else method.lower(), None)
+                 ) -> tuple[AuthenticatedPrincipal, int | None]:
+    """What must be refused before the body is read: the caller once it holds the method's
+    action, when the declared body is within the route's limit; and the declared length (None:
+    chunked). Refusals: 405, 401, 403, 413."""
+    handler = getattr(view, "get" if method == "HEAD" else method.lower(), None)
     command = getattr(handler, "command", None)
     if handler is None or command is None:
         raise _MethodNotAllowed(method, [m.upper() for m in ("get", "post", "put") if hasattr(view, m)])
@@ -327,27 +262,30 @@ async def _admit(view: SharedView, method: str, headers: dict[bytes, bytes]
     length = _content_length(headers)
     if length is not None and length > limit:
         raise _too_large(limit, view_class.body_code)
-    return handler, user, length
+    return user, length
 
 
-def _device_call(view: SharedView, handler: Handler, scope: Scope, headers: dict[bytes, bytes],
-                 user: AuthenticatedPrincipal, raw: bytes, kwargs: dict[str, str]) -> DeviceCall:
-    """What the view method asks of the device for this request (its refusals: ServiceError)."""
-    request = FrontRequest(scope["method"], scope["path"], _query(scope),
-                           headers.get(b"content-type", b"").decode("latin-1"), user, raw,
-                           isinstance(view, MediaView))
-    call = handler(request, **kwargs)
-    assert isinstance(call, DeviceCall)
-    return call
+def _drf_request(scope: Scope, raw: bytes, length: int | None, user: AuthenticatedPrincipal) -> ASGIRequest:
+    """Django's request of a shared route's body, read, and the principal admitted for it (what
+    the view's BearerAuthentication hands DRF). A chunked body gets the Content-Length of what
+    was read: DRF reads a body of the declared length only."""
+    scope[ADMITTED] = user
+    if length is None:
+        scope["headers"] = [(name, value) for name, value in scope["headers"]
+                            if name.lower() not in (b"content-length", b"transfer-encoding")]
+        scope["headers"].append((b"content-length", str(len(raw)).encode()))
+    return ASGIRequest(scope, io.BytesIO(raw))
 
 
 class Route:
-    """One shared route of the URLconf: its full regex, view, and pattern (the metrics' label)."""
-    __slots__ = ("regex", "view", "route")
+    """One shared route of the URLconf: its full regex, view (for what is checked before the
+    body), DRF view function (`dispatch`) and pattern (the metrics' label)."""
+    __slots__ = ("regex", "view", "dispatch", "route")
 
-    def __init__(self, regex: re.Pattern[str], view: SharedView, route: str) -> None:
+    def __init__(self, regex: re.Pattern[str], view_class: type[SharedView], route: str) -> None:
         self.regex = regex
-        self.view = view
+        self.view = view_class()
+        self.dispatch: Callable[..., HttpResponseBase | DeviceCall] = view_class.as_view()
         self.route = route
 
 
@@ -367,7 +305,7 @@ def shared_routes() -> list[Route]:
                 if isinstance(view_class, type) and issubclass(view_class, SharedView):
                     converters = getattr(entry.pattern, "converters", {})
                     assert all(isinstance(c, StringConverter) for c in converters.values()), entry
-                    routes.append(Route(re.compile("/" + regex + part), view_class(), route + str(entry.pattern)))
+                    routes.append(Route(re.compile("/" + regex + part), view_class, route + str(entry.pattern)))
     walk(get_resolver().url_patterns, "", "")
     return routes
 
@@ -441,19 +379,21 @@ class Front:
         method = scope["method"]
         status = 500
         try:
-            status = await self._shared(scope, proto, route.view, kwargs, method)
+            status = await self._shared(scope, proto, route, kwargs, method)
         finally:
             metrics.record(method, route.route, status, started)
 
-    async def _shared(self, scope: Scope, proto: Proto, view: SharedView, kwargs: dict[str, str], method: str) -> int:
+    async def _shared(self, scope: Scope, proto: Proto, route: Route, kwargs: dict[str, str], method: str) -> int:
+        """Refusals before the body (`_admit`, the rates), the body read within the route's limit,
+        then DRF's dispatch of the view on it (no I/O: the principal is admitted), and the
+        handler's DeviceCall through the pooled client; DRF's refusals in its exception
+        handler's error body."""
         headers = _headers(scope)
         close = _body_follows(headers)
+        view_class = type(route.view)
         try:
-            if not _accepts_json(headers):  # DRF negotiates first, before it authenticates
-                raise ServiceError(406, "not_acceptable", "Could not satisfy the request Accept header.")
-            handler, user, length = await _admit(view, method, headers)
+            user, length = await _admit(route.view, method, headers)
             limiter().admit(user.principal_id, user.rates, length or 0, user.shared_rates)
-            view_class = type(view)
             try:
                 raw = await read_body(proto, headers, length, view_class.body_limit, view_class.body_code,
                                       settings.AOTX_BODY_TIMEOUT)
@@ -462,8 +402,11 @@ class Front:
             if length is None:
                 limiter().charge(user.principal_id, user.rates, len(raw), user.shared_rates)
             close = False
-            call = _device_call(view, handler, scope, headers, user, raw, kwargs)
-            msg = await pool().call(call.op, user.principal_id, call.args)
+            answer = route.dispatch(_drf_request(scope, raw, length, user), **kwargs)
+            if not isinstance(answer, DeviceCall):  # a refusal, from DRF's exception handler
+                await self._send_response(proto, answer)
+                return int(answer.status_code)
+            msg = await pool().call(answer.op, user.principal_id, answer.args)
         except _MethodNotAllowed as exc:
             respond_error(proto, exc.error(), close, [("allow", ", ".join(exc.allowed))])
             return 405

@@ -1,30 +1,37 @@
-"""The shared routes (DESIGN §4). Views are thin: check the gateway action, parse strictly, name
-the device call (DeviceCall), and the device's reply bytes go back as they are. The device
-re-checks grants and membership.
+"""The shared routes (DESIGN §4). Views are thin: parse strictly, name the device call
+(DeviceCall), and the device's reply bytes go back as they are. The device re-checks grants and
+membership.
 
-Each route is a DRF view, so that the schema (drf-spectacular, @doc) and readers see one DRF view
-per route. The gateway's HTTP front (shared_api/http/front.py) is the one path that answers them: it
-runs these handler methods on the event loop, after it has authenticated and checked the action
-from the headers and read the body within the route's limit, hands the handler a FrontRequest,
-and makes the DeviceCall through the pooled async client (docs/performance.md says why the front
-does not go through Django's handler). Django never dispatches a shared route: a request that
-reached its handler came around the front, and is answered 500 `internal_error` saying so."""
+Each route is a DRF view, and DRF dispatches it: its Request, its authentication and permission
+classes (the gateway's principal and the handler's command's action), its parsers (strict JSON, or
+the raw bytes of a media upload), its content negotiation (one renderer, JSON) and the gateway's
+exception handler (the one error body). The gateway's HTTP front (shared_api/http/front.py) calls
+the view function once it has done what a server must do before reading a body (405, 401/403 from
+the headers, 413 from the declared length, the principal's rates), hands DRF the body it read and
+the principal it admitted, and makes the handler's DeviceCall through the pooled async device
+client (`finalize_response` lets a DeviceCall through). docs/architecture.md, "The gateway", says
+what that costs."""
 from __future__ import annotations
 
 import re
 from typing import IO, Mapping
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponseBase
 from rest_framework.parsers import BaseParser
+from rest_framework.permissions import BasePermission, IsAuthenticated
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
+from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
 from gpu_worker.contract.commands import typed
 from gpu_worker.contract.limits import MAX_BODY_BYTES, MAX_LIMIT, MAX_MEDIA_BYTES
+from gpu_worker.contract.vocabulary import COMMANDS
 
-from ..errors import ServiceError, error_response
+from ..errors import ServiceError
+from ..http.auth import AuthenticatedPrincipal, BearerAuthentication, admitted_principal, require_action
 from .openapi import doc
-from .strict import Mutation, decimal_counter
+from .strict import Mutation, StrictJSONParser, decimal_counter
 
 DIGITS = re.compile(r"[0-9]{1,4}")  # ASCII digits only: str.isdigit() also accepts "²" and "٣"
 DIGITS_ANY = re.compile(r"[0-9]{1,18}")
@@ -64,19 +71,46 @@ class DeviceCall:
         self.args = typed(op, args)
 
 
+class CommandAction(BasePermission):
+    """The handler's device command's gateway action (403 `grant_missing` without it): what the
+    front admitted the caller for, checked again by DRF for whatever dispatches the view."""
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        handler = getattr(view, request.method.lower(), None) if request.method else None
+        command = getattr(handler, "command", None)
+        user = request.user
+        if command is None or not isinstance(user, AuthenticatedPrincipal):
+            return False
+        action = COMMANDS[command].action
+        if action is not None:
+            require_action(user, action)
+        return True
+
+
 class SharedView(APIView):
-    """Each handler is marked (@doc) with the device command it calls; the command's gateway action
-    (gpu_worker/contract/vocabulary.py) is checked before the request is parsed. `body_limit` is
-    the most body bytes the route reads (the front answers 413 `body_code` from Content-Length, or
-    as soon as a chunked body passes it)."""
+    """Each handler is marked (@doc) with the device command it calls. `body_limit` is the most body
+    bytes the route reads (the front answers 413 `body_code` from Content-Length, or as soon as a
+    chunked body passes it)."""
     body_limit = MAX_BODY_BYTES
     body_code = "body_too_large"
+    authentication_classes = [BearerAuthentication]
+    permission_classes = [IsAuthenticated, CommandAction]
+    parser_classes: list[type[BaseParser]] = [StrictJSONParser]
+    renderer_classes = [JSONRenderer]
+    throttle_classes: list[type[BaseThrottle]] = []  # (rates: the front's, before the body)
 
-    def dispatch(self, request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
-        """Not a path: the front answers every shared route before Django's handler runs."""
-        return error_response(500, "internal_error", "the shared routes are answered by the gateway's front "
-                                                     "(aotx_site.gateway:application); this request reached Django's "
-                                                     "handler around it: see the gateway's deployment")
+    def initial(self, request: Request, *args: object, **kwargs: object) -> None:
+        if admitted_principal(request) is None:  # (Django's handler, around the front)
+            raise ServiceError(500, "internal_error", "the shared routes are answered by the gateway's front "
+                                                      "(aotx_site.gateway:application); this request reached "
+                                                      "Django's handler around it: see the gateway's deployment")
+        super().initial(request, *args, **kwargs)
+
+    def finalize_response(self, request: Request, response: HttpResponseBase | DeviceCall,  # type: ignore[override]
+                          *args: object, **kwargs: object) -> HttpResponseBase | DeviceCall:
+        if isinstance(response, DeviceCall):
+            return response  # (the front makes the call)
+        return super().finalize_response(request, response, *args, **kwargs)  # type: ignore[arg-type]
 
 
 class CapabilitiesView(SharedView):

@@ -54,9 +54,13 @@ def test_a_chunked_body_past_the_limit_is_refused_413(gateway, device, people):
     assert device.requests == []
 
 
-def test_an_accept_header_without_json_is_answered_406_before_authentication(gateway, device):
-    assert_error(gateway.get(SPACES, HTTP_ACCEPT="text/html"), 406, "not_acceptable")
-    assert_unauthenticated(gateway.get(SPACES, HTTP_ACCEPT="application/json, text/html"))
+def test_an_accept_header_without_json_is_answered_406_by_drfs_negotiation(gateway, device, people):
+    """The front authenticates before the body (a refusal must not read it); DRF negotiates the
+    one renderer then: 406 for an admitted caller that accepts no JSON, and nothing reaches the
+    device."""
+    assert_error(gateway.get(SPACES, people["reader"], HTTP_ACCEPT="text/html"), 406, "not_acceptable")
+    assert_unauthenticated(gateway.get(SPACES, HTTP_ACCEPT="text/html"))
+    assert device.requests == []
 
 
 def test_requests_beyond_the_bound_waiting_on_the_device_answer_503_gateway_busy_at_once(gateway, device, people,
@@ -117,3 +121,28 @@ def test_a_rewritten_grant_file_clears_the_principal_cache_of_every_process(gate
     wait_for(lambda: time.monotonic() - auth.PRINCIPALS._checked >= auth.GRANT_FILE_CHECK, 10,
              what="the principal cache's next look at the grant file")
     assert_unauthenticated(gateway.get(SPACES, people["writer"]))
+
+
+def test_drf_dispatches_each_shared_route_with_the_principal_the_front_admitted(gateway, device, people,
+                                                                                monkeypatch):
+    """The route that answers is DRF's: its dispatch runs once a request, on Django's request of
+    the body the front read, with the principal the front admitted as DRF's user (authenticated
+    once), and its parser and exception handler answer what the body gets wrong."""
+    from rest_framework.views import APIView
+    dispatched = []
+    dispatch = APIView.dispatch
+
+    def recorded(view, request, *args, **kwargs):
+        answer = dispatch(view, request, *args, **kwargs)
+        dispatched.append((type(view).__name__, type(request).__name__, view.request.user.principal_id))
+        return answer
+
+    monkeypatch.setattr(APIView, "dispatch", recorded)
+    device.answer(200, OK_BODY)
+    assert gateway.get(SPACES, people["reader"]).status_code == 200
+    device.answer(202, OK_BODY)
+    assert gateway.post(SPACES, people["writer"], body=envelope()).status_code == 202
+    assert dispatched == [("SpacesView", "ASGIRequest", people["reader"].principal_id),
+                          ("SpacesView", "ASGIRequest", people["writer"].principal_id)]
+    assert_error(gateway.post(SPACES, people["writer"], raw=b'{"a": 1, "a": 2}'), 400, "duplicate_key")
+    assert len(dispatched) == 3 and len(device.requests) == 2
