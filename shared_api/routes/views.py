@@ -14,12 +14,13 @@ what that costs."""
 from __future__ import annotations
 
 import re
-from typing import IO, Mapping
+from typing import IO, Iterable, Mapping
 
 from django.http import HttpResponseBase
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.parsers import BaseParser
 from rest_framework.permissions import BasePermission, IsAuthenticated
-from rest_framework.renderers import JSONRenderer
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
@@ -87,6 +88,30 @@ class CommandAction(BasePermission):
         return True
 
 
+class RememberedNegotiation(DefaultContentNegotiation):
+    """DRF's content negotiation, its answer remembered per Accept header and format: a pure
+    function of those and the view's renderers, which DRF otherwise works out by parsing the
+    header's media ranges on every request (two fifths of its dispatch of a read here). At most
+    KNOWN answers are kept (a client sending ever new headers only gets the parse each time)."""
+    KNOWN = 256
+    _known: dict[tuple[str | None, str | None, tuple[type[BaseRenderer], ...]], tuple[type[BaseRenderer], str]] = {}
+
+    def select_renderer(self, request: Request, renderers: Iterable[BaseRenderer],
+                        format_suffix: str | None = None) -> tuple[BaseRenderer, str]:
+        renderers = list(renderers)
+        key = (request.META.get("HTTP_ACCEPT"),
+               format_suffix or request.query_params.get(self.settings.URL_FORMAT_OVERRIDE),
+               tuple(type(renderer) for renderer in renderers))
+        found = self._known.get(key)
+        if found is None:
+            renderer, media_type = super().select_renderer(request, renderers, format_suffix)
+            if len(self._known) < self.KNOWN:
+                self._known[key] = (type(renderer), media_type)
+            return renderer, media_type
+        kind, media_type = found
+        return next(renderer for renderer in renderers if type(renderer) is kind), media_type
+
+
 class SharedView(APIView):
     """Each handler is marked (@doc) with the device command it calls. `body_limit` is the most body
     bytes the route reads (the front answers 413 `body_code` from Content-Length, or as soon as a
@@ -97,6 +122,7 @@ class SharedView(APIView):
     permission_classes = [IsAuthenticated, CommandAction]
     parser_classes: list[type[BaseParser]] = [StrictJSONParser]
     renderer_classes = [JSONRenderer]
+    content_negotiation_class = RememberedNegotiation
     throttle_classes: list[type[BaseThrottle]] = []  # (rates: the front's, before the body)
 
     def initial(self, request: Request, *args: object, **kwargs: object) -> None:
