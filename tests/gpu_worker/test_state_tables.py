@@ -106,3 +106,30 @@ def test_tables_on_cuda_hold_what_host_tables_do():
     for name in ("receipts", "participants", "command_bytes", "conversations", "receipt_digests"):
         assert torch.equal(getattr(host, name), getattr(cuda, name).cpu()), name
     assert (Tables.take(cuda.receipts, rows) == Tables.array(host.receipts)[rows]).all()
+
+
+def test_marking_a_fold_on_the_cpu_runs_no_torch_operator():
+    """The tick thread marks a fold's receipts in slices between ticks; torch would run those
+    element-wise passes on its intra-op threads, whose barrier waits for a core another process
+    holds (a slice took up to 328 ms beside a busy core): on the CPU the mark goes through numpy,
+    and marks exactly what torch marked."""
+    from gpu_worker.state.tables import R, SOURCE_MASK, Source
+    caps = dict(CAPACITIES, receipts=4096)
+    tables = Tables(caps)
+    rng = np.random.default_rng(3)
+    tables.receipts[:, R.STATE] = torch.from_numpy(rng.integers(0, 2, 4096))
+    tables.receipts[:, R.ADM_TRANSFER] = torch.from_numpy(rng.integers(0, 50, 4096))
+    tables.receipts[:, R.TERM_TRANSFER] = torch.from_numpy(rng.integers(0, 50, 4096))
+    expected = tables.receipts.clone()
+    view = expected[100:3000]
+    for transfer, source, generation in ((R.ADM_TRANSFER, R.ADM_SOURCE, R.ADM_GENERATION),
+                                         (R.TERM_TRANSFER, R.TERM_SOURCE, R.TERM_GENERATION)):
+        marked = (view[:, R.STATE] != 0) & (view[:, transfer] != 0) & (view[:, transfer] <= 30)
+        view[marked, source] = (view[marked, source] & ~SOURCE_MASK) | int(Source.FILE)
+        view[marked, generation] = 7
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        tables.mark_folded(7, 30, slice(100, 3000))
+    # (what torch records of Tensor.numpy() itself: views of the same memory, no pass over it)
+    assert {event.name for event in profile.events()} <= {"aten::detach", "detach", "aten::to", "aten::resolve_conj",
+                                                          "aten::resolve_neg"}
+    assert torch.equal(tables.receipts, expected)
