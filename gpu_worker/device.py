@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, cast
+from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
 
 import msgpack
 
@@ -37,7 +37,7 @@ from .contract.wire import Message, dumps, reply
 from .loop.subscriptions import Subscriptions
 from .loop.threads import DEFAULT_NICE, enter_background
 from .kinds import chat, events, media, quotas
-from .kinds.kind import OperationKind
+from .kinds.kind import MediaWaiting, OperationKind
 from .kinds.registry import KINDS, READS
 from .pipeline import execution, retention
 from .pipeline.prompt import ControlTokens
@@ -45,7 +45,7 @@ from .pipeline.tick import Tick
 from .recovery import DeviceBootError, fold
 from .recovery.checkpoints import Checkpoints
 from .recovery.replay import Replay
-from .recovery.succession import Succession
+from .recovery.succession import Failover, Succession
 from .state import DeviceState
 from .state.executions import Executions
 from .state.holds import Holds
@@ -61,13 +61,18 @@ from .storage.runtime_file import RuntimeFile
 
 if TYPE_CHECKING:
     from .engine.embedding import EmbeddingModel
-    from .loop.runner import Runner
+    from .engine.engine import TokenLogprobs
+    from .loop.runner import Event, Runner
+    from .replication.lease import Leadership
+    from .storage.checkpoint import CheckpointSummary
+    from .storage.runtime_file_writer import Stored
 
 log = logging.getLogger("gpu_worker.device")
 REGISTRATION_RESERVE_SHARE = 64
 # the device's own checkpoint past checkpoint_journal_bytes, when it must wait for saves (idle)
 AUTOMATIC_CHECKPOINT: Message = {"v": 1, "id": None, "op": "checkpoint", "principal": None, "args": {}}
 HEX32_MATCH = HEX32.match
+T = TypeVar("T")
 
 
 class Device:
@@ -75,7 +80,7 @@ class Device:
 
     def __init__(self, runtime: RuntimeFile, journal_dir: str, grants: Grants | None, *, device: str = "cpu",
                  fs: FileLayer | None = None, serve: bool = True, takeover: bool = False,
-                 leadership: Any = None, following: bool = False) -> None:
+                 leadership: Leadership | None = None, following: bool = False) -> None:
         """serve=False opens the state for an offline command (checkpoint): no grant check, no
         boot recorded. takeover: this journal is a sync standby's copy of the primary's
         (docs/replication.md): its boot continues the primary's line of history, as a restart
@@ -85,7 +90,7 @@ class Device:
         self.took_over = False  # this boot is a takeover (set by Succession.check_fresh_grants)
         # the primary's etcd lease (replication/lease.py Leadership, boot --etcd), held before this
         # boot: admissions stop once it may have lapsed; a takeover records its generation
-        self.leadership: Any = leadership
+        self.leadership: Leadership | None = leadership
         self.runtime = runtime
         self.incarnation_hex = runtime.incarnation.hex()
         self.model_digest = runtime.model_digest("gen")
@@ -129,9 +134,9 @@ class Device:
         self.kinds: dict[int, OperationKind] = KINDS
         self.runner: Runner | None = None  # set by boot (or a test) when an engine runs
         # hands events from other threads to the tick thread (the server's `deliver`; set by boot)
-        self.deliver: Callable[[list[Any]], None] | None = None
+        self.deliver: Callable[[list[Event]], None] | None = None
         # the loop's pipeline and stall watchdog state for `ping` (the server's `pipeline_state`)
-        self.pipeline_state: Callable[[], dict[str, Any]] | None = None
+        self.pipeline_state: Callable[[], dict[str, object]] | None = None
         self.background_nice = DEFAULT_NICE  # off_thread's threads (loop/threads.py); boot --background-nice
         # a hot standby's reader of its journal copy (`follow`), until it takes over; None otherwise
         self.following: Tail | None = None
@@ -169,7 +174,7 @@ class Device:
             new_lineage = self.succession.check_fresh_grants() if serve else False
             media.recover_bytes(self)  # a restore finds the media bytes in the checkpoint (kinds/media.py)
             self.committer = Committer(self, self.open_writer(recovery))
-            failover: dict[str, Any] | None = None
+            failover: Failover | None = None
             booted_ns = time.time_ns()
             if self.took_over:  # where this primary's part of the journal begins (a rejoin cuts back to it)
                 from .replication.marker import record_takeover
@@ -214,7 +219,7 @@ class Device:
         """Build the state again and follow the journal copy from there (Succession.refollow)."""
         self.succession.refollow()
 
-    def take_over(self, lock: JournalLock, leadership: Any, until: tuple[int, int]) -> None:
+    def take_over(self, lock: JournalLock, leadership: Leadership | None, until: tuple[int, int]) -> None:
         """This hot standby becomes the primary's successor (Succession.take_over)."""
         self.succession.take_over(lock, leadership, until)
 
@@ -230,7 +235,7 @@ class Device:
         self.pending_admissions: dict[int, tuple[int, int]] = {}  # transfer seq -> (receipt row, kind code)
         self.on_saved: dict[int, Callable[[Transfer], None]] = {}  # transfer seq -> what to apply once saved
         # MEDIA transfer seq -> the upload to answer: (connection, request id, sha256, participant row, bytes)
-        self.media_waiting: dict[int, tuple[Any, Any, str, int, int]] = {}
+        self.media_waiting: dict[int, MediaWaiting] = {}
         self.tick.deferred = False
 
 
@@ -239,7 +244,7 @@ class Device:
         self.checkpoints.journal_base = writer.durable_bytes - recovery.durable_bytes  # bytes before the active journal
         return writer
 
-    def _journal_hold(self, event: dict[str, Any]) -> None:
+    def _journal_hold(self, event: dict[str, object]) -> None:
         """A hold started or ended (state/holds.py): journal it; the incident is saved state."""
         if event.get("pending_bytes") is None:
             event["pending_bytes"] = self.committer.writer.queued_bytes
@@ -259,7 +264,7 @@ class Device:
             self.on_saved[seq] = on_saved
         return seq
 
-    def gather(self, inbox: deque[tuple[Any, Message]], batch: Batch) -> None:
+    def gather(self, inbox: deque[tuple[object, Message]], batch: Batch) -> None:
         """Handle commands from the front of inbox until this tick's record budget is used (Tick.gather)."""
         self.tick.gather(inbox, batch)
 
@@ -362,7 +367,7 @@ class Device:
 
     # ---- the engine -------------------------------------------------------------------------
 
-    def engine_events(self, events: list[tuple[Any, int | None, bytes, str | None, Any]]) -> None:
+    def engine_events(self, events: list[tuple[Any, int | None, bytes, str | None, TokenLogprobs | None]]) -> None:
         """The engine thread's events, on the tick thread: chat tokens or an input's output (and
         the results of other helper threads: `off_thread`)."""
         for request_id, token, data, finish, logprobs in events:
@@ -381,13 +386,15 @@ class Device:
         """Stop an input in execution (a saved cancellation): execution.cancel."""
         execution.cancel(self, rrow)
 
-    def off_thread(self, work: Callable[[], Any], then: Callable[[Any, BaseException | None], None]) -> None:
+    def off_thread(self, work: Callable[[], T], then: Callable[[T | None, BaseException | None], None]) -> None:
         """Run `work` (proportional to the data, not one tick's) on a thread of its own; `then`
         runs on the tick thread with its result or its exception. Without a server loop (tests,
         offline commands), both run here."""
         def run() -> None:
             if self.deliver is not None:
                 enter_background("aotx-off-tick", self.background_nice)
+            result: T | None
+            error: Exception | None
             try:
                 result, error = work(), None
             except Exception as exc:  # reported to `then`, not lost with the thread
@@ -406,7 +413,7 @@ class Device:
         the server to send after the step that made them."""
         return self.subscriptions.take_outbox()
 
-    def connection_closed(self, conn: Any) -> None:
+    def connection_closed(self, conn: object) -> None:
         chat.connection_closed(self, conn)
 
     @property
@@ -425,29 +432,30 @@ class Device:
     def check_hold(self) -> None:
         self.holds.check(self.journal_bytes)
 
-    def journal_state(self) -> dict[str, Any]:
-        held = self.holds.current or {}
-        since = held.get("since_ns")
-        return {"hold": bool(held), "cause": held.get("cause"), "since_ns": None if since is None else str(since),
-                "pending_bytes": str(self.committer.writer.queued_bytes), "disk_error": held.get("disk_error"),
+    def journal_state(self) -> dict[str, str | bool | None]:
+        held = self.holds.current
+        return {"hold": held is not None, "cause": held["cause"] if held else None,
+                "since_ns": str(held["since_ns"]) if held else None,
+                "pending_bytes": str(self.committer.writer.queued_bytes),
+                "disk_error": held["disk_error"] if held else None,
                 "bytes": str(self.journal_bytes), "file_cap_bytes": str(self.holds.file_cap),
                 "checkpoint_seq": str(self.state.checkpoint_seq)}
 
-    def checkpoint(self) -> dict[str, Any] | None:
+    def checkpoint(self) -> CheckpointSummary | None:
         """Fold the journal into the runtime file now (between ticks): Checkpoints.write."""
         return self.checkpoints.write()
 
-    def drained(self, conn: Any, msg: Message) -> Message | None:
+    def drained(self, conn: object, msg: Message) -> Message | None:
         """A command that waited for every transfer to be saved (Committer.when_drained): its
         answer now, or None when it comes later (Checkpoints.drained)."""
         return self.checkpoints.drained(conn, msg)
 
-    def begin_checkpoint(self, conn: Any, req_id: Any) -> None:
+    def begin_checkpoint(self, conn: object, req_id: object) -> None:
         """Fold the journal into the runtime file beside the ticks (Checkpoints.begin)."""
         self.checkpoints.begin(conn, req_id)
 
     def after_checkpoint(self, generation: int, last_seq: int, last_digest: bytes,
-                         components: list[tuple[str, str, Any]], drop: list[str], through_segment: int,
+                         components: list[Stored], drop: list[str], through_segment: int,
                          folded_bytes: int, mark: bool = True) -> None:
         """The runtime file holds generation `generation` now (Checkpoints.after_checkpoint)."""
         self.checkpoints.after_checkpoint(generation, last_seq, last_digest, components, drop, through_segment,

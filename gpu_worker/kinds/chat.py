@@ -114,7 +114,7 @@ def _prompt(engine: Any, prompt: str | None, messages: list[dict[str, Any]] | No
     return tokenizer.encode_chat(messages, images=[image.prompt for image in prepared]), prepared
 
 
-def _submit(d: Context, conn: Any, req_id: Any, principal: bytes, args: ChatArgs,
+def _submit(d: Context, conn: object, req_id: object, principal: bytes, args: ChatArgs,
             result: tuple[list[int], list[PreparedImage]] | None, error: BaseException | None) -> None:
     """On the tick thread, the prompt tokenized: refuse what does not fit, or start the chat."""
     d.usage.chat_prepared(principal)
@@ -274,7 +274,7 @@ def connection_closed(d: Context, conn: object) -> None:
             cancel(d, sub.topic, len(sub.data["choices"]))
 
 
-def model_card(d: Reporting, name: Any) -> dict[str, Any]:
+def model_card(d: Reporting, name: object) -> dict[str, Any]:
     """The card of a served generation model, by name or digest (409 for any other)."""
     card: dict[str, Any] = d.runtime.json("gen/card")
     if name in (card["name"], d.model_digest):
@@ -282,7 +282,7 @@ def model_card(d: Reporting, name: Any) -> dict[str, Any]:
     raise ServiceError(409, "model_not_available", f"model {name!r} is not served here; see /capabilities for the models")
 
 
-def list_models(d: Context, principal: bytes, args: NoArgs) -> tuple[int, Any]:
+def list_models(d: Context, principal: bytes, args: NoArgs) -> tuple[int, object]:
     card = d.runtime.json("gen/card")
     models = [{"name": card["name"], "digest": d.model_digest, "kind": "generation"}]
     if d.embedder is not None:

@@ -3,7 +3,7 @@ conversation's execution slot, and its identity stays when the slot changes."""
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -110,7 +110,15 @@ CREATE: OperationKind = OperationKind(Kind.CONVERSATION_CREATE, "conversations.c
                        target_id=target_id, visible_to=visible_to, runs=(decode_run, apply_run))
 
 
-def view(d: Tables, crow: int) -> dict[str, Any]:
+class ConversationView(TypedDict):
+    """A conversation resource as a read renders it."""
+    id: str
+    space: str
+    slot: str
+    created_by_operation: str
+
+
+def view(d: Tables, crow: int) -> ConversationView:
     t = d.state.tables
     row = t.row(t.conversations, crow)
     lineage = d.state.participants.lineage_at(row[C.CREATOR], row[C.CREATED])  # the one its ID was made with
@@ -119,7 +127,7 @@ def view(d: Tables, crow: int) -> dict[str, Any]:
             "created_by_operation": ids.operation_id(lineage, join16(row[C.OP_HI], row[C.OP_LO]))}
 
 
-def list_conversations(d: Caller, principal: bytes, args: SpacePage) -> tuple[int, Any]:
+def list_conversations(d: Caller, principal: bytes, args: SpacePage) -> tuple[int, object]:
     srow = access.space_row(d, args.space, principal, d.state.participants.by_principal.get(principal),
                             Right.READ)
     cursor, limit = args.after, args.limit
@@ -128,7 +136,7 @@ def list_conversations(d: Caller, principal: bytes, args: SpacePage) -> tuple[in
     return 200, {"items": [view(d, r) for r in rows], "next_cursor": next_cursor}
 
 
-def get_conversation(d: Caller, principal: bytes, args: ConversationRef) -> tuple[int, Any]:
+def get_conversation(d: Caller, principal: bytes, args: ConversationRef) -> tuple[int, object]:
     crow = access.conversation_row(d, args.conversation, principal,
                                    d.state.participants.by_principal.get(principal), Right.READ)
     return 200, view(d, crow)

@@ -86,7 +86,7 @@ def window_gap(first: int, last: int, readable: int) -> bool:
 
 # ---- the read --------------------------------------------------------------------------------------
 
-def list_events(d: Context, principal: bytes, args: ConversationPage) -> tuple[int, Any]:
+def list_events(d: Context, principal: bytes, args: ConversationPage) -> tuple[int, object]:
     prow = d.state.participants.by_principal.get(principal)
     crow = access.conversation_row(d, args.conversation, principal, prow, Right.READ)
     cursor, limit = args.after, args.limit

@@ -23,7 +23,7 @@ memory objects it wrote into its receipt.
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Protocol, TypeVar
 
 import msgpack
 import numpy as np
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ..engine.embedding import EmbeddingModel
     from ..pipeline.prompt import ControlTokens
     from ..loop.runner import Runner
+    from ..storage.checkpoint import CheckpointSummary
     from ..loop.subscriptions import Subscriptions
     from ..state import DeviceState
     from ..state.executions import Executions
@@ -51,6 +52,9 @@ if TYPE_CHECKING:
 ADMISSION_VERSION = 1
 _unpack = msgpack.unpackb
 _as_admission = tuple.__new__  # (Admission's fields in order: one C call)
+T = TypeVar("T")  # what a helper thread's work returns (Executing.off_thread)
+# an upload whose bytes are being written (kinds/media.py): (connection, request id, sha256, participant row, bytes)
+MediaWaiting = tuple[object, object, str, int, int]
 
 
 class Tables(Protocol):
@@ -104,11 +108,11 @@ class Journaling(Tables, Protocol):
     def fs(self) -> FileLayer: ...
 
     @property
-    def media_waiting(self) -> dict[int, tuple[Any, Any, str, int, int]]: ...
+    def media_waiting(self) -> dict[int, MediaWaiting]: ...
 
-    def journal_state(self) -> dict[str, Any]: ...
+    def journal_state(self) -> dict[str, str | bool | None]: ...
 
-    def checkpoint(self) -> dict[str, Any] | None: ...
+    def checkpoint(self) -> CheckpointSummary | None: ...
 
 
 class Publishing(Tables, Protocol):
@@ -133,7 +137,7 @@ class Executing(Tables, Protocol):
     @property
     def chats(self) -> Chats: ...
 
-    def off_thread(self, work: Callable[[], Any], then: Callable[[Any, BaseException | None], None]) -> None: ...
+    def off_thread(self, work: Callable[[], T], then: Callable[[T | None, BaseException | None], None]) -> None: ...
 
     def stop_input(self, rrow: int) -> None: ...
 
@@ -157,7 +161,7 @@ class Reporting(Tables, Protocol):
     def grant_problem(self) -> str | None: ...
 
     @property
-    def pipeline_state(self) -> Callable[[], dict[str, Any]] | None: ...
+    def pipeline_state(self) -> Callable[[], dict[str, object]] | None: ...
 
 
 class Context(Caller, Journaling, Publishing, Executing, Reporting, Protocol):
@@ -243,7 +247,7 @@ MemoryJson = Callable[[Tables, list[int], bytes], str]
 Saved = Callable[[Context, int], None]
 # a read: read(device, principal bytes (None for ops commands), its arguments (the command's type
 # in contract/commands.py)) -> (status, body)
-Read = Callable[[Context, Any, Any], tuple[int, Any]]
+Read = Callable[[Context, Any, Any], tuple[int, object]]
 # a command answered outside a tick's order: later(device, connection, message, the tick's batch)
 # -> journal records used
 Later = Callable[[Context, object, "Message", "Batch"], int]

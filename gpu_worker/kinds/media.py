@@ -18,7 +18,7 @@ import hashlib
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgpack
 
@@ -33,6 +33,7 @@ from .kind import Caller, Context, Journaling, Tables
 
 if TYPE_CHECKING:
     from ..storage.committer import Batch
+    from ..storage.filelayer import FileLayer
 
 
 log = logging.getLogger("gpu_worker.media")
@@ -89,12 +90,12 @@ def missing(d: Tables) -> list[str]:
     return sorted(sha for sha, source in d.state.media.items() if source.missing)
 
 
-def view(d: Tables, sha: str) -> dict[str, Any]:
+def view(d: Tables, sha: str) -> dict[str, str]:
     source = d.state.media[sha]
     return {"sha256": sha, "length": str(source.length), "type": source.type}
 
 
-def _store(directory: str, fs: Any, sha: str, data: bytes) -> None:
+def _store(directory: str, fs: FileLayer, sha: str, data: bytes) -> None:
     """Off the tick thread: the digest, then the file written and fsynced (file, then directory)."""
     if hashlib.sha256(data).hexdigest() != sha:
         raise ServiceError(400, "digest_mismatch", "the bytes do not hash to the sha256 in the path")
@@ -134,7 +135,7 @@ def put(d: Context, conn: object, msg: Message, batch: Batch) -> int:
     owner = d.state.participants.raw[prow]
     d.usage.media_in_flight[prow] += len(data)
 
-    def stored(_: Any, error: BaseException | None) -> None:
+    def stored(_: None, error: BaseException | None) -> None:
         source = d.state.media.get(sha)
         if error is None and source is not None:
             source.missing = False  # its bytes are written (again): an upload restores a lost source

@@ -113,7 +113,7 @@ SET: OperationKind = OperationKind(Kind.MEMBER_SET, "members.set", check=check, 
                     visible_to=visible_to, saved=saved, runs=(decode_run, apply_run))
 
 
-def list_members(d: Caller, principal: bytes, args: SpacePage) -> tuple[int, Any]:
+def list_members(d: Caller, principal: bytes, args: SpacePage) -> tuple[int, object]:
     """The owner (implicit, on the first page) then the explicit rows in creation order; a page
     holds at most `limit` items, the owner taking one of the first page's places. Cursors are the
     explicit rows' creation counters; after a first page of the owner alone it is "0", which no

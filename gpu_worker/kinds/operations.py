@@ -4,7 +4,6 @@ result bytes from a byte offset (SPEC "Results and memory")."""
 from __future__ import annotations
 
 import bisect
-from typing import Any
 
 from ..contract import ids
 from ..contract.commands import OperationBytes, OperationRef, Page, ReceiptFilter
@@ -64,7 +63,7 @@ def visible_result(d: Context, principal: bytes, op: str) -> tuple[int, bool]:
     return rrow, own
 
 
-def list_operations(d: Context, principal: bytes, args: Page) -> tuple[int, Any]:
+def list_operations(d: Context, principal: bytes, args: Page) -> tuple[int, object]:
     cursor, limit = args.after, args.limit
     prow = d.state.participants.by_principal.get(principal)
     seqs = d.state.live_sequences(prow) if prow is not None else range(0)
@@ -77,12 +76,12 @@ def list_operations(d: Context, principal: bytes, args: Page) -> tuple[int, Any]
     return 200, {"items": items, "next_cursor": str(page[-1]) if more and page else None}
 
 
-def get_operation(d: Context, principal: bytes, args: OperationRef) -> tuple[int, Any]:
+def get_operation(d: Context, principal: bytes, args: OperationRef) -> tuple[int, object]:
     rrow, own = visible_receipt(d, principal, args.operation)
     return 200, RawJSON(receipts.receipt_bytes(d, rrow, own=own))
 
 
-def read_result(d: Context, principal: bytes, args: OperationBytes) -> tuple[int, Any]:
+def read_result(d: Context, principal: bytes, args: OperationBytes) -> tuple[int, object]:
     """An operation's saved result bytes from a byte offset: exact base64, `text` null unless the
     span is complete UTF-8 (nothing is ever replaced); 504 past its execution deadline."""
     rrow, _ = visible_result(d, principal, args.operation)
@@ -96,7 +95,7 @@ def refuse_past_deadline(row: list[int]) -> None:
         raise ServiceError(504, "deadline_exceeded", "the operation exceeded its execution deadline")
 
 
-def result(d: Tables, rrow: int, args: OperationBytes) -> tuple[int, Any]:
+def result(d: Tables, rrow: int, args: OperationBytes) -> tuple[int, object]:
     t = d.state.tables
     row = t.row(t.receipts, rrow)
     if not d.kinds[row[R.KIND]].executes:
@@ -125,7 +124,7 @@ READS: dict[str, Read] = {"operations.list": list_operations, "operations.get": 
 _STATUS_CODES = {name: code for code, name in receipts.TERMINAL_NAMES.items()}
 
 
-def _any_receipt(d: Tables, op: Any) -> int:
+def _any_receipt(d: Tables, op: object) -> int:
     m = ids.OPERATION_ID.match(op) if isinstance(op, str) else None
     rrow = d.state.receipts.op_row(ids.split_id(m)[1]) if m else None
     if rrow is None:
@@ -133,7 +132,7 @@ def _any_receipt(d: Tables, op: Any) -> int:
     return rrow
 
 
-def ops_receipts(d: Context, principal: Any, args: ReceiptFilter) -> tuple[int, Any]:
+def ops_receipts(d: Context, principal: bytes | None, args: ReceiptFilter) -> tuple[int, object]:
     """Every live receipt, in admission order, filtered by participant, kind, status and save state."""
     table = d.state.tables.receipts
     mask = table[:, R.STATE] == 1
@@ -169,11 +168,11 @@ def ops_receipts(d: Context, principal: Any, args: ReceiptFilter) -> tuple[int, 
     return 200, {"items": [RawJSON(receipts.receipt_bytes(d, r)) for r in rows], "next_cursor": next_cursor}
 
 
-def ops_receipt(d: Context, principal: Any, args: OperationRef) -> tuple[int, Any]:
+def ops_receipt(d: Context, principal: bytes | None, args: OperationRef) -> tuple[int, object]:
     return 200, RawJSON(receipts.receipt_bytes(d, _any_receipt(d, args.operation)))
 
 
-def ops_result(d: Tables, principal: Any, args: OperationBytes) -> tuple[int, Any]:
+def ops_result(d: Tables, principal: bytes | None, args: OperationBytes) -> tuple[int, object]:
     return result(d, _any_receipt(d, args.operation), args)
 
 

@@ -3,7 +3,7 @@ A principal's lineage and participant ID exist before it registers (derived from
 incarnation); registering gives it a table row and its sequence counters."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from ..contract import ids
 from ..contract.commands import Mutation, NoArgs, ParticipantRef
@@ -40,7 +40,16 @@ REGISTER: OperationKind = OperationKind(Kind.PARTICIPANT_REGISTER, "participant.
                          target_id=target_id)
 
 
-def view(d: Tables, prow: int, *, own: bool) -> dict[str, Any]:
+class ParticipantView(TypedDict):
+    """A participant resource as a read renders it."""
+    id: str | None
+    registered: bool
+    lineage: str
+    next_sequence: str | None
+    retry_floor: str | None
+
+
+def view(d: Tables, prow: int, *, own: bool) -> ParticipantView:
     """A participant resource; sequence counters are null for anyone but its own principal."""
     row = d.state.tables.row(d.state.tables.participants, prow)
     return {"id": d.state.participants.public_id[prow], "registered": True,
@@ -49,7 +58,7 @@ def view(d: Tables, prow: int, *, own: bool) -> dict[str, Any]:
             "retry_floor": str(row[P.RETRY_FLOOR]) if own else None}
 
 
-def get_own(d: Tables, principal: bytes, args: NoArgs) -> tuple[int, Any]:
+def get_own(d: Tables, principal: bytes, args: NoArgs) -> tuple[int, object]:
     participants = d.state.participants
     prow = participants.by_principal.get(principal)
     if prow is None:
@@ -58,7 +67,7 @@ def get_own(d: Tables, principal: bytes, args: NoArgs) -> tuple[int, Any]:
     return 200, view(d, prow, own=True)
 
 
-def get_other(d: Tables, principal: bytes, args: ParticipantRef) -> tuple[int, Any]:
+def get_other(d: Tables, principal: bytes, args: ParticipantRef) -> tuple[int, object]:
     participants = d.state.participants
     m = ids.PARTICIPANT_ID.match(args.participant)
     prow = participants.by_raw.get(bytes.fromhex(m.group(1))) if m else None

@@ -3,7 +3,7 @@ of the local socket (`ping`, `checkpoint`), which carry no principal."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..contract.commands import AuditExport, NoArgs
 from ..contract.limits import INPUT_BYTES, MAX_MEDIA, MEDIA_LINK_BYTES
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..storage.committer import Batch
 
 
-def capabilities(d: Context, principal: bytes, args: NoArgs) -> tuple[int, Any]:
+def capabilities(d: Context, principal: bytes, args: NoArgs) -> tuple[int, object]:
     runtime = d.runtime
     card = runtime.json("gen/card")
     profile = runtime.runtime_profile
@@ -55,7 +55,7 @@ def capabilities(d: Context, principal: bytes, args: NoArgs) -> tuple[int, Any]:
 FAILOVERS_REPORTED = 20  # the newest takeovers a ping reports
 
 
-def ping(d: Context, principal: bytes | None, args: NoArgs) -> tuple[int, Any]:
+def ping(d: Context, principal: bytes | None, args: NoArgs) -> tuple[int, object]:
     """Ops status (no principal: the socket admits the gateway's user only, loop/server.py): what the gateway's /metrics,
     /healthz and admin pages show."""
     return 200, {"ok": True, "boot": str(d.state.boot), "generation": str(d.state.generation),
@@ -86,7 +86,7 @@ def kv_pool(d: Executing) -> dict[str, int] | None:
             "waiting": pool.waiting}
 
 
-def checkpoint(d: Journaling, principal: bytes | None, args: NoArgs) -> tuple[int, Any]:
+def checkpoint(d: Journaling, principal: bytes | None, args: NoArgs) -> tuple[int, object]:
     return 200, d.checkpoint() or {"generation": d.state.generation, "folded": 0}
 
 
@@ -103,7 +103,7 @@ def audit_export(d: Context, conn: object, msg: Message, batch: Batch) -> int:
         return 0
     runtime_path, journal_dir = d.runtime.path, d.journal_dir
 
-    def done(summary: Any, error: BaseException | None) -> None:
+    def done(summary: dict[str, object] | None, error: BaseException | None) -> None:
         if error is not None:
             failure = ServiceError(507, "audit_export_failed", f"audit export failed: {error}")
             d.subscriptions.outbox.append((conn, reply(req_id, failure.status, failure.body())))

@@ -3,7 +3,7 @@ scope never changes. Reads list the spaces the caller has any effective right on
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -125,7 +125,17 @@ def memory_owner(d: Tables, scope: int, space: str) -> str:
     return "private-" + derived.memory_owner(d.state.incarnation, space).hex()
 
 
-def view(d: Tables, srow: int, rights: int) -> dict[str, Any]:
+class SpaceView(TypedDict):
+    """A space resource as a read renders it, with the reader's rights in it."""
+    id: str
+    scope: str
+    owner: str
+    memory_owner: str
+    created_by_operation: str
+    rights: list[str]
+
+
+def view(d: Tables, srow: int, rights: int) -> SpaceView:
     t = d.state.tables
     row = t.row(t.spaces, srow)
     owner = row[S.OWNER]
@@ -137,14 +147,14 @@ def view(d: Tables, srow: int, rights: int) -> dict[str, Any]:
             "rights": access.right_names(rights)}
 
 
-def list_spaces(d: Caller, principal: bytes, args: Page) -> tuple[int, Any]:
+def list_spaces(d: Caller, principal: bytes, args: Page) -> tuple[int, object]:
     rights = access.visible_spaces(d, principal, d.state.participants.by_principal.get(principal))
     rows, next_cursor = page(d.state.tables.spaces, S.CREATED, rights != 0, args.after, args.limit)
     by_row = rights.tolist()
     return 200, {"items": [view(d, r, by_row[r]) for r in rows], "next_cursor": next_cursor}
 
 
-def get_space(d: Caller, principal: bytes, args: SpaceRef) -> tuple[int, Any]:
+def get_space(d: Caller, principal: bytes, args: SpaceRef) -> tuple[int, object]:
     prow = d.state.participants.by_principal.get(principal)
     srow = access.space_row(d, args.space, principal, prow, Right.READ)
     return 200, view(d, srow, access.effective_rights(d, principal, prow, srow))

@@ -18,13 +18,13 @@ from ..engine.scheduler import EngineRefusal
 from .threads import DEFAULT_NICE, enter_background
 
 if TYPE_CHECKING:
-    from ..engine.engine import Engine
+    from ..engine.engine import Engine, TokenLogprobs
 
 # A command on the queue: ("submit", request_id, prompt_ids, settings) or ("cancel", request_id, reason).
 Command = tuple[Any, ...]
 # (request_id, token_id, released bytes, finish reason or None, token logprobs or None): the engine's
 # StepEvent, or an end without a token (token_id None) for a refusal, a cancellation or the engine's failure.
-Event = tuple[object, int | None, bytes, str | None, Any]
+Event = tuple[object, int | None, bytes, str | None, "TokenLogprobs | None"]
 
 log = logging.getLogger("gpu_worker.runner")
 

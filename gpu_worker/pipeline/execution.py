@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
@@ -66,6 +66,9 @@ from ..state.executions import IN_THE_ENGINE, LEASE_AHEAD, READY_TO_COMPLETE, Ex
 from ..state.tables import C, Finish, P, R, Terminal, join16
 from ..storage import leases
 from ..storage.journal import Transfer, TransferKind, record_count
+
+if TYPE_CHECKING:
+    import torch
 
 
 OUTPUT_CHUNK = 480            # bytes per OUTPUT transfer: 4 records with its header
@@ -234,7 +237,8 @@ def lease_saved(d: Context, rrows: list[int], transfer: Transfer, live: bool, re
         d.off_thread(functools.partial(d.embedder.encode, texts), functools.partial(_embedded, d, rrow, body))
 
 
-def _embedded(d: Context, rrow: int, body: dict[str, Any], vectors: Any, error: BaseException | None) -> None:
+def _embedded(d: Context, rrow: int, body: dict[str, Any], vectors: torch.Tensor | None,
+              error: BaseException | None) -> None:
     """On the tick thread, the query embedded: recall from the conversation's memory, retain the
     source (a MEMORY transfer, applied now like an admission), and build the prompt with the
     recalled memory on a helper thread. Its context is what its submitter may read now, its lease
@@ -244,7 +248,7 @@ def _embedded(d: Context, rrow: int, body: dict[str, Any], vectors: Any, error: 
     execution = d.executions.live.get(rrow)
     if execution is None or execution.phase is not Phase.MEMORY or d.runner is None:
         return
-    if error is not None:
+    if error is not None or vectors is None:  # (the embedding failed)
         execution.end(Finish.FAILED)
         return
     t = d.state.tables

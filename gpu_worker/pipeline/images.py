@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..contract.errors import ServiceError
 from ..engine.vision import MAX_IMAGE_PIXELS, MediaError, PreparedImage
 from ..kinds.media import media_dir, read_source
 from .prompt import fit_prompt
 from ..kinds.kind import Context, Executing
+
+if TYPE_CHECKING:
+    from ..engine.tokenizer import Tokenizer
 
 
 TAIL_BYTES = 4096  # how much of a file's end the truncation check reads
@@ -104,12 +107,11 @@ def image_rows(d: Executing, body: dict[str, Any]) -> list[str]:
 class _WithImages:
     """A tokenizer whose `encode_chat` puts the prepared images' text at the image parts."""
 
-    def __init__(self, tokenizer: Any, prompts: list[str]):
+    def __init__(self, tokenizer: Tokenizer, prompts: list[str]):
         self.tokenizer, self.prompts = tokenizer, prompts
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        ids: list[int] = self.tokenizer.encode_chat(messages, images=self.prompts)
-        return ids
+        return self.tokenizer.encode_chat(messages, images=self.prompts)
 
 
 def with_image_parts(messages: list[dict[str, Any]], text: str, count: int) -> list[dict[str, Any]]:

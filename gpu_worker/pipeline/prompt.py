@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Protocol
 
 from ..contract.commands import RESERVED_TOKENS
 
@@ -36,7 +36,14 @@ class ControlTokens:
         return m.group(0) if m else None
 
 
-def fit_prompt(tokenizer: Any, messages: list[dict[str, str]], room: int,
+class ChatEncoder(Protocol):
+    """What fits a prompt: a chat's messages as the model's prompt ids (engine/tokenizer.py
+    `Tokenizer`, or images.py's with the prepared images' text)."""
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]: ...
+
+
+def fit_prompt(tokenizer: ChatEncoder, messages: list[dict[str, str]], room: int,
                system: str | None = None) -> list[int] | None:
     """The prompt of the most recent turns that fit `room` tokens (turns are user + assistant
     pairs before the last message), with the recalled-memory system message, when there is one,
@@ -50,8 +57,7 @@ def fit_prompt(tokenizer: Any, messages: list[dict[str, str]], room: int,
     head = [{"role": "system", "content": system}] if system else []
 
     def encoded(dropped: int) -> list[int]:
-        ids: list[int] = tokenizer.encode_chat(messages[2 * dropped:-1] + head + messages[-1:])
-        return ids
+        return tokenizer.encode_chat(messages[2 * dropped:-1] + head + messages[-1:])
 
     ids = encoded(0)
     if len(ids) <= room:

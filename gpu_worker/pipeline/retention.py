@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, Callable
+from typing import Callable
 
 import msgpack
 import numpy as np
@@ -30,7 +30,7 @@ INTERPRETATION_RULE = ("Write one short sentence that says what the user stated 
 INTERPRETATION_QUOTE = 1024   # characters of the user's text and of the answer the interpretation reads
 
 
-def retain(d: Context, rrow: int, kind: int, flags: int, text: bytes | None, embedding: Any) -> None:
+def retain(d: Context, rrow: int, kind: int, flags: int, text: bytes | None, embedding: torch.Tensor) -> None:
     """Journal the memory row an input writes (or why it writes none: a full table, or its
     principal's memory_rows quota). The row is written now, invisible, and shows once the
     transfer is saved; a restart replays it through `apply_memory`."""
@@ -154,10 +154,10 @@ def interpretation_event(d: Context, rrow: int, data: bytes, finish: str | None)
         not_retained(d, execution)
         return
 
-    def then(vectors: Any, error: BaseException | None) -> None:
+    def then(vectors: torch.Tensor | None, error: BaseException | None) -> None:
         if execution.phase is not Phase.INTERPRETING:
             return
-        if error is None:
+        if error is None and vectors is not None:
             flags = Flag.MANAGED if execution.revision == leases.AFFECT_MANAGED else 0
             retain(d, rrow, MemoryKind.INTERPRETATION, flags, text, vectors[0])
         execution.end()

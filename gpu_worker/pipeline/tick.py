@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 from ..contract.errors import ServiceError
 from ..contract.wire import Message, reply
@@ -50,7 +50,7 @@ class Tick:
         self.d = device
         self.deferred = False
 
-    def gather(self, inbox: deque[tuple[Any, Message]], batch: Batch) -> None:
+    def gather(self, inbox: deque[tuple[object, Message]], batch: Batch) -> None:
         """Handle commands from the front of inbox until this tick's record budget is used; what
         is left stays queued for the next tick. Engine work goes first, but never starves a
         mutation that did not fit the last tick."""

@@ -13,11 +13,18 @@ import signal
 import socket
 import sys
 import threading
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from ..contract.grantfile import GrantFileError, Grants
 from ..loop.threads import DEFAULT_NICE, keep_off_the_tick_cpu
 from ..loop.watchdog import STALL_SECONDS
+
+if TYPE_CHECKING:
+    from ..device import Device
+    from ..engine.engine import Engine
+    from ..replication.lease import Etcd, LeaderWatch, Leadership
+    from ..storage.runtime_file import RuntimeFile
+    from ..storage.runtime_file_lock import FileLock
 
 
 def _device_name(choice):
@@ -197,7 +204,7 @@ def main(argv):
         runtime_lock.release()
 
 
-def _open_runtime(args: argparse.Namespace, fail: Callable[..., int]) -> tuple[Grants, Any, Any] | int:
+def _open_runtime(args: argparse.Namespace, fail: Callable[..., int]) -> "tuple[Grants, FileLock, RuntimeFile] | int":
     """The grant file, the runtime file's writer lock and the file (a device, and a standby that
     may become one), or boot's exit code once `fail` said why. The device is the file's one writer
     (its checkpoints append to it; a standby's copy takes the primary's) for as long as it runs: a
@@ -232,7 +239,7 @@ class _Threads(NamedTuple):
     other_cpus: set[int]
 
 
-def _campaign(args: argparse.Namespace, etcd: Any = None) -> Any:
+def _campaign(args: argparse.Namespace, etcd: "Etcd | None" = None) -> "Leadership":
     """Take the leader key (--etcd): the Leadership, or LeadershipError (another primary holds it,
     etcd unreachable). The key's value says where this device serves (gateways follow it). `etcd`:
     the client a standby used so far (it knows which members answer)."""
@@ -245,7 +252,8 @@ def _campaign(args: argparse.Namespace, etcd: Any = None) -> Any:
     return leadership
 
 
-def _serve(args: argparse.Namespace, runtime: Any, device: Any, leadership: Any, engine: Any, threads: _Threads,
+def _serve(args: argparse.Namespace, runtime: "RuntimeFile", device: "Device", leadership: "Leadership | None",
+           engine: "Engine | None", threads: _Threads,
            fail: Callable[..., int]) -> int:
     """Serve `device` on DIR/service.sock until SIGTERM: the replication shipper (--replicate), the
     engine runner (`engine` when a hot standby loaded it already), then the loop. Stops the
@@ -393,7 +401,7 @@ def _standby(args: argparse.Namespace, argv: list[str], threads: _Threads, fail:
         previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda *_: take_over_now())
         watch = None
 
-        def watching() -> Any:
+        def watching() -> "LeaderWatch | None":
             if etcd is None:
                 return None
             from ..replication.lease import LeaderWatch

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Mapping, NotRequired, Protocol, TypedDict
 
 import msgpack
 
@@ -20,9 +20,32 @@ from ..storage.journal import JournalError, Transfer, TransferKind
 from ..storage.runtime_file import RuntimeFile
 from . import fold
 
+if TYPE_CHECKING:
+    from ..loop.runner import Event
+    from ..storage.checkpoint import CheckpointSummary
+    from ..storage.runtime_file_writer import Stored
+
 log = logging.getLogger("gpu_worker.device")
 # receipts rows a loop step marks after a fold beside the ticks (`Checkpoints._mark_folded`): ~6 ms here
 MARK_ROWS = 65536
+# who asked for a checkpoint: (connection, request id); (None, None) for the device's own automatic one
+Waiter = tuple[object, object]
+
+
+class FoldBeside(TypedDict):
+    """A checkpoint folding beside the ticks (`Checkpoints.begin`): who waits for it, what it
+    folds, and the times of its steps as they pass."""
+    waiters: list[Waiter]
+    generation: int
+    last_seq: int
+    last_digest: bytes
+    through: int
+    folded_bytes: int
+    folded: int
+    started: float
+    folded_at: NotRequired[float]
+    published_at: NotRequired[float]
+    state_bytes: NotRequired[int]
 
 
 class Checkpointed(Context, checkpoint.Folding, Protocol):
@@ -31,7 +54,7 @@ class Checkpointed(Context, checkpoint.Folding, Protocol):
 
     runtime: RuntimeFile
     background_nice: int
-    deliver: Callable[[list[Any]], None] | None
+    deliver: Callable[[list[Event]], None] | None
 
     def check_hold(self) -> None: ...
 
@@ -44,7 +67,7 @@ class Checkpoints:
 
     def __init__(self, device: Checkpointed) -> None:
         self.d = device
-        self.folding: dict[str, Any] | None = None  # a checkpoint folding beside the ticks (`begin`)
+        self.folding: FoldBeside | None = None  # a checkpoint folding beside the ticks (`begin`)
         self.journal_base = 0  # bytes before the active journal (since the last checkpoint trimmed it)
 
     @property
@@ -52,7 +75,7 @@ class Checkpoints:
         """Bytes of the active journal (since the last checkpoint trimmed it)."""
         return self.d.committer.writer.durable_bytes - self.journal_base
 
-    def write(self) -> dict[str, Any] | None:
+    def write(self) -> CheckpointSummary | None:
         """Fold the journal into the runtime file now (between ticks)."""
         d = self.d
         try:
@@ -65,7 +88,7 @@ class Checkpoints:
         d.check_hold()
         return result
 
-    def drained(self, conn: Any, msg: Message) -> Message | None:
+    def drained(self, conn: object, msg: Message) -> Message | None:
         """A command that waited for every transfer to be saved (Committer.when_drained): its
         answer now, or None when it comes later (a served device's checkpoint folds beside its
         ticks: `begin`)."""
@@ -74,7 +97,7 @@ class Checkpoints:
             return None
         return self.d.read(msg)
 
-    def begin(self, conn: Any, req_id: Any) -> None:
+    def begin(self, conn: object, req_id: object) -> None:
         """Fold the journal into the runtime file beside the ticks (gpu_worker/recovery/fold.py): a
         new segment now, the fold of the ones before it in another process
         (gpu_worker/fold_cli.py), its append on a thread of this one (and the removal of the folded
@@ -104,7 +127,7 @@ class Checkpoints:
                                   "started": time.perf_counter()}
         runtime_path, nice = d.runtime.path, d.background_nice
 
-        def fold_and_publish() -> tuple[list[tuple[str, str, Any]], list[str]]:
+        def fold_and_publish() -> tuple[fold.Components, list[str]]:
             made, drop = fold.run(runtime_path, work, last_seq, nice)
             folding["folded_at"] = time.perf_counter()
             checkpoint.publish(d, made, drop, folding["generation"])
@@ -116,7 +139,8 @@ class Checkpoints:
             return made, drop
         d.off_thread(fold_and_publish, lambda result, error: self._folded_beside(folding, result, error))
 
-    def _folded_beside(self, folding: dict[str, Any], result: Any, error: BaseException | None) -> None:
+    def _folded_beside(self, folding: FoldBeside, result: tuple[fold.Components, list[str]] | None,
+                       error: BaseException | None) -> None:
         """The fold is in the runtime file and its segments are gone (or it failed: the segments
         stay, nothing is lost): the standby gets the components, the receipts it saved say so (in
         slices between ticks: `_mark_folded`), and then whoever asked is answered."""
@@ -125,6 +149,7 @@ class Checkpoints:
             self.folding = None
             self._failed(folding["waiters"], error)
             return
+        assert result is not None  # (fold_and_publish returns its components or raises)
         made, drop = result
         self.after_checkpoint(folding["generation"], folding["last_seq"], folding["last_digest"], made, drop,
                               folding["through"], folding["folded_bytes"], mark=False)
@@ -134,7 +159,7 @@ class Checkpoints:
         folding["state_bytes"] = len(made[0][2])
         self._mark_folded(folding, 0)
 
-    def _mark_folded(self, folding: dict[str, Any], start: int) -> None:
+    def _mark_folded(self, folding: FoldBeside, start: int) -> None:
         """Mark the receipts the fold saved (Tables.mark_folded) MARK_ROWS rows at a time, one
         slice a loop step (the whole table at once held the tick loop 171 ms at 1.85M rows); a
         receipt not yet marked shows its save as the journal's, which is true too. The checkpoint
@@ -160,18 +185,18 @@ class Checkpoints:
                                                "last_seq": folding["last_seq"],
                                                "state_bytes": folding["state_bytes"], "seconds": seconds})
 
-    def _failed(self, waiters: list[tuple[Any, Any]], error: BaseException) -> None:
+    def _failed(self, waiters: list[Waiter], error: BaseException) -> None:
         log.warning("checkpoint failed: %s", error)
         self._answer(waiters, 507, ServiceError(507, "checkpoint_failed", f"checkpoint failed: {error}").body())
 
-    def _answer(self, waiters: list[tuple[Any, Any]], status: int, body: dict[str, Any] | bytes) -> None:
+    def _answer(self, waiters: list[Waiter], status: int, body: Mapping[str, object] | bytes) -> None:
         payload = body if isinstance(body, bytes) else dumps(body)
         for conn, req_id in waiters:
             if conn is not None:  # (None: the device's own automatic checkpoint)
                 self.d.subscriptions.outbox.append((conn, reply(req_id, status, payload)))
 
     def after_checkpoint(self, generation: int, last_seq: int, last_digest: bytes,
-                         components: list[tuple[str, str, Any]], drop: list[str], through_segment: int,
+                         components: list[Stored], drop: list[str], through_segment: int,
                          folded_bytes: int, mark: bool = True) -> None:
         """The runtime file holds generation `generation` now, every transfer through `last_seq`
         (the journal segments through `through_segment`, `folded_bytes` of the writer's count: the

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 import msgpack
 
@@ -21,7 +21,18 @@ from . import DeviceBootError
 from .checkpoints import Checkpoints
 from .replay import Replay
 
+if TYPE_CHECKING:
+    from ..replication.lease import Leadership
+
 log = logging.getLogger("gpu_worker.device")
+
+
+class Failover(TypedDict):
+    """A takeover's failover incident as its boot records it (docs/replication.md): where this
+    primary's part of the journal begins, its leadership generation (etcd), the file's generation."""
+    position: list[int]
+    generation: int | None
+    file_generation: int
 
 
 class Succeeding(Context, Protocol):
@@ -30,7 +41,7 @@ class Succeeding(Context, Protocol):
     runtime: RuntimeFile
     runtime_fs: FileLayer
     lock: JournalLock
-    leadership: Any
+    leadership: Leadership | None
     takeover: bool
     took_over: bool
     following: Tail | None
@@ -119,7 +130,7 @@ class Succession:
                                            grants.written_at_ns, lines + new_lineage))
         return new_lineage
 
-    def failover_generation(self, failover: dict[str, Any], at_ns: int) -> None:
+    def failover_generation(self, failover: Failover, at_ns: int) -> None:
         """A takeover makes the runtime file's next generation, `failover["file_generation"]`, the
         one every receipt it saves carries in its save fields (SPEC: they identify the file
         generation): the file gets the failover component (replication FAILOVER: the failover
@@ -157,7 +168,7 @@ class Succession:
         d.following = Tail(d.journal_dir, d.runtime.incarnation, recovery)
         d.loaded(recovery, started)
 
-    def take_over(self, lock: JournalLock, leadership: Any, until: tuple[int, int]) -> None:
+    def take_over(self, lock: JournalLock, leadership: Leadership | None, until: tuple[int, int]) -> None:
         """This hot standby becomes the primary's successor: it applies what its journal copy holds
         before `until` and boots as `boot --takeover` would (the same checks, the same boot
         transfer), without reading the journal again. `lock` is the journal's, handed over by the

@@ -30,6 +30,13 @@ class Incident(TypedDict):
     pending_bytes: int | None
 
 
+class Hold(TypedDict):
+    """The hold that lasts now (Holds.current)."""
+    cause: str
+    since_ns: int
+    disk_error: str | None
+
+
 class Holds:
     def __init__(self, fs: FileLayer, journal_dir: str, file_cap: int, min_free_disk: int,
                  journal: Callable[[dict[str, object]], None]) -> None:
@@ -38,8 +45,8 @@ class Holds:
         self.file_cap = file_cap
         self.min_free_disk = min_free_disk
         self.journal = journal  # records a hold event: {"event": "start" | "end", ...the incident}
-        # {"cause", "since_ns", "disk_error"} while held (read by the device as a plain map)
-        self.current: dict[str, Any] | None = None
+        # the hold while one lasts (read by the device as a plain map)
+        self.current: Hold | None = None
 
     def check(self, journal_bytes: int) -> None:
         """Hold on file-cap or disk pressure; lift the hold once both clear."""

@@ -20,7 +20,7 @@ import logging
 import os
 import struct
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
 import msgpack
 import numpy as np
@@ -39,6 +39,17 @@ if TYPE_CHECKING:
     from .runtime_file_writer import Stored
 
 log = logging.getLogger("gpu_worker.checkpoint")
+
+
+class CheckpointSummary(TypedDict):
+    """What a checkpoint reports: the file's generation and the transfers it folded (none: the
+    generation only), and for one that folded, through which seq, its state's size and its time."""
+    generation: int
+    folded: int
+    last_seq: NotRequired[int]
+    state_bytes: NotRequired[int]
+    seconds: NotRequired[float]
+
 STATE = "state/current"
 STATE_VERSION = 2
 ROW_TABLES = ("participants", "spaces", "members", "conversations", "receipts")
@@ -286,7 +297,7 @@ def trim(device: Folding, through_segment: int) -> None:
     device.fs.fsync_dir(device.journal_dir)
 
 
-def write(device: Folding, media: tuple[list[tuple[str, str, bytes]], list[str]]) -> dict[str, Any] | None:
+def write(device: Folding, media: tuple[list[tuple[str, str, bytes]], list[str]]) -> CheckpointSummary | None:
     """Fold the device's journal into the runtime file here, now (the device idle: every transfer
     saved, here and on a sync standby: Committer.all_saved), with `media` (components to add,
     component names to drop: kinds/media.checkpoint_components). An offline command's and a test's;
