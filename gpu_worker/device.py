@@ -179,7 +179,7 @@ class Device:
             if self.took_over:  # where this primary's part of the journal begins (a rejoin cuts back to it)
                 from .replication.marker import record_takeover
                 writer = self.committer.writer
-                record_takeover(journal_dir, (writer.segment, writer.offset))
+                record_takeover(journal_dir, (writer.segment, writer.offset), self.fs)
                 failover = {"position": [writer.segment, writer.offset],
                             "generation": leadership.generation if leadership is not None else None,
                             "file_generation": self.runtime.generation + 1}

@@ -21,6 +21,7 @@ import os
 import time
 from typing import Mapping
 
+from ..storage.filelayer import FileLayer, OsFileLayer
 from .ids import HEX32
 from .vocabulary import ACTIONS, DEFAULT_RATES, MAX_QUOTA, QUOTAS, RATES
 
@@ -110,30 +111,15 @@ def document(principals: Mapping[str, tuple[str, list[str]]], written_at_ns: int
     return {"schema": SCHEMA, "written_at_ns": written_at_ns or time.time_ns(), "principals": entries}
 
 
-def write(path: str, doc: dict[str, object]) -> int:
-    """Check doc as the device would, then replace the file atomically: a temporary file, fsynced,
-    renamed over the old one, the directory fsynced (the device never reads a half-written file).
-    Returns the number of principals written; GrantFileError writes nothing."""
+def write(path: str, doc: dict[str, object], fs: FileLayer | None = None) -> int:
+    """Check doc as the device would, then replace the file atomically through the file layer (a
+    temporary file, fsynced, renamed over the old one, the directory fsynced:
+    `FileLayer.write_atomically`; the device never reads a half-written file). Returns the number
+    of principals written; GrantFileError writes nothing."""
     principals, _ = parse(doc, path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, sort_keys=True, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    data = json.dumps(doc, sort_keys=True, indent=1).encode("utf-8")
+    (fs or OsFileLayer()).write_atomically(path, data, mode=FILE_MODE, tmp=f"{path}.tmp.{os.getpid()}")
     return len(principals)
 
 

@@ -1,9 +1,10 @@
 """Media sources (`PUT /aotx/v1/media/{sha256}`): content-addressed files under <journal>/media/,
 each owned by the participants that uploaded it. The bytes are hashed, written and fsynced (file,
-then directory) on a thread of their own before the MEDIA transfer that records the owner is
-appended, so a saved owner always has its bytes. An upload answers 201 once that transfer is
-saved, 200 when the caller already owns the source. The caller's media_bytes quota (kinds/quotas.py)
-counts an upload from its check until its owner is saved or it is refused.
+then directory: the device's file layer's `write_atomically`) on a thread of their own before the
+MEDIA transfer that records the owner is appended, so a saved owner always has its bytes. An
+upload answers 201 once that transfer is saved, 200 when the caller already owns the source. The
+caller's media_bytes quota (kinds/quotas.py) counts an upload from its check until its owner is
+saved or it is refused.
 
 A checkpoint carries the bytes of every source it lists (`media/<sha256>` components of the
 runtime file: storage/checkpoint.py), so a restore onto a fresh journal directory has them:
@@ -79,7 +80,7 @@ def recover_bytes(d: Context) -> None:
                      directory, d.runtime.path)
         else:
             if os.path.exists(path):  # not its bytes (another length): kept aside, so an upload writes them again
-                os.replace(path, path + ".damaged")
+                d.fs.replace(path, path + ".damaged")
             log.warning("media source %s (%d bytes, %s) is listed by the saved state but its bytes are neither "
                         "under %s nor in runtime file %s; inputs naming it answer 409 media_unavailable until "
                         "its owner uploads it again", sha, source.length, source.type, directory, d.runtime.path)
@@ -96,20 +97,16 @@ def view(d: Tables, sha: str) -> dict[str, str]:
 
 
 def _store(directory: str, fs: FileLayer, sha: str, data: bytes) -> None:
-    """Off the tick thread: the digest, then the file written and fsynced (file, then directory)."""
+    """Off the tick thread: the digest, then the file put in place durably through the device's
+    file layer (a temporary file written and fsynced, renamed, the directory fsynced)."""
     if hashlib.sha256(data).hexdigest() != sha:
         raise ServiceError(400, "digest_mismatch", "the bytes do not hash to the sha256 in the path")
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, sha)
     if os.path.exists(path):
         return
-    tmp = f"{path}.tmp.{threading.get_ident()}"  # two uploads of one source may run at once
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fs.fsync_dir(directory)
+    # two uploads of one source may run at once: each writes its own temporary file
+    fs.write_atomically(path, data, mode=0o600, tmp=f"{path}.tmp.{threading.get_ident()}")
 
 
 def put(d: Context, conn: object, msg: Message, batch: Batch) -> int:

@@ -110,7 +110,7 @@ def audit_export(d: Context, conn: object, msg: Message, batch: Batch) -> int:
         else:
             d.subscriptions.outbox.append((conn, reply(req_id, 200, dumps(summary))))
 
-    d.off_thread(lambda: audit.export(runtime_path, journal_dir, path), done)
+    d.off_thread(lambda: audit.export(runtime_path, journal_dir, path, d.fs), done)
     return 0
 
 

@@ -353,7 +353,8 @@ def _standby(args: argparse.Namespace, argv: list[str], threads: _Threads, fail:
         try:
             device = Device(runtime, args.journal, grants, device=_device_name(args.device), following=True)
             assert device.following is not None
-            mirror = Mirror(args.journal, runtime.incarnation, lock=lock, position=device.following.position)
+            mirror = Mirror(args.journal, runtime.incarnation, lock=lock, position=device.following.position,
+                            fs=device.fs)
         except (DeviceBootError, RuntimeFileError) as exc:
             lock.release()
             return fail(str(exc), 2)

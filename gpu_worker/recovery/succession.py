@@ -127,7 +127,7 @@ class Succession:
             else:
                 new_lineage = True
         owner.write(directory, owner.Owner(d.incarnation_hex, d.runtime.inode, state.boot + 1,
-                                           grants.written_at_ns, lines + new_lineage))
+                                           grants.written_at_ns, lines + new_lineage), d.fs)
         return new_lineage
 
     def failover_generation(self, failover: Failover, at_ns: int) -> None:

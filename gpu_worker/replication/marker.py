@@ -10,7 +10,7 @@ import json
 import os
 from typing import Any, Mapping
 
-from gpu_worker.storage.filelayer import OsFileLayer
+from gpu_worker.storage.filelayer import FileLayer, OsFileLayer
 
 from . import MARKER
 
@@ -40,7 +40,7 @@ def read_mark(directory: str) -> str | None:
     return doc.get("replication") if isinstance(doc, dict) else doc
 
 
-def member_of(directory: str) -> str:
+def member_of(directory: str, fs: FileLayer | None = None) -> str:
     """This journal copy's standby identity (DIR/standby "member", 32 hex digits, made once): what
     its hello says and what the primary names in etcd's sync key (docs/replication.md, "Sync
     standby")."""
@@ -49,7 +49,7 @@ def member_of(directory: str) -> str:
     member = doc.get("member")
     if not (isinstance(member, str) and len(member) == 32):
         member = doc["member"] = os.urandom(16).hex()
-        write_marker(directory, doc)
+        write_marker(directory, doc, fs)
     return member
 
 
@@ -70,23 +70,18 @@ def takeovers(directory: str) -> list[tuple[int, int]]:
     return [(int(p[0]), int(p[1])) for p in points]
 
 
-def write_marker(directory: str, doc: Mapping[str, object]) -> None:
-    """Replace DIR/standby atomically (temporary file, fsync, rename, directory fsync)."""
+def write_marker(directory: str, doc: Mapping[str, object], fs: FileLayer | None = None) -> None:
+    """Replace DIR/standby atomically through the file layer `fs` (temporary file, fsync, rename,
+    directory fsync: `FileLayer.write_atomically`)."""
     target = os.path.join(directory, MARKER)
     data = json.dumps({**doc, "schema": MARK_SCHEMA}, sort_keys=True).encode() + b"\n"
-    fd = os.open(target + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(target + ".tmp", target)
-    OsFileLayer().fsync_dir(directory)
+    (fs or OsFileLayer()).write_atomically(target, data, mode=0o600, tmp=target + ".tmp")
 
 
-def record_takeover(directory: str, position: tuple[int, int]) -> None:
-    """A takeover boot begins this primary's part of the journal at `position`."""
+def record_takeover(directory: str, position: tuple[int, int], fs: FileLayer | None = None) -> None:
+    """A takeover boot begins this primary's part of the journal at `position` (`fs`: the
+    device's file layer)."""
     doc = read_marker(directory)
     doc = doc if isinstance(doc, dict) else {}
     doc["takeovers"] = [list(p) for p in takeovers(directory)] + [list(position)]
-    write_marker(directory, doc)
+    write_marker(directory, doc, fs)

@@ -17,7 +17,7 @@ import os
 from typing import TYPE_CHECKING, Iterator
 
 from gpu_worker.contract.wire import ProtocolError
-from gpu_worker.storage.filelayer import OsFileLayer
+from gpu_worker.storage.filelayer import FileLayer, OsFileLayer, RandomAccessFile
 from gpu_worker.storage.journal import list_segments, segment_name
 from gpu_worker.storage.journal_lock import JournalLock
 from gpu_worker.storage.journal_reader import recover
@@ -43,11 +43,13 @@ class Mirror:
     """The standby's copy of the primary's journal (module docstring)."""
 
     def __init__(self, directory: str, incarnation: bytes, lock: JournalLock | None = None,
-                 position: tuple[int, int] | None = None) -> None:
+                 position: tuple[int, int] | None = None, fs: FileLayer | None = None) -> None:
         """`lock`: the journal's, when the caller took it already; `position`: where the journal's
-        transfers end, when the caller recovered it already (a hot standby's device)."""
+        transfers end, when the caller recovered it already (a hot standby's device); `fs`: the
+        file layer its media sources and DIR/standby are written through (tests inject faults)."""
         os.makedirs(directory, exist_ok=True)
         self.directory = directory
+        self.fs: FileLayer = fs or OsFileLayer()
         self.lock = lock or JournalLock(directory)  # one writer per journal, as for a device
         if position is None:
             try:
@@ -61,7 +63,8 @@ class Mirror:
         self.segment, self.offset = position
         self._fd: int | None = None
         self._fd_segment = 0
-        self._media: tuple[str, Hash, int, int] | None = None  # a source being received: (sha, hash, fd, bytes)
+        # a source being received: (sha, hash, its temporary file, bytes)
+        self._media: tuple[str, Hash, RandomAccessFile, int] | None = None
         self._new_entry = False  # a segment file was created since the last sync: fsync the directory
         if self.segment:
             self._open(self.segment)
@@ -116,7 +119,7 @@ class Mirror:
         doc.pop("schema", None)
         if kept != {**doc, "schema": MARK_SCHEMA}:
             with self.disk("writing DIR/standby"):
-                write_marker(self.directory, doc)
+                write_marker(self.directory, doc, self.fs)
 
     def rewind(self, segment: int, offset: int) -> None:
         """Cut this journal back to `offset` of `segment` (a takeover point of the primary): what
@@ -166,29 +169,27 @@ class Mirror:
         if at == 0:
             with self.disk(f"creating media {sha}"):
                 os.makedirs(directory, exist_ok=True)
-                self._media = (sha, hashlib.sha256(), os.open(path + ".tmp.standby", os.O_WRONLY | os.O_CREAT
-                                                             | os.O_TRUNC | os.O_CLOEXEC, 0o600), 0)
+                self._media = (sha, hashlib.sha256(), self.fs.open_new(path + ".tmp.standby", 0o600), 0)
         if self._media is None or self._media[0] != sha or self._media[3] != at:
             raise ProtocolError(f"media {sha} piece at {at} out of order")
-        _, digest, fd, _ = self._media
+        _, digest, f, _ = self._media
         with self.disk(f"writing media {sha}"):
-            os.write(fd, data)
+            f.pwrite(data, at)
         digest.update(data)
-        self._media = (sha, digest, fd, at + len(data))
+        self._media = (sha, digest, f, at + len(data))
         if at + len(data) < size:
             return
         self._media = None
         with self.disk(f"syncing media {sha}"):
             try:
-                os.fsync(fd)
+                f.fsync()
             finally:
-                os.close(fd)
+                f.close()
         if digest.hexdigest() != sha:
-            os.remove(path + ".tmp.standby")
+            self.fs.remove(path + ".tmp.standby")
             raise ProtocolError(f"media {sha}: the bytes hash to {digest.hexdigest()}")
         with self.disk(f"placing media {sha}"):
-            os.replace(path + ".tmp.standby", path)
-            OsFileLayer().fsync_dir(directory)
+            self.fs.replace(path + ".tmp.standby", path)  # renamed, the directory fsynced
 
     def trim(self, keep_from: int) -> None:
         """Remove the segments before `keep_from` (a checkpoint folded them into the runtime file

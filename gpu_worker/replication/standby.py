@@ -74,7 +74,7 @@ class Standby:
         self.tls = tls
         with RuntimeFile.open(runtime, verify=False) as copy:
             self.incarnation = copy.incarnation
-        self.member = member_of(mirror.directory)  # this copy's identity (the sync key names it)
+        self.member = member_of(mirror.directory, mirror.fs)  # this copy's identity (the sync key names it)
         self.leader = leader_of(mirror.directory)  # the newest leadership generation followed
         self._pieces: dict[str, tuple[str, bytearray]] = {}  # a checkpoint's components as they come
         self.follower = follower  # a hot standby's: told each durable position and each cut

@@ -28,7 +28,7 @@ from typing import Iterator
 import msgpack
 
 from . import checkpoint
-from .filelayer import OsFileLayer
+from .filelayer import FileLayer, OsFileLayer
 from .journal import ZERO_DIGEST, chain_digest
 from .journal_reader import recover
 from .runtime_file import RuntimeFile, RuntimeFileError
@@ -62,22 +62,20 @@ def transfers(runtime_path: str, journal_dir: str) -> Iterator[tuple[int, int, b
         yield t.seq, int(t.kind), t.payload, t.digest
 
 
-def export(runtime_path: str, journal_dir: str, out_path: str) -> dict[str, object]:
-    """Write the export atomically (a temporary file, fsynced, renamed); its summary."""
-    tmp = f"{out_path}.tmp.{os.getpid()}"
+def export(runtime_path: str, journal_dir: str, out_path: str, fs: FileLayer | None = None) -> dict[str, object]:
+    """Write the export atomically through the file layer `fs` (the device's): a temporary file,
+    fsynced, renamed, the directory fsynced (`FileLayer.atomic_writer`); its summary."""
     count, last_seq, last_digest = 0, 0, ZERO_DIGEST
-    try:
-        with open(tmp, "w", encoding="ascii") as f:
-            for seq, kind, payload, digest in transfers(runtime_path, journal_dir):
-                f.write(json.dumps({"seq": seq, "kind": kind, "payload": base64.b64encode(payload).decode(),
-                                    "digest": digest.hex()}, separators=(",", ":")) + "\n")
-                count, last_seq, last_digest = count + 1, seq, digest
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out_path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with (fs or OsFileLayer()).atomic_writer(out_path, mode=0o666, tmp=f"{out_path}.tmp.{os.getpid()}") as f:
+        chunk, at = bytearray(), 0  # lines written a megabyte at a time
+        for seq, kind, payload, digest in transfers(runtime_path, journal_dir):
+            chunk += (json.dumps({"seq": seq, "kind": kind, "payload": base64.b64encode(payload).decode(),
+                                  "digest": digest.hex()}, separators=(",", ":")) + "\n").encode("ascii")
+            count, last_seq, last_digest = count + 1, seq, digest
+            if len(chunk) >= 1 << 20:
+                f.pwrite(memoryview(chunk), at)
+                chunk, at = bytearray(), at + len(chunk)
+        f.pwrite(memoryview(chunk), at)
     return {"path": out_path, "transfers": count, "last_seq": last_seq, "last_digest": last_digest.hex()}
 
 

@@ -2,17 +2,22 @@
 
 The journal never calls `os` for its segment files directly: it asks a `FileLayer`, and neither
 does an append to the runtime file (storage/runtime_file_writer.py, which writes in place at given
-offsets: `open_rw`). Production uses `OsFileLayer`; tests use `FaultyFileLayer`, which runs on
-real files but can run out of space, fail an fdatasync, stop ("crash") before any chosen write or
-sync, and lose everything that was never made durable, as a power cut would.
+offsets: `open_rw`), nor any writer that puts a finished file in place whole (`atomic_writer`,
+`write_atomically`: a temporary file beside the target, written and fsynced, renamed over the
+target, the directory fsynced: the runtime file's creation, the owner marker, media sources, the
+standby's marker, audit exports, the grant file, the local token). Production uses `OsFileLayer`;
+tests use `FaultyFileLayer`, which runs on real files but can run out of space, fail an fdatasync,
+stop ("crash") before any chosen write, sync, rename or directory sync, and lose everything that
+was never made durable, as a power cut would.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
-from typing import Protocol
+from typing import Iterator, Protocol
 
 
 class AppendFile(Protocol):
@@ -57,12 +62,17 @@ class RandomAccessFile(Protocol):
     def size(self) -> int:
         ...
 
+    def fileno(self) -> int:
+        ...
+
     def close(self) -> None:
         ...
 
 
 class FileLayer(Protocol):
-    """Every file operation the journal performs. Errors are `OSError` with an errno."""
+    """Every file operation the journal performs, and the durable replacement of a whole file
+    (`atomic_writer`, `write_atomically`) that other writers use. Errors are `OSError` with an
+    errno."""
 
     def open_append(self, path: str) -> AppendFile:
         ...
@@ -89,6 +99,48 @@ class FileLayer(Protocol):
     def statvfs(self, directory: str) -> tuple[int, int]:
         """(free bytes available to this process, total bytes) of the file system."""
         ...
+
+    def open_new(self, path: str, mode: int = 0o600, *, exclusive: bool = False) -> RandomAccessFile:
+        """A file to write from empty: created with `mode` (less the umask), or an old one at
+        `path` truncated (`exclusive`: refused with FileExistsError instead). What is written is
+        durable only after its fsync, and its name only after its directory's."""
+        ...
+
+    def replace(self, src: str, target: str) -> None:
+        """Rename `src` over `target` (a reader sees the old file or the new one, never a part),
+        then fsync target's directory, so that the rename survives a power cut."""
+        ...
+
+    @contextlib.contextmanager
+    def atomic_writer(self, path: str, *, mode: int = 0o600, tmp: str | None = None,
+                      exclusive: bool = False) -> Iterator[RandomAccessFile]:
+        """Put a finished file in place durably: the block writes a new temporary file beside
+        `path` (`tmp`, default path + ".tmp"; `open_new` with `mode` and `exclusive`); when it
+        ends, the file is fsynced, closed and renamed over `path`, and the directory fsynced
+        (`replace`). `path` holds its old content, or nothing, until the rename, and the new
+        content, whole, after it. An error removes the temporary file and is raised again; a
+        simulated `Crash` leaves everything as the process left it."""
+        tmp = path + ".tmp" if tmp is None else tmp
+        f = self.open_new(tmp, mode, exclusive=exclusive)
+        try:
+            try:
+                yield f
+                f.fsync()
+            finally:
+                f.close()
+            self.replace(tmp, path)
+        except Crash:
+            raise
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):  # (the rename done, its directory sync failed)
+                self.remove(tmp)
+            raise
+
+    def write_atomically(self, path: str, data: bytes | memoryview, *, mode: int = 0o600,
+                         tmp: str | None = None, exclusive: bool = False) -> None:
+        """`data` as the whole content of `path`, put in place durably (`atomic_writer`)."""
+        with self.atomic_writer(path, mode=mode, tmp=tmp, exclusive=exclusive) as f:
+            f.pwrite(data, 0)
 
 
 class OsAppendFile(AppendFile):
@@ -143,6 +195,9 @@ class OsRandomAccessFile(RandomAccessFile):
     def size(self) -> int:
         return os.fstat(self._fd).st_size
 
+    def fileno(self) -> int:
+        return self._fd
+
     def close(self) -> None:
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
@@ -157,6 +212,13 @@ class OsFileLayer(FileLayer):
 
     def open_rw(self, path: str) -> OsRandomAccessFile:
         return OsRandomAccessFile(path, os.open(path, os.O_RDWR | os.O_CLOEXEC))
+
+    def open_new(self, path: str, mode: int = 0o600, *, exclusive: bool = False) -> OsRandomAccessFile:
+        return OsRandomAccessFile(path, os.open(path, _new_flags(exclusive), mode))
+
+    def replace(self, src: str, target: str) -> None:
+        os.replace(src, target)
+        self.fsync_dir(os.path.dirname(os.path.abspath(target)))
 
     def read_file(self, path: str) -> bytes:
         with open(path, "rb") as f:
@@ -226,8 +288,8 @@ class FaultyAppendFile(OsAppendFile):
 
 
 class Crash(Exception):
-    """A FaultyFileLayer's simulated crash: the process stops before the write or sync it was told
-    to stop at (then `lose_unsynced` is the power cut that follows)."""
+    """A FaultyFileLayer's simulated crash: the process stops before the write, sync, rename or
+    directory sync it was told to stop at (then `lose_unsynced` is the power cut that follows)."""
 
 
 class FaultyRandomAccessFile(OsRandomAccessFile):
@@ -263,17 +325,22 @@ class FaultyFileLayer(FileLayer):
     """Real files with injectable faults and a model of what a power cut keeps.
 
     It tracks, per file opened through it, the length last made durable by fdatasync, and which
-    new files still wait for a directory sync; for a file written in place (`open_rw`), every
-    write since its last fsync and the bytes it overwrote. fdatasync itself does not reach the
-    disk: the durability is simulated, which keeps fault tests fast.
+    new files still wait for a directory sync; for a file written in place (`open_rw`, `open_new`),
+    every write since its last fsync and the bytes it overwrote; for a rename (`replace`) whose
+    directory was not synced since, what its target and its source held before. fdatasync itself does not reach
+    the disk: the durability is simulated, which keeps fault tests fast.
 
     - `space`: bytes left on the "disk" (None: unlimited). A write past it stores what fits and
       raises ENOSPC; truncating gives bytes back.
     - `write_errors` / `fdatasync_errors`: errnos that the next calls raise, one each.
-    - `crash_at(n, torn=)`: the n-th write or fsync from now (0: the next) of a file written in
-      place raises `Crash` instead of running (torn: a write puts half its bytes there first).
-      `steps` counts them, so a test can run an operation once to learn how many there are.
-    - `lose_unsynced(mode)`: the power cut. Every tracked file loses what was never durable.
+    - `crash_at(n, torn=)`: the n-th step from now (0: the next) raises `Crash` instead of
+      running (torn: a write puts half its bytes there first). A step is a write or fsync of a
+      file written in place (`open_rw`, `open_new`), or one of the two halves of `replace`: the
+      rename, the directory sync after it. `steps` counts them, so a test can run an operation
+      once to learn how many there are (`write_atomically`: write, fsync, rename, directory sync).
+    - `lose_unsynced(mode)`: the power cut. Every tracked file loses what was never durable; a
+      rename not followed by a sync of its directory is undone (the file it replaced comes back,
+      or the name is gone if it replaced none; the source is back under its name).
     """
 
     LOSS_MODES = ("cut", "zeros", "garbage", "prefix")
@@ -290,7 +357,10 @@ class FaultyFileLayer(FileLayer):
         self._open_rw: list[FaultyRandomAccessFile] = []
         # path -> writes in place since its last fsync: (offset, bytes overwritten, length, file size before)
         self.unsynced: dict[str, list[tuple[int, bytes, int, int]]] = {}
-        self.steps = 0  # writes and fsyncs of files written in place so far
+        # a name a rename changed since its directory's last sync (the target, the source) -> what
+        # it held before (None: no file), which a power cut brings back
+        self.renamed: dict[str, bytes | None] = {}
+        self.steps = 0  # writes and fsyncs of files written in place, renames and their directory syncs, so far
         self._crash_step: int | None = None
         self._crash_torn = False
         self._random = random.Random(seed)
@@ -299,8 +369,9 @@ class FaultyFileLayer(FileLayer):
         self._crash_step, self._crash_torn = self.steps + n, torn
 
     def step(self, path: str) -> int | None:
-        """Count one write or fsync of a file written in place; not None when it is to crash
-        (1: torn, the write puts half its bytes first; 0: nothing)."""
+        """Count one step (a write or fsync of a file written in place, a rename, a rename's
+        directory sync); not None when it is to crash (1: torn, the write puts half its bytes
+        first; 0: nothing)."""
         step, self.steps = self.steps, self.steps + 1
         if step != self._crash_step:
             return None
@@ -312,6 +383,39 @@ class FaultyFileLayer(FileLayer):
         handle = FaultyRandomAccessFile(self, path, os.open(path, os.O_RDWR | os.O_CLOEXEC))
         self._open_rw.append(handle)
         return handle
+
+    def open_new(self, path: str, mode: int = 0o600, *, exclusive: bool = False) -> FaultyRandomAccessFile:
+        """As the OS layer's; a file it creates disappears in a power cut until its directory is
+        synced, and its writes are undone until it is fsynced (an old file it truncates is not
+        modelled: what it held is gone)."""
+        path = os.path.abspath(path)
+        created = not os.path.exists(path)
+        handle = FaultyRandomAccessFile(self, path, os.open(path, _new_flags(exclusive), mode))
+        self.unsynced.pop(path, None)
+        if created:
+            self._undurable_entries.add(path)
+        self._open_rw.append(handle)
+        return handle
+
+    def replace(self, src: str, target: str) -> None:
+        src, target = os.path.abspath(src), os.path.abspath(target)
+        if self.step(target) is not None:
+            raise Crash(f"crashed before renaming {src} to {target}")
+        # what a power cut before the directory sync brings back: the target's old content (or no
+        # file), and the source under its name (unless it is new since that directory's last sync)
+        before = self._os.read_file(target) if os.path.exists(target) else None
+        source = None if src in self._undurable_entries else self._os.read_file(src)
+        os.replace(src, target)
+        self.renamed.setdefault(target, before)
+        self.renamed.setdefault(src, source)
+        self._undurable_entries.discard(src)
+        self.unsynced.pop(target, None)
+        writes = self.unsynced.pop(src, None)
+        if writes:  # renamed before its fsync: a power cut may keep the name, not the bytes
+            self.unsynced[target] = writes
+        if self.step(target) is not None:
+            raise Crash(f"crashed before syncing the directory of {target} after renaming {src} over it")
+        self.fsync_dir(os.path.dirname(target))
 
     def fail_fdatasync(self, err: int, times: int = 1) -> None:
         self.fdatasync_errors.extend([err] * times)
@@ -346,11 +450,13 @@ class FaultyFileLayer(FileLayer):
         self._undurable_entries = {
             p for p in self._undurable_entries if os.path.dirname(p) != directory
         }
+        self.renamed = {p: old for p, old in self.renamed.items() if os.path.dirname(p) != directory}
 
     def remove(self, path: str) -> None:
         path = os.path.abspath(path)
         self._os.remove(path)
         self.durable.pop(path, None)
+        self.unsynced.pop(path, None)
         self._undurable_entries.discard(path)
 
     def statvfs(self, directory: str) -> tuple[int, int]:
@@ -363,7 +469,8 @@ class FaultyFileLayer(FileLayer):
         cut: each file ends at its durable length. zeros / garbage: the undurable tail keeps its
         length but is overwritten with zero bytes / random bytes. prefix: a random part of the
         undurable tail survives intact (pages written back before the cut), the rest is gone.
-        Files created since their directory's last sync disappear.
+        Renames since their directory's last sync are undone, and files created since then
+        disappear.
         """
         if mode not in self.LOSS_MODES:
             raise ValueError(f"unknown loss mode {mode!r}")
@@ -374,8 +481,17 @@ class FaultyFileLayer(FileLayer):
             rw.close()
         self._open_rw.clear()
         for path, writes in self.unsynced.items():
-            self._lose_in_place(path, writes, mode)
+            if os.path.exists(path):
+                self._lose_in_place(path, writes, mode)
         self.unsynced.clear()
+        for path, old in self.renamed.items():
+            if old is None:
+                if os.path.exists(path):
+                    os.remove(path)
+            else:
+                with open(path, "wb") as f:
+                    f.write(old)
+        self.renamed.clear()
         for path in self._undurable_entries:
             if os.path.exists(path):
                 os.remove(path)
@@ -418,6 +534,11 @@ class FaultyFileLayer(FileLayer):
                 f.seek(offset)
                 f.write(before)
                 f.truncate(size)  # undone in reverse: the size before this write
+
+
+def _new_flags(exclusive: bool) -> int:
+    # O_RDWR: FaultyRandomAccessFile reads what a write overwrites
+    return os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
 
 
 def _os_error(err: int, path: str) -> OSError:

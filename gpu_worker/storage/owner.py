@@ -14,6 +14,8 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
+from .filelayer import FileLayer, OsFileLayer
+
 NAME = "owner"
 SCHEMA = "aotx.journal.owner.v1"
 
@@ -71,20 +73,9 @@ def why_not_own(marker: Owner | str, directory: str, incarnation: str, inode: in
     return None
 
 
-def write(directory: str, owner: Owner) -> None:
-    """Replace the marker atomically: a temporary file, fsynced, renamed, the directory fsynced."""
+def write(directory: str, owner: Owner, fs: FileLayer | None = None) -> None:
+    """Replace the marker atomically through the file layer `fs` (the device's): a temporary file,
+    fsynced, renamed, the directory fsynced (`FileLayer.write_atomically`)."""
     target = path(directory)
-    tmp = f"{target}.tmp"
     data = json.dumps({"schema": SCHEMA, **asdict(owner)}, sort_keys=True).encode("ascii") + b"\n"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, target)
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    (fs or OsFileLayer()).write_atomically(target, data, mode=0o600, tmp=f"{target}.tmp")

@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 from dataclasses import replace
-from typing import BinaryIO, Iterable, TypeAlias, Union
+from typing import Iterable, TypeAlias, Union
 
 import torch
 
@@ -88,17 +88,19 @@ class _Writer(abc.ABC):
 
 
 class _ExtentWriter(_Writer):
-    """Appends aligned extents to an open file."""
+    """Appends aligned extents to a new file, after its first `end` bytes (the padding before each
+    one written as zeros)."""
 
-    def __init__(self, f: BinaryIO, end: int) -> None:
+    def __init__(self, f: RandomAccessFile, end: int) -> None:
         self.f = f
         self.end = end
-        f.seek(end)
 
     def _put(self, raw: bytes | memoryview) -> tuple[int, int, str]:
         offset = _align(self.end)
-        self.f.write(bytes(offset - self.end))
-        self.f.write(raw)
+        if offset > self.end:
+            self.f.pwrite(bytes(offset - self.end), self.end)
+        if len(raw):
+            self.f.pwrite(raw, offset)
         self.end = offset + len(raw)
         return offset, len(raw), hashlib.sha256(raw).hexdigest()
 
@@ -112,17 +114,11 @@ def _collect(writer: _Writer, components: Iterable[Part]) -> dict[str, Component
     return written
 
 
-def _fsync_directory(path: str) -> None:
-    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def create(path: str | os.PathLike[str], components: Iterable[Part], *, required: int = FEATURE_BASE,
-           optional: int = 0) -> None:
-    """Write a brand-new file from (name, kind, payload) triples, consumed one at a time."""
+           optional: int = 0, fs: FileLayer | None = None) -> None:
+    """Write a brand-new file from (name, kind, payload) triples, consumed one at a time, as
+    path + ".tmp", and put it in place durably (`FileLayer.atomic_writer`: fsynced, renamed over
+    `path`, the directory fsynced). `fs` is the file layer (tests inject crashes and power cuts)."""
     path = os.fspath(path)
     if not required & FEATURE_BASE:
         raise ValueError("every runtime file requires FEATURE_BASE")
@@ -136,31 +132,20 @@ def create(path: str | os.PathLike[str], components: Iterable[Part], *, required
             existing.close()
             raise
     try:
-        _create(path, components, required, optional)
+        _create(path, components, required, optional, fs or OsFileLayer())
     finally:
         if existing is not None:
             existing.close()
 
 
-def _create(path: str, components: Iterable[Part], required: int, optional: int) -> None:
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(bytes(DATA_START))  # both slots; slot B stays zero (invalid) until the first append
-            writer = _ExtentWriter(f, DATA_START)
-            written = _collect(writer, components)
-            dir_offset, dir_length, dir_digest = writer.put_directory(written)
-            superblock = Superblock(required, optional, os.urandom(16), 1, dir_offset, dir_length, dir_digest)
-            f.seek(SLOT_OFFSETS[0])
-            f.write(superblock.pack())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_directory(path)
+def _create(path: str, components: Iterable[Part], required: int, optional: int, fs: FileLayer) -> None:
+    with fs.atomic_writer(path, mode=0o666, tmp=path + ".tmp") as f:
+        f.pwrite(bytes(DATA_START), 0)  # both slots; slot B stays zero (invalid) until the first append
+        writer = _ExtentWriter(f, DATA_START)
+        written = _collect(writer, components)
+        dir_offset, dir_length, dir_digest = writer.put_directory(written)
+        superblock = Superblock(required, optional, os.urandom(16), 1, dir_offset, dir_length, dir_digest)
+        f.pwrite(superblock.pack(), SLOT_OFFSETS[0])
 
 
 class _FreeSpace:

@@ -22,6 +22,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from gpu_worker.contract.grantfile import GrantFileError
 from gpu_worker.contract.vocabulary import ACTIONS
+from gpu_worker.storage.filelayer import OsFileLayer
 from shared_api import config
 from shared_api.grants import write_grant_file_for
 from shared_api.models import Principal, hash_token
@@ -40,25 +41,13 @@ def read_token(path: Path) -> str | None:
 
 def write_token(path: Path, token: str) -> None:
     """Replace the token file atomically, readable by its owner only: a temporary file created
-    0600, fsynced, renamed into place, the directory fsynced."""
+    0600 (a new one), fsynced, renamed into place, the directory fsynced (the file layer's
+    `atomic_writer`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, TOKEN_MODE)
-    try:
-        os.fchmod(fd, TOKEN_MODE)  # whatever the umask
-        os.write(fd, f"{token}\n".encode("ascii"))
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        tmp.unlink()
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    with OsFileLayer().atomic_writer(str(path), mode=TOKEN_MODE, tmp=str(tmp), exclusive=True) as f:
+        os.fchmod(f.fileno(), TOKEN_MODE)  # whatever the umask
+        f.pwrite(f"{token}\n".encode("ascii"), 0)
 
 
 class Command(BaseCommand):

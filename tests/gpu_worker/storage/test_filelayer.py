@@ -1,5 +1,6 @@
 import errno
 import os
+import stat
 
 import pytest
 
@@ -213,3 +214,126 @@ def test_a_crash_stops_the_chosen_write_or_sync_and_a_torn_write_puts_half_first
     assert path.read_bytes()[4:] == b"wx\0\0"
     fs.lose_unsynced("cut")
     assert path.read_bytes() == bytes(8)
+
+
+# ---- a finished file put in place (write_atomically, atomic_writer, replace) ---------------------
+
+def umasked(mode):
+    umask = os.umask(0)
+    os.umask(umask)
+    return mode & ~umask
+
+
+def test_os_layer_puts_a_finished_file_in_place_whole_with_its_mode(tmp_path):
+    fs = OsFileLayer()
+    path = str(tmp_path / "f")
+    fs.write_atomically(path, b"old", mode=0o640)
+    fs.write_atomically(path, b"new content", mode=0o640)
+    assert fs.read_file(path) == b"new content" and os.listdir(tmp_path) == ["f"]
+    assert stat.S_IMODE(os.stat(path).st_mode) == umasked(0o640)
+    with fs.atomic_writer(path, tmp=str(tmp_path / "t")) as f:
+        f.pwrite(b"abc", 0)
+        f.pwrite(b"Z", 5)
+        assert fs.read_file(path) == b"new content"  # nothing under the name until the block ends
+    assert fs.read_file(path) == b"abc\0\0Z" and sorted(os.listdir(tmp_path)) == ["f"]
+    assert stat.S_IMODE(os.stat(path).st_mode) == umasked(0o600)  # the default
+
+
+def test_os_layer_writes_fsyncs_renames_then_fsyncs_the_directory(tmp_path, monkeypatch):
+    fs = OsFileLayer()
+    path = str(tmp_path / "f")
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append("fsync directory" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("rename", os.path.basename(src), os.path.basename(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    fs.write_atomically(path, b"data")
+    assert events == ["fsync file", ("rename", "f.tmp", "f"), "fsync directory"]
+    events.clear()
+    fs.replace(path, str(tmp_path / "g"))
+    assert events == [("rename", "f", "g"), "fsync directory"]
+
+
+def test_an_error_in_an_atomic_write_removes_its_temporary_file_and_keeps_the_old_one(tmp_path):
+    fs = OsFileLayer()
+    path = str(tmp_path / "f")
+    fs.write_atomically(path, b"old")
+    with pytest.raises(ValueError):
+        with fs.atomic_writer(path) as f:
+            f.pwrite(b"half", 0)
+            raise ValueError("the writer failed")
+    assert fs.read_file(path) == b"old" and os.listdir(tmp_path) == ["f"]
+    faulty = FaultyFileLayer()
+    faulty.fail_fdatasync(errno.EIO)
+    with pytest.raises(OSError) as info:
+        faulty.write_atomically(path, b"new")
+    assert info.value.errno == errno.EIO
+    assert fs.read_file(path) == b"old" and os.listdir(tmp_path) == ["f"] and not faulty.renamed
+    (tmp_path / "taken").write_bytes(b"another writer's")
+    for layer in (fs, faulty):  # exclusive: a temporary file already there is not truncated
+        with pytest.raises(FileExistsError):
+            layer.write_atomically(path, b"new", tmp=str(tmp_path / "taken"), exclusive=True)
+    assert (tmp_path / "taken").read_bytes() == b"another writer's" and fs.read_file(path) == b"old"
+
+
+def test_faulty_layer_write_atomically_is_four_steps_and_durable_once_done(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"old")
+    fs = FaultyFileLayer()
+    fs.write_atomically(str(path), b"new!")
+    assert fs.steps == 4  # the write, the fsync, the rename, the directory sync
+    assert not fs.renamed and not fs.unsynced
+    fs.lose_unsynced()
+    assert path.read_bytes() == b"new!" and os.listdir(tmp_path) == ["f"]
+
+
+@pytest.mark.parametrize("mode", FaultyFileLayer.LOSS_MODES)
+@pytest.mark.parametrize("existed", [True, False])
+def test_a_crash_at_any_step_of_an_atomic_write_leaves_the_old_file_after_the_power_cut(tmp_path, mode, existed):
+    """Crash before the write (torn), the fsync, the rename or the directory sync: until the
+    rename the name holds the old file; after it the process sees the new one, but the rename is
+    not durable, so the power cut brings the old one back (or no file, where there was none).
+    The temporary file, never in a synced directory, is gone."""
+    path = tmp_path / "f"
+    for step, what in enumerate(["write", "fsync", "rename", "directory sync"]):
+        if existed:
+            path.write_bytes(b"old")
+        fs = FaultyFileLayer(seed=step)
+        fs.crash_at(step, torn=True)
+        with pytest.raises(Crash):
+            fs.write_atomically(str(path), b"brand new bytes")
+        now = path.read_bytes() if path.exists() else None
+        assert now == (b"brand new bytes" if what == "directory sync" else b"old" if existed else None), what
+        fs.lose_unsynced(mode)
+        assert os.listdir(tmp_path) == (["f"] if existed else []), what
+        assert not existed or path.read_bytes() == b"old", what
+
+
+def test_faulty_replace_undoes_both_names_in_a_power_cut_until_the_directory_is_synced(tmp_path):
+    (tmp_path / "a").write_bytes(b"A")
+    (tmp_path / "b").write_bytes(b"B")
+    fs = FaultyFileLayer()
+    fs.replace(str(tmp_path / "a"), str(tmp_path / "c"))  # synced by replace itself
+    fs.crash_at(1)  # the directory sync of the next rename
+    with pytest.raises(Crash):
+        fs.replace(str(tmp_path / "b"), str(tmp_path / "c"))
+    assert sorted(os.listdir(tmp_path)) == ["c"] and (tmp_path / "c").read_bytes() == b"B"
+    fs.lose_unsynced()
+    assert sorted(os.listdir(tmp_path)) == ["b", "c"]
+    assert (tmp_path / "b").read_bytes() == b"B" and (tmp_path / "c").read_bytes() == b"A"
+    fs = FaultyFileLayer()
+    fs.crash_at(0)  # the rename itself
+    with pytest.raises(Crash):
+        fs.replace(str(tmp_path / "b"), str(tmp_path / "c"))
+    assert (tmp_path / "c").read_bytes() == b"A" and fs.steps == 1
+    fs.replace(str(tmp_path / "b"), str(tmp_path / "c"))
+    fs.lose_unsynced()
+    assert os.listdir(tmp_path) == ["c"] and (tmp_path / "c").read_bytes() == b"B"
