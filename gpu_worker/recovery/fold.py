@@ -21,6 +21,7 @@ hand).
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 import struct
@@ -72,14 +73,25 @@ def run(runtime_path: str, work: str, through_seq: int, nice: int) -> tuple[Comp
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "",
            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     prefix = (["ionice", "-c", "3"] if shutil.which("ionice") else []) + (["nice", "-n", str(nice)] if nice else [])
+    # Its output (the whole state, 400 MB at a million transfers) goes to a file in memory that
+    # is then mapped: read from a pipe it was joined into one bytes object, a copy made holding the
+    # GIL while the tick thread waited for it (the longest gaps at a checkpoint's end).
+    out = os.memfd_create("aotx-fold", os.MFD_CLOEXEC)
     try:
-        done = subprocess.run([*prefix, *argv], capture_output=True, timeout=FOLD_TIMEOUT, env=env)
+        try:
+            done = subprocess.run([*prefix, *argv], stdout=out, stderr=subprocess.PIPE, timeout=FOLD_TIMEOUT,
+                                  env=env)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"the fold failed ({done.returncode}): "
+                               f"{done.stderr.decode(errors='replace').strip()[-2000:]}")
+        size = os.fstat(out).st_size
+        if size == 0:
+            raise RuntimeError("the fold wrote nothing")
+        return decode(mmap.mmap(out, size, access=mmap.ACCESS_READ))  # (the mapping outlives the descriptor)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"the fold failed ({done.returncode}): "
-                           f"{done.stderr.decode(errors='replace').strip()[-2000:]}")
-    return decode(done.stdout)
+        os.close(out)
 
 
 def encode(components: Components, drop: list[str]) -> list[bytes | memoryview]:
@@ -88,7 +100,7 @@ def encode(components: Components, drop: list[str]) -> list[bytes | memoryview]:
     return [_HEAD.pack(len(head)), head, *(data for _, _, data in components)]
 
 
-def decode(data: bytes) -> tuple[Components, list[str]]:
+def decode(data: bytes | mmap.mmap) -> tuple[Components, list[str]]:
     view = memoryview(data)
     (length,) = _HEAD.unpack_from(view)
     at = _HEAD.size + length

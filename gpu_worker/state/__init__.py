@@ -38,7 +38,7 @@ class DeviceState:
         self.replicated: bool | None = None
         self.checkpoint_seq = 0       # the last transfer the runtime file's checkpoint holds
         self.checkpoint_digest = bytes(32)
-        self.participants = ParticipantIndex(incarnation)
+        self.participants = ParticipantIndex(incarnation, capacities["participants"])
         self.receipts = ReceiptIndex()
         self.spaces = SpaceIndex(self.participants)
         self.members = MemberIndex()

@@ -33,15 +33,17 @@ class ParticipantIndex:
     __slots__ = ("incarnation", "by_principal", "by_raw", "lineage", "lineage_hex", "raw", "public_id", "free",
                  "principal", "starts", "nonces", "nonce", "_unregistered", "_past")
 
-    def __init__(self, incarnation: bytes) -> None:
+    def __init__(self, incarnation: bytes, capacity: int) -> None:
         self.incarnation = incarnation
         self.by_principal: Shards[bytes, int] = Shards()
         self.by_raw: Shards[bytes, int] = Shards()   # participant raw id -> row
-        self.lineage: Shards[int, bytes] = Shards()
-        self.lineage_hex: Shards[int, str] = Shards()
-        self.raw: Shards[int, bytes] = Shards()
-        self.public_id: Shards[int, str] = Shards()   # "par-…"
-        self.principal: Shards[int, bytes] = Shards()  # row -> principal id
+        # by row, each a list of the table's capacity (empty: no participant there), so that a
+        # registration's names cost no map insert (and no map growth: gpu_worker/shards.py)
+        self.lineage: list[bytes] = [b""] * capacity
+        self.lineage_hex: list[str] = [""] * capacity
+        self.raw: list[bytes] = [b""] * capacity
+        self.public_id: list[str] = [""] * capacity  # "par-…"
+        self.principal: list[bytes] = [b""] * capacity  # row -> principal id
         self.free: list[int] = []
         self.starts: list[int] = []     # first admission counter of each line of history
         self.nonces: list[bytes] = []   # its nonce
@@ -86,7 +88,9 @@ class ParticipantIndex:
         self.nonces.append(nonce)
         self.nonce = nonce
         self._unregistered.clear()
-        for prow, principal in self.principal.items():
+        for prow, principal in enumerate(self.principal):
+            if not principal:
+                continue
             lineage = ids.lineage(self.incarnation, principal, nonce)
             self.lineage[prow] = lineage
             self.lineage_hex[prow] = lineage.hex()

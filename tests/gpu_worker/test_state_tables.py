@@ -51,7 +51,7 @@ def test_put_packed_refuses_what_does_not_fit(rows, lengths, blob, problem):
 def test_lineages_at_is_lineage_at_for_every_row(starts, pairs):
     """Every line of history a restore started (none, one, several, two at one counter), every
     counter before, at and after each line's first."""
-    index = ParticipantIndex(b"i" * 16)
+    index = ParticipantIndex(b"i" * 16, 4)
     index.load_lineages([[first, bytes([n]) * 16] for n, first in enumerate(starts)])
     for prow in range(4):
         index.add(prow, bytes([prow + 100]) * 16)
