@@ -2,6 +2,7 @@
 instead, at 16, 64 and 256 concurrent clients, in one run; p50/p99 latency; a table with ratios.
 
     .venv/bin/python bench/http.py [--seconds 5] [--clients 16,64,256] [--workers N] [--rounds 3] [--no-drf]
+                                   [--front-of COMMIT]
 
 aotx: `manage.py serve` (shared_api/http/server.py: granian, RSGI, --workers processes) in front of
 `python -m gpu_worker boot` on a tiny runtime, set up by tests.harness.Stack, its database on the
@@ -21,6 +22,10 @@ server and worker count: what no gateway on this machine can beat.
 
 drf: bench/baseline, the earlier baseline (DRF + PostgreSQL under daphne, one process), kept for
 history (--no-drf leaves it out).
+
+front-of (--front-of COMMIT): that commit's gateway, checked out in a worktree, served beside this
+one on the same device and database, its own principals: this gateway against an earlier one in
+the same rounds (issue 54 §1 measured DRF's dispatch of the shared routes so).
 
 Load: bench/httpgen.c (compiled at the start), one epoll loop in C with one keep-alive HTTP/1.1
 connection per client, closed loop (send, read the whole reply, send the next); each mutation
