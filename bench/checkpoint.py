@@ -124,7 +124,7 @@ sys.path[0] = sys.argv[1]
 from bench.recovery import build
 ids = Path(sys.argv[4]).read_bytes()
 # 256 bytes a command (not 512): the receipt table has a row for every principal of the load, and
-# the device and the fold each hold it (at 512, a 1M run's device passed 12 GB and was OOM-killed)
+# the device and the fold each hold it: at 512 a 1M run did not fit the machine (docs/performance.md)
 *_, journal_bytes = build(Path(sys.argv[2]), int(sys.argv[3]), spare=[ids[i:i + 16] for i in range(0, len(ids), 16)],
                           command_bytes=256)
 print(journal_bytes)
@@ -170,7 +170,7 @@ class Runs:
         try:
             sock = str(work / "journal" / "service.sock")
             if self.requests is None:  # once, on the disk: in memory and in a tmpfs they were
-                # gigabytes beside an 8 GB device and its 7 GB fold process (one run was OOM-killed)
+                # gigabytes beside the device and its fold process, which need the rest of the memory
                 frames = (registration_frame(lineage, p, i) for i, (p, lineage)
                           in enumerate(zip(self.principals, lineages(sock, self.principals)), 1))
                 before = int(args.rate * args.seconds)

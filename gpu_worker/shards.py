@@ -1,11 +1,10 @@
 """A dictionary in shards, so that no single insert stops the tick thread for long.
 
-A CPython dict grows by rebuilding its whole table when it fills: one insert into a dict of 1.4M
-entries took 55-76 ms here, and a registration adds to seven maps of the same size at once, so the
-tick thread stood still for up to 0.7 s at the counts where they grew (docs/performance.md,
-"Checkpoint"). `Shards` spreads its keys over `SHARDS` small dicts by the key's hash: each grows at
-1/SHARDS of the size, so the longest insert is 1/SHARDS of a whole dict's (about 0.3 ms at a
-million entries); the growth of different shards falls on different inserts.
+A CPython dict grows by rebuilding its whole table when it fills, which at a million entries stops
+the thread that inserts for tens of milliseconds (docs/performance.md, "A checkpoint beside the
+ticks", has the figures). `Shards` spreads its keys over `SHARDS` small dicts by the key's hash:
+each grows at 1/SHARDS of the size, so the longest insert is 1/SHARDS of a whole dict's, and the
+growth of different shards falls on different inserts.
 
 It answers the part of the dict API the indexes use (get, [], in, del, pop, setdefault, update,
 items/keys/values, len, ==). Iteration is shard by shard: no order is promised, and none of its

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from ..storage.runtime_file_writer import Stored
 
 log = logging.getLogger("gpu_worker.device")
-# receipts rows a loop step marks after a fold beside the ticks (`Checkpoints._mark_folded`): ~6 ms here
+# receipts rows a loop step marks after a fold beside the ticks (`Checkpoints._mark_folded`): a slice
+# short enough that the tick loop answers between two (docs/performance.md, "A checkpoint beside the ticks")
 MARK_ROWS = 65536
 # who asked for a checkpoint: (connection, request id); (None, None) for the device's own automatic one
 Waiter = tuple[object, object]
@@ -161,7 +162,7 @@ class Checkpoints:
 
     def _mark_folded(self, folding: FoldBeside, start: int) -> None:
         """Mark the receipts the fold saved (Tables.mark_folded) MARK_ROWS rows at a time, one
-        slice a loop step (the whole table at once held the tick loop 171 ms at 1.85M rows); a
+        slice a loop step (the whole table at once held the tick loop for as long as it is large); a
         receipt not yet marked shows its save as the journal's, which is true too. The checkpoint
         ends, and is answered, with the last slice (a checkpoint asked meanwhile gets this one's
         answer: `folding` stays set until then)."""

@@ -73,7 +73,7 @@ def run(runtime_path: str, work: str, through_seq: int, nice: int) -> tuple[Comp
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "",
            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     prefix = (["ionice", "-c", "3"] if shutil.which("ionice") else []) + (["nice", "-n", str(nice)] if nice else [])
-    # Its output (the whole state, 400 MB at a million transfers) goes to a file in memory that
+    # Its output (the whole state: hundreds of MB at a million transfers) goes to a file in memory that
     # is then mapped: read from a pipe it was joined into one bytes object, a copy made holding the
     # GIL while the tick thread waited for it (the longest gaps at a checkpoint's end).
     out = os.memfd_create("aotx-fold", os.MFD_CLOEXEC)

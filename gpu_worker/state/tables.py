@@ -362,10 +362,10 @@ class Tables:
         folds while admissions go on (gpu_worker/recovery/fold.py): what was saved after its fold point
         stays in the journal, its save fields as they were given. `rows`: those of the receipts
         table only (a served device marks a fold in slices between its ticks: MARK_ROWS)."""
-        # (a view: the writes below go to the table). On the CPU through numpy: torch runs these
-        # element-wise passes on its intra-op threads, whose barrier waits for a core the fold
-        # process or the clients hold (a 65,536-row slice: 23 ms median, 328 ms at worst beside a
-        # busy core, against 9 and 24 ms on one thread), and this runs on the tick thread.
+        # (a view: the writes below go to the table). On the CPU through numpy: this runs on the
+        # tick thread, and torch runs element-wise passes on its intra-op threads, whose barrier
+        # waits for a core the fold process or the clients hold (docs/performance.md, "A
+        # checkpoint beside the ticks").
         table: torch.Tensor | np.ndarray = self.receipts.numpy()[rows] if self.receipts.device.type == "cpu" \
             else self.receipts[rows]
         live = table[:, R.STATE] != 0

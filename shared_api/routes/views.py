@@ -3,7 +3,7 @@
 membership.
 
 Each route is a DRF view, and DRF dispatches it: its Request, its authentication and permission
-classes (the gateway's principal and the handler's command's action), its parsers (strict JSON, or
+classes (the principal the front admitted, with the action of the handler's command), its parsers (strict JSON, or
 the raw bytes of a media upload), its content negotiation (one renderer, JSON) and the gateway's
 exception handler (the one error body). The gateway's HTTP front (shared_api/http/front.py) calls
 the view function once it has done what a server must do before reading a body (405, 401/403 from
@@ -19,7 +19,7 @@ from typing import IO, Iterable, Mapping
 from django.http import HttpResponseBase
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.parsers import BaseParser
-from rest_framework.permissions import BasePermission, IsAuthenticated
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
@@ -27,10 +27,9 @@ from rest_framework.views import APIView
 
 from gpu_worker.contract.commands import typed
 from gpu_worker.contract.limits import MAX_BODY_BYTES, MAX_LIMIT, MAX_MEDIA_BYTES
-from gpu_worker.contract.vocabulary import COMMANDS
 
 from ..errors import ServiceError
-from ..http.auth import AuthenticatedPrincipal, BearerAuthentication, admitted_principal, require_action
+from ..http.auth import BearerAuthentication, admitted_principal
 from .openapi import doc
 from .strict import Mutation, StrictJSONParser, decimal_counter
 
@@ -72,22 +71,6 @@ class DeviceCall:
         self.args = typed(op, args)
 
 
-class CommandAction(BasePermission):
-    """The handler's device command's gateway action (403 `grant_missing` without it): what the
-    front admitted the caller for, checked again by DRF for whatever dispatches the view."""
-
-    def has_permission(self, request: Request, view: APIView) -> bool:
-        handler = getattr(view, request.method.lower(), None) if request.method else None
-        command = getattr(handler, "command", None)
-        user = request.user
-        if command is None or not isinstance(user, AuthenticatedPrincipal):
-            return False
-        action = COMMANDS[command].action
-        if action is not None:
-            require_action(user, action)
-        return True
-
-
 class RememberedNegotiation(DefaultContentNegotiation):
     """DRF's content negotiation, its answer remembered per Accept header and format: a pure
     function of those and the view's renderers, which DRF otherwise works out by parsing the
@@ -119,7 +102,7 @@ class SharedView(APIView):
     body_limit = MAX_BODY_BYTES
     body_code = "body_too_large"
     authentication_classes = [BearerAuthentication]
-    permission_classes = [IsAuthenticated, CommandAction]
+    permission_classes = [IsAuthenticated]  # (the command's action: `admit`'s, before the body)
     parser_classes: list[type[BaseParser]] = [StrictJSONParser]
     renderer_classes = [JSONRenderer]
     content_negotiation_class = RememberedNegotiation

@@ -111,7 +111,7 @@ def test_tables_on_cuda_hold_what_host_tables_do():
 def test_marking_a_fold_on_the_cpu_runs_no_torch_operator():
     """The tick thread marks a fold's receipts in slices between ticks; torch would run those
     element-wise passes on its intra-op threads, whose barrier waits for a core another process
-    holds (a slice took up to 328 ms beside a busy core): on the CPU the mark goes through numpy,
+    holds (docs/performance.md has the figures): on the CPU the mark goes through numpy,
     and marks exactly what torch marked."""
     from gpu_worker.state.tables import R, SOURCE_MASK, Source
     caps = dict(CAPACITIES, receipts=4096)

@@ -29,20 +29,7 @@ from gpu_worker.state import MediaSource
 from gpu_worker.storage import owner, runtime_file_writer
 from gpu_worker.storage.filelayer import Crash, FaultyFileLayer
 from gpu_worker.storage.runtime_file import RuntimeFile
-from tests.gpu_worker.kinds.test_shared_state import World
-
-
-class FaultyWorld(World):
-    """A World whose device does its file I/O through `fs` (tests/gpu_worker/test_faults.py's)."""
-
-    def __init__(self, runtime, tmp_path, names, fs):
-        self.fs = fs
-        super().__init__(runtime, tmp_path, names)
-
-    def boot(self):
-        if self.device is not None:
-            self.device.close()
-        self.device = Device(RuntimeFile.open(self.runtime), self.journal, Grants(self.grants_path), fs=self.fs)
+from tests.gpu_worker.test_faults import FaultyWorld
 
 
 def listing(directory):
