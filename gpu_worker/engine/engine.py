@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterable
 
@@ -19,6 +20,7 @@ import torch
 
 from gpu_worker.contract.limits import MAX_TOP_LOGPROBS
 from gpu_worker.engine.block_manager import BlockManager, page_hashes, pages_for
+from gpu_worker.engine.grammar import Grammar, Grammars, apply_masks, fill_masks, mask_words
 from gpu_worker.engine.model import CPU_WEIGHTS, Llama
 from gpu_worker.engine.model_runner import ModelRunner
 from gpu_worker.engine.pacing import TokenPacer
@@ -48,6 +50,10 @@ class PoolStats:
 TokenLogprobs = tuple[float, list[tuple[int, float]]]
 # (request_id, token_id, released output bytes, finish reason or None, its TokenLogprobs or None)
 StepEvent = tuple[object, int, bytes, "str | None", "TokenLogprobs | None"]
+# A step's grammar masks are computed while its forward runs; their thread answering later than this
+# fails the constrained sequences rather than stalling the engine.
+MASK_TIMEOUT_S = 10.0
+FINISH_GRAMMAR_FAILED = "failed:grammar"
 
 
 class Engine:
@@ -64,6 +70,10 @@ class Engine:
         self.page_size, self.page_grant = profile["page_size"], profile["page_grant"]
         self.seed = seed
         self.tokenizer = Tokenizer.from_runtime(runtime)
+        # constrained decoding (grammar.py): compiled on helper threads, masks on a thread of their own
+        self.grammars = Grammars(runtime.bytes("gen/tokenizer").tobytes().decode("utf-8"), self.card["vocab_size"],
+                                 self.card.get("eos_token_id"))
+        self._mask_thread: ThreadPoolExecutor | None = None
         self.model = Llama.from_runtime(runtime, self.device, dtype, fused_kernels, cpu_weights)
         # a vision-language model's image encoder (vision.py; None for a text model). Its `prepare`
         # runs on helper threads, never the engine's: submit takes what it returns.
@@ -90,7 +100,7 @@ class Engine:
                top_p: float = 1.0, stop: Iterable[int | str] = (), page_limit: int | None = None,
                seed: int | None = None, ignore_eos: bool = False, tenant: Hashable = None,
                presence_penalty: float = 0.0, frequency_penalty: float = 0.0, logprobs: int | None = None,
-               images: Iterable[PreparedImage] = ()) -> Sequence:
+               images: Iterable[PreparedImage] = (), grammar: Grammar | None = None) -> Sequence:
         """Queue a request. `stop` holds token ids (int) and strings (str) that end it besides the model's EOS
         (unless `ignore_eos`, which benchmarks use to generate exactly max_new_tokens). `tenant` (the
         principal it is for) is its queue in the scheduler's round-robin (scheduler.py). `logprobs`
@@ -99,7 +109,9 @@ class Engine:
         `page_limit` defaults to the pages its prompt and max_new_tokens need, at most the page grant; it is
         reserved whole at admission, and a request that reaches it finishes with "length".
         `images` (VisionTower.prepare, for a vision-language model): their features go in place of the
-        prompt's image tokens, in order; they must be as many as those tokens."""
+        prompt's image tokens, in order; they must be as many as those tokens.
+        `grammar` (Grammars.compile): every token is sampled among those it allows next, and the
+        request finishes ("stop") when it is complete; stop strings cannot be combined with it."""
         if request_id in self._sequences:
             raise EngineRefusal("duplicate_request", f"request {request_id!r} is already queued or running")
         prompt_ids = [int(t) for t in prompt_ids]
@@ -140,6 +152,9 @@ class Engine:
             raise EngineRefusal("image_tokens_mismatch", "image features do not have the model's hidden size")
         stop_ids = frozenset(s for s in stop if isinstance(s, int))
         stop_strings = tuple(s.encode("utf-8") for s in stop if isinstance(s, str) and s)
+        if grammar is not None and stop_strings:
+            raise EngineRefusal("grammar_with_stop", "stop strings cannot be combined with a grammar (they could cut "
+                                                     "its answer short of complete)")
         if seed is None:
             # Derived from the engine seed and the request id, so a rerun reproduces every sampled request.
             digest = hashlib.sha256(f"{self.seed}:{request_id!r}".encode()).digest()
@@ -147,6 +162,8 @@ class Engine:
         seq = Sequence(request_id, prompt_ids, max_new_tokens, page_limit, capacity, float(temperature), float(top_p),
                        stop_ids if ignore_eos else self.default_stop_ids | stop_ids, stop_strings, seed, tenant,
                        float(presence_penalty), float(frequency_penalty), logprobs)
+        if grammar is not None:
+            seq.matcher = grammar.matcher()
         if images:
             seq.image_positions, seq.image_features = image_positions, features
             # pages holding image tokens are equal only for equal images: their digests salt the chain
@@ -203,10 +220,11 @@ class Engine:
             if seq.temperature > 0:
                 seq.generator = torch.Generator(device=self.device).manual_seed(seq.seed)
         events = []
+        masks = self._start_masks(decoding + group)
         if decoding:
-            events += self._advance(decoding, self.runner.decode(decoding))
+            events += self._advance(decoding, self.runner.decode(decoding), masks)
         if group:
-            events += self._advance(group, self.runner.prefill(group))
+            events += self._advance(group, self.runner.prefill(group), masks)
             for seq in group:
                 seq.image_features = None  # in the pool now, as keys and values
             if self.prefix_cache:  # their prompt pages are written: later prompts may share them
@@ -230,18 +248,57 @@ class Engine:
             self.block_manager.register(seq.pages[:written], seq.page_hashes[:written])
         self.scheduler.release(seq)
 
-    def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepEvent]:
+    def _start_masks(self, seqs: list[Sequence]) -> "Future[dict[Sequence, torch.Tensor]] | None":
+        """The grammar masks of this step's constrained sequences, computed on the mask thread
+        while the forward runs (their matchers have taken every token sampled so far)."""
+        constrained = [seq for seq in seqs if seq.matcher is not None]
+        if not constrained:
+            return None
+        if self._mask_thread is None:
+            self._mask_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-masks")
+
+        def compute() -> dict[Sequence, torch.Tensor]:
+            out = torch.empty(len(constrained), mask_words(self.card["vocab_size"]), dtype=torch.int32)
+            fill_masks([seq.matcher for seq in constrained], out)
+            return dict(zip(constrained, out))
+        return self._mask_thread.submit(compute)
+
+    def _constrain(self, seqs: list[Sequence], logits: torch.Tensor,
+                   masks: "Future[dict[Sequence, torch.Tensor]] | None") -> tuple[torch.Tensor, set[int]]:
+        """The logits with each constrained row's disallowed tokens at -inf; and the rows whose
+        masks did not come (the mask thread failed or overran its bound: they fail)."""
+        rows = [i for i, seq in enumerate(seqs) if seq.matcher is not None]
+        if not rows:
+            return logits, set()
+        assert masks is not None  # _start_masks saw these sequences
+        try:
+            found = masks.result(timeout=MASK_TIMEOUT_S)  # waker: the mask thread's completion
+        except Exception:  # noqa: BLE001 - a matcher's failure fails its sequences, never the engine
+            return logits, set(rows)
+        return apply_masks(logits, rows, torch.stack([found[seqs[i]] for i in rows])), set()
+
+    def _advance(self, seqs: list[Sequence], logits: torch.Tensor,
+                 masks: "Future[dict[Sequence, torch.Tensor]] | None" = None) -> list[StepEvent]:
         penalized = [(i, s.output_ids, s.presence_penalty, s.frequency_penalty) for i, s in enumerate(seqs)
                      if s.presence_penalty or s.frequency_penalty]
         if penalized:
             logits = penalize(logits, penalized)
+        logits, failed = self._constrain(seqs, logits, masks)
         wanted = [i for i, s in enumerate(seqs) if s.logprobs is not None]
         log_probs = torch.log_softmax(logits[wanted].float(), dim=-1) if wanted else None
         tokens = sample(logits, [s.temperature for s in seqs], [s.top_p for s in seqs], [s.generator for s in seqs])
         details = dict(zip(wanted, self._logprobs([seqs[i] for i in wanted], [tokens[i] for i in wanted], log_probs)))
         events: list[StepEvent] = []
         for i, (seq, token) in enumerate(zip(seqs, tokens)):
-            released, reason = seq.append(token, self.tokenizer.token_bytes(token))
+            matcher = seq.matcher
+            if matcher is not None and (i in failed or not matcher.consume_token(token)):
+                self._release(seq)
+                del self._sequences[seq.request_id]
+                seq.finish(FINISH_GRAMMAR_FAILED)
+                events.append((seq.request_id, token, b"", FINISH_GRAMMAR_FAILED, None))
+                continue
+            complete = matcher is not None and matcher.is_stopped()
+            released, reason = seq.append(token, self.tokenizer.token_bytes(token), complete)
             if reason is not None:
                 self._release(seq)
                 del self._sequences[seq.request_id]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Hashable
+from typing import Any, Hashable
 
 import torch
 
@@ -39,6 +39,8 @@ class Sequence:
     presence_penalty: float = 0.0   # OpenAI's penalties on tokens already generated (sampling.penalize)
     frequency_penalty: float = 0.0
     logprobs: int | None = None  # OpenAI's logprobs: None off, else how many top alternatives (0..MAX_TOP_LOGPROBS)
+    # constrained decoding (grammar.py): the llguidance matcher of its grammar, fed each sampled token
+    matcher: Any = None
 
     output_ids: list[int] = field(default_factory=list)
     output_bytes: bytearray = field(default_factory=bytearray)
@@ -86,10 +88,14 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is Status.FINISHED
 
-    def append(self, token_id: int, token_bytes: bytes) -> tuple[bytes, str | None]:
-        """Record a sampled token; returns the output bytes it releases and the finish reason, if any."""
+    def append(self, token_id: int, token_bytes: bytes, complete: bool = False) -> tuple[bytes, str | None]:
+        """Record a sampled token; returns the output bytes it releases and the finish reason, if any.
+        `complete`: the token completes its grammar, which allows nothing after it ("stop")."""
         self.output_ids.append(token_id)
         released, reason = self._release(token_id, token_bytes)
+        if complete and reason is None:
+            released, reason = released + self._held, FINISH_STOP
+            self._held = b""
         if reason is None and len(self.output_ids) >= self.max_output_tokens:
             released, reason = released + self._held, FINISH_LENGTH
             self._held = b""

@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, Iterable, NoReturn
 
 import jinja2
-from jinja2 import nodes
+from jinja2 import meta, nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
@@ -63,14 +63,24 @@ def _tojson(value: object, ensure_ascii: bool = False, indent: int | str | None 
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def compile_chat_template(template: str) -> jinja2.Template:
-    """The template compiled in transformers' environment: sandboxed, trim_blocks and lstrip_blocks, loop controls."""
+def _template_environment() -> ImmutableSandboxedEnvironment:
+    """transformers' environment: sandboxed, trim_blocks and lstrip_blocks, loop controls."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[_GenerationTag, loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(template)
+    return env
+
+
+def compile_chat_template(template: str) -> jinja2.Template:
+    """The template compiled in transformers' environment."""
+    return _template_environment().from_string(template)
+
+
+def template_renders_tools(template: str) -> bool:
+    """Whether a chat template reads the `tools` variable (renders function definitions itself)."""
+    return "tools" in meta.find_undeclared_variables(_template_environment().parse(template))
 
 
 def _ids(tokenizer: _HFTokenizer, text: str, add_special_tokens: bool) -> list[int]:
@@ -97,6 +107,7 @@ class Tokenizer:
         self._added = re.compile("|".join(map(re.escape, added))) if added else None
         self._special = [t.content for t in self._tokenizer.get_added_tokens_decoder().values() if t.special]
         self._template = compile_chat_template(chat_template)
+        self.renders_tools = template_renders_tools(chat_template)
         self.vocab_size = vocab_size
         self.bos_token_id, self.eos_token_id = bos_token_id, eos_token_id
         spec = json.loads(tokenizer_json)
@@ -176,7 +187,8 @@ class Tokenizer:
             raise ValueError("cannot apply the chat template to an empty conversation")
         # transformers drops None-valued keys so templates see a missing key rather than the text "None".
         messages = [{key: value for key, value in message.items() if value is not None} for message in messages]
-        return self._template.render(messages=messages, tools=None, documents=None,
+        tools = kwargs.pop("tools", None)
+        return self._template.render(messages=messages, tools=tools, documents=None,
                                      add_generation_prompt=add_generation_prompt,
                                      **{**self._special_tokens(), **kwargs})
 
@@ -187,7 +199,7 @@ class Tokenizer:
                 for m in messages]
 
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    images: list[str] | None = None) -> list[int]:
+                    images: list[str] | None = None, tools: list[dict[str, Any]] | None = None) -> list[int]:
         """The prompt's ids, every message's content tokenized as plain text (the module's note).
 
         The template is rendered once with a stand-in for each content, which marks where the
@@ -200,9 +212,12 @@ class Tokenizer:
 
         `images`: for a template of content parts, the text standing for each `{"type": "image"}`
         part, in order (vision.image_prompt): each `<image>` the template writes for one is replaced
-        by it, as transformers' Idefics3Processor does."""
+        by it, as transformers' Idefics3Processor does.
+
+        `tools`: function definitions for a template that renders them (`renders_tools`); their
+        text is the template's, so the caller checks it for control tokens first."""
         messages = self._parts(messages)
-        rendered = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        rendered = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         nonce = secrets.token_hex(8)
         contents: list[str] = []
 
@@ -220,7 +235,7 @@ class Tokenizer:
                                       isinstance(part.get("text"), str) else part for part in content]}
             stand_in.append(m)
         pieces = re.split(f"\ue000{nonce}(\\d+)\ue001", self.apply_chat_template(
-            stand_in, add_generation_prompt=add_generation_prompt))
+            stand_in, add_generation_prompt=add_generation_prompt, tools=tools))
         runs: list[tuple[str, bool]] = []  # (text, is a content) in order
         for n, piece in enumerate(pieces):
             runs.append((piece, False) if n % 2 == 0 else (contents[int(piece)], True))

@@ -8,6 +8,13 @@ the gateway decodes them incrementally; with `logprobs` each frame also carries 
 logprobs entries) and the last frame carries the finish reason and token counts (and, not
 streamed, every token's logprobs entry). A closed gateway connection cancels its chats and frees their pages.
 
+Structured outputs and function calling: `response_format` (a JSON schema, or any JSON object)
+and `tools` hold the answer to a grammar (engine/grammar.py), compiled on the helper thread that
+tokenizes the prompt (its cost grows with the schema; compiled grammars are kept by digest). A
+schema or tool the grammar library cannot enforce is a 400 naming what. The tools are written into
+the prompt by the template where it renders them, else as contract/tool_calls.py renders them;
+the answer's calls are read back by the gateway.
+
 Images (OpenAI `image_url` parts, decoded by the gateway): `images` holds their bytes, one per
 `{"type": "image"}` part of the messages. A model whose card does not declare `image` refuses them
 (400 `model_lacks_media`); on the tick thread each is only header-checked (images.check_file, as an
@@ -26,7 +33,9 @@ from ..contract.errors import ServiceError
 from ..contract.vocabulary import CHAT
 from ..contract.wire import Message, dumps, reply
 from ..engine.block_manager import pages_for
+from ..contract import tool_calls
 from ..engine.engine import TokenLogprobs
+from ..engine.grammar import Grammar, GrammarError, schema_grammar, tool_grammar
 from ..engine.vision import MediaError, PreparedImage
 from . import quotas
 
@@ -87,7 +96,7 @@ def start(d: Context, conn: object, msg: Message, batch: Batch) -> int:
     d.usage.chats_tokenizing[principal] += 1  # counted against its chats quota until it ends
     engine = d.runner.engine
     control = d.control_tokens
-    d.off_thread(lambda: _prompt(engine, prompt, messages, images, control),
+    d.off_thread(lambda: _prompt(engine, args, images, control),
                  lambda result, error: _submit(d, conn, req_id, principal, args, result, error))
     return 0
 
@@ -96,31 +105,65 @@ def _texts(content: str | list[dict[str, Any]]) -> list[str]:
     return [content] if isinstance(content, str) else [p["text"] for p in content if p["type"] == "text"]
 
 
-def _prompt(engine: Any, prompt: str | None, messages: list[dict[str, Any]] | None,
-            images: list[bytes], control: ControlTokens) -> tuple[list[int], list[PreparedImage]]:
+Prepared = tuple[list[int], list[PreparedImage], Grammar | None]
+
+
+def _prompt(engine: Any, args: ChatArgs, images: list[bytes], control: ControlTokens) -> Prepared:
     """On a helper thread: the text checked for the model's control tokens (400 `reserved_token`,
     as for an input's text: proportional to the messages, so here and not on the tick thread), the
-    images decoded, preprocessed and encoded, and the prompt tokenized."""
-    for text in [prompt] if prompt is not None else [t for m in messages or () for t in _texts(m["content"])]:
+    answer's grammar compiled, the images decoded, preprocessed and encoded, and the prompt tokenized."""
+    prompt, messages = args.prompt, args.messages or []
+    texts = [prompt] if prompt is not None else [t for m in messages for t in _texts(m["content"])]
+    texts += [c["name"] + c["arguments"] for m in messages for c in m.get("tool_calls", ())]
+    if args.tools:
+        texts.append(dumps(args.tools).decode())
+    for text in texts:
         token = control.find(text)
         if token is not None:
             raise ServiceError(400, "reserved_token", f"a message contains the model's control token {token}")
+    grammar = _grammar(engine, args)
     tokenizer = engine.tokenizer
     if prompt is not None:
-        return tokenizer.encode_text(prompt), []
+        return tokenizer.encode_text(prompt), [], grammar
+    tools = args.tools if args.tools and args.tool_choice != "none" else None
+    if tokenizer.renders_tools:
+        messages, template_tools = tool_calls.template_messages(messages), tools
+    else:
+        messages, template_tools = tool_calls.render(messages, tools), None
+    if template_tools:
+        template_tools = [{"type": "function", "function": t} for t in template_tools]
     prepared = [engine.vision.prepare(data) for data in images]
     if not prepared:
-        return tokenizer.encode_chat(messages), []
-    return tokenizer.encode_chat(messages, images=[image.prompt for image in prepared]), prepared
+        return tokenizer.encode_chat(messages, tools=template_tools), [], grammar
+    return tokenizer.encode_chat(messages, images=[image.prompt for image in prepared],
+                                 tools=template_tools), prepared, grammar
+
+
+def _grammar(engine: Any, args: ChatArgs) -> Grammar | None:
+    """The compiled grammar its answer is held to (None: free text)."""
+    response_format = args.response_format or {"type": "text"}
+    schema = {"json_object": {"type": "object"}}.get(response_format["type"], response_format.get("schema"))
+    tools = args.tools if args.tool_choice != "none" else None
+    try:
+        if tools:
+            return engine.grammars.compile(tool_grammar(tools, args.tool_choice or "auto", args.parallel_tool_calls,
+                                                        schema))
+        if schema is not None:
+            return engine.grammars.compile(schema_grammar(schema))
+    except GrammarError as err:
+        code, what = ("invalid_tools", "the tools' parameters") if tools else (
+            "invalid_response_format", "response_format's schema")
+        raise ServiceError(400, code, f"{what} cannot be enforced: {err}") from None
+    return None
 
 
 def _submit(d: Context, conn: object, req_id: object, principal: bytes, args: ChatArgs,
-            result: tuple[list[int], list[PreparedImage]] | None, error: BaseException | None) -> None:
+            result: Prepared | None, error: BaseException | None) -> None:
     """On the tick thread, the prompt tokenized: refuse what does not fit, or start the chat."""
     d.usage.chat_prepared(principal)
     if getattr(conn, "closed", False) or d.runner is None:
         return  # its client went away meanwhile
-    prompt, images = result if result is not None else (None, [])
+    prompt, images, grammar = result if result is not None else (None, [], None)
     try:
         if isinstance(error, ServiceError):  # (a control token in the messages)
             raise error
@@ -149,6 +192,8 @@ def _submit(d: Context, conn: object, req_id: object, principal: bytes, args: Ch
                 "top_p": float(args.top_p), "stop": tuple(args.stop or []), "page_limit": pages,
                 "tenant": principal, "logprobs": args.logprobs,
                 **{name: float(getattr(args, name)) for name in PENALTIES}}
+    if grammar is not None:
+        settings["grammar"] = grammar  # each choice gets a matcher of its own
     if images:
         settings["images"] = images  # each choice's prompt holds them (the prefix cache shares equal images' pages)
     topic = d.chats.next_id()

@@ -18,12 +18,13 @@ import re
 import secrets
 import struct
 import time
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
-from gpu_worker.contract.chat import Chat
+from gpu_worker.contract import tool_calls
+from gpu_worker.contract.chat import TOOL_NAME, Chat
 from gpu_worker.contract.commands import typed
 from gpu_worker.contract.limits import MAX_COMPLETION_LOGPROBS, MAX_MEDIA, MAX_TOP_LOGPROBS
 from gpu_worker.contract.wire import Reply
@@ -45,17 +46,19 @@ PARAMS = {"invalid_model": "model", "model_not_found": "model", "invalid_message
           "invalid_dimensions": "dimensions",
           "invalid_presence_penalty": "presence_penalty", "invalid_frequency_penalty": "frequency_penalty",
           "invalid_logprobs": "logprobs", "invalid_top_logprobs": "top_logprobs",
+          "invalid_response_format": "response_format", "invalid_tools": "tools",
+          "invalid_tool_choice": "tool_choice", "invalid_parallel_tool_calls": "parallel_tool_calls",
           # an image part of a message (the device's image refusals too)
           "invalid_image_url": "messages", "invalid_image_data": "messages", "model_lacks_media": "messages",
           "media_not_image": "messages", "media_truncated": "messages", "media_too_many_pixels": "messages"}
 # Chat Completions request fields: honoured, or what is refused. A field OpenAI defines but this
 # service does not implement is refused unless it holds its no-op value (the value listed).
 HONOURED = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "stream",
-            "stream_options", "n", "seed", "user", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs"}
+            "stream_options", "n", "seed", "user", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs",
+            "response_format", "tools", "tool_choice", "parallel_tool_calls"}
 NO_OP: dict[str, tuple[object, ...]] = {"logit_bias": ({}, None),
-         "store": (False, None),
-         "parallel_tool_calls": (None,), "tools": ([], None), "tool_choice": ("none", None), "functions": ([], None),
-         "function_call": ("none", None), "response_format": ({"type": "text"}, None), "modalities": (["text"], None),
+         "store": (False, None), "functions": ([], None),  # (the deprecated forms of tools and tool_choice)
+         "function_call": ("none", None), "modalities": (["text"], None),
          "audio": (None,), "prediction": (None,), "metadata": ({}, None), "service_tier": ("auto", "default", None),
          "reasoning_effort": (None,), "web_search_options": (None,)}
 COMPLETION_HONOURED = {"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "stream", "stream_options",
@@ -128,7 +131,32 @@ def _image(part: dict[str, Any]) -> bytes:
 
 def _message(message: dict[str, Any], images: list[bytes]) -> dict[str, object]:
     """The device's message: its content a string, or (with images) text and `{"type": "image"}`
-    parts in order, each image's bytes appended to `images` (docs/protocol.md, chat.completions)."""
+    parts in order, each image's bytes appended to `images` (docs/protocol.md, chat.completions);
+    an assistant's `tool_calls` as [{id, name, arguments}], a tool result's `tool_call_id`."""
+    role = message.get("role")
+    extra: dict[str, object] = {}
+    if role == "assistant" and message.get("tool_calls") is not None:
+        calls = message["tool_calls"]
+        if not isinstance(calls, list) or not calls or any(
+                not isinstance(c, dict) or c.get("type", "function") != "function" or not isinstance(c.get("id"), str)
+                or not isinstance(c.get("function"), dict) or not isinstance(c["function"].get("name"), str)
+                or not isinstance(c["function"].get("arguments"), str) for c in calls):
+            raise ServiceError(400, "invalid_messages", "an assistant message's tool_calls are [{id, type: function, "
+                                                        "function: {name, arguments}}]")
+        extra["tool_calls"] = [{"id": _text(c["id"], "invalid_messages", "a tool call's id"),
+                                "name": _text(c["function"]["name"], "invalid_messages", "a tool call's name"),
+                                "arguments": _text(c["function"]["arguments"], "invalid_messages",
+                                                   "a tool call's arguments")} for c in calls]
+        if message.get("content") is None:
+            message = {**message, "content": ""}
+    elif role == "tool":
+        if not isinstance(message.get("tool_call_id"), str):
+            raise ServiceError(400, "invalid_messages", "a tool message needs tool_call_id")
+        extra["tool_call_id"] = _text(message["tool_call_id"], "invalid_messages", "tool_call_id")
+    return {**_content(message, images), **extra}
+
+
+def _content(message: dict[str, Any], images: list[bytes]) -> dict[str, object]:
     content = message.get("content")
     if isinstance(content, list):  # [{"type": "text", "text": ...} | {"type": "image_url", ...}, ...]
         parts: list[dict[str, str]] = []
@@ -192,7 +220,61 @@ def _request_args(body: object) -> dict[str, object]:
             raise ServiceError(400, "invalid_top_logprobs", "top_logprobs requires logprobs: true")
     if logprobs:
         args["logprobs"] = top or 0
-    return {**args, **_sampling(body)}
+    return {**args, **_structured(body), **_sampling(body)}
+
+
+def _structured(body: Mapping[str, Any]) -> dict[str, object]:
+    """OpenAI's response_format, tools, tool_choice and parallel_tool_calls in the device's words
+    (gpu_worker/contract/chat.Chat checks what they hold)."""
+    args: dict[str, object] = {}
+    response_format = body.get("response_format")
+    if response_format is not None:
+        kind = response_format.get("type") if isinstance(response_format, dict) else None
+        if kind in ("text", "json_object") and len(response_format) == 1:
+            args["response_format"] = {"type": kind}
+        elif kind == "json_schema" and set(response_format) == {"type", "json_schema"}:
+            spec = response_format["json_schema"]
+            if (not isinstance(spec, dict) or not set(spec) <= {"name", "description", "schema", "strict"}
+                    or not isinstance(spec.get("name"), str) or not TOOL_NAME.fullmatch(spec["name"])
+                    or spec.get("strict") not in (None, True, False)):
+                raise ServiceError(400, "invalid_response_format", "json_schema is {name (letters, digits, _ and -, "
+                                                                   "at most 64), description?, schema?, strict?}")
+            # strict or not, the answer is held to the schema (constrained decoding)
+            args["response_format"] = {"type": "json_schema", "schema": spec.get("schema", {})}
+        else:
+            raise ServiceError(400, "invalid_response_format", "response_format is {type: text}, {type: json_object} "
+                                                               "or {type: json_schema, json_schema: {...}}")
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list) or any(
+                not isinstance(t, dict) or set(t) != {"type", "function"} or t["type"] != "function"
+                or not isinstance(t["function"], dict)
+                or not set(t["function"]) <= {"name", "description", "parameters", "strict"}
+                or t["function"].get("strict") not in (None, True, False) for t in tools):
+            raise ServiceError(400, "invalid_tools", "tools are [{type: function, function: {name, description?, "
+                                                     "parameters?, strict?}}]")
+        if tools:  # ([] is no tools)
+            args["tools"] = [{k: v for k, v in t["function"].items() if k != "strict"} for t in tools]
+    choice = body.get("tool_choice")
+    if choice is not None:
+        if isinstance(choice, dict):
+            function = choice.get("function")
+            if (set(choice) != {"type", "function"} or choice["type"] != "function" or not isinstance(function, dict)
+                    or set(function) != {"name"}):
+                raise ServiceError(400, "invalid_tool_choice", "tool_choice is none, auto, required or {type: "
+                                                               "function, function: {name}}")
+            choice = {"name": function["name"]}
+        elif choice not in ("none", "auto", "required"):
+            raise ServiceError(400, "invalid_tool_choice", "tool_choice is none, auto, required or {type: function, "
+                                                           "function: {name}}")
+        if choice != "none" or "tools" in args:
+            args["tool_choice"] = choice
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None:
+        if type(parallel) is not bool:
+            raise ServiceError(400, "invalid_parallel_tool_calls", "parallel_tool_calls must be a boolean")
+        args["parallel_tool_calls"] = parallel
+    return args
 
 
 def _sampling(body: Mapping[str, object]) -> dict[str, object]:
@@ -267,12 +349,19 @@ class Shape:
                 "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
                 "text_offset": offsets}
 
-    def whole(self, completion_id: str, created: int, model: str, result: dict[str, Any]) -> dict[str, object]:
+    def whole(self, completion_id: str, created: int, model: str, result: dict[str, Any],
+              tools: bool = False) -> dict[str, object]:
+        """The completion object; with `tools`, an answer that is calls becomes `tool_calls`."""
         choices = []
         for one in result.get("choices") or [{"index": 0, **result}]:  # n > 1 lists each choice
             choice: dict[str, object] = {"index": one["index"], "finish_reason": one["finish_reason"],
                                       "logprobs": self.logprobs(one.get("logprobs"))}
-            if self.chat:
+            calls = tool_calls.parse(one["text"]) if tools and one["finish_reason"] == "stop" else None
+            if calls:
+                choice["finish_reason"] = "tool_calls"
+                choice["message"] = {"role": "assistant", "content": None, "refusal": None,
+                                     "tool_calls": [_call(name, arguments) for name, arguments in calls]}
+            elif self.chat:
                 choice["message"] = {"role": "assistant", "content": one["text"]}
             else:
                 choice["text"] = one["text"]
@@ -281,9 +370,12 @@ class Shape:
                 "usage": _usage(result)}
 
     def chunk(self, completion_id: str, created: int, model: str, text: str | None, finish: str | None = None,
-              first: bool = False, logprobs: dict[str, object] | None = None, index: int = 0) -> str:
+              first: bool = False, logprobs: dict[str, object] | None = None, index: int = 0,
+              call: dict[str, object] | None = None) -> str:
         choice: dict[str, object] = {"index": index, "finish_reason": finish, "logprobs": logprobs}
-        if self.chat:
+        if call is not None:  # one whole tool call: its index among the choice's calls, id, name, arguments
+            choice["delta"] = {"tool_calls": [call]}
+        elif self.chat:
             choice["delta"] = ({"role": "assistant", "content": ""} if first else
                                {} if text is None else {"content": text})
         else:
@@ -299,6 +391,51 @@ class Shape:
 
 
 CHAT_SHAPE, TEXT_SHAPE = Shape(True), Shape(False)
+
+
+def _call(name: str, arguments: str) -> dict[str, object]:
+    return {"id": "call_" + secrets.token_hex(12), "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+class CallStream:
+    """One streamed choice's text when tools may be called: text that can still turn out to be
+    calls is held back; once it is calls, each call goes out as one `tool_calls` delta when its
+    closing tag arrives (contract/tool_calls.py's format)."""
+
+    def __init__(self) -> None:
+        self.held = ""
+        self.calls = 0  # calls sent so far
+        self.is_calls = False
+
+    def feed(self, text: str) -> tuple[str, list[dict[str, object]]]:
+        """The text that may go out as content now, and the calls completed by `text`."""
+        self.held += text
+        if not self.is_calls:
+            if tool_calls.may_become_calls(self.held) and not self.held.startswith(tool_calls.CALL_OPEN):
+                return "", []
+            if not self.held.startswith(tool_calls.CALL_OPEN):
+                out, self.held = self.held, ""
+                return out, []
+            self.is_calls = True
+        calls = []
+        while (end := self.held.find(tool_calls.CALL_CLOSE)) >= 0:
+            whole = self.held[:end + len(tool_calls.CALL_CLOSE)]
+            parsed = tool_calls.parse(whole)
+            if parsed is None:  # (the grammar allows only calls here: text after all)
+                break
+            self.held = self.held[len(whole):]
+            for name, arguments in parsed:
+                calls.append({"index": self.calls, **_call(name, arguments)})
+                self.calls += 1
+        return "", calls
+
+    def finish(self, reason: str) -> tuple[str, str]:
+        """The text still held (an answer cut short), and the finish reason to report."""
+        if self.calls and not self.held and reason == "stop":
+            return "", "tool_calls"
+        held, self.held = self.held, ""
+        return held, reason
 
 
 def _device_error(msg: Reply) -> HttpResponse:
@@ -340,6 +477,7 @@ async def _complete(request: HttpRequest, parse: Callable[[object], dict[str, ob
     except ServiceError as err:
         return _refusal(err)
     assert isinstance(args, Chat)
+    calls_possible = bool(args.tools) and args.tool_choice != "none"
     completion_id = shape.prefix + secrets.token_hex(12)
     created = int(time.time())
     if not args.stream:
@@ -370,7 +508,8 @@ async def _complete(request: HttpRequest, parse: Callable[[object], dict[str, ob
             raise
         if msg.status != 200:
             return _device_error(msg)
-        return HttpResponse(json.dumps(shape.whole(completion_id, created, args.model, json.loads(msg.body))),
+        return HttpResponse(json.dumps(shape.whole(completion_id, created, args.model, json.loads(msg.body),
+                                                   tools=calls_possible)),
                             content_type="application/json")
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))  # an object: parse checked
     try:
@@ -399,6 +538,25 @@ async def _complete(request: HttpRequest, parse: Callable[[object], dict[str, ob
         # per choice: its UTF-8 decoder (a character may be split between frames) and its text's length so far
         decoders = [codecs.getincrementaldecoder("utf-8")("replace") for _ in range(n)]
         written = [0] * n
+        # with tools: each choice's text held while it may be calls, and the logprobs entries held with it
+        streams = [CallStream() for _ in range(n)] if calls_possible else None
+        held: list[list[Any]] = [[] for _ in range(n)]
+
+        def out(index: int, text: str, entries: list[Any] | None) -> Iterable[str]:
+            calls: list[dict[str, object]] = []
+            if streams is not None:
+                held[index] += entries or []
+                text, calls = streams[index].feed(text)
+                entries, held[index] = (held[index] or None, []) if text or calls else (None, held[index])
+                if calls:
+                    entries = None  # (a call's tokens have no content logprobs)
+            if text or entries:
+                yield shape.chunk(completion_id, created, model, text, index=index,
+                                  logprobs=shape.logprobs(entries, written[index]))
+                written[index] += len(text)
+            for call in calls:
+                yield shape.chunk(completion_id, created, model, None, index=index, call=call)
+
         try:
             if shape.chat:
                 for index in range(n):
@@ -406,12 +564,8 @@ async def _complete(request: HttpRequest, parse: Callable[[object], dict[str, ob
             msg = first
             while msg.more:
                 index = msg.index
-                text = decoders[index].decode(msg.body)
-                entries = msg.logprobs
-                if text or entries:
-                    yield shape.chunk(completion_id, created, model, text, index=index,
-                                      logprobs=shape.logprobs(entries, written[index]))
-                written[index] += len(text)
+                for chunk in out(index, decoders[index].decode(msg.body), msg.logprobs):
+                    yield chunk
                 msg = await device.next(timeout)
             if msg.status != 200:
                 error = json.loads(msg.body)["error"]
@@ -419,10 +573,15 @@ async def _complete(request: HttpRequest, parse: Callable[[object], dict[str, ob
                 return
             result = json.loads(msg.body)
             for index, one in enumerate(result.get("choices") or [result]):
-                tail = decoders[index].decode(b"", final=True)
-                if tail:
-                    yield shape.chunk(completion_id, created, model, tail, index=index)
-                yield shape.chunk(completion_id, created, model, None, one["finish_reason"], index=index)
+                for chunk in out(index, decoders[index].decode(b"", final=True), None):
+                    yield chunk
+                reason = one["finish_reason"]
+                if streams is not None:
+                    rest, reason = streams[index].finish(reason)
+                    if rest or held[index]:
+                        yield shape.chunk(completion_id, created, model, rest, index=index,
+                                          logprobs=shape.logprobs(held[index] or None, written[index]))
+                yield shape.chunk(completion_id, created, model, None, reason, index=index)
             if include_usage:
                 yield shape.usage_chunk(completion_id, created, model, result)
             yield "data: [DONE]\n\n"
