@@ -258,10 +258,9 @@ def test_the_devices_image_refusals_come_in_openais_shape(gateway, device, peopl
 
 
 @pytest.mark.parametrize("field, value", [
-    ("tools", [{"type": "function"}]), ("tool_choice", "auto"), ("functions", [{"name": "f"}]),
-    ("response_format", {"type": "json_schema"}),
+    ("functions", [{"name": "f"}]), ("function_call", "auto"),
     ("logit_bias", {"1": 1}), ("store", True),
-    ("parallel_tool_calls", True), ("modalities", ["text", "audio"]), ("audio", {"voice": "x"}),
+    ("modalities", ["text", "audio"]), ("audio", {"voice": "x"}),
     ("prediction", {"type": "content"}), ("metadata", {"k": "v"}), ("service_tier", "flex"),
     ("reasoning_effort", "low"), ("web_search_options", {}), ("temprature", 1)])
 def test_it_refuses_a_field_it_does_not_implement_naming_it(gateway, device, people, field, value):
@@ -269,6 +268,57 @@ def test_it_refuses_a_field_it_does_not_implement_naming_it(gateway, device, peo
                                 "unknown_parameter" if field == "temprature" else "unsupported_parameter",
                                 "invalid_request_error")
     assert error["param"] == field
+    assert device.requests == []
+
+
+F = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("fields, status, code, param", [
+    ({"tools": [{"type": "function"}]}, 400, "invalid_tools", "tools"),
+    ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, 400, "invalid_tools", "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "no spaces"}}]}, 400, "invalid_tools", "tools"),
+    ({"tools": [F, F]}, 400, "invalid_tools", "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}, 400, "invalid_tools", "tools"),
+    ({"tool_choice": "auto"}, 400, "invalid_tool_choice", "tool_choice"),
+    ({"tools": [F], "tool_choice": "sometimes"}, 400, "invalid_tool_choice", "tool_choice"),
+    ({"tools": [F], "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "invalid_tool_choice",
+     "tool_choice"),
+    ({"tools": [F], "parallel_tool_calls": "yes"}, 400, "invalid_parallel_tool_calls", "parallel_tool_calls"),
+    ({"response_format": {"type": "json_schema"}}, 400, "invalid_response_format", "response_format"),
+    ({"response_format": {"type": "xml"}}, 400, "invalid_response_format", "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, 400, "invalid_response_format",
+     "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": "object"}}}, 400,
+     "invalid_response_format", "response_format"),
+    ({"response_format": {"type": "json_object"}, "stop": "}"}, 400, "invalid_stop", "stop"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, 400, "invalid_messages", "messages"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f"}}]}]},
+     400, "invalid_messages", "messages")])
+def test_it_refuses_malformed_structured_output_and_tool_fields_naming_them(gateway, device, people, fields, status,
+                                                                             code, param):
+    """Each malformed field is refused by the gateway before the device sees the request."""
+    error = assert_openai_error(post(gateway, people["chatter"], chat(**fields)), status, code, "invalid_request_error")
+    assert error["param"] == param
+    assert device.requests == []
+
+
+def test_a_schema_nested_too_deep_is_400_and_one_too_large_413(gateway, device, people):
+    from gpu_worker.contract.limits import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH
+    deep: dict = {"type": "object"}
+    for _ in range(MAX_SCHEMA_DEPTH):
+        deep = {"type": "object", "properties": {"a": deep}}
+    error = assert_openai_error(post(gateway, people["chatter"], chat(response_format={
+        "type": "json_schema", "json_schema": {"name": "deep", "schema": deep}})), 400, "invalid_response_format",
+        "invalid_request_error")
+    assert "deeper" in error["message"]
+    large = {"type": "object", "description": "x" * MAX_SCHEMA_BYTES}
+    assert_openai_error(post(gateway, people["chatter"], chat(response_format={
+        "type": "json_schema", "json_schema": {"name": "large", "schema": large}})), 413, "schema_too_large",
+        "invalid_request_error")
+    tools = [{"type": "function", "function": {"name": "f", "description": "x" * MAX_SCHEMA_BYTES}}]
+    assert_openai_error(post(gateway, people["chatter"], chat(tools=tools)), 413, "schema_too_large",
+                        "invalid_request_error")
     assert device.requests == []
 
 
