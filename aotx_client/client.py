@@ -161,7 +161,8 @@ class Client(_Common):
         return self.mutate(f"/spaces/{quote(space)}/conversations", {"id": id} if id else {})
 
     def submit_input(self, conversation: str, text: str, model: str, **options: JSON) -> Receipt:
-        """options: max_output_tokens, pages, temperature, top_p, media ([{type, sha256}])."""
+        """options: max_output_tokens, pages, temperature, top_p, media ([{type, sha256}]), retention,
+        context, response_format ({type: json_schema, schema} or {type: json_object})."""
         return self.mutate(f"/conversations/{quote(conversation)}/inputs", _input_fields(text, model, **options))
 
     def cancel(self, target_sequence: int) -> Receipt:

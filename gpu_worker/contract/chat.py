@@ -10,7 +10,8 @@ from typing import Any
 from . import ids
 from .args import Args, integer, number_in
 from .errors import ServiceError
-from .limits import MAX_CHOICES, MAX_MEDIA, MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, MAX_TOOLS, MAX_TOP_LOGPROBS
+from .limits import MAX_CHOICES, MAX_MEDIA, MAX_SCHEMA_BYTES, MAX_TOOLS, MAX_TOP_LOGPROBS
+from .structured import check_response_format, check_schema
 
 ROLES = ("system", "user", "assistant", "tool")
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}", re.ASCII)  # OpenAI's function names
@@ -98,7 +99,7 @@ class Chat(Args, kw_only=True, frozen=True):
         integer(self.logprobs, "logprobs", 0, MAX_TOP_LOGPROBS, code="invalid_logprobs")
         integer(self.n, "n", 1, MAX_CHOICES, code="invalid_n")
         integer(self.max_tokens, "max_tokens", 1, ids.MAX_COUNTER, code="invalid_max_tokens")
-        _check_response_format(self.response_format)
+        check_response_format(self.response_format)
         _check_tools(self.tools, self.tool_choice)
         if self.stop and self.constrained:
             raise ServiceError(400, "invalid_stop", "stop cannot be combined with response_format or tools (a stop "
@@ -127,40 +128,6 @@ def _turn_ok(message: dict[str, Any]) -> bool:
     return not extra
 
 
-def _depth(value: object, limit: int) -> bool:
-    """Whether `value` nests at most `limit` objects and arrays deep (iterative: no recursion limit)."""
-    stack: list[tuple[object, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is not None:
-            if depth > limit:
-                return False
-            stack.extend((v, depth + 1) for v in children)
-    return True
-
-
-def _schema(schema: object, field: str, code: str) -> None:
-    if type(schema) is not dict:
-        raise ServiceError(400, code, f"{field} must be a JSON schema object")
-    if len(json.dumps(schema)) > MAX_SCHEMA_BYTES:
-        raise ServiceError(413, "schema_too_large", f"{field} exceeds {MAX_SCHEMA_BYTES} bytes as JSON")
-    if not _depth(schema, MAX_SCHEMA_DEPTH):
-        raise ServiceError(400, code, f"{field} nests deeper than {MAX_SCHEMA_DEPTH} levels")
-
-
-def _check_response_format(response_format: dict[str, Any] | None) -> None:
-    if response_format is None:
-        return
-    kind = response_format.get("type")
-    if kind in ("text", "json_object") and len(response_format) == 1:
-        return
-    if kind != "json_schema" or set(response_format) != {"type", "schema"}:
-        raise ServiceError(400, "invalid_response_format", "response_format is {type: text | json_object} or "
-                                                           "{type: json_schema, schema}")
-    _schema(response_format["schema"], "response_format's schema", "invalid_response_format")
-
-
 def _check_tools(tools: list[dict[str, Any]] | None, choice: str | dict[str, Any] | None) -> None:
     if tools is not None:
         if type(tools) is not list or not 1 <= len(tools) <= MAX_TOOLS or any(
@@ -175,7 +142,7 @@ def _check_tools(tools: list[dict[str, Any]] | None, choice: str | dict[str, Any
             raise ServiceError(413, "schema_too_large", f"the tools exceed {MAX_SCHEMA_BYTES} bytes as JSON")
         for t in tools:
             if "parameters" in t:
-                _schema(t["parameters"], f"tool {t['name']}'s parameters", "invalid_tools")
+                check_schema(t["parameters"], f"tool {t['name']}'s parameters", "invalid_tools")
     if choice is None or choice in ("none", "auto", "required"):
         if choice in ("auto", "required") and not tools:
             raise ServiceError(400, "invalid_tool_choice", f"tool_choice {choice!r} needs tools")

@@ -16,11 +16,11 @@ defaults written here; null is never a value (Args.before).
 from __future__ import annotations
 
 import re
-from typing import Mapping, TypeVar
+from typing import Any, Mapping, TypeVar
 
 import msgspec
 
-from . import ids
+from . import ids, structured
 from .args import Args, counter, decimal, hex32, integer, number_in, one_of, resource_id
 from .chat import Chat, Embeddings
 from .errors import ServiceError
@@ -313,6 +313,8 @@ class Input(Mutation, kw_only=True, frozen=True):
     media: list[MediaRef] = []
     retention: str = "source"
     context: str = "compact"
+    # structured outputs (contract/structured.py): the result bytes are JSON of this schema
+    response_format: dict[str, Any] | None = None
 
     @classmethod
     def before(cls, raw: dict[str, object]) -> None:
@@ -349,6 +351,10 @@ class Input(Mutation, kw_only=True, frozen=True):
             raise ServiceError(400, "input_too_large", f"text and media links take {size} bytes; the limit is "
                                                        f"{INPUT_BYTES} ({MEDIA_LINK_BYTES} per media link)")
         resource_id(self.conversation, "con")
+        structured.check_response_format(self.response_format, "bad_field")
+        schema = structured.schema_of(self.response_format)
+        if schema is not None:
+            structured.check_enforceable(schema, "response_format's schema", "bad_field")
 
 
 # ---- reading a frame's arguments ----------------------------------------------------------------------

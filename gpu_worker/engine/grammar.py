@@ -19,18 +19,14 @@ import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import llguidance
 import torch
 
-if TYPE_CHECKING:
-    from llguidance._lib import JsonCompileOptions
+from ..contract.structured import JSON_OPTIONS, grammar_text
+from ..contract.tool_calls import CALL_CLOSE, CALL_OPEN  # the format gateway and device share
 
-# JSON as the model writes it under a schema: no free whitespace (which a small model can repeat
-# until its token limit) and the separators of Python's json.dumps.
-JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ",
-                                               "key_separator": ": "}
 CACHED_GRAMMARS = 256  # compiled grammars kept by digest (least recently used goes first)
 
 
@@ -51,7 +47,7 @@ class Grammar:
 def schema_grammar(schema: dict[str, Any]) -> str:
     """llguidance's grammar text of a JSON schema (`{"type": "object"}` is any JSON object)."""
     try:
-        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS)
+        return grammar_text(schema)
     except ValueError as err:
         raise GrammarError(f"the schema is not a JSON object: {err}") from None
 
@@ -67,8 +63,6 @@ def tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, str], para
     """llguidance's Lark grammar of an answer under `tools` (contract/tool_calls.py's format):
     `required` one call (or several, when `parallel`) of any tool; a named tool (`{"name": ...}`)
     exactly one call of it; `auto` those calls or text (JSON of `text_schema` when given)."""
-    from ..contract.tool_calls import CALL_CLOSE, CALL_OPEN  # the format both sides share
-
     if isinstance(choice, dict):
         called, repeat = [t for t in tools if t["name"] == choice["name"]], ""
     else:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 
-from ..contract import ids
+from ..contract import ids, structured
 from ..contract.vocabulary import BASE_PATH, RECEIPT_SCHEMA
 from ..contract.wire import Message, dumps, reply
 from ..state.tables import ALONE, HELD, SOURCE_MASK, Finish, R, Source, Terminal, join16
@@ -38,7 +38,19 @@ _SAVE = ((R.ADM_TRANSFER, R.ADM_BOOT, R.ADM_GENERATION, R.ADM_SOURCE),
          (R.TERM_TRANSFER, R.TERM_BOOT, R.TERM_GENERATION, R.TERM_SOURCE))
 _ADM_SAVE = slice(R.ADM_TRANSFER, R.ADM_SOURCE + 1)
 _TERM_SAVE = slice(R.TERM_TRANSFER, R.TERM_SOURCE + 1)
-_NO_EXECUTION = '{"max_output_tokens":null,"model_digest":null,"page_limit":null}'
+_NO_EXECUTION = '{"max_output_tokens":null,"model_digest":null,"page_limit":null,"response_format_digest":null}'
+
+
+def response_format_digest(d: Reporting, rrow: int) -> str | None:
+    """The digest of the input's response_format (contract/structured.digest), None without one:
+    its receipt's `effective.response_format_digest`. Read from its saved command bytes, which
+    hold the key only when the body does (a text's quotes are escaped)."""
+    t = d.state.tables
+    raw = t.get_bytes(t.command_bytes, rrow, t.value(t.receipts, rrow, R.COMMAND_LEN))
+    if b'"response_format"' not in raw:
+        return None
+    response_format = json.loads(raw)["body"].get("response_format")
+    return None if response_format is None else structured.digest(response_format)
 
 
 def _save_json(d: Reporting, rrow: int, row: list[int], which: int) -> str:
@@ -77,8 +89,10 @@ def render(d: Context, rrow: int, own: bool) -> tuple[str, bytes]:
     held = d.holds.current
     disk_error = json.dumps(held["disk_error"]) if pending and held and held["disk_error"] else "null"
     if kind.executes:
+        schema_digest = response_format_digest(d, rrow)
+        schema_json = "null" if schema_digest is None else f'"{schema_digest}"'
         effective = (f'{{"max_output_tokens":"{row[R.MAX_OUTPUT]}","model_digest":"{d.model_digest}",'
-                     f'"page_limit":"{row[R.PAGE_LIMIT]}"}}')
+                     f'"page_limit":"{row[R.PAGE_LIMIT]}","response_format_digest":{schema_json}}}')
         if ended:
             finish = FINISH_NAMES.get(row[R.FINISH])
             tokens_in, tokens_out = f'"{row[R.INPUT_TOKENS]}"', f'"{row[R.OUTPUT_TOKENS]}"'

@@ -45,11 +45,13 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import msgpack
 
+from ..contract import structured
 from ..contract.ids import participant_id
+from ..engine.grammar import schema_grammar
 from . import images
 from ..memory import render
 from ..memory.rows import Flag
@@ -66,6 +68,8 @@ from ..state.executions import IN_THE_ENGINE, LEASE_AHEAD, READY_TO_COMPLETE, Ex
 from ..state.tables import C, Finish, P, R, Terminal, join16
 from ..storage import leases
 from ..storage.journal import Transfer, TransferKind, record_count
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     import torch
@@ -266,9 +270,22 @@ def _embedded(d: Context, rrow: int, body: dict[str, Any], vectors: torch.Tensor
     room = row[R.PAGE_LIMIT] * d.runtime.runtime_profile["page_size"] - row[R.MAX_OUTPUT]
     messages, tokenizer = conversation_turns(d, rrow, everyone=reads_space), d.runner.engine.tokenizer
     system = render.render(execution.revision, items, submitter=participant_id(actor_of(d, rrow)[0]))
-    if images.start(d, rrow, body, messages, room, system, settings):  # the input's images: images.py
+    schema = structured.schema_of(body.get("response_format"))
+    if schema is not None:  # its grammar, compiled on the helper thread that builds its prompt
+        grammars = d.runner.engine.grammars
+        settings["grammar"] = None
+
+        def constrained(work: Callable[[], T]) -> Callable[[], T]:
+            def compile_then() -> T:
+                settings["grammar"] = grammars.compile(schema_grammar(schema))  # (read back on the tick thread)
+                return work()
+            return compile_then
+    else:
+        def constrained(work: Callable[[], T]) -> Callable[[], T]:
+            return work
+    if images.start(d, rrow, body, messages, room, system, settings, constrained):  # its images: images.py
         return
-    d.off_thread(functools.partial(fit_prompt, tokenizer, messages, room, system),
+    d.off_thread(constrained(functools.partial(fit_prompt, tokenizer, messages, room, system)),
                  functools.partial(_prompted, d, rrow, settings))
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 from ..contract.errors import ServiceError
 from ..engine.vision import MAX_IMAGE_PIXELS, MediaError, PreparedImage
@@ -139,20 +139,24 @@ def prepare_prompt(d: Context, shas: list[str], text: str, messages: list[dict[s
 
 
 def start(d: Context, rrow: int, body: dict[str, Any], messages: list[dict[str, Any]], room: int,
-          system: str | None, settings: dict[str, Any]) -> bool:
+          system: str | None, settings: dict[str, Any],
+          wrap: Callable[[Callable[[], Prepared]], Callable[[], Prepared]] = lambda work: work) -> bool:
     """Once the input's memory is recalled (gpu_worker/execution.py): when the input's images
     become model input, its prompt is built with them on a helper thread (True); else nothing
-    happens here (False)."""
+    happens here (False). `wrap`: what else that helper thread does first (its grammar)."""
     shas = image_rows(d, body)
     if not shas:
         return False
-    d.off_thread(functools.partial(prepare_prompt, d, shas, str(body["text"]), messages, room, system),
+    d.off_thread(wrap(functools.partial(prepare_prompt, d, shas, str(body["text"]), messages, room, system)),
                  functools.partial(_prepared, d, rrow, settings))
     return True
 
 
+Prepared = tuple["list[int] | None", "list[PreparedImage]"]
+
+
 def _prepared(d: Executing, rrow: int, settings: dict[str, Any],
-              result: tuple[list[int] | None, list[PreparedImage]] | None, error: BaseException | None) -> None:
+              result: Prepared | None, error: BaseException | None) -> None:
     """On the tick thread (execution._prompted with the images): the engine gets the input."""
     execution = d.executions.live.get(rrow)
     ids, prepared = result if result is not None else (None, [])

@@ -113,7 +113,9 @@ def interpret(d: Context, execution: Execution, ended: Finish) -> None:
     turn = json.dumps({"user": input_text(d, rrow)[:INTERPRETATION_QUOTE], "assistant":
                        answer.decode("utf-8", "replace")[:INTERPRETATION_QUOTE]}, ensure_ascii=False)
     messages = [{"role": "system", "content": INTERPRETATION_RULE}, {"role": "user", "content": turn}]
-    settings = {**execution.settings, "max_new_tokens": INTERPRETATION_TOKENS, "temperature": 0.0, "top_p": 1.0}
+    # free text, whatever the input's answer was held to (its grammar stays with the input)
+    settings = {**{k: v for k, v in execution.settings.items() if k != "grammar"},
+                "max_new_tokens": INTERPRETATION_TOKENS, "temperature": 0.0, "top_p": 1.0}
     room = settings["page_limit"] * d.runtime.runtime_profile["page_size"] - INTERPRETATION_TOKENS
     tokenizer = d.runner.engine.tokenizer
 

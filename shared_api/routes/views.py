@@ -37,7 +37,8 @@ DIGITS = re.compile(r"[0-9]{1,4}")  # ASCII digits only: str.isdigit() also acce
 DIGITS_ANY = re.compile(r"[0-9]{1,18}")
 # a media upload's Content-Type (its parameters aside): type/subtype, the subtype an RFC 9110 token
 MEDIA_TYPE = re.compile(r"(image|audio)/[A-Za-z0-9!#$%&'*+.^_`|~-]+", re.IGNORECASE)
-INPUT_FIELDS = ("text", "model", "max_output_tokens", "pages", "temperature", "top_p", "media", "retention", "context")
+INPUT_FIELDS = ("text", "model", "max_output_tokens", "pages", "temperature", "top_p", "media", "retention", "context",
+                "response_format")
 
 
 def list_args(request: Request, allowed: tuple[str, ...] = (), **extra: object) -> dict[str, object]:

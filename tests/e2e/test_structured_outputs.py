@@ -29,7 +29,7 @@ def stack(tmp_path_factory):
     pack_default(str(runtime), shared=True, progress=False,
                  runtime_profile={"kv_pages": 512, "page_grant": 64, "deadline_ms": 120000})
     s = Stack(base, str(runtime))
-    s.token = s.principal("builder", actions="shared_read,chat")
+    s.token = s.principal("builder", actions="shared_read,shared_write,shared_manage,chat")
     s.boot_device()
     s.serve()
     yield s
@@ -235,3 +235,43 @@ def test_langchain_structured_output_and_bound_tools_work_unchanged(stack):
     message = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("What is the weather in Paris?")
     (call,) = message.tool_calls
     assert call["name"] == "get_weather" and isinstance(call["args"].get("city"), str)
+
+
+def test_a_shared_input_with_a_schema_saves_json_of_it_through_the_sdk(stack):
+    """A conversation input's response_format: its result bytes are JSON of the schema, its
+    receipt records the schema's digest, and a schema keyword it cannot enforce is a 400 before
+    anything is admitted."""
+    import base64
+    import hashlib
+
+    import rfc8785
+    from aotx_client import ApiError, Client
+
+    from tests.conftest import wait_for
+    with Client(f"http://127.0.0.1:{stack.port}", stack.token, timeout=120, retry_for=0) as aotx:
+        aotx.mutate("/participant", {})
+        space = aotx.mutate("/spaces", {})["target"]
+        conversation = aotx.create_conversation(space)["target"]
+        # (the body is saved as canonical JSON, its keys sorted: the answer writes the properties in that order)
+        schema = {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 20}, "rating": {"type": "integer", "minimum": 1, "maximum": 5},
+            "continent": {"enum": ["Europe", "Asia", "Africa", "Americas", "Oceania"]}},
+            "required": ["city", "continent", "rating"], "additionalProperties": False}
+        response_format = {"type": "json_schema", "schema": schema}
+        receipt = aotx.submit_input(conversation, "Tell me about Oslo.", MODEL, max_output_tokens=300,
+                                    response_format=response_format)
+        assert receipt["effective"]["response_format_digest"] == hashlib.sha256(
+            rfc8785.dumps(response_format)).hexdigest()
+        path = f"/aotx/v1/shared/operations/{receipt['operation']}"
+
+        def done():
+            out = json.loads(stack.http("GET", path, token=stack.token)[2])
+            return out if out["terminal"]["saved"] else None
+        final = wait_for(done, 120, interval=0.1, what="the input's terminal result")
+        assert final["terminal"]["status"] == "succeeded" and final["result"]["finish"] == "stop", final
+        result = json.loads(stack.http("GET", path + "/result", token=stack.token)[2])
+        jsonschema.validate(json.loads(base64.b64decode(result["bytes"])), schema)
+        with pytest.raises(ApiError) as refused:
+            aotx.submit_input(conversation, "x", MODEL, response_format={
+                "type": "json_schema", "schema": {"type": "array", "uniqueItems": True}})
+        assert refused.value.status == 400 and "uniqueItems" in refused.value.message

@@ -149,6 +149,15 @@ input without `pages` gets the page grant, and without `max_output_tokens` min(2
 (the device cannot count the prompt's tokens at admission, so the prompt keeps the other half of the
 page limit; `/capabilities` gives `defaults`, `page_size` and the real maximum in `limits`).
 
+Structured outputs: an input's `response_format` (`{"type": "json_object"}` or `{"type": "json_schema",
+"schema": {...}}`) holds its answer to JSON (of the schema) token by token; a result that finishes `stop` is
+valid JSON of it, one cut short finishes `length`. The field is part of the input's body, so of its
+canonical bytes (a retry must send the same schema) and of the journaled admission; a schema's object keys
+are canonical there, sorted, and the answer writes an object's properties in that order. The receipt's
+`effective.response_format_digest` is the sha256 of the field's canonical JSON (RFC 8785), null without one.
+A schema keyword the device cannot enforce (`uniqueItems`, `not`, `if`/`then`, an unknown `type`) is
+400 `bad_field` naming it, before anything is admitted; a schema nested deeper than 32 levels likewise.
+
 Every error has the one body `{"error": {"code": "...", "message": "...", ...details}}`; each response
 below lists its codes. Outside any single route: 405 `method_not_allowed` (a method the route does not
 have), 406 `not_acceptable` (an `Accept` header that excludes `application/json`), 408 `body_timeout`

@@ -152,11 +152,13 @@ SCHEMAS = {
                        "finish": nullable({"type": "string"})}),
         "effective": obj({"model_digest": nullable(string("^[0-9a-f]{64}$")),
                           "page_limit": nullable(ref("Counter")),
-                          "max_output_tokens": nullable(ref("Counter"))},
+                          "max_output_tokens": nullable(ref("Counter")),
+                          "response_format_digest": nullable(string("^[0-9a-f]{64}$"))},
                          description="what the device accepted for an input, recorded with its admission apart "
                                      "from the caller's bytes: the model's digest, the page limit and the output "
-                                     "limit (the caller's, or the default: min(256, pages x page_size / 2)); "
-                                     "null for kinds that do not execute"),
+                                     "limit (the caller's, or the default: min(256, pages x page_size / 2)), and "
+                                     "the sha256 of its response_format's canonical JSON (RFC 8785; null without "
+                                     "one); null for kinds that do not execute"),
         "memory": nullable(obj({
             "retention": nullable({"type": "string", "enum": list(RETENTIONS)}),
             "context": nullable({"type": "string", "enum": list(CONTEXTS)}),
@@ -313,10 +315,14 @@ SCHEMAS = {
                                       "model's interpretation of the turn, where the model has automatic memory"},
          "context": {"type": "string", "enum": list(CONTEXTS),
                      "default": "compact",
-                     "description": "how recalled memory enters the prompt: lease revision 3, 4, 5 or 2"}},
+                     "description": "how recalled memory enters the prompt: lease revision 3, 4, 5 or 2"},
+         "response_format": {"type": "object", "description": "{type: text}, {type: json_object} or {type: "
+                             "json_schema, schema}: the result bytes are then JSON (of the schema), held to it "
+                             "token by token; a schema keyword that cannot be enforced is refused (400 "
+                             "bad_field, naming it) before admission"}},
         ("text", "model"),
         "`text` and `model`, optionally `max_output_tokens`, `pages`, `temperature`, `top_p`, `media`, "
-        "`retention`, `context`; the text and 73 bytes per media link fit 2048 UTF-8 bytes"),
+        "`retention`, `context`, `response_format`; the text and 73 bytes per media link fit 2048 UTF-8 bytes"),
     "PublicationRequest": mutation_body(
         "Publish a memory object into this space",
         {"source": ref("MemoryId"), "source_version": ref("Counter")},

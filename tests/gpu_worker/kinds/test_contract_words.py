@@ -139,7 +139,7 @@ def test_an_input_with_a_small_page_limit_and_no_max_output_tokens_gets_half_its
     status, receipt = world.say("a", conversation, "hello", pages=12)
     assert status == 202, receipt
     assert receipt["effective"] == {"model_digest": world.device.model_digest, "page_limit": "12",
-                                    "max_output_tokens": str(12 * 16 // 2)}
+                                    "max_output_tokens": str(12 * 16 // 2), "response_format_digest": None}
     world.pump(world.finished("a", receipt["operation"]))
     done = world.read("a", "operations.get", operation=receipt["operation"])[1]
     assert done["terminal"]["status"] == "succeeded", done

@@ -400,3 +400,49 @@ def test_a_retirement_whose_floor_covers_an_unfinished_input_answers_409_and_cha
     assert (status, body["error"]["code"], body["error"]["sequence"]) == (409, "unfinished_operations",
                                                                           receipt["sequence"])
     assert (world.read("a", "participant.get")[1], world.read("a", "operations.list")[1]) == before
+
+
+ORDER = {"type": "object", "properties": {"status": {"enum": ["open", "paid"]},
+                                          "qty": {"type": "integer", "minimum": 1, "maximum": 9},
+                                          "tags": {"type": "array", "maxItems": 2,
+                                                   "items": {"type": "string", "maxLength": 5}}},
+         "required": ["status", "qty"], "additionalProperties": False}
+
+
+def test_an_input_with_a_response_format_answers_json_of_its_schema_and_its_receipt_records_the_digest(world):
+    import hashlib
+    import json
+
+    import jsonschema
+    import rfc8785
+    _, conversation = world.conversation("a")
+    response_format = {"type": "json_schema", "schema": ORDER}
+    status, receipt = world.say("a", conversation, "an order please", max_output_tokens=120,
+                                response_format=response_format, temperature=1.0)
+    assert status == 202, receipt
+    digest = hashlib.sha256(rfc8785.dumps(response_format)).hexdigest()
+    assert receipt["effective"]["response_format_digest"] == digest
+    world.pump(world.finished("a", receipt["operation"]))
+    done = world.read("a", "operations.get", operation=receipt["operation"])[1]
+    assert done["terminal"]["status"] == "succeeded" and done["result"]["finish"] == "stop", done
+    data = base64.b64decode(world.read("a", "operations.result", operation=receipt["operation"])[1]["bytes"])
+    jsonschema.validate(json.loads(data), ORDER)
+    status, plain = world.say("a", conversation, "and now in words", max_output_tokens=4)
+    assert status == 202 and plain["effective"]["response_format_digest"] is None
+    world.pump(world.finished("a", plain["operation"]))
+    world.boot()  # the journal's replay holds the body, and so the digest
+    world.attach()
+    again = world.read("a", "operations.get", operation=receipt["operation"])[1]
+    assert again["effective"]["response_format_digest"] == digest and again["result"] == done["result"]
+
+
+@pytest.mark.parametrize("response_format, named", [
+    ({"type": "json_schema", "schema": {"type": "array", "uniqueItems": True}}, "uniqueItems"),
+    ({"type": "json_schema", "schema": {"type": "widget"}}, "widget"),
+    ({"type": "json_schema"}, "response_format"), ({"type": "yaml"}, "response_format")])
+def test_a_response_format_it_cannot_enforce_is_refused_before_admission(world, response_format, named):
+    _, conversation = world.conversation("a")
+    before = world.read("a", "conversations.get", conversation=conversation)[1]
+    status, body = world.say("a", conversation, "x", response_format=response_format)
+    assert (status, body["error"]["code"]) == (400, "bad_field") and named in body["error"]["message"]
+    assert world.read("a", "conversations.get", conversation=conversation)[1] == before  # nothing admitted

@@ -22,7 +22,8 @@ SAVE = {"boot": "3", "commit_digest": "d" * 64, "file_incarnation": "e" * 32, "g
 
 def receipt(n=1, kind="conversation.input", status="succeeded", length=5):
     return {"admission": {"save": SAVE, "saved": True}, "device": {"committed": True}, "disk_error": None,
-            "effective": {"max_output_tokens": "32", "model_digest": "f" * 64, "page_limit": "4"}, "journal_hold": None,
+            "effective": {"max_output_tokens": "32", "model_digest": "f" * 64, "page_limit": "4",
+                          "response_format_digest": None}, "journal_hold": None,
             "kind": kind,
             "operation": OP if n == 1 else f"op-{n:032x}-{n:032x}", "operation_key": f"{n:032x}",
             "participant": PAR, "pending_bytes": "0",  # counters as the device writes them: decimal strings
