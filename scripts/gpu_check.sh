@@ -4,11 +4,14 @@
 # requests beside transformers generate and generate_batch). Logs land in $OUT.
 #
 # The device image has torch, transformers, tokenizers, msgpack, safetensors, pytest and
-# pytest-timeout, but not gguf (gpu_worker/pack/gguf.py imports it). Before the run, here, in the repo's root:
+# pytest-timeout, but not gguf (gpu_worker/pack/gguf.py imports it), llguidance (engine/grammar.py)
+# or rfc8785 (contract/structured.py). Before the run, here, in the repo's root:
 #
 #   grep -qx '/.whl/' .git/info/exclude || echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux2014_x86_64 -d .whl gguf==0.19.0
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux_2_31_x86_64 -d .whl llguidance==1.9.1 rfc8785==0.1.4
 #
 # then: run(command="bash scripts/gpu_check.sh", carry=[".whl"], timeout_s=540), and give_back.
 set -o pipefail

@@ -37,3 +37,24 @@ def test_cuda_triton_kernels_are_used_and_match_pytorch_operators(tiny_gen):
     plain = Engine(tiny_gen, device="cuda", dtype=torch.float32, fused_kernels=False)
     assert [s.output_ids for s in fused.generate(PROMPTS, **settings)] == \
         [s.output_ids for s in plain.generate(PROMPTS, **settings)]
+
+
+def test_cuda_constrained_decoding_holds_answers_to_their_schema_as_on_the_cpu(tiny_gen):
+    """The grammar masks go to the logits' device: on CUDA (graphs, Triton kernels) in float32 the
+    constrained tokens are the CPU's, and every complete answer is valid JSON of its schema."""
+    import json
+
+    from gpu_worker.engine.grammar import schema_grammar
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
+                                               "ok": {"type": "boolean"}}, "required": ["n", "ok"],
+              "additionalProperties": False}
+    answers = {}
+    for device in ("cuda", "cpu"):
+        engine = Engine(tiny_gen, device=device, dtype=torch.float32)
+        grammar = engine.grammars.compile(schema_grammar(schema))
+        answers[device] = engine.generate(PROMPTS, max_new_tokens=60, grammar=grammar)
+    assert [s.output_ids for s in answers["cuda"]] == [s.output_ids for s in answers["cpu"]]
+    for seq in answers["cuda"]:
+        if seq.finish_reason == "stop":  # (no jsonschema on the lent device)
+            answer = json.loads(bytes(seq.output_bytes))
+            assert set(answer) == {"n", "ok"} and 0 <= answer["n"] <= 99 and isinstance(answer["ok"], bool)
