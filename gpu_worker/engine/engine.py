@@ -48,8 +48,9 @@ class PoolStats:
 # A sampled token's log-probability and its top alternatives [(token_id, log-probability), ...], most
 # likely first: for requests that asked for logprobs (None otherwise, and for a stop token).
 TokenLogprobs = tuple[float, list[tuple[int, float]]]
-# (request_id, token_id, released output bytes, finish reason or None, its TokenLogprobs or None)
-StepEvent = tuple[object, int, bytes, "str | None", "TokenLogprobs | None"]
+# (request_id, token_id (None for a failure of its own), released output bytes, finish reason or None, its
+# TokenLogprobs or None)
+StepEvent = tuple[object, "int | None", bytes, "str | None", "TokenLogprobs | None"]
 # A step's grammar masks are computed while its forward runs; their thread answering later than this
 # fails the constrained sequences rather than stalling the engine.
 MASK_TIMEOUT_S = 10.0
@@ -295,7 +296,7 @@ class Engine:
                 self._release(seq)
                 del self._sequences[seq.request_id]
                 seq.finish(FINISH_GRAMMAR_FAILED)
-                events.append((seq.request_id, token, b"", FINISH_GRAMMAR_FAILED, None))
+                events.append((seq.request_id, None, b"", FINISH_GRAMMAR_FAILED, None))  # (no token of its own)
                 continue
             complete = matcher is not None and matcher.is_stopped()
             released, reason = seq.append(token, self.tokenizer.token_bytes(token), complete)

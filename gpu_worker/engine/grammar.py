@@ -90,7 +90,7 @@ class Grammars:
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
         with self._lock:
-            if self._tokenizer is None:  # about a third of a second for a 49k vocabulary: on first use
+            if self._tokenizer is None:  # costly (it walks the whole vocabulary): on first use
                 self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
                                                          eos_token=self._eos)
             return self._tokenizer

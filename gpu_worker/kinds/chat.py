@@ -32,8 +32,8 @@ from ..contract.commands import NoArgs
 from ..contract.errors import ServiceError
 from ..contract.vocabulary import CHAT
 from ..contract.wire import Message, dumps, reply
+from ..contract import structured, tool_calls
 from ..engine.block_manager import pages_for
-from ..contract import tool_calls
 from ..engine.engine import TokenLogprobs
 from ..engine.grammar import Grammar, GrammarError, schema_grammar, tool_grammar
 from ..engine.vision import MediaError, PreparedImage
@@ -141,8 +141,7 @@ def _prompt(engine: Any, args: ChatArgs, images: list[bytes], control: ControlTo
 
 def _grammar(engine: Any, args: ChatArgs) -> Grammar | None:
     """The compiled grammar its answer is held to (None: free text)."""
-    response_format = args.response_format or {"type": "text"}
-    schema = {"json_object": {"type": "object"}}.get(response_format["type"], response_format.get("schema"))
+    schema = structured.schema_of(args.response_format)
     tools = args.tools if args.tool_choice != "none" else None
     try:
         if tools:

@@ -116,8 +116,7 @@ def test_a_failing_mask_thread_fails_only_the_constrained_sequences(engine, monk
     while engine.has_work:
         events += engine.step()
     assert held.finish_reason == FINISH_GRAMMAR_FAILED and len(held.output_ids) == 0
-    assert [e for e in events if e[0] == "held"] == [("held", e[1], b"", FINISH_GRAMMAR_FAILED, None)
-                                                      for e in events if e[0] == "held"]
+    assert [e for e in events if e[0] == "held"] == [("held", None, b"", FINISH_GRAMMAR_FAILED, None)]
     assert free.finish_reason == "length" and len(free.output_ids) == 5
     assert engine.block_manager.num_free == engine.block_manager.num_pages  # the failed one's pages came back
 
