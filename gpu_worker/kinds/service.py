@@ -6,7 +6,8 @@ import os
 from typing import TYPE_CHECKING
 
 from ..contract.commands import AuditExport, NoArgs
-from ..contract.limits import INPUT_BYTES, MAX_MEDIA, MEDIA_LINK_BYTES
+from ..contract import structured
+from ..contract.limits import INPUT_BYTES, MAX_MEDIA, MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, MEDIA_LINK_BYTES
 from ..contract.vocabulary import CAPABILITIES_SCHEMA, MUTATION_SCHEMA, RECEIPT_SCHEMA
 from ..contract.errors import ServiceError
 from ..contract.wire import Message, dumps, reply
@@ -25,7 +26,9 @@ def capabilities(d: Context, principal: bytes, args: NoArgs) -> tuple[int, objec
     profile = runtime.runtime_profile
     models = [{"name": card["name"], "digest": d.model_digest,
                "media_types": card["capabilities"]["media_types"],
-               "automatic_memory": card["capabilities"]["automatic_memory"]}]
+               "automatic_memory": card["capabilities"]["automatic_memory"],
+               # what an input's (and a chat's) answer may be held to: contract/structured.py
+               "response_formats": list(structured.FORMATS)}]
     embedding = runtime.json("emb/card") if runtime.has("emb/card") else None
     return 200, {
         "schema": CAPABILITIES_SCHEMA,
@@ -36,6 +39,7 @@ def capabilities(d: Context, principal: bytes, args: NoArgs) -> tuple[int, objec
         "limits": {**{k: str(v) for k, v in d.state.capacities.items()},
                    "input_bytes": str(INPUT_BYTES), "media_link_bytes": str(MEDIA_LINK_BYTES),
                    "media_rows": str(MAX_MEDIA),
+                   "schema_bytes": str(MAX_SCHEMA_BYTES), "schema_depth": str(MAX_SCHEMA_DEPTH),
                    # the most an input may name: its page limit's tokens, at the largest page limit admitted
                    "max_output_tokens": str(min(profile["page_grant"], profile["kv_pages"]) * profile["page_size"])},
         # what an input that names none gets: 256 output tokens within half its page limit

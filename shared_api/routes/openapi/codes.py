@@ -25,6 +25,7 @@ CODES = {
     "unknown_command": "gateway/device protocol fault: the device does not know the command "
                        "(gateway and device versions differ)",
     "protocol_version": "gateway/device protocol fault: the device speaks another protocol version",
+    "schema_too_large": "a `response_format` schema exceeds `limits.schema_bytes` as JSON",
     "input_too_large": "the text and 73 bytes per media link exceed 2048 UTF-8 bytes",
     "too_many_media": f"more than {MAX_MEDIA} media references",
     "reserved_token": "the text contains a reserved media control token",

@@ -145,7 +145,7 @@ OPERATIONS = {  # keyed by the device command each route calls
          404: ("conversation_not_found", "media_not_found"),
          409: ("model_not_available", "model_lacks_media", "media_unavailable", "page_limit_exceeds_grant",
                "page_limit_exceeds_pool", "images_exceed_page_limit"),
-         413: ("media_too_many_pixels",), 415: ("media_not_image",)},
+         413: ("media_too_many_pixels", "schema_too_large"), 415: ("media_not_image",)},
         path="conversation",
         description="Needs the write right on the conversation's space. Runs the model once the admission is "
                     "saved; the receipt's terminal result is saved when generation ends. Earlier turns of the "

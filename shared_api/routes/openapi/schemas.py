@@ -10,6 +10,7 @@ from typing import Any, Iterable
 
 from gpu_worker.contract import ids
 from gpu_worker.contract.limits import MAX_MEDIA
+from gpu_worker.contract.structured import FORMATS
 from gpu_worker.contract.vocabulary import (CAPABILITIES_SCHEMA, CONTEXTS, MEDIA_TYPES, MEMORY_KINDS, MUTATION_SCHEMA,
                                             NOT_RETAINED, PERMISSIONS, QUOTAS, RATES, RECEIPT_SCHEMA, RETENTIONS,
                                             SCOPES, TERMINAL_STATUSES)
@@ -214,16 +215,19 @@ SCHEMAS = {
             "name": {"type": "string"},
             "digest": string("^[0-9a-f]{64}$"),
             "media_types": {"type": "array", "items": {"type": "string"}},
-            "automatic_memory": {"type": "boolean"}})},
+            "automatic_memory": {"type": "boolean"},
+            "response_formats": {"type": "array", "items": {"type": "string", "enum": list(FORMATS)},
+                                 "description": "what an input's `response_format` (and a chat's) may name"}})},
         "embedding_model": nullable(obj({"name": {"type": "string"}, "digest": string("^[0-9a-f]{64}$")})),
         "limits": {"type": "object", "additionalProperties": ref("Counter"),
                    "required": ["participants", "spaces", "conversations", "members", "receipts",
                                 "command_bytes", "result_bytes", "input_bytes", "media_link_bytes",
-                                "media_rows", "max_output_tokens"],
+                                "media_rows", "max_output_tokens", "schema_bytes", "schema_depth"],
                    "description": "capacities and bounds: `command_bytes` per receipt's canonical operation "
                                   "bytes (413 `command_too_large` past it), `max_output_tokens` the most an "
                                   "input may name (the page grant's tokens; an input's own bound is its "
-                                  "`pages` x `page_size`)"},
+                                  "`pages` x `page_size`), `schema_bytes` and `schema_depth` a response_format "
+                                  "schema's JSON size and nesting (a chat's tools too)"},
         "defaults": obj({"max_output_tokens": ref("Counter"), "pages": ref("Counter")},
                         description="what an input that names none gets: `pages` the page grant; "
                                     "`max_output_tokens` 256 within half the input's page limit, "
