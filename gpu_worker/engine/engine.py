@@ -20,7 +20,7 @@ import torch
 
 from gpu_worker.contract.limits import MAX_TOP_LOGPROBS
 from gpu_worker.engine.block_manager import BlockManager, page_hashes, pages_for
-from gpu_worker.engine.grammar import Grammar, Grammars, apply_masks, fill_masks, mask_words
+from gpu_worker.engine.grammar import Grammar, Grammars, apply_biases, fill_masks, mask_biases, mask_words
 from gpu_worker.engine.model import CPU_WEIGHTS, Llama
 from gpu_worker.engine.model_runner import ModelRunner
 from gpu_worker.engine.pacing import TokenPacer
@@ -55,6 +55,8 @@ StepEvent = tuple[object, "int | None", bytes, "str | None", "TokenLogprobs | No
 # fails the constrained sequences rather than stalling the engine.
 MASK_TIMEOUT_S = 10.0
 FINISH_GRAMMAR_FAILED = "failed:grammar"
+# a step's masks (biases or bits, grammar.py), and each constrained sequence's row in them
+Masks = tuple[torch.Tensor, "dict[Sequence, int]"]
 
 
 class Engine:
@@ -249,23 +251,26 @@ class Engine:
             self.block_manager.register(seq.pages[:written], seq.page_hashes[:written])
         self.scheduler.release(seq)
 
-    def _start_masks(self, seqs: list[Sequence]) -> "Future[dict[Sequence, torch.Tensor]] | None":
+    def _start_masks(self, seqs: list[Sequence]) -> "Future[Masks] | None":
         """The grammar masks of this step's constrained sequences, computed on the mask thread
-        while the forward runs (their matchers have taken every token sampled so far)."""
+        while the forward runs (their matchers have taken every token sampled so far): as logit
+        biases on the CPU, as bits for a GPU."""
         constrained = [seq for seq in seqs if seq.matcher is not None]
         if not constrained:
             return None
         if self._mask_thread is None:
             self._mask_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-masks")
 
-        def compute() -> dict[Sequence, torch.Tensor]:
-            out = torch.empty(len(constrained), mask_words(self.card["vocab_size"]), dtype=torch.int32)
-            fill_masks([seq.matcher for seq in constrained], out)
-            return dict(zip(constrained, out))
+        vocab, on_cpu = self.card["vocab_size"], self.device.type == "cpu"
+
+        def compute() -> Masks:
+            bits = fill_masks([seq.matcher for seq in constrained], mask_words(vocab))
+            # on the CPU the biases are made here too, beside the forward; a GPU makes its own from the bits
+            return mask_biases(bits, vocab) if on_cpu else bits, {seq: i for i, seq in enumerate(constrained)}
         return self._mask_thread.submit(compute)
 
     def _constrain(self, seqs: list[Sequence], logits: torch.Tensor,
-                   masks: "Future[dict[Sequence, torch.Tensor]] | None") -> tuple[torch.Tensor, set[int]]:
+                   masks: "Future[Masks] | None") -> tuple[torch.Tensor, set[int]]:
         """The logits with each constrained row's disallowed tokens at -inf; and the rows whose
         masks did not come (the mask thread failed or overran its bound: they fail)."""
         rows = [i for i, seq in enumerate(seqs) if seq.matcher is not None]
@@ -273,13 +278,16 @@ class Engine:
             return logits, set()
         assert masks is not None  # _start_masks saw these sequences
         try:
-            found = masks.result(timeout=MASK_TIMEOUT_S)  # waker: the mask thread's completion
+            found, at = masks.result(timeout=MASK_TIMEOUT_S)  # waker: the mask thread's completion
         except Exception:  # noqa: BLE001 - a matcher's failure fails its sequences, never the engine
             return logits, set(rows)
-        return apply_masks(logits, rows, torch.stack([found[seqs[i]] for i in rows])), set()
+        first = at[seqs[rows[0]]]
+        mine = [at[seqs[i]] for i in rows]  # (decoding's then the group's: each a run of the step's masks)
+        return apply_biases(logits, rows, found[first:first + len(rows)] if mine == list(
+            range(first, first + len(rows))) else found[mine]), set()
 
     def _advance(self, seqs: list[Sequence], logits: torch.Tensor,
-                 masks: "Future[dict[Sequence, torch.Tensor]] | None" = None) -> list[StepEvent]:
+                 masks: "Future[Masks] | None" = None) -> list[StepEvent]:
         penalized = [(i, s.output_ids, s.presence_penalty, s.frequency_penalty) for i, s in enumerate(seqs)
                      if s.presence_penalty or s.frequency_penalty]
         if penalized:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import llguidance
+import numpy as np
 import torch
 
 from ..contract.structured import JSON_OPTIONS, grammar_text
@@ -120,25 +121,52 @@ class Grammars:
         return compiled
 
 
-def fill_masks(matchers: list[llguidance.LLMatcher], out: torch.Tensor) -> None:
-    """Each matcher's allowed next tokens as bits into row i of `out` (int32 `[n, words]`, on the
-    CPU). llguidance lets go of the GIL while it computes."""
+def fill_masks(matchers: list[llguidance.LLMatcher], words: int) -> torch.Tensor:
+    """Each matcher's allowed next tokens as bits (int32 `[n, words]`, on the CPU, least
+    significant bit first). llguidance lets go of the GIL while it computes."""
+    out = torch.empty(len(matchers), words, dtype=torch.int32)
     for i, matcher in enumerate(matchers):
         row = out[i]
-        matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+        matcher.unsafe_compute_mask_ptr(row.data_ptr(), words * 4)
+    return out
 
 
-_BITS = torch.arange(32, dtype=torch.int32)
+# a mask's byte -> the additive biases of its 8 tokens (0 allowed, -inf not), least significant bit first
+_BIAS_OF_BYTE = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, np.float32(0),
+                         np.float32(-np.inf)).astype(np.float32)
+_BIAS_ON: dict[torch.device, torch.Tensor] = {}
 
 
-def apply_masks(logits: torch.Tensor, rows: list[int], masks: torch.Tensor) -> torch.Tensor:
-    """`logits` `[n, vocab]` with every token outside row rows[i]'s mask at -inf (a copy)."""
-    vocab = logits.shape[1]
-    bits = masks.to(logits.device, non_blocking=True)
-    allowed = ((bits[:, :, None] >> _BITS.to(logits.device)) & 1).reshape(len(rows), -1)[:, :vocab].bool()
+def mask_biases(bits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Masks as additive logit biases `[n, vocab]` float32 on the bits' device: one table lookup
+    per byte (a boolean mask_fill of the logits costs far more than adding a bias, see
+    docs/engine.md)."""
+    if bits.device.type == "cpu":
+        table = np.take(_BIAS_OF_BYTE, bits.numpy().view(np.uint8), axis=0)
+        return torch.from_numpy(table.reshape(bits.shape[0], -1)[:, :vocab])
+    return device_biases(bits, vocab)
+
+
+def device_biases(bits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """mask_biases with torch operators, on whatever device holds the bits (a GPU's)."""
+    on = _BIAS_ON.get(bits.device)
+    if on is None:
+        on = _BIAS_ON[bits.device] = torch.from_numpy(_BIAS_OF_BYTE).to(bits.device)
+    return on[bits.view(torch.uint8).long()].reshape(bits.shape[0], -1)[:, :vocab]
+
+
+def apply_biases(logits: torch.Tensor, rows: list[int], biases: torch.Tensor) -> torch.Tensor:
+    """`logits` `[n, vocab]` with row rows[i]'s disallowed tokens at -inf (a copy: the forward's
+    output may be a static CUDA-graph buffer). `biases`: mask_biases on the CPU, or the bits
+    themselves, made biases here on the logits' device."""
+    if biases.dtype == torch.int32:
+        biases = mask_biases(biases.to(logits.device, non_blocking=True), logits.shape[1])
     logits = logits.float().clone()
-    index = torch.tensor(rows, device=logits.device)
-    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+    if len(rows) == logits.shape[0]:
+        logits += biases
+    else:
+        index = torch.tensor(rows, device=logits.device)
+        logits[index] += biases
     return logits
 
 

@@ -107,7 +107,7 @@ def test_tool_call_grammars_answer_calls_of_the_named_or_required_tools(engine):
 def test_a_failing_mask_thread_fails_only_the_constrained_sequences(engine, monkeypatch):
     grammar = engine.grammars.compile(schema_grammar(SCHEMAS[0]))
 
-    def broken(matchers, out):
+    def broken(matchers, words):
         raise RuntimeError("injected mask failure")
     monkeypatch.setattr(engine_module, "fill_masks", broken)
     held = engine.submit("held", prompt(engine), max_new_tokens=20, grammar=grammar)
@@ -147,3 +147,16 @@ def test_stop_strings_cannot_be_combined_with_a_grammar(engine):
     with pytest.raises(EngineRefusal) as refused:
         engine.submit("stop+grammar", prompt(engine), max_new_tokens=4, stop=["}"], grammar=grammar)
     assert refused.value.code == "grammar_with_stop"
+
+
+def test_a_gpus_biases_from_the_bits_are_the_cpus():
+    """The GPU path (device_biases: torch operators) and the CPU's (a numpy table lookup) read a
+    mask's bits alike: bit j of word w is token 32 w + j, least significant first."""
+    import torch
+
+    from gpu_worker.engine.grammar import device_biases, mask_biases
+    bits = torch.randint(-2 ** 31, 2 ** 31 - 1, (3, 5), dtype=torch.int32)
+    cpu, torch_ops = mask_biases(bits, 150), device_biases(bits, 150)
+    assert torch.equal(cpu, torch_ops) and cpu.shape == (3, 150)
+    token = 32 * 2 + 7
+    assert (cpu[1, token] == 0) == bool((int(bits[1, 2]) >> 7) & 1)
