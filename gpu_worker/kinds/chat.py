@@ -39,7 +39,7 @@ from ..engine.grammar import Grammar, GrammarError, schema_grammar, tool_grammar
 from ..engine.vision import MediaError, PreparedImage
 from . import quotas
 
-from .kind import Context, Executing, Publishing, Read, Reporting
+from .kind import Chatting, Executing, Publishing, Read, Rendering, Reporting, Streaming
 
 if TYPE_CHECKING:
     from ..pipeline.prompt import ControlTokens
@@ -49,7 +49,7 @@ FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 
 
 
-def start(d: Context, conn: object, msg: Message, batch: Batch) -> int:
+def start(d: Chatting, conn: object, msg: Message, batch: Batch) -> int:
     """Check a chat, tokenize its messages on a thread of their own (a long prompt must not stall
     the tick thread), then hand it to the engine. Refusals found here are answered in this tick;
     those that need the prompt's length, as soon as it is known. Journals nothing."""
@@ -156,7 +156,7 @@ def _grammar(engine: Any, args: ChatArgs) -> Grammar | None:
     return None
 
 
-def _submit(d: Context, conn: object, req_id: object, principal: bytes, args: ChatArgs,
+def _submit(d: Chatting, conn: object, req_id: object, principal: bytes, args: ChatArgs,
             result: Prepared | None, error: BaseException | None) -> None:
     """On the tick thread, the prompt tokenized: refuse what does not fit, or start the chat."""
     d.usage.chat_prepared(principal)
@@ -240,7 +240,7 @@ def token_logprobs(d: Executing, token: int, details: TokenLogprobs) -> dict[str
     return {**one(token, chosen), "top_logprobs": [one(t, lp) for t, lp in top]}
 
 
-def event(d: Context, request_id: tuple[str, int, int], token: int | None, data: bytes, finish: str | None,
+def event(d: Streaming, request_id: tuple[str, int, int], token: int | None, data: bytes, finish: str | None,
           details: TokenLogprobs | None = None) -> None:
     """One engine event of a chat's choice: token bytes (streamed or collected) with their logprobs
     when asked for, or its end; the chat ends when all its choices have."""
@@ -294,7 +294,7 @@ def event(d: Context, request_id: tuple[str, int, int], token: int | None, data:
     d.subscriptions.end(sub, 200, dumps(body))
 
 
-def check_deadlines(d: Context) -> None:
+def check_deadlines(d: Streaming) -> None:
     """Chats past their execution deadline stop on the engine (their pages freed) and end 504
     `deadline_exceeded`, as an input's result read answers (between ticks: Device.idle)."""
     now = time.time_ns()
@@ -310,7 +310,7 @@ def running(d: Publishing) -> int:
     return sum(1 for sub in d.subscriptions.all() if sub.topic[0] == "chat")
 
 
-def connection_closed(d: Context, conn: object) -> None:
+def connection_closed(d: Streaming, conn: object) -> None:
     """The gateway went away (its client disconnected): its chats stop and free their pages; its
     other subscriptions simply end (disconnect never cancels an operation)."""
     for sub in d.subscriptions.connection_closed(conn):
@@ -326,7 +326,7 @@ def model_card(d: Reporting, name: object) -> dict[str, Any]:
     raise ServiceError(409, "model_not_available", f"model {name!r} is not served here; see /capabilities for the models")
 
 
-def list_models(d: Context, principal: bytes, args: NoArgs) -> tuple[int, object]:
+def list_models(d: Rendering, principal: bytes, args: NoArgs) -> tuple[int, object]:
     card = d.runtime.json("gen/card")
     models = [{"name": card["name"], "digest": d.model_digest, "kind": "generation"}]
     if d.embedder is not None:

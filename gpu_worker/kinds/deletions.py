@@ -22,7 +22,7 @@ from ..contract.errors import ServiceError
 from ..state.tables import C, R, S, Right, Terminal
 from ..memory import shared as memory
 from . import access, events
-from .kind import Admission, Caller, Context, Kind, OperationKind, Tables
+from .kind import Admission, Caller, Kind, OperationKind, Serving, Tables
 from .spaces import space_key
 
 
@@ -66,7 +66,7 @@ def conversation_target(d: Tables, row: list[int], lineage: bytes) -> str:
     return access.conversation_id(d, row[R.TARGET])
 
 
-def conversation_saved(d: Context, rrow: int) -> None:
+def conversation_saved(d: Serving, rrow: int) -> None:
     """Its streams end (404), as for a reader who lost the right."""
     events.recheck(d)
 

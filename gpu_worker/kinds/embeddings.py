@@ -18,13 +18,13 @@ from ..contract.errors import ServiceError
 from ..contract.vocabulary import CHAT
 from ..contract.wire import Message, dumps, reply
 from . import quotas
-from .kind import Context
+from .kind import Serving
 
 if TYPE_CHECKING:
     from ..storage.committer import Batch
 
 
-def start(d: Context, conn: object, msg: Message, batch: Batch) -> int:
+def start(d: Serving, conn: object, msg: Message, batch: Batch) -> int:
     req_id = msg.get("id")
     try:
         principal = d.principal(msg, CHAT)

@@ -38,7 +38,7 @@ from . import access, chat, receipts
 from .lists import byte_offset, byte_span
 from .operations import refuse_past_deadline, visible_result
 
-from .kind import Context, Journaling, Publishing, Read, Tables
+from .kind import Admitting, Context, Journaling, Notifying, Publishing, Read, Rendering, Serving, Tables
 
 if TYPE_CHECKING:
     from ..loop.subscriptions import Subscription
@@ -54,7 +54,7 @@ def status_of(row: list[int], receipt: dict[str, Any]) -> str:
     return "running" if row[R.LEASE] else "admitted"
 
 
-def event(d: Context, rrow: int, own: bool) -> dict[str, Any]:
+def event(d: Rendering, rrow: int, own: bool) -> dict[str, Any]:
     """The event of one input: who, what was submitted, how far it is."""
     t = d.state.tables
     row = t.row(t.receipts, rrow)
@@ -86,7 +86,7 @@ def window_gap(first: int, last: int, readable: int) -> bool:
 
 # ---- the read --------------------------------------------------------------------------------------
 
-def list_events(d: Context, principal: bytes, args: ConversationPage) -> tuple[int, object]:
+def list_events(d: Admitting, principal: bytes, args: ConversationPage) -> tuple[int, object]:
     prow = d.state.participants.by_principal.get(principal)
     crow = access.conversation_row(d, args.conversation, principal, prow, Right.READ)
     cursor, limit = args.after, args.limit
@@ -155,7 +155,7 @@ def open_conversation(d: Context, conn: object, msg: Message, batch: Batch) -> i
     return 0
 
 
-def input_saved(d: Context, rrow: int) -> None:
+def input_saved(d: Notifying, rrow: int) -> None:
     """An input's admission is saved: its event goes to the conversation's subscribers."""
     t = d.state.tables
     subs = d.subscriptions.of(("con", t.value(t.receipts, rrow, R.TARGET)))
@@ -177,7 +177,7 @@ def _span(offset: int, data: bytes) -> bytes:
     return dumps(byte_span(data, offset))
 
 
-def _terminal(d: Context, rrow: int, own: bool) -> tuple[bytes, str]:
+def _terminal(d: Rendering, rrow: int, own: bool) -> tuple[bytes, str]:
     """(the terminal event, its cursor: the result's length)."""
     t = d.state.tables
     row = t.row(t.receipts, rrow)
@@ -225,7 +225,7 @@ def output_saved(d: Publishing, rrow: int, offset: int, data: bytes) -> None:
         d.subscriptions.push_all(due, _span(offset, data), event="output", cursor=str(offset + len(data)))
 
 
-def terminal_saved(d: Context, rrow: int) -> None:
+def terminal_saved(d: Notifying, rrow: int) -> None:
     """An operation's terminal is saved: its streams end with the terminal event, or with the
     504 its result read answers when it exceeded its deadline."""
     subs = d.subscriptions.of(("op", rrow))
@@ -243,7 +243,7 @@ def terminal_saved(d: Context, rrow: int) -> None:
             d.subscriptions.end_all(group, 200, body, event="terminal", cursor=cursor)
 
 
-def state_rebuilt(d: Context) -> None:
+def state_rebuilt(d: Serving) -> None:
     """The state was rebuilt from what is saved (ENOSPC: Context.refuse_unsaved). Replay hands
     out receipt rows in its own order, so a receipt's row may differ from the one it had live:
     each operation subscription finds its receipt again by operation ID (or ends as a new read
@@ -259,7 +259,7 @@ def state_rebuilt(d: Context) -> None:
         d.subscriptions.move(sub, ("op", rrow))
 
 
-def close(d: Context, conn: object, msg: Message, batch: Batch) -> int:
+def close(d: Serving, conn: object, msg: Message, batch: Batch) -> int:
     """`subscriptions.close {id}`: the gateway's client went away. Never cancels execution (a
     chat, which has no existence beyond its stream, stops)."""
     try:
@@ -274,7 +274,7 @@ def close(d: Context, conn: object, msg: Message, batch: Batch) -> int:
     return 0
 
 
-def recheck(d: Context) -> None:
+def recheck(d: Serving) -> None:
     """Grants or memberships changed: end every subscription whose reader lost the right."""
     for sub in d.subscriptions.all():
         principal = sub.principal or b""

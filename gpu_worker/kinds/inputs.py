@@ -31,7 +31,7 @@ from ..memory import shared as memory
 from . import access, events, quotas
 from .chat import model_card
 from .conversations import target_id, visible_to
-from .kind import Admission, Caller, Context, Kind, OperationKind, Tables
+from .kind import Admission, Admitting, Caller, Kind, Notifying, OperationKind, Tables
 
 
 
@@ -65,7 +65,7 @@ def default_output_tokens(profile: dict[str, Any], pages: int) -> int:
     return max(1, min(int(profile["max_output_tokens"]), pages * int(profile["page_size"]) // 2))
 
 
-def check(d: Context, principal: bytes, prow: int | None, args: Input, key: bytes,
+def check(d: Admitting, principal: bytes, prow: int | None, args: Input, key: bytes,
           sequence: int) -> dict[str, Any]:
     access.conversation_row(d, args.conversation, principal, prow, Right.WRITE)  # 404 / 403 first
     media = [{"type": row.type, "sha256": row.sha256} for row in args.media]
@@ -134,7 +134,7 @@ def columns(d: Tables, a: Admission) -> dict[int, int]:
             R.REVISION: a.extra.get("revision", leases.COMPACT) + 1}
 
 
-def saved(d: Context, rrow: int) -> None:
+def saved(d: Notifying, rrow: int) -> None:
     """Saved: it waits for its lease (its conversation's turn, then its principal's:
     state/executions.py LeaseQueue), and its event goes to the conversation's subscribers."""
     t = d.state.tables

@@ -7,9 +7,11 @@ tables and the kinds that render their receipts) is all most kinds' functions ta
 that needs more takes one facet beside the tables — `Caller` (the caller's grant and quotas),
 `Journaling` (a journal transfer, `append`, and the committer's state), `Publishing` (the
 subscriptions events are pushed to), `Executing` (the engine and its inputs in execution),
-`Reporting` (the runtime file) — or `Context`, every facet, when it needs several. The device
-(gpu_worker/device.py) provides them all; nothing under kinds/ imports it, so the device, its
-admission and execution modules and the operations form no import circle.
+`Reporting` (the runtime file) — or, when it needs several, the named combination of just those
+(`Rendering`, `Admitting`, ...), `Context` (every facet) only when it needs them all. A hook type
+takes what its implementations need together (`Check`: `Admitting`, `Apply`: `Applying`). The
+device (gpu_worker/device.py) provides them all; nothing under kinds/ imports it, so the device,
+its admission and execution modules and the operations form no import circle.
 
 A kind's functions take that context first. `check` validates a new operation against the
 current state and changes nothing (a refusal is a ServiceError); what it returns is recorded in
@@ -164,9 +166,68 @@ class Reporting(Tables, Protocol):
     def pipeline_state(self) -> Callable[[], dict[str, object]] | None: ...
 
 
+class Rendering(Executing, Journaling, Reporting, Protocol):
+    """What a receipt's rendering reads beside its row (receipts.py): an executing input's output
+    not yet saved, the journal's hold, the model digest and the runtime file's incarnation. An
+    input's interpretation (pipeline/retention.py) uses the same three: the engine, the journal
+    for its memory record, the runtime's page size."""
+
+
+class Admitting(Caller, Rendering, Protocol):
+    """The caller beside what renders receipts: what a kind's `check` may read (the caller's grant
+    and quotas; an input's model card and media sources; a cancellation's executions), and what
+    reads a caller's receipts and events or an input's lease (its prompt, the memory it recalls)
+    take."""
+
+
+class Applying(Caller, Executing, Protocol):
+    """What a kind's `apply` may change beside the tables: the caller's quotas (an input counts
+    against them) and the engine (a cancellation stops its input)."""
+
+
+class Running(Executing, Journaling, Protocol):
+    """The engine beside the journal: whether its work is journaled now (none under a hold), and
+    an input's media sources read for its prompt (pipeline/images.py)."""
+
+
+class Sourcing(Journaling, Reporting, Protocol):
+    """The media sources' bytes: files under the journal directory, and the runtime file's copies
+    of them (media.py) and profile (an image's tokens in the page limit)."""
+
+
+class Retaining(Caller, Journaling, Protocol):
+    """Memory retained from an input (pipeline/retention.py): its record journaled, within the
+    principal's memory quota."""
+
+
+class Streaming(Executing, Publishing, Protocol):
+    """The engine's output pushed to subscribers: a chat's frames, its deadline, its cancellation
+    (chat.py)."""
+
+
+class Serving(Caller, Streaming, Protocol):
+    """A caller served by the engine and answered through subscriptions: an embedding, a
+    subscription closed, and the rechecks that end a reader's streams and chats when its rights
+    change or the state is rebuilt (events.py)."""
+
+
+class Chatting(Serving, Reporting, Protocol):
+    """A chat completion started (chat.py): a caller served, and the model card and control tokens
+    it is checked and prompted with."""
+
+
+class Notifying(Rendering, Publishing, Protocol):
+    """Receipts pushed as events to subscribers: an input saved, an operation ended (events.py)."""
+
+
+class Uploading(Caller, Journaling, Publishing, Protocol):
+    """A media upload answered once its owner is saved, or refused (media.py): the caller's bytes
+    in flight, the journal's waiting uploads and hold, the reply pushed."""
+
+
 class Context(Caller, Journaling, Publishing, Executing, Reporting, Protocol):
-    """Every facet: for the functions that need several (a quota check reads the caller's grant,
-    the runtime's profile and the journal's file cap)."""
+    """Every facet: for the functions that need them all (a stream opened, ping, an input's
+    completion) and the hooks whose implementations together do (`Saved`, `Read`, `Later`)."""
 
 
 class Kind(IntEnum):
@@ -226,15 +287,15 @@ class Admission(NamedTuple):
 
 # check(context, principal, participant row or None, the kind's arguments (its type in
 # contract/commands.py, already checked there), operation key, sequence) -> admission extra
-Check = Callable[[Context, bytes, "int | None", Any, bytes, int], dict[str, Any]]
+Check = Callable[[Admitting, bytes, "int | None", Any, bytes, int], dict[str, Any]]
 # apply(context, admission, participant row, journal transfer seq (None at replay), receipt row) -> target row
-Apply = Callable[[Context, Admission, int, "int | None", int], int]
+Apply = Callable[[Applying, Admission, int, "int | None", int], int]
 # decode_run(payloads) -> a run of the kind's admissions as columns, or None when a payload is not
 # as Admission.encode packs it (a replay then decodes each: admission.replay_run)
 DecodeRun = Callable[[list[bytes]], "Run | None"]
 # apply_run(context, run, participant rows, admission counters) -> target rows: `apply` of each
 # admission of the run, in order, at replay (docs/performance.md, "Runs of admissions as columns")
-ApplyRun = Callable[[Context, "Run", np.ndarray, np.ndarray], np.ndarray]
+ApplyRun = Callable[[Tables, "Run", np.ndarray, np.ndarray], np.ndarray]
 # target_id(context, receipt row values, the participant's lineage) -> the receipt's "target"
 TargetId = Callable[[Tables, list[int], bytes], str]
 # visible_to(context, reader principal, reader participant row or None, receipt row values) -> bool

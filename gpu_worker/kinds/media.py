@@ -30,7 +30,7 @@ from ..contract.wire import Message, dumps, reply
 from ..state import MediaSource
 from ..storage.journal import JournalCorrupt, Transfer, TransferKind, segment_name
 from . import quotas
-from .kind import Caller, Context, Journaling, Tables
+from .kind import Caller, Context, Journaling, Sourcing, Tables, Uploading
 
 if TYPE_CHECKING:
     from ..storage.committer import Batch
@@ -56,7 +56,7 @@ def read_source(d: Journaling, sha: str) -> bytes | None:
     return data if hashlib.sha256(data).hexdigest() == sha else None
 
 
-def recover_bytes(d: Context) -> None:
+def recover_bytes(d: Sourcing) -> None:
     """After recovery (boot, or the rebuild after ENOSPC): every source the state lists has its
     bytes under <journal>/media/, written back from the runtime file's copy when they are not
     there (a restore on a fresh journal directory), or it is marked missing and logged."""
@@ -160,7 +160,7 @@ def put(d: Context, conn: object, msg: Message, batch: Batch) -> int:
     return 0
 
 
-def saved(d: Context, payload: bytes, transfer: Transfer) -> None:
+def saved(d: Uploading, payload: bytes, transfer: Transfer) -> None:
     """The owner is saved: answer the upload."""
     apply(d, payload, transfer)
     waiting = d.media_waiting.pop(transfer.seq, None)
@@ -170,7 +170,7 @@ def saved(d: Context, payload: bytes, transfer: Transfer) -> None:
         d.subscriptions.outbox.append((conn, reply(req_id, 201, dumps(view(d, sha)))))
 
 
-def refuse_waiting(d: Context) -> None:
+def refuse_waiting(d: Uploading) -> None:
     """ENOSPC: uploads whose owner was not saved are refused (their bytes stay, owned by nobody)."""
     refusal = d.holds.refusal(d.committer.writer.queued_bytes, "the journal cannot save new operations right now")
     for conn, req_id, _, prow, length in d.media_waiting.values():
@@ -196,7 +196,7 @@ def apply(d: Journaling, payload: bytes, transfer: Transfer) -> None:
     source.owners.add(prow)
 
 
-def checkpoint_components(d: Context) -> tuple[list[tuple[str, str, bytes]], list[str]]:
+def checkpoint_components(d: Sourcing) -> tuple[list[tuple[str, str, bytes]], list[str]]:
     """(components to add, component names to drop) that make the file carry the bytes of every
     media source the state lists, `media/<sha256>` each (SPEC: "The complete runtime file saves
     this state"; the state extent lists sources, the bytes live under <journal>/media/ and would

@@ -13,7 +13,7 @@ from ..contract import ids
 from ..contract.errors import ServiceError
 from ..state.tables import M, R, S, Right
 from . import access, events
-from .kind import ADMISSION_VERSION, Admission, Caller, Context, Kind, OperationKind, Read, Run, Tables
+from .kind import ADMISSION_VERSION, Admission, Caller, Kind, OperationKind, Read, Run, Serving, Tables
 from .lists import page
 from .spaces import halves, sixteens, space_key
 
@@ -104,7 +104,7 @@ def visible_to(d: Caller, principal: bytes, reader: int | None, row: list[int]) 
     return access.space_readable(d, principal, reader, row[R.TARGET])
 
 
-def saved(d: Context, rrow: int) -> None:
+def saved(d: Serving, rrow: int) -> None:
     """Rights changed: open streams of readers who lost theirs end (kinds/events.py)."""
     events.recheck(d)
 

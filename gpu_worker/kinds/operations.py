@@ -14,11 +14,11 @@ from ..state.tables import C, R, Terminal, join16
 from . import access, receipts
 from .lists import byte_offset, byte_span, page
 
-from .kind import Context, Read, Tables
+from .kind import Admitting, Caller, Read, Rendering, Tables
 
 
 
-def visible_receipt(d: Context, principal: bytes, op: str) -> tuple[int, bool]:
+def visible_receipt(d: Caller, principal: bytes, op: str) -> tuple[int, bool]:
     """(receipt row, own) of an operation the principal may read; 410 once retired, else 404."""
     m = ids.OPERATION_ID.match(op)
     if not m:
@@ -44,7 +44,7 @@ def visible_receipt(d: Context, principal: bytes, op: str) -> tuple[int, bool]:
     raise ServiceError(404, "operation_not_found", f"no operation {op} visible to this principal")
 
 
-def visible_result(d: Context, principal: bytes, op: str) -> tuple[int, bool]:
+def visible_result(d: Caller, principal: bytes, op: str) -> tuple[int, bool]:
     """visible_receipt, for the operation's result bytes and output events. SPEC: current grants
     intersect with stored membership on each read. An input's result is made from its space (the
     conversation's earlier turns, the room's memory): even its own submitter reads it only while it
@@ -63,7 +63,7 @@ def visible_result(d: Context, principal: bytes, op: str) -> tuple[int, bool]:
     return rrow, own
 
 
-def list_operations(d: Context, principal: bytes, args: Page) -> tuple[int, object]:
+def list_operations(d: Rendering, principal: bytes, args: Page) -> tuple[int, object]:
     cursor, limit = args.after, args.limit
     prow = d.state.participants.by_principal.get(principal)
     seqs = d.state.live_sequences(prow) if prow is not None else range(0)
@@ -76,12 +76,12 @@ def list_operations(d: Context, principal: bytes, args: Page) -> tuple[int, obje
     return 200, {"items": items, "next_cursor": str(page[-1]) if more and page else None}
 
 
-def get_operation(d: Context, principal: bytes, args: OperationRef) -> tuple[int, object]:
+def get_operation(d: Admitting, principal: bytes, args: OperationRef) -> tuple[int, object]:
     rrow, own = visible_receipt(d, principal, args.operation)
     return 200, RawJSON(receipts.receipt_bytes(d, rrow, own=own))
 
 
-def read_result(d: Context, principal: bytes, args: OperationBytes) -> tuple[int, object]:
+def read_result(d: Caller, principal: bytes, args: OperationBytes) -> tuple[int, object]:
     """An operation's saved result bytes from a byte offset: exact base64, `text` null unless the
     span is complete UTF-8 (nothing is ever replaced); 504 past its execution deadline."""
     rrow, _ = visible_result(d, principal, args.operation)
@@ -132,7 +132,7 @@ def _any_receipt(d: Tables, op: object) -> int:
     return rrow
 
 
-def ops_receipts(d: Context, principal: bytes | None, args: ReceiptFilter) -> tuple[int, object]:
+def ops_receipts(d: Rendering, principal: bytes | None, args: ReceiptFilter) -> tuple[int, object]:
     """Every live receipt, in admission order, filtered by participant, kind, status and save state."""
     table = d.state.tables.receipts
     mask = table[:, R.STATE] == 1
@@ -168,7 +168,7 @@ def ops_receipts(d: Context, principal: bytes | None, args: ReceiptFilter) -> tu
     return 200, {"items": [RawJSON(receipts.receipt_bytes(d, r)) for r in rows], "next_cursor": next_cursor}
 
 
-def ops_receipt(d: Context, principal: bytes | None, args: OperationRef) -> tuple[int, object]:
+def ops_receipt(d: Rendering, principal: bytes | None, args: OperationRef) -> tuple[int, object]:
     return 200, RawJSON(receipts.receipt_bytes(d, _any_receipt(d, args.operation)))
 
 

@@ -24,7 +24,7 @@ from ..contract import ids, structured
 from ..contract.vocabulary import BASE_PATH, RECEIPT_SCHEMA
 from ..contract.wire import Message, dumps, reply
 from ..state.tables import ALONE, HELD, SOURCE_MASK, Finish, R, Source, Terminal, join16
-from .kind import Context, Journaling, Reporting
+from .kind import Journaling, Rendering, Reporting
 
 
 SOURCE_NAMES = {int(Source.JOURNAL): "journal", int(Source.FILE): "file"}
@@ -63,7 +63,7 @@ def _save_json(d: Reporting, rrow: int, row: list[int], which: int) -> str:
             f'"source":"{SOURCE_NAMES[source & SOURCE_MASK]}","standby":{_HELD_JSON[source & (HELD | ALONE)]}}}')
 
 
-def render(d: Context, rrow: int, own: bool) -> tuple[str, bytes]:
+def render(d: Rendering, rrow: int, own: bool) -> tuple[str, bytes]:
     """(operation ID, receipt bytes) of a receipt row; `own` False shows another participant's
     receipt, with null sequence counters."""
     t = d.state.tables
@@ -128,12 +128,12 @@ def with_hold(d: Journaling, body: bytes) -> bytes:
     return body.replace(b'"journal_hold":null', b'"journal_hold":' + hold, 1)
 
 
-def receipt_bytes(d: Context, rrow: int, *, own: bool = True) -> bytes:
+def receipt_bytes(d: Rendering, rrow: int, *, own: bool = True) -> bytes:
     """A receipt as its reader sees it now (the current hold included)."""
     return with_hold(d, render(d, rrow, own)[1])
 
 
-def receipt_reply(d: Context, req_id: object, status: int, rrow: int) -> Message:
+def receipt_reply(d: Rendering, req_id: object, status: int, rrow: int) -> Message:
     """The reply to a mutation: its receipt, with `Location` for a new operation (202)."""
     op_id, body = render(d, rrow, True)
     body = with_hold(d, body)

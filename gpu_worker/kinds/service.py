@@ -14,13 +14,13 @@ from ..contract.wire import Message, dumps, reply
 from ..storage import audit
 
 from . import chat, media, quotas
-from .kind import Context, Executing, Journaling, Read
+from .kind import Admitting, Context, Executing, Journaling, Read
 
 if TYPE_CHECKING:
     from ..storage.committer import Batch
 
 
-def capabilities(d: Context, principal: bytes, args: NoArgs) -> tuple[int, object]:
+def capabilities(d: Admitting, principal: bytes, args: NoArgs) -> tuple[int, object]:
     runtime = d.runtime
     card = runtime.json("gen/card")
     profile = runtime.runtime_profile

@@ -59,7 +59,7 @@ from ..memory.rows import Kind as MemoryKind
 from ..memory import shared as memory
 from ..kinds import events, history, quotas
 from ..kinds.inputs import input_body, input_text, media_links
-from ..kinds.kind import Context, Executing, Tables
+from ..kinds.kind import Admitting, Context, Executing, Notifying, Rendering, Running, Tables
 from .prompt import fit_prompt
 from .retention import control_record, interpret, retain
 from .transfers import (actor_of, completion_payload, inconsistent, input_row, lease_payload, lease_revision,
@@ -115,7 +115,7 @@ def conversation_turns(d: Tables, rrow: int, everyone: bool = True) -> list[dict
     return messages + [{"role": "user", "content": input_text(d, rrow)}]
 
 
-def has_work(d: Context) -> bool:
+def has_work(d: Running) -> bool:
     """Whether a tick has engine transfers to journal now (none while the disk is full)."""
     ex = d.executions
     if not d.holds.writable:
@@ -209,7 +209,7 @@ def _lease_turns(d: Executing, budget: int) -> list[int]:
 
 # ---- applying them (live once saved, and at replay) --------------------------------------
 
-def lease_saved(d: Context, rrows: list[int], transfer: Transfer, live: bool, revision: int = leases.COMPACT,
+def lease_saved(d: Admitting, rrows: list[int], transfer: Transfer, live: bool, revision: int = leases.COMPACT,
                 modes: list[int | None] | None = None) -> None:
     """The lease is saved: its recorded revision and retention modes are the inputs' (recovery
     uses them, never the current qualification: a row of revision 0 or 1 has no mode, and reads
@@ -241,7 +241,7 @@ def lease_saved(d: Context, rrows: list[int], transfer: Transfer, live: bool, re
         d.off_thread(functools.partial(d.embedder.encode, texts), functools.partial(_embedded, d, rrow, body))
 
 
-def _embedded(d: Context, rrow: int, body: dict[str, Any], vectors: torch.Tensor | None,
+def _embedded(d: Admitting, rrow: int, body: dict[str, Any], vectors: torch.Tensor | None,
               error: BaseException | None) -> None:
     """On the tick thread, the query embedded: recall from the conversation's memory, retain the
     source (a MEMORY transfer, applied now like an admission), and build the prompt with the
@@ -300,7 +300,7 @@ def _prompted(d: Executing, rrow: int, settings: dict[str, Any], ids: list[int] 
     d.runner.submit(("input", rrow), ids, **settings)
 
 
-def replay_lease(d: Context, transfer: Transfer) -> None:
+def replay_lease(d: Admitting, transfer: Transfer) -> None:
     try:
         revision, rows = leases.decode(transfer.payload)  # every row checked before any is applied
     except leases.LeaseError as exc:
@@ -309,7 +309,7 @@ def replay_lease(d: Context, transfer: Transfer) -> None:
     lease_saved(d, rrows, transfer, False, revision, [row.retention_mode for row in rows])
 
 
-def apply_output(d: Context, payload: bytes, transfer: Transfer) -> None:
+def apply_output(d: Notifying, payload: bytes, transfer: Transfer) -> None:
     actor, sequence, offset, data = msgpack.unpackb(payload)
     rrow = input_row(d, actor, sequence, transfer, "output")
     t = d.state.tables
@@ -339,7 +339,7 @@ def apply_completion(d: Context, payload: bytes, transfer: Transfer, source: int
 
 # ---- the engine's side ---------------------------------------------------------------------
 
-def engine_event(d: Context, rrow: int, token: int | None, data: bytes, finish: str | None) -> None:
+def engine_event(d: Rendering, rrow: int, token: int | None, data: bytes, finish: str | None) -> None:
     execution = d.executions.live.get(rrow)
     if execution is None or execution.phase not in (Phase.QUEUED, Phase.GENERATING):
         return

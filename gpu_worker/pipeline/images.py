@@ -28,7 +28,7 @@ from ..contract.errors import ServiceError
 from ..engine.vision import MAX_IMAGE_PIXELS, MediaError, PreparedImage
 from ..kinds.media import media_dir, read_source
 from .prompt import fit_prompt
-from ..kinds.kind import Context, Executing
+from ..kinds.kind import Executing, Running, Sourcing
 
 if TYPE_CHECKING:
     from ..engine.tokenizer import Tokenizer
@@ -80,7 +80,7 @@ def check_file(f: BinaryIO, name: str, max_pixels: int = MAX_IMAGE_PIXELS, **det
         raise refused(400, "media_truncated", f"the {fmt} data ends before the image does")
 
 
-def check(d: Context, card: dict[str, Any], media: list[dict[str, Any]], pages: int, max_output: int) -> None:
+def check(d: Sourcing, card: dict[str, Any], media: list[dict[str, Any]], pages: int, max_output: int) -> None:
     """kinds/inputs.check, for a model that takes images: each image row's bytes checked (header and
     tail), and the images' token budget charged against the page limit beside the output limit."""
     images = [row["sha256"] for row in media if row["type"] == "image"]
@@ -120,7 +120,7 @@ def with_image_parts(messages: list[dict[str, Any]], text: str, count: int) -> l
     return messages[:-1] + [{"role": "user", "content": parts + [{"type": "text", "text": text}]}]
 
 
-def prepare_prompt(d: Context, shas: list[str], text: str, messages: list[dict[str, Any]], room: int,
+def prepare_prompt(d: Running, shas: list[str], text: str, messages: list[dict[str, Any]], room: int,
                    system: str | None) -> tuple[list[int] | None, list[PreparedImage]]:
     """On a helper thread: the images read, checked and encoded, then the prompt fitted."""
 
@@ -138,7 +138,7 @@ def prepare_prompt(d: Context, shas: list[str], text: str, messages: list[dict[s
     return ids, prepared
 
 
-def start(d: Context, rrow: int, body: dict[str, Any], messages: list[dict[str, Any]], room: int,
+def start(d: Running, rrow: int, body: dict[str, Any], messages: list[dict[str, Any]], room: int,
           system: str | None, settings: dict[str, Any],
           wrap: Callable[[Callable[[], Prepared]], Callable[[], Prepared]] = lambda work: work) -> bool:
     """Once the input's memory is recalled (gpu_worker/execution.py): when the input's images

@@ -17,7 +17,7 @@ from ..memory.rows import Kind as MemoryKind
 from ..memory import shared as memory
 from ..kinds import quotas
 from ..kinds.inputs import input_text
-from ..kinds.kind import Context, Journaling
+from ..kinds.kind import Admitting, Journaling, Rendering, Retaining
 from ..state.executions import Execution, Phase
 from ..state.tables import C, Finish, NotRetained, P, R, join16
 from ..storage import leases
@@ -30,7 +30,7 @@ INTERPRETATION_RULE = ("Write one short sentence that says what the user stated 
 INTERPRETATION_QUOTE = 1024   # characters of the user's text and of the answer the interpretation reads
 
 
-def retain(d: Context, rrow: int, kind: int, flags: int, text: bytes | None, embedding: torch.Tensor) -> None:
+def retain(d: Retaining, rrow: int, kind: int, flags: int, text: bytes | None, embedding: torch.Tensor) -> None:
     """Journal the memory row an input writes (or why it writes none: a full table, or its
     principal's memory_rows quota). The row is written now, invisible, and shows once the
     transfer is saved; a restart replays it through `apply_memory`."""
@@ -88,7 +88,7 @@ def apply_memory(d: Journaling, payload: bytes, transfer: Transfer | None) -> Ca
     return saved
 
 
-def control_record(d: Context, execution: Execution) -> None:
+def control_record(d: Retaining, execution: Execution) -> None:
     """Revision 5: the control record of an affect-managed input, its management flag and its
     completion state, retained in the conversation's memory just before the completion."""
     state = {"managed": True, "finish": execution.finish.name.lower(), "input_tokens": execution.input_tokens,
@@ -101,7 +101,7 @@ def replay_memory(d: Journaling, transfer: Transfer) -> None:
     apply_memory(d, transfer.payload, transfer)
 
 
-def interpret(d: Context, execution: Execution, ended: Finish) -> None:
+def interpret(d: Rendering, execution: Execution, ended: Finish) -> None:
     """Retention mode 2, the turn generated (`ended` says how): the same model writes a short
     interpretation of it (its prompt built on a helper thread), which is embedded and retained
     before the completion."""
@@ -140,7 +140,7 @@ def not_retained(d: Journaling, execution: Execution, refused: NotRetained = Not
     execution.end()
 
 
-def interpretation_event(d: Context, rrow: int, data: bytes, finish: str | None) -> None:
+def interpretation_event(d: Admitting, rrow: int, data: bytes, finish: str | None) -> None:
     """The engine's interpretation tokens; at its end, embed it and retain it."""
     execution = d.executions.live.get(rrow)
     if execution is None or execution.phase is not Phase.INTERPRETING:
