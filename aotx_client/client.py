@@ -190,6 +190,10 @@ class Client(_Common):
         """A read under /aotx/v1/shared: its JSON."""
         return self._run(self._get(path, params or None))
 
+    def search_memory(self, space: str, q: str, limit: int = 10) -> list[JSONObject]:
+        """The rows of the space's memory most similar to `q`, best first: [{memory, score}]."""
+        return self._run(self._get(f"/spaces/{quote(space)}/memory/search", {"q": q, "limit": str(limit)}))["items"]
+
     def events(self, conversation: str, cursor: str | None = None,
                stop: Callable[[Event], bool] | None = None) -> Iterator[Event]:
         """A conversation's events as they are saved (the backlog after cursor first); reconnects
@@ -327,6 +331,10 @@ class AsyncClient(_Common):
 
     async def get(self, path: str, **params: str) -> JSON:
         return await self._run(self._get(path, params or None))
+
+    async def search_memory(self, space: str, q: str, limit: int = 10) -> list[JSONObject]:
+        found = await self._run(self._get(f"/spaces/{quote(space)}/memory/search", {"q": q, "limit": str(limit)}))
+        return found["items"]
 
     def events(self, conversation: str, cursor: str | None = None,
                stop: Callable[[Event], bool] | None = None) -> AsyncIterator[Event]:

@@ -24,7 +24,8 @@ from . import ids, structured
 from .args import Args, counter, decimal, hex32, integer, number_in, one_of, resource_id
 from .chat import Chat, Embeddings
 from .errors import ServiceError
-from .limits import DEFAULT_LIMIT, INPUT_BYTES, MAX_LIMIT, MAX_MEDIA, MAX_MEDIA_BYTES, MEDIA_LINK_BYTES
+from .limits import (DEFAULT_LIMIT, INPUT_BYTES, MAX_LIMIT, MAX_MEDIA, MAX_MEDIA_BYTES, MAX_SEARCH_RESULTS,
+                     MEDIA_LINK_BYTES)
 from .vocabulary import CONTEXTS, MEDIA_TYPES, PERMISSIONS, RETENTIONS, SCOPES
 from .wire import LENGTH, MAX_FRAME, PROTOCOL_VERSION, ProtocolError
 
@@ -82,6 +83,27 @@ class SpacePage(Page, kw_only=True, frozen=True):
     def __post_init__(self) -> None:
         resource_id(self.space, "spc")
         super().__post_init__()
+
+
+class MemorySearch(Args, kw_only=True, frozen=True):
+    """memory.search: the rows of a space's memory most similar to `q` (recall's embedding and
+    visibility), at most `limit` (1..MAX_SEARCH_RESULTS)."""
+    space: str
+    q: str
+    limit: int = 10
+
+    @classmethod
+    def error_code(cls, field: str | None) -> str:
+        return {"limit": "bad_limit", "q": "bad_search_query"}.get(field or "", super().error_code(field))
+
+    def __post_init__(self) -> None:
+        resource_id(self.space, "spc")
+        if type(self.q) is not str or not self.q.strip():
+            raise ServiceError(400, "bad_search_query", "q must be non-empty text")
+        if len(self.q.encode("utf-8", "surrogatepass")) > INPUT_BYTES:
+            raise ServiceError(400, "bad_search_query", f"q exceeds {INPUT_BYTES} UTF-8 bytes")
+        if type(self.limit) is not int or not 1 <= self.limit <= MAX_SEARCH_RESULTS:
+            raise ServiceError(400, "bad_limit", f"limit must be an integer 1..{MAX_SEARCH_RESULTS}")
 
 
 class ConversationRef(Args, kw_only=True, frozen=True):
@@ -391,7 +413,7 @@ TYPES: dict[str, type[Args]] = {
     "spaces.get": SpaceRef, "members.list": SpacePage, "conversations.list": SpacePage,
     "conversations.get": ConversationRef, "conversations.events": ConversationPage, "operations.list": Page,
     "operations.get": OperationRef, "operations.result": OperationBytes, "memory.list": SpacePage,
-    "memory.get": MemoryRead, "models.list": NoArgs,
+    "memory.get": MemoryRead, "memory.search": MemorySearch, "models.list": NoArgs,
     "chat.completions": Chat, "embeddings": Embeddings, "media.put": MediaPut,
     "conversations.subscribe": ConversationSubscribe, "operations.subscribe": OperationBytes,
     "subscriptions.close": SubscriptionClose,

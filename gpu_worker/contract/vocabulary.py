@@ -86,6 +86,7 @@ COMMANDS = {c.op: c for c in (
     # answered outside the read/mutation order; subscriptions answer with a stream of frames
     Command("chat.completions", CHAT),
     Command("embeddings", CHAT),
+    Command("memory.search", READ),
     Command("media.put", WRITE),
     Command("conversations.subscribe", READ),
     Command("operations.subscribe", READ),

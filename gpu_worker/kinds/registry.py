@@ -8,7 +8,7 @@ gpu_worker/contract/vocabulary.py, its gateway route (docs/adding-an-operation-k
 """
 from __future__ import annotations
 
-from ..memory import shared as memory
+from ..memory import search, shared as memory
 from . import (cancellations, chat, conversations, deletions, embeddings, events, inputs, media, members, operations,
                participants, publications, retirements, service, spaces)
 from .kind import Later, OperationKind, Read
@@ -47,6 +47,7 @@ LATER: dict[str, Later] = {
     "audit.export": service.audit_export,
     "chat.completions": chat.start,
     "embeddings": embeddings.start,
+    "memory.search": search.start,
     "media.put": media.put,
     "conversations.subscribe": events.open_conversation,
     "operations.subscribe": events.open_operation,

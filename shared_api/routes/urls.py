@@ -12,6 +12,7 @@ urlpatterns = [
     path("spaces/<str:space>/conversations", views.ConversationsView.as_view()),
     path("spaces/<str:space>/deletion", views.SpaceDeletionView.as_view()),
     path("spaces/<str:space>/memory", views.MemoryListView.as_view()),
+    path("spaces/<str:space>/memory/search", views.MemorySearchView.as_view()),
     path("spaces/<str:space>/publications", views.PublicationsView.as_view()),
     path("memory/<str:memory>", views.MemoryView.as_view()),
     path("conversations/<str:conversation>", views.ConversationView.as_view()),

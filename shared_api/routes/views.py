@@ -26,7 +26,7 @@ from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
 from gpu_worker.contract.commands import typed
-from gpu_worker.contract.limits import MAX_BODY_BYTES, MAX_LIMIT, MAX_MEDIA_BYTES
+from gpu_worker.contract.limits import MAX_BODY_BYTES, MAX_LIMIT, MAX_MEDIA_BYTES, MAX_SEARCH_RESULTS
 
 from ..errors import ServiceError
 from ..http.auth import BearerAuthentication, admitted_principal
@@ -248,6 +248,23 @@ class MemoryListView(SharedView):
     @doc("memory.list")
     def get(self, request: Request, space: str) -> DeviceCall:
         return DeviceCall("memory.list", list_args(request, space=space))
+
+
+class MemorySearchView(SharedView):
+    @doc("memory.search")
+    def get(self, request: Request, space: str) -> DeviceCall:
+        """The rows of the space's memory most similar to query `q` (the device embeds it)."""
+        no_query(request, allowed=("q", "limit"))
+        q = request.query_params.get("q")
+        if q is None:
+            raise ServiceError(400, "bad_search_query", "query q is required")
+        args: dict[str, object] = {"space": space, "q": q}
+        limit = request.query_params.get("limit")
+        if limit is not None:
+            if not DIGITS.fullmatch(limit):
+                raise ServiceError(400, "bad_limit", f"limit must be an integer 1..{MAX_SEARCH_RESULTS}")
+            args["limit"] = int(limit)
+        return DeviceCall("memory.search", args)
 
 
 def offset_arg(request: Request, allowed: tuple[str, ...] = ()) -> int:

@@ -94,3 +94,43 @@ def test_memory_is_retained_read_published_and_readable_during_a_hold(tmp_path):
         assert base64.b64decode(get(stack, alice, f"/memory/{obj}")[1]["bytes"]) == text.encode()
     finally:
         stack.stop()
+
+
+def test_memory_search_through_the_sdk_sync_and_async(tmp_path, tiny_runtime):
+    """GET /spaces/{spc}/memory/search through aotx_client: the space's rows ranked by similarity,
+    the same from the async client; a reader outside gets 404, a blank query 400."""
+    import asyncio
+
+    from aotx_client import ApiError, AsyncClient, Client
+    stack = Stack(tmp_path, tiny_runtime)
+    try:
+        alice, eve = stack.principal("alice"), stack.principal("eve")
+        stack.boot_device()
+        stack.serve()
+        url = f"http://127.0.0.1:{stack.port}"
+        with Client(url, alice, timeout=60, retry_for=0) as aotx:
+            aotx.register()
+            space = aotx.create_space()["target"]
+            conversation = aotx.create_conversation(space)["target"]
+            for text in ("the meeting moved to thursday", "my cat is called tom"):
+                aotx.wait(aotx.submit_input(conversation, text, "tiny-llama", max_output_tokens=2)["operation"],
+                          timeout=60)
+            found = aotx.search_memory(space, "the meeting moved to thursday", limit=5)
+            assert len(found) == 2 and found[0]["score"] >= found[1]["score"]
+            assert base64.b64decode(aotx.get(f"/memory/{found[0]['memory']['object']}")["bytes"]) == \
+                b"the meeting moved to thursday"
+            with pytest.raises(ApiError) as blank:
+                aotx.search_memory(space, " ")
+            assert (blank.value.status, blank.value.code) == (400, "bad_search_query")
+
+        async def from_async():
+            async with AsyncClient(url, alice, timeout=60, retry_for=0) as aotx:
+                return await aotx.search_memory(space, "the meeting moved to thursday", limit=5)
+        assert asyncio.run(from_async()) == found
+        with Client(url, eve, timeout=60, retry_for=0) as outsider:
+            outsider.register()
+            with pytest.raises(ApiError) as hidden:
+                outsider.search_memory(space, "thursday")
+            assert (hidden.value.status, hidden.value.code) == (404, "space_not_found")
+    finally:
+        stack.stop()

@@ -162,7 +162,8 @@ Every error has the one body `{"error": {"code": "...", "message": "...", ...det
 below lists its codes. Outside any single route: 405 `method_not_allowed` (a method the route does not
 have), 406 `not_acceptable` (an `Accept` header that excludes `application/json`), 408 `body_timeout`
 (the body stalled longer than its timeout), 431 `headers_too_large` (the request line and headers
-exceed the gateway's bound), 500 `internal_error` (a gateway bug; see the gateway log). A connection
+exceed the gateway's bound), 500 `internal_error` (a gateway bug; see the gateway log),
+500 `embedding_failed` (a memory search whose query the device could not embed). A connection
 whose request line and headers take longer than the server's header timeout is closed unanswered;
 a head past the server's read buffer is answered 431 with no body, and so are the other requests
 the server (granian) refuses before the application sees them: a request line it cannot parse (400),

@@ -10,6 +10,8 @@ from gpu_worker.contract.limits import MAX_BODY_BYTES, MAX_LIMIT, MAX_MEDIA, MAX
 CODES = {
     # 400
     "unknown_parameter": "a query parameter this route does not take",
+    "engine_unavailable": "the device runs no embedding model (a memory search needs one)",
+    "bad_search_query": "query `q` is missing, blank, or over 2048 UTF-8 bytes",
     "bad_limit": f"`limit` is not an integer 1..{MAX_LIMIT}",
     "bad_id": "a path or body ID is malformed (prefix, 32 lowercase hex per part)",
     "bad_field": "a field or counter has the wrong type or value (envelope `schema`, lineage, zero operation "

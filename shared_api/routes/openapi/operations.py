@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpu_worker.contract.limits import MAX_SEARCH_RESULTS
 from gpu_worker.contract.vocabulary import COMMANDS
 
 from .codes import COMMON, ENVELOPE_400, LIST_400, PROTOCOL_400, QUERY_400, SEQUENCE_409
@@ -176,6 +177,18 @@ OPERATIONS = {  # keyed by the device command each route calls
         description="The rows of the space's memory owner (a private space's own, a room's, or the instance's), "
                     "in write order; readable during a journal hold. An instance space lists the instance's rows "
                     "retained or published in the instance spaces the caller may read now."),
+    "memory.search": _read(
+        "Search a space's memory", "MemorySearchResult",
+        {400: ("bad_search_query", "bad_limit"), 403: ("right_missing",), 404: ("space_not_found",),
+         429: ("quota_exceeded",), 503: ("engine_unavailable",)},
+        path="space",
+        query=(("q", {"type": "string"}, "the text to search for (required; at most 2048 UTF-8 bytes)"),
+               ("limit", {"type": "integer", "minimum": 1, "maximum": MAX_SEARCH_RESULTS, "default": 10},
+                "rows to answer, at most")),
+        description="The rows of the space's memory most similar to `q`, best first, with their cosine "
+                    "similarity (`score`, -1..1): recall's embedding and visibility (the rows the caller may "
+                    "read now, grants intersected with membership), without recall's floor. The query is "
+                    "embedded off the device's tick and counts against the `chats` quota meanwhile."),
     "memory.get": _read(
         "One memory object", "MemoryDetail",
         {400: ("bad_offset", "bad_field"), 404: ("memory_not_found",), 409: ("stale_version",)}, path="memory",
@@ -255,7 +268,8 @@ ROUTES = {  # OPERATIONS key -> path under the base (the views' URLconf; the tes
     "retirements.record": "/retirements", "cancellations.record": "/cancellations",
     "spaces.delete": "/spaces/{space}/deletion", "conversations.delete": "/conversations/{conversation}/deletion",
     "media.put": "/aotx/v1/media/{sha256}", "conversations.input": "/conversations/{conversation}/inputs", "operations.result": "/operations/{operation}/result",
-    "memory.list": "/spaces/{space}/memory", "memory.get": "/memory/{memory}",
+    "memory.list": "/spaces/{space}/memory", "memory.search": "/spaces/{space}/memory/search",
+    "memory.get": "/memory/{memory}",
     "publications.record": "/spaces/{space}/publications",
     "conversations.events": "/conversations/{conversation}/events", "operations.subscribe": "/operations/{operation}/events",
 }

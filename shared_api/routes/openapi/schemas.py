@@ -355,6 +355,11 @@ SCHEMAS = {
                    "starts at 1 and changes when the object does (a turn's source when its interpretation "
                    "is retained)."),
     "MemoryList": listing("MemoryRow", "The memory of the space's owner, in write order."),
+    "MemorySearchResult": obj({
+        "items": {"type": "array", "items": obj({"memory": ref("MemoryRow"),
+                                                  "score": {"type": "number", "minimum": -1, "maximum": 1}})}},
+        description="The most similar rows first; `score` is the cosine similarity of the row's embedding "
+                    "and the query's (a JSON number, rounded to 6 places)."),
     "MemoryDetail": obj({
         "memory": ref("MemoryRow"),
         **BYTE_SPAN,
