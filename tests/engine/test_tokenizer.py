@@ -181,3 +181,62 @@ def test_the_fewest_tokens_bound_never_exceeds_a_real_count(tiny_gen):
     for text in ("", "a", "hello world", "x " * 1000, "ünïcödé ☃ " * 50, "<|im_end|>" * 20, " " * 500):
         fewest = tokenizer.fewest_tokens(len(text))
         assert fewest is None or fewest <= len(tokenizer.encode(text))
+
+
+# A template that renders tools itself (the shape of Qwen2.5's: the tool list in the system turn,
+# an assistant's calls as <tool_call> blocks, a tool result in a <tool_response>)
+TOOLS_TEMPLATE = """{% if tools %}<|im_start|>system
+Tools:{% for tool in tools %}
+{{ tool | tojson }}{% endfor %}<|im_end|>
+{% endif %}{% for message in messages %}{% if message['role'] == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message['content'] }}
+</tool_response><|im_end|>
+{% elif message.tool_calls %}<|im_start|>assistant
+{% for call in message.tool_calls %}<tool_call>
+{{ {"name": call.function.name, "arguments": call.function.arguments} | tojson }}
+</tool_call>{% endfor %}<|im_end|>
+{% else %}<|im_start|>{{ message['role'] }}
+{{ message['content'] }}<|im_end|>
+{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+def test_a_template_that_renders_tools_gets_them_and_the_calls_as_transformers_does(tiny_gen):
+    """Where the chat template reads `tools`, the tools and the messages' calls and results are
+    the template's to render (kinds/chat.py gives them in transformers' shape): the same text and
+    ids as transformers' apply_chat_template with the same tools."""
+    from gpu_worker.contract import tool_calls
+    ours, theirs = tokenizers(tiny_gen, TOOLS_TEMPLATE)
+    assert ours.renders_tools and not Tokenizer.from_runtime(tiny_gen).renders_tools
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    messages = tool_calls.template_messages([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "name": "get_weather",
+                                                             "arguments": "{\"city\": \"Paris\"}"}]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "c1"}])
+    expected = theirs.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert ours.apply_chat_template(messages, tools=tools) == expected
+    assert '{"type": "function", "function": {"name": "get_weather"' in expected and "<tool_response>" in expected
+    assert ours.encode_chat(messages, tools=tools) == theirs.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, return_dict=False)
+
+
+def test_without_template_tools_the_calls_and_results_are_written_as_documented(tiny_gen):
+    """The default rendering (contract/tool_calls.render): the tool list and the call format in the
+    system message, an assistant's calls as its content, a result wrapped in <tool_response>."""
+    from gpu_worker.contract import tool_calls
+    rendered = tool_calls.render([
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "name": "get_weather",
+                                                             "arguments": "{\"city\": \"Paris\"}"}]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "c1"}],
+        [{"name": "get_weather", "parameters": {"type": "object"}}])
+    assert rendered[0]["role"] == "system" and rendered[0]["content"].startswith("Be brief.\n\nYou may call")
+    assert '"name": "get_weather"' in rendered[0]["content"]
+    assert rendered[2] == {"role": "assistant", "content": '<tool_call>\n{"name": "get_weather", "arguments": '
+                                                          '{"city": "Paris"}}\n</tool_call>'}
+    assert rendered[3] == {"role": "tool", "content": "<tool_response>\nsunny\n</tool_response>"}
+    assert tool_calls.parse(rendered[2]["content"]) == [("get_weather", '{"city": "Paris"}')]
+    assert Tokenizer.from_runtime(tiny_gen).encode_chat(rendered)
