@@ -24,13 +24,14 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
 from gpu_worker.contract import tool_calls
-from gpu_worker.contract.chat import TOOL_NAME, Chat
+from gpu_worker.contract.chat import Chat
 from gpu_worker.contract.commands import typed
 from gpu_worker.contract.limits import MAX_COMPLETION_LOGPROBS, MAX_MEDIA, MAX_TOP_LOGPROBS
 from gpu_worker.contract.wire import Reply
 
 from ..device_client import mux
 from ..errors import WWW_AUTHENTICATE, ServiceError
+from .fields import CallStream, call_object, structured_args, tool_fields, utf8_text
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "invalid_request_error", 405: "invalid_request_error", 408: "invalid_request_error",
@@ -96,15 +97,6 @@ def _principal(request: HttpRequest) -> str:
     return principal
 
 
-def _text(value: str, code: str, name: str) -> str:
-    """JSON admits lone surrogates (\\ud800) that no UTF-8 text holds: refuse them here."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ServiceError(400, code, f"{name} holds a lone surrogate, which is not text") from None
-    return value
-
-
 IMAGE_URL = re.compile(r"data:(image/[A-Za-z0-9.+-]+)(?:;[A-Za-z0-9=.+-]+)*;base64,", re.ASCII)
 
 
@@ -132,27 +124,10 @@ def _image(part: dict[str, Any]) -> bytes:
 def _message(message: dict[str, Any], images: list[bytes]) -> dict[str, object]:
     """The device's message: its content a string, or (with images) text and `{"type": "image"}`
     parts in order, each image's bytes appended to `images` (docs/protocol.md, chat.completions);
-    an assistant's `tool_calls` as [{id, name, arguments}], a tool result's `tool_call_id`."""
-    role = message.get("role")
-    extra: dict[str, object] = {}
-    if role == "assistant" and message.get("tool_calls") is not None:
-        calls = message["tool_calls"]
-        if not isinstance(calls, list) or not calls or any(
-                not isinstance(c, dict) or c.get("type", "function") != "function" or not isinstance(c.get("id"), str)
-                or not isinstance(c.get("function"), dict) or not isinstance(c["function"].get("name"), str)
-                or not isinstance(c["function"].get("arguments"), str) for c in calls):
-            raise ServiceError(400, "invalid_messages", "an assistant message's tool_calls are [{id, type: function, "
-                                                        "function: {name, arguments}}]")
-        extra["tool_calls"] = [{"id": _text(c["id"], "invalid_messages", "a tool call's id"),
-                                "name": _text(c["function"]["name"], "invalid_messages", "a tool call's name"),
-                                "arguments": _text(c["function"]["arguments"], "invalid_messages",
-                                                   "a tool call's arguments")} for c in calls]
-        if message.get("content") is None:
-            message = {**message, "content": ""}
-    elif role == "tool":
-        if not isinstance(message.get("tool_call_id"), str):
-            raise ServiceError(400, "invalid_messages", "a tool message needs tool_call_id")
-        extra["tool_call_id"] = _text(message["tool_call_id"], "invalid_messages", "tool_call_id")
+    an assistant's calls and a tool result's call id as fields.tool_fields gives them."""
+    extra = tool_fields(message)
+    if "tool_calls" in extra and message.get("content") is None:
+        message = {**message, "content": ""}
     return {**_content(message, images), **extra}
 
 
@@ -162,7 +137,7 @@ def _content(message: dict[str, Any], images: list[bytes]) -> dict[str, object]:
         parts: list[dict[str, str]] = []
         for p in content:
             if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str):
-                parts.append({"type": "text", "text": _text(p["text"], "invalid_messages", "message content")})
+                parts.append({"type": "text", "text": utf8_text(p["text"], "invalid_messages", "message content")})
             elif isinstance(p, dict) and p.get("type") == "image_url":
                 images.append(_image(p))
                 if len(images) > MAX_MEDIA:
@@ -176,7 +151,7 @@ def _content(message: dict[str, Any], images: list[bytes]) -> dict[str, object]:
             return {"role": message.get("role"), "content": parts}
     if not isinstance(content, str):
         raise ServiceError(400, "invalid_messages", "message content must be a string or content parts")
-    return {"role": message.get("role"), "content": _text(content, "invalid_messages", "message content")}
+    return {"role": message.get("role"), "content": utf8_text(content, "invalid_messages", "message content")}
 
 
 def _fields(body: Mapping[str, object], honoured: set[str], no_op: dict[str, tuple[object, ...]]) -> None:
@@ -196,7 +171,7 @@ def _model(body: Mapping[str, object]) -> str:
     model = body.get("model")
     if not isinstance(model, str):
         raise ServiceError(400, "invalid_model", "model is required")
-    return _text(model, "invalid_model", "model")
+    return utf8_text(model, "invalid_model", "model")
 
 
 def _request_args(body: object) -> dict[str, object]:
@@ -220,61 +195,7 @@ def _request_args(body: object) -> dict[str, object]:
             raise ServiceError(400, "invalid_top_logprobs", "top_logprobs requires logprobs: true")
     if logprobs:
         args["logprobs"] = top or 0
-    return {**args, **_structured(body), **_sampling(body)}
-
-
-def _structured(body: Mapping[str, Any]) -> dict[str, object]:
-    """OpenAI's response_format, tools, tool_choice and parallel_tool_calls in the device's words
-    (gpu_worker/contract/chat.Chat checks what they hold)."""
-    args: dict[str, object] = {}
-    response_format = body.get("response_format")
-    if response_format is not None:
-        kind = response_format.get("type") if isinstance(response_format, dict) else None
-        if kind in ("text", "json_object") and len(response_format) == 1:
-            args["response_format"] = {"type": kind}
-        elif kind == "json_schema" and set(response_format) == {"type", "json_schema"}:
-            spec = response_format["json_schema"]
-            if (not isinstance(spec, dict) or not set(spec) <= {"name", "description", "schema", "strict"}
-                    or not isinstance(spec.get("name"), str) or not TOOL_NAME.fullmatch(spec["name"])
-                    or spec.get("strict") not in (None, True, False)):
-                raise ServiceError(400, "invalid_response_format", "json_schema is {name (letters, digits, _ and -, "
-                                                                   "at most 64), description?, schema?, strict?}")
-            # strict or not, the answer is held to the schema (constrained decoding)
-            args["response_format"] = {"type": "json_schema", "schema": spec.get("schema", {})}
-        else:
-            raise ServiceError(400, "invalid_response_format", "response_format is {type: text}, {type: json_object} "
-                                                               "or {type: json_schema, json_schema: {...}}")
-    tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list) or any(
-                not isinstance(t, dict) or set(t) != {"type", "function"} or t["type"] != "function"
-                or not isinstance(t["function"], dict)
-                or not set(t["function"]) <= {"name", "description", "parameters", "strict"}
-                or t["function"].get("strict") not in (None, True, False) for t in tools):
-            raise ServiceError(400, "invalid_tools", "tools are [{type: function, function: {name, description?, "
-                                                     "parameters?, strict?}}]")
-        if tools:  # ([] is no tools)
-            args["tools"] = [{k: v for k, v in t["function"].items() if k != "strict"} for t in tools]
-    choice = body.get("tool_choice")
-    if choice is not None:
-        if isinstance(choice, dict):
-            function = choice.get("function")
-            if (set(choice) != {"type", "function"} or choice["type"] != "function" or not isinstance(function, dict)
-                    or set(function) != {"name"}):
-                raise ServiceError(400, "invalid_tool_choice", "tool_choice is none, auto, required or {type: "
-                                                               "function, function: {name}}")
-            choice = {"name": function["name"]}
-        elif choice not in ("none", "auto", "required"):
-            raise ServiceError(400, "invalid_tool_choice", "tool_choice is none, auto, required or {type: function, "
-                                                           "function: {name}}")
-        if choice != "none" or "tools" in args:
-            args["tool_choice"] = choice
-    parallel = body.get("parallel_tool_calls")
-    if parallel is not None:
-        if type(parallel) is not bool:
-            raise ServiceError(400, "invalid_parallel_tool_calls", "parallel_tool_calls must be a boolean")
-        args["parallel_tool_calls"] = parallel
-    return args
+    return {**args, **structured_args(body), **_sampling(body)}
 
 
 def _sampling(body: Mapping[str, object]) -> dict[str, object]:
@@ -289,7 +210,7 @@ def _sampling(body: Mapping[str, object]) -> dict[str, object]:
     stop = body.get("stop")
     if stop is not None:
         stop = [stop] if isinstance(stop, str) else stop
-        args["stop"] = [_text(s, "invalid_stop", "stop") if isinstance(s, str) else s for s in stop] \
+        args["stop"] = [utf8_text(s, "invalid_stop", "stop") if isinstance(s, str) else s for s in stop] \
             if isinstance(stop, list) else stop
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
@@ -315,7 +236,7 @@ def _completion_args(body: object) -> dict[str, object]:
     if logprobs is not None and (type(logprobs) is not int or not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS):
         raise ServiceError(400, "invalid_logprobs", f"logprobs must be an integer 0..{MAX_COMPLETION_LOGPROBS}")
     # OpenAI's default for this route is 16 tokens
-    return {"model": _model(body), "prompt": _text(prompt, "invalid_prompt", "prompt"),
+    return {"model": _model(body), "prompt": utf8_text(prompt, "invalid_prompt", "prompt"),
             **({"logprobs": logprobs} if logprobs is not None else {}), **_sampling({"max_tokens": 16, **body})}
 
 
@@ -360,7 +281,7 @@ class Shape:
             if calls:
                 choice["finish_reason"] = "tool_calls"
                 choice["message"] = {"role": "assistant", "content": None, "refusal": None,
-                                     "tool_calls": [_call(name, arguments) for name, arguments in calls]}
+                                     "tool_calls": [call_object(name, arguments) for name, arguments in calls]}
             elif self.chat:
                 choice["message"] = {"role": "assistant", "content": one["text"]}
             else:
@@ -391,51 +312,6 @@ class Shape:
 
 
 CHAT_SHAPE, TEXT_SHAPE = Shape(True), Shape(False)
-
-
-def _call(name: str, arguments: str) -> dict[str, object]:
-    return {"id": "call_" + secrets.token_hex(12), "type": "function",
-            "function": {"name": name, "arguments": arguments}}
-
-
-class CallStream:
-    """One streamed choice's text when tools may be called: text that can still turn out to be
-    calls is held back; once it is calls, each call goes out as one `tool_calls` delta when its
-    closing tag arrives (contract/tool_calls.py's format)."""
-
-    def __init__(self) -> None:
-        self.held = ""
-        self.calls = 0  # calls sent so far
-        self.is_calls = False
-
-    def feed(self, text: str) -> tuple[str, list[dict[str, object]]]:
-        """The text that may go out as content now, and the calls completed by `text`."""
-        self.held += text
-        if not self.is_calls:
-            if tool_calls.may_become_calls(self.held) and not self.held.startswith(tool_calls.CALL_OPEN):
-                return "", []
-            if not self.held.startswith(tool_calls.CALL_OPEN):
-                out, self.held = self.held, ""
-                return out, []
-            self.is_calls = True
-        calls = []
-        while (end := self.held.find(tool_calls.CALL_CLOSE)) >= 0:
-            whole = self.held[:end + len(tool_calls.CALL_CLOSE)]
-            parsed = tool_calls.parse(whole)
-            if parsed is None:  # (the grammar allows only calls here: text after all)
-                break
-            self.held = self.held[len(whole):]
-            for name, arguments in parsed:
-                calls.append({"index": self.calls, **_call(name, arguments)})
-                self.calls += 1
-        return "", calls
-
-    def finish(self, reason: str) -> tuple[str, str]:
-        """The text still held (an answer cut short), and the finish reason to report."""
-        if self.calls and not self.held and reason == "stop":
-            return "", "tool_calls"
-        held, self.held = self.held, ""
-        return held, reason
 
 
 def _device_error(msg: Reply) -> HttpResponse:
@@ -617,7 +493,7 @@ async def embeddings(request: HttpRequest) -> HttpResponse:
                 or any(not isinstance(t, str) or not t for t in texts)):
             raise ServiceError(400, "invalid_input", "input must be a non-empty string or array of non-empty "
                                                      "strings (token arrays are not supported)")
-        texts = [_text(t, "invalid_input", "input") for t in texts]
+        texts = [utf8_text(t, "invalid_input", "input") for t in texts]
         encoding = body.get("encoding_format", "float")
         if encoding not in ("float", "base64"):
             raise ServiceError(400, "invalid_encoding_format", "encoding_format must be float or base64")
