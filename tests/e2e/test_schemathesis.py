@@ -144,7 +144,7 @@ def test_the_gateway_conforms_to_its_own_schema(world):
         run()
 
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 26
+    assert len(operations) == 27
     for operation in operations:
         plans = ["generated", "negative"]
         if operation.method.upper() == "POST" or operation.path_parameters:
