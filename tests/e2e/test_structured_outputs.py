@@ -47,11 +47,12 @@ def each(function, items, workers=4):
 
 
 class City(BaseModel):
-    """Bounded strings: a 135M model left free can repeat a string's words past any token limit
-    (it would finish "length", which parse raises for)."""
+    """Bounded strings and integers: a 135M model left free can repeat a string's words or a
+    number's digits past any token limit (it would finish "length", which parse raises for), and
+    the requests run concurrently, so their batches (and float rounding) differ from run to run."""
     name: str = Field(max_length=24)
     country: str = Field(max_length=24)
-    population_millions: float = Field(ge=0, le=100)
+    population_millions: int = Field(ge=0, le=100)
     continent: Literal["Europe", "Asia", "Africa", "Americas", "Oceania"]
     landmarks: list[Annotated[str, Field(max_length=24)]] = Field(max_length=3)
 
@@ -78,7 +79,8 @@ TOOLS = [{"type": "function", "function": {
          {"type": "function", "function": {
              "name": "convert_currency", "description": "Convert an amount between currencies",
              "parameters": {"type": "object", "properties": {
-                 "amount": {"type": "number", "minimum": 0}, "from": {"type": "string", "maxLength": 3},
+                 "amount": {"type": "integer", "minimum": 0, "maximum": 1000000},
+                 "from": {"type": "string", "maxLength": 3},
                  "to": {"type": "string", "maxLength": 3}}, "required": ["amount", "from", "to"],
                  "additionalProperties": False}}}]
 PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
