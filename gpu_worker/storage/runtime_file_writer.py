@@ -178,17 +178,32 @@ class _FreeSpace:
         return offset
 
 
+# An append writes and syncs at most this much at a time. A checkpoint's append is the whole state
+# (hundreds of MB at scale) on the journal's disk: flushed by one fsync at its end, it held up the
+# journal's own fdatasync, and with it every reply, for as long as the disk took to write all of it
+# (docs/checkpoint.md). In slices, the journal's sync waits for one slice at most.
+SYNC_SLICE = 4 << 20
+
+
 class _PlacedWriter(_Writer):
-    """Writes each extent in place at the offset `_FreeSpace` gives it."""
+    """Writes each extent in place at the offset `_FreeSpace` gives it, syncing every SYNC_SLICE
+    bytes (an extent larger than that is written in pieces)."""
 
     def __init__(self, out: RandomAccessFile, space: _FreeSpace) -> None:
         self.out = out
         self.space = space
+        self.unsynced = 0  # bytes written since the last sync
 
     def _put(self, raw: bytes | memoryview) -> tuple[int, int, str]:
         offset = self.space.take(len(raw))
-        if len(raw):
-            self.out.pwrite(raw, offset)
+        view = memoryview(raw).cast("B")
+        for at in range(0, len(view), SYNC_SLICE):
+            piece = view[at:at + SYNC_SLICE]
+            self.out.pwrite(piece, offset + at)
+            self.unsynced += len(piece)
+            if self.unsynced >= SYNC_SLICE:
+                self.out.fsync()
+                self.unsynced = 0
         return offset, len(raw), hashlib.sha256(raw).hexdigest()
 
 
@@ -203,8 +218,8 @@ def append(path: str | os.PathLike[str], components: Iterable[Part], *,
     The new extents and directory go where the current generation reaches nothing (`_FreeSpace`):
     the space its predecessors' superseded extents held, else after the last byte it reaches. Steps:
     an fsync (the winner may be an append whose process died before its last fsync: it is made
-    durable before the space its predecessor needs as a fallback is written over), the writes, an
-    fsync, the other slot's superblock, an fsync. A crash before the last fsync completes leaves the
+    durable before the space its predecessor needs as a fallback is written over), the writes (an
+    fsync after every SYNC_SLICE bytes of them), an fsync, the other slot's superblock, an fsync. A crash before the last fsync completes leaves the
     current generation the winner, whole (none of its bytes was written); after it, the new one.
     `fs` is the file layer (tests inject crashes and power cuts)."""
     path = os.fspath(path)

@@ -416,3 +416,35 @@ def test_an_append_may_jump_to_a_later_generation_only(tmp_path):
             runtime_file_writer.append(path, [("c", "bytes", b"3")], generation=generation)
     assert runtime_file_writer.append(path, [("c", "bytes", b"3")]) == 8
 
+
+
+def test_an_append_syncs_every_slice_so_no_sync_waits_for_the_whole_state(path):
+    """A checkpoint's append is the whole state on the journal's disk: one fsync at its end held
+    the journal's fdatasync (and every reply) until all of it was on the disk. Every sync of an
+    append now finds at most SYNC_SLICE bytes written since the one before, and the state reads
+    back whole."""
+    from gpu_worker.storage.filelayer import OsFileLayer, OsRandomAccessFile
+
+    syncs = []
+
+    class Counting(OsRandomAccessFile):
+        unsynced = 0
+
+        def pwrite(self, data, offset):
+            super().pwrite(data, offset)
+            self.unsynced += len(memoryview(data).cast("B"))
+
+        def fsync(self):
+            syncs.append(self.unsynced)
+            self.unsynced = 0
+            super().fsync()
+
+    class Layer(OsFileLayer):
+        def open_rw(self, p):
+            return Counting(p, os.open(p, os.O_RDWR | os.O_CLOEXEC))
+
+    big = torch.arange(6 * runtime_file_writer.SYNC_SLICE // 8, dtype=torch.int64)  # 24 MiB at 4 MiB slices
+    runtime_file_writer.append(path, [("state", "tensor", big), ("small", "text", "x" * 1000)], fs=Layer())
+    assert max(syncs) <= runtime_file_writer.SYNC_SLICE + 4096 and len(syncs) >= 6
+    with RuntimeFile.open(path) as runtime:
+        assert torch.equal(runtime.tensor("state"), big) and runtime.text("small") == "x" * 1000
