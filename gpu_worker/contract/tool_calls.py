@@ -27,11 +27,7 @@ TOOLS_PREAMBLE = ("You may call one or more functions to answer. The functions a
 
 def call_text(name: str, arguments: str) -> str:
     """One call as the model writes it (`arguments`: the call's JSON text, as OpenAI carries it)."""
-    try:
-        parsed = json.loads(arguments)
-    except ValueError:
-        parsed = arguments  # a client's own malformed history: kept as a string, not refused
-    return CALL_OPEN + json.dumps({"name": name, "arguments": parsed}, ensure_ascii=False) + CALL_CLOSE
+    return CALL_OPEN + json.dumps({"name": name, "arguments": _arguments(arguments)}, ensure_ascii=False) + CALL_CLOSE
 
 
 def parse(text: str) -> list[tuple[str, str]] | None:
@@ -98,6 +94,8 @@ def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -
 
 
 def _arguments(arguments: str) -> object:
+    """A call's arguments as JSON, or kept as the string when a client's own history holds text
+    that is not JSON (not refused)."""
     try:
         return json.loads(arguments)
     except ValueError:

@@ -11,7 +11,7 @@ little-endian float32, texts in order (the gateway renders OpenAI's shape).
 from __future__ import annotations
 
 import base64
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from ..contract.chat import Embeddings
 from ..contract.errors import ServiceError
@@ -22,6 +22,8 @@ from .kind import Serving
 
 if TYPE_CHECKING:
     from ..storage.committer import Batch
+
+T = TypeVar("T")
 
 
 def start(d: Serving, conn: object, msg: Message, batch: Batch) -> int:
@@ -40,7 +42,6 @@ def start(d: Serving, conn: object, msg: Message, batch: Batch) -> int:
     except ServiceError as err:
         batch.replies.append((conn, reply(req_id, err.status, err.body())))
         return 0
-    d.usage.chats_tokenizing[principal] += 1
     embedder = d.embedder
 
     def work() -> dict[str, Any]:
@@ -50,13 +51,24 @@ def start(d: Serving, conn: object, msg: Message, batch: Batch) -> int:
                 "vectors": base64.b64encode(vectors.tobytes()).decode()}
 
     def then(body: dict[str, Any] | None, error: BaseException | None) -> None:
-        d.usage.chat_prepared(principal)
-        if getattr(conn, "closed", False):
-            return
         if error is not None or body is None:
             err = ServiceError(500, "embedding_failed", f"embedding failed: {error}")
             d.subscriptions.outbox.append((conn, reply(req_id, err.status, err.body())))
             return
         d.subscriptions.outbox.append((conn, reply(req_id, 200, dumps(body))))
-    d.off_thread(work, then)
+    off_tick(d, conn, principal, work, then)
     return 0
+
+
+def off_tick(d: Serving, conn: object, principal: bytes, work: Callable[[], T],
+             then: Callable[[T | None, BaseException | None], None]) -> None:
+    """An embedding's `work` on a helper thread, counted against its principal's `chats` quota
+    until it is back; `then` on the tick thread, unless its client went away meanwhile (an
+    embeddings request's, a memory search's)."""
+    d.usage.chats_tokenizing[principal] += 1
+
+    def back(result: T | None, error: BaseException | None) -> None:
+        d.usage.chat_prepared(principal)
+        if not getattr(conn, "closed", False):
+            then(result, error)
+    d.off_thread(work, back)

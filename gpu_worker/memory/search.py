@@ -20,11 +20,10 @@ from ..contract.commands import MemorySearch
 from ..contract.errors import ServiceError
 from ..contract.vocabulary import READ
 from ..contract.wire import Message, dumps, reply
-from ..kinds import access, quotas
+from ..kinds import access, embeddings, quotas
 from ..kinds.kind import Serving
 from ..state.tables import Right
-from .recall import recall
-from .shared import readable_owners, row_json, scope_table
+from .shared import nearest, readable_owners, row_json
 
 if TYPE_CHECKING:
     from ..storage.committer import Batch
@@ -45,39 +44,23 @@ def start(d: Serving, conn: object, msg: Message, batch: Batch) -> int:
     except ServiceError as err:
         batch.replies.append((conn, reply(req_id, err.status, err.body())))
         return 0
-    d.usage.chats_tokenizing[principal] += 1
     embedder = d.embedder
-    d.off_thread(lambda: embedder.encode([args.q])[0],
-                 lambda vector, error: _answer(d, conn, req_id, principal, args, vector, error))
+    embeddings.off_tick(d, conn, principal, lambda: embedder.encode([args.q])[0],
+                        lambda vector, error: _answer(d, conn, req_id, principal, args, vector, error))
     return 0
 
 
 def _answer(d: Serving, conn: object, req_id: object, principal: bytes, args: MemorySearch,
             vector: torch.Tensor | None, error: BaseException | None) -> None:
-    d.usage.chat_prepared(principal)
-    if getattr(conn, "closed", False):
-        return
     try:
         if error is not None or vector is None:
             raise ServiceError(500, "embedding_failed", f"the query could not be embedded: {error}")
         prow = d.state.participants.by_principal.get(principal)
         srow = access.space_row(d, args.space, principal, prow, Right.READ)  # its rights now
-        items = search(d, srow, readable_owners(d, principal, prow), vector, args.limit)
+        items = [{"memory": row_json(d, slot), "score": round(score, 6)}
+                 for score, slot in nearest(d, srow, vector, readable_owners(d, principal, prow), args.limit)]
     except ServiceError as err:
         d.subscriptions.outbox.append((conn, reply(req_id, err.status, err.body())))
         return
     d.subscriptions.outbox.append((conn, reply(req_id, 200, dumps({"items": items}))))
 
-
-def search(d: Serving, srow: int, readable: torch.Tensor, vector: torch.Tensor, limit: int) -> list[dict[str, object]]:
-    """The `limit` rows of space srow's memory most similar to `vector`, of the owners in
-    `readable`, best first: each row as the reads show it and its cosine similarity."""
-    memory = d.state.memory
-    if not memory.used():
-        return []
-    visibility = scope_table(d, srow) & readable.to(memory.owners.device)
-    if not bool(visibility.any()):
-        return []
-    found = recall(memory.embeddings, memory.owners, visibility, vector.to(memory.embeddings.device), limit)
-    return [{"memory": row_json(d, slot), "score": round(score, 6)}
-            for score, slot in zip(found.scores[0].tolist(), found.rows[0].tolist()) if slot >= 0]

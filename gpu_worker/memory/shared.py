@@ -147,12 +147,9 @@ def interpreted(d: Tables, op: bytes) -> None:
 
 # ---- recall (tick thread: bounded by the memory capacity, not by any input) ---------------
 
-def recall_items(d: Tables, srow: int, query: torch.Tensor, readable: torch.Tensor,
-                 k: int = RECALL_K, floor: float = RECALL_FLOOR, margin: float = RECALL_MARGIN) -> list[render.Item]:
-    """The text rows of space srow's memory most similar to `query`, best first, of those in
-    `readable` (the submitter's: `context_reader`): of the k most similar, those whose cosine
-    similarity is at least `floor` and within `margin` of the best one's, so that a row is
-    recalled because it is relevant, not because k rows were asked for (docs/memory.md)."""
+def nearest(d: Tables, srow: int, query: torch.Tensor, readable: torch.Tensor, k: int) -> list[tuple[float, int]]:
+    """(cosine similarity, memory slot) of the k rows of space srow's memory most similar to
+    `query`, of the owners in `readable`, best first: what recall and a memory search rank."""
     memory = d.state.memory
     if not memory.used():
         return []
@@ -160,10 +157,20 @@ def recall_items(d: Tables, srow: int, query: torch.Tensor, readable: torch.Tens
     if not bool(visibility.any()):
         return []
     found = recall(memory.embeddings, memory.owners, visibility, query.to(memory.embeddings.device), k)
-    scores, slots = found.scores[0].tolist(), found.rows[0].tolist()
+    return [(score, slot) for score, slot in zip(found.scores[0].tolist(), found.rows[0].tolist()) if slot >= 0]
+
+
+def recall_items(d: Tables, srow: int, query: torch.Tensor, readable: torch.Tensor,
+                 k: int = RECALL_K, floor: float = RECALL_FLOOR, margin: float = RECALL_MARGIN) -> list[render.Item]:
+    """The text rows of space srow's memory most similar to `query`, best first, of those in
+    `readable` (the submitter's: `context_reader`): of the k most similar, those whose cosine
+    similarity is at least `floor` and within `margin` of the best one's, so that a row is
+    recalled because it is relevant, not because k rows were asked for (docs/memory.md)."""
+    memory = d.state.memory
+    found = nearest(d, srow, query, readable, k)
     items = []
-    for score, slot in zip(scores, slots):
-        if slot < 0 or score < floor or score < scores[0] - margin:
+    for score, slot in found:
+        if score < floor or score < found[0][0] - margin:
             continue
         row = memory.row(slot)
         if int(row.kind) in TEXT_KINDS:

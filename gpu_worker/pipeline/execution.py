@@ -271,18 +271,18 @@ def _embedded(d: Admitting, rrow: int, body: dict[str, Any], vectors: torch.Tens
     messages, tokenizer = conversation_turns(d, rrow, everyone=reads_space), d.runner.engine.tokenizer
     system = render.render(execution.revision, items, submitter=participant_id(actor_of(d, rrow)[0]))
     schema = structured.schema_of(body.get("response_format"))
-    if schema is not None:  # its grammar, compiled on the helper thread that builds its prompt
-        grammars = d.runner.engine.grammars
-        settings["grammar"] = None
+    grammars = d.runner.engine.grammars
 
-        def constrained(work: Callable[[], T]) -> Callable[[], T]:
-            def compile_then() -> T:
-                settings["grammar"] = grammars.compile(schema_grammar(schema))  # (read back on the tick thread)
-                return work()
-            return compile_then
-    else:
-        def constrained(work: Callable[[], T]) -> Callable[[], T]:
+    def constrained(work: Callable[[], T]) -> Callable[[], T]:
+        """`work` (its prompt) after its grammar is compiled into its settings, on the same helper
+        thread (the tick thread reads them back in the callback)."""
+        if schema is None:
             return work
+
+        def compile_then() -> T:
+            settings["grammar"] = grammars.compile(schema_grammar(schema))
+            return work()
+        return compile_then
     if images.start(d, rrow, body, messages, room, system, settings, constrained):  # its images: images.py
         return
     d.off_thread(constrained(functools.partial(fit_prompt, tokenizer, messages, room, system)),
