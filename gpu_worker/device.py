@@ -40,6 +40,7 @@ from .kinds import chat, events, media, quotas
 from .kinds.kind import MediaWaiting, OperationKind
 from .kinds.registry import KINDS, READS
 from .pipeline import execution, retention
+from .pipeline.preparing import Prepared
 from .pipeline.prompt import ControlTokens
 from .pipeline.tick import Tick
 from .recovery import DeviceBootError, fold
@@ -233,6 +234,7 @@ class Device:
         """What the ticks keep beside a state that is (re)built: nothing in execution, unsaved or waiting."""
         self.executions = Executions()
         self.pending_admissions: dict[int, tuple[int, int]] = {}  # transfer seq -> (receipt row, kind code)
+        self.prepared: deque[Prepared] = deque()  # mutations whose work before admission is done (preparing.py)
         self.on_saved: dict[int, Callable[[Transfer], None]] = {}  # transfer seq -> what to apply once saved
         # MEDIA transfer seq -> the upload to answer: (connection, request id, sha256, participant row, bytes)
         self.media_waiting: dict[int, MediaWaiting] = {}
@@ -418,9 +420,10 @@ class Device:
 
     @property
     def internal_work(self) -> bool:
-        """Something to journal that no client asked for in a tick: engine work, or transfers
-        appended between ticks (a hold's start, an upload whose bytes are written)."""
-        return execution.has_work(self) or self.committer.writer.untaken_records > 0
+        """Something to journal that no client asked for in a tick: engine work, transfers
+        appended between ticks (a hold's start, an upload whose bytes are written), or mutations
+        whose work before admission is done."""
+        return execution.has_work(self) or self.committer.writer.untaken_records > 0 or bool(self.prepared)
 
     # ---- holds and checkpoints (SPEC "Recorded state and recovery") --------------------
 

@@ -24,8 +24,8 @@ from . import ids, structured
 from .args import Args, counter, decimal, hex32, integer, number_in, one_of, resource_id
 from .chat import Chat, Embeddings
 from .errors import ServiceError
-from .limits import (DEFAULT_LIMIT, INPUT_BYTES, MAX_LIMIT, MAX_MEDIA, MAX_MEDIA_BYTES, MAX_SEARCH_RESULTS,
-                     MEDIA_LINK_BYTES)
+from .limits import (DEFAULT_LIMIT, INPUT_BYTES, MAX_LIMIT, MAX_MEDIA, MAX_MEDIA_BYTES, MAX_REASON_BYTES,
+                     MAX_SEARCH_RESULTS, MEDIA_LINK_BYTES, MEMORY_PAYLOAD_BYTES)
 from .vocabulary import CONTEXTS, MEDIA_TYPES, PERMISSIONS, RETENTIONS, SCOPES
 from .wire import LENGTH, MAX_FRAME, PROTOCOL_VERSION, ProtocolError
 
@@ -315,6 +315,43 @@ class Publication(Mutation, kw_only=True, frozen=True):
         resource_id(self.space, "spc")
 
 
+class MemoryVersion(Mutation, kw_only=True, frozen=True):
+    """memory.versions: a memory object's next version, its payload replaced by `text`, while
+    `version` (a decimal string) is still its current one (kinds/memory_versions.py)."""
+    memory: str
+    text: str
+    version: str
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        resource_id(self.memory, "mem")
+        if type(self.version) is not str or not ids.COUNTER.match(self.version) or self.version == "0":
+            raise ServiceError(400, "bad_field", "version must be a decimal string (the row's current version)")
+        if type(self.text) is not str or not self.text:
+            raise ServiceError(400, "bad_field", "text must be a non-empty string")
+        reserved = [token for token in RESERVED_TOKENS if token in self.text]
+        if reserved:
+            raise ServiceError(400, "reserved_token", f"text contains the reserved media control token {reserved[0]}")
+        size = len(self.text.encode("utf-8", "surrogatepass"))
+        if size > MEMORY_PAYLOAD_BYTES:
+            raise ServiceError(400, "text_too_large", f"text takes {size} bytes; a memory object holds at most "
+                                                      f"{MEMORY_PAYLOAD_BYTES}")
+
+
+class MemoryDeletion(Mutation, kw_only=True, frozen=True):
+    """memory.delete: forget a memory object (kinds/memory_deletions.py), with the reason its
+    receipt keeps."""
+    memory: str
+    reason: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        resource_id(self.memory, "mem")
+        if self.reason is not None and (type(self.reason) is not str
+                                        or len(self.reason.encode("utf-8", "surrogatepass")) > MAX_REASON_BYTES):
+            raise ServiceError(400, "bad_field", f"reason must be a string of at most {MAX_REASON_BYTES} UTF-8 bytes")
+
+
 class MediaRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One media row of an input: an uploaded source by its sha256."""
     type: str
@@ -420,7 +457,7 @@ TYPES: dict[str, type[Args]] = {
     "participant.register": Mutation, "spaces.create": NewSpace, "members.set": MemberSet,
     "conversations.create": NewConversation, "retirements.record": Retirement, "conversations.input": Input,
     "cancellations.record": Cancellation, "spaces.delete": SpaceDeletion, "conversations.delete": ConversationDeletion,
-    "publications.record": Publication,
+    "publications.record": Publication, "memory.versions": MemoryVersion, "memory.delete": MemoryDeletion,
 }
 
 

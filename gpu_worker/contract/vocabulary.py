@@ -102,4 +102,6 @@ COMMANDS = {c.op: c for c in (
     Command("spaces.delete", MANAGE, "space.delete"),
     Command("conversations.delete", MANAGE, "conversation.delete"),
     Command("publications.record", MANAGE, "publication"),
+    Command("memory.versions", WRITE, "memory.version"),
+    Command("memory.delete", WRITE, "memory.delete"),
 )}

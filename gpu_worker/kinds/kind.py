@@ -242,6 +242,8 @@ class Kind(IntEnum):
     SPACE_DELETE = 8
     CONVERSATION_DELETE = 9
     PUBLICATION = 10
+    MEMORY_VERSION = 11
+    MEMORY_DELETE = 12
 
 
 # The head of an admission payload as Admission.encode packs it: a fixarray of 8, ADMISSION_VERSION,
@@ -288,6 +290,10 @@ class Admission(NamedTuple):
 # check(context, principal, participant row or None, the kind's arguments (its type in
 # contract/commands.py, already checked there), operation key, sequence) -> admission extra
 Check = Callable[[Admitting, bytes, "int | None", Any, bytes, int], dict[str, Any]]
+# prepare(context, principal, participant row or None, the kind's arguments) -> work for a helper
+# thread before admission (what is proportional to the command: a correction's embedding); what it
+# returns is recorded in the admission's extra as "prepared" (pipeline/preparing.py)
+Prepare = Callable[[Admitting, bytes, "int | None", Any], Callable[[], bytes]]
 # apply(context, admission, participant row, journal transfer seq (None at replay), receipt row) -> target row
 Apply = Callable[[Applying, Admission, int, "int | None", int], int]
 # decode_run(payloads) -> a run of the kind's admissions as columns, or None when a payload is not
@@ -321,12 +327,12 @@ def owner_only(device: Tables, principal: bytes, reader: int | None, row: list[i
 
 class OperationKind:
     __slots__ = ("code", "op", "name", "action", "args", "check", "apply", "decode_run", "apply_run", "target_id",
-                 "visible_to", "columns", "executes", "saved", "memory")
+                 "visible_to", "columns", "executes", "saved", "memory", "prepare")
 
     def __init__(self, code: Kind, op: str, *, check: Check, apply: Apply, target_id: TargetId,
                  visible_to: VisibleTo = owner_only, columns: Columns | None = None, executes: bool = False,
                  saved: Saved | None = None, memory: MemoryJson | None = None,
-                 runs: tuple[DecodeRun, ApplyRun] | None = None) -> None:
+                 runs: tuple[DecodeRun, ApplyRun] | None = None, prepare: Prepare | None = None) -> None:
         command = COMMANDS[op]
         if command.receipt_kind is None or command.action is None:
             raise ValueError(f"{op} is not a mutation command of the contract")
@@ -347,6 +353,7 @@ class OperationKind:
         self.executes = executes
         self.saved = saved  # what follows once the admission is saved (start execution, push events)
         self.memory = memory  # the memory it wrote, for its receipt (None: "memory": null)
+        self.prepare = prepare  # its work on a helper thread before admission (None: admitted as it comes)
         # a replay's runs of this kind's admissions as columns (admission.replay_run): for a kind that
         # finishes at admission and writes no receipt columns of its own, so a run's receipt rows
         # are written alike

@@ -26,7 +26,8 @@ What each counts, for the caller's participant:
   kv_pages       the page limits of those inputs and of its running chats (each reserves its
                  whole page limit in the shared KV pool)
   memory_rows    live memory rows it wrote (retained from its inputs, or its publications'
-                 copies); an input over it still runs, and its receipt says what was not retained
+                 copies) and the earlier versions its live corrections keep; an input over it
+                 still runs, and its receipt says what was not retained
 """
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ from ..contract.limits import MAX_MEDIA_BYTES
 from ..contract.vocabulary import DEFAULT_RATES, QUOTAS, RATES
 from ..state.tables import C, R, S, Terminal
 from .kind import Caller, Kind, Tables
+
+_MEMORY_VERSION = int(Kind.MEMORY_VERSION)
 
 
 QUOTA_EXCEEDED = 429
@@ -156,7 +159,11 @@ def _kv_pages(d: Caller, principal: bytes, prow: int | None) -> int:
 def _memory_rows(d: Tables, principal: bytes, prow: int | None) -> int:
     if prow is None:
         return 0
-    return d.state.memory.written_by(d.state.participants.raw[prow])
+    # the rows it wrote, and the versions its live corrections keep (kinds/memory_versions.py)
+    receipts = d.state.tables.receipts
+    kept = int(((receipts[:, R.STATE] == 1) & (receipts[:, R.KIND] == _MEMORY_VERSION)
+                & (receipts[:, R.PARTICIPANT] == prow)).sum())
+    return d.state.memory.written_by(d.state.participants.raw[prow]) + kept
 
 
 COUNTS: dict[str, Callable[[Caller, bytes, "int | None"], int]] = {

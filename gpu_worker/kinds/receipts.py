@@ -99,6 +99,8 @@ def render(d: Rendering, rrow: int, own: bool) -> tuple[str, bytes]:
     else:
         effective = _NO_EXECUTION
     finish_json = f'"{finish}"' if finish else "null"
+    # only an executing kind's result bytes are its result (a correction's keep what it replaced)
+    result_length = row[R.RESULT_LEN] if kind.executes else 0
     return op_id, (
         f'{{"admission":{{"save":{admission},"saved":{"true" if saved else "false"}}},'
         f'"device":{{"committed":true}},"disk_error":{disk_error},'
@@ -109,7 +111,7 @@ def render(d: Rendering, rrow: int, own: bool) -> tuple[str, bytes]:
         f'"operation_key":"{join16(row[R.KEY_HI], row[R.KEY_LO]).hex()}",'
         f'"participant":"{d.state.participants.public_id[prow]}",'
         f'"pending_bytes":"{pending}",'
-        f'"result":{{"finish":{finish_json},"input_tokens":{tokens_in},"length":"{row[R.RESULT_LEN]}",'
+        f'"result":{{"finish":{finish_json},"input_tokens":{tokens_in},"length":"{result_length}",'
         f'"output_tokens":{tokens_out}}},'
         f'"schema":"{RECEIPT_SCHEMA}",'
         f'"sequence":{sequence},'

@@ -9,8 +9,8 @@ gpu_worker/contract/vocabulary.py, its gateway route (docs/adding-an-operation-k
 from __future__ import annotations
 
 from ..memory import search, shared as memory
-from . import (cancellations, chat, conversations, deletions, embeddings, events, inputs, media, members, operations,
-               participants, publications, retirements, service, spaces)
+from . import (cancellations, chat, conversations, deletions, embeddings, events, inputs, media, members,
+               memory_versions, operations, participants, publications, retirements, service, spaces)
 from .kind import Later, OperationKind, Read
 
 _KINDS: tuple[OperationKind, ...] = (
@@ -24,6 +24,7 @@ _KINDS: tuple[OperationKind, ...] = (
     deletions.DELETE_SPACE,
     deletions.DELETE_CONVERSATION,
     publications.RECORD,
+    memory_versions.RECORD,
 )
 KINDS: dict[int, OperationKind] = {k.code: k for k in _KINDS}   # by the code the journal records
 MUTATIONS: dict[str, OperationKind] = {k.op: k for k in _KINDS}  # by device command

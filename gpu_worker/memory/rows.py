@@ -46,6 +46,9 @@ class Flag(IntFlag):
     INTERPRETED = 4  # a turn's source whose interpretation was retained later (that made it version 2)
 
 
+# a correction's receipt keeps the version it replaced as its result bytes: the object (lineage,
+# id), that version, then its payload (kinds/memory_versions.py)
+SUPERSEDED = struct.Struct("<16s16sQ")
 PROVENANCE = struct.Struct("<16s16sQ")  # a published copy's source object (lineage, id) and version
 NO_PROVENANCE = bytes(PROVENANCE.size)
 
@@ -126,6 +129,10 @@ class MemoryRow:
         if self.scope == 3:
             return "instance"
         return "private-" + self.owner.hex()
+
+    def corrected(self, byte_length: int) -> "MemoryRow":
+        """The row at its next version with a new payload of `byte_length` bytes (a correction)."""
+        return replace(self, version=self.version + 1, byte_length=byte_length)
 
     def bumped(self, flags: Flag) -> "MemoryRow":
         """The row at its next version, with `flags` added (a change to the object)."""

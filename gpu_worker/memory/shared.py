@@ -17,6 +17,8 @@ rows of the conversation's memory that its submitter may read when its lease is 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from ..contract import ids
@@ -26,13 +28,14 @@ from ..contract.limits import RECALL_FLOOR, RECALL_K, RECALL_MARGIN
 from ..contract.vocabulary import MEMORY_KINDS, NOT_RETAINED
 from ..kinds import access
 from ..kinds.kind import Caller, Read, Tables
+from ..kinds.kind import Kind as OperationCode
 from ..kinds.lists import byte_offset, byte_span
 from ..state import ids as derived
 from ..state.tables import C, NotRetained, P, R, S, Right, Scope, join16
 from ..storage import leases
 from . import render
 from .recall import recall
-from .rows import ZERO, Flag, MemoryRow, memory_id
+from .rows import SUPERSEDED, ZERO, Flag, MemoryRow, memory_id
 from .rows import Kind as MemoryKind
 
 
@@ -103,6 +106,32 @@ def visible_slot(d: Caller, principal: bytes, prow: int | None, value: object) -
         if bool(readable_owners(d, principal, prow)[int(memory.owners[slot])]):
             return slot
     raise ServiceError(404, "memory_not_found", f"no memory object {value} visible to this principal")
+
+
+def editable_slot(d: Caller, principal: bytes, prow: int | None, value: object) -> int:
+    """The row of a memory object the caller may correct or forget: one it sees (404 otherwise)
+    in a space where it holds `write` now, `manage` for a row another participant wrote (403).
+    The rights are those on the space the row was retained or published in (its owner number);
+    an instance row of a checkpoint written before that fence names no space: only a manager of
+    every live instance space may change it."""
+    slot = visible_slot(d, principal, prow, value)
+    memory = d.state.memory
+    row = memory.row(slot)
+    mine = prow is not None and row.actor == d.state.participants.raw[prow]
+    need = Right.WRITE if mine else Right.MANAGE
+    owner = int(memory.owners[slot])
+    if owner == memory.legacy_instance:
+        rights = access.visible_spaces(d, principal, prow)
+        spaces = d.state.tables.spaces
+        instance = (spaces[:, S.STATE] == 1) & (spaces[:, S.SCOPE] == Scope.INSTANCE)
+        allowed = bool(((rights[instance] & need) != 0).all())
+    else:
+        allowed = bool(access.effective_rights(d, principal, prow, owner - 1) & need)
+    if not allowed:
+        raise ServiceError(403, "right_missing", f"this participant lacks the {access.right_names(need)[0]} right "
+                                                 f"on the space of {value}"
+                                                 + ("" if mine else " (the row was written by another participant)"))
+    return slot
 
 
 def current_version(row: MemoryRow, version: int, what: str) -> None:
@@ -211,10 +240,32 @@ def get_memory(d: Caller, principal: bytes, args: MemoryRead) -> tuple[int, dict
     slot = visible_slot(d, principal, prow, args.memory)
     memory = d.state.memory
     row = memory.row(slot)
-    if args.version is not None:
-        current_version(row, args.version, args.memory)
+    if args.version is not None and args.version != row.version:
+        kept = superseded(d, row, args.version)
+        if kept is None:
+            current_version(row, args.version, args.memory)
+        else:  # a version a live correction replaced (kinds/memory_versions.py)
+            offset = byte_offset(args.offset, len(kept))
+            earlier = replace(row, version=args.version, byte_length=len(kept))
+            return 200, {"memory": earlier.to_json(memory.provenance_of(slot)),
+                         **byte_span(kept[offset:], offset)}
     offset = byte_offset(args.offset, row.byte_length)
     return 200, {"memory": row_json(d, slot), **byte_span(memory.payload_of(slot, offset), offset)}
+
+
+def superseded(d: Tables, row: MemoryRow, version: int) -> bytes | None:
+    """The payload an object had at `version` before a correction replaced it, while that
+    correction's receipt is live (its result bytes keep it: kinds/memory_versions.SUPERSEDED)."""
+    t = d.state.tables
+    receipts = t.receipts
+    found = (receipts[:, R.STATE] == 1) & (receipts[:, R.KIND] == int(OperationCode.MEMORY_VERSION))
+    head = SUPERSEDED.pack(row.lineage, row.object, version)
+    for rrow in torch.nonzero(found).flatten().tolist():
+        kept = t.get_bytes(t.result_bytes, rrow, t.value(receipts, rrow, R.RESULT_LEN))
+        if kept.startswith(head):
+            return kept[SUPERSEDED.size:]
+    return None
+
 
 
 def object_raw(d: Tables, operation: bytes, tag: int) -> bytes:

@@ -81,6 +81,17 @@ class MemoryTable:
         assert row.object == self.row(slot).object and row.version == self.row(slot).version + 1
         self._put_row(slot, row)
 
+    def rewrite(self, slot: int, row: MemoryRow, payload: bytes, embedding: torch.Tensor) -> None:
+        """An object's next version with a new payload and embedding (a correction): the same
+        object in the same row, the bytes of the version before zeroed, not only overwritten."""
+        assert row.object == self.row(slot).object and row.version == self.row(slot).version + 1
+        self._put_row(slot, row)
+        self.payload[slot].zero_()
+        if payload:
+            self.payload[slot, :len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(
+                self.payload.device)
+        self.embeddings[slot] = embedding.to(self.embeddings.device, torch.float32)
+
     def reveal(self, slot: int, obj: bytes) -> bool:
         """The transfer that wrote object `obj` in a pending row is saved: it becomes visible
         (False when its space was deleted meanwhile and the row released, or reused)."""
@@ -104,6 +115,8 @@ class MemoryTable:
             self.by_id.pop(self.row(slot).object, None)
             self.rows[slot].zero_()
             self.provenance[slot].zero_()
+            self.payload[slot].zero_()  # (a forgotten object's bytes are gone, not only unreachable)
+            self.embeddings[slot].zero_()
             self.owners[slot] = 0
             self.order[slot] = 0
             heapq.heappush(self.free, slot)

@@ -72,9 +72,11 @@ class Admitter(Context, Protocol):
     def fenced(self) -> str | None: ...
 
 
-def admit(d: Admitter, msg: Message, kind: OperationKind, budget: int) -> tuple[int, int, int] | None:
+def admit(d: Admitter, msg: Message, kind: OperationKind, budget: int,
+          prepared: bytes | None = None) -> tuple[int, int, int] | None:
     """One mutation in a tick: (status, receipt row, journal records used), None when it does not
-    fit what is left of the tick's record budget, or a ServiceError."""
+    fit what is left of the tick's record budget, or a ServiceError. `prepared`: what its kind's
+    work before admission made (pipeline/preparing.py), recorded with the kind's check."""
     principal = d.principal(msg, kind.action)
     args = parse(kind.args, msg.get("args"))
     lineage, key, sequence, canonical = args.lineage, args.operation_key, args.sequence, args.canonical
@@ -137,6 +139,9 @@ def admit(d: Admitter, msg: Message, kind: OperationKind, budget: int) -> tuple[
                            "the receipt table is full; record a retirement (POST /retirements) to free receipts"
                            + ("" if free < 2 else " (the rest is held back for new participants' registrations)"))
     extra = kind.check(d, principal, prow, args, key_raw, sequence)
+    if kind.prepare is not None:  # (only a command with a receipt at its sequence comes unprepared)
+        assert prepared is not None, f"{kind.op} admitted without its preparation"
+        extra["prepared"] = prepared
     op = ids.operation(state.incarnation, state.admissions + 1, participants.nonce)  # its line of history's
     admission = Admission(code, principal, sequence, key_raw, op, canonical, extra)
     payload = admission.encode()

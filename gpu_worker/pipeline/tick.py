@@ -20,7 +20,8 @@ from ..storage.journal import Transfer
 from ..storage.journal_reader import RecoveryResult
 from ..storage.journal_writer import MAX_RECORDS_PER_TICK, JournalIOError, JournalWriter
 from ..storage.runtime_file import RuntimeFile
-from . import admission, execution
+from ..kinds.kind import OperationKind
+from . import admission, execution, preparing
 
 log = logging.getLogger("gpu_worker.device")
 
@@ -29,6 +30,7 @@ class Ticking(admission.Admitter, Protocol):
     """What a tick reads and changes of the device beyond admission's context."""
 
     runtime: RuntimeFile
+    prepared: deque[preparing.Prepared]
     on_saved: dict[int, Callable[[Transfer], None]]
 
     def read(self, msg: Message) -> Message: ...
@@ -59,16 +61,23 @@ class Tick:
         d.check_hold()
         execution.check_deadlines(d)
         chat.check_deadlines(d)
-        replies, waiting = batch.replies, batch.waiting
+        replies = batch.replies
         budget = MAX_RECORDS_PER_TICK
         if not self.deferred:
             budget -= execution.journal_work(d, execution.ENGINE_RECORDS_PER_TICK)
         self.deferred = False
         writer = d.committer.writer
+        budget = self._admit_prepared(budget, batch)  # their work done, they go first
+        if self.deferred:
+            return
         while inbox:
             conn, msg = inbox[0]
             op = msg.get("op", "")
             kind = MUTATIONS.get(op)
+            if kind is not None and kind.prepare is not None:
+                inbox.popleft()
+                preparing.start(d, conn, msg, kind, batch)
+                continue
             if kind is None:
                 inbox.popleft()
                 later = LATER.get(op)
@@ -82,19 +91,42 @@ class Tick:
             if budget <= 0:  # a full tick: every mutation needs a record (a retry waits a tick too)
                 self.deferred = True
                 break
-            try:
-                outcome = admission.admit(d, msg, kind, budget)
-            except ServiceError as err:
-                inbox.popleft()
-                replies.append((conn, reply(msg.get("id"), err.status, err.body())))
-                continue
-            if outcome is None:  # does not fit this tick's record budget
+            used = self._admit(conn, msg, kind, budget, batch)
+            if used is None:  # does not fit this tick's record budget
                 self.deferred = True
                 break
             inbox.popleft()
-            status, rrow, records = outcome
-            budget -= records
-            waiting.append((conn, msg.get("id"), status, rrow))
+            budget -= used
+        self._admit_prepared(budget, batch)  # (a helper thread's work done meanwhile: without a loop, at once)
+
+    def _admit_prepared(self, budget: int, batch: Batch) -> int:
+        """The mutations whose work before admission is done (pipeline/preparing.py), in the order
+        it finished, while the budget lasts (`deferred` when it does not); the budget left."""
+        prepared = self.d.prepared
+        while prepared and not self.deferred:
+            conn, msg, value = prepared[0]
+            used = self._admit(conn, msg, MUTATIONS[msg["op"]], budget, batch, value) if budget > 0 else None
+            if used is None:
+                self.deferred = True
+                break
+            prepared.popleft()
+            budget -= used
+        return budget
+
+    def _admit(self, conn: object, msg: Message, kind: OperationKind, budget: int, batch: Batch,
+               prepared: bytes | None = None) -> int | None:
+        """One mutation admitted (its reply waits for the save) or refused (answered now): the
+        journal records it used; None when it does not fit what is left of the budget."""
+        try:
+            outcome = admission.admit(self.d, msg, kind, budget, prepared)
+        except ServiceError as err:
+            batch.replies.append((conn, reply(msg.get("id"), err.status, err.body())))
+            return 0
+        if outcome is None:
+            return None
+        status, rrow, records = outcome
+        batch.waiting.append((conn, msg.get("id"), status, rrow))
+        return records
 
     def answer(self, batch: Batch) -> list[Reply]:
         """The replies of a batch whose transfers are all saved (or refused: refuse_unsaved)."""

@@ -1,0 +1,60 @@
+"""Mutations with work before their admission (a kind's `prepare`: a memory correction's
+embedding). The tick thread only admits and commits, so work proportional to a command runs on a
+helper thread first, and the command is admitted when it is back, ahead of the inbox, with what
+the work made recorded in its admission transfer (extra["prepared"]): a replay needs no model.
+
+`start`, on the tick thread: the caller, its arguments and what its kind can refuse before the
+work (`prepare` runs the kind's check) are answered at once; the work counts against the
+principal's `chats` quota while it runs (kinds/embeddings.off_tick); the command then waits in the
+device's `prepared` queue, which the next tick admits first (Tick.gather), the state checked
+again there. A command whose sequence already has a receipt (an exact retry, or changed bytes)
+is admitted without the work: admission answers it. A failed embedding answers 500
+`embedding_failed` and admits nothing; a client that went away meanwhile is not admitted for.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Protocol
+
+from ..contract.errors import ServiceError
+from ..contract.wire import Message, reply
+from ..kinds import embeddings, quotas
+from ..kinds.kind import Admitting, OperationKind, Publishing
+
+if TYPE_CHECKING:
+    from ..storage.committer import Batch
+
+# a command whose work is done: (connection, its message, what the work made; None: admitted as it is)
+Prepared = tuple[object, Message, "bytes | None"]
+
+
+class Preparing(Admitting, Publishing, Protocol):
+    @property
+    def prepared(self) -> deque[Prepared]: ...
+
+
+def start(d: Preparing, conn: object, msg: Message, kind: OperationKind, batch: Batch) -> None:
+    assert kind.prepare is not None
+    req_id = msg.get("id")
+    try:
+        principal = d.principal(msg, kind.action)
+        args = d.args(msg, kind.args)
+        prow = d.state.participants.by_principal.get(principal)
+        if prow is not None and d.state.receipts.at(prow, args.sequence) is not None:
+            d.prepared.append((conn, msg, None))  # admission answers a retry, or refuses changed bytes
+            return
+        if d.embedder is None:
+            raise ServiceError(503, "engine_unavailable", "this device runs no embedding model")
+        quotas.check(d, principal, prow, "chats")
+        work = kind.prepare(d, principal, prow, args)
+    except ServiceError as err:
+        batch.replies.append((conn, reply(req_id, err.status, err.body())))
+        return
+
+    def back(value: bytes | None, error: BaseException | None) -> None:
+        if error is not None or value is None:
+            failed = ServiceError(500, "embedding_failed", f"the text could not be embedded: {error}")
+            d.subscriptions.outbox.append((conn, reply(req_id, failed.status, failed.body())))
+            return
+        d.prepared.append((conn, msg, value))
+    embeddings.off_tick(d, conn, principal, work, back)
