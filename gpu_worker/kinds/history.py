@@ -90,3 +90,16 @@ def fold(d: Tables, rrow: int) -> None:
     data = b"".join(encoded)
     t.put_bytes(t.history, crow, data)
     t.write_row(t.conversations, crow, {C.HISTORY_LEN: len(data)})
+
+
+def forget_user_texts(d: Tables, crow: int, texts: list[bytes]) -> None:
+    """A forgotten memory source's turn (kinds/memory_deletions.py): the user text of the records
+    that hold one of `texts` is emptied (the answer stays), the row rewritten without it."""
+    t = d.state.tables
+    records = _records(t.get_bytes(t.history, crow, t.value(t.conversations, crow, C.HISTORY_LEN)))
+    if not any(user in texts for _, _, user, _ in records):
+        return
+    data = b"".join(_encode(order, author, b"" if user in texts else user, answer)
+                    for order, author, user, answer in records)
+    t.put_bytes(t.history, crow, data + bytes(t.value(t.conversations, crow, C.HISTORY_LEN) - len(data)))
+    t.write_row(t.conversations, crow, {C.HISTORY_LEN: len(data)})
