@@ -244,6 +244,7 @@ class Kind(IntEnum):
     PUBLICATION = 10
     MEMORY_VERSION = 11
     MEMORY_DELETE = 12
+    CONVERSATION_FORK = 13
 
 
 # The head of an admission payload as Admission.encode packs it: a fixarray of 8, ADMISSION_VERSION,

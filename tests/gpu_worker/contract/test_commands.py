@@ -58,6 +58,7 @@ VALID = {
     "publications.record": {**ENVELOPE, "space": SPACE, "source": MEMORY, "source_version": "4"},
     "memory.versions": {**ENVELOPE, "memory": MEMORY, "text": "corrected", "version": "2"},
     "memory.delete": {**ENVELOPE, "memory": MEMORY, "reason": "asked to"},
+    "conversations.fork": {**ENVELOPE, "conversation": CONVERSATION, "at": "3"},
 }
 
 
@@ -133,6 +134,9 @@ REFUSED = [
     ("memory.versions", {"memory": "mem-x"}, 400, "bad_id"),
     ("memory.delete", {"reason": "x" * 257}, 400, "bad_field"),
     ("memory.delete", {"reason": 7}, 400, "bad_field"),
+    ("conversations.fork", {"at": "0"}, 400, "bad_field"),
+    ("conversations.fork", {"at": 3}, 400, "bad_field"),
+    ("conversations.fork", {"id": "xyz"}, 400, "bad_field"),
     ("retirements.record", {"retry_floor": 0}, 400, "bad_field"),
     ("media.put", {"type": "text"}, 415, "unsupported_media_type"),
     ("media.put", {"sha256": "9" * 63}, 400, "bad_id"),
