@@ -5,7 +5,8 @@ A checkpoint writes these components to the runtime file and flips its superbloc
                         lines of history, and the live rows of every table (row indices + raw
                         little-endian values)
   "audit/<generation>"  msgpack: every transfer folded by this checkpoint, [seq, kind, payload,
-                        digest], so the file keeps its logical audit prefix
+                        digest] ([..., true]: redacted, a forgotten memory object's bytes taken
+                        out), so the file keeps its logical audit prefix
   "media/<sha256>"      the bytes of each media source the state lists, added once
                         (kinds/media.checkpoint_components)
 The runtime file reuses the space of the extents a checkpoint supersedes (the previous state and
