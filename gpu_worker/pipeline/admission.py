@@ -73,11 +73,18 @@ class Admitter(Context, Protocol):
     def fenced(self) -> str | None: ...
 
 
+# what `admit` answers for a command of a kind with work before admission that passed the envelope's
+# checks without that work done: the tick starts it (pipeline/preparing.py), then admits it again
+UNPREPARED = (0, -1, 0)
+
+
 def admit(d: Admitter, msg: Message, kind: OperationKind, budget: int,
           prepared: bytes | None = None) -> tuple[int, int, int] | None:
     """One mutation in a tick: (status, receipt row, journal records used), None when it does not
-    fit what is left of the tick's record budget, or a ServiceError. `prepared`: what its kind's
-    work before admission made (pipeline/preparing.py), recorded with the kind's check."""
+    fit what is left of the tick's record budget, or a ServiceError. A kind with work before
+    admission (`prepare`) answers UNPREPARED when every check before its own passed (an exact
+    retry answers its receipt as ever); `prepared`, what that work made, is recorded with what its
+    check returns."""
     principal = d.principal(msg, kind.action)
     args = parse(kind.args, msg.get("args"))
     lineage, key, sequence, canonical = args.lineage, args.operation_key, args.sequence, args.canonical
@@ -140,9 +147,10 @@ def admit(d: Admitter, msg: Message, kind: OperationKind, budget: int,
         raise ServiceError(507, "receipt_table_full",
                            "the receipt table is full; record a retirement (POST /retirements) to free receipts"
                            + ("" if free < 2 else " (the rest is held back for new participants' registrations)"))
+    if kind.prepare is not None and prepared is None:  # the envelope passed: its work first (preparing.py)
+        return UNPREPARED
     extra = kind.check(d, principal, prow, args, key_raw, sequence)
-    if kind.prepare is not None:  # (only a command with a receipt at its sequence comes unprepared)
-        assert prepared is not None, f"{kind.op} admitted without its preparation"
+    if prepared is not None:
         extra["prepared"] = prepared
     op = ids.operation(state.incarnation, state.admissions + 1, participants.nonce)  # its line of history's
     admission = Admission(code, principal, sequence, key_raw, op, canonical, extra)

@@ -3,13 +3,13 @@ embedding). The tick thread only admits and commits, so work proportional to a c
 helper thread first, and the command is admitted when it is back, ahead of the inbox, with what
 the work made recorded in its admission transfer (extra["prepared"]): a replay needs no model.
 
-`start`, on the tick thread: the caller, its arguments and what its kind can refuse before the
-work (`prepare` runs the kind's check) are answered at once; the work counts against the
-principal's `chats` quota while it runs (kinds/embeddings.off_tick); the command then waits in the
-device's `prepared` queue, which the next tick admits first (Tick.gather), the state checked
-again there. A command whose sequence already has a receipt (an exact retry, or changed bytes)
-is admitted without the work: admission answers it. A failed embedding answers 500
-`embedding_failed` and admits nothing; a client that went away meanwhile is not admitted for.
+Admission (`admit`) makes every check of the mutation's envelope first, in their documented
+order, and answers an exact retry with its receipt without any work; a command that passes them
+comes to `start`, on the tick thread: what its kind can refuse before the work (`prepare` runs the
+kind's check) is answered at once; the work counts against the principal's `chats` quota while it
+runs (kinds/embeddings.off_tick); the command then waits in the device's `prepared` queue, which
+the next tick admits first (Tick.gather), every check made again there. A failed embedding answers
+500 `embedding_failed` and admits nothing; a client that went away meanwhile is not admitted for.
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from ..kinds.kind import Admitting, OperationKind, Publishing
 if TYPE_CHECKING:
     from ..storage.committer import Batch
 
-# a command whose work is done: (connection, its message, what the work made; None: admitted as it is)
-Prepared = tuple[object, Message, "bytes | None"]
+# a command whose work is done: (connection, its message, what the work made)
+Prepared = tuple[object, Message, bytes]
 
 
 class Preparing(Admitting, Publishing, Protocol):
@@ -40,9 +40,6 @@ def start(d: Preparing, conn: object, msg: Message, kind: OperationKind, batch: 
         principal = d.principal(msg, kind.action)
         args = d.args(msg, kind.args)
         prow = d.state.participants.by_principal.get(principal)
-        if prow is not None and d.state.receipts.at(prow, args.sequence) is not None:
-            d.prepared.append((conn, msg, None))  # admission answers a retry, or refuses changed bytes
-            return
         if d.embedder is None:
             raise ServiceError(503, "engine_unavailable", "this device runs no embedding model")
         quotas.check(d, principal, prow, "chats")

@@ -74,10 +74,6 @@ class Tick:
             conn, msg = inbox[0]
             op = msg.get("op", "")
             kind = MUTATIONS.get(op)
-            if kind is not None and kind.prepare is not None:
-                inbox.popleft()
-                preparing.start(d, conn, msg, kind, batch)
-                continue
             if kind is None:
                 inbox.popleft()
                 later = LATER.get(op)
@@ -124,6 +120,9 @@ class Tick:
             return 0
         if outcome is None:
             return None
+        if outcome is admission.UNPREPARED:  # its envelope is fine: its work before admission now
+            preparing.start(self.d, conn, msg, kind, batch)
+            return 0
         status, rrow, records = outcome
         batch.waiting.append((conn, msg.get("id"), status, rrow))
         return records

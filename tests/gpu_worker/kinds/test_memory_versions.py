@@ -137,3 +137,16 @@ def test_corrections_survive_a_restart_and_a_checkpoint(world):
     assert payload(world, "a", obj)[0] == b"the code is 0000"
     assert payload(world, "a", obj, version=1)[0] == b"the code is 1234"
     assert payload(world, "a", obj, version=2)[0] == b"the code is 5678"
+
+
+def test_the_envelope_is_checked_before_the_correction_and_its_embedding(world, monkeypatch):
+    """Every mutation's checks come first, in their order: a future sequence or a stale lineage is
+    refused as such, before the object is looked at and before anything is embedded."""
+    embedded = []
+    real = world.device.embedder.encode
+    monkeypatch.setattr(world.device.embedder, "encode", lambda texts: embedded.append(texts) or real(texts))
+    nothing = "mem-" + "0" * 32 + "-" + "1" * 32
+    ahead = int(world.read("a", "participant.get")[1]["next_sequence"]) + 3
+    assert code(correct(world, "a", nothing, "text", sequence=ahead)) == (409, "future_sequence")
+    assert code(correct(world, "a", nothing, "text")) == (404, "memory_not_found")
+    assert embedded == []
