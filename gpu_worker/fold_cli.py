@@ -17,6 +17,7 @@ import sys
 from .device import Device
 from .recovery.fold import encode
 from .kinds import media
+from .memory.forgetting import redactor
 from .storage import checkpoint
 from .storage.runtime_file import RuntimeFile
 
@@ -48,8 +49,9 @@ def main(argv: list[str]) -> int:
         return 1
     added, drop = media.checkpoint_components(device)
     out = sys.stdout.buffer
-    for part in encode(checkpoint.components(device, last_seq, device.following.last_digest, added, beside=True),
-                       drop):
+    made = checkpoint.components(device, last_seq, device.following.last_digest, added, beside=True,
+                                 redact=redactor(device.state.memory.forgotten))
+    for part in encode(made, drop):
         out.write(part)
     out.flush()
     return 0

@@ -315,6 +315,22 @@ class Publication(Mutation, kw_only=True, frozen=True):
         resource_id(self.space, "spc")
 
 
+class ConversationFork(Mutation, kw_only=True, frozen=True):
+    """conversations.fork: a new conversation in the source's space whose history is the
+    source's through the input at event cursor `at` (kinds/forks.py); `id` as for a creation."""
+    conversation: str
+    at: str
+    id: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        resource_id(self.conversation, "con")
+        if type(self.at) is not str or not ids.COUNTER.match(self.at) or self.at == "0":
+            raise ServiceError(400, "bad_field", "at must be an event cursor: a decimal string of 1 or more")
+        if self.id is not None:
+            hex32(self.id, "id")
+
+
 class MemoryVersion(Mutation, kw_only=True, frozen=True):
     """memory.versions: a memory object's next version, its payload replaced by `text`, while
     `version` (a decimal string) is still its current one (kinds/memory_versions.py)."""
@@ -458,6 +474,7 @@ TYPES: dict[str, type[Args]] = {
     "conversations.create": NewConversation, "retirements.record": Retirement, "conversations.input": Input,
     "cancellations.record": Cancellation, "spaces.delete": SpaceDeletion, "conversations.delete": ConversationDeletion,
     "publications.record": Publication, "memory.versions": MemoryVersion, "memory.delete": MemoryDeletion,
+    "conversations.fork": ConversationFork,
 }
 
 

@@ -104,4 +104,5 @@ COMMANDS = {c.op: c for c in (
     Command("publications.record", MANAGE, "publication"),
     Command("memory.versions", WRITE, "memory.version"),
     Command("memory.delete", WRITE, "memory.delete"),
+    Command("conversations.fork", WRITE, "conversation.fork"),
 )}

@@ -29,7 +29,8 @@ from .spaces import space_key
 TOMBSTONE = 2  # the STATE of a deleted row that live receipts still name
 # the kinds whose receipts target a row of each table (R.TARGET)
 SPACE_TARGETS = frozenset({int(Kind.SPACE_CREATE), int(Kind.MEMBER_SET), int(Kind.SPACE_DELETE)})
-CONVERSATION_TARGETS = frozenset({int(Kind.CONVERSATION_CREATE), int(Kind.INPUT), int(Kind.CONVERSATION_DELETE)})
+CONVERSATION_TARGETS = frozenset({int(Kind.CONVERSATION_CREATE), int(Kind.INPUT), int(Kind.CONVERSATION_DELETE),
+                                  int(Kind.CONVERSATION_FORK)})
 
 
 def _release(free: list[int], row: int) -> None:

@@ -65,6 +65,45 @@ def turns(d: Tables, crow: int) -> list[tuple[int, int, str, str]]:
             for order, author, user, answer in _records(data)]
 
 
+def copy_turns(d: Tables, source: int, crow: int, at: int) -> None:
+    """A fork's history (kinds/forks.py): conversation `source`'s turns through event order `at`,
+    retired (its history row) and live (its succeeded inputs' receipts), as the retired turns of
+    conversation `crow`, oldest first, the oldest dropped where they do not fit the row."""
+    t = d.state.tables
+    records = [r for r in _records(t.get_bytes(t.history, source, t.value(t.conversations, source, C.HISTORY_LEN)))
+               if r[0] <= at]
+    for rrow in d.state.conversations.inputs.get(source, []):
+        row = t.row(t.receipts, rrow)
+        if row[R.ORDER] <= at and row[R.TERMINAL] == Terminal.SUCCEEDED:
+            records.append((row[R.ORDER], row[R.PARTICIPANT], *_turn(d, rrow, t.history.shape[1])))
+    _write(d, crow, sorted(records))
+
+
+def _turn(d: Tables, rrow: int, limit: int) -> tuple[bytes, bytes]:
+    """An input's (user text, answer) as its history record keeps them: one turn alone larger than
+    the row keeps its user text, then the end of its answer that fits."""
+    t = d.state.tables
+    user = input_text(d, rrow).encode("utf-8")
+    answer = t.get_bytes(t.result_bytes, rrow, t.value(t.receipts, rrow, R.RESULT_LEN))
+    overhead = 4 * _U32.size
+    if overhead + len(user) + len(answer) > limit:
+        user = user[:max(0, limit - overhead)]
+        room = limit - overhead - len(user)
+        answer = answer[len(answer) - room:] if room > 0 else b""
+    return user, answer
+
+
+def _write(d: Tables, crow: int, records: list[tuple[int, int, bytes, bytes]]) -> None:
+    """A conversation's history row as `records` (sorted), the oldest dropped beyond its bound."""
+    t = d.state.tables
+    encoded = [_encode(*r) for r in records]
+    while sum(map(len, encoded)) > t.history.shape[1]:
+        encoded.pop(0)
+    data = b"".join(encoded)
+    t.put_bytes(t.history, crow, data)
+    t.write_row(t.conversations, crow, {C.HISTORY_LEN: len(data)})
+
+
 def fold(d: Tables, rrow: int) -> None:
     """Keep a retiring input's turn (a succeeded one: the context holds no others)."""
     t = d.state.tables
@@ -74,19 +113,18 @@ def fold(d: Tables, rrow: int) -> None:
     crow = row[R.TARGET]
     if t.value(t.conversations, crow, C.STATE) != 1:
         return
-    limit = t.history.shape[1]
-    user = input_text(d, rrow).encode("utf-8")
-    answer = t.get_bytes(t.result_bytes, rrow, row[R.RESULT_LEN])
-    overhead = 4 * _U32.size
-    if overhead + len(user) + len(answer) > limit:  # alone too large: the user text, then the answer's end
-        user = user[:max(0, limit - overhead)]
-        room = limit - overhead - len(user)
-        answer = answer[len(answer) - room:] if room > 0 else b""
     old = _records(t.get_bytes(t.history, crow, t.value(t.conversations, crow, C.HISTORY_LEN)))
-    records = sorted(old + [(row[R.ORDER], row[R.PARTICIPANT], user, answer)])
-    encoded = [_encode(*r) for r in records]
-    while sum(map(len, encoded)) > limit:
-        encoded.pop(0)
-    data = b"".join(encoded)
-    t.put_bytes(t.history, crow, data)
+    _write(d, crow, sorted(old + [(row[R.ORDER], row[R.PARTICIPANT], *_turn(d, rrow, t.history.shape[1]))]))
+
+
+def forget_user_texts(d: Tables, crow: int, texts: list[bytes]) -> None:
+    """A forgotten memory source's turn (kinds/memory_deletions.py): the user text of the records
+    that hold one of `texts` is emptied (the answer stays), the row rewritten without it."""
+    t = d.state.tables
+    records = _records(t.get_bytes(t.history, crow, t.value(t.conversations, crow, C.HISTORY_LEN)))
+    if not any(user in texts for _, _, user, _ in records):
+        return
+    data = b"".join(_encode(order, author, b"" if user in texts else user, answer)
+                    for order, author, user, answer in records)
+    t.put_bytes(t.history, crow, data + bytes(t.value(t.conversations, crow, C.HISTORY_LEN) - len(data)))
     t.write_row(t.conversations, crow, {C.HISTORY_LEN: len(data)})

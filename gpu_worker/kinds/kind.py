@@ -20,7 +20,8 @@ changes the tables live and at replay alike and returns the row of the operation
 `target_id` renders that target in the receipt, `visible_to` says whether another participant
 may read the receipt, `columns` fills receipt columns of the kind's own, `saved` runs once a live
 admission is saved (an input starts executing and its event is pushed), `memory` renders the
-memory objects it wrote into its receipt.
+memory objects it wrote into its receipt, `prepare` makes what a helper thread must compute before
+the admission (a correction's embedding, recorded in the admission).
 """
 from __future__ import annotations
 
@@ -244,6 +245,7 @@ class Kind(IntEnum):
     PUBLICATION = 10
     MEMORY_VERSION = 11
     MEMORY_DELETE = 12
+    CONVERSATION_FORK = 13
 
 
 # The head of an admission payload as Admission.encode packs it: a fixarray of 8, ADMISSION_VERSION,

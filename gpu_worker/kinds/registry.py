@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..memory import search, shared as memory
 from . import (cancellations, chat, conversations, deletions, embeddings, events, inputs, media, members,
-               memory_versions, operations, participants, publications, retirements, service, spaces)
+               forks, memory_deletions, memory_versions, operations, participants, publications, retirements, service, spaces)
 from .kind import Later, OperationKind, Read
 
 _KINDS: tuple[OperationKind, ...] = (
@@ -25,6 +25,8 @@ _KINDS: tuple[OperationKind, ...] = (
     deletions.DELETE_CONVERSATION,
     publications.RECORD,
     memory_versions.RECORD,
+    memory_deletions.DELETE,
+    forks.FORK,
 )
 KINDS: dict[int, OperationKind] = {k.code: k for k in _KINDS}   # by the code the journal records
 MUTATIONS: dict[str, OperationKind] = {k.op: k for k in _KINDS}  # by device command

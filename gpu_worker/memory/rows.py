@@ -24,7 +24,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, replace
 from enum import IntEnum, IntFlag
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..contract.ids import operation_id, participant_id, space_id
 
@@ -156,3 +156,13 @@ class MemoryRow:
             "actor": participant_id(self.actor),
             "published_from": provenance.to_json() if provenance is not None else None,
         }
+
+
+class Forgotten(NamedTuple):
+    """A forgotten object: its id, the operation that wrote it (an input, or a publication for a
+    copy), its actor (participant raw id), its memory kind and whether it is a published copy."""
+    object: bytes
+    source: bytes
+    actor: bytes
+    kind: int
+    published: bool

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .rows import NO_PROVENANCE, PROVENANCE, ROW, MemoryRow, Provenance
+from .rows import NO_PROVENANCE, PROVENANCE, ROW, Forgotten, MemoryRow, Provenance
 from ..shards import Shards
 
 
@@ -45,6 +45,8 @@ class MemoryTable:
         self.free: list[int] = list(range(capacity))  # a heap: the lowest free row first
         self.by_id: Shards[bytes, int] = Shards()  # object id (16 bytes) -> row (gpu_worker/shards.py)
         self.pending: dict[int, int] = {}     # row -> owner number: written, invisible until saved
+        # objects forgotten since the last checkpoint: what it must still erase (memory/forgetting.py)
+        self.forgotten: list[Forgotten] = []
 
     # ---- writes (journaled changes only) --------------------------------------------------
 

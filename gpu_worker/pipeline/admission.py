@@ -25,6 +25,7 @@ from ..contract.errors import ServiceError
 from ..contract.commands import parse
 from ..contract.wire import Message
 from ..kinds import quotas
+from ..memory.forgetting import same_command
 from ..kinds.kind import Admission, Context, Journaling, Kind, OperationKind, Tables
 from ..state import ids
 from ..state.indexes import take_free
@@ -99,7 +100,8 @@ def admit(d: Admitter, msg: Message, kind: OperationKind, budget: int,
     rrow = receipts.at(prow, sequence) if prow is not None else None
     if rrow is not None:
         n = tables.value(tables.receipts, rrow, R.COMMAND_LEN)
-        if tables.get_bytes(tables.command_bytes, rrow, n) == canonical:
+        stored = tables.get_bytes(tables.command_bytes, rrow, n)
+        if stored == canonical or same_command(stored, canonical):  # (its text forgotten since: same_command)
             return 200, rrow, 0
     # A primary whose leadership may have lapsed answers nothing else: its state may lag the new
     # primary's, and a refusal from it (a future sequence, a changed operation) would tell a client

@@ -15,6 +15,7 @@ from ..contract.errors import ServiceError
 from ..contract.wire import Message, dumps, reply
 from ..kinds import media
 from ..kinds.kind import Context
+from ..memory.forgetting import redactor
 from ..storage import checkpoint, runtime_file
 from ..storage.journal import JournalError, Transfer, TransferKind
 from ..storage.runtime_file import RuntimeFile
@@ -43,6 +44,7 @@ class FoldBeside(TypedDict):
     through: int
     folded_bytes: int
     folded: int
+    forgotten: int  # the memory objects forgotten before it began: their bytes are erased with it
     started: float
     folded_at: NotRequired[float]
     published_at: NotRequired[float]
@@ -79,11 +81,14 @@ class Checkpoints:
     def write(self) -> CheckpointSummary | None:
         """Fold the journal into the runtime file now (between ticks)."""
         d = self.d
+        forgotten = d.state.memory.forgotten
         try:
-            result = checkpoint.write(d, media.checkpoint_components(d))
+            result = checkpoint.write(d, media.checkpoint_components(d), redactor(forgotten))
         except OSError as exc:
             log.warning("checkpoint failed: %s", exc)
             raise ServiceError(507, "checkpoint_failed", f"checkpoint failed: {exc}") from None
+        if result:
+            forgotten.clear()  # (the device was idle: every one of them is folded and erased)
         if result and d.holds.current and d.holds.current["cause"] == "disk_full":
             d.holds.end()  # the checkpoint wrote its extents and freed the folded journal: space is back
         d.check_hold()
@@ -125,13 +130,13 @@ class Checkpoints:
         folding = self.folding = {"waiters": [(conn, req_id)], "generation": state.generation + 1,
                                   "last_seq": last_seq, "last_digest": last_digest, "through": through,
                                   "folded_bytes": folded_bytes, "folded": last_seq - state.checkpoint_seq,
-                                  "started": time.perf_counter()}
+                                  "forgotten": len(state.memory.forgotten), "started": time.perf_counter()}
         runtime_path, nice = d.runtime.path, d.background_nice
 
         def fold_and_publish() -> tuple[fold.Components, list[str]]:
             made, drop = fold.run(runtime_path, work, last_seq, nice)
             folding["folded_at"] = time.perf_counter()
-            checkpoint.publish(d, made, drop, folding["generation"])
+            checkpoint.publish(d, made, drop, folding["generation"], wipe=folding["forgotten"] > 0)
             folding["published_at"] = time.perf_counter()
             try:  # (unlinking large files takes a while: not on the tick thread)
                 checkpoint.trim(d, through)
@@ -152,6 +157,7 @@ class Checkpoints:
             return
         assert result is not None  # (fold_and_publish returns its components or raises)
         made, drop = result
+        del d.state.memory.forgotten[:folding["forgotten"]]  # (erased: the fold redacted the audit, the append wiped)
         self.after_checkpoint(folding["generation"], folding["last_seq"], folding["last_digest"], made, drop,
                               folding["through"], folding["folded_bytes"], mark=False)
         if d.holds.current and d.holds.current["cause"] == "disk_full":

@@ -10,7 +10,10 @@ export writes them all, in seq order, as JSON lines
 and `verify` replays an export: the seqs run 1, 2, ... without a hole, each digest is the hash
 chain over the ones before (storage/journal.py `chain_digest`), the chain reaches the commit
 digest the file's checkpoint recorded, and every transfer still in the journal has the digest the
-journal gives it. Both only read the runtime file and the journal, so they run beside a live
+journal gives it. A transfer that carried a forgotten memory object's bytes was redacted by the
+checkpoint after (memory/forgetting.py): its entry is [seq, kind, payload, digest, true], its line
+says `"redacted": true`, and its payload is no longer the one its digest was made from, so the
+chain is taken on from the digest it records (the next transfer's link checks it). Both only read the runtime file and the journal, so they run beside a live
 device (off its tick thread), or with none.
 
     python -m gpu_worker audit export --ccir F --journal DIR --out FILE
@@ -42,15 +45,15 @@ def _folded(runtime: RuntimeFile) -> tuple[int, bytes]:
     return checkpoint.fold_point(checkpoint.decode_state(runtime.read_verified(checkpoint.STATE)) if has else None)
 
 
-def transfers(runtime_path: str, journal_dir: str) -> Iterator[tuple[int, int, bytes, bytes]]:
-    """(seq, kind, payload, digest) of every saved transfer, oldest first."""
+def transfers(runtime_path: str, journal_dir: str) -> Iterator[tuple[int, int, bytes, bytes, bool]]:
+    """(seq, kind, payload, digest, redacted) of every saved transfer, oldest first."""
     runtime = RuntimeFile.open(runtime_path, verify=False)
     try:
         checkpoint_seq, checkpoint_digest = _folded(runtime)
         folded_seq, folded_digest = 0, ZERO_DIGEST
         for name in sorted(runtime.names("audit/")):
-            for seq, kind, payload, digest in msgpack.unpackb(runtime.read_verified(name), raw=False):
-                yield seq, kind, payload, digest
+            for seq, kind, payload, digest, *redacted in msgpack.unpackb(runtime.read_verified(name), raw=False):
+                yield seq, kind, payload, digest, bool(redacted)
                 folded_seq, folded_digest = seq, digest
         if runtime.has(checkpoint.STATE):
             folded_seq, folded_digest = checkpoint_seq, checkpoint_digest
@@ -59,7 +62,7 @@ def transfers(runtime_path: str, journal_dir: str) -> Iterator[tuple[int, int, b
         runtime.close()
     for t in recover(journal_dir, OsFileLayer(), incarnation, start_digest=folded_digest,
                      after_seq=folded_seq).transfers:
-        yield t.seq, int(t.kind), t.payload, t.digest
+        yield t.seq, int(t.kind), t.payload, t.digest, False
 
 
 def export(runtime_path: str, journal_dir: str, out_path: str, fs: FileLayer | None = None) -> dict[str, object]:
@@ -68,9 +71,10 @@ def export(runtime_path: str, journal_dir: str, out_path: str, fs: FileLayer | N
     count, last_seq, last_digest = 0, 0, ZERO_DIGEST
     with (fs or OsFileLayer()).atomic_writer(out_path, mode=0o666, tmp=f"{out_path}.tmp.{os.getpid()}") as f:
         chunk, at = bytearray(), 0  # lines written a megabyte at a time
-        for seq, kind, payload, digest in transfers(runtime_path, journal_dir):
-            chunk += (json.dumps({"seq": seq, "kind": kind, "payload": base64.b64encode(payload).decode(),
-                                  "digest": digest.hex()}, separators=(",", ":")) + "\n").encode("ascii")
+        for seq, kind, payload, digest, redacted in transfers(runtime_path, journal_dir):
+            line = {"seq": seq, "kind": kind, "payload": base64.b64encode(payload).decode(), "digest": digest.hex(),
+                    **({"redacted": True} if redacted else {})}
+            chunk += (json.dumps(line, separators=(",", ":")) + "\n").encode("ascii")
             count, last_seq, last_digest = count + 1, seq, digest
             if len(chunk) >= 1 << 20:
                 f.pwrite(memoryview(chunk), at)
@@ -81,7 +85,7 @@ def export(runtime_path: str, journal_dir: str, out_path: str, fs: FileLayer | N
 
 def verify(export_path: str, runtime_path: str, journal_dir: str) -> str | None:
     """None when the export is the file's and journal's audit prefix, else why not (one line)."""
-    expected = {seq: digest for seq, _, _, digest in transfers(runtime_path, journal_dir)}
+    expected = {seq: digest for seq, _, _, digest, _ in transfers(runtime_path, journal_dir)}
     runtime = RuntimeFile.open(runtime_path, verify=False)
     try:
         folded = _folded(runtime) if runtime.has(checkpoint.STATE) else None  # (last_seq, last_digest)
@@ -98,7 +102,8 @@ def verify(export_path: str, runtime_path: str, journal_dir: str) -> str | None:
             if row["seq"] != seq + 1:
                 return f"{export_path}:{number}: transfer seq {row['seq']} where {seq + 1} belongs"
             seq = row["seq"]
-            digest = chain_digest(digest, row["kind"], seq, payload)
+            # (a redacted payload is not what the digest was made from: the chain goes on from its digest)
+            digest = claimed if row.get("redacted") is True else chain_digest(digest, row["kind"], seq, payload)
             if digest != claimed:
                 return f"{export_path}:{number}: seq {seq}: the hash chain gives {digest.hex()}, the export says " \
                        f"{claimed.hex()}"

@@ -5,7 +5,8 @@ A checkpoint writes these components to the runtime file and flips its superbloc
                         lines of history, and the live rows of every table (row indices + raw
                         little-endian values)
   "audit/<generation>"  msgpack: every transfer folded by this checkpoint, [seq, kind, payload,
-                        digest], so the file keeps its logical audit prefix
+                        digest] ([..., true]: redacted, a forgotten memory object's bytes taken
+                        out), so the file keeps its logical audit prefix
   "media/<sha256>"      the bytes of each media source the state lists, added once
                         (kinds/media.checkpoint_components)
 The runtime file reuses the space of the extents a checkpoint supersedes (the previous state and
@@ -20,7 +21,7 @@ import logging
 import os
 import struct
 import time
-from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Callable, NotRequired, Protocol, TypedDict
 
 import msgpack
 import numpy as np
@@ -234,11 +235,6 @@ def _derive_event_orders(state: DeviceState, input_kind: int) -> None:
         t.write_row(t.conversations, crow, {C.INPUTS: count})
 
 
-def audit_blob(transfers: list[Transfer]) -> bytes:
-    blob: bytes = msgpack.packb([[tr.seq, int(tr.kind), tr.payload, tr.digest] for tr in transfers], use_bin_type=True)
-    return blob
-
-
 class Folding(Protocol):
     """What a checkpoint reads and tells of the device whose journal it folds."""
 
@@ -265,26 +261,58 @@ class Folding(Protocol):
                          folded_bytes: int) -> None: ...
 
 
+# redact(transfer kind, payload) -> the payload without a forgotten object's bytes, or None to keep
+# it (memory/forgetting.Redactor: called in seq order over the whole audit)
+Redact = Callable[[int, bytes], "bytes | None"]
+AUDIT = "audit/"
+
+
 def components(device: Folding, last_seq: int, last_digest: bytes, media_added: list[tuple[str, str, bytes]],
-               beside: bool = False) -> list[Stored]:
+               beside: bool = False, redact: Redact | None = None) -> list[Stored]:
     """A checkpoint's components for the device's state, which holds every transfer through
     `last_seq` and none after: the state, the audit of the transfers it folds (read from the
     journal after the previous checkpoint), and `media_added`. `beside`: folded beside the ticks
-    (gpu_worker/recovery/fold.py), the device saving under the current generation meanwhile."""
+    (gpu_worker/recovery/fold.py), the device saving under the current generation meanwhile.
+    `redact`: objects were forgotten since the last checkpoint, so the earlier audit components
+    that held their bytes are written again, redacted, with the new one."""
     current = device.state
     folded = recover(device.journal_dir, device.fs, current.incarnation, start_digest=current.checkpoint_digest,
                      after_seq=current.checkpoint_seq).transfers
     generation = current.generation + 1
     state = encode_state(current, last_seq, last_digest, generation,
                          save_generation=current.save_generation if beside else None)
-    return [(STATE, "bytes", state),
-            (f"audit/{generation:08d}", "bytes", audit_blob([t for t in folded if t.seq <= last_seq])), *media_added]
+    entries = [[t.seq, int(t.kind), t.payload, t.digest] for t in folded if t.seq <= last_seq]
+    rewritten: list[Stored] = []
+    if redact is not None:
+        for name in sorted(n for n in device.runtime.components if n.startswith(AUDIT)):
+            earlier = msgpack.unpackb(device.runtime.read_verified(name), raw=False)
+            if _redacted(earlier, redact):
+                rewritten.append((name, "bytes", msgpack.packb(earlier, use_bin_type=True)))
+        _redacted(entries, redact)
+    return [(STATE, "bytes", state), *rewritten,
+            (f"{AUDIT}{generation:08d}", "bytes", msgpack.packb(entries, use_bin_type=True)), *media_added]
 
 
-def publish(device: Folding, made: list[Stored], drop: list[str], generation: int) -> None:
+def _redacted(entries: list[list[Any]], redact: Redact) -> bool:
+    """Redact audit entries in place ([seq, kind, payload, digest], then True once redacted: the
+    digest is the original payload's, storage/audit.py); whether one changed."""
+    changed = False
+    for entry in entries:
+        payload = redact(entry[1], entry[2])
+        if payload is not None:
+            entry[2] = payload
+            del entry[4:]
+            entry.append(True)
+            changed = True
+    return changed
+
+
+def publish(device: Folding, made: list[Stored], drop: list[str], generation: int, wipe: bool = False) -> None:
     """Append a checkpoint's components to the runtime file: it is at `generation` after (any
-    thread: the device's writer lock covers it; the superblock flip makes it the winner)."""
-    new_generation = runtime_file_writer.append(device.runtime.path, made, drop=drop, fs=device.runtime_fs)
+    thread: the device's writer lock covers it; the superblock flip makes it the winner).
+    `wipe`: then zero every byte the new generation does not reach (a forgotten object's)."""
+    new_generation = runtime_file_writer.append(device.runtime.path, made, drop=drop, fs=device.runtime_fs,
+                                                wipe=wipe)
     if new_generation != generation:
         raise RuntimeError(f"runtime file moved to generation {new_generation}, expected {generation}")
 
@@ -297,7 +325,8 @@ def trim(device: Folding, through_segment: int) -> None:
     device.fs.fsync_dir(device.journal_dir)
 
 
-def write(device: Folding, media: tuple[list[tuple[str, str, bytes]], list[str]]) -> CheckpointSummary | None:
+def write(device: Folding, media: tuple[list[tuple[str, str, bytes]], list[str]],
+          redact: Redact | None = None) -> CheckpointSummary | None:
     """Fold the device's journal into the runtime file here, now (the device idle: every transfer
     saved, here and on a sync standby: Committer.all_saved), with `media` (components to add,
     component names to drop: kinds/media.checkpoint_components). An offline command's and a test's;
@@ -312,8 +341,8 @@ def write(device: Folding, media: tuple[list[tuple[str, str, bytes]], list[str]]
         return None
     generation, folded = current.generation + 1, last_seq - current.checkpoint_seq
     media_added, media_dropped = media
-    made = components(device, last_seq, last_digest, media_added)
-    publish(device, made, list(media_dropped), generation)
+    made = components(device, last_seq, last_digest, media_added, redact=redact)
+    publish(device, made, list(media_dropped), generation, wipe=redact is not None)
     # from here on the file holds every folded transfer: trim the journal
     through, folded_bytes = writer.segment, writer.durable_bytes
     writer.start_new_segment()

@@ -207,9 +207,23 @@ class _PlacedWriter(_Writer):
         return offset, len(raw), hashlib.sha256(raw).hexdigest()
 
 
+def _wipe(out: RandomAccessFile, free: _FreeSpace) -> None:
+    """Zeros over every range `free` holds, and over the file's end past what it reaches, synced
+    every SYNC_SLICE bytes."""
+    ranges = [(start, end) for start, end in free.gaps] + [(free.end, out.size())]
+    zeros = bytes(SYNC_SLICE)
+    for start, end in ranges:
+        at = start
+        while at < end:
+            n = min(SYNC_SLICE, end - at)
+            out.pwrite(memoryview(zeros)[:n], at)
+            out.fsync()
+            at += n
+
+
 def append(path: str | os.PathLike[str], components: Iterable[Part], *,
            set_required: int = 0, drop: Iterable[str] = (), fs: FileLayer | None = None,
-           generation: int | None = None) -> int:
+           generation: int | None = None, wipe: bool = False) -> int:
     """Add components (replacing same-named ones), leave out those named in `drop`, and publish
     the result in the other slot; returns the generation: the next one, or `generation` when
     given (above the current one: a standby's copy catching up to its primary's file, which went
@@ -221,7 +235,13 @@ def append(path: str | os.PathLike[str], components: Iterable[Part], *,
     durable before the space its predecessor needs as a fallback is written over), the writes (an
     fsync after every SYNC_SLICE bytes of them), an fsync, the other slot's superblock, an fsync. A crash before the last fsync completes leaves the
     current generation the winner, whole (none of its bytes was written); after it, the new one.
-    `fs` is the file layer (tests inject crashes and power cuts)."""
+    `fs` is the file layer (tests inject crashes and power cuts).
+
+    `wipe` (a checkpoint after a memory object was forgotten: memory/forgetting.py): once the new
+    generation has won, every byte of the data area it does not reach is overwritten with zeros
+    and synced — what the superseded generations held, which the next appends would only have
+    overwritten as they needed the space. The new generation's bytes are never touched, so a
+    crash in the middle leaves it whole; the previous generation was given up by the flip."""
     path = os.fspath(path)
     if set_required & ~KNOWN_REQUIRED:
         raise ValueError(f"unknown required feature bits {set_required:#x}")
@@ -250,6 +270,9 @@ def append(path: str | os.PathLike[str], components: Iterable[Part], *,
                                 directory_sha256=dir_digest)
             out.pwrite(successor.pack(), SLOT_OFFSETS[1 - slot])
             out.fsync()
+            if wipe:
+                kept = [(c.offset, c.offset + c.length) for c in entries.values()]
+                _wipe(out, _FreeSpace([*kept, (dir_offset, dir_offset + dir_length)]))
         finally:
             out.close()
     return successor.generation

@@ -56,6 +56,9 @@ VALID = {
     "spaces.delete": {**ENVELOPE, "space": SPACE},
     "conversations.delete": {**ENVELOPE, "conversation": CONVERSATION},
     "publications.record": {**ENVELOPE, "space": SPACE, "source": MEMORY, "source_version": "4"},
+    "memory.versions": {**ENVELOPE, "memory": MEMORY, "text": "corrected", "version": "2"},
+    "memory.delete": {**ENVELOPE, "memory": MEMORY, "reason": "asked to"},
+    "conversations.fork": {**ENVELOPE, "conversation": CONVERSATION, "at": "3"},
 }
 
 
@@ -124,6 +127,16 @@ REFUSED = [
     ("conversations.input", {"pages": 1.5}, 400, "bad_field"),
     ("conversations.input", {"retention": "forever"}, 400, "bad_field"),
     ("publications.record", {"source_version": "01"}, 400, "bad_field"),
+    ("memory.versions", {"version": "0"}, 400, "bad_field"),
+    ("memory.versions", {"text": ""}, 400, "bad_field"),
+    ("memory.versions", {"text": "é" * 1025}, 400, "text_too_large"),
+    ("memory.versions", {"text": "an <image>"}, 400, "reserved_token"),
+    ("memory.versions", {"memory": "mem-x"}, 400, "bad_id"),
+    ("memory.delete", {"reason": "x" * 257}, 400, "bad_field"),
+    ("memory.delete", {"reason": 7}, 400, "bad_field"),
+    ("conversations.fork", {"at": "0"}, 400, "bad_field"),
+    ("conversations.fork", {"at": 3}, 400, "bad_field"),
+    ("conversations.fork", {"id": "xyz"}, 400, "bad_field"),
     ("retirements.record", {"retry_floor": 0}, 400, "bad_field"),
     ("media.put", {"type": "text"}, 415, "unsupported_media_type"),
     ("media.put", {"sha256": "9" * 63}, 400, "bad_id"),

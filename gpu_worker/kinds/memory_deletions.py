@@ -1,0 +1,108 @@
+"""Forgetting a memory object (`POST /memory/{mem}/deletion {reason?}`; docs/memory.md
+"Forgetting"): the object is gone at once, as if it had never been (`GET /memory/{mem}` 404;
+lists, search and recall never return it), and its bytes leave the runtime file and the journal
+at the next checkpoint (memory/forgetting.py says where each copy of them is erased).
+
+Who may: as for a correction, a caller that sees the object and holds `write` on the space it was
+retained or published in, `manage` for an object another participant wrote. Any kind of object
+may be forgotten. The receipt keeps the reason (its command bytes) and names the object.
+
+What goes with it: every version its live corrections keep, the text of those corrections and,
+for a retained source, the text of the input it came from (its receipt's command bytes, or its
+conversation's history once that receipt was retired), so the conversation's later context no
+longer carries it either. What does not: another object made from it — an interpretation of the
+same turn, a published copy in another space (its `published_from` then names an object that
+reads 404) — each is forgotten by its own deletion, by a caller with the rights there.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..contract.commands import MemoryDeletion
+from ..memory import shared as memory
+from ..memory.forgetting import redact_command
+from ..memory.rows import SUPERSEDED, Flag, Forgotten, memory_id
+from ..memory.rows import Kind as MemoryKind
+from ..state.tables import C, R
+from . import history
+from .kind import Admission, Applying, Caller, Kind, OperationKind, Tables
+
+
+def check(d: Caller, principal: bytes, prow: int | None, args: MemoryDeletion, key: bytes,
+          sequence: int) -> dict[str, Any]:
+    slot = memory.editable_slot(d, principal, prow, args.memory)
+    row = d.state.memory.row(slot)
+    return {"memory": [row.lineage, row.object]}
+
+
+def apply(d: Applying, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
+    t = d.state.tables
+    table = d.state.memory
+    lineage, obj = a.extra["memory"]
+    slot = table.by_id[obj]
+    row = table.row(slot)
+    t.put_bytes(t.result_bytes, rrow, SUPERSEDED.pack(lineage, obj, row.version))  # (its target: target_id)
+    texts = [table.payload_of(slot), *_erase_corrections(d, lineage, obj)]  # every version still known
+    published = bool(row.flags & Flag.PUBLISHED)
+    if row.kind == MemoryKind.SOURCE and not published:
+        _erase_input_text(d, row.source, texts, int(table.owners[slot]) - 1)
+    table.release([slot])
+    table.forgotten.append(Forgotten(obj, row.source, row.actor, int(row.kind), published))
+    return rrow
+
+
+def columns(d: Tables, a: Admission) -> dict[int, int]:
+    return {R.RESULT_LEN: SUPERSEDED.size}
+
+
+def _erase_corrections(d: Tables, lineage: bytes, obj: bytes) -> list[bytes]:
+    """The live corrections of the object: the versions they keep (returned) and their texts."""
+    t = d.state.tables
+    receipts = t.receipts
+    head = lineage + obj
+    found = (receipts[:, R.STATE] == 1) & (receipts[:, R.KIND] == int(Kind.MEMORY_VERSION))
+    versions = []
+    for crow in torch.nonzero(found).flatten().tolist():
+        kept = t.get_bytes(t.result_bytes, crow, t.value(receipts, crow, R.RESULT_LEN))
+        if kept.startswith(head):
+            versions.append(kept[SUPERSEDED.size:])
+            t.put_bytes(t.result_bytes, crow, bytes(len(kept) - SUPERSEDED.size), SUPERSEDED.size)
+            t.put_value(receipts, crow, R.RESULT_LEN, SUPERSEDED.size)
+            _redact(d, crow)
+    return versions
+
+
+def _redact(d: Tables, rrow: int) -> None:
+    t = d.state.tables
+    length = t.value(t.receipts, rrow, R.COMMAND_LEN)
+    redacted = redact_command(t.get_bytes(t.command_bytes, rrow, length))
+    t.put_bytes(t.command_bytes, rrow, redacted + bytes(max(0, length - len(redacted))))
+    t.put_value(t.receipts, rrow, R.COMMAND_LEN, len(redacted))
+
+
+def _erase_input_text(d: Tables, op: bytes, texts: list[bytes], srow: int) -> None:
+    """A retained source's input (operation `op`): its receipt's text while it is live, else the
+    turn its retirement folded into its conversation's history, found among the conversations of
+    the source's space by its text (`texts`: the versions of the object still known; the
+    original is the input's text unless a retired correction replaced it)."""
+    rrow = d.state.receipts.op_row(op)
+    if rrow is not None:
+        _redact(d, rrow)
+        return
+    conversations = d.state.tables.conversations
+    live = (conversations[:, C.STATE] == 1) & (conversations[:, C.SPACE] == srow)
+    for crow in torch.nonzero(live).flatten().tolist():
+        history.forget_user_texts(d, crow, texts)
+
+
+def target_id(d: Tables, row: list[int], lineage: bytes) -> str:
+    """The object forgotten, from the receipt's own result bytes."""
+    t = d.state.tables
+    object_lineage, obj, _ = SUPERSEDED.unpack(t.get_bytes(t.result_bytes, row[R.TARGET], SUPERSEDED.size))
+    return memory_id(object_lineage, obj)
+
+
+DELETE: OperationKind = OperationKind(Kind.MEMORY_DELETE, "memory.delete", check=check, apply=apply,
+                                      target_id=target_id, columns=columns)
