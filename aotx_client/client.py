@@ -75,6 +75,11 @@ def _input_fields(text: str, model: str, **options: JSON) -> JSONObject:
     return fields
 
 
+def _correction(text: str, version: int | str) -> JSONObject:
+    """A correction's fields: `version` an int or its decimal string, sent as the string."""
+    return {"text": text, "version": str(version)}
+
+
 class Client(_Common):
     """Blocking client. `base_url`: a gateway's URL, or several (every machine's: a request that
     one cannot serve moves on to the next, `Gateways`). `timeout` is each HTTP request's;
@@ -193,6 +198,15 @@ class Client(_Common):
     def search_memory(self, space: str, q: str, limit: int = 10) -> list[JSONObject]:
         """The rows of the space's memory most similar to `q`, best first: [{memory, score}]."""
         return self._run(self._get(f"/spaces/{quote(space)}/memory/search", {"q": q, "limit": str(limit)}))["items"]
+
+    def correct_memory(self, memory: str, text: str, version: int | str) -> Receipt:
+        """Replace a memory object's payload with `text` while `version` is its current version
+        (409 `stale_version` otherwise, naming the current one); it moves to the next version."""
+        return self.mutate(f"/memory/{quote(memory)}/versions", _correction(text, version))
+
+    def forget_memory(self, memory: str, reason: str | None = None) -> Receipt:
+        """Forget a memory object (its reads answer 404 from then on); `reason` is kept in the receipt."""
+        return self.mutate(f"/memory/{quote(memory)}/deletion", {} if reason is None else {"reason": reason})
 
     def events(self, conversation: str, cursor: str | None = None,
                stop: Callable[[Event], bool] | None = None) -> Iterator[Event]:
@@ -335,6 +349,12 @@ class AsyncClient(_Common):
     async def search_memory(self, space: str, q: str, limit: int = 10) -> list[JSONObject]:
         found = await self._run(self._get(f"/spaces/{quote(space)}/memory/search", {"q": q, "limit": str(limit)}))
         return found["items"]
+
+    async def correct_memory(self, memory: str, text: str, version: int | str) -> Receipt:
+        return await self.mutate(f"/memory/{quote(memory)}/versions", _correction(text, version))
+
+    async def forget_memory(self, memory: str, reason: str | None = None) -> Receipt:
+        return await self.mutate(f"/memory/{quote(memory)}/deletion", {} if reason is None else {"reason": reason})
 
     def events(self, conversation: str, cursor: str | None = None,
                stop: Callable[[Event], bool] | None = None) -> AsyncIterator[Event]:

@@ -15,6 +15,8 @@ urlpatterns = [
     path("spaces/<str:space>/memory/search", views.MemorySearchView.as_view()),
     path("spaces/<str:space>/publications", views.PublicationsView.as_view()),
     path("memory/<str:memory>", views.MemoryView.as_view()),
+    path("memory/<str:memory>/versions", views.MemoryVersionsView.as_view()),
+    path("memory/<str:memory>/deletion", views.MemoryDeletionView.as_view()),
     path("conversations/<str:conversation>", views.ConversationView.as_view()),
     path("conversations/<str:conversation>/inputs", views.InputsView.as_view()),
     path("conversations/<str:conversation>/events", views.ConversationEventsView.as_view()),

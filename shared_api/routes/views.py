@@ -279,8 +279,9 @@ def offset_arg(request: Request, allowed: tuple[str, ...] = ()) -> int:
 class MemoryView(SharedView):
     @doc("memory.get")
     def get(self, request: Request, memory: str) -> DeviceCall:
-        """One memory object from `offset`; with `version`, only while that is its current version
-        (the device answers 409 `stale_version` otherwise)."""
+        """One memory object from `offset`; with `version`, that version: its current one, or an
+        earlier one while the correction that replaced it is live (the device answers 409
+        `stale_version` otherwise)."""
         args: dict[str, object] = {"memory": memory, "offset": offset_arg(request, ("version",))}
         version = request.query_params.get("version")
         if version is not None:
@@ -293,6 +294,23 @@ class PublicationsView(SharedView):
     def post(self, request: Request, space: str) -> DeviceCall:
         mutation = Mutation(request, ("source", "source_version"), required=("source", "source_version"))
         return DeviceCall("publications.record", mutation.args(space=space, **mutation.fields))
+
+
+class MemoryVersionsView(SharedView):
+    @doc("memory.versions")
+    def post(self, request: Request, memory: str) -> DeviceCall:
+        """A correction: the object's next version, `text` its payload, while `version` is its
+        current one (the contract checks both: MemoryVersion)."""
+        mutation = Mutation(request, ("text", "version"), required=("text", "version"))
+        return DeviceCall("memory.versions", mutation.args(memory=memory, **mutation.fields))
+
+
+class MemoryDeletionView(SharedView):
+    @doc("memory.delete")
+    def post(self, request: Request, memory: str) -> DeviceCall:
+        """Forget the object, with an optional `reason` its receipt keeps."""
+        mutation = Mutation(request, ("reason",))
+        return DeviceCall("memory.delete", mutation.args(memory=memory, **mutation.fields))
 
 
 class ResultView(SharedView):

@@ -4,19 +4,23 @@
 Rules the table encodes:
 - no credential or a wrong one: 401 with WWW-Authenticate, on every route;
 - the gateway action first: GET needs shared_read, POST participant/spaces/conversations/
-  cancellations/retirements need shared_write, POST members and deletions need shared_manage
-  (403 grant_missing);
+  cancellations/retirements and a memory object's versions and deletion need shared_write, POST
+  members, publications and space or conversation deletions need shared_manage (403 grant_missing);
 - then the device: a resource the caller may not see is 404 (never 403), a visible resource
   without the needed right is 403 right_missing; the owner has every right, a member row gives
   exactly its rights, an instance space gives read+write to every registered participant unless a
-  zero-rights row blocks it; current grants intersect with those stored rights;
+  zero-rights row blocks it; current grants intersect with those stored rights; a memory object
+  is corrected or forgotten with write on the space it was retained or published in by the
+  participant that wrote it, with manage by any other;
 - every response carries Cache-Control: no-store.
 
 One stack serves the whole module. Each persona's own mutations change only that persona's
 state (its own spaces, conversations, receipts and retry floor; member writes re-set an
 existing zero-rights row; a space deletion that passes the rights stops at 409 space_not_empty,
-and the conversation deletion names a conversation nobody has), so the persona tests do not
-depend on each other's order.
+and the conversation deletion names a conversation nobody has; the memory corrections and
+deletions name copies the owner publishes afresh for each persona, in the private and the
+instance space, so what one persona corrects or forgets no other route and no other persona
+names), so the persona tests do not depend on each other's order.
 """
 import json
 import re
@@ -75,6 +79,11 @@ ROUTES = {
     "POST conversations/{ghost}/deletion": ("POST", "/conversations/{ghost_con}/deletion"),
     "POST spaces/{private}/publications": ("POST", "/spaces/{private}/publications"),
     "POST spaces/{instance}/publications": ("POST", "/spaces/{instance}/publications"),
+    # (a copy of the owner's, fresh for each persona: World.copies)
+    "POST memory/{private}/versions": ("POST", "/memory/{private_copy}/versions"),
+    "POST memory/{instance}/versions": ("POST", "/memory/{instance_copy}/versions"),
+    "POST memory/{private}/deletion": ("POST", "/memory/{private_copy}/deletion"),
+    "POST memory/{instance}/deletion": ("POST", "/memory/{instance_copy}/deletion"),
     "POST cancellations": ("POST", "/cancellations"),
     "POST retirements": ("POST", "/retirements"),
     "POST participant": ("POST", "/participant"),
@@ -108,6 +117,8 @@ _IMPLICIT_INSTANCE = {
     "POST conversations/{instance}/inputs": NEW, "POST spaces/{instance}/deletion": RIGHT,
     "GET spaces/{instance}/memory": OK, "POST spaces/{instance}/publications": RIGHT,
     "GET memory/{instance}": OK,
+    # the owner wrote the object: changing it needs manage, which the implicit rights lack
+    "POST memory/{instance}/versions": RIGHT, "POST memory/{instance}/deletion": RIGHT,
 }
 _INVISIBLE_PRIVATE = {
     "GET spaces/{private}": NO_SPACE, "GET spaces/{private}/members": NO_SPACE,
@@ -118,6 +129,7 @@ _INVISIBLE_PRIVATE = {
     "POST spaces/{private}/deletion": NO_SPACE,
     "GET spaces/{private}/memory": NO_SPACE, "GET memory/{private}": NO_MEM,
     "POST spaces/{private}/publications": NO_SPACE,
+    "POST memory/{private}/versions": NO_MEM, "POST memory/{private}/deletion": NO_MEM,
 }
 _OWN_READS = {
     "GET capabilities": OK, "GET participant": OK, "GET participants/{par}": OK, "GET spaces": OK,
@@ -145,6 +157,8 @@ EXPECTED = {
         "GET spaces/{private}/memory": OK, "GET spaces/{instance}/memory": OK, "GET memory/{private}": OK,
         "GET memory/{instance}": OK,
         "POST spaces/{private}/publications": NEW, "POST spaces/{instance}/publications": NEW,
+        "POST memory/{private}/versions": NEW, "POST memory/{instance}/versions": NEW,
+        "POST memory/{private}/deletion": NEW, "POST memory/{instance}/deletion": NEW,
     },
     # member row [read] on the private space
     "reader": {
@@ -156,6 +170,7 @@ EXPECTED = {
         "POST conversations/{private}/inputs": RIGHT, "GET operations/{private}/result": OK,
         "POST spaces/{private}/deletion": RIGHT,
         "GET spaces/{private}/memory": OK, "GET memory/{private}": OK, "POST spaces/{private}/publications": RIGHT,
+        "POST memory/{private}/versions": RIGHT, "POST memory/{private}/deletion": RIGHT,
     },
     # member row [write]: the space is visible but unreadable. A receipt is readable only where
     # its target space is readable (spaces.py receipt_visible_to), so the creating receipt is 404.
@@ -169,6 +184,7 @@ EXPECTED = {
         "POST spaces/{private}/deletion": RIGHT,
         "GET spaces/{private}/memory": RIGHT, "GET memory/{private}": NO_MEM,
         "POST spaces/{private}/publications": RIGHT,
+        "POST memory/{private}/versions": NO_MEM, "POST memory/{private}/deletion": NO_MEM,
     },
     # member row [manage]
     "manager": {
@@ -182,6 +198,7 @@ EXPECTED = {
         # manage without read: the destination passes, the source (its memory) is not visible
         "GET spaces/{private}/memory": RIGHT, "GET memory/{private}": NO_MEM,
         "POST spaces/{private}/publications": NO_MEM,
+        "POST memory/{private}/versions": NO_MEM, "POST memory/{private}/deletion": NO_MEM,
     },
     # registered, no member row anywhere
     "outsider": {**_OWN_READS, **_REGISTERED_WRITER, **_IMPLICIT_INSTANCE, **_INVISIBLE_PRIVATE},
@@ -196,6 +213,7 @@ EXPECTED = {
         "POST conversations/{instance}/inputs": NO_CON, "POST spaces/{instance}/deletion": NO_SPACE,
         "GET spaces/{instance}/memory": NO_SPACE, "POST spaces/{instance}/publications": NO_SPACE,
         "GET memory/{instance}": NO_MEM,
+        "POST memory/{instance}/versions": NO_MEM, "POST memory/{instance}/deletion": NO_MEM,
     },
     # every grant, never registered: sees nothing, every mutation but registration is 409
     "newcomer": {
@@ -211,6 +229,8 @@ EXPECTED = {
         "POST conversations/{ghost}/deletion": UNREG,
         "GET spaces/{instance}/memory": NO_SPACE, "GET memory/{instance}": NO_MEM,
         "POST spaces/{private}/publications": UNREG, "POST spaces/{instance}/publications": UNREG,
+        "POST memory/{private}/versions": UNREG, "POST memory/{instance}/versions": UNREG,
+        "POST memory/{private}/deletion": UNREG, "POST memory/{instance}/deletion": UNREG,
     },
     # the next three hold member rows [read, write, manage] on the private space; only the
     # missing grant limits them. Without shared_read: every GET is refused, mutations still work
@@ -222,6 +242,9 @@ EXPECTED = {
         "POST conversations/{private}/inputs": NEW, "POST conversations/{instance}/inputs": NEW,
         "POST spaces/{private}/deletion": NOT_EMPTY, "POST spaces/{instance}/deletion": RIGHT,
         "POST spaces/{private}/publications": NO_MEM, "POST spaces/{instance}/publications": RIGHT,
+        # write and manage without read: neither object is visible
+        "POST memory/{private}/versions": NO_MEM, "POST memory/{instance}/versions": NO_MEM,
+        "POST memory/{private}/deletion": NO_MEM, "POST memory/{instance}/deletion": NO_MEM,
     },
     # without shared_write (registered first, then shared_write revoked: registering needs it)
     "no_write": {
@@ -236,6 +259,8 @@ EXPECTED = {
         "POST cancellations": GRANT, "POST retirements": GRANT, "POST participant": GRANT,
         "POST spaces/{private}/deletion": NOT_EMPTY, "POST conversations/{ghost}/deletion": NO_CON,
         "GET spaces/{private}/memory": OK, "GET memory/{private}": OK, "POST spaces/{private}/publications": NEW,
+        "POST memory/{private}/versions": GRANT, "POST memory/{instance}/versions": GRANT,
+        "POST memory/{private}/deletion": GRANT, "POST memory/{instance}/deletion": GRANT,
     },
     # without shared_manage
     "no_manage": {
@@ -250,6 +275,9 @@ EXPECTED = {
         "POST conversations/{ghost}/deletion": GRANT,
         "GET spaces/{private}/memory": OK, "GET memory/{private}": OK,
         "POST spaces/{private}/publications": GRANT, "POST spaces/{instance}/publications": GRANT,
+        # shared_write passes the gateway; the missing grant cuts manage from its member row, which
+        # the owner's object needs
+        "POST memory/{private}/versions": RIGHT, "POST memory/{private}/deletion": RIGHT,
     },
     "anonymous": _everywhere(UNAUTH),
     "wrong_token": _everywhere(UNAUTH),
@@ -333,6 +361,14 @@ class World:
         status, headers, body = self.call(persona, "POST", path, {**self.envelope(persona), **fields})
         return status, headers, body
 
+    def copies(self):
+        """New memory objects for the routes that correct and forget one: the owner's copies of
+        its retained objects, published into the space each was retained in (the same readers,
+        the owner the writer of each)."""
+        return {f"{where}_copy": _created(self.mutate("owner", f"/spaces/{self.params[where]}/publications",
+                                                      source=self.params[f"{where}_mem"], source_version="1"))["target"]
+                for where in ("private", "instance")}
+
 
 def _created(result):
     status, _, body = result
@@ -408,6 +444,10 @@ def _body_for(world, route):
     successful one changes nobody's access."""
     if route.startswith("POST spaces/") and route.endswith("/members"):
         return {"participant": world.ids["zero"], "permissions": []}
+    if route.startswith("POST memory/") and route.endswith("/deletion"):
+        return {"reason": "the matrix forgets it"}
+    if route.endswith("/versions"):
+        return {"text": "a corrected fact", "version": "1"}
     if route.endswith("/deletion"):
         return {}
     if route.startswith("POST conversations/"):
@@ -424,8 +464,9 @@ def _body_for(world, route):
 @pytest.mark.parametrize("persona", list(EXPECTED))
 def test_authorization_matrix(world, persona):
     failures = []
+    params = {**world.params, **world.copies()}
     for route, (method, template) in ROUTES.items():
-        path = template.format(**world.params)
+        path = template.format(**params)
         if method == "GET":
             status, headers, body = world.call(persona, "GET", path)
         else:
@@ -555,3 +596,64 @@ def test_a_zero_rights_row_fences_the_instance_memory_through_every_other_instan
     assert (status, json.loads(body)["error"]["code"]) == (404, "memory_not_found"), body
     there = _finished_input(world, "zero", conversation, "Hello.")
     assert there["result"]["input_tokens"] == _alone(world, "zero", "Hello.")["result"]["input_tokens"]
+
+
+# ---- a memory object its writer changes with write alone, another participant only with manage
+# (issue 56): the writer's own input in the instance space, where every registered participant
+# holds read+write and the owner manage ----
+
+def _retained_by(world, persona, text):
+    """The object `persona`'s new input in the instance space's conversation retained."""
+    done = _finished_input(world, persona, world.params["instance_con"], text)
+    [obj] = done["memory"]["retained"]
+    return obj
+
+
+def _error_code(result):
+    status, _, body = result
+    return status, json.loads(body)["error"]["code"]
+
+
+def _memory_version(world, persona, obj):
+    status, _, body = world.call(persona, "GET", f"/memory/{obj}")
+    assert status == 200, body
+    return json.loads(body)["memory"]["version"]
+
+
+def test_a_memory_object_is_corrected_by_its_writer_with_write_and_by_another_only_with_manage(world):
+    obj = _retained_by(world, "writer", "the writer's fact")
+    # outsider and manager hold read+write on the instance space, no manage: not their object
+    for persona in ("outsider", "manager"):
+        assert _error_code(world.mutate(persona, f"/memory/{obj}/versions", text="not mine",
+                                        version="1")) == (403, "right_missing"), persona
+    assert _memory_version(world, "writer", obj) == "1"
+    corrected = _created(world.mutate("writer", f"/memory/{obj}/versions", text="the writer's corrected fact",
+                                      version="1"))
+    assert (corrected["kind"], corrected["target"]) == ("memory.version", obj)
+    assert _memory_version(world, "outsider", obj) == "2"
+    # the owner manages the instance space: it corrects another's object (at its current version)
+    assert _error_code(world.mutate("owner", f"/memory/{obj}/versions", text="the owner's fact",
+                                    version="1")) == (409, "stale_version")
+    assert _created(world.mutate("owner", f"/memory/{obj}/versions", text="the owner's fact",
+                                 version="2"))["target"] == obj
+    assert _memory_version(world, "writer", obj) == "3"
+    # zero, fenced from the instance space, does not see it at all
+    assert _error_code(world.mutate("zero", f"/memory/{obj}/versions", text="x", version="3")) == \
+        (404, "memory_not_found")
+
+
+def test_a_memory_object_is_forgotten_by_its_writer_with_write_and_by_another_only_with_manage(world):
+    mine, theirs = (_retained_by(world, "writer", text) for text in ("the writer's first", "the writer's second"))
+    for persona in ("outsider", "manager"):
+        assert _error_code(world.mutate(persona, f"/memory/{mine}/deletion")) == (403, "right_missing"), persona
+    assert _error_code(world.mutate("zero", f"/memory/{mine}/deletion")) == (404, "memory_not_found")
+    forgotten = _created(world.mutate("writer", f"/memory/{mine}/deletion", reason="mine to forget"))
+    assert (forgotten["kind"], forgotten["target"]) == ("memory.delete", mine)
+    assert _created(world.mutate("owner", f"/memory/{theirs}/deletion"))["target"] == theirs
+    for obj in (mine, theirs):
+        for persona in ("writer", "outsider", "owner"):
+            assert _error_code(world.call(persona, "GET", f"/memory/{obj}")) == (404, "memory_not_found")
+    status, _, body = world.call("owner", "GET", f"/spaces/{world.params['instance']}/memory?limit=200")
+    listed = json.loads(body)
+    assert status == 200 and listed["next_cursor"] is None, body[:300]
+    assert not {mine, theirs} & {row["object"] for row in listed["items"]}

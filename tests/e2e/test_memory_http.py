@@ -134,3 +134,99 @@ def test_memory_search_through_the_sdk_sync_and_async(tmp_path, tiny_runtime):
             assert (hidden.value.status, hidden.value.code) == (404, "space_not_found")
     finally:
         stack.stop()
+
+
+def test_memory_corrections_through_the_sdk_sync_and_async(tmp_path, tiny_runtime):
+    """POST /memory/{mem}/versions through aotx_client (issue 56): the object keeps its ID and moves
+    to the next version with the new text, which search ranks from then on; the version it replaced
+    is read by version while the correction is live; a stale version is 409 naming the current one;
+    the async client corrects with a decimal string; an outsider gets 404."""
+    import asyncio
+
+    from aotx_client import ApiError, AsyncClient, Client
+    stack = Stack(tmp_path, tiny_runtime)
+    try:
+        alice, eve = stack.principal("alice"), stack.principal("eve")
+        stack.boot_device()
+        stack.serve()
+        url = f"http://127.0.0.1:{stack.port}"
+        with Client(url, alice, timeout=60, retry_for=0) as aotx:
+            aotx.register()
+            space = aotx.create_space()["target"]
+            conversation = aotx.create_conversation(space)["target"]
+            done = aotx.wait(aotx.submit_input(conversation, "the meeting is on monday", "tiny-llama",
+                                               max_output_tokens=2)["operation"], timeout=60)
+            [obj] = done["memory"]["retained"]
+            receipt = aotx.correct_memory(obj, "the meeting is on tuesday", version=1)
+            assert (receipt["kind"], receipt["target"]) == ("memory.version", obj)
+            assert aotx.receipt(receipt["operation"])["target"] == obj
+            now = aotx.get(f"/memory/{obj}")
+            assert now["memory"]["version"] == "2" and now["text"] == "the meeting is on tuesday"
+            before = aotx.get(f"/memory/{obj}", version="1")
+            assert before["memory"]["version"] == "1" and before["text"] == "the meeting is on monday"
+            [found] = aotx.search_memory(space, "the meeting is on tuesday", limit=5)
+            assert found["memory"]["object"] == obj and found["memory"]["version"] == "2"
+            with pytest.raises(ApiError) as stale:
+                aotx.correct_memory(obj, "the meeting is on friday", version=1)
+            assert (stale.value.status, stale.value.code, stale.value.details.get("version")) == \
+                (409, "stale_version", "2")
+
+        async def from_async():
+            async with AsyncClient(url, alice, timeout=60, retry_for=0) as aotx:
+                return await aotx.correct_memory(obj, "the meeting is on wednesday", version="2")
+        assert asyncio.run(from_async())["target"] == obj
+        with Client(url, alice, timeout=60, retry_for=0) as aotx:
+            assert aotx.get(f"/memory/{obj}")["text"] == "the meeting is on wednesday"
+        with Client(url, eve, timeout=60, retry_for=0) as outsider:
+            outsider.register()
+            with pytest.raises(ApiError) as hidden:
+                outsider.correct_memory(obj, "mine now", version=3)
+            assert (hidden.value.status, hidden.value.code) == (404, "memory_not_found")
+    finally:
+        stack.stop()
+
+
+def test_memory_is_forgotten_through_the_sdk_sync_and_async(tmp_path, tiny_runtime):
+    """POST /memory/{mem}/deletion through aotx_client (issue 56): the receipt names the object, its
+    reads answer 404 from then on and its space's list and search leave it out; the async client
+    forgets with a reason; an outsider gets 404."""
+    import asyncio
+
+    from aotx_client import ApiError, AsyncClient, Client
+    stack = Stack(tmp_path, tiny_runtime)
+    try:
+        alice, eve = stack.principal("alice"), stack.principal("eve")
+        stack.boot_device()
+        stack.serve()
+        url = f"http://127.0.0.1:{stack.port}"
+        with Client(url, alice, timeout=60, retry_for=0) as aotx:
+            aotx.register()
+            space = aotx.create_space()["target"]
+            conversation = aotx.create_conversation(space)["target"]
+            objects = []
+            for text in ("the meeting is on monday", "my cat is called tom"):
+                done = aotx.wait(aotx.submit_input(conversation, text, "tiny-llama", max_output_tokens=2)["operation"],
+                                 timeout=60)
+                objects += done["memory"]["retained"]
+            first, second = objects
+        with Client(url, eve, timeout=60, retry_for=0) as outsider:
+            outsider.register()
+            with pytest.raises(ApiError) as hidden:
+                outsider.forget_memory(first)
+            assert (hidden.value.status, hidden.value.code) == (404, "memory_not_found")
+        with Client(url, alice, timeout=60, retry_for=0) as aotx:
+            receipt = aotx.forget_memory(first)
+            assert (receipt["kind"], receipt["target"]) == ("memory.delete", first)
+            with pytest.raises(ApiError) as gone:
+                aotx.get(f"/memory/{first}")
+            assert (gone.value.status, gone.value.code) == (404, "memory_not_found")
+
+        async def from_async():
+            async with AsyncClient(url, alice, timeout=60, retry_for=0) as aotx:
+                return await aotx.forget_memory(second, reason="no longer true")
+        assert asyncio.run(from_async())["target"] == second
+        with Client(url, alice, timeout=60, retry_for=0) as aotx:
+            assert aotx.get(f"/spaces/{space}/memory")["items"] == []
+            assert aotx.search_memory(space, "the meeting is on monday") == []
+    finally:
+        stack.stop()

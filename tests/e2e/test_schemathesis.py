@@ -4,9 +4,10 @@ derandomized run of generated requests in three plans:
 
 - generated: positive data exactly as the schema allows (random lineages, IDs, keys);
 - anchored: positive data aimed at real state: the participant's current lineage and next sequence
-  in every mutation, existing space/conversation/operation/participant IDs in the path, a second
-  registered participant as the member, a live sequence as the cancellation target and the
-  retirement's own sequence as the new retry floor, a fresh space or conversation for each
+  in every mutation, existing space/conversation/operation/participant/memory IDs in the path, a
+  second registered participant as the member, a live sequence as the cancellation target and the
+  retirement's own sequence as the new retry floor, the memory object's current version in a
+  correction, a fresh space, conversation or memory object (a copy published afresh) for each
   deletion, so success responses (receipts, spaces,
   lists) are validated too; every 202 is retried exactly and must answer 200 with the receipt;
 - negative: data the schema forbids, which must be refused with a documented 4xx.
@@ -25,6 +26,7 @@ from schemathesis.core.failures import FailureGroup
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_headers_conformance,
                                                response_schema_conformance, status_code_conformance)
 
+from tests.conftest import wait_for
 from tests.harness import Stack
 
 pytestmark = pytest.mark.e2e
@@ -56,6 +58,18 @@ class World:
         self.ids = {"participant": self.register["participant"], "operation": self.register["operation"]}
         self.ids["space"] = self.mutate("POST", f"{BASE}/spaces", scope="room")["target"]
         self.ids["conversation"] = self.mutate("POST", f"{BASE}/spaces/{self.ids['space']}/conversations")["target"]
+        # a memory object of the participant's: what its input retained
+        retained = self.mutate("POST", f"{BASE}/conversations/{self.ids['conversation']}/inputs",
+                               text="the fuzzing fact", model="tiny-llama", max_output_tokens=2)
+        self.ids["memory"] = wait_for(lambda: self.retained(retained["operation"]), 60, interval=0.05,
+                                      what="the input's retained memory")
+
+    def retained(self, operation):
+        memory = _json(self.stack, "GET", f"{BASE}/operations/{operation}", token=self.token)["memory"]
+        return memory["retained"][0] if memory and memory["retained"] else None
+
+    def memory_version(self):
+        return _json(self.stack, "GET", f"{BASE}/memory/{self.ids['memory']}", token=self.token)["memory"]["version"]
 
     def participant(self, token=None):
         return _json(self.stack, "GET", f"{BASE}/participant", token=token or self.token)
@@ -74,6 +88,10 @@ class World:
             if "conversation" in (case.path_parameters or {}):
                 case.path_parameters["conversation"] = self.mutate(
                     "POST", f"{BASE}/spaces/{self.ids['space']}/conversations")["target"]
+            elif "memory" in (case.path_parameters or {}):  # a copy of the anchor, which stays
+                case.path_parameters["memory"] = self.mutate(
+                    "POST", f"{BASE}/spaces/{self.ids['space']}/publications", source=self.ids["memory"],
+                    source_version=self.memory_version())["target"]
             else:
                 case.path_parameters["space"] = self.mutate("POST", f"{BASE}/spaces")["target"]
         if isinstance(case.body, dict):
@@ -86,6 +104,8 @@ class World:
                 case.body["target_sequence"] = str(int(me["next_sequence"]) - 1)
             if "retry_floor" in case.body:  # retire everything before this retirement
                 case.body["retry_floor"] = me["next_sequence"]
+            if case.path.endswith("/versions") and "version" in case.body:  # the anchor's current version
+                case.body["version"] = self.memory_version()
             if "model" in case.body:  # the served model, a short generation
                 case.body["model"] = "tiny-llama"
                 case.body["max_output_tokens"] = 2
@@ -144,7 +164,7 @@ def test_the_gateway_conforms_to_its_own_schema(world):
         run()
 
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 27
+    assert len(operations) == 29
     for operation in operations:
         plans = ["generated", "negative"]
         if operation.method.upper() == "POST" or operation.path_parameters:

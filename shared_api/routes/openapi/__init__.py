@@ -126,8 +126,9 @@ Persistent shared conversations. Base path `/aotx/v1/shared`.
 
 Every route needs `Authorization: Bearer <token>` (401 with `WWW-Authenticate` otherwise) and every
 response carries `Cache-Control: no-store`. GET needs the `shared_read` gateway action; participant
-registration, spaces, conversations, retirements and cancellations need `shared_write`; members need
-`shared_manage`. The device intersects current grants with stored membership on every admission and read.
+registration, spaces, conversations, retirements, cancellations, memory corrections and memory deletions
+need `shared_write`; members need `shared_manage`. The device intersects current grants with stored
+membership on every admission and read.
 
 Every POST is a mutation: `{"schema": "aotx.shared.mutation.v1", "lineage", "operation_key", "sequence"}`
 plus the route's own fields. A new operation answers 202 with its receipt and `Location`; an exact retry
@@ -163,7 +164,7 @@ below lists its codes. Outside any single route: 405 `method_not_allowed` (a met
 have), 406 `not_acceptable` (an `Accept` header that excludes `application/json`), 408 `body_timeout`
 (the body stalled longer than its timeout), 431 `headers_too_large` (the request line and headers
 exceed the gateway's bound), 500 `internal_error` (a gateway bug; see the gateway log),
-500 `embedding_failed` (a memory search whose query the device could not embed). A connection
+500 `embedding_failed` (a memory search's query or a correction's text the device could not embed). A connection
 whose request line and headers take longer than the server's header timeout is closed unanswered;
 a head past the server's read buffer is answered 431 with no body, and so are the other requests
 the server (granian) refuses before the application sees them: a request line it cannot parse (400),

@@ -5,12 +5,12 @@ every ServiceError code from the source and fails for one that is not here.
 """
 from __future__ import annotations
 
-from gpu_worker.contract.limits import MAX_BODY_BYTES, MAX_LIMIT, MAX_MEDIA, MAX_MEDIA_BYTES
+from gpu_worker.contract.limits import MAX_BODY_BYTES, MAX_LIMIT, MAX_MEDIA, MAX_MEDIA_BYTES, MEMORY_PAYLOAD_BYTES
 
 CODES = {
     # 400
     "unknown_parameter": "a query parameter this route does not take",
-    "engine_unavailable": "the device runs no embedding model (a memory search needs one)",
+    "engine_unavailable": "the device runs no embedding model (a memory search and a correction need one)",
     "bad_search_query": "query `q` is missing, blank, or over 2048 UTF-8 bytes",
     "bad_limit": f"`limit` is not an integer 1..{MAX_LIMIT}",
     "bad_id": "a path or body ID is malformed (prefix, 32 lowercase hex per part)",
@@ -30,7 +30,8 @@ CODES = {
     "schema_too_large": "a `response_format` schema exceeds `limits.schema_bytes` as JSON",
     "input_too_large": "the text and 73 bytes per media link exceed 2048 UTF-8 bytes",
     "too_many_media": f"more than {MAX_MEDIA} media references",
-    "reserved_token": "the text contains a reserved media control token",
+    "reserved_token": "the text contains a reserved media control token or one of the model's control tokens",
+    "text_too_large": f"a correction's `text` exceeds {MEMORY_PAYLOAD_BYTES} UTF-8 bytes (a memory object's payload)",
     "media_truncated": "an image media source is truncated or corrupt (its `sha256`)",
     "bad_offset": "`offset` is not an integer 0..the result length",
     "bad_last_event_id": "`Last-Event-ID` does not name an event of this stream (`<path>@<cursor>`)",
@@ -73,9 +74,11 @@ CODES = {
     "page_limit_exceeds_pool": "`pages` exceeds the KV page pool",
     "no_result": "the operation has no result bytes (it is not an input)",
     "space_not_empty": "the space still holds conversations; delete them first",
-    "stale_version": "`source_version` (a publication) or `version` (a memory read) is not the memory object's "
-                     "current version, given in `version`",
-    "unsupported_kind": "the memory object is not retained text, which is what a publication copies",
+    "stale_version": "`source_version` (a publication) or `version` (a correction) is not the memory object's "
+                     "current version, or `version` (a memory read) is neither that nor one a live correction "
+                     "replaced; the current one is given in `version`",
+    "unsupported_kind": "the memory object is not retained text, which is what a publication copies and a "
+                        "correction replaces",
     "conversation_busy": "the conversation has an unfinished input; cancel it or wait for its terminal result",
     "deadline_exceeded": "the input ran past its execution deadline",
     # 410

@@ -193,10 +193,12 @@ OPERATIONS = {  # keyed by the device command each route calls
         "One memory object", "MemoryDetail",
         {400: ("bad_offset", "bad_field"), 404: ("memory_not_found",), 409: ("stale_version",)}, path="memory",
         query=(OFFSET,
-               ("version", ref("Counter"), "answer only while this is the object's current version (else 409 "
+               ("version", ref("Counter"), "answer this version: the object's current one, or an earlier one "
+                                           "while the correction that replaced it is live (else 409 "
                                            "`stale_version`, with the current one in `version`)")),
         description="Its row and exact payload bytes from query `offset` (bytes, default 0); with query "
-                    "`version`, only while that is the object's current version. 404 for an object the caller "
+                    "`version`, that version's: the current one, or an earlier one while the correction that "
+                    "replaced it is live (its receipt not retired). 404 for an object the caller "
                     "may not read now: its space unreadable, or an instance row retained or published in an "
                     "instance space the caller may not read."),
     "publications.record": _mutation(
@@ -207,6 +209,31 @@ OPERATIONS = {  # keyed by the device command each route calls
                     "sees, at its current version. The copy is a new object of this space's memory owner "
                     "(`published` true; the receipt's `target`) whose row shows its source object and version "
                     "(`published_from`) to this space's readers; the original keeps its scope."),
+    "memory.versions": _mutation(
+        "Correct a memory object", "MemoryVersionRequest",
+        {400: ("reserved_token", "text_too_large"), 403: ("right_missing",), 404: ("memory_not_found",),
+         409: ("stale_version", "unsupported_kind"), 503: ("engine_unavailable",)}, path="memory",
+        description="Needs the write right on the space the object was retained or published in (the manage "
+                    "right for an object another participant wrote), and `version`, its current version. Only "
+                    "retained text (a source, an interpretation, their published copies) is corrected. The "
+                    "object keeps its ID and row and moves to the next version, `text` its payload; recall, "
+                    "search and reads use it from then on. The text is embedded before admission, off the "
+                    "device's tick, counting against the `chats` quota meanwhile (503 `engine_unavailable` "
+                    "where the device runs no embedding model). The version it replaced stays readable "
+                    "(`GET /memory/{mem}?version=V`) until the correction's receipt is retired, and counts "
+                    "against the corrector's `memory_rows` quota until then. The receipt's `target` is the "
+                    "object."),
+    "memory.delete": _mutation(
+        "Forget a memory object", "MemoryDeletionRequest",
+        {403: ("right_missing",), 404: ("memory_not_found",)}, path="memory",
+        description="Needs the write right on the space the object was retained or published in (the manage "
+                    "right for an object another participant wrote); any kind of object may be forgotten. It "
+                    "is gone at once: `GET /memory/{mem}` answers 404 `memory_not_found`, and lists, search and "
+                    "recall never return it. The versions its live corrections keep and those corrections' "
+                    "texts go with it, and for a retained source the text of the input it came from; its bytes "
+                    "leave the runtime file and the journal at the next checkpoint. Another object made from it "
+                    "(an interpretation of the same turn, a published copy) stays until its own deletion. The "
+                    "receipt keeps the optional `reason`; its `target` is the object."),
     "operations.result": _read(
         "Result bytes of an input", "Result",
         {400: ("bad_offset",), 403: ("right_missing",), 404: ("operation_not_found",), 409: ("no_result",),
@@ -271,5 +298,6 @@ ROUTES = {  # OPERATIONS key -> path under the base (the views' URLconf; the tes
     "memory.list": "/spaces/{space}/memory", "memory.search": "/spaces/{space}/memory/search",
     "memory.get": "/memory/{memory}",
     "publications.record": "/spaces/{space}/publications",
+    "memory.versions": "/memory/{memory}/versions", "memory.delete": "/memory/{memory}/deletion",
     "conversations.events": "/conversations/{conversation}/events", "operations.subscribe": "/operations/{operation}/events",
 }

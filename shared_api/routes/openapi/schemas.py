@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from gpu_worker.contract import ids
-from gpu_worker.contract.limits import MAX_MEDIA
+from gpu_worker.contract.limits import MAX_MEDIA, MAX_REASON_BYTES, MEMORY_PAYLOAD_BYTES
 from gpu_worker.contract.structured import FORMATS
 from gpu_worker.contract.vocabulary import (CAPABILITIES_SCHEMA, CONTEXTS, MEDIA_TYPES, MEMORY_KINDS, MUTATION_SCHEMA,
                                             NOT_RETAINED, PERMISSIONS, QUOTAS, RATES, RECEIPT_SCHEMA, RETENTIONS,
@@ -332,6 +332,17 @@ SCHEMAS = {
         {"source": ref("MemoryId"), "source_version": ref("Counter")},
         ("source", "source_version"), "`source` (a memory object the caller sees) and `source_version` (its "
                                       "current version)"),
+    "MemoryVersionRequest": mutation_body(
+        "Correct the memory object in the path",
+        {"text": {"type": "string", "minLength": 1,
+                  "description": f"the object's new payload: at most {MEMORY_PAYLOAD_BYTES} UTF-8 bytes, without "
+                                 "a reserved media control token or a model's control token"},
+         "version": string(POSITIVE, "the object's current version")},
+        ("text", "version"), "`text` (the new payload) and `version` (the object's current version)"),
+    "MemoryDeletionRequest": mutation_body(
+        "Forget the memory object in the path",
+        {"reason": {"type": "string", "description": f"kept in the receipt; at most {MAX_REASON_BYTES} UTF-8 bytes"}},
+        description="optionally `reason`"),
     "MemoryRow": obj({
         "object": ref("MemoryId"),
         "version": ref("Counter"),

@@ -442,6 +442,10 @@ def participant_id() -> str:
     return f"par-{hex32()}"
 
 
+def memory_id() -> str:
+    return f"mem-{hex32()}-{hex32()}"
+
+
 # ---- assertions ----------------------------------------------------------------------------
 
 def assert_error(response, status: int, code: str, **details: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from shared_api.routes.openapi.operations import OPERATIONS, full_path
 from shared_api.routes.openapi.schemas import SCHEMAS
 
-from .conftest import (BASE, assert_error, conversation_id, envelope, operation_id, participant_id,
+from .conftest import (BASE, assert_error, conversation_id, envelope, memory_id, operation_id, participant_id,
                        space_id)
 
 SURROGATE_KEY_BODY = b'{"\\ud800": 1, ' + json.dumps(envelope(scope="private")).encode()[1:]
@@ -21,7 +21,7 @@ SURROGATE_KEY_BODY = b'{"\\ud800": 1, ' + json.dumps(envelope(scope="private")).
 KNOWN_FIELDS = frozenset(name for schema in SCHEMAS.values() if schema.get("type") == "object"
                          for name in schema.get("properties", {}))
 PATH_VALUES = {"{space}": space_id, "{conversation}": conversation_id, "{operation}": operation_id,
-               "{participant}": participant_id}
+               "{participant}": participant_id, "{memory}": memory_id}
 
 
 def mutation_paths():

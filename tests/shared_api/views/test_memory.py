@@ -1,17 +1,11 @@
 """GET /aotx/v1/shared/spaces/{spc}/memory (`memory.list`), GET /memory/{mem} (`memory.get`) and
 POST /spaces/{spc}/publications (`publications.record`): what each sends to the device and what
 it refuses without calling it."""
-import secrets
-
 import pytest
 
 from .conftest import (BAD_AUTHORIZATIONS, BAD_CURSORS, BAD_LIMITS, BASE, HOLDER, MALFORMED_BODIES, action_of,
                        assert_error, assert_passed_through, assert_request, assert_unauthenticated, bad_ids,
-                       envelope, lacking, mutation_args, space_id)
-
-
-def memory_id():
-    return f"mem-{secrets.token_hex(16)}-{secrets.token_hex(16)}"
+                       envelope, lacking, memory_id, mutation_args, space_id)
 
 
 def list_path(space):
