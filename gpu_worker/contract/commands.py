@@ -25,7 +25,7 @@ from .args import Args, counter, decimal, hex32, integer, number_in, one_of, res
 from .chat import Chat, Embeddings
 from .errors import ServiceError
 from .limits import (DEFAULT_LIMIT, INPUT_BYTES, MAX_LIMIT, MAX_MEDIA, MAX_MEDIA_BYTES, MAX_REASON_BYTES,
-                     MAX_SEARCH_RESULTS, MEDIA_LINK_BYTES, MEMORY_PAYLOAD_BYTES)
+                     MAX_MEMORY_TTL_SECONDS, MAX_SEARCH_RESULTS, MEDIA_LINK_BYTES, MEMORY_PAYLOAD_BYTES)
 from .vocabulary import CONTEXTS, MEDIA_TYPES, PERMISSIONS, RETENTIONS, SCOPES
 from .wire import LENGTH, MAX_FRAME, PROTOCOL_VERSION, ProtocolError
 
@@ -234,6 +234,7 @@ class Mutation(Args, kw_only=True, frozen=True):
 class NewSpace(Mutation, kw_only=True, frozen=True):
     id: str | None = None
     scope: str = "private"
+    memory_ttl_seconds: int | None = None  # the rows retained in it expire this long after (docs/memory.md)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -241,6 +242,7 @@ class NewSpace(Mutation, kw_only=True, frozen=True):
             hex32(self.id, "id")
         if self.scope not in SCOPES:
             raise ServiceError(400, "bad_field", "scope must be private, room or instance")
+        integer(self.memory_ttl_seconds, "memory_ttl_seconds", 1, MAX_MEMORY_TTL_SECONDS)
 
 
 class MemberSet(Mutation, kw_only=True, frozen=True):
@@ -390,6 +392,7 @@ class Input(Mutation, kw_only=True, frozen=True):
     context: str = "compact"
     # structured outputs (contract/structured.py): the result bytes are JSON of this schema
     response_format: dict[str, Any] | None = None
+    memory_ttl_seconds: int | None = None  # the rows it retains expire this long after (else its space's)
 
     @classmethod
     def before(cls, raw: dict[str, object]) -> None:
@@ -404,6 +407,7 @@ class Input(Mutation, kw_only=True, frozen=True):
             raise ServiceError(400, "bad_field", "text and model must be strings")
         integer(self.max_output_tokens, "max_output_tokens", 1, ids.MAX_COUNTER)
         integer(self.pages, "pages", 1, ids.MAX_COUNTER)
+        integer(self.memory_ttl_seconds, "memory_ttl_seconds", 1, MAX_MEMORY_TTL_SECONDS)
         number_in(self.temperature, "temperature", 0, 2)
         number_in(self.top_p, "top_p", 0, 1, open_low=True)
         one_of(self.retention, "retention", RETENTIONS)

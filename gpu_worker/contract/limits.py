@@ -15,6 +15,7 @@ MAX_SCHEMA_BYTES = 65536       # a response_format schema or a chat's tool defin
 MAX_SCHEMA_DEPTH = 32          # nesting of a schema's objects and arrays (400 past it)
 MAX_TOOLS = 64                 # function tools of one chat
 MEMORY_PAYLOAD_BYTES = INPUT_BYTES  # one memory row's payload: a whole input's text and media links
+MAX_MEMORY_TTL_SECONDS = 10 * 366 * 86400  # a memory time to live (a space's or an input's), at most
 MAX_REASON_BYTES = 256           # a forgotten memory object's reason, kept in its receipt
 MAX_SEARCH_RESULTS = 50           # rows one memory search answers, at most
 RECALL_K = 4                       # memory rows recalled into an input's prompt

@@ -42,15 +42,23 @@ def apply(d: Applying, a: Admission, prow: int, transfer_seq: int | None, rrow: 
     table = d.state.memory
     lineage, obj = a.extra["memory"]
     slot = table.by_id[obj]
+    t.put_bytes(t.result_bytes, rrow, SUPERSEDED.pack(lineage, obj, table.row(slot).version))  # (target_id)
+    erase(d, slot)
+    return rrow
+
+
+def erase(d: Tables, slot: int) -> None:
+    """Forget the object in memory row `slot` with everything that holds its bytes (the module's
+    docstring), and note it for the next checkpoint's erasure: a deletion's, and an expiry's
+    (memory/expiry.py)."""
+    table = d.state.memory
     row = table.row(slot)
-    t.put_bytes(t.result_bytes, rrow, SUPERSEDED.pack(lineage, obj, row.version))  # (its target: target_id)
-    texts = [table.payload_of(slot), *_erase_corrections(d, lineage, obj)]  # every version still known
+    texts = [table.payload_of(slot), *_erase_corrections(d, row.lineage, row.object)]  # every version known
     published = bool(row.flags & Flag.PUBLISHED)
     if row.kind == MemoryKind.SOURCE and not published:
         _erase_input_text(d, row.source, texts, int(table.owners[slot]) - 1)
     table.release([slot])
-    table.forgotten.append(Forgotten(obj, row.source, row.actor, int(row.kind), published))
-    return rrow
+    table.forgotten.append(Forgotten(row.object, row.source, row.actor, int(row.kind), published))
 
 
 def columns(d: Tables, a: Admission) -> dict[int, int]:

@@ -21,7 +21,7 @@ from typing import Any
 from ..contract import ids
 from ..contract.commands import Publication
 from ..contract.errors import ServiceError
-from ..memory import shared as memory
+from ..memory import expiry, shared as memory
 from ..memory.rows import Flag, Provenance
 from ..state.tables import R, Right, join16
 from . import access, quotas
@@ -34,7 +34,7 @@ COPY = 0xF0  # the memory-object tag of a publication's copy (state/ids.memory_o
 
 def check(d: Caller, principal: bytes, prow: int | None, args: Publication, key: bytes,
           sequence: int) -> dict[str, Any]:
-    access.space_row(d, args.space, principal, prow, Right.MANAGE)
+    destination = access.space_row(d, args.space, principal, prow, Right.MANAGE)
     slot = memory.visible_slot(d, principal, prow, args.source)
     table = d.state.memory
     row = table.row(slot)
@@ -47,7 +47,12 @@ def check(d: Caller, principal: bytes, prow: int | None, args: Publication, key:
     quotas.check(d, principal, prow, "memory_rows")
     space = ids.SPACE_ID.match(args.space)
     assert space is not None
-    return {"space": list(ids.split_id(space)), "source": [row.lineage, row.object], "source_version": row.version}
+    extra: dict[str, Any] = {"space": list(ids.split_id(space)), "source": [row.lineage, row.object],
+                             "source_version": row.version}
+    ttl = expiry.space_ttl(d, destination)
+    if ttl:  # the copy expires as its destination's rows do (only then: earlier records hold no key)
+        extra["expires"] = expiry.ttl_expiry(ttl)
+    return extra
 
 
 def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
@@ -62,7 +67,7 @@ def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: in
     # its provenance, as the admission recorded it: what the destination's readers see of its source
     provenance = Provenance(a.extra["source"][0], a.extra["source"][1], a.extra["source_version"])
     return table.write(copy, memory.owner_number(d, srow), table.payload_of(slot), table.embeddings[slot].clone(),
-                       provenance=provenance)
+                       provenance=provenance, expires=a.extra.get("expires", 0))
 
 
 def target_id(d: Tables, row: list[int], lineage: bytes) -> str:

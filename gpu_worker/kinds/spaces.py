@@ -49,7 +49,10 @@ def check(d: Caller, principal: bytes, prow: int | None, args: NewSpace, key: by
     quotas.check(d, principal, prow, "spaces")
     if not d.state.spaces.free:
         raise ServiceError(507, "space_capacity", f"the space table is full ({d.state.capacities['spaces']})")
-    return {"id": raw, "scope": int(scope)}
+    extra: dict[str, Any] = {"id": raw, "scope": int(scope)}
+    if args.memory_ttl_seconds is not None:  # (only then: a run of creations without it decodes natively)
+        extra["memory_ttl"] = args.memory_ttl_seconds
+    return extra
 
 
 def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: int) -> int:
@@ -58,6 +61,7 @@ def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: in
     state.tables.put_struct(state.tables.spaces, srow, 0, _ROW, 1, prow, a.extra["scope"], a.extra["id"],
                             state.admissions, a.op)
     state.spaces.add((state.participants.lineage[prow], a.extra["id"]), srow)
+    state.tables.put_value(state.tables.spaces, srow, S.MEMORY_TTL, a.extra.get("memory_ttl", 0))
     return srow
 
 
@@ -131,6 +135,7 @@ class SpaceView(TypedDict):
     scope: str
     owner: str
     memory_owner: str
+    memory_ttl_seconds: str | None
     created_by_operation: str
     rights: list[str]
 
@@ -143,6 +148,7 @@ def view(d: Tables, srow: int, rights: int) -> SpaceView:
     space = ids.space_id(lineage, join16(row[S.ID_HI], row[S.ID_LO]))
     return {"id": space, "scope": SCOPE_NAMES[row[S.SCOPE]], "owner": d.state.participants.public_id[owner],
             "memory_owner": memory_owner(d, row[S.SCOPE], space),
+            "memory_ttl_seconds": str(row[S.MEMORY_TTL]) if row[S.MEMORY_TTL] else None,
             "created_by_operation": ids.operation_id(lineage, join16(row[S.OP_HI], row[S.OP_LO])),
             "rights": access.right_names(rights)}
 

@@ -94,13 +94,13 @@ class Redactor:
 
     def _memory(self, payload: bytes) -> bytes | None:
         fields = msgpack.unpackb(payload)
-        actor, sequence, kind, flags, refused, text, vector = fields
+        actor, sequence, kind, flags, refused, text, vector, *expires = fields
         if not any(f.kind == kind for f in self.inputs.get((actor, sequence), [])):
             return None
         # (a source's transfer holds no text, only its embedding: the text is its input's)
         blank_text = None if text is None else b""
         blank_vector = None if vector is None else bytes(len(vector))
-        data: bytes = msgpack.packb([actor, sequence, kind, flags, refused, blank_text, blank_vector],
+        data: bytes = msgpack.packb([actor, sequence, kind, flags, refused, blank_text, blank_vector, *expires],
                                     use_bin_type=True)
         return data
 

@@ -138,9 +138,10 @@ class MemoryRow:
         """The row at its next version, with `flags` added (a change to the object)."""
         return replace(self, version=self.version + 1, flags=self.flags | flags)
 
-    def to_json(self, provenance: Provenance | None = None) -> dict[str, Any]:
+    def to_json(self, provenance: Provenance | None = None, expires: int = 0) -> dict[str, Any]:
         """The row as lists and detail reads show it (counters as decimal strings), with a
-        published copy's provenance (`published_from`, null for any other row)."""
+        published copy's provenance (`published_from`, null for any other row) and the instant it
+        expires (`expires_at_ns`, wall-clock ns, null for a row that does not)."""
         return {
             "object": memory_id(self.lineage, self.object),
             "version": str(self.version),
@@ -155,6 +156,7 @@ class MemoryRow:
             "source": operation_id(self.lineage, self.source),
             "actor": participant_id(self.actor),
             "published_from": provenance.to_json() if provenance is not None else None,
+            "expires_at_ns": str(expires) if expires else None,
         }
 
 

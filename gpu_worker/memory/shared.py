@@ -33,7 +33,7 @@ from ..kinds.lists import byte_offset, byte_span
 from ..state import ids as derived
 from ..state.tables import C, NotRetained, P, R, S, Right, Scope, join16
 from ..storage import leases
-from . import render
+from . import render, table as memory_table
 from .recall import recall
 from .rows import SUPERSEDED, ZERO, Flag, MemoryRow, memory_id
 from .rows import Kind as MemoryKind
@@ -103,7 +103,7 @@ def visible_slot(d: Caller, principal: bytes, prow: int | None, value: object) -
     memory = d.state.memory
     slot = memory.by_id.get(bytes.fromhex(m.group(2))) if m else None
     if slot is not None and m is not None and memory.row(slot).lineage == bytes.fromhex(m.group(1)):
-        if bool(readable_owners(d, principal, prow)[int(memory.owners[slot])]):
+        if bool(readable_owners(d, principal, prow)[int(memory.current_owners(memory_table.now())[slot])]):
             return slot
     raise ServiceError(404, "memory_not_found", f"no memory object {value} visible to this principal")
 
@@ -185,7 +185,8 @@ def nearest(d: Tables, srow: int, query: torch.Tensor, readable: torch.Tensor, k
     visibility = scope_table(d, srow) & readable.to(memory.owners.device)
     if not bool(visibility.any()):
         return []
-    found = recall(memory.embeddings, memory.owners, visibility, query.to(memory.embeddings.device), k)
+    found = recall(memory.embeddings, memory.current_owners(memory_table.now()), visibility,
+                   query.to(memory.embeddings.device), k)
     return [(score, slot) for score, slot in zip(found.scores[0].tolist(), found.rows[0].tolist()) if slot >= 0]
 
 
@@ -216,7 +217,7 @@ def list_memory(d: Caller, principal: bytes, args: SpacePage) -> tuple[int, dict
     prow = d.state.participants.by_principal.get(principal)
     srow = access.space_row(d, args.space, principal, prow, Right.READ)
     memory = d.state.memory
-    mask = (scope_table(d, srow) & readable_owners(d, principal, prow))[memory.owners]
+    mask = (scope_table(d, srow) & readable_owners(d, principal, prow))[memory.current_owners(memory_table.now())]
     if cursor is not None:
         mask &= memory.order > cursor
     found = torch.nonzero(mask).flatten()
@@ -228,9 +229,9 @@ def list_memory(d: Caller, principal: bytes, args: SpacePage) -> tuple[int, dict
 
 
 def row_json(d: Tables, slot: int) -> dict[str, object]:
-    """A row as the reads show it, with a published copy's provenance."""
+    """A row as the reads show it, with a published copy's provenance and when it expires."""
     memory = d.state.memory
-    return memory.row(slot).to_json(memory.provenance_of(slot))
+    return memory.row(slot).to_json(memory.provenance_of(slot), int(memory.expires[slot]))
 
 
 def get_memory(d: Caller, principal: bytes, args: MemoryRead) -> tuple[int, dict[str, object]]:
@@ -247,7 +248,7 @@ def get_memory(d: Caller, principal: bytes, args: MemoryRead) -> tuple[int, dict
         else:  # a version a live correction replaced (kinds/memory_versions.py)
             offset = byte_offset(args.offset, len(kept))
             earlier = replace(row, version=args.version, byte_length=len(kept))
-            return 200, {"memory": earlier.to_json(memory.provenance_of(slot)),
+            return 200, {"memory": earlier.to_json(memory.provenance_of(slot), int(memory.expires[slot])),
                          **byte_span(kept[offset:], offset)}
     offset = byte_offset(args.offset, row.byte_length)
     return 200, {"memory": row_json(d, slot), **byte_span(memory.payload_of(slot, offset), offset)}

@@ -7,6 +7,8 @@
     embeddings  (capacity, dim) float32  the row's embedding, L2-normalised (what recall scores)
     provenance  (capacity, 40) uint8     a published copy's source object and version
                                          (memory/rows.Provenance), zeros for any other row
+    expires     (capacity,) int64        when the row expires (wall-clock ns), 0: never
+                                         (docs/memory.md "Expiry")
 
 Owner numbers: every row is numbered by the space it was retained or published in, its space
 row + 1: for a private space or a room that number is its memory owner; instance spaces share
@@ -21,6 +23,7 @@ the lowest free row, so a replay fills the same rows with the same values.
 from __future__ import annotations
 
 import heapq
+import time
 from typing import Any
 
 import numpy as np
@@ -28,6 +31,12 @@ import torch
 
 from .rows import NO_PROVENANCE, PROVENANCE, ROW, Forgotten, MemoryRow, Provenance
 from ..shards import Shards
+
+
+def now() -> int:
+    """The device's wall clock, ns: what a row's expiry is written from and read against (tests
+    move it)."""
+    return time.time_ns()
 
 
 class MemoryTable:
@@ -41,6 +50,8 @@ class MemoryTable:
         self.payload = torch.zeros((capacity, payload_bytes), dtype=torch.uint8, device=device)
         self.embeddings = torch.zeros((capacity, dim), dtype=torch.float32, device=device)
         self.provenance = torch.zeros((capacity, PROVENANCE.size), dtype=torch.uint8, device=device)
+        self.expires = torch.zeros(capacity, dtype=torch.int64, device=device)
+        self.soonest = 0  # the earliest expiry of a live row (0: none), so a tick asks no tensor when none is due
         self.counter = 0                      # rows written so far (order of the next)
         self.free: list[int] = list(range(capacity))  # a heap: the lowest free row first
         self.by_id: Shards[bytes, int] = Shards()  # object id (16 bytes) -> row (gpu_worker/shards.py)
@@ -51,7 +62,7 @@ class MemoryTable:
     # ---- writes (journaled changes only) --------------------------------------------------
 
     def write(self, row: MemoryRow, owner: int, payload: bytes, embedding: torch.Tensor, visible: bool = True,
-              provenance: Provenance | None = None) -> int:
+              provenance: Provenance | None = None, expires: int = 0) -> int:
         """Store a new object in the lowest free row (the caller checked there is one). A row
         written by an unsaved transfer stays invisible (owner 0) until `reveal`: recall and reads
         see saved memory only, while the row is already taken, so allocation follows the journal
@@ -67,6 +78,9 @@ class MemoryTable:
                 self.payload.device)
         self.embeddings[slot] = embedding.to(self.embeddings.device, torch.float32)
         self.order[slot] = self.counter
+        if expires:
+            self.expires[slot] = expires
+            self.soonest = expires if not self.soonest else min(self.soonest, expires)
         if visible:
             self.owners[slot] = owner
         else:
@@ -121,9 +135,34 @@ class MemoryTable:
             self.embeddings[slot].zero_()
             self.owners[slot] = 0
             self.order[slot] = 0
+            self.expires[slot] = 0
             heapq.heappush(self.free, slot)
 
     # ---- reads ------------------------------------------------------------------------------
+
+    def current_owners(self, now: int) -> torch.Tensor:
+        """`owners` with the rows expired at `now` (wall-clock ns) as free: what every read and
+        recall sees, from the moment a row expires until the device's EXPIRY transfer frees it
+        (memory/expiry.py)."""
+        if not self.soonest or now < self.soonest:
+            return self.owners
+        return torch.where((self.expires > 0) & (self.expires <= now), 0, self.owners)
+
+    def expired(self, now: int, most: int) -> list[int]:
+        """Up to `most` live rows expired at `now`, the earliest first."""
+        due = torch.nonzero((self.expires > 0) & (self.expires <= now) & (self.owners != 0)).flatten()
+        return due[torch.argsort(self.expires[due])][:most].tolist()
+
+    def find_soonest(self) -> None:
+        """The earliest expiry of a live row, asked of the tensor (after rows were freed or loaded)."""
+        live = self.expires[(self.expires > 0) & ((self.owners != 0) | self._pending_mask())]
+        self.soonest = int(live.min()) if live.numel() else 0
+
+    def _pending_mask(self) -> torch.Tensor:
+        mask = torch.zeros(self.capacity, dtype=torch.bool, device=self.owners.device)
+        if self.pending:
+            mask[list(self.pending)] = True
+        return mask
 
     @property
     def free_rows(self) -> int:
@@ -165,6 +204,7 @@ class MemoryTable:
                 "payload": payload,
                 "embeddings": self.embeddings[live].cpu().numpy().astype("<f4").tobytes(),
                 "provenance": self.provenance[live].cpu().numpy().tobytes(),
+                "expires": self.expires[live].cpu().numpy().astype("<i8").tobytes(),
                 "counter": self.counter}
 
     def load(self, saved: dict[str, Any]) -> None:
@@ -190,6 +230,9 @@ class MemoryTable:
                 raise ValueError(f"state extent: memory provenance is not {PROVENANCE.size} bytes a row")
             self.provenance[index] = torch.from_numpy(np.frombuffer(provenance, np.uint8).copy()).view(
                 n, PROVENANCE.size).to(device)
+            expires = saved.get("expires")  # (a checkpoint from before expiry: none expires)
+            if expires is not None:
+                self.expires[index] = torch.from_numpy(np.frombuffer(expires, "<i8").copy()).to(device)
             pos = 0
             for slot in slots.tolist():
                 size = self.row(slot).byte_length
@@ -206,3 +249,4 @@ class MemoryTable:
         heapq.heapify(self.free)
         self.by_id = Shards((self.row(s).object, s) for s in live)
         self.pending = {}
+        self.find_soonest()

@@ -14,9 +14,9 @@ import torch
 from ..contract.limits import INTERPRETATION_TOKENS
 from ..memory.rows import Flag
 from ..memory.rows import Kind as MemoryKind
-from ..memory import shared as memory
+from ..memory import expiry, shared as memory
 from ..kinds import quotas
-from ..kinds.inputs import input_text
+from ..kinds.inputs import input_body, input_text
 from ..kinds.kind import Admitting, Journaling, Rendering, Retaining
 from ..state.executions import Execution, Phase
 from ..state.tables import C, Finish, NotRetained, P, R, join16
@@ -43,7 +43,8 @@ def retain(d: Retaining, rrow: int, kind: int, flags: int, text: bytes | None, e
     elif not quotas.allows(d, principal, prow, "memory_rows"):
         refused = NotRetained.QUOTA_EXCEEDED
     vector = None if refused else embedding.to("cpu", torch.float32).numpy().astype("<f4").tobytes()
-    payload = memory_payload(d, rrow, kind, flags, int(refused), None if refused else text, vector)
+    expires = 0 if refused else expiry.input_expiry(d, rrow, input_body(d, rrow))
+    payload = memory_payload(d, rrow, kind, flags, int(refused), None if refused else text, vector, expires)
     saved = apply_memory(d, payload, None)
     d.append(TransferKind.MEMORY, payload, lambda transfer: saved())
 
@@ -53,7 +54,8 @@ def apply_memory(d: Journaling, payload: bytes, transfer: Transfer | None) -> Ca
     memory owner. At replay (a transfer given) it shows at once; live, what it returns shows it
     (and notes it in the input's receipt) once the transfer is saved. A retained interpretation
     also changes its turn's source object to the next version (`memory.interpreted`), when saved."""
-    actor, sequence, kind, flags, refused, text, vector = msgpack.unpackb(payload)
+    actor, sequence, kind, flags, refused, text, vector, *rest = msgpack.unpackb(payload)
+    expires = rest[0] if rest else 0  # (a transfer written before expiry: never)
     rrow = input_row(d, actor, sequence, transfer, "memory")
     t = d.state.tables
     table = d.state.memory
@@ -70,7 +72,8 @@ def apply_memory(d: Journaling, payload: bytes, transfer: Transfer | None) -> Ca
         lineage = d.state.participants.lineage_at(row[R.PARTICIPANT], row[R.CREATED])  # its input's IDs' lineage
         new = memory.new_row(d, srow, lineage, obj, kind, flags, len(text), op, actor)
         embedding = torch.from_numpy(np.frombuffer(vector, dtype="<f4").copy())
-        slot = table.write(new, memory.owner_number(d, srow), text, embedding, visible=transfer is not None)
+        slot = table.write(new, memory.owner_number(d, srow), text, embedding, visible=transfer is not None,
+                           expires=expires)
 
     def saved() -> None:
         row = t.row(t.receipts, rrow)

@@ -21,6 +21,7 @@ from ..storage.journal_reader import RecoveryResult
 from ..storage.journal_writer import MAX_RECORDS_PER_TICK, JournalIOError, JournalWriter
 from ..storage.runtime_file import RuntimeFile
 from ..kinds.kind import OperationKind
+from ..memory import expiry
 from . import admission, execution, preparing
 
 log = logging.getLogger("gpu_worker.device")
@@ -65,6 +66,7 @@ class Tick:
         budget = MAX_RECORDS_PER_TICK
         if not self.deferred:
             budget -= execution.journal_work(d, execution.ENGINE_RECORDS_PER_TICK)
+        budget -= expiry.journal(d, budget)  # (memory rows past their time to live: one transfer a batch)
         self.deferred = False
         writer = d.committer.writer
         budget = self._admit_prepared(budget, batch)  # their work done, they go first

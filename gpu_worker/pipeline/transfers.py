@@ -37,11 +37,13 @@ def lease_payload(d: Tables, rrows: list[int]) -> bytes:
 
 
 def memory_payload(d: Tables, rrow: int, kind: int, flags: int, refused: int, text: bytes | None,
-                   embedding: bytes | None) -> bytes:
+                   embedding: bytes | None, expires: int = 0) -> bytes:
     """A MEMORY transfer: the memory row an input retains (its source, from its saved command
-    bytes, or an interpretation's text), or why it retains none (`refused`, a NotRetained code)."""
+    bytes, or an interpretation's text), or why it retains none (`refused`, a NotRetained code),
+    and when the row expires (wall-clock ns, 0 never: memory/expiry.py; absent from transfers
+    written before expiry)."""
     actor, sequence = actor_of(d, rrow)
-    return msgpack.packb([actor, sequence, kind, flags, refused, text, embedding], use_bin_type=True)
+    return msgpack.packb([actor, sequence, kind, flags, refused, text, embedding, expires], use_bin_type=True)
 
 
 def output_payload(d: Tables, rrow: int, offset: int, data: bytes) -> bytes:

@@ -15,6 +15,7 @@ import msgpack
 from ..kinds import media
 from ..kinds.kind import ADMISSION_VERSION, HEAD_ARRAY, KIND_AT, PRINCIPAL_AT, PRINCIPAL_BIN, Admission, Kind
 from ..kinds.kind import OperationKind
+from ..memory import expiry
 from ..pipeline import admission, execution, retention
 from ..state import DeviceState, holds
 from ..storage import checkpoint
@@ -56,6 +57,7 @@ class Replay:
             TransferKind.MEDIA: lambda transfer: media.apply(d, transfer.payload, transfer),
             TransferKind.HOLD: self.hold,
             TransferKind.MEMORY: functools.partial(retention.replay_memory, d),
+            TransferKind.EXPIRY: functools.partial(expiry.replay, d),
             TransferKind.CHECKPOINT: self._checkpoint,
             TransferKind.REPLICATION: self._replication,
         }

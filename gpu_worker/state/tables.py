@@ -39,6 +39,7 @@ class S:
     CREATED = 5        # admission counter of the creating operation (list order and cursor)
     OP_HI = 6          # the creating operation
     OP_LO = 7
+    MEMORY_TTL = 8     # seconds the rows retained in it live (0: for good; docs/memory.md "Expiry")
 
 
 class M:

@@ -51,6 +51,7 @@ class TransferKind(IntEnum):
     HOLD = 9
     MEMORY = 10
     REPLICATION = 11
+    EXPIRY = 12
 
 
 KIND_OF = {k.value: k for k in TransferKind}  # kind by value: a dict lookup, cheaper than an IntEnum call

@@ -61,7 +61,7 @@ def test_an_input_retains_its_source_text_and_the_reads_give_its_row_and_exact_b
     assert row == {"object": obj, "version": "1", "kind": "source", "scope": "private", "published": False,
                    "managed": False, "owner": space_view["memory_owner"], "room": None, "byte_length": "30",
                    "source": receipt["operation"], "actor": world.par["a"], "interpreted": False,
-                   "published_from": None}
+                   "published_from": None, "expires_at_ns": None}
     status, detail = world.read("a", "memory.get", memory=obj)
     assert status == 200 and detail["memory"] == row
     assert base64.b64decode(detail["bytes"]) == b"the capital of france is paris" and detail["next_offset"] == "30"

@@ -102,7 +102,7 @@ def test_transfer_kinds_have_their_documented_values():
     assert [(k.name, int(k)) for k in TransferKind] == [
         ("BOOT", 1), ("ADMISSION", 2), ("LEASE", 3), ("OUTPUT", 4), ("COMPLETION", 5),
         ("RETIREMENT", 6), ("CHECKPOINT", 7), ("MEDIA", 8), ("HOLD", 9),
-        ("MEMORY", 10), ("REPLICATION", 11),
+        ("MEMORY", 10), ("REPLICATION", 11), ("EXPIRY", 12),
     ]
 
 
