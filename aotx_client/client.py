@@ -75,6 +75,14 @@ def _input_fields(text: str, model: str, **options: JSON) -> JSONObject:
     return fields
 
 
+def _fork(at: int | str, id: str | None) -> JSONObject:
+    """A fork's fields: `at` an int or its decimal string (an event cursor), sent as the string."""
+    fields: JSONObject = {"at": str(at)}
+    if id is not None:
+        fields["id"] = id
+    return fields
+
+
 def _correction(text: str, version: int | str) -> JSONObject:
     """A correction's fields: `version` an int or its decimal string, sent as the string."""
     return {"text": text, "version": str(version)}
@@ -164,6 +172,12 @@ class Client(_Common):
 
     def create_conversation(self, space: str, id: str | None = None) -> Receipt:
         return self.mutate(f"/spaces/{quote(space)}/conversations", {"id": id} if id else {})
+
+    def fork_conversation(self, conversation: str, at: int | str, id: str | None = None) -> Receipt:
+        """A new conversation in the source's space whose history is `conversation`'s through the
+        input at event cursor `at` (its first input is `at + 1`); `id` as for create_conversation.
+        The receipt's `target` is the fork."""
+        return self.mutate(f"/conversations/{quote(conversation)}/forks", _fork(at, id))
 
     def submit_input(self, conversation: str, text: str, model: str, **options: JSON) -> Receipt:
         """options: max_output_tokens, pages, temperature, top_p, media ([{type, sha256}]), retention,
@@ -320,6 +334,9 @@ class AsyncClient(_Common):
 
     async def create_conversation(self, space: str, id: str | None = None) -> Receipt:
         return await self.mutate(f"/spaces/{quote(space)}/conversations", {"id": id} if id else {})
+
+    async def fork_conversation(self, conversation: str, at: int | str, id: str | None = None) -> Receipt:
+        return await self.mutate(f"/conversations/{quote(conversation)}/forks", _fork(at, id))
 
     async def submit_input(self, conversation: str, text: str, model: str, **options: JSON) -> Receipt:
         return await self.mutate(f"/conversations/{quote(conversation)}/inputs",

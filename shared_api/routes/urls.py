@@ -20,6 +20,7 @@ urlpatterns = [
     path("conversations/<str:conversation>", views.ConversationView.as_view()),
     path("conversations/<str:conversation>/inputs", views.InputsView.as_view()),
     path("conversations/<str:conversation>/events", views.ConversationEventsView.as_view()),
+    path("conversations/<str:conversation>/forks", views.ConversationForksView.as_view()),
     path("conversations/<str:conversation>/deletion", views.ConversationDeletionView.as_view()),
     path("operations", views.OperationsView.as_view()),
     path("operations/<str:operation>", views.OperationView.as_view()),

@@ -200,6 +200,16 @@ class ConversationDeletionView(SharedView):
         return DeviceCall("conversations.delete", Mutation(request).args(conversation=conversation))
 
 
+class ConversationForksView(SharedView):
+    @doc("conversations.fork")
+    def post(self, request: Request, conversation: str) -> DeviceCall:
+        """A fork: a new conversation in the source's space whose history is the source's through
+        the input at event cursor `at` (a decimal string of 1 or more), its ID `id` as a
+        creation's (the contract checks both: ConversationFork)."""
+        mutation = Mutation(request, ("at", "id"), required=("at",))
+        return DeviceCall("conversations.fork", mutation.args(conversation=conversation, **mutation.fields))
+
+
 class ConversationView(SharedView):
     @doc("conversations.get")
     def get(self, request: Request, conversation: str) -> DeviceCall:

@@ -4,23 +4,28 @@
 Rules the table encodes:
 - no credential or a wrong one: 401 with WWW-Authenticate, on every route;
 - the gateway action first: GET needs shared_read, POST participant/spaces/conversations/
-  cancellations/retirements and a memory object's versions and deletion need shared_write, POST
-  members, publications and space or conversation deletions need shared_manage (403 grant_missing);
+  cancellations/retirements, a conversation's forks and a memory object's versions and deletion
+  need shared_write, POST members, publications and space or conversation deletions need
+  shared_manage (403 grant_missing);
 - then the device: a resource the caller may not see is 404 (never 403), a visible resource
   without the needed right is 403 right_missing; the owner has every right, a member row gives
   exactly its rights, an instance space gives read+write to every registered participant unless a
   zero-rights row blocks it; current grants intersect with those stored rights; a memory object
   is corrected or forgotten with write on the space it was retained or published in by the
-  participant that wrote it, with manage by any other;
+  participant that wrote it, with manage by any other; a conversation is forked with read on its
+  space (the source's history is read: without it the source is 404, or 403 where the space is
+  visible) and write there (the fork is a new conversation of that space);
 - every response carries Cache-Control: no-store.
 
 One stack serves the whole module. Each persona's own mutations change only that persona's
 state (its own spaces, conversations, receipts and retry floor; member writes re-set an
 existing zero-rights row; a space deletion that passes the rights stops at 409 space_not_empty,
-and the conversation deletion names a conversation nobody has; the memory corrections and
-deletions name copies the owner publishes afresh for each persona, in the private and the
-instance space, so what one persona corrects or forgets no other route and no other persona
-names), so the persona tests do not depend on each other's order.
+and the conversation deletion names a conversation nobody has; a fork is a new conversation of
+the persona's own, at the source's first input, which finished during setup, so the inputs other
+personas add later never make it busy; the memory corrections and deletions name copies the
+owner publishes afresh for each persona, in the private and the instance space, so what one
+persona corrects or forgets no other route and no other persona names), so the persona tests do
+not depend on each other's order.
 """
 import json
 import re
@@ -74,6 +79,8 @@ ROUTES = {
     "POST spaces/{instance}/conversations": ("POST", "/spaces/{instance}/conversations"),
     "POST conversations/{private}/inputs": ("POST", "/conversations/{private_con}/inputs"),
     "POST conversations/{instance}/inputs": ("POST", "/conversations/{instance_con}/inputs"),
+    "POST conversations/{private}/forks": ("POST", "/conversations/{private_con}/forks"),
+    "POST conversations/{instance}/forks": ("POST", "/conversations/{instance_con}/forks"),
     "POST spaces/{private}/deletion": ("POST", "/spaces/{private}/deletion"),
     "POST spaces/{instance}/deletion": ("POST", "/spaces/{instance}/deletion"),
     "POST conversations/{ghost}/deletion": ("POST", "/conversations/{ghost_con}/deletion"),
@@ -119,6 +126,7 @@ _IMPLICIT_INSTANCE = {
     "GET memory/{instance}": OK,
     # the owner wrote the object: changing it needs manage, which the implicit rights lack
     "POST memory/{instance}/versions": RIGHT, "POST memory/{instance}/deletion": RIGHT,
+    "POST conversations/{instance}/forks": NEW,
 }
 _INVISIBLE_PRIVATE = {
     "GET spaces/{private}": NO_SPACE, "GET spaces/{private}/members": NO_SPACE,
@@ -130,6 +138,7 @@ _INVISIBLE_PRIVATE = {
     "GET spaces/{private}/memory": NO_SPACE, "GET memory/{private}": NO_MEM,
     "POST spaces/{private}/publications": NO_SPACE,
     "POST memory/{private}/versions": NO_MEM, "POST memory/{private}/deletion": NO_MEM,
+    "POST conversations/{private}/forks": NO_CON,
 }
 _OWN_READS = {
     "GET capabilities": OK, "GET participant": OK, "GET participants/{par}": OK, "GET spaces": OK,
@@ -159,6 +168,7 @@ EXPECTED = {
         "POST spaces/{private}/publications": NEW, "POST spaces/{instance}/publications": NEW,
         "POST memory/{private}/versions": NEW, "POST memory/{instance}/versions": NEW,
         "POST memory/{private}/deletion": NEW, "POST memory/{instance}/deletion": NEW,
+        "POST conversations/{private}/forks": NEW, "POST conversations/{instance}/forks": NEW,
     },
     # member row [read] on the private space
     "reader": {
@@ -171,6 +181,8 @@ EXPECTED = {
         "POST spaces/{private}/deletion": RIGHT,
         "GET spaces/{private}/memory": OK, "GET memory/{private}": OK, "POST spaces/{private}/publications": RIGHT,
         "POST memory/{private}/versions": RIGHT, "POST memory/{private}/deletion": RIGHT,
+        # it reads the source, but the fork would be a conversation of a space it may not write
+        "POST conversations/{private}/forks": RIGHT,
     },
     # member row [write]: the space is visible but unreadable. A receipt is readable only where
     # its target space is readable (spaces.py receipt_visible_to), so the creating receipt is 404.
@@ -185,6 +197,8 @@ EXPECTED = {
         "GET spaces/{private}/memory": RIGHT, "GET memory/{private}": NO_MEM,
         "POST spaces/{private}/publications": RIGHT,
         "POST memory/{private}/versions": NO_MEM, "POST memory/{private}/deletion": NO_MEM,
+        # write alone: the source is visible but its history unreadable
+        "POST conversations/{private}/forks": RIGHT,
     },
     # member row [manage]
     "manager": {
@@ -199,6 +213,7 @@ EXPECTED = {
         "GET spaces/{private}/memory": RIGHT, "GET memory/{private}": NO_MEM,
         "POST spaces/{private}/publications": NO_MEM,
         "POST memory/{private}/versions": NO_MEM, "POST memory/{private}/deletion": NO_MEM,
+        "POST conversations/{private}/forks": RIGHT,
     },
     # registered, no member row anywhere
     "outsider": {**_OWN_READS, **_REGISTERED_WRITER, **_IMPLICIT_INSTANCE, **_INVISIBLE_PRIVATE},
@@ -214,6 +229,7 @@ EXPECTED = {
         "GET spaces/{instance}/memory": NO_SPACE, "POST spaces/{instance}/publications": NO_SPACE,
         "GET memory/{instance}": NO_MEM,
         "POST memory/{instance}/versions": NO_MEM, "POST memory/{instance}/deletion": NO_MEM,
+        "POST conversations/{instance}/forks": NO_CON,
     },
     # every grant, never registered: sees nothing, every mutation but registration is 409
     "newcomer": {
@@ -231,6 +247,7 @@ EXPECTED = {
         "POST spaces/{private}/publications": UNREG, "POST spaces/{instance}/publications": UNREG,
         "POST memory/{private}/versions": UNREG, "POST memory/{instance}/versions": UNREG,
         "POST memory/{private}/deletion": UNREG, "POST memory/{instance}/deletion": UNREG,
+        "POST conversations/{private}/forks": UNREG, "POST conversations/{instance}/forks": UNREG,
     },
     # the next three hold member rows [read, write, manage] on the private space; only the
     # missing grant limits them. Without shared_read: every GET is refused, mutations still work
@@ -245,6 +262,8 @@ EXPECTED = {
         # write and manage without read: neither object is visible
         "POST memory/{private}/versions": NO_MEM, "POST memory/{instance}/versions": NO_MEM,
         "POST memory/{private}/deletion": NO_MEM, "POST memory/{instance}/deletion": NO_MEM,
+        # both sources are visible (write), their history unreadable
+        "POST conversations/{private}/forks": RIGHT, "POST conversations/{instance}/forks": RIGHT,
     },
     # without shared_write (registered first, then shared_write revoked: registering needs it)
     "no_write": {
@@ -261,6 +280,7 @@ EXPECTED = {
         "GET spaces/{private}/memory": OK, "GET memory/{private}": OK, "POST spaces/{private}/publications": NEW,
         "POST memory/{private}/versions": GRANT, "POST memory/{instance}/versions": GRANT,
         "POST memory/{private}/deletion": GRANT, "POST memory/{instance}/deletion": GRANT,
+        "POST conversations/{private}/forks": GRANT, "POST conversations/{instance}/forks": GRANT,
     },
     # without shared_manage
     "no_manage": {
@@ -278,6 +298,7 @@ EXPECTED = {
         # shared_write passes the gateway; the missing grant cuts manage from its member row, which
         # the owner's object needs
         "POST memory/{private}/versions": RIGHT, "POST memory/{private}/deletion": RIGHT,
+        "POST conversations/{private}/forks": NEW,
     },
     "anonymous": _everywhere(UNAUTH),
     "wrong_token": _everywhere(UNAUTH),
@@ -450,6 +471,8 @@ def _body_for(world, route):
         return {"text": "a corrected fact", "version": "1"}
     if route.endswith("/deletion"):
         return {}
+    if route.endswith("/forks"):  # the source's first input, finished during setup
+        return {"at": "1"}
     if route.startswith("POST conversations/"):
         return {"text": "hi", "model": "tiny-llama", "max_output_tokens": 2}
     if route == "POST cancellations":

@@ -7,9 +7,10 @@ derandomized run of generated requests in three plans:
   in every mutation, existing space/conversation/operation/participant/memory IDs in the path, a
   second registered participant as the member, a live sequence as the cancellation target and the
   retirement's own sequence as the new retry floor, the memory object's current version in a
-  correction, a fresh space, conversation or memory object (a copy published afresh) for each
-  deletion, so success responses (receipts, spaces,
-  lists) are validated too; every 202 is retried exactly and must answer 200 with the receipt;
+  correction, the conversation's first input (finished before the run) as a fork's point, a
+  fresh space, conversation or memory object (a copy published afresh) for each deletion, so
+  success responses (receipts, spaces, lists) are validated too; every 202 is retried exactly and
+  must answer 200 with the receipt;
 - negative: data the schema forbids, which must be refused with a documented 4xx.
 
 Every response must be no 5xx, have a documented status and content type, match its schema
@@ -63,6 +64,9 @@ class World:
                                text="the fuzzing fact", model="tiny-llama", max_output_tokens=2)
         self.ids["memory"] = wait_for(lambda: self.retained(retained["operation"]), 60, interval=0.05,
                                       what="the input's retained memory")
+        # and its terminal result saved: the anchored forks are made at this input (`at` 1)
+        wait_for(lambda: _json(self.stack, "GET", f"{BASE}/operations/{retained['operation']}",
+                               token=self.token)["terminal"]["saved"], 60, interval=0.05, what="the input's end")
 
     def retained(self, operation):
         memory = _json(self.stack, "GET", f"{BASE}/operations/{operation}", token=self.token)["memory"]
@@ -106,6 +110,9 @@ class World:
                 case.body["retry_floor"] = me["next_sequence"]
             if case.path.endswith("/versions") and "version" in case.body:  # the anchor's current version
                 case.body["version"] = self.memory_version()
+            if case.path.endswith("/forks") and "at" in case.body:
+                # the anchor conversation's first input, finished in __init__ (a later one may be running)
+                case.body["at"] = "1"
             if "model" in case.body:  # the served model, a short generation
                 case.body["model"] = "tiny-llama"
                 case.body["max_output_tokens"] = 2
@@ -164,7 +171,7 @@ def test_the_gateway_conforms_to_its_own_schema(world):
         run()
 
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 29
+    assert len(operations) == 30
     for operation in operations:
         plans = ["generated", "negative"]
         if operation.method.upper() == "POST" or operation.path_parameters:

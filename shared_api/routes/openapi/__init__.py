@@ -126,9 +126,9 @@ Persistent shared conversations. Base path `/aotx/v1/shared`.
 
 Every route needs `Authorization: Bearer <token>` (401 with `WWW-Authenticate` otherwise) and every
 response carries `Cache-Control: no-store`. GET needs the `shared_read` gateway action; participant
-registration, spaces, conversations, retirements, cancellations, memory corrections and memory deletions
-need `shared_write`; members need `shared_manage`. The device intersects current grants with stored
-membership on every admission and read.
+registration, spaces, conversations and their forks, retirements, cancellations, memory corrections and
+memory deletions need `shared_write`; members need `shared_manage`. The device intersects current grants
+with stored membership on every admission and read.
 
 Every POST is a mutation: `{"schema": "aotx.shared.mutation.v1", "lineage", "operation_key", "sequence"}`
 plus the route's own fields. A new operation answers 202 with its receipt and `Location`; an exact retry

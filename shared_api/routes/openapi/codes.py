@@ -79,7 +79,9 @@ CODES = {
                      "replaced; the current one is given in `version`",
     "unsupported_kind": "the memory object is not retained text, which is what a publication copies and a "
                         "correction replaces",
-    "conversation_busy": "the conversation has an unfinished input; cancel it or wait for its terminal result",
+    "conversation_busy": "the conversation has an unfinished input (for a fork, one through `at`); cancel it or "
+                         "wait for its terminal result",
+    "fork_point_past_end": "`at` is past the source conversation's last input (its count is given in `inputs`)",
     "deadline_exceeded": "the input ran past its execution deadline",
     # 410
     "below_retry_floor": "the sequence is below the saved retry floor (given in `retry_floor`)",

@@ -126,6 +126,22 @@ OPERATIONS = {  # keyed by the device command each route calls
                     "Its ID stops resolving, its event streams end and it stops counting against its creator's "
                     "conversations quota at once; its table row comes back once the receipts that name it are "
                     "retired. Its receipts stay readable by the participants who made them."),
+    "conversations.fork": _mutation(
+        "Fork a conversation", "ConversationForkRequest",
+        {403: ("right_missing",), 404: ("conversation_not_found",),
+         409: ("fork_point_past_end", "conversation_busy", "conversation_exists"), 507: ("conversation_capacity",)},
+        path="conversation",
+        description="Needs the read right on the source conversation's space (404 otherwise) and the write right "
+                    "there, where the fork is made. A new conversation in the source's space (its ID as a "
+                    "creation's: `id`, else the operation key; the receipt's `target`) whose history is the "
+                    "source's through the input at event cursor `at`, made at admission from the source as it "
+                    "is then: its retired turns and its succeeded inputs through `at`, with their authors, within "
+                    "the history row's bound. The fork's event orders go on from `at`: its event reads show "
+                    "1..`at` as a gap (retired turns) and its first input is `at + 1`. Later inputs of either "
+                    "never appear in the other; both share the space's memory. 409 `fork_point_past_end` for an "
+                    "`at` past the source's last input (its count in `inputs`), 409 `conversation_busy` while an "
+                    "input through `at` is unfinished. The fork counts against its creator's `conversations` "
+                    "quota."),
     "conversations.get": _read(
         "One conversation", "Conversation", {403: ("right_missing",), 404: ("conversation_not_found",)},
         path="conversation"),
@@ -294,6 +310,7 @@ ROUTES = {  # OPERATIONS key -> path under the base (the views' URLconf; the tes
     "operations.list": "/operations", "operations.get": "/operations/{operation}",
     "retirements.record": "/retirements", "cancellations.record": "/cancellations",
     "spaces.delete": "/spaces/{space}/deletion", "conversations.delete": "/conversations/{conversation}/deletion",
+    "conversations.fork": "/conversations/{conversation}/forks",
     "media.put": "/aotx/v1/media/{sha256}", "conversations.input": "/conversations/{conversation}/inputs", "operations.result": "/operations/{operation}/result",
     "memory.list": "/spaces/{space}/memory", "memory.search": "/spaces/{space}/memory/search",
     "memory.get": "/memory/{memory}",

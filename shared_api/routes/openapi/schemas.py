@@ -295,6 +295,12 @@ SCHEMAS = {
     "ConversationCreateRequest": mutation_body(
         "Create a conversation", {"id": ref("Hex32")},
         description="`id` (32 hex; omitted: the operation key)"),
+    "ConversationForkRequest": mutation_body(
+        "Fork the conversation in the path",
+        {"at": string(POSITIVE, "the event cursor of the source's input the fork's history ends with "
+                                "(1..its last input)"),
+         "id": ref("Hex32")},
+        ("at",), "`at` (an event cursor) and optionally `id` (32 hex; omitted: the operation key)"),
     "RetirementRequest": mutation_body(
         "Retire receipts below a new retry floor",
         {"retry_floor": string(POSITIVE, "every receipt below it must have a saved terminal result; "
