@@ -263,8 +263,8 @@ class MixedBuilder:
         while True:
             got = self._engine_events()
             for _, msg in committer.run_sync(inbox):
-                if msg.get("status") not in (200, 202):
-                    raise SystemExit(f"the mixed build was refused: {msg.get('status')} {msg.get('body')!r:.500}")
+                if msg.status not in (200, 202):
+                    raise SystemExit(f"the mixed build was refused: {msg.status} {msg.body!r:.500}")
             if not inbox and not (ex.live or ex.to_lease or ex.leasing or ex.cancel_when_leased) \
                     and committer.all_saved:
                 break

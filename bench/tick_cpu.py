@@ -30,7 +30,7 @@ from gpu_worker.storage import filelayer  # noqa: E402
 from gpu_worker.device import Device  # noqa: E402
 from gpu_worker.contract.grantfile import Grants  # noqa: E402
 from gpu_worker.pack import pack_tiny  # noqa: E402
-from gpu_worker.contract.wire import decode_payload, encode_frame  # noqa: E402
+from gpu_worker.contract.wire import decode_payload, encode_reply  # noqa: E402
 from gpu_worker.storage.committer import Batch  # noqa: E402
 from gpu_worker.storage.runtime_file import RuntimeFile  # noqa: E402
 
@@ -88,7 +88,7 @@ def main():
             batch.last_seq = committer.writer.next_seq - 1
             committer.batches.append(batch)
             t2 = time.perf_counter()
-            replies = [encode_frame(msg) for _, msg in committer.commit()]
+            replies = [encode_reply(msg) for _, msg in committer.commit()]
             t3 = time.perf_counter()
             assert len(replies) == TICK and len(inbox) == TICK
             spent.update(decode=t1 - t0, gather=t2 - t1, commit_and_answer=t3 - t2, total=t3 - t0)

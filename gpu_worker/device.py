@@ -33,7 +33,7 @@ from .contract.grantfile import GrantFileError, Grants
 from .contract.ids import HEX32
 from .contract.rates import Pace
 from .contract.vocabulary import COMMANDS, DEFAULT_RATES, OUTPUT_TOKENS_RATE
-from .contract.wire import Message, dumps, reply
+from .contract.wire import Answer, Message, Reply, dumps, reply
 from .loop.subscriptions import Subscriptions
 from .loop.threads import DEFAULT_NICE, enter_background
 from .kinds import chat, events, media, quotas
@@ -52,7 +52,7 @@ from .state.executions import Executions
 from .state.holds import Holds
 from .state.usage import Chats, Usage
 from .storage import runtime_file
-from .storage.committer import Batch, Committer, Reply
+from .storage.committer import Batch, Committer
 from .storage.filelayer import FileLayer, OsFileLayer
 from .storage.journal import Transfer, TransferKind
 from .storage.journal_lock import JournalLock
@@ -270,7 +270,7 @@ class Device:
         """Handle commands from the front of inbox until this tick's record budget is used (Tick.gather)."""
         self.tick.gather(inbox, batch)
 
-    def answer(self, batch: Batch) -> list[Reply]:
+    def answer(self, batch: Batch) -> list[Answer]:
         """The replies of a batch whose transfers are all saved (or refused: refuse_unsaved): Tick.answer."""
         return self.tick.answer(batch)
 
@@ -278,15 +278,15 @@ class Device:
         """Transfers just made durable, oldest first: their admissions and results are saved (Tick.saved)."""
         self.tick.saved(transfers)
 
-    def refuse_unsaved(self, err: JournalIOError, batches: list[Batch]) -> list[Reply]:
+    def refuse_unsaved(self, err: JournalIOError, batches: list[Batch]) -> list[Answer]:
         """ENOSPC while saving a tick: rebuild from what is saved, hold, refuse (Tick.refuse_unsaved)."""
         return self.tick.refuse_unsaved(err, batches)
 
-    def unconfirmed(self, batches: list[Batch]) -> list[Reply]:
+    def unconfirmed(self, batches: list[Batch]) -> list[Answer]:
         """Batches durable here but not yet acknowledged by the sync standby (Tick.unconfirmed)."""
         return self.tick.unconfirmed(batches)
 
-    def not_primary(self, batches: list[Batch], why: str) -> list[Reply]:
+    def not_primary(self, batches: list[Batch], why: str) -> list[Answer]:
         """Once fenced with a sync standby: what waited for the standby (Tick.not_primary)."""
         return self.tick.not_primary(batches, why)
 
@@ -294,7 +294,7 @@ class Device:
         """Why this device must admit nothing (its leadership lease may have lapsed), else None."""
         return self.leadership.fenced() if self.leadership is not None else None
 
-    def read(self, msg: Message) -> Message:
+    def read(self, msg: Message) -> Reply:
         """Answer a read from the current (saved) state."""
         req_id = msg.get("id")
         op = msg.get("op", "")
@@ -410,7 +410,7 @@ class Device:
         else:
             threading.Thread(target=run, name="aotx-off-tick", daemon=True).start()
 
-    def take_outbox(self) -> list[Reply]:
+    def take_outbox(self) -> list[Answer]:
         """Frames made outside a batch's answers (subscriptions: events, output, chat tokens), for
         the server to send after the step that made them."""
         return self.subscriptions.take_outbox()
@@ -448,12 +448,12 @@ class Device:
         """Fold the journal into the runtime file now (between ticks): Checkpoints.write."""
         return self.checkpoints.write()
 
-    def drained(self, conn: object, msg: Message) -> Message | None:
+    def drained(self, conn: object, msg: Message) -> Reply | None:
         """A command that waited for every transfer to be saved (Committer.when_drained): its
         answer now, or None when it comes later (Checkpoints.drained)."""
         return self.checkpoints.drained(conn, msg)
 
-    def begin_checkpoint(self, conn: object, req_id: object) -> None:
+    def begin_checkpoint(self, conn: object, req_id: int | None) -> None:
         """Fold the journal into the runtime file beside the ticks (Checkpoints.begin)."""
         self.checkpoints.begin(conn, req_id)
 

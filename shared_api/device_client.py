@@ -242,7 +242,7 @@ class DeviceMux:
             await asyncio.gather(reading, return_exceptions=True)
 
 
-KEEP_ALIVE = Reply(status=0, more=True)  # not a device frame: DeviceStream.nudge's wake-up
+KEEP_ALIVE = Reply(status=0, body=b"", more=True)  # not a device frame: DeviceStream.nudge's wake-up
 
 
 class DeviceStream:

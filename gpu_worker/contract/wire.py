@@ -6,16 +6,17 @@ replies carry ``{"id": int, "status": int, "body": bytes, "headers": {...}?, "mo
 where ``body`` is the exact JSON the gateway sends to its client (the device renders receipts
 once, so a receipt read back after a restart is the same bytes).
 
-The device builds its replies as maps (`reply`, and the streams' frames in loop/subscriptions.py);
-a gateway reads each as a `Reply`, a Struct of every field a reply frame may carry, decoded
-straight from the frame's bytes (ReplyReader). The bytes on the wire are the maps' either way.
+Both sides hold a reply as a `Reply`, a Struct of every field a reply frame may carry: the device
+builds one for each answer (`reply`, and the streams' frames in loop/subscriptions.py) and encodes
+it with `encode_reply`, leaving out the fields at their defaults; a gateway decodes each frame
+straight into one (ReplyReader). The bytes on the wire are the maps above.
 """
 from __future__ import annotations
 
 import json
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeAlias, TypeVar, Union
 
 import msgpack
@@ -32,16 +33,17 @@ JSON: TypeAlias = Union[None, bool, int, float, str, list["JSON"], dict[str, "JS
 JSONObject: TypeAlias = dict[str, JSON]
 
 # A frame's map as msgpack decodes it: a request the device reads (`v`, `id`, `op`, `principal`,
-# `args`), a reply the device builds, a replication frame before it is typed.
+# `args`), a replication frame before it is typed (replication/frames.py).
 Message = dict[str, Any]
 
 
 class Reply(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A reply frame as a gateway reads it (docs/protocol.md, "Frames", "Subscriptions"): a
-    one-reply command's answer, or one frame of a stream (a chat's tokens, a subscription's
-    events). Fields the device leaves out read as the defaults here."""
+    """A reply frame (docs/protocol.md, "Frames", "Subscriptions"): a one-reply command's answer,
+    or one frame of a stream (a chat's tokens, a subscription's events). The device encodes only
+    the fields not at their defaults (`body` always); a reader finds the defaults here for the
+    rest."""
     status: int
-    body: bytes = b""
+    body: bytes
     id: int | None = None  # the request answered; None with `ids`
     ids: list[int] | None = None  # a frame for several subscriptions of one connection
     headers: dict[str, str] | None = None  # HTTP headers the gateway adds to its answer
@@ -51,6 +53,9 @@ class Reply(msgspec.Struct, kw_only=True, omit_defaults=True):
     cursor: str | None = None  # where a subscriber resumes after this frame
     index: int = 0  # a streamed chat token's choice (n > 1)
     logprobs: list[dict[str, object]] | None = None  # a streamed chat token's logprobs entries
+
+
+Answer: TypeAlias = tuple[object, Reply]  # (the device's connection, a reply on it)
 
 
 class ProtocolError(Exception):
@@ -98,8 +103,20 @@ def pack(obj: object) -> bytes:
     return data
 
 
-def encode_frame(obj: Message) -> bytes:
-    payload = pack(obj)
+_ENCODER = msgspec.msgpack.Encoder()  # (a Struct with omit_defaults: its fields at their defaults left out)
+
+
+def encode_frame(obj: msgspec.Struct | Mapping[str, object]) -> bytes:
+    """One frame: a replication frame (replication/frames.py), or a request's map (a test's)."""
+    return _framed(_ENCODER.encode(obj))
+
+
+def encode_reply(msg: Reply) -> bytes:
+    """A reply's frame (the device's loop sends every reply through it)."""
+    return _framed(_ENCODER.encode(msg))
+
+
+def _framed(payload: bytes) -> bytes:
     if len(payload) > MAX_FRAME:
         raise ProtocolError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME}")
     return LENGTH.pack(len(payload)) + payload
@@ -116,11 +133,18 @@ def decode_payload(payload: bytes) -> Message:
     return obj
 
 
-def reply(req_id: object, status: int, body: bytes, headers: dict[str, str] | None = None) -> Message:
-    msg: Message = {"id": req_id, "status": status, "body": body}
-    if headers:
-        msg["headers"] = headers
+def decode_request(payload: bytes) -> Message:
+    """One request's map, its `id` an int (every reply to it carries it: `Reply.id`, `Reply.ids`);
+    ProtocolError for anything else (the connection is closed)."""
+    msg = decode_payload(payload)
+    if type(msg.get("id")) is not int:
+        raise ProtocolError(f"a request's id is {type(msg.get('id')).__name__}, not an integer")
     return msg
+
+
+def reply(req_id: int | None, status: int, body: bytes, headers: dict[str, str] | None = None) -> Reply:
+    """The one reply to request `req_id` (None: one the device made itself, answered to no connection)."""
+    return Reply(id=req_id, status=status, body=body, headers=headers or None)
 
 
 _REPLY = msgspec.msgpack.Decoder(Reply)

@@ -53,7 +53,7 @@ def start(d: Chatting, conn: object, msg: Message, batch: Batch) -> int:
     """Check a chat, tokenize its messages on a thread of their own (a long prompt must not stall
     the tick thread), then hand it to the engine. Refusals found here are answered in this tick;
     those that need the prompt's length, as soon as it is known. Journals nothing."""
-    req_id = msg.get("id")
+    req_id: int = msg["id"]  # (a request of the socket: wire.decode_request)
     try:
         principal = d.principal(msg, CHAT)
         if d.runner is None:
@@ -156,7 +156,7 @@ def _grammar(engine: Any, args: ChatArgs) -> Grammar | None:
     return None
 
 
-def _submit(d: Chatting, conn: object, req_id: object, principal: bytes, args: ChatArgs,
+def _submit(d: Chatting, conn: object, req_id: int, principal: bytes, args: ChatArgs,
             result: Prepared | None, error: BaseException | None) -> None:
     """On the tick thread, the prompt tokenized: refuse what does not fit, or start the chat."""
     d.usage.chat_prepared(principal)
@@ -260,10 +260,7 @@ def event(d: Streaming, request_id: tuple[str, int, int], token: int | None, dat
     entries = [token_logprobs(d, token, details)] if token is not None and details is not None else []
     if chat["stream"]:
         if data or entries:  # a token whose bytes are held (a possible stop string) still has its logprobs
-            fields: dict[str, Any] = {"logprobs": entries} if entries else {}
-            if len(chat["choices"]) > 1:
-                fields["index"] = index
-            d.subscriptions.push(sub, data, **fields)
+            d.subscriptions.push(sub, data, index=index, logprobs=entries or None)  # (index 0 is left out)
     else:
         choice["text"] += data
         if choice["logprobs"] is not None:

@@ -135,7 +135,7 @@ def open_conversation(d: Context, conn: object, msg: Message, batch: Batch) -> i
     except ServiceError as err:
         _refuse(d, conn, msg, err)
         return 0
-    sub = d.subscriptions.open(conn, msg.get("id"), ("con", crow), principal, {"conversation": args.conversation})
+    sub = d.subscriptions.open(conn, msg["id"], ("con", crow), principal, {"conversation": args.conversation})
     orders, rrows = _orders(d, crow)
     floor = event_floor(d, crow, orders)
     d.subscriptions.push(sub, dumps({"event_floor": str(floor)}), event="open")
@@ -202,7 +202,7 @@ def open_operation(d: Context, conn: object, msg: Message, batch: Batch) -> int:
     except ServiceError as err:
         _refuse(d, conn, msg, err)
         return 0
-    sub = d.subscriptions.open(conn, msg.get("id"), ("op", rrow), principal,
+    sub = d.subscriptions.open(conn, msg["id"], ("op", rrow), principal,
                                {"operation": args.operation, "offset": length, "own": own})
     d.subscriptions.push(sub, dumps({"offset": str(offset), "length": str(length)}), event="open")
     if length > offset:

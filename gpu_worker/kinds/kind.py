@@ -57,7 +57,7 @@ _unpack = msgpack.unpackb
 _as_admission = tuple.__new__  # (Admission's fields in order: one C call)
 T = TypeVar("T")  # what a helper thread's work returns (Executing.off_thread)
 # an upload whose bytes are being written (kinds/media.py): (connection, request id, sha256, participant row, bytes)
-MediaWaiting = tuple[object, object, str, int, int]
+MediaWaiting = tuple[object, int | None, str, int, int]
 
 
 class Tables(Protocol):

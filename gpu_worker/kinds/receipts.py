@@ -22,7 +22,7 @@ import json
 
 from ..contract import ids, structured
 from ..contract.vocabulary import BASE_PATH, RECEIPT_SCHEMA
-from ..contract.wire import Message, dumps, reply
+from ..contract.wire import Reply, dumps, reply
 from ..state.tables import ALONE, HELD, SOURCE_MASK, Finish, R, Source, Terminal, join16
 from .kind import Journaling, Rendering, Reporting
 
@@ -135,7 +135,7 @@ def receipt_bytes(d: Rendering, rrow: int, *, own: bool = True) -> bytes:
     return with_hold(d, render(d, rrow, own)[1])
 
 
-def receipt_reply(d: Rendering, req_id: object, status: int, rrow: int) -> Message:
+def receipt_reply(d: Rendering, req_id: int | None, status: int, rrow: int) -> Reply:
     """The reply to a mutation: its receipt, with `Location` for a new operation (202)."""
     op_id, body = render(d, rrow, True)
     body = with_hold(d, body)

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, cast
 
 from .. import native
 from .watchdog import STALL_SECONDS, Watchdog
-from ..contract.wire import (MAX_FRAME, PROTOCOL_VERSION, VERSION_REFUSED, Message, ProtocolError, decode_payload,
-                             encode_frame, reply)
+from ..contract.wire import (MAX_FRAME, PROTOCOL_VERSION, VERSION_REFUSED, Answer, Message, ProtocolError, Reply,
+                             decode_request, encode_reply, reply)
 
 if TYPE_CHECKING:
     from ..replication.lease import Leadership
@@ -63,9 +63,9 @@ class Served(Protocol):
     @property
     def internal_work(self) -> bool: ...
 
-    def read(self, msg: Message) -> Message: ...
+    def read(self, msg: Message) -> Reply: ...
 
-    def take_outbox(self) -> list[tuple[object, Message]]: ...
+    def take_outbox(self) -> list[Answer]: ...
 
     def engine_events(self, events: list[Event]) -> None: ...
 
@@ -132,7 +132,7 @@ class Server:
     def _synced(self) -> None:
         self._step(self.committer.synced)
 
-    def _step(self, step: Callable[..., list[tuple[object, Message]]], *args: object) -> None:
+    def _step(self, step: Callable[..., list[Answer]], *args: object) -> None:
         try:
             self._send(step(*args) + self.device.take_outbox())
         except BaseException as exc:  # a journal I/O error stops the device so a restart recovers
@@ -177,7 +177,7 @@ class Server:
 
     # ---- sockets -----------------------------------------------------------------------
 
-    def _send(self, replies: list[tuple[object, Message]]) -> None:
+    def _send(self, replies: list[Answer]) -> None:
         """Hand replies to the socket thread: one (conn id, frames, count) per connection (each reply's
         connection one of this server's: the device keeps them as they came, typed `object`). Under an
         etcd leadership every reply carries its generation ("g"): a gateway that saw a newer one
@@ -189,15 +189,15 @@ class Server:
         if leadership is not None:
             generation = leadership.generation
             for _, msg in replies:
-                msg["g"] = generation
+                msg.g = generation
         by_conn: dict[Connection, list[bytes]] = {}
         for peer, msg in replies:
             conn = cast(Connection, peer)
             frames = by_conn.get(conn)
             if frames is None:
-                by_conn[conn] = [encode_frame(msg)]
+                by_conn[conn] = [encode_reply(msg)]
             else:
-                frames.append(encode_frame(msg))
+                frames.append(encode_reply(msg))
         self.io.send([(conn.id, frames[0] if len(frames) == 1 else b"".join(frames), len(frames))
                       for conn, frames in by_conn.items() if not conn.closed])
 
@@ -212,7 +212,7 @@ class Server:
                 elif conn.closed:
                     continue
                 try:
-                    msg = decode_payload(data)
+                    msg = decode_request(data)
                 except ProtocolError as exc:
                     log.warning("closing connection: %s", exc)
                     self.io.close(conn_id)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..contract.wire import Message, reply
+from ..contract.wire import Answer, Reply
 
 Topic = tuple[str, int]  # ("con", conversation row), ("op", receipt row), ("chat", chat number)
 
@@ -21,7 +21,7 @@ Topic = tuple[str, int]  # ("con", conversation row), ("op", receipt row), ("cha
 class Subscription:
     __slots__ = ("conn", "req_id", "topic", "principal", "data")
 
-    def __init__(self, conn: object, req_id: object, topic: Topic, principal: bytes | None, data: Any) -> None:
+    def __init__(self, conn: object, req_id: int, topic: Topic, principal: bytes | None, data: Any) -> None:
         self.conn = conn
         self.req_id = req_id
         self.topic = topic
@@ -32,10 +32,10 @@ class Subscription:
 class Subscriptions:
     def __init__(self) -> None:
         self._by_topic: dict[Topic, list[Subscription]] = {}
-        self._by_conn: dict[object, dict[object, Subscription]] = {}  # conn -> request id -> subscription
-        self.outbox: list[tuple[object, Message]] = []
+        self._by_conn: dict[object, dict[int, Subscription]] = {}  # conn -> request id -> subscription
+        self.outbox: list[Answer] = []
 
-    def open(self, conn: object, req_id: object, topic: Topic, principal: bytes | None, data: Any = None) -> Subscription:
+    def open(self, conn: object, req_id: int, topic: Topic, principal: bytes | None, data: Any = None) -> Subscription:
         sub = Subscription(conn, req_id, topic, principal, data)
         self._by_topic.setdefault(topic, []).append(sub)
         self._by_conn.setdefault(conn, {})[req_id] = sub
@@ -62,36 +62,41 @@ class Subscriptions:
     def all(self) -> list[Subscription]:
         return [sub for subs in self._by_topic.values() for sub in subs]
 
-    def push(self, sub: Subscription, body: bytes, **fields: object) -> None:
-        """One frame of a subscription; `fields` (an event's type and cursor) go in the frame."""
-        self.outbox.append((sub.conn, {"id": sub.req_id, "status": 200, "more": True, "body": body, **fields}))
+    def push(self, sub: Subscription, body: bytes, event: str | None = None, cursor: str | None = None,
+             index: int = 0, logprobs: list[dict[str, object]] | None = None) -> None:
+        """One frame of a subscription: an event's type and cursor, or a chat token's choice and
+        logprobs entries, go in the frame (wire.Reply)."""
+        self.outbox.append((sub.conn, Reply(id=sub.req_id, status=200, more=True, body=body, event=event,
+                                            cursor=cursor, index=index, logprobs=logprobs)))
 
-    def push_all(self, subs: list[Subscription], body: bytes, **fields: object) -> None:
-        """The same frame to many subscriptions: one frame per connection, naming them all in `ids`
+    def push_all(self, subs: list[Subscription], body: bytes, event: str, cursor: str) -> None:
+        """The same event to many subscriptions: one frame per connection, naming them all in `ids`
         (a thousand streams of one gateway watching one conversation cost one frame, not a
         thousand)."""
         for conn, req_ids in self._by_connection(subs).items():
-            self.outbox.append((conn, {"ids": req_ids, "status": 200, "more": True, "body": body, **fields}))
+            self.outbox.append((conn, Reply(ids=req_ids, status=200, more=True, body=body, event=event, cursor=cursor)))
 
-    def end(self, sub: Subscription, status: int, body: bytes, **fields: object) -> None:
+    def end(self, sub: Subscription, status: int, body: bytes, event: str | None = None,
+            cursor: str | None = None) -> None:
         """The last frame (a final event, or an error that ends the stream); the subscription goes."""
-        self.outbox.append((sub.conn, {**reply(sub.req_id, status, body), **fields}))
+        self.outbox.append((sub.conn, Reply(id=sub.req_id, status=status, body=body, event=event, cursor=cursor)))
         self._remove(sub)
 
-    def end_all(self, subs: list[Subscription], status: int, body: bytes, **fields: object) -> None:
+    def end_all(self, subs: list[Subscription], status: int, body: bytes, event: str | None = None,
+                cursor: str | None = None) -> None:
         for conn, req_ids in self._by_connection(subs).items():
-            self.outbox.append((conn, {"ids": req_ids, "status": status, "body": body, **fields}))
+            self.outbox.append((conn, Reply(ids=req_ids, status=status, body=body, event=event, cursor=cursor)))
         for sub in subs:
             self._remove(sub)
 
     @staticmethod
-    def _by_connection(subs: list[Subscription]) -> dict[object, list[object]]:
-        grouped: dict[object, list[object]] = {}
+    def _by_connection(subs: list[Subscription]) -> dict[object, list[int]]:
+        grouped: dict[object, list[int]] = {}
         for sub in subs:
             grouped.setdefault(sub.conn, []).append(sub.req_id)
         return grouped
 
-    def close(self, conn: object, req_id: object) -> Subscription | None:
+    def close(self, conn: object, req_id: int) -> Subscription | None:
         """Its owner closes it (no frame follows)."""
         sub = self._by_conn.get(conn, {}).get(req_id)
         if sub is not None:
@@ -104,7 +109,7 @@ class Subscriptions:
             self._remove(sub)
         return gone
 
-    def take_outbox(self) -> list[tuple[object, Message]]:
+    def take_outbox(self) -> list[Answer]:
         outbox, self.outbox = self.outbox, []
         return outbox
 

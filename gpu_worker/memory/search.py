@@ -50,7 +50,7 @@ def start(d: Serving, conn: object, msg: Message, batch: Batch) -> int:
     return 0
 
 
-def _answer(d: Serving, conn: object, req_id: object, principal: bytes, args: MemorySearch,
+def _answer(d: Serving, conn: object, req_id: int | None, principal: bytes, args: MemorySearch,
             vector: torch.Tensor | None, error: BaseException | None) -> None:
     try:
         if error is not None or vector is None:

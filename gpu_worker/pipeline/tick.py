@@ -11,11 +11,11 @@ from collections import deque
 from typing import Callable, Protocol
 
 from ..contract.errors import ServiceError
-from ..contract.wire import Message, reply
+from ..contract.wire import Answer, Message, Reply, reply
 from ..kinds import chat, events, media, receipts
 from ..kinds.registry import LATER, MUTATIONS
 from ..storage import runtime_file
-from ..storage.committer import Batch, Reply
+from ..storage.committer import Batch
 from ..storage.journal import Transfer
 from ..storage.journal_reader import RecoveryResult
 from ..storage.journal_writer import MAX_RECORDS_PER_TICK, JournalIOError, JournalWriter
@@ -34,7 +34,7 @@ class Ticking(admission.Admitter, Protocol):
     prepared: deque[preparing.Prepared]
     on_saved: dict[int, Callable[[Transfer], None]]
 
-    def read(self, msg: Message) -> Message: ...
+    def read(self, msg: Message) -> Reply: ...
 
     def reload_grants(self) -> None: ...
 
@@ -129,7 +129,7 @@ class Tick:
         batch.waiting.append((conn, msg.get("id"), status, rrow))
         return records
 
-    def answer(self, batch: Batch) -> list[Reply]:
+    def answer(self, batch: Batch) -> list[Answer]:
         """The replies of a batch whose transfers are all saved (or refused: refuse_unsaved)."""
         d = self.d
         replies = batch.replies
@@ -169,7 +169,7 @@ class Tick:
             if callback is not None:
                 callback(transfer)
 
-    def refuse_unsaved(self, err: JournalIOError, batches: list[Batch]) -> list[Reply]:
+    def refuse_unsaved(self, err: JournalIOError, batches: list[Batch]) -> list[Answer]:
         """ENOSPC while saving a tick: the writer cut the journal back to its durable end. Nothing
         unsaved survives, so rebuild the state from what is saved, hold, and refuse every
         admission of the unsaved batches; their other replies are answered from the saved state.
@@ -190,7 +190,7 @@ class Tick:
         refusal = d.holds.refusal(d.committer.writer.queued_bytes,
                                      "the journal cannot save new operations right now (no space left on device); "
                                      "retry later")
-        replies = []
+        replies: list[Answer] = []
         for batch in batches:
             batch.replies.extend((conn, reply(req_id, refusal.status, refusal.body()))
                                  for conn, req_id, _, _ in batch.waiting)
@@ -198,7 +198,7 @@ class Tick:
             replies.extend(self.answer(batch))
         return replies
 
-    def unconfirmed(self, batches: list[Batch]) -> list[Reply]:
+    def unconfirmed(self, batches: list[Batch]) -> list[Answer]:
         """After refuse_unsaved, with a sync standby: batches whose transfers were durable here but
         not yet acknowledged by the standby. The rebuilt state holds them, so they are not refused;
         whether the standby holds them is not known, so they are not answered saved either: 503
@@ -207,17 +207,17 @@ class Tick:
             503, "standby_unconfirmed", "admitted here, not yet confirmed by the standby when the journal failed: "
                                         "retry exactly (the exact retry answers the receipt)"), reads=False)
 
-    def not_primary(self, batches: list[Batch], why: str) -> list[Reply]:
+    def not_primary(self, batches: list[Batch], why: str) -> list[Answer]:
         """With a sync standby, once fenced (Committer.fence): what waited for the standby is not
         saved here and never will be; neither its admissions nor the reads behind them are answered
         from this state: 503 `not_primary`."""
         return self._unanswered(batches, ServiceError(503, "not_primary", f"{why}: send it to the current primary"),
                                 reads=True)
 
-    def _unanswered(self, batches: list[Batch], err: ServiceError, reads: bool) -> list[Reply]:
+    def _unanswered(self, batches: list[Batch], err: ServiceError, reads: bool) -> list[Answer]:
         """`err` for each batch's admissions (and, with `reads`, its deferred reads); the rest of
         each batch answered as usual."""
-        replies = []
+        replies: list[Answer] = []
         for batch in batches:
             batch.replies.extend((conn, reply(req_id, err.status, err.body())) for conn, req_id, _, _ in batch.waiting)
             batch.waiting = []

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, NotRequired, Protocol, Type
 import msgpack
 
 from ..contract.errors import ServiceError
-from ..contract.wire import Message, dumps, reply
+from ..contract.wire import Message, Reply, dumps, reply
 from ..kinds import media
 from ..kinds.kind import Context
 from ..memory.forgetting import redactor
@@ -31,7 +31,7 @@ log = logging.getLogger("gpu_worker.device")
 # short enough that the tick loop answers between two (docs/performance.md, "A checkpoint beside the ticks")
 MARK_ROWS = 65536
 # who asked for a checkpoint: (connection, request id); (None, None) for the device's own automatic one
-Waiter = tuple[object, object]
+Waiter = tuple[object, int | None]
 
 
 class FoldBeside(TypedDict):
@@ -61,7 +61,7 @@ class Checkpointed(Context, checkpoint.Folding, Protocol):
 
     def check_hold(self) -> None: ...
 
-    def read(self, msg: Message) -> Message: ...
+    def read(self, msg: Message) -> Reply: ...
 
 
 class Checkpoints:
@@ -94,7 +94,7 @@ class Checkpoints:
         d.check_hold()
         return result
 
-    def drained(self, conn: object, msg: Message) -> Message | None:
+    def drained(self, conn: object, msg: Message) -> Reply | None:
         """A command that waited for every transfer to be saved (Committer.when_drained): its
         answer now, or None when it comes later (a served device's checkpoint folds beside its
         ticks: `begin`)."""
@@ -103,7 +103,7 @@ class Checkpoints:
             return None
         return self.d.read(msg)
 
-    def begin(self, conn: object, req_id: object) -> None:
+    def begin(self, conn: object, req_id: int | None) -> None:
         """Fold the journal into the runtime file beside the ticks (gpu_worker/recovery/fold.py): a
         new segment now, the fold of the ones before it in another process
         (gpu_worker/fold_cli.py), its append on a thread of this one (and the removal of the folded

@@ -22,9 +22,11 @@ socket (a Unix socket path, or HOST:PORT over TCP):
     standby -> primary  {"ack": 1, "segment": N, "offset": O, "cut": C, "g": G}  (durable up to there)
     primary -> standby  {"refused": "<why>"}                            (then it closes)
 
-Each side reads a frame through its declared type (frames.py: Hello, Ack, and the primary's
-Replication, Bytes, Beat, Cut, Rewind, Piece, CheckpointEnd, CatchUpEnd, MediaPiece, Refused),
-told apart by these keys; the maps on the link are as above.
+Each side builds every frame it sends as its declared type and reads each it receives through
+one (frames.py: Hello, Ack, and the primary's Replication, Bytes, Beat, Cut, Rewind, Piece,
+CheckpointEnd, CatchUpEnd, MediaPiece, Refused), told apart by these keys; the maps on the link
+are as above, a field at its default left out (a replication frame's "cut" of 0, a refusal's
+"again" unless it is true) and read as that default.
 
 Every frame after the hello and every acknowledgement carries the primary's leadership generation
 G (etcd's, 0 without etcd); a standby never follows a generation older than one it followed, and

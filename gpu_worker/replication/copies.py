@@ -16,6 +16,7 @@ from gpu_worker.storage.journal import segment_name
 from gpu_worker.storage.runtime_file import RuntimeFile
 
 from . import FAILOVER, SEGMENT_CHUNK
+from .frames import Rewind
 from .primary_link import Link, Position
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def rewind(takeovers: list[Position], link: Link, position: Position) -> bool:
     if not points:
         return False
     try:
-        link.sock.sendall(encode_frame({"rewind": list(points[-1])}))
+        link.sock.sendall(encode_frame(Rewind(rewind=points[-1])))
     except OSError:
         pass
     link.close()

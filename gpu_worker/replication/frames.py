@@ -1,10 +1,12 @@
 """The replication link's frames as declared types (the link's protocol: replication/__init__.py).
 
 Frames travel as msgpack maps, told apart by the keys they carry (a frame with "beat" is a beat,
-one with "cut" but no "data" a cut ...); the bytes on the link are those maps, as before. A side
-reads each map through `hello`, `ack` (the primary) or `from_primary` (the standby): the frame's
-kind by its keys, then its fields checked by msgspec against the Struct of that kind (a missing
-field or one of another type is a ProtocolError, as a malformed frame always was).
+one with "cut" but no "data" a cut ...). A side builds every frame it sends as the Struct of its
+kind and encodes it with wire.encode_frame: the map of its fields, a field at its default left out
+(msgspec's omit_defaults; the keys that tell a frame's kind have none). A side reads each map through
+`hello`, `ack` (the primary) or `from_primary` (the standby): the frame's kind by its keys, then
+its fields checked by msgspec against the Struct of that kind (a missing field or one of another
+type is a ProtocolError, as a malformed frame always was), the absent ones at their defaults.
 """
 from __future__ import annotations
 
@@ -15,14 +17,15 @@ import msgspec
 from gpu_worker.contract.wire import Message, ProtocolError
 
 
-class Frame(msgspec.Struct, kw_only=True, frozen=True):
-    """A frame of the primary after the hello carries its leadership generation `g`."""
+class Frame(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """A frame of the primary after the hello carries its leadership generation `g` (its link's
+    sender sets it: primary_link.Link.frame)."""
     g: int | None = None
 
 
 # ---- standby -> primary ---------------------------------------------------------------------------
 
-class Hello(msgspec.Struct, kw_only=True, frozen=True):
+class Hello(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     """The standby's first frame: what its copy holds (its journal's position and the digest of the
     bytes before it, its runtime file copy's generation and components, its media)."""
     hello: Literal[1]
@@ -47,7 +50,7 @@ class Ack(Frame, kw_only=True, frozen=True):
 
 # ---- primary -> standby ---------------------------------------------------------------------------
 
-class Refused(msgspec.Struct, kw_only=True, frozen=True):
+class Refused(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     """Not streamed to (then the primary closes); `again`: a passing reason, connect again."""
     refused: str
     again: bool = False

@@ -28,7 +28,7 @@ from gpu_worker.storage.runtime_file import RuntimeFile
 
 from . import DEAD_SECONDS, FAILOVER, HELLO_SECONDS, accepted, listen, marker, read_frames
 from .copies import adopt, differences, not_a_copy, not_handed, rewind
-from .frames import hello
+from .frames import Cut, Replication, hello
 from .primary_link import Link, Position
 
 if TYPE_CHECKING:
@@ -227,7 +227,7 @@ class Shipper:
         if link is not None and not link.closed:
             if link.position > (writer.segment, writer.offset):
                 link.position = (writer.segment, writer.offset)
-            link.queue.put(("frame", {"cut": self.cuts, "segment": writer.segment, "offset": writer.offset}))
+            link.queue.put(("frame", Cut(cut=self.cuts, segment=writer.segment, offset=writer.offset)))
 
     def media(self, sha: str, path: str) -> None:
         """A media source's bytes, written at `path`, about to get an owner in the journal: the
@@ -336,8 +336,8 @@ class Shipper:
             return
         # in sync once it holds what was handed to the disk here now (saved, or waiting for a standby)
         link.sync_at = written
-        link.queue.put(("frame", {"replication": "sync" if self.sync else "async", "cut": self.cuts,
-                                  "takeovers": [list(p) for p in self.takeovers], "sync_at": list(written)}))
+        link.queue.put(("frame", Replication(replication="sync" if self.sync else "async", cut=self.cuts,
+                                             takeovers=list(self.takeovers), sync_at=written)))
         media = os.path.join(self.journal_dir, "media")
         for sha in sorted(set(os.listdir(media)) - link.media if os.path.isdir(media) else ()):
             if len(sha) == 64:  # (not a file being written: `<sha>.tmp.*`)

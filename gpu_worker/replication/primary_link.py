@@ -13,14 +13,16 @@ import os
 import queue
 import socket
 import threading
-from typing import TYPE_CHECKING, Any, Iterable, Protocol
+from typing import TYPE_CHECKING, Iterable, Literal, Protocol, Union
+
+import msgspec
 
 from gpu_worker.contract.wire import FrameReader, ProtocolError, encode_frame
 from gpu_worker.storage.journal import segment_name
 from gpu_worker.storage.runtime_file import RuntimeFile, RuntimeFileError
 
 from . import SEGMENT_CHUNK, read_frames
-from .frames import ack
+from .frames import Beat, Bytes, CatchUpEnd, CheckpointEnd, Frame, MediaPiece, Piece, Refused, ack
 
 if TYPE_CHECKING:
     from hashlib import _Hash as Hash
@@ -28,6 +30,15 @@ if TYPE_CHECKING:
     from gpu_worker.storage.runtime_file_writer import Stored
 
     from .lease import Leadership
+
+    # what the tick thread queues for a link's sender thread, in stream order: journal bytes from the
+    # segment files (from, to), a frame, a checkpoint's components (generation, components, names
+    # to drop, the last segment folded), a catch-up's or an adoption's (generation, names, drop), a
+    # media source (sha256, path), a tick's journal bytes (segment, offset, bytes)
+    Queued = Union[tuple[Literal["files"], "Position", "Position"], tuple[Literal["frame"], Frame],
+                   tuple[Literal["checkpoint"], int, list[Stored], list[str], int],
+                   tuple[Literal["catchup", "adopt"], int, list[str], list[str]],
+                   tuple[Literal["media"], str, str], tuple[int, int, bytes]]
 
 log = logging.getLogger("gpu_worker.replication")
 
@@ -84,7 +95,7 @@ class Link:
         # them with its journal kept, as (generation, names, drop) the hello found (`copies.adopt`)
         self.adopt: tuple[int, list[str], list[str]] | None = None
         self.catching_up = False  # sent a catch-up that it has not acknowledged yet (`ping` shows it)
-        self.queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[Queued | None] = queue.SimpleQueue()
         self.queued_bytes = 0  # queued for the sender and not yet sent (the tick thread adds, it subtracts)
         self.closed = False
         self.started = False
@@ -100,7 +111,7 @@ class Link:
         """Tell the standby why it is not streamed to, and close; `again`: it may connect again at
         once (a passing reason), else its journal or copy must change first."""
         try:
-            self.sock.sendall(encode_frame({"refused": why, **({"again": True} if again else {})}))
+            self.sock.sendall(encode_frame(Refused(refused=why, again=again)))
         except OSError:
             pass
         self.close()
@@ -121,10 +132,9 @@ class Link:
 
     # ---- the sender thread -------------------------------------------------------------------
 
-    def frame(self, msg: dict[str, object]) -> None:
+    def frame(self, msg: Frame) -> None:
         """Send one frame, with the primary's leadership generation (the sender thread)."""
-        msg["g"] = self.shipper.leader
-        self.sock.sendall(encode_frame(msg))
+        self.sock.sendall(encode_frame(msgspec.structs.replace(msg, g=self.shipper.leader)))
 
     def _send(self) -> None:
         beat = self.shipper.dead_after / 3
@@ -134,7 +144,7 @@ class Link:
                 try:
                     item = self.queue.get(timeout=beat)
                 except queue.Empty:  # nothing to send for a while: a heartbeat (the standby acknowledges it)
-                    item = ("frame", {"beat": 1})
+                    item = ("frame", Beat(beat=1))
                 if item is None:
                     break
                 fenced = leadership.fenced() if leadership is not None else None
@@ -145,9 +155,9 @@ class Link:
                 elif item[0] == "frame":
                     self.frame(item[1])
                 elif item[0] == "checkpoint":
-                    self._send_components("checkpoint", item[1], item[2], {"components": [c[0] for c in item[2]],
-                                                                           "drop": list(item[3]),
-                                                                           "through": item[4]})
+                    _, generation, components, drop, through = item
+                    self._send_components(generation, components, CheckpointEnd(
+                        checkpoint=generation, components=[c[0] for c in components], drop=list(drop), through=through))
                 elif item[0] == "catchup":
                     self._send_catch_up(*item[1:])
                 elif item[0] == "adopt":
@@ -156,7 +166,7 @@ class Link:
                     self._send_media(item[1], item[2])
                 else:
                     segment, offset, data = item
-                    self.frame({"segment": segment, "offset": offset, "data": data})
+                    self.frame(Bytes(segment=segment, offset=offset, data=data))
                     self.queued_bytes -= len(data)
         except OSError as exc:
             log.warning("replication to %s: %s", self.peer, exc)
@@ -177,34 +187,35 @@ class Link:
                     data = os.pread(fd, min(SEGMENT_CHUNK, stop - offset), offset)
                     if not data:
                         raise OSError(f"{path} ends at {offset}, before {stop}")
-                    self.frame({"segment": segment, "offset": offset, "data": data})
+                    self.frame(Bytes(segment=segment, offset=offset, data=data))
                     offset += len(data)
             finally:
                 os.close(fd)
 
     def _send_media(self, sha: str, path: str) -> None:
-        """A media source's bytes in pieces: {"media": sha, "size": n, "offset": o, "data": bytes}."""
+        """A media source's bytes in pieces (MediaPiece)."""
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             offset = 0
             while True:
                 data = f.read(SEGMENT_CHUNK)
-                self.frame({"media": sha, "size": size, "offset": offset, "data": data})
+                self.frame(MediaPiece(media=sha, size=size, offset=offset, data=data))
                 offset += len(data)
                 if offset >= size or not data:
                     return
 
-    def _send_components(self, key: str, generation: int, components: Iterable[Stored],
-                         end: dict[str, object]) -> None:
-        """Runtime file components in pieces ({key: generation, "component", "kind", "offset",
-        "data"}), then the frame `end` that has the standby append them: a checkpoint's, or a
+    def _send_components(self, generation: int, components: Iterable[Stored],
+                         end: CheckpointEnd | CatchUpEnd) -> None:
+        """Runtime file components in pieces (Piece: of the checkpoint or the catch-up to
+        `generation`), then the frame `end` that has the standby append them: a checkpoint's, or a
         catch-up's."""
+        checkpoint, catchup = (None, generation) if isinstance(end, CatchUpEnd) else (generation, None)
         for name, kind, data in components:
             view = memoryview(bytes(data) if not isinstance(data, (bytes, bytearray)) else data)
             for at in range(0, max(len(view), 1), SEGMENT_CHUNK):
-                self.frame({key: generation, "component": name, "kind": kind, "offset": at,
-                            "data": bytes(view[at:at + SEGMENT_CHUNK])})
-        self.frame({key: generation, **end})
+                self.frame(Piece(checkpoint=checkpoint, catchup=catchup, component=name, kind=kind, offset=at,
+                                 data=bytes(view[at:at + SEGMENT_CHUNK])))
+        self.frame(end)
 
     def _send_catch_up(self, generation: int, names: list[str], drop: list[str], kept: bool = False) -> None:
         """The components of the primary's runtime file at `generation` that the standby's copy
@@ -218,9 +229,9 @@ class Link:
                               f"up to {generation}")
             digests = {name: current.components[name].sha256 for name in names}
             read = ((name, current.components[name].kind, current.read_verified(name)) for name in names)
-            end: dict[str, object] = {"components": digests, "drop": drop, **({"journal": "kept"} if kept else {})}
+            end = CatchUpEnd(catchup=generation, components=digests, drop=drop, journal="kept" if kept else None)
             try:  # (one component in memory at a time)
-                self._send_components("catchup", generation, read, end)
+                self._send_components(generation, read, end)
             except RuntimeFileError as exc:
                 raise OSError(str(exc)) from None
 

@@ -22,8 +22,8 @@ from gpu_worker.storage.journal import SEGMENT_HEADER_SIZE
 from gpu_worker.storage.runtime_file import RuntimeFile
 
 from . import DEAD_SECONDS, connect, read_frames
-from .frames import (Beat, CatchUpEnd, CheckpointEnd, Cut, MediaPiece, Piece, Refused, Replication, Rewind,
-                     from_primary)
+from .frames import (Ack, Beat, CatchUpEnd, CheckpointEnd, Cut, Hello, MediaPiece, Piece, Refused, Replication,
+                     Rewind, from_primary)
 from .marker import leader_of, member_of, takeovers
 
 if TYPE_CHECKING:
@@ -135,10 +135,10 @@ class Standby:
             with RuntimeFile.open(self.runtime, verify=False) as copy:  # (a checkpoint of the link moves it)
                 generation = copy.generation
                 components = {name: c.sha256 for name, c in copy.components.items()}
-            sock.sendall(encode_frame({"hello": 1, "incarnation": self.incarnation, "generation": generation,
-                                       "components": components, "segment": segment, "offset": offset,
-                                       "digest": self.mirror.digest(), "media": self.mirror.media_held(),
-                                       "member": self.member, "leader": self.leader}))
+            sock.sendall(encode_frame(Hello(hello=1, incarnation=self.incarnation, generation=generation,
+                                            components=components, segment=segment, offset=offset,
+                                            digest=self.mirror.digest(), media=self.mirror.media_held(),
+                                            member=self.member, leader=self.leader)))
             # the primary beats every third of dead_after: a link quiet for longer is dead (a silent
             # partition), and so is one whose sends block that long; stop() shuts the socket down
             sock.settimeout(self.dead_after)
@@ -212,8 +212,7 @@ class Standby:
                     self.mirror.mark("sync", self.address, link.takeovers)
                     self.in_sync.set()
                     log.info("standby: in sync with %s at %s", self.address, (segment, offset))
-                sock.sendall(encode_frame({"ack": 1, "segment": segment, "offset": offset, "cut": cut,
-                                           "g": link.leader}))
+                sock.sendall(encode_frame(Ack(ack=1, segment=segment, offset=offset, cut=cut, g=link.leader)))
                 self.acks += 1
                 if self.follower is not None:
                     self.follower.durable((segment, offset))

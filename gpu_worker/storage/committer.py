@@ -25,15 +25,12 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
-from ..contract.wire import Message
+from ..contract.wire import Answer, Message, Reply
 from .journal import Transfer
 from .journal_writer import MAX_RECORDS_PER_TICK, MAX_TICKS_IN_FLIGHT, JournalIOError, JournalWriter, TickIO
 
 if TYPE_CHECKING:
     from .runtime_file_writer import Stored
-
-Reply = tuple[object, Message]  # (connection, reply)
-
 
 class Batch:
     """One tick's commands between gather and answer: every reply waits until `last_seq`, the
@@ -42,8 +39,8 @@ class Batch:
     __slots__ = ("replies", "waiting", "reads", "last_seq")
 
     def __init__(self) -> None:
-        self.replies: list[Reply] = []                      # ready now: refusals, reads of saved state
-        self.waiting: list[tuple[object, object, int, int]] = []  # (conn, req_id, status, receipt row) of admissions
+        self.replies: list[Answer] = []                    # ready now: refusals, reads of saved state
+        self.waiting: list[tuple[object, int | None, int, int]] = []  # (conn, req_id, status, receipt row) of admissions
         self.reads: list[tuple[object, Message]] = []          # reads that must not see unsaved state before them
         self.last_seq = 0
 
@@ -91,21 +88,21 @@ class TickOwner(Protocol):
 
     def gather(self, inbox: deque[tuple[object, Message]], batch: Batch) -> None: ...
 
-    def answer(self, batch: Batch) -> list[Reply]: ...
+    def answer(self, batch: Batch) -> list[Answer]: ...
 
     def saved(self, transfers: list[Transfer]) -> None: ...
 
-    def refuse_unsaved(self, err: JournalIOError, batches: list[Batch]) -> list[Reply]: ...
+    def refuse_unsaved(self, err: JournalIOError, batches: list[Batch]) -> list[Answer]: ...
 
-    def unconfirmed(self, batches: list[Batch]) -> list[Reply]: ...
+    def unconfirmed(self, batches: list[Batch]) -> list[Answer]: ...
 
     def fenced(self) -> str | None: ...
 
-    def not_primary(self, batches: list[Batch], why: str) -> list[Reply]: ...
+    def not_primary(self, batches: list[Batch], why: str) -> list[Answer]: ...
 
-    def read(self, msg: Message) -> Message: ...
+    def read(self, msg: Message) -> Reply: ...
 
-    def drained(self, conn: object, msg: Message) -> Message | None: ...
+    def drained(self, conn: object, msg: Message) -> Reply | None: ...
 
     def replication_marked(self, held: bool, start: int) -> int: ...
 
@@ -230,7 +227,7 @@ class Committer:
         replica = self.replica
         return min(durable, replica.acked_seq) if replica is not None and replica.waits else durable
 
-    def fence(self) -> list[Reply]:
+    def fence(self) -> list[Answer]:
         """Ten times a second (the loop's idle timer), with a sync standby: a primary whose leadership
         lease may have lapsed will never hear its standby again (it is the primary now). What waits
         for it is answered 503 `not_primary`: retry exactly at the current primary, which holds
@@ -249,7 +246,7 @@ class Committer:
             batches.append(drains)
         return self.owner.not_primary(batches, why)
 
-    def acked(self) -> list[Reply]:
+    def acked(self) -> list[Answer]:
         """The standby's link moved (an acknowledgement, a standby joined or left): what it saves."""
         assert self.replica is not None
         self.replica.woken(self.writer)
@@ -285,7 +282,7 @@ class Committer:
         return bool(writer.untaken_records and writer.ticks_in_flight < MAX_TICKS_IN_FLIGHT
                     and (not writer.ticks_in_flight or writer.untaken_records >= MAX_RECORDS_PER_TICK))
 
-    def tick(self, inbox: deque[tuple[object, Message]]) -> list[Reply]:
+    def tick(self, inbox: deque[tuple[object, Message]]) -> list[Answer]:
         """Gather a batch from inbox (unless one must not be gathered now) and move the pipeline:
         the replies that are ready. The pipeline moves also when nothing is gathered: records
         queued between ticks must reach the disk although they are the very reason gathering waits
@@ -298,7 +295,7 @@ class Committer:
             self.gathered += 1
         return self._pump()
 
-    def synced(self) -> list[Reply]:
+    def synced(self) -> list[Answer]:
         """The tick I/O thread finished the oldest tick (its fd is readable): publish it and move on."""
         assert self.syncer is not None
         err = self.syncer.result()
@@ -310,7 +307,7 @@ class Committer:
             tick.error = OSError(err, os.strerror(err))
         return self._finish(tick) + self._pump()
 
-    def commit(self) -> list[Reply]:
+    def commit(self) -> list[Answer]:
         """Write and save everything queued, here and now (boot, offline commands, tests)."""
         replies = []
         while self.writer.queued_records or self.writer.ticks_in_flight:
@@ -319,17 +316,17 @@ class Committer:
                 raise RuntimeError("commit() with ticks on the tick I/O thread")
         return replies
 
-    def run_sync(self, inbox: deque[tuple[object, Message]]) -> list[Reply]:
+    def run_sync(self, inbox: deque[tuple[object, Message]]) -> list[Answer]:
         """One whole tick here: gather, write, save, answer (tests and offline use)."""
         return self.tick(inbox) + self.commit()
 
     # ---- inside -----------------------------------------------------------------------
 
-    def _pump(self) -> list[Reply]:
+    def _pump(self) -> list[Answer]:
         """Answer the saved batches and start the next ticks' I/O: the I/O first, so the disk does
         not wait while the answers are rendered (they read state the next tick cannot change: no
         batch is gathered behind deferred reads)."""
-        replies: list[Reply] = []
+        replies: list[Answer] = []
         while True:
             saved = []
             durable = self.saved_seq
@@ -346,7 +343,7 @@ class Committer:
             here.run()
             replies += self._finish(here)
 
-    def _drained(self) -> list[Reply]:
+    def _drained(self) -> list[Answer]:
         if not self._drain_waiters or not self.all_saved:
             return []
         waiters, self._drain_waiters = self._drain_waiters, []
@@ -370,7 +367,7 @@ class Committer:
             self.syncer.request(tick.file.fileno(), tick.data)
         return None
 
-    def _finish(self, tick: TickIO) -> list[Reply]:
+    def _finish(self, tick: TickIO) -> list[Answer]:
         """Publish a tick whose I/O ran: its saved transfers, or the failure's consequences."""
         self.stats.ended()
         self.finished += 1

@@ -39,7 +39,7 @@ class Rig:
         inbox = collections.deque([("c", self.msg(op, principal, args))])
         [(conn, msg)] = self.device.committer.run_sync(inbox)
         assert not inbox
-        return msg["status"], json.loads(msg["body"]), msg
+        return msg.status, json.loads(msg.body), msg
 
     def msg(self, op, principal, args=None):
         return {"v": 1, "id": next(self.ids), "op": op, "principal": principal, "args": args or {}}
@@ -70,7 +70,7 @@ def test_an_unregistered_principal_sees_its_lineage_and_sequence_one(rig, princi
 def test_registration_is_a_saved_mutation_with_a_receipt(rig, principal_id):
     status, receipt, msg = rig.call("participant.register", principal_id, rig.register_args(principal_id))
     assert status == 202
-    assert msg["headers"]["Location"].endswith(receipt["operation"])
+    assert msg.headers["Location"].endswith(receipt["operation"])
     assert receipt["kind"] == "participant.register" and receipt["sequence"] == "1"
     assert receipt["admission"]["saved"] and receipt["terminal"]["saved"]
     assert receipt["terminal"]["status"] == "succeeded"
@@ -87,7 +87,7 @@ def test_exact_retry_returns_the_same_receipt_and_changes_are_refused(rig, princ
     args = rig.register_args(principal_id)
     _, _, first = rig.call("participant.register", principal_id, args)
     status, _, again = rig.call("participant.register", principal_id, args)
-    assert status == 200 and again["body"] == first["body"]
+    assert status == 200 and again.body == first.body
     changed = dict(args, canonical=args["canonical"].replace(b'"1"', b'"1" '))
     assert rig.call("participant.register", principal_id, changed)[1]["error"]["code"] == "operation_changed"
     future = rig.register_args(principal_id, sequence=5)
@@ -112,7 +112,7 @@ def test_receipts_survive_a_restart_byte_for_byte(rig, principal_id):
     _, receipt, first = rig.call("participant.register", principal_id, rig.register_args(principal_id))
     rig.boot()
     _, _, again = rig.call("operations.get", principal_id, {"operation": receipt["operation"]})
-    assert again["status"] == 200 and again["body"] == first["body"]
+    assert again.status == 200 and again.body == first.body
     caps = rig.call("capabilities", principal_id)[1]
     assert caps["runtime"]["boot"] == "2"
     listed = rig.call("operations.list", principal_id)[1]
@@ -138,7 +138,7 @@ def test_a_tick_writes_at_most_sixteen_records_and_defers_the_rest(tiny_runtime,
         assert written <= MAX_RECORDS_PER_TICK * (32 + 160)
         records_total += len(replies)
         ticks += 1
-        assert all(m["status"] == 202 for _, m in replies)
+        assert all(m.status == 202 for _, m in replies)
     assert records_total == 40 and ticks > 1
     rig.device.close()
 
@@ -154,7 +154,7 @@ def test_operations_list_pages_with_a_cursor(rig, principal_id):
 def test_receipts_render_as_canonical_json(rig, principal_id):
     from gpu_worker.contract.wire import dumps
     _, receipt, msg = rig.call("participant.register", principal_id, rig.register_args(principal_id))
-    assert dumps(json.loads(msg["body"])) == msg["body"]
+    assert dumps(json.loads(msg.body)) == msg.body
     rrow = rig.device.state.receipts.by_op[bytes.fromhex(receipt["operation"].split("-")[2])]
     foreign = render(rig.device, rrow, False)[1]
     assert json.loads(foreign)["sequence"] is None and dumps(json.loads(foreign)) == foreign
@@ -164,7 +164,7 @@ def test_truncating_the_final_transfer_anywhere_boots_and_drops_only_it(tiny_run
     from gpu_worker.storage.journal import JournalCorrupt
     principals = [secrets.token_hex(16) for _ in range(3)]
     rig = Rig(tiny_runtime, tmp_path, {p: ALL for p in principals})
-    receipts = [rig.call("participant.register", p, rig.register_args(p))[2]["body"] for p in principals]
+    receipts = [rig.call("participant.register", p, rig.register_args(p))[2].body for p in principals]
     rig.device.close()
     segment = tmp_path / "journal" / "00000001.journal"
     full = segment.read_bytes()
@@ -202,7 +202,7 @@ def test_admissions_leave_nothing_for_the_cyclic_gc_to_scan(tiny_runtime, tmp_pa
     before = len(gc.get_objects())
     statuses = []
     while inbox:
-        statuses += [msg["status"] for _, msg in rig.device.committer.run_sync(inbox)]
+        statuses += [msg.status for _, msg in rig.device.committer.run_sync(inbox)]
     assert statuses == [202] * len(principals)
     rig.call("operations.list", principals[0])  # reads render receipts too: nothing is kept
     gc.collect()

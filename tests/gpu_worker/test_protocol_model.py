@@ -144,13 +144,13 @@ class ProtocolMachine(RuleBasedStateMachine):
             inbox.append(("c", {"v": 1, "id": next(self.msg_ids), "op": op, "principal": PRINCIPALS[name],
                                 "args": args}))
         ids = [m["id"] for _, m in inbox]
-        replies = {msg["id"]: msg for _, msg in self.device.committer.run_sync(inbox)}
+        replies = {msg.id: msg for _, msg in self.device.committer.run_sync(inbox)}
         assert not inbox, "a small tick must fit one record budget"
         return [replies[i] for i in ids]
 
     def read(self, name, op, **args):
         [msg] = self.tick([(name, op, args)])
-        return msg["status"], json.loads(msg["body"])
+        return msg.status, json.loads(msg.body)
 
     def new_key(self):
         return f"{next(self.fresh):032x}"
@@ -162,7 +162,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         replies = self.tick([(name, cmd.op, cmd.args()) for name, cmd in batch])
         results = []
         for (name, cmd), (want_status, want_code), msg in zip(batch, predicted, replies):
-            status, raw = msg["status"], bytes(msg["body"])
+            status, raw = msg.status, bytes(msg.body)
             code = json.loads(raw).get("error", {}).get("code") if status >= 400 else None
             assert (status, code) == (want_status, want_code), \
                 f"{name} {cmd.op} seq {cmd.sequence}: got {status} {raw[:300]!r}, model says {want_status} {want_code}"
@@ -171,7 +171,7 @@ class ProtocolMachine(RuleBasedStateMachine):
                 receipt = json.loads(raw)
                 assert receipt["sequence"] == str(cmd.sequence) and receipt["operation_key"] == cmd.key
                 assert receipt["admission"]["saved"] and receipt["terminal"]["status"] == "succeeded"
-                assert msg["headers"]["Location"] == f"{BASE}/operations/{receipt['operation']}"
+                assert msg.headers["Location"] == f"{BASE}/operations/{receipt['operation']}"
                 if cmd.op in KIND_OF:
                     assert receipt["kind"] == KIND_OF[cmd.op]
                 assert receipt["operation"] not in self.operations, "an operation ID was handed out twice"
@@ -365,7 +365,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         for name, p in self.model.items():
             for seq, receipt in p.live.items():
                 [msg] = self.tick([(name, "operations.get", {"operation": receipt.operation})])
-                assert (msg["status"], bytes(msg["body"])) == (200, receipt.body), \
+                assert (msg.status, bytes(msg.body)) == (200, receipt.body), \
                     f"{name} receipt at sequence {seq} reads back differently after a restart"
             for seq, receipt in p.retired.items():
                 status, body = self.read(name, "operations.get", operation=receipt.operation)

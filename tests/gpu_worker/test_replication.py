@@ -243,7 +243,7 @@ def test_the_standbys_journal_boots_a_device_with_every_saved_receipt(tiny_runti
         for principal, reply in replies.items():
             [(_, msg)] = device.committer.run_sync(collections.deque([("c", {
                 "v": 1, "id": 1, "op": "operations.list", "principal": principal.hex(), "args": {}})]))
-            assert json.loads(msg["body"])["items"] == [json.loads(reply["body"])]
+            assert json.loads(msg.body)["items"] == [json.loads(reply["body"])]
     finally:
         device.close()
 
@@ -252,7 +252,7 @@ def listed(device, principal):
     """The principal's receipts as the device lists them (operations.list), parsed."""
     [(_, msg)] = device.committer.run_sync(collections.deque([("c", {
         "v": 1, "id": 1, "op": "operations.list", "principal": principal.hex(), "args": {}})]))
-    return json.loads(msg["body"])["items"]
+    return json.loads(msg.body)["items"]
 
 
 def test_a_hot_standby_applies_the_journal_as_it_comes_and_takes_over_without_reading_it_again(
@@ -307,8 +307,8 @@ def registered(device, principal):
     lineage = device.state.participants.lineage_of(principal).hex()
     [(_, got)] = device.committer.run_sync(collections.deque([("c", decode_payload(
         registration_frame(lineage, principal, 1)[LENGTH.size:]))]))
-    assert got["status"] == 202, got
-    return got["body"]
+    assert got.status == 202, got
+    return got.body
 
 
 def save_generation(body):
@@ -536,7 +536,8 @@ def receipts_of(device_or_sock, replies):
         msg = {"v": 1, "id": 1, "op": "operations.get", "principal": principal.hex(),
                "args": {"operation": json.loads(reply["body"])["operation"]}}
         if isinstance(device_or_sock, Device):
-            [(_, got)] = device_or_sock.committer.run_sync(collections.deque([("c", msg)]))
+            [(_, answer)] = device_or_sock.committer.run_sync(collections.deque([("c", msg)]))
+            got = {"status": answer.status, "body": answer.body}
         else:
             got = call(device_or_sock, encode_frame(msg))
         assert got["status"] == 200, got

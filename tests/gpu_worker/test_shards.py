@@ -76,10 +76,10 @@ def test_no_index_of_the_device_keeps_a_dict_that_grows_with_its_tables(tiny_run
                 replies += [reply for _, reply in rig.device.committer.run_sync(inbox)]
             return replies
 
-        lineages = [json.loads(r["body"])["lineage"] for r in answers(rig.msg("participant.get", p) for p in principals)]
+        lineages = [json.loads(r.body)["lineage"] for r in answers(rig.msg("participant.get", p) for p in principals)]
         registrations = answers(rig.msg("participant.register", p, rig.register_args(p, lineage=lineage))
                                 for p, lineage in zip(principals, lineages))
-        assert [r["status"] for r in registrations] == [202] * n
+        assert [r.status for r in registrations] == [202] * n
         assert len(rig.device.state.participants.by_principal) == n
         tables = dict(largest_tables(rig.device.state))
         assert tables["ParticipantIndex.by_principal"] > 0 and tables["ReceiptIndex.by_op"] > 0

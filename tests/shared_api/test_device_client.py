@@ -23,7 +23,7 @@ def test_it_answers_503_device_unavailable_when_no_device_listens(tmp_path):
 def _pinged_device(path, answers):
     """A device answering every request with the count of requests so far, each connection on a
     thread of its own; `answers` collects (connection number, request id)."""
-    from gpu_worker.contract.wire import FrameReader, encode_frame, reply
+    from gpu_worker.contract.wire import FrameReader, encode_reply, reply
 
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
@@ -35,7 +35,7 @@ def _pinged_device(path, answers):
             while data := conn.recv(65536):
                 for msg in frames.feed(data):
                     answers.append((number, msg["id"]))
-                    conn.sendall(encode_frame(reply(msg["id"], 200, str(len(answers)).encode())))
+                    conn.sendall(encode_reply(reply(msg["id"], 200, str(len(answers)).encode())))
 
     def serve():
         number = 0
@@ -134,7 +134,7 @@ def test_a_reply_after_its_call_timed_out_is_dropped_and_the_connection_keeps_se
     the same connection, is dropped, and the next call on that connection gets its own reply."""
     import asyncio
 
-    from gpu_worker.contract.wire import FrameReader, encode_frame, reply
+    from gpu_worker.contract.wire import FrameReader, encode_reply, reply
     from shared_api.device_client import DeviceMux
 
     path = str(tmp_path / "service.sock")
@@ -148,9 +148,9 @@ def test_a_reply_after_its_call_timed_out_is_dropped_and_the_connection_keeps_se
                     held = msg  # answered only after the next request arrives
                     continue
                 if held is not None:
-                    writer.write(encode_frame(reply(held["id"], 200, b'"late"')))
+                    writer.write(encode_reply(reply(held["id"], 200, b'"late"')))
                     held = None
-                writer.write(encode_frame(reply(msg["id"], 200, b'"fast"')))
+                writer.write(encode_reply(reply(msg["id"], 200, b'"fast"')))
                 await writer.drain()
 
     async def go():

@@ -36,17 +36,17 @@ def send_chat(world, args):
     def collect():
         replies = world.device.committer.run_sync(collections.deque()) + world.device.take_outbox() + world.pushed
         world.pushed = []
-        frames.extend(m for _, m in replies if m.get("id") == req_id)
-        return any(not f.get("more") for f in frames)
+        frames.extend(m for _, m in replies if m.id == req_id)
+        return any(not f.more for f in frames)
 
     frames.extend(m for _, m in world.device.committer.run_sync(inbox) + world.device.take_outbox()
-                  if m.get("id") == req_id)
+                  if m.id == req_id)
     return frames, collect
 
 
 def refusal(frames):
     [frame] = frames
-    return frame["status"], json.loads(frame["body"])["error"]["code"]
+    return frame.status, json.loads(frame.body)["error"]["code"]
 
 
 @pytest.fixture
@@ -68,10 +68,10 @@ def test_a_chat_with_an_image_answers_exactly_what_the_engine_gives_for_that_ima
     data = png(picture(100, 37, seed=7))
     frames, collect = send_chat(vlm_world, image_chat(MODEL, data))
     vlm_world.pump(collect)
-    assert frames[0].get("event") == "accepted"
+    assert frames[0].event == "accepted"
     final = frames[-1]
-    assert final["status"] == 200, final
-    body = json.loads(final["body"])
+    assert final.status == 200, final
+    body = json.loads(final.body)
 
     engine = Engine(RuntimeFile.open(vlm_world.runtime), "cpu")
     prepared = engine.vision.prepare(data)
@@ -107,4 +107,4 @@ def test_a_text_only_model_refuses_an_image(text_world):
     frames, _ = send_chat(text_world, image_chat("tiny-llama", png(picture(30, 30))))
     status, code = refusal(frames)
     assert (status, code) == (400, "model_lacks_media")
-    assert "does not take images" in json.loads(frames[0]["body"])["error"]["message"]
+    assert "does not take images" in json.loads(frames[0].body)["error"]["message"]

@@ -138,5 +138,5 @@ def test_an_open_stream_of_a_deleted_conversation_ends(world):
     assert world.device.committer.run_sync(inbox) == []
     world.device.take_outbox()
     delete_conversation(world, "owner", con)
-    frames = [m for _, m in world.pushed + world.device.take_outbox() if m.get("id") == 900]
-    assert frames and frames[-1]["status"] == 404 and frames[-1].get("more") is None
+    frames = [m for _, m in world.pushed + world.device.take_outbox() if m.id == 900]
+    assert frames and frames[-1].status == 404 and not frames[-1].more

@@ -47,7 +47,7 @@ def collect(world):
     """Frames per subscription (a frame for several names them all in "ids")."""
     pushed, world.pushed = world.pushed + world.device.take_outbox(), []
     for conn, msg in pushed:
-        for req_id in msg.get("ids") or (msg["id"],):
+        for req_id in msg.ids or (msg.id,):
             world.frames[req_id].append(msg)
 
 
@@ -55,14 +55,14 @@ def ended(world, req_id):
     """Collects the frames pushed so far; whether the subscription got its last frame."""
     collect(world)
     frames = world.frames[req_id]
-    return bool(frames) and not frames[-1].get("more")
+    return bool(frames) and not frames[-1].more
 
 
 def bodies(world, req_id):
     """(event, cursor, data) of the frames after the `open` frame every accepted subscription starts with."""
     frames = world.frames[req_id]
-    assert frames[0]["event"] == "open", frames[0]
-    return [(m["event"], m.get("cursor"), json.loads(m["body"])) for m in frames[1:]]
+    assert frames[0].event == "open", frames[0]
+    return [(m.event, m.cursor, json.loads(m.body)) for m in frames[1:]]
 
 
 def shared_conversation(world):
@@ -154,7 +154,7 @@ def test_a_conversation_subscription_gets_the_backlog_then_each_saved_input(worl
     [(kind, cursor, backlog)] = bodies(world, sub)
     assert (kind, cursor) == ("event", "1") and backlog["operation"] == first["operation"]
     assert backlog["sequence"] is None  # a's input, read by b
-    assert all(m.get("more") for m in world.frames[sub])
+    assert all(m.more for m in world.frames[sub])
     second = world.say("b", conversation, "two", max_output_tokens=2)[1]
     collect(world)
     kind, cursor, pushed = bodies(world, sub)[1]
@@ -173,7 +173,7 @@ def test_an_operation_subscription_pushes_saved_output_then_one_terminal_event(w
     frames = bodies(world, sub)
     *spans, (kind, cursor, terminal) = frames
     assert all(k == "output" and c == str(f["next_offset"]) for k, c, f in spans) and kind == "terminal"
-    assert world.frames[sub][-1].get("more") is None and world.frames[sub][-1]["status"] == 200
+    assert world.frames[sub][-1].more is False and world.frames[sub][-1].status == 200
     assert terminal["status"] == "succeeded" and terminal["terminal"]["saved"] is True
     data = b"".join(base64.b64decode(f["bytes"]) for _, _, f in spans)
     offsets = [f["offset"] for _, _, f in spans]
@@ -185,7 +185,7 @@ def test_an_operation_subscription_pushes_saved_output_then_one_terminal_event(w
     again = subscribe(world, "a", "operations.subscribe", operation=receipt["operation"], offset=offset)
     (_, _, span), (end, _, _) = bodies(world, again)
     assert base64.b64decode(span["bytes"]) == data[offset:] and span["next_offset"] == str(len(data))
-    assert end == "terminal" and world.frames[again][-1].get("more") is None
+    assert end == "terminal" and world.frames[again][-1].more is False
 
 
 def test_a_deadline_exceeded_operation_answers_504_on_its_event_stream_as_on_its_result(world):
@@ -202,13 +202,13 @@ def test_a_deadline_exceeded_operation_answers_504_on_its_event_stream_as_on_its
         execution.deadline_ns = 0  # the deadline passes now
     world.pump(lambda: ended(world, live))
     last = world.frames[live][-1]
-    assert (last["status"], json.loads(last["body"])["error"]["code"]) == (504, "deadline_exceeded")
-    assert all(frame["event"] in ("open", "output") for frame in world.frames[live][:-1])
+    assert (last.status, json.loads(last.body)["error"]["code"]) == (504, "deadline_exceeded")
+    assert all(frame.event in ("open", "output") for frame in world.frames[live][:-1])
     assert code(world.read("a", "operations.result", operation=receipt["operation"])) == (504, "deadline_exceeded")
     later = subscribe(world, "a", "operations.subscribe", operation=receipt["operation"], offset=0)
     [refused] = world.frames[later]
-    assert refused.get("more") is None
-    assert (refused["status"], json.loads(refused["body"])["error"]["code"]) == (504, "deadline_exceeded")
+    assert refused.more is False
+    assert (refused.status, json.loads(refused.body)["error"]["code"]) == (504, "deadline_exceeded")
 
 
 def test_an_operation_that_never_executes_ends_at_once_and_bad_requests_get_one_error(world):
@@ -219,9 +219,9 @@ def test_an_operation_that_never_executes_ends_at_once_and_bad_requests_get_one_
     [(kind, _, terminal)] = bodies(world, sub)
     assert kind == "terminal" and terminal["status"] == "succeeded"
     refused = subscribe(world, "c", "operations.subscribe", operation=receipt["operation"], offset=0)
-    assert world.frames[refused][0]["status"] == 404 and world.frames[refused][0].get("more") is None
+    assert world.frames[refused][0].status == 404 and world.frames[refused][0].more is False
     bad = subscribe(world, "a", "operations.subscribe", operation=receipt["operation"], offset=5)
-    assert world.frames[bad][0]["status"] == 400 and b"bad_offset" in world.frames[bad][0]["body"]
+    assert world.frames[bad][0].status == 400 and b"bad_offset" in world.frames[bad][0].body
 
 
 def test_a_reader_who_loses_the_right_or_the_grant_gets_a_last_frame(world):
@@ -230,7 +230,7 @@ def test_a_reader_who_loses_the_right_or_the_grant_gets_a_last_frame(world):
     world.member("a", space, "b", [])  # a zero-rights row: b no longer sees the space
     collect(world)
     last = world.frames[sub][-1]
-    assert last["status"] == 404 and last.get("more") is None
+    assert last.status == 404 and last.more is False
     world.member("a", space, "b", ["read"])
     again = subscribe(world, "b", "conversations.subscribe", conversation=conversation)
     world.actions["b"] = ["shared_write"]
@@ -238,7 +238,7 @@ def test_a_reader_who_loses_the_right_or_the_grant_gets_a_last_frame(world):
     world.device.idle()  # the device rereads the grant file between ticks too
     collect(world)
     last = world.frames[again][-1]
-    assert last["status"] == 403 and b"grant_missing" in last["body"]
+    assert last.status == 403 and b"grant_missing" in last.body
     world.say("a", conversation, "nobody listens", max_output_tokens=2)
     collect(world)
     assert world.frames[again][-1] is last  # nothing after the end
@@ -252,7 +252,7 @@ def test_closing_a_connection_or_a_subscription_ends_it_without_cancelling_the_i
     inbox = collections.deque([("sub", {"v": 1, "id": 7, "op": "subscriptions.close", "principal": None,
                                         "args": {"id": sub}})])
     [(_, closed)] = world.device.committer.run_sync(inbox)
-    assert closed["status"] == 200 and json.loads(closed["body"]) == {"closed": True}
+    assert closed.status == 200 and json.loads(closed.body) == {"closed": True}
     world.device.connection_closed("sub")
     world.pump(world.finished("a", receipt["operation"]))
     assert world.read("a", "operations.get", operation=receipt["operation"])[1]["terminal"]["status"] == "succeeded"
@@ -296,11 +296,11 @@ def test_a_member_removed_from_a_room_no_longer_reads_its_own_inputs_result_but_
     world.member("a", space, "b", rights)
     collect(world)
     last = world.frames[sub][-1]
-    assert (last["status"], last.get("more")) == (403, None) and b"right_missing" in last["body"]
+    assert (last.status, last.more) == (403, False) and b"right_missing" in last.body
     world.pump(lambda: world.read("b", "operations.get", operation=op)[1]["terminal"]["saved"])
     assert world.read("b", "operations.get", operation=op)[0] == 200  # its receipt: status, counts
     assert code(world.read("b", "operations.result", operation=op)) == (403, "right_missing")
     refused = subscribe(world, "b", "operations.subscribe", operation=op, offset=0)
-    assert world.frames[refused][0]["status"] == 403 and world.frames[refused][0].get("more") is None
+    assert world.frames[refused][0].status == 403 and world.frames[refused][0].more is False
     world.member("a", space, "b", ["read"])
     assert world.read("b", "operations.result", operation=op)[0] == 200

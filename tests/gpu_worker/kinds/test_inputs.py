@@ -216,7 +216,7 @@ def test_inputs_beyond_the_page_budget_wait_and_share_the_pool_with_chat(world):
     world.pump(lambda: all(world.read("a", "operations.get", operation=r["operation"])[1]["terminal"]["saved"]
                            for r in receipts), timeout=120)
     assert max(p.running for p in seen) == 4 and engine.pool.owned == 0
-    assert any(reply.get("id") == 99 for _, reply in world.pushed + world.device.take_outbox())
+    assert any(reply.id == 99 for _, reply in world.pushed + world.device.take_outbox())
 
 
 def test_media_sources_are_owned_by_their_uploader_and_survive_a_checkpoint(world):
@@ -268,15 +268,15 @@ def test_n_choices_share_the_prompts_pages_and_end_together(world):
     replies = []
 
     def answered():
-        replies.extend(r for _, r in world.pushed + world.device.take_outbox() if r.get("id") == 77)
+        replies.extend(r for _, r in world.pushed + world.device.take_outbox() if r.id == 77)
         world.pushed.clear()
-        return any(not r.get("more") for r in replies)
+        return any(not r.more for r in replies)
 
     world.pump(answered)
-    final = next(r for r in replies if not r.get("more"))
-    assert final["status"] == 200
+    final = next(r for r in replies if not r.more)
+    assert final.status == 200
     import json
-    body = json.loads(final["body"])
+    body = json.loads(final.body)
     assert [c["index"] for c in body["choices"]] == [0, 1, 2]
     assert body["completion_tokens"] == sum(len(c["logprobs"]) + (c["finish_reason"] == "stop")
                                             for c in body["choices"])
@@ -291,7 +291,7 @@ def test_n_choices_share_the_prompts_pages_and_end_together(world):
     bad = Batch()
     chat.start(world.device, "chat-conn", {"id": 78, "principal": world.principals["a"], "args": {
         "model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], "n": 17}}, bad)
-    assert json.loads(bad.replies[0][1]["body"])["error"]["code"] == "invalid_n"
+    assert json.loads(bad.replies[0][1].body)["error"]["code"] == "invalid_n"
 
 
 def record_prompts(monkeypatch):

@@ -27,7 +27,7 @@ def ops(world, op, **args):
     inbox = collections.deque([("ops", {"v": 1, "id": next(world.ids), "op": op, "principal": None, "args": args})])
     replies = world.device.committer.run_sync(inbox) + world.device.take_outbox()
     [(_, msg)] = replies
-    return msg["status"], json.loads(msg["body"])
+    return msg.status, json.loads(msg.body)
 
 
 def test_the_receipt_browser_filters_by_participant_kind_status_and_save_state(world):

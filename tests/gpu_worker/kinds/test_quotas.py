@@ -196,7 +196,7 @@ def test_a_chats_quota_refuses_a_chat_beyond_it_until_one_ends(engine_world):
     w.set_quotas("a", chats=1)
     assert start_chat(w, "a", 1) == []  # taken: the engine answers it
     [(_, reply)] = start_chat(w, "a", 2)
-    assert reply["status"] == 429 and b'"quota":"chats"' in reply["body"]
+    assert reply.status == 429 and b'"quota":"chats"' in reply.body
     assert start_chat(w, "b", 3) == []  # b has no chats quota
     w.pump(lambda: w.read("a", "capabilities")[1]["quotas"]["chats"]["used"] == "1")
     gate.set()
@@ -212,8 +212,8 @@ def test_a_chats_pages_count_with_the_principals_unfinished_inputs_against_kv_pa
     w.set_quotas("a", kv_pages=17)  # the input holds 16; the chat's prompt needs more than one page
     assert start_chat(w, "a", 7) == []  # refused once its prompt is tokenized and its pages known
     seen = []
-    w.pump(lambda: seen.extend(m for _, m in w.device.take_outbox() if m.get("id") == 7) or seen)
-    assert seen[0]["status"] == 429 and b'"quota":"kv_pages"' in seen[0]["body"] and b'"used":"16"' in seen[0]["body"]
+    w.pump(lambda: seen.extend(m for _, m in w.device.take_outbox() if m.id == 7) or seen)
+    assert seen[0].status == 429 and b'"quota":"kv_pages"' in seen[0].body and b'"used":"16"' in seen[0].body
     gate.set()
 
 
@@ -368,9 +368,9 @@ def test_a_chat_past_its_execution_deadline_ends_504_and_frees_its_pages(engine_
     sub.data["deadline_ns"] = 0  # the deadline passes now
     w.device.idle()
     seen = []
-    w.pump(lambda: seen.extend(m for _, m in w.device.take_outbox() if m.get("id") == 11 and not m.get("more")) or seen)
+    w.pump(lambda: seen.extend(m for _, m in w.device.take_outbox() if m.id == 11 and not m.more) or seen)
     [frame] = seen
-    assert frame["status"] == 504 and b'"deadline_exceeded"' in frame["body"]
+    assert frame.status == 504 and b'"deadline_exceeded"' in frame.body
     assert not [s for s in w.device.subscriptions.all() if s.topic[0] == "chat"]
     gate.set()
     w.pump(lambda: w.device.runner.engine.pool.owned == 0)

@@ -55,7 +55,7 @@ def test_an_unknown_command_is_refused(device, principal_id):
     inbox = collections.deque([("c", {"v": 1, "id": 1, "op": "spaces.rename", "principal": principal_id,
                                       "args": {}})])
     [(_, reply)] = device.committer.run_sync(inbox)
-    assert reply["status"] == 400 and b"unknown_command" in reply["body"]
+    assert reply.status == 400 and b"unknown_command" in reply.body
 
 
 def test_a_journaled_admission_of_an_unknown_kind_fails_closed_naming_file_and_offset(device, tiny_runtime, tmp_path,

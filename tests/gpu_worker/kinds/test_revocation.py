@@ -24,7 +24,7 @@ def world(tmp_path):
 def frames_of(world, req_id):
     pushed, world.pushed = world.pushed + world.device.take_outbox(), []
     world.seen = getattr(world, "seen", []) + pushed
-    return [m for _, m in world.seen if req_id in (m.get("ids") or (m.get("id"),))]
+    return [m for _, m in world.seen if req_id in (m.ids or (m.id,))]
 
 
 def test_a_revoked_principals_streamed_chat_and_event_stream_end_at_the_next_grant_check(world):
@@ -43,11 +43,11 @@ def test_a_revoked_principals_streamed_chat_and_event_stream_end_at_the_next_gra
     world.device.idle()  # the next grant check, as the loop runs it between ticks
     for req_id in (500, 501):
         last = frames_of(world, req_id)[-1]
-        assert last["status"] == 403 and b"grant_missing" in last["body"] and not last.get("more"), (req_id, last)
+        assert last.status == 403 and b"grant_missing" in last.body and not last.more, (req_id, last)
     gate.set()
     # mallory's chat was cancelled in the engine: only alice's runs to its end
-    world.pump(lambda: any(not m.get("more") for m in frames_of(world, 502)))
-    assert frames_of(world, 502)[-1]["status"] == 200
+    world.pump(lambda: any(not m.more for m in frames_of(world, 502)))
+    assert frames_of(world, 502)[-1].status == 200
     world.pump(lambda: not engine.has_work)
     assert engine.pool.owned == 0
-    assert not [m for m in frames_of(world, 501) if m.get("status") == 200 and not m.get("more")]
+    assert not [m for m in frames_of(world, 501) if m.status == 200 and not m.more]

@@ -49,9 +49,9 @@ class World:
         inbox = collections.deque([("c", {"v": 1, "id": req_id, "op": op, "principal": self.principals[name],
                                           "args": args})])
         replies = self.device.committer.run_sync(inbox) + self.device.take_outbox()
-        [msg] = [msg for _, msg in replies if msg.get("id") == req_id]
+        [msg] = [msg for _, msg in replies if msg.id == req_id]
         self.pushed += [(conn, m) for conn, m in replies if m is not msg]  # other requests' frames
-        return msg["status"], json.loads(msg["body"])
+        return msg.status, json.loads(msg.body)
 
     def read(self, name, op, **args):
         return self.send(name, op, args)

@@ -115,7 +115,7 @@ def registered_after_restart(live):
             inbox = collections.deque([("c", {"v": 1, "id": 1, "op": "operations.list", "principal": principal.hex(),
                                                "args": {}})])
             [(_, msg)] = device.committer.run_sync(inbox)
-            items = json.loads(msg["body"])["items"]
+            items = json.loads(msg.body)["items"]
             if items:
                 out[principal] = items
         return out
@@ -455,7 +455,7 @@ def test_out_of_descriptors_pauses_accepting_and_then_serves(tiny_runtime, tmp_p
     assert waited >= 0.9
 
 
-def test_a_frame_that_is_not_msgpack_closes_only_its_connection(tiny_runtime, tmp_path, caplog):
+def test_a_frame_that_is_not_a_request_closes_only_its_connection(tiny_runtime, tmp_path, caplog):
     live = LiveDevice(tiny_runtime, tmp_path, 1).start()
     try:
         with live.connect() as good, live.connect() as bad:
@@ -464,11 +464,15 @@ def test_a_frame_that_is_not_msgpack_closes_only_its_connection(tiny_runtime, tm
             with live.connect() as huge:
                 huge.sendall(LENGTH.pack((1 << 24) + 1))    # longer than MAX_FRAME: refused at once
                 assert huge.recv(1) == b""
+            with live.connect() as named:  # a request whose id a reply could not carry (Reply.id)
+                named.sendall(encode_frame({"v": 1, "id": "one", "op": "ping", "principal": None, "args": {}}))
+                assert named.recv(1) == b""
             assert call(good, live.register_frame(live.principals[0], 1))["status"] == 202
     finally:
         live.stop()
     messages = [r.getMessage() for r in caplog.records]
     assert any("closing connection: frame is not msgpack" in m for m in messages)
+    assert any("closing connection: a request's id is str, not an integer" in m for m in messages)
     assert any(f"closing connection: frame of {(1 << 24) + 1} bytes exceeds {1 << 24}" in m for m in messages)
 
 

@@ -179,7 +179,7 @@ def test_a_damaged_media_file_moved_aside(tmp_path):
 def ops(world, op, **args):
     inbox = collections.deque([("ops", {"v": 1, "id": next(world.ids), "op": op, "principal": None, "args": args})])
     [(_, msg)] = world.device.committer.run_sync(inbox) + world.device.take_outbox()
-    return msg["status"], json.loads(msg["body"])
+    return msg.status, json.loads(msg.body)
 
 
 def test_an_audit_export_stopped_at_any_step_leaves_the_previous_export(tiny_runtime, tmp_path):

@@ -1,11 +1,12 @@
 """The fake device, the gateway pointed at it, the personas, and helpers to call the gateway.
 
-FakeDevice serves a Unix socket with the real frame protocol (FrameReader in, encode_frame(reply)
+FakeDevice serves a Unix socket with the real frame protocol (FrameReader in, encode_reply(reply)
 out), records every request map it receives and answers with a per-test handler. A handler gets
 the request map and returns
   - (status, body) or (status, body, headers): one reply frame;
   - a list of reply maps (e.g. `{"status": 200, "body": b"Hel", "more": True}`), sent one frame at a
-    time, each given the request's `id` unless it names one;
+    time, each given the request's `id` unless it names one, or of Replies (wire.reply), sent as
+    they are;
     a number in that list pauses the answer that many seconds;
   - None: no answer to this request;
   - HANG_UP: close the connection without answering.
@@ -32,7 +33,8 @@ from asgiref.sync import async_to_sync
 
 from gpu_worker.contract.commands import TYPES, parse, typed
 from gpu_worker.contract.vocabulary import CHAT, COMMANDS, MANAGE, MUTATION_SCHEMA, READ, WRITE
-from gpu_worker.contract.wire import PROTOCOL_VERSION, FrameReader, ProtocolError, encode_frame, reply
+from gpu_worker.contract.wire import (PROTOCOL_VERSION, FrameReader, ProtocolError, Reply, encode_frame, encode_reply,
+                                     reply)
 from shared_api import device_client
 from shared_api.models import Principal
 from tests import rsgi
@@ -191,9 +193,9 @@ class FakeDevice:
             return []
         if isinstance(result, tuple):
             status, body, *rest = result
-            return [encode_frame(reply(req.get("id"), status, body, rest[0] if rest else None))]
-        return [float(msg) if isinstance(msg, (int, float)) else encode_frame({"id": req.get("id"), **msg})
-                for msg in result]
+            return [encode_reply(reply(req.get("id"), status, body, rest[0] if rest else None))]
+        return [float(msg) if isinstance(msg, (int, float)) else encode_reply(msg) if isinstance(msg, Reply)
+                else encode_frame({"id": req.get("id"), **msg}) for msg in result]
 
 
 @pytest.fixture
