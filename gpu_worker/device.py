@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar, cast
 
 import msgpack
 
-from .contract.commands import TYPES, A, parse
+from .contract.commands import TYPES, A, Mutation, parse
 from .contract.errors import ServiceError
 from .contract.grantfile import GrantFileError, Grants
 from .contract.ids import HEX32
@@ -39,7 +39,7 @@ from .loop.threads import DEFAULT_NICE, enter_background
 from .kinds import chat, events, media, quotas
 from .kinds.kind import MediaWaiting, OperationKind
 from .kinds.registry import KINDS, READS
-from .pipeline import execution, retention
+from .pipeline import admission, execution, retention
 from .pipeline.preparing import Prepared
 from .pipeline.prompt import ControlTokens
 from .pipeline.tick import Tick
@@ -49,6 +49,7 @@ from .recovery.replay import Replay
 from .recovery.succession import Failover, Succession
 from .state import DeviceState
 from .state.executions import Executions
+from .state.ids import operator_hex
 from .state.holds import Holds
 from .state.usage import Chats, Usage
 from .storage import runtime_file
@@ -57,7 +58,7 @@ from .storage.filelayer import FileLayer, OsFileLayer
 from .storage.journal import Transfer, TransferKind
 from .storage.journal_lock import JournalLock
 from .storage.journal_reader import RecoveryResult, Tail
-from .storage.journal_writer import JournalIOError, JournalWriter
+from .storage.journal_writer import MAX_RECORDS_PER_TICK, JournalIOError, JournalWriter
 from .storage.runtime_file import RuntimeFile
 
 if TYPE_CHECKING:
@@ -316,7 +317,8 @@ class Device:
         hexid = msg.get("principal")
         if type(hexid) is not str or not HEX32_MATCH(hexid):
             raise ServiceError(400, "bad_principal", "command lacks a principal id")
-        if not self.grants.allows(hexid, action):
+        if not self.grants.allows(hexid, action) or hexid == operator_hex(self.state.incarnation):
+            # (the operator's principal is the device's own: state/ids.operator)
             raise ServiceError(403, "grant_missing", f"principal has no current {action} grant")
         return bytes.fromhex(hexid)
 
@@ -447,6 +449,16 @@ class Device:
     def checkpoint(self) -> CheckpointSummary | None:
         """Fold the journal into the runtime file now (between ticks): Checkpoints.write."""
         return self.checkpoints.write()
+
+    def admit_as(self, principal: bytes, code: int, args: Mutation) -> tuple[int, int, int]:
+        """An admission the device makes on its own behalf (the operator's, for the console's
+        staff: memory/ops.py): the admission protocol of a command (admission.admit_as) with its
+        principal and typed arguments given, past the grant check. (status, receipt row, journal
+        records), or a ServiceError. It is never deferred to the next tick: its few records may
+        pass this tick's budget (the journal writer takes them with the next tick's)."""
+        outcome = admission.admit_as(self, principal, args, self.kinds[code], MAX_RECORDS_PER_TICK)
+        assert outcome is not None  # (a full budget admits whatever its size)
+        return outcome
 
     def drained(self, conn: object, msg: Message) -> Reply | None:
         """A command that waited for every transfer to be saved (Committer.when_drained): its

@@ -25,7 +25,8 @@ from .args import Args, counter, decimal, hex32, integer, number_in, one_of, res
 from .chat import Chat, Embeddings
 from .errors import ServiceError
 from .limits import (DEFAULT_LIMIT, INPUT_BYTES, MAX_LIMIT, MAX_MEDIA, MAX_MEDIA_BYTES, MAX_REASON_BYTES,
-                     MAX_MEMORY_TTL_SECONDS, MAX_SEARCH_RESULTS, MEDIA_LINK_BYTES, MEMORY_PAYLOAD_BYTES)
+                     MAX_MEMORY_TTL_SECONDS, MAX_SEARCH_RESULTS, MAX_STAFF_NAME, MEDIA_LINK_BYTES,
+                     MEMORY_PAYLOAD_BYTES)
 from .vocabulary import CONTEXTS, MEDIA_TYPES, PERMISSIONS, RETENTIONS, SCOPES
 from .wire import LENGTH, MAX_FRAME, PROTOCOL_VERSION, ProtocolError
 
@@ -179,6 +180,25 @@ class ReceiptFilter(Page, kw_only=True, frozen=True):
             resource_id(self.participant, "par")
         if self.saved is not None:
             one_of(self.saved, "saved", ("unsaved", "admission", "terminal"))
+
+
+class StaffForget(Args, kw_only=True, frozen=True):
+    """ops.memory.forget: the console's staff forget a memory object (memory/ops.py), by the
+    device's operator participant, with a required `reason` and the console user's name
+    (`staff`), both kept in the receipt's command bytes."""
+    memory: str
+    reason: str
+    staff: str
+
+    def __post_init__(self) -> None:
+        resource_id(self.memory, "mem")
+        if (type(self.reason) is not str or not self.reason.strip()
+                or len(self.reason.encode("utf-8", "surrogatepass")) > MAX_REASON_BYTES):
+            raise ServiceError(400, "bad_field", f"reason must be a non-empty string of at most {MAX_REASON_BYTES} "
+                                                 "UTF-8 bytes")
+        if type(self.staff) is not str or not self.staff.strip() or len(self.staff) > MAX_STAFF_NAME:
+            raise ServiceError(400, "bad_field", f"staff must be the console user's name, 1..{MAX_STAFF_NAME} "
+                                                 "characters")
 
 
 class SubscriptionClose(Args, kw_only=True, frozen=True):
@@ -465,7 +485,8 @@ _FIELD = re.compile(r"at `\$\.(\w+)|required field `(\w+)`")
 # vocabulary's commands).
 TYPES: dict[str, type[Args]] = {
     "ping": NoArgs, "checkpoint": NoArgs, "ops.receipts": ReceiptFilter, "ops.receipt": OperationRef,
-    "ops.result": OperationBytes, "audit.export": AuditExport,
+    "ops.result": OperationBytes, "ops.command": OperationRef, "ops.memory": SpacePage,
+    "ops.memory.forget": StaffForget, "audit.export": AuditExport,
     "capabilities": NoArgs, "participant.get": NoArgs, "participants.get": ParticipantRef, "spaces.list": Page,
     "spaces.get": SpaceRef, "members.list": SpacePage, "conversations.list": SpacePage,
     "conversations.get": ConversationRef, "conversations.events": ConversationPage, "operations.list": Page,

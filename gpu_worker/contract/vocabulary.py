@@ -66,6 +66,9 @@ COMMANDS = {c.op: c for c in (
     Command("ops.receipts", None),
     Command("ops.receipt", None),
     Command("ops.result", None),
+    Command("ops.command", None),
+    Command("ops.memory", None),
+    Command("ops.memory.forget", None),
     Command("audit.export", None),
     # reads
     Command("capabilities", READ),

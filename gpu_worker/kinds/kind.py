@@ -93,8 +93,10 @@ class Caller(Tables, Protocol):
 
 
 class Journaling(Tables, Protocol):
-    """The journal: a transfer (`on_saved` runs once it is saved), the committer, holds, and the
-    media sources' directory beside it."""
+    """The journal: a transfer (`on_saved` runs once it is saved), the committer, holds, the
+    media sources' directory beside it, and an admission the device makes on its own behalf
+    (`admit_as`: a principal and a kind's typed arguments through the whole admission protocol,
+    past the grant check; (status, receipt row, journal records), or a ServiceError)."""
 
     def append(self, kind: int, payload: bytes, on_saved: Callable[[Transfer], None] | None = None) -> int: ...
 
@@ -116,6 +118,8 @@ class Journaling(Tables, Protocol):
     def journal_state(self) -> dict[str, str | bool | None]: ...
 
     def checkpoint(self) -> CheckpointSummary | None: ...
+
+    def admit_as(self, principal: bytes, code: int, args: Mutation) -> tuple[int, int, int]: ...
 
 
 class Publishing(Tables, Protocol):

@@ -5,7 +5,9 @@ at the next checkpoint (memory/forgetting.py says where each copy of them is era
 
 Who may: as for a correction, a caller that sees the object and holds `write` on the space it was
 retained or published in, `manage` for an object another participant wrote. Any kind of object
-may be forgotten. The receipt keeps the reason (its command bytes) and names the object.
+may be forgotten. The receipt keeps the reason (its command bytes) and names the object. The
+admin console's staff may forget any object (`StaffDeletion`, admitted by the device's operator
+participant: memory/ops.py); the deletion is this same kind, replayed and erased the same way.
 
 What goes with it: every version its live corrections keep, the text of those corrections and,
 for a retained source, the text of the input it came from (its receipt's command bytes, or its
@@ -30,9 +32,21 @@ from . import history
 from .kind import Admission, Applying, Caller, Kind, OperationKind, Tables
 
 
+class StaffDeletion(MemoryDeletion, kw_only=True, frozen=True):
+    """A forget the console's staff asked for (`ops.memory.forget`, memory/ops.py), which the
+    device admits as its operator participant: the object need only exist, whoever's it is.
+    Never a command's arguments: a `memory.delete` command is parsed as MemoryDeletion, which
+    refuses any field it does not declare (`staff` among them), and only the device's own
+    admission (Device.admit_as) passes this type."""
+    staff: str
+
+
 def check(d: Caller, principal: bytes, prow: int | None, args: MemoryDeletion, key: bytes,
           sequence: int) -> dict[str, Any]:
-    slot = memory.editable_slot(d, principal, prow, args.memory)
+    if isinstance(args, StaffDeletion):  # (staff are no member of any space: no rights to ask)
+        slot = memory.any_slot(d, args.memory)
+    else:
+        slot = memory.editable_slot(d, principal, prow, args.memory)
     row = d.state.memory.row(slot)
     return {"memory": [row.lineage, row.object]}
 

@@ -176,4 +176,15 @@ def ops_result(d: Tables, principal: bytes | None, args: OperationBytes) -> tupl
     return result(d, _any_receipt(d, args.operation), args)
 
 
-OPS_READS: dict[str, Read] = {"ops.receipts": ops_receipts, "ops.receipt": ops_receipt, "ops.result": ops_result}
+def ops_command(d: Tables, principal: bytes | None, args: OperationRef) -> tuple[int, object]:
+    """An operation's canonical command bytes as its receipt keeps them (a forgotten text
+    emptied: docs/memory.md "Forgetting"), whoever's it is: what a staff forget's reason is read
+    from."""
+    rrow = _any_receipt(d, args.operation)
+    t = d.state.tables
+    data = t.get_bytes(t.command_bytes, rrow, t.value(t.receipts, rrow, R.COMMAND_LEN))
+    return 200, {"operation": args.operation, **byte_span(data, 0)}
+
+
+OPS_READS: dict[str, Read] = {"ops.receipts": ops_receipts, "ops.receipt": ops_receipt, "ops.result": ops_result,
+                              "ops.command": ops_command}

@@ -8,7 +8,7 @@ gpu_worker/contract/vocabulary.py, its gateway route (docs/adding-an-operation-k
 """
 from __future__ import annotations
 
-from ..memory import search, shared as memory
+from ..memory import ops as memory_ops, search, shared as memory
 from . import (cancellations, chat, conversations, deletions, embeddings, events, inputs, media, members,
                forks, memory_deletions, memory_versions, operations, participants, publications, retirements, service, spaces)
 from .kind import Later, OperationKind, Read
@@ -42,6 +42,7 @@ READS: dict[str, Read] = {
     **events.READS,
     **chat.READS,
     **memory.READS,
+    **memory_ops.READS,
 }
 
 # Commands answered outside the read/mutation order of a tick (a subscription's frames come later).
@@ -55,4 +56,5 @@ LATER: dict[str, Later] = {
     "conversations.subscribe": events.open_conversation,
     "operations.subscribe": events.open_operation,
     "subscriptions.close": events.close,
+    **memory_ops.LATER,
 }

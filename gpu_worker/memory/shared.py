@@ -108,6 +108,18 @@ def visible_slot(d: Caller, principal: bytes, prow: int | None, value: object) -
     raise ServiceError(404, "memory_not_found", f"no memory object {value} visible to this principal")
 
 
+def any_slot(d: Tables, value: object) -> int:
+    """The row of a saved memory object whoever's it is (the console's staff: memory/ops.py);
+    404 otherwise, as for an object never written."""
+    m = ids.MEMORY_ID.match(value) if isinstance(value, str) else None
+    memory = d.state.memory
+    slot = memory.by_id.get(bytes.fromhex(m.group(2))) if m else None
+    if slot is not None and m is not None and memory.row(slot).lineage == bytes.fromhex(m.group(1)) \
+            and int(memory.owners[slot]) != 0:  # (0: written by a transfer not yet saved)
+        return slot
+    raise ServiceError(404, "memory_not_found", f"no memory object {value}")
+
+
 def editable_slot(d: Caller, principal: bytes, prow: int | None, value: object) -> int:
     """The row of a memory object the caller may correct or forget: one it sees (404 otherwise)
     in a space where it holds `write` now, `manage` for a row another participant wrote (403).
@@ -216,16 +228,23 @@ def list_memory(d: Caller, principal: bytes, args: SpacePage) -> tuple[int, dict
     cursor, limit = args.after, args.limit
     prow = d.state.participants.by_principal.get(principal)
     srow = access.space_row(d, args.space, principal, prow, Right.READ)
+    owners = scope_table(d, srow) & readable_owners(d, principal, prow)
+    slots, next_cursor = rows_page(d, owners, cursor, limit)
+    return 200, {"items": [row_json(d, s) for s in slots], "next_cursor": next_cursor}
+
+
+def rows_page(d: Tables, owners: torch.Tensor, cursor: int | None, limit: int) -> tuple[list[int], str | None]:
+    """The rows of the owner numbers `owners` holds (a bool table over them), in write order
+    after `cursor` (a memory counter), at most `limit`: (slots, next cursor)."""
     memory = d.state.memory
-    mask = (scope_table(d, srow) & readable_owners(d, principal, prow))[memory.current_owners(memory_table.now())]
+    mask = owners[memory.current_owners(memory_table.now())]
     if cursor is not None:
         mask &= memory.order > cursor
     found = torch.nonzero(mask).flatten()
     slots: list[int] = found[torch.argsort(memory.order[found])][:limit + 1].tolist()
     more = len(slots) > limit
     slots = slots[:limit]
-    next_cursor = str(int(memory.order[slots[-1]])) if more and slots else None
-    return 200, {"items": [row_json(d, s) for s in slots], "next_cursor": next_cursor}
+    return slots, str(int(memory.order[slots[-1]])) if more and slots else None
 
 
 def row_json(d: Tables, slot: int) -> dict[str, object]:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from ..contract.errors import ServiceError
-from ..contract.commands import parse
+from ..contract.commands import Mutation, parse
 from ..contract.wire import Message
 from ..kinds import quotas
 from ..memory.forgetting import same_command
@@ -85,8 +85,14 @@ def admit(d: Admitter, msg: Message, kind: OperationKind, budget: int,
     admission (`prepare`) answers UNPREPARED when every check before its own passed (an exact
     retry answers its receipt as ever); `prepared`, what that work made, is recorded with what its
     check returns."""
-    principal = d.principal(msg, kind.action)
-    args = parse(kind.args, msg.get("args"))
+    return admit_as(d, d.principal(msg, kind.action), parse(kind.args, msg.get("args")), kind, budget, prepared)
+
+
+def admit_as(d: Admitter, principal: bytes, args: Mutation, kind: OperationKind, budget: int,
+             prepared: bytes | None = None) -> tuple[int, int, int] | None:
+    """`admit` of a principal and typed arguments already known: a command's (its principal's
+    grant checked, its arguments parsed as its kind's type), or an admission the device makes
+    itself (Device.admit_as: the operator's, memory/ops.py), which no grant names."""
     lineage, key, sequence, canonical = args.lineage, args.operation_key, args.sequence, args.canonical
     if len(canonical) > d.command_bytes:  # a payload too large for its receipt (413, as for a body)
         raise ServiceError(413, "command_too_large",

@@ -7,6 +7,7 @@ line of history — the first boot of a state, and every restore (docs/checkpoin
 after a restore"); state written before lineage nonces existed has none (None), and its lineages
 are (file incarnation, principal id) alone, as they always were. An unregistered principal
 already sees the lineage it must register under.
+The operator's principal (`operator`) is a function of the file incarnation alone.
 Operation IDs come from the device's admission counter and the nonce of the lineage that counter
 belongs to, so they differ from operation keys, replay to the same value, and an ID issued after
 a restore point and lost with the journal's tail never equals one issued after the restore.
@@ -54,6 +55,20 @@ def operation_counter(incarnation: bytes, raw: bytes,
     nonce_at(counter): the lineage nonce that counter was issued under."""
     counter = int.from_bytes(raw[:8], "little") ^ _pad(incarnation)
     return counter if operation(incarnation, counter, nonce_at(counter)) == raw else None
+
+
+@functools.lru_cache(maxsize=4)
+def operator(incarnation: bytes) -> bytes:
+    """The principal of the device's operator participant: the one the admin console's staff act
+    through when they forget a memory object (memory/ops.py). No grant file names it, and the
+    device refuses it as a command's principal (Device.principal), so only the device's own
+    admissions carry it."""
+    return _h(b"aotx/operator\0", incarnation)
+
+
+@functools.lru_cache(maxsize=4)
+def operator_hex(incarnation: bytes) -> str:
+    return operator(incarnation).hex()
 
 
 def memory_owner(incarnation: bytes, space: str) -> bytes:

@@ -6,6 +6,11 @@
 - receipts: every live receipt through the device's `ops.receipts`, filtered by participant, kind,
   status and save state, paged; one receipt (`ops.receipt`) with its save fields; its result bytes
   (`ops.result`) as text when they are UTF-8, else base64;
+- memory: a space's memory rows through the device's `ops.memory` (every row, whoever may read
+  it), paged, each with a preview of its payload; a row's "Forget" asks for a reason and, on a
+  POST (CSRF protected, as the admin's forms are), forgets it through `ops.memory.forget` as the
+  device's operator participant, the reason and the staff user's name kept in the receipt's
+  command bytes (docs/memory.md "Forgetting"), which a receipt's page shows (`ops.command`);
 - holds: journal hold incidents (the database's, recorded by `detect_holds`, and the device's
   not yet recorded) and the current hold.
 
@@ -15,9 +20,11 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 from typing import Any, Callable
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -25,7 +32,8 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.http import urlencode
 
-from gpu_worker.contract.limits import MAX_LIMIT
+from gpu_worker.contract.ids import MEMORY_ID
+from gpu_worker.contract.limits import MAX_LIMIT, MAX_REASON_BYTES
 from gpu_worker.contract.vocabulary import COMMANDS, TERMINAL_STATUSES
 from gpu_worker.contract.wire import JSON
 
@@ -218,14 +226,34 @@ def _cursor(value: str | None) -> str | None:
     return value if value is not None and value.isascii() and value.isdigit() and len(value) <= 20 else None
 
 
+def _trail(request: HttpRequest) -> tuple[str | None, list[str]]:
+    """A paged list's cursor and its trail: the cursors of the pages before it ("0" the first)."""
+    return (_cursor(request.GET.get("cursor")),
+            [c for c in request.GET.get("trail", "").split(",") if _cursor(c) is not None or c == "0"])
+
+
+def _pages(base: dict[str, Any], cursor: str | None, trail: list[str],
+           next_cursor: str | None) -> tuple[str | None, str | None]:
+    """(next page's URL, previous page's URL) of a paged list, its own query `base` kept."""
+    next_url = prev_url = None
+    if next_cursor is not None:
+        next_url = "?" + urlencode({**base, "cursor": next_cursor, "trail": ",".join([*trail, cursor or "0"])})
+    if cursor is not None:
+        back = trail[-1] if trail else "0"
+        prev_args = {**base, "trail": ",".join(trail[:-1])}
+        if back != "0":
+            prev_args["cursor"] = back
+        prev_url = "?" + urlencode(prev_args)
+    return next_url, prev_url
+
+
 def receipts_view(request: HttpRequest) -> HttpResponse:
     form = ReceiptFilter(request.GET or None)
     filters: dict[str, str] = {}  # (the form's choice fields)
     if form.is_bound and form.is_valid():
         filters = {k: v for k, v in form.cleaned_data.items() if v not in (None, "") and k != "limit"}
     limit = (form.cleaned_data.get("limit") if form.is_bound and form.is_valid() else None) or PAGE_SIZE
-    cursor = _cursor(request.GET.get("cursor"))
-    trail = [c for c in request.GET.get("trail", "").split(",") if _cursor(c) is not None or c == "0"]
+    cursor, trail = _trail(request)
     items: list[dict[str, Any]] = []
     error = next_url = prev_url = None
     if not form.is_bound or form.is_valid():
@@ -241,16 +269,7 @@ def receipts_view(request: HttpRequest) -> HttpResponse:
                 error = _device_error(body, status)
             else:
                 items = body.get("items") or []
-                base = {**{k: v for k, v in filters.items()}, "limit": limit}
-                if body.get("next_cursor") is not None:
-                    next_url = "?" + urlencode({**base, "cursor": body["next_cursor"],
-                                                "trail": ",".join([*trail, cursor or "0"])})
-                if cursor is not None:
-                    back = trail[-1] if trail else "0"
-                    prev_args = {**base, "trail": ",".join(trail[:-1])}
-                    if back != "0":
-                        prev_args["cursor"] = back
-                    prev_url = "?" + urlencode(prev_args)
+                next_url, prev_url = _pages({**filters, "limit": limit}, cursor, trail, body.get("next_cursor"))
     rows = [_receipt_row(r, filters.get("status")) for r in items]
     first_url = "?" + urlencode({**filters, "limit": limit})
     return render(request, "aotx/ops/receipts.html", _context(
@@ -319,14 +338,46 @@ def receipt_view(request: HttpRequest, operation: str) -> HttpResponse:
                                 ("pending_bytes", receipt.get("pending_bytes")),
                                 ("disk_error", receipt.get("disk_error")),
                                 ("journal_hold", receipt.get("journal_hold"))])]
+    command: str | None = None
+    if receipt is not None:
+        command, rows = _command(operation)
+        sections.insert(1, ("Command", rows))
     has_result = receipt is not None and (receipt.get("kind") in EXECUTING_KINDS
                                           or int((receipt.get("result") or {}).get("length") or 0) > 0)
     return render(request, "aotx/ops/receipt.html", _context(
         request, f"Receipt {operation}", operation=operation, receipt=receipt, sections=sections, error=error,
-        raw=json.dumps(receipt, indent=2, sort_keys=True) if receipt is not None else None,
+        raw=json.dumps(receipt, indent=2, sort_keys=True) if receipt is not None else None, command=command,
         result_url=reverse("aotx-ops-result", args=[operation]) if has_result else None,
         participant_url=(reverse("aotx-ops-receipts") + "?" + urlencode({"participant": receipt["participant"]})
                          if receipt is not None and receipt.get("participant") else None)))
+
+
+def _command(operation: str) -> tuple[str | None, list[tuple[str, Any]]]:
+    """An operation's command bytes as its receipt keeps them (`ops.command`): their text, and
+    their fields as rows (`body.reason` and `body.staff` of a staff forget among them)."""
+    try:
+        status, body = ops.call("ops.command", {"operation": operation})
+    except ServiceError as exc:
+        return None, [("error", _device_error(exc))]
+    if status != 200:
+        return None, [("error", _device_error(body, status))]
+    text = body.get("text")
+    if not isinstance(text, str):
+        return None, [("bytes", f"{body.get('length')} bytes, not UTF-8 (base64: {body.get('bytes')})")]
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return text, []
+    if not isinstance(doc, dict):
+        return text, []
+    rows: list[tuple[str, Any]] = []
+    for key, value in sorted(doc.items()):
+        if key == "body" and isinstance(value, dict):
+            rows += [(f"body.{k}", v if isinstance(v, str) else json.dumps(v, sort_keys=True))
+                     for k, v in sorted(value.items())]
+        else:
+            rows.append((key, value if isinstance(value, str) else json.dumps(value)))
+    return text, rows
 
 
 def result_view(request: HttpRequest, operation: str) -> HttpResponse:
@@ -349,6 +400,102 @@ def result_view(request: HttpRequest, operation: str) -> HttpResponse:
         request, f"Result of {operation}", operation=operation, result=result, error=error, offset=offset,
         receipt_url=reverse("aotx-ops-receipt", args=[operation]),
         shown_as=("text" if result is not None and result.get("text") is not None else "base64")))
+
+
+# ---- memory ----------------------------------------------------------------------------------
+
+SPACE_ID = r"^spc-[0-9a-f]{32}-[0-9a-f]{32}\Z"
+
+
+class MemorySpace(forms.Form):
+    space = forms.RegexField(regex=SPACE_ID, label="Space", error_messages={"invalid": "a space ID: spc-…-…"},
+                             widget=forms.TextInput(attrs={"size": 76, "placeholder": "spc-…"}))
+    limit = forms.IntegerField(min_value=1, max_value=MAX_LIMIT, required=False, initial=PAGE_SIZE)
+
+
+class ForgetForm(forms.Form):
+    reason = forms.CharField(label="Reason", help_text=f"kept in the receipt; at most {MAX_REASON_BYTES} UTF-8 bytes",
+                             widget=forms.Textarea(attrs={"rows": 3, "cols": 72}))
+    space = forms.RegexField(regex=SPACE_ID, required=False, widget=forms.HiddenInput)
+
+    def clean_reason(self) -> str:
+        reason: str = self.cleaned_data["reason"]
+        if len(reason.encode("utf-8", "surrogatepass")) > MAX_REASON_BYTES:
+            raise forms.ValidationError(f"at most {MAX_REASON_BYTES} UTF-8 bytes")
+        return reason
+
+
+def _memory_row(item: dict[str, Any], space: str) -> dict[str, Any]:
+    obj = str(item.get("object", ""))
+    preview = item.get("preview") or {}
+    text = preview.get("text")
+    return {"object": obj, "kind": item.get("kind"), "version": item.get("version"), "scope": item.get("scope"),
+            "actor": item.get("actor"), "byte_length": item.get("byte_length"),
+            "published": bool(item.get("published")),
+            "preview": text if text is not None else f"base64: {preview.get('bytes', '')}",
+            "shown_as": "text" if text is not None else "base64", "complete": bool(preview.get("complete")),
+            "forget_url": reverse("aotx-ops-memory-forget", args=[obj]) + "?" + urlencode({"space": space})}
+
+
+def memory_view(request: HttpRequest) -> HttpResponse:
+    """A space's memory rows (`ops.memory`), paged, each with its "Forget"."""
+    form = MemorySpace(request.GET or None)
+    rows: list[dict[str, Any]] = []
+    error = next_url = prev_url = first_url = None
+    space: str | None = None
+    cursor, trail = _trail(request)
+    if form.is_bound and form.is_valid():
+        space = form.cleaned_data["space"]
+        limit = form.cleaned_data.get("limit") or PAGE_SIZE
+        args: dict[str, object] = {"space": space, "limit": limit}
+        if cursor is not None:
+            args["cursor"] = cursor
+        try:
+            status, body = ops.call("ops.memory", args)
+        except ServiceError as exc:
+            error = _device_error(exc)
+        else:
+            if status != 200:
+                error = _device_error(body, status)
+            else:
+                rows = [_memory_row(item, space) for item in body.get("items") or []]
+                base = {"space": space, "limit": limit}
+                next_url, prev_url = _pages(base, cursor, trail, body.get("next_cursor"))
+                first_url = "?" + urlencode(base) if cursor is not None else None
+    return render(request, "aotx/ops/memory.html", _context(
+        request, "Memory", form=form, space=space, rows=rows, error=error, next_url=next_url, prev_url=prev_url,
+        first_url=first_url, page=len(trail) + 1))
+
+
+def forget_view(request: HttpRequest, memory: str) -> HttpResponse:
+    """A memory object's "Forget": the confirmation form (GET), then (POST) `ops.memory.forget`
+    with the reason and the staff user's name; the receipt the device answers, linked."""
+    receipt: dict[str, Any] | None = None
+    error = None
+    if request.method == "POST":
+        form = ForgetForm(request.POST)
+        if form.is_valid():
+            args = {"memory": memory, "reason": form.cleaned_data["reason"], "staff": request.user.get_username()}
+            try:  # (it waits for the save, as a participant's forget does: the gateway's device timeout)
+                status, body = ops.call("ops.memory.forget", args, settings.AOTX_DEVICE_TIMEOUT)
+            except ServiceError as exc:
+                error = _device_error(exc)
+            else:
+                if status in (200, 202) and isinstance(body, dict):
+                    receipt = body
+                else:
+                    error = _device_error(body, status)
+    else:
+        form = ForgetForm(initial={"space": request.GET.get("space", "")})
+        if not MEMORY_ID.match(memory):
+            error = f"{memory} is not a memory object ID (mem-…-…)"
+    space = form.cleaned_data.get("space") if form.is_bound and form.is_valid() else request.GET.get("space")
+    back_url = (reverse("aotx-ops-memory") + "?" + urlencode({"space": space})
+                if isinstance(space, str) and re.match(SPACE_ID, space) else reverse("aotx-ops-memory"))
+    return render(request, "aotx/ops/memory_forget.html", _context(
+        request, f"Forget {memory}", memory=memory, form=form, error=error, receipt=receipt, back_url=back_url,
+        receipt_url=reverse("aotx-ops-receipt", args=[receipt["operation"]])
+        if receipt is not None and receipt.get("operation") else None))
 
 
 # ---- holds -----------------------------------------------------------------------------------
@@ -381,5 +528,7 @@ def urls() -> list[URLPattern]:
         path("receipts/", staff(receipts_view), name="aotx-ops-receipts"),
         path("receipts/<str:operation>/", staff(receipt_view), name="aotx-ops-receipt"),
         path("receipts/<str:operation>/result/", staff(result_view), name="aotx-ops-result"),
+        path("memory/", staff(memory_view), name="aotx-ops-memory"),
+        path("memory/<str:memory>/forget/", staff(forget_view), name="aotx-ops-memory-forget"),
         path("holds/", staff(holds_view), name="aotx-ops-holds"),
     ]

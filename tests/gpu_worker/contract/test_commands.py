@@ -24,6 +24,8 @@ VALID = {
     "ops.receipts": {"participant": "par-" + "1" * 32, "kind": "space.create", "status": "running",
                      "saved": "admission", "cursor": "7", "limit": 3},
     "ops.receipt": {"operation": OPERATION}, "ops.result": {"operation": OPERATION, "offset": 4},
+    "ops.command": {"operation": OPERATION}, "ops.memory": {"space": SPACE, "cursor": "3", "limit": 20},
+    "ops.memory.forget": {"memory": MEMORY, "reason": "asked to by its subject", "staff": "root"},
     "audit.export": {"path": "/tmp/audit"},
     "participants.get": {"participant": "par-" + "1" * 32}, "spaces.list": {"limit": 10},
     "spaces.get": {"space": SPACE}, "members.list": {"space": SPACE, "cursor": "0"},
@@ -134,6 +136,14 @@ REFUSED = [
     ("memory.versions", {"memory": "mem-x"}, 400, "bad_id"),
     ("memory.delete", {"reason": "x" * 257}, 400, "bad_field"),
     ("memory.delete", {"reason": 7}, 400, "bad_field"),
+    ("memory.delete", {"staff": "root"}, 400, "bad_field"),  # (only the device's own staff forget says who)
+    ("ops.memory.forget", {"reason": ""}, 400, "bad_field"),
+    ("ops.memory.forget", {"reason": "  "}, 400, "bad_field"),
+    ("ops.memory.forget", {"reason": "é" * 129}, 400, "bad_field"),
+    ("ops.memory.forget", {"staff": ""}, 400, "bad_field"),
+    ("ops.memory.forget", {"staff": "s" * 151}, 400, "bad_field"),
+    ("ops.memory.forget", {"memory": "mem-x"}, 400, "bad_id"),
+    ("ops.memory", {"limit": 0}, 400, "bad_limit"),
     ("conversations.fork", {"at": "0"}, 400, "bad_field"),
     ("conversations.fork", {"at": 3}, 400, "bad_field"),
     ("conversations.fork", {"id": "xyz"}, 400, "bad_field"),
@@ -184,6 +194,15 @@ def test_a_type_error_names_the_field_and_a_missing_field_is_named_too():
     assert err.value.code == "bad_field"
     with pytest.raises(ServiceError, match="unknown field `colour`"):
         typed("spaces.get", {"space": SPACE, "colour": 1})
+
+
+def test_a_staff_forget_needs_its_reason_and_its_staff_name():
+    for field in ("reason", "staff"):
+        args = {k: v for k, v in VALID["ops.memory.forget"].items() if k != field}
+        with pytest.raises(ServiceError, match=f"required field `{field}`") as err:
+            typed("ops.memory.forget", args)
+        assert err.value.status == 400 and err.value.code == "bad_field"
+    assert typed("ops.memory.forget", {**VALID["ops.memory.forget"], "reason": "é" * 128}).reason == "é" * 128
 
 
 def test_a_client_refuses_a_command_the_contract_does_not_know_and_builds_no_frame():
