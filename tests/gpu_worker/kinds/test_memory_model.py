@@ -1,13 +1,17 @@
-"""Memory and publication against a model (a Hypothesis state machine), with device restarts and
-checkpoints between the steps, on a memory table small enough to fill.
+"""Memory, publication, corrections, forgetting and forks against a model (a Hypothesis state
+machine), with device restarts and checkpoints between the steps, on a memory table small enough
+to fill.
 
 Two participants: a owns a private space and a room (b is a reader and writer of the room), b
 owns a private space; each space has a conversation. The model holds every memory object (its
 space, payload bytes and kind) and predicts each input's retention (retained while the table has
 room, else `memory_full`) and each publication's answer in the device's order of checks
-(destination 404/403, source 404, version 409, full table 507). After every step each reader's
-memory list and every object's bytes must be exactly the model's, and a restart or a checkpoint
-must change nothing."""
+(destination 404/403, source 404, version 409, full table 507), each correction's (404, 403 for
+another's row without manage, 409 for a stale version) and each forgetting's (404, 403). A
+correction moves the object to its next version and keeps the one it replaced readable; a fork
+becomes its space's conversation for the inputs after it. After every step each reader's memory
+list, every object's bytes and version, and every replaced version's bytes must be exactly the
+model's, and a restart or a checkpoint must change nothing."""
 import base64
 import shutil
 import tempfile
@@ -51,6 +55,10 @@ class MemoryMachine(RuleBasedStateMachine):
         self.readable = {"a": {"a_private", "room"}, "b": {"b_private", "room"}}
         self.manages = {"a": {"a_private", "room"}, "b": {"b_private"}}
         self.objects = {}  # memory ID -> (space name, payload bytes), in write order
+        self.actors = {}  # memory ID -> who wrote it
+        self.versions = {}  # memory ID -> its current version
+        self.kept = {}  # (memory ID, version) -> the bytes a correction replaced
+        self.orders = {}  # conversation -> its last event order
 
     def teardown(self):
         self.world.device.runner.stop()
@@ -64,12 +72,14 @@ class MemoryMachine(RuleBasedStateMachine):
         w = self.world
         status, receipt = w.say(who, self.conversations[where], text, max_output_tokens=1)
         assert status == 202, receipt
+        self.orders[self.conversations[where]] = self.orders.get(self.conversations[where], 0) + 1
         w.pump(w.finished(who, receipt["operation"]))
         memory = w.read(who, "operations.get", operation=receipt["operation"])[1]["memory"]
         if len(self.objects) < CAPACITY:
             [obj] = memory["retained"]
             assert memory["not_retained"] == []
             self.objects[obj] = (where, text.encode())
+            self.actors[obj], self.versions[obj] = who, 1
         else:
             assert memory["retained"] == []
             assert memory["not_retained"] == [{"kind": "source", "reason": "memory_full"}]
@@ -78,7 +88,7 @@ class MemoryMachine(RuleBasedStateMachine):
           data=st.data(), stale=st.sampled_from([False, False, False, True]))
     def publish(self, who, dest, data, stale):
         w = self.world
-        source = data.draw(st.sampled_from(sorted(self.objects) or ["mem-" + "1" * 32 + "-" + "2" * 32]))
+        source = data.draw(st.sampled_from(list(self.objects) or ["mem-" + "1" * 32 + "-" + "2" * 32]))
         version = "2" if stale else "1"
         status, body = w.mutate(who, "publications.record", f"/spaces/{self.spaces[dest]}/publications",
                                 {"source": source, "source_version": version})
@@ -98,6 +108,58 @@ class MemoryMachine(RuleBasedStateMachine):
         assert (status, code) == expected, (who, dest, body)
         if status == 202:
             self.objects[body["target"]] = (dest, self.objects[source][1])
+            self.actors[body["target"]], self.versions[body["target"]] = who, 1
+
+    def _change_expected(self, who, obj):
+        """The answer the model expects a correction or a forgetting to start with: None when it
+        goes on to the kind's own checks."""
+        if obj not in self.objects or self.objects[obj][0] not in self.readable[who]:
+            return (404, "memory_not_found")
+        if self.actors[obj] != who and self.objects[obj][0] not in self.manages[who]:
+            return (403, "right_missing")
+        return None
+
+    @rule(who=st.sampled_from(["a", "b"]), data=st.data(), text=TEXTS, stale=st.sampled_from([False, False, True]))
+    def correct(self, who, data, text, stale):
+        w = self.world
+        obj = data.draw(st.sampled_from(list(self.objects) or ["mem-" + "1" * 32 + "-" + "2" * 32]))
+        version = self.versions.get(obj, 1) + (1 if stale else 0)
+        status, body = w.mutate(who, "memory.versions", f"/memory/{obj}/versions",
+                                {"text": text, "version": str(version)}, extra={"memory": obj})
+        expected = self._change_expected(who, obj) or ((409, "stale_version") if stale else (202, None))
+        assert (status, body.get("error", {}).get("code")) == expected, (who, obj, body)
+        if status == 202:
+            space, old = self.objects[obj]
+            self.kept[(obj, self.versions[obj])] = old
+            self.objects[obj] = (space, text.encode())
+            self.versions[obj] += 1
+
+    @rule(who=st.sampled_from(["a", "b"]), data=st.data())
+    def forget(self, who, data):
+        w = self.world
+        obj = data.draw(st.sampled_from(list(self.objects) or ["mem-" + "1" * 32 + "-" + "2" * 32]))
+        status, body = w.mutate(who, "memory.delete", f"/memory/{obj}/deletion", {}, extra={"memory": obj})
+        expected = self._change_expected(who, obj) or (202, None)
+        assert (status, body.get("error", {}).get("code")) == expected, (who, obj, body)
+        if status == 202:
+            del self.objects[obj], self.actors[obj], self.versions[obj]
+            self.kept = {key: value for key, value in self.kept.items() if key[0] != obj}
+
+    @rule(where=st.sampled_from(["a_private", "room", "b_private"]))
+    def fork(self, where):
+        """The space's conversation forked at its last input: the fork takes its place."""
+        w = self.world
+        who = "b" if where == "b_private" else "a"
+        source = self.conversations[where]
+        at = self.orders.get(source, 0)
+        status, body = w.mutate(who, "conversations.fork", f"/conversations/{source}/forks", {"at": str(at or 1)},
+                                extra={"conversation": source})
+        if at == 0:
+            assert (status, body["error"]["code"]) == (409, "fork_point_past_end")
+            return
+        assert status == 202, body
+        self.conversations[where] = body["target"]
+        self.orders[body["target"]] = at  # (its inputs' event orders go on from the fork point)
 
     @rule()
     def restart(self):
@@ -121,6 +183,11 @@ class MemoryMachine(RuleBasedStateMachine):
                     detail = w.read(who, "memory.get", memory=row["object"])[1]
                     assert base64.b64decode(detail["bytes"]) == self.objects[row["object"]][1]
                     assert row["byte_length"] == str(len(self.objects[row["object"]][1]))
+                    assert row["version"] == str(self.versions[row["object"]])
+        for (obj, version), old in self.kept.items():
+            who = "a" if self.objects[obj][0] in self.readable["a"] else "b"
+            detail = w.read(who, "memory.get", memory=obj, version=version)[1]
+            assert base64.b64decode(detail["bytes"]) == old
         assert w.device.state.memory.used() == len(self.objects)
 
 
