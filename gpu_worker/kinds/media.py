@@ -196,6 +196,21 @@ def apply(d: Journaling, payload: bytes, transfer: Transfer) -> None:
     source.owners.add(prow)
 
 
+def remove_forgotten(d: Journaling, shas: list[str]) -> None:
+    """After a checkpoint: the files of media sources a forgotten memory object took with it
+    (kinds/memory_deletions.erase) and the state still does not list (an upload since lists it
+    again), removed from <journal>/media/; the checkpoint no longer carries them."""
+    directory = media_dir(d)
+    removed = False
+    for sha in sorted(set(shas)):
+        path = os.path.join(directory, sha)
+        if sha not in d.state.media and os.path.exists(path):
+            d.fs.remove(path)
+            removed = True
+    if removed:
+        d.fs.fsync_dir(directory)
+
+
 def checkpoint_components(d: Sourcing) -> tuple[list[tuple[str, str, bytes]], list[str]]:
     """(components to add, component names to drop) that make the file carry the bytes of every
     media source the state lists, `media/<sha256>` each (SPEC: "The complete runtime file saves

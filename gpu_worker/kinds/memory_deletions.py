@@ -18,6 +18,7 @@ reads 404) — each is forgotten by its own deletion, by a caller with the right
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ from ..memory import shared as memory
 from ..memory.forgetting import redact_command
 from ..memory.rows import SUPERSEDED, Flag, Forgotten, memory_id
 from ..memory.rows import Kind as MemoryKind
-from ..state.tables import C, R
+from ..state.tables import C, R, Terminal
 from . import history
 from .kind import Admission, Applying, Caller, Kind, OperationKind, Tables
 
@@ -73,6 +74,32 @@ def erase(d: Tables, slot: int) -> None:
         _erase_input_text(d, row.source, texts, int(table.owners[slot]) - 1)
     table.release([slot])
     table.forgotten.append(Forgotten(row.object, row.source, row.actor, int(row.kind), published))
+    # the media its text links to, when only the row's own actor uploaded it and nothing else names
+    # it: a link typed into a text can name another's upload, which a forgetting never removes
+    actor = d.state.participants.raw.index(row.actor) if row.actor in d.state.participants.raw else -1
+    for sha in sorted({m.decode() for text in texts for m in MEDIA_LINK.findall(text)}):
+        source = d.state.media.get(sha)
+        if source is not None and source.owners <= {actor} and not _media_named(d, sha):
+            del d.state.media[sha]  # its bytes leave with the next checkpoint (kinds/media.remove_forgotten)
+            table.forgotten_media.append(sha)
+
+
+MEDIA_LINK = re.compile(rb"media://([0-9a-f]{64})")  # kinds/inputs.media_link, as a memory payload holds it
+
+
+def _media_named(d: Tables, sha: str) -> bool:
+    """Whether a media source is still named: by a live memory row, or by an unfinished input
+    (which may yet need its bytes for its prompt)."""
+    table = d.state.memory
+    needle = b"media://" + sha.encode()
+    if needle in table.payload[table.owners != 0].cpu().numpy().tobytes():
+        return True
+    t = d.state.tables
+    receipts = t.receipts
+    unfinished = (receipts[:, R.STATE] == 1) & (receipts[:, R.KIND] == int(Kind.INPUT)) \
+        & (receipts[:, R.TERMINAL] == Terminal.NONE)
+    return any(sha.encode() in t.get_bytes(t.command_bytes, rrow, t.value(receipts, rrow, R.COMMAND_LEN))
+               for rrow in torch.nonzero(unfinished).flatten().tolist())
 
 
 def columns(d: Tables, a: Admission) -> dict[int, int]:

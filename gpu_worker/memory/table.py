@@ -58,6 +58,7 @@ class MemoryTable:
         self.pending: dict[int, int] = {}     # row -> owner number: written, invisible until saved
         # objects forgotten since the last checkpoint: what it must still erase (memory/forgetting.py)
         self.forgotten: list[Forgotten] = []
+        self.forgotten_media: list[str] = []  # media sources forgotten with them (sha256): their files go too
 
     # ---- writes (journaled changes only) --------------------------------------------------
 

@@ -89,6 +89,8 @@ class Checkpoints:
             raise ServiceError(507, "checkpoint_failed", f"checkpoint failed: {exc}") from None
         if result:
             forgotten.clear()  # (the device was idle: every one of them is folded and erased)
+            media.remove_forgotten(d, d.state.memory.forgotten_media)
+            d.state.memory.forgotten_media.clear()
         if result and d.holds.current and d.holds.current["cause"] == "disk_full":
             d.holds.end()  # the checkpoint wrote its extents and freed the folded journal: space is back
         d.check_hold()
@@ -158,6 +160,8 @@ class Checkpoints:
         assert result is not None  # (fold_and_publish returns its components or raises)
         made, drop = result
         del d.state.memory.forgotten[:folding["forgotten"]]  # (erased: the fold redacted the audit, the append wiped)
+        media.remove_forgotten(d, d.state.memory.forgotten_media)
+        d.state.memory.forgotten_media.clear()
         self.after_checkpoint(folding["generation"], folding["last_seq"], folding["last_digest"], made, drop,
                               folding["through"], folding["folded_bytes"], mark=False)
         if d.holds.current and d.holds.current["cause"] == "disk_full":

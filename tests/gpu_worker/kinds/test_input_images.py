@@ -206,3 +206,27 @@ def test_media_of_earlier_turns_stay_text_links_and_never_attach_again(world, mo
     [rrows] = inputs.values()
     turns = execution.conversation_turns(world.device, rrows[-1])
     assert f"media://{sha}" in turns[0]["content"]  # the earlier input's image, as text
+
+
+def test_forgetting_a_source_takes_the_media_only_it_names_and_its_bytes_leave_at_the_checkpoint(world):
+    """Issue 56: a forgotten source's payload links its input's images; a source only its actor
+    uploaded, and that nothing else names, goes with it: the state no longer lists it, and after the
+    next checkpoint its file and its bytes are nowhere in the runtime file or the journal
+    directory. Another participant's upload that a text merely names stays."""
+    from tests.gpu_worker.kinds.test_memory_deletions import forget, stored_bytes
+    _, conversation = world.conversation("a")
+    image = png(picture(48, 40))
+    sha = upload(world, "a", image)
+    theirs = upload(world, "b", png(picture(40, 48)))
+    status, receipt = say(world, conversation, f"look, and media://{theirs}", [{"type": "image", "sha256": sha}],
+                          max_output_tokens=2)
+    assert status == 202
+    world.pump(world.finished("a", receipt["operation"]))
+    [obj] = world.read("a", "operations.get", operation=receipt["operation"])[1]["memory"]["retained"]
+    assert world.device.checkpoint() is not None  # the image's bytes are in the runtime file now
+    assert image in stored_bytes(world)
+    assert forget(world, "a", obj)[0] == 202
+    assert sha not in world.device.state.media and theirs in world.device.state.media
+    assert world.device.checkpoint() is not None
+    assert image not in stored_bytes(world)
+    assert code(say(world, conversation, "again", [{"type": "image", "sha256": sha}])) == (404, "media_not_found")
