@@ -3,18 +3,17 @@ its exact sequence. Disconnect does not cancel; a cancellation cannot undo what 
 Only an input still running can be cancelled (others: 409 `not_cancellable`, `already_finished`)."""
 from __future__ import annotations
 
-from typing import Any
 
 from ..contract import ids
 from ..contract.commands import Cancellation
 from ..contract.errors import ServiceError
 from ..state.tables import P, R, Terminal, join16
-from .kind import Admission, Executing, Kind, OperationKind, Tables
+from .kind import Admission, Executing, Extra, Kind, OperationKind, Tables
 
 
 
 def check(d: Executing, principal: bytes, prow: int | None, args: Cancellation, key: bytes,
-          sequence: int) -> dict[str, Any]:
+          sequence: int) -> Extra:
     assert prow is not None
     target = args.target_sequence
     t = d.state.tables

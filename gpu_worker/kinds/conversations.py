@@ -14,14 +14,14 @@ from ..contract.errors import ServiceError
 from ..state.indexes import take_free
 from ..state.tables import C, R, Right, join16
 from . import access, quotas
-from .kind import ADMISSION_VERSION, Admission, Caller, Kind, OperationKind, Read, Run, Tables
+from .kind import ADMISSION_VERSION, Admission, Caller, Extra, Kind, OperationKind, Read, Run, Tables
 from .lists import page
 from .spaces import halves, resource_key, sixteens, space_key
 
 
 
 def check(d: Caller, principal: bytes, prow: int | None, args: NewConversation, key: bytes,
-          sequence: int) -> dict[str, Any]:
+          sequence: int) -> Extra:
     assert prow is not None
     access.space_row(d, args.space, principal, prow, Right.WRITE)  # 404 / 403 before anything else
     raw = resource_key(args.id, key)

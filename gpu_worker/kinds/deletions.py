@@ -14,7 +14,6 @@ them, and by nobody else. Replay applies the same functions, so a restart reprod
 """
 from __future__ import annotations
 
-from typing import Any
 
 from ..contract import ids
 from ..contract.commands import ConversationDeletion, SpaceDeletion
@@ -22,7 +21,7 @@ from ..contract.errors import ServiceError
 from ..state.tables import C, R, S, Right, Terminal
 from ..memory import shared as memory
 from . import access, events
-from .kind import Admission, Caller, Kind, OperationKind, Serving, Tables
+from .kind import Admission, Caller, Extra, Kind, OperationKind, Serving, Tables
 from .spaces import space_key
 
 
@@ -43,7 +42,7 @@ def _release(free: list[int], row: int) -> None:
 # ---- conversations --------------------------------------------------------------------------
 
 def check_conversation(d: Caller, principal: bytes, prow: int | None, args: ConversationDeletion, key: bytes,
-                       sequence: int) -> dict[str, Any]:
+                       sequence: int) -> Extra:
     crow = access.conversation_row(d, args.conversation, principal, prow, Right.MANAGE)
     t = d.state.tables
     for rrow in d.state.conversations.inputs.get(crow, []):
@@ -80,7 +79,7 @@ DELETE_CONVERSATION: OperationKind = OperationKind(
 # ---- spaces ---------------------------------------------------------------------------------
 
 def check_space(d: Caller, principal: bytes, prow: int | None, args: SpaceDeletion, key: bytes,
-                sequence: int) -> dict[str, Any]:
+                sequence: int) -> Extra:
     srow = access.space_row(d, args.space, principal, prow, Right.MANAGE)
     conversations = d.state.tables.conversations
     if bool(((conversations[:, C.STATE] == 1) & (conversations[:, C.SPACE] == srow)).any()):

@@ -19,19 +19,18 @@ unfinished (its answer is not yet history), and a creation's own: 409 `conversat
 """
 from __future__ import annotations
 
-from typing import Any
 
 from ..contract import ids
 from ..contract.commands import ConversationFork
 from ..contract.errors import ServiceError
 from ..state.tables import C, R, Right, Terminal
 from . import access, conversations, history, quotas
-from .kind import Admission, Caller, Kind, OperationKind, Tables
+from .kind import Admission, Caller, Extra, Kind, OperationKind, Tables
 from .spaces import resource_key
 
 
 def check(d: Caller, principal: bytes, prow: int | None, args: ConversationFork, key: bytes,
-          sequence: int) -> dict[str, Any]:
+          sequence: int) -> Extra:
     assert prow is not None
     crow = access.conversation_row(d, args.conversation, principal, prow, Right.READ)
     t = d.state.tables

@@ -31,7 +31,7 @@ from ..memory import shared as memory
 from . import access, events, quotas
 from .chat import model_card
 from .conversations import target_id, visible_to
-from .kind import Admission, Admitting, Caller, Kind, Notifying, OperationKind, Tables
+from .kind import Admission, Admitting, Caller, Extra, Kind, Notifying, OperationKind, Tables
 
 
 
@@ -66,7 +66,7 @@ def default_output_tokens(profile: dict[str, Any], pages: int) -> int:
 
 
 def check(d: Admitting, principal: bytes, prow: int | None, args: Input, key: bytes,
-          sequence: int) -> dict[str, Any]:
+          sequence: int) -> Extra:
     access.conversation_row(d, args.conversation, principal, prow, Right.WRITE)  # 404 / 403 first
     media = [{"type": row.type, "sha256": row.sha256} for row in args.media]
     card = model_card(d, args.model)

@@ -269,6 +269,11 @@ class Run(NamedTuple):
     extra: tuple[Any, ...]  # the kind's own columns (spaces.create: the ids' halves, the scopes)
 
 
+# What a kind's `check` returns and its admission records (IDs and plain values, never rows: a
+# replay re-resolves them), which its `apply` reads back: the admission's `extra`.
+Extra = dict[str, Any]
+
+
 class Admission(NamedTuple):
     """The decoded admission transfer: what the journal records for one new operation.
     `extra` holds what the kind's check returned (IDs, never rows), so replay re-resolves them.
@@ -280,7 +285,7 @@ class Admission(NamedTuple):
     key: bytes
     op: bytes
     canonical: bytes
-    extra: dict[str, Any]
+    extra: Extra
 
     def encode(self) -> bytes:
         return pack([ADMISSION_VERSION, *self])
@@ -295,7 +300,7 @@ class Admission(NamedTuple):
 
 # check(context, principal, participant row or None, the kind's arguments (its type in
 # contract/commands.py, already checked there), operation key, sequence) -> admission extra
-Check = Callable[[Admitting, bytes, "int | None", Any, bytes, int], dict[str, Any]]
+Check = Callable[[Admitting, bytes, "int | None", Any, bytes, int], Extra]
 # prepare(context, principal, participant row or None, the kind's arguments) -> work for a helper
 # thread before admission (what is proportional to the command: a correction's embedding); what it
 # returns is recorded in the admission's extra as "prepared" (pipeline/preparing.py)

@@ -3,7 +3,6 @@ permissions array leaves a zero-rights row, which also blocks implicit instance 
 owner's rights are fixed."""
 from __future__ import annotations
 
-from typing import Any
 
 import numpy as np
 
@@ -13,14 +12,14 @@ from ..contract import ids
 from ..contract.errors import ServiceError
 from ..state.tables import M, R, S, Right
 from . import access, events
-from .kind import ADMISSION_VERSION, Admission, Caller, Kind, OperationKind, Read, Run, Serving, Tables
+from .kind import ADMISSION_VERSION, Admission, Caller, Extra, Kind, OperationKind, Read, Run, Serving, Tables
 from .lists import page
 from .spaces import halves, sixteens, space_key
 
 
 
 def check(d: Caller, principal: bytes, prow: int | None, args: MemberSet, key: bytes,
-          sequence: int) -> dict[str, Any]:
+          sequence: int) -> Extra:
     state = d.state
     srow = access.space_row(d, args.space, principal, prow, Right.MANAGE)
     m = ids.PARTICIPANT_ID.match(args.participant)

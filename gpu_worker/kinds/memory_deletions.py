@@ -30,7 +30,7 @@ from ..memory.rows import SUPERSEDED, Flag, Forgotten, memory_id
 from ..memory.rows import Kind as MemoryKind
 from ..state.tables import C, R, Terminal
 from . import history
-from .kind import Admission, Applying, Caller, Kind, OperationKind, Tables
+from .kind import Admission, Applying, Caller, Extra, Kind, OperationKind, Tables
 
 
 class StaffDeletion(MemoryDeletion, kw_only=True, frozen=True):
@@ -43,7 +43,7 @@ class StaffDeletion(MemoryDeletion, kw_only=True, frozen=True):
 
 
 def check(d: Caller, principal: bytes, prow: int | None, args: MemoryDeletion, key: bytes,
-          sequence: int) -> dict[str, Any]:
+          sequence: int) -> Extra:
     if isinstance(args, StaffDeletion):  # (staff are no member of any space: no rights to ask)
         slot = memory.any_slot(d, args.memory)
     else:

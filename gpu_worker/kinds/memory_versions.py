@@ -32,7 +32,7 @@ from ..memory import shared as memory
 from ..memory.rows import SUPERSEDED, memory_id
 from ..state.tables import R
 from . import quotas
-from .kind import Admission, Admitting, Applying, Caller, Kind, OperationKind, Tables
+from .kind import Admission, Admitting, Applying, Caller, Extra, Kind, OperationKind, Tables
 
 
 def prepare(d: Admitting, principal: bytes, prow: int | None, args: MemoryVersion) -> Callable[[], bytes]:
@@ -47,7 +47,7 @@ def prepare(d: Admitting, principal: bytes, prow: int | None, args: MemoryVersio
 
 
 def check(d: Caller, principal: bytes, prow: int | None, args: MemoryVersion, key: bytes,
-          sequence: int) -> dict[str, Any]:
+          sequence: int) -> Extra:
     slot = memory.editable_slot(d, principal, prow, args.memory)
     row = d.state.memory.row(slot)
     if int(row.kind) not in memory.TEXT_KINDS:

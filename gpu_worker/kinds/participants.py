@@ -9,12 +9,12 @@ from ..contract import ids
 from ..contract.commands import Mutation, NoArgs, ParticipantRef
 from ..contract.errors import ServiceError
 from ..state.tables import P, R, split16
-from .kind import Admission, Kind, OperationKind, Read, Tables
+from .kind import Admission, Extra, Kind, OperationKind, Read, Tables
 
 
 
 def check(d: Tables, principal: bytes, prow: int | None, args: Mutation, key: bytes,
-          sequence: int) -> dict[str, Any]:
+          sequence: int) -> Extra:
     if prow is not None:
         raise ServiceError(409, "already_registered", "the participant is already registered")
     if not d.state.participants.free:

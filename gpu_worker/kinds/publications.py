@@ -16,7 +16,6 @@ which is), 409
 """
 from __future__ import annotations
 
-from typing import Any
 
 from ..contract import ids
 from ..contract.commands import Publication
@@ -25,7 +24,7 @@ from ..memory import expiry, shared as memory
 from ..memory.rows import Flag, Provenance
 from ..state.tables import R, Right, join16
 from . import access, quotas
-from .kind import Admission, Caller, Kind, OperationKind, Tables
+from .kind import Admission, Caller, Extra, Kind, OperationKind, Tables
 from .spaces import space_key
 
 
@@ -33,7 +32,7 @@ COPY = 0xF0  # the memory-object tag of a publication's copy (state/ids.memory_o
 
 
 def check(d: Caller, principal: bytes, prow: int | None, args: Publication, key: bytes,
-          sequence: int) -> dict[str, Any]:
+          sequence: int) -> Extra:
     destination = access.space_row(d, args.space, principal, prow, Right.MANAGE)
     slot = memory.visible_slot(d, principal, prow, args.source)
     table = d.state.memory
@@ -47,7 +46,7 @@ def check(d: Caller, principal: bytes, prow: int | None, args: Publication, key:
     quotas.check(d, principal, prow, "memory_rows")
     space = ids.SPACE_ID.match(args.space)
     assert space is not None
-    extra: dict[str, Any] = {"space": list(ids.split_id(space)), "source": [row.lineage, row.object],
+    extra: Extra = {"space": list(ids.split_id(space)), "source": [row.lineage, row.object],
                              "source_version": row.version}
     ttl = expiry.space_ttl(d, destination)
     if ttl:  # the copy expires as its destination's rows do (only then: earlier records hold no key)

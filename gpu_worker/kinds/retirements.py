@@ -7,7 +7,6 @@ inputs keep it in their context."""
 from __future__ import annotations
 
 import bisect
-from typing import Any
 
 import numpy as np
 
@@ -15,14 +14,14 @@ from ..contract.commands import Retirement
 from ..contract.errors import ServiceError
 from ..state.tables import P, R, Tables as Columns
 from . import deletions, history
-from .kind import Admission, Kind, OperationKind, Tables
+from .kind import Admission, Extra, Kind, OperationKind, Tables
 
 _INPUT = int(Kind.INPUT)
 
 
 
 def check(d: Tables, principal: bytes, prow: int | None, args: Retirement, key: bytes,
-          sequence: int) -> dict[str, Any]:
+          sequence: int) -> Extra:
     assert prow is not None
     floor = args.retry_floor
     state = d.state

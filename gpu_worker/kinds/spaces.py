@@ -15,7 +15,7 @@ from ..state import ids as derived
 from ..state.indexes import take_free
 from ..state.tables import R, S, Right, Scope, join16
 from . import access, quotas
-from .kind import ADMISSION_VERSION, Admission, Caller, Kind, OperationKind, Read, Run, Tables
+from .kind import ADMISSION_VERSION, Admission, Caller, Extra, Kind, OperationKind, Read, Run, Tables
 from .lists import page
 
 
@@ -39,7 +39,7 @@ def space_key(recorded: list[bytes]) -> tuple[bytes, bytes]:
 
 
 def check(d: Caller, principal: bytes, prow: int | None, args: NewSpace, key: bytes,
-          sequence: int) -> dict[str, Any]:
+          sequence: int) -> Extra:
     assert prow is not None
     scope = SCOPES[args.scope]
     raw = resource_key(args.id, key)
@@ -49,7 +49,7 @@ def check(d: Caller, principal: bytes, prow: int | None, args: NewSpace, key: by
     quotas.check(d, principal, prow, "spaces")
     if not d.state.spaces.free:
         raise ServiceError(507, "space_capacity", f"the space table is full ({d.state.capacities['spaces']})")
-    extra: dict[str, Any] = {"id": raw, "scope": int(scope)}
+    extra: Extra = {"id": raw, "scope": int(scope)}
     if args.memory_ttl_seconds is not None:  # (only then: a run of creations without it decodes natively)
         extra["memory_ttl"] = args.memory_ttl_seconds
     return extra
