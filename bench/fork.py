@@ -16,7 +16,8 @@ the engine's prefix cache (the source's last turn put it there); the second of t
 own whole prompt too, which alternating the order spreads evenly.
 
 Also, once: the same message as the first input of a new, empty conversation (no shared prefix),
-for scale. Prints each round and the median ratio fork / source with its range.
+for scale. Prints each round, the median ratio fork / source with its range, and the medians of
+each in the same place of its pair (first against first, second against second).
 """
 import sys
 from pathlib import Path
@@ -89,6 +90,13 @@ def main() -> None:
         print(f"{r:5}  {first:6}  {fork_ms:9.1f}  {source_ms:11.1f}  {fork_ms / source_ms:11.2f}")
     print(f"median fork/source {statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f}); "
           f"goal 1.2; a first input of an empty conversation: {alone:.1f} ms")
+    # the same position against the same position: the second of a pair also finds the first's whole prompt
+    for place, fork_first in (("first", True), ("second", False)):
+        forks = [f for _, first, f, _ in rows if (first == "fork") == fork_first]
+        sources = [s for _, first, _, s in rows if (first == "source") == fork_first]
+        if forks and sources:
+            print(f"{place} of its pair: fork {statistics.median(forks):.1f} ms, source "
+                  f"{statistics.median(sources):.1f} ms, {statistics.median(forks) / statistics.median(sources):.2f}x")
 
 
 if __name__ == "__main__":
