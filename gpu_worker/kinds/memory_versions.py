@@ -38,6 +38,8 @@ from .kind import Admission, Admitting, Applying, Caller, Extra, Kind, Operation
 def prepare(d: Admitting, principal: bytes, prow: int | None, args: MemoryVersion) -> Callable[[], bytes]:
     """Before the embedding is paid for: what can refuse now (the object, the caller's rights,
     the model's control tokens in the text); then the text's embedding, on a helper thread."""
+    if d.embedder is None:
+        raise ServiceError(503, "engine_unavailable", "this device runs no embedding model")
     check(d, principal, prow, args, b"", 0)
     token = d.control_tokens.find(args.text)
     if token is not None:

@@ -8,8 +8,9 @@ order, and answers an exact retry with its receipt without any work; a command t
 comes to `start`, on the tick thread: what its kind can refuse before the work (`prepare` runs the
 kind's check) is answered at once; the work counts against the principal's `chats` quota while it
 runs (kinds/embeddings.off_tick); the command then waits in the device's `prepared` queue, which
-the next tick admits first (Tick.gather), every check made again there. A failed embedding answers
-500 `embedding_failed` and admits nothing; a client that went away meanwhile is not admitted for.
+the next tick admits first (Tick.gather), every check made again there. The one such work today is
+an embedding: a failed one answers 500 `embedding_failed` and admits nothing; a client that went
+away meanwhile is not admitted for.
 """
 from __future__ import annotations
 
@@ -40,8 +41,6 @@ def start(d: Preparing, conn: object, msg: Message, kind: OperationKind, batch: 
         principal = d.principal(msg, kind.action)
         args = d.args(msg, kind.args)
         prow = d.state.participants.by_principal.get(principal)
-        if d.embedder is None:
-            raise ServiceError(503, "engine_unavailable", "this device runs no embedding model")
         quotas.check(d, principal, prow, "chats")
         work = kind.prepare(d, principal, prow, args)
     except ServiceError as err:
