@@ -75,6 +75,16 @@ def _input_fields(text: str, model: str, **options: JSON) -> JSONObject:
     return fields
 
 
+def _space(scope: str, id: str | None, memory_ttl_seconds: int | None) -> JSONObject:
+    """A space creation's fields: what the caller gave (an ID and a time to live only when given)."""
+    fields: JSONObject = {"scope": scope}
+    if id:
+        fields["id"] = id
+    if memory_ttl_seconds is not None:
+        fields["memory_ttl_seconds"] = memory_ttl_seconds
+    return fields
+
+
 def _fork(at: int | str, id: str | None) -> JSONObject:
     """A fork's fields: `at` an int or its decimal string (an event cursor), sent as the string."""
     fields: JSONObject = {"at": str(at)}
@@ -163,8 +173,12 @@ class Client(_Common):
         """With `pending_dir`: retry exactly what a killed process left there; their receipts."""
         return self._run(self.mutations.resume())
 
-    def create_space(self, scope: str = "private", id: str | None = None) -> Receipt:
-        return self.mutate("/spaces", {"scope": scope, **({"id": id} if id else {})})
+    def create_space(self, scope: str = "private", id: str | None = None,
+                     memory_ttl_seconds: int | None = None) -> Receipt:
+        """A space of `scope` (private, room, instance), its ID `id` (32 hex; None: the operation
+        key); with `memory_ttl_seconds` (1..3660 days in seconds) the memory rows retained or
+        published in it expire that long after each is written (their `expires_at_ns`)."""
+        return self.mutate("/spaces", _space(scope, id, memory_ttl_seconds))
 
     def set_member(self, space: str, participant: str, permissions: list[str]) -> Receipt:
         return self.mutate(f"/spaces/{quote(space)}/members",
@@ -181,7 +195,9 @@ class Client(_Common):
 
     def submit_input(self, conversation: str, text: str, model: str, **options: JSON) -> Receipt:
         """options: max_output_tokens, pages, temperature, top_p, media ([{type, sha256}]), retention,
-        context, response_format ({type: json_schema, schema} or {type: json_object})."""
+        context, response_format ({type: json_schema, schema} or {type: json_object}),
+        memory_ttl_seconds (the rows it retains expire that long after they are written; else its
+        space's time to live)."""
         return self.mutate(f"/conversations/{quote(conversation)}/inputs", _input_fields(text, model, **options))
 
     def cancel(self, target_sequence: int) -> Receipt:
@@ -325,8 +341,9 @@ class AsyncClient(_Common):
     async def mutate(self, path: str, fields: Mapping[str, JSON]) -> Receipt:
         return await self._run(self.mutations.mutate(path, fields))
 
-    async def create_space(self, scope: str = "private", id: str | None = None) -> Receipt:
-        return await self.mutate("/spaces", {"scope": scope, **({"id": id} if id else {})})
+    async def create_space(self, scope: str = "private", id: str | None = None,
+                           memory_ttl_seconds: int | None = None) -> Receipt:
+        return await self.mutate("/spaces", _space(scope, id, memory_ttl_seconds))
 
     async def set_member(self, space: str, participant: str, permissions: list[str]) -> Receipt:
         return await self.mutate(f"/spaces/{quote(space)}/members",

@@ -58,10 +58,12 @@ def counter(value: object, field: str, *, least: int = 0) -> int:
     return value
 
 
-def decimal(value: object, field: str) -> str:
-    """A counter written as clients write it: a decimal string without leading zeros."""
-    if type(value) is not str or not ids.COUNTER.match(value) or int(value) > ids.MAX_COUNTER:
-        raise ServiceError(400, "bad_field", f"{field} must be a decimal string without leading zeros")
+def decimal(value: object, field: str, *, least: int = 0,
+            what: str = "a decimal string without leading zeros") -> str:
+    """A counter written as clients write it: a decimal string without leading zeros, least..2**63-1
+    (19 digits pass the pattern beyond the bound: refused here, as every counter is)."""
+    if type(value) is not str or not ids.COUNTER.match(value) or not least <= int(value) <= ids.MAX_COUNTER:
+        raise ServiceError(400, "bad_field", f"{field} must be {what}")
     return value
 
 

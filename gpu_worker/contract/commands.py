@@ -332,8 +332,7 @@ class Publication(Mutation, kw_only=True, frozen=True):
     def __post_init__(self) -> None:
         super().__post_init__()
         resource_id(self.source, "mem")
-        if type(self.source_version) is not str or not ids.COUNTER.match(self.source_version):
-            raise ServiceError(400, "bad_field", "source_version must be a decimal string (the row's version)")
+        decimal(self.source_version, "source_version", what="a decimal string (the row's version)")
         resource_id(self.space, "spc")
 
 
@@ -347,8 +346,7 @@ class ConversationFork(Mutation, kw_only=True, frozen=True):
     def __post_init__(self) -> None:
         super().__post_init__()
         resource_id(self.conversation, "con")
-        if type(self.at) is not str or not ids.COUNTER.match(self.at) or self.at == "0":
-            raise ServiceError(400, "bad_field", "at must be an event cursor: a decimal string of 1 or more")
+        decimal(self.at, "at", least=1, what="an event cursor: a decimal string of 1 or more")
         if self.id is not None:
             hex32(self.id, "id")
 
@@ -363,8 +361,7 @@ class MemoryVersion(Mutation, kw_only=True, frozen=True):
     def __post_init__(self) -> None:
         super().__post_init__()
         resource_id(self.memory, "mem")
-        if type(self.version) is not str or not ids.COUNTER.match(self.version) or self.version == "0":
-            raise ServiceError(400, "bad_field", "version must be a decimal string (the row's current version)")
+        decimal(self.version, "version", least=1, what="a decimal string (the row's current version)")
         if type(self.text) is not str or not self.text:
             raise ServiceError(400, "bad_field", "text must be a non-empty string")
         reserved = [token for token in RESERVED_TOKENS if token in self.text]

@@ -38,7 +38,8 @@ DIGITS_ANY = re.compile(r"[0-9]{1,18}")
 # a media upload's Content-Type (its parameters aside): type/subtype, the subtype an RFC 9110 token
 MEDIA_TYPE = re.compile(r"(image|audio)/[A-Za-z0-9!#$%&'*+.^_`|~-]+", re.IGNORECASE)
 INPUT_FIELDS = ("text", "model", "max_output_tokens", "pages", "temperature", "top_p", "media", "retention", "context",
-                "response_format")
+                "response_format", "memory_ttl_seconds")
+SPACE_FIELDS = ("id", "scope", "memory_ttl_seconds")
 
 
 def list_args(request: Request, allowed: tuple[str, ...] = (), **extra: object) -> dict[str, object]:
@@ -155,7 +156,7 @@ class SpacesView(SharedView):
 
     @doc("spaces.create")
     def post(self, request: Request) -> DeviceCall:
-        mutation = Mutation(request, ("id", "scope"))
+        mutation = Mutation(request, SPACE_FIELDS)
         return DeviceCall("spaces.create", mutation.args(**mutation.fields))
 
 

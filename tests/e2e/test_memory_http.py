@@ -1,6 +1,7 @@
 """Memory through the real gateway and device (tiny random-weight models): an input retains its
 text, the memory routes read it back exactly, a publication copies it into a room its members
-see, a reader outside gets 404, and the memory stays readable during a journal hold."""
+see, a reader outside gets 404, and the memory stays readable during a journal hold; search,
+corrections, forgetting and expiry's time to live through the SDK."""
 import base64
 import json
 
@@ -228,5 +229,92 @@ def test_memory_is_forgotten_through_the_sdk_sync_and_async(tmp_path, tiny_runti
         with Client(url, alice, timeout=60, retry_for=0) as aotx:
             assert aotx.get(f"/spaces/{space}/memory")["items"] == []
             assert aotx.search_memory(space, "the meeting is on monday") == []
+    finally:
+        stack.stop()
+
+
+def test_memory_expiry_is_set_through_the_sdk_sync_and_async(tmp_path, tiny_runtime):
+    """memory_ttl_seconds through aotx_client (issue 56, "Expiry"): a space created with one shows
+    it; a row retained there expires that long after it was written (`expires_at_ns`, by the
+    device's clock, the wall clock here), an input's own time to live wins for its rows, a published
+    copy takes its destination's, a space without one shows null and its rows never expire; a
+    time to live out of bounds is 400 before the device sees it. The expiry itself (rows gone at
+    that instant, forgotten by the device) is tested at the device, whose clock a test can move:
+    tests/gpu_worker/kinds/test_memory_expiry.py."""
+    import asyncio
+    import time
+
+    from aotx_client import ApiError, AsyncClient, Client
+    from gpu_worker.contract.limits import MAX_MEMORY_TTL_SECONDS
+    second = 1_000_000_000
+
+    def expiry_within(aotx, conversation, text, ttl, **options):
+        """Submit `text`; its row, and that its expiry is `ttl` seconds after the row was written."""
+        before = time.time_ns()
+        done = aotx.wait(aotx.submit_input(conversation, text, "tiny-llama", max_output_tokens=2, **options)[
+            "operation"], timeout=60)
+        after = time.time_ns()
+        [obj] = done["memory"]["retained"]
+        row = aotx.get(f"/memory/{obj}")["memory"]
+        assert before + ttl * second - second <= int(row["expires_at_ns"]) <= after + ttl * second + second, row
+        return row
+
+    stack = Stack(tmp_path, tiny_runtime)
+    try:
+        alice = stack.principal("alice")
+        stack.boot_device()
+        stack.serve()
+        url = f"http://127.0.0.1:{stack.port}"
+        with Client(url, alice, timeout=60, retry_for=0) as aotx:
+            aotx.register()
+            space = aotx.create_space(memory_ttl_seconds=3600)["target"]
+            assert aotx.get(f"/spaces/{space}")["memory_ttl_seconds"] == "3600"
+            assert [s["memory_ttl_seconds"] for s in aotx.get("/spaces")["items"] if s["id"] == space] == ["3600"]
+            conversation = aotx.create_conversation(space)["target"]
+            # the space's time to live, then an input's own
+            row = expiry_within(aotx, conversation, "the meeting moved to thursday", 3600)
+            own = expiry_within(aotx, conversation, "my cat is called tom", 60, memory_ttl_seconds=60)
+            assert int(own["expires_at_ns"]) < int(row["expires_at_ns"])
+            # every read shows it: the list, search
+            listed = {r["object"]: r["expires_at_ns"] for r in aotx.get(f"/spaces/{space}/memory")["items"]}
+            assert listed == {row["object"]: row["expires_at_ns"], own["object"]: own["expires_at_ns"]}
+            found = aotx.search_memory(space, "the meeting moved to thursday", limit=5)
+            assert {f["memory"]["object"]: f["memory"]["expires_at_ns"] for f in found} == listed
+
+            # a space without a time to live: null, and its rows never expire
+            plain = aotx.create_space()["target"]
+            assert aotx.get(f"/spaces/{plain}")["memory_ttl_seconds"] is None
+            kept = aotx.wait(aotx.submit_input(aotx.create_conversation(plain)["target"], "keep this forever",
+                                               "tiny-llama", max_output_tokens=2)["operation"], timeout=60)
+            [obj] = kept["memory"]["retained"]
+            assert aotx.get(f"/memory/{obj}")["memory"]["expires_at_ns"] is None
+            # ... until it is published into a room with one: the copy takes its destination's
+            room = aotx.create_space("room", memory_ttl_seconds=120)["target"]
+            before = time.time_ns()
+            copy = aotx.mutate(f"/spaces/{room}/publications", {"source": obj, "source_version": "1"})["target"]
+            after = time.time_ns()
+            expires = int(aotx.get(f"/memory/{copy}")["memory"]["expires_at_ns"])
+            assert before + 119 * second <= expires <= after + 121 * second
+            assert aotx.get(f"/memory/{obj}")["memory"]["expires_at_ns"] is None  # the source keeps its own
+
+            # out of bounds: 400 bad_field, nothing created
+            spaces = len(aotx.get("/spaces", limit="200")["items"])
+            for ttl in (0, -5, MAX_MEMORY_TTL_SECONDS + 1):
+                with pytest.raises(ApiError) as refused:
+                    aotx.create_space(memory_ttl_seconds=ttl)
+                assert (refused.value.status, refused.value.code) == (400, "bad_field")
+            with pytest.raises(ApiError) as refused:
+                aotx.submit_input(conversation, "x", "tiny-llama", memory_ttl_seconds=0)
+            assert (refused.value.status, refused.value.code) == (400, "bad_field")
+            assert len(aotx.get("/spaces", limit="200")["items"]) == spaces
+            # (the sequences those refusals took are given back: the next mutation is admitted)
+            assert aotx.create_space(memory_ttl_seconds=1)["kind"] == "space.create"
+
+        async def from_async():
+            async with AsyncClient(url, alice, timeout=60, retry_for=0) as aotx:
+                return (await aotx.create_space("room", memory_ttl_seconds=MAX_MEMORY_TTL_SECONDS))["target"]
+        made = asyncio.run(from_async())
+        with Client(url, alice, timeout=60, retry_for=0) as aotx:
+            assert aotx.get(f"/spaces/{made}")["memory_ttl_seconds"] == str(MAX_MEMORY_TTL_SECONDS)
     finally:
         stack.stop()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_worker.contract.limits import MAX_SEARCH_RESULTS
+from gpu_worker.contract.limits import MAX_MEMORY_TTL_SECONDS, MAX_SEARCH_RESULTS
 from gpu_worker.contract.vocabulary import COMMANDS
 
 from .codes import COMMON, ENVELOPE_400, LIST_400, PROTOCOL_400, QUERY_400, SEQUENCE_409
@@ -89,7 +89,11 @@ OPERATIONS = {  # keyed by the device command each route calls
         "Create a space", "SpaceCreateRequest",
         {409: ("space_exists",), 507: ("space_capacity",)},
         description="An omitted `id` uses the operation key; `scope` is private (default), room or instance "
-                    "and never changes."),
+                    f"and never changes. `memory_ttl_seconds` (seconds, 1..{MAX_MEMORY_TTL_SECONDS}: 3660 days) "
+                    "makes the rows retained or published in the space expire that long after each is written, by "
+                    "the device's clock (the row's `expires_at_ns`; an input's own `memory_ttl_seconds` wins for "
+                    "its rows): from then on no read, list, search or recall returns it, and the device forgets "
+                    "it as a deletion would. It never changes; the space shows it."),
     "spaces.delete": _mutation(
         "Delete a space", "SpaceDeletionRequest",
         {403: ("right_missing",), 404: ("space_not_found",), 409: ("space_not_empty",)}, path="space",
@@ -166,7 +170,9 @@ OPERATIONS = {  # keyed by the device command each route calls
         path="conversation",
         description="Needs the write right on the conversation's space. Runs the model once the admission is "
                     "saved; the receipt's terminal result is saved when generation ends. Earlier turns of the "
-                    "conversation form the context, as far as the page limit allows."),
+                    "conversation form the context, as far as the page limit allows. The memory rows it retains "
+                    "expire `memory_ttl_seconds` after they are written, by the device's clock (omitted: its "
+                    "space's time to live, if any)."),
     "conversations.events": _read(
         "Events of a conversation", "EventList",
         {400: ("bad_last_event_id",), 403: ("right_missing",), 404: ("conversation_not_found",),
@@ -224,7 +230,8 @@ OPERATIONS = {  # keyed by the device command each route calls
         description="Needs the manage right on this (destination) space and a source memory object the caller "
                     "sees, at its current version. The copy is a new object of this space's memory owner "
                     "(`published` true; the receipt's `target`) whose row shows its source object and version "
-                    "(`published_from`) to this space's readers; the original keeps its scope."),
+                    "(`published_from`) to this space's readers; the original keeps its scope. The copy "
+                    "expires with this space's time to live (`memory_ttl_seconds`), if it has one."),
     "memory.versions": _mutation(
         "Correct a memory object", "MemoryVersionRequest",
         {400: ("reserved_token", "text_too_large"), 403: ("right_missing",), 404: ("memory_not_found",),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from gpu_worker.contract import ids
-from gpu_worker.contract.limits import MAX_MEDIA, MAX_REASON_BYTES, MEMORY_PAYLOAD_BYTES
+from gpu_worker.contract.limits import MAX_MEDIA, MAX_MEMORY_TTL_SECONDS, MAX_REASON_BYTES, MEMORY_PAYLOAD_BYTES
 from gpu_worker.contract.structured import FORMATS
 from gpu_worker.contract.vocabulary import (CAPABILITIES_SCHEMA, CONTEXTS, MEDIA_TYPES, MEMORY_KINDS, MUTATION_SCHEMA,
                                             NOT_RETAINED, PERMISSIONS, QUOTAS, RATES, RECEIPT_SCHEMA, RETENTIONS,
@@ -109,6 +109,13 @@ BYTE_SPAN = {
     "text": nullable({"type": "string"}),
 }
 
+# a time to live for memory rows (a space's, an input's): docs/memory.md "Expiry"
+def memory_ttl(whose: str, omitted: str) -> Schema:
+    return {"type": "integer", "minimum": 1, "maximum": MAX_MEMORY_TTL_SECONDS,
+            "description": f"seconds (a JSON integer 1..{MAX_MEMORY_TTL_SECONDS}, else 400 bad_field): {whose} "
+                           f"expire this long after each is written, by the device's clock; omitted: {omitted}"}
+
+
 SCHEMAS = {
     "Hex32": string(f"^{HEX32}$", "32 lowercase hexadecimal digits"),
     "Lineage": string(f"^{HEX32}$", "the participant's current lineage (GET /participant)"),
@@ -187,6 +194,9 @@ SCHEMAS = {
         "id": ref("SpaceId"),
         "scope": {"type": "string", "enum": list(SCOPES)},
         "owner": ref("ParticipantId"),
+        "memory_ttl_seconds": nullable(string(POSITIVE, "the time to live, in seconds, of the rows retained or "
+                                                        "published in it (a decimal string; null: they never "
+                                                        "expire); set at its creation, never changed")),
         "created_by_operation": ref("OperationId"),
         "rights": {"type": "array", "items": ref("Permission"), "uniqueItems": True,
                    "description": "the caller's effective rights (stored rights intersected with current grants)"},
@@ -284,8 +294,10 @@ SCHEMAS = {
     "SpaceCreateRequest": mutation_body(
         "Create a space",
         {"id": ref("Hex32"),
-         "scope": {"type": "string", "enum": list(SCOPES), "default": "private"}},
-        description="`id` (32 hex; omitted: the operation key) and `scope` (default private)"),
+         "scope": {"type": "string", "enum": list(SCOPES), "default": "private"},
+         "memory_ttl_seconds": memory_ttl("the rows retained or published in the space", "they never do")},
+        description="`id` (32 hex; omitted: the operation key), `scope` (default private) and "
+                    "`memory_ttl_seconds` (omitted: its memory never expires)"),
     "MemberSetRequest": mutation_body(
         "Set a participant's explicit rights",
         {"participant": ref("ParticipantId"),
@@ -329,10 +341,13 @@ SCHEMAS = {
          "response_format": {"type": "object", "description": "{type: text}, {type: json_object} or {type: "
                              "json_schema, schema}: the result bytes are then JSON (of the schema), held to it "
                              "token by token; a schema keyword that cannot be enforced is refused (400 "
-                             "bad_field, naming it) before admission"}},
+                             "bad_field, naming it) before admission"},
+         "memory_ttl_seconds": memory_ttl("the memory rows this input retains",
+                                          "its space's time to live, if it has one")},
         ("text", "model"),
         "`text` and `model`, optionally `max_output_tokens`, `pages`, `temperature`, `top_p`, `media`, "
-        "`retention`, `context`, `response_format`; the text and 73 bytes per media link fit 2048 UTF-8 bytes"),
+        "`retention`, `context`, `response_format`, `memory_ttl_seconds`; the text and 73 bytes per media link "
+        "fit 2048 UTF-8 bytes"),
     "PublicationRequest": mutation_body(
         "Publish a memory object into this space",
         {"source": ref("MemoryId"), "source_version": ref("Counter")},
@@ -367,10 +382,15 @@ SCHEMAS = {
         "published_from": nullable(obj({"object": ref("MemoryId"), "version": ref("Counter")},
                                        description="the source object and the source version this copy was "
                                                    "published from")),
+        "expires_at_ns": nullable(string(POSITIVE, "when the row expires: wall-clock nanoseconds since the Unix "
+                                                   "epoch by the device's clock, a decimal string, fixed when it "
+                                                   "was written (its input's or its space's time to live); null: "
+                                                   "never")),
     }, description="A 128-byte memory metadata row as JSON (docs/memory.md), with a published copy's "
-                   "provenance (`published_from`, kept beside the row; null for any other row). `version` "
-                   "starts at 1 and changes when the object does (a turn's source when its interpretation "
-                   "is retained)."),
+                   "provenance (`published_from`, kept beside the row; null for any other row) and when it "
+                   "expires (`expires_at_ns`, null for a row that does not; from then on no read, search or "
+                   "recall returns it). `version` starts at 1 and changes when the object does (a turn's "
+                   "source when its interpretation is retained, a correction)."),
     "MemoryList": listing("MemoryRow", "The memory of the space's owner, in write order."),
     "MemorySearchResult": obj({
         "items": {"type": "array", "items": obj({"memory": ref("MemoryRow"),

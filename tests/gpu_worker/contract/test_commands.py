@@ -8,6 +8,8 @@ import pytest
 from gpu_worker.contract import commands
 from gpu_worker.contract.commands import TYPES, Args, Mutation, parse, request, typed
 from gpu_worker.contract.errors import ServiceError
+from gpu_worker.contract.ids import MAX_COUNTER
+from gpu_worker.contract.limits import MAX_MEMORY_TTL_SECONDS
 from gpu_worker.contract.vocabulary import COMMANDS
 from gpu_worker.contract.wire import ProtocolError
 
@@ -46,14 +48,14 @@ VALID = {
     "operations.subscribe": {"operation": OPERATION, "offset": 0},
     "subscriptions.close": {"id": 41},
     "participant.register": dict(ENVELOPE),
-    "spaces.create": {**ENVELOPE, "id": "2" * 32, "scope": "room"},
+    "spaces.create": {**ENVELOPE, "id": "2" * 32, "scope": "room", "memory_ttl_seconds": 3600},
     "members.set": {**ENVELOPE, "space": SPACE, "participant": "par-" + "3" * 32, "permissions": ["read", "write"]},
     "conversations.create": {**ENVELOPE, "space": SPACE, "id": "4" * 32},
     "retirements.record": {**ENVELOPE, "retry_floor": 2},
     "conversations.input": {**ENVELOPE, "conversation": CONVERSATION, "text": "hello", "model": "m",
                             "max_output_tokens": 9, "pages": 2, "temperature": 1.5, "top_p": 0.5,
                             "media": [{"type": "image", "sha256": "5" * 64}], "retention": "interpret",
-                            "context": "managed"},
+                            "context": "managed", "memory_ttl_seconds": 60},
     "cancellations.record": {**ENVELOPE, "target_sequence": 2},
     "spaces.delete": {**ENVELOPE, "space": SPACE},
     "conversations.delete": {**ENVELOPE, "conversation": CONVERSATION},
@@ -146,6 +148,18 @@ REFUSED = [
     ("ops.memory", {"limit": 0}, 400, "bad_limit"),
     ("conversations.fork", {"at": "0"}, 400, "bad_field"),
     ("conversations.fork", {"at": 3}, 400, "bad_field"),
+    # 19 digits match the counter pattern beyond 2**63-1: refused as every counter is
+    ("conversations.fork", {"at": str(1 << 63)}, 400, "bad_field"),
+    ("conversations.fork", {"at": "9" * 19}, 400, "bad_field"),
+    ("memory.versions", {"version": str(1 << 63)}, 400, "bad_field"),
+    ("memory.versions", {"version": "9" * 19}, 400, "bad_field"),
+    ("publications.record", {"source_version": str(1 << 63)}, 400, "bad_field"),
+    ("publications.record", {"source_version": "9" * 19}, 400, "bad_field"),
+    ("spaces.create", {"memory_ttl_seconds": 0}, 400, "bad_field"),
+    ("spaces.create", {"memory_ttl_seconds": MAX_MEMORY_TTL_SECONDS + 1}, 400, "bad_field"),
+    ("spaces.create", {"memory_ttl_seconds": "60"}, 400, "bad_field"),
+    ("conversations.input", {"memory_ttl_seconds": -1}, 400, "bad_field"),
+    ("conversations.input", {"memory_ttl_seconds": 60.0}, 400, "bad_field"),
     ("conversations.fork", {"id": "xyz"}, 400, "bad_field"),
     ("retirements.record", {"retry_floor": 0}, 400, "bad_field"),
     ("media.put", {"type": "text"}, 415, "unsupported_media_type"),
@@ -181,6 +195,18 @@ def test_a_refusal_is_the_same_error_from_the_gateway_and_from_the_device(op, ch
         parse(TYPES[op], msgpack.unpackb(msgpack.packb(bad, use_bin_type=True), raw=False))  # what arrives
     assert (gateway.value.status, gateway.value.code) == (device.value.status, device.value.code) == (status, code)
     assert gateway.value.message == device.value.message
+
+
+@pytest.mark.parametrize("op, field", [("conversations.fork", "at"), ("memory.versions", "version"),
+                                       ("publications.record", "source_version")])
+def test_a_decimal_counter_goes_up_to_2_to_the_63_minus_1(op, field):
+    assert getattr(typed(op, {**VALID[op], field: str(MAX_COUNTER)}), field) == str(MAX_COUNTER)
+
+
+@pytest.mark.parametrize("op", ["spaces.create", "conversations.input"])
+def test_a_memory_time_to_live_goes_from_1_to_its_bound(op):
+    for ttl in (1, MAX_MEMORY_TTL_SECONDS):
+        assert typed(op, {**VALID[op], "memory_ttl_seconds": ttl}).memory_ttl_seconds == ttl
 
 
 def test_a_type_error_names_the_field_and_a_missing_field_is_named_too():

@@ -65,7 +65,7 @@ def test_it_requires_at(gateway, device, people):
 
 
 @pytest.mark.parametrize("at", [3, 1.0, "0", "03", "-1", "v3", "3.0", "", " 3", "3 ", "\u0663", "\uff13",
-                                "1" * 20, None, ["3"], {"at": "3"}, True], ids=repr)
+                                "1" * 20, str(1 << 63), "9" * 19, None, ["3"], {"at": "3"}, True], ids=repr)
 def test_it_refuses_an_at_that_is_not_a_positive_decimal_string(gateway, device, people, at):
     """An event cursor: a JSON string of ASCII decimal digits, 1 or more, no leading zero, at most
     19 digits; a JSON number is refused (counters are strings in this API)."""

@@ -1,9 +1,12 @@
 """POST /aotx/v1/shared/conversations/{conversation}/inputs (`conversations.input`): required
 `text` and `model` (strings); optional `max_output_tokens` and `pages` (JSON integers),
-`temperature` and `top_p` (JSON numbers), `media` (at most 8 rows of {type, sha256})."""
+`temperature` and `top_p` (JSON numbers), `media` (at most 8 rows of {type, sha256}),
+`memory_ttl_seconds` (a JSON integer 1..MAX_MEMORY_TTL_SECONDS)."""
 import json
 
 import pytest
+
+from gpu_worker.contract.limits import MAX_MEMORY_TTL_SECONDS
 
 from .conftest import (BAD_AUTHORIZATIONS, BASE, HOLDER, MALFORMED_BODIES, action_of, assert_error,
                        assert_passed_through, assert_request, assert_unauthenticated, bad_ids, conversation_id,
@@ -145,6 +148,23 @@ def test_it_sends_the_conversation_and_the_callers_fields(gateway, device, peopl
                    mutation_args(path(conversation), body, conversation=conversation, **own))
 
 
+@pytest.mark.parametrize("ttl", [0, -1, "60", 60.0, 1.5, False, None, {}, MAX_MEMORY_TTL_SECONDS + 1], ids=repr)
+def test_it_rejects_a_memory_ttl_that_is_not_an_integer_within_its_bounds(gateway, device, people, ttl):
+    assert_error(post(gateway, people, valid(memory_ttl_seconds=ttl)), 400, "bad_field")
+    assert device.requests == []
+
+
+@pytest.mark.parametrize("ttl", [1, 86400, MAX_MEMORY_TTL_SECONDS])
+def test_it_sends_the_inputs_own_memory_ttl(gateway, device, people, ttl):
+    conversation = conversation_id()
+    own = {"text": "remember this", "model": "tiny-llama", "memory_ttl_seconds": ttl}
+    body = envelope(**own)
+    persona = people[HOLDER[ACTION]]
+    assert post(gateway, people, body, conversation).status_code == 200
+    assert_request(device.only_request(), OP, persona.principal_id,
+                   mutation_args(path(conversation), body, conversation=conversation, **own))
+
+
 def test_it_sends_no_defaults_the_caller_did_not_give(gateway, device, people):
     conversation = conversation_id()
     body = valid(media=[{"type": "audio", "sha256": SHA}] * 8, text="")
@@ -152,7 +172,7 @@ def test_it_sends_no_defaults_the_caller_did_not_give(gateway, device, people):
     args = device.only_request()["args"]
     assert args == mutation_args(path(conversation), body, conversation=conversation, text="", model="tiny-llama",
                                  media=body["media"])
-    assert not {"max_output_tokens", "pages", "temperature", "top_p"} & set(args)
+    assert not {"max_output_tokens", "pages", "temperature", "top_p", "memory_ttl_seconds"} & set(args)
 
 
 def test_it_passes_a_new_receipt_through_with_its_location(gateway, device, people):

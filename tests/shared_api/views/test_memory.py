@@ -127,7 +127,8 @@ def test_a_publication_refuses_a_malformed_body(gateway, device, people, make, s
 @pytest.mark.parametrize("changes, code", [
     ({"source": "mem-nothex"}, "bad_id"), ({"source": 5}, "bad_id"),
     ({"source_version": 1}, "bad_field"), ({"source_version": "v1"}, "bad_field"),
-    ({"source_version": "-1"}, "bad_field")])
+    ({"source_version": "-1"}, "bad_field"), ({"source_version": str(1 << 63)}, "bad_field"),
+    ({"source_version": "9" * 19}, "bad_field")])
 def test_a_publication_refuses_bad_fields(gateway, device, people, changes, code):
     assert_error(gateway.post(publish_path(space_id()), people["manager"], publication(**changes)), 400, code)
     assert device.requests == []

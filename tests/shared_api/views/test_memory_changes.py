@@ -86,7 +86,8 @@ def test_a_correction_requires_text_and_version(gateway, device, people):
     assert device.requests == []
 
 
-@pytest.mark.parametrize("version", [2, "0", "01", "-1", "v2", "2.0", "", " 2", "\u0662", None, ["2"]],
+@pytest.mark.parametrize("version", [2, "0", "01", "-1", "v2", "2.0", "", " 2", "\u0662", None, ["2"],
+                                     str(1 << 63), "9" * 19],
                          ids=repr)
 def test_a_correction_refuses_a_version_that_is_not_a_positive_decimal_string(gateway, device, people, version):
     assert_error(gateway.post(versions_path(memory_id()), people["writer"], correction(version=version)), 400,

@@ -1,8 +1,11 @@
 """GET /aotx/v1/shared/spaces (`spaces.list`) and POST /aotx/v1/shared/spaces (`spaces.create`:
-optional `id` (32 hex) and `scope` (private, room, instance))."""
+optional `id` (32 hex), `scope` (private, room, instance) and `memory_ttl_seconds` (a JSON integer
+1..MAX_MEMORY_TTL_SECONDS))."""
 import json
 
 import pytest
+
+from gpu_worker.contract.limits import MAX_MEMORY_TTL_SECONDS
 
 from .conftest import (BAD_AUTHORIZATIONS, BAD_CURSORS, BAD_LIMITS, BASE, HOLDER, MALFORMED_BODIES, OK_BODY,
                        action_of, assert_error, assert_passed_through, assert_request, assert_unauthenticated,
@@ -116,7 +119,15 @@ def test_create_rejects_a_malformed_id(gateway, device, people, space):
     assert device.requests == []
 
 
-@pytest.mark.parametrize("own", [{}, {"scope": "instance"}, {"id": hex32()}, {"id": hex32(), "scope": "private"}])
+@pytest.mark.parametrize("ttl", [0, -1, "60", 60.0, 1.5, True, None, [60], MAX_MEMORY_TTL_SECONDS + 1], ids=repr)
+def test_create_rejects_a_memory_ttl_that_is_not_an_integer_within_its_bounds(gateway, device, people, ttl):
+    assert_error(gateway.post(PATH, people["writer"], envelope(memory_ttl_seconds=ttl)), 400, "bad_field")
+    assert device.requests == []
+
+
+@pytest.mark.parametrize("own", [{}, {"scope": "instance"}, {"id": hex32()}, {"id": hex32(), "scope": "private"},
+                                 {"memory_ttl_seconds": 1}, {"scope": "room", "memory_ttl_seconds": 3600},
+                                 {"memory_ttl_seconds": MAX_MEMORY_TTL_SECONDS}])
 def test_create_sends_only_the_fields_the_caller_gave(gateway, device, people, own):
     body = envelope(**own)
     persona = people[HOLDER[WRITE]]
