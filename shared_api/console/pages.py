@@ -431,6 +431,7 @@ def _memory_row(item: dict[str, Any], space: str) -> dict[str, Any]:
     text = preview.get("text")
     return {"object": obj, "kind": item.get("kind"), "version": item.get("version"), "scope": item.get("scope"),
             "actor": item.get("actor"), "byte_length": item.get("byte_length"),
+            "expires": ns_datetime(item.get("expires_at_ns")),
             "published": bool(item.get("published")),
             "preview": text if text is not None else f"base64: {preview.get('bytes', '')}",
             "shown_as": "text" if text is not None else "base64", "complete": bool(preview.get("complete")),

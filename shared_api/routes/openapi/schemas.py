@@ -194,6 +194,8 @@ SCHEMAS = {
         "id": ref("SpaceId"),
         "scope": {"type": "string", "enum": list(SCOPES)},
         "owner": ref("ParticipantId"),
+        "memory_owner": {"type": "string", "description": "whose memory its rows are: `private-<32 hex>` (a "
+                                                          "private space's own), the room's space ID, or `instance`"},
         "memory_ttl_seconds": nullable(string(POSITIVE, "the time to live, in seconds, of the rows retained or "
                                                         "published in it (a decimal string; null: they never "
                                                         "expire); set at its creation, never changed")),
