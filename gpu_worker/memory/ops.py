@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from ..contract import ids
 from ..contract.canonical import NotCanonical, operation_bytes
-from ..contract.commands import Mutation, SpacePage, StaffForget
+from ..contract.commands import Mutation, Retirement, SpacePage, StaffForget
 from ..contract.errors import ServiceError
 from ..contract.limits import MEMORY_PREVIEW_BYTES
 from ..contract.wire import Message, reply
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from ..storage.committer import Batch
 
 REGISTER_PATH = "/ops/participant"  # the operator's registration's command bytes
+RETIRE_PATH = "/ops/retirements"  # its retirements' (OPERATOR_KEEP)
 
 
 def deletion_path(obj: str) -> str:
@@ -100,6 +101,7 @@ def forget(d: Context, conn: object, msg: Message, batch: Batch) -> int:
                 lineage=lineage, operation_key=_fresh_key(), sequence=1, canonical=registration))[2]
             prow = participants.by_principal[principal]
         t = d.state.tables
+        used += _retire_oldest(d, principal, prow)
         status, rrow, records = d.admit_as(principal, Kind.MEMORY_DELETE, StaffDeletion(
             lineage=participants.lineage_hex[prow], operation_key=_fresh_key(),
             sequence=t.value(t.participants, prow, P.NEXT_SEQUENCE), canonical=canonical, memory=args.memory,
@@ -109,6 +111,28 @@ def forget(d: Context, conn: object, msg: Message, batch: Batch) -> int:
         return used
     batch.waiting.append((conn, req_id, status, rrow))  # (its receipt, once saved: Tick.answer)
     return used + records
+
+
+# The operator's live receipts it keeps: nobody else can retire them, so once it holds this many
+# it retires the older half itself before the next staff forget (their command bytes, reasons and
+# staff names, stay in the runtime file's audit prefix: `audit export`).
+OPERATOR_KEEP = 64
+
+
+def _retire_oldest(d: Context, principal: bytes, prow: int) -> int:
+    """The operator's older receipts retired when it holds OPERATOR_KEEP: journal records used. A
+    retirement refused (a receipt below the floor not yet saved) is tried again at the next forget."""
+    if len(d.state.live_sequences(prow)) < OPERATOR_KEEP:
+        return 0
+    t = d.state.tables
+    sequence = t.value(t.participants, prow, P.NEXT_SEQUENCE)
+    floor = sequence - OPERATOR_KEEP // 2
+    try:
+        return d.admit_as(principal, Kind.RETIREMENT, Retirement(
+            lineage=d.state.participants.lineage_hex[prow], operation_key=_fresh_key(), sequence=sequence,
+            canonical=operation_bytes("POST", RETIRE_PATH, {"retry_floor": str(floor)}), retry_floor=floor))[2]
+    except ServiceError:
+        return 0
 
 
 def _fresh_key() -> str:

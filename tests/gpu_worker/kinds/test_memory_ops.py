@@ -159,3 +159,19 @@ def test_staff_forgets_replay_after_a_restart_and_are_erased_at_the_next_checkpo
     world.boot()
     world.attach()
     assert rows(world, "a", space) == [] and len(operator_receipts(world)) == 3
+
+
+def test_the_operator_retires_its_older_receipts_itself_and_staff_forgets_go_on(world, monkeypatch):
+    """Nobody else can retire the operator's receipts: at OPERATOR_KEEP live ones it retires the
+    older half before the next forget, so staff forgets never run into its receipts quota."""
+    from gpu_worker.memory import ops as memory_ops
+    monkeypatch.setattr(memory_ops, "OPERATOR_KEEP", 4)
+    space, conversation = world.conversation("a")
+    objects = [run(world, "a", conversation, f"fact number {n}")["memory"]["retained"][0] for n in range(7)]
+    for n, obj in enumerate(objects):
+        status, receipt = staff_forget(world, obj, reason=f"request {n}")
+        assert status == 202, receipt
+    assert len(operator_receipts(world)) <= 4 + 1  # (its newest, and the retirement's own)
+    assert rows(world, "a", space) == []
+    newest = [r for r in operator_receipts(world, kind="memory.delete")][-1]
+    assert command_of(world, newest["operation"])["body"]["reason"] == "request 6"
