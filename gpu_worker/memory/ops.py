@@ -32,7 +32,7 @@ from ..contract.commands import Mutation, Retirement, SpacePage, StaffForget
 from ..contract.errors import ServiceError
 from ..contract.limits import MEMORY_PREVIEW_BYTES
 from ..contract.wire import Message, reply
-from ..kinds.kind import Context, Kind, Later, Read, Tables
+from ..kinds.kind import Context, Journaling, Kind, Later, Read, Tables
 from ..kinds.memory_deletions import StaffDeletion
 from ..state import ids as derived
 from ..state.tables import P
@@ -119,7 +119,7 @@ def forget(d: Context, conn: object, msg: Message, batch: Batch) -> int:
 OPERATOR_KEEP = 64
 
 
-def _retire_oldest(d: Context, principal: bytes, prow: int) -> int:
+def _retire_oldest(d: Journaling, principal: bytes, prow: int) -> int:
     """The operator's older receipts retired when it holds OPERATOR_KEEP: journal records used. A
     retirement refused (a receipt below the floor not yet saved) is tried again at the next forget."""
     if len(d.state.live_sequences(prow)) < OPERATOR_KEEP:
