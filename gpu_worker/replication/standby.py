@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from gpu_worker.contract.wire import FrameReader, ProtocolError, encode_frame
 from gpu_worker.storage import runtime_file_writer
+from gpu_worker.storage.checkpoint import AUDIT
 from gpu_worker.storage.journal import SEGMENT_HEADER_SIZE
 from gpu_worker.storage.runtime_file import RuntimeFile
 
@@ -308,11 +309,15 @@ class Standby:
     def _checkpoint(self, end: CheckpointEnd) -> None:
         """A checkpoint's end (its components' pieces came before): the copy of the runtime file gets the
         components the primary's got (its generation must come out the same), and the journal
-        segments the checkpoint folded go (those the hot device has not read yet stay)."""
+        segments the checkpoint folded go (those the hot device has not read yet stay). A checkpoint
+        that writes an `audit/` component again redacted it (a forgotten memory object's bytes:
+        memory/forgetting.py): the copy's unreachable bytes are zeroed too, as the primary's were."""
         generation = end.checkpoint
         components, drop = self._components(end.components, end.drop)
         self.mirror.sync()  # (the journal before the checkpoint is durable before the copy says it is folded)
-        made = runtime_file_writer.append(self.runtime, components, drop=drop)
+        with RuntimeFile.open(self.runtime, verify=False) as copy:
+            redacted = any(name.startswith(AUDIT) and name in copy.components for name, _, _ in components)
+        made = runtime_file_writer.append(self.runtime, components, drop=drop, wipe=redacted)
         if made != generation:
             raise StandbyRefused(f"the runtime file copy {self.runtime} went to generation {made}, the primary's to "
                                  f"{generation}: start the standby from a copy of the primary's runtime file")
