@@ -247,6 +247,19 @@ def _pages(base: dict[str, Any], cursor: str | None, trail: list[str],
     return next_url, prev_url
 
 
+def _ask(op: str, args: dict[str, object], timeout: float = ops.STATUS_TIMEOUT,
+         ok: tuple[int, ...] = (200,)) -> tuple[dict[str, Any] | None, str | None]:
+    """An ops command's answer for a page: (its body, None) when its status is one of `ok`, else
+    (None, the error the page shows)."""
+    try:
+        status, body = ops.call(op, args, timeout)
+    except ServiceError as exc:
+        return None, _device_error(exc)
+    if status in ok and isinstance(body, dict):
+        return body, None
+    return None, _device_error(body, status)
+
+
 def receipts_view(request: HttpRequest) -> HttpResponse:
     form = ReceiptFilter(request.GET or None)
     filters: dict[str, str] = {}  # (the form's choice fields)
@@ -260,16 +273,10 @@ def receipts_view(request: HttpRequest) -> HttpResponse:
         args: dict[str, object] = {**filters, "limit": limit}
         if cursor is not None:
             args["cursor"] = cursor
-        try:
-            status, body = ops.call("ops.receipts", args)
-        except ServiceError as exc:
-            error = _device_error(exc)
-        else:
-            if status != 200:
-                error = _device_error(body, status)
-            else:
-                items = body.get("items") or []
-                next_url, prev_url = _pages({**filters, "limit": limit}, cursor, trail, body.get("next_cursor"))
+        body, error = _ask("ops.receipts", args)
+        if body is not None:
+            items = body.get("items") or []
+            next_url, prev_url = _pages({**filters, "limit": limit}, cursor, trail, body.get("next_cursor"))
     rows = [_receipt_row(r, filters.get("status")) for r in items]
     first_url = "?" + urlencode({**filters, "limit": limit})
     return render(request, "aotx/ops/receipts.html", _context(
@@ -313,17 +320,7 @@ def _save_fields(part: dict[str, Any] | None) -> list[tuple[str, Any]]:
 
 
 def receipt_view(request: HttpRequest, operation: str) -> HttpResponse:
-    receipt: dict[str, Any] | None = None
-    error = None
-    try:
-        status, body = ops.call("ops.receipt", {"operation": operation})
-    except ServiceError as exc:
-        error = _device_error(exc)
-    else:
-        if status == 200:
-            receipt = body
-        else:
-            error = _device_error(body, status)
+    receipt, error = _ask("ops.receipt", {"operation": operation})
     sections: list[tuple[str, list[tuple[str, Any]]]] = []
     if receipt is not None:
         summary = [(k, receipt.get(k)) for k in ("operation", "participant", "sequence", "operation_key", "kind",
@@ -355,12 +352,9 @@ def receipt_view(request: HttpRequest, operation: str) -> HttpResponse:
 def _command(operation: str) -> tuple[str | None, list[tuple[str, Any]]]:
     """An operation's command bytes as its receipt keeps them (`ops.command`): their text, and
     their fields as rows (`body.reason` and `body.staff` of a staff forget among them)."""
-    try:
-        status, body = ops.call("ops.command", {"operation": operation})
-    except ServiceError as exc:
-        return None, [("error", _device_error(exc))]
-    if status != 200:
-        return None, [("error", _device_error(body, status))]
+    body, error = _ask("ops.command", {"operation": operation})
+    if body is None:
+        return None, [("error", error)]
     text = body.get("text")
     if not isinstance(text, str):
         return None, [("bytes", f"{body.get('length')} bytes, not UTF-8 (base64: {body.get('bytes')})")]
@@ -385,17 +379,7 @@ def result_view(request: HttpRequest, operation: str) -> HttpResponse:
         offset = max(int(request.GET.get("offset", "0")), 0)
     except ValueError:
         offset = 0
-    result: dict[str, Any] | None = None
-    error = None
-    try:
-        status, body = ops.call("ops.result", {"operation": operation, "offset": offset})
-    except ServiceError as exc:
-        error = _device_error(exc)
-    else:
-        if status == 200:
-            result = body
-        else:
-            error = _device_error(body, status)
+    result, error = _ask("ops.result", {"operation": operation, "offset": offset})
     return render(request, "aotx/ops/result.html", _context(
         request, f"Result of {operation}", operation=operation, result=result, error=error, offset=offset,
         receipt_url=reverse("aotx-ops-receipt", args=[operation]),
@@ -451,18 +435,12 @@ def memory_view(request: HttpRequest) -> HttpResponse:
         args: dict[str, object] = {"space": space, "limit": limit}
         if cursor is not None:
             args["cursor"] = cursor
-        try:
-            status, body = ops.call("ops.memory", args)
-        except ServiceError as exc:
-            error = _device_error(exc)
-        else:
-            if status != 200:
-                error = _device_error(body, status)
-            else:
-                rows = [_memory_row(item, space) for item in body.get("items") or []]
-                base = {"space": space, "limit": limit}
-                next_url, prev_url = _pages(base, cursor, trail, body.get("next_cursor"))
-                first_url = "?" + urlencode(base) if cursor is not None else None
+        body, error = _ask("ops.memory", args)
+        if body is not None:
+            rows = [_memory_row(item, space) for item in body.get("items") or []]
+            base = {"space": space, "limit": limit}
+            next_url, prev_url = _pages(base, cursor, trail, body.get("next_cursor"))
+            first_url = "?" + urlencode(base) if cursor is not None else None
     return render(request, "aotx/ops/memory.html", _context(
         request, "Memory", form=form, space=space, rows=rows, error=error, next_url=next_url, prev_url=prev_url,
         first_url=first_url, page=len(trail) + 1))
@@ -477,15 +455,8 @@ def forget_view(request: HttpRequest, memory: str) -> HttpResponse:
         form = ForgetForm(request.POST)
         if form.is_valid():
             args = {"memory": memory, "reason": form.cleaned_data["reason"], "staff": request.user.get_username()}
-            try:  # (it waits for the save, as a participant's forget does: the gateway's device timeout)
-                status, body = ops.call("ops.memory.forget", args, settings.AOTX_DEVICE_TIMEOUT)
-            except ServiceError as exc:
-                error = _device_error(exc)
-            else:
-                if status in (200, 202) and isinstance(body, dict):
-                    receipt = body
-                else:
-                    error = _device_error(body, status)
+            # (it waits for the save, as a participant's forget does: the gateway's device timeout)
+            receipt, error = _ask("ops.memory.forget", args, settings.AOTX_DEVICE_TIMEOUT, ok=(200, 202))
     else:
         form = ForgetForm(initial={"space": request.GET.get("space", "")})
         if not MEMORY_ID.match(memory):
