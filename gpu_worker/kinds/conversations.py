@@ -3,7 +3,7 @@ conversation's execution slot, and its identity stays when the slot changes."""
 from __future__ import annotations
 
 import struct
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import numpy as np
 

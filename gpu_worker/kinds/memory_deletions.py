@@ -19,7 +19,6 @@ reads 404) — each is forgotten by its own deletion, by a caller with the right
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import torch
 

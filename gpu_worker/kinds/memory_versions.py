@@ -21,7 +21,7 @@ at once. Each kept version counts against its corrector's `memory_rows` quota.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import torch

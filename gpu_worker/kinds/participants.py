@@ -3,7 +3,7 @@ A principal's lineage and participant ID exist before it registers (derived from
 incarnation); registering gives it a table row and its sequence counters."""
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from ..contract import ids
 from ..contract.commands import Mutation, NoArgs, ParticipantRef

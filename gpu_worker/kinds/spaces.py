@@ -3,7 +3,7 @@ scope never changes. Reads list the spaces the caller has any effective right on
 from __future__ import annotations
 
 import struct
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import numpy as np
 

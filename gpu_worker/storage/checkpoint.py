@@ -29,7 +29,7 @@ import torch
 
 from ..state.tables import C, R
 from . import runtime_file_writer
-from .journal import ZERO_DIGEST, Transfer, list_segments, segment_name
+from .journal import ZERO_DIGEST, list_segments, segment_name
 from .journal_reader import recover
 
 if TYPE_CHECKING:
