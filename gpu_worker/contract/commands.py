@@ -336,6 +336,14 @@ class Publication(Mutation, kw_only=True, frozen=True):
         resource_id(self.space, "spc")
 
 
+def no_reserved_tokens(text: str) -> None:
+    """400 `reserved_token` for a text holding a family's media control token (an input's, a
+    correction's: both reach a prompt)."""
+    reserved = [token for token in RESERVED_TOKENS if token in text]
+    if reserved:
+        raise ServiceError(400, "reserved_token", f"text contains the reserved media control token {reserved[0]}")
+
+
 class ConversationFork(Mutation, kw_only=True, frozen=True):
     """conversations.fork: a new conversation in the source's space whose history is the
     source's through the input at event cursor `at` (kinds/forks.py); `id` as for a creation."""
@@ -364,9 +372,7 @@ class MemoryVersion(Mutation, kw_only=True, frozen=True):
         decimal(self.version, "version", least=1, what="a decimal string (the row's current version)")
         if type(self.text) is not str or not self.text:
             raise ServiceError(400, "bad_field", "text must be a non-empty string")
-        reserved = [token for token in RESERVED_TOKENS if token in self.text]
-        if reserved:
-            raise ServiceError(400, "reserved_token", f"text contains the reserved media control token {reserved[0]}")
+        no_reserved_tokens(self.text)
         size = len(self.text.encode("utf-8", "surrogatepass"))
         if size > MEMORY_PAYLOAD_BYTES:
             raise ServiceError(400, "text_too_large", f"text takes {size} bytes; a memory object holds at most "
@@ -439,9 +445,7 @@ class Input(Mutation, kw_only=True, frozen=True):
                                                  "lowercase hex}")
         if not self.text and not media:
             raise ServiceError(400, "bad_field", "text can be empty only when media is present")
-        reserved = [token for token in RESERVED_TOKENS if token in self.text]
-        if reserved:
-            raise ServiceError(400, "reserved_token", f"text contains the reserved media control token {reserved[0]}")
+        no_reserved_tokens(self.text)
         size = len(self.text.encode("utf-8", "surrogatepass")) + MEDIA_LINK_BYTES * len(media)
         if size > INPUT_BYTES:
             raise ServiceError(400, "input_too_large", f"text and media links take {size} bytes; the limit is "

@@ -18,22 +18,30 @@ from ..contract.errors import ServiceError
 from ..contract.vocabulary import CHAT
 from ..contract.wire import Message, dumps, reply
 from . import quotas
-from .kind import Serving
+from .kind import Executing, Serving
 
 if TYPE_CHECKING:
+    from ..engine.embedding import EmbeddingModel
     from ..storage.committer import Batch
 
 T = TypeVar("T")
+
+
+def embedding_model(d: Executing) -> EmbeddingModel:
+    """The device's embedding model: 503 `engine_unavailable` where it runs none (an embeddings
+    request, a memory search, a correction need one)."""
+    if d.embedder is None:
+        raise ServiceError(503, "engine_unavailable", "this device runs no embedding model")
+    return d.embedder
 
 
 def start(d: Serving, conn: object, msg: Message, batch: Batch) -> int:
     req_id = msg.get("id")
     try:
         principal = d.principal(msg, CHAT)
-        if d.embedder is None:
-            raise ServiceError(503, "engine_unavailable", "this device runs no embedding model")
+        model = embedding_model(d)
         args = d.args(msg, Embeddings)
-        name = d.embedder.card.name
+        name = model.card.name
         if args.model != name:
             raise ServiceError(404, "model_not_found", f"embedding model {args.model!r} is not served here; "
                                                        f"the embedding model is {name!r}")

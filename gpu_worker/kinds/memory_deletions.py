@@ -75,7 +75,7 @@ def erase(d: Tables, slot: int) -> None:
     table.forgotten.append(Forgotten(row.object, row.source, row.actor, int(row.kind), published))
     # the media its text links to, when only the row's own actor uploaded it and nothing else names
     # it: a link typed into a text can name another's upload, which a forgetting never removes
-    actor = d.state.participants.raw.index(row.actor) if row.actor in d.state.participants.raw else -1
+    actor = d.state.participants.by_raw.get(row.actor, -1)
     for sha in sorted({m.decode() for text in texts for m in MEDIA_LINK.findall(text)}):
         source = d.state.media.get(sha)
         if source is not None and source.owners <= {actor} and not _media_named(d, sha):
@@ -108,17 +108,12 @@ def columns(d: Tables, a: Admission) -> dict[int, int]:
 def _erase_corrections(d: Tables, lineage: bytes, obj: bytes) -> list[bytes]:
     """The live corrections of the object: the versions they keep (returned) and their texts."""
     t = d.state.tables
-    receipts = t.receipts
-    head = lineage + obj
-    found = (receipts[:, R.STATE] == 1) & (receipts[:, R.KIND] == int(Kind.MEMORY_VERSION))
     versions = []
-    for crow in torch.nonzero(found).flatten().tolist():
-        kept = t.get_bytes(t.result_bytes, crow, t.value(receipts, crow, R.RESULT_LEN))
-        if kept.startswith(head):
-            versions.append(kept[SUPERSEDED.size:])
-            t.put_bytes(t.result_bytes, crow, bytes(len(kept) - SUPERSEDED.size), SUPERSEDED.size)
-            t.put_value(receipts, crow, R.RESULT_LEN, SUPERSEDED.size)
-            _redact(d, crow)
+    for crow, _, kept in memory.corrections(d, lineage, obj):
+        versions.append(kept)
+        t.put_bytes(t.result_bytes, crow, bytes(len(kept)), SUPERSEDED.size)
+        t.put_value(t.receipts, crow, R.RESULT_LEN, SUPERSEDED.size)
+        _redact(d, crow)
     return versions
 
 

@@ -31,21 +31,20 @@ from ..contract.errors import ServiceError
 from ..memory import shared as memory
 from ..memory.rows import SUPERSEDED, memory_id
 from ..state.tables import R
-from . import quotas
+from . import embeddings, quotas
 from .kind import Admission, Admitting, Applying, Caller, Extra, Kind, OperationKind, Tables
 
 
 def prepare(d: Admitting, principal: bytes, prow: int | None, args: MemoryVersion) -> Callable[[], bytes]:
     """Before the embedding is paid for: what can refuse now (the object, the caller's rights,
     the model's control tokens in the text); then the text's embedding, on a helper thread."""
-    if d.embedder is None:
-        raise ServiceError(503, "engine_unavailable", "this device runs no embedding model")
+    model = embeddings.embedding_model(d)
     check(d, principal, prow, args, b"", 0)
     token = d.control_tokens.find(args.text)
     if token is not None:
         raise ServiceError(400, "reserved_token", f"text contains the model's control token {token}")
-    embedder, text = d.embedder, args.text
-    return lambda: embedder.encode([text])[0].to("cpu", torch.float32).numpy().astype("<f4").tobytes()
+    text = args.text
+    return lambda: model.encode([text])[0].to("cpu", torch.float32).numpy().astype("<f4").tobytes()
 
 
 def check(d: Caller, principal: bytes, prow: int | None, args: MemoryVersion, key: bytes,

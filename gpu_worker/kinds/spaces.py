@@ -61,7 +61,8 @@ def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: in
     state.tables.put_struct(state.tables.spaces, srow, 0, _ROW, 1, prow, a.extra["scope"], a.extra["id"],
                             state.admissions, a.op)
     state.spaces.add((state.participants.lineage[prow], a.extra["id"]), srow)
-    state.tables.put_value(state.tables.spaces, srow, S.MEMORY_TTL, a.extra.get("memory_ttl", 0))
+    if "memory_ttl" in a.extra:  # (a free row's is zero: a deleted space's row is cleared before reuse)
+        state.tables.put_value(state.tables.spaces, srow, S.MEMORY_TTL, a.extra["memory_ttl"])
     return srow
 
 

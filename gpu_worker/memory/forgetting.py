@@ -64,8 +64,12 @@ class Redactor:
     that carried a forgotten object's bytes, without them, or None for any other transfer."""
 
     def __init__(self, forgotten: list[Forgotten]) -> None:
-        self.sources = {f.source: f for f in forgotten if f.kind == MemoryKind.SOURCE and not f.published}
-        self.by_source = {f.source: f for f in forgotten if not f.published}
+        # an input's operation -> the objects forgotten that it wrote (its source, its
+        # interpretation, its control record: several of one input)
+        self.by_source: dict[bytes, list[Forgotten]] = {}
+        for f in forgotten:
+            if not f.published:
+                self.by_source.setdefault(f.source, []).append(f)
         self.objects = {f.object for f in forgotten}
         self.inputs: dict[tuple[bytes, int], list[Forgotten]] = {}  # (actor, sequence) -> its forgotten rows
 
@@ -82,10 +86,9 @@ class Redactor:
         except ValueError:
             return None
         if a.kind == _INPUT and a.op in self.by_source:
-            found = self.by_source[a.op]
-            self.inputs.setdefault((found.actor, a.sequence), []).extend(
-                f for f in self.by_source.values() if f.source == a.op)
-            if a.op in self.sources:
+            written = self.by_source[a.op]
+            self.inputs[(written[0].actor, a.sequence)] = written
+            if any(f.kind == MemoryKind.SOURCE for f in written):  # (the source's text is the input's)
                 return a._replace(canonical=redact_command(a.canonical)).encode()
         elif a.kind == _VERSION and a.extra.get("memory", [b"", b""])[1] in self.objects:
             extra = {**a.extra, "text": "", "prepared": bytes(len(a.extra.get("prepared", b"")))}

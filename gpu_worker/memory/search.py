@@ -35,8 +35,7 @@ def start(d: Serving, conn: object, msg: Message, batch: Batch) -> int:
     req_id = msg.get("id")
     try:
         principal = d.principal(msg, READ)
-        if d.embedder is None:
-            raise ServiceError(503, "engine_unavailable", "this device runs no embedding model")
+        embeddings.embedding_model(d)
         args = d.args(msg, MemorySearch)
         prow = d.state.participants.by_principal.get(principal)
         access.space_row(d, args.space, principal, prow, Right.READ)

@@ -97,25 +97,30 @@ def scope_table(d: Tables, srow: int) -> torch.Tensor:
     return table
 
 
+def _slot_of(d: Tables, value: object) -> int | None:
+    """The row holding the memory object a `mem-` ID names (its lineage too), None for none."""
+    m = ids.MEMORY_ID.match(value) if isinstance(value, str) else None
+    if m is None:
+        return None
+    memory = d.state.memory
+    slot = memory.by_id.get(bytes.fromhex(m.group(2)))
+    return slot if slot is not None and memory.row(slot).lineage == bytes.fromhex(m.group(1)) else None
+
+
 def visible_slot(d: Caller, principal: bytes, prow: int | None, value: object) -> int:
     """The row of a memory object the caller may see (404 otherwise)."""
-    m = ids.MEMORY_ID.match(value) if isinstance(value, str) else None
-    memory = d.state.memory
-    slot = memory.by_id.get(bytes.fromhex(m.group(2))) if m else None
-    if slot is not None and m is not None and memory.row(slot).lineage == bytes.fromhex(m.group(1)):
-        if bool(readable_owners(d, principal, prow)[int(memory.current_owners(memory_table.now())[slot])]):
-            return slot
+    slot = _slot_of(d, value)
+    if slot is not None and bool(readable_owners(d, principal, prow)[
+            int(d.state.memory.current_owners(memory_table.now())[slot])]):
+        return slot
     raise ServiceError(404, "memory_not_found", f"no memory object {value} visible to this principal")
 
 
 def any_slot(d: Tables, value: object) -> int:
     """The row of a saved memory object whoever's it is (the console's staff: memory/ops.py);
     404 otherwise, as for an object never written."""
-    m = ids.MEMORY_ID.match(value) if isinstance(value, str) else None
-    memory = d.state.memory
-    slot = memory.by_id.get(bytes.fromhex(m.group(2))) if m else None
-    if slot is not None and m is not None and memory.row(slot).lineage == bytes.fromhex(m.group(1)) \
-            and int(memory.owners[slot]) != 0:  # (0: written by a transfer not yet saved)
+    slot = _slot_of(d, value)
+    if slot is not None and int(d.state.memory.owners[slot]) != 0:  # (0: written by a transfer not yet saved)
         return slot
     raise ServiceError(404, "memory_not_found", f"no memory object {value}")
 
@@ -273,18 +278,25 @@ def get_memory(d: Caller, principal: bytes, args: MemoryRead) -> tuple[int, dict
     return 200, {"memory": row_json(d, slot), **byte_span(memory.payload_of(slot, offset), offset)}
 
 
-def superseded(d: Tables, row: MemoryRow, version: int) -> bytes | None:
-    """The payload an object had at `version` before a correction replaced it, while that
-    correction's receipt is live (its result bytes keep it: kinds/memory_versions.SUPERSEDED)."""
+def corrections(d: Tables, lineage: bytes, obj: bytes) -> list[tuple[int, int, bytes]]:
+    """The live corrections of an object: (receipt row, the version it replaced, that version's
+    payload), each read from the correction's result bytes (kinds/memory_versions.SUPERSEDED)."""
     t = d.state.tables
     receipts = t.receipts
     found = (receipts[:, R.STATE] == 1) & (receipts[:, R.KIND] == int(OperationCode.MEMORY_VERSION))
-    head = SUPERSEDED.pack(row.lineage, row.object, version)
+    out = []
     for rrow in torch.nonzero(found).flatten().tolist():
         kept = t.get_bytes(t.result_bytes, rrow, t.value(receipts, rrow, R.RESULT_LEN))
-        if kept.startswith(head):
-            return kept[SUPERSEDED.size:]
-    return None
+        kept_lineage, kept_obj, version = SUPERSEDED.unpack_from(kept)
+        if (kept_lineage, kept_obj) == (lineage, obj):
+            out.append((rrow, version, kept[SUPERSEDED.size:]))
+    return out
+
+
+def superseded(d: Tables, row: MemoryRow, version: int) -> bytes | None:
+    """The payload an object had at `version` before a correction replaced it, while that
+    correction's receipt is live."""
+    return next((kept for _, v, kept in corrections(d, row.lineage, row.object) if v == version), None)
 
 
 

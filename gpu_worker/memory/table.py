@@ -155,15 +155,10 @@ class MemoryTable:
         return due[torch.argsort(self.expires[due])][:most].tolist()
 
     def find_soonest(self) -> None:
-        """The earliest expiry of a live row, asked of the tensor (after rows were freed or loaded)."""
-        live = self.expires[(self.expires > 0) & ((self.owners != 0) | self._pending_mask())]
-        self.soonest = int(live.min()) if live.numel() else 0
-
-    def _pending_mask(self) -> torch.Tensor:
-        mask = torch.zeros(self.capacity, dtype=torch.bool, device=self.owners.device)
-        if self.pending:
-            mask[list(self.pending)] = True
-        return mask
+        """The earliest expiry of a row, asked of the tensor (after rows were freed or loaded): a
+        freed row's is zero, so every one set is a live or a pending row's."""
+        due = self.expires[self.expires > 0]
+        self.soonest = int(due.min()) if due.numel() else 0
 
     @property
     def free_rows(self) -> int:

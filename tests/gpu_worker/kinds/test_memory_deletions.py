@@ -3,9 +3,17 @@ real engine and the packed embedding model: gone at once from every read, from r
 the input's and the corrections' saved bytes; after the next checkpoint its bytes are nowhere in
 the runtime file or the journal directory (grepped), whether it was forgotten live or replayed
 after a restart; the audit stays verifiable; refusals change nothing."""
+import json
 import os
 
+import msgpack
+
+from gpu_worker.kinds.kind import Admission, Kind
+from gpu_worker.memory.forgetting import Redactor
+from gpu_worker.memory.rows import Forgotten
+from gpu_worker.memory.rows import Kind as MemoryKind
 from gpu_worker.storage import audit
+from gpu_worker.storage.journal import TransferKind
 from tests.gpu_worker.kinds.test_memory import retire_all, rows, run, world  # noqa: F401 (the fixture)
 from tests.gpu_worker.kinds.test_memory_versions import correct, journal_transfers, payload
 from tests.gpu_worker.kinds.test_shared_state import code
@@ -132,3 +140,20 @@ def test_a_forget_replayed_after_a_restart_is_erased_at_the_next_checkpoint(worl
     assert SECRET.encode() in stored_bytes(world)  # (the journal still holds the input's admission)
     assert world.device.checkpoint() is not None
     assert SECRET.encode() not in stored_bytes(world)
+
+
+def test_the_audit_redactor_takes_every_forgotten_object_one_input_wrote():
+    """An input's source and its interpretation are two objects of one operation: forgotten both,
+    the input's admission loses its text and both MEMORY transfers their text and embedding."""
+    actor, op, vector = b"a" * 16, b"o" * 16, bytes(range(16))
+    canonical = json.dumps({"body": {"text": SECRET}, "method": "POST", "path": "/x"}).encode()
+    admission = Admission(int(Kind.INPUT), b"p" * 16, 7, b"k" * 16, op, canonical, {}).encode()
+    source = msgpack.packb([actor, 7, int(MemoryKind.SOURCE), 0, 0, None, vector, 0], use_bin_type=True)
+    interpretation = msgpack.packb([actor, 7, int(MemoryKind.INTERPRETATION), 0, 0, b"the user gave a code",
+                                    vector, 0], use_bin_type=True)
+    redact = Redactor([Forgotten(b"s" * 16, op, actor, int(MemoryKind.SOURCE), False),
+                       Forgotten(b"i" * 16, op, actor, int(MemoryKind.INTERPRETATION), False)])
+    assert SECRET.encode() not in redact(int(TransferKind.ADMISSION), admission)
+    for payload in (source, interpretation):
+        fields = msgpack.unpackb(redact(int(TransferKind.MEMORY), payload))
+        assert fields[5] in (None, b"") and fields[6] == bytes(len(vector))
