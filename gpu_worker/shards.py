@@ -22,7 +22,7 @@ D = TypeVar("D")
 # A prime: an int key's hash is the int itself, and the indexes' int keys carry a participant row in
 # their low bits (sequence << 32 | row), which a power of two would send to one shard.
 SHARDS = 251
-_MISSING = object()
+MISSING = object()
 
 
 class Shards(Generic[K, V]):
@@ -57,9 +57,9 @@ class Shards(Generic[K, V]):
     @overload
     def pop(self, key: K, default: V | D) -> V | D: ...
 
-    def pop(self, key: K, default: object = _MISSING) -> object:
+    def pop(self, key: K, default: object = MISSING) -> object:
         shard: dict[K, object] = self._shards[hash(key) % SHARDS]  # type: ignore[assignment]
-        return shard.pop(key) if default is _MISSING else shard.pop(key, default)
+        return shard.pop(key) if default is MISSING else shard.pop(key, default)
 
     def setdefault(self, key: K, default: V) -> V:
         return self._shards[hash(key) % SHARDS].setdefault(key, default)
@@ -68,6 +68,14 @@ class Shards(Generic[K, V]):
         shards = self._shards
         for key, value in pairs:
             shards[hash(key) % SHARDS][key] = value
+
+    def pop_all(self, keys: Iterable[K], default: object = MISSING) -> list[V]:
+        """[pop(key) or pop(key, default) for key in keys], in one call (a retirement removes
+        hundreds)."""
+        shards = self._shards
+        if default is MISSING:
+            return [shards[hash(key) % SHARDS].pop(key) for key in keys]
+        return [shards[hash(key) % SHARDS].pop(key, default) for key in keys]  # type: ignore[misc]
 
     def clear(self) -> None:
         for shard in self._shards:
@@ -95,7 +103,7 @@ class Shards(Generic[K, V]):
         if isinstance(other, Shards):
             return self._shards == other._shards  # the same key is in the same shard in both
         if isinstance(other, dict):
-            return len(self) == len(other) and all(other.get(k, _MISSING) == v for k, v in self.items())
+            return len(self) == len(other) and all(other.get(k, MISSING) == v for k, v in self.items())
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]

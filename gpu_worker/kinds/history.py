@@ -17,6 +17,7 @@ rebuilt exactly; a checkpoint saves the used bytes.
 """
 from __future__ import annotations
 
+import bisect
 import struct
 
 from ..state.tables import C, R, Terminal
@@ -104,17 +105,49 @@ def _write(d: Tables, crow: int, records: list[tuple[int, int, bytes, bytes]]) -
     t.write_row(t.conversations, crow, {C.HISTORY_LEN: len(data)})
 
 
-def fold(d: Tables, rrow: int) -> None:
-    """Keep a retiring input's turn (a succeeded one: the context holds no others)."""
+def fold(d: Tables, rows: list[list[int]], rrows: list[int]) -> None:
+    """Keep retiring inputs' turns (succeeded ones: the context holds no others), `rows` their
+    receipt rows' values, in retirement order: each conversation's history is read and written
+    once, with what folding them one at a time gives (each turn inserted in event order, then the
+    oldest dropped while the row is over its bound; a retirement freed hundreds of inputs, and
+    rewriting a conversation's row for each was most of replaying retirements)."""
     t = d.state.tables
-    row = t.row(t.receipts, rrow)
-    if row[R.TERMINAL] != Terminal.SUCCEEDED:
-        return
-    crow = row[R.TARGET]
-    if t.value(t.conversations, crow, C.STATE) != 1:
-        return
-    old = _records(t.get_bytes(t.history, crow, t.value(t.conversations, crow, C.HISTORY_LEN)))
-    _write(d, crow, sorted(old + [(row[R.ORDER], row[R.PARTICIPANT], *_turn(d, rrow, t.history.shape[1]))]))
+    limit = t.history.shape[1]
+    turns: dict[int, list[tuple[int, int, int]]] = {}  # conversation row -> (order, author, receipt row)
+    for row, rrow in zip(rows, rrows):
+        if row[R.TERMINAL] == Terminal.SUCCEEDED:
+            turns.setdefault(row[R.TARGET], []).append((row[R.ORDER], row[R.PARTICIPANT], rrow))
+    for crow, new in turns.items():
+        if t.value(t.conversations, crow, C.STATE) != 1:
+            continue
+        records = _records(t.get_bytes(t.history, crow, t.value(t.conversations, crow, C.HISTORY_LEN)))
+        _write(d, crow, merge(records, [(order, author, *_turn(d, rrow, limit)) for order, author, rrow in new], limit))
+
+
+def merge(records: list[tuple[int, int, bytes, bytes]], new: list[tuple[int, int, bytes, bytes]],
+          limit: int) -> list[tuple[int, int, bytes, bytes]]:
+    """A history row's records (sorted, within `limit` encoded bytes) with `new` folded in one after
+    another: each inserted where sorted() of the records with it puts it, then the oldest dropped
+    while they are over `limit` (each record alone is within it: `_turn`)."""
+    records = list(records)
+    sizes = [_size(r) for r in records]
+    total = sum(sizes)
+    for record in new:
+        at = bisect.bisect_right(records, record)
+        records.insert(at, record)
+        sizes.insert(at, _size(record))
+        total += sizes[at]
+        drop = 0
+        while total > limit:
+            total -= sizes[drop]
+            drop += 1
+        del records[:drop], sizes[:drop]
+    return records
+
+
+def _size(record: tuple[int, int, bytes, bytes]) -> int:
+    """The length of `_encode(*record)`."""
+    return (3 if record[1] == UNKNOWN else 4) * _U32.size + len(record[2]) + len(record[3])
 
 
 def forget_user_texts(d: Tables, crow: int, texts: list[bytes]) -> None:

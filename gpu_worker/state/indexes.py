@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import ids
-from ..shards import Shards
+from ..shards import MISSING, Shards
 from .tables import C, M, P, R, S, Tables, join16
 from ..contract.ids import participant_id
 
@@ -217,8 +217,12 @@ class ReceiptIndex(_Deferring):
     and operation key (one 20-byte key, `key_in_use`) and by operation ID (`op_row`): one int and
     one bytes key rather than tuples, cheaper to build for a million receipts at boot. Retired
     rows wait in `release_on_save` until the retirement that freed them is saved (SPEC: the
-    persisted floor advances before a receipt slot is reused). Deferred while a device loads
-    (`_Deferring`)."""
+    persisted floor advances before a receipt slot is reused).
+
+    While a device loads (`_Deferring`) only the sequence map is kept up to date: replaying a
+    journal looks receipts up by sequence alone (an input's transfers, a cancellation, a
+    retirement), so the key and ID maps are built for the rows still live when a lookup first needs
+    them or at `settle` — a row a retirement freed meanwhile is never indexed in them at all."""
 
     __slots__ = ("by_sequence", "by_key", "by_op", "free", "release_on_save")
     TABLE = "receipts"
@@ -234,38 +238,49 @@ class ReceiptIndex(_Deferring):
     def rebuild(self, tables: Tables) -> None:
         values = tables.array(tables.receipts)
         live = np.flatnonzero(values[:, R.STATE])
-        self._index(values, live, live)
+        self._index_sequences(values, live, live)
+        self._index_keys(values, live, live)
         self.free = tables.unused_rows(tables.receipts)
 
-    def _index(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
-        rrows, prows, sequences = rows.tolist(), values[at, R.PARTICIPANT], values[at, R.SEQUENCE]
+    def noted(self, rows: list[int]) -> None:
+        super().noted(rows)
+        assert self._tables is not None
+        self._index_sequences(self._tables.take(self._tables.receipts, np.array(rows, dtype=np.int64)),
+                              np.arange(len(rows)), np.array(rows, dtype=np.int64))
+
+    def _index_sequences(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
+        prows, sequences = values[at, R.PARTICIPANT], values[at, R.SEQUENCE]
         if len(at) and int(sequences.max()) >= 1 << (63 - SEQUENCE_SHIFT):  # past int64: Python's ints
             keys = [sequence << SEQUENCE_SHIFT | prow for sequence, prow in zip(sequences.tolist(), prows.tolist())]
         else:
             keys = (sequences << SEQUENCE_SHIFT | prows).tolist()
-        self.by_sequence.update(zip(keys, rrows))
+        self.by_sequence.update(zip(keys, rows.tolist()))
+
+    def _index(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
+        # noted rows a retirement freed since are not live (a row freed and taken again is noted
+        # twice: indexed as it is now, twice over, which changes nothing)
+        live = values[at, R.STATE] != 0
+        self._index_keys(values, at[live], rows[live])
+
+    def _index_keys(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
+        rrows = rows.tolist()
         keyed = np.empty((len(at), 20), dtype=np.uint8)  # each row's key bytes, then its row in 4 bytes
         keyed[:, :16] = np.ascontiguousarray(values[at, R.KEY_HI:R.KEY_HI + 2], dtype="<i8").view(np.uint8)
-        keyed[:, 16:] = np.asarray(prows, dtype="<u4").reshape(-1, 1).view(np.uint8)
+        keyed[:, 16:] = np.asarray(values[at, R.PARTICIPANT], dtype="<u4").reshape(-1, 1).view(np.uint8)
         self.by_key.update(zip(keyed.view("V20").ravel().tolist(), rrows))
         self.by_op.update(zip(Tables.ids16(values, at, R.OP_HI, R.OP_LO), rrows))
 
     def _index_row(self, values: list[int], row: int) -> None:
-        prow = values[R.PARTICIPANT]
-        self.by_sequence[values[R.SEQUENCE] << SEQUENCE_SHIFT | prow] = row
-        self.by_key[join16(values[R.KEY_HI], values[R.KEY_LO]) + _ROW32.pack(prow)] = row
-        self.by_op[join16(values[R.OP_HI], values[R.OP_LO])] = row
+        if values[R.STATE]:
+            self.by_key[join16(values[R.KEY_HI], values[R.KEY_LO]) + _ROW32.pack(values[R.PARTICIPANT])] = row
+            self.by_op[join16(values[R.OP_HI], values[R.OP_LO])] = row
 
     def at(self, prow: int, sequence: int) -> int | None:
         """The receipt row of a participant's sequence, None when it has no live receipt."""
-        if self._pending:
-            self._catch_up()
         return self.by_sequence.get(sequence << SEQUENCE_SHIFT | prow)
 
     def row_of(self, prow: int, sequence: int) -> int:
         """The receipt row of a live sequence (one of `DeviceState.live_sequences`)."""
-        if self._pending:
-            self._catch_up()
         return self.by_sequence[sequence << SEQUENCE_SHIFT | prow]
 
     def op_row(self, op: bytes) -> int | None:
@@ -281,26 +296,32 @@ class ReceiptIndex(_Deferring):
         return key + _ROW32.pack(prow) in self.by_key
 
     def add(self, rrow: int, prow: int, sequence: int, key: bytes, op: bytes) -> None:
+        self.by_sequence[sequence << SEQUENCE_SHIFT | prow] = rrow
         if self._tables is not None:
             self._pending.append(rrow)
             return
-        self.by_sequence[sequence << SEQUENCE_SHIFT | prow] = rrow
         self.by_key[key + _ROW32.pack(prow)] = rrow
         self.by_op[op] = rrow
 
-    def remove(self, prow: int, sequence: int, key: bytes, op: bytes) -> int:
-        if self._pending:
-            self._catch_up()
-        rrow = self.by_sequence.pop(sequence << SEQUENCE_SHIFT | prow)
-        del self.by_key[key + _ROW32.pack(prow)]
-        del self.by_op[op]
-        return rrow
+    def retire(self, prow: int, sequences: range, tables: Tables) -> tuple[list[int], np.ndarray]:
+        """Remove a participant's live receipts of `sequences` (each one's entries in the three
+        maps) in one pass: their rows, in sequence order, and those rows' values. While a load
+        defers, a row still waiting to be indexed has no key or ID entry yet (and gets none)."""
+        rows = self.by_sequence.pop_all([sequence << SEQUENCE_SHIFT | prow for sequence in sequences])
+        values = tables.take(tables.receipts, np.array(rows, dtype=np.int64))
+        every = np.arange(len(rows))
+        suffix = _ROW32.pack(prow)
+        missing = None if self._tables is not None else MISSING
+        self.by_key.pop_all([key + suffix for key in tables.ids16(values, every, R.KEY_HI, R.KEY_LO)], missing)
+        self.by_op.pop_all(tables.ids16(values, every, R.OP_HI, R.OP_LO), missing)
+        return rows, values
 
 
 class SpaceIndex(_Deferring):
     """Live space rows by (owner lineage, id): the lineage the space's ID carries, the owner's
-    when it was created (`ParticipantIndex.lineage_at`). Deferred while a device loads
-    (`_Deferring`); every lookup goes through `row`, `get`, `has` or `pop`."""
+    when it was created (`ParticipantIndex.lineage_at`). A replay's runs of creations are noted and
+    indexed at the next lookup (`_Deferring`); every lookup goes through `row`, `get`, `has` or
+    `pop`."""
 
     __slots__ = ("by_id", "free", "_participants")
     TABLE = "spaces"
@@ -326,9 +347,8 @@ class SpaceIndex(_Deferring):
         self.by_id[(lineage, join16(values[S.ID_HI], values[S.ID_LO]))] = row
 
     def add(self, key: tuple[bytes, bytes], srow: int) -> None:
-        if self._tables is not None:
-            self._pending.append(srow)
-            return
+        """One space (a run's spaces are `noted`): indexed at once, loading or not, since a mixed
+        journal looks a space up right after creating it (a conversation, a member row in it)."""
         self.by_id[key] = srow
 
     def get(self, key: tuple[bytes, bytes]) -> int | None:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gpu_worker.pipeline import admission
-from gpu_worker.kinds import conversations, members, spaces
+from gpu_worker.kinds import conversations, history, members, spaces
 from gpu_worker.pack import pack_tiny
 from tests.gpu_worker.kinds.test_inputs import EngineWorld, running
 
@@ -51,7 +51,8 @@ def assert_same(live, replayed):
 @pytest.fixture
 def world(tmp_path):
     runtime = str(tmp_path / "mixed.aotxccir")
-    pack_tiny(runtime, shared=True, runtime_profile={"kv_pages": 64, "page_grant": 16, "deadline_ms": 60000})
+    pack_tiny(runtime, shared=True, runtime_profile={"kv_pages": 64, "page_grant": 16, "deadline_ms": 60000},
+              capacity={"history_bytes": 64})
     with running(EngineWorld(runtime, tmp_path, ["a", "b", "c"])) as w:
         yield w
 
@@ -81,11 +82,16 @@ def mixed_journal(w):
     assert w.mutate("a", "cancellations.record", "/cancellations", {"target_sequence": doomed["sequence"]})[0] == 202
     w.device.runner = runner
     w.pump(w.finished("a", doomed["operation"]))
-    # a second turn in a conversation, then a retirement of everything a made before it
+    # more turns in a conversation, folded into its history by one retirement together, the oldest
+    # dropped for the row's bound (history_bytes), then a retirement of everything a made before it
+    for text in ("more", "and more", "and then some"):
+        w.pump(w.finished("a", w.say("a", chats[2], text, max_output_tokens=6)[1]["operation"]))
     again = w.say("a", chats[0], "again", max_output_tokens=6)[1]
     w.pump(w.finished("a", again["operation"]))
     floor = int(w.read("a", "participant.get")[1]["next_sequence"]) - 2  # (its last input stays)
     assert w.mutate("a", "retirements.record", "/retirements", {"retry_floor": str(floor)})[0] == 202
+    kept = [[turn[2] for turn in history.turns(w.device, crow)] for crow in w.device.state.conversations.inputs]
+    assert ["more", "and more"] in kept and not any("turn 2" in turns for turns in kept)  # (it did not fit)
     # runs on the freed receipt rows
     rooms += [w.space("a", scope="room") for _ in range(4)]
     for who in ("b", "c"):
