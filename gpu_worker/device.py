@@ -148,13 +148,17 @@ class Device:
         self.succession = Succession(self)
         self.tick = Tick(self)
         if following:  # no lock: the standby's Mirror holds the journal's (`take_over` is handed it)
+            runtime.verified()
             self.refollow()
             return
         started = time.perf_counter()
         self.lock = JournalLock(journal_dir)
         fold.clear(journal_dir)  # (the links of a fold a stop cut short: gpu_worker/recovery/fold.py)
         try:
-            recovery = self.load()
+            try:
+                recovery = self.load()
+            finally:  # (a file that fails its check explains a load that failed: that error first)
+                runtime.verified()  # a check boot runs beside the load: answered before anything is journaled
         except BaseException:
             self.lock.release()
             raise

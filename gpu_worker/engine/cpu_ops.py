@@ -37,7 +37,7 @@ def build_directory() -> Path:
     name the sources by their paths, so two checkouts of one version in one directory rebuilt it
     (20 s) at each load that followed the other's (bench/recovery.py --versus, a second checkout's
     boots beside this one's)."""
-    digest = hashlib.sha256(str(HERE.resolve()).encode() + b"\0"
+    digest = hashlib.sha256(str(HERE.resolve()).encode() + b"\0" + torch.__version__.encode() + b"\0"
                             + b"".join(path.read_bytes() for path in SOURCES + HEADERS)).hexdigest()[:16]
     prefix = Path(sys.prefix) / "aotx-build" / "cpu_ops" / digest
     try:
@@ -52,6 +52,11 @@ def build_directory() -> Path:
 def ops() -> torch._ops._OpNamespace | None:
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         return None
+    built = build_directory() / "aotx_cpu_ops.so"
+    if built.exists():  # built from these sources for this torch (the directory says so): load it
+        # as it is, without torch's loader (setuptools imported and ninja run: a tenth of a boot)
+        torch.ops.load_library(str(built))
+        return torch.ops.aotx_cpu
     from torch.utils.cpp_extension import load
     try:
         import ninja  # the build tool torch's loader runs: the pip package's, PATH or not

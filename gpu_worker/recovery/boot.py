@@ -175,7 +175,7 @@ def main(argv):
                         "takes over by itself on SIGUSR1, or with --etcd when the leader key is gone)")
         return _standby(args, argv, threads, fail)
 
-    opened = _open_runtime(args, fail)
+    opened = _open_runtime(args, fail, beside=True)
     if isinstance(opened, int):
         return opened
     grants, runtime_lock, runtime = opened
@@ -204,11 +204,14 @@ def main(argv):
         runtime_lock.release()
 
 
-def _open_runtime(args: argparse.Namespace, fail: Callable[..., int]) -> "tuple[Grants, FileLock, RuntimeFile] | int":
+def _open_runtime(args: argparse.Namespace, fail: Callable[..., int],
+                  beside: bool = False) -> "tuple[Grants, FileLock, RuntimeFile] | int":
     """The grant file, the runtime file's writer lock and the file (a device, and a standby that
     may become one), or boot's exit code once `fail` said why. The device is the file's one writer
     (its checkpoints append to it; a standby's copy takes the primary's) for as long as it runs: a
-    second device or a pack on it refuses. The caller releases the lock."""
+    second device or a pack on it refuses. The caller releases the lock. `beside`: the file's
+    extents are checked on a thread while the device loads (`RuntimeFile.start_verify`; the
+    Device waits for the answer before it journals or serves), else before this returns."""
     from ..storage.runtime_file import RuntimeFile, RuntimeFileError
     from ..storage.runtime_file_lock import FileLock, RuntimeFileLocked
     try:
@@ -222,13 +225,15 @@ def _open_runtime(args: argparse.Namespace, fail: Callable[..., int]) -> "tuple[
     except RuntimeFileError as exc:
         return fail(f"cannot open runtime file {args.ccir}: {exc}")
     try:
-        runtime = RuntimeFile.open(args.ccir)
+        runtime = RuntimeFile.open(args.ccir, verify=not beside)
     except (OSError, RuntimeFileError) as exc:
         runtime_lock.release()
         return fail(f"cannot open runtime file {args.ccir}: {exc}")
     if runtime.inode != runtime_lock.inode:
         runtime_lock.release()
         return fail(f"runtime file {args.ccir} was replaced while the device opened it; boot again", 3)
+    if beside:
+        runtime.start_verify()
     return grants, runtime_lock, runtime
 
 

@@ -19,6 +19,7 @@ import mmap
 import os
 import struct
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,6 +177,7 @@ class RuntimeFile:
         self._superblock = superblock
         self._mapping = mapping
         self._view = memoryview(mapping)
+        self._verifying: tuple[threading.Thread, list[BaseException | None]] | None = None  # `start_verify`
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, known_required: int = KNOWN_REQUIRED,
@@ -209,6 +211,32 @@ class RuntimeFile:
         if verify:
             runtime.verify()
         return runtime
+
+    def start_verify(self) -> None:
+        """`verify` on a thread of its own (sha256 runs without the GIL) while the caller goes on:
+        boot loads the state beside it, and asks `verified` before it writes or serves anything."""
+        answer: list[BaseException | None] = []
+
+        def check() -> None:
+            try:
+                self.verify()
+                answer.append(None)
+            except BaseException as exc:  # handed to `verified`
+                answer.append(exc)
+        thread = threading.Thread(target=check, name="runtime-verify", daemon=True)
+        thread.start()
+        self._verifying = (thread, answer)
+
+    def verified(self) -> None:
+        """Wait for `start_verify`'s check, if one runs (its waker: the thread's end; its bound:
+        one sha256 pass over the file's extents), and raise what it found."""
+        if self._verifying is None:
+            return
+        thread, answer = self._verifying
+        thread.join()
+        self._verifying = None
+        if answer[0] is not None:
+            raise answer[0]
 
     def verify(self) -> None:
         """Check every extent against its recorded sha256."""

@@ -41,3 +41,29 @@ def test_boot_refuses_replication_flags_that_do_not_go_together(tmp_path, capsys
         err = capsys.readouterr().err
         assert err.startswith("boot: ") and words in err and err.count("\n") == 1, err
     assert not (tmp_path / "journal").exists()
+
+
+def test_boot_refuses_a_runtime_file_that_fails_its_check_before_it_journals(tmp_path):
+    """Boot checks the runtime file's extents on a thread beside the load (RuntimeFile.start_verify):
+    a flipped byte in one still stops it with the component named, before anything is journaled
+    or served."""
+    from gpu_worker.storage.runtime_file import RuntimeFile
+    runtime = tmp_path / "flipped.aotxccir"
+    pack_tiny(str(runtime), shared=True)
+    with RuntimeFile.open(str(runtime)) as opened:
+        extent = opened.components["gen/tensor/embed_tokens"]
+    with open(runtime, "r+b") as f:
+        f.seek(extent.offset + extent.length // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x40]))
+    grants = tmp_path / "grants.json"
+    write_grants(grants, {secrets.token_hex(16): ALL})
+    journal = tmp_path / "journal"
+    out = subprocess.run([PYTHON, "-m", "gpu_worker", "boot", "--ccir", str(runtime), "--journal", str(journal),
+                          "--service-grants", str(grants), "--device", "cpu"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "'gen/tensor/embed_tokens' fails its sha256 check" in out.stderr, out.stderr
+    assert "device ready" not in out.stdout
+    assert not journal.exists() or sorted(os.listdir(journal)) in ([], ["lock"])  # no segment: no BOOT transfer
