@@ -31,12 +31,12 @@ log = logging.getLogger("gpu_worker.engine")
 
 
 def build_directory() -> Path:
-    """Per virtualenv (the build is tied to its torch), else under the user's cache; one directory
-    per version of the source and per checkout, so checkouts sharing a virtualenv never rebuild
-    over each other's extension: torch's loader runs ninja at every load, and the build commands
-    name the sources by their paths, so two checkouts of one version in one directory rebuilt it
-    (20 s) at each load that followed the other's (bench/recovery.py --versus, a second checkout's
-    boots beside this one's)."""
+    """Per virtualenv, else under the user's cache; one directory per version of the source, of
+    torch and per checkout, so checkouts sharing a virtualenv never rebuild over each other's
+    extension (`ops` loads a library found there as it is; torch's loader, which builds one, runs
+    ninja, and the build commands name the sources by their paths, so two checkouts of one version
+    in one directory rebuilt it (20 s) at each load that followed the other's: bench/recovery.py
+    --versus, a second checkout's boots beside this one's)."""
     digest = hashlib.sha256(str(HERE.resolve()).encode() + b"\0" + torch.__version__.encode() + b"\0"
                             + b"".join(path.read_bytes() for path in SOURCES + HEADERS)).hexdigest()[:16]
     prefix = Path(sys.prefix) / "aotx-build" / "cpu_ops" / digest

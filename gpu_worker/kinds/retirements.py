@@ -56,9 +56,9 @@ def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: in
         gone: dict[int, set[int]] = {}
         for i in inputs:
             gone.setdefault(targets_of[i], set()).add(freed[i])
-        by_conversation = state.conversations.inputs
         for crow, rrows in gone.items():
-            by_conversation[crow] = [r for r in by_conversation[crow] if r not in rrows]
+            left = state.conversations.inputs[crow]
+            left[:] = [r for r in left if r not in rrows]
     for freed_row in freed:
         t.put_value(t.receipts, freed_row, R.STATE, 0)
     t.write_row(t.participants, prow, {P.RETRY_FLOOR: floor})
