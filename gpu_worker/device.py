@@ -148,7 +148,6 @@ class Device:
         self.succession = Succession(self)
         self.tick = Tick(self)
         if following:  # no lock: the standby's Mirror holds the journal's (`take_over` is handed it)
-            runtime.verified()
             self.refollow()
             return
         started = time.perf_counter()

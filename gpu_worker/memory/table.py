@@ -51,11 +51,12 @@ class MemoryTable:
         self.embeddings = torch.zeros((capacity, dim), dtype=torch.float32, device=device)
         self.provenance = torch.zeros((capacity, PROVENANCE.size), dtype=torch.uint8, device=device)
         self.expires = torch.zeros(capacity, dtype=torch.int64, device=device)
-        # on the CPU, numpy views of the same memory: a row written through them costs a fraction of
-        # torch's indexed assignments (six of them were most of replaying a MEMORY transfer)
-        self._host = None if self.rows.device.type != "cpu" else (
-            self.rows.numpy(), self.owners.numpy(), self.order.numpy(), self.payload.numpy(),
-            self.embeddings.numpy(), self.provenance.numpy(), self.expires.numpy())
+        # what a row is written through: on the CPU numpy views of the same memory (a row written
+        # through them costs a fraction of torch's indexed assignments, six of which were most of
+        # replaying a MEMORY transfer), else the tensors themselves
+        self._host = self.rows.device.type == "cpu"
+        tensors = (self.rows, self.owners, self.order, self.payload, self.embeddings, self.provenance, self.expires)
+        self._writable: tuple[Any, ...] = tuple(t.numpy() for t in tensors) if self._host else tensors
         self.soonest = 0  # the earliest expiry of a live row (0: none), so a tick asks no tensor when none is due
         self.counter = 0                      # rows written so far (order of the next)
         self.free: list[int] = list(range(capacity))  # a heap: the lowest free row first
@@ -75,45 +76,33 @@ class MemoryTable:
         order live and at replay alike."""
         slot = heapq.heappop(self.free)
         self.counter += 1
-        if self._host is not None:
-            rows, owners, order, payloads, embeddings, provenances, expiries = self._host
-            rows[slot] = np.frombuffer(row.pack(), dtype=np.uint8)
-            if provenance is not None:
-                provenances[slot] = np.frombuffer(provenance.pack(), dtype=np.uint8)
-            if payload:  # the bytes past it are never read: byte_length bounds every read
-                payloads[slot, :len(payload)] = np.frombuffer(payload, dtype=np.uint8)
-            embeddings[slot] = embedding.detach().to("cpu", torch.float32).numpy()
-            order[slot] = self.counter
-            if expires:
-                expiries[slot] = expires
-        else:
-            self._put_row(slot, row)
-            if provenance is not None:
-                self.provenance[slot] = torch.frombuffer(bytearray(provenance.pack()), dtype=torch.uint8).to(
-                    self.provenance.device)
-            if payload:
-                self.payload[slot, :len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(
-                    self.payload.device)
-            self.embeddings[slot] = embedding.to(self.embeddings.device, torch.float32)
-            self.order[slot] = self.counter
-            if expires:
-                self.expires[slot] = expires
+        rows, owners, order, payloads, embeddings, provenances, expiries = self._writable
+        rows[slot] = self._bytes(row.pack())
+        if provenance is not None:
+            provenances[slot] = self._bytes(provenance.pack())
+        if payload:  # the bytes past it are never read: byte_length bounds every read
+            payloads[slot, :len(payload)] = self._bytes(payload)
+        embedding = embedding.detach().to(self.embeddings.device, torch.float32)
+        embeddings[slot] = embedding.numpy() if self._host else embedding
+        order[slot] = self.counter
         if expires:
+            expiries[slot] = expires
             self.soonest = expires if not self.soonest else min(self.soonest, expires)
-        if not visible:
-            self.pending[slot] = owner
-        elif self._host is not None:
-            self._host[1][slot] = owner
+        if visible:
+            owners[slot] = owner
         else:
-            self.owners[slot] = owner
+            self.pending[slot] = owner
         self.by_id[row.object] = slot
         return slot
 
+    def _bytes(self, data: bytes) -> Any:
+        """Bytes as what a uint8 row of `_writable` takes."""
+        if self._host:
+            return np.frombuffer(data, dtype=np.uint8)
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.rows.device)
+
     def _put_row(self, slot: int, row: MemoryRow) -> None:
-        if self._host is not None:
-            self._host[0][slot] = np.frombuffer(row.pack(), dtype=np.uint8)
-        else:
-            self.rows[slot] = torch.frombuffer(bytearray(row.pack()), dtype=torch.uint8).to(self.rows.device)
+        self._writable[0][slot] = self._bytes(row.pack())
 
     def change(self, slot: int, row: MemoryRow) -> None:
         """An object's row at its next version (the caller made it with MemoryRow.bumped): the
@@ -128,8 +117,7 @@ class MemoryTable:
         self._put_row(slot, row)
         self.payload[slot].zero_()
         if payload:
-            self.payload[slot, :len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(
-                self.payload.device)
+            self._writable[3][slot, :len(payload)] = self._bytes(payload)
         self.embeddings[slot] = embedding.to(self.embeddings.device, torch.float32)
 
     def reveal(self, slot: int, obj: bytes) -> bool:

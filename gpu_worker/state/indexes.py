@@ -245,8 +245,8 @@ class ReceiptIndex(_Deferring):
     def noted(self, rows: list[int]) -> None:
         super().noted(rows)
         assert self._tables is not None
-        self._index_sequences(self._tables.take(self._tables.receipts, np.array(rows, dtype=np.int64)),
-                              np.arange(len(rows)), np.array(rows, dtype=np.int64))
+        at = np.array(rows, dtype=np.int64)
+        self._index_sequences(self._tables.take(self._tables.receipts, at), np.arange(len(rows)), at)
 
     def _index_sequences(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
         prows, sequences = values[at, R.PARTICIPANT], values[at, R.SEQUENCE]

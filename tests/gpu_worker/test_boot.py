@@ -9,16 +9,23 @@ from gpu_worker.pack import pack_tiny
 from tests.conftest import ALL, PYTHON, ROOT, write_grants
 
 
-def test_boot_refuses_a_runtime_packed_without_shared_in_one_line(tmp_path):
-    """SPEC: "The service requires a complete runtime profile with shared state enabled"."""
-    runtime = tmp_path / "plain.aotxccir"
-    pack_tiny(str(runtime))  # no --shared: no shared profile, no FEATURE_SHARED
+def boot(tmp_path, runtime):
+    """`python -m gpu_worker boot` of `runtime` with a fresh grant file into tmp_path/journal, run
+    to its exit: (the finished process, the journal directory)."""
     grants = tmp_path / "grants.json"
     write_grants(grants, {secrets.token_hex(16): ALL})
     journal = tmp_path / "journal"
     out = subprocess.run([PYTHON, "-m", "gpu_worker", "boot", "--ccir", str(runtime), "--journal", str(journal),
                           "--service-grants", str(grants), "--device", "cpu"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return out, journal
+
+
+def test_boot_refuses_a_runtime_packed_without_shared_in_one_line(tmp_path):
+    """SPEC: "The service requires a complete runtime profile with shared state enabled"."""
+    runtime = tmp_path / "plain.aotxccir"
+    pack_tiny(str(runtime))  # no --shared: no shared profile, no FEATURE_SHARED
+    out, journal = boot(tmp_path, runtime)
     assert out.returncode == 2, out.stderr
     assert out.stderr.count("\n") == 1, out.stderr
     assert out.stderr.startswith(f"boot: runtime file {runtime} has no shared profile; "), out.stderr
@@ -57,12 +64,7 @@ def test_boot_refuses_a_runtime_file_that_fails_its_check_before_it_journals(tmp
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x40]))
-    grants = tmp_path / "grants.json"
-    write_grants(grants, {secrets.token_hex(16): ALL})
-    journal = tmp_path / "journal"
-    out = subprocess.run([PYTHON, "-m", "gpu_worker", "boot", "--ccir", str(runtime), "--journal", str(journal),
-                          "--service-grants", str(grants), "--device", "cpu"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out, journal = boot(tmp_path, runtime)
     assert out.returncode == 2, out.stderr
     assert "'gen/tensor/embed_tokens' fails its sha256 check" in out.stderr, out.stderr
     assert "device ready" not in out.stdout
