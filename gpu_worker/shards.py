@@ -4,7 +4,9 @@ A CPython dict grows by rebuilding its whole table when it fills, which at a mil
 the thread that inserts for tens of milliseconds (docs/performance.md, "A checkpoint beside the
 ticks", has the figures). `Shards` spreads its keys over `SHARDS` small dicts by the key's hash:
 each grows at 1/SHARDS of the size, so the longest insert is 1/SHARDS of a whole dict's, and the
-growth of different shards falls on different inserts.
+growth of different shards falls on different inserts. Its bulk operations (`update`, `pop_all`)
+run natively (gpu_worker/native/shards.cpp), exactly as their Python loops would: boot indexes a
+million rows through them.
 
 It answers the part of the dict API the indexes use (get, [], in, del, pop, setdefault, update,
 items/keys/values, len, ==). Iteration is shard by shard: no order is promised, and none of its
@@ -15,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Generic, TypeVar, overload
 
+from . import native
+
 K = TypeVar("K")
 V = TypeVar("V")
 D = TypeVar("D")
@@ -23,6 +27,8 @@ D = TypeVar("D")
 # their low bits (sequence << 32 | row), which a power of two would send to one shard.
 SHARDS = 251
 MISSING = object()
+_native = native.load("shards")
+_update, _pop_all = _native.update, _native.pop_all
 
 
 class Shards(Generic[K, V]):
@@ -64,18 +70,22 @@ class Shards(Generic[K, V]):
     def setdefault(self, key: K, default: V) -> V:
         return self._shards[hash(key) % SHARDS].setdefault(key, default)
 
+    @property
+    def dicts(self) -> list[dict[K, V]]:
+        """The shards themselves: a key is in dicts[hash(key) % SHARDS] (native writers of a
+        replay insert through them: pipeline/admission.py `replay_stretch`)."""
+        return self._shards
+
     def update(self, pairs: Iterable[tuple[K, V]]) -> None:
-        shards = self._shards
-        for key, value in pairs:
-            shards[hash(key) % SHARDS][key] = value
+        """self[key] = value for each pair, in order."""
+        _update(self._shards, pairs)
 
     def pop_all(self, keys: Iterable[K], default: object = MISSING) -> list[V]:
         """[pop(key) or pop(key, default) for key in keys], in one call (a retirement removes
         hundreds)."""
-        shards = self._shards
         if default is MISSING:
-            return [shards[hash(key) % SHARDS].pop(key) for key in keys]
-        return [shards[hash(key) % SHARDS].pop(key, default) for key in keys]  # type: ignore[misc]
+            return _pop_all(self._shards, keys)
+        return _pop_all(self._shards, keys, default)
 
     def clear(self) -> None:
         for shard in self._shards:

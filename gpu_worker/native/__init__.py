@@ -3,7 +3,8 @@ source files and the headers they share):
 
 - `sockio` (sockio.cpp and tick_io.cpp): the native I/O threads, the socket loop and the tick I/O;
 - `jcodec` (jcodec.cpp): journal records encoded from a transfer (header, checksum, data);
-- `stacks` (stacks.cpp): every thread's native stack, for the stall watchdog (loop/watchdog.py).
+- `stacks` (stacks.cpp): every thread's native stack, for the stall watchdog (loop/watchdog.py);
+- `shards` (shards.cpp): gpu_worker/shards.py's bulk inserts and removals.
 
 `load(name)` returns a module, compiling it first when this virtualenv has no build of the
 current source (a few seconds with g++; `make setup` does it). The device needs them: a machine
@@ -33,7 +34,8 @@ FLAGS = ["-O2", "-std=c++17", "-shared", "-fPIC", "-pthread", "-Wall"]
 # Debian (libpython3.x-dev depends on zlib1g-dev), OpenSSL's (SHA-256) with libssl-dev
 MODULES: dict[str, tuple[list[str], list[str]]] = {"sockio": (["sockio.cpp", "tick_io.cpp"], []),
                                                    "jcodec": (["jcodec.cpp"], ["-lz", "-lcrypto"]),
-                                                   "stacks": (["stacks.cpp"], [])}
+                                                   "stacks": (["stacks.cpp"], []),
+                                                   "shards": (["shards.cpp"], [])}
 
 
 class BuildError(RuntimeError):

@@ -8,6 +8,7 @@
 //   scatter(table, cols, rows, lengths, blob) -> bytes used (a checkpoint's row bytes, below)
 //   space_creates(payloads, version, kind) -> the columns of a run of spaces.create admissions (below)
 //   conversation_creates, member_sets: the same for runs of conversations.create and members.set
+//   replay_stretch(...) -> applied: a replay's stretch of those three kinds, applied to the tables (below)
 //
 // Each record: a 32-byte part header (type 37, class 0x41, kind, part index, part count, data
 // length, reserved 0, payload length, transfer seq, CRC-32, reserved 0; little endian) and at
@@ -31,6 +32,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <openssl/evp.h>
+
+#include "shards.h"
 #include <zlib.h>
 
 #include <stdint.h>
@@ -571,6 +574,241 @@ PyObject* member_sets(PyObject*, PyObject* args) {
                        as_bytes(rights.data(), count * 8));
 }
 
+// A writable buffer of a table's memory (a Tables byte view), released when it goes.
+struct Table {
+  Py_buffer view{};
+  bool held = false;
+  int64_t width = 0;  // int64 columns a row (bytes for a byte table)
+  bool take(PyObject* object, int64_t columns) {
+    if (PyObject_GetBuffer(object, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) return false;
+    held = true;
+    width = columns;
+    return true;
+  }
+  ~Table() {
+    if (held) PyBuffer_Release(&view);
+  }
+  int64_t rows(size_t item) const { return width > 0 ? int64_t(size_t(view.len) / (size_t(width) * item)) : 0; }
+  int64_t* row(int64_t r) { return static_cast<int64_t*>(view.buf) + r * width; }
+  unsigned char* bytes(int64_t r) { return static_cast<unsigned char*>(view.buf) + r * width; }
+};
+
+// shards[key] as an int row, -1 when it is not there (or not an int: the Python path then answers).
+int64_t lookup(PyObject* shards, PyObject* key) {
+  PyObject* d = key ? aotx::shard_of(shards, key) : nullptr;
+  PyObject* value = d ? PyDict_GetItemWithError(d, key) : nullptr;
+  if (value == nullptr || !PyLong_CheckExact(value)) {
+    PyErr_Clear();
+    return -1;
+  }
+  return PyLong_AsLongLong(value);
+}
+
+bool store(PyObject* shards, PyObject* key, int64_t row) {
+  PyObject* d = key ? aotx::shard_of(shards, key) : nullptr;
+  PyObject* value = d ? PyLong_FromLongLong(row) : nullptr;
+  const bool ok = value != nullptr && PyDict_SetItem(d, key, value) == 0;
+  Py_XDECREF(value);
+  return ok;
+}
+
+// The last row of a free list (what pop() hands out), -1 when it is empty; `pop` removes it.
+int64_t last_free(PyObject* free) {
+  const Py_ssize_t n = PyList_GET_SIZE(free);
+  if (n == 0 || !PyLong_CheckExact(PyList_GET_ITEM(free, n - 1))) return -1;
+  return PyLong_AsLongLong(PyList_GET_ITEM(free, n - 1));
+}
+
+bool pop(PyObject* free) {
+  const Py_ssize_t n = PyList_GET_SIZE(free);
+  return PyList_SetSlice(free, n - 1, n, nullptr) == 0;
+}
+
+PyObject* pair(PyObject* a, PyObject* b) {  // a new (a, b); steals neither
+  return a && b ? PyTuple_Pack(2, a, b) : nullptr;
+}
+
+struct Owned {  // a new reference, released when it goes
+  PyObject* p;
+  explicit Owned(PyObject* object) : p(object) {}
+  ~Owned() { Py_XDECREF(p); }
+  Owned(const Owned&) = delete;
+  Owned& operator=(const Owned&) = delete;
+};
+
+PyObject* bytes16(const unsigned char* p) { return PyBytes_FromStringAndSize(reinterpret_cast<const char*>(p), 16); }
+
+// replay_stretch(transfers, start, prows, version, codes, counter, fields, tables, indexes) -> applied
+//
+// A replay's stretch of admissions of the three kinds that create rows (spaces.create,
+// conversations.create, members.set; a mixed journal interleaves them in stretches of one to
+// dozens), applied from transfers[start] on, each exactly as pipeline/admission.py `apply` with
+// that kind's `apply` writes it at replay: the receipt row (whole: key, ID, target, admission
+// counter, command length, succeeded, the admission's and the terminal's save fields `fields` =
+// (seq, boot, generation, source) with the transfer's seq), its command bytes and both commit
+// digests, the participant's next sequence, the kind's row, the indexes (a receipt's sequence
+// entry and its row noted for the deferred key maps; a space's and a conversation's ID entries; a
+// member pair's row). `prows[i]`: the registered participant row of transfers[i]; `counter`: the
+// admission counter before the first. `codes`: (spaces.create, conversations.create, members.set).
+// `tables`: byte views (Tables' raw) of receipts, receipt_digests, command_bytes, participants,
+// spaces, conversations, members, with the int64 column counts of the int64 ones and the command
+// row's bytes; `indexes`: the receipts' free list, sequence shards and noted list, the spaces'
+// free list and ID shards, the conversations' free list and ID shards, the members' free list and
+// pair shards, the participants' lineage list and raw-ID shards. The row layouts are those of
+// gpu_worker/state/tables.py, asserted where it is called (admission.replay_stretch).
+//
+// It stops before the first transfer it does not apply exactly so: a payload in another layout (an
+// extra field, as a space with a memory TTL), a kind not among `codes`, a space or participant it
+// does not find, a free list empty, a row past its table. The caller applies that one by itself
+// (whose errors are then the Python path's own) and goes on after it. Returns how many it applied.
+PyObject* replay_stretch(PyObject*, PyObject* args) {
+  PyObject *transfers, *prows, *tables, *indexes;
+  Py_ssize_t start;
+  long version, space_code, conversation_code, member_code;
+  long long counter, boot, generation, source;
+  if (!PyArg_ParseTuple(args, "O!nO!l(lll)L(LLL)O!O!", &PyList_Type, &transfers, &start, &PyList_Type, &prows,
+                        &version, &space_code, &conversation_code, &member_code, &counter, &boot, &generation,
+                        &source, &PyTuple_Type, &tables, &PyTuple_Type, &indexes))
+    return nullptr;
+  if (!fixints(version, space_code) || !fixints(conversation_code, member_code)) return nullptr;
+  Table receipts, digests, commands, participants, spaces, conversations, members;
+  long long widths[6];
+  PyObject *o_receipts, *o_digests, *o_commands, *o_participants, *o_spaces, *o_conversations, *o_members;
+  if (!PyArg_ParseTuple(tables, "OOOOOOOLLLLLL", &o_receipts, &o_digests, &o_commands, &o_participants, &o_spaces,
+                        &o_conversations, &o_members, &widths[0], &widths[1], &widths[2], &widths[3], &widths[4],
+                        &widths[5]))
+    return nullptr;
+  if (!(receipts.take(o_receipts, widths[0]) && digests.take(o_digests, 64) && commands.take(o_commands, widths[1])
+        && participants.take(o_participants, widths[2]) && spaces.take(o_spaces, widths[3])
+        && conversations.take(o_conversations, widths[4]) && members.take(o_members, widths[5])))
+    return nullptr;
+  if (receipts.width < 21 || participants.width < 2 || spaces.width < 8 || conversations.width < 8
+      || members.width < 5 || commands.width < 1) {
+    PyErr_SetString(PyExc_ValueError, "replay_stretch: a table narrower than its row layout");
+    return nullptr;
+  }
+  PyObject *receipt_free, *by_sequence, *noted, *space_free, *spaces_by_id, *conversation_free, *conversations_by_id,
+      *member_free, *member_rows, *lineage, *by_raw;
+  if (!PyArg_ParseTuple(indexes, "O!O!O!O!O!O!O!O!O!O!O!", &PyList_Type, &receipt_free, &PyList_Type, &by_sequence,
+                        &PyList_Type, &noted, &PyList_Type, &space_free, &PyList_Type, &spaces_by_id, &PyList_Type,
+                        &conversation_free, &PyList_Type, &conversations_by_id, &PyList_Type, &member_free,
+                        &PyList_Type, &member_rows, &PyList_Type, &lineage, &PyList_Type, &by_raw))
+    return nullptr;
+  const Py_ssize_t n = PyList_GET_SIZE(transfers);
+  if (start < 0 || PyList_GET_SIZE(prows) != n) {
+    PyErr_SetString(PyExc_ValueError, "replay_stretch: one participant row per transfer");
+    return nullptr;
+  }
+  const int64_t receipt_rows = receipts.rows(8), participant_rows = participants.rows(8),
+                space_rows = spaces.rows(8), conversation_rows = conversations.rows(8), member_table = members.rows(8);
+  static const char ID_KEY[] = "\xa2id", SCOPE_KEY[] = "\xa5scope", PARTICIPANT_KEY[] = "\xabparticipant",
+                    RIGHTS_KEY[] = "\xa6rights";
+  Py_ssize_t i = start;
+  for (; i < n; ++i) {
+    PyObject* transfer = PyList_GET_ITEM(transfers, i);
+    if (!PyTuple_Check(transfer) || PyTuple_GET_SIZE(transfer) < 4) break;
+    PyObject *seq_object = PyTuple_GET_ITEM(transfer, 1), *payload = PyTuple_GET_ITEM(transfer, 2),
+             *digest = PyTuple_GET_ITEM(transfer, 3), *prow_object = PyList_GET_ITEM(prows, i);
+    if (!PyBytes_Check(payload) || !PyBytes_Check(digest) || PyBytes_GET_SIZE(digest) != 32) break;
+    const long long seq = PyLong_AsLongLong(seq_object), prow = PyLong_AsLongLong(prow_object);
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      break;
+    }
+    if (prow < 0 || prow >= participant_rows || prow >= PyList_GET_SIZE(lineage)) break;
+    // the payload, whole
+    const unsigned char* data = reinterpret_cast<const unsigned char*>(PyBytes_AS_STRING(payload));
+    Reader r{data, data + PyBytes_GET_SIZE(payload)};
+    if (r.end - r.p < 3) break;
+    const long kind = data[2];
+    Head h;
+    unsigned char id[16], space_lineage[16], space_id[16], member_raw[16];
+    int64_t scope = 0, rights = 0;
+    bool read = admission_head(r, version, kind, h);
+    if (read && kind == space_code)
+      read = r.byte(0x82) && r.fixed(ID_KEY, 3) && r.bin16(id) && r.fixed(SCOPE_KEY, 6) && r.uint(&scope);
+    else if (read && kind == conversation_code)
+      read = r.byte(0x82) && space_ref(r, space_lineage, space_id) && r.fixed(ID_KEY, 3) && r.bin16(id);
+    else if (read && kind == member_code)
+      read = r.byte(0x83) && space_ref(r, space_lineage, space_id) && r.fixed(PARTICIPANT_KEY, 12)
+             && r.bin16(member_raw) && r.fixed(RIGHTS_KEY, 7) && r.uint(&rights);
+    else
+      read = false;
+    if (!read || r.p != r.end || h.sequence >= (int64_t(1) << 31) || h.length > size_t(commands.width)) break;
+    // everything it looks up and takes, before anything is written
+    const int64_t rrow = last_free(receipt_free);
+    if (rrow < 0 || rrow >= receipt_rows || rrow >= commands.rows(1) || rrow >= digests.rows(1)) break;
+    PyObject* owner_lineage = PyList_GET_ITEM(lineage, prow);
+    int64_t srow = -1, krow = -1, member = -1;
+    bool new_member = false;
+    Owned member_key(nullptr);
+    if (kind == space_code) {
+      krow = last_free(space_free);
+      if (krow < 0 || krow >= space_rows) break;
+    } else {
+      Owned space_key(pair(Owned(bytes16(space_lineage)).p, Owned(bytes16(space_id)).p));
+      srow = lookup(spaces_by_id, space_key.p);
+      if (PyErr_Occurred()) return nullptr;
+      if (srow < 0 || srow >= space_rows) break;
+      if (kind == conversation_code) {
+        krow = last_free(conversation_free);
+        if (krow < 0 || krow >= conversation_rows) break;
+      } else {
+        Owned raw(bytes16(member_raw));
+        member = lookup(by_raw, raw.p);
+        if (PyErr_Occurred()) return nullptr;
+        if (member < 0) break;
+        member_key.p = pair(Owned(PyLong_FromLongLong(srow)).p, Owned(PyLong_FromLongLong(member)).p);
+        if (member_key.p == nullptr) return nullptr;
+        krow = lookup(member_rows, member_key.p);
+        if (krow < 0) {
+          new_member = true;
+          krow = last_free(member_free);
+        }
+        if (krow < 0 || krow >= member_table) break;
+      }
+    }
+    // the kind's row and its index entry
+    const int64_t admitted = counter + 1;
+    if (kind == space_code) {
+      int64_t* row = spaces.row(krow);
+      row[0] = 1, row[1] = prow, row[2] = scope, memcpy(&row[3], id, 16), row[5] = admitted, memcpy(&row[6], h.op, 16);
+      Owned key(pair(owner_lineage, Owned(bytes16(id)).p));
+      if (!pop(space_free) || !store(spaces_by_id, key.p, krow)) return nullptr;
+    } else if (kind == conversation_code) {
+      int64_t* row = conversations.row(krow);
+      row[0] = 1, row[1] = srow, row[2] = prow, memcpy(&row[3], id, 16), row[5] = admitted, memcpy(&row[6], h.op, 16);
+      Owned key(pair(owner_lineage, Owned(bytes16(id)).p));
+      if (!pop(conversation_free) || !store(conversations_by_id, key.p, krow)) return nullptr;
+    } else if (new_member) {
+      int64_t* row = members.row(krow);
+      row[0] = 1, row[1] = srow, row[2] = member, row[3] = rights, row[4] = admitted;
+      if (!pop(member_free) || !store(member_rows, member_key.p, krow)) return nullptr;
+    } else {
+      members.row(krow)[3] = rights;
+    }
+    // the receipt, whole, its command bytes and digests, its sequence entry; the next sequence
+    const int64_t target = kind == member_code ? srow : krow;
+    int64_t* row = receipts.row(rrow);
+    memset(row, 0, size_t(receipts.width) * 8);
+    row[0] = 1, row[1] = prow, row[2] = h.sequence, row[3] = kind;
+    memcpy(&row[4], h.key, 16), memcpy(&row[6], h.op, 16);
+    row[8] = target, row[9] = admitted, row[10] = int64_t(h.length), row[11] = 0, row[12] = 1;  // succeeded
+    for (int at : {13, 17}) row[at] = seq, row[at + 1] = boot, row[at + 2] = generation, row[at + 3] = source;
+    memcpy(commands.bytes(rrow), h.canonical, h.length);
+    unsigned char* both = digests.bytes(rrow);
+    memcpy(both, PyBytes_AS_STRING(digest), 32), memcpy(both + 32, PyBytes_AS_STRING(digest), 32);
+    participants.row(prow)[1] = h.sequence + 1;
+    Owned sequence_key(PyLong_FromLongLong(h.sequence << 32 | prow));
+    Owned rrow_object(PyLong_FromLongLong(rrow));
+    if (!pop(receipt_free) || !store(by_sequence, sequence_key.p, rrow) || rrow_object.p == nullptr
+        || PyList_Append(noted, rrow_object.p) != 0)
+      return nullptr;
+    counter = admitted;
+  }
+  return PyLong_FromSsize_t(i - start);
+}
+
 PyMethodDef methods[] = {
     {"records", records, METH_VARARGS, "records(kind, transfer_seq, payload, max_data) -> [bytes]"},
     {"transfers", transfers, METH_VARARGS,
@@ -585,6 +823,8 @@ PyMethodDef methods[] = {
     {"member_sets", member_sets, METH_VARARGS,
      "member_sets(payloads, version, kind) -> (sequences, keys, ops, commands, lengths, space lineages, space ids, "
      "participants, rights) or None"},
+    {"replay_stretch", replay_stretch, METH_VARARGS,
+     "replay_stretch(transfers, start, prows, version, codes, counter, fields, tables, indexes) -> applied"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "aotx_jcodec", "Journal records, encoded natively.", -1, methods};

@@ -21,15 +21,16 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from .. import native
 from ..contract.errors import ServiceError
 from ..contract.commands import Mutation, parse
 from ..contract.wire import Message
 from ..kinds import quotas
 from ..memory.forgetting import same_command
-from ..kinds.kind import Admission, Context, Journaling, Kind, OperationKind, Tables
+from ..kinds.kind import ADMISSION_VERSION, Admission, Context, Journaling, Kind, OperationKind, Tables
 from ..state import ids
 from ..state.indexes import take_free
-from ..state.tables import ALONE, HELD, P, R, Source, Terminal, width
+from ..state.tables import ALONE, HELD, C, M, P, R, S, Source, Terminal, width
 from ..storage.journal import TransferKind, record_count
 from ..storage.journal_writer import MAX_RECORDS_PER_TICK
 
@@ -252,6 +253,42 @@ def replay_run(d: Admitter, kind: OperationKind, transfers: list[Transfer], prow
     t.put_digest_block(rrows, np.repeat(digests, 2, axis=1))
     state.receipts.noted(rrows.tolist())
     return True
+
+
+_stretch = native.load("jcodec").replay_stretch
+# The kinds a replay on the CPU applies natively in stretches (`replay_stretch`), and the row
+# layouts jcodec.cpp writes for them: a receipt as _RECEIPT_ROW, a participant's next sequence, a
+# space's and a conversation's first eight columns, a member row's five (kinds/*.py `apply`).
+STRETCH_KINDS = (int(Kind.SPACE_CREATE), int(Kind.CONVERSATION_CREATE), int(Kind.MEMBER_SET))
+assert (P.NEXT_SEQUENCE, S.OWNER, S.SCOPE, S.ID_HI, S.CREATED, S.OP_HI, C.SPACE, C.CREATOR, C.ID_HI, C.CREATED,
+        C.OP_HI, M.SPACE, M.PARTICIPANT, M.RIGHTS, M.CREATED) == (1, 1, 2, 3, 5, 6, 1, 2, 3, 5, 6, 1, 2, 3, 4)
+assert (R.RESULT_LEN, R.TERM_TRANSFER) == (11, 17)
+
+
+def replay_stretch(d: Admitter, transfers: list[Transfer], start: int, prows: list[int]) -> int:
+    """At replay on the CPU, admission transfers of the STRETCH_KINDS by participants already
+    registered (`prows`, one per transfer), from transfers[start] on, each applied natively
+    (jcodec.replay_stretch) exactly as `apply(d, a, None, transfer)` applies it, until the first
+    one it does not apply so (another layout, a space not found: the caller applies that one by
+    itself). A mixed journal interleaves these kinds in stretches of one to dozens, where runs of
+    one kind as columns (`replay_run`) average one and a half (docs/checkpoint.md, "Replaying a
+    mixed journal"). Only while the load defers indexing receipts. Returns how many it applied."""
+    state = d.state
+    t, receipts = state.tables, state.receipts
+    state.spaces.catch_up()  # (spaces a run of columns noted: looked up natively by ID)
+    noting = receipts.noting
+    assert noting is not None, "a stretch is replayed only while the load defers indexing receipts"
+    applied: int = _stretch(
+        transfers, start, prows, ADMISSION_VERSION, STRETCH_KINDS, state.admissions,
+        (state.boot, state.save_generation, state.replay_source),
+        (t.raw(t.receipts), t.raw(t.receipt_digests), t.raw(t.command_bytes), t.raw(t.participants), t.raw(t.spaces),
+         t.raw(t.conversations), t.raw(t.members), _R_WIDTH, t.command_bytes.shape[1], t.participants.shape[1],
+         t.spaces.shape[1], t.conversations.shape[1], t.members.shape[1]),
+        (receipts.free, receipts.by_sequence.dicts, noting, state.spaces.free, state.spaces.by_id.dicts,
+         state.conversations.free, state.conversations.by_id.dicts, state.members.free, state.members.rows.dicts,
+         state.participants.lineage, state.participants.by_raw.dicts))
+    state.admissions += applied
+    return applied
 
 
 def mark_saved(d: Journaling, rrow: int, transfer: Transfer, kind: OperationKind) -> None:

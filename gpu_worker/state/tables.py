@@ -212,6 +212,13 @@ class Tables:
                 self._flat[id(t)] = (raw.cast("q") if t.dtype == torch.int64 else raw, t.shape[1], raw)
             self._digests = memoryview(self.receipt_digests.numpy()).cast("B")  # type: ignore[arg-type]
 
+    def raw(self, table: torch.Tensor) -> memoryview | None:
+        """The table's memory as writable bytes (receipt_digests too), for the native writers of
+        a replay (pipeline/admission.py `replay_stretch`); None off the CPU."""
+        if self._flat is None:
+            return None
+        return self._digests if table is self.receipt_digests else self._flat[id(table)][2]
+
     def write_row(self, table: torch.Tensor, row: int, values: dict[int, int]) -> None:
         """values: {column: int}."""
         if self._flat is not None:

@@ -13,8 +13,15 @@ from tests.gpu_worker.test_device import Rig
 
 KEYS = st.one_of(st.integers(-(1 << 70), 1 << 70), st.binary(max_size=20),
                  st.tuples(st.binary(max_size=4), st.integers(0, 9)))
-OPS = st.lists(st.tuples(st.sampled_from(["set", "del", "pop", "popd", "setdefault", "get", "in", "update"]),
+OPS = st.lists(st.tuples(st.sampled_from(["set", "del", "pop", "popd", "setdefault", "get", "in", "update", "popall",
+                                          "popalld"]),
                          KEYS, st.integers()), max_size=80)
+
+
+def pop_all(d, keys, *default):
+    """What Shards.pop_all promises, in Python over a dict: each pop in order (a missing key
+    raises after the pops before it)."""
+    return [d.pop(key, *default) for key in keys]
 
 
 @settings(max_examples=200, deadline=None)
@@ -41,14 +48,49 @@ def test_shards_answer_every_call_as_a_dict_does(ops):
             assert mine.get(key) == theirs.get(key) and mine.get(key, 7) == theirs.get(key, 7)
         elif op == "in":
             assert (key in mine) == (key in theirs)
-        else:
-            mine.update([(key, value), (value, key)])
+        elif op in ("popall", "popalld"):  # (native: gpu_worker/native/shards.cpp)
+            keys, default = [key, value, key], ("none",) if op == "popalld" else ()
+            outcomes = []
+            for m, pop in ((mine, Shards.pop_all), (theirs, pop_all)):
+                try:
+                    outcomes.append(pop(m, iter(keys), *default))
+                except KeyError as exc:
+                    outcomes.append(("KeyError", exc.args))
+            assert outcomes[0] == outcomes[1]
+        else:  # (native too)
+            mine.update(iter([(key, value), [value, key]]))
             theirs.update([(key, value), (value, key)])
         assert len(mine) == len(theirs) and mine == theirs and dict(mine) == theirs
     assert sorted(map(repr, mine.items())) == sorted(map(repr, theirs.items()))
     assert sorted(map(repr, mine)) == sorted(map(repr, theirs.keys()))
     assert sorted(map(repr, mine.values())) == sorted(map(repr, theirs.values()))
     assert mine == Shards(theirs.items()) and (mine != Shards([(object(), 1)]))
+
+
+def test_bulk_operations_refuse_what_a_python_loop_would():
+    """update's pairs must be pairs of a hashable key; pop_all's missing key is a KeyError naming it."""
+    shards = Shards([((1, 2), "a")])
+    for pairs, error in (([(1, 2, 3)], ValueError), ([([1], 2)], TypeError), ([7], TypeError), (None, TypeError)):
+        try:
+            shards.update(pairs)
+        except error:
+            pass
+        else:
+            raise AssertionError(f"update({pairs!r}) raised nothing")
+    assert dict(shards) == {(1, 2): "a"}  # (each refused at its first pair)
+    try:
+        shards.pop_all([(1, 2), (3, 4)])
+    except KeyError as exc:
+        assert exc.args == ((3, 4),)
+    else:
+        raise AssertionError("pop_all of a missing key raised nothing")
+    assert dict(shards) == {}  # (the pops before it happened, as in the loop)
+    try:
+        shards.pop_all([[5]], None)
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("pop_all of an unhashable key raised nothing")
 
 
 def largest_tables(state):

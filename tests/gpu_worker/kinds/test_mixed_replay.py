@@ -5,8 +5,9 @@ conversations, inputs that ran (lease, memory row, output, completion), an input
 its lease, a retirement freeing receipts that later runs of admissions take again. Every table —
 participants, spaces, members, conversations, receipts, their digests, command and result bytes,
 histories, the memory table — and every index and free list after the replay equals the live
-device's, whether the runs of spaces, conversations and member rows are applied as columns
-(admission.replay_run: every run, however short) or each admission by itself."""
+device's, whether the stretches of spaces, conversations and member rows are applied natively
+(admission.replay_stretch, the CPU's way), their runs as columns (admission.replay_run: every run,
+however short, an accelerator's way) or each admission by itself."""
 import collections
 
 import pytest
@@ -102,23 +103,32 @@ def mixed_journal(w):
     w.space("c")
 
 
-@pytest.mark.parametrize("replayed", ["in runs", "one by one"])
+@pytest.mark.parametrize("replayed", ["in stretches", "in runs", "one by one"])
 def test_a_mixed_journal_replays_to_exactly_the_live_state(world, monkeypatch, replayed):
     mixed_journal(world)
     world.pump(lambda: not world.device.executions.live and world.device.committer.all_saved)
     live = snapshot(world.device)
     listed = world.read("a", "operations.list")
     runs = collections.Counter()
-    real = admission.replay_run
+    stretched = [0]
+    real_run, real_stretch = admission.replay_run, admission.replay_stretch
 
     def counted(d, kind, transfers, prows):
-        done = real(d, kind, transfers, prows)
+        done = real_run(d, kind, transfers, prows)
         runs[kind.op] += len(transfers) if done else 0
         return done
+
+    def counted_stretch(d, transfers, start, prows):
+        applied = real_stretch(d, transfers, start, prows)
+        stretched[0] += applied
+        return applied
+    monkeypatch.setattr(admission, "replay_stretch", counted_stretch)
+    if replayed != "in stretches":
+        monkeypatch.setattr(admission, "STRETCH_KINDS", ())  # (the accelerator's way, on the CPU)
     if replayed == "in runs":
         monkeypatch.setattr(admission, "MIN_RUN", 1)  # every run as columns, however short
         monkeypatch.setattr(admission, "replay_run", counted)
-    else:
+    elif replayed == "one by one":
         for kind in WITH_RUNS:
             monkeypatch.setattr(kind, "apply_run", None)
     world.boot()
@@ -126,13 +136,16 @@ def test_a_mixed_journal_replays_to_exactly_the_live_state(world, monkeypatch, r
     if replayed == "in runs":  # each kind's runs went through the columns
         assert runs["spaces.create"] >= 9 + 2 + 3 + 4 and runs["members.set"] >= 3 + 2 + 2
         assert runs["conversations.create"] >= 5 + 3
+    # natively: every space (9 + 2 + 3 + 4 + 1), member row (3 + 2 + 2 + 1) and conversation (5 + 3)
+    assert stretched[0] == (19 + 8 + 8 if replayed == "in stretches" else 0)
     assert_same(live, snapshot(world.device))
     assert world.read("a", "operations.list") == listed  # (the receipts render from those rows)
 
 
 def test_runs_shorter_than_the_threshold_replay_one_by_one_to_the_same_state(world, monkeypatch):
     """With a threshold between the runs' lengths, the short runs of the mix go one admission at a
-    time and the longer ones as columns, in one replay: the same state."""
+    time and the longer ones as columns, in one replay (an accelerator's way): the same state."""
+    monkeypatch.setattr(admission, "STRETCH_KINDS", ())
     monkeypatch.setattr(admission, "MIN_RUN", 3)
     mixed_journal(world)
     world.pump(lambda: not world.device.executions.live and world.device.committer.all_saved)

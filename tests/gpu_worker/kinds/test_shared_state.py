@@ -312,20 +312,25 @@ def test_a_replay_indexes_receipts_and_spaces_as_the_device_did_live_even_with_l
     assert world.read("writer", "spaces.list")[1]["items"][0]["id"] in spaces
 
 
-@pytest.mark.parametrize("decoded", ["natively", "one by one"])
-def test_a_replay_in_runs_leaves_exactly_the_state_one_admission_at_a_time_leaves(world, monkeypatch, decoded):
-    """A load applies each run of space creations as columns (admission.replay_run; here every run,
-    however short: MIN_RUN 1), decoded natively or, for payloads in another layout, one by one
-    (so do conversations' and member rows' runs, disabled with them): with runs of several participants'
-    creations between registrations, member rows, deletions and retirements (receipt and space
-    rows freed and used again, commands of other lengths), the tables, commit digests, command
-    bytes, indexes and free lists are those that applying each admission by itself leaves."""
+@pytest.mark.parametrize("replayed", ["in stretches", "in runs", "in runs decoded one by one"])
+def test_a_replay_in_stretches_or_runs_leaves_exactly_the_state_one_admission_at_a_time_leaves(world, monkeypatch,
+                                                                                                replayed):
+    """A load on the CPU applies each stretch of space creations, conversations and member rows
+    natively (admission.replay_stretch), stopping at a payload in another layout (a space with a
+    memory TTL) for the Python path; on an accelerator each run of one kind as columns
+    (admission.replay_run; here every run, however short: MIN_RUN 1), decoded natively or, for
+    payloads in another layout, one by one. With stretches of several participants' creations
+    between registrations, member rows, deletions and retirements (receipt and space rows freed
+    and used again, commands of other lengths), the tables, commit digests, command bytes, indexes
+    and free lists are those that applying each admission by itself leaves."""
     import torch
     from gpu_worker.pipeline import admission
     from gpu_worker.kinds import spaces as space_kind
     for _ in range(3):
         for name in ("owner", "writer", "reader"):
             world.space(name, scope="room" if name == "owner" else "private")
+    world.space("owner", memory_ttl_seconds=60)  # (in the middle of a stretch: not in the native layout)
+    world.space("reader")
     doomed = world.space("writer", id="cd" * 16)
     world.member("writer", doomed, "reader", ["read"])
     assert world.mutate("writer", "spaces.delete", f"/spaces/{doomed}/deletion", {})[0] == 202
@@ -347,31 +352,44 @@ def test_a_replay_in_runs_leaves_exactly_the_state_one_admission_at_a_time_leave
             ("participants", ("by_principal", "lineage"))) for field in fields}
         return tables, {k: (list(v) if isinstance(v, list) else dict(v)) for k, v in indexes.items()}, s.admissions
 
-    runs = []
-    real = admission.replay_run
+    runs, stretches = [], []
+    real_run, real_stretch = admission.replay_run, admission.replay_stretch
 
     def counted(d, kind, transfers, prows):
-        done = real(d, kind, transfers, prows)
+        done = real_run(d, kind, transfers, prows)
         if kind is space_kind.CREATE:
             runs.append(len(transfers) if done else 0)
         return done
+
+    def stretched(d, transfers, start, prows):
+        applied = real_stretch(d, transfers, start, prows)
+        stretches.append((len(transfers) - start, applied))
+        return applied
     with_runs = [k for k in world.device.kinds.values() if k.apply_run is not None]
-    for k in with_runs:  # no runs: each by itself
+    monkeypatch.setattr(admission, "STRETCH_KINDS", ())
+    for k in with_runs:  # no stretches, no runs: each by itself
         monkeypatch.setattr(k, "apply_run", None)
     world.boot()
     one_by_one = state()
     monkeypatch.undo()
     monkeypatch.setattr(admission, "replay_run", counted)
+    monkeypatch.setattr(admission, "replay_stretch", stretched)
     monkeypatch.setattr(admission, "MIN_RUN", 1)  # every run as columns, however short
-    if decoded == "one by one":
+    if replayed != "in stretches":
+        monkeypatch.setattr(admission, "STRETCH_KINDS", ())
+    if replayed == "in runs decoded one by one":
         for k in with_runs:
             monkeypatch.setattr(k, "decode_run", lambda payloads: None)
     world.boot()
-    in_runs = state()
-    if decoded == "natively":  # (the run after the registrations: 9)
-        assert max(runs) >= 9 and sum(runs) == 3 * 3 + 1 + 4 * 2 + 2
+    replayed_state = state()
+    if replayed == "in stretches":  # 3 * 3 + 1 + 1 + 1 + 4 * 2 + 2 space creations, a member row, a conversation:
+        # every one natively but the one with a TTL, which stopped its stretch once
+        assert not runs and sum(applied for _, applied in stretches) == 3 * 3 + 1 + 1 + 1 + 4 * 2 + 2 + 1 + 1 - 1
+        assert sum(1 for left, applied in stretches if applied < left) == 1
+    elif replayed == "in runs":  # the run with the TTL went one by one whole; then 4 * 2 + 1, 1
+        assert not stretches and runs == [0, 4 * 2 + 1, 1]
     else:
-        assert len(runs) >= 3 and set(runs) == {0}
+        assert not stretches and len(runs) >= 3 and set(runs) == {0}
     for name, table in one_by_one[0].items():
-        assert torch.equal(table, in_runs[0][name]), name
-    assert one_by_one[1:] == in_runs[1:]
+        assert torch.equal(table, replayed_state[0][name]), name
+    assert one_by_one[1:] == replayed_state[1:]
