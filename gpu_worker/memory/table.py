@@ -31,6 +31,12 @@ import torch
 
 from .rows import NO_PROVENANCE, PROVENANCE, ROW, Forgotten, MemoryRow, Provenance
 from ..shards import Shards
+from ..packing import put_packed
+
+# a metadata row's object ID and byte length, where ROW packs them (memory/rows.py)
+_BYTE_LENGTH = np.dtype({"names": ["length"], "formats": ["<u4"], "offsets": [44], "itemsize": ROW.size})
+assert ROW.unpack(bytes(44) + (7).to_bytes(4, "little") + bytes(ROW.size - 48))[6] == 7
+assert ROW.unpack(bytes(16) + b"o" * 16 + bytes(ROW.size - 32))[1] == b"o" * 16
 
 
 def now() -> int:
@@ -240,20 +246,16 @@ class MemoryTable:
             expires = saved.get("expires")  # (a checkpoint from before expiry: none expires)
             if expires is not None:
                 self.expires[index] = torch.from_numpy(np.frombuffer(expires, "<i8").copy()).to(device)
-            pos = 0
-            for slot in slots.tolist():
-                size = self.row(slot).byte_length
-                data = saved["payload"][pos:pos + size]
-                pos += size
-                if size:
-                    self.payload[slot, :size] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+            lengths = np.frombuffer(saved["rows"], dtype=_BYTE_LENGTH)["length"]  # (each row's, in its bytes)
+            put_packed(self.payload, slots, lengths, saved["payload"])  # (one payload after another)
         self.counter = saved["counter"]
         self.rebuild()
 
     def rebuild(self) -> None:
-        live = set(torch.nonzero(self.owners != 0).flatten().tolist())
-        self.free = [s for s in range(self.capacity) if s not in live]
-        heapq.heapify(self.free)
-        self.by_id = Shards((self.row(s).object, s) for s in live)
+        owners = self.owners.cpu().numpy()
+        live = np.flatnonzero(owners)
+        self.free = np.flatnonzero(owners == 0).tolist()  # (ascending: a heap already)
+        objects = np.ascontiguousarray(self.rows[torch.from_numpy(live).to(self.rows.device)].cpu().numpy()[:, 16:32])
+        self.by_id = Shards(zip(objects.view("V16").ravel().tolist(), live.tolist()))  # each row's object ID
         self.pending = {}
         self.find_soonest()

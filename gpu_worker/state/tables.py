@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import native
+from .. import packing
 
 
 class P:
@@ -154,7 +154,6 @@ class Source(IntEnum):
 SOURCE_MASK, HELD, ALONE = 3, 4, 8
 
 
-_scatter = native.load("jcodec").scatter
 assert sys.byteorder == "little"  # the tensors' int64s are written as little-endian bytes (put_struct)
 _HALVES = struct.Struct("<qq")
 _INT64S: dict[int, struct.Struct] = {}  # n -> struct of n native int64 (the tensors' own layout), for run writes
@@ -306,24 +305,9 @@ class Tables:
     def put_packed(self, table: torch.Tensor, rows: np.ndarray, lengths: np.ndarray, blob: bytes | memoryview) -> None:
         """Each of `rows` gets its `lengths` bytes at its start, taken one row after another from
         `blob` (how a checkpoint keeps receipts' command and result bytes and conversations'
-        histories; a replay's run of admissions, their commands): one native call rather than a
-        copy per row (a boot from a checkpoint of 1M receipts made 2M of them). The rest of a row
-        is left as it was, as put_bytes leaves it (through an accelerator it is zeroed: what is
-        past a row's length is never read)."""
-        rows, lengths = np.ascontiguousarray(rows, dtype=np.int64), np.ascontiguousarray(lengths, dtype=np.int64)
-        if self._flat is not None:
-            used = _scatter(self._flat[id(table)][2], table.shape[1], rows, lengths, blob)
-        else:  # through a host block of rows at a time
-            cols, used = table.shape[1], 0
-            chunk = max(1, (32 << 20) // cols)
-            for start in range(0, len(rows), chunk):
-                block = np.zeros((len(rows[start:start + chunk]), cols), dtype=np.uint8)
-                used += _scatter(block, cols, np.arange(len(block), dtype=np.int64), lengths[start:start + chunk],
-                                 memoryview(blob)[used:])
-                table[torch.from_numpy(rows[start:start + chunk]).to(self.device)] = torch.from_numpy(block).to(
-                    self.device)
-        if used != len(blob):
-            raise ValueError(f"{len(blob)} bytes given for rows holding {used}")
+        histories): `put_packed`, every byte of the blob used."""
+        if packing.put_packed(table, rows, lengths, blob) != len(blob):
+            raise ValueError(f"{len(blob)} bytes given for rows holding {sum(lengths.tolist())}")
 
     def get_bytes(self, table: torch.Tensor, row: int, length: int, offset: int = 0) -> bytes:
         if length <= 0:

@@ -16,6 +16,7 @@ import torch
 from gpu_worker.pipeline import admission
 from gpu_worker.kinds import conversations, history, members, spaces
 from gpu_worker.pack import pack_tiny
+from gpu_worker.state.tables import C, R
 from tests.gpu_worker.kinds.test_inputs import EngineWorld, running
 
 TABLES = ("participants", "spaces", "members", "conversations", "receipts", "receipt_digests", "command_bytes",
@@ -153,3 +154,41 @@ def test_runs_shorter_than_the_threshold_replay_one_by_one_to_the_same_state(wor
     world.boot()
     world.attach()
     assert_same(live, snapshot(world.device))
+
+
+def test_a_checkpoint_of_the_mixed_state_loads_to_exactly_the_live_state(world):
+    """The same mix folded into the runtime file: a boot from the checkpoint (its tables, byte rows
+    and memory payloads put back row after row, the indexes rebuilt from them) has every table,
+    index and free list the live device had after the checkpoint."""
+    mixed_journal(world)
+    world.pump(lambda: not world.device.executions.live and world.device.committer.all_saved)
+    assert world.device.checkpoint() is not None
+    live = snapshot(world.device)
+    assert bool((live[0]["memory.payload"] != 0).any()) and live[1][("memory", "by_id")]  # (memory rows to load)
+    world.boot()
+    world.attach()
+    assert world.device.recovered <= 2  # (from the file, not the journal)
+    assert_same(saved(live), saved(snapshot(world.device)))
+
+
+def saved(snap):
+    """A snapshot as a checkpoint keeps it: the live rows of each table, each byte row up to its
+    length (a free row, and the bytes past a length, are whatever was there last: not state), the
+    free rows of each table, the conversations with inputs."""
+    tables = dict(snap[0])
+    for name in ("participants", "spaces", "members", "conversations", "receipts"):
+        tables[name] = tables[name] * (tables[name][:, 0] != 0).unsqueeze(1)
+    receipts = tables["receipts"]
+    tables["receipt_digests"] = tables["receipt_digests"] * (receipts[:, R.STATE] != 0).view(-1, 1, 1)
+    for name, lengths in (("command_bytes", receipts[:, R.COMMAND_LEN]), ("result_bytes", receipts[:, R.RESULT_LEN]),
+                          ("history", tables["conversations"][:, C.HISTORY_LEN])):
+        table = tables[name]
+        tables[name] = table * (torch.arange(table.shape[1]).unsqueeze(0) < lengths.unsqueeze(1))
+    memory_lengths = tables["memory.rows"][:, 44:48].contiguous().view(torch.int32).flatten().to(torch.int64)
+    payload = tables["memory.payload"]
+    tables["memory.payload"] = payload * (torch.arange(payload.shape[1]).unsqueeze(0) < memory_lengths.unsqueeze(1))
+    # free lists as sets: a boot lists a table's free rows lowest first, a live device in the order it freed them
+    indexes = {key: sorted(value) if key[1] == "free" else value for key, value in snap[1].items()}
+    # (a conversation whose inputs all went keeps an empty list live; a boot lists those with inputs)
+    indexes[("conversations", "inputs")] = {c: rows for c, rows in indexes[("conversations", "inputs")].items() if rows}
+    return tables, indexes, snap[2]
