@@ -180,6 +180,21 @@ def width(columns: type) -> int:
     return 1 + max(v for k, v in vars(columns).items() if k.isupper())
 
 
+def mark_folded(receipts: torch.Tensor | np.ndarray, generation: int, through_seq: int | None = None) -> None:
+    """Tables.mark_folded on rows of the receipts table (or a copy of them: a checkpoint's state
+    extent saves its receipts marked, so a boot from it need not mark them)."""
+    live = receipts[:, R.STATE] != 0
+    for transfer_col, source_col, generation_col in ((R.ADM_TRANSFER, R.ADM_SOURCE, R.ADM_GENERATION),
+                                                     (R.TERM_TRANSFER, R.TERM_SOURCE, R.TERM_GENERATION)):
+        seqs = receipts[:, transfer_col]
+        marked = live & (seqs != 0)
+        if through_seq is not None:
+            marked &= seqs <= through_seq
+        # (whether a standby held it stays)
+        receipts[marked, source_col] = (receipts[marked, source_col] & ~SOURCE_MASK) | int(Source.FILE)
+        receipts[marked, generation_col] = generation
+
+
 class Tables:
     def __init__(self, capacities: dict[str, int], device: str | torch.device = "cpu") -> None:
         self.device = torch.device(device)
@@ -358,18 +373,8 @@ class Tables:
         # tick thread, and torch runs element-wise passes on its intra-op threads, whose barrier
         # waits for a core the fold process or the clients hold (docs/performance.md, "A
         # checkpoint beside the ticks").
-        table: torch.Tensor | np.ndarray = self.receipts.numpy()[rows] if self.receipts.device.type == "cpu" \
-            else self.receipts[rows]
-        live = table[:, R.STATE] != 0
-        for transfer_col, source_col, generation_col in ((R.ADM_TRANSFER, R.ADM_SOURCE, R.ADM_GENERATION),
-                                                         (R.TERM_TRANSFER, R.TERM_SOURCE, R.TERM_GENERATION)):
-            seqs = table[:, transfer_col]
-            marked = live & (seqs != 0)
-            if through_seq is not None:
-                marked &= seqs <= through_seq
-            # (whether a standby held it stays)
-            table[marked, source_col] = (table[marked, source_col] & ~SOURCE_MASK) | int(Source.FILE)
-            table[marked, generation_col] = generation
+        mark_folded(self.receipts.numpy()[rows] if self.receipts.device.type == "cpu" else self.receipts[rows],
+                    generation, through_seq)
 
     @staticmethod
     def array(table: torch.Tensor) -> np.ndarray:

@@ -27,7 +27,7 @@ import msgpack
 import numpy as np
 import torch
 
-from ..state.tables import C, R
+from ..state.tables import C, R, mark_folded
 from . import runtime_file_writer
 from .journal import ZERO_DIGEST, list_segments, segment_name
 from .journal_reader import recover
@@ -91,8 +91,10 @@ def encode_state(state: DeviceState, last_seq: int, last_digest: bytes, generati
     for name in ROW_TABLES:
         table = getattr(t, name)
         rows = torch.nonzero(table[:, 0] != 0).flatten()
-        tables[name] = [spill(rows.cpu().numpy().astype("<i8").tobytes()),
-                        spill(table[rows].cpu().numpy().astype("<i8").tobytes())]
+        values = table[rows].cpu().numpy()  # (a copy)
+        if name == "receipts":  # saved as a boot from it has them: in the file, at this generation
+            mark_folded(values, generation)
+        tables[name] = [spill(rows.cpu().numpy().astype("<i8").tobytes()), spill(values.astype("<i8").tobytes())]
     live = torch.nonzero(t.receipts[:, R.STATE] != 0).flatten()
     lengths = t.receipts[live, R.COMMAND_LEN].tolist()
     commands = b"".join(t.get_bytes(t.command_bytes, r, n) for r, n in zip(live.tolist(), lengths))
@@ -113,6 +115,7 @@ def encode_state(state: DeviceState, last_seq: int, last_digest: bytes, generati
         "replicated": state.replicated,
         "memory": state.memory.encode(),
         "history": spill(_history(state)),
+        "marked": True,  # its receipts' saves say the file and this generation (a load need not mark them)
         "written_ns": time.time_ns(),
     }, use_bin_type=True)
     return b"".join([_HEAD.pack(_MAGIC, len(head)), head, *spill.parts])
@@ -190,7 +193,8 @@ def load_saved(state: DeviceState, saved: dict[str, Any], input_kind: int) -> di
     if len(live):  # (each receipt's two digests, 64 bytes, as one row)
         t.put_rows(t.receipt_digests.view(-1, 64), live_rows,
                    np.frombuffer(saved["digests"], dtype=np.uint8).reshape(len(live), 64))
-        t.mark_folded(saved["generation"])
+        if not saved.get("marked"):  # (a checkpoint written before its receipts were saved marked)
+            t.mark_folded(saved["generation"])
     for key, table, col in (("commands", t.command_bytes, R.COMMAND_LEN), ("results", t.result_bytes, R.RESULT_LEN)):
         t.put_packed(table, live_rows, receipts[live_rows, col], saved[key])  # in row order, one after another
     state.admissions = saved["admissions"]

@@ -7,6 +7,7 @@ import hashlib
 import os
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,6 +17,7 @@ from gpu_worker.pack import pack_tiny
 from gpu_worker.storage import runtime_file_writer
 from gpu_worker.storage.filelayer import Crash, FaultyFileLayer
 from gpu_worker.storage.runtime_file import ALIGN, DATA_START, RuntimeFile
+from gpu_worker.state.tables import ALONE, HELD, R, Source
 from tests.gpu_worker.kinds.test_shared_state import World, code
 
 
@@ -201,6 +203,18 @@ def test_a_state_extent_reads_the_same_in_both_layouts_and_refuses_a_damaged_hea
                                                                        "receipt_digests")])
         assert all(map(torch.equal, *loaded))
         assert torch.equal(loaded[0][1], state.tables.spaces) and torch.equal(loaded[0][2], state.tables.command_bytes)
+        # its receipts are saved marked (their saves in the file, at its generation); an extent
+        # written before that, its receipts as the tables had them, is marked as it loads: the same rows
+        rows, marked = spilled["tables"]["receipts"]
+        as_kept = state.tables.receipts.numpy()[np.frombuffer(rows, dtype="<i8")].astype("<i8").tobytes()
+        assert spilled["marked"] and as_kept != bytes(marked)
+        older = {**{k: v for k, v in spilled.items() if k != "marked"},
+                 "tables": {**spilled["tables"], "receipts": [rows, as_kept]}}
+        fresh = DeviceState(state.capacities, "cpu", state.incarnation, 3, w.device.embedding_dim)
+        checkpoint.load_saved(fresh, older, 6)
+        assert torch.equal(fresh.tables.receipts, loaded[0][0])
+        sources = fresh.tables.receipts[fresh.tables.receipts[:, R.STATE] != 0][:, [R.ADM_SOURCE, R.ADM_GENERATION]]
+        assert set(map(tuple, sources.tolist())) <= {(int(Source.FILE) | bit, 3) for bit in (0, HELD, ALONE)}
         head = int.from_bytes(blob[8:16], "little")
         for damaged, why in ((blob[:16 + head - 1], "head runs past"),  # cut inside the head
                              (blob[:16 + head + 10], "runs past its end")):  # cut inside the values
