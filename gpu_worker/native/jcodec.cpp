@@ -459,15 +459,14 @@ PyObject* space_creates(PyObject*, PyObject* args) {
 // 8, version, kind, the principal, the sequence, the operation key and ID and the canonical bytes.
 struct Head {
   int64_t sequence = 0;
-  unsigned char key[16], op[16];
+  unsigned char principal[16], key[16], op[16];
   const unsigned char* canonical = nullptr;
   size_t length = 0;
 };
 
 bool admission_head(Reader& r, long version, long kind, Head& h) {
-  unsigned char principal[16];
   return r.byte(0x98) && r.byte(static_cast<unsigned char>(version)) && r.byte(static_cast<unsigned char>(kind))
-         && r.bin16(principal) && r.uint(&h.sequence) && r.bin16(h.key) && r.bin16(h.op)
+         && r.bin16(h.principal) && r.uint(&h.sequence) && r.bin16(h.key) && r.bin16(h.op)
          && r.bin(&h.canonical, &h.length);
 }
 
@@ -638,37 +637,39 @@ struct Owned {  // a new reference, released when it goes
 
 PyObject* bytes16(const unsigned char* p) { return PyBytes_FromStringAndSize(reinterpret_cast<const char*>(p), 16); }
 
-// replay_stretch(transfers, start, prows, version, codes, counter, fields, tables, indexes) -> applied
+// replay_stretch(transfers, start, admission, version, codes, counter, fields, tables, indexes) -> applied
 //
-// A replay's stretch of admissions of the three kinds that create rows (spaces.create,
-// conversations.create, members.set; a mixed journal interleaves them in stretches of one to
-// dozens), applied from transfers[start] on, each exactly as pipeline/admission.py `apply` with
-// that kind's `apply` writes it at replay: the receipt row (whole: key, ID, target, admission
-// counter, command length, succeeded, the admission's and the terminal's save fields `fields` =
-// (seq, boot, generation, source) with the transfer's seq), its command bytes and both commit
-// digests, the participant's next sequence, the kind's row, the indexes (a receipt's sequence
-// entry and its row noted for the deferred key maps; a space's and a conversation's ID entries; a
-// member pair's row). `prows[i]`: the registered participant row of transfers[i]; `counter`: the
-// admission counter before the first. `codes`: (spaces.create, conversations.create, members.set).
-// `tables`: byte views (Tables' raw) of receipts, receipt_digests, command_bytes, participants,
-// spaces, conversations, members, with the int64 column counts of the int64 ones and the command
-// row's bytes; `indexes`: the receipts' free list, sequence shards and noted list, the spaces'
-// free list and ID shards, the conversations' free list and ID shards, the members' free list and
-// pair shards, the participants' lineage list and raw-ID shards. The row layouts are those of
-// gpu_worker/state/tables.py, asserted where it is called (admission.replay_stretch).
+// A replay's transfers from transfers[start] on, as long as each is an admission (its kind object
+// `admission`) of the three kinds that create rows (spaces.create, conversations.create,
+// members.set; a mixed journal interleaves them in stretches of one to dozens) by a registered
+// participant, each applied exactly as pipeline/admission.py `apply` with that kind's `apply`
+// writes it at replay: the receipt row (whole: key, ID, target, admission counter, command length,
+// succeeded, the admission's and the terminal's save fields `fields` = (boot, generation, source)
+// with the transfer's seq), its command bytes and both commit digests, the participant's next
+// sequence, the kind's row, the indexes (a receipt's sequence entry and its row noted for the
+// deferred key maps; a space's and a conversation's ID entries; a member pair's row). `counter`:
+// the admission counter before the first. `codes`: (spaces.create, conversations.create,
+// members.set). `tables`: byte views (Tables' raw) of receipts, receipt_digests, command_bytes,
+// participants, spaces, conversations, members, with the int64 column counts of the int64 ones and
+// the command row's bytes; `indexes`: the participants' principal shards, the receipts' free list,
+// sequence shards and noted list, the spaces' free list and ID shards, the conversations' free
+// list and ID shards, the members' free list and pair shards, the participants' lineage list and
+// raw-ID shards. The row layouts are those of gpu_worker/state/tables.py, asserted where it is
+// called (admission.replay_stretch).
 //
-// It stops before the first transfer it does not apply exactly so: a payload in another layout (an
-// extra field, as a space with a memory TTL), a kind not among `codes`, a space or participant it
-// does not find, a free list empty, a row past its table. The caller applies that one by itself
-// (whose errors are then the Python path's own) and goes on after it. Returns how many it applied.
+// It stops before the first transfer it does not apply exactly so: another transfer kind or
+// admission kind, a principal not registered, a payload in another layout (an extra field, as a
+// space with a memory TTL), a space or participant it does not find, a free list empty, a row past
+// its table. The caller applies that one by itself (whose errors are then the Python path's own)
+// and goes on after it. Returns how many it applied.
 PyObject* replay_stretch(PyObject*, PyObject* args) {
-  PyObject *transfers, *prows, *tables, *indexes;
+  PyObject *transfers, *admission, *tables, *indexes;
   Py_ssize_t start;
   long version, space_code, conversation_code, member_code;
   long long counter, boot, generation, source;
-  if (!PyArg_ParseTuple(args, "O!nO!l(lll)L(LLL)O!O!", &PyList_Type, &transfers, &start, &PyList_Type, &prows,
-                        &version, &space_code, &conversation_code, &member_code, &counter, &boot, &generation,
-                        &source, &PyTuple_Type, &tables, &PyTuple_Type, &indexes))
+  if (!PyArg_ParseTuple(args, "O!nOl(lll)L(LLL)O!O!", &PyList_Type, &transfers, &start, &admission, &version,
+                        &space_code, &conversation_code, &member_code, &counter, &boot, &generation, &source,
+                        &PyTuple_Type, &tables, &PyTuple_Type, &indexes))
     return nullptr;
   if (!fixints(version, space_code) || !fixints(conversation_code, member_code)) return nullptr;
   Table receipts, digests, commands, participants, spaces, conversations, members;
@@ -687,16 +688,17 @@ PyObject* replay_stretch(PyObject*, PyObject* args) {
     PyErr_SetString(PyExc_ValueError, "replay_stretch: a table narrower than its row layout");
     return nullptr;
   }
-  PyObject *receipt_free, *by_sequence, *noted, *space_free, *spaces_by_id, *conversation_free, *conversations_by_id,
-      *member_free, *member_rows, *lineage, *by_raw;
-  if (!PyArg_ParseTuple(indexes, "O!O!O!O!O!O!O!O!O!O!O!", &PyList_Type, &receipt_free, &PyList_Type, &by_sequence,
-                        &PyList_Type, &noted, &PyList_Type, &space_free, &PyList_Type, &spaces_by_id, &PyList_Type,
-                        &conversation_free, &PyList_Type, &conversations_by_id, &PyList_Type, &member_free,
-                        &PyList_Type, &member_rows, &PyList_Type, &lineage, &PyList_Type, &by_raw))
+  PyObject *by_principal, *receipt_free, *by_sequence, *noted, *space_free, *spaces_by_id, *conversation_free,
+      *conversations_by_id, *member_free, *member_rows, *lineage, *by_raw;
+  if (!PyArg_ParseTuple(indexes, "O!O!O!O!O!O!O!O!O!O!O!O!", &PyList_Type, &by_principal, &PyList_Type,
+                        &receipt_free, &PyList_Type, &by_sequence, &PyList_Type, &noted, &PyList_Type, &space_free,
+                        &PyList_Type, &spaces_by_id, &PyList_Type, &conversation_free, &PyList_Type,
+                        &conversations_by_id, &PyList_Type, &member_free, &PyList_Type, &member_rows, &PyList_Type,
+                        &lineage, &PyList_Type, &by_raw))
     return nullptr;
   const Py_ssize_t n = PyList_GET_SIZE(transfers);
-  if (start < 0 || PyList_GET_SIZE(prows) != n) {
-    PyErr_SetString(PyExc_ValueError, "replay_stretch: one participant row per transfer");
+  if (start < 0) {
+    PyErr_SetString(PyExc_ValueError, "replay_stretch: a negative start");
     return nullptr;
   }
   const int64_t receipt_rows = receipts.rows(8), participant_rows = participants.rows(8),
@@ -706,21 +708,21 @@ PyObject* replay_stretch(PyObject*, PyObject* args) {
   Py_ssize_t i = start;
   for (; i < n; ++i) {
     PyObject* transfer = PyList_GET_ITEM(transfers, i);
-    if (!PyTuple_Check(transfer) || PyTuple_GET_SIZE(transfer) < 4) break;
+    if (!PyTuple_Check(transfer) || PyTuple_GET_SIZE(transfer) < 4 || PyTuple_GET_ITEM(transfer, 0) != admission) break;
     PyObject *seq_object = PyTuple_GET_ITEM(transfer, 1), *payload = PyTuple_GET_ITEM(transfer, 2),
-             *digest = PyTuple_GET_ITEM(transfer, 3), *prow_object = PyList_GET_ITEM(prows, i);
+             *digest = PyTuple_GET_ITEM(transfer, 3);
     if (!PyBytes_Check(payload) || !PyBytes_Check(digest) || PyBytes_GET_SIZE(digest) != 32) break;
-    const long long seq = PyLong_AsLongLong(seq_object), prow = PyLong_AsLongLong(prow_object);
+    const unsigned char* data = reinterpret_cast<const unsigned char*>(PyBytes_AS_STRING(payload));
+    if (PyBytes_GET_SIZE(payload) < 3) break;
+    const long kind = data[2];
+    if (kind != space_code && kind != conversation_code && kind != member_code) break;
+    const long long seq = PyLong_AsLongLong(seq_object);
     if (PyErr_Occurred()) {
       PyErr_Clear();
       break;
     }
-    if (prow < 0 || prow >= participant_rows || prow >= PyList_GET_SIZE(lineage)) break;
     // the payload, whole
-    const unsigned char* data = reinterpret_cast<const unsigned char*>(PyBytes_AS_STRING(payload));
     Reader r{data, data + PyBytes_GET_SIZE(payload)};
-    if (r.end - r.p < 3) break;
-    const long kind = data[2];
     Head h;
     unsigned char id[16], space_lineage[16], space_id[16], member_raw[16];
     int64_t scope = 0, rights = 0;
@@ -736,6 +738,8 @@ PyObject* replay_stretch(PyObject*, PyObject* args) {
       read = false;
     if (!read || r.p != r.end || h.sequence >= (int64_t(1) << 31) || h.length > size_t(commands.width)) break;
     // everything it looks up and takes, before anything is written
+    const int64_t prow = lookup(by_principal, Owned(bytes16(h.principal)).p);
+    if (prow < 0 || prow >= participant_rows || prow >= PyList_GET_SIZE(lineage)) break;
     const int64_t rrow = last_free(receipt_free);
     if (rrow < 0 || rrow >= receipt_rows || rrow >= commands.rows(1) || rrow >= digests.rows(1)) break;
     PyObject* owner_lineage = PyList_GET_ITEM(lineage, prow);
@@ -824,7 +828,7 @@ PyMethodDef methods[] = {
      "member_sets(payloads, version, kind) -> (sequences, keys, ops, commands, lengths, space lineages, space ids, "
      "participants, rights) or None"},
     {"replay_stretch", replay_stretch, METH_VARARGS,
-     "replay_stretch(transfers, start, prows, version, codes, counter, fields, tables, indexes) -> applied"},
+     "replay_stretch(transfers, start, admission, version, codes, counter, fields, tables, indexes) -> applied"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "aotx_jcodec", "Journal records, encoded natively.", -1, methods};

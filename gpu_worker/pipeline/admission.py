@@ -48,6 +48,7 @@ ADMISSION_ONLY, ADMISSION_AND_TERMINAL = (0,), (0, 1)
 _REGISTER, _RETIREMENT, _CANCELLATION = int(Kind.PARTICIPANT_REGISTER), int(Kind.RETIREMENT), int(Kind.CANCELLATION)
 _SUCCEEDED, _JOURNAL = int(Terminal.SUCCEEDED), int(Source.JOURNAL)
 _ADMISSION_TRANSFER = int(TransferKind.ADMISSION)
+_ADMISSION_TRANSFER_KIND = TransferKind.ADMISSION  # (a read transfer's kind is this very object)
 _UNSAVED = (0, 0, 0, 0)
 # A receipt row as admission writes it, R's columns in order: STATE, PARTICIPANT, SEQUENCE, KIND;
 # the operation key and ID (16 bytes each, KEY_HI/KEY_LO and OP_HI/OP_LO); TARGET, CREATED,
@@ -265,28 +266,41 @@ assert (P.NEXT_SEQUENCE, S.OWNER, S.SCOPE, S.ID_HI, S.CREATED, S.OP_HI, C.SPACE,
 assert (R.RESULT_LEN, R.TERM_TRANSFER) == (11, 17)
 
 
-def replay_stretch(d: Admitter, transfers: list[Transfer], start: int, prows: list[int]) -> int:
-    """At replay on the CPU, admission transfers of the STRETCH_KINDS by participants already
-    registered (`prows`, one per transfer), from transfers[start] on, each applied natively
-    (jcodec.replay_stretch) exactly as `apply(d, a, None, transfer)` applies it, until the first
-    one it does not apply so (another layout, a space not found: the caller applies that one by
-    itself). A mixed journal interleaves these kinds in stretches of one to dozens, where runs of
-    one kind as columns (`replay_run`) average one and a half (docs/checkpoint.md, "Replaying a
-    mixed journal"). Only while the load defers indexing receipts. Returns how many it applied."""
+# what replay_stretch writes through: the tables' memory and the indexes' own dicts and lists,
+# fixed for one load (`stretch_context`)
+StretchContext = tuple[tuple[object, ...], tuple[object, ...]]
+
+
+def stretch_context(d: Admitter) -> StretchContext | None:
+    """What `replay_stretch` writes through for the state now loading, made once a load (the
+    tables' memory, the indexes' dicts, free lists and the receipts' list of noted rows, none of
+    which a load replaces); None when the tables are not the CPU's or receipts are not deferred."""
     state = d.state
     t, receipts = state.tables, state.receipts
-    state.spaces.catch_up()  # (spaces a run of columns noted: looked up natively by ID)
     noting = receipts.noting
-    assert noting is not None, "a stretch is replayed only while the load defers indexing receipts"
-    applied: int = _stretch(
-        transfers, start, prows, ADMISSION_VERSION, STRETCH_KINDS, state.admissions,
-        (state.boot, state.save_generation, state.replay_source),
-        (t.raw(t.receipts), t.raw(t.receipt_digests), t.raw(t.command_bytes), t.raw(t.participants), t.raw(t.spaces),
-         t.raw(t.conversations), t.raw(t.members), _R_WIDTH, t.command_bytes.shape[1], t.participants.shape[1],
-         t.spaces.shape[1], t.conversations.shape[1], t.members.shape[1]),
-        (receipts.free, receipts.by_sequence.dicts, noting, state.spaces.free, state.spaces.by_id.dicts,
-         state.conversations.free, state.conversations.by_id.dicts, state.members.free, state.members.rows.dicts,
-         state.participants.lineage, state.participants.by_raw.dicts))
+    if t.raw(t.receipts) is None or noting is None or not STRETCH_KINDS:
+        return None
+    return ((t.raw(t.receipts), t.raw(t.receipt_digests), t.raw(t.command_bytes), t.raw(t.participants),
+             t.raw(t.spaces), t.raw(t.conversations), t.raw(t.members), _R_WIDTH, t.command_bytes.shape[1],
+             t.participants.shape[1], t.spaces.shape[1], t.conversations.shape[1], t.members.shape[1]),
+            (state.participants.by_principal.dicts, receipts.free, receipts.by_sequence.dicts, noting,
+             state.spaces.free, state.spaces.by_id.dicts, state.conversations.free, state.conversations.by_id.dicts,
+             state.members.free, state.members.rows.dicts, state.participants.lineage,
+             state.participants.by_raw.dicts))
+
+
+def replay_stretch(d: Admitter, transfers: list[Transfer], start: int, context: StretchContext) -> int:
+    """At replay on the CPU, transfers from transfers[start] on while each is an admission of
+    the STRETCH_KINDS by a participant already registered, each applied natively
+    (jcodec.replay_stretch) exactly as `apply(d, a, None, transfer)` applies it; it stops at the
+    first it does not apply so (another transfer or kind, a payload in another layout, a space not
+    found: the caller applies that one by itself). A mixed journal interleaves these kinds in
+    stretches of one to dozens, where runs of one kind as columns (`replay_run`) average one and a
+    half (docs/checkpoint.md, "Replaying a mixed journal"). Returns how many it applied."""
+    state = d.state
+    state.spaces.catch_up()  # (spaces a run of columns noted: looked up natively by ID)
+    applied: int = _stretch(transfers, start, _ADMISSION_TRANSFER_KIND, ADMISSION_VERSION, STRETCH_KINDS,
+                            state.admissions, (state.boot, state.save_generation, state.replay_source), *context)
     state.admissions += applied
     return applied
 

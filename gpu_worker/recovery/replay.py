@@ -25,7 +25,6 @@ from . import DeviceBootError
 from .checkpoints import Checkpoints
 
 _INPUT = int(Kind.INPUT)
-_STRETCH = object()  # Replay._replay_piece's group of admission.STRETCH_KINDS (a run's group is its kind)
 
 
 class Replayed(admission.Admitter, Protocol):
@@ -48,6 +47,8 @@ class Replay:
     def __init__(self, device: Replayed) -> None:
         self.d = device
         d = device
+        # what a load on the CPU replays its stretches of admissions through (`_replay_piece`)
+        self._stretching: admission.StretchContext | None = None
         self.by_kind: dict[int, Callable[[Transfer], None]] = {
             TransferKind.BOOT: self._boot,
             TransferKind.ADMISSION: self._admission,
@@ -105,62 +106,62 @@ class Replay:
         deferred = (state.receipts, state.spaces)  # indexed in whole-column passes (state/indexes.py)
         for index in deferred:
             index.defer(state.tables)
-        for piece in reading:
-            self._replay_piece(piece)
+        self._stretching = admission.stretch_context(d)
+        try:
+            for piece in reading:
+                self._replay_piece(piece)
+        finally:
+            self._stretching = None
         for index in deferred:
             index.settle()
         return reading.result()
 
     def _replay_piece(self, piece: list[Transfer]) -> None:
-        """Transfers of a load, in order: on the CPU, each stretch of admissions of the kinds that
-        create rows (spaces, conversations, member rows: admission.STRETCH_KINDS), by participants
-        already registered, natively (`admission.replay_stretch`); on an accelerator, each run of
-        admissions of one kind with runs as columns (`admission.replay_run`); every other transfer
-        one at a time, after the stretch or run before it. A transfer's kind and principal are read
-        at the head of its payload (kinds/kind.py HEAD_ARRAY) without decoding it."""
-        state = self.d.state
-        registered = state.participants.by_principal
-        groups: dict[int, object] = {code: kind for code, kind in self.d.kinds.items()
-                                                   if kind.apply_run is not None}
-        if state.tables.raw(state.tables.receipts) is not None:
-            groups.update((code, _STRETCH) for code in admission.STRETCH_KINDS)
+        """Transfers of a load, in order. On the CPU, each stretch of admissions of the kinds that
+        create rows (spaces, conversations, member rows: admission.STRETCH_KINDS) by participants
+        already registered natively (`admission.replay_stretch`, which finds them itself), every
+        other transfer one at a time between them. On an accelerator, each run of admissions of one
+        kind with runs as columns (`admission.replay_run`), every other transfer one at a time: a
+        transfer's kind and principal are read at the head of its payload (kinds/kind.py
+        HEAD_ARRAY) without decoding it."""
+        context = self._stretching
+        if context is not None:
+            done, n = 0, len(piece)
+            while done < n:
+                done += admission.replay_stretch(self.d, piece, done, context)
+                if done < n:  # (any other transfer, or one in another layout: the Python path)
+                    self.transfer(piece[done])
+                    done += 1
+            return
+        registered = self.d.state.participants.by_principal
+        batched = {code: kind for code, kind in self.d.kinds.items() if kind.apply_run is not None}
         (i, j, bin8, sixteen), principal_at = PRINCIPAL_BIN, PRINCIPAL_AT
-        run_group: object = None
+        run_kind: OperationKind | None = None
         run: list[Transfer] = []
         prows: list[int] = []
         for transfer in piece:
-            group = prow = None
+            kind = prow = None
             if transfer.kind is TransferKind.ADMISSION:
                 p = transfer.payload
                 if (len(p) > principal_at.stop and p[0] == HEAD_ARRAY and p[1] == ADMISSION_VERSION
-                        and p[i] == bin8 and p[j] == sixteen and p[KIND_AT] in groups):
-                    group = groups[p[KIND_AT]]
-                    prow = registered.get(p[principal_at])
-            if run and (prow is None or group is not run_group):
-                self._replay_run(run_group, run, prows)
+                        and p[i] == bin8 and p[j] == sixteen):
+                    kind = batched.get(p[KIND_AT])
+                    prow = registered.get(p[principal_at]) if kind is not None else None
+            if run and (prow is None or kind is not run_kind):
+                self._replay_run(run_kind, run, prows)
                 run, prows = [], []
             if prow is None:
                 self.transfer(transfer)
             else:
-                run_group = group
+                run_kind = kind
                 run.append(transfer)
                 prows.append(prow)
         if run:
-            self._replay_run(run_group, run, prows)
+            self._replay_run(run_kind, run, prows)
 
-    def _replay_run(self, group: object, run: list[Transfer], prows: list[int]) -> None:
-        """A stretch (group _STRETCH) natively, each transfer it stops at by itself; a run of one
-        kind as columns, or each by itself when it is short or in another layout."""
-        if group is _STRETCH:
-            done = 0
-            while done < len(run):
-                done += admission.replay_stretch(self.d, run, done, prows)
-                if done < len(run):  # (one in another layout, say: the Python path, with its own checks)
-                    self._admission(run[done])
-                    done += 1
-            return
-        assert isinstance(group, OperationKind)
-        if not admission.replay_run(self.d, group, run, prows):  # (a payload in another layout)
+    def _replay_run(self, kind: OperationKind | None, run: list[Transfer], prows: list[int]) -> None:
+        assert kind is not None
+        if not admission.replay_run(self.d, kind, run, prows):  # (a payload in another layout)
             for transfer in run:
                 self._admission(transfer)
 

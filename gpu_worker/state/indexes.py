@@ -176,8 +176,8 @@ class _Deferring(abc.ABC):
 
     @property
     def noting(self) -> list[int] | None:
-        """While deferring, the list rows added are noted in (a native writer appends to it as
-        `add` would); None otherwise."""
+        """While deferring, the list rows added are noted in, the same list for the whole load (a
+        native writer appends to it as `add` would); None otherwise."""
         return self._pending if self._tables is not None else None
 
     def catch_up(self) -> None:
@@ -191,9 +191,9 @@ class _Deferring(abc.ABC):
         self._tables = None
 
     def _catch_up(self) -> None:
-        tables, pending = self._tables, self._pending
+        tables, pending = self._tables, self._pending.copy()
         assert tables is not None
-        self._pending = []
+        self._pending.clear()  # (the same list: a replay's native writer appends to it, `noting`)
         table = getattr(tables, self.TABLE)
         if len(pending) <= FEW and tables.device.type == "cpu":
             # a few rows, row by row: a mixed journal interleaves kinds, so most catch-ups (a

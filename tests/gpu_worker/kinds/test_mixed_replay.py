@@ -119,8 +119,8 @@ def test_a_mixed_journal_replays_to_exactly_the_live_state(world, monkeypatch, r
         runs[kind.op] += len(transfers) if done else 0
         return done
 
-    def counted_stretch(d, transfers, start, prows):
-        applied = real_stretch(d, transfers, start, prows)
+    def counted_stretch(d, transfers, start, context):
+        applied = real_stretch(d, transfers, start, context)
         stretched[0] += applied
         return applied
     monkeypatch.setattr(admission, "replay_stretch", counted_stretch)
