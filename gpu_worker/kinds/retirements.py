@@ -59,8 +59,7 @@ def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: in
         for crow, rrows in gone.items():
             left = state.conversations.inputs[crow]
             left[:] = [r for r in left if r not in rrows]
-    for freed_row in freed:
-        t.put_value(t.receipts, freed_row, R.STATE, 0)
+    t.put_column(t.receipts, freed, R.STATE, 0)
     t.write_row(t.participants, prow, {P.RETRY_FLOOR: floor})
     deletions.release_tombstones(d, list(zip(kinds, targets_of)))  # deleted rows no receipt names any more go back
     if transfer_seq is None:

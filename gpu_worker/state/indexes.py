@@ -320,6 +320,8 @@ class ReceiptIndex(_Deferring):
         defers, a row still waiting to be indexed has no key or ID entry yet (and gets none)."""
         rows = self.by_sequence.pop_all([sequence << SEQUENCE_SHIFT | prow for sequence in sequences])
         values = tables.take(tables.receipts, np.array(rows, dtype=np.int64))
+        if self._tables is not None and not self.by_op:  # (a replay that has not built them yet: nothing to remove)
+            return rows, values
         every = np.arange(len(rows))
         suffix = _ROW32.pack(prow)
         missing = None if self._tables is not None else MISSING

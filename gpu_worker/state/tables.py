@@ -295,6 +295,13 @@ class Tables:
         else:
             table[row, offset:offset + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
 
+    def put_column(self, table: torch.Tensor, rows: list[int], col: int, value: int) -> None:
+        """put_value of each of `rows` in one write (a retirement frees hundreds of receipts)."""
+        if self._flat is not None:
+            table.numpy()[rows, col] = value
+        else:
+            table[torch.tensor(rows, dtype=torch.int64, device=self.device), col] = value
+
     def put_rows(self, table: torch.Tensor, rows: np.ndarray, values: np.ndarray) -> None:
         """values[i] into the first columns of row rows[i] (ascending), for whole tables at boot:
         one block copy where the rows are consecutive (a table filled from its first row)."""
