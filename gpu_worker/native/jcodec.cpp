@@ -596,11 +596,9 @@ struct Table {
 int64_t lookup(PyObject* shards, PyObject* key) {
   PyObject* d = key ? aotx::shard_of(shards, key) : nullptr;
   PyObject* value = d ? PyDict_GetItemWithError(d, key) : nullptr;
-  if (value == nullptr || !PyLong_CheckExact(value)) {
-    PyErr_Clear();
-    return -1;
-  }
-  return PyLong_AsLongLong(value);
+  const long long row = value != nullptr && PyLong_CheckExact(value) ? PyLong_AsLongLong(value) : -1;
+  if (row < 0) PyErr_Clear();  // (none, or not a row: an overflow's error is not this call's)
+  return row;
 }
 
 bool store(PyObject* shards, PyObject* key, int64_t row) {
@@ -615,7 +613,9 @@ bool store(PyObject* shards, PyObject* key, int64_t row) {
 int64_t last_free(PyObject* free) {
   const Py_ssize_t n = PyList_GET_SIZE(free);
   if (n == 0 || !PyLong_CheckExact(PyList_GET_ITEM(free, n - 1))) return -1;
-  return PyLong_AsLongLong(PyList_GET_ITEM(free, n - 1));
+  const long long row = PyLong_AsLongLong(PyList_GET_ITEM(free, n - 1));
+  if (row < 0) PyErr_Clear();  // (not a row)
+  return row;
 }
 
 bool pop(PyObject* free) {
