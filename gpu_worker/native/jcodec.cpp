@@ -408,53 +408,6 @@ struct Reader {
   }
 };
 
-// space_creates(payloads, version, kind) -> (sequences, keys, ops, commands, lengths, ids, scopes)
-// or None: the columns of a run of spaces.create admissions (a replay writes them as columns:
-// admission.replay_run). Each payload must be exactly [version, kind, principal, sequence, key,
-// op, canonical, {"id": id, "scope": scope}] as Admission.encode packs it (16-byte bin
-// identifiers); sequences, lengths (of the canonical bytes) and scopes are native int64 arrays,
-// keys, ops and ids 16 bytes each, the canonical bytes back to back in `commands`. None when any
-// payload is otherwise: the run is then decoded one admission at a time.
-PyObject* space_creates(PyObject*, PyObject* args) {
-  PyObject* payloads;
-  long version, kind;
-  if (!PyArg_ParseTuple(args, "O!ll", &PyList_Type, &payloads, &version, &kind)) return nullptr;
-  if (version < 0 || version > 0x7f || kind < 0 || kind > 0x7f) {
-    PyErr_SetString(PyExc_ValueError, "version and kind must be positive fixints");
-    return nullptr;
-  }
-  const Py_ssize_t n = PyList_GET_SIZE(payloads);
-  const size_t count = static_cast<size_t>(n);
-  std::vector<int64_t> sequences(count), lengths(count), scopes(count);
-  std::vector<unsigned char> keys(count * 16), ops(count * 16), ids(count * 16);
-  std::vector<unsigned char> commands;
-  static const char ID_KEY[] = "\xa2id", SCOPE_KEY[] = "\xa5scope";
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* item = PyList_GET_ITEM(payloads, i);
-    if (!PyBytes_Check(item)) Py_RETURN_NONE;
-    const unsigned char* data = reinterpret_cast<const unsigned char*>(PyBytes_AS_STRING(item));
-    Reader r{data, data + PyBytes_GET_SIZE(item)};
-    unsigned char principal[16];
-    const unsigned char* canonical = nullptr;
-    size_t length = 0;
-    const size_t at = size_t(i);
-    if (!(r.byte(0x98) && r.byte(static_cast<unsigned char>(version)) && r.byte(static_cast<unsigned char>(kind))
-          && r.bin16(principal) && r.uint(&sequences[at]) && r.bin16(&keys[at * 16]) && r.bin16(&ops[at * 16])
-          && r.bin(&canonical, &length) && r.byte(0x82) && r.fixed(ID_KEY, 3) && r.bin16(&ids[at * 16])
-          && r.fixed(SCOPE_KEY, 6) && r.uint(&scopes[at]) && r.p == r.end))
-      Py_RETURN_NONE;
-    lengths[at] = int64_t(length);
-    commands.insert(commands.end(), canonical, canonical + length);
-  }
-  auto bytes = [](const void* p, size_t size) {
-    return PyBytes_FromStringAndSize(static_cast<const char*>(p), Py_ssize_t(size));
-  };
-  return Py_BuildValue("(NNNNNNN)", bytes(sequences.data(), count * 8), bytes(keys.data(), keys.size()),
-                       bytes(ops.data(), ops.size()), bytes(commands.data(), commands.size()),
-                       bytes(lengths.data(), count * 8), bytes(ids.data(), ids.size()),
-                       bytes(scopes.data(), count * 8));
-}
-
 // The head of an admission payload as Admission.encode packs it, up to its extra map: a fixarray of
 // 8, version, kind, the principal, the sequence, the operation key and ID and the canonical bytes.
 struct Head {
@@ -513,11 +466,56 @@ bool read_run(PyObject* payloads, long version, long kind, Columns& c, Extra ext
   return true;
 }
 
-// The space an admission's extra names, as kinds/*.py check records it: "space": [lineage, id].
-const char SPACE_KEY[] = "\xa5space";
-
+// The extra maps of the three kinds that create rows, exactly as their kinds/*.py `check` records
+// them (16-byte bins), for the run decoders below and replay_stretch: a space's {"id", "scope"}; a
+// conversation's {"space": [lineage, id], "id"}; a member row's {"space": [lineage, id],
+// "participant": raw id, "rights"}.
 bool space_ref(Reader& r, unsigned char* lineage, unsigned char* id) {
+  static const char SPACE_KEY[] = "\xa5space";
   return r.fixed(SPACE_KEY, 6) && r.byte(0x92) && r.bin16(lineage) && r.bin16(id);
+}
+
+const char ID_KEY[] = "\xa2id";
+
+bool space_extra(Reader& r, unsigned char* id, int64_t* scope) {
+  static const char SCOPE_KEY[] = "\xa5scope";
+  return r.byte(0x82) && r.fixed(ID_KEY, 3) && r.bin16(id) && r.fixed(SCOPE_KEY, 6) && r.uint(scope);
+}
+
+bool conversation_extra(Reader& r, unsigned char* space_lineage, unsigned char* space_id, unsigned char* id) {
+  return r.byte(0x82) && space_ref(r, space_lineage, space_id) && r.fixed(ID_KEY, 3) && r.bin16(id);
+}
+
+bool member_extra(Reader& r, unsigned char* space_lineage, unsigned char* space_id, unsigned char* participant,
+                  int64_t* rights) {
+  static const char PARTICIPANT_KEY[] = "\xabparticipant", RIGHTS_KEY[] = "\xa6rights";
+  return r.byte(0x83) && space_ref(r, space_lineage, space_id) && r.fixed(PARTICIPANT_KEY, 12)
+         && r.bin16(participant) && r.fixed(RIGHTS_KEY, 7) && r.uint(rights);
+}
+
+// space_creates(payloads, version, kind) -> (sequences, keys, ops, commands, lengths, ids, scopes)
+// or None: the columns of a run of spaces.create admissions (a replay on an accelerator writes
+// them as columns: admission.replay_run). Each payload must be exactly [version, kind, principal,
+// sequence, key, op, canonical, {"id": id, "scope": scope}] as Admission.encode packs it;
+// sequences, lengths (of the canonical bytes) and scopes are native int64 arrays, keys, ops and
+// ids 16 bytes each, the canonical bytes back to back in `commands`. None when any payload is
+// otherwise: the run is then decoded one admission at a time.
+PyObject* space_creates(PyObject*, PyObject* args) {
+  PyObject* payloads;
+  long version, kind;
+  if (!PyArg_ParseTuple(args, "O!ll", &PyList_Type, &payloads, &version, &kind)) return nullptr;
+  if (!fixints(version, kind)) return nullptr;
+  const Py_ssize_t n = PyList_GET_SIZE(payloads);
+  Columns c;
+  std::vector<unsigned char> ids(size_t(n) * 16);
+  std::vector<int64_t> scopes(static_cast<size_t>(n));
+  if (!read_run(payloads, version, kind, c, [&](Reader& r, size_t i) { return space_extra(r, &ids[i * 16], &scopes[i]); }))
+    Py_RETURN_NONE;
+  const size_t count = size_t(n);
+  return Py_BuildValue("(NNNNNNN)", as_bytes(c.sequences.data(), count * 8), as_bytes(c.keys.data(), c.keys.size()),
+                       as_bytes(c.ops.data(), c.ops.size()), as_bytes(c.commands.data(), c.commands.size()),
+                       as_bytes(c.lengths.data(), count * 8), as_bytes(ids.data(), ids.size()),
+                       as_bytes(scopes.data(), count * 8));
 }
 
 // conversation_creates(payloads, version, kind) -> (sequences, keys, ops, commands, lengths,
@@ -532,10 +530,8 @@ PyObject* conversation_creates(PyObject*, PyObject* args) {
   const Py_ssize_t n = PyList_GET_SIZE(payloads);
   Columns c;
   std::vector<unsigned char> lineages(size_t(n) * 16), spaces(size_t(n) * 16), ids(size_t(n) * 16);
-  static const char ID_KEY[] = "\xa2id";
   if (!read_run(payloads, version, kind, c, [&](Reader& r, size_t i) {
-        const size_t at = i * 16;
-        return r.byte(0x82) && space_ref(r, &lineages[at], &spaces[at]) && r.fixed(ID_KEY, 3) && r.bin16(&ids[at]);
+        return conversation_extra(r, &lineages[i * 16], &spaces[i * 16], &ids[i * 16]);
       }))
     Py_RETURN_NONE;
   const size_t count = size_t(n);
@@ -558,11 +554,8 @@ PyObject* member_sets(PyObject*, PyObject* args) {
   Columns c;
   std::vector<unsigned char> lineages(size_t(n) * 16), spaces(size_t(n) * 16), participants(size_t(n) * 16);
   std::vector<int64_t> rights(static_cast<size_t>(n));
-  static const char PARTICIPANT_KEY[] = "\xabparticipant", RIGHTS_KEY[] = "\xa6rights";
   if (!read_run(payloads, version, kind, c, [&](Reader& r, size_t i) {
-        const size_t at = i * 16;
-        return r.byte(0x83) && space_ref(r, &lineages[at], &spaces[at]) && r.fixed(PARTICIPANT_KEY, 12)
-               && r.bin16(&participants[at]) && r.fixed(RIGHTS_KEY, 7) && r.uint(&rights[i]);
+        return member_extra(r, &lineages[i * 16], &spaces[i * 16], &participants[i * 16], &rights[i]);
       }))
     Py_RETURN_NONE;
   const size_t count = size_t(n);
@@ -703,8 +696,6 @@ PyObject* replay_stretch(PyObject*, PyObject* args) {
   }
   const int64_t receipt_rows = receipts.rows(8), participant_rows = participants.rows(8),
                 space_rows = spaces.rows(8), conversation_rows = conversations.rows(8), member_table = members.rows(8);
-  static const char ID_KEY[] = "\xa2id", SCOPE_KEY[] = "\xa5scope", PARTICIPANT_KEY[] = "\xabparticipant",
-                    RIGHTS_KEY[] = "\xa6rights";
   Py_ssize_t i = start;
   for (; i < n; ++i) {
     PyObject* transfer = PyList_GET_ITEM(transfers, i);
@@ -726,16 +717,10 @@ PyObject* replay_stretch(PyObject*, PyObject* args) {
     Head h;
     unsigned char id[16], space_lineage[16], space_id[16], member_raw[16];
     int64_t scope = 0, rights = 0;
-    bool read = admission_head(r, version, kind, h);
-    if (read && kind == space_code)
-      read = r.byte(0x82) && r.fixed(ID_KEY, 3) && r.bin16(id) && r.fixed(SCOPE_KEY, 6) && r.uint(&scope);
-    else if (read && kind == conversation_code)
-      read = r.byte(0x82) && space_ref(r, space_lineage, space_id) && r.fixed(ID_KEY, 3) && r.bin16(id);
-    else if (read && kind == member_code)
-      read = r.byte(0x83) && space_ref(r, space_lineage, space_id) && r.fixed(PARTICIPANT_KEY, 12)
-             && r.bin16(member_raw) && r.fixed(RIGHTS_KEY, 7) && r.uint(&rights);
-    else
-      read = false;
+    const bool read = admission_head(r, version, kind, h)
+                      && (kind == space_code          ? space_extra(r, id, &scope)
+                          : kind == conversation_code ? conversation_extra(r, space_lineage, space_id, id)
+                                                      : member_extra(r, space_lineage, space_id, member_raw, &rights));
     if (!read || r.p != r.end || h.sequence >= (int64_t(1) << 31) || h.length > size_t(commands.width)) break;
     // everything it looks up and takes, before anything is written
     const int64_t prow = lookup(by_principal, Owned(bytes16(h.principal)).p);
@@ -752,7 +737,6 @@ PyObject* replay_stretch(PyObject*, PyObject* args) {
     } else {
       Owned space_key(pair(Owned(bytes16(space_lineage)).p, Owned(bytes16(space_id)).p));
       srow = lookup(spaces_by_id, space_key.p);
-      if (PyErr_Occurred()) return nullptr;
       if (srow < 0 || srow >= space_rows) break;
       if (kind == conversation_code) {
         krow = last_free(conversation_free);
@@ -760,8 +744,7 @@ PyObject* replay_stretch(PyObject*, PyObject* args) {
       } else {
         Owned raw(bytes16(member_raw));
         member = lookup(by_raw, raw.p);
-        if (PyErr_Occurred()) return nullptr;
-        if (member < 0) break;
+          if (member < 0) break;
         member_key.p = pair(Owned(PyLong_FromLongLong(srow)).p, Owned(PyLong_FromLongLong(member)).p);
         if (member_key.p == nullptr) return nullptr;
         krow = lookup(member_rows, member_key.p);

@@ -298,7 +298,6 @@ def replay_stretch(d: Admitter, transfers: list[Transfer], start: int, context: 
     stretches of one to dozens, where runs of one kind as columns (`replay_run`) average one and a
     half (docs/checkpoint.md, "Replaying a mixed journal"). Returns how many it applied."""
     state = d.state
-    state.spaces.catch_up()  # (spaces a run of columns noted: looked up natively by ID)
     applied: int = _stretch(transfers, start, _ADMISSION_TRANSFER_KIND, ADMISSION_VERSION, STRETCH_KINDS,
                             state.admissions, (state.boot, state.save_generation, state.replay_source), *context)
     state.admissions += applied

@@ -180,11 +180,6 @@ class _Deferring(abc.ABC):
         native writer appends to it as `add` would); None otherwise."""
         return self._pending if self._tables is not None else None
 
-    def catch_up(self) -> None:
-        """Index the rows noted so far now (the next lookup would)."""
-        if self._pending:
-            self._catch_up()
-
     def settle(self) -> None:
         """Index what was noted and index each row added at once again (the load is over)."""
         self._catch_up()
