@@ -1,4 +1,11 @@
-"""A dictionary in shards, so that no single insert stops the tick thread for long.
+"""The host indexes' maps, so that no single insert stops the tick thread for long.
+
+Two kinds. `FixedMap` (gpu_worker/native/fixedmap.cpp) maps keys of one fixed layout (16 bytes, a
+pair of ints, a pair of 16-byte IDs) to rows: a native open-addressing table sized from the table
+it indexes, so it never grows in service, and whose entries are no Python objects (a million of
+them cost a fraction of a dict's to build at boot; docs/performance.md, "Replay"). Every map of
+IDs to rows is one. `Shards` holds what a FixedMap cannot, a map whose values are Python objects
+(a conversation's list of inputs).
 
 A CPython dict grows by rebuilding its whole table when it fills, which at a million entries stops
 the thread that inserts for tens of milliseconds (docs/performance.md, "A checkpoint beside the
@@ -15,7 +22,7 @@ users depends on one.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Generic, TypeVar, overload
+from typing import Any, Generic, Protocol, TypeVar, overload
 
 from . import native
 
@@ -23,12 +30,13 @@ K = TypeVar("K")
 V = TypeVar("V")
 D = TypeVar("D")
 
-# A prime: an int key's hash is the int itself, and the indexes' int keys carry a participant row in
-# their low bits (sequence << 32 | row), which a power of two would send to one shard.
+# A prime: an int key's hash is the int itself, and int keys often differ in their high bits alone
+# (a row in the low bits), which a power of two would send to one shard.
 SHARDS = 251
 MISSING = object()
 _native = native.load("shards")
 _update, _pop_all = _native.update, _native.pop_all
+NativeFixedMap: Any = native.load("fixedmap").FixedMap  # the type (isinstance)
 
 
 class Shards(Generic[K, V]):
@@ -120,3 +128,44 @@ class Shards(Generic[K, V]):
 
     def __repr__(self) -> str:
         return f"Shards({dict(self.items())!r})"
+
+
+class FixedMap(Protocol[K]):
+    """What a native FixedMap (gpu_worker/native/fixedmap.cpp) answers: a hash table of keys of
+    one fixed layout to rows, sized from the table it indexes so that no insert ever rebuilds it
+    (what `Shards` only spreads over its dicts), its entries kept without a Python object each.
+    Made by `fixed_map`."""
+
+    slots: int
+
+    def __getitem__(self, key: K) -> int: ...
+    def __setitem__(self, key: K, row: int) -> None: ...
+    def __delitem__(self, key: K) -> None: ...
+    def __contains__(self, key: object) -> bool: ...
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[K]: ...
+    @overload
+    def get(self, key: K) -> int | None: ...
+    @overload
+    def get(self, key: K, default: D) -> int | D: ...
+    @overload
+    def pop(self, key: K) -> int: ...
+    @overload
+    def pop(self, key: K, default: D) -> int | D: ...
+    def setdefault(self, key: K, row: int) -> int: ...
+    def update(self, pairs: Iterable[tuple[K, int]]) -> None: ...
+    def pop_all(self, keys: Iterable[K], default: object = ...) -> list[Any]: ...
+    def put_packed(self, keys: Any, rows: Any) -> None: ...
+    def pop_packed(self, keys: Any, strict: bool = ...) -> bytearray: ...
+    def keys(self) -> list[K]: ...
+    def values(self) -> list[int]: ...
+    def items(self) -> list[tuple[K, int]]: ...
+    def clear(self) -> None: ...
+
+
+def fixed_map(layout: str, capacity: int) -> FixedMap[Any]:
+    """A FixedMap of keys laid out as `layout` ("b16": 16 bytes; "ii": a tuple of two ints, each
+    kept in int64; "b16b16": a tuple of two 16-byte strings), room for `capacity` entries without
+    growing: the rows of the table it indexes. A key of another shape is one that is not there."""
+    made: FixedMap[Any] = NativeFixedMap(layout, capacity)
+    return made

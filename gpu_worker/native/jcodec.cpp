@@ -33,7 +33,7 @@
 #include <Python.h>
 #include <openssl/evp.h>
 
-#include "shards.h"
+#include "fixedmap.h"
 #include <zlib.h>
 
 #include <stdint.h>
@@ -585,22 +585,19 @@ struct Table {
   unsigned char* bytes(int64_t r) { return static_cast<unsigned char*>(view.buf) + r * width; }
 };
 
-// shards[key] as an int row, -1 when it is not there (or not an int: the Python path then answers).
-int64_t lookup(PyObject* shards, PyObject* key) {
-  PyObject* d = key ? aotx::shard_of(shards, key) : nullptr;
-  PyObject* value = d ? PyDict_GetItemWithError(d, key) : nullptr;
-  const long long row = value != nullptr && PyLong_CheckExact(value) ? PyLong_AsLongLong(value) : -1;
-  if (row < 0) PyErr_Clear();  // (none, or not a row: an overflow's error is not this call's)
-  return row;
-}
+namespace fm = aotx::fixedmap;
 
-bool store(PyObject* shards, PyObject* key, int64_t row) {
-  PyObject* d = key ? aotx::shard_of(shards, key) : nullptr;
-  PyObject* value = d ? PyLong_FromLongLong(row) : nullptr;
-  const bool ok = value != nullptr && PyDict_SetItem(d, key, value) == 0;
-  Py_XDECREF(value);
-  return ok;
-}
+// A (lineage, id) key of a "b16b16" FixedMap.
+struct OwnedId {
+  unsigned char key[32];
+  OwnedId(const unsigned char* lineage, const unsigned char* id) { memcpy(key, lineage, 16), memcpy(key + 16, id, 16); }
+};
+
+// An (a, b) key of an "ii" FixedMap.
+struct IntPair {
+  unsigned char key[16];
+  IntPair(int64_t a, int64_t b) { fm::put_int(key, a), fm::put_int(key + 8, b); }
+};
 
 // The last row of a free list (what pop() hands out), -1 when it is empty; `pop` removes it.
 int64_t last_free(PyObject* free) {
@@ -616,10 +613,6 @@ bool pop(PyObject* free) {
   return PyList_SetSlice(free, n - 1, n, nullptr) == 0;
 }
 
-PyObject* pair(PyObject* a, PyObject* b) {  // a new (a, b); steals neither
-  return a && b ? PyTuple_Pack(2, a, b) : nullptr;
-}
-
 struct Owned {  // a new reference, released when it goes
   PyObject* p;
   explicit Owned(PyObject* object) : p(object) {}
@@ -627,8 +620,6 @@ struct Owned {  // a new reference, released when it goes
   Owned(const Owned&) = delete;
   Owned& operator=(const Owned&) = delete;
 };
-
-PyObject* bytes16(const unsigned char* p) { return PyBytes_FromStringAndSize(reinterpret_cast<const char*>(p), 16); }
 
 // replay_stretch(transfers, start, admission, version, codes, counter, fields, tables, indexes) -> applied
 //
@@ -644,10 +635,10 @@ PyObject* bytes16(const unsigned char* p) { return PyBytes_FromStringAndSize(rei
 // the admission counter before the first. `codes`: (spaces.create, conversations.create,
 // members.set). `tables`: byte views (Tables' raw) of receipts, receipt_digests, command_bytes,
 // participants, spaces, conversations, members, with the int64 column counts of the int64 ones and
-// the command row's bytes; `indexes`: the participants' principal shards, the receipts' free list,
-// sequence shards and noted list, the spaces' free list and ID shards, the conversations' free
-// list and ID shards, the members' free list and pair shards, the participants' lineage list and
-// raw-ID shards. The row layouts are those of gpu_worker/state/tables.py, asserted where it is
+// the command row's bytes; `indexes`: the participants' principal map, the receipts' free list,
+// sequence map and noted list, the spaces' free list and ID map, the conversations' free list and
+// ID map, the members' free list and pair map, the participants' lineage list and raw-ID map (the
+// maps: FixedMaps, fixedmap.h, read and written here without a Python object). The row layouts are those of gpu_worker/state/tables.py, asserted where it is
 // called (admission.replay_stretch).
 //
 // It stops before the first transfer it does not apply exactly so: another transfer kind or
@@ -681,13 +672,18 @@ PyObject* replay_stretch(PyObject*, PyObject* args) {
     PyErr_SetString(PyExc_ValueError, "replay_stretch: a table narrower than its row layout");
     return nullptr;
   }
-  PyObject *by_principal, *receipt_free, *by_sequence, *noted, *space_free, *spaces_by_id, *conversation_free,
-      *conversations_by_id, *member_free, *member_rows, *lineage, *by_raw;
-  if (!PyArg_ParseTuple(indexes, "O!O!O!O!O!O!O!O!O!O!O!O!", &PyList_Type, &by_principal, &PyList_Type,
-                        &receipt_free, &PyList_Type, &by_sequence, &PyList_Type, &noted, &PyList_Type, &space_free,
-                        &PyList_Type, &spaces_by_id, &PyList_Type, &conversation_free, &PyList_Type,
-                        &conversations_by_id, &PyList_Type, &member_free, &PyList_Type, &member_rows, &PyList_Type,
-                        &lineage, &PyList_Type, &by_raw))
+  PyObject *o_by_principal, *receipt_free, *o_by_sequence, *noted, *space_free, *o_spaces_by_id, *conversation_free,
+      *o_conversations_by_id, *member_free, *o_member_rows, *lineage, *o_by_raw;
+  if (!PyArg_ParseTuple(indexes, "OO!OO!O!OO!OO!OO!O", &o_by_principal, &PyList_Type, &receipt_free, &o_by_sequence,
+                        &PyList_Type, &noted, &PyList_Type, &space_free, &o_spaces_by_id, &PyList_Type,
+                        &conversation_free, &o_conversations_by_id, &PyList_Type, &member_free, &o_member_rows,
+                        &PyList_Type, &lineage, &o_by_raw))
+    return nullptr;
+  fm::Map *by_principal = fm::check(o_by_principal, 16), *by_sequence = nullptr, *spaces_by_id = nullptr,
+          *conversations_by_id = nullptr, *member_rows = nullptr, *by_raw = nullptr;
+  if (!by_principal || !(by_sequence = fm::check(o_by_sequence, 16)) || !(spaces_by_id = fm::check(o_spaces_by_id, 32))
+      || !(conversations_by_id = fm::check(o_conversations_by_id, 32)) || !(member_rows = fm::check(o_member_rows, 16))
+      || !(by_raw = fm::check(o_by_raw, 16)))
     return nullptr;
   const Py_ssize_t n = PyList_GET_SIZE(transfers);
   if (start < 0) {
@@ -723,31 +719,28 @@ PyObject* replay_stretch(PyObject*, PyObject* args) {
                                                       : member_extra(r, space_lineage, space_id, member_raw, &rights));
     if (!read || r.p != r.end || h.sequence >= (int64_t(1) << 31) || h.length > size_t(commands.width)) break;
     // everything it looks up and takes, before anything is written
-    const int64_t prow = lookup(by_principal, Owned(bytes16(h.principal)).p);
+    const int64_t prow = fm::get(by_principal, h.principal);
     if (prow < 0 || prow >= participant_rows || prow >= PyList_GET_SIZE(lineage)) break;
     const int64_t rrow = last_free(receipt_free);
     if (rrow < 0 || rrow >= receipt_rows || rrow >= commands.rows(1) || rrow >= digests.rows(1)) break;
     PyObject* owner_lineage = PyList_GET_ITEM(lineage, prow);
+    if (!PyBytes_Check(owner_lineage) || PyBytes_GET_SIZE(owner_lineage) != 16) break;
+    const unsigned char* owner = reinterpret_cast<const unsigned char*>(PyBytes_AS_STRING(owner_lineage));
     int64_t srow = -1, krow = -1, member = -1;
     bool new_member = false;
-    Owned member_key(nullptr);
     if (kind == space_code) {
       krow = last_free(space_free);
       if (krow < 0 || krow >= space_rows) break;
     } else {
-      Owned space_key(pair(Owned(bytes16(space_lineage)).p, Owned(bytes16(space_id)).p));
-      srow = lookup(spaces_by_id, space_key.p);
+      srow = fm::get(spaces_by_id, OwnedId(space_lineage, space_id).key);
       if (srow < 0 || srow >= space_rows) break;
       if (kind == conversation_code) {
         krow = last_free(conversation_free);
         if (krow < 0 || krow >= conversation_rows) break;
       } else {
-        Owned raw(bytes16(member_raw));
-        member = lookup(by_raw, raw.p);
-          if (member < 0) break;
-        member_key.p = pair(Owned(PyLong_FromLongLong(srow)).p, Owned(PyLong_FromLongLong(member)).p);
-        if (member_key.p == nullptr) return nullptr;
-        krow = lookup(member_rows, member_key.p);
+        member = fm::get(by_raw, member_raw);
+        if (member < 0) break;
+        krow = fm::get(member_rows, IntPair(srow, member).key);
         if (krow < 0) {
           new_member = true;
           krow = last_free(member_free);
@@ -760,17 +753,15 @@ PyObject* replay_stretch(PyObject*, PyObject* args) {
     if (kind == space_code) {
       int64_t* row = spaces.row(krow);
       row[0] = 1, row[1] = prow, row[2] = scope, memcpy(&row[3], id, 16), row[5] = admitted, memcpy(&row[6], h.op, 16);
-      Owned key(pair(owner_lineage, Owned(bytes16(id)).p));
-      if (!pop(space_free) || !store(spaces_by_id, key.p, krow)) return nullptr;
+      if (!pop(space_free) || !fm::put(spaces_by_id, OwnedId(owner, id).key, krow)) return nullptr;
     } else if (kind == conversation_code) {
       int64_t* row = conversations.row(krow);
       row[0] = 1, row[1] = srow, row[2] = prow, memcpy(&row[3], id, 16), row[5] = admitted, memcpy(&row[6], h.op, 16);
-      Owned key(pair(owner_lineage, Owned(bytes16(id)).p));
-      if (!pop(conversation_free) || !store(conversations_by_id, key.p, krow)) return nullptr;
+      if (!pop(conversation_free) || !fm::put(conversations_by_id, OwnedId(owner, id).key, krow)) return nullptr;
     } else if (new_member) {
       int64_t* row = members.row(krow);
       row[0] = 1, row[1] = srow, row[2] = member, row[3] = rights, row[4] = admitted;
-      if (!pop(member_free) || !store(member_rows, member_key.p, krow)) return nullptr;
+      if (!pop(member_free) || !fm::put(member_rows, IntPair(srow, member).key, krow)) return nullptr;
     } else {
       members.row(krow)[3] = rights;
     }
@@ -786,9 +777,8 @@ PyObject* replay_stretch(PyObject*, PyObject* args) {
     unsigned char* both = digests.bytes(rrow);
     memcpy(both, PyBytes_AS_STRING(digest), 32), memcpy(both + 32, PyBytes_AS_STRING(digest), 32);
     participants.row(prow)[1] = h.sequence + 1;
-    Owned sequence_key(PyLong_FromLongLong(h.sequence << 32 | prow));
     Owned rrow_object(PyLong_FromLongLong(rrow));
-    if (!pop(receipt_free) || !store(by_sequence, sequence_key.p, rrow) || rrow_object.p == nullptr
+    if (!pop(receipt_free) || !fm::put(by_sequence, IntPair(prow, h.sequence).key, rrow) || rrow_object.p == nullptr
         || PyList_Append(noted, rrow_object.p) != 0)
       return nullptr;
     counter = admitted;

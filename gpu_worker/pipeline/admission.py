@@ -266,14 +266,14 @@ assert (P.NEXT_SEQUENCE, S.OWNER, S.SCOPE, S.ID_HI, S.CREATED, S.OP_HI, C.SPACE,
 assert (R.RESULT_LEN, R.TERM_TRANSFER) == (11, 17)
 
 
-# what replay_stretch writes through: the tables' memory and the indexes' own dicts and lists,
+# what replay_stretch writes through: the tables' memory and the indexes' own maps and lists,
 # fixed for one load (`stretch_context`)
 StretchContext = tuple[tuple[object, ...], tuple[object, ...]]
 
 
 def stretch_context(d: Admitter) -> StretchContext | None:
     """What `replay_stretch` writes through for the state now loading, made once a load (the
-    tables' memory, the indexes' dicts, free lists and the receipts' list of noted rows, none of
+    tables' memory, the indexes' maps, free lists and the receipts' list of noted rows, none of
     which a load replaces); None when the tables are not the CPU's or receipts are not deferred."""
     state = d.state
     t, receipts = state.tables, state.receipts
@@ -283,10 +283,9 @@ def stretch_context(d: Admitter) -> StretchContext | None:
     return ((t.raw(t.receipts), t.raw(t.receipt_digests), t.raw(t.command_bytes), t.raw(t.participants),
              t.raw(t.spaces), t.raw(t.conversations), t.raw(t.members), _R_WIDTH, t.command_bytes.shape[1],
              t.participants.shape[1], t.spaces.shape[1], t.conversations.shape[1], t.members.shape[1]),
-            (state.participants.by_principal.dicts, receipts.free, receipts.by_sequence.dicts, noting,
-             state.spaces.free, state.spaces.by_id.dicts, state.conversations.free, state.conversations.by_id.dicts,
-             state.members.free, state.members.rows.dicts, state.participants.lineage,
-             state.participants.by_raw.dicts))
+            (state.participants.by_principal, receipts.free, receipts.by_sequence, noting,
+             state.spaces.free, state.spaces.by_id, state.conversations.free, state.conversations.by_id,
+             state.members.free, state.members.rows, state.participants.lineage, state.participants.by_raw))
 
 
 def replay_stretch(d: Admitter, transfers: list[Transfer], start: int, context: StretchContext) -> int:

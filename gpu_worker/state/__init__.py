@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..memory.table import MemoryTable
-from .indexes import (SEQUENCE_SHIFT, ConversationIndex, MediaSource, MemberIndex, ParticipantIndex,
+from .indexes import (ROW_BITS, ConversationIndex, MediaSource, MemberIndex, ParticipantIndex,
                       ReceiptIndex, SpaceIndex)
 from ..contract.limits import MEMORY_PAYLOAD_BYTES
 from .holds import Incident
@@ -19,8 +19,8 @@ __all__ = ["DeviceState", "MediaSource"]
 class DeviceState:
     def __init__(self, capacities: dict[str, int], device: str, incarnation: bytes, generation: int,
                  embedding_dim: int = 384) -> None:
-        if capacities["participants"] > 1 << SEQUENCE_SHIFT:  # the receipt index keys rows in 32 bits
-            raise ValueError(f"{capacities['participants']} participants: at most {1 << SEQUENCE_SHIFT}")
+        if capacities["participants"] > 1 << ROW_BITS:  # the receipt index keys rows in 32 bits
+            raise ValueError(f"{capacities['participants']} participants: at most {1 << ROW_BITS}")
         self.capacities = capacities
         self.incarnation = incarnation
         self.tables = Tables(capacities, device)
@@ -39,10 +39,10 @@ class DeviceState:
         self.checkpoint_seq = 0       # the last transfer the runtime file's checkpoint holds
         self.checkpoint_digest = bytes(32)
         self.participants = ParticipantIndex(incarnation, capacities["participants"])
-        self.receipts = ReceiptIndex()
-        self.spaces = SpaceIndex(self.participants)
-        self.members = MemberIndex()
-        self.conversations = ConversationIndex()
+        self.receipts = ReceiptIndex(capacities["receipts"])
+        self.spaces = SpaceIndex(self.participants, capacities["spaces"])
+        self.members = MemberIndex(capacities["members"])
+        self.conversations = ConversationIndex(capacities["conversations"])
         self.media: dict[str, MediaSource] = {}  # sha256 hex -> source
         self.hold_incidents: list[Incident] = []  # journal holds, oldest first (state/holds.py)
         # takeovers of this journal by a standby (boot --takeover), oldest first: {boot, at_ns,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import ids
-from ..shards import MISSING, Shards
+from ..shards import FixedMap, Shards, fixed_map
 from .tables import C, M, P, R, S, Tables, join16
 from ..contract.ids import participant_id
 
@@ -35,8 +35,8 @@ class ParticipantIndex:
 
     def __init__(self, incarnation: bytes, capacity: int) -> None:
         self.incarnation = incarnation
-        self.by_principal: Shards[bytes, int] = Shards()
-        self.by_raw: Shards[bytes, int] = Shards()   # participant raw id -> row
+        self.by_principal: FixedMap[bytes] = fixed_map("b16", capacity)
+        self.by_raw: FixedMap[bytes] = fixed_map("b16", capacity)   # participant raw id -> row
         # by row, each a list of the table's capacity (empty: no participant there), so that a
         # registration's names cost no map insert (and no map growth: gpu_worker/shards.py)
         self.lineage: list[bytes] = [b""] * capacity
@@ -138,6 +138,15 @@ class ParticipantIndex:
         return lineage
 
 
+def owned_ids(lineages: list[bytes], ids16: np.ndarray) -> np.ndarray:
+    """(lineage, id) keys packed as a FixedMap "b16b16" takes them: each lineage's 16 bytes, then
+    the id's two int64 halves as join16 lays them out."""
+    keys = np.empty((len(lineages), 32), dtype=np.uint8)
+    keys[:, :16] = np.frombuffer(b"".join(lineages), dtype=np.uint8).reshape(-1, 16)
+    keys[:, 16:] = np.ascontiguousarray(ids16, dtype="<i8").view(np.uint8)
+    return keys
+
+
 def take_free(free: list[int], n: int) -> list[int]:
     """The rows n pop()s of a free list hand out, in that order (a replay's run of admissions)."""
     if n > len(free):
@@ -214,14 +223,23 @@ class _Deferring(abc.ABC):
         """Index one row whose values are `values`: exactly what `_index` does for it."""
 
 
-SEQUENCE_SHIFT = 32  # by_sequence's key: sequence << 32 | participant row (rows: below 2**32)
+ROW_BITS = 32  # by_key's keys hold the participant row in 4 bytes
 _ROW32 = struct.Struct("<I")  # by_key's key: the operation key, then the participant row in 4 bytes
 
 
+def keyed(values: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """by_key's keys of receipt rows values[at], packed: each one's operation key bytes, then its
+    participant row in 4 bytes (as `_ROW32`)."""
+    keys = np.empty((len(at), 20), dtype=np.uint8)
+    keys[:, :16] = np.ascontiguousarray(values[at, R.KEY_HI:R.KEY_HI + 2], dtype="<i8").view(np.uint8)
+    keys[:, 16:] = np.asarray(values[at, R.PARTICIPANT], dtype="<u4").reshape(-1, 1).view(np.uint8)
+    return keys
+
+
 class ReceiptIndex(_Deferring):
-    """Live receipt rows by participant row and sequence (one int key, `at`), by participant row
-    and operation key (one 20-byte key, `key_in_use`) and by operation ID (`op_row`): one int and
-    one bytes key rather than tuples, cheaper to build for a million receipts at boot. Retired
+    """Live receipt rows by participant row and sequence (`at`), by participant row and operation
+    key (one 20-byte key, `key_in_use`) and by operation ID (`op_row`), in FixedMaps sized for the
+    receipts table, built for a million receipts at boot from packed columns. Retired
     rows wait in `release_on_save` until the retirement that freed them is saved (SPEC: the
     persisted floor advances before a receipt slot is reused).
 
@@ -233,11 +251,11 @@ class ReceiptIndex(_Deferring):
     __slots__ = ("by_sequence", "by_key", "by_op", "free", "release_on_save")
     TABLE = "receipts"
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int) -> None:
         super().__init__()
-        self.by_sequence: Shards[int, int] = Shards()  # sequence << SEQUENCE_SHIFT | participant row -> receipt row
-        self.by_key: Shards[bytes, int] = Shards()  # operation key + participant row (_ROW32) -> receipt row
-        self.by_op: Shards[bytes, int] = Shards()
+        self.by_sequence: FixedMap[tuple[int, int]] = fixed_map("ii", capacity)  # (participant row, sequence) -> receipt row
+        self.by_key: FixedMap[bytes] = fixed_map("b20", capacity)  # operation key + participant row (_ROW32) -> receipt row
+        self.by_op: FixedMap[bytes] = fixed_map("b16", capacity)
         self.free: list[int] = []
         self.release_on_save: dict[int, list[int]] = {}  # transfer seq -> rows freed once it is saved
 
@@ -255,12 +273,9 @@ class ReceiptIndex(_Deferring):
         self._index_sequences(self._tables.take(self._tables.receipts, at), np.arange(len(rows)), at)
 
     def _index_sequences(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
-        prows, sequences = values[at, R.PARTICIPANT], values[at, R.SEQUENCE]
-        if len(at) and int(sequences.max()) >= 1 << (63 - SEQUENCE_SHIFT):  # past int64: Python's ints
-            keys = [sequence << SEQUENCE_SHIFT | prow for sequence, prow in zip(sequences.tolist(), prows.tolist())]
-        else:
-            keys = (sequences << SEQUENCE_SHIFT | prows).tolist()
-        self.by_sequence.update(zip(keys, rows.tolist()))
+        keys = np.empty((len(at), 2), dtype="<i8")  # (participant row, sequence), packed as FixedMap's "ii"
+        keys[:, 0], keys[:, 1] = values[at, R.PARTICIPANT], values[at, R.SEQUENCE]
+        self.by_sequence.put_packed(keys, np.ascontiguousarray(rows, dtype=np.int64))
 
     def _index(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
         # noted rows a retirement freed since are not live (a row freed and taken again is noted
@@ -269,12 +284,9 @@ class ReceiptIndex(_Deferring):
         self._index_keys(values, at[live], rows[live])
 
     def _index_keys(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
-        rrows = rows.tolist()
-        keyed = np.empty((len(at), 20), dtype=np.uint8)  # each row's key bytes, then its row in 4 bytes
-        keyed[:, :16] = np.ascontiguousarray(values[at, R.KEY_HI:R.KEY_HI + 2], dtype="<i8").view(np.uint8)
-        keyed[:, 16:] = np.asarray(values[at, R.PARTICIPANT], dtype="<u4").reshape(-1, 1).view(np.uint8)
-        self.by_key.update(zip(keyed.view("V20").ravel().tolist(), rrows))
-        self.by_op.update(zip(Tables.ids16(values, at, R.OP_HI, R.OP_LO), rrows))
+        rrows = np.ascontiguousarray(rows, dtype=np.int64)
+        self.by_key.put_packed(keyed(values, at), rrows)
+        self.by_op.put_packed(np.ascontiguousarray(values[at, R.OP_HI:R.OP_HI + 2], dtype="<i8"), rrows)
 
     def _index_row(self, values: list[int], row: int) -> None:
         if values[R.STATE]:
@@ -283,11 +295,11 @@ class ReceiptIndex(_Deferring):
 
     def at(self, prow: int, sequence: int) -> int | None:
         """The receipt row of a participant's sequence, None when it has no live receipt."""
-        return self.by_sequence.get(sequence << SEQUENCE_SHIFT | prow)
+        return self.by_sequence.get((prow, sequence))
 
     def row_of(self, prow: int, sequence: int) -> int:
         """The receipt row of a live sequence (one of `DeviceState.live_sequences`)."""
-        return self.by_sequence[sequence << SEQUENCE_SHIFT | prow]
+        return self.by_sequence[(prow, sequence)]
 
     def op_row(self, op: bytes) -> int | None:
         """The receipt row of an operation ID (its 16 raw bytes), None when it is not live."""
@@ -302,7 +314,7 @@ class ReceiptIndex(_Deferring):
         return key + _ROW32.pack(prow) in self.by_key
 
     def add(self, rrow: int, prow: int, sequence: int, key: bytes, op: bytes) -> None:
-        self.by_sequence[sequence << SEQUENCE_SHIFT | prow] = rrow
+        self.by_sequence[(prow, sequence)] = rrow
         if self._tables is not None:
             self._pending.append(rrow)
             return
@@ -313,16 +325,16 @@ class ReceiptIndex(_Deferring):
         """Remove a participant's live receipts of `sequences` (each one's entries in the three
         maps) in one pass: their rows, in sequence order, and those rows' values. While a load
         defers, a row still waiting to be indexed has no key or ID entry yet (and gets none)."""
-        rows = self.by_sequence.pop_all([sequence << SEQUENCE_SHIFT | prow for sequence in sequences])
-        values = tables.take(tables.receipts, np.array(rows, dtype=np.int64))
+        keys = np.empty((len(sequences), 2), dtype="<i8")  # (participant row, sequence), packed
+        keys[:, 0], keys[:, 1] = prow, np.arange(sequences.start, sequences.stop, dtype=np.int64)
+        at = np.frombuffer(self.by_sequence.pop_packed(keys), dtype=np.int64)
+        values = tables.take(tables.receipts, at)
         if self._tables is not None and not self.by_op:  # (a replay that has not built them yet: nothing to remove)
-            return rows, values
-        every = np.arange(len(rows))
-        suffix = _ROW32.pack(prow)
-        missing = None if self._tables is not None else MISSING
-        self.by_key.pop_all([key + suffix for key in tables.ids16(values, every, R.KEY_HI, R.KEY_LO)], missing)
-        self.by_op.pop_all(tables.ids16(values, every, R.OP_HI, R.OP_LO), missing)
-        return rows, values
+            return at.tolist(), values
+        strict = self._tables is None  # (while deferring, a row not indexed yet has no entries)
+        self.by_key.pop_packed(keyed(values, np.arange(len(at))), strict)
+        self.by_op.pop_packed(np.ascontiguousarray(values[:, R.OP_HI:R.OP_HI + 2], dtype="<i8"), strict)
+        return at.tolist(), values
 
 
 class SpaceIndex(_Deferring):
@@ -334,9 +346,9 @@ class SpaceIndex(_Deferring):
     __slots__ = ("by_id", "free", "_participants")
     TABLE = "spaces"
 
-    def __init__(self, participants: ParticipantIndex) -> None:
+    def __init__(self, participants: ParticipantIndex, capacity: int) -> None:
         super().__init__()
-        self.by_id: Shards[tuple[bytes, bytes], int] = Shards()  # (owner lineage, id) -> space row
+        self.by_id: FixedMap[tuple[bytes, bytes]] = fixed_map("b16b16", capacity)  # (owner lineage, id) -> space row
         self.free: list[int] = []
         self._participants = participants
 
@@ -348,7 +360,8 @@ class SpaceIndex(_Deferring):
 
     def _index(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
         lineages = self._participants.lineages_at(values[at, S.OWNER], values[at, S.CREATED])  # the one in its ID
-        self.by_id.update(zip(zip(lineages, Tables.ids16(values, at, S.ID_HI, S.ID_LO)), rows.tolist()))
+        self.by_id.put_packed(owned_ids(lineages, values[at, S.ID_HI:S.ID_HI + 2]),
+                              np.ascontiguousarray(rows, dtype=np.int64))
 
     def _index_row(self, values: list[int], row: int) -> None:
         lineage = self._participants.lineage_at(values[S.OWNER], values[S.CREATED])
@@ -384,23 +397,23 @@ class SpaceIndex(_Deferring):
 class MemberIndex:
     __slots__ = ("rows", "free")
 
-    def __init__(self) -> None:
-        self.rows: Shards[tuple[int, int], int] = Shards()  # (space row, participant row) -> member row
+    def __init__(self, capacity: int) -> None:
+        self.rows: FixedMap[tuple[int, int]] = fixed_map("ii", capacity)  # (space row, participant row) -> member row
         self.free: list[int] = []
 
     def rebuild(self, tables: Tables) -> None:
         values = tables.array(tables.members)
         live = np.flatnonzero(values[:, M.STATE])
-        self.rows.update(zip(zip(values[live, M.SPACE].tolist(), values[live, M.PARTICIPANT].tolist()),
-                             live.tolist()))
+        keys = np.ascontiguousarray(values[live][:, [M.SPACE, M.PARTICIPANT]], dtype="<i8")  # FixedMap's "ii"
+        self.rows.put_packed(keys, live.astype(np.int64))
         self.free = tables.unused_rows(tables.members)
 
 
 class ConversationIndex:
     __slots__ = ("by_id", "free", "inputs")
 
-    def __init__(self) -> None:
-        self.by_id: Shards[tuple[bytes, bytes], int] = Shards()  # (creator lineage, id) -> conversation row
+    def __init__(self, capacity: int) -> None:
+        self.by_id: FixedMap[tuple[bytes, bytes]] = fixed_map("b16b16", capacity)  # (creator lineage, id) -> conversation row
         self.free: list[int] = []
         self.inputs: Shards[int, list[int]] = Shards()  # conversation row -> input receipt rows, in admission order
 
@@ -408,7 +421,7 @@ class ConversationIndex:
         values = tables.array(tables.conversations)
         live = np.flatnonzero(values[:, C.STATE] == 1)  # not a deleted one's tombstone (kinds/deletions.py)
         lineages = participants.lineages_at(values[live, C.CREATOR], values[live, C.CREATED])  # the one in its ID
-        self.by_id.update(zip(zip(lineages, tables.ids16(values, live, C.ID_HI, C.ID_LO)), live.tolist()))
+        self.by_id.put_packed(owned_ids(lineages, values[live, C.ID_HI:C.ID_HI + 2]), live.astype(np.int64))
         self.free = tables.unused_rows(tables.conversations)
         receipts = tables.array(tables.receipts)
         inputs = np.flatnonzero((receipts[:, R.STATE] != 0) & (receipts[:, R.KIND] == input_kind))

@@ -7,6 +7,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpu_worker.shards import NativeFixedMap as FixedMap
 from gpu_worker.shards import SHARDS, Shards
 from tests.conftest import ALL, write_grants
 from tests.gpu_worker.test_device import Rig
@@ -94,20 +95,24 @@ def test_bulk_operations_refuse_what_a_python_loop_would():
 
 
 def largest_tables(state):
-    """Each index map of the device's state: its name and the entries of its largest dict table."""
+    """Each index map of the device's state: its name and, for a FixedMap, its table's slots (it
+    never grows when sized right), else the entries of its largest dict table."""
     for index in (state.participants, state.receipts, state.spaces, state.members, state.conversations, state.memory):
         for name in getattr(type(index), "__slots__", ()) or vars(index):
             value = getattr(index, name, None)
             if isinstance(value, Shards):
-                yield f"{type(index).__name__}.{name}", max(map(len, value._shards))
+                yield f"{type(index).__name__}.{name}", ("dicts", max(map(len, value._shards)))
             elif isinstance(value, dict):
-                yield f"{type(index).__name__}.{name}", len(value)
+                yield f"{type(index).__name__}.{name}", ("dicts", len(value))
+            elif isinstance(value, FixedMap):
+                yield f"{type(index).__name__}.{name}", ("slots", value.slots)
 
 
 def test_no_index_of_the_device_keeps_a_dict_that_grows_with_its_tables(tiny_runtime, tmp_path):
     """A thousand registrations and a space each: every map the device keeps per participant,
-    receipt and space holds them in shards of about 1/SHARDS each, so no insert rebuilds a table
-    of the whole state while the tick thread waits (it did: seven dicts of a million entries)."""
+    receipt and space holds them in a FixedMap sized for its table, which never grows, or in
+    shards of about 1/SHARDS each, so no insert rebuilds a table of the whole state while the tick
+    thread waits (it did: seven dicts of a million entries)."""
     n = 1000
     principals = [f"{i:032x}" for i in range(1, n + 1)]
     rig = Rig(tiny_runtime, tmp_path, {p: ALL for p in principals})
@@ -118,14 +123,19 @@ def test_no_index_of_the_device_keeps_a_dict_that_grows_with_its_tables(tiny_run
                 replies += [reply for _, reply in rig.device.committer.run_sync(inbox)]
             return replies
 
+        booted = dict(largest_tables(rig.device.state))
         lineages = [json.loads(r.body)["lineage"] for r in answers(rig.msg("participant.get", p) for p in principals)]
         registrations = answers(rig.msg("participant.register", p, rig.register_args(p, lineage=lineage))
                                 for p, lineage in zip(principals, lineages))
         assert [r.status for r in registrations] == [202] * n
         assert len(rig.device.state.participants.by_principal) == n
+        assert len(rig.device.state.receipts.by_op) >= n
         tables = dict(largest_tables(rig.device.state))
-        assert tables["ParticipantIndex.by_principal"] > 0 and tables["ReceiptIndex.by_op"] > 0
-        grown = {name: size for name, size in tables.items() if size > 4 * n // SHARDS}
+        maps = {name for name, (kind, _) in tables.items() if kind == "slots"}
+        assert {"ParticipantIndex.by_principal", "ReceiptIndex.by_op", "ReceiptIndex.by_sequence",
+                "SpaceIndex.by_id", "MemoryTable.by_id"} <= maps
+        assert all(tables[name] == booted[name] for name in maps)  # not one grew
+        grown = {name: size for name, (kind, size) in tables.items() if kind == "dicts" and size > 4 * n // SHARDS}
         assert not grown, grown
     finally:
         rig.device.close()

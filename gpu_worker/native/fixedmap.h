@@ -1,0 +1,197 @@
+// gpu_worker/native/fixedmap.cpp's FixedMap, for the native code that reads and writes one
+// (fixedmap.cpp's Python type, jcodec.cpp's replay of a stretch of admissions): a hash table of
+// fixed-width byte keys to int64 rows, open addressing with linear probing, sized from the table
+// it indexes so that it never grows in service (docs/architecture.md, "Host indexes").
+//
+// A slot is the stored value plus one (0: an empty slot, so a fresh table is calloc's zeros), then
+// the key's bytes, padded to 8. A key's home slot is its hash, CPython's own for bytes (SipHash,
+// seeded per process: a tenant that chooses operation keys cannot aim them at one slot), masked.
+// Removal shifts the following entries of the cluster back (no tombstones), so a table that lives
+// for the life of the device stays as fast as a fresh one.
+#pragma once
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include <sys/mman.h>
+
+namespace aotx {
+namespace fixedmap {
+
+constexpr int MAX_WIDTH = 64;  // key bytes
+constexpr int MAX_PARTS = 4;
+constexpr const char* TYPE_NAME = "aotx_fixedmap.FixedMap";
+
+struct Map {
+  PyObject_HEAD
+  int width;                // key bytes
+  int stride;               // slot bytes: 8 (value + 1), then the key padded to 8
+  int parts;                // the key's parts: one is the key itself, more are a tuple's items
+  char kinds[MAX_PARTS];    // 'i': an int64 (8 bytes, little-endian), 'b': bytes
+  int sizes[MAX_PARTS];     // each part's bytes
+  uint64_t mask;            // slots - 1 (a power of two)
+  Py_ssize_t used;
+  unsigned char* slots;
+};
+
+inline uint64_t hash_of(const Map* m, const unsigned char* key) {
+  return uint64_t(_Py_HashBytes(key, m->width));
+}
+
+inline unsigned char* slot(const Map* m, uint64_t i) { return m->slots + i * uint64_t(m->stride); }
+
+inline uint64_t stored(const unsigned char* s) {
+  uint64_t v;
+  memcpy(&v, s, 8);
+  return v;
+}
+
+// The slot that holds `key`, or the empty slot where it would go (there is always one: at most
+// half the slots are used).
+inline uint64_t find(const Map* m, const unsigned char* key, uint64_t hash) {
+  for (uint64_t i = hash & m->mask;; i = (i + 1) & m->mask) {
+    const unsigned char* s = slot(m, i);
+    if (stored(s) == 0 || memcmp(s + 8, key, size_t(m->width)) == 0) return i;
+  }
+}
+
+// The value of `key`, -1 when it is not there.
+inline int64_t get(const Map* m, const unsigned char* key) {
+  const uint64_t v = stored(slot(m, find(m, key, hash_of(m, key))));
+  return int64_t(v) - 1;
+}
+
+constexpr size_t HUGE_PAGE = size_t(2) << 20;
+
+// A table of `slots` empty slots (a power of two), or nullptr with MemoryError set. A large one is
+// mapped in 2 MiB pages where the kernel allows it (madvise): it is filled all over, at random,
+// so with 4 KiB pages each of its pages would cost a fault and each probe a TLB miss. Its pages are
+// faulted in here, when a device is made: a huge page's first fault may wait for the kernel to
+// compact memory, which must not happen on the tick thread's first insert into that page.
+inline unsigned char* allocate(const Map* m, uint64_t slots) {
+  const size_t bytes = size_t(slots) * size_t(m->stride);
+  if (bytes >= 2 * HUGE_PAGE) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      PyErr_NoMemory();
+      return nullptr;
+    }
+    madvise(p, bytes, MADV_HUGEPAGE);  // (a hint: without it, 4 KiB pages)
+    volatile unsigned char* page = static_cast<unsigned char*>(p);
+    for (size_t at = 0; at < bytes; at += 4096) page[at] = 0;  // (every page, whichever size it got)
+    return static_cast<unsigned char*>(p);
+  }
+  void* p = calloc(size_t(slots), size_t(m->stride));
+  if (p == nullptr) PyErr_NoMemory();
+  return static_cast<unsigned char*>(p);
+}
+
+// What `allocate` gave for `slots` slots, back.
+inline void release(const Map* m, unsigned char* table, uint64_t slots) {
+  if (table == nullptr) return;
+  const size_t bytes = size_t(slots) * size_t(m->stride);
+  if (bytes >= 2 * HUGE_PAGE) {
+    munmap(table, bytes);
+  } else {
+    free(table);
+  }
+}
+
+// Twice the slots, every entry placed again: only when more keys went in than the table it indexes
+// has rows (which a device never does; the size was chosen from that table's capacity).
+inline bool grow(Map* m) {
+  const uint64_t old_slots = m->mask + 1, slots = old_slots * 2;
+  unsigned char* fresh = allocate(m, slots);
+  if (fresh == nullptr) return false;
+  unsigned char* old = m->slots;
+  m->slots = fresh;
+  m->mask = slots - 1;
+  for (uint64_t i = 0; i < old_slots; ++i) {
+    const unsigned char* s = old + i * uint64_t(m->stride);
+    if (stored(s) == 0) continue;
+    memcpy(slot(m, find(m, s + 8, hash_of(m, s + 8))), s, size_t(m->stride));
+  }
+  release(m, old, old_slots);
+  return true;
+}
+
+// map[key] = value (value >= 0), the key's hash already known; false with an exception set when
+// it cannot be stored.
+inline bool put_hashed(Map* m, const unsigned char* key, uint64_t hash, int64_t value) {
+  if (value < 0 || value == INT64_MAX) {
+    PyErr_SetString(PyExc_ValueError, "a FixedMap value is a row: 0 <= value < 2**63 - 1");
+    return false;
+  }
+  uint64_t i = find(m, key, hash);
+  unsigned char* s = slot(m, i);
+  if (stored(s) == 0) {
+    if (uint64_t(m->used + 1) * 2 > m->mask + 1) {
+      if (!grow(m)) return false;
+      s = slot(m, find(m, key, hash));
+    }
+    memcpy(s + 8, key, size_t(m->width));
+    ++m->used;
+  }
+  const uint64_t v = uint64_t(value) + 1;
+  memcpy(s, &v, 8);
+  return true;
+}
+
+inline bool put(Map* m, const unsigned char* key, int64_t value) { return put_hashed(m, key, hash_of(m, key), value); }
+
+// Removes `key`, its hash already known: its value, -1 when it was not there.
+inline int64_t erase_hashed(Map* m, const unsigned char* key, uint64_t hash) {
+  uint64_t i = find(m, key, hash);
+  const uint64_t v = stored(slot(m, i));
+  if (v == 0) return -1;
+  // shift back each later entry of the cluster whose home is not between the hole and it
+  for (uint64_t j = (i + 1) & m->mask;; j = (j + 1) & m->mask) {
+    unsigned char* s = slot(m, j);
+    if (stored(s) == 0) break;
+    const uint64_t home = hash_of(m, s + 8) & m->mask;
+    const bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+    if (stays) continue;
+    memcpy(slot(m, i), s, size_t(m->stride));
+    i = j;
+  }
+  memset(slot(m, i), 0, size_t(m->stride));
+  --m->used;
+  return int64_t(v) - 1;
+}
+
+inline int64_t erase(Map* m, const unsigned char* key) { return erase_hashed(m, key, hash_of(m, key)); }
+
+// Keys a batch hashes ahead of the one it stores or removes, their home slots prefetched: a table
+// of a million entries is far larger than the caches, and one key's slot after another's is a
+// cache (and TLB) miss each, which this many in flight at once overlap.
+constexpr size_t AHEAD = 16;
+
+// Each of n packed keys' hash, in order.
+inline void hash_all(const Map* m, const unsigned char* keys, size_t n, uint64_t* hashes) {
+  for (size_t i = 0; i < n; ++i) hashes[i] = hash_of(m, keys + i * size_t(m->width));
+}
+
+inline void prefetch(const Map* m, uint64_t hash) { __builtin_prefetch(slot(m, hash & m->mask), 1); }
+
+// `o` as a FixedMap whose keys are `width` bytes, or nullptr with TypeError set.
+inline Map* check(PyObject* o, int width) {
+  PyTypeObject* type = Py_TYPE(o);
+  if (strcmp(type->tp_name, TYPE_NAME) != 0 || type->tp_basicsize != Py_ssize_t(sizeof(Map))
+      || reinterpret_cast<Map*>(o)->width != width) {
+    PyErr_Format(PyExc_TypeError, "a FixedMap of %d-byte keys expected, got %s", width, type->tp_name);
+    return nullptr;
+  }
+  return reinterpret_cast<Map*>(o);
+}
+
+// An int64 as a key part, little-endian (the byte order numpy's "<i8" packs the same keys in).
+inline void put_int(unsigned char* out, int64_t v) {
+  for (int b = 0; b < 8; ++b) out[b] = static_cast<unsigned char>(uint64_t(v) >> (8 * b));
+}
+
+}  // namespace fixedmap
+}  // namespace aotx

@@ -1,0 +1,131 @@
+"""gpu_worker/native/fixedmap.cpp's FixedMap against a dict: every operation the indexes use, on
+keys of each layout they use, in tables small enough that clusters wrap around, entries shift back
+on removal and the table grows."""
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpu_worker import native
+
+FixedMap = native.load("fixedmap").FixedMap
+
+LAYOUTS = {
+    "ii": st.tuples(st.integers(-3, 40), st.integers(0, 3)),
+    "b16b16": st.tuples(st.sampled_from([bytes(16), b"\x01" * 16]), st.binary(min_size=16, max_size=16)
+                        .map(lambda b: b[:1] + bytes(15))),
+    "b20": st.integers(0, 60).map(lambda i: i.to_bytes(20, "little")),
+    "i": st.integers(-(1 << 63), (1 << 63) - 1) | st.integers(0, 50),
+}
+
+
+def packed(layout, key):
+    """A key as put_packed takes it (ints little-endian)."""
+    parts = key if isinstance(key, tuple) else (key,)
+    return b"".join(struct.pack("<q", p) if isinstance(p, int) else p for p in parts)
+
+
+operations = st.lists(st.tuples(st.sampled_from(["set", "del", "pop", "pop_default", "get", "in", "setdefault",
+                                                 "pop_all", "put_packed", "pop_packed", "update"]),
+                                st.integers(0, 1000)), max_size=300)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), ops=operations, capacity=st.integers(0, 20))
+def test_a_fixed_map_answers_as_a_dict(layout, data, ops, capacity):
+    mine, theirs = FixedMap(layout, capacity), {}
+    for op, value in ops:
+        key = data.draw(LAYOUTS[layout])
+        if op == "set":
+            mine[key] = theirs[key] = value
+        elif op == "del":
+            if key in theirs:
+                del mine[key], theirs[key]
+            else:
+                with pytest.raises(KeyError):
+                    del mine[key]
+        elif op == "pop":
+            if key in theirs:
+                assert mine.pop(key) == theirs.pop(key)
+            else:
+                with pytest.raises(KeyError):
+                    mine.pop(key)
+        elif op == "pop_default":
+            assert mine.pop(key, -7) == theirs.pop(key, -7)
+        elif op == "get":
+            assert mine.get(key) == theirs.get(key) and mine.get(key, "x") == theirs.get(key, "x")
+        elif op == "in":
+            assert (key in mine) == (key in theirs)
+        elif op == "setdefault":
+            assert mine.setdefault(key, value) == theirs.setdefault(key, value)
+        elif op == "pop_all":
+            keys = [key, data.draw(LAYOUTS[layout])]
+            assert mine.pop_all(keys, None) == [theirs.pop(k, None) for k in keys]
+        elif op == "put_packed":
+            keys = [key, data.draw(LAYOUTS[layout]), key]
+            rows = [value, value + 1, value + 2]
+            mine.put_packed(b"".join(packed(layout, k) for k in keys), np.array(rows, dtype=np.int64))
+            theirs.update(zip(keys, rows))
+        elif op == "pop_packed":
+            keys, strict, expected = [key, data.draw(LAYOUTS[layout])], bool(value % 2), []
+            for k in keys:  # strict: KeyError at the first missing, the keys before it removed
+                if k not in theirs and strict:
+                    break
+                expected.append(theirs.pop(k, -1))
+            every = b"".join(packed(layout, k) for k in keys)
+            if len(expected) < len(keys):
+                with pytest.raises(KeyError):
+                    mine.pop_packed(every, strict)
+            else:
+                assert np.frombuffer(mine.pop_packed(every, strict), dtype=np.int64).tolist() == expected
+        else:
+            pairs = [(key, value), (data.draw(LAYOUTS[layout]), value + 3)]
+            mine.update(pairs)
+            theirs.update(pairs)
+        assert len(mine) == len(theirs)
+    assert mine == theirs and not mine != theirs
+    assert sorted(mine.items()) == sorted(theirs.items()) and sorted(mine) == sorted(theirs)
+    assert sorted(mine.keys()) == sorted(theirs) and sorted(mine.values()) == sorted(theirs.values())
+    assert all(mine[k] == v for k, v in theirs.items())
+    mine.clear()
+    assert len(mine) == 0 and mine == {} and list(mine) == []
+
+
+def test_a_table_sized_for_its_capacity_never_grows():
+    """A device's index holds at most its table's rows: sized from them, it never rebuilds itself
+    on the tick thread as a dict does (tests/gpu_worker/test_shards.py's whole-device case)."""
+    m = FixedMap("b16", 1024)
+    slots = m.slots
+    m.put_packed(np.random.default_rng(1).bytes(16 * 1024), np.arange(1024, dtype=np.int64))
+    assert len(m) == 1024 and m.slots == slots == 2048
+    m[bytes(16)] = 5  # past what it was sized for: it grows (and still answers)
+    assert m.slots == 2 * slots and m[bytes(16)] == 5 and len(m) == 1025
+    assert all(m[k] == v for k, v in m.items())
+
+
+def test_keys_that_do_not_fit_the_layout_are_not_there_and_cannot_be_stored():
+    m = FixedMap("b16b16", 4)
+    key = (b"a" * 16, b"b" * 16)
+    m[key] = 1
+    for other in [(b"a" * 16,), (b"a" * 16, b"b" * 15), b"a" * 32, [b"a" * 16, b"b" * 16], None, 1 << 70]:
+        assert other not in m and m.get(other) is None and m.pop(other, 3) == 3
+        with pytest.raises(KeyError):
+            m[other]
+        with pytest.raises(TypeError):
+            m[other] = 2
+    i = FixedMap("i")
+    assert (1 << 63) not in i and i.get(-(1 << 63) - 1) is None
+    with pytest.raises(TypeError):
+        i[1 << 63] = 1
+    for row in (-1, (1 << 63) - 1, "1"):
+        with pytest.raises((ValueError, TypeError, OverflowError)):
+            m[key] = row
+    assert m[key] == 1 and len(m) == 1
+    with pytest.raises(ValueError):
+        m.put_packed(b"x" * 31, np.zeros(1, dtype=np.int64))
+    for layout in ("", "x", "b0", "b65", "b16b16b16b16b1", "i" * 5, "b99999999999999999999"):
+        with pytest.raises(ValueError):
+            FixedMap(layout)
