@@ -638,8 +638,8 @@ struct Owned {  // a new reference, released when it goes
 // the command row's bytes; `indexes`: the participants' principal map, the receipts' free list,
 // sequence map and noted list, the spaces' free list and ID map, the conversations' free list and
 // ID map, the members' free list and pair map, the participants' lineage list and raw-ID map (the
-// maps: FixedMaps, fixedmap.h, read and written here without a Python object). The row layouts are those of gpu_worker/state/tables.py, asserted where it is
-// called (admission.replay_stretch).
+// maps: FixedMaps, fixedmap.h, read and written here without a Python object). The row layouts
+// are those of gpu_worker/state/tables.py, asserted where it is called (admission.replay_stretch).
 //
 // It stops before the first transfer it does not apply exactly so: another transfer kind or
 // admission kind, a principal not registered, a payload in another layout (an extra field, as a

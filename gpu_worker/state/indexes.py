@@ -253,8 +253,10 @@ class ReceiptIndex(_Deferring):
 
     def __init__(self, capacity: int) -> None:
         super().__init__()
-        self.by_sequence: FixedMap[tuple[int, int]] = fixed_map("ii", capacity)  # (participant row, sequence) -> receipt row
-        self.by_key: FixedMap[bytes] = fixed_map("b20", capacity)  # operation key + participant row (_ROW32) -> receipt row
+        # (participant row, sequence) -> receipt row
+        self.by_sequence: FixedMap[tuple[int, int]] = fixed_map("ii", capacity)
+        # operation key + participant row (_ROW32) -> receipt row
+        self.by_key: FixedMap[bytes] = fixed_map("b20", capacity)
         self.by_op: FixedMap[bytes] = fixed_map("b16", capacity)
         self.free: list[int] = []
         self.release_on_save: dict[int, list[int]] = {}  # transfer seq -> rows freed once it is saved
@@ -413,7 +415,8 @@ class ConversationIndex:
     __slots__ = ("by_id", "free", "inputs")
 
     def __init__(self, capacity: int) -> None:
-        self.by_id: FixedMap[tuple[bytes, bytes]] = fixed_map("b16b16", capacity)  # (creator lineage, id) -> conversation row
+        # (creator lineage, id) -> conversation row
+        self.by_id: FixedMap[tuple[bytes, bytes]] = fixed_map("b16b16", capacity)
         self.free: list[int] = []
         self.inputs: Shards[int, list[int]] = Shards()  # conversation row -> input receipt rows, in admission order
 
