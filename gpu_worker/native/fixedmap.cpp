@@ -143,8 +143,7 @@ int map_init(PyObject* self, PyObject* args, PyObject* kwargs) {
 }
 
 void map_dealloc(PyObject* self) {
-  Map* m = reinterpret_cast<Map*>(self);
-  fm::release(m, m->slots, m->mask + 1);
+  free(reinterpret_cast<Map*>(self)->slots);
   Py_TYPE(self)->tp_free(self);
 }
 

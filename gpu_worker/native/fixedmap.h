@@ -17,8 +17,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include <sys/mman.h>
-
 namespace aotx {
 namespace fixedmap {
 
@@ -65,40 +63,14 @@ inline int64_t get(const Map* m, const unsigned char* key) {
   return int64_t(v) - 1;
 }
 
-constexpr size_t HUGE_PAGE = size_t(2) << 20;
-
-// A table of `slots` empty slots (a power of two), or nullptr with MemoryError set. A large one is
-// mapped in 2 MiB pages where the kernel allows it (madvise): it is filled all over, at random,
-// so with 4 KiB pages each of its pages would cost a fault and each probe a TLB miss. Its pages are
-// faulted in here, when a device is made: a huge page's first fault may wait for the kernel to
-// compact memory, which must not happen on the tick thread's first insert into that page.
+// A table of `slots` empty slots (a power of two), or nullptr with MemoryError set: calloc's, whose
+// pages the kernel maps (zeroed) as they are first written. (2 MiB pages, faulted in when the map
+// is made, built a checkpoint's indexes faster on their own but made the whole boot slower here:
+// docs/performance.md, "Replay".)
 inline unsigned char* allocate(const Map* m, uint64_t slots) {
-  const size_t bytes = size_t(slots) * size_t(m->stride);
-  if (bytes >= 2 * HUGE_PAGE) {
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-      PyErr_NoMemory();
-      return nullptr;
-    }
-    madvise(p, bytes, MADV_HUGEPAGE);  // (a hint: without it, 4 KiB pages)
-    volatile unsigned char* page = static_cast<unsigned char*>(p);
-    for (size_t at = 0; at < bytes; at += 4096) page[at] = 0;  // (every page, whichever size it got)
-    return static_cast<unsigned char*>(p);
-  }
   void* p = calloc(size_t(slots), size_t(m->stride));
   if (p == nullptr) PyErr_NoMemory();
   return static_cast<unsigned char*>(p);
-}
-
-// What `allocate` gave for `slots` slots, back.
-inline void release(const Map* m, unsigned char* table, uint64_t slots) {
-  if (table == nullptr) return;
-  const size_t bytes = size_t(slots) * size_t(m->stride);
-  if (bytes >= 2 * HUGE_PAGE) {
-    munmap(table, bytes);
-  } else {
-    free(table);
-  }
 }
 
 // Twice the slots, every entry placed again: only when more keys went in than the table it indexes
@@ -115,7 +87,7 @@ inline bool grow(Map* m) {
     if (stored(s) == 0) continue;
     memcpy(slot(m, find(m, s + 8, hash_of(m, s + 8))), s, size_t(m->stride));
   }
-  release(m, old, old_slots);
+  free(old);
   return true;
 }
 
