@@ -13,7 +13,7 @@ RUNTIME := var/identity.aotxccir
 .PHONY: setup run test deps clean-var
 
 # Long steps say what they do first; pip lists each package as it goes, pack prints its progress.
-$(BIN)/.deps: requirements.txt requirements-models.txt gpu_worker/engine/cpu_ops.cpp gpu_worker/engine/recall_scan.cpp gpu_worker/engine/simd.h gpu_worker/native/sockio.cpp gpu_worker/native/tick_io.cpp gpu_worker/native/handle.h gpu_worker/native/jcodec.cpp gpu_worker/native/stacks.cpp gpu_worker/native/shards.cpp gpu_worker/native/shards.h gpu_worker/native/fixedmap.cpp gpu_worker/native/fixedmap.h
+$(BIN)/.deps: requirements.txt requirements-models.txt gpu_worker/engine/cpu_ops.cpp gpu_worker/engine/recall_scan.cpp gpu_worker/engine/simd.h gpu_worker/native/sockio.cpp gpu_worker/native/tick_io.cpp gpu_worker/native/handle.h gpu_worker/native/jcodec.cpp gpu_worker/native/stacks.cpp gpu_worker/native/fixedmap.cpp gpu_worker/native/fixedmap.h
 	@echo "setup: virtualenv $(VENV) ($(PY))"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip

@@ -45,7 +45,7 @@ def check_conversation(d: Caller, principal: bytes, prow: int | None, args: Conv
                        sequence: int) -> Extra:
     crow = access.conversation_row(d, args.conversation, principal, prow, Right.MANAGE)
     t = d.state.tables
-    for rrow in d.state.conversations.inputs.get(crow, []):
+    for rrow in d.state.conversations.inputs_of(crow):
         if t.value(t.receipts, rrow, R.TERMINAL) == Terminal.NONE:
             raise ServiceError(409, "conversation_busy", "the conversation has an unfinished input; cancel it or "
                                                          "wait for its terminal result")
@@ -136,6 +136,6 @@ def release_tombstones(d: Tables, retired: list[tuple[int, int]]) -> None:
         if table_name == "spaces":
             _release(state.spaces.free, row)
         else:
-            state.conversations.inputs.pop(row, None)
+            state.conversations.inputs[row] = None
             _release(state.conversations.free, row)
 

@@ -26,6 +26,7 @@ memberships change: a reader who lost the right gets a last frame with the error
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -66,10 +67,10 @@ def event(d: Rendering, rrow: int, own: bool) -> dict[str, Any]:
             "terminal": receipt["terminal"]}
 
 
-def _orders(d: Tables, crow: int) -> tuple[list[int], list[int]]:
+def _orders(d: Tables, crow: int) -> tuple[list[int], Sequence[int]]:
     """(event orders, receipt rows) of a conversation's live inputs, ascending."""
     t = d.state.tables
-    rrows = d.state.conversations.inputs.get(crow, [])
+    rrows = d.state.conversations.inputs_of(crow)
     return [t.value(t.receipts, r, R.ORDER) for r in rrows], rrows
 
 

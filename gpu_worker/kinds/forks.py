@@ -42,7 +42,7 @@ def check(d: Caller, principal: bytes, prow: int | None, args: ConversationFork,
     if at > last:
         raise ServiceError(409, "fork_point_past_end", f"{args.conversation} has {last} inputs; at must be 1.."
                                                        f"{last}", inputs=str(last))
-    for rrow in d.state.conversations.inputs.get(crow, []):
+    for rrow in d.state.conversations.inputs_of(crow):
         if t.value(t.receipts, rrow, R.ORDER) <= at and t.value(t.receipts, rrow, R.TERMINAL) == Terminal.NONE:
             raise ServiceError(409, "conversation_busy", f"an input through {args.at} is unfinished; fork once it "
                                                          "has its terminal result")

@@ -73,7 +73,7 @@ def copy_turns(d: Tables, source: int, crow: int, at: int) -> None:
     t = d.state.tables
     records = [r for r in _records(t.get_bytes(t.history, source, t.value(t.conversations, source, C.HISTORY_LEN)))
                if r[0] <= at]
-    for rrow in d.state.conversations.inputs.get(source, []):
+    for rrow in d.state.conversations.inputs_of(source):
         row = t.row(t.receipts, rrow)
         if row[R.ORDER] <= at and row[R.TERMINAL] == Terminal.SUCCEEDED:
             records.append((row[R.ORDER], row[R.PARTICIPANT], *_turn(d, rrow, t.history.shape[1])))

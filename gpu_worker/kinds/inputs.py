@@ -115,7 +115,7 @@ def apply(d: Caller, a: Admission, prow: int, transfer_seq: int | None, rrow: in
     conversations = d.state.conversations
     recorded = a.extra["conversation"]
     crow = conversations.by_id[(recorded[0], recorded[1])]
-    conversations.inputs.setdefault(crow, []).append(rrow)
+    conversations.add_input(crow, rrow)
     quotas.input_admitted(d, prow, rrow, a.extra["pages"])  # unfinished until its completion
     t = d.state.tables
     t.write_row(t.conversations, crow, {C.INPUTS: t.value(t.conversations, crow, C.INPUTS) + 1})

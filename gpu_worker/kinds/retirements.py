@@ -57,8 +57,8 @@ def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: in
         for i in inputs:
             gone.setdefault(targets_of[i], set()).add(freed[i])
         for crow, rrows in gone.items():
-            left = state.conversations.inputs[crow]
-            left[:] = [r for r in left if r not in rrows]
+            left = state.conversations.inputs_of(crow)
+            state.conversations.inputs[crow] = [r for r in left if r not in rrows] or None
     t.put_column(t.receipts, freed, R.STATE, 0)
     t.write_row(t.participants, prow, {P.RETRY_FLOOR: floor})
     deletions.release_tombstones(d, list(zip(kinds, targets_of)))  # deleted rows no receipt names any more go back

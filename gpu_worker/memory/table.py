@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from .rows import NO_PROVENANCE, PROVENANCE, ROW, Forgotten, MemoryRow, Provenance
-from ..shards import FixedMap, fixed_map
+from ..fixedmap import FixedMap, fixed_map
 from ..packing import put_packed
 
 # a metadata row's object ID and byte length, where ROW packs them (memory/rows.py)
@@ -66,7 +66,7 @@ class MemoryTable:
         self.soonest = 0  # the earliest expiry of a live row (0: none), so a tick asks no tensor when none is due
         self.counter = 0                      # rows written so far (order of the next)
         self.free: list[int] = list(range(capacity))  # a heap: the lowest free row first
-        self.by_id: FixedMap[bytes] = fixed_map("b16", capacity)  # object id (16 bytes) -> row (gpu_worker/shards.py)
+        self.by_id: FixedMap[bytes] = fixed_map("b16", capacity)  # object id (16 bytes) -> row (gpu_worker/fixedmap.py)
         self.pending: dict[int, int] = {}     # row -> owner number: written, invisible until saved
         # objects forgotten since the last checkpoint: what it must still erase (memory/forgetting.py)
         self.forgotten: list[Forgotten] = []

@@ -4,7 +4,6 @@ source files and the headers they share):
 - `sockio` (sockio.cpp and tick_io.cpp): the native I/O threads, the socket loop and the tick I/O;
 - `jcodec` (jcodec.cpp): journal records encoded from a transfer (header, checksum, data);
 - `stacks` (stacks.cpp): every thread's native stack, for the stall watchdog (loop/watchdog.py);
-- `shards` (shards.cpp): gpu_worker/shards.py's bulk inserts and removals;
 - `fixedmap` (fixedmap.cpp, fixedmap.h): the host indexes' hash tables of fixed-width keys to rows.
 
 `load(name)` returns a module, compiling it first when this virtualenv has no build of the
@@ -36,7 +35,6 @@ FLAGS = ["-O2", "-std=c++17", "-shared", "-fPIC", "-pthread", "-Wall"]
 MODULES: dict[str, tuple[list[str], list[str]]] = {"sockio": (["sockio.cpp", "tick_io.cpp"], []),
                                                    "jcodec": (["jcodec.cpp"], ["-lz", "-lcrypto"]),
                                                    "stacks": (["stacks.cpp"], []),
-                                                   "shards": (["shards.cpp"], []),
                                                    "fixedmap": (["fixedmap.cpp"], [])}
 
 

@@ -6,14 +6,14 @@
 //                                  ("b16b16": (lineage, id)). capacity: the entries it must hold
 //                                  without growing (the rows of the table it indexes).
 //   m[key], m[key] = row, del m[key], key in m, len(m), m.get(key[, default]),
-//   m.pop(key[, default]), m.setdefault(key, row), m.update(pairs), m.pop_all(keys[, default]),
+//   m.pop(key[, default]), m.setdefault(key, row), m.update(pairs),
 //   m.keys(), m.values(), m.items() (lists, in slot order), iter(m), m.clear(), ==, repr
 //   m.put_packed(keys, rows)       keys: a buffer of n keys packed as the layout says (ints
 //                                  little-endian), rows: a buffer of n int64; m[key_i] = rows[i]
 //                                  for each i, in order, no Python object made
 //   m.pop_packed(keys, strict=True)  the rows of n packed keys, removed, n int64 in a bytearray
 //                                  (-1: a key not there; when strict, KeyError for it instead, the
-//                                  keys before it removed, as pop_all)
+//                                  keys before it removed)
 //   m.slots                        the table's size (it grew when it is more than its first)
 //
 // A key that does not fit the layout (another type, another length, an int past int64) is a key
@@ -261,42 +261,6 @@ PyObject* map_update(PyObject* self, PyObject* pairs) {
   Py_RETURN_NONE;
 }
 
-PyObject* map_pop_all(PyObject* self, PyObject* const* args, Py_ssize_t n) {
-  Map* m = reinterpret_cast<Map*>(self);
-  if (!_PyArg_CheckPositional("pop_all", n, 1, 2) || !ready(m)) return nullptr;
-  PyObject* fallback = n > 1 ? args[1] : nullptr;
-  PyObject* it = PyObject_GetIter(args[0]);
-  if (it == nullptr) return nullptr;
-  PyObject* values = PyList_New(0);
-  PyObject* key;
-  unsigned char k[fm::MAX_WIDTH];
-  bool ok = values != nullptr;
-  while (ok && (key = PyIter_Next(it)) != nullptr) {
-    const int r = encode(m, key, k);
-    const int64_t v = r == 1 ? fm::erase(m, k) : -1;
-    PyObject* value = nullptr;
-    if (r < 0) {
-      ok = false;
-    } else if (v >= 0) {
-      value = PyLong_FromLongLong(v);
-    } else if (fallback != nullptr) {
-      Py_INCREF(fallback);
-      value = fallback;
-    } else {
-      PyErr_SetObject(PyExc_KeyError, key);
-    }
-    ok = ok && value != nullptr && PyList_Append(values, value) == 0;
-    Py_XDECREF(value);
-    Py_DECREF(key);
-  }
-  Py_DECREF(it);
-  if (!ok || PyErr_Occurred()) {
-    Py_XDECREF(values);
-    return nullptr;
-  }
-  return values;
-}
-
 // what: 0 keys, 1 values, 2 (key, value) pairs
 PyObject* listed(Map* m, int what) {
   if (!ready(m)) return nullptr;
@@ -453,8 +417,6 @@ PyMethodDef map_methods[] = {
      "pop(key[, default]) -> the key's row, removed; KeyError without a default"},
     {"setdefault", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(map_setdefault)), METH_FASTCALL,
      "setdefault(key, row) -> the key's row, stored when it had none"},
-    {"pop_all", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(map_pop_all)), METH_FASTCALL,
-     "pop_all(keys[, default]) -> [pop(key[, default]) for key in keys]"},
     {"update", map_update, METH_O, "update(pairs): self[key] = row for each (key, row), in order"},
     {"put_packed", map_put_packed, METH_VARARGS, "put_packed(keys, rows): keys packed per the layout, int64 rows"},
     {"pop_packed", map_pop_packed, METH_VARARGS,

@@ -100,7 +100,7 @@ def conversation_turns(d: Tables, rrow: int, everyone: bool = True) -> list[dict
     submitter = t.value(t.receipts, rrow, R.PARTICIPANT)
     earlier = [(turn_order, user, answer) for turn_order, author, user, answer in history.turns(d, crow)
                if turn_order < order and (everyone or author == submitter)]
-    for other in d.state.conversations.inputs.get(crow, []):
+    for other in d.state.conversations.inputs_of(crow):
         if other == rrow:
             break
         if t.value(t.receipts, other, R.TERMINAL) != Terminal.SUCCEEDED:
@@ -404,9 +404,10 @@ def _expire(d: Executing, execution: Execution, now_ns: int) -> None:
 
 
 def unfinished_inputs(d: Tables) -> list[int]:
-    """Inputs with a saved admission and no saved terminal, in conversation order."""
+    """Inputs with a saved admission and no saved terminal, by conversation row, each conversation's
+    in admission order."""
     t = d.state.tables
-    return [rrow for rrows in d.state.conversations.inputs.values() for rrow in rrows
+    return [rrow for rrows in d.state.conversations.inputs if rrows for rrow in rrows
             if t.value(t.receipts, rrow, R.TERMINAL) == Terminal.NONE]
 
 

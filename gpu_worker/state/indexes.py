@@ -10,12 +10,13 @@ from __future__ import annotations
 import abc
 import bisect
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import ids
-from ..shards import FixedMap, Shards, fixed_map
+from ..fixedmap import FixedMap, fixed_map
 from .tables import C, M, P, R, S, Tables, join16
 from ..contract.ids import participant_id
 
@@ -38,7 +39,7 @@ class ParticipantIndex:
         self.by_principal: FixedMap[bytes] = fixed_map("b16", capacity)
         self.by_raw: FixedMap[bytes] = fixed_map("b16", capacity)   # participant raw id -> row
         # by row, each a list of the table's capacity (empty: no participant there), so that a
-        # registration's names cost no map insert (and no map growth: gpu_worker/shards.py)
+        # registration's names cost no map insert
         self.lineage: list[bytes] = [b""] * capacity
         self.lineage_hex: list[str] = [""] * capacity
         self.raw: list[bytes] = [b""] * capacity
@@ -418,7 +419,9 @@ class ConversationIndex:
         # (creator lineage, id) -> conversation row
         self.by_id: FixedMap[tuple[bytes, bytes]] = fixed_map("b16b16", capacity)
         self.free: list[int] = []
-        self.inputs: Shards[int, list[int]] = Shards()  # conversation row -> input receipt rows, in admission order
+        # by conversation row, its input receipt rows in admission order (None: none), a list of the
+        # table's capacity so that an input costs no map insert
+        self.inputs: list[list[int] | None] = [None] * capacity
 
     def rebuild(self, tables: Tables, participants: ParticipantIndex, input_kind: int) -> None:
         values = tables.array(tables.conversations)
@@ -430,7 +433,18 @@ class ConversationIndex:
         inputs = np.flatnonzero((receipts[:, R.STATE] != 0) & (receipts[:, R.KIND] == input_kind))
         inputs = inputs[np.argsort(receipts[inputs, R.CREATED], kind="stable")]  # in admission order
         for rrow, crow in zip(inputs.tolist(), receipts[inputs, R.TARGET].tolist()):
-            self.inputs.setdefault(crow, []).append(rrow)
+            self.add_input(crow, rrow)
+
+    def inputs_of(self, crow: int) -> Sequence[int]:
+        """A conversation's input receipt rows, in admission order (not to be changed through)."""
+        return self.inputs[crow] or ()
+
+    def add_input(self, crow: int, rrow: int) -> None:
+        rows = self.inputs[crow]
+        if rows is None:
+            self.inputs[crow] = [rrow]
+        else:
+            rows.append(rrow)
 
 
 @dataclass

@@ -1,6 +1,10 @@
 """gpu_worker/native/fixedmap.cpp's FixedMap against a dict: every operation the indexes use, on
 keys of each layout they use, in tables small enough that clusters wrap around, entries shift back
-on removal and the table grows."""
+on removal and the table grows; and the device's indexes keep no table that grows with the state
+(a CPython dict rebuilds its whole table as it grows: docs/performance.md, "A checkpoint beside the
+ticks")."""
+import collections
+import json
 import struct
 
 import numpy as np
@@ -8,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_worker import native
-
-FixedMap = native.load("fixedmap").FixedMap
+from gpu_worker.fixedmap import NativeFixedMap as FixedMap
+from tests.conftest import ALL
+from tests.gpu_worker.test_device import Rig
 
 LAYOUTS = {
     "ii": st.tuples(st.integers(-3, 40), st.integers(0, 3)),
@@ -28,7 +32,7 @@ def packed(layout, key):
 
 
 operations = st.lists(st.tuples(st.sampled_from(["set", "del", "pop", "pop_default", "get", "in", "setdefault",
-                                                 "pop_all", "put_packed", "pop_packed", "update"]),
+                                                 "put_packed", "pop_packed", "update"]),
                                 st.integers(0, 1000)), max_size=300)
 
 
@@ -61,9 +65,6 @@ def test_a_fixed_map_answers_as_a_dict(layout, data, ops, capacity):
             assert (key in mine) == (key in theirs)
         elif op == "setdefault":
             assert mine.setdefault(key, value) == theirs.setdefault(key, value)
-        elif op == "pop_all":
-            keys = [key, data.draw(LAYOUTS[layout])]
-            assert mine.pop_all(keys, None) == [theirs.pop(k, None) for k in keys]
         elif op == "put_packed":
             keys = [key, data.draw(LAYOUTS[layout]), key]
             rows = [value, value + 1, value + 2]
@@ -96,7 +97,7 @@ def test_a_fixed_map_answers_as_a_dict(layout, data, ops, capacity):
 
 def test_a_table_sized_for_its_capacity_never_grows():
     """A device's index holds at most its table's rows: sized from them, it never rebuilds itself
-    on the tick thread as a dict does (tests/gpu_worker/test_shards.py's whole-device case)."""
+    on the tick thread as a dict does (the whole-device case below)."""
     m = FixedMap("b16", 1024)
     slots = m.slots
     m.put_packed(np.random.default_rng(1).bytes(16 * 1024), np.arange(1024, dtype=np.int64))
@@ -129,3 +130,48 @@ def test_keys_that_do_not_fit_the_layout_are_not_there_and_cannot_be_stored():
     for layout in ("", "x", "b0", "b65", "b16b16b16b16b1", "i" * 5, "b99999999999999999999"):
         with pytest.raises(ValueError):
             FixedMap(layout)
+
+
+def largest_tables(state):
+    """Each index map of the device's state: its name and, for a FixedMap, its table's slots (it
+    never grows when sized right), for a dict its entries."""
+    for index in (state.participants, state.receipts, state.spaces, state.members, state.conversations, state.memory):
+        for name in getattr(type(index), "__slots__", ()) or vars(index):
+            value = getattr(index, name, None)
+            if isinstance(value, dict):
+                yield f"{type(index).__name__}.{name}", ("dicts", len(value))
+            elif isinstance(value, FixedMap):
+                yield f"{type(index).__name__}.{name}", ("slots", value.slots)
+
+
+def test_no_index_of_the_device_keeps_a_dict_that_grows_with_its_tables(tiny_runtime, tmp_path):
+    """A thousand registrations and a space each: every map the device keeps per participant,
+    receipt and space holds them in a FixedMap sized for its table, which never grows, so no insert
+    rebuilds a table of the whole state while the tick thread waits (it did: seven dicts of a
+    million entries); what dicts it keeps do not grow with them."""
+    n = 1000
+    principals = [f"{i:032x}" for i in range(1, n + 1)]
+    rig = Rig(tiny_runtime, tmp_path, {p: ALL for p in principals})
+    try:
+        def answers(messages):
+            inbox, replies = collections.deque(("c", m) for m in messages), []
+            while inbox:  # a tick gathers a bounded batch
+                replies += [reply for _, reply in rig.device.committer.run_sync(inbox)]
+            return replies
+
+        booted = dict(largest_tables(rig.device.state))
+        lineages = [json.loads(r.body)["lineage"] for r in answers(rig.msg("participant.get", p) for p in principals)]
+        registrations = answers(rig.msg("participant.register", p, rig.register_args(p, lineage=lineage))
+                                for p, lineage in zip(principals, lineages))
+        assert [r.status for r in registrations] == [202] * n
+        assert len(rig.device.state.participants.by_principal) == n
+        assert len(rig.device.state.receipts.by_op) >= n
+        tables = dict(largest_tables(rig.device.state))
+        maps = {name for name, (kind, _) in tables.items() if kind == "slots"}
+        assert {"ParticipantIndex.by_principal", "ReceiptIndex.by_op", "ReceiptIndex.by_sequence",
+                "SpaceIndex.by_id", "MemoryTable.by_id"} <= maps
+        assert all(tables[name] == booted[name] for name in maps)  # not one grew
+        grown = {name: size for name, (kind, size) in tables.items() if kind == "dicts" and size > 16}
+        assert not grown, grown
+    finally:
+        rig.device.close()

@@ -203,7 +203,7 @@ def test_media_of_earlier_turns_stay_text_links_and_never_attach_again(world, mo
     world.pump(world.finished("a", second["operation"]))
     assert [len(images or ()) for images in submitted] == [1, 0]
     inputs = world.device.state.conversations.inputs
-    [rrows] = inputs.values()
+    [rrows] = [rows for rows in inputs if rows]
     turns = execution.conversation_turns(world.device, rrows[-1])
     assert f"media://{sha}" in turns[0]["content"]  # the earlier input's image, as text
 
