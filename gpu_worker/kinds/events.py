@@ -26,8 +26,8 @@ memberships change: a reader who lost the right gets a last frame with the error
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..contract.commands import ConversationPage, ConversationSubscribe, OperationBytes, SubscriptionClose
