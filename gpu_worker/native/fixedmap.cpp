@@ -6,7 +6,7 @@
 //                                  ("b16b16": (lineage, id)). capacity: the entries it must hold
 //                                  without growing (the rows of the table it indexes).
 //   m[key], m[key] = row, del m[key], key in m, len(m), m.get(key[, default]),
-//   m.pop(key[, default]), m.setdefault(key, row), m.update(pairs),
+//   m.pop(key[, default]), m.update(pairs),
 //   m.keys(), m.values(), m.items() (lists, in slot order), iter(m), m.clear(), ==, repr
 //   m.put_packed(keys, rows)       keys: a buffer of n keys packed as the layout says (ints
 //                                  little-endian), rows: a buffer of n int64; m[key_i] = rows[i]
@@ -20,8 +20,6 @@
 // that is not there: a lookup answers as for a missing key, and only a store refuses it
 // (TypeError). Values are rows: ints 0 <= row < 2**63 - 1.
 #include "fixedmap.h"
-
-#include <vector>
 
 namespace {
 
@@ -224,17 +222,6 @@ PyObject* map_pop(PyObject* self, PyObject* const* args, Py_ssize_t n) {
   return nullptr;
 }
 
-PyObject* map_setdefault(PyObject* self, PyObject* const* args, Py_ssize_t n) {
-  Map* m = reinterpret_cast<Map*>(self);
-  unsigned char k[fm::MAX_WIDTH];
-  int64_t row;
-  if (!_PyArg_CheckPositional("setdefault", n, 2, 2) || !ready(m) || encode_stored(m, args[0], k) < 0) return nullptr;
-  const int64_t v = fm::get(m, k);
-  if (v >= 0) return PyLong_FromLongLong(v);
-  if (!row_of(args[1], &row) || !fm::put(m, k, row)) return nullptr;
-  return PyLong_FromLongLong(row);
-}
-
 PyObject* map_update(PyObject* self, PyObject* pairs) {
   Map* m = reinterpret_cast<Map*>(self);
   if (!ready(m)) return nullptr;
@@ -320,17 +307,13 @@ PyObject* map_put_packed(PyObject* self, PyObject* args) {
   if (!ok)
     PyErr_Format(PyExc_ValueError, "put_packed: %zd bytes of keys and %zd of rows are not n keys of %d bytes and n "
                  "int64", keys.len, rows.len, m->width);
-  const unsigned char* k = static_cast<const unsigned char*>(keys.buf);
   const unsigned char* r = static_cast<const unsigned char*>(rows.buf);
-  std::vector<uint64_t> hashes(ok ? size_t(n) : 0);
-  fm::hash_all(m, k, hashes.size(), hashes.data());
-  for (size_t i = 0; i < fm::AHEAD && i < hashes.size(); ++i) fm::prefetch(m, hashes[i]);
-  for (Py_ssize_t i = 0; ok && i < n; ++i) {
-    if (size_t(i) + fm::AHEAD < hashes.size()) fm::prefetch(m, hashes[size_t(i) + fm::AHEAD]);
-    int64_t row;
-    memcpy(&row, r + i * 8, 8);
-    ok = fm::put_hashed(m, k + i * m->width, hashes[size_t(i)], row);
-  }
+  ok = ok && fm::each_hashed(m, static_cast<const unsigned char*>(keys.buf), size_t(n),
+                             [&](size_t i, const unsigned char* key, uint64_t hash) {
+                               int64_t row;
+                               memcpy(&row, r + i * 8, 8);
+                               return fm::put_hashed(m, key, hash, row);
+                             });
   PyBuffer_Release(&keys);
   PyBuffer_Release(&rows);
   if (!ok) return nullptr;
@@ -346,22 +329,20 @@ PyObject* map_pop_packed(PyObject* self, PyObject* args) {
   PyObject* out = keys.len % m->width == 0 ? PyByteArray_FromStringAndSize(nullptr, n * 8) : nullptr;
   if (keys.len % m->width != 0)
     PyErr_Format(PyExc_ValueError, "pop_packed: %zd bytes are not keys of %d bytes", keys.len, m->width);
-  const unsigned char* k = static_cast<const unsigned char*>(keys.buf);
-  std::vector<uint64_t> hashes(out != nullptr ? size_t(n) : 0);
-  fm::hash_all(m, k, hashes.size(), hashes.data());
-  for (size_t i = 0; i < fm::AHEAD && i < hashes.size(); ++i) fm::prefetch(m, hashes[i]);
-  for (Py_ssize_t i = 0; out != nullptr && i < n; ++i) {
-    if (size_t(i) + fm::AHEAD < hashes.size()) fm::prefetch(m, hashes[size_t(i) + fm::AHEAD]);
-    const int64_t v = fm::erase_hashed(m, k + i * m->width, hashes[size_t(i)]);
-    if (v < 0 && strict) {
-      PyObject* key = decode(m, k + i * m->width);
-      if (key != nullptr) PyErr_SetObject(PyExc_KeyError, key);
-      Py_XDECREF(key);
-      Py_CLEAR(out);
-      break;
-    }
-    memcpy(PyByteArray_AS_STRING(out) + i * 8, &v, 8);
-  }
+  if (out != nullptr
+      && !fm::each_hashed(m, static_cast<const unsigned char*>(keys.buf), size_t(n),
+                          [&](size_t i, const unsigned char* key, uint64_t hash) {
+                            const int64_t v = fm::erase_hashed(m, key, hash);
+                            if (v < 0 && strict) {
+                              PyObject* missing = decode(m, key);
+                              if (missing != nullptr) PyErr_SetObject(PyExc_KeyError, missing);
+                              Py_XDECREF(missing);
+                              return false;
+                            }
+                            memcpy(PyByteArray_AS_STRING(out) + i * 8, &v, 8);
+                            return true;
+                          }))
+    Py_CLEAR(out);
   PyBuffer_Release(&keys);
   return out;
 }
@@ -415,8 +396,6 @@ PyMethodDef map_methods[] = {
      "get(key[, default]) -> the key's row, else default (None)"},
     {"pop", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(map_pop)), METH_FASTCALL,
      "pop(key[, default]) -> the key's row, removed; KeyError without a default"},
-    {"setdefault", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(map_setdefault)), METH_FASTCALL,
-     "setdefault(key, row) -> the key's row, stored when it had none"},
     {"update", map_update, METH_O, "update(pairs): self[key] = row for each (key, row), in order"},
     {"put_packed", map_put_packed, METH_VARARGS, "put_packed(keys, rows): keys packed per the layout, int64 rows"},
     {"pop_packed", map_pop_packed, METH_VARARGS,

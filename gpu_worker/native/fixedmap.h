@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 namespace aotx {
 namespace fixedmap {
@@ -142,12 +143,21 @@ inline int64_t erase(Map* m, const unsigned char* key) { return erase_hashed(m, 
 // cache (and TLB) miss each, which this many in flight at once overlap.
 constexpr size_t AHEAD = 16;
 
-// Each of n packed keys' hash, in order.
-inline void hash_all(const Map* m, const unsigned char* keys, size_t n, uint64_t* hashes) {
-  for (size_t i = 0; i < n; ++i) hashes[i] = hash_of(m, keys + i * size_t(m->width));
-}
-
 inline void prefetch(const Map* m, uint64_t hash) { __builtin_prefetch(slot(m, hash & m->mask), 1); }
+
+// each(i, key, hash) for each of n packed keys in order, the home slots of the keys AHEAD of it
+// prefetched, until it returns false. Whether it went through all of them.
+template <typename Each>
+bool each_hashed(const Map* m, const unsigned char* keys, size_t n, Each each) {
+  std::vector<uint64_t> hashes(n);
+  for (size_t i = 0; i < n; ++i) hashes[i] = hash_of(m, keys + i * size_t(m->width));
+  for (size_t i = 0; i < AHEAD && i < n; ++i) prefetch(m, hashes[i]);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + AHEAD < n) prefetch(m, hashes[i + AHEAD]);
+    if (!each(i, keys + i * size_t(m->width), hashes[i])) return false;
+  }
+  return true;
+}
 
 // `o` as a FixedMap whose keys are `width` bytes, or nullptr with TypeError set.
 inline Map* check(PyObject* o, int width) {

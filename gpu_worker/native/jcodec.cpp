@@ -441,12 +441,40 @@ PyObject* as_bytes(const void* p, size_t size) {
   return PyBytes_FromStringAndSize(static_cast<const char*>(p), Py_ssize_t(size));
 }
 
+template <typename T>
+PyObject* as_bytes(const std::vector<T>& v) {
+  return as_bytes(v.data(), v.size() * sizeof(T));
+}
+
 bool fixints(long version, long kind) {
   if (version < 0 || version > 0x7f || kind < 0 || kind > 0x7f) {
     PyErr_SetString(PyExc_ValueError, "version and kind must be positive fixints");
     return false;
   }
   return true;
+}
+
+// The arguments every run decoder takes (payloads, version, kind); false with an error set.
+bool run_args(PyObject* args, PyObject** payloads, long* version, long* kind) {
+  return PyArg_ParseTuple(args, "O!ll", &PyList_Type, payloads, version, kind) && fixints(*version, *kind);
+}
+
+// A run decoder's answer: the columns every run has, then the kind's own, each a vector's bytes.
+template <typename... Extra>
+PyObject* run_columns(const Columns& c, const Extra&... extra) {
+  PyObject* items[] = {as_bytes(c.sequences), as_bytes(c.keys), as_bytes(c.ops), as_bytes(c.commands),
+                       as_bytes(c.lengths), as_bytes(extra)...};
+  constexpr Py_ssize_t n = Py_ssize_t(sizeof(items) / sizeof(items[0]));
+  PyObject* tuple = PyTuple_New(n);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (tuple == nullptr || items[i] == nullptr) {
+      Py_XDECREF(items[i]);
+      Py_CLEAR(tuple);
+    } else {
+      PyTuple_SET_ITEM(tuple, i, items[i]);
+    }
+  }
+  return tuple;
 }
 
 // Each payload of a run read into `c` (its admission head) and by `extra(r, i)` (its extra map, the
@@ -503,19 +531,14 @@ bool member_extra(Reader& r, unsigned char* space_lineage, unsigned char* space_
 PyObject* space_creates(PyObject*, PyObject* args) {
   PyObject* payloads;
   long version, kind;
-  if (!PyArg_ParseTuple(args, "O!ll", &PyList_Type, &payloads, &version, &kind)) return nullptr;
-  if (!fixints(version, kind)) return nullptr;
+  if (!run_args(args, &payloads, &version, &kind)) return nullptr;
   const Py_ssize_t n = PyList_GET_SIZE(payloads);
   Columns c;
   std::vector<unsigned char> ids(size_t(n) * 16);
   std::vector<int64_t> scopes(static_cast<size_t>(n));
   if (!read_run(payloads, version, kind, c, [&](Reader& r, size_t i) { return space_extra(r, &ids[i * 16], &scopes[i]); }))
     Py_RETURN_NONE;
-  const size_t count = size_t(n);
-  return Py_BuildValue("(NNNNNNN)", as_bytes(c.sequences.data(), count * 8), as_bytes(c.keys.data(), c.keys.size()),
-                       as_bytes(c.ops.data(), c.ops.size()), as_bytes(c.commands.data(), c.commands.size()),
-                       as_bytes(c.lengths.data(), count * 8), as_bytes(ids.data(), ids.size()),
-                       as_bytes(scopes.data(), count * 8));
+  return run_columns(c, ids, scopes);
 }
 
 // conversation_creates(payloads, version, kind) -> (sequences, keys, ops, commands, lengths,
@@ -525,8 +548,7 @@ PyObject* space_creates(PyObject*, PyObject* args) {
 PyObject* conversation_creates(PyObject*, PyObject* args) {
   PyObject* payloads;
   long version, kind;
-  if (!PyArg_ParseTuple(args, "O!ll", &PyList_Type, &payloads, &version, &kind)) return nullptr;
-  if (!fixints(version, kind)) return nullptr;
+  if (!run_args(args, &payloads, &version, &kind)) return nullptr;
   const Py_ssize_t n = PyList_GET_SIZE(payloads);
   Columns c;
   std::vector<unsigned char> lineages(size_t(n) * 16), spaces(size_t(n) * 16), ids(size_t(n) * 16);
@@ -534,11 +556,7 @@ PyObject* conversation_creates(PyObject*, PyObject* args) {
         return conversation_extra(r, &lineages[i * 16], &spaces[i * 16], &ids[i * 16]);
       }))
     Py_RETURN_NONE;
-  const size_t count = size_t(n);
-  return Py_BuildValue("(NNNNNNNN)", as_bytes(c.sequences.data(), count * 8), as_bytes(c.keys.data(), c.keys.size()),
-                       as_bytes(c.ops.data(), c.ops.size()), as_bytes(c.commands.data(), c.commands.size()),
-                       as_bytes(c.lengths.data(), count * 8), as_bytes(lineages.data(), lineages.size()),
-                       as_bytes(spaces.data(), spaces.size()), as_bytes(ids.data(), ids.size()));
+  return run_columns(c, lineages, spaces, ids);
 }
 
 // member_sets(payloads, version, kind) -> (sequences, keys, ops, commands, lengths, space lineages,
@@ -548,8 +566,7 @@ PyObject* conversation_creates(PyObject*, PyObject* args) {
 PyObject* member_sets(PyObject*, PyObject* args) {
   PyObject* payloads;
   long version, kind;
-  if (!PyArg_ParseTuple(args, "O!ll", &PyList_Type, &payloads, &version, &kind)) return nullptr;
-  if (!fixints(version, kind)) return nullptr;
+  if (!run_args(args, &payloads, &version, &kind)) return nullptr;
   const Py_ssize_t n = PyList_GET_SIZE(payloads);
   Columns c;
   std::vector<unsigned char> lineages(size_t(n) * 16), spaces(size_t(n) * 16), participants(size_t(n) * 16);
@@ -558,12 +575,7 @@ PyObject* member_sets(PyObject*, PyObject* args) {
         return member_extra(r, &lineages[i * 16], &spaces[i * 16], &participants[i * 16], &rights[i]);
       }))
     Py_RETURN_NONE;
-  const size_t count = size_t(n);
-  return Py_BuildValue("(NNNNNNNNN)", as_bytes(c.sequences.data(), count * 8), as_bytes(c.keys.data(), c.keys.size()),
-                       as_bytes(c.ops.data(), c.ops.size()), as_bytes(c.commands.data(), c.commands.size()),
-                       as_bytes(c.lengths.data(), count * 8), as_bytes(lineages.data(), lineages.size()),
-                       as_bytes(spaces.data(), spaces.size()), as_bytes(participants.data(), participants.size()),
-                       as_bytes(rights.data(), count * 8));
+  return run_columns(c, lineages, spaces, participants, rights);
 }
 
 // A writable buffer of a table's memory (a Tables byte view), released when it goes.

@@ -139,12 +139,12 @@ class ParticipantIndex:
         return lineage
 
 
-def owned_ids(lineages: list[bytes], ids16: np.ndarray) -> np.ndarray:
+def owned_ids(lineages: list[bytes], ids: np.ndarray) -> np.ndarray:
     """(lineage, id) keys packed as a FixedMap "b16b16" takes them: each lineage's 16 bytes, then
-    the id's two int64 halves as join16 lays them out."""
+    the id's (Tables.packed16)."""
     keys = np.empty((len(lineages), 32), dtype=np.uint8)
     keys[:, :16] = np.frombuffer(b"".join(lineages), dtype=np.uint8).reshape(-1, 16)
-    keys[:, 16:] = np.ascontiguousarray(ids16, dtype="<i8").view(np.uint8)
+    keys[:, 16:] = ids.view(np.uint8)
     return keys
 
 
@@ -232,7 +232,7 @@ def keyed(values: np.ndarray, at: np.ndarray) -> np.ndarray:
     """by_key's keys of receipt rows values[at], packed: each one's operation key bytes, then its
     participant row in 4 bytes (as `_ROW32`)."""
     keys = np.empty((len(at), 20), dtype=np.uint8)
-    keys[:, :16] = np.ascontiguousarray(values[at, R.KEY_HI:R.KEY_HI + 2], dtype="<i8").view(np.uint8)
+    keys[:, :16] = Tables.packed16(values, at, R.KEY_HI).view(np.uint8)
     keys[:, 16:] = np.asarray(values[at, R.PARTICIPANT], dtype="<u4").reshape(-1, 1).view(np.uint8)
     return keys
 
@@ -289,7 +289,7 @@ class ReceiptIndex(_Deferring):
     def _index_keys(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
         rrows = np.ascontiguousarray(rows, dtype=np.int64)
         self.by_key.put_packed(keyed(values, at), rrows)
-        self.by_op.put_packed(np.ascontiguousarray(values[at, R.OP_HI:R.OP_HI + 2], dtype="<i8"), rrows)
+        self.by_op.put_packed(Tables.packed16(values, at, R.OP_HI), rrows)
 
     def _index_row(self, values: list[int], row: int) -> None:
         if values[R.STATE]:
@@ -335,8 +335,9 @@ class ReceiptIndex(_Deferring):
         if self._tables is not None and not self.by_op:  # (a replay that has not built them yet: nothing to remove)
             return at.tolist(), values
         strict = self._tables is None  # (while deferring, a row not indexed yet has no entries)
-        self.by_key.pop_packed(keyed(values, np.arange(len(at))), strict)
-        self.by_op.pop_packed(np.ascontiguousarray(values[:, R.OP_HI:R.OP_HI + 2], dtype="<i8"), strict)
+        every = np.arange(len(at))
+        self.by_key.pop_packed(keyed(values, every), strict)
+        self.by_op.pop_packed(tables.packed16(values, every, R.OP_HI), strict)
         return at.tolist(), values
 
 
@@ -363,7 +364,7 @@ class SpaceIndex(_Deferring):
 
     def _index(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
         lineages = self._participants.lineages_at(values[at, S.OWNER], values[at, S.CREATED])  # the one in its ID
-        self.by_id.put_packed(owned_ids(lineages, values[at, S.ID_HI:S.ID_HI + 2]),
+        self.by_id.put_packed(owned_ids(lineages, Tables.packed16(values, at, S.ID_HI)),
                               np.ascontiguousarray(rows, dtype=np.int64))
 
     def _index_row(self, values: list[int], row: int) -> None:
@@ -427,7 +428,7 @@ class ConversationIndex:
         values = tables.array(tables.conversations)
         live = np.flatnonzero(values[:, C.STATE] == 1)  # not a deleted one's tombstone (kinds/deletions.py)
         lineages = participants.lineages_at(values[live, C.CREATOR], values[live, C.CREATED])  # the one in its ID
-        self.by_id.put_packed(owned_ids(lineages, values[live, C.ID_HI:C.ID_HI + 2]), live.astype(np.int64))
+        self.by_id.put_packed(owned_ids(lineages, tables.packed16(values, live, C.ID_HI)), live.astype(np.int64))
         self.free = tables.unused_rows(tables.conversations)
         receipts = tables.array(tables.receipts)
         inputs = np.flatnonzero((receipts[:, R.STATE] != 0) & (receipts[:, R.KIND] == input_kind))
