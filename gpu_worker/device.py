@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from .engine.embedding import EmbeddingModel
     from .engine.engine import TokenLogprobs
     from .loop.runner import Event, Runner
+    from .recovery.reading import EarlyRead
     from .replication.lease import Leadership
     from .storage.checkpoint import CheckpointSummary
     from .storage.runtime_file_writer import Stored
@@ -82,12 +83,15 @@ class Device:
 
     def __init__(self, runtime: RuntimeFile, journal_dir: str, grants: Grants | None, *, device: str = "cpu",
                  fs: FileLayer | None = None, serve: bool = True, takeover: bool = False,
-                 leadership: Leadership | None = None, following: bool = False) -> None:
+                 leadership: Leadership | None = None, following: bool = False,
+                 early: EarlyRead | None = None) -> None:
         """serve=False opens the state for an offline command (checkpoint): no grant check, no
         boot recorded. takeover: this journal is a sync standby's copy of the primary's
         (docs/replication.md): its boot continues the primary's line of history, as a restart
         would, instead of being a restore. following: a hot standby's device (its tables follow the
-        journal copy until `take_over`: docs/replication.md)."""
+        journal copy until `take_over`: docs/replication.md). early: the journal's lock and its
+        reading, started by boot before torch was imported (recovery/reading.py); this device
+        takes them over (and releases them if it fails)."""
         self.takeover = takeover
         self.took_over = False  # this boot is a takeover (set by Succession.check_fresh_grants)
         # the primary's etcd lease (replication/lease.py Leadership, boot --etcd), held before this
@@ -151,11 +155,14 @@ class Device:
             self.refollow()
             return
         started = time.perf_counter()
-        self.lock = JournalLock(journal_dir)
-        fold.clear(journal_dir)  # (the links of a fold a stop cut short: gpu_worker/recovery/fold.py)
+        if early is not None:
+            self.lock = early.lock
+        else:
+            self.lock = JournalLock(journal_dir)
+            fold.clear(journal_dir)  # (the links of a fold a stop cut short: gpu_worker/recovery/fold.py)
         try:
             try:
-                recovery = self.load()
+                recovery = self.replay.load(early)
             finally:  # (a file that fails its check explains a load that failed: that error first)
                 runtime.verified()  # a check boot runs beside the load: answered before anything is journaled
         except BaseException:

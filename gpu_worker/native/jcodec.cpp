@@ -3,8 +3,9 @@
 // checksums per record were a measurable part of each admission (docs/performance.md).
 //
 //   records(kind, transfer_seq, payload, max_data) -> [bytes]
-//   transfers(data, pos, first_seq_lo, first_seq_hi, kinds, max_data, digest, after_seq, kind_objects,
-//             segment, base[, limit]) -> ([(kind, seq, payload, digest, segment, base + start)], stop, last_seq)
+//   check(data, pos, first_seq_lo, first_seq_hi, kinds, max_data, digest, after_seq[, limit])
+//       -> (found, stop, last_seq, digest)
+//   make(data, found, kind_objects, transfer_type, segment, base) -> [transfer_type(...)]
 //   scatter(table, cols, rows, lengths, blob) -> bytes used (a checkpoint's row bytes, below)
 //   space_creates(payloads, version, kind) -> the columns of a run of spaces.create admissions (below)
 //   conversation_creates, member_sets: the same for runs of conversations.create and members.set
@@ -16,19 +17,23 @@
 // field zero, then the data. An empty payload is one record with no data. gpu_worker/storage/journal.py
 // checks the kind and wraps this as encode_transfer.
 //
-// `transfers` is recovery's fast path: the whole, intact transfers of a segment's bytes from `pos`
-// (a transfer boundary) on, each one's seq following the last (the first's within [lo, hi]), kinds
-// among the bits of `kinds`. It stops at the first transfer that is not whole or not exactly as the
-// writer makes it (cut short, a checksum, a field) and returns where that transfer starts: the
-// Python reader goes on from there with every rule and message of docs/journal.md (a torn tail, or
-// the corruption it names), so the fast path changes what is read in no case. The transfers past
-// `after_seq` come back as a Transfer's fields (kind_objects[kind], seq, payload, commit digest,
-// segment, offset); the digest chains from `digest` (journal.py chain_digest: SHA-256 of the
-// previous digest, kind u16 LE, seq u64 LE, payload; OpenSSL's, through one reused context: its
-// one-shot SHA256() looks the algorithm up at each call). Those at or below are read and checked
-// only; last_seq is the seq of the last whole transfer read (0: none). `limit` (> 0) stops after
-// that many whole transfers (a reader handing them on in pieces). The records are checked and the
-// digests chained without the GIL; the objects are made after.
+// `check` and `make` are recovery's fast path. `check` finds the whole, intact transfers of a
+// segment's bytes from `pos` (a transfer boundary) on, each one's seq following the last (the
+// first's within [lo, hi]), kinds among the bits of `kinds`. It stops at the first transfer that is
+// not whole or not exactly as the writer makes it (cut short, a checksum, a field) and returns where
+// that transfer starts: the Python reader goes on from there with every rule and message of
+// docs/journal.md (a torn tail, or the corruption it names), so the fast path changes what is read
+// in no case. It chains the commit digests of those past `after_seq` from `digest` (journal.py
+// chain_digest: SHA-256 of the previous digest, kind u16 LE, seq u64 LE, payload; OpenSSL's,
+// through one reused context: its one-shot SHA256() looks the algorithm up at each call) and
+// returns them as `found` (bytes: where each lies and its digest), with the last digest; those at or
+// below are read and checked only. last_seq is the seq of the last whole transfer read (0: none);
+// `limit` (> 0) stops after that many whole transfers (a reader handing them on in pieces). It runs
+// entirely without the GIL, and makes no Python object per transfer. `make` makes the Transfers of
+// `found`, with the GIL, on whichever thread takes them: a boot's reading thread checks while the
+// main thread imports torch and replays, and the replaying thread makes each piece as it takes it
+// (storage/journal_reader.py `Unmade`): made on the reading thread, the objects held the GIL as
+// long as a second of a 1M-transfer boot, and slowed the import and the replay beside them.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <openssl/evp.h>
@@ -171,27 +176,23 @@ void gather(const unsigned char* d, const Found& found, unsigned char* into) {
   }
 }
 
-PyObject* transfers(PyObject*, PyObject* args) {
+PyObject* check(PyObject*, PyObject* args) {
   Py_buffer data;
   Py_ssize_t pos;
   unsigned long long lo, hi, kinds;
   Py_ssize_t max_data;
   Py_buffer previous;
   unsigned long long after;
-  PyObject* kind_objects;
-  PyObject* segment;
-  Py_ssize_t base;
   Py_ssize_t limit = 0;
-  if (!PyArg_ParseTuple(args, "y*nKKKny*KO!On|n", &data, &pos, &lo, &hi, &kinds, &max_data, &previous, &after,
-                        &PyTuple_Type, &kind_objects, &segment, &base, &limit))
+  if (!PyArg_ParseTuple(args, "y*nKKKny*K|n", &data, &pos, &lo, &hi, &kinds, &max_data, &previous, &after, &limit))
     return nullptr;
   unsigned char digest[DIGEST];
-  const bool sized = previous.len == DIGEST && PyTuple_GET_SIZE(kind_objects) == 64;
+  const bool sized = previous.len == DIGEST;
   if (sized) memcpy(digest, previous.buf, DIGEST);
   PyBuffer_Release(&previous);
   if (!sized) {
     PyBuffer_Release(&data);
-    PyErr_SetString(PyExc_ValueError, "the previous digest is not 32 bytes, or the kinds not 64");
+    PyErr_SetString(PyExc_ValueError, "the previous digest is not 32 bytes");
     return nullptr;
   }
   static EVP_MD* sha256 = EVP_MD_fetch(nullptr, "SHA256", nullptr);  // once per process
@@ -207,9 +208,9 @@ PyObject* transfers(PyObject*, PyObject* args) {
   unsigned long long last = 0;  // the seq of the last whole transfer read
   bool hash_failed = false;
   std::vector<Found> found;
-  // First pass, without the GIL (the bytes object is held by `data`): check the records, chain
-  // the digests. A thread reading the journal ahead of the one replaying it (Replay._load_state (recovery/replay.py))
-  // runs this beside it.
+  // All of it without the GIL (the bytes object is held by `data`): check the records, chain the
+  // digests. A thread reading the journal ahead of the one replaying it (recovery/reading.py,
+  // Replay._load_state (recovery/replay.py)) runs this beside it.
   Py_BEGIN_ALLOW_THREADS
   size_t whole = 0;
   while (max_data > 0 && (limit <= 0 || whole < size_t(limit))) {
@@ -272,17 +273,62 @@ PyObject* transfers(PyObject*, PyObject* args) {
   }
   Py_END_ALLOW_THREADS
   EVP_MD_CTX_free(hashing);
+  PyBuffer_Release(&data);
   if (hash_failed) {
-    PyBuffer_Release(&data);
     PyErr_SetString(PyExc_RuntimeError, "OpenSSL's SHA-256 failed on a journal transfer");
     return nullptr;
   }
-  // Second pass: each transfer past `after` as a Transfer's fields, in its order:
-  // (kind, seq, payload, digest, segment, offset)
-  PyObject* list = PyList_New(Py_ssize_t(found.size()));
-  for (size_t i = 0; list && i < found.size(); ++i) {
+  return Py_BuildValue("(y#nKy#)", reinterpret_cast<const char*>(found.data()), Py_ssize_t(found.size() * sizeof(Found)),
+                       Py_ssize_t(at), last, reinterpret_cast<const char*>(digest), Py_ssize_t(DIGEST));
+}
+
+// make(data, found, kind_objects, transfer_type, segment, base) -> [Transfer]: the transfers `check`
+// found in the same `data` (its `found`), each made a transfer_type of (kind_objects[kind], seq,
+// payload, commit digest, segment, base + start). `transfer_type` is a tuple subclass with no
+// fields of its own (journal.py's Transfer NamedTuple): made here, not as a tuple copied into one
+// in Python (that copy held the GIL for 1.5 s of reading 1M transfers).
+PyObject* make(PyObject*, PyObject* args) {
+  Py_buffer data, packed;
+  PyObject* kind_objects;
+  PyTypeObject* transfer_type;
+  PyObject* segment;
+  Py_ssize_t base;
+  if (!PyArg_ParseTuple(args, "y*y*O!O!On", &data, &packed, &PyTuple_Type, &kind_objects, &PyType_Type,
+                        &transfer_type, &segment, &base))
+    return nullptr;
+  const char* problem = nullptr;
+  const unsigned char* d = static_cast<const unsigned char*>(data.buf);
+  const size_t n = size_t(data.len), count = size_t(packed.len) / sizeof(Found);
+  std::vector<Found> found(count);
+  if (count) memcpy(found.data(), packed.buf, count * sizeof(Found));
+  if (size_t(packed.len) % sizeof(Found)) problem = "found is not what check returned";
+  if (PyTuple_GET_SIZE(kind_objects) != 64) problem = "the kinds are not 64";
+  // (a tuple subclass laid out as a tuple: no __dict__, no slots of its own)
+  if (!PyType_IsSubtype(transfer_type, &PyTuple_Type) || transfer_type->tp_basicsize != PyTuple_Type.tp_basicsize ||
+      transfer_type->tp_itemsize != PyTuple_Type.tp_itemsize || transfer_type->tp_dictoffset != 0)
+    problem = "transfer_type must be a tuple subclass with no fields of its own";
+  for (size_t i = 0; !problem && i < count; ++i) {  // (each record inside `data`: what gather reads)
     const Found& f = found[i];
-    PyObject* item = PyTuple_New(6);
+    size_t at = f.start, total = 0;
+    for (uint16_t r = 0; !problem && r < f.count; ++r) {
+      if (at > n || n - at < HEADER || n - at - HEADER < rd16(d + at + 8)) problem = "found runs past the data";
+      else {
+        total += rd16(d + at + 8);
+        at += HEADER + rd16(d + at + 8);
+      }
+    }
+    if (!problem && (total != f.length || f.kind >= 64)) problem = "found does not match the data";
+  }
+  PyBuffer_Release(&packed);
+  if (problem) {
+    PyBuffer_Release(&data);
+    PyErr_SetString(strstr(problem, "transfer_type") ? PyExc_TypeError : PyExc_ValueError, problem);
+    return nullptr;
+  }
+  PyObject* list = PyList_New(Py_ssize_t(count));
+  for (size_t i = 0; list && i < count; ++i) {
+    const Found& f = found[i];
+    PyObject* item = transfer_type->tp_alloc(transfer_type, 6);
     PyObject* payload = PyBytes_FromStringAndSize(nullptr, Py_ssize_t(f.length));
     PyObject* seq = PyLong_FromUnsignedLongLong(f.seq);
     PyObject* hash = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(f.digest), DIGEST);
@@ -309,8 +355,7 @@ PyObject* transfers(PyObject*, PyObject* args) {
     PyList_SET_ITEM(list, Py_ssize_t(i), item);
   }
   PyBuffer_Release(&data);
-  if (!list) return nullptr;
-  return Py_BuildValue("(NnK)", list, Py_ssize_t(at), last);
+  return list;
 }
 
 // scatter(table, cols, rows, lengths, blob) -> bytes used: row rows[i] of `table` (writable, rows
@@ -800,9 +845,10 @@ PyObject* replay_stretch(PyObject*, PyObject* args) {
 
 PyMethodDef methods[] = {
     {"records", records, METH_VARARGS, "records(kind, transfer_seq, payload, max_data) -> [bytes]"},
-    {"transfers", transfers, METH_VARARGS,
-     "transfers(data, pos, first_seq_lo, first_seq_hi, kinds, max_data, digest, after_seq, kind_objects, segment, "
-     "base[, limit]) -> ([(kind, seq, payload, digest, segment, offset)], stop, last_seq)"},
+    {"check", check, METH_VARARGS,
+     "check(data, pos, first_seq_lo, first_seq_hi, kinds, max_data, digest, after_seq[, limit]) -> "
+     "(found, stop, last_seq, digest)"},
+    {"make", make, METH_VARARGS, "make(data, found, kind_objects, transfer_type, segment, base) -> [Transfer]"},
     {"scatter", scatter, METH_VARARGS, "scatter(table, cols, rows, lengths, blob) -> bytes used"},
     {"space_creates", space_creates, METH_VARARGS,
      "space_creates(payloads, version, kind) -> (sequences, keys, ops, commands, lengths, ids, scopes) or None"},
@@ -820,4 +866,9 @@ PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "aotx_jcodec", "Journal records
 
 }  // namespace
 
-PyMODINIT_FUNC PyInit_aotx_jcodec(void) { return PyModule_Create(&module_def); }
+PyMODINIT_FUNC PyInit_aotx_jcodec(void) {
+  PyObject* m = PyModule_Create(&module_def);
+  // the bytes of one transfer in what `check` finds (its `found`, `make`'s input)
+  if (m && PyModule_AddIntConstant(m, "FOUND_SIZE", long(sizeof(Found))) < 0) Py_CLEAR(m);
+  return m;
+}

@@ -141,7 +141,6 @@ def main(argv):
         keep_off_the_tick_cpu(other_cpus)
 
     threads = _Threads(socket_group, tick_cpu, other_cpus)
-    from ..device import Device
     from . import DeviceBootError
     from ..storage.journal import JournalError
     from ..storage.runtime_file import RuntimeFileError
@@ -187,15 +186,30 @@ def main(argv):
                 leadership = _campaign(args)
             except LeadershipError as exc:
                 return fail(str(exc), 5)
+        early = None
         try:
             os.makedirs(args.journal, exist_ok=True)
+            # the journal locked and its reading started before torch is imported (with the
+            # device's code, next): the reader checks and decodes the journal on another CPU
+            # meanwhile, beside the runtime file's verification (recovery/reading.py)
+            from .reading import start
+            try:
+                early = start(runtime, args.journal)
+            except BaseException:
+                runtime.verified()  # (a file that fails its check explains a state it cannot read: that first)
+                raise
+            from ..device import Device
             device = Device(runtime, args.journal, grants, device=_device_name(args.device), takeover=args.takeover,
-                            leadership=leadership)
+                            leadership=leadership, early=early)
         except (DeviceBootError, RuntimeFileError) as exc:  # configuration: profile, grants, file
+            if early is not None:
+                early.close()
             if leadership is not None:
                 leadership.stop()
             return fail(str(exc), 2)
         except (JournalError, OSError) as exc:  # the journal refused: locked, damaged, unreadable
+            if early is not None:
+                early.close()
             if leadership is not None:
                 leadership.stop()
             return fail(str(exc), 3)

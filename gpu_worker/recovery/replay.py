@@ -23,6 +23,7 @@ from ..storage.journal import JournalCorrupt, Transfer, TransferKind, segment_na
 from ..storage.journal_reader import ReadAhead, RecoveryResult
 from . import DeviceBootError
 from .checkpoints import Checkpoints
+from .reading import EarlyRead
 
 _INPUT = int(Kind.INPUT)
 
@@ -64,28 +65,32 @@ class Replay:
             TransferKind.REPLICATION: self._replication,
         }
 
-    def load(self) -> RecoveryResult:
+    def load(self, early: EarlyRead | None = None) -> RecoveryResult:
         """(Re)build the state from the runtime file's checkpoint plus the journal, with the
         cyclic GC paused: what a load makes (a million transfers, rows' index entries) is acyclic
         and lives on, so the collections its allocations would trigger only rescan it (a third of
-        reading a 1M-transfer journal; docs/performance.md, "Replay")."""
+        reading a 1M-transfer journal; docs/performance.md, "Replay"). `early`: the checkpoint's
+        head and the journal's reading, started by boot before torch was imported."""
         collecting = gc.isenabled()
         gc.disable()
         try:
-            return self._load_state()
+            return self._load_state(early)
         finally:
             if collecting:
                 gc.enable()
 
-    def _load_state(self) -> RecoveryResult:
+    def _load_state(self, early: EarlyRead | None) -> RecoveryResult:
         # the journal is read on another thread from the start (where the checkpoint's state ends),
         # while the tables are made and loaded here, then replayed here piece by piece as it is read
         d = self.d
-        has = d.runtime.has(checkpoint.STATE)
-        saved = checkpoint.decode_state(d.runtime.bytes(checkpoint.STATE)) if has else None
-        after_seq, start_digest = checkpoint.fold_point(saved)
-        reading = ReadAhead(d.journal_dir, d.fs, d.runtime.incarnation, start_digest=start_digest,
-                            after_seq=after_seq)
+        if early is not None:
+            saved, reading = early.saved, early.reading
+        else:
+            has = d.runtime.has(checkpoint.STATE)
+            saved = checkpoint.decode_state(d.runtime.bytes(checkpoint.STATE)) if has else None
+            after_seq, start_digest = checkpoint.fold_point(saved)
+            reading = ReadAhead(d.journal_dir, d.fs, d.runtime.incarnation, start_digest=start_digest,
+                                after_seq=after_seq)
         try:
             return self._replay_after(reading, saved)
         finally:
@@ -100,7 +105,7 @@ class Replay:
         media_sources: dict[str, Any] = {}
         if saved is not None:
             media_sources = checkpoint.load_saved(state, saved, _INPUT)
-        state.rebuild_indexes(_INPUT, media_sources)
+        state.rebuild_indexes(_INPUT, media_sources, empty=saved is None)
         d.state = state
         d.fresh_tick_state()
         deferred = (state.receipts, state.spaces)  # indexed in whole-column passes (state/indexes.py)

@@ -54,10 +54,20 @@ class DeviceState:
         """The source of a replayed transfer's save fields: the journal, and whether a standby held it."""
         return int(Source.JOURNAL) | (0 if self.replicated is None else HELD if self.replicated else ALONE)
 
-    def rebuild_indexes(self, input_kind: int, media: dict[str, Any] | None = None) -> None:
+    def rebuild_indexes(self, input_kind: int, media: dict[str, Any] | None = None, *, empty: bool = False) -> None:
         """Indexes derived from the tensors (empty, or just loaded from a checkpoint), and the
-        checkpoint's media sources ({sha256: [length, type, [participant raw ids]]})."""
+        checkpoint's media sources ({sha256: [length, type, [participant raw ids]]}). `empty`: the
+        tables were just made and nothing was loaded into them (a journal with no checkpoint):
+        every row is free and there is nothing to index, so no column of a million rows is
+        scanned."""
         t = self.tables
+        if empty:
+            for index, table in ((self.participants, t.participants), (self.receipts, t.receipts),
+                                 (self.spaces, t.spaces), (self.members, t.members),
+                                 (self.conversations, t.conversations)):
+                index.free = list(range(len(table) - 1, -1, -1))  # (as Tables.unused_rows: lowest free row last)
+            self.media = {}
+            return
         self.participants.rebuild(t)
         self.receipts.rebuild(t)
         self.spaces.rebuild(t)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import time
 from typing import TYPE_CHECKING, Any, Callable, NotRequired, Protocol, TypedDict
 
@@ -29,8 +28,9 @@ import torch
 
 from ..state.tables import C, R, mark_folded
 from . import runtime_file_writer
-from .journal import ZERO_DIGEST, list_segments, segment_name
+from .journal import list_segments, segment_name
 from .journal_reader import recover
+from .state_extent import STATE, Spill, decode_state, fold_point
 
 if TYPE_CHECKING:
     from ..state import DeviceState
@@ -51,34 +51,8 @@ class CheckpointSummary(TypedDict):
     state_bytes: NotRequired[int]
     seconds: NotRequired[float]
 
-STATE = "state/current"
 STATE_VERSION = 2
 ROW_TABLES = ("participants", "spaces", "members", "conversations", "receipts")
-# A state extent of version 2 (docs/checkpoint.md): _MAGIC, the head's length (u64 LE), the head (a
-# msgpack map), then the large byte strings the head names, back to back. The head names each by
-# an ext value of code _SPILLED: its offset and length (u64 LE each) in what follows the head, so
-# a boot reads them where the runtime file maps them instead of copying them out of a msgpack
-# map (version 1: the whole extent one msgpack map; still read).
-_MAGIC = b"AOTXST\x00\x02"
-_HEAD = struct.Struct("<8sQ")
-_SPILLED = 1
-_SPAN = struct.Struct("<QQ")
-
-
-class _Spill:
-    """The large byte strings of a state being encoded, and the ext values that name them."""
-
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-        self.size = 0
-
-    def __call__(self, data: bytes) -> msgpack.ExtType:
-        ext = msgpack.ExtType(_SPILLED, _SPAN.pack(self.size, len(data)))
-        self.parts.append(data)
-        self.size += len(data)
-        return ext
-
-
 def encode_state(state: DeviceState, last_seq: int, last_digest: bytes, generation: int,
                  save_generation: int | None = None) -> bytes:
     """The state extent of a checkpoint that makes `generation`, folding every transfer through
@@ -86,7 +60,7 @@ def encode_state(state: DeviceState, last_seq: int, last_digest: bytes, generati
     `last_seq` carry until the checkpoint's CHECKPOINT transfer (None: this one; a checkpoint
     folded beside the ticks: the one before, under which the device saved them meanwhile)."""
     t = state.tables
-    spill = _Spill()
+    spill = Spill()
     tables = {}
     for name in ROW_TABLES:
         table = getattr(t, name)
@@ -118,38 +92,7 @@ def encode_state(state: DeviceState, last_seq: int, last_digest: bytes, generati
         "marked": True,  # its receipts' saves say the file and this generation (a load need not mark them)
         "written_ns": time.time_ns(),
     }, use_bin_type=True)
-    return b"".join([_HEAD.pack(_MAGIC, len(head)), head, *spill.parts])
-
-
-def decode_state(blob: bytes | memoryview) -> dict[str, Any]:
-    """A state extent's map (either version); version 2's large byte strings come back as
-    memoryviews of `blob`, not copies (a boot from a 600 MiB state spent a fifth of its time
-    copying them)."""
-    view = memoryview(blob)
-    if view[:len(_MAGIC)] != _MAGIC:  # version 1: one msgpack map
-        saved: dict[str, Any] = msgpack.unpackb(view, raw=False)
-        return saved
-    _, length = _HEAD.unpack_from(view)
-    if _HEAD.size + length > len(view):
-        raise ValueError("state extent: its head runs past its end")
-    data = view[_HEAD.size + length:]
-
-    def spilled(code: int, span: bytes) -> memoryview:
-        if code != _SPILLED or len(span) != _SPAN.size:
-            raise ValueError(f"state extent: an ext value of code {code} and {len(span)} bytes")
-        at, n = _SPAN.unpack(span)
-        if at + n > len(data):
-            raise ValueError("state extent: a value runs past its end")
-        return data[at:at + n]
-
-    saved = msgpack.unpackb(view[_HEAD.size:_HEAD.size + length], raw=False, ext_hook=spilled)
-    return saved
-
-
-def fold_point(saved: dict[str, Any] | None) -> tuple[int, bytes]:
-    """(last_seq, last_digest) of a decoded state extent (None: no checkpoint yet): where the
-    journal after it begins."""
-    return (saved["last_seq"], saved["last_digest"]) if saved is not None else (0, ZERO_DIGEST)
+    return spill.extent(head)
 
 
 def folded_generation(runtime: RuntimeFile) -> int:

@@ -4,13 +4,12 @@ copy of the primary's journal gains (`Tail`).
 
 docs/journal.md, "Reading: recovery", gives the rules this reader keeps (the layout is journal.py's):
 a torn tail is dropped, anything else that does not fit raises JournalCorrupt naming the file and
-offset. Whole, intact transfers are read natively (jcodec.transfers), the rest by the Python reader
+offset. Whole, intact transfers are read natively (jcodec.check and make), the rest by the Python reader
 here, with every rule. All segment file I/O goes through a `FileLayer` so tests can inject faults.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import queue
 import threading
@@ -28,10 +27,30 @@ from gpu_worker.storage.journal import (CHECKSUM_OFFSET, CLASS_A, KIND_OF, MAX_D
 _RECORD_START = bytes((TYPE_SHARED, CLASS_A))
 _ZERO_CHECKSUM = bytes(4)
 
-_whole = native.load("jcodec").transfers
+_jcodec = native.load("jcodec")
+_check, _make = _jcodec.check, _jcodec.make
 _KIND_MASK = sum(1 << k for k in KIND_OF)  # the kinds the native reader accepts (all below 64)
 _KIND_OBJECTS = tuple(KIND_OF.get(k) for k in range(64))  # what it names them by
-_as_transfer = functools.partial(tuple.__new__, Transfer)  # a tuple of its fields as a Transfer, in C
+
+
+class Unmade:
+    """Transfers the native reader found whole and intact in a segment's bytes, their digests
+    chained (jcodec.check, without the GIL), not yet made into Transfer objects: `make` makes
+    them (jcodec.make), on the thread that takes them. A boot's reading thread hands these on
+    (ReadAhead), so that it holds the GIL for no object while the main thread imports torch and
+    replays; made there, a million objects held it for as long as a second."""
+
+    __slots__ = ("data", "found", "segment", "base")
+
+    def __init__(self, data: bytes, found: bytes, segment: int, base: int) -> None:
+        self.data, self.found, self.segment, self.base = data, found, segment, base
+
+    def __len__(self) -> int:
+        return len(self.found) // _jcodec.FOUND_SIZE
+
+    def make(self) -> list[Transfer]:
+        made: list[Transfer] = _make(self.data, self.found, _KIND_OBJECTS, Transfer, self.segment, self.base)
+        return made
 
 
 @dataclass
@@ -94,7 +113,7 @@ READ_PIECE = 8192  # transfers a reader with a sink hands on at a time (`recover
 
 class _Recovery:
     def __init__(self, directory: str, fs: FileLayer, incarnation: bytes, start_digest: bytes,
-                 after_seq: int, sink: Callable[[list[Transfer]], None] | None = None) -> None:
+                 after_seq: int, sink: Callable[[list[Transfer] | Unmade], None] | None = None) -> None:
         self.directory = directory
         self.fs = fs
         self.incarnation = incarnation
@@ -219,17 +238,23 @@ class _Recovery:
 
     def _whole_transfers(self, number: int, data: bytes, pos: int) -> int:
         """Accept the whole transfers from `pos` on that are exactly as the writer makes them,
-        read natively (jcodec.transfers; with a sink, READ_PIECE at a time, each piece handed on
-        as it is read); where the first one that is not begins (the end of the data when all
-        are): the loop in `_parts` reads on from there with every rule."""
+        read natively (jcodec.check; with a sink, READ_PIECE at a time, each piece handed on
+        unmade as it is read: `Unmade`); where the first one that is not begins (the end of the
+        data when all are): the loop in `_parts` reads on from there with every rule."""
         limit = READ_PIECE if self.sink is not None else 0
         while True:
             lo, hi = (1, self.after_seq + 1) if self.next_seq is None else (self.next_seq, self.next_seq)
-            found, stop, last = _whole(data, pos, lo, hi, _KIND_MASK, MAX_DATA, self.digest, self.after_seq,
-                                       _KIND_OBJECTS, number, self._base, limit)
-            if found:  # each a Transfer's fields, its digest chained (those a checkpoint holds are not here)
-                self.transfers.extend(map(_as_transfer, found))
-                self.digest = found[-1][3]
+            found, stop, last, digest = _check(data, pos, lo, hi, _KIND_MASK, MAX_DATA, self.digest, self.after_seq,
+                                               limit)
+            if found:  # (those a checkpoint holds are not in it)
+                self.digest = digest
+                unmade = Unmade(data, found, number, self._base)
+                if self.sink is None:
+                    self.transfers.extend(unmade.make())
+                else:
+                    self._hand_on()  # (what the Python path read before them, first)
+                    self.count += len(unmade)
+                    self.sink(unmade)
             if last:
                 self.next_seq = last + 1
             self._hand_on()
@@ -314,11 +339,11 @@ def recover(
     *,
     start_digest: bytes = ZERO_DIGEST,
     after_seq: int = 0,
-    sink: Callable[[list[Transfer]], None] | None = None,
+    sink: Callable[[list[Transfer] | Unmade], None] | None = None,
 ) -> RecoveryResult:
     """Read every segment in order and return the saved transfers after `after_seq` — or, with a
-    `sink`, give them to it in pieces as they are read, in order (a device replays each piece
-    while this reads on, on another thread: Replay._load_state (recovery/replay.py)).
+    `sink`, give them to it in pieces as they are read, in order, each a list of Transfers or an
+    `Unmade` (a device replays each piece while this reads on, on another thread: ReadAhead).
 
     A torn tail (an unacknowledged write cut by a crash) is dropped; anything else that does not
     fit raises JournalCorrupt naming the file and offset (after the sink was given the transfers
@@ -332,8 +357,9 @@ def recover(
 class ReadAhead:
     """`recover` on a thread of its own (`aotx-journal-read`), handing its transfers over in
     pieces as it reads them: iterating gives the pieces in order while the thread reads on, so
-    the records' checks and digests (jcodec.transfers, without the GIL) and the file reads run
-    beside the replay of the pieces before (a boot: Replay._load_state (recovery/replay.py)). `result` is recover's
+    the records' checks and digests (jcodec.check, without the GIL) and the file reads run
+    beside the replay of the pieces before, or beside boot's imports (recovery/reading.py). The
+    iterating thread makes each piece's Transfer objects (`Unmade.make`) as it takes it. `result` is recover's
     (its `transfers` empty: every one was handed over), or raises what the reading raised (a
     damaged journal: after the pieces before the damage). Waker of the iteration: each piece the
     thread hands over and, always last, None (the thread's end, whatever ended it); `close` makes
@@ -344,7 +370,7 @@ class ReadAhead:
 
     def __init__(self, directory: str, fs: FileLayer, incarnation: bytes, *, start_digest: bytes = ZERO_DIGEST,
                  after_seq: int = 0) -> None:
-        self._pieces: queue.SimpleQueue[list[Transfer] | None] = queue.SimpleQueue()
+        self._pieces: queue.SimpleQueue[list[Transfer] | Unmade | None] = queue.SimpleQueue()
         self._outcome: RecoveryResult | BaseException | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._read, args=(directory, fs, incarnation, start_digest, after_seq),
@@ -360,14 +386,14 @@ class ReadAhead:
         finally:
             self._pieces.put(None)
 
-    def _hand(self, piece: list[Transfer]) -> None:
+    def _hand(self, piece: list[Transfer] | Unmade) -> None:
         if self._closed:
             raise ReadAhead._Closed("the replay stopped")
         self._pieces.put(piece)
 
     def __iter__(self) -> Iterator[list[Transfer]]:
         while (piece := self._pieces.get()) is not None:
-            yield piece
+            yield piece if isinstance(piece, list) else piece.make()
 
     def result(self) -> RecoveryResult:
         self._thread.join()  # (it put None last: it has ended or is ending)

@@ -21,9 +21,10 @@ import struct
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 if sys.byteorder != "little":  # extents hold raw little-endian tensors that boot maps without conversion
     raise ImportError("gpu_worker.runtime_file requires a little-endian host")
@@ -49,14 +50,9 @@ FEATURE_NAMES = {FEATURE_BASE: "base", FEATURE_SHARED: "shared"}
 
 DIRECTORY_SCHEMA = "aotx.ccir.directory.v1"
 KINDS = ("tensor", "json", "text", "bytes")
-DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float32": torch.float32,
-    "int64": torch.int64,
-    "uint8": torch.uint8,
-}
-DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+# a tensor component's dtype: torch's of that name, and its size in bytes (the file is opened, its
+# directory checked and its extents verified without importing torch: a boot does it while torch loads)
+DTYPE_SIZES = {"bfloat16": 2, "float16": 2, "float32": 4, "int64": 8, "uint8": 1}
 
 DEFAULT_CAPACITIES = {
     "participants": 1024,
@@ -281,7 +277,8 @@ class RuntimeFile:
         """A zero-copy CPU tensor over the mapping (copy it to the device or to keep it mutable)."""
         component = self._component(name, "tensor")
         assert component.dtype is not None and component.shape is not None  # _check_entry: tensors have both
-        dtype = DTYPES[component.dtype]
+        import torch  # (the one reader of the file that needs it)
+        dtype = getattr(torch, component.dtype)
         count = math.prod(component.shape)
         if count == 0:
             return torch.empty(component.shape, dtype=dtype)
@@ -386,7 +383,7 @@ def _check_entry(c: Component, file_size: int) -> None:
     if c.offset < DATA_START or c.offset % ALIGN or c.length < 0 or c.offset + c.length > file_size:
         raise ValueError(f"{c.name!r} extent {c.offset}+{c.length} is outside the data area")
     if c.kind == "tensor":
-        if c.dtype not in DTYPES or c.shape is None:
+        if c.dtype not in DTYPE_SIZES or c.shape is None:
             raise ValueError(f"{c.name!r} has dtype {c.dtype!r} and shape {c.shape!r}")
-        if math.prod(c.shape) * DTYPES[c.dtype].itemsize != c.length:
+        if math.prod(c.shape) * DTYPE_SIZES[c.dtype] != c.length:
             raise ValueError(f"{c.name!r} length {c.length} does not match {c.dtype}{list(c.shape)}")

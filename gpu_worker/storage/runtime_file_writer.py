@@ -22,10 +22,13 @@ import torch
 
 from ..contract.wire import JSON
 from .filelayer import FileLayer, OsFileLayer, RandomAccessFile
-from .runtime_file import (ALIGN, DATA_START, DIRECTORY_SCHEMA, DTYPE_NAMES, FEATURE_BASE, KNOWN_REQUIRED, SLOT_OFFSETS,
+from .runtime_file import (ALIGN, DATA_START, DIRECTORY_SCHEMA, DTYPE_SIZES, FEATURE_BASE, KNOWN_REQUIRED, SLOT_OFFSETS,
                            Component, RuntimeFile, Superblock, canonical_json)
 from .runtime_file_lock import lock_for_write
 
+
+# a tensor's dtype as the file's directory names it
+DTYPE_NAMES = {getattr(torch, name): name for name in DTYPE_SIZES}
 
 # A component's content, by its kind: "tensor" a torch.Tensor; "json" a JSON value, or its text or
 # bytes as written; "text" a str; "bytes" a buffer.

@@ -69,3 +69,31 @@ def test_boot_refuses_a_runtime_file_that_fails_its_check_before_it_journals(tmp
     assert "'gen/tensor/embed_tokens' fails its sha256 check" in out.stderr, out.stderr
     assert "device ready" not in out.stdout
     assert not journal.exists() or sorted(os.listdir(journal)) in ([], ["lock"])  # no segment: no BOOT transfer
+
+
+def test_boot_locks_and_reads_the_journal_without_torch(tmp_path):
+    """Boot locks the journal, decodes the checkpoint's head and starts the journal's reader
+    (recovery/reading.py) before the device's code imports torch, so that reading runs on another
+    CPU while torch loads: nothing on that path imports torch, and the lock is held from there on."""
+    from gpu_worker.storage.journal_lock import JournalLock, JournalLocked
+    runtime = tmp_path / "r.aotxccir"
+    pack_tiny(str(runtime), shared=True)
+    journal = tmp_path / "journal"
+    code = ("import sys\nfrom gpu_worker.storage.runtime_file import RuntimeFile\n"
+            "from gpu_worker.recovery.reading import start\n"
+            f"early = start(RuntimeFile.open({str(runtime)!r}, verify=False), {str(journal)!r})\n"
+            "pieces = list(early.reading)\n"
+            "print('read', sum(map(len, pieces)), early.reading.result().next_seq, 'torch' in sys.modules, flush=True)\n"
+            "sys.stdin.readline()\n")
+    proc = subprocess.Popen([PYTHON, "-c", code], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "read 0 1 False\n", proc.stderr.read() if proc.poll() else ""
+        try:
+            JournalLock(str(journal))
+            raise AssertionError("the journal was not locked while it was read")
+        except JournalLocked:
+            pass
+    finally:
+        proc.communicate("\n", timeout=60)
+    assert proc.returncode == 0

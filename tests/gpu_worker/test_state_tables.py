@@ -133,3 +133,16 @@ def test_marking_a_fold_on_the_cpu_runs_no_torch_operator():
     assert {event.name for event in profile.events()} <= {"aten::detach", "detach", "aten::to", "aten::resolve_conj",
                                                           "aten::resolve_neg"}
     assert torch.equal(tables.receipts, expected)
+
+
+def test_fresh_tables_index_as_a_rebuild_of_them_does():
+    """rebuild_indexes(empty=True), the load of a journal with no checkpoint, reads no column:
+    every row free, in the order a rebuild of the same empty tables hands them out."""
+    from gpu_worker.state import DeviceState
+    from gpu_worker.storage.runtime_file import DEFAULT_CAPACITIES
+    scanned, fresh = (DeviceState(DEFAULT_CAPACITIES, "cpu", b"i" * 16, 1) for _ in range(2))
+    scanned.rebuild_indexes(1)
+    fresh.rebuild_indexes(1, empty=True)
+    for name in ("participants", "receipts", "spaces", "members", "conversations"):
+        assert getattr(fresh, name).free == getattr(scanned, name).free, name
+    assert fresh.media == scanned.media == {}

@@ -23,6 +23,7 @@ from gpu_worker.storage.journal import (
     TYPE_SHARED,
     JournalCorrupt,
     JournalError,
+    Transfer,
     TransferKind,
     encode_segment_header,
     record_count,
@@ -1029,6 +1030,7 @@ def test_the_native_reader_reads_exactly_what_the_python_reader_does(tmp_path_fa
         commit_all(writer)
     writer.close()
     whole = recover(str(directory), fs, INC).transfers  # (as a checkpoint at `after` would have it)
+    assert all(type(transfer) is Transfer for transfer in whole)  # (made natively: jcodec.make)
     after = min(after, len(whole))
     start = whole[after - 1].digest if after else bytes(32)
     last = segment_path(directory, writer.segment)
@@ -1060,6 +1062,33 @@ def test_the_native_reader_reads_exactly_what_the_python_reader_does(tmp_path_fa
     native = outcome()
     monkeypatch.setattr(journal_reader, "READ_PIECE", 2)
     assert read_ahead() == native
-    monkeypatch.setattr(journal_reader, "_whole", lambda data, pos, *_: ([], pos, 0))
+    monkeypatch.setattr(journal_reader, "_check", lambda data, pos, lo, hi, kinds, max_data, digest, *_:
+                        (b"", pos, 0, digest))
     assert outcome() == native
     assert read_ahead() == native
+
+
+def test_the_native_reader_makes_transfers_only_of_what_it_found():
+    """jcodec.make fills the Transfers it makes as tuples, from records `check` found in the same
+    bytes: a type laid out otherwise, or found records that run past the bytes or do not match
+    them, are refused before anything is made or read out of bounds."""
+    from gpu_worker.storage import journal_reader
+    payload_bytes = b"x" * 300
+    data = b"".join(encode_transfer(TransferKind.OUTPUT, 1, payload_bytes))
+    found, stop, last, digest = journal_reader._check(data, 0, 1, 1, journal_reader._KIND_MASK, MAX_DATA,
+                                                      bytes(32), 0)
+    assert (stop, last, len(found)) == (len(data), 1, journal_reader._jcodec.FOUND_SIZE)
+    made = journal_reader.Unmade(data, found, 1, 0).make()
+    assert made == [Transfer(TransferKind.OUTPUT, 1, payload_bytes, digest, 1, 0)] and type(made[0]) is Transfer
+
+    class WithDict(tuple):  # (a __dict__ past the items)
+        pass
+
+    make = journal_reader._make
+    for kind in (dict, WithDict):
+        with pytest.raises(TypeError, match="tuple subclass"):
+            make(data, found, journal_reader._KIND_OBJECTS, kind, 1, 0)
+    with pytest.raises(ValueError, match="runs past the data"):
+        make(data[:len(data) // 2], found, journal_reader._KIND_OBJECTS, Transfer, 1, 0)
+    with pytest.raises(ValueError, match="not what check returned"):
+        make(data, found[:-1], journal_reader._KIND_OBJECTS, Transfer, 1, 0)

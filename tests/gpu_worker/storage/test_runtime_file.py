@@ -65,7 +65,7 @@ def test_it_reads_back_every_kind_of_component(path):
     with RuntimeFile.open(path) as runtime:
         for name, kind, payload in components():
             if kind == "tensor":
-                assert runtime.components[name].dtype == runtime_file.DTYPE_NAMES[payload.dtype]
+                assert runtime.components[name].dtype == runtime_file_writer.DTYPE_NAMES[payload.dtype]
                 assert torch.equal(runtime.tensor(name), payload)
             elif kind == "json":
                 assert runtime.json(name) == payload

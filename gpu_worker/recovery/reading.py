@@ -1,0 +1,48 @@
+"""A boot's reading of what is saved, started before torch is imported (docs/checkpoint.md,
+"Restart and restore"): the journal's lock, the checkpoint's head decoded (where the journal
+after it begins) and the journal's reader thread (storage/journal_reader.py ReadAhead) going, so
+that checking and decoding the journal runs on another CPU while the main thread imports torch,
+the model code and the tables' modules, not beside the replay (its work beside the replay cost the
+replay's thread as much as a second of a 1M-transfer boot: docs/performance.md, "Replay"). The
+Device takes it over (`Device(early=...)`, `Replay.load`). Nothing here imports torch."""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from ..storage.filelayer import OsFileLayer
+from ..storage.journal_lock import JournalLock
+from ..storage.journal_reader import ReadAhead
+from ..storage.runtime_file import RuntimeFile
+from ..storage.state_extent import STATE, decode_state, fold_point
+from . import fold
+
+
+class EarlyRead(NamedTuple):
+    """The journal's lock (held from here on: its holder is the device), the runtime file's
+    decoded state extent (None: no checkpoint yet) and the journal's reading from its fold point."""
+    lock: JournalLock
+    saved: dict[str, Any] | None
+    reading: ReadAhead
+
+    def close(self) -> None:
+        """A boot that stops before its device took these over: the reader stops at its next
+        piece, the lock goes."""
+        self.reading.close()
+        self.lock.release()
+
+
+def start(runtime: RuntimeFile, journal_dir: str) -> EarlyRead:
+    """Lock the journal (JournalLocked: another device holds it), clear what an unfinished fold
+    left, decode the checkpoint's state head and start reading the journal after it. The reading
+    begins only with the lock held: no other device appends while it reads."""
+    lock = JournalLock(journal_dir)
+    try:
+        fold.clear(journal_dir)  # (the links of a fold a stop cut short: gpu_worker/recovery/fold.py)
+        saved = decode_state(runtime.bytes(STATE)) if runtime.has(STATE) else None
+        after_seq, start_digest = fold_point(saved)
+        reading = ReadAhead(journal_dir, OsFileLayer(), runtime.incarnation, start_digest=start_digest,
+                            after_seq=after_seq)
+    except BaseException:
+        lock.release()
+        raise
+    return EarlyRead(lock, saved, reading)
