@@ -358,9 +358,9 @@ class ReadAhead:
     """`recover` on a thread of its own (`aotx-journal-read`), handing its transfers over in
     pieces as it reads them: iterating gives the pieces in order while the thread reads on, so
     the records' checks and digests (jcodec.check, without the GIL) and the file reads run
-    beside the replay of the pieces before, or beside boot's imports (recovery/reading.py). The
-    iterating thread makes each piece's Transfer objects (`Unmade.make`) as it takes it. `result` is recover's
-    (its `transfers` empty: every one was handed over), or raises what the reading raised (a
+    beside the replay of the pieces before, or beside boot's imports (recovery/reading.py); the
+    iterating thread makes each piece's Transfer objects (`Unmade.make`) as it takes it. `result`
+    is recover's (its `transfers` empty: every one was handed over), or raises what the reading raised (a
     damaged journal: after the pieces before the damage). Waker of the iteration: each piece the
     thread hands over and, always last, None (the thread's end, whatever ended it); `close` makes
     the thread stop at its next piece (a replay that failed)."""

@@ -83,7 +83,8 @@ def test_boot_locks_and_reads_the_journal_without_torch(tmp_path):
             "from gpu_worker.recovery.reading import start\n"
             f"early = start(RuntimeFile.open({str(runtime)!r}, verify=False), {str(journal)!r})\n"
             "pieces = list(early.reading)\n"
-            "print('read', sum(map(len, pieces)), early.reading.result().next_seq, 'torch' in sys.modules, flush=True)\n"
+            "result = early.reading.result()\n"
+            "print('read', sum(map(len, pieces)), result.next_seq, 'torch' in sys.modules, flush=True)\n"
             "sys.stdin.readline()\n")
     proc = subprocess.Popen([PYTHON, "-c", code], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
