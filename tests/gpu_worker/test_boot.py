@@ -98,3 +98,16 @@ def test_boot_locks_and_reads_the_journal_without_torch(tmp_path):
     finally:
         proc.communicate("\n", timeout=60)
     assert proc.returncode == 0
+
+
+def test_boot_refuses_a_journal_another_device_holds_in_one_line(tmp_path):
+    """The journal is locked before torch is imported (recovery/reading.py): a journal another
+    device holds stops the boot there, with one line and exit 3, and its lock stays the holder's."""
+    from gpu_worker.storage.journal_lock import JournalLock
+    runtime = tmp_path / "r.aotxccir"
+    pack_tiny(str(runtime), shared=True)
+    with JournalLock(str(tmp_path / "journal")):
+        out, journal = boot(tmp_path, runtime)
+        assert out.returncode == 3, out.stderr
+        assert out.stderr == f"boot: journal {journal} is locked by another device (pid {os.getpid()})\n"
+        assert sorted(os.listdir(journal)) == ["lock"]
