@@ -43,7 +43,7 @@ from .pipeline import admission, execution, retention
 from .pipeline.preparing import Prepared
 from .pipeline.prompt import ControlTokens
 from .pipeline.tick import Tick
-from .recovery import DeviceBootError, fold
+from .recovery import DeviceBootError, reading
 from .recovery.checkpoints import Checkpoints
 from .recovery.replay import Replay
 from .recovery.succession import Failover, Succession
@@ -65,7 +65,6 @@ if TYPE_CHECKING:
     from .engine.embedding import EmbeddingModel
     from .engine.engine import TokenLogprobs
     from .loop.runner import Event, Runner
-    from .recovery.reading import EarlyRead
     from .replication.lease import Leadership
     from .storage.checkpoint import CheckpointSummary
     from .storage.runtime_file_writer import Stored
@@ -84,7 +83,7 @@ class Device:
     def __init__(self, runtime: RuntimeFile, journal_dir: str, grants: Grants | None, *, device: str = "cpu",
                  fs: FileLayer | None = None, serve: bool = True, takeover: bool = False,
                  leadership: Leadership | None = None, following: bool = False,
-                 early: EarlyRead | None = None) -> None:
+                 early: reading.EarlyRead | None = None) -> None:
         """serve=False opens the state for an offline command (checkpoint): no grant check, no
         boot recorded. takeover: this journal is a sync standby's copy of the primary's
         (docs/replication.md): its boot continues the primary's line of history, as a restart
@@ -155,11 +154,8 @@ class Device:
             self.refollow()
             return
         started = time.perf_counter()
-        if early is not None:
-            self.lock = early.lock
-        else:
-            self.lock = JournalLock(journal_dir)
-            fold.clear(journal_dir)  # (the links of a fold a stop cut short: gpu_worker/recovery/fold.py)
+        early = early or reading.start(runtime, journal_dir, self.fs)
+        self.lock = early.lock
         try:
             try:
                 recovery = self.replay.load(early)

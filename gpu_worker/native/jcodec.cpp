@@ -165,15 +165,20 @@ struct Found {
   unsigned char digest[DIGEST];
 };
 
-// The payload of a transfer `found` read: its records' data, in order.
-void gather(const unsigned char* d, const Found& found, unsigned char* into) {
+// The payload of a transfer `check` found in `d` (n bytes): its records' data, in order, into
+// `into` (found.length bytes). False where the records at found.start do not hold exactly that (a
+// `found` that is not this data's): nothing is read past the data nor written past the payload.
+bool gather(const unsigned char* d, size_t n, const Found& found, unsigned char* into) {
   size_t at = found.start, filled = 0;
   for (uint16_t i = 0; i < found.count; ++i) {
+    if (at > n || n - at < HEADER) return false;
     const size_t size = rd16(d + at + 8);
+    if (n - at - HEADER < size || found.length - filled < size) return false;
     memcpy(into + filled, d + at + HEADER, size);
     filled += size;
     at += HEADER + size;
   }
+  return filled == found.length;
 }
 
 PyObject* check(PyObject*, PyObject* args) {
@@ -296,44 +301,31 @@ PyObject* make(PyObject*, PyObject* args) {
   if (!PyArg_ParseTuple(args, "y*y*O!O!On", &data, &packed, &PyTuple_Type, &kind_objects, &PyType_Type,
                         &transfer_type, &segment, &base))
     return nullptr;
-  const char* problem = nullptr;
-  const unsigned char* d = static_cast<const unsigned char*>(data.buf);
-  const size_t n = size_t(data.len), count = size_t(packed.len) / sizeof(Found);
-  std::vector<Found> found(count);
-  if (count) memcpy(found.data(), packed.buf, count * sizeof(Found));
-  if (size_t(packed.len) % sizeof(Found)) problem = "found is not what check returned";
-  if (PyTuple_GET_SIZE(kind_objects) != 64) problem = "the kinds are not 64";
+  PyObject* list = nullptr;
   // (a tuple subclass laid out as a tuple: no __dict__, no slots of its own)
   if (!PyType_IsSubtype(transfer_type, &PyTuple_Type) || transfer_type->tp_basicsize != PyTuple_Type.tp_basicsize ||
       transfer_type->tp_itemsize != PyTuple_Type.tp_itemsize || transfer_type->tp_dictoffset != 0)
-    problem = "transfer_type must be a tuple subclass with no fields of its own";
-  for (size_t i = 0; !problem && i < count; ++i) {  // (each record inside `data`: what gather reads)
-    const Found& f = found[i];
-    size_t at = f.start, total = 0;
-    for (uint16_t r = 0; !problem && r < f.count; ++r) {
-      if (at > n || n - at < HEADER || n - at - HEADER < rd16(d + at + 8)) problem = "found runs past the data";
-      else {
-        total += rd16(d + at + 8);
-        at += HEADER + rd16(d + at + 8);
-      }
-    }
-    if (!problem && (total != f.length || f.kind >= 64)) problem = "found does not match the data";
-  }
-  PyBuffer_Release(&packed);
-  if (problem) {
-    PyBuffer_Release(&data);
-    PyErr_SetString(strstr(problem, "transfer_type") ? PyExc_TypeError : PyExc_ValueError, problem);
-    return nullptr;
-  }
-  PyObject* list = PyList_New(Py_ssize_t(count));
-  for (size_t i = 0; list && i < count; ++i) {
-    const Found& f = found[i];
+    PyErr_SetString(PyExc_TypeError, "transfer_type must be a tuple subclass with no fields of its own");
+  else if (size_t(packed.len) % sizeof(Found) || PyTuple_GET_SIZE(kind_objects) != 64)
+    PyErr_SetString(PyExc_ValueError, "found is not what check returned, or the kinds are not 64");
+  else
+    list = PyList_New(Py_ssize_t(size_t(packed.len) / sizeof(Found)));
+  const unsigned char* d = static_cast<const unsigned char*>(data.buf);
+  for (Py_ssize_t i = 0; list && i < PyList_GET_SIZE(list); ++i) {
+    Found f;
+    memcpy(&f, static_cast<const char*>(packed.buf) + size_t(i) * sizeof(Found), sizeof(Found));
     PyObject* item = transfer_type->tp_alloc(transfer_type, 6);
     PyObject* payload = PyBytes_FromStringAndSize(nullptr, Py_ssize_t(f.length));
     PyObject* seq = PyLong_FromUnsignedLongLong(f.seq);
     PyObject* hash = PyBytes_FromStringAndSize(reinterpret_cast<const char*>(f.digest), DIGEST);
     PyObject* offset = PyLong_FromSsize_t(base + Py_ssize_t(f.start));
-    if (!item || !payload || !seq || !hash || !offset) {
+    bool ok = item && payload && seq && hash && offset;
+    unsigned char* into = ok ? reinterpret_cast<unsigned char*>(PyBytes_AS_STRING(payload)) : nullptr;
+    if (ok && (f.kind >= 64 || !gather(d, size_t(data.len), f, into))) {
+      PyErr_SetString(PyExc_ValueError, "found runs past the data or does not match it");
+      ok = false;
+    }
+    if (!ok) {
       Py_XDECREF(item);
       Py_XDECREF(payload);
       Py_XDECREF(seq);
@@ -342,7 +334,6 @@ PyObject* make(PyObject*, PyObject* args) {
       Py_CLEAR(list);
       break;
     }
-    gather(d, f, reinterpret_cast<unsigned char*>(PyBytes_AS_STRING(payload)));
     PyObject* kind = PyTuple_GET_ITEM(kind_objects, f.kind);
     Py_INCREF(kind);
     Py_INCREF(segment);
@@ -352,8 +343,9 @@ PyObject* make(PyObject*, PyObject* args) {
     PyTuple_SET_ITEM(item, 3, hash);
     PyTuple_SET_ITEM(item, 4, segment);
     PyTuple_SET_ITEM(item, 5, offset);
-    PyList_SET_ITEM(list, Py_ssize_t(i), item);
+    PyList_SET_ITEM(list, i, item);
   }
+  PyBuffer_Release(&packed);
   PyBuffer_Release(&data);
   return list;
 }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ..storage.filelayer import OsFileLayer
+from ..storage.filelayer import FileLayer, OsFileLayer
 from ..storage.journal_lock import JournalLock
 from ..storage.journal_reader import ReadAhead
 from ..storage.runtime_file import RuntimeFile
@@ -31,17 +31,25 @@ class EarlyRead(NamedTuple):
         self.lock.release()
 
 
-def start(runtime: RuntimeFile, journal_dir: str) -> EarlyRead:
+def read_saved(runtime: RuntimeFile, journal_dir: str,
+               fs: FileLayer | None = None) -> tuple[dict[str, Any] | None, ReadAhead]:
+    """The runtime file's decoded state extent (None: no checkpoint yet) and the journal's
+    reading from where it ends, started: what every load of the state begins with (a boot's here,
+    before torch; a rebuild's in Replay.load)."""
+    saved = decode_state(runtime.bytes(STATE)) if runtime.has(STATE) else None
+    after_seq, start_digest = fold_point(saved)
+    return saved, ReadAhead(journal_dir, fs or OsFileLayer(), runtime.incarnation, start_digest=start_digest,
+                            after_seq=after_seq)
+
+
+def start(runtime: RuntimeFile, journal_dir: str, fs: FileLayer | None = None) -> EarlyRead:
     """Lock the journal (JournalLocked: another device holds it), clear what an unfinished fold
-    left, decode the checkpoint's state head and start reading the journal after it. The reading
-    begins only with the lock held: no other device appends while it reads."""
+    left, then `read_saved`. The reading begins only with the lock held: no other device appends
+    while it reads."""
     lock = JournalLock(journal_dir)
     try:
         fold.clear(journal_dir)  # (the links of a fold a stop cut short: gpu_worker/recovery/fold.py)
-        saved = decode_state(runtime.bytes(STATE)) if runtime.has(STATE) else None
-        after_seq, start_digest = fold_point(saved)
-        reading = ReadAhead(journal_dir, OsFileLayer(), runtime.incarnation, start_digest=start_digest,
-                            after_seq=after_seq)
+        saved, reading = read_saved(runtime, journal_dir, fs)
     except BaseException:
         lock.release()
         raise

@@ -23,7 +23,7 @@ from ..storage.journal import JournalCorrupt, Transfer, TransferKind, segment_na
 from ..storage.journal_reader import ReadAhead, RecoveryResult
 from . import DeviceBootError
 from .checkpoints import Checkpoints
-from .reading import EarlyRead
+from .reading import EarlyRead, read_saved
 
 _INPUT = int(Kind.INPUT)
 
@@ -83,14 +83,7 @@ class Replay:
         # the journal is read on another thread from the start (where the checkpoint's state ends),
         # while the tables are made and loaded here, then replayed here piece by piece as it is read
         d = self.d
-        if early is not None:
-            saved, reading = early.saved, early.reading
-        else:
-            has = d.runtime.has(checkpoint.STATE)
-            saved = checkpoint.decode_state(d.runtime.bytes(checkpoint.STATE)) if has else None
-            after_seq, start_digest = checkpoint.fold_point(saved)
-            reading = ReadAhead(d.journal_dir, d.fs, d.runtime.incarnation, start_digest=start_digest,
-                                after_seq=after_seq)
+        saved, reading = (early.saved, early.reading) if early else read_saved(d.runtime, d.journal_dir, d.fs)
         try:
             return self._replay_after(reading, saved)
         finally:

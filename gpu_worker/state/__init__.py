@@ -65,7 +65,7 @@ class DeviceState:
             for index, table in ((self.participants, t.participants), (self.receipts, t.receipts),
                                  (self.spaces, t.spaces), (self.members, t.members),
                                  (self.conversations, t.conversations)):
-                index.free = list(range(len(table) - 1, -1, -1))  # (as Tables.unused_rows: lowest free row last)
+                index.free = t.unused_rows(table, fresh=True)
             self.media = {}
             return
         self.participants.rebuild(t)

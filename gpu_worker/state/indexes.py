@@ -139,12 +139,12 @@ class ParticipantIndex:
         return lineage
 
 
-def owned_ids(lineages: list[bytes], ids: np.ndarray) -> np.ndarray:
+def owned_ids(lineages: list[bytes], packed: np.ndarray) -> np.ndarray:
     """(lineage, id) keys packed as a FixedMap "b16b16" takes them: each lineage's 16 bytes, then
-    the id's (Tables.packed16)."""
+    the id's (`packed`: Tables.packed16)."""
     keys = np.empty((len(lineages), 32), dtype=np.uint8)
     keys[:, :16] = np.frombuffer(b"".join(lineages), dtype=np.uint8).reshape(-1, 16)
-    keys[:, 16:] = ids.view(np.uint8)
+    keys[:, 16:] = packed.view(np.uint8)
     return keys
 
 

@@ -413,8 +413,11 @@ class Tables:
         return np.frombuffer(data.tobytes(), dtype="V16").tolist()
 
     @staticmethod
-    def unused_rows(table: torch.Tensor) -> list[int]:
-        """Free rows of a table, highest first, so pop() hands out the lowest free row."""
+    def unused_rows(table: torch.Tensor, fresh: bool = False) -> list[int]:
+        """Free rows of a table, highest first, so pop() hands out the lowest free row. `fresh`:
+        the table was just made (all zero): every row, without reading a column of it."""
+        if fresh:
+            return list(range(len(table) - 1, -1, -1))
         return torch.nonzero(table[:, 0] == 0).flatten().flip(0).tolist()
 
     def usage(self) -> dict[str, int]:
