@@ -114,17 +114,28 @@ class ParticipantIndex:
                                                              self.nonces[line - 1] if line else None)
         return lineage
 
-    def lineages_at(self, prows: np.ndarray, counters: np.ndarray) -> list[bytes]:
-        """`lineage_at` of each (row, counter) pair, for a whole table at boot: one lineage
-        derived per participant and line of history, then one dictionary read per pair."""
+    def lineages_at(self, prows: np.ndarray, counters: np.ndarray) -> np.ndarray:
+        """`lineage_at` of each (row, counter) pair, as rows of 16 bytes, for a whole table at boot:
+        the current lineages gathered by row (each participant's read once), and only the pairs
+        from an earlier line of history derived, once per participant and line."""
+        prows = np.asarray(prows, dtype=np.int64)
         n = len(self.starts)
         lines = np.searchsorted(self.starts, counters, side="right") if n else np.zeros(len(prows), dtype=np.int64)
-        keys = (prows * (n + 1) + lines).tolist()  # (row, line) as one int
-        known = {}
-        for key in set(keys):
-            prow, line = divmod(key, n + 1)  # a line's first counter is in it (line 0: before any)
-            known[key] = self.lineage_at(prow, self.starts[line - 1] if line else -1)
-        return list(map(known.__getitem__, keys))
+        present = np.zeros(len(self.lineage), dtype=bool)
+        present[prows] = True
+        rows = np.flatnonzero(present)
+        current = np.zeros((len(self.lineage), 16), dtype=np.uint8)
+        current[rows] = _packed_lineages([self.lineage[r] for r in rows.tolist()])
+        out = np.take(current.view(np.uint64), prows, axis=0).view(np.uint8)  # (a gather of 8-byte words)
+        past = np.flatnonzero(lines < n)  # (none without a line of history: every line is 0 = n)
+        if len(past):  # (row, line) as one int; a line's first counter is in it (line 0: before any)
+            keys = (prows[past] * (n + 1) + lines[past]).tolist()
+            known = {}
+            for key in set(keys):
+                prow, line = divmod(key, n + 1)
+                known[key] = self.lineage_at(prow, self.starts[line - 1] if line else -1)
+            out[past] = _packed_lineages(list(map(known.__getitem__, keys)))
+        return out
 
     def lineage_of(self, principal: bytes) -> bytes:
         """The lineage a principal registers (or registered) under."""
@@ -139,13 +150,21 @@ class ParticipantIndex:
         return lineage
 
 
-def owned_ids(lineages: list[bytes], packed: np.ndarray) -> np.ndarray:
-    """(lineage, id) keys packed as a FixedMap "b16b16" takes them: each lineage's 16 bytes, then
-    the id's (`packed`: Tables.packed16)."""
-    keys = np.empty((len(lineages), 32), dtype=np.uint8)
-    keys[:, :16] = np.frombuffer(b"".join(lineages), dtype=np.uint8).reshape(-1, 16)
-    keys[:, 16:] = packed.view(np.uint8)
-    return keys
+def _packed_lineages(lineages: list[bytes]) -> np.ndarray:
+    """Lineages as rows of 16 bytes (ValueError: a row with none, which no live row has)."""
+    joined = b"".join(lineages)
+    if len(joined) != 16 * len(lineages):
+        raise ValueError("a lineage of a row with no participant was asked for")
+    return np.frombuffer(joined, dtype=np.uint8).reshape(-1, 16)
+
+
+def owned_ids(lineages: np.ndarray, packed: np.ndarray) -> np.ndarray:
+    """(lineage, id) keys packed as a FixedMap "b16b16" takes them: each lineage's 16 bytes
+    (`lineages`: ParticipantIndex.lineages_at), then the id's (`packed`: Tables.packed16)."""
+    keys = np.empty((len(lineages), 4), dtype=np.uint64)  # (copied in 8-byte words)
+    keys[:, :2] = lineages.view(np.uint64)
+    keys[:, 2:] = packed.view(np.uint64)
+    return keys.view(np.uint8)
 
 
 def take_free(free: list[int], n: int) -> list[int]:

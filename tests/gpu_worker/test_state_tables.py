@@ -57,7 +57,7 @@ def test_lineages_at_is_lineage_at_for_every_row(starts, pairs):
         index.add(prow, bytes([prow + 100]) * 16)
     prows = np.array([p for p, _ in pairs], dtype=np.int64)
     counters = np.array([c for _, c in pairs], dtype=np.int64)
-    assert index.lineages_at(prows, counters) == [index.lineage_at(p, c) for p, c in pairs]
+    assert [bytes(row) for row in index.lineages_at(prows, counters)] == [index.lineage_at(p, c) for p, c in pairs]
 
 
 def test_the_accelerator_paths_write_exactly_what_the_host_paths_do():
