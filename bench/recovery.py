@@ -4,7 +4,7 @@
 
 from its start (Popen) to the line "device ready" it prints, then SIGTERM and a wait for its exit.
 Everything a restart waits for is inside: the interpreter, the imports, the runtime file opened
-and verified (every extent against its sha256, as boot does), the journal read and replayed, the
+and verified (every extent a device reads against its sha256, as boot does), the journal read and replayed, the
 embedding and generation models loaded, the socket. Two cases of one state, a mixed journal of
 --transfers transfers:
 

@@ -30,6 +30,7 @@ from ..state.tables import C, R, mark_folded
 from . import runtime_file_writer
 from .journal import list_segments, segment_name
 from .journal_reader import recover
+from .runtime_file import AUDIT
 from .state_extent import STATE, Spill, decode_state, fold_point
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ def folded_generation(runtime: RuntimeFile) -> int:
     each checkpoint adds its `audit/<generation>` component. The file's own generation may be past
     it: a takeover makes a generation that folds nothing (docs/replication.md, "Failover
     generations")."""
-    return max((int(name[len("audit/"):]) for name in runtime.names("audit/")), default=0)
+    return max((int(name[len(AUDIT):]) for name in runtime.names(AUDIT)), default=0)
 
 
 def load_state(state: DeviceState, blob: bytes | memoryview, input_kind: int) -> dict[str, Any]:
@@ -211,7 +212,6 @@ class Folding(Protocol):
 # redact(transfer kind, payload) -> the payload without a forgotten object's bytes, or None to keep
 # it (memory/forgetting.Redactor: called in seq order over the whole audit)
 Redact = Callable[[int, bytes], "bytes | None"]
-AUDIT = "audit/"
 
 
 def components(device: Folding, last_seq: int, last_digest: bytes, media_added: list[tuple[str, str, bytes]],

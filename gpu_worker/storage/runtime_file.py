@@ -36,6 +36,7 @@ SLOT_OFFSETS = (0, SLOT_SIZE)
 SLOT_NAMES = ("A", "B")
 DATA_START = 2 * SLOT_SIZE
 ALIGN = 4096
+AUDIT = "audit/"  # the name prefix of a checkpoint's audit extents, `audit/<generation>` (docs/runtime-file.md)
 
 # magic, format_version, header_size, required_features, optional_features, file_incarnation,
 # generation, directory_offset, directory_length, directory_sha256, checksum (sha256 of the
@@ -209,13 +210,14 @@ class RuntimeFile:
         return runtime
 
     def start_verify(self) -> None:
-        """`verify` on a thread of its own (sha256 runs without the GIL) while the caller goes on:
-        boot loads the state beside it, and asks `verified` before it writes or serves anything."""
+        """`verify` of what a serving device reads (every extent but the audit's: `served=True`), on
+        a thread of its own (sha256 runs without the GIL) while the caller goes on: boot loads the
+        state beside it, and asks `verified` before it writes or serves anything."""
         answer: list[BaseException | None] = []
 
         def check() -> None:
             try:
-                self.verify()
+                self.verify(served=True)
                 answer.append(None)
             except BaseException as exc:  # handed to `verified`
                 answer.append(exc)
@@ -234,9 +236,15 @@ class RuntimeFile:
         if answer[0] is not None:
             raise answer[0]
 
-    def verify(self) -> None:
-        """Check every extent against its recorded sha256."""
+    def verify(self, served: bool = False) -> None:
+        """Check every extent against its recorded sha256. `served`: all but the checkpoints'
+        audit extents (AUDIT), which no device reads: only audit's readers (export, verify, a
+        forget's redaction) do, each through `read_verified`, which checks it then. Every audit
+        extent stays for the life of the file (docs/checkpoint.md), so a boot that checked them
+        would take longer with every checkpoint the device ever made."""
         for component in sorted(self.components.values(), key=lambda c: c.offset):
+            if served and component.name.startswith(AUDIT):
+                continue
             extent = self._view[component.offset:component.offset + component.length]
             if hashlib.sha256(extent).hexdigest() != component.sha256:
                 raise RuntimeFileError(

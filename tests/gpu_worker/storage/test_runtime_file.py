@@ -218,6 +218,29 @@ def test_it_names_the_component_whose_extent_is_corrupt(path):
         assert runtime.has("gen/tensor/w")
 
 
+def test_a_serving_check_leaves_the_audit_extents_to_their_readers(path):
+    """A boot checks what a device reads (`start_verify`: every extent but the audit's, which stay
+    for the life of the file and would make every boot longer with each checkpoint ever made); an
+    audit extent is checked when it is read (`read_verified`), and by a whole check."""
+    runtime_file_writer.append(path, [("audit/00000002", "bytes", b"folded transfers" * 64)])
+    with RuntimeFile.open(path) as runtime:
+        audit = runtime.components["audit/00000002"].offset
+        weights = runtime.components["gen/tensor/w"].offset
+    corrupt(path, audit + 7)
+    with RuntimeFile.open(path, verify=False) as runtime:
+        runtime.start_verify()
+        runtime.verified()  # what a device reads is intact
+        with pytest.raises(RuntimeFileError, match="'audit/00000002' of generation"):
+            runtime.read_verified("audit/00000002")
+        with pytest.raises(RuntimeFileError, match="'audit/00000002' fails its sha256 check"):
+            runtime.verify()
+    corrupt(path, weights + 5)
+    with RuntimeFile.open(path, verify=False) as runtime:
+        runtime.start_verify()
+        with pytest.raises(RuntimeFileError, match="'gen/tensor/w' fails its sha256 check"):
+            runtime.verified()
+
+
 def test_an_older_reader_refuses_a_required_shared_file(path):
     with RuntimeFile.open(path, known_required=FEATURE_BASE) as runtime:
         assert runtime.required_features == FEATURE_BASE
