@@ -3,7 +3,7 @@ a checkpoint of a large state folds, under closed-loop clients, beside the same 
 
     .venv/bin/python bench/checkpoint.py [--transfers 1000000] [--clients 64] [--rounds 3]
                                          [--seconds 5] [--window 120] [--rate 20000]
-                                         [--boot ARGS] [--versus COMMIT]
+                                         [--paced] [--boot ARGS] [--versus COMMIT]
 
 Setup, outside every timed window: a runtime file and a journal of --transfers transfers (64
 principals' registrations and spaces: bench/recovery.py's build), with room and grants for the
@@ -26,6 +26,13 @@ window against the phase without (the ratio), and the longest gap between two co
 waiting for a reply, a gap is the tick loop answering no one: the tick's pause. --versus COMMIT
 boots that commit's code on the same files too, the runs alternating (this, COMMIT, this, ...):
 medians of --rounds runs each.
+
+--paced sends at most --rate registrations a second in both phases (loadgen's PACE): the frames
+last the whole window however fast the device answers. Unpaced, a device faster than --rate spends
+them before a long checkpoint ends (a 1M-transfer fold takes minutes here), and frames for its
+whole speed are more principals than the machine holds beside the device and the fold. Paced, the
+longest gap still shows the tick's pause (clients whose turn came wait for their replies), and
+the ratio only says whether the device kept the pace during the checkpoint.
 """
 import argparse
 import contextlib
@@ -71,15 +78,16 @@ def boot(tree, files, log_path, tick_cpu, extra=()):
     return proc
 
 
-def start_load(loadgen, base, sock_path, requests, clients, seconds, cpus):
+def start_load(loadgen, base, sock_path, requests, clients, seconds, cpus, pace=0):
     """Closed loops (bench/loadgen.c) on `clients` connections sending the frames of the file
     `requests` (on the disk, written and synced once: loadgen reads it whole before it starts),
-    until `seconds` pass, the frames run out or `finish_load`. `base`: where the replies go (a
-    tmpfs where there is one: gigabytes of replies stay off the device's disk). What else is dirty
-    goes to the disk first, so that no writeback of the setup's files falls inside a phase."""
+    until `seconds` pass, the frames run out or `finish_load`; `pace`: at most that many a second
+    (0: as fast as the replies come). `base`: where the replies go (a tmpfs where there is one:
+    gigabytes of replies stay off the device's disk). What else is dirty goes to the disk first,
+    so that no writeback of the setup's files falls inside a phase."""
     os.sync()
     return subprocess.Popen([loadgen, sock_path, requests, str(clients), str(seconds), "-",
-                             os.path.join(base, "times.bin")],
+                             os.path.join(base, "times.bin"), str(pace)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
 
@@ -179,11 +187,12 @@ class Runs:
                     with open(path, "wb") as f:
                         f.writelines(itertools.islice(frames, count))
                 os.sync()
+            pace = args.rate if args.paced else 0
             quiet = finish_load(start_load(loadgen, self.scratch, sock, self.requests[0], args.clients,
-                                           args.seconds, client_cpus), self.scratch)
+                                           args.seconds, client_cpus, pace), self.scratch)
             asked: dict = {}
             proc = start_load(loadgen, self.scratch, sock, self.requests[1], args.clients, args.window,
-                              client_cpus)
+                              client_cpus, pace)
             if proc.stderr.readline() != "sending\n":  # (its requests read: 1 s of load from here on)
                 raise SystemExit(f"loadgen failed: {proc.communicate()[1]}")
             asker = threading.Thread(target=checkpoint_after, args=(sock, 1.0, asked))
@@ -225,6 +234,8 @@ def main():
                         help="the longest load of the phase with one (it ends 0.5 s after the checkpoint's answer)")
     parser.add_argument("--rate", type=int, default=RATE,
                         help="registrations made ready a second of each phase (each a principal in the grant file)")
+    parser.add_argument("--paced", action="store_true",
+                        help="send at most --rate registrations a second (the frames last the window at any speed)")
     parser.add_argument("--boot", default="", help="more arguments for every device's boot (one string)")
     parser.add_argument("--versus", metavar="COMMIT", help="also run that commit's code on its own copies, in turns")
     args = parser.parse_args()
@@ -253,8 +264,8 @@ def main():
                       f"checkpoint {during['seconds']:.2f} s, {during['rate']:,.0f}/s inside it (longest gap "
                       f"{during['gap'] * 1e3:.1f} ms; the longest: {during['where']} from the ask)", file=sys.stderr,
                       flush=True)
-    print(f"{args.transfers:,}-transfer state, {args.clients} clients, {args.rounds} alternating runs, medians "
-          f"(range):")
+    print(f"{args.transfers:,}-transfer state, {args.clients} clients"
+          + (f" paced at {args.rate:,}/s" if args.paced else "") + f", {args.rounds} alternating runs, medians (range):")
     print(f"{'code':>10} {'ckpt s':>14} {'reg/s without':>14} {'reg/s during':>13} {'ratio':>16} "
           f"{'gap without ms':>15} {'longest gap during ms':>22}")
     for name, runs in results.items():

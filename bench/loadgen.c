@@ -2,7 +2,7 @@
  * two cores they share with the device (the same loop in Python took ~30% of a core at 64 clients,
  * about 11 us per request, against ~3 us here: one recv and one send per request).
  *
- *     loadgen SOCKET FRAMES CLIENTS SECONDS REPLIES [TIMES]
+ *     loadgen SOCKET FRAMES CLIENTS SECONDS REPLIES [TIMES [PACE]]
  *
  * FRAMES holds the requests, each a whole device frame (4-byte big-endian length, then the payload),
  * one after another; each is sent once. CLIENTS connections to the Unix socket SOCKET each send one
@@ -16,7 +16,12 @@
  * stderr gets "sending" once FRAMES is read and every client connected, before the first request
  * (reading a gigabyte of FRAMES takes seconds: a caller that times from the start waits for it).
  * SIGUSR1 ends the run early (each client waits for its last reply, as at SECONDS). A wait of
- * 60 s without any reply is an error. Exit status 1 with one more line on stderr on any error. */
+ * 60 s without any reply is an error. Exit status 1 with one more line on stderr on any error.
+ * PACE, when given and above 0, caps the requests sent at PACE a second over all clients (the k-th
+ * not before k / PACE seconds from the start): a client whose reply came early waits, parked, for
+ * its turn. A paced load spends its frames at a known rate, so a file of them lasts a known time
+ * however fast the device answers (bench/checkpoint.py --pace); a pause of the device still shows
+ * as a gap between replies, since the parked clients' turns come while it answers no one. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <signal.h>
@@ -133,8 +138,8 @@ static long reply_status(const unsigned char *p, const unsigned char *end) {
 }
 
 int main(int argc, char **argv) {
-  if (argc != 6 && argc != 7) {
-    fprintf(stderr, "usage: loadgen SOCKET FRAMES CLIENTS SECONDS REPLIES [TIMES]\n");
+  if (argc < 6 || argc > 8) {
+    fprintf(stderr, "usage: loadgen SOCKET FRAMES CLIENTS SECONDS REPLIES [TIMES [PACE]]\n");
     return 2;
   }
   int clients = atoi(argv[3]);
@@ -146,8 +151,9 @@ int main(int argc, char **argv) {
   if ((!check && !out) || clients < 1) die("arguments");
   static char outbuf[1 << 20];
   if (out) setvbuf(out, outbuf, _IOFBF, sizeof outbuf);
-  FILE *times = argc == 7 ? fopen(argv[6], "wb") : NULL;
-  if (argc == 7 && !times) die(argv[6]);
+  FILE *times = argc >= 7 ? fopen(argv[6], "wb") : NULL;
+  if (argc >= 7 && !times) die(argv[6]);
+  double pace = argc == 8 ? atof(argv[7]) : 0.0;  /* requests a second over all clients; 0: unpaced */
 
   struct sockaddr_un addr = {.sun_family = AF_UNIX};
   if (strlen(argv[1]) >= sizeof addr.sun_path) {
@@ -170,24 +176,48 @@ int main(int argc, char **argv) {
   struct sigaction sa = {.sa_handler = on_usr1};
   sigemptyset(&sa.sa_mask);
   if (sigaction(SIGUSR1, &sa, NULL) != 0) die("sigaction");
-  long received = 0;
-  int in_flight = 0;
+  long received = 0, sent = 0;
+  int in_flight = 0, parked = 0;  /* in flight: clients with a request out or parked for their turn */
+  Client **waiting = calloc(clients, sizeof *waiting);  /* the parked clients */
   fputs("sending\n", stderr);  /* read and connected: a caller may time from here */
   double start = now(), deadline = start + seconds;
   for (int i = 0; i < clients && next + 4 <= frames_size; i++) {
     size_t n = 4 + be32(frames + next);
     send_all(cs[i].fd, frames + next, n);
     next += n;
+    sent++;
     in_flight++;
   }
   struct epoll_event events[256];
+  double last_reply = start;
   while (in_flight) {
-    int ready = epoll_wait(ep, events, 256, 60000);
+    /* the parked clients whose turn has come send; past SECONDS (or SIGUSR1), or with no frame
+     * left, they are done */
+    while (parked) {
+      int more = !stop_asked && now() < deadline && next + 4 <= frames_size;
+      if (more && sent >= pace * (now() - start)) break;
+      Client *c = waiting[--parked];
+      if (more) {
+        size_t m = 4 + be32(frames + next);
+        send_all(c->fd, frames + next, m);
+        next += m;
+        sent++;
+      } else {
+        in_flight--;
+      }
+    }
+    if (!in_flight) break;
+    int wait_ms = 1000;
+    if (parked) {  /* until the next turn */
+      double turn = start + (sent + 1) / pace - now();
+      wait_ms = turn > 0 ? (int)(turn * 1000) + 1 : 0;
+    }
+    int ready = epoll_wait(ep, events, 256, wait_ms);
     if (ready < 0) {
       if (errno == EINTR) continue;
       die("epoll_wait");
     }
-    if (ready == 0) {
+    if (ready == 0 && in_flight > parked && now() - last_reply > 60) {
       errno = ETIMEDOUT;
       die("no reply within 60 s");
     }
@@ -224,10 +254,14 @@ int main(int argc, char **argv) {
         }
         used += n;
         received++;
-        if (!stop_asked && now() < deadline && next + 4 <= frames_size) {
+        last_reply = now();
+        if (pace > 0) {
+          waiting[parked++] = c;  /* (sends at the loop's top, in its turn) */
+        } else if (!stop_asked && now() < deadline && next + 4 <= frames_size) {
           size_t m = 4 + be32(frames + next);
           send_all(c->fd, frames + next, m);
           next += m;
+          sent++;
         } else {
           in_flight--;
         }
