@@ -135,39 +135,48 @@ class Checkpoints:
                                   "forgotten": len(state.memory.forgotten), "started": time.perf_counter()}
         runtime_path, nice = d.runtime.path, d.background_nice
 
-        def fold_and_publish() -> tuple[fold.Components, list[str]]:
-            made, drop = fold.run(runtime_path, work, last_seq, nice)
+        def fold_and_publish() -> fold.Output:
+            output = fold.run(runtime_path, work, last_seq, nice)
             folding["folded_at"] = time.perf_counter()
-            checkpoint.publish(d, made, drop, folding["generation"], wipe=folding["forgotten"] > 0)
+            try:
+                checkpoint.publish(d, output.components, output.drop, folding["generation"],
+                                   wipe=folding["forgotten"] > 0)
+            except BaseException:
+                output.memory.free()  # (here, not where the exception's frames are dropped: the tick thread)
+                raise
             folding["published_at"] = time.perf_counter()
             try:  # (unlinking large files takes a while: not on the tick thread)
                 checkpoint.trim(d, through)
             except OSError as exc:  # (the file holds them: recovery skips what the state folded)
                 log.warning("checkpoint: the folded segments could not all be removed: %s", exc)
-            return made, drop
+            return output
         d.off_thread(fold_and_publish, lambda result, error: self._folded_beside(folding, result, error))
 
-    def _folded_beside(self, folding: FoldBeside, result: tuple[fold.Components, list[str]] | None,
-                       error: BaseException | None) -> None:
+    def _folded_beside(self, folding: FoldBeside, result: fold.Output | None, error: BaseException | None) -> None:
         """The fold is in the runtime file and its segments are gone (or it failed: the segments
         stay, nothing is lost): the standby gets the components, the receipts it saved say so (in
-        slices between ticks: `_mark_folded`), and then whoever asked is answered."""
+        slices between ticks: `_mark_folded`), and then whoever asked is answered. The output's
+        memory is freed on a helper thread (fold.Memory), unless a standby's link still sends it."""
         d = self.d
         if error is not None:
             self.folding = None
             self._failed(folding["waiters"], error)
             return
         assert result is not None  # (fold_and_publish returns its components or raises)
-        made, drop = result
+        made, drop, memory = result
         del d.state.memory.forgotten[:folding["forgotten"]]  # (erased: the fold redacted the audit, the append wiped)
         media.remove_forgotten(d, d.state.memory.forgotten_media)
         d.state.memory.forgotten_media.clear()
-        self.after_checkpoint(folding["generation"], folding["last_seq"], folding["last_digest"], made, drop,
-                              folding["through"], folding["folded_bytes"], mark=False)
+        sent = self.after_checkpoint(folding["generation"], folding["last_seq"], folding["last_digest"], made, drop,
+                                     folding["through"], folding["folded_bytes"], mark=False)
+        folding["state_bytes"] = len(made[0][2])
+        if sent:
+            memory.close()
+        else:
+            d.off_thread(memory.free, _freed)
         if d.holds.current and d.holds.current["cause"] == "disk_full":
             d.holds.end()  # the checkpoint wrote its extents and freed the folded journal: space is back
         d.check_hold()
-        folding["state_bytes"] = len(made[0][2])
         self._mark_folded(folding, 0)
 
     def _mark_folded(self, folding: FoldBeside, start: int) -> None:
@@ -208,7 +217,7 @@ class Checkpoints:
 
     def after_checkpoint(self, generation: int, last_seq: int, last_digest: bytes,
                          components: list[Stored], drop: list[str], through_segment: int,
-                         folded_bytes: int, mark: bool = True) -> None:
+                         folded_bytes: int, mark: bool = True) -> bool:
         """The runtime file holds generation `generation` now, every transfer through `last_seq`
         (the journal segments through `through_segment`, `folded_bytes` of the writer's count: the
         journal's size counts from there) folded in (written with `components`,
@@ -217,15 +226,17 @@ class Checkpoints:
         the same components for its copy of the file (docs/replication.md, "Checkpoints"): a state
         that replays the journal from an older checkpoint (a hot standby's, a takeover's) folds
         where this one did, so every receipt renders the same save fields on both. `mark` False:
-        the caller marks the receipts the fold saved (`_mark_folded`)."""
+        the caller marks the receipts the fold saved (`_mark_folded`). Whether a standby's link took
+        the components to send (it holds them until it has)."""
         d = self.d
         state = d.state
         saving_under = state.save_generation
         self.folded(generation, last_seq, last_digest, mark)
         self.journal_base = folded_bytes
         d.runtime = runtime_file.RuntimeFile.open(d.runtime.path, verify=False)
+        sent = False
         if d.committer.replica is not None:  # (a standby connecting later has a copy made after it)
-            d.committer.replica.checkpoint(generation, components, drop, through_segment)
+            sent = d.committer.replica.checkpoint(generation, components, drop, through_segment)
         if d.deliver is not None:  # a served device (an offline checkpoint's state: every save after it carries it)
             # The transfers after this one carry the new generation, those before it (saved while
             # the checkpoint folded, or still waiting to be) the one they were appended under: as
@@ -236,6 +247,7 @@ class Checkpoints:
                 state.save_generation = generation
             d.append(TransferKind.CHECKPOINT, msgpack.packb({"generation": generation, "last_seq": last_seq,
                                                              "last_digest": last_digest}), on_saved=now_saved)
+        return sent
 
     def folded(self, generation: int, last_seq: int, last_digest: bytes, mark: bool = True) -> None:
         """The state holds the checkpoint `generation` through `last_seq` (its receipts marked, unless `mark` False)."""
@@ -244,3 +256,9 @@ class Checkpoints:
             state.tables.mark_folded(generation, last_seq)
         state.generation = state.save_generation = generation
         state.checkpoint_seq, state.checkpoint_digest = last_seq, last_digest
+
+
+def _freed(_: None, error: BaseException | None) -> None:
+    """A fold's output freed (fold.Memory.free): only a failure is news (its pages then go with the mapping)."""
+    if error is not None:
+        log.warning("checkpoint: %s", error)

@@ -20,6 +20,7 @@ hand).
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import mmap
 import os
@@ -27,7 +28,7 @@ import shutil
 import struct
 import subprocess
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..storage.journal import list_segments, segment_name
 
@@ -37,6 +38,44 @@ _WORK = ".fold-"  # the directory of a fold's links, beside the journal's segmen
 FOLD_TIMEOUT = 3600  # seconds: a fold past it is killed and the checkpoint fails (its segments stay)
 
 Components = list[tuple[str, str, Any]]
+_PUNCH_HOLE = 0x01 | 0x02  # fallocate's FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE (linux/falloc.h)
+
+
+class Memory:
+    """The file in memory (a memfd) a fold's output is mapped from. The mapping goes when the last
+    view of it goes, and with it, if it is the file's last user, every page of the output: hundreds
+    of MB at a million transfers, whose freeing held the thread that dropped the last view (the tick
+    thread, at a checkpoint's end) for as long as 0.4 s. `free` frees the pages first, on the
+    thread that calls it, without the GIL; `close` leaves them to the last view (a standby's link,
+    which still sends them)."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd, self.size = fd, size
+
+    def free(self) -> None:
+        """Punch the output's pages out of the file (the mapping reads zeros from here on) and close it."""
+        if self.fd < 0:
+            return
+        libc = ctypes.CDLL(None, use_errno=True)  # (a foreign call: the GIL is released while the kernel frees)
+        libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        try:
+            if libc.fallocate(self.fd, _PUNCH_HOLE, 0, self.size) != 0:
+                errno = ctypes.get_errno()
+                raise OSError(errno, f"the fold's output was not freed: {os.strerror(errno)}")
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class Output(NamedTuple):
+    """A fold's components (views of `memory`), and the component names to drop."""
+    components: Components
+    drop: list[str]
+    memory: Memory
 
 
 def prepare(journal_dir: str, through_segment: int, fs: Any) -> str:
@@ -63,9 +102,10 @@ def clear(journal_dir: str) -> None:
                 shutil.rmtree(os.path.join(journal_dir, name), ignore_errors=True)
 
 
-def run(runtime_path: str, work: str, through_seq: int, nice: int) -> tuple[Components, list[str]]:
+def run(runtime_path: str, work: str, through_seq: int, nice: int) -> Output:
     """Fold in another process (at `nice`, and idle I/O priority where `ionice` exists): the
-    components it made and the component names to drop."""
+    components it made, the component names to drop and the memory holding them (the caller frees
+    or closes it: `Memory`)."""
     argv = [sys.executable, "-m", "gpu_worker.fold_cli", "--ccir", runtime_path, "--journal", work,
             "--through", str(through_seq)]
     # the fold builds its state on the CPU, from this code whatever the working directory
@@ -89,9 +129,11 @@ def run(runtime_path: str, work: str, through_seq: int, nice: int) -> tuple[Comp
         size = os.fstat(out).st_size
         if size == 0:
             raise RuntimeError("the fold wrote nothing")
-        return decode(mmap.mmap(out, size, access=mmap.ACCESS_READ))  # (the mapping outlives the descriptor)
-    finally:
+        components, drop = decode(mmap.mmap(out, size, access=mmap.ACCESS_READ))
+    except BaseException:
         os.close(out)
+        raise
+    return Output(components, drop, Memory(out, size))
 
 
 def encode(components: Components, drop: list[str]) -> list[bytes | memoryview]:

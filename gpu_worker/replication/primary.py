@@ -237,14 +237,17 @@ class Shipper:
             link.queue.put(("media", sha, path))
 
     def checkpoint(self, generation: int, components: list[Stored], drop: list[str],
-                   through_segment: int) -> None:
+                   through_segment: int) -> bool:
         """A checkpoint made the runtime file generation `generation` with these components, folding
         the journal segments through `through_segment` (it was made beside the ticks: later
-        segments may exist already): the standby's copy gets the same, in stream order."""
+        segments may exist already): the standby's copy gets the same, in stream order. Whether a
+        link took them (it holds them until they are sent)."""
         self.generation = generation
         link = self.link
         if link is not None and not link.closed:
             link.queue.put(("checkpoint", generation, components, drop, through_segment))
+            return True
+        return False
 
     def woken(self, writer: JournalWriter) -> bool:
         """The eventfd was readable: start a standby that said hello, forget one that left, and take
