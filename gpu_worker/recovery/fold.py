@@ -42,18 +42,20 @@ _PUNCH_HOLE = 0x01 | 0x02  # fallocate's FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_H
 
 
 class Memory:
-    """The file in memory (a memfd) a fold's output is mapped from. The mapping goes when the last
-    view of it goes, and with it, if it is the file's last user, every page of the output: hundreds
-    of MB at a million transfers, whose freeing held the thread that dropped the last view (the tick
-    thread, at a checkpoint's end) for as long as 0.4 s. `free` frees the pages first, on the
-    thread that calls it, without the GIL; `close` leaves them to the last view (a standby's link,
-    which still sends them)."""
+    """The file in memory (a memfd) a fold's output is mapped from, and that mapping. The mapping
+    goes when the last view of it goes (and this), and with it, if it is the file's last user, every
+    page of the output: hundreds of MB at a million transfers, whose unmapping and freeing held the
+    thread that dropped the last view (the tick thread, at a checkpoint's end) 0.39 s at 1M. `free`
+    unmaps and frees the pages first, on the thread that calls it, without the GIL (while this still
+    holds the mapping: whoever drops the last view later has nothing left to free); `close` leaves
+    them to the last view (a standby's link, which still sends them)."""
 
-    def __init__(self, fd: int, size: int) -> None:
-        self.fd, self.size = fd, size
+    def __init__(self, fd: int, size: int, mapping: mmap.mmap | None = None) -> None:
+        self.fd, self.size, self.mapping = fd, size, mapping
 
     def free(self) -> None:
-        """Punch the output's pages out of the file (the mapping reads zeros from here on) and close it."""
+        """Punch the output's pages out of the file, which unmaps them from every mapping too (the
+        mapping reads zeros from here on), then close it."""
         if self.fd < 0:
             return
         libc = ctypes.CDLL(None, use_errno=True)  # (a foreign call: the GIL is released while the kernel frees)
@@ -69,6 +71,7 @@ class Memory:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        self.mapping = None
 
 
 class Output(NamedTuple):
@@ -129,11 +132,12 @@ def run(runtime_path: str, work: str, through_seq: int, nice: int) -> Output:
         size = os.fstat(out).st_size
         if size == 0:
             raise RuntimeError("the fold wrote nothing")
-        components, drop = decode(mmap.mmap(out, size, access=mmap.ACCESS_READ))
+        mapping = mmap.mmap(out, size, access=mmap.ACCESS_READ)
+        components, drop = decode(mapping)
     except BaseException:
         os.close(out)
         raise
-    return Output(components, drop, Memory(out, size))
+    return Output(components, drop, Memory(out, size, mapping))
 
 
 def encode(components: Components, drop: list[str]) -> list[bytes | memoryview]:

@@ -362,8 +362,9 @@ def test_a_checkpoint_that_fails_beside_the_ticks_loses_nothing_and_the_next_one
 
 
 def test_a_folds_output_is_freed_by_the_thread_that_frees_it():
-    """fold.Memory.free punches the output's pages out of its memfd and closes it: the mapping
-    reads zeros and the file holds no page, so the last view's unmapping has nothing left to free."""
+    """fold.Memory.free punches the output's pages out of its memfd (and so out of every mapping
+    of it) and closes it: the mapping reads zeros and the file holds no page, so the last view's
+    unmapping, wherever it happens, has nothing left to free."""
     import mmap
     from gpu_worker.recovery import fold
     size = 1 << 20
@@ -371,10 +372,10 @@ def test_a_folds_output_is_freed_by_the_thread_that_frees_it():
     os.write(fd, b"x" * size)
     mapped, probe = mmap.mmap(fd, size, access=mmap.ACCESS_READ), os.dup(fd)
     try:
-        memory = fold.Memory(fd, size)
+        memory = fold.Memory(fd, size, mapped)
         assert os.fstat(probe).st_blocks * 512 >= size and mapped[:4] == b"xxxx"
         memory.free()
-        assert memory.fd == -1 and os.fstat(probe).st_blocks == 0
+        assert memory.fd == -1 and memory.mapping is None and os.fstat(probe).st_blocks == 0
         assert mapped[:4] == bytes(4) and mapped[size - 4:] == bytes(4)
         memory.free()  # (once is enough: nothing more to do)
     finally:
