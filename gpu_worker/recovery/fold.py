@@ -30,7 +30,7 @@ import subprocess
 import sys
 from typing import Any, NamedTuple
 
-from ..storage.journal import list_segments, segment_name
+from ..storage.journal import TRIMMED, list_segments, segment_name
 
 _HEAD = struct.Struct("<Q")  # the output: the JSON head's length, the head, then the components' bytes
 _WORK = ".fold-"  # the directory of a fold's links, beside the journal's segments
@@ -98,11 +98,14 @@ def prepare(journal_dir: str, through_segment: int, fs: Any) -> str:
 
 def clear(journal_dir: str) -> None:
     """Remove the links of folds that did not finish (a crash, a stop): they hold no data of
-    their own."""
+    their own; and the folded segments a checkpoint's trim did not finish removing (the runtime
+    file holds their transfers: storage/checkpoint.py `trim`)."""
     if os.path.isdir(journal_dir):
         for name in os.listdir(journal_dir):
             if name.startswith(_WORK):
                 shutil.rmtree(os.path.join(journal_dir, name), ignore_errors=True)
+            elif name.startswith(TRIMMED):
+                os.remove(os.path.join(journal_dir, name))
 
 
 def run(runtime_path: str, work: str, through_seq: int, nice: int) -> Output:

@@ -73,6 +73,11 @@ def segment_name(segment_no: int) -> str:
     return "%08d.journal" % segment_no
 
 
+# a folded segment on its way out (storage/checkpoint.py `trim`): no segment by its name, removed
+# by a boot that finds one a stop left (recovery/fold.py `clear`)
+TRIMMED = ".trimmed-"
+
+
 def record_count(payload_len: int) -> int:
     return (payload_len + MAX_DATA - 1) // MAX_DATA or 1
 

@@ -222,3 +222,39 @@ def test_a_state_extent_reads_the_same_in_both_layouts_and_refuses_a_damaged_hea
                 checkpoint.decode_state(damaged)
     finally:
         w.device.close()
+
+
+def test_a_checkpoint_removes_its_segments_a_slice_at_a_time_and_a_boot_what_a_stop_left(tmp_path, monkeypatch):
+    """The folded segments are renamed out of the journal's segments, cut TRIM_SLICE bytes at a
+    time from their end, then removed (a segment of hundreds of MB removed at once held the
+    journal's fdatasync); one a stop left under its trimmed name is removed by the next boot, and
+    everything saved reads back."""
+    from gpu_worker.storage import checkpoint
+    from gpu_worker.storage.filelayer import OsAppendFile
+    from gpu_worker.storage.journal import TRIMMED, list_segments
+    monkeypatch.setattr(checkpoint, "TRIM_SLICE", 1024)
+    cuts, real_truncate = [], OsAppendFile.truncate
+
+    def truncate(self, length):
+        cuts.append((os.path.basename(self.path), length))
+        real_truncate(self, length)
+    monkeypatch.setattr(OsAppendFile, "truncate", truncate)
+    w = World(own_runtime(tmp_path), tmp_path, ["a"])
+    for _ in range(6):
+        w.space("a")
+    folded = list_segments(w.journal, w.device.fs)
+    size = os.path.getsize(os.path.join(w.journal, "%08d.journal" % folded[-1]))
+    assert w.device.checkpoint() is not None
+    lengths = [length for name, length in cuts if name == TRIMMED + "%08d.journal" % folded[-1]]
+    assert lengths == list(range(size - 1024, 0, -1024)) and len(lengths) >= 2, (size, cuts)
+    assert not set(folded) & set(list_segments(w.journal, w.device.fs))
+    assert not [n for n in os.listdir(w.journal) if n.startswith(TRIMMED)]
+    expected = saved(w)
+    w.device.close()
+    left = os.path.join(w.journal, TRIMMED + "%08d.journal" % folded[-1])
+    with open(left, "wb") as f:  # what a stop in the middle of a trim leaves
+        f.write(b"\0" * 3000)
+    w.boot()
+    assert not os.path.exists(left)
+    assert saved(w) == expected
+    w.device.close()
