@@ -12,7 +12,7 @@ thread's part is the segment switch at the start and the bookkeeping at the end.
 
 Crash safety is a checkpoint's as ever: until the superblock flip the old state and every segment
 hold everything (the new segment too); after it, recovery skips what the state folded. The fold
-writes nothing to disk itself (its output comes through a pipe): a disk that filled up still has
+writes nothing to disk itself (its output goes to a file in memory, `Memory`): a disk that filled up still has
 room for what the append needs.
 
 The process is gpu_worker/fold_cli.py (`python -m gpu_worker.fold_cli`, run by the device, not by
