@@ -87,6 +87,23 @@ static void send_all(int fd, const unsigned char *p, size_t n) {  /* the socket 
   }
 }
 
+/* The requests (FRAMES), the next one's offset, how many were sent, and when the run ends. */
+static unsigned char *frames;
+static size_t frames_size, next;
+static long sent;
+static double deadline;
+
+/* The next request on `fd` if the run goes on (no SIGUSR1, SECONDS not passed, a request left):
+ * 1, else 0 (the client is done). */
+static int send_next(int fd) {
+  if (stop_asked || now() >= deadline || next + 4 > frames_size) return 0;
+  size_t n = 4 + be32(frames + next);
+  send_all(fd, frames + next, n);
+  next += n;
+  sent++;
+  return 1;
+}
+
 /* msgpack, as much as a reply frame's top level needs: skip one value at p (end: the frame's end);
  * NULL when it does not fit. */
 static const unsigned char *skip(const unsigned char *p, const unsigned char *end, int depth) {
@@ -144,8 +161,7 @@ int main(int argc, char **argv) {
   }
   int clients = atoi(argv[3]);
   double seconds = atof(argv[4]);
-  size_t frames_size, next = 0;
-  unsigned char *frames = read_file(argv[2], &frames_size);
+  frames = read_file(argv[2], &frames_size);
   int check = strcmp(argv[5], "-") == 0;  /* check each reply here instead of writing it */
   FILE *out = check ? NULL : fopen(argv[5], "wb");
   if ((!check && !out) || clients < 1) die("arguments");
@@ -176,18 +192,13 @@ int main(int argc, char **argv) {
   struct sigaction sa = {.sa_handler = on_usr1};
   sigemptyset(&sa.sa_mask);
   if (sigaction(SIGUSR1, &sa, NULL) != 0) die("sigaction");
-  long received = 0, sent = 0;
+  long received = 0;
   int in_flight = 0, parked = 0;  /* in flight: clients with a request out or parked for their turn */
   Client **waiting = calloc(clients, sizeof *waiting);  /* the parked clients */
   fputs("sending\n", stderr);  /* read and connected: a caller may time from here */
-  double start = now(), deadline = start + seconds;
-  for (int i = 0; i < clients && next + 4 <= frames_size; i++) {
-    size_t n = 4 + be32(frames + next);
-    send_all(cs[i].fd, frames + next, n);
-    next += n;
-    sent++;
-    in_flight++;
-  }
+  double start = now();
+  deadline = start + seconds;
+  for (int i = 0; i < clients && send_next(cs[i].fd); i++) in_flight++;
   struct epoll_event events[256];
   double last_reply = start;
   while (in_flight) {
@@ -196,15 +207,7 @@ int main(int argc, char **argv) {
     while (parked) {
       int more = !stop_asked && now() < deadline && next + 4 <= frames_size;
       if (more && sent >= pace * (now() - start)) break;
-      Client *c = waiting[--parked];
-      if (more) {
-        size_t m = 4 + be32(frames + next);
-        send_all(c->fd, frames + next, m);
-        next += m;
-        sent++;
-      } else {
-        in_flight--;
-      }
+      if (!send_next(waiting[--parked]->fd)) in_flight--;
     }
     if (!in_flight) break;
     int wait_ms = 1000;
@@ -257,12 +260,7 @@ int main(int argc, char **argv) {
         last_reply = now();
         if (pace > 0) {
           waiting[parked++] = c;  /* (sends at the loop's top, in its turn) */
-        } else if (!stop_asked && now() < deadline && next + 4 <= frames_size) {
-          size_t m = 4 + be32(frames + next);
-          send_all(c->fd, frames + next, m);
-          next += m;
-          sent++;
-        } else {
+        } else if (!send_next(c->fd)) {
           in_flight--;
         }
       }

@@ -263,14 +263,15 @@ class RuntimeFile:
         return self._view[component.offset:component.offset + component.length].toreadonly()
 
     def read_verified(self, name: str) -> builtins.bytes:  # (plain `bytes` here would name the method)
-        """A copy of one extent, checked against its sha256. For a reader beside the file's writer
-        (an audit export beside a running device): an extent the generation it opened has since
-        superseded may be reused by a later append (`append`), and then it no longer matches."""
+        """A copy of one extent, checked against its sha256: the one check of an audit extent a
+        serving device makes (a boot leaves them to their readers: `verify`). For a reader beside
+        the file's writer (an audit export beside a running device) an extent the generation it
+        opened has since superseded may also have been reused by a later append (`append`)."""
         component = self._component(name)
         data = self._view[component.offset:component.offset + component.length].tobytes()
         if hashlib.sha256(data).hexdigest() != component.sha256:
-            raise RuntimeFileError(f"{self.path}: component {name!r} of generation {self.generation} changed under "
-                                   "this reader (a newer generation reused its space); open the file again")
+            raise RuntimeFileError(f"{self.path}: component {name!r} of generation {self.generation} fails its sha256 "
+                                   "check: damaged, or a newer generation reused its space (open the file again)")
         return data
 
     def json(self, name: str) -> Any:
