@@ -24,7 +24,7 @@ from gpu_worker.contract.wire import FrameReader, ProtocolError
 from gpu_worker.storage.filelayer import OsFileLayer
 from gpu_worker.storage.journal import SEGMENT_HEADER_SIZE, encode_segment_header, list_segments, segment_name
 from gpu_worker.storage.journal_writer import JournalWriter
-from gpu_worker.storage.runtime_file import RuntimeFile
+from gpu_worker.storage.runtime_file import AUDIT, RuntimeFile
 
 from . import DEAD_SECONDS, FAILOVER, HELLO_SECONDS, accepted, listen, marker, read_frames
 from .copies import adopt, differences, not_a_copy, not_handed, rewind
@@ -43,7 +43,7 @@ MAX_QUEUED_BYTES = 64 << 20   # an async standby further behind than this is dro
 # the runtime file components checkpoints (storage/checkpoint.py, kinds/media.py) and takeovers
 # (FAILOVER) write: the saved state a catch-up may replace; any other (the model, the profiles)
 # must be the same on a standby
-SAVED_STATE = ("state/", "audit/", "media/", FAILOVER)
+SAVED_STATE = ("state/", AUDIT, "media/", FAILOVER)
 
 
 class Shipper:

@@ -18,9 +18,8 @@ from typing import TYPE_CHECKING
 
 from gpu_worker.contract.wire import FrameReader, ProtocolError, encode_frame
 from gpu_worker.storage import runtime_file_writer
-from gpu_worker.storage.checkpoint import AUDIT
 from gpu_worker.storage.journal import SEGMENT_HEADER_SIZE
-from gpu_worker.storage.runtime_file import RuntimeFile
+from gpu_worker.storage.runtime_file import AUDIT, RuntimeFile
 
 from . import DEAD_SECONDS, connect, read_frames
 from .frames import (Ack, Beat, CatchUpEnd, CheckpointEnd, Cut, Hello, MediaPiece, Piece, Refused, Replication,

@@ -34,7 +34,7 @@ from . import checkpoint
 from .filelayer import FileLayer, OsFileLayer
 from .journal import ZERO_DIGEST, chain_digest
 from .journal_reader import recover
-from .runtime_file import RuntimeFile, RuntimeFileError
+from .runtime_file import AUDIT, RuntimeFile, RuntimeFileError
 
 
 def _folded(runtime: RuntimeFile) -> tuple[int, bytes]:
@@ -51,7 +51,7 @@ def transfers(runtime_path: str, journal_dir: str) -> Iterator[tuple[int, int, b
     try:
         checkpoint_seq, checkpoint_digest = _folded(runtime)
         folded_seq, folded_digest = 0, ZERO_DIGEST
-        for name in sorted(runtime.names("audit/")):
+        for name in sorted(runtime.names(AUDIT)):
             for seq, kind, payload, digest, *redacted in msgpack.unpackb(runtime.read_verified(name), raw=False):
                 yield seq, kind, payload, digest, bool(redacted)
                 folded_seq, folded_digest = seq, digest
