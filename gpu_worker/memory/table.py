@@ -32,7 +32,6 @@ import torch
 from .rows import NO_PROVENANCE, PROVENANCE, ROW, Forgotten, MemoryRow, Provenance
 from ..fixedmap import FixedMap, fixed_map
 from ..packing import put_packed
-from ..tensors import zeros
 
 # a metadata row's object ID and byte length, where ROW packs them (memory/rows.py)
 _BYTE_LENGTH = np.dtype({"names": ["length"], "formats": ["<u4"], "offsets": [44], "itemsize": ROW.size})
@@ -51,13 +50,13 @@ class MemoryTable:
         self.capacity, self.payload_bytes, self.dim = capacity, payload_bytes, dim
         # owner numbers run 1..spaces for spaces, then the instance rows of an earlier checkpoint
         self.legacy_instance = spaces + 1
-        self.rows = zeros((capacity, ROW.size), torch.uint8, device)
-        self.owners = zeros(capacity, torch.int64, device)
-        self.order = zeros(capacity, torch.int64, device)
-        self.payload = zeros((capacity, payload_bytes), torch.uint8, device)
-        self.embeddings = zeros((capacity, dim), torch.float32, device)
-        self.provenance = zeros((capacity, PROVENANCE.size), torch.uint8, device)
-        self.expires = zeros(capacity, torch.int64, device)
+        self.rows = torch.zeros((capacity, ROW.size), dtype=torch.uint8, device=device)
+        self.owners = torch.zeros(capacity, dtype=torch.int64, device=device)
+        self.order = torch.zeros(capacity, dtype=torch.int64, device=device)
+        self.payload = torch.zeros((capacity, payload_bytes), dtype=torch.uint8, device=device)
+        self.embeddings = torch.zeros((capacity, dim), dtype=torch.float32, device=device)
+        self.provenance = torch.zeros((capacity, PROVENANCE.size), dtype=torch.uint8, device=device)
+        self.expires = torch.zeros(capacity, dtype=torch.int64, device=device)
         # what a row is written through: on the CPU numpy views of the same memory (a row written
         # through them costs a fraction of torch's indexed assignments, six of which were most of
         # replaying a MEMORY transfer), else the tensors themselves

@@ -42,19 +42,6 @@ class Replayed(admission.Admitter, Protocol):
     def fresh_tick_state(self) -> None: ...
 
 
-def _machine_bytes() -> int:
-    """The machine's physical memory, bytes."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def _too_big(path: str, need: int | None) -> str:
-    """Why a device whose tables do not fit this machine's memory does not boot."""
-    return (f"runtime file {path}: the shared profile's capacities need "
-            f"{'more' if need is None else f'{need / 2**30:.1f} GiB'} of host memory for the tables, "
-            f"this machine has {_machine_bytes() / 2**30:.1f} GiB; pack a runtime with smaller capacities "
-            f"(`python -m gpu_worker pack --shared --capacity K=V,...`)")
-
-
 class Replay:
     """Loads a device's state and replays journal transfers into it, by transfer kind."""
 
@@ -106,13 +93,8 @@ class Replay:
         """The state: the checkpoint's, `saved` (decoded; None: none yet), then the journal's
         transfers after it as `reading` hands them over."""
         d = self.d
-        try:
-            state = DeviceState(d.capacities, d.table_device, d.runtime.incarnation, d.runtime.generation,
-                                d.embedding_dim)
-        except MemoryError:  # (a table larger than the machine will lend at all)
-            raise DeviceBootError(_too_big(d.runtime.path, None)) from None
-        if state.host_bytes > _machine_bytes():
-            raise DeviceBootError(_too_big(d.runtime.path, state.host_bytes))
+        state = DeviceState(d.capacities, d.table_device, d.runtime.incarnation, d.runtime.generation,
+                            d.embedding_dim)
         media_sources: dict[str, Any] = {}
         if saved is not None:
             media_sources = checkpoint.load_saved(state, saved, _INPUT)

@@ -50,19 +50,6 @@ class DeviceState:
         self.failovers: list[dict[str, Any]] = []
 
     @property
-    def host_bytes(self) -> int:
-        """The bytes of host memory the tables and the memory table take once every row is used
-        (0 on an accelerator). On the CPU they are made without writing them (gpu_worker/tensors.py),
-        so a capacity past the machine's memory would boot, then fail as its rows fill: a boot
-        compares this with the machine's memory first (recovery/replay.py)."""
-        if self.tables.device.type != "cpu":
-            return 0
-        t, m = self.tables, self.memory
-        return sum(x.nbytes for x in (t.participants, t.spaces, t.members, t.conversations, t.receipts,
-                                      t.receipt_digests, t.command_bytes, t.result_bytes, t.history, m.rows,
-                                      m.owners, m.order, m.payload, m.embeddings, m.provenance, m.expires))
-
-    @property
     def replay_source(self) -> int:
         """The source of a replayed transfer's save fields: the journal, and whether a standby held it."""
         return int(Source.JOURNAL) | (0 if self.replicated is None else HELD if self.replicated else ALONE)

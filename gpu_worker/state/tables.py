@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from .. import packing
-from ..tensors import zeros
 
 
 class P:
@@ -203,17 +202,17 @@ class Tables:
         i64: dict[str, Any] = dict(dtype=torch.int64, device=self.device)
         u8: dict[str, Any] = dict(dtype=torch.uint8, device=self.device)
         n_rec = capacities["receipts"]
-        self.participants = zeros((capacities["participants"], width(P)), **i64)
-        self.spaces = zeros((capacities["spaces"], width(S)), **i64)
-        self.members = zeros((capacities["members"], width(M)), **i64)
-        self.conversations = zeros((capacities["conversations"], width(C)), **i64)
-        self.receipts = zeros((n_rec, width(R)), **i64)
+        self.participants = torch.zeros((capacities["participants"], width(P)), **i64)
+        self.spaces = torch.zeros((capacities["spaces"], width(S)), **i64)
+        self.members = torch.zeros((capacities["members"], width(M)), **i64)
+        self.conversations = torch.zeros((capacities["conversations"], width(C)), **i64)
+        self.receipts = torch.zeros((n_rec, width(R)), **i64)
         # [row, 0] admission commit digest, [row, 1] terminal commit digest
-        self.receipt_digests = zeros((n_rec, 2, 32), **u8)
-        self.command_bytes = zeros((n_rec, capacities["command_bytes"]), **u8)
-        self.result_bytes = zeros((n_rec, capacities["result_bytes"]), **u8)
+        self.receipt_digests = torch.zeros((n_rec, 2, 32), **u8)
+        self.command_bytes = torch.zeros((n_rec, capacities["command_bytes"]), **u8)
+        self.result_bytes = torch.zeros((n_rec, capacities["result_bytes"]), **u8)
         # each conversation's retired turns, what its context keeps once receipts go (kinds/history.py)
-        self.history = zeros((capacities["conversations"], capacities["history_bytes"]), **u8)
+        self.history = torch.zeros((capacities["conversations"], capacities["history_bytes"]), **u8)
         # On the CPU, flat memoryviews share the tensors' memory: a scalar read or write through one
         # is far cheaper than a torch dispatch or a numpy element (docs/performance.md).
         # id(table) -> (element view, columns, byte view)

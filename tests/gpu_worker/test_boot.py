@@ -111,19 +111,3 @@ def test_boot_refuses_a_journal_another_device_holds_in_one_line(tmp_path):
         assert out.returncode == 3, out.stderr
         assert out.stderr == f"boot: journal {journal} is locked by another device (pid {os.getpid()})\n"
         assert sorted(os.listdir(journal)) == ["lock"]
-
-
-def test_boot_refuses_capacities_past_the_machines_memory_in_one_line(tmp_path):
-    """The tables are made without writing their bytes (gpu_worker/tensors.py), so nothing at boot
-    would fail for a profile whose tables cannot all be held: it would fail later, serving, as its
-    rows fill. Two tables of about 0.7 of this machine's memory each (each one the kernel lends)."""
-    machine = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    receipts = int(machine * 0.7) // 4096
-    runtime = tmp_path / "big.aotxccir"
-    pack_tiny(str(runtime), shared=True, capacity={"receipts": receipts, "command_bytes": 4096, "result_bytes": 4096})
-    out, journal = boot(tmp_path, runtime)
-    assert out.returncode == 2, out.stderr
-    assert out.stderr.count("\n") == 1, out.stderr
-    assert out.stderr.startswith(f"boot: runtime file {runtime}: the shared profile's capacities need "), out.stderr
-    assert f"this machine has {machine / 2**30:.1f} GiB; pack a runtime with smaller capacities" in out.stderr
-    assert not journal.exists() or sorted(os.listdir(journal)) in ([], ["lock"])

@@ -146,26 +146,3 @@ def test_fresh_tables_index_as_a_rebuild_of_them_does():
     for name in ("participants", "receipts", "spaces", "members", "conversations"):
         assert getattr(fresh, name).free == getattr(scanned, name).free, name
     assert fresh.media == scanned.media == {}
-
-
-def _resident_bytes():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def test_fresh_tables_on_the_cpu_back_only_the_rows_written():
-    """A device's tables are made at their capacity and mostly empty: on the CPU they are the
-    kernel's zero pages until a row is written (gpu_worker/tensors.py), not bytes written zero
-    first. About 300 MB of capacity here; torch.zeros made all of it resident."""
-    from gpu_worker.memory.table import MemoryTable
-    capacities = dict(CAPACITIES, receipts=200_000, command_bytes=1024, result_bytes=256, conversations=20_000,
-                      history_bytes=1024)
-    before = _resident_bytes()
-    t = Tables(capacities)
-    memory = MemoryTable(50_000, 1024, 384, 4, torch.device("cpu"))
-    made = _resident_bytes() - before
-    t.put_bytes(t.command_bytes, 123_456, b"written")
-    assert made < 32 << 20, f"{made >> 20} MiB resident for fresh tables"
-    assert t.get_bytes(t.command_bytes, 123_456, 7) == b"written"
-    assert not t.command_bytes[123_455].any() and not t.receipts.any() and not t.history.any()
-    assert not memory.payload.any() and not memory.embeddings.any()
