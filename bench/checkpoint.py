@@ -23,7 +23,9 @@ every reply checked to be a saved receipt and its arrival time kept:
 Reported per code: how long the checkpoint took, the registrations saved per second inside its
 window against the phase without (the ratio), and the longest gap between two consecutive replies
 (any client) inside the window against the longest in the phase without. With every client
-waiting for a reply, a gap is the tick loop answering no one: the tick's pause. --versus COMMIT
+waiting for a reply, a gap is the tick loop answering no one: the tick's pause. Beside each phase,
+how many ticks' write and fdatasync took over 50 ms (the device's own histogram, read by `ping`
+before and after the phase): a gap that long with none of those was not the disk. --versus COMMIT
 boots that commit's code on the same files too, the runs alternating (this, COMMIT, this, ...):
 medians of --rounds runs each.
 
@@ -112,6 +114,21 @@ def longest_gap(times):
     return max((b - a for a, b in zip(times, times[1:])), default=0.0)
 
 
+# a tick's write and fdatasync that took longer than this answered no one meanwhile: the disk's share
+# of a gap (the device's own histogram, `ping`'s "ticks": IO_BUCKETS in gpu_worker/storage/committer.py)
+SLOW_SYNC = "0.05"
+
+
+def slow_syncs(sock_path):
+    """How many of the device's ticks so far took longer than SLOW_SYNC seconds on the disk."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(sock_path)
+        s.sendall(encode_frame({"v": 1, "id": 1, "op": "ping", "principal": None, "args": {}}))
+        (n,) = LENGTH.unpack(s.recv(4, socket.MSG_WAITALL))
+        buckets = json.loads(decode_payload(s.recv(n, socket.MSG_WAITALL))["body"])["ticks"]["io_seconds"]["buckets"]
+    return buckets["+Inf"] - buckets[SLOW_SYNC]
+
+
 def checkpoint_after(sock_path, delay, out):
     """Ask for a checkpoint `delay` seconds from now on a connection of its own; out gets the
     ask's and the answer's time.monotonic and the answer."""
@@ -188,8 +205,10 @@ class Runs:
                         f.writelines(itertools.islice(frames, count))
                 os.sync()
             pace = args.rate if args.paced else 0
+            slow = [slow_syncs(sock)]
             quiet = finish_load(start_load(loadgen, self.scratch, sock, self.requests[0], args.clients,
                                            args.seconds, client_cpus, pace), self.scratch)
+            slow.append(slow_syncs(sock))
             asked: dict = {}
             proc = start_load(loadgen, self.scratch, sock, self.requests[1], args.clients, args.window,
                               client_cpus, pace)
@@ -200,6 +219,7 @@ class Runs:
             asker.join(args.window + 60)
             time.sleep(0.5)
             during = finish_load(proc, self.scratch, stop=True)
+            slow.append(slow_syncs(sock))
         finally:
             died = device.poll()  # (before the terminate: a device that ended on its own)
             device.terminate()
@@ -219,9 +239,10 @@ class Runs:
         edge = [t for t in during if t < asked["asked"]][-1:] or [asked["asked"]]  # (none: from the ask)
         window = edge + inside + [asked["answered"]]
         gaps = sorted(((b - a, a - asked["asked"]) for a, b in zip(window, window[1:])), reverse=True)[:3]
-        return ({"rate": (len(quiet) - 1) / (quiet[-1] - quiet[0]), "gap": longest_gap(quiet)},
+        return ({"rate": (len(quiet) - 1) / (quiet[-1] - quiet[0]), "gap": longest_gap(quiet),
+                 "slow": slow[1] - slow[0]},
                 {"rate": len(inside) / seconds, "gap": longest_gap(window), "seconds": seconds,
-                 "where": ", ".join(f"{g * 1e3:.0f} ms at {at:+.2f} s" for g, at in gaps)})
+                 "where": ", ".join(f"{g * 1e3:.0f} ms at {at:+.2f} s" for g, at in gaps), "slow": slow[2] - slow[1]})
 
 
 def main():
@@ -260,10 +281,11 @@ def main():
             for name, tree in trees.items():
                 results[name].append(runs.run(tree, loadgen, args, tick_cpu, client_cpus))
                 quiet, during = results[name][-1]
-                print(f"round {r + 1} {name}: without {quiet['rate']:,.0f}/s (longest gap {quiet['gap'] * 1e3:.1f} ms); "
-                      f"checkpoint {during['seconds']:.2f} s, {during['rate']:,.0f}/s inside it (longest gap "
-                      f"{during['gap'] * 1e3:.1f} ms; the longest: {during['where']} from the ask)", file=sys.stderr,
-                      flush=True)
+                print(f"round {r + 1} {name}: without {quiet['rate']:,.0f}/s (longest gap {quiet['gap'] * 1e3:.1f} ms; "
+                      f"{quiet['slow']} ticks' syncs over {float(SLOW_SYNC) * 1e3:.0f} ms); checkpoint "
+                      f"{during['seconds']:.2f} s, {during['rate']:,.0f}/s inside it (longest gap "
+                      f"{during['gap'] * 1e3:.1f} ms; the longest: {during['where']} from the ask; {during['slow']} "
+                      f"ticks' syncs over {float(SLOW_SYNC) * 1e3:.0f} ms in the load)", file=sys.stderr, flush=True)
     print(f"{args.transfers:,}-transfer state, {args.clients} clients"
           + (f" paced at {args.rate:,}/s" if args.paced else "") + f", {args.rounds} alternating runs, medians (range):")
     print(f"{'code':>10} {'ckpt s':>14} {'reg/s without':>14} {'reg/s during':>13} {'ratio':>16} "
