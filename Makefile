@@ -37,6 +37,8 @@ $(RUNTIME): $(BIN)/.deps
 	$(BIN)/python -m gpu_worker pack --runtime $(RUNTIME) --shared --progress
 
 setup: deps $(RUNTIME)
+	@echo "setup: writing the project's bytecode (a shell with PYTHONDONTWRITEBYTECODE would compile it at every boot)"
+	$(BIN)/python -m compileall -q gpu_worker shared_api aotx_site aotx_client
 	$(BIN)/python manage.py migrate --noinput -v 0
 	@echo "setup: collecting static files (the admin's CSS and JS) into var/static"
 	$(BIN)/python manage.py collectstatic --noinput -v 0

@@ -15,7 +15,9 @@ embedding and generation models loaded, the socket. Two cases of one state, a mi
     .venv/bin/python bench/recovery.py [--transfers 20000] [--repeat 3] [--page-cache drop|fadvise|warm]
                                        [--versus COMMIT] [--seed 0] [--keep DIR | --from DIR]
 
-Each case is booted --repeat times (default 3), each boot a fresh process, reported as the median
+Each tree's bytecode is written first (compileall, as `make setup` does: a shell with
+PYTHONDONTWRITEBYTECODE would otherwise compile the device's modules at every boot). Each case is
+booted --repeat times (default 3), each boot a fresh process, reported as the median
 and the range. Beside each boot, where the time goes: the imports (a process that imports the
 modules a boot of that tree imported before it was ready, found with python -X importtime in an
 untimed first boot, timed the same way: from Popen to the line it prints once they are imported,
@@ -546,6 +548,9 @@ def main():
         for i, (name, tree) in enumerate(trees.items()):
             place = work / f"copy{i}"
             shutil.copytree(built, place, ignore=shutil.ignore_patterns("lock", "service.sock"))
+            # its bytecode written, as `make setup` writes it (with PYTHONDONTWRITEBYTECODE set, as on
+            # this machine's shells, every boot compiled the device's modules again)
+            subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(tree) / "gpu_worker")], check=True)
             files = tuple(str(place / n) for n in ("r.aotxccir", "journal", "grants.json"))
             try:  # (and which modules it imports on its way: what the imports' process imports)
                 first = boot_process(tree, files, "warm", importtime=True)
