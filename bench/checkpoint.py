@@ -242,7 +242,8 @@ class Runs:
         return ({"rate": (len(quiet) - 1) / (quiet[-1] - quiet[0]), "gap": longest_gap(quiet),
                  "slow": slow[1] - slow[0]},
                 {"rate": len(inside) / seconds, "gap": longest_gap(window), "seconds": seconds,
-                 "where": ", ".join(f"{g * 1e3:.0f} ms at {at:+.2f} s" for g, at in gaps), "slow": slow[2] - slow[1]})
+                 "where": ", ".join(f"{g * 1e3:.0f} ms at {at:+.2f} s" for g, at in gaps),
+                 "slow": slow[2] - slow[1]})
 
 
 def main():
