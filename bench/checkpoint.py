@@ -59,7 +59,7 @@ sys.path[0] = str(ROOT)  # not bench/: bench/http.py would shadow the standard l
 
 from bench.journal import build_loadgen, lineages, registration_frame  # noqa: E402
 from bench.versus import worktree  # noqa: E402
-from gpu_worker.contract.wire import LENGTH, decode_payload, encode_frame  # noqa: E402
+from tests.e2e.test_kill9 import call  # noqa: E402
 
 # registrations/s a device here does not pass at 64 clients (11-16k/s measured): each phase has this
 # many a second ready, each a fresh principal in the grant file (a 3.9M-principal run took 11 GiB here)
@@ -123,9 +123,8 @@ def slow_syncs(sock_path):
     """How many of the device's ticks so far took longer than SLOW_SYNC seconds on the disk."""
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(sock_path)
-        s.sendall(encode_frame({"v": 1, "id": 1, "op": "ping", "principal": None, "args": {}}))
-        (n,) = LENGTH.unpack(s.recv(4, socket.MSG_WAITALL))
-        buckets = json.loads(decode_payload(s.recv(n, socket.MSG_WAITALL))["body"])["ticks"]["io_seconds"]["buckets"]
+        reply = call(s, {"v": 1, "id": 1, "op": "ping", "principal": None, "args": {}})
+    buckets = json.loads(reply["body"])["ticks"]["io_seconds"]["buckets"]
     return buckets["+Inf"] - buckets[SLOW_SYNC]
 
 
@@ -136,9 +135,7 @@ def checkpoint_after(sock_path, delay, out):
         s.connect(sock_path)
         time.sleep(delay)
         out["asked"] = time.monotonic()
-        s.sendall(encode_frame({"v": 1, "id": 1, "op": "checkpoint", "principal": None, "args": {}}))
-        (n,) = LENGTH.unpack(s.recv(4, socket.MSG_WAITALL))
-        out["reply"] = decode_payload(s.recv(n, socket.MSG_WAITALL))
+        out["reply"] = call(s, {"v": 1, "id": 1, "op": "checkpoint", "principal": None, "args": {}})
         out["answered"] = time.monotonic()
 
 

@@ -93,10 +93,12 @@ static size_t frames_size, next;
 static long sent;
 static double deadline;
 
-/* The next request on `fd` if the run goes on (no SIGUSR1, SECONDS not passed, a request left):
- * 1, else 0 (the client is done). */
+/* Whether the run goes on: no SIGUSR1, SECONDS not passed, a request left. */
+static int goes_on(void) { return !stop_asked && now() < deadline && next + 4 <= frames_size; }
+
+/* The next request on `fd` if the run goes on: 1, else 0 (the client is done). */
 static int send_next(int fd) {
-  if (stop_asked || now() >= deadline || next + 4 > frames_size) return 0;
+  if (!goes_on()) return 0;
   size_t n = 4 + be32(frames + next);
   send_all(fd, frames + next, n);
   next += n;
@@ -205,8 +207,7 @@ int main(int argc, char **argv) {
     /* the parked clients whose turn has come send; past SECONDS (or SIGUSR1), or with no frame
      * left, they are done */
     while (parked) {
-      int more = !stop_asked && now() < deadline && next + 4 <= frames_size;
-      if (more && sent >= pace * (now() - start)) break;
+      if (goes_on() && sent >= pace * (now() - start)) break;
       if (!send_next(waiting[--parked]->fd)) in_flight--;
     }
     if (!in_flight) break;
