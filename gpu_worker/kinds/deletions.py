@@ -6,14 +6,16 @@ A conversation can be deleted while none of its inputs is unfinished (409 `conve
 a space once it holds no conversation (409 `space_not_empty`: delete those first). Deleting
 removes the resource at once: its ID no longer resolves (404), its events and streams end, its
 member rows and its memory (a space's: a room's or a private space's own rows) are freed, it
-stops counting against its creator's quota, and the same ID may be created again. Its table row becomes a tombstone (state 2) that keeps the old ID, because
-live receipts still name it as their target (its creation, its inputs, this deletion); the row
-itself returns to the table once the last of those receipts is retired (`release_tombstones`,
-called by retirements). Receipts of a deleted resource stay readable by the participants who made
-them, and by nobody else. Replay applies the same functions, so a restart reproduces it all.
+stops counting against its creator's quota, and the same ID may be created again. Its table row
+becomes a tombstone (state 2) that keeps the old ID, because live receipts still name it as their
+target (its creation, its inputs, this deletion); the row itself returns to the table once the last
+of those receipts is retired (`release_tombstones`, called by retirements). Receipts of a deleted
+resource stay readable by the participants who made them, and by nobody else. Replay applies the
+same functions, so a restart reproduces it all.
 """
 from __future__ import annotations
 
+import numpy as np
 
 from ..contract import ids
 from ..contract.commands import ConversationDeletion, SpaceDeletion
@@ -30,6 +32,9 @@ TOMBSTONE = 2  # the STATE of a deleted row that live receipts still name
 SPACE_TARGETS = frozenset({int(Kind.SPACE_CREATE), int(Kind.MEMBER_SET), int(Kind.SPACE_DELETE)})
 CONVERSATION_TARGETS = frozenset({int(Kind.CONVERSATION_CREATE), int(Kind.INPUT), int(Kind.CONVERSATION_DELETE),
                                   int(Kind.CONVERSATION_FORK)})
+# the same, as lookup columns by kind code (a retirement's receipts' kinds index them at once)
+_SPACE_TARGETING = np.isin(np.arange(max(Kind) + 1), sorted(SPACE_TARGETS))
+_CONVERSATION_TARGETING = np.isin(np.arange(max(Kind) + 1), sorted(CONVERSATION_TARGETS))
 
 
 def _release(free: list[int], row: int) -> None:
@@ -114,22 +119,25 @@ DELETE_SPACE: OperationKind = OperationKind(
 
 # ---- tombstones -----------------------------------------------------------------------------
 
-def release_tombstones(d: Tables, retired: list[tuple[int, int]]) -> None:
-    """After a retirement freed receipts ((kind, target row) of each): a tombstone no live receipt
-    names any more returns to its table's free list, cleared."""
+def release_tombstones(d: Tables, kinds: np.ndarray, targets: np.ndarray) -> None:
+    """After a retirement freed receipts (`kinds`, `targets`: their R.KIND and R.TARGET columns):
+    a tombstone no live receipt names any more returns to its table's free list, cleared. The
+    candidates are found as columns (a retirement frees dozens of receipts, nearly none of them
+    naming a tombstone)."""
     state = d.state
     t = state.tables
     receipts = t.receipts
     candidates: set[tuple[str, int]] = set()
-    for kind, target in retired:
-        if kind in SPACE_TARGETS and t.value(t.spaces, target, S.STATE) == TOMBSTONE:
-            candidates.add(("spaces", target))
-        elif kind in CONVERSATION_TARGETS and t.value(t.conversations, target, C.STATE) == TOMBSTONE:
-            candidates.add(("conversations", target))
+    for table_name, targeting, state_col in (("spaces", _SPACE_TARGETING, S.STATE),
+                                             ("conversations", _CONVERSATION_TARGETING, C.STATE)):
+        rows = targets[targeting[kinds]]
+        if len(rows):
+            states = t.take(getattr(t, table_name), rows)[:, state_col]
+            candidates.update((table_name, row) for row in rows[states == TOMBSTONE].tolist())
     for table_name, row in sorted(candidates):
-        kinds = SPACE_TARGETS if table_name == "spaces" else CONVERSATION_TARGETS
+        naming = SPACE_TARGETS if table_name == "spaces" else CONVERSATION_TARGETS
         named = (receipts[:, R.STATE] == 1) & (receipts[:, R.TARGET] == row)
-        if any(int(k) in kinds for k in receipts[named, R.KIND].tolist()):
+        if any(int(k) in naming for k in receipts[named, R.KIND].tolist()):
             continue
         table = getattr(t, table_name)
         t.put_cols(table, row, 0, [0] * table.shape[1])

@@ -74,8 +74,8 @@ class MemoryTable:
 
     # ---- writes (journaled changes only) --------------------------------------------------
 
-    def write(self, row: MemoryRow, owner: int, payload: bytes, embedding: torch.Tensor, visible: bool = True,
-              provenance: Provenance | None = None, expires: int = 0) -> int:
+    def write(self, row: MemoryRow, owner: int, payload: bytes, embedding: torch.Tensor | np.ndarray,
+              visible: bool = True, provenance: Provenance | None = None, expires: int = 0) -> int:
         """Store a new object in the lowest free row (the caller checked there is one). A row
         written by an unsaved transfer stays invisible (owner 0) until `reveal`: recall and reads
         see saved memory only, while the row is already taken, so allocation follows the journal
@@ -88,8 +88,11 @@ class MemoryTable:
             provenances[slot] = self._bytes(provenance.pack())
         if payload:  # the bytes past it are never read: byte_length bounds every read
             payloads[slot, :len(payload)] = self._bytes(payload)
-        embedding = embedding.detach().to(self.embeddings.device, torch.float32)
-        embeddings[slot] = embedding.numpy() if self._host else embedding
+        if isinstance(embedding, np.ndarray):  # (a saved transfer's float32 values: no tensor on the CPU)
+            embeddings[slot] = embedding if self._host else torch.from_numpy(embedding.copy()).to(embeddings.device)
+        else:
+            embedding = embedding.detach().to(self.embeddings.device, torch.float32)
+            embeddings[slot] = embedding.numpy() if self._host else embedding
         order[slot] = self.counter
         if expires:
             expiries[slot] = expires

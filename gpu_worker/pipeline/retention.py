@@ -71,9 +71,8 @@ def apply_memory(d: Journaling, payload: bytes, transfer: Transfer | None) -> Ca
         obj = memory.object_raw(d, op, kind)
         lineage = d.state.participants.lineage_at(row[R.PARTICIPANT], row[R.CREATED])  # its input's IDs' lineage
         new = memory.new_row(d, srow, lineage, obj, kind, flags, len(text), op, actor)
-        embedding = torch.from_numpy(np.frombuffer(vector, dtype="<f4").copy())
-        slot = table.write(new, memory.owner_number(d, srow), text, embedding, visible=transfer is not None,
-                           expires=expires)
+        slot = table.write(new, memory.owner_number(d, srow), text, np.frombuffer(vector, dtype="<f4"),
+                           visible=transfer is not None, expires=expires)
 
     def saved() -> None:
         row = t.row(t.receipts, rrow)

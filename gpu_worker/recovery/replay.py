@@ -126,7 +126,11 @@ class Replay:
         if context is not None:
             done, n = 0, len(piece)
             while done < n:
-                done += admission.replay_stretch(self.d, piece, done, context)
+                # (only an admission starts a stretch: an input's lease, memory, output and completion
+                # come one after another, and a native call for each, applying none, cost 0.17 s of
+                # a 1M load: docs/performance.md, "Replay")
+                if piece[done].kind is TransferKind.ADMISSION:
+                    done += admission.replay_stretch(self.d, piece, done, context)
                 if done < n:  # (any other transfer, or one in another layout: the Python path)
                     self.transfer(piece[done])
                     done += 1
