@@ -61,7 +61,8 @@ def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: in
             state.conversations.inputs[crow] = [r for r in left if r not in rrows] or None
     t.put_column(t.receipts, freed, R.STATE, 0)
     t.write_row(t.participants, prow, {P.RETRY_FLOOR: floor})
-    deletions.release_tombstones(d, values[:, R.KIND], values[:, R.TARGET])  # deleted rows no receipt names any more go back
+    # deleted rows no receipt names any more go back
+    deletions.release_tombstones(d, values[:, R.KIND], values[:, R.TARGET])
     if transfer_seq is None:
         receipts.free.extend(freed)
     else:  # reusable only once the floor that retired them is saved
