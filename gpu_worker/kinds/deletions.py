@@ -28,13 +28,11 @@ from .spaces import space_key
 
 
 TOMBSTONE = 2  # the STATE of a deleted row that live receipts still name
-# the kinds whose receipts target a row of each table (R.TARGET)
-SPACE_TARGETS = frozenset({int(Kind.SPACE_CREATE), int(Kind.MEMBER_SET), int(Kind.SPACE_DELETE)})
-CONVERSATION_TARGETS = frozenset({int(Kind.CONVERSATION_CREATE), int(Kind.INPUT), int(Kind.CONVERSATION_DELETE),
-                                  int(Kind.CONVERSATION_FORK)})
-# the same, as lookup columns by kind code (a retirement's receipts' kinds index them at once)
-_SPACE_TARGETING = np.isin(np.arange(max(Kind) + 1), sorted(SPACE_TARGETS))
-_CONVERSATION_TARGETING = np.isin(np.arange(max(Kind) + 1), sorted(CONVERSATION_TARGETS))
+# the kinds whose receipts target a row of each table (R.TARGET), as lookup columns by kind code
+# (a retirement's receipts' kinds index them at once)
+_TARGETING = {"spaces": np.isin(np.arange(max(Kind) + 1), [Kind.SPACE_CREATE, Kind.MEMBER_SET, Kind.SPACE_DELETE]),
+              "conversations": np.isin(np.arange(max(Kind) + 1), [Kind.CONVERSATION_CREATE, Kind.INPUT,
+                                                                   Kind.CONVERSATION_DELETE, Kind.CONVERSATION_FORK])}
 
 
 def _release(free: list[int], row: int) -> None:
@@ -128,16 +126,14 @@ def release_tombstones(d: Tables, kinds: np.ndarray, targets: np.ndarray) -> Non
     t = state.tables
     receipts = t.receipts
     candidates: set[tuple[str, int]] = set()
-    for table_name, targeting, state_col in (("spaces", _SPACE_TARGETING, S.STATE),
-                                             ("conversations", _CONVERSATION_TARGETING, C.STATE)):
-        rows = targets[targeting[kinds]]
+    for table_name, state_col in (("spaces", S.STATE), ("conversations", C.STATE)):
+        rows = targets[_TARGETING[table_name][kinds]]
         if len(rows):
             states = t.take(getattr(t, table_name), rows)[:, state_col]
             candidates.update((table_name, row) for row in rows[states == TOMBSTONE].tolist())
     for table_name, row in sorted(candidates):
-        naming = SPACE_TARGETS if table_name == "spaces" else CONVERSATION_TARGETS
         named = (receipts[:, R.STATE] == 1) & (receipts[:, R.TARGET] == row)
-        if any(int(k) in naming for k in receipts[named, R.KIND].tolist()):
+        if _TARGETING[table_name][receipts[named, R.KIND].cpu().numpy()].any():
             continue
         table = getattr(t, table_name)
         t.put_cols(table, row, 0, [0] * table.shape[1])

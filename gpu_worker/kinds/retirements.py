@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import bisect
 
+import numpy as np
+
 from ..contract.commands import Retirement
 from ..contract.errors import ServiceError
 from ..state.tables import P, R
@@ -48,17 +50,16 @@ def apply(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rrow: in
     # the freed receipts leave the index, their columns read, their inputs' turns folded, all in one
     # pass each (a retirement frees hundreds: one at a time was a fifth of a replay)
     freed, values = receipts.retire(prow, live[:bisect.bisect_left(live, floor)], t)
-    kinds, targets_of = values[:, R.KIND].tolist(), values[:, R.TARGET].tolist()
-    inputs = [i for i, kind in enumerate(kinds) if kind == _INPUT]
+    inputs = np.flatnonzero(values[:, R.KIND] == _INPUT).tolist()
     if inputs:
-        rows = values[inputs].tolist()
-        history.fold(d, rows, [freed[i] for i in inputs])  # their turns stay in the conversations' context
+        rows, rrows = values[inputs].tolist(), [freed[i] for i in inputs]
+        history.fold(d, rows, rrows)  # their turns stay in the conversations' context
         gone: dict[int, set[int]] = {}
-        for i in inputs:
-            gone.setdefault(targets_of[i], set()).add(freed[i])
-        for crow, rrows in gone.items():
+        for row, rrow in zip(rows, rrows):
+            gone.setdefault(row[R.TARGET], set()).add(rrow)
+        for crow, retired in gone.items():
             left = state.conversations.inputs_of(crow)
-            state.conversations.inputs[crow] = [r for r in left if r not in rrows] or None
+            state.conversations.inputs[crow] = [r for r in left if r not in retired] or None
     t.put_column(t.receipts, freed, R.STATE, 0)
     t.write_row(t.participants, prow, {P.RETRY_FLOOR: floor})
     # deleted rows no receipt names any more go back
