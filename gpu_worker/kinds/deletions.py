@@ -20,14 +20,14 @@ import numpy as np
 from ..contract import ids
 from ..contract.commands import ConversationDeletion, SpaceDeletion
 from ..contract.errors import ServiceError
-from ..state.tables import C, R, S, Right, Terminal
+from ..state.indexes import ConversationIndex, SpaceIndex
+from ..state.tables import TOMBSTONE, C, R, S, Right, Terminal
 from ..memory import shared as memory
 from . import access, events
 from .kind import Admission, Caller, Extra, Kind, OperationKind, Serving, Tables
 from .spaces import space_key
 
 
-TOMBSTONE = 2  # the STATE of a deleted row that live receipts still name
 # the kinds whose receipts target a row of each table (R.TARGET), as lookup columns by kind code
 # (a retirement's receipts' kinds index them at once)
 _TARGETING = {"spaces": np.isin(np.arange(max(Kind) + 1), [Kind.SPACE_CREATE, Kind.MEMBER_SET, Kind.SPACE_DELETE]),
@@ -62,6 +62,7 @@ def apply_conversation(d: Tables, a: Admission, prow: int, transfer_seq: int | N
     recorded = a.extra["conversation"]
     crow = conversations.by_id.pop((recorded[0], recorded[1]))
     d.state.tables.write_row(d.state.tables.conversations, crow, {C.STATE: TOMBSTONE})
+    conversations.tombstones.add(crow)
     return crow
 
 
@@ -98,6 +99,7 @@ def apply_space(d: Tables, a: Admission, prow: int, transfer_seq: int | None, rr
     srow = state.spaces.pop(space_key(a.extra["space"]))
     memory.release_space(d, srow)  # before the tombstone: its scope names the owner
     t.write_row(t.spaces, srow, {S.STATE: TOMBSTONE})
+    state.spaces.tombstones.add(srow)
     members = state.members
     for key in [k for k in members.rows if k[0] == srow]:  # member rows are named by no receipt: free now
         mrow = members.rows.pop(key)
@@ -120,23 +122,25 @@ DELETE_SPACE: OperationKind = OperationKind(
 def release_tombstones(d: Tables, kinds: np.ndarray, targets: np.ndarray) -> None:
     """After a retirement freed receipts (`kinds`, `targets`: their R.KIND and R.TARGET columns):
     a tombstone no live receipt names any more returns to its table's free list, cleared. The
-    candidates are found as columns (a retirement frees dozens of receipts, nearly none of them
-    naming a tombstone)."""
+    candidates are the freed receipts' targets among the index's tombstones (a set: a retirement
+    frees dozens of receipts, nearly none of them naming a tombstone, and reading their targets'
+    rows from the tables to find out was a fifth of a retirement's replay: docs/performance.md,
+    "Replay")."""
     state = d.state
+    indexes: dict[str, SpaceIndex | ConversationIndex] = {"spaces": state.spaces, "conversations": state.conversations}
+    candidates = sorted((name, row) for name, index in indexes.items() if index.tombstones
+                        for row in set(targets[_TARGETING[name][kinds]].tolist()) & index.tombstones)
+    if not candidates:
+        return
     t = state.tables
     receipts = t.receipts
-    candidates: set[tuple[str, int]] = set()
-    for table_name, state_col in (("spaces", S.STATE), ("conversations", C.STATE)):
-        rows = targets[_TARGETING[table_name][kinds]]
-        if len(rows):
-            states = t.take(getattr(t, table_name), rows)[:, state_col]
-            candidates.update((table_name, row) for row in rows[states == TOMBSTONE].tolist())
-    for table_name, row in sorted(candidates):
+    for table_name, row in candidates:
         named = (receipts[:, R.STATE] == 1) & (receipts[:, R.TARGET] == row)
         if _TARGETING[table_name][receipts[named, R.KIND].cpu().numpy()].any():
             continue
         table = getattr(t, table_name)
         t.put_cols(table, row, 0, [0] * table.shape[1])
+        indexes[table_name].tombstones.discard(row)
         if table_name == "spaces":
             _release(state.spaces.free, row)
         else:

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import ids
 from ..fixedmap import FixedMap, fixed_map
-from .tables import C, M, P, R, S, Tables, join16
+from .tables import TOMBSTONE, C, M, P, R, S, Tables, join16
 from ..contract.ids import participant_id
 
 
@@ -366,13 +366,14 @@ class SpaceIndex(_Deferring):
     indexed at the next lookup (`_Deferring`); every lookup goes through `row`, `get`, `has` or
     `pop`."""
 
-    __slots__ = ("by_id", "free", "_participants")
+    __slots__ = ("by_id", "free", "tombstones", "_participants")
     TABLE = "spaces"
 
     def __init__(self, participants: ParticipantIndex, capacity: int) -> None:
         super().__init__()
         self.by_id: FixedMap[tuple[bytes, bytes]] = fixed_map("b16b16", capacity)  # (owner lineage, id) -> space row
         self.free: list[int] = []
+        self.tombstones: set[int] = set()  # deleted rows live receipts still name (kinds/deletions.py)
         self._participants = participants
 
     def rebuild(self, tables: Tables) -> None:
@@ -380,6 +381,7 @@ class SpaceIndex(_Deferring):
         live = np.flatnonzero(values[:, S.STATE] == 1)  # not a deleted one's tombstone (kinds/deletions.py)
         self._index(values, live, live)
         self.free = tables.unused_rows(tables.spaces)
+        self.tombstones = set(np.flatnonzero(values[:, S.STATE] == TOMBSTONE).tolist())
 
     def _index(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
         lineages = self._participants.lineages_at(values[at, S.OWNER], values[at, S.CREATED])  # the one in its ID
@@ -433,12 +435,13 @@ class MemberIndex:
 
 
 class ConversationIndex:
-    __slots__ = ("by_id", "free", "inputs")
+    __slots__ = ("by_id", "free", "tombstones", "inputs")
 
     def __init__(self, capacity: int) -> None:
         # (creator lineage, id) -> conversation row
         self.by_id: FixedMap[tuple[bytes, bytes]] = fixed_map("b16b16", capacity)
         self.free: list[int] = []
+        self.tombstones: set[int] = set()  # deleted rows live receipts still name (kinds/deletions.py)
         # by conversation row, its input receipt rows in admission order (None: none), a list of the
         # table's capacity so that an input costs no map insert
         self.inputs: list[list[int] | None] = [None] * capacity
@@ -449,6 +452,7 @@ class ConversationIndex:
         lineages = participants.lineages_at(values[live, C.CREATOR], values[live, C.CREATED])  # the one in its ID
         self.by_id.put_packed(owned_ids(lineages, tables.packed16(values, live, C.ID_HI)), live.astype(np.int64))
         self.free = tables.unused_rows(tables.conversations)
+        self.tombstones = set(np.flatnonzero(values[:, C.STATE] == TOMBSTONE).tolist())
         receipts = tables.array(tables.receipts)
         inputs = np.flatnonzero((receipts[:, R.STATE] != 0) & (receipts[:, R.KIND] == input_kind))
         inputs = inputs[np.argsort(receipts[inputs, R.CREATED], kind="stable")]  # in admission order

@@ -29,6 +29,9 @@ class P:
     REGISTERED_BY = 5  # receipt row of the registration
 
 
+TOMBSTONE = 2  # S.STATE, C.STATE of a deleted row that live receipts still name (kinds/deletions.py)
+
+
 class S:
     """spaces columns"""
     STATE = 0          # 0 free, 1 live, 2 deleted (a tombstone receipts still name: kinds/deletions.py)

@@ -4,9 +4,11 @@ the receipts that name it are retired — refused without the right or while in 
 by replay after a restart and after a checkpoint."""
 import collections
 
+import numpy as np
 import pytest
 
 from gpu_worker.pack import pack_tiny
+from gpu_worker.state.tables import TOMBSTONE, C, S, Tables
 from tests.gpu_worker.kinds.test_quotas import QuotaWorld
 from tests.gpu_worker.kinds.test_shared_state import code
 
@@ -108,6 +110,16 @@ def test_a_deleted_conversation_and_space_are_gone_and_their_capacity_comes_back
     assert world.device.state.tables.usage()["spaces"] == 2
 
 
+def tombstones(world):
+    """Each index's tombstone rows, checked against its table's STATE column (a retirement finds
+    the tombstones it may release in the index's set, not in the table)."""
+    state = world.device.state
+    for index, table, col in ((state.spaces, "spaces", S.STATE), (state.conversations, "conversations", C.STATE)):
+        values = Tables.array(getattr(state.tables, table))
+        assert index.tombstones == set(np.flatnonzero(values[:, col] == TOMBSTONE).tolist()), table
+    return len(state.spaces.tombstones), len(state.conversations.tombstones)
+
+
 def test_deletion_replays_after_a_restart_and_after_a_checkpoint(world):
     world.set_quotas("owner", spaces=None)  # both rows of the table (the default share is one)
     space = world.space("owner")
@@ -116,18 +128,28 @@ def test_deletion_replays_after_a_restart_and_after_a_checkpoint(world):
     other = world.space("owner")
     _, space_deletion = delete_space(world, "owner", other)
     before = snapshot(world)
+    assert tombstones(world) == (1, 1)
     receipts = [world.read("owner", "operations.get", operation=r["operation"])[1]
                 for r in (deletion, space_deletion)]
     world.boot()  # replay of the journal
-    assert snapshot(world) == before
+    assert snapshot(world) == before and tombstones(world) == (1, 1)
     assert [world.read("owner", "operations.get", operation=r["operation"])[1]
             for r in (deletion, space_deletion)] == receipts
     assert code(world.read("owner", "conversations.get", conversation=con)) == (404, "conversation_not_found")
     world.device.checkpoint()
     world.boot()  # the tombstones come back from the runtime file
-    assert snapshot(world)[1] == before[1]
+    assert snapshot(world)[1] == before[1] and tombstones(world) == (1, 1)
     assert code(world.read("owner", "spaces.get", space=other)) == (404, "space_not_found")
     assert conversation(world, "owner", space)["target"] != con  # a new conversation takes a fresh row
+    # a retirement after that boot releases the tombstones the checkpoint held: rows back, cleared
+    usage = world.device.state.tables.usage()
+    me = world.read("owner", "participant.get")[1]
+    assert world.mutate("owner", "retirements.record", "/retirements", {"retry_floor": me["next_sequence"]})[0] == 202
+    assert tombstones(world) == (0, 0)
+    after = world.device.state.tables.usage()
+    assert (after["spaces"], after["conversations"]) == (usage["spaces"] - 1, usage["conversations"] - 1)
+    world.boot()  # and so does a replay of that retirement
+    assert tombstones(world) == (0, 0) and world.device.state.tables.usage() == after
 
 
 def test_an_open_stream_of_a_deleted_conversation_ends(world):
