@@ -1,0 +1,184 @@
+"""Can a boot from a checkpoint load its state beside `import torch` (issue 53 §3)? A probe, not
+the device's path: it times, in fresh processes from a cold page cache, in turns,
+
+- imports: the modules a boot imports before it is ready (gpu_worker.device, the engine, the loop),
+  beside the runtime file's check (sha256 of what a device reads, on a thread, as boot does: in
+  every case but load);
+- load: a stand-in for a checkpoint's load without torch: the runtime file's state extent decoded,
+  every table zeroed at its capacity and its saved rows put in (numpy, and jcodec.scatter for the
+  receipts' command and result bytes and the conversations' histories), then FixedMaps of the
+  receipts' (participant, sequence), operation keys and IDs and of the spaces' and conversations'
+  IDs, with the same packed keys and sizes as the device's indexes (state/indexes.py; the owners'
+  lineages left out of the spaces' and conversations' keys);
+- sequential: imports, then load, in one process (what a boot does today);
+- thread: load on a thread while the main thread imports;
+- fork: the process forks before it imports; the child loads while the parent imports, and the
+  case ends when both are done. A device would have the child fill shared memory the parent then
+  wraps as its tables (docs/performance.md, "Replay").
+
+    .venv/bin/python bench/load_beside_imports.py --ccir F [--repeat 3] [--page-cache drop|warm]
+
+F is a runtime file that holds a checkpoint (bench/recovery.py --keep DIR, then a boot and
+`python -m gpu_worker checkpoint` of a copy; the device's own file after a checkpoint). Each case
+is timed from Popen to the line its process prints once done; median and range of --repeat runs.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CASES = ("imports", "load", "sequential", "thread", "fork")
+IMPORTS = ("gpu_worker.device", "gpu_worker.engine.engine", "gpu_worker.loop.server", "gpu_worker.loop.runner")
+
+
+def imports():
+    import importlib
+    for module in IMPORTS:
+        importlib.import_module(module)
+
+
+def load(ccir, layout):
+    """The stand-in load (see the docstring); `layout`: the tables' columns the device uses."""
+    import numpy as np
+
+    from gpu_worker import native
+    from gpu_worker.fixedmap import fixed_map
+    from gpu_worker.storage.runtime_file import DEFAULT_CAPACITIES, RuntimeFile
+    from gpu_worker.storage.state_extent import STATE, decode_state
+    scatter = native.load("jcodec").scatter
+    runtime = RuntimeFile.open(ccir, verify=False)
+    saved = decode_state(runtime.bytes(STATE))
+    caps = {**DEFAULT_CAPACITIES, **runtime.shared_profile["capacities"]}
+    tables = {name: np.zeros((caps[name], width), dtype=np.int64) for name, width in layout["widths"].items()}
+    n = caps["receipts"]
+    digests = np.zeros((n, 64), dtype=np.uint8)
+    commands = np.zeros((n, caps["command_bytes"]), dtype=np.uint8)
+    results = np.zeros((n, caps["result_bytes"]), dtype=np.uint8)
+    history = np.zeros((caps["conversations"], caps["history_bytes"]), dtype=np.uint8)
+    for name in tables:
+        rows_raw, data = saved["tables"][name]
+        rows = np.frombuffer(rows_raw, dtype="<i8")
+        if len(rows):
+            width = len(data) // 8 // len(rows)
+            tables[name][rows, :width] = np.frombuffer(data, dtype="<i8").reshape(len(rows), width)
+    r, c = layout["receipts"], layout["conversations"]
+    receipts = tables["receipts"]
+    live = np.flatnonzero(receipts[:, r["STATE"]])
+    digests[live] = np.frombuffer(saved["digests"], dtype=np.uint8).reshape(len(live), 64)
+    for table, col, key in ((commands, r["COMMAND_LEN"], "commands"), (results, r["RESULT_LEN"], "results")):
+        scatter(memoryview(table).cast("B"), table.shape[1], live, np.ascontiguousarray(receipts[live, col]), saved[key])
+    talked = np.flatnonzero(tables["conversations"][:, c["HISTORY_LEN"]])
+    scatter(memoryview(history).cast("B"), history.shape[1], talked,
+            np.ascontiguousarray(tables["conversations"][talked, c["HISTORY_LEN"]]), saved.get("history", b""))
+    maps = []
+    rows = np.ascontiguousarray(live, dtype=np.int64)
+    for layout_name, cols in (("ii", (r["PARTICIPANT"], r["SEQUENCE"])), ("b16", (r["KEY_HI"], r["KEY_HI"] + 1)),
+                              ("b16", (r["OP_HI"], r["OP_HI"] + 1))):
+        keyed = fixed_map(layout_name, n)
+        keyed.put_packed(np.ascontiguousarray(receipts[live][:, list(cols)], dtype="<i8"), rows)
+        maps.append(keyed)
+    for name in ("spaces", "conversations"):
+        values = tables[name]
+        at = np.flatnonzero(values[:, 0] == 1)
+        hi = layout[name]["ID_HI"]
+        keyed = fixed_map("b16", caps[name])
+        keyed.put_packed(np.ascontiguousarray(values[at, hi:hi + 2], dtype="<i8"), at.astype(np.int64))
+        maps.append(keyed)
+    return tables, maps
+
+
+def run_case(case, ccir, layout):
+    from gpu_worker.storage.runtime_file import RuntimeFile
+    checked = RuntimeFile.open(ccir, verify=False)
+    child = os.fork() if case == "fork" else None  # (before any thread starts: the child has only this one)
+    if child == 0:
+        code = 1
+        try:
+            load(ccir, layout)
+            code = 0
+        finally:
+            os._exit(code)
+    if case != "load":
+        checked.start_verify()  # as boot checks the file beside its imports (recovery/boot.py)
+    if case == "imports":
+        imports()
+    elif case == "load":
+        load(ccir, layout)
+    elif case == "sequential":
+        imports()
+        load(ccir, layout)
+    elif case == "thread":
+        loader = threading.Thread(target=load, args=(ccir, layout))
+        loader.start()
+        imports()
+        loader.join()
+    elif case == "fork":
+        imports()
+        _, status = os.waitpid(child, 0)
+        if status:
+            raise SystemExit(f"the loading child ended with status {status}")
+    checked.verified()
+    print("done", flush=True)
+
+
+def layout_of_tables():
+    """The columns the stand-in reads, from the device's own table layout (imports torch: untimed)."""
+    from gpu_worker.state.tables import C, M, P, R, S, width
+    return {"widths": {"participants": width(P), "spaces": width(S), "members": width(M),
+                       "conversations": width(C), "receipts": width(R)},
+            "receipts": {k: getattr(R, k) for k in ("STATE", "PARTICIPANT", "SEQUENCE", "KEY_HI", "OP_HI",
+                                                    "COMMAND_LEN", "RESULT_LEN")},
+            "conversations": {"HISTORY_LEN": C.HISTORY_LEN, "ID_HI": C.ID_HI}, "spaces": {"ID_HI": S.ID_HI}}
+
+
+def timed(case, ccir, layout, cache):
+    if cache == "drop":
+        subprocess.run(["sync"], check=True)
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, __file__, "--case", case, "--ccir", ccir, "--layout", json.dumps(layout)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    line = proc.stdout.readline()
+    seconds = time.perf_counter() - started
+    _, err = proc.communicate(timeout=300)
+    if line != b"done\n" or proc.returncode:
+        raise RuntimeError(f"case {case} failed:\n{err.decode('utf-8', 'replace')[-2000:]}")
+    return seconds
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ccir", required=True, help="a runtime file that holds a checkpoint")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--page-cache", choices=("drop", "warm"), default="drop")
+    parser.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)
+    parser.add_argument("--layout", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    sys.path[0] = ROOT  # (not bench/, whose http.py would stand for the standard library's)
+    if args.case:
+        run_case(args.case, args.ccir, json.loads(args.layout))
+        return
+    if args.page_cache == "drop" and not os.access("/proc/sys/vm/drop_caches", os.W_OK):
+        raise SystemExit("--page-cache drop: /proc/sys/vm/drop_caches is not writable here (use --page-cache warm)")
+    layout = layout_of_tables()
+    times = {case: [] for case in CASES}
+    for _ in range(args.repeat):
+        for case in CASES:
+            times[case].append(timed(case, args.ccir, layout, args.page_cache))
+    print(f"page cache: {args.page_cache}; {args.repeat} runs of each case in turns, seconds from Popen to done")
+    for case in CASES:
+        t = times[case]
+        print(f"  {case:10s} {statistics.median(t):6.3f} ({min(t):.3f}-{max(t):.3f})")
+    base = statistics.median(times["sequential"])
+    for case in ("thread", "fork"):
+        print(f"{case} / sequential: {statistics.median(times[case]) / base:.3f}")
+
+
+if __name__ == "__main__":
+    main()
