@@ -8,19 +8,20 @@ the device's path: it times, in fresh processes from a cold page cache, in turns
   every table zeroed at its capacity and its saved rows put in (numpy, and jcodec.scatter for the
   receipts' command and result bytes and the conversations' histories), then FixedMaps of the
   receipts' (participant, sequence), operation keys and IDs and of the spaces' and conversations'
-  IDs, with the same packed keys and sizes as the device's indexes (state/indexes.py; the owners'
-  lineages left out of the spaces' and conversations' keys);
+  IDs, with the layouts and sizes of the device's indexes (state/indexes.py; the owners' lineages
+  in the spaces' and conversations' keys left zero);
 - sequential: imports, then load, in one process (what a boot does today);
 - thread: load on a thread while the main thread imports;
 - fork: the process forks before it imports; the child loads while the parent imports, and the
   case ends when both are done. A device would have the child fill shared memory the parent then
   wraps as its tables (docs/performance.md, "Replay").
 
-    .venv/bin/python bench/load_beside_imports.py --ccir F [--repeat 3] [--page-cache drop|warm]
+    .venv/bin/python bench/load_beside_imports.py --ccir F [--repeat 3] [--page-cache drop|fadvise|warm]
 
 F is a runtime file that holds a checkpoint (bench/recovery.py --keep DIR, then a boot and
 `python -m gpu_worker checkpoint` of a copy; the device's own file after a checkpoint). Each case
 is timed from Popen to the line its process prints once done; median and range of --repeat runs.
+--page-cache as bench/recovery.py's: drop (the default), fadvise (the runtime file evicted) or warm.
 """
 import argparse
 import json
@@ -71,24 +72,32 @@ def load(ccir, layout):
     live = np.flatnonzero(receipts[:, r["STATE"]])
     digests[live] = np.frombuffer(saved["digests"], dtype=np.uint8).reshape(len(live), 64)
     for table, col, key in ((commands, r["COMMAND_LEN"], "commands"), (results, r["RESULT_LEN"], "results")):
-        scatter(memoryview(table).cast("B"), table.shape[1], live, np.ascontiguousarray(receipts[live, col]), saved[key])
+        lengths = np.ascontiguousarray(receipts[live, col])
+        scatter(memoryview(table).cast("B"), table.shape[1], live, lengths, saved[key])
     talked = np.flatnonzero(tables["conversations"][:, c["HISTORY_LEN"]])
     scatter(memoryview(history).cast("B"), history.shape[1], talked,
             np.ascontiguousarray(tables["conversations"][talked, c["HISTORY_LEN"]]), saved.get("history", b""))
     maps = []
     rows = np.ascontiguousarray(live, dtype=np.int64)
-    for layout_name, cols in (("ii", (r["PARTICIPANT"], r["SEQUENCE"])), ("b16", (r["KEY_HI"], r["KEY_HI"] + 1)),
-                              ("b16", (r["OP_HI"], r["OP_HI"] + 1))):
-        keyed = fixed_map(layout_name, n)
-        keyed.put_packed(np.ascontiguousarray(receipts[live][:, list(cols)], dtype="<i8"), rows)
-        maps.append(keyed)
+    sequences = fixed_map("ii", n)
+    sequences.put_packed(np.ascontiguousarray(receipts[live][:, [r["PARTICIPANT"], r["SEQUENCE"]]], dtype="<i8"), rows)
+    keys = np.empty((len(live), 20), dtype=np.uint8)  # the operation key, then the participant row in 4 bytes
+    keys[:, :16] = np.ascontiguousarray(receipts[live, r["KEY_HI"]:r["KEY_HI"] + 2], dtype="<i8").view(np.uint8)
+    keys[:, 16:] = np.asarray(receipts[live, r["PARTICIPANT"]], dtype="<u4").reshape(-1, 1).view(np.uint8)
+    by_key = fixed_map("b20", n)
+    by_key.put_packed(keys, rows)
+    by_op = fixed_map("b16", n)
+    by_op.put_packed(np.ascontiguousarray(receipts[live, r["OP_HI"]:r["OP_HI"] + 2], dtype="<i8"), rows)
+    maps += [sequences, by_key, by_op]
     for name in ("spaces", "conversations"):
         values = tables[name]
         at = np.flatnonzero(values[:, 0] == 1)
         hi = layout[name]["ID_HI"]
-        keyed = fixed_map("b16", caps[name])
-        keyed.put_packed(np.ascontiguousarray(values[at, hi:hi + 2], dtype="<i8"), at.astype(np.int64))
-        maps.append(keyed)
+        ids = np.zeros((len(at), 4), dtype="<i8")  # (lineage, id): the lineage left zero
+        ids[:, 2:] = values[at, hi:hi + 2]
+        by_id = fixed_map("b16b16", caps[name])
+        by_id.put_packed(ids, at.astype(np.int64))
+        maps.append(by_id)
     return tables, maps
 
 
@@ -137,10 +146,10 @@ def layout_of_tables():
 
 
 def timed(case, ccir, layout, cache):
-    if cache == "drop":
-        subprocess.run(["sync"], check=True)
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
+    """Seconds from Popen to the line a case's process prints once done, and what `cold_cache` did
+    before it (bench/recovery.py: the page cache dropped, or the runtime file evicted)."""
+    from bench.recovery import cold_cache  # (imports torch: only here, in the untimed parent)
+    done = cold_cache(cache, ccir, "")
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, __file__, "--case", case, "--ccir", ccir, "--layout", json.dumps(layout)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -149,14 +158,15 @@ def timed(case, ccir, layout, cache):
     _, err = proc.communicate(timeout=300)
     if line != b"done\n" or proc.returncode:
         raise RuntimeError(f"case {case} failed:\n{err.decode('utf-8', 'replace')[-2000:]}")
-    return seconds
+    return seconds, done
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--ccir", required=True, help="a runtime file that holds a checkpoint")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--page-cache", choices=("drop", "warm"), default="drop")
+    parser.add_argument("--page-cache", choices=("drop", "fadvise", "warm"), default="drop",
+                        help="before each case: as bench/recovery.py's (drop falls back to fadvise where it cannot)")
     parser.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)
     parser.add_argument("--layout", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -164,14 +174,16 @@ def main():
     if args.case:
         run_case(args.case, args.ccir, json.loads(args.layout))
         return
-    if args.page_cache == "drop" and not os.access("/proc/sys/vm/drop_caches", os.W_OK):
-        raise SystemExit("--page-cache drop: /proc/sys/vm/drop_caches is not writable here (use --page-cache warm)")
     layout = layout_of_tables()
-    times = {case: [] for case in CASES}
+    times: dict[str, list[float]] = {case: [] for case in CASES}
+    caches = set()
     for _ in range(args.repeat):
         for case in CASES:
-            times[case].append(timed(case, args.ccir, layout, args.page_cache))
-    print(f"page cache: {args.page_cache}; {args.repeat} runs of each case in turns, seconds from Popen to done")
+            seconds, done = timed(case, args.ccir, layout, args.page_cache)
+            times[case].append(seconds)
+            caches.add(done)
+    print(f"page cache before each case: {'; '.join(sorted(caches))}")
+    print(f"{args.repeat} runs of each case in turns, seconds from Popen to done, median (range):")
     for case in CASES:
         t = times[case]
         print(f"  {case:10s} {statistics.median(t):6.3f} ({min(t):.3f}-{max(t):.3f})")
