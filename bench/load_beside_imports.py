@@ -13,8 +13,11 @@ the device's path: it times, in fresh processes from a cold page cache, in turns
 - sequential: imports, then load, in one process (what a boot does today);
 - thread: load on a thread while the main thread imports;
 - fork: the process forks before it imports; the child loads while the parent imports, and the
-  case ends when both are done. A device would have the child fill shared memory the parent then
-  wraps as its tables (docs/performance.md, "Replay").
+  case ends when both are done (an upper bound: a device would need the child's tables and maps in
+  memory it shares with the parent);
+- fork-tables: the tables in shared anonymous mappings made before the fork; the child fills them
+  while the parent imports, then the parent builds the maps from them (the tables in shared
+  memory, the maps as today: docs/performance.md, "Replay").
 
     .venv/bin/python bench/load_beside_imports.py --ccir F [--repeat 3] [--page-cache drop|fadvise|warm]
 
@@ -33,7 +36,7 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CASES = ("imports", "load", "sequential", "thread", "fork")
+CASES = ("imports", "load", "sequential", "thread", "fork", "fork-tables")
 IMPORTS = ("gpu_worker.device", "gpu_worker.engine.engine", "gpu_worker.loop.server", "gpu_worker.loop.runner")
 
 
@@ -43,25 +46,28 @@ def imports():
         importlib.import_module(module)
 
 
-def load(ccir, layout):
-    """The stand-in load (see the docstring); `layout`: the tables' columns the device uses."""
+def shapes(ccir, layout):
+    """Each table's (shape, dtype) at the runtime file's capacities, the file's capacities, and the
+    decoded state extent."""
+    from gpu_worker.storage.runtime_file import DEFAULT_CAPACITIES, RuntimeFile
+    from gpu_worker.storage.state_extent import STATE, decode_state
+    runtime = RuntimeFile.open(ccir, verify=False)
+    caps = {**DEFAULT_CAPACITIES, **runtime.shared_profile["capacities"]}
+    n = caps["receipts"]
+    made = {name: ((caps[name], width), "<i8") for name, width in layout["widths"].items()}
+    made.update(digests=((n, 64), "u1"), commands=((n, caps["command_bytes"]), "u1"),
+                results=((n, caps["result_bytes"]), "u1"),
+                history=((caps["conversations"], caps["history_bytes"]), "u1"))
+    return made, caps, decode_state(runtime.bytes(STATE))
+
+
+def fill(saved, layout, tables):
+    """The saved rows put into the (zero) tables."""
     import numpy as np
 
     from gpu_worker import native
-    from gpu_worker.fixedmap import fixed_map
-    from gpu_worker.storage.runtime_file import DEFAULT_CAPACITIES, RuntimeFile
-    from gpu_worker.storage.state_extent import STATE, decode_state
     scatter = native.load("jcodec").scatter
-    runtime = RuntimeFile.open(ccir, verify=False)
-    saved = decode_state(runtime.bytes(STATE))
-    caps = {**DEFAULT_CAPACITIES, **runtime.shared_profile["capacities"]}
-    tables = {name: np.zeros((caps[name], width), dtype=np.int64) for name, width in layout["widths"].items()}
-    n = caps["receipts"]
-    digests = np.zeros((n, 64), dtype=np.uint8)
-    commands = np.zeros((n, caps["command_bytes"]), dtype=np.uint8)
-    results = np.zeros((n, caps["result_bytes"]), dtype=np.uint8)
-    history = np.zeros((caps["conversations"], caps["history_bytes"]), dtype=np.uint8)
-    for name in tables:
+    for name in layout["widths"]:
         rows_raw, data = saved["tables"][name]
         rows = np.frombuffer(rows_raw, dtype="<i8")
         if len(rows):
@@ -70,14 +76,26 @@ def load(ccir, layout):
     r, c = layout["receipts"], layout["conversations"]
     receipts = tables["receipts"]
     live = np.flatnonzero(receipts[:, r["STATE"]])
-    digests[live] = np.frombuffer(saved["digests"], dtype=np.uint8).reshape(len(live), 64)
-    for table, col, key in ((commands, r["COMMAND_LEN"], "commands"), (results, r["RESULT_LEN"], "results")):
+    tables["digests"][live] = np.frombuffer(saved["digests"], dtype=np.uint8).reshape(len(live), 64)
+    for name, col in (("commands", r["COMMAND_LEN"]), ("results", r["RESULT_LEN"])):
+        table = tables[name]
         lengths = np.ascontiguousarray(receipts[live, col])
-        scatter(memoryview(table).cast("B"), table.shape[1], live, lengths, saved[key])
+        scatter(memoryview(table).cast("B"), table.shape[1], live, lengths, saved[name])
     talked = np.flatnonzero(tables["conversations"][:, c["HISTORY_LEN"]])
+    history = tables["history"]
     scatter(memoryview(history).cast("B"), history.shape[1], talked,
             np.ascontiguousarray(tables["conversations"][talked, c["HISTORY_LEN"]]), saved.get("history", b""))
-    maps = []
+
+
+def index(caps, layout, tables):
+    """FixedMaps of the tables' live rows, in the device's layouts and sizes."""
+    import numpy as np
+
+    from gpu_worker.fixedmap import fixed_map
+    r = layout["receipts"]
+    receipts = tables["receipts"]
+    n = caps["receipts"]
+    live = np.flatnonzero(receipts[:, r["STATE"]])
     rows = np.ascontiguousarray(live, dtype=np.int64)
     sequences = fixed_map("ii", n)
     sequences.put_packed(np.ascontiguousarray(receipts[live][:, [r["PARTICIPANT"], r["SEQUENCE"]]], dtype="<i8"), rows)
@@ -88,7 +106,7 @@ def load(ccir, layout):
     by_key.put_packed(keys, rows)
     by_op = fixed_map("b16", n)
     by_op.put_packed(np.ascontiguousarray(receipts[live, r["OP_HI"]:r["OP_HI"] + 2], dtype="<i8"), rows)
-    maps += [sequences, by_key, by_op]
+    maps = [sequences, by_key, by_op]
     for name in ("spaces", "conversations"):
         values = tables[name]
         at = np.flatnonzero(values[:, 0] == 1)
@@ -98,20 +116,55 @@ def load(ccir, layout):
         by_id = fixed_map("b16b16", caps[name])
         by_id.put_packed(ids, at.astype(np.int64))
         maps.append(by_id)
-    return tables, maps
+    return maps
+
+
+def load(ccir, layout):
+    """The stand-in load (see the docstring): tables zeroed in this process's memory, filled, indexed."""
+    import numpy as np
+    made, caps, saved = shapes(ccir, layout)
+    tables = {name: np.zeros(shape, dtype=dtype) for name, (shape, dtype) in made.items()}
+    fill(saved, layout, tables)
+    return tables, index(caps, layout, tables)
+
+
+def shared_tables(ccir, layout):
+    """The tables in shared anonymous mappings (zero until written), made before a fork: what a
+    child fills is the parent's too."""
+    import mmap
+
+    import numpy as np
+    made, caps, saved = shapes(ccir, layout)
+    tables = {}
+    for name, (shape, dtype) in made.items():
+        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        tables[name] = np.frombuffer(mmap.mmap(-1, size), dtype=dtype).reshape(shape)
+    return tables, caps, saved
+
+
+def _in_child(work):
+    """Fork; the child does `work` and exits (0: done); the parent gets the child's pid."""
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            work()
+            code = 0
+        finally:
+            os._exit(code)
+    return child
 
 
 def run_case(case, ccir, layout):
     from gpu_worker.storage.runtime_file import RuntimeFile
     checked = RuntimeFile.open(ccir, verify=False)
-    child = os.fork() if case == "fork" else None  # (before any thread starts: the child has only this one)
-    if child == 0:
-        code = 1
-        try:
-            load(ccir, layout)
-            code = 0
-        finally:
-            os._exit(code)
+    child = shared = None
+    # (the forks before any thread starts: the child has only this one)
+    if case == "fork":
+        child = _in_child(lambda: load(ccir, layout))
+    elif case == "fork-tables":
+        shared, caps, saved = shared_tables(ccir, layout)
+        child = _in_child(lambda: fill(saved, layout, shared))
     if case != "load":
         checked.start_verify()  # as boot checks the file beside its imports (recovery/boot.py)
     if case == "imports":
@@ -126,11 +179,13 @@ def run_case(case, ccir, layout):
         loader.start()
         imports()
         loader.join()
-    elif case == "fork":
+    else:
         imports()
         _, status = os.waitpid(child, 0)
         if status:
             raise SystemExit(f"the loading child ended with status {status}")
+        if shared is not None:  # the tables filled by the child: indexed here, as a device would
+            index(caps, layout, shared)
     checked.verified()
     print("done", flush=True)
 
@@ -186,9 +241,9 @@ def main():
     print(f"{args.repeat} runs of each case in turns, seconds from Popen to done, median (range):")
     for case in CASES:
         t = times[case]
-        print(f"  {case:10s} {statistics.median(t):6.3f} ({min(t):.3f}-{max(t):.3f})")
+        print(f"  {case:11s} {statistics.median(t):6.3f} ({min(t):.3f}-{max(t):.3f})")
     base = statistics.median(times["sequential"])
-    for case in ("thread", "fork"):
+    for case in ("thread", "fork", "fork-tables"):
         print(f"{case} / sequential: {statistics.median(times[case]) / base:.3f}")
 
 
