@@ -52,7 +52,6 @@ from .state.executions import Executions
 from .state.ids import operator_hex
 from .state.holds import Holds
 from .state.usage import Chats, Usage
-from .storage import runtime_file
 from .storage.committer import Batch, Committer
 from .storage.filelayer import FileLayer, OsFileLayer
 from .storage.journal import Transfer, TransferKind
@@ -107,7 +106,7 @@ class Device:
                                   f"`python -m gpu_worker pack --runtime {runtime.path} --shared`, then boot again")
         runtime.check_bootable()
         # a profile packed before memory and history existed gets their default capacities
-        self.capacities: dict[str, int] = {**runtime_file.DEFAULT_CAPACITIES, **profile["capacities"]}
+        self.capacities: dict[str, int] = runtime.capacities
         self.command_bytes = self.capacities["command_bytes"]
         # receipt slots only a registration may take (pipeline/admission.py), so a new principal can always
         # register however full other principals made the table: 1/64 of it

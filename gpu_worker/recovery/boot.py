@@ -5,6 +5,7 @@
 docs/replication.md)."""
 import argparse
 import gc
+import glob
 import grp
 import json
 import logging
@@ -25,6 +26,12 @@ if TYPE_CHECKING:
     from ..replication.lease import Etcd, LeaderWatch, Leadership
     from ..storage.runtime_file import RuntimeFile
     from ..storage.runtime_file_lock import FileLock
+
+
+def _tables_on_the_cpu(choice: str) -> bool:
+    """Whether --device puts the tables on the CPU, told before torch is imported: cpu, or auto
+    on a machine with no NVIDIA device node (torch then finds no CUDA device either)."""
+    return choice == "cpu" or (choice == "auto" and not glob.glob("/dev/nvidia[0-9]*"))
 
 
 def _device_name(choice):
@@ -191,13 +198,17 @@ def main(argv):
             os.makedirs(args.journal, exist_ok=True)
             # the journal locked and its reading started before torch is imported (with the
             # device's code, next): the reader checks and decodes the journal on another CPU
-            # meanwhile, beside the runtime file's verification (recovery/reading.py)
+            # meanwhile, beside the runtime file's verification, and a child process fills the
+            # checkpoint's tables (recovery/reading.py, preload.py); the child is forked before
+            # this process starts any thread, the verification's included
             from .reading import start
             try:
-                early = start(runtime, args.journal)
+                early = start(runtime, args.journal, fill=_tables_on_the_cpu(args.device))
             except BaseException:
+                runtime.start_verify()
                 runtime.verified()  # (a file that fails its check explains a state it cannot read: that first)
                 raise
+            runtime.start_verify()
             from ..device import Device
             device = Device(runtime, args.journal, grants, device=_device_name(args.device), takeover=args.takeover,
                             leadership=leadership, early=early)
@@ -225,7 +236,8 @@ def _open_runtime(args: argparse.Namespace, fail: Callable[..., int],
     (its checkpoints append to it; a standby's copy takes the primary's) for as long as it runs: a
     second device or a pack on it refuses. The caller releases the lock. `beside`: the file's
     extents are checked on a thread while the device loads (`RuntimeFile.start_verify`; the
-    Device waits for the answer before it journals or serves), else before this returns."""
+    Device waits for the answer before it journals or serves; the caller starts it), else before
+    this returns."""
     from ..storage.runtime_file import RuntimeFile, RuntimeFileError
     from ..storage.runtime_file_lock import FileLock, RuntimeFileLocked
     try:
@@ -246,8 +258,6 @@ def _open_runtime(args: argparse.Namespace, fail: Callable[..., int],
     if runtime.inode != runtime_lock.inode:
         runtime_lock.release()
         return fail(f"runtime file {args.ccir} was replaced while the device opened it; boot again", 3)
-    if beside:
-        runtime.start_verify()
     return grants, runtime_lock, runtime
 
 

@@ -1,6 +1,7 @@
 """A boot's reading of what is saved, started before torch is imported (docs/checkpoint.md,
 "Restart and restore"): the journal's lock, the checkpoint's head decoded (where the journal
-after it begins) and the journal's reader thread (storage/journal_reader.py ReadAhead) going, so
+after it begins), its tables filled by a child process (recovery/preload.py) and the journal's
+reader thread (storage/journal_reader.py ReadAhead) going, so
 that checking and decoding the journal runs on another CPU while the main thread imports torch,
 the model code and the tables' modules, not beside the replay (its work beside the replay cost the
 replay's thread as much as a second of a 1M-transfer boot: docs/performance.md, "Replay"). The
@@ -14,43 +15,55 @@ from ..storage.journal_lock import JournalLock
 from ..storage.journal_reader import ReadAhead
 from ..storage.runtime_file import RuntimeFile
 from ..storage.state_extent import STATE, decode_state, fold_point
-from . import fold
+from . import fold, preload
 
 
 class EarlyRead(NamedTuple):
     """The journal's lock (held from here on: its holder is the device), the runtime file's
-    decoded state extent (None: no checkpoint yet) and the journal's reading from its fold point."""
+    decoded state extent (None: no checkpoint yet), the journal's reading from its fold point and
+    the checkpoint's tables being filled (None: the device fills them itself)."""
     lock: JournalLock
     saved: dict[str, Any] | None
     reading: ReadAhead
+    tables: preload.Preload | None = None
 
     def close(self) -> None:
         """A boot that stops before its device took these over: the reader stops at its next
-        piece, the lock goes."""
+        piece, the child filling the tables is stopped, the lock goes."""
         self.reading.close()
+        if self.tables is not None:
+            self.tables.close()
         self.lock.release()
 
 
-def read_saved(runtime: RuntimeFile, journal_dir: str,
-               fs: FileLayer | None = None) -> tuple[dict[str, Any] | None, ReadAhead]:
-    """The runtime file's decoded state extent (None: no checkpoint yet) and the journal's
-    reading from where it ends, started: what every load of the state begins with (a boot's here,
-    before torch; a rebuild's in Replay.load)."""
+def read_saved(runtime: RuntimeFile, journal_dir: str, fs: FileLayer | None = None,
+               fill: bool = False) -> tuple[dict[str, Any] | None, ReadAhead, preload.Preload | None]:
+    """The runtime file's decoded state extent (None: no checkpoint yet), the journal's reading
+    from where it ends, started, and with `fill` its tables being filled by a child
+    (`preload.start`, forked before the reader's thread starts): what every load of the state
+    begins with (a boot's here, before torch; a rebuild's in Replay.load)."""
     saved = decode_state(runtime.bytes(STATE)) if runtime.has(STATE) else None
-    after_seq, start_digest = fold_point(saved)
-    return saved, ReadAhead(journal_dir, fs or OsFileLayer(), runtime.incarnation, start_digest=start_digest,
+    tables = preload.start(runtime.capacities, saved) if fill else None
+    try:
+        after_seq, start_digest = fold_point(saved)
+        reading = ReadAhead(journal_dir, fs or OsFileLayer(), runtime.incarnation, start_digest=start_digest,
                             after_seq=after_seq)
+    except BaseException:
+        if tables is not None:
+            tables.close()
+        raise
+    return saved, reading, tables
 
 
-def start(runtime: RuntimeFile, journal_dir: str, fs: FileLayer | None = None) -> EarlyRead:
+def start(runtime: RuntimeFile, journal_dir: str, fs: FileLayer | None = None, fill: bool = False) -> EarlyRead:
     """Lock the journal (JournalLocked: another device holds it), clear what an unfinished fold
-    left, then `read_saved`. The reading begins only with the lock held: no other device appends
-    while it reads."""
+    left, then `read_saved` (`fill`: a boot on the CPU, which has started no thread yet). The
+    reading begins only with the lock held: no other device appends while it reads."""
     lock = JournalLock(journal_dir)
     try:
         fold.clear(journal_dir)  # (the links of a fold a stop cut short: gpu_worker/recovery/fold.py)
-        saved, reading = read_saved(runtime, journal_dir, fs)
+        saved, reading, tables = read_saved(runtime, journal_dir, fs, fill)
     except BaseException:
         lock.release()
         raise
-    return EarlyRead(lock, saved, reading)
+    return EarlyRead(lock, saved, reading, tables)

@@ -11,6 +11,7 @@ import os
 from typing import Any, Callable, Protocol
 
 import msgpack
+import numpy as np
 
 from ..kinds import media
 from ..kinds.kind import ADMISSION_VERSION, HEAD_ARRAY, KIND_AT, PRINCIPAL_AT, PRINCIPAL_BIN, Admission, Kind
@@ -83,21 +84,27 @@ class Replay:
         # the journal is read on another thread from the start (where the checkpoint's state ends),
         # while the tables are made and loaded here, then replayed here piece by piece as it is read
         d = self.d
-        saved, reading = (early.saved, early.reading) if early else read_saved(d.runtime, d.journal_dir, d.fs)
+        saved, reading, preloading = (early.saved, early.reading, early.tables) if early else \
+            read_saved(d.runtime, d.journal_dir, d.fs)
         try:
-            return self._replay_after(reading, saved)
+            # the checkpoint's tables a child filled while boot imported torch (recovery/preload.py)
+            filled = preloading.take() if preloading is not None and d.table_device == "cpu" else None
+            return self._replay_after(reading, saved, filled)
         finally:
             reading.close()
+            if preloading is not None:
+                preloading.close()
 
-    def _replay_after(self, reading: ReadAhead, saved: dict[str, Any] | None) -> RecoveryResult:
-        """The state: the checkpoint's, `saved` (decoded; None: none yet), then the journal's
-        transfers after it as `reading` hands them over."""
+    def _replay_after(self, reading: ReadAhead, saved: dict[str, Any] | None,
+                      filled: dict[str, np.ndarray] | None = None) -> RecoveryResult:
+        """The state: the checkpoint's, `saved` (decoded; None: none yet; `filled`: its tables,
+        filled already), then the journal's transfers after it as `reading` hands them over."""
         d = self.d
         state = DeviceState(d.capacities, d.table_device, d.runtime.incarnation, d.runtime.generation,
-                            d.embedding_dim)
+                            d.embedding_dim, tables=filled)
         media_sources: dict[str, Any] = {}
         if saved is not None:
-            media_sources = checkpoint.load_saved(state, saved, _INPUT)
+            media_sources = checkpoint.load_saved(state, saved, _INPUT, filled=filled is not None)
         state.rebuild_indexes(_INPUT, media_sources, empty=saved is None)
         d.state = state
         d.fresh_tick_state()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ..memory.table import MemoryTable
 from .indexes import (ROW_BITS, ConversationIndex, MediaSource, MemberIndex, ParticipantIndex,
                       ReceiptIndex, SpaceIndex)
@@ -18,12 +20,13 @@ __all__ = ["DeviceState", "MediaSource"]
 
 class DeviceState:
     def __init__(self, capacities: dict[str, int], device: str, incarnation: bytes, generation: int,
-                 embedding_dim: int = 384) -> None:
+                 embedding_dim: int = 384, tables: dict[str, np.ndarray] | None = None) -> None:
+        """`tables`: the tables' memory, filled already (recovery/preload.py); None: zeros."""
         if capacities["participants"] > 1 << ROW_BITS:  # the receipt index keys rows in 32 bits
             raise ValueError(f"{capacities['participants']} participants: at most {1 << ROW_BITS}")
         self.capacities = capacities
         self.incarnation = incarnation
-        self.tables = Tables(capacities, device)
+        self.tables = Tables(capacities, device, tables)
         self.memory = MemoryTable(capacities["memory"], MEMORY_PAYLOAD_BYTES, embedding_dim, capacities["spaces"],
                                   self.tables.device)
         self.admissions = 0           # admission counter: operation IDs and creation order

@@ -1,9 +1,8 @@
 """The authoritative shared-state tables: fixed-capacity torch tensors on the device.
 
-Rows are int64 columns numbered by the plain classes P, S, M, C and R below (plain ints, not
-IntEnums: on Python 3.11 an IntEnum member is slow to read and slower as an index, and a busy device
-makes dozens of column accesses per request; docs/performance.md); 16-byte identifiers are stored as
-two signed int64 halves. Host-side dicts in the device only index IDs to rows; every value a reply
+Rows are int64 columns numbered by the plain classes P, S, M, C and R of gpu_worker/columns.py
+(imported here, where the rest of the device takes them from); 16-byte identifiers are stored as two
+signed int64 halves. Host-side dicts in the device only index IDs to rows; every value a reply
 shows is read back from these tensors. Capacities come from the runtime file's shared profile.
 """
 from __future__ import annotations
@@ -17,55 +16,7 @@ import numpy as np
 import torch
 
 from .. import packing
-
-
-class P:
-    """participants columns"""
-    STATE = 0          # 0 free, 1 registered
-    NEXT_SEQUENCE = 1
-    RETRY_FLOOR = 2
-    PRINCIPAL_HI = 3
-    PRINCIPAL_LO = 4
-    REGISTERED_BY = 5  # receipt row of the registration
-
-
-TOMBSTONE = 2  # S.STATE, C.STATE of a deleted row that live receipts still name (kinds/deletions.py)
-
-
-class S:
-    """spaces columns"""
-    STATE = 0          # 0 free, 1 live, 2 deleted (a tombstone receipts still name: kinds/deletions.py)
-    OWNER = 1          # participant row of the creator
-    SCOPE = 2          # Scope
-    ID_HI = 3          # the 32-hex id after spc-{lineage}-
-    ID_LO = 4
-    CREATED = 5        # admission counter of the creating operation (list order and cursor)
-    OP_HI = 6          # the creating operation
-    OP_LO = 7
-    MEMORY_TTL = 8     # seconds the rows retained in it live (0: for good; docs/memory.md "Expiry")
-
-
-class M:
-    """members columns: explicit rights rows"""
-    STATE = 0
-    SPACE = 1          # space row
-    PARTICIPANT = 2    # participant row
-    RIGHTS = 3         # Right bits; 0 is a zero-rights row
-    CREATED = 4
-
-
-class C:
-    """conversations columns (the row is the conversation's execution slot)"""
-    STATE = 0          # 0 free, 1 live, 2 deleted (a tombstone receipts still name: kinds/deletions.py)
-    SPACE = 1
-    CREATOR = 2        # participant row; its lineage is in the ID
-    ID_HI = 3
-    ID_LO = 4
-    CREATED = 5
-    OP_HI = 6
-    OP_LO = 7
-    INPUTS = 8         # inputs admitted to it so far: the last event order (SPEC: event cursors)
-    HISTORY_LEN = 9    # bytes used in its row of the history table (kinds/history.py)
+from ..columns import TOMBSTONE, C, M, P, R, S, table_shapes, width
 
 
 class Scope(IntEnum):
@@ -78,44 +29,6 @@ class Right(IntEnum):
     READ = 1
     WRITE = 2
     MANAGE = 4
-
-
-class R:
-    """receipts columns"""
-    STATE = 0          # 0 free, 1 live
-    PARTICIPANT = 1    # participant row
-    SEQUENCE = 2
-    KIND = 3
-    KEY_HI = 4
-    KEY_LO = 5
-    OP_HI = 6
-    OP_LO = 7
-    TARGET = 8         # row of the target in the table the kind names
-    CREATED = 9        # admission counter
-    COMMAND_LEN = 10
-    RESULT_LEN = 11
-    TERMINAL = 12      # Terminal code, 0 while running
-    ADM_TRANSFER = 13  # journal transfer seq of the admission, 0 while unsaved
-    ADM_BOOT = 14
-    ADM_GENERATION = 15
-    ADM_SOURCE = 16    # Source code
-    TERM_TRANSFER = 17
-    TERM_BOOT = 18
-    TERM_GENERATION = 19
-    TERM_SOURCE = 20
-    INPUT_TOKENS = 21
-    OUTPUT_TOKENS = 22
-    FINISH = 23        # Finish code of an input's generation
-    PAGE_LIMIT = 24    # effective page limit of an input (recorded apart from the caller bytes)
-    MAX_OUTPUT = 25    # effective max_output_tokens of an input
-    LEASE = 26         # journal transfer seq of the lease that started it, 0 before
-    TARGET_OP_HI = 27  # a cancellation's target operation
-    TARGET_OP_LO = 28
-    ORDER = 29         # an input's event order in its conversation (1, 2, ...; kept after retirements)
-    RETENTION = 30     # an input's retention mode as its lease recorded it (1, 2), 0 before
-    REVISION = 31      # its lease's revision + 1, 0 before
-    RETAINED = 32      # memory it retained: bit (1 << memory kind) per kind (memory/rows.py Kind)
-    NOT_RETAINED = 33  # memory it did not: a Refused code per kind, 4 bits at (4 * memory kind)
 
 
 class Terminal(IntEnum):
@@ -178,11 +91,6 @@ def join16(hi: int, lo: int) -> bytes:
     return _HALVES.pack(hi, lo)
 
 
-def width(columns: type) -> int:
-    """Number of columns of a column class."""
-    return 1 + max(v for k, v in vars(columns).items() if k.isupper())
-
-
 def mark_folded(receipts: torch.Tensor | np.ndarray, generation: int, through_seq: int | None = None) -> None:
     """Tables.mark_folded on rows of the receipts table (or a copy of them: a checkpoint's state
     extent saves its receipts marked, so a boot from it need not mark them)."""
@@ -199,23 +107,35 @@ def mark_folded(receipts: torch.Tensor | np.ndarray, generation: int, through_se
 
 
 class Tables:
-    def __init__(self, capacities: dict[str, int], device: str | torch.device = "cpu") -> None:
+    def __init__(self, capacities: dict[str, int], device: str | torch.device = "cpu",
+                 arrays: dict[str, np.ndarray] | None = None) -> None:
+        """Each table at its capacity, zeros; `arrays`: on the CPU, their memory, filled already
+        (recovery/preload.py), by name in columns.table_shapes' shapes."""
         self.device = torch.device(device)
         self.capacities = dict(capacities)
         i64: dict[str, Any] = dict(dtype=torch.int64, device=self.device)
         u8: dict[str, Any] = dict(dtype=torch.uint8, device=self.device)
         n_rec = capacities["receipts"]
-        self.participants = torch.zeros((capacities["participants"], width(P)), **i64)
-        self.spaces = torch.zeros((capacities["spaces"], width(S)), **i64)
-        self.members = torch.zeros((capacities["members"], width(M)), **i64)
-        self.conversations = torch.zeros((capacities["conversations"], width(C)), **i64)
-        self.receipts = torch.zeros((n_rec, width(R)), **i64)
-        # [row, 0] admission commit digest, [row, 1] terminal commit digest
-        self.receipt_digests = torch.zeros((n_rec, 2, 32), **u8)
-        self.command_bytes = torch.zeros((n_rec, capacities["command_bytes"]), **u8)
-        self.result_bytes = torch.zeros((n_rec, capacities["result_bytes"]), **u8)
-        # each conversation's retired turns, what its context keeps once receipts go (kinds/history.py)
-        self.history = torch.zeros((capacities["conversations"], capacities["history_bytes"]), **u8)
+        if arrays is not None:  # filled already (recovery/preload.py): their memory, as it is
+            shapes = table_shapes(capacities)
+            if any(arrays[name].shape != shape or arrays[name].dtype != dtype
+                   for name, (shape, dtype) in shapes.items()):
+                raise ValueError("tables made beforehand do not have this device's shapes")
+            (self.participants, self.spaces, self.members, self.conversations, self.receipts, digests,
+             self.command_bytes, self.result_bytes, self.history) = (torch.from_numpy(arrays[name]) for name in shapes)
+            self.receipt_digests = digests.view(n_rec, 2, 32)
+        else:
+            self.participants = torch.zeros((capacities["participants"], width(P)), **i64)
+            self.spaces = torch.zeros((capacities["spaces"], width(S)), **i64)
+            self.members = torch.zeros((capacities["members"], width(M)), **i64)
+            self.conversations = torch.zeros((capacities["conversations"], width(C)), **i64)
+            self.receipts = torch.zeros((n_rec, width(R)), **i64)
+            # [row, 0] admission commit digest, [row, 1] terminal commit digest
+            self.receipt_digests = torch.zeros((n_rec, 2, 32), **u8)
+            self.command_bytes = torch.zeros((n_rec, capacities["command_bytes"]), **u8)
+            self.result_bytes = torch.zeros((n_rec, capacities["result_bytes"]), **u8)
+            # each conversation's retired turns, what its context keeps once receipts go (kinds/history.py)
+            self.history = torch.zeros((capacities["conversations"], capacities["history_bytes"]), **u8)
         # On the CPU, flat memoryviews share the tensors' memory: a scalar read or write through one
         # is far cheaper than a torch dispatch or a numpy element (docs/performance.md).
         # id(table) -> (element view, columns, byte view)

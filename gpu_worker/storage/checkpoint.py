@@ -109,10 +109,11 @@ def load_state(state: DeviceState, blob: bytes | memoryview, input_kind: int) ->
     return load_saved(state, decode_state(blob), input_kind)
 
 
-def load_saved(state: DeviceState, saved: dict[str, Any], input_kind: int) -> dict[str, Any]:
+def load_saved(state: DeviceState, saved: dict[str, Any], input_kind: int, filled: bool = False) -> dict[str, Any]:
     """Fill the (empty) state's tables and counters from a decoded state extent (`decode_state`:
     a boot reads its last_seq and last_digest first, to start reading the journal); returns its
-    media sources ({sha256: [length, type, [participant raw ids]]}) for the indexes.
+    media sources ({sha256: [length, type, [participant raw ids]]}) for the indexes. `filled`: the
+    tables hold the extent's rows, digests and bytes already (recovery/preload.py `fill`).
 
     A table saved with fewer columns (written before those columns existed) loads with the new
     columns zero; event orders, the one such column with a meaning of its own, are then derived
@@ -131,16 +132,19 @@ def load_saved(state: DeviceState, saved: dict[str, Any], input_kind: int) -> di
                 raise ValueError(f"state extent: table {name} has rows of {width} columns; this device knows "
                                  f"{table.shape[1]}")
             narrow = narrow or width < table.shape[1]
-            t.put_rows(table, rows, np.frombuffer(data, dtype="<i8").reshape(len(rows), width))
-    live = torch.nonzero(t.receipts[:, R.STATE] != 0).flatten()
-    live_rows, receipts = live.cpu().numpy(), t.array(t.receipts)
-    if len(live):  # (each receipt's two digests, 64 bytes, as one row)
-        t.put_rows(t.receipt_digests.view(-1, 64), live_rows,
-                   np.frombuffer(saved["digests"], dtype=np.uint8).reshape(len(live), 64))
-        if not saved.get("marked"):  # (a checkpoint written before its receipts were saved marked)
-            t.mark_folded(saved["generation"])
-    for key, table, col in (("commands", t.command_bytes, R.COMMAND_LEN), ("results", t.result_bytes, R.RESULT_LEN)):
-        t.put_packed(table, live_rows, receipts[live_rows, col], saved[key])  # in row order, one after another
+            if not filled:
+                t.put_rows(table, rows, np.frombuffer(data, dtype="<i8").reshape(len(rows), width))
+    if not filled:
+        live = torch.nonzero(t.receipts[:, R.STATE] != 0).flatten()
+        live_rows, receipts = live.cpu().numpy(), t.array(t.receipts)
+        if len(live):  # (each receipt's two digests, 64 bytes, as one row)
+            t.put_rows(t.receipt_digests.view(-1, 64), live_rows,
+                       np.frombuffer(saved["digests"], dtype=np.uint8).reshape(len(live), 64))
+        for key, table, col in (("commands", t.command_bytes, R.COMMAND_LEN),
+                                ("results", t.result_bytes, R.RESULT_LEN)):
+            t.put_packed(table, live_rows, receipts[live_rows, col], saved[key])  # in row order, one after another
+    if not saved.get("marked"):  # (a checkpoint written before its receipts were saved marked)
+        t.mark_folded(saved["generation"])
     state.admissions = saved["admissions"]
     state.participants.load_lineages(saved.get("lineages", []))  # before the indexes derive any lineage
     state.boot = saved["boot"]
@@ -152,9 +156,10 @@ def load_saved(state: DeviceState, saved: dict[str, Any], input_kind: int) -> di
     state.replicated = saved.get("replicated")  # whether a standby holds what is saved after it (None: unknown)
     if "memory" in saved:  # a checkpoint from before memory has none
         state.memory.load(saved["memory"])
-    conversations = t.array(t.conversations)
-    talked = np.flatnonzero(conversations[:, C.HISTORY_LEN])
-    t.put_packed(t.history, talked, conversations[talked, C.HISTORY_LEN], saved.get("history", b""))
+    if not filled:
+        conversations = t.array(t.conversations)
+        talked = np.flatnonzero(conversations[:, C.HISTORY_LEN])
+        t.put_packed(t.history, talked, conversations[talked, C.HISTORY_LEN], saved.get("history", b""))
     if narrow:
         _derive_event_orders(state, input_kind)
     media: dict[str, Any] = saved.get("media", {})

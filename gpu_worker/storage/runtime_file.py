@@ -312,6 +312,12 @@ class RuntimeFile:
         return self.json("shared_profile") if self.has("shared_profile") else None
 
     @property
+    def capacities(self) -> dict[str, int]:
+        """The tables' capacities: the shared profile's, over the defaults (a profile written before
+        a capacity existed leaves it at its default)."""
+        return {**DEFAULT_CAPACITIES, **(self.shared_profile or {}).get("capacities", {})}
+
+    @property
     def runtime_profile(self) -> dict:
         return self.json("runtime_profile")
 

@@ -1,0 +1,126 @@
+"""A boot's tables from its checkpoint, filled by a child process while the boot imports torch
+(docs/checkpoint.md, "Restart and restore"; docs/performance.md, "Replay").
+
+A cold boot spends 1.5-2 s importing torch before it can make a tensor, on one CPU, and then zeroed
+the tables (1.3 GB at 1M receipts) and put the checkpoint's rows into them, one after the other. A
+thread beside the imports would share their GIL and their address space's page faults; a process
+shares neither. So `start`, called once the state extent is decoded and before the boot starts any
+thread, makes each table as a shared anonymous mapping (zero until written) and forks: the child
+puts the saved rows in (`fill`: numpy and jcodec.scatter, no torch) and exits, while the parent
+goes on to its imports. The device wraps the filled mappings as its tables' tensors
+(torch.from_numpy, no copy) and loads the rest of the checkpoint as before
+(storage/checkpoint.py `load_saved`, `filled=True`); a child that failed or ran past its bound
+leaves the device loading as without one. Nothing here imports torch."""
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import select
+import signal
+import threading
+from typing import Any
+
+import numpy as np
+
+from .. import native
+from ..columns import C, R, table_shapes
+
+log = logging.getLogger("gpu_worker.device")
+# how long a device waits for the child once it needs the tables: far past what filling them takes
+# (about 0.5 s at 1M receipts); past it the child is killed and the device loads them itself
+PRELOAD_SECONDS = 300.0
+ROW_TABLES = ("participants", "spaces", "members", "conversations", "receipts")  # int64 rows the extent saves
+
+
+def fill(saved: dict[str, Any], tables: dict[str, np.ndarray]) -> None:
+    """Put a decoded state extent's rows into zero tables (columns.table_shapes), as `load_saved` puts them
+    into a device's: each table's saved rows, the live receipts' digests, command and result
+    bytes, the conversations' histories. ValueError: rows wider than their table."""
+    scatter = native.load("jcodec").scatter
+
+    def put(table: np.ndarray, rows: np.ndarray, lengths: np.ndarray, blob: bytes) -> None:
+        # (numpy's stubs declare ndarray.__buffer__ only for Python >= 3.12)
+        view = memoryview(table).cast("B")  # type: ignore[arg-type]
+        if scatter(view, table.shape[1], rows, np.ascontiguousarray(lengths), blob) != len(blob):
+            raise ValueError(f"state extent: {len(blob)} bytes given for rows holding fewer")
+    for name in ROW_TABLES:
+        rows_raw, data = saved["tables"][name]
+        rows = np.frombuffer(rows_raw, dtype="<i8")
+        if len(rows):
+            columns = len(data) // 8 // len(rows)
+            if columns > tables[name].shape[1] or columns * 8 * len(rows) != len(data):
+                raise ValueError(f"state extent: table {name} has rows of {columns} columns")
+            tables[name][rows, :columns] = np.frombuffer(data, dtype="<i8").reshape(len(rows), columns)
+    receipts = tables["receipts"]
+    live = np.flatnonzero(receipts[:, R.STATE])
+    if len(live):
+        tables["receipt_digests"][live] = np.frombuffer(saved["digests"], dtype=np.uint8).reshape(len(live), 64)
+    for name, key, col in (("command_bytes", "commands", R.COMMAND_LEN), ("result_bytes", "results", R.RESULT_LEN)):
+        put(tables[name], live, receipts[live, col], saved[key])
+    conversations = tables["conversations"]
+    talked = np.flatnonzero(conversations[:, C.HISTORY_LEN])
+    put(tables["history"], talked, conversations[talked, C.HISTORY_LEN], saved.get("history", b""))
+
+
+class Preload:
+    """The tables a child process fills (`start`), and the child."""
+
+    def __init__(self, tables: dict[str, np.ndarray], pid: int) -> None:
+        self.tables = tables
+        self.pid: int | None = pid
+
+    def take(self) -> dict[str, np.ndarray] | None:
+        """The filled tables once the child has exited 0 (its waker: the child's exit, through a
+        pidfd; its bound: PRELOAD_SECONDS), or None: the child failed, or ran past the bound and
+        was killed. Once only."""
+        pid, self.pid = self.pid, None
+        if pid is None:
+            return None
+        timeout = PRELOAD_SECONDS
+        pidfd = os.pidfd_open(pid)
+        try:
+            waiting = select.poll()
+            waiting.register(pidfd, select.POLLIN)
+            if not waiting.poll(timeout * 1000):
+                os.kill(pid, signal.SIGKILL)
+                log.warning("the tables' preload ran past %g s: killed; the device loads them itself", timeout)
+        finally:
+            os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        if status:
+            log.warning("the tables' preload ended with status %#x; the device loads them itself", status)
+            return None
+        return self.tables
+
+    def close(self) -> None:
+        """A boot that stops before its device took the tables: the child is stopped and reaped."""
+        pid, self.pid = self.pid, None
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
+def start(capacities: dict[str, int], saved: dict[str, Any] | None) -> Preload | None:
+    """Fork a child that fills the tables of a checkpoint's state (`saved`, decoded) into shared
+    memory; None (nothing started) without a checkpoint, or when this process already runs other
+    threads (a fork copies only the calling one, and a lock another held would stay held in the
+    child: boot calls this before it starts any)."""
+    if saved is None or threading.active_count() > 1:
+        return None
+    native.load("jcodec")  # (imported here: the child imports nothing)
+    tables = {}
+    for name, (shape, dtype) in table_shapes(capacities).items():
+        size = shape[0] * shape[1] * np.dtype(dtype).itemsize
+        tables[name] = np.frombuffer(mmap.mmap(-1, max(size, 1)), dtype=dtype, count=shape[0] * shape[1]).reshape(shape)
+    pid = os.fork()
+    if pid == 0:  # the child: fill, then leave at once (no atexit, no flush of the parent's buffers)
+        code = 1
+        try:
+            fill(saved, tables)
+            code = 0
+        except BaseException as exc:  # (said on stderr, where boot's own messages go)
+            os.write(2, f"boot: the tables' preload failed: {exc!r}\n".encode())
+        finally:
+            os._exit(code)
+    return Preload(tables, pid)

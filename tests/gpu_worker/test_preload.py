@@ -1,0 +1,97 @@
+"""A boot's checkpoint tables filled by a child process while the boot imports torch
+(gpu_worker/recovery/preload.py): the device that takes them has exactly the state a device that
+filled its own has, every table, index and free list; a child that fails, or runs past its bound
+(killed), leaves the device filling them itself, to the same state; a process that already runs
+other threads forks no child."""
+import functools
+import threading
+
+import numpy as np
+import pytest
+
+from gpu_worker.columns import table_shapes
+from gpu_worker.recovery import preload, reading
+from tests.gpu_worker.kinds.test_mixed_replay import mixed_journal, saved, snapshot, world  # noqa: F401
+
+
+@pytest.fixture
+def filling(monkeypatch):
+    """Every load of the state in this test starts as boot's does, with a child filling the tables.
+    (This test's process runs other threads, which boot's has not at that point: `start` is told
+    it is alone; the child only fills numpy arrays and exits.) Yields each `take`'s answer."""
+    monkeypatch.setattr(reading, "start", functools.partial(reading.start, fill=True))
+    monkeypatch.setattr(preload.threading, "active_count", lambda: 1)
+    taken = []
+    real_take = preload.Preload.take
+
+    def take(self):
+        tables = real_take(self)
+        taken.append(tables)
+        return tables
+    monkeypatch.setattr(preload.Preload, "take", take)
+    return taken
+
+
+def checkpointed(world):
+    mixed_journal(world)
+    world.pump(lambda: not world.device.executions.live and world.device.committer.all_saved)
+    assert world.device.checkpoint() is not None
+    return snapshot(world.device)
+
+
+def assert_loaded_as(world, live):
+    world.attach()
+    assert world.device.recovered <= 2  # (from the file, not the journal)
+    mine, theirs = saved(live), saved(snapshot(world.device))
+    for name, table in mine[0].items():
+        assert bool((table == theirs[0][name]).all()), name
+    assert mine[1:] == theirs[1:]
+
+
+def test_the_tables_a_child_filled_load_to_exactly_the_state_the_device_kept(world, filling):
+    live = checkpointed(world)
+    world.boot()
+    [tables] = filling
+    assert tables is not None  # (the child's, taken as the device's tables: no copy)
+    assert np.shares_memory(world.device.state.tables.receipts.numpy(), tables["receipts"])
+    assert_loaded_as(world, live)
+    world.space("c")  # and it goes on from there
+    assert world.device.state.tables.usage()["spaces"] == len(world.device.state.spaces.by_id)
+
+
+def test_a_child_that_fails_leaves_the_device_filling_its_tables_itself(world, filling, monkeypatch, caplog):
+    live = checkpointed(world)
+
+    def broken(saved, tables):
+        raise ValueError("injected")
+    monkeypatch.setattr(preload, "fill", broken)  # (the forked child runs it)
+    world.boot()
+    assert filling == [None] and "the tables' preload ended with status" in caplog.text
+    assert_loaded_as(world, live)
+
+
+def test_a_child_past_its_bound_is_killed_and_the_device_fills_its_tables_itself(world, filling, monkeypatch,
+                                                                                 caplog):
+    live = checkpointed(world)
+    stuck = threading.Event()
+    monkeypatch.setattr(preload, "fill", lambda saved, tables: stuck.wait())  # (never set in the child)
+    monkeypatch.setattr(preload, "PRELOAD_SECONDS", 0.2)
+    world.boot()
+    assert filling == [None] and "ran past 0.2 s: killed" in caplog.text
+    assert_loaded_as(world, live)
+
+
+def test_no_child_is_forked_beside_other_threads_nor_without_a_checkpoint():
+    other = threading.Event()
+    thread = threading.Thread(target=other.wait)
+    thread.start()
+    try:
+        capacities = {"participants": 2, "spaces": 2, "members": 2, "conversations": 2, "receipts": 2,
+                      "command_bytes": 8, "result_bytes": 8, "history_bytes": 8}
+        assert preload.start(capacities, {"tables": {}}) is None
+    finally:
+        other.set()
+        thread.join()
+    assert preload.start({}, None) is None
+    assert set(table_shapes(capacities)) == {"participants", "spaces", "members", "conversations", "receipts",
+                                             "receipt_digests", "command_bytes", "result_bytes", "history"}
