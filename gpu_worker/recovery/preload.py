@@ -1,5 +1,5 @@
 """A boot's tables from its checkpoint, filled by a child process while the boot imports torch
-(docs/checkpoint.md, "Restart and restore"; docs/performance.md, "Replay").
+(docs/checkpoint.md, "Replaying a mixed journal"; docs/performance.md, "Replay").
 
 A cold boot spends 1.5-2 s importing torch before it can make a tensor, on one CPU, and then zeroed
 the tables (1.3 GB at 1M receipts) and put the checkpoint's rows into them, one after the other. A
@@ -66,27 +66,27 @@ def fill(saved: dict[str, Any], tables: dict[str, np.ndarray]) -> None:
 class Preload:
     """The tables a child process fills (`start`), and the child."""
 
-    def __init__(self, tables: dict[str, np.ndarray], pid: int) -> None:
+    def __init__(self, tables: dict[str, np.ndarray], pid: int, ended: int) -> None:
         self.tables = tables
         self.pid: int | None = pid
+        self.ended = ended  # the read end of a pipe whose only write end the child holds
 
     def take(self) -> dict[str, np.ndarray] | None:
-        """The filled tables once the child has exited 0 (its waker: the child's exit, through a
-        pidfd; its bound: PRELOAD_SECONDS), or None: the child failed, or ran past the bound and
-        was killed. Once only."""
+        """The filled tables once the child has exited 0 (its waker: the child's exit, which
+        closes its end of the pipe; its bound: PRELOAD_SECONDS), or None: the child failed, or ran
+        past the bound and was killed. Once only."""
         pid, self.pid = self.pid, None
         if pid is None:
             return None
         timeout = PRELOAD_SECONDS
-        pidfd = os.pidfd_open(pid)
         try:
             waiting = select.poll()
-            waiting.register(pidfd, select.POLLIN)
+            waiting.register(self.ended, select.POLLIN)
             if not waiting.poll(timeout * 1000):
                 os.kill(pid, signal.SIGKILL)
                 log.warning("the tables' preload ran past %g s: killed; the device loads them itself", timeout)
         finally:
-            os.close(pidfd)
+            os.close(self.ended)
         _, status = os.waitpid(pid, 0)
         if status:
             log.warning("the tables' preload ended with status %#x; the device loads them itself", status)
@@ -97,6 +97,7 @@ class Preload:
         """A boot that stops before its device took the tables: the child is stopped and reaped."""
         pid, self.pid = self.pid, None
         if pid is not None:
+            os.close(self.ended)
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
 
@@ -111,16 +112,20 @@ def start(capacities: dict[str, int], saved: dict[str, Any] | None) -> Preload |
     native.load("jcodec")  # (imported here: the child imports nothing)
     tables = {}
     for name, (shape, dtype) in table_shapes(capacities).items():
-        size = shape[0] * shape[1] * np.dtype(dtype).itemsize
-        tables[name] = np.frombuffer(mmap.mmap(-1, max(size, 1)), dtype=dtype, count=shape[0] * shape[1]).reshape(shape)
+        count = shape[0] * shape[1]
+        memory = mmap.mmap(-1, max(count * np.dtype(dtype).itemsize, 1))  # shared, anonymous: zeros until written
+        tables[name] = np.frombuffer(memory, dtype=dtype, count=count).reshape(shape)
+    ended, end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: fill, then leave at once (no atexit, no flush of the parent's buffers)
         code = 1
         try:
+            os.close(ended)
             fill(saved, tables)
             code = 0
         except BaseException as exc:  # (said on stderr, where boot's own messages go)
             os.write(2, f"boot: the tables' preload failed: {exc!r}\n".encode())
         finally:
             os._exit(code)
-    return Preload(tables, pid)
+    os.close(end)  # (the child's exit closes the last write end: the parent's poll wakes)
+    return Preload(tables, pid, ended)
