@@ -105,8 +105,9 @@ class Preload:
 def start(capacities: dict[str, int], saved: dict[str, Any] | None) -> Preload | None:
     """Fork a child that fills the tables of a checkpoint's state (`saved`, decoded) into shared
     memory; None (nothing started) without a checkpoint, or when this process already runs other
-    threads (a fork copies only the calling one, and a lock another held would stay held in the
-    child: boot calls this before it starts any)."""
+    Python threads (a fork copies only the calling one, and a lock another held would stay held in
+    the child: boot calls this before it starts any). The threads native libraries start as they
+    load are there already (numpy's BLAS pool): the child calls nothing of theirs."""
     if saved is None or threading.active_count() > 1:
         return None
     native.load("jcodec")  # (imported here: the child imports nothing)
