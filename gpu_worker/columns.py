@@ -96,6 +96,10 @@ def width(columns: type) -> int:
     return 1 + max(v for k, v in vars(columns).items() if k.isupper())
 
 
+# the tables of int64 rows a checkpoint's state extent saves row by row (storage/checkpoint.py)
+ROW_TABLES = ("participants", "spaces", "members", "conversations", "receipts")
+
+
 def table_shapes(capacities: dict[str, int]) -> dict[str, tuple[tuple[int, int], str]]:
     """Each table's shape and dtype at these capacities, as the device makes it (the receipts'
     digests as one 64-byte row each), in the order recovery/preload.py and Tables take them."""

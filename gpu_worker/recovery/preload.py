@@ -24,13 +24,12 @@ from typing import Any
 import numpy as np
 
 from .. import native
-from ..columns import C, R, table_shapes
+from ..columns import ROW_TABLES, C, R, table_shapes
 
 log = logging.getLogger("gpu_worker.device")
 # how long a device waits for the child once it needs the tables: far past what filling them takes
 # (about 0.5 s at 1M receipts); past it the child is killed and the device loads them itself
 PRELOAD_SECONDS = 300.0
-ROW_TABLES = ("participants", "spaces", "members", "conversations", "receipts")  # int64 rows the extent saves
 
 
 def fill(saved: dict[str, Any], tables: dict[str, np.ndarray]) -> None:

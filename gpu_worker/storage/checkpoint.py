@@ -26,6 +26,7 @@ import msgpack
 import numpy as np
 import torch
 
+from ..columns import ROW_TABLES
 from ..state.tables import C, R, mark_folded
 from . import runtime_file_writer
 from .journal import TRIMMED, list_segments, segment_name
@@ -53,7 +54,6 @@ class CheckpointSummary(TypedDict):
     seconds: NotRequired[float]
 
 STATE_VERSION = 2
-ROW_TABLES = ("participants", "spaces", "members", "conversations", "receipts")
 def encode_state(state: DeviceState, last_seq: int, last_digest: bytes, generation: int,
                  save_generation: int | None = None) -> bytes:
     """The state extent of a checkpoint that makes `generation`, folding every transfer through
