@@ -5,9 +5,9 @@ the device's path: it times, in fresh processes from a cold page cache, in turns
   beside the runtime file's check (sha256 of what a device reads, on a thread, as boot does: in
   every case but load);
 - load: a stand-in for a checkpoint's load without torch: the runtime file's state extent decoded,
-  every table zeroed at its capacity and its saved rows put in as the device's preload puts them
-  (recovery/preload.py `fill`), then FixedMaps of the receipts' (participant, sequence), operation
-  keys and IDs and of the spaces' and conversations' IDs, with the layouts and sizes of the
+  every table zeroed at its capacity and its saved rows put in as every load of the device puts
+  them (storage/state_extent.py `fill_tables`), then FixedMaps of the receipts' (participant,
+  sequence), operation keys and IDs and of the spaces' and conversations' IDs, with the layouts and sizes of the
   device's indexes (state/indexes.py; the owners' lineages in the spaces' and conversations' keys
   left zero);
 - sequential: imports, then load, in one process (what a boot does today);
@@ -87,14 +87,14 @@ def index(caps, tables):
 
 def load(ccir):
     """The stand-in load (see the docstring): tables zeroed in this process's memory, filled as the
-    device's preload fills them (recovery/preload.py `fill`), indexed."""
+    device's loads fill them (storage/state_extent.py `fill_tables`), indexed."""
     import numpy as np
 
     from gpu_worker.columns import table_shapes
-    from gpu_worker.recovery.preload import fill
+    from gpu_worker.storage.state_extent import fill_tables
     caps, saved = saved_state(ccir)
     tables = {name: np.zeros(shape, dtype=dtype) for name, (shape, dtype) in table_shapes(caps).items()}
-    fill(saved, tables)
+    fill_tables(saved, tables)
     return tables, index(caps, tables)
 
 

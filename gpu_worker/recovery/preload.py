@@ -6,7 +6,8 @@ the tables (1.3 GB at 1M receipts) and put the checkpoint's rows into them, one 
 thread beside the imports would share their GIL and their address space's page faults; a process
 shares neither. So `start`, called once the state extent is decoded and before the boot starts any
 thread, makes each table as a shared anonymous mapping (zero until written) and forks: the child
-puts the saved rows in (`fill`: numpy and jcodec.scatter, no torch) and exits, while the parent
+puts the saved rows in (storage/state_extent.py `fill_tables`, as every load does: numpy and
+jcodec.scatter, no torch) and exits, while the parent
 goes on to its imports. The device wraps the filled mappings as its tables' tensors
 (torch.from_numpy, no copy) and loads the rest of the checkpoint as before
 (storage/checkpoint.py `load_saved`, `filled=True`); a child that failed or ran past its bound
@@ -24,42 +25,13 @@ from typing import Any
 import numpy as np
 
 from .. import native
-from ..columns import ROW_TABLES, C, R, table_shapes
+from ..columns import table_shapes
+from ..storage.state_extent import fill_tables
 
 log = logging.getLogger("gpu_worker.device")
 # how long a device waits for the child once it needs the tables: far past what filling them takes
 # (about 0.5 s at 1M receipts); past it the child is killed and the device loads them itself
 PRELOAD_SECONDS = 300.0
-
-
-def fill(saved: dict[str, Any], tables: dict[str, np.ndarray]) -> None:
-    """Put a decoded state extent's rows into zero tables (columns.table_shapes), as `load_saved` puts them
-    into a device's: each table's saved rows, the live receipts' digests, command and result
-    bytes, the conversations' histories. ValueError: rows wider than their table."""
-    scatter = native.load("jcodec").scatter
-
-    def put(table: np.ndarray, rows: np.ndarray, lengths: np.ndarray, blob: bytes) -> None:
-        # (numpy's stubs declare ndarray.__buffer__ only for Python >= 3.12)
-        view = memoryview(table).cast("B")  # type: ignore[arg-type]
-        if scatter(view, table.shape[1], rows, np.ascontiguousarray(lengths), blob) != len(blob):
-            raise ValueError(f"state extent: {len(blob)} bytes given for rows holding fewer")
-    for name in ROW_TABLES:
-        rows_raw, data = saved["tables"][name]
-        rows = np.frombuffer(rows_raw, dtype="<i8")
-        if len(rows):
-            columns = len(data) // 8 // len(rows)
-            if columns > tables[name].shape[1] or columns * 8 * len(rows) != len(data):
-                raise ValueError(f"state extent: table {name} has rows of {columns} columns")
-            tables[name][rows, :columns] = np.frombuffer(data, dtype="<i8").reshape(len(rows), columns)
-    receipts = tables["receipts"]
-    live = np.flatnonzero(receipts[:, R.STATE])
-    if len(live):
-        tables["receipt_digests"][live] = np.frombuffer(saved["digests"], dtype=np.uint8).reshape(len(live), 64)
-    for name, key, col in (("command_bytes", "commands", R.COMMAND_LEN), ("result_bytes", "results", R.RESULT_LEN)):
-        put(tables[name], live, receipts[live, col], saved[key])
-    conversations = tables["conversations"]
-    talked = np.flatnonzero(conversations[:, C.HISTORY_LEN])
-    put(tables["history"], talked, conversations[talked, C.HISTORY_LEN], saved.get("history", b""))
 
 
 class Preload:
@@ -121,7 +93,7 @@ def start(capacities: dict[str, int], saved: dict[str, Any] | None) -> Preload |
         code = 1
         try:
             os.close(ended)
-            fill(saved, tables)
+            fill_tables(saved, tables)
             code = 0
         except BaseException as exc:  # (said on stderr, where boot's own messages go)
             os.write(2, f"boot: the tables' preload failed: {exc!r}\n".encode())

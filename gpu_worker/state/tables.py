@@ -113,29 +113,22 @@ class Tables:
         (recovery/preload.py), by name in columns.table_shapes' shapes."""
         self.device = torch.device(device)
         self.capacities = dict(capacities)
-        i64: dict[str, Any] = dict(dtype=torch.int64, device=self.device)
-        u8: dict[str, Any] = dict(dtype=torch.uint8, device=self.device)
-        n_rec = capacities["receipts"]
+        shapes = table_shapes(capacities)
         if arrays is not None:  # filled already (recovery/preload.py): their memory, as it is
-            shapes = table_shapes(capacities)
             if any(arrays[name].shape != shape or arrays[name].dtype != dtype
                    for name, (shape, dtype) in shapes.items()):
                 raise ValueError("tables made beforehand do not have this device's shapes")
-            (self.participants, self.spaces, self.members, self.conversations, self.receipts, digests,
-             self.command_bytes, self.result_bytes, self.history) = (torch.from_numpy(arrays[name]) for name in shapes)
-            self.receipt_digests = digests.view(n_rec, 2, 32)
+            made = {name: torch.from_numpy(arrays[name]) for name in shapes}
         else:
-            self.participants = torch.zeros((capacities["participants"], width(P)), **i64)
-            self.spaces = torch.zeros((capacities["spaces"], width(S)), **i64)
-            self.members = torch.zeros((capacities["members"], width(M)), **i64)
-            self.conversations = torch.zeros((capacities["conversations"], width(C)), **i64)
-            self.receipts = torch.zeros((n_rec, width(R)), **i64)
-            # [row, 0] admission commit digest, [row, 1] terminal commit digest
-            self.receipt_digests = torch.zeros((n_rec, 2, 32), **u8)
-            self.command_bytes = torch.zeros((n_rec, capacities["command_bytes"]), **u8)
-            self.result_bytes = torch.zeros((n_rec, capacities["result_bytes"]), **u8)
-            # each conversation's retired turns, what its context keeps once receipts go (kinds/history.py)
-            self.history = torch.zeros((capacities["conversations"], capacities["history_bytes"]), **u8)
+            made = {name: torch.zeros(shape, dtype=torch.int64 if dtype == "<i8" else torch.uint8, device=self.device)
+                    for name, (shape, dtype) in shapes.items()}
+        self.participants, self.spaces, self.members = made["participants"], made["spaces"], made["members"]
+        self.conversations, self.receipts = made["conversations"], made["receipts"]
+        # [row, 0] admission commit digest, [row, 1] terminal commit digest
+        self.receipt_digests = made["receipt_digests"].view(capacities["receipts"], 2, 32)
+        self.command_bytes, self.result_bytes = made["command_bytes"], made["result_bytes"]
+        # each conversation's retired turns, what its context keeps once receipts go (kinds/history.py)
+        self.history = made["history"]
         # On the CPU, flat memoryviews share the tensors' memory: a scalar read or write through one
         # is far cheaper than a torch dispatch or a numpy element (docs/performance.md).
         # id(table) -> (element view, columns, byte view)
@@ -148,6 +141,14 @@ class Tables:
                 raw = memoryview(t.numpy()).cast("B")  # type: ignore[arg-type]
                 self._flat[id(t)] = (raw.cast("q") if t.dtype == torch.int64 else raw, t.shape[1], raw)
             self._digests = memoryview(self.receipt_digests.numpy()).cast("B")  # type: ignore[arg-type]
+
+    def named(self) -> dict[str, torch.Tensor]:
+        """The tables by columns.table_shapes' names, in its shapes (receipt digests as one 64-byte
+        row): what storage/state_extent.py `fill_tables` fills."""
+        return {"participants": self.participants, "spaces": self.spaces, "members": self.members,
+                "conversations": self.conversations, "receipts": self.receipts,
+                "receipt_digests": self.receipt_digests.view(-1, 64), "command_bytes": self.command_bytes,
+                "result_bytes": self.result_bytes, "history": self.history}
 
     def raw(self, table: torch.Tensor) -> memoryview | None:
         """The table's memory as writable bytes (receipt_digests too), for the native writers of

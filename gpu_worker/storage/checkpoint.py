@@ -26,13 +26,13 @@ import msgpack
 import numpy as np
 import torch
 
-from ..columns import ROW_TABLES
+from ..columns import ROW_TABLES, table_shapes
 from ..state.tables import C, R, mark_folded
 from . import runtime_file_writer
 from .journal import TRIMMED, list_segments, segment_name
 from .journal_reader import recover
 from .runtime_file import AUDIT
-from .state_extent import STATE, Spill, decode_state, fold_point
+from .state_extent import STATE, Spill, decode_state, fill_tables, fold_point, narrow_tables
 
 if TYPE_CHECKING:
     from ..state import DeviceState
@@ -113,7 +113,8 @@ def load_saved(state: DeviceState, saved: dict[str, Any], input_kind: int, fille
     """Fill the (empty) state's tables and counters from a decoded state extent (`decode_state`:
     a boot reads its last_seq and last_digest first, to start reading the journal); returns its
     media sources ({sha256: [length, type, [participant raw ids]]}) for the indexes. `filled`: the
-    tables hold the extent's rows, digests and bytes already (recovery/preload.py `fill`).
+    tables hold the extent's rows, digests and bytes already (recovery/preload.py's child ran
+    `fill_tables` into them).
 
     A table saved with fewer columns (written before those columns existed) loads with the new
     columns zero; event orders, the one such column with a meaning of its own, are then derived
@@ -121,28 +122,16 @@ def load_saved(state: DeviceState, saved: dict[str, Any], input_kind: int, fille
     if saved.get("version") not in (1, STATE_VERSION):
         raise ValueError(f"state extent version {saved.get('version')} is not supported")
     t = state.tables
-    narrow = False
-    for name in ROW_TABLES:
-        table = getattr(t, name)
-        rows_raw, data = saved["tables"][name]
-        rows = np.frombuffer(rows_raw, dtype="<i8")
-        if len(rows):
-            width = len(data) // 8 // len(rows)
-            if width > table.shape[1] or width * 8 * len(rows) != len(data):
-                raise ValueError(f"state extent: table {name} has rows of {width} columns; this device knows "
-                                 f"{table.shape[1]}")
-            narrow = narrow or width < table.shape[1]
-            if not filled:
-                t.put_rows(table, rows, np.frombuffer(data, dtype="<i8").reshape(len(rows), width))
-    if not filled:
-        live = torch.nonzero(t.receipts[:, R.STATE] != 0).flatten()
-        live_rows, receipts = live.cpu().numpy(), t.array(t.receipts)
-        if len(live):  # (each receipt's two digests, 64 bytes, as one row)
-            t.put_rows(t.receipt_digests.view(-1, 64), live_rows,
-                       np.frombuffer(saved["digests"], dtype=np.uint8).reshape(len(live), 64))
-        for key, table, col in (("commands", t.command_bytes, R.COMMAND_LEN),
-                                ("results", t.result_bytes, R.RESULT_LEN)):
-            t.put_packed(table, live_rows, receipts[live_rows, col], saved[key])  # in row order, one after another
+    tables = t.named()
+    if filled:
+        narrow = narrow_tables(saved, tables)
+    elif t.device.type == "cpu":
+        narrow = fill_tables(saved, {name: table.numpy() for name, table in tables.items()})
+    else:  # an accelerator's tables: filled on the host, then copied over
+        host = {name: np.zeros(shape, dtype=dtype) for name, (shape, dtype) in table_shapes(t.capacities).items()}
+        narrow = fill_tables(saved, host)
+        for name, table in tables.items():
+            table.copy_(torch.from_numpy(host[name]))
     if not saved.get("marked"):  # (a checkpoint written before its receipts were saved marked)
         t.mark_folded(saved["generation"])
     state.admissions = saved["admissions"]
@@ -156,10 +145,6 @@ def load_saved(state: DeviceState, saved: dict[str, Any], input_kind: int, fille
     state.replicated = saved.get("replicated")  # whether a standby holds what is saved after it (None: unknown)
     if "memory" in saved:  # a checkpoint from before memory has none
         state.memory.load(saved["memory"])
-    if not filled:
-        conversations = t.array(t.conversations)
-        talked = np.flatnonzero(conversations[:, C.HISTORY_LEN])
-        t.put_packed(t.history, talked, conversations[talked, C.HISTORY_LEN], saved.get("history", b""))
     if narrow:
         _derive_event_orders(state, input_kind)
     media: dict[str, Any] = saved.get("media", {})

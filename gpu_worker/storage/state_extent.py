@@ -7,7 +7,10 @@ import struct
 from typing import Any
 
 import msgpack
+import numpy as np
 
+from .. import native
+from ..columns import ROW_TABLES, C, R
 from .journal import ZERO_DIGEST
 
 STATE = "state/current"
@@ -69,3 +72,50 @@ def fold_point(saved: dict[str, Any] | None) -> tuple[int, bytes]:
     """(last_seq, last_digest) of a decoded state extent (None: no checkpoint yet): where the
     journal after it begins."""
     return (saved["last_seq"], saved["last_digest"]) if saved is not None else (0, ZERO_DIGEST)
+
+
+def fill_tables(saved: dict[str, Any], tables: dict[str, np.ndarray]) -> bool:
+    """Put a decoded state extent's rows into zero tables (columns.table_shapes, by name): each
+    table's saved rows, the live receipts' digests, command and result bytes, the conversations'
+    histories. The one way a load puts them in (storage/checkpoint.py `load_saved`, the child of
+    recovery/preload.py). Returns whether a table was saved with fewer columns than it has now
+    (`narrow_tables`). ValueError: rows wider than their table, bytes past their rows."""
+    scatter = native.load("jcodec").scatter
+
+    def put(table: np.ndarray, rows: np.ndarray, lengths: np.ndarray, blob: bytes) -> None:
+        # (numpy's stubs declare ndarray.__buffer__ only for Python >= 3.12)
+        view = memoryview(table).cast("B")  # type: ignore[arg-type]
+        if scatter(view, table.shape[1], rows, np.ascontiguousarray(lengths), blob) != len(blob):
+            raise ValueError(f"state extent: {len(blob)} bytes given for rows holding fewer")
+    narrow = narrow_tables(saved, tables)
+    for name in ROW_TABLES:
+        rows_raw, data = saved["tables"][name]
+        rows = np.frombuffer(rows_raw, dtype="<i8")
+        if len(rows):
+            width = len(data) // 8 // len(rows)
+            tables[name][rows, :width] = np.frombuffer(data, dtype="<i8").reshape(len(rows), width)
+    receipts = tables["receipts"]
+    live = np.flatnonzero(receipts[:, R.STATE])
+    if len(live):
+        tables["receipt_digests"][live] = np.frombuffer(saved["digests"], dtype=np.uint8).reshape(len(live), 64)
+    for name, key, col in (("command_bytes", "commands", R.COMMAND_LEN), ("result_bytes", "results", R.RESULT_LEN)):
+        put(tables[name], live, receipts[live, col], saved[key])
+    conversations = tables["conversations"]
+    talked = np.flatnonzero(conversations[:, C.HISTORY_LEN])
+    put(tables["history"], talked, conversations[talked, C.HISTORY_LEN], saved.get("history", b""))
+    return narrow
+
+
+def narrow_tables(saved: dict[str, Any], tables: dict[str, Any]) -> bool:
+    """Whether a table of the extent has rows of fewer columns than `tables` (by name, anything
+    with a shape) has (saved before those columns existed). ValueError: more columns."""
+    narrow = False
+    for name in ROW_TABLES:
+        rows_raw, data = saved["tables"][name]
+        rows = len(rows_raw) // 8
+        if rows:
+            width, have = len(data) // 8 // rows, tables[name].shape[1]
+            if width > have or width * 8 * rows != len(data):
+                raise ValueError(f"state extent: table {name} has rows of {width} columns; this device knows {have}")
+            narrow = narrow or width < have
+    return narrow

@@ -64,7 +64,7 @@ def test_a_child_that_fails_leaves_the_device_filling_its_tables_itself(world, f
 
     def broken(saved, tables):
         raise ValueError("injected")
-    monkeypatch.setattr(preload, "fill", broken)  # (the forked child runs it)
+    monkeypatch.setattr(preload, "fill_tables", broken)  # (the forked child runs it)
     world.boot()
     assert filling == [None] and "the tables' preload ended with status" in caplog.text
     assert_loaded_as(world, live)
@@ -74,7 +74,7 @@ def test_a_child_past_its_bound_is_killed_and_the_device_fills_its_tables_itself
                                                                                  caplog):
     live = checkpointed(world)
     stuck = threading.Event()
-    monkeypatch.setattr(preload, "fill", lambda saved, tables: stuck.wait())  # (never set in the child)
+    monkeypatch.setattr(preload, "fill_tables", lambda saved, tables: stuck.wait())  # (never set in the child)
     monkeypatch.setattr(preload, "PRELOAD_SECONDS", 0.2)
     world.boot()
     assert filling == [None] and "ran past 0.2 s: killed" in caplog.text
