@@ -52,9 +52,18 @@ class FixedMap(Protocol[K]):
     def clear(self) -> None: ...
 
 
-def fixed_map(layout: str, capacity: int) -> FixedMap[Any]:
+def fixed_map(layout: str, capacity: int, memory: Any = None, used: int = 0) -> FixedMap[Any]:
     """A FixedMap of keys laid out as `layout` ("b16": 16 bytes; "ii": a tuple of two ints, each
     kept in int64; "b16b16": a tuple of two 16-byte strings), room for `capacity` entries without
-    growing: the rows of the table it indexes. A key of another shape is one that is not there."""
-    made: FixedMap[Any] = NativeFixedMap(layout, capacity)
+    growing: the rows of the table it indexes. A key of another shape is one that is not there.
+    `memory`: its table is that writable buffer (`table_bytes` of it), in which another map of the
+    same layout and capacity put `used` entries: a child process, forked from this one (the same
+    hash seed), that built it in shared memory (gpu_worker/recovery/preload.py)."""
+    made: FixedMap[Any] = NativeFixedMap(layout, capacity, memory, used)
     return made
+
+
+def table_bytes(layout: str, capacity: int) -> int:
+    """The bytes of the table a FixedMap of that layout and capacity is made with (its `memory`)."""
+    size: int = NativeFixedMap.table_bytes(layout, capacity)
+    return size

@@ -15,6 +15,11 @@
 //                                  (-1: a key not there; when strict, KeyError for it instead, the
 //                                  keys before it removed)
 //   m.slots                        the table's size (it grew when it is more than its first)
+//   FixedMap(layout, capacity, memory, used)  a map whose table is `memory` (a writable buffer of
+//                                  FixedMap.table_bytes(layout, capacity) bytes, held until the map
+//                                  grows or goes) with `used` entries in it already: one another
+//                                  process of the same interpreter (a fork, the same hash seed)
+//                                  filled in shared memory (gpu_worker/recovery/preload.py)
 //
 // A key that does not fit the layout (another type, another length, an int past int64) is a key
 // that is not there: a lookup answers as for a missing key, and only a store refuses it
@@ -115,34 +120,76 @@ bool parse_layout(Map* m, const char* layout) {
   return false;
 }
 
+// The slots a map of `capacity` entries starts with: a power of two, at least twice the entries.
+uint64_t first_slots(Py_ssize_t capacity) {
+  uint64_t slots = 8;
+  while (slots < uint64_t(capacity) * 2) slots *= 2;
+  return slots;
+}
+
+bool parse_capacity(Py_ssize_t capacity) {
+  if (capacity >= 0 && capacity <= (Py_ssize_t(1) << 40)) return true;
+  PyErr_Format(PyExc_ValueError, "FixedMap capacity %zd out of range", capacity);
+  return false;
+}
+
 int map_init(PyObject* self, PyObject* args, PyObject* kwargs) {
   Map* m = reinterpret_cast<Map*>(self);
-  static const char* names[] = {"layout", "capacity", nullptr};
+  static const char* names[] = {"layout", "capacity", "memory", "used", nullptr};
   const char* layout;
-  Py_ssize_t capacity = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|n", const_cast<char**>(names), &layout, &capacity)) return -1;
+  Py_ssize_t capacity = 0, used = 0;
+  PyObject* memory = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|nOn", const_cast<char**>(names), &layout, &capacity, &memory,
+                                   &used))
+    return -1;
   if (m->slots != nullptr) {
     PyErr_SetString(PyExc_TypeError, "a FixedMap is made once");
     return -1;
   }
-  if (capacity < 0 || capacity > (Py_ssize_t(1) << 40)) {
-    PyErr_Format(PyExc_ValueError, "FixedMap capacity %zd out of range", capacity);
-    return -1;
-  }
-  if (!parse_layout(m, layout)) return -1;
+  if (!parse_capacity(capacity) || !parse_layout(m, layout)) return -1;
   m->stride = 8 + (m->width + 7) / 8 * 8;
-  uint64_t slots = 8;
-  while (slots < uint64_t(capacity) * 2) slots *= 2;
-  m->slots = fm::allocate(m, slots);
-  if (m->slots == nullptr) return -1;
+  const uint64_t slots = first_slots(capacity);
+  if (memory == Py_None) {
+    if (used != 0) {
+      PyErr_SetString(PyExc_ValueError, "FixedMap used: only with the memory its entries are in");
+      return -1;
+    }
+    m->slots = fm::allocate(m, slots);
+    if (m->slots == nullptr) return -1;
+  } else {
+    if (PyObject_GetBuffer(memory, &m->memory, PyBUF_WRITABLE) < 0) return -1;
+    if (uint64_t(m->memory.len) != slots * uint64_t(m->stride) || used < 0 || uint64_t(used) * 2 > slots) {
+      PyErr_Format(PyExc_ValueError, "FixedMap memory: %zd bytes holding %zd entries, not a table of %llu slots "
+                   "of %d bytes (FixedMap.table_bytes) at most half used", m->memory.len, used,
+                   static_cast<unsigned long long>(slots), m->stride);
+      PyBuffer_Release(&m->memory);
+      return -1;
+    }
+    m->slots = static_cast<unsigned char*>(m->memory.buf);
+    m->borrowed = true;
+  }
   m->mask = slots - 1;
-  m->used = 0;
+  m->used = used;
   return 0;
 }
 
 void map_dealloc(PyObject* self) {
-  free(reinterpret_cast<Map*>(self)->slots);
+  Map* m = reinterpret_cast<Map*>(self);
+  if (m->borrowed)
+    PyBuffer_Release(&m->memory);
+  else
+    free(m->slots);
   Py_TYPE(self)->tp_free(self);
+}
+
+PyObject* map_table_bytes(PyObject*, PyObject* args) {
+  Map probe{};
+  const char* layout;
+  Py_ssize_t capacity;
+  if (!PyArg_ParseTuple(args, "sn", &layout, &capacity) || !parse_capacity(capacity) || !parse_layout(&probe, layout))
+    return nullptr;
+  const uint64_t stride = 8 + (uint64_t(probe.width) + 7) / 8 * 8;
+  return PyLong_FromUnsignedLongLong(first_slots(capacity) * stride);
 }
 
 bool ready(const Map* m) {
@@ -405,6 +452,8 @@ PyMethodDef map_methods[] = {
     {"values", map_values, METH_NOARGS, "the rows, in slot order"},
     {"items", map_items, METH_NOARGS, "(key, row) pairs, in slot order"},
     {"clear", map_clear, METH_NOARGS, "removes every entry"},
+    {"table_bytes", map_table_bytes, METH_VARARGS | METH_STATIC,
+     "table_bytes(layout, capacity) -> the bytes of the table a map of that capacity starts with (its memory)"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyGetSetDef map_getset[] = {{"slots", map_slots, nullptr, "the table's size", nullptr},

@@ -35,6 +35,8 @@ struct Map {
   uint64_t mask;            // slots - 1 (a power of two)
   Py_ssize_t used;
   unsigned char* slots;
+  Py_buffer memory;         // where the slots are when the map was made in a given buffer (`memory`
+  bool borrowed;            // set), else calloc's; the buffer is held until the map grows or goes
 };
 
 inline uint64_t hash_of(const Map* m, const unsigned char* key) {
@@ -88,7 +90,12 @@ inline bool grow(Map* m) {
     if (stored(s) == 0) continue;
     memcpy(slot(m, find(m, s + 8, hash_of(m, s + 8))), s, size_t(m->stride));
   }
-  free(old);
+  if (m->borrowed) {
+    m->borrowed = false;
+    PyBuffer_Release(&m->memory);
+  } else {
+    free(old);
+  }
   return true;
 }
 

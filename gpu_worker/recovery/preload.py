@@ -1,17 +1,20 @@
-"""A boot's tables from its checkpoint, filled by a child process while the boot imports torch
-(docs/checkpoint.md, "Replaying a mixed journal"; docs/performance.md, "Replay").
+"""A boot's tables from its checkpoint, filled by a child process while the boot imports torch, and
+the receipts' index maps built from them (docs/checkpoint.md, "Replaying a mixed journal";
+docs/performance.md, "Replay").
 
 A cold boot spends 1.5-2 s importing torch before it can make a tensor, on one CPU, and then zeroed
-the tables (1.3 GB at 1M receipts) and put the checkpoint's rows into them, one after the other. A
-thread beside the imports would share their GIL and their address space's page faults; a process
-shares neither. So `start`, called once the state extent is decoded and before the boot starts any
-thread, makes each table as a shared anonymous mapping (zero until written) and forks: the child
-puts the saved rows in (storage/state_extent.py `fill_tables`, as every load does: numpy and
-jcodec.scatter, no torch) and exits, while the parent
-goes on to its imports. The device wraps the filled mappings as its tables' tensors
-(torch.from_numpy, no copy) and loads the rest of the checkpoint as before
-(storage/checkpoint.py `load_saved`, `filled=True`); a child that failed or ran past its bound
-leaves the device loading as without one. Nothing here imports torch."""
+the tables (1.3 GB at 1M receipts), put the checkpoint's rows into them and indexed them, one after
+the other. A thread beside the imports would share their GIL and their address space's page
+faults; a process shares neither. So `start`, called once the state extent is decoded and before
+the boot starts any thread, makes each table, and the table of each of the receipts' FixedMaps, as
+a shared anonymous mapping (zero until written) and forks: the child puts the saved rows in
+(storage/state_extent.py `fill_tables`, as every load does: numpy and jcodec.scatter, no torch),
+indexes the live receipts into the maps (rowkeys.py `index_receipts`, as every rebuild does; the
+child hashes with the parent's hash seed, which it inherited) and exits, while the parent goes on
+to its imports. The device wraps the filled mappings as its tables' tensors (torch.from_numpy, no
+copy) and its receipts' maps (fixedmap.py `fixed_map(memory=...)`), and loads the rest of the
+checkpoint as before (storage/checkpoint.py `load_saved`, `filled=True`); a child that failed or
+ran past its bound leaves the device loading as without one. Nothing here imports torch."""
 from __future__ import annotations
 
 import logging
@@ -20,12 +23,14 @@ import os
 import select
 import signal
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .. import native
 from ..columns import table_shapes
+from ..fixedmap import FixedMap, fixed_map, table_bytes
+from ..rowkeys import RECEIPT_MAPS, index_receipts
 from ..storage.state_extent import fill_tables
 
 log = logging.getLogger("gpu_worker.device")
@@ -34,18 +39,29 @@ log = logging.getLogger("gpu_worker.device")
 PRELOAD_SECONDS = 300.0
 
 
-class Preload:
-    """The tables a child process fills (`start`), and the child."""
+class Filled(NamedTuple):
+    """What the child made: the tables (columns.table_shapes' names), filled, and the receipts'
+    maps (rowkeys.RECEIPT_MAPS' names), every live receipt in them."""
+    tables: dict[str, np.ndarray]
+    receipts: dict[str, FixedMap[Any]]
 
-    def __init__(self, tables: dict[str, np.ndarray], pid: int, ended: int) -> None:
+
+class Preload:
+    """The tables and maps a child process fills (`start`), and the child."""
+
+    def __init__(self, tables: dict[str, np.ndarray], maps: dict[str, mmap.mmap], used: np.ndarray,
+                 capacity: int, pid: int, ended: int) -> None:
         self.tables = tables
+        self.maps = maps  # the receipts' maps' tables, by name
+        self.used = used  # the entries the child put in each (shared), in `maps`' order
+        self.capacity = capacity  # the receipts table's rows
         self.pid: int | None = pid
         self.ended = ended  # the read end of a pipe whose only write end the child holds
 
-    def take(self) -> dict[str, np.ndarray] | None:
-        """The filled tables once the child has exited 0 (its waker: the child's exit, which
-        closes its end of the pipe; its bound: PRELOAD_SECONDS), or None: the child failed, or ran
-        past the bound and was killed. Once only."""
+    def take(self) -> Filled | None:
+        """The filled tables and maps once the child has exited 0 (its waker: the child's exit,
+        which closes its end of the pipe; its bound: PRELOAD_SECONDS), or None: the child failed,
+        or ran past the bound and was killed. Once only."""
         pid, self.pid = self.pid, None
         if pid is None:
             return None
@@ -62,7 +78,8 @@ class Preload:
         if status:
             log.warning("the tables' preload ended with status %#x; the device loads them itself", status)
             return None
-        return self.tables
+        return Filled(self.tables, {name: fixed_map(RECEIPT_MAPS[name], self.capacity, memory, int(used))
+                                    for (name, memory), used in zip(self.maps.items(), self.used.tolist())})
 
     def close(self) -> None:
         """A boot that stops before its device took the tables: the child is stopped and reaped."""
@@ -75,9 +92,9 @@ class Preload:
 
 def start(capacities: dict[str, int], saved: dict[str, Any] | None) -> Preload | None:
     """Fork a child that fills the tables of a checkpoint's state (`saved`, decoded) into shared
-    memory; None (nothing started) without a checkpoint, or when this process already runs other
-    Python threads (a fork copies only the calling one, and a lock another held would stay held in
-    the child: boot calls this before it starts any). The threads native libraries start as they
+    memory and builds the receipts' maps of them; None (nothing started) without a checkpoint, or
+    when this process already runs other Python threads (a fork copies only the calling one, and a
+    lock another held would stay held in the child: boot calls this before it starts any). The threads native libraries start as they
     load are there already (numpy's BLAS pool): the child calls nothing of theirs."""
     if saved is None or threading.active_count() > 1:
         return None
@@ -87,17 +104,23 @@ def start(capacities: dict[str, int], saved: dict[str, Any] | None) -> Preload |
         count = shape[0] * shape[1]
         memory = mmap.mmap(-1, max(count * np.dtype(dtype).itemsize, 1))  # shared, anonymous: zeros until written
         tables[name] = np.frombuffer(memory, dtype=dtype, count=count).reshape(shape)
+    capacity = capacities["receipts"]
+    maps = {name: mmap.mmap(-1, table_bytes(layout, capacity)) for name, layout in RECEIPT_MAPS.items()}
+    used = np.frombuffer(mmap.mmap(-1, 8 * len(maps)), dtype=np.int64)
     ended, end = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: fill, then leave at once (no atexit, no flush of the parent's buffers)
+    if pid == 0:  # the child: fill, index, leave at once (no atexit, no flush of the parent's buffers)
         code = 1
         try:
             os.close(ended)
             fill_tables(saved, tables)
+            built = {name: fixed_map(RECEIPT_MAPS[name], capacity, memory) for name, memory in maps.items()}
+            index_receipts(built, tables["receipts"])
+            used[:] = [len(made) for made in built.values()]
             code = 0
         except BaseException as exc:  # (said on stderr, where boot's own messages go)
             os.write(2, f"boot: the tables' preload failed: {exc!r}\n".encode())
         finally:
             os._exit(code)
     os.close(end)  # (the child's exit closes the last write end: the parent's poll wakes)
-    return Preload(tables, pid, ended)
+    return Preload(tables, maps, used, capacity, pid, ended)

@@ -11,7 +11,6 @@ import os
 from typing import Any, Callable, Protocol
 
 import msgpack
-import numpy as np
 
 from ..kinds import media
 from ..kinds.kind import ADMISSION_VERSION, HEAD_ARRAY, KIND_AT, PRINCIPAL_AT, PRINCIPAL_BIN, Admission, Kind
@@ -24,6 +23,7 @@ from ..storage.journal import JournalCorrupt, Transfer, TransferKind, segment_na
 from ..storage.journal_reader import ReadAhead, RecoveryResult
 from . import DeviceBootError
 from .checkpoints import Checkpoints
+from .preload import Filled
 from .reading import EarlyRead, read_saved
 
 _INPUT = int(Kind.INPUT)
@@ -96,16 +96,18 @@ class Replay:
                 preloading.close()
 
     def _replay_after(self, reading: ReadAhead, saved: dict[str, Any] | None,
-                      filled: dict[str, np.ndarray] | None = None) -> RecoveryResult:
+                      filled: Filled | None = None) -> RecoveryResult:
         """The state: the checkpoint's, `saved` (decoded; None: none yet; `filled`: its tables,
-        filled already), then the journal's transfers after it as `reading` hands them over."""
+        filled and partly indexed already), then the journal's transfers after it as `reading`
+        hands them over."""
         d = self.d
         state = DeviceState(d.capacities, d.table_device, d.runtime.incarnation, d.runtime.generation,
-                            d.embedding_dim, tables=filled)
+                            d.embedding_dim, tables=filled.tables if filled else None)
         media_sources: dict[str, Any] = {}
         if saved is not None:
             media_sources = checkpoint.load_saved(state, saved, _INPUT, filled=filled is not None)
-        state.rebuild_indexes(_INPUT, media_sources, empty=saved is None)
+        state.rebuild_indexes(_INPUT, media_sources, empty=saved is None,
+                              receipts=filled.receipts if filled else None)
         d.state = state
         d.fresh_tick_state()
         deferred = (state.receipts, state.spaces)  # indexed in whole-column passes (state/indexes.py)

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ..fixedmap import FixedMap
 from ..memory.table import MemoryTable
 from .indexes import (ROW_BITS, ConversationIndex, MediaSource, MemberIndex, ParticipantIndex,
                       ReceiptIndex, SpaceIndex)
@@ -57,12 +58,14 @@ class DeviceState:
         """The source of a replayed transfer's save fields: the journal, and whether a standby held it."""
         return int(Source.JOURNAL) | (0 if self.replicated is None else HELD if self.replicated else ALONE)
 
-    def rebuild_indexes(self, input_kind: int, media: dict[str, Any] | None = None, *, empty: bool = False) -> None:
+    def rebuild_indexes(self, input_kind: int, media: dict[str, Any] | None = None, *, empty: bool = False,
+                        receipts: dict[str, FixedMap[Any]] | None = None) -> None:
         """Indexes derived from the tensors (empty, or just loaded from a checkpoint), and the
         checkpoint's media sources ({sha256: [length, type, [participant raw ids]]}). `empty`: the
         tables were just made and nothing was loaded into them (a journal with no checkpoint):
         every row is free and there is nothing to index, so no column of a million rows is
-        scanned."""
+        scanned. `receipts`: the receipts' maps, built from these tables already (a boot's preload
+        child: recovery/preload.py)."""
         t = self.tables
         if empty:
             for index, table in ((self.participants, t.participants), (self.receipts, t.receipts),
@@ -72,7 +75,7 @@ class DeviceState:
             self.media = {}
             return
         self.participants.rebuild(t)
-        self.receipts.rebuild(t)
+        self.receipts.rebuild(t, receipts)
         self.spaces.rebuild(t)
         self.members.rebuild(t)
         self.conversations.rebuild(t, self.participants, input_kind)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import abc
 import bisect
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -17,6 +16,7 @@ import numpy as np
 
 from . import ids
 from ..fixedmap import FixedMap, fixed_map
+from ..rowkeys import RECEIPT_MAPS, ROW32, index_receipts, keyed, owned_ids, packed16, sequence_keys
 from .tables import TOMBSTONE, C, M, P, R, S, Tables, join16
 from ..contract.ids import participant_id
 
@@ -158,15 +158,6 @@ def _packed_lineages(lineages: list[bytes]) -> np.ndarray:
     return np.frombuffer(joined, dtype=np.uint8).reshape(-1, 16)
 
 
-def owned_ids(lineages: np.ndarray, packed: np.ndarray) -> np.ndarray:
-    """(lineage, id) keys packed as a FixedMap "b16b16" takes them: each lineage's 16 bytes
-    (`lineages`: ParticipantIndex.lineages_at), then the id's (`packed`: Tables.packed16)."""
-    keys = np.empty((len(lineages), 4), dtype=np.uint64)  # (copied in 8-byte words)
-    keys[:, :2] = lineages.view(np.uint64)
-    keys[:, 2:] = packed.view(np.uint64)
-    return keys.view(np.uint8)
-
-
 def take_free(free: list[int], n: int) -> list[int]:
     """The rows n pop()s of a free list hand out, in that order (a replay's run of admissions)."""
     if n > len(free):
@@ -244,18 +235,6 @@ class _Deferring(abc.ABC):
 
 
 ROW_BITS = 32  # by_key's keys hold the participant row in 4 bytes
-_ROW32 = struct.Struct("<I")  # by_key's key: the operation key, then the participant row in 4 bytes
-
-
-def keyed(values: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """by_key's keys of receipt rows values[at], packed: each one's operation key bytes, then its
-    participant row in 4 bytes (as `_ROW32`)."""
-    keys = np.empty((len(at), 20), dtype=np.uint8)
-    keys[:, :16] = Tables.packed16(values, at, R.KEY_HI).view(np.uint8)
-    keys[:, 16:] = np.asarray(values[at, R.PARTICIPANT], dtype="<u4").reshape(-1, 1).view(np.uint8)
-    return keys
-
-
 class ReceiptIndex(_Deferring):
     """Live receipt rows by participant row and sequence (`at`), by participant row and operation
     key (one 20-byte key, `key_in_use`) and by operation ID (`op_row`), in FixedMaps sized for the
@@ -274,18 +253,21 @@ class ReceiptIndex(_Deferring):
     def __init__(self, capacity: int) -> None:
         super().__init__()
         # (participant row, sequence) -> receipt row
-        self.by_sequence: FixedMap[tuple[int, int]] = fixed_map("ii", capacity)
-        # operation key + participant row (_ROW32) -> receipt row
-        self.by_key: FixedMap[bytes] = fixed_map("b20", capacity)
-        self.by_op: FixedMap[bytes] = fixed_map("b16", capacity)
+        self.by_sequence: FixedMap[tuple[int, int]] = fixed_map(RECEIPT_MAPS["by_sequence"], capacity)
+        # operation key + participant row (ROW32) -> receipt row
+        self.by_key: FixedMap[bytes] = fixed_map(RECEIPT_MAPS["by_key"], capacity)
+        self.by_op: FixedMap[bytes] = fixed_map(RECEIPT_MAPS["by_op"], capacity)
         self.free: list[int] = []
         self.release_on_save: dict[int, list[int]] = {}  # transfer seq -> rows freed once it is saved
 
-    def rebuild(self, tables: Tables) -> None:
-        values = tables.array(tables.receipts)
-        live = np.flatnonzero(values[:, R.STATE])
-        self._index_sequences(values, live, live)
-        self._index_keys(values, live, live)
+    def rebuild(self, tables: Tables, built: dict[str, FixedMap] | None = None) -> None:
+        """`built`: the maps, built from these tables already (a boot's preload child built them
+        in shared memory: gpu_worker/recovery/preload.py)."""
+        if built is not None:
+            self.by_sequence, self.by_key, self.by_op = built["by_sequence"], built["by_key"], built["by_op"]
+        else:
+            index_receipts({"by_sequence": self.by_sequence, "by_key": self.by_key, "by_op": self.by_op},
+                           tables.array(tables.receipts))
         self.free = tables.unused_rows(tables.receipts)
 
     def noted(self, rows: list[int]) -> None:
@@ -295,9 +277,7 @@ class ReceiptIndex(_Deferring):
         self._index_sequences(self._tables.take(self._tables.receipts, at), np.arange(len(rows)), at)
 
     def _index_sequences(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
-        keys = np.empty((len(at), 2), dtype="<i8")  # (participant row, sequence), packed as FixedMap's "ii"
-        keys[:, 0], keys[:, 1] = values[at, R.PARTICIPANT], values[at, R.SEQUENCE]
-        self.by_sequence.put_packed(keys, np.ascontiguousarray(rows, dtype=np.int64))
+        self.by_sequence.put_packed(sequence_keys(values, at), np.ascontiguousarray(rows, dtype=np.int64))
 
     def _index(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
         # noted rows a retirement freed since are not live (a row freed and taken again is noted
@@ -308,11 +288,11 @@ class ReceiptIndex(_Deferring):
     def _index_keys(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
         rrows = np.ascontiguousarray(rows, dtype=np.int64)
         self.by_key.put_packed(keyed(values, at), rrows)
-        self.by_op.put_packed(Tables.packed16(values, at, R.OP_HI), rrows)
+        self.by_op.put_packed(packed16(values, at, R.OP_HI), rrows)
 
     def _index_row(self, values: list[int], row: int) -> None:
         if values[R.STATE]:
-            self.by_key[join16(values[R.KEY_HI], values[R.KEY_LO]) + _ROW32.pack(values[R.PARTICIPANT])] = row
+            self.by_key[join16(values[R.KEY_HI], values[R.KEY_LO]) + ROW32.pack(values[R.PARTICIPANT])] = row
             self.by_op[join16(values[R.OP_HI], values[R.OP_LO])] = row
 
     def at(self, prow: int, sequence: int) -> int | None:
@@ -333,14 +313,14 @@ class ReceiptIndex(_Deferring):
         """Whether a live receipt of this participant has this operation key."""
         if self._pending:
             self._catch_up()
-        return key + _ROW32.pack(prow) in self.by_key
+        return key + ROW32.pack(prow) in self.by_key
 
     def add(self, rrow: int, prow: int, sequence: int, key: bytes, op: bytes) -> None:
         self.by_sequence[(prow, sequence)] = rrow
         if self._tables is not None:
             self._pending.append(rrow)
             return
-        self.by_key[key + _ROW32.pack(prow)] = rrow
+        self.by_key[key + ROW32.pack(prow)] = rrow
         self.by_op[op] = rrow
 
     def retire(self, prow: int, sequences: range, tables: Tables) -> tuple[list[int], np.ndarray]:
@@ -356,7 +336,7 @@ class ReceiptIndex(_Deferring):
         strict = self._tables is None  # (while deferring, a row not indexed yet has no entries)
         every = np.arange(len(at))
         self.by_key.pop_packed(keyed(values, every), strict)
-        self.by_op.pop_packed(tables.packed16(values, every, R.OP_HI), strict)
+        self.by_op.pop_packed(packed16(values, every, R.OP_HI), strict)
         return at.tolist(), values
 
 
@@ -385,7 +365,7 @@ class SpaceIndex(_Deferring):
 
     def _index(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
         lineages = self._participants.lineages_at(values[at, S.OWNER], values[at, S.CREATED])  # the one in its ID
-        self.by_id.put_packed(owned_ids(lineages, Tables.packed16(values, at, S.ID_HI)),
+        self.by_id.put_packed(owned_ids(lineages, packed16(values, at, S.ID_HI)),
                               np.ascontiguousarray(rows, dtype=np.int64))
 
     def _index_row(self, values: list[int], row: int) -> None:
@@ -450,7 +430,7 @@ class ConversationIndex:
         values = tables.array(tables.conversations)
         live = np.flatnonzero(values[:, C.STATE] == 1)  # not a deleted one's tombstone (kinds/deletions.py)
         lineages = participants.lineages_at(values[live, C.CREATOR], values[live, C.CREATED])  # the one in its ID
-        self.by_id.put_packed(owned_ids(lineages, tables.packed16(values, live, C.ID_HI)), live.astype(np.int64))
+        self.by_id.put_packed(owned_ids(lineages, packed16(values, live, C.ID_HI)), live.astype(np.int64))
         self.free = tables.unused_rows(tables.conversations)
         self.tombstones = set(np.flatnonzero(values[:, C.STATE] == TOMBSTONE).tolist())
         receipts = tables.array(tables.receipts)

@@ -17,6 +17,7 @@ import torch
 
 from .. import packing
 from ..columns import TOMBSTONE, C, M, P, R, S, table_shapes, width
+from ..rowkeys import packed16
 
 
 class Scope(IntEnum):
@@ -322,18 +323,11 @@ class Tables:
         return table[torch.from_numpy(rows).to(table.device)].cpu().numpy()
 
     @staticmethod
-    def packed16(values: np.ndarray, rows: np.ndarray, hi: int) -> np.ndarray:
-        """Columns hi, hi + 1 (an identifier's two halves) at each of `rows`, as one contiguous
-        (n, 2) little-endian int64 array: each row's join16 bytes back to back (a FixedMap's
-        packed keys)."""
-        return np.ascontiguousarray(values[rows, hi:hi + 2], dtype="<i8")
-
-    @staticmethod
     def ids16(values: np.ndarray, rows: np.ndarray, hi: int, lo: int) -> list[bytes]:
         """join16 of columns hi, lo (= hi + 1: an identifier's halves are adjacent) at each of
         `rows`, in one pass."""
         assert lo == hi + 1
-        data = Tables.packed16(values, rows, hi)
+        data = packed16(values, rows, hi)
         return np.frombuffer(data.tobytes(), dtype="V16").tolist()
 
     @staticmethod

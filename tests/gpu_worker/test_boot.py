@@ -104,7 +104,7 @@ def test_boot_forks_the_child_filling_the_checkpoints_tables_before_any_thread_a
     """From a checkpoint, boot's early read (recovery/reading.py) forks the child that fills the
     tables (recovery/preload.py) before torch is imported and while it is still the process's only
     thread (`preload.start` forks none beside another thread, the journal reader's included); the
-    child's tables hold the checkpoint's rows."""
+    child's tables hold the checkpoint's rows, its receipts' maps every live receipt."""
     from tests.gpu_worker.kinds.test_shared_state import World
     runtime = tmp_path / "r.aotxccir"
     pack_tiny(str(runtime), shared=True)
@@ -116,13 +116,13 @@ def test_boot_forks_the_child_filling_the_checkpoints_tables_before_any_thread_a
     code = ("import sys\nfrom gpu_worker.storage.runtime_file import RuntimeFile\n"
             "from gpu_worker.recovery.reading import start\n"
             f"early = start(RuntimeFile.open({str(runtime)!r}, verify=False), {world.journal!r}, fill=True)\n"
-            "tables = early.tables.take()\n"
-            "print(tables is not None and int((tables['receipts'][:, 0] != 0).sum()),"
+            "tables, maps = early.tables.take()\n"
+            "print(int((tables['receipts'][:, 0] != 0).sum()), len(maps['by_op']),"
             " int((tables['spaces'][:, 0] == 1).sum()), 'torch' in sys.modules, flush=True)\n"
             "early.close()\n")
     out = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == [str(live), str(len(spaces)), "False"], out.stdout
+    assert out.stdout.split() == [str(live), str(live), str(len(spaces)), "False"], out.stdout
 
 
 def test_boot_refuses_a_journal_another_device_holds_in_one_line(tmp_path):

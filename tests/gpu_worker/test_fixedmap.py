@@ -105,6 +105,36 @@ def test_a_table_sized_for_its_capacity_never_grows():
     assert all(m[k] == v for k, v in m.items())
 
 
+def test_a_map_made_in_memory_a_forked_child_filled_answers_as_the_child_left_it():
+    """FixedMap(layout, capacity, memory, used): the table another map of this layout put entries
+    into, in shared memory, from a forked child (the parent's hash seed: recovery/preload.py); a
+    buffer of another size, a read-only one, or more entries than half its slots are refused; a map
+    that grows leaves the buffer (its entries copied out) and goes on as any."""
+    import mmap
+    import os
+    memory = mmap.mmap(-1, FixedMap.table_bytes("b16", 8))
+    pid = os.fork()
+    if pid == 0:
+        child = FixedMap("b16", 8, memory)
+        child.put_packed(bytes(range(48)), np.arange(3, dtype=np.int64))
+        os._exit(0 if len(child) == 3 else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    made = FixedMap("b16", 8, memory, 3)
+    assert dict(made.items()) == {bytes(range(16 * i, 16 * i + 16)): i for i in range(3)} and len(made) == 3
+    assert made[bytes(range(16, 32))] == 1 and bytes(16) not in made
+    size = FixedMap.table_bytes("b16", 8)
+    for bad, used in ((mmap.mmap(-1, size - 1), 0), (bytes(size), 0), (memory, 9), (memory, -1)):
+        with pytest.raises((ValueError, BufferError, TypeError)):
+            FixedMap("b16", 8, bad, used)
+    with pytest.raises(ValueError):
+        FixedMap("b16", 8, None, 1)  # (entries need their memory)
+    for i in range(3, 40):  # past half its slots: it grows out of the buffer
+        made[i.to_bytes(16, "little")] = i
+    assert made.slots > 16 and len(made) == 40 and made[bytes(range(32, 48))] == 2
+    del made
+    memory.close()  # (the map let go of it)
+
+
 def test_keys_that_do_not_fit_the_layout_are_not_there_and_cannot_be_stored():
     m = FixedMap("b16b16", 4)
     key = (b"a" * 16, b"b" * 16)

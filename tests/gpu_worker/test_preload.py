@@ -1,6 +1,6 @@
-"""A boot's checkpoint tables filled by a child process while the boot imports torch
-(gpu_worker/recovery/preload.py): the device that takes them has exactly the state a device that
-filled its own has, every table, index and free list; a child that fails, or runs past its bound
+"""A boot's checkpoint tables filled (and the receipts' maps built) by a child process while
+the boot imports torch (gpu_worker/recovery/preload.py): the device that takes them has exactly the
+state a device that filled its own has, every table, index and free list; a child that fails, or runs past its bound
 (killed), leaves the device filling them itself, to the same state; a process that already runs
 other threads forks no child."""
 import functools
@@ -51,9 +51,14 @@ def assert_loaded_as(world, live):
 def test_the_tables_a_child_filled_load_to_exactly_the_state_the_device_kept(world, filling):
     live = checkpointed(world)
     world.boot()
-    [tables] = filling
-    assert tables is not None  # (the child's, taken as the device's tables: no copy)
-    assert np.shares_memory(world.device.state.tables.receipts.numpy(), tables["receipts"])
+    [filled] = filling
+    assert filled is not None  # (the child's, taken as the device's tables and receipts' maps: no copy)
+    assert np.shares_memory(world.device.state.tables.receipts.numpy(), filled.tables["receipts"])
+    receipts = world.device.state.receipts
+    assert [receipts.by_sequence, receipts.by_key, receipts.by_op] == list(filled.receipts.values())
+    assert all(made is taken for made, taken in zip((receipts.by_sequence, receipts.by_key, receipts.by_op),
+                                                    filled.receipts.values()))
+    assert len(receipts.by_sequence) == int((filled.tables["receipts"][:, 0] != 0).sum()) > 0
     assert_loaded_as(world, live)
     world.space("c")  # and it goes on from there
     assert world.device.state.tables.usage()["spaces"] == len(world.device.state.spaces.by_id)
