@@ -186,7 +186,7 @@ class MixedBuilder:
         from gpu_worker.contract import ids as public
         from gpu_worker.engine.engine import Engine
         from gpu_worker.loop.runner import Runner
-        from gpu_worker.state import ids as derived
+        from gpu_worker import derived
         self.ids = public
         self.transfers, self.progress = transfers, progress
         self.rng = random.Random(seed)

@@ -4,6 +4,7 @@ as an index, and a busy device makes dozens of column accesses per request; docs
 Nothing here imports torch: a boot reads them before it has imported it (recovery/preload.py)."""
 from __future__ import annotations
 
+LIVE = 1  # S.STATE, C.STATE of a live row
 TOMBSTONE = 2  # S.STATE, C.STATE of a deleted row that live receipts still name (kinds/deletions.py)
 
 

@@ -49,7 +49,7 @@ from .recovery.replay import Replay
 from .recovery.succession import Failover, Succession
 from .state import DeviceState
 from .state.executions import Executions
-from .state.ids import operator_hex
+from .derived import operator_hex
 from .state.holds import Holds
 from .state.usage import Chats, Usage
 from .storage.committer import Batch, Committer
@@ -323,7 +323,7 @@ class Device:
         if type(hexid) is not str or not HEX32_MATCH(hexid):
             raise ServiceError(400, "bad_principal", "command lacks a principal id")
         if not self.grants.allows(hexid, action) or hexid == operator_hex(self.state.incarnation):
-            # (the operator's principal is the device's own: state/ids.operator)
+            # (the operator's principal is the device's own: derived.operator)
             raise ServiceError(403, "grant_missing", f"principal has no current {action} grant")
         return bytes.fromhex(hexid)
 

@@ -9,7 +9,7 @@ from ..contract import ids
 from ..contract.commands import OperationBytes, OperationRef, Page, ReceiptFilter
 from ..contract.errors import ServiceError
 from ..contract.wire import RawJSON
-from ..state import ids as derived
+from .. import derived
 from ..state.tables import C, R, Terminal, join16
 from . import access, receipts
 from .lists import byte_offset, byte_span, page

@@ -28,7 +28,7 @@ from .kind import Admission, Caller, Extra, Kind, OperationKind, Tables
 from .spaces import space_key
 
 
-COPY = 0xF0  # the memory-object tag of a publication's copy (state/ids.memory_object)
+COPY = 0xF0  # the memory-object tag of a publication's copy (derived.memory_object)
 
 
 def check(d: Caller, principal: bytes, prow: int | None, args: Publication, key: bytes,

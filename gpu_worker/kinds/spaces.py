@@ -11,7 +11,7 @@ from .. import native
 from ..contract import ids, vocabulary
 from ..contract.commands import NewSpace, Page, SpaceRef
 from ..contract.errors import ServiceError
-from ..state import ids as derived
+from .. import derived
 from ..state.indexes import take_free
 from ..state.tables import R, S, Right, Scope, join16
 from . import access, quotas

@@ -8,7 +8,7 @@ text when they are UTF-8).
 
 `ops.memory.forget {memory, reason, staff}` forgets one for a console user. Staff are no
 participant, so the forget is admitted by the device's operator participant, whose principal is
-derived from the file incarnation (state/ids.operator): no grant file names it, and the device
+derived from the file incarnation (derived.operator): no grant file names it, and the device
 refuses it as a command's principal. The device registers it at its first forget (a
 `participant.register` admission whose command bytes are `POST /ops/participant {"staff"}`), then
 admits a `memory.delete` with the operator's lineage, its next sequence and a fresh operation key,
@@ -34,7 +34,7 @@ from ..contract.limits import MEMORY_PREVIEW_BYTES
 from ..contract.wire import Message, reply
 from ..kinds.kind import Context, Journaling, Kind, Later, Read, Tables
 from ..kinds.memory_deletions import StaffDeletion
-from ..state import ids as derived
+from .. import derived
 from ..state.tables import P
 from . import shared as memory
 

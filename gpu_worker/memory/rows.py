@@ -10,7 +10,7 @@ memory lists and detail reads show it.
         43    1  flags            u8, Flag bits: 1 published, 2 managed, 4 interpreted
         44    4  byte length      u32, payload bytes
         48   16  owner            the memory owner: a private space's derived owner
-                                  (state/ids.memory_owner), a room's space id, zeros for the instance
+                                  (derived.memory_owner), a room's space id, zeros for the instance
         64   16  room lineage     } a room-scoped row's exact space ID, spc-{lineage}-{id};
         80   16  room id          } zeros otherwise
         96   16  source           the operation that wrote the row, op-{object lineage}-{source}

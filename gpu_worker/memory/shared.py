@@ -30,7 +30,7 @@ from ..kinds import access
 from ..kinds.kind import Caller, Read, Tables
 from ..kinds.kind import Kind as OperationCode
 from ..kinds.lists import byte_offset, byte_span
-from ..state import ids as derived
+from .. import derived
 from ..state.tables import C, NotRetained, P, R, S, Right, Scope, join16
 from ..storage import leases
 from . import render, table as memory_table

@@ -28,7 +28,7 @@ from ..contract.wire import Message
 from ..kinds import quotas
 from ..memory.forgetting import same_command
 from ..kinds.kind import ADMISSION_VERSION, Admission, Context, Journaling, Kind, OperationKind, Tables
-from ..state import ids
+from .. import derived as ids
 from ..state.indexes import take_free
 from ..state.tables import ALONE, HELD, C, M, P, R, S, Source, Terminal, width
 from ..storage.journal import TransferKind, record_count

@@ -1,19 +1,20 @@
 """A boot's tables from its checkpoint, filled by a child process while the boot imports torch, and
-the receipts' index maps built from them (docs/checkpoint.md, "Replaying a mixed journal";
+the indexes' maps of IDs to rows built from them (docs/checkpoint.md, "Replaying a mixed journal";
 docs/performance.md, "Replay").
 
 A cold boot spends 1.5-2 s importing torch before it can make a tensor, on one CPU, and then zeroed
 the tables (1.3 GB at 1M receipts), put the checkpoint's rows into them and indexed them, one after
 the other. A thread beside the imports would share their GIL and their address space's page
 faults; a process shares neither. So `start`, called once the state extent is decoded and before
-the boot starts any thread, makes each table, and the table of each of the receipts' FixedMaps, as
-a shared anonymous mapping (zero until written) and forks: the child puts the saved rows in
+the boot starts any thread, makes each table, and the table of each FixedMap of IDs to rows
+(rowkeys.MAPS: receipts by sequence, operation key and ID, spaces and conversations by lineage and
+ID), as a shared anonymous mapping (zero until written) and forks: the child puts the saved rows in
 (storage/state_extent.py `fill_tables`, as every load does: numpy and jcodec.scatter, no torch),
-indexes the live receipts into the maps (rowkeys.py `index_receipts`, as every rebuild does; the
-child hashes with the parent's hash seed, which it inherited) and exits, while the parent goes on
-to its imports. The device wraps the filled mappings as its tables' tensors (torch.from_numpy, no
-copy) and its receipts' maps (fixedmap.py `fixed_map(memory=...)`), and loads the rest of the
-checkpoint as before (storage/checkpoint.py `load_saved`, `filled=True`); a child that failed or
+derives the participants' lineages (participant_index.py) and indexes the live rows into the maps
+(rowkeys.py `build_maps`, as every load does; the child hashes with the parent's hash seed, which
+it inherited) and exits, while the parent goes on to its imports. The device wraps the filled
+mappings as its tables' tensors (torch.from_numpy, no copy) and its maps (fixedmap.py
+`fixed_map(memory=...)`), and loads the rest of the checkpoint as before (storage/checkpoint.py `load_saved`, `filled=True`); a child that failed or
 ran past its bound leaves the device loading as without one. Nothing here imports torch."""
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ import numpy as np
 from .. import native
 from ..columns import table_shapes
 from ..fixedmap import FixedMap, fixed_map, table_bytes
-from ..rowkeys import RECEIPT_MAPS, index_receipts
+from ..participant_index import ParticipantIndex
+from ..rowkeys import MAPS, build_maps
 from ..storage.state_extent import fill_tables
 
 log = logging.getLogger("gpu_worker.device")
@@ -40,21 +42,21 @@ PRELOAD_SECONDS = 300.0
 
 
 class Filled(NamedTuple):
-    """What the child made: the tables (columns.table_shapes' names), filled, and the receipts'
-    maps (rowkeys.RECEIPT_MAPS' names), every live receipt in them."""
+    """What the child made: the tables (columns.table_shapes' names), filled, and the maps of IDs
+    to rows (rowkeys.MAPS' names), every live row in them."""
     tables: dict[str, np.ndarray]
-    receipts: dict[str, FixedMap[Any]]
+    maps: dict[str, FixedMap[Any]]
 
 
 class Preload:
     """The tables and maps a child process fills (`start`), and the child."""
 
     def __init__(self, tables: dict[str, np.ndarray], maps: dict[str, mmap.mmap], used: np.ndarray,
-                 capacity: int, pid: int, ended: int) -> None:
+                 capacities: dict[str, int], pid: int, ended: int) -> None:
         self.tables = tables
-        self.maps = maps  # the receipts' maps' tables, by name
+        self.maps = maps  # the maps' tables, by name
         self.used = used  # the entries the child put in each (shared), in `maps`' order
-        self.capacity = capacity  # the receipts table's rows
+        self.capacities = capacities
         self.pid: int | None = pid
         self.ended = ended  # the read end of a pipe whose only write end the child holds
 
@@ -78,7 +80,7 @@ class Preload:
         if status:
             log.warning("the tables' preload ended with status %#x; the device loads them itself", status)
             return None
-        return Filled(self.tables, {name: fixed_map(RECEIPT_MAPS[name], self.capacity, memory, int(used))
+        return Filled(self.tables, {name: fixed_map(MAPS[name][0], self.capacities[MAPS[name][1]], memory, used)
                                     for (name, memory), used in zip(self.maps.items(), self.used.tolist())})
 
     def close(self) -> None:
@@ -90,9 +92,9 @@ class Preload:
             os.waitpid(pid, 0)
 
 
-def start(capacities: dict[str, int], saved: dict[str, Any] | None) -> Preload | None:
-    """Fork a child that fills the tables of a checkpoint's state (`saved`, decoded) into shared
-    memory and builds the receipts' maps of them; None (nothing started) without a checkpoint, or
+def start(capacities: dict[str, int], incarnation: bytes, saved: dict[str, Any] | None) -> Preload | None:
+    """Fork a child that fills the tables of a checkpoint's state (`saved`, decoded; of the runtime
+    file of that incarnation) into shared memory and builds the maps of IDs to rows of them; None (nothing started) without a checkpoint, or
     when this process already runs other Python threads (a fork copies only the calling one, and a
     lock another held would stay held in the child: boot calls this before it starts any). The threads native libraries start as they
     load are there already (numpy's BLAS pool): the child calls nothing of theirs."""
@@ -104,8 +106,7 @@ def start(capacities: dict[str, int], saved: dict[str, Any] | None) -> Preload |
         count = shape[0] * shape[1]
         memory = mmap.mmap(-1, max(count * np.dtype(dtype).itemsize, 1))  # shared, anonymous: zeros until written
         tables[name] = np.frombuffer(memory, dtype=dtype, count=count).reshape(shape)
-    capacity = capacities["receipts"]
-    maps = {name: mmap.mmap(-1, table_bytes(layout, capacity)) for name, layout in RECEIPT_MAPS.items()}
+    maps = {name: mmap.mmap(-1, table_bytes(layout, capacities[table])) for name, (layout, table) in MAPS.items()}
     used = np.frombuffer(mmap.mmap(-1, 8 * len(maps)), dtype=np.int64)
     ended, end = os.pipe()
     pid = os.fork()
@@ -114,8 +115,11 @@ def start(capacities: dict[str, int], saved: dict[str, Any] | None) -> Preload |
         try:
             os.close(ended)
             fill_tables(saved, tables)
-            built = {name: fixed_map(RECEIPT_MAPS[name], capacity, memory) for name, memory in maps.items()}
-            index_receipts(built, tables["receipts"])
+            participants = ParticipantIndex(incarnation, capacities["participants"])
+            participants.load_lineages(saved.get("lineages", []))  # (as load_saved: before any lineage is derived)
+            participants.rebuild(tables["participants"])
+            built = {name: fixed_map(MAPS[name][0], capacities[MAPS[name][1]], memory) for name, memory in maps.items()}
+            build_maps(built, tables, participants)
             used[:] = [len(made) for made in built.values()]
             code = 0
         except BaseException as exc:  # (said on stderr, where boot's own messages go)
@@ -123,4 +127,4 @@ def start(capacities: dict[str, int], saved: dict[str, Any] | None) -> Preload |
         finally:
             os._exit(code)
     os.close(end)  # (the child's exit closes the last write end: the parent's poll wakes)
-    return Preload(tables, maps, used, capacity, pid, ended)
+    return Preload(tables, maps, used, capacities, pid, ended)

@@ -43,7 +43,7 @@ def read_saved(runtime: RuntimeFile, journal_dir: str, fs: FileLayer | None = No
     (`preload.start`, forked before the reader's thread starts): what every load of the state
     begins with (a boot's here, before torch; a rebuild's in Replay.load)."""
     saved = decode_state(runtime.bytes(STATE)) if runtime.has(STATE) else None
-    tables = preload.start(runtime.capacities, saved) if fill else None
+    tables = preload.start(runtime.capacities, runtime.incarnation, saved) if fill else None
     try:
         after_seq, start_digest = fold_point(saved)
         reading = ReadAhead(journal_dir, fs or OsFileLayer(), runtime.incarnation, start_digest=start_digest,

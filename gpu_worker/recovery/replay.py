@@ -107,7 +107,7 @@ class Replay:
         if saved is not None:
             media_sources = checkpoint.load_saved(state, saved, _INPUT, filled=filled is not None)
         state.rebuild_indexes(_INPUT, media_sources, empty=saved is None,
-                              receipts=filled.receipts if filled else None)
+                              built=filled.maps if filled else None)
         d.state = state
         d.fresh_tick_state()
         deferred = (state.receipts, state.spaces)  # indexed in whole-column passes (state/indexes.py)

@@ -8,8 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from ..fixedmap import FixedMap
+from ..fixedmap import FixedMap, fixed_map
 from ..memory.table import MemoryTable
+from ..rowkeys import MAPS, build_maps
 from .indexes import (ROW_BITS, ConversationIndex, MediaSource, MemberIndex, ParticipantIndex,
                       ReceiptIndex, SpaceIndex)
 from ..contract.limits import MEMORY_PAYLOAD_BYTES
@@ -59,13 +60,13 @@ class DeviceState:
         return int(Source.JOURNAL) | (0 if self.replicated is None else HELD if self.replicated else ALONE)
 
     def rebuild_indexes(self, input_kind: int, media: dict[str, Any] | None = None, *, empty: bool = False,
-                        receipts: dict[str, FixedMap[Any]] | None = None) -> None:
+                        built: dict[str, FixedMap[Any]] | None = None) -> None:
         """Indexes derived from the tensors (empty, or just loaded from a checkpoint), and the
         checkpoint's media sources ({sha256: [length, type, [participant raw ids]]}). `empty`: the
         tables were just made and nothing was loaded into them (a journal with no checkpoint):
         every row is free and there is nothing to index, so no column of a million rows is
-        scanned. `receipts`: the receipts' maps, built from these tables already (a boot's preload
-        child: recovery/preload.py)."""
+        scanned. `built`: the maps of IDs to rows (rowkeys.MAPS), built from these tables already (a
+        boot's preload child: recovery/preload.py)."""
         t = self.tables
         if empty:
             for index, table in ((self.participants, t.participants), (self.receipts, t.receipts),
@@ -74,11 +75,16 @@ class DeviceState:
                 index.free = t.unused_rows(table, fresh=True)
             self.media = {}
             return
-        self.participants.rebuild(t)
-        self.receipts.rebuild(t, receipts)
-        self.spaces.rebuild(t)
+        self.participants.rebuild(t.array(t.participants))
+        maps = built
+        if maps is None:
+            maps = {name: fixed_map(layout, t.capacities[table]) for name, (layout, table) in MAPS.items()}
+            build_maps(maps, {name: t.array(getattr(t, name)) for name in ("receipts", "spaces", "conversations")},
+                       self.participants)
+        self.receipts.rebuild(t, maps)
+        self.spaces.rebuild(t, maps)
         self.members.rebuild(t)
-        self.conversations.rebuild(t, self.participants, input_kind)
+        self.conversations.rebuild(t, maps, input_kind)
         by_raw = self.participants.by_raw
         self.media = {sha: MediaSource(length, kind, {by_raw[p] for p in owners})
                       for sha, (length, kind, owners) in (media or {}).items()}

@@ -14,148 +14,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import ids
 from ..fixedmap import FixedMap, fixed_map
-from ..rowkeys import RECEIPT_MAPS, ROW32, index_receipts, keyed, owned_ids, packed16, sequence_keys
-from .tables import TOMBSTONE, C, M, P, R, S, Tables, join16
-from ..contract.ids import participant_id
+from ..participant_index import ParticipantIndex
+from ..rowkeys import MAPS, ROW32, keyed, packed16, put_owned, sequence_keys
+from .tables import TOMBSTONE, C, M, R, S, Tables, join16
 
-
-class ParticipantIndex:
-    """Participant rows by principal and by participant ID, each row's derived names, and the
-    lines of history (lineages) the state went through.
-
-    A line of history starts at the first boot of a state and at every restore (docs/checkpoint.md,
-    "Lineages after a restore"): `starts[i]` is the first admission counter of the i-th line and
-    `nonces[i]` its random nonce. `lineage[prow]` is a participant's current lineage (what
-    mutations must name); an ID made in an earlier line keeps that line's lineage for good
-    (`lineage_at`, from the admission counter that made it)."""
-
-    __slots__ = ("incarnation", "by_principal", "by_raw", "lineage", "lineage_hex", "raw", "public_id", "free",
-                 "principal", "starts", "nonces", "nonce", "_unregistered", "_past")
-
-    def __init__(self, incarnation: bytes, capacity: int) -> None:
-        self.incarnation = incarnation
-        self.by_principal: FixedMap[bytes] = fixed_map("b16", capacity)
-        self.by_raw: FixedMap[bytes] = fixed_map("b16", capacity)   # participant raw id -> row
-        # by row, each a list of the table's capacity (empty: no participant there), so that a
-        # registration's names cost no map insert
-        self.lineage: list[bytes] = [b""] * capacity
-        self.lineage_hex: list[str] = [""] * capacity
-        self.raw: list[bytes] = [b""] * capacity
-        self.public_id: list[str] = [""] * capacity  # "par-…"
-        self.principal: list[bytes] = [b""] * capacity  # row -> principal id
-        self.free: list[int] = []
-        self.starts: list[int] = []     # first admission counter of each line of history
-        self.nonces: list[bytes] = []   # its nonce
-        self.nonce: bytes | None = None  # the current line's (None: state from before nonces)
-        self._unregistered: dict[bytes, bytes] = {}  # principal -> lineage, a pure function cached
-        self._past: dict[tuple[int, int], bytes] = {}  # (row, line) -> an earlier line's lineage
-
-    def rebuild(self, tables: Tables) -> None:
-        for prow, row in enumerate(tables.participants.tolist()):
-            if row[P.STATE]:
-                self.add(prow, join16(row[P.PRINCIPAL_HI], row[P.PRINCIPAL_LO]))
-        self.free = tables.unused_rows(tables.participants)
-
-    def add(self, prow: int, principal: bytes) -> None:
-        raw = ids.participant(self.incarnation, principal)
-        lineage = self._unregistered.pop(principal, None) or ids.lineage(self.incarnation, principal, self.nonce)
-        self.by_principal[principal] = prow
-        self.by_raw[raw] = prow
-        self.principal[prow] = principal
-        self.lineage[prow] = lineage
-        self.lineage_hex[prow] = lineage.hex()
-        self.raw[prow] = raw
-        self.public_id[prow] = participant_id(raw)
-
-    def load_lineages(self, lines: list[list[object]]) -> None:
-        """The lines of history a checkpoint saved ([first counter, nonce] each), before any row is added."""
-        for first, nonce in lines:
-            if not (isinstance(first, int) and isinstance(nonce, bytes) and len(nonce) == 16):
-                raise ValueError(f"state extent: lineage entry {[first, nonce]!r} is not [counter, 16 bytes]")
-            self.starts.append(first)
-            self.nonces.append(nonce)
-        self.nonce = self.nonces[-1] if self.nonces else None
-
-    def saved_lineages(self) -> list[list[object]]:
-        return [[first, nonce] for first, nonce in zip(self.starts, self.nonces)]
-
-    def start_lineage(self, first: int, nonce: bytes) -> None:
-        """A new line of history from admission counter `first` on: every participant's current
-        lineage changes (a mutation naming the old one answers 409 stale_lineage), while the IDs
-        made before keep theirs (`lineage_at`)."""
-        self.starts.append(first)
-        self.nonces.append(nonce)
-        self.nonce = nonce
-        self._unregistered.clear()
-        for prow, principal in enumerate(self.principal):
-            if not principal:
-                continue
-            lineage = ids.lineage(self.incarnation, principal, nonce)
-            self.lineage[prow] = lineage
-            self.lineage_hex[prow] = lineage.hex()
-
-    def nonce_at(self, counter: int) -> bytes | None:
-        """The nonce of the line of history admission counter `counter` belongs to."""
-        line = bisect.bisect_right(self.starts, counter)
-        return self.nonces[line - 1] if line else None
-
-    def lineage_at(self, prow: int, counter: int) -> bytes:
-        """The lineage participant `prow` had when admission counter `counter` was issued: the one
-        every ID that admission made (operation, space, conversation) carries."""
-        starts = self.starts
-        if not starts or counter >= starts[-1]:
-            return self.lineage[prow]
-        line = bisect.bisect_right(starts, counter)
-        lineage = self._past.get((prow, line))
-        if lineage is None:
-            lineage = self._past[(prow, line)] = ids.lineage(self.incarnation, self.principal[prow],
-                                                             self.nonces[line - 1] if line else None)
-        return lineage
-
-    def lineages_at(self, prows: np.ndarray, counters: np.ndarray) -> np.ndarray:
-        """`lineage_at` of each (row, counter) pair, as rows of 16 bytes, for a whole table at boot:
-        the current lineages gathered by row (each participant's read once), and only the pairs
-        from an earlier line of history derived, once per participant and line."""
-        prows = np.asarray(prows, dtype=np.int64)
-        n = len(self.starts)
-        lines = np.searchsorted(self.starts, counters, side="right") if n else np.zeros(len(prows), dtype=np.int64)
-        present = np.zeros(len(self.lineage), dtype=bool)
-        present[prows] = True
-        rows = np.flatnonzero(present)
-        current = np.zeros((len(self.lineage), 16), dtype=np.uint8)
-        current[rows] = _packed_lineages([self.lineage[r] for r in rows.tolist()])
-        out = np.take(current.view(np.uint64), prows, axis=0).view(np.uint8)  # (a gather of 8-byte words)
-        past = np.flatnonzero(lines < n)  # (none without a line of history: every line is 0 = n)
-        if len(past):  # (row, line) as one int; a line's first counter is in it (line 0: before any)
-            keys = (prows[past] * (n + 1) + lines[past]).tolist()
-            known = {}
-            for key in set(keys):
-                prow, line = divmod(key, n + 1)
-                known[key] = self.lineage_at(prow, self.starts[line - 1] if line else -1)
-            out[past] = _packed_lineages(list(map(known.__getitem__, keys)))
-        return out
-
-    def lineage_of(self, principal: bytes) -> bytes:
-        """The lineage a principal registers (or registered) under."""
-        prow = self.by_principal.get(principal)
-        return self.lineage[prow] if prow is not None else self.unregistered_lineage(principal)
-
-    def unregistered_lineage(self, principal: bytes) -> bytes:
-        """The lineage a principal with no row yet registers under (cached until it registers)."""
-        lineage = self._unregistered.get(principal)
-        if lineage is None:
-            lineage = self._unregistered[principal] = ids.lineage(self.incarnation, principal, self.nonce)
-        return lineage
-
-
-def _packed_lineages(lineages: list[bytes]) -> np.ndarray:
-    """Lineages as rows of 16 bytes (ValueError: a row with none, which no live row has)."""
-    joined = b"".join(lineages)
-    if len(joined) != 16 * len(lineages):
-        raise ValueError("a lineage of a row with no participant was asked for")
-    return np.frombuffer(joined, dtype=np.uint8).reshape(-1, 16)
+__all__ = ["ParticipantIndex", "ReceiptIndex", "SpaceIndex", "MemberIndex", "ConversationIndex", "MediaSource",
+           "take_free"]
 
 
 def take_free(free: list[int], n: int) -> list[int]:
@@ -253,21 +118,17 @@ class ReceiptIndex(_Deferring):
     def __init__(self, capacity: int) -> None:
         super().__init__()
         # (participant row, sequence) -> receipt row
-        self.by_sequence: FixedMap[tuple[int, int]] = fixed_map(RECEIPT_MAPS["by_sequence"], capacity)
+        self.by_sequence: FixedMap[tuple[int, int]] = fixed_map(MAPS["receipts.by_sequence"][0], capacity)
         # operation key + participant row (ROW32) -> receipt row
-        self.by_key: FixedMap[bytes] = fixed_map(RECEIPT_MAPS["by_key"], capacity)
-        self.by_op: FixedMap[bytes] = fixed_map(RECEIPT_MAPS["by_op"], capacity)
+        self.by_key: FixedMap[bytes] = fixed_map(MAPS["receipts.by_key"][0], capacity)
+        self.by_op: FixedMap[bytes] = fixed_map(MAPS["receipts.by_op"][0], capacity)
         self.free: list[int] = []
         self.release_on_save: dict[int, list[int]] = {}  # transfer seq -> rows freed once it is saved
 
-    def rebuild(self, tables: Tables, built: dict[str, FixedMap] | None = None) -> None:
-        """`built`: the maps, built from these tables already (a boot's preload child built them
-        in shared memory: gpu_worker/recovery/preload.py)."""
-        if built is not None:
-            self.by_sequence, self.by_key, self.by_op = built["by_sequence"], built["by_key"], built["by_op"]
-        else:
-            index_receipts({"by_sequence": self.by_sequence, "by_key": self.by_key, "by_op": self.by_op},
-                           tables.array(tables.receipts))
+    def rebuild(self, tables: Tables, maps: dict[str, FixedMap]) -> None:
+        """From tables just loaded and their maps built (rowkeys.build_maps)."""
+        self.by_sequence, self.by_key, self.by_op = (maps["receipts.by_sequence"], maps["receipts.by_key"],
+                                                     maps["receipts.by_op"])
         self.free = tables.unused_rows(tables.receipts)
 
     def noted(self, rows: list[int]) -> None:
@@ -351,22 +212,19 @@ class SpaceIndex(_Deferring):
 
     def __init__(self, participants: ParticipantIndex, capacity: int) -> None:
         super().__init__()
-        self.by_id: FixedMap[tuple[bytes, bytes]] = fixed_map("b16b16", capacity)  # (owner lineage, id) -> space row
+        self.by_id: FixedMap[tuple[bytes, bytes]] = fixed_map(MAPS["spaces.by_id"][0], capacity)  # (owner lineage, id)
         self.free: list[int] = []
         self.tombstones: set[int] = set()  # deleted rows live receipts still name (kinds/deletions.py)
         self._participants = participants
 
-    def rebuild(self, tables: Tables) -> None:
-        values = tables.array(tables.spaces)
-        live = np.flatnonzero(values[:, S.STATE] == 1)  # not a deleted one's tombstone (kinds/deletions.py)
-        self._index(values, live, live)
+    def rebuild(self, tables: Tables, maps: dict[str, FixedMap]) -> None:
+        """From tables just loaded and their maps built (rowkeys.build_maps)."""
+        self.by_id = maps["spaces.by_id"]
         self.free = tables.unused_rows(tables.spaces)
-        self.tombstones = set(np.flatnonzero(values[:, S.STATE] == TOMBSTONE).tolist())
+        self.tombstones = set(np.flatnonzero(tables.array(tables.spaces)[:, S.STATE] == TOMBSTONE).tolist())
 
     def _index(self, values: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
-        lineages = self._participants.lineages_at(values[at, S.OWNER], values[at, S.CREATED])  # the one in its ID
-        self.by_id.put_packed(owned_ids(lineages, packed16(values, at, S.ID_HI)),
-                              np.ascontiguousarray(rows, dtype=np.int64))
+        put_owned(self.by_id, self._participants, "spaces", values, at, rows)
 
     def _index_row(self, values: list[int], row: int) -> None:
         lineage = self._participants.lineage_at(values[S.OWNER], values[S.CREATED])
@@ -419,20 +277,18 @@ class ConversationIndex:
 
     def __init__(self, capacity: int) -> None:
         # (creator lineage, id) -> conversation row
-        self.by_id: FixedMap[tuple[bytes, bytes]] = fixed_map("b16b16", capacity)
+        self.by_id: FixedMap[tuple[bytes, bytes]] = fixed_map(MAPS["conversations.by_id"][0], capacity)
         self.free: list[int] = []
         self.tombstones: set[int] = set()  # deleted rows live receipts still name (kinds/deletions.py)
         # by conversation row, its input receipt rows in admission order (None: none), a list of the
         # table's capacity so that an input costs no map insert
         self.inputs: list[list[int] | None] = [None] * capacity
 
-    def rebuild(self, tables: Tables, participants: ParticipantIndex, input_kind: int) -> None:
-        values = tables.array(tables.conversations)
-        live = np.flatnonzero(values[:, C.STATE] == 1)  # not a deleted one's tombstone (kinds/deletions.py)
-        lineages = participants.lineages_at(values[live, C.CREATOR], values[live, C.CREATED])  # the one in its ID
-        self.by_id.put_packed(owned_ids(lineages, packed16(values, live, C.ID_HI)), live.astype(np.int64))
+    def rebuild(self, tables: Tables, maps: dict[str, FixedMap], input_kind: int) -> None:
+        """From tables just loaded and their maps built (rowkeys.build_maps)."""
+        self.by_id = maps["conversations.by_id"]
         self.free = tables.unused_rows(tables.conversations)
-        self.tombstones = set(np.flatnonzero(values[:, C.STATE] == TOMBSTONE).tolist())
+        self.tombstones = set(np.flatnonzero(tables.array(tables.conversations)[:, C.STATE] == TOMBSTONE).tolist())
         receipts = tables.array(tables.receipts)
         inputs = np.flatnonzero((receipts[:, R.STATE] != 0) & (receipts[:, R.KIND] == input_kind))
         inputs = inputs[np.argsort(receipts[inputs, R.CREATED], kind="stable")]  # in admission order

@@ -17,7 +17,7 @@ import torch
 
 from .. import packing
 from ..columns import TOMBSTONE, C, M, P, R, S, table_shapes, width
-from ..rowkeys import packed16
+from ..rowkeys import join16, packed16, split16
 
 
 class Scope(IntEnum):
@@ -72,7 +72,6 @@ SOURCE_MASK, HELD, ALONE = 3, 4, 8
 
 
 assert sys.byteorder == "little"  # the tensors' int64s are written as little-endian bytes (put_struct)
-_HALVES = struct.Struct("<qq")
 _INT64S: dict[int, struct.Struct] = {}  # n -> struct of n native int64 (the tensors' own layout), for run writes
 
 
@@ -81,15 +80,6 @@ def _int64s(n: int) -> struct.Struct:
     if s is None:
         s = _INT64S[n] = struct.Struct(f"={n}q")
     return s
-
-
-def split16(b: bytes) -> tuple[int, int]:
-    """16 bytes -> two signed int64 halves (how identifiers live in int64 tensors)."""
-    return _HALVES.unpack(b)
-
-
-def join16(hi: int, lo: int) -> bytes:
-    return _HALVES.pack(hi, lo)
 
 
 def mark_folded(receipts: torch.Tensor | np.ndarray, generation: int, through_seq: int | None = None) -> None:

@@ -104,7 +104,7 @@ def test_boot_forks_the_child_filling_the_checkpoints_tables_before_any_thread_a
     """From a checkpoint, boot's early read (recovery/reading.py) forks the child that fills the
     tables (recovery/preload.py) before torch is imported and while it is still the process's only
     thread (`preload.start` forks none beside another thread, the journal reader's included); the
-    child's tables hold the checkpoint's rows, its receipts' maps every live receipt."""
+    child's tables hold the checkpoint's rows, its maps every live receipt."""
     from tests.gpu_worker.kinds.test_shared_state import World
     runtime = tmp_path / "r.aotxccir"
     pack_tiny(str(runtime), shared=True)
@@ -117,7 +117,7 @@ def test_boot_forks_the_child_filling_the_checkpoints_tables_before_any_thread_a
             "from gpu_worker.recovery.reading import start\n"
             f"early = start(RuntimeFile.open({str(runtime)!r}, verify=False), {world.journal!r}, fill=True)\n"
             "tables, maps = early.tables.take()\n"
-            "print(int((tables['receipts'][:, 0] != 0).sum()), len(maps['by_op']),"
+            "print(int((tables['receipts'][:, 0] != 0).sum()), len(maps['receipts.by_op']),"
             " int((tables['spaces'][:, 0] == 1).sum()), 'torch' in sys.modules, flush=True)\n"
             "early.close()\n")
     out = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

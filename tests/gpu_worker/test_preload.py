@@ -1,4 +1,4 @@
-"""A boot's checkpoint tables filled (and the receipts' maps built) by a child process while
+"""A boot's checkpoint tables filled (and their maps of IDs to rows built) by a child process while
 the boot imports torch (gpu_worker/recovery/preload.py): the device that takes them has exactly the
 state a device that filled its own has, every table, index and free list; a child that fails, or runs past its bound
 (killed), leaves the device filling them itself, to the same state; a process that already runs
@@ -54,11 +54,14 @@ def test_the_tables_a_child_filled_load_to_exactly_the_state_the_device_kept(wor
     [filled] = filling
     assert filled is not None  # (the child's, taken as the device's tables and receipts' maps: no copy)
     assert np.shares_memory(world.device.state.tables.receipts.numpy(), filled.tables["receipts"])
-    receipts = world.device.state.receipts
-    assert [receipts.by_sequence, receipts.by_key, receipts.by_op] == list(filled.receipts.values())
-    assert all(made is taken for made, taken in zip((receipts.by_sequence, receipts.by_key, receipts.by_op),
-                                                    filled.receipts.values()))
-    assert len(receipts.by_sequence) == int((filled.tables["receipts"][:, 0] != 0).sum()) > 0
+    state = world.device.state
+    indexes = {"receipts.by_sequence": state.receipts.by_sequence, "receipts.by_key": state.receipts.by_key,
+               "receipts.by_op": state.receipts.by_op, "spaces.by_id": state.spaces.by_id,
+               "conversations.by_id": state.conversations.by_id}
+    assert indexes.keys() == filled.maps.keys() and all(indexes[name] is filled.maps[name] for name in indexes)
+    assert len(state.receipts.by_sequence) == int((filled.tables["receipts"][:, 0] != 0).sum()) > 0
+    assert len(state.spaces.by_id) == int((filled.tables["spaces"][:, 0] == 1).sum()) > 0
+    assert len(state.conversations.by_id) == int((filled.tables["conversations"][:, 0] == 1).sum()) > 0
     assert_loaded_as(world, live)
     world.space("c")  # and it goes on from there
     assert world.device.state.tables.usage()["spaces"] == len(world.device.state.spaces.by_id)
@@ -93,10 +96,10 @@ def test_no_child_is_forked_beside_other_threads_nor_without_a_checkpoint():
     try:
         capacities = {"participants": 2, "spaces": 2, "members": 2, "conversations": 2, "receipts": 2,
                       "command_bytes": 8, "result_bytes": 8, "history_bytes": 8}
-        assert preload.start(capacities, {"tables": {}}) is None
+        assert preload.start(capacities, bytes(16), {"tables": {}}) is None
     finally:
         other.set()
         thread.join()
-    assert preload.start({}, None) is None
+    assert preload.start({}, bytes(16), None) is None
     assert set(table_shapes(capacities)) == {"participants", "spaces", "members", "conversations", "receipts",
                                              "receipt_digests", "command_bytes", "result_bytes", "history"}

@@ -14,7 +14,7 @@ from gpu_worker.contract.grantfile import Grants
 from gpu_worker.device import Device
 from gpu_worker.recovery import DeviceBootError
 from gpu_worker.pack import pack_tiny
-from gpu_worker.state import ids
+from gpu_worker import derived as ids
 from gpu_worker.storage import owner
 from gpu_worker.storage.journal import JournalCorrupt, list_segments, segment_name
 from gpu_worker.storage.runtime_file import RuntimeFile

@@ -7,7 +7,7 @@ import base64
 import collections
 import json
 
-from gpu_worker.state import ids as derived
+from gpu_worker import derived
 from tests.conftest import ALL
 from tests.gpu_worker.kinds.test_memory import rows, run, world  # noqa: F401 (the fixture)
 from tests.gpu_worker.kinds.test_memory_deletions import SECRET, forget, secret_turn, stored_bytes

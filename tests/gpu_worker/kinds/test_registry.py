@@ -12,7 +12,7 @@ from gpu_worker.device import Device
 from gpu_worker.kinds import registry
 from gpu_worker.kinds.kind import Kind, OperationKind
 from gpu_worker.contract.grantfile import Grants
-from gpu_worker.state import ids
+from gpu_worker import derived as ids
 from gpu_worker.storage.journal import JournalCorrupt, TransferKind
 from gpu_worker.storage.runtime_file import RuntimeFile
 from tests.conftest import ALL, write_grants
