@@ -103,3 +103,13 @@ def test_no_child_is_forked_beside_other_threads_nor_without_a_checkpoint():
     assert preload.start({}, bytes(16), None) is None
     assert set(table_shapes(capacities)) == {"participants", "spaces", "members", "conversations", "receipts",
                                              "receipt_digests", "command_bytes", "result_bytes", "history"}
+
+
+def test_the_child_keys_every_row_by_the_lineage_of_its_line_of_history(tmp_path, filling):
+    """A restore starts a second line of history: every participant's lineage changes while the IDs
+    made before keep the old one. The restore test's boots from its checkpoint of both lines, each
+    with the child deriving the lineages and building the spaces' and conversations' maps: the IDs
+    of both lines are found (a child that keyed them all by the current lineage loses the old ones)."""
+    from tests.gpu_worker import test_restart
+    test_restart.test_a_restore_gives_every_participant_a_new_lineage_and_keeps_every_saved_id(tmp_path)
+    assert sum(filled is not None for filled in filling) >= 2
