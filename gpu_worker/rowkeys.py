@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .columns import LIVE, C, R, S
+from .columns import LIVE, C, M, R, S
 
 if TYPE_CHECKING:
     from .participant_index import ParticipantIndex
@@ -22,7 +22,7 @@ _HALVES = struct.Struct("<qq")
 # each one's key layout (gpu_worker/native/fixedmap.cpp) and the table whose rows it indexes
 MAPS = {"receipts.by_sequence": ("ii", "receipts"), "receipts.by_key": ("b20", "receipts"),
         "receipts.by_op": ("b16", "receipts"), "spaces.by_id": ("b16b16", "spaces"),
-        "conversations.by_id": ("b16b16", "conversations")}
+        "members.rows": ("ii", "members"), "conversations.by_id": ("b16b16", "conversations")}
 
 
 def split16(b: bytes) -> tuple[int, int]:
@@ -91,7 +91,8 @@ def build_maps(maps: dict[str, Any], tables: dict[str, np.ndarray], participants
     """The rows of a table just loaded into the (empty) maps of IDs to rows (`MAPS`' names; the
     tables as numpy, by columns.table_shapes' names; `participants` rebuilt from them): every live
     receipt by sequence, by operation key and by operation ID, every live space and conversation
-    (not a deleted one's tombstone) by (lineage, id)."""
+    (not a deleted one's tombstone) by (lineage, id), every member row by (space row, participant
+    row)."""
     receipts = tables["receipts"]
     live = np.flatnonzero(receipts[:, R.STATE])
     rows = live.astype(np.int64)
@@ -102,3 +103,7 @@ def build_maps(maps: dict[str, Any], tables: dict[str, np.ndarray], participants
         values = tables[name]
         live = np.flatnonzero(values[:, state] == LIVE)  # (not a TOMBSTONE)
         put_owned(maps[f"{name}.by_id"], participants, name, values, live, live)
+    members = tables["members"]
+    live = np.flatnonzero(members[:, M.STATE])
+    keys = np.ascontiguousarray(members[live][:, [M.SPACE, M.PARTICIPANT]], dtype="<i8")  # FixedMap's "ii"
+    maps["members.rows"].put_packed(keys, live.astype(np.int64))

@@ -79,11 +79,11 @@ class DeviceState:
         maps = built
         if maps is None:
             maps = {name: fixed_map(layout, t.capacities[table]) for name, (layout, table) in MAPS.items()}
-            build_maps(maps, {name: t.array(getattr(t, name)) for name in ("receipts", "spaces", "conversations")},
-                       self.participants)
+            build_maps(maps, {name: t.array(getattr(t, name))
+                              for name in ("receipts", "spaces", "members", "conversations")}, self.participants)
         self.receipts.rebuild(t, maps)
         self.spaces.rebuild(t, maps)
-        self.members.rebuild(t)
+        self.members.rebuild(t, maps)
         self.conversations.rebuild(t, maps, input_kind)
         by_raw = self.participants.by_raw
         self.media = {sha: MediaSource(length, kind, {by_raw[p] for p in owners})

@@ -261,14 +261,12 @@ class MemberIndex:
     __slots__ = ("rows", "free")
 
     def __init__(self, capacity: int) -> None:
-        self.rows: FixedMap[tuple[int, int]] = fixed_map("ii", capacity)  # (space row, participant row) -> member row
+        self.rows: FixedMap[tuple[int, int]] = fixed_map(MAPS["members.rows"][0], capacity)  # (space row, participant row)
         self.free: list[int] = []
 
-    def rebuild(self, tables: Tables) -> None:
-        values = tables.array(tables.members)
-        live = np.flatnonzero(values[:, M.STATE])
-        keys = np.ascontiguousarray(values[live][:, [M.SPACE, M.PARTICIPANT]], dtype="<i8")  # FixedMap's "ii"
-        self.rows.put_packed(keys, live.astype(np.int64))
+    def rebuild(self, tables: Tables, maps: dict[str, FixedMap]) -> None:
+        """From tables just loaded and their maps built (rowkeys.build_maps)."""
+        self.rows = maps["members.rows"]
         self.free = tables.unused_rows(tables.members)
 
 

@@ -57,11 +57,12 @@ def test_the_tables_a_child_filled_load_to_exactly_the_state_the_device_kept(wor
     state = world.device.state
     indexes = {"receipts.by_sequence": state.receipts.by_sequence, "receipts.by_key": state.receipts.by_key,
                "receipts.by_op": state.receipts.by_op, "spaces.by_id": state.spaces.by_id,
-               "conversations.by_id": state.conversations.by_id}
+               "members.rows": state.members.rows, "conversations.by_id": state.conversations.by_id}
     assert indexes.keys() == filled.maps.keys() and all(indexes[name] is filled.maps[name] for name in indexes)
     assert len(state.receipts.by_sequence) == int((filled.tables["receipts"][:, 0] != 0).sum()) > 0
     assert len(state.spaces.by_id) == int((filled.tables["spaces"][:, 0] == 1).sum()) > 0
     assert len(state.conversations.by_id) == int((filled.tables["conversations"][:, 0] == 1).sum()) > 0
+    assert len(state.members.rows) == int((filled.tables["members"][:, 0] != 0).sum()) > 0
     assert_loaded_as(world, live)
     world.space("c")  # and it goes on from there
     assert world.device.state.tables.usage()["spaces"] == len(world.device.state.spaces.by_id)
