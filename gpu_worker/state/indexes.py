@@ -17,7 +17,7 @@ import numpy as np
 from ..fixedmap import FixedMap, fixed_map
 from ..participant_index import ParticipantIndex
 from ..rowkeys import MAPS, ROW32, keyed, packed16, put_owned, sequence_keys
-from .tables import TOMBSTONE, C, M, R, S, Tables, join16
+from .tables import TOMBSTONE, C, R, S, Tables, join16
 
 __all__ = ["ParticipantIndex", "ReceiptIndex", "SpaceIndex", "MemberIndex", "ConversationIndex", "MediaSource",
            "take_free"]
