@@ -48,6 +48,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import msgpack
+import numpy as np
 
 from ..contract import structured
 from ..contract.ids import participant_id
@@ -407,8 +408,9 @@ def unfinished_inputs(d: Tables) -> list[int]:
     """Inputs with a saved admission and no saved terminal, by conversation row, each conversation's
     in admission order."""
     t = d.state.tables
-    return [rrow for rrows in d.state.conversations.inputs if rrows for rrow in rrows
-            if t.value(t.receipts, rrow, R.TERMINAL) == Terminal.NONE]
+    rows = [rrow for rrows in d.state.conversations.inputs if rrows for rrow in rrows]
+    terminals = t.take(t.receipts, np.array(rows, dtype=np.int64))[:, R.TERMINAL].tolist()  # (one read of them all)
+    return [rrow for rrow, terminal in zip(rows, terminals) if terminal == Terminal.NONE]
 
 
 def interrupt_unfinished(d: Context) -> None:

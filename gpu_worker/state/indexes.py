@@ -289,9 +289,13 @@ class ConversationIndex:
         self.tombstones = set(np.flatnonzero(tables.array(tables.conversations)[:, C.STATE] == TOMBSTONE).tolist())
         receipts = tables.array(tables.receipts)
         inputs = np.flatnonzero((receipts[:, R.STATE] != 0) & (receipts[:, R.KIND] == input_kind))
-        inputs = inputs[np.argsort(receipts[inputs, R.CREATED], kind="stable")]  # in admission order
-        for rrow, crow in zip(inputs.tolist(), receipts[inputs, R.TARGET].tolist()):
-            self.add_input(crow, rrow)
+        crows = receipts[inputs, R.TARGET]
+        order = np.lexsort((receipts[inputs, R.CREATED], crows))  # by conversation, each in admission order
+        inputs, crows = inputs[order], crows[order]
+        firsts = np.flatnonzero(np.diff(crows, prepend=-1))  # where each conversation's inputs begin
+        rows, bounds = inputs.tolist(), firsts.tolist() + [len(inputs)]
+        for crow, first, end in zip(crows[firsts].tolist(), bounds, bounds[1:]):
+            self.inputs[crow] = rows[first:end]
 
     def inputs_of(self, crow: int) -> Sequence[int]:
         """A conversation's input receipt rows, in admission order (not to be changed through)."""

@@ -17,7 +17,7 @@ import torch
 
 from .. import packing
 from ..columns import TOMBSTONE, C, M, P, R, S, table_shapes, width
-from ..rowkeys import join16, packed16, split16
+from ..rowkeys import free_rows, join16, packed16, split16
 
 
 class Scope(IntEnum):
@@ -326,6 +326,8 @@ class Tables:
         the table was just made (all zero): every row, without reading a column of it."""
         if fresh:
             return list(range(len(table) - 1, -1, -1))
+        if table.device.type == "cpu":
+            return free_rows(table.numpy())
         return torch.nonzero(table[:, 0] == 0).flatten().flip(0).tolist()
 
     def usage(self) -> dict[str, int]:
