@@ -200,15 +200,17 @@ def main(argv):
             # device's code, next): the reader checks and decodes the journal on another CPU
             # meanwhile, beside the runtime file's verification, and a child process fills the
             # checkpoint's tables (recovery/reading.py, preload.py); the child is forked before
-            # this process starts any thread, the verification's included
+            # this process starts any thread, the verification's included. The child and the
+            # verification run at the background threads' nice value: the imports, which the
+            # load waits for first, keep their CPU when the machine has few
             from .reading import start
             try:
-                early = start(runtime, args.journal, fill=_tables_on_the_cpu(args.device))
+                early = start(runtime, args.journal, fill=_tables_on_the_cpu(args.device), nice=args.background_nice)
             except BaseException:
                 runtime.start_verify()
                 runtime.verified()  # (a file that fails its check explains a state it cannot read: that first)
                 raise
-            runtime.start_verify()
+            runtime.start_verify(args.background_nice)
             from ..device import Device
             device = Device(runtime, args.journal, grants, device=_device_name(args.device), takeover=args.takeover,
                             leadership=leadership, early=early)

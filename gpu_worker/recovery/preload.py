@@ -92,12 +92,15 @@ class Preload:
             os.waitpid(pid, 0)
 
 
-def start(capacities: dict[str, int], incarnation: bytes, saved: dict[str, Any] | None) -> Preload | None:
+def start(capacities: dict[str, int], incarnation: bytes, saved: dict[str, Any] | None,
+          nice: int = 0) -> Preload | None:
     """Fork a child that fills the tables of a checkpoint's state (`saved`, decoded; of the runtime
     file of that incarnation) into shared memory and builds the maps of IDs to rows of them; None (nothing started) without a checkpoint, or
     when this process already runs other Python threads (a fork copies only the calling one, and a
     lock another held would stay held in the child: boot calls this before it starts any). The threads native libraries start as they
-    load are there already (numpy's BLAS pool): the child calls nothing of theirs."""
+    load are there already (numpy's BLAS pool): the child calls nothing of theirs. The child runs
+    at nice value `nice` (boot's background one): the parent's imports, which it waits for first,
+    keep their CPU; the child takes what they leave, and the parent's wait for it."""
     if saved is None or threading.active_count() > 1:
         return None
     native.load("jcodec")  # (imported here: the child imports nothing)
@@ -114,6 +117,7 @@ def start(capacities: dict[str, int], incarnation: bytes, saved: dict[str, Any] 
         code = 1
         try:
             os.close(ended)
+            os.nice(max(nice - os.nice(0), 0))  # (raised only: an unprivileged process may not lower it)
             fill_tables(saved, tables)
             participants = ParticipantIndex(incarnation, capacities["participants"])
             participants.load_lineages(saved.get("lineages", []))  # (as load_saved: before any lineage is derived)

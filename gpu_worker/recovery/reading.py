@@ -36,14 +36,14 @@ class EarlyRead(NamedTuple):
         self.lock.release()
 
 
-def read_saved(runtime: RuntimeFile, journal_dir: str, fs: FileLayer | None = None,
-               fill: bool = False) -> tuple[dict[str, Any] | None, ReadAhead, preload.Preload | None]:
+def read_saved(runtime: RuntimeFile, journal_dir: str, fs: FileLayer | None = None, fill: bool = False,
+               nice: int = 0) -> tuple[dict[str, Any] | None, ReadAhead, preload.Preload | None]:
     """The runtime file's decoded state extent (None: no checkpoint yet), the journal's reading
     from where it ends, started, and with `fill` its tables being filled by a child
-    (`preload.start`, forked before the reader's thread starts): what every load of the state
-    begins with (a boot's here, before torch; a rebuild's in Replay.load)."""
+    (`preload.start`, forked before the reader's thread starts, at nice value `nice`): what every
+    load of the state begins with (a boot's here, before torch; a rebuild's in Replay.load)."""
     saved = decode_state(runtime.bytes(STATE)) if runtime.has(STATE) else None
-    tables = preload.start(runtime.capacities, runtime.incarnation, saved) if fill else None
+    tables = preload.start(runtime.capacities, runtime.incarnation, saved, nice) if fill else None
     try:
         after_seq, start_digest = fold_point(saved)
         reading = ReadAhead(journal_dir, fs or OsFileLayer(), runtime.incarnation, start_digest=start_digest,
@@ -55,14 +55,15 @@ def read_saved(runtime: RuntimeFile, journal_dir: str, fs: FileLayer | None = No
     return saved, reading, tables
 
 
-def start(runtime: RuntimeFile, journal_dir: str, fs: FileLayer | None = None, fill: bool = False) -> EarlyRead:
+def start(runtime: RuntimeFile, journal_dir: str, fs: FileLayer | None = None, fill: bool = False,
+          nice: int = 0) -> EarlyRead:
     """Lock the journal (JournalLocked: another device holds it), clear what an unfinished fold
     left, then `read_saved` (`fill`: a boot on the CPU, which has started no thread yet). The
     reading begins only with the lock held: no other device appends while it reads."""
     lock = JournalLock(journal_dir)
     try:
         fold.clear(journal_dir)  # (the links of a fold a stop cut short: gpu_worker/recovery/fold.py)
-        saved, reading, tables = read_saved(runtime, journal_dir, fs, fill)
+        saved, reading, tables = read_saved(runtime, journal_dir, fs, fill, nice)
     except BaseException:
         lock.release()
         raise

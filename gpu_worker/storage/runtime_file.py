@@ -23,6 +23,8 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..loop.threads import enter_background
+
 if TYPE_CHECKING:
     import torch
 
@@ -209,13 +211,16 @@ class RuntimeFile:
             runtime.verify()
         return runtime
 
-    def start_verify(self) -> None:
+    def start_verify(self, nice: int = 0) -> None:
         """`verify` of what a serving device reads (every extent but the audit's: `served=True`), on
         a thread of its own (sha256 runs without the GIL) while the caller goes on: boot loads the
-        state beside it, and asks `verified` before it writes or serves anything."""
+        state beside it, and asks `verified` before it writes or serves anything. `nice`: the
+        thread's nice value (boot's --background-nice: on a machine of few cores it yields to the
+        imports boot waits for first, and takes the CPU they leave)."""
         answer: list[BaseException | None] = []
 
         def check() -> None:
+            enter_background("runtime-verify", nice)
             try:
                 self.verify(served=True)
                 answer.append(None)

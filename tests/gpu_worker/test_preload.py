@@ -90,6 +90,29 @@ def test_a_child_past_its_bound_is_killed_and_the_device_fills_its_tables_itself
     assert_loaded_as(world, live)
 
 
+def test_the_child_runs_at_the_background_nice_value(world, monkeypatch):
+    """preload.start(..., nice): the child fills at that nice value (boot's background one: the
+    parent's imports keep their CPU), the parent's stays as it was."""
+    import os
+    checkpointed(world)
+    world.device.close()
+    monkeypatch.setattr(preload.threading, "active_count", lambda: 1)
+    real = preload.fill_tables
+
+    def fill(saved, tables):
+        tables["participants"][-1, 0] = os.nice(0)  # (a free row's first column: the parent reads it back)
+        return real(saved, tables)
+    monkeypatch.setattr(preload, "fill_tables", fill)
+    mine = os.nice(0)
+    early = reading.start(world.device.runtime, world.journal, fill=True, nice=min(mine + 5, 19))
+    try:
+        filled = early.tables.take()
+        assert filled is not None and int(filled.tables["participants"][-1, 0]) == min(mine + 5, 19)
+    finally:
+        early.close()
+    assert os.nice(0) == mine
+
+
 def test_no_child_is_forked_beside_other_threads_nor_without_a_checkpoint():
     other = threading.Event()
     thread = threading.Thread(target=other.wait)

@@ -241,6 +241,25 @@ def test_a_serving_check_leaves_the_audit_extents_to_their_readers(path):
             runtime.verified()
 
 
+def test_a_boots_check_runs_at_the_background_nice_value(path, monkeypatch):
+    """start_verify(nice): the check's thread runs at that nice value (boot's background one), so
+    the imports the load waits for first keep their CPU; the calling thread's stays as it was."""
+    import os
+    import threading
+    seen = []
+    real = RuntimeFile.verify
+
+    def verify(self, served=False):
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return real(self, served)
+    monkeypatch.setattr(RuntimeFile, "verify", verify)
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    with RuntimeFile.open(path, verify=False) as runtime:
+        runtime.start_verify(min(mine + 7, 19))
+        runtime.verified()
+    assert seen == [min(mine + 7, 19)] and os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+
+
 def test_an_older_reader_refuses_a_required_shared_file(path):
     with RuntimeFile.open(path, known_required=FEATURE_BASE) as runtime:
         assert runtime.required_features == FEATURE_BASE
