@@ -87,7 +87,7 @@ class Replay:
         saved, reading, preloading = (early.saved, early.reading, early.tables) if early else \
             read_saved(d.runtime, d.journal_dir, d.fs)
         try:
-            # the checkpoint's tables a child filled while boot imported torch (recovery/preload.py)
+            # the tables (and maps) a child filled, or backed, while boot imported torch (recovery/preload.py)
             filled = preloading.take() if preloading is not None and d.table_device == "cpu" else None
             return self._replay_after(reading, saved, filled)
         finally:

@@ -73,6 +73,8 @@ class DeviceState:
                                  (self.spaces, t.spaces), (self.members, t.members),
                                  (self.conversations, t.conversations)):
                 index.free = t.unused_rows(table, fresh=True)
+            if built is not None:  # (empty maps whose pages are backed already)
+                self._adopt(built)
             self.media = {}
             return
         self.participants.rebuild(t.array(t.participants))
@@ -81,13 +83,22 @@ class DeviceState:
             maps = {name: fixed_map(layout, t.capacities[table]) for name, (layout, table) in MAPS.items()}
             build_maps(maps, {name: t.array(getattr(t, name))
                               for name in ("receipts", "spaces", "members", "conversations")}, self.participants)
-        self.receipts.rebuild(t, maps)
-        self.spaces.rebuild(t, maps)
-        self.members.rebuild(t, maps)
-        self.conversations.rebuild(t, maps, input_kind)
+        self._adopt(maps)
+        self.receipts.rebuild(t)
+        self.spaces.rebuild(t)
+        self.members.rebuild(t)
+        self.conversations.rebuild(t, input_kind)
         by_raw = self.participants.by_raw
         self.media = {sha: MediaSource(length, kind, {by_raw[p] for p in owners})
                       for sha, (length, kind, owners) in (media or {}).items()}
+
+    def _adopt(self, maps: dict[str, FixedMap[Any]]) -> None:
+        """The indexes' maps of IDs to rows (rowkeys.MAPS' names) from `maps`."""
+        receipts = self.receipts
+        receipts.by_sequence, receipts.by_key, receipts.by_op = (maps["receipts.by_sequence"], maps["receipts.by_key"],
+                                                                 maps["receipts.by_op"])
+        self.spaces.by_id, self.members.rows = maps["spaces.by_id"], maps["members.rows"]
+        self.conversations.by_id = maps["conversations.by_id"]
 
     def live_sequences(self, prow: int) -> range:
         """The sequences of a participant's live receipts, ascending: every sequence from the retry

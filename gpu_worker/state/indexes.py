@@ -125,10 +125,8 @@ class ReceiptIndex(_Deferring):
         self.free: list[int] = []
         self.release_on_save: dict[int, list[int]] = {}  # transfer seq -> rows freed once it is saved
 
-    def rebuild(self, tables: Tables, maps: dict[str, FixedMap]) -> None:
-        """From tables just loaded and their maps built (rowkeys.build_maps)."""
-        self.by_sequence, self.by_key, self.by_op = (maps["receipts.by_sequence"], maps["receipts.by_key"],
-                                                     maps["receipts.by_op"])
+    def rebuild(self, tables: Tables) -> None:
+        """From tables just loaded (the maps: DeviceState.rebuild_indexes)."""
         self.free = tables.unused_rows(tables.receipts)
 
     def noted(self, rows: list[int]) -> None:
@@ -217,9 +215,8 @@ class SpaceIndex(_Deferring):
         self.tombstones: set[int] = set()  # deleted rows live receipts still name (kinds/deletions.py)
         self._participants = participants
 
-    def rebuild(self, tables: Tables, maps: dict[str, FixedMap]) -> None:
-        """From tables just loaded and their maps built (rowkeys.build_maps)."""
-        self.by_id = maps["spaces.by_id"]
+    def rebuild(self, tables: Tables) -> None:
+        """From tables just loaded (the map: DeviceState.rebuild_indexes)."""
         self.free = tables.unused_rows(tables.spaces)
         self.tombstones = set(np.flatnonzero(tables.array(tables.spaces)[:, S.STATE] == TOMBSTONE).tolist())
 
@@ -264,9 +261,8 @@ class MemberIndex:
         self.rows: FixedMap[tuple[int, int]] = fixed_map(MAPS["members.rows"][0], capacity)  # (space row, participant row)
         self.free: list[int] = []
 
-    def rebuild(self, tables: Tables, maps: dict[str, FixedMap]) -> None:
-        """From tables just loaded and their maps built (rowkeys.build_maps)."""
-        self.rows = maps["members.rows"]
+    def rebuild(self, tables: Tables) -> None:
+        """From tables just loaded (the map: DeviceState.rebuild_indexes)."""
         self.free = tables.unused_rows(tables.members)
 
 
@@ -282,9 +278,8 @@ class ConversationIndex:
         # table's capacity so that an input costs no map insert
         self.inputs: list[list[int] | None] = [None] * capacity
 
-    def rebuild(self, tables: Tables, maps: dict[str, FixedMap], input_kind: int) -> None:
-        """From tables just loaded and their maps built (rowkeys.build_maps)."""
-        self.by_id = maps["conversations.by_id"]
+    def rebuild(self, tables: Tables, input_kind: int) -> None:
+        """From tables just loaded (the map: DeviceState.rebuild_indexes)."""
         self.free = tables.unused_rows(tables.conversations)
         self.tombstones = set(np.flatnonzero(tables.array(tables.conversations)[:, C.STATE] == TOMBSTONE).tolist())
         receipts = tables.array(tables.receipts)

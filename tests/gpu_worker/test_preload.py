@@ -1,7 +1,8 @@
 """A boot's checkpoint tables filled (and their maps of IDs to rows built) by a child process while
 the boot imports torch (gpu_worker/recovery/preload.py): the device that takes them has exactly the
-state a device that filled its own has, every table, index and free list; a child that fails, or runs past its bound
-(killed), leaves the device filling them itself, to the same state; a process that already runs
+state a device that filled its own has, every table, index and free list; a child that fails, or
+runs past its bound (killed), leaves the device filling them itself, to the same state; without a
+checkpoint the child backs the empty tables and maps the replay fills; a process that already runs
 other threads forks no child."""
 import functools
 import threading
@@ -11,7 +12,7 @@ import pytest
 
 from gpu_worker.columns import table_shapes
 from gpu_worker.recovery import preload, reading
-from tests.gpu_worker.kinds.test_mixed_replay import mixed_journal, saved, snapshot, world  # noqa: F401
+from tests.gpu_worker.kinds.test_mixed_replay import assert_same, mixed_journal, saved, snapshot, world  # noqa: F401
 
 
 @pytest.fixture
@@ -113,7 +114,25 @@ def test_the_child_runs_at_the_background_nice_value(world, monkeypatch):
     assert os.nice(0) == mine
 
 
-def test_no_child_is_forked_beside_other_threads_nor_without_a_checkpoint():
+def test_without_a_checkpoint_the_child_backs_the_empty_tables_and_maps_the_replay_fills(world, filling):
+    """A journal with no checkpoint: the child backs every page of the empty tables and maps
+    (MADV_POPULATE_WRITE), the device replays the whole journal into them (the child's memory, no
+    torch.zeros) to exactly the state the live device had."""
+    mixed_journal(world)
+    world.pump(lambda: not world.device.executions.live and world.device.committer.all_saved)
+    live = snapshot(world.device)
+    world.boot()
+    [filled] = filling
+    assert filled is not None
+    state = world.device.state
+    assert np.shares_memory(state.tables.receipts.numpy(), filled.tables["receipts"])
+    assert state.receipts.by_op is filled.maps["receipts.by_op"] and len(state.receipts.by_op) > 0
+    assert state.spaces.by_id is filled.maps["spaces.by_id"] and len(state.spaces.by_id) > 0
+    world.attach()
+    assert_same(live, snapshot(world.device))
+
+
+def test_no_child_is_forked_beside_other_threads():
     other = threading.Event()
     thread = threading.Thread(target=other.wait)
     thread.start()
@@ -121,10 +140,10 @@ def test_no_child_is_forked_beside_other_threads_nor_without_a_checkpoint():
         capacities = {"participants": 2, "spaces": 2, "members": 2, "conversations": 2, "receipts": 2,
                       "command_bytes": 8, "result_bytes": 8, "history_bytes": 8}
         assert preload.start(capacities, bytes(16), {"tables": {}}) is None
+        assert preload.start(capacities, bytes(16), None) is None
     finally:
         other.set()
         thread.join()
-    assert preload.start({}, bytes(16), None) is None
     assert set(table_shapes(capacities)) == {"participants", "spaces", "members", "conversations", "receipts",
                                              "receipt_digests", "command_bytes", "result_bytes", "history"}
 
