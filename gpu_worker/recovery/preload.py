@@ -39,8 +39,8 @@ from ..rowkeys import MAPS, build_maps
 from ..storage.state_extent import fill_tables
 
 log = logging.getLogger("gpu_worker.device")
-# how long a device waits for the child once it needs the tables: far past what filling them takes
-# (about 0.5 s at 1M receipts); past it the child is killed and the device loads them itself
+# how long a device waits for the child once it needs the tables: far past what filling and indexing
+# them takes (about 1 s at 1M receipts); past it the child is killed and the device loads them itself
 PRELOAD_SECONDS = 300.0
 # madvise(2)'s MADV_POPULATE_WRITE (Linux 5.14; Python 3.11's mmap does not name it): back a mapping's
 # pages now, in one call, as its writes would one fault at a time
@@ -146,7 +146,8 @@ def start(capacities: dict[str, int], incarnation: bytes, saved: dict[str, Any] 
             os.nice(max(nice - os.nice(0), 0))  # (raised only: an unprivileged process may not lower it)
             if saved is None:
                 for memory in memories:
-                    populate(memory)
+                    if not populate(memory):  # (an older kernel: a write to each page backs it)
+                        np.frombuffer(memory, dtype=np.uint8)[::mmap.PAGESIZE] = 0
             else:
                 fill_tables(saved, tables)
                 participants = ParticipantIndex(incarnation, capacities["participants"])

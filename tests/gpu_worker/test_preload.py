@@ -156,3 +156,16 @@ def test_the_child_keys_every_row_by_the_lineage_of_its_line_of_history(tmp_path
     from tests.gpu_worker import test_restart
     test_restart.test_a_restore_gives_every_participant_a_new_lineage_and_keeps_every_saved_id(tmp_path)
     assert sum(filled is not None for filled in filling) >= 2
+
+
+def test_without_populate_the_child_backs_the_pages_by_writing_them(world, filling, monkeypatch):
+    """On a kernel with no MADV_POPULATE_WRITE the child writes one byte of each page instead (and
+    the device maps them as it touches them): the same replayed state."""
+    mixed_journal(world)
+    world.pump(lambda: not world.device.executions.live and world.device.committer.all_saved)
+    live = snapshot(world.device)
+    monkeypatch.setattr(preload, "populate", lambda memory: False)
+    world.boot()
+    assert filling[0] is not None
+    world.attach()
+    assert_same(live, snapshot(world.device))
