@@ -8,7 +8,6 @@ device is tracked by the cyclic GC (docs/architecture.md, "The device's memory")
 from __future__ import annotations
 
 import abc
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
