@@ -15,9 +15,9 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from types import ModuleType
 from typing import Any
 
+import llguidance
 import rfc8785
 
 from .errors import ServiceError
@@ -83,17 +83,9 @@ def digest(response_format: dict[str, Any]) -> str:
     return hashlib.sha256(rfc8785.dumps(response_format)).hexdigest()
 
 
-def llguidance() -> ModuleType:
-    """The llguidance module, imported on first use: a cold boot spent 0.05-0.09 s importing it before
-    it was ready, where nothing needs it; the device's engine thread imports it as it starts
-    (loop/runner.py), so that an input's first schema check on the tick thread finds it loaded."""
-    import llguidance as module
-    return module
-
-
 def grammar_text(schema: dict[str, Any]) -> str:
     """llguidance's grammar of a JSON schema."""
-    return llguidance().LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS)
+    return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS)  # type: ignore[arg-type]
 
 
 def check_enforceable(schema: dict[str, Any], field: str, code: str) -> None:
@@ -104,7 +96,7 @@ def check_enforceable(schema: dict[str, Any], field: str, code: str) -> None:
         if key in _checked:
             _checked.move_to_end(key)
             return
-    is_error, messages = llguidance().LLMatcher.validate_grammar_with_warnings(grammar_text(schema), None)
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar_text(schema), None)
     if is_error or messages:
         raise ServiceError(400, code, f"{field} cannot be enforced: {'; '.join(messages) or 'invalid'}")
     with _lock:

@@ -19,15 +19,13 @@ import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import llguidance
 import numpy as np
 import torch
 
-from ..contract.structured import JSON_OPTIONS, grammar_text, llguidance
-
-if TYPE_CHECKING:
-    import llguidance as llg
+from ..contract.structured import JSON_OPTIONS, grammar_text
 from ..contract.tool_calls import CALL_CLOSE, CALL_OPEN  # the format gateway and device share
 
 CACHED_GRAMMARS = 256  # compiled grammars kept by digest (least recently used goes first)
@@ -41,9 +39,9 @@ class GrammarError(ValueError):
 class Grammar:
     """A compiled, validated grammar: `matcher()` gives a fresh matcher at its start."""
     digest: str  # sha256 hex of the grammar's text
-    template: llg.LLMatcher
+    template: llguidance.LLMatcher
 
-    def matcher(self) -> llg.LLMatcher:
+    def matcher(self) -> llguidance.LLMatcher:
         return self.template.deep_copy()
 
 
@@ -86,15 +84,15 @@ def tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, str], para
 class Grammars:
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_id: int | None):
         self._tokenizer_json, self.vocab_size, self._eos = tokenizer_json, vocab_size, eos_token_id
-        self._tokenizer: llg.LLTokenizer | None = None
+        self._tokenizer: llguidance.LLTokenizer | None = None
         self._compiled: OrderedDict[str, Grammar] = OrderedDict()
         self._lock = threading.Lock()  # helper threads compile concurrently
 
     @property
-    def tokenizer(self) -> llg.LLTokenizer:
+    def tokenizer(self) -> llguidance.LLTokenizer:
         with self._lock:
             if self._tokenizer is None:  # costly (it walks the whole vocabulary): on first use
-                self._tokenizer = llguidance().LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
+                self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
                                                          eos_token=self._eos)
             return self._tokenizer
 
@@ -109,10 +107,10 @@ class Grammars:
                 self._compiled.move_to_end(digest)
                 return found
         tokenizer = self.tokenizer
-        is_error, messages = llguidance().LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
         if is_error or messages:
             raise GrammarError("; ".join(messages) or "the grammar is not valid")
-        template = llguidance().LLMatcher(tokenizer, grammar, log_level=0)
+        template = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if template.is_error():
             raise GrammarError(template.get_error())
         compiled = Grammar(digest, template)
@@ -123,7 +121,7 @@ class Grammars:
         return compiled
 
 
-def fill_masks(matchers: list[llg.LLMatcher], words: int) -> torch.Tensor:
+def fill_masks(matchers: list[llguidance.LLMatcher], words: int) -> torch.Tensor:
     """Each matcher's allowed next tokens as bits (int32 `[n, words]`, on the CPU, least
     significant bit first). llguidance lets go of the GIL while it computes."""
     out = torch.empty(len(matchers), words, dtype=torch.int32)

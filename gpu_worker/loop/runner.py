@@ -14,7 +14,6 @@ import queue
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..contract.structured import llguidance
 from ..engine.scheduler import EngineRefusal
 from .threads import DEFAULT_NICE, enter_background
 
@@ -65,7 +64,6 @@ class Runner:
 
     def _run(self) -> None:
         enter_background("aotx-engine", self.nice)
-        llguidance()  # (imported here, off the tick thread and after boot: contract/structured.py)
         try:
             while True:
                 events: list[Event] = []

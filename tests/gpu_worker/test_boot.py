@@ -125,20 +125,6 @@ def test_boot_forks_the_child_filling_the_checkpoints_tables_before_any_thread_a
     assert out.stdout.split() == [str(live), str(live), str(len(spaces)), "False"], out.stdout
 
 
-def test_a_boot_imports_no_llguidance_before_it_is_ready():
-    """llguidance (0.05-0.09 s of a cold boot's imports) is imported on first use, by the engine's
-    thread as it starts (loop/runner.py), not by any module a boot imports before "device ready"."""
-    code = ("import sys\nimport gpu_worker.recovery.boot, gpu_worker.recovery.reading, gpu_worker.device, "
-            "gpu_worker.engine.engine, gpu_worker.loop.server, gpu_worker.loop.runner\n"
-            "before = 'llguidance' in sys.modules\n"
-            "from gpu_worker.contract.structured import grammar_text\n"
-            "grammar_text({'type': 'object'})\n"
-            "print(before, 'llguidance' in sys.modules)\n")
-    out = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", "True"], out.stdout
-
-
 def test_boot_refuses_a_journal_another_device_holds_in_one_line(tmp_path):
     """The journal is locked before torch is imported (recovery/reading.py): a journal another
     device holds stops the boot there, with one line and exit 3, and its lock stays the holder's."""
