@@ -6,18 +6,16 @@ the device's path: it times, in fresh processes from a cold page cache, in turns
   every case but load);
 - load: a stand-in for a checkpoint's load without torch: the runtime file's state extent decoded,
   every table zeroed at its capacity and its saved rows put in as every load of the device puts
-  them (storage/state_extent.py `fill_tables`), then FixedMaps of the receipts' (participant,
-  sequence), operation keys and IDs and of the spaces' and conversations' IDs, with the layouts and sizes of the
-  device's indexes (state/indexes.py; the owners' lineages in the spaces' and conversations' keys
-  left zero);
+  them (storage/state_extent.py `fill_tables`), then the maps of IDs to rows as every load builds
+  them (rowkeys.py `build_maps`);
 - sequential: imports, then load, in one process (what a boot does today);
 - thread: load on a thread while the main thread imports;
 - fork: the process forks before it imports; the child loads while the parent imports, and the
   case ends when both are done (an upper bound: a device would need the child's tables and maps in
   memory it shares with the parent);
-- fork-tables: what a device's boot does (recovery/preload.py: the tables in shared anonymous
-  mappings, filled by a child forked before the imports), then the maps built by the parent from
-  them (docs/performance.md, "Replay").
+- fork-tables: what a device's boot does (recovery/preload.py: the tables and their maps in shared
+  anonymous mappings, filled by a child forked before the imports, at nice 0 here; docs/performance.md,
+  "Replay").
 
     .venv/bin/python bench/load_beside_imports.py --ccir F [--repeat 3] [--page-cache drop|fadvise|warm]
 
@@ -46,42 +44,24 @@ def imports():
 
 
 def saved_state(ccir):
-    """The runtime file's table capacities and its decoded state extent."""
+    """The runtime file's table capacities, incarnation and decoded state extent."""
     from gpu_worker.storage.runtime_file import RuntimeFile
     from gpu_worker.storage.state_extent import STATE, decode_state
     runtime = RuntimeFile.open(ccir, verify=False)
-    return runtime.capacities, decode_state(runtime.bytes(STATE))
+    return runtime.capacities, runtime.incarnation, decode_state(runtime.bytes(STATE))
 
 
-def index(caps, tables):
-    """FixedMaps of the tables' live rows, in the device's layouts and sizes (state/indexes.py; the
-    owners' lineages in the spaces' and conversations' keys left zero)."""
-    import numpy as np
-
-    from gpu_worker.columns import C, R, S
+def index(caps, tables, incarnation, saved):
+    """The maps of IDs to rows of the tables' live rows, as every load of the device builds them
+    (rowkeys.py `build_maps`, the participants' lineages derived as the device derives them)."""
     from gpu_worker.fixedmap import fixed_map
-    receipts = tables["receipts"]
-    n = caps["receipts"]
-    live = np.flatnonzero(receipts[:, R.STATE])
-    rows = np.ascontiguousarray(live, dtype=np.int64)
-    sequences = fixed_map("ii", n)
-    sequences.put_packed(np.ascontiguousarray(receipts[live][:, [R.PARTICIPANT, R.SEQUENCE]], dtype="<i8"), rows)
-    keys = np.empty((len(live), 20), dtype=np.uint8)  # the operation key, then the participant row in 4 bytes
-    keys[:, :16] = np.ascontiguousarray(receipts[live, R.KEY_HI:R.KEY_HI + 2], dtype="<i8").view(np.uint8)
-    keys[:, 16:] = np.asarray(receipts[live, R.PARTICIPANT], dtype="<u4").reshape(-1, 1).view(np.uint8)
-    by_key = fixed_map("b20", n)
-    by_key.put_packed(keys, rows)
-    by_op = fixed_map("b16", n)
-    by_op.put_packed(np.ascontiguousarray(receipts[live, R.OP_HI:R.OP_HI + 2], dtype="<i8"), rows)
-    maps = [sequences, by_key, by_op]
-    for name, hi in (("spaces", S.ID_HI), ("conversations", C.ID_HI)):
-        values = tables[name]
-        at = np.flatnonzero(values[:, 0] == 1)
-        ids = np.zeros((len(at), 4), dtype="<i8")  # (lineage, id): the lineage left zero
-        ids[:, 2:] = values[at, hi:hi + 2]
-        by_id = fixed_map("b16b16", caps[name])
-        by_id.put_packed(ids, at.astype(np.int64))
-        maps.append(by_id)
+    from gpu_worker.participant_index import ParticipantIndex
+    from gpu_worker.rowkeys import MAPS, build_maps
+    participants = ParticipantIndex(incarnation, caps["participants"])
+    participants.load_lineages(saved.get("lineages", []))
+    participants.rebuild(tables["participants"])
+    maps = {name: fixed_map(layout, caps[table]) for name, (layout, table) in MAPS.items()}
+    build_maps(maps, tables, participants)
     return maps
 
 
@@ -92,10 +72,10 @@ def load(ccir):
 
     from gpu_worker.columns import table_shapes
     from gpu_worker.storage.state_extent import fill_tables
-    caps, saved = saved_state(ccir)
+    caps, incarnation, saved = saved_state(ccir)
     tables = {name: np.zeros(shape, dtype=dtype) for name, (shape, dtype) in table_shapes(caps).items()}
     fill_tables(saved, tables)
-    return tables, index(caps, tables)
+    return tables, index(caps, tables, incarnation, saved)
 
 
 def _in_child(work):
@@ -118,10 +98,10 @@ def run_case(case, ccir):
     # (the forks before any thread starts: the child has only this one)
     if case == "fork":
         child = _in_child(lambda: load(ccir))
-    elif case == "fork-tables":  # as a device's boot does it (recovery/preload.py), then its maps
+    elif case == "fork-tables":  # as a device's boot does it (recovery/preload.py): tables and maps
         from gpu_worker.recovery import preload
-        caps, saved = saved_state(ccir)
-        started = preload.start(caps, saved)
+        caps, incarnation, saved = saved_state(ccir)
+        started = preload.start(caps, incarnation, saved)
         assert started is not None
     if case != "load":
         checked.start_verify()  # as boot checks the file beside its imports (recovery/boot.py)
@@ -144,10 +124,8 @@ def run_case(case, ccir):
             raise SystemExit(f"the loading child ended with status {status}")
     else:
         imports()
-        shared = started.take()
-        if shared is None:
+        if started.take() is None:
             raise SystemExit("the child filling the tables failed")
-        index(caps, shared)
     checked.verified()
     print("done", flush=True)
 
