@@ -94,7 +94,7 @@ def _in_child(work):
 def run_case(case, ccir):
     from gpu_worker.storage.runtime_file import RuntimeFile
     checked = RuntimeFile.open(ccir, verify=False)
-    child = shared = None
+    child = None
     # (the forks before any thread starts: the child has only this one)
     if case == "fork":
         child = _in_child(lambda: load(ccir))
