@@ -104,6 +104,30 @@ class MemoryTable:
         self.by_id[row.object] = slot
         return slot
 
+    def write_run(self, items: list[tuple[MemoryRow, int, bytes, bytes, int]]) -> list[int]:
+        """`write` of several new objects, visible, at replay on the CPU, each (row, owner, payload,
+        float32 embedding bytes of the table's dimension, expiry): the same rows taken in the same
+        order, each column written once for all of them (pipeline/retention.py
+        `replay_memory_run`). Their slots."""
+        assert self._host and len(items) <= len(self.free)
+        n = len(items)
+        slots = [heapq.heappop(self.free) for _ in range(n)]
+        at = np.array(slots, dtype=np.int64)
+        rows, owners, order, _, embeddings, _, expiries = self._writable
+        rows[at] = np.frombuffer(b"".join(row.pack() for row, *_ in items), dtype=np.uint8).reshape(n, -1)
+        put_packed(self.payload, at, np.array([len(item[2]) for item in items], dtype=np.int64),
+                   b"".join(item[2] for item in items))
+        embeddings[at] = np.frombuffer(b"".join(item[3] for item in items), dtype="<f4").reshape(n, self.dim)
+        order[at] = np.arange(self.counter + 1, self.counter + n + 1)
+        self.counter += n
+        owners[at] = [item[1] for item in items]
+        for slot, (row, _, _, _, expires) in zip(slots, items):
+            if expires:
+                expiries[slot] = expires
+                self.soonest = expires if not self.soonest else min(self.soonest, expires)
+            self.by_id[row.object] = slot
+        return slots
+
     def _bytes(self, data: bytes) -> Any:
         """Bytes as what a uint8 row of `_writable` takes."""
         if self._host:

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Callable
+from typing import Callable, NamedTuple, Sequence
 
 import msgpack
 import numpy as np
 import torch
 
 from ..contract.limits import INTERPRETATION_TOKENS
-from ..memory.rows import Flag
+from ..memory.rows import Flag, MemoryRow
 from ..memory.rows import Kind as MemoryKind
 from ..memory import expiry, shared as memory
+from ..memory.table import MemoryTable
 from ..kinds import quotas
 from ..kinds.inputs import input_body, input_text
 from ..kinds.kind import Admitting, Journaling, Rendering, Retaining
@@ -49,45 +50,112 @@ def retain(d: Retaining, rrow: int, kind: int, flags: int, text: bytes | None, e
     d.append(TransferKind.MEMORY, payload, lambda transfer: saved())
 
 
+class _Retention(NamedTuple):
+    """A MEMORY transfer read (`_read`): its input's receipt row, the memory kind and the refusal
+    (0: none); for a row retained, its object and operation IDs, its metadata row, its space's
+    owner number, payload, embedding (float32 bytes) and expiry."""
+    rrow: int
+    kind: int
+    refused: int
+    obj: bytes = b""
+    op: bytes = b""
+    row: MemoryRow | None = None
+    owner: int = 0
+    text: bytes = b""
+    vector: bytes = b""
+    expires: int = 0
+
+
+def _read(d: Journaling, payload: bytes, transfer: Transfer | None) -> _Retention:
+    actor, sequence, kind, flags, refused, text, vector, *rest = msgpack.unpackb(payload)
+    expires = rest[0] if rest else 0  # (a transfer written before expiry: never)
+    rrow = input_row(d, actor, sequence, transfer, "memory")
+    if refused:
+        return _Retention(rrow, kind, refused)
+    if not d.state.memory.free_rows or kind not in memory.KIND_NAMES:
+        raise inconsistent(d, transfer, f"memory transfer for sequence {sequence} does not fit the memory table")
+    t = d.state.tables
+    row = t.row(t.receipts, rrow)
+    if text is None:  # the source: the input's own text, from its saved admission
+        text = input_text(d, rrow).encode("utf-8")
+    op = join16(row[R.OP_HI], row[R.OP_LO])
+    srow = t.value(t.conversations, row[R.TARGET], C.SPACE)
+    obj = memory.object_raw(d, op, kind)
+    lineage = d.state.participants.lineage_at(row[R.PARTICIPANT], row[R.CREATED])  # its input's IDs' lineage
+    new = memory.new_row(d, srow, lineage, obj, kind, flags, len(text), op, actor)
+    return _Retention(rrow, kind, refused, obj, op, new, memory.owner_number(d, srow), text, vector, expires)
+
+
+def _noted(d: Journaling, retention: _Retention) -> None:
+    """What a saved MEMORY transfer records in its input's receipt: the kind retained, or why not."""
+    t = d.state.tables
+    rrow, kind, refused = retention.rrow, retention.kind, retention.refused
+    row = t.row(t.receipts, rrow)
+    changes = {R.NOT_RETAINED: row[R.NOT_RETAINED] | refused << (4 * kind)} if refused else \
+        {R.RETAINED: row[R.RETAINED] | 1 << kind}
+    if kind == MemoryKind.INTERPRETATION:  # revisions 0 and 1: the record says the mode was 2
+        changes[R.RETENTION] = leases.RETAIN_AND_INTERPRET
+    t.write_row(t.receipts, rrow, changes)
+
+
 def apply_memory(d: Journaling, payload: bytes, transfer: Transfer | None) -> Callable[[], None]:
     """A MEMORY transfer: its row goes to the lowest free row, owned by the input's space's
     memory owner. At replay (a transfer given) it shows at once; live, what it returns shows it
     (and notes it in the input's receipt) once the transfer is saved. A retained interpretation
     also changes its turn's source object to the next version (`memory.interpreted`), when saved."""
-    actor, sequence, kind, flags, refused, text, vector, *rest = msgpack.unpackb(payload)
-    expires = rest[0] if rest else 0  # (a transfer written before expiry: never)
-    rrow = input_row(d, actor, sequence, transfer, "memory")
-    t = d.state.tables
+    retention = _read(d, payload, transfer)
     table = d.state.memory
-    slot, obj, op = -1, b"", b""
-    if not refused:
-        if not table.free_rows or kind not in memory.KIND_NAMES:
-            raise inconsistent(d, transfer, f"memory transfer for sequence {sequence} does not fit the memory table")
-        row = t.row(t.receipts, rrow)
-        if text is None:  # the source: the input's own text, from its saved admission
-            text = input_text(d, rrow).encode("utf-8")
-        op = join16(row[R.OP_HI], row[R.OP_LO])
-        srow = t.value(t.conversations, row[R.TARGET], C.SPACE)
-        obj = memory.object_raw(d, op, kind)
-        lineage = d.state.participants.lineage_at(row[R.PARTICIPANT], row[R.CREATED])  # its input's IDs' lineage
-        new = memory.new_row(d, srow, lineage, obj, kind, flags, len(text), op, actor)
-        slot = table.write(new, memory.owner_number(d, srow), text, np.frombuffer(vector, dtype="<f4"),
-                           visible=transfer is not None, expires=expires)
+    slot = -1
+    if retention.row is not None:
+        slot = table.write(retention.row, retention.owner, retention.text,
+                           np.frombuffer(retention.vector, dtype="<f4"), visible=transfer is not None,
+                           expires=retention.expires)
 
     def saved() -> None:
-        row = t.row(t.receipts, rrow)
-        changes = {R.NOT_RETAINED: row[R.NOT_RETAINED] | refused << (4 * kind)} if refused else \
-            {R.RETAINED: row[R.RETAINED] | 1 << kind}
-        if kind == MemoryKind.INTERPRETATION:  # revisions 0 and 1: the record says the mode was 2
-            changes[R.RETENTION] = leases.RETAIN_AND_INTERPRET
-        t.write_row(t.receipts, rrow, changes)
+        _noted(d, retention)
         if slot >= 0 and transfer is None:
-            table.reveal(slot, obj)
-        if slot >= 0 and kind == MemoryKind.INTERPRETATION:
-            memory.interpreted(d, op)
+            table.reveal(slot, retention.obj)
+        if slot >= 0 and retention.kind == MemoryKind.INTERPRETATION:
+            memory.interpreted(d, retention.op)
     if transfer is not None:
         saved()
     return saved
+
+
+def _batchable(table: MemoryTable, retention: _Retention) -> bool:
+    """Whether `MemoryTable.write_run` writes this row as `write` would: a row retained (not
+    refused), not an interpretation (which changes its source's version once saved), its payload
+    and embedding of the table's sizes."""
+    return (retention.row is not None and retention.kind != MemoryKind.INTERPRETATION
+            and len(retention.text) <= table.payload_bytes and len(retention.vector) == 4 * table.dim)
+
+
+def replay_memory_run(d: Journaling, transfers: Sequence[Transfer]) -> None:
+    """A run of MEMORY transfers at replay (a tick's retentions come one after another), on the
+    CPU: each read as `apply_memory` reads it, the memory table written for the run at once
+    (`MemoryTable.write_run`: the same rows, taken in the same order), the receipts noted in
+    order. A transfer the batch does not take as it is (a refusal, an interpretation, a payload or
+    embedding not of the table's sizes, the table full) goes through `apply_memory` in its place,
+    after the ones before it are written."""
+    table = d.state.memory
+    batch: list[_Retention] = []
+
+    def flush() -> None:
+        if batch:
+            table.write_run([(r.row, r.owner, r.text, r.vector, r.expires) for r in batch if r.row is not None])
+            for retention in batch:
+                _noted(d, retention)
+            batch.clear()
+    for transfer in transfers:
+        retention = None
+        if len(batch) < table.free_rows:
+            retention = _read(d, transfer.payload, transfer)
+        if retention is None or not _batchable(table, retention):
+            flush()
+            apply_memory(d, transfer.payload, transfer)  # (which refuses what does not fit, as it did)
+        else:
+            batch.append(retention)
+    flush()
 
 
 def control_record(d: Retaining, execution: Execution) -> None:

@@ -127,10 +127,11 @@ class Replay:
         """Transfers of a load, in order. On the CPU, each stretch of admissions of the kinds that
         create rows (spaces, conversations, member rows: admission.STRETCH_KINDS) by participants
         already registered natively (`admission.replay_stretch`, which finds them itself), every
-        other transfer one at a time between them. On an accelerator, each run of admissions of one
-        kind with runs as columns (`admission.replay_run`), every other transfer one at a time: a
-        transfer's kind and principal are read at the head of its payload (kinds/kind.py
-        HEAD_ARRAY) without decoding it."""
+        other transfer one at a time between them, but for runs of MEMORY transfers, whose rows go
+        into the memory table at once (`retention.replay_memory_run`). On an accelerator, each run
+        of admissions of one kind with runs as columns (`admission.replay_run`), every other
+        transfer one at a time: a transfer's kind and principal are read at the head of its payload
+        (kinds/kind.py HEAD_ARRAY) without decoding it."""
         context = self._stretching
         if context is not None:
             done, n = 0, len(piece)
@@ -140,7 +141,13 @@ class Replay:
                 # a 1M load: docs/performance.md, "Replay")
                 if piece[done].kind is TransferKind.ADMISSION:
                     done += admission.replay_stretch(self.d, piece, done, context)
-                if done < n:  # (any other transfer, or one in another layout: the Python path)
+                if done < n and piece[done].kind is TransferKind.MEMORY:  # (a run of them: written at once)
+                    end = done + 1
+                    while end < n and piece[end].kind is TransferKind.MEMORY:
+                        end += 1
+                    retention.replay_memory_run(self.d, piece[done:end])
+                    done = end
+                elif done < n:  # (any other transfer, or one in another layout: the Python path)
                     self.transfer(piece[done])
                     done += 1
             return

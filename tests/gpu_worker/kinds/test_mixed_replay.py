@@ -9,11 +9,13 @@ device's, whether the stretches of spaces, conversations and member rows are app
 (admission.replay_stretch, the CPU's way), their runs as columns (admission.replay_run: every run,
 however short, an accelerator's way) or each admission by itself."""
 import collections
+import itertools
 
 import pytest
 import torch
 
-from gpu_worker.pipeline import admission
+from gpu_worker.memory.table import MemoryTable
+from gpu_worker.pipeline import admission, retention
 from gpu_worker.kinds import conversations, history, members, spaces
 from gpu_worker.pack import pack_tiny
 from gpu_worker.state.tables import C, R
@@ -191,3 +193,40 @@ def saved(snap):
     # free lists as sets: a boot lists a table's free rows lowest first, a live device in the order it freed them
     indexes = {key: sorted(value) if key[1] == "free" else value for key, value in snap[1].items()}
     return tables, indexes, snap[2]
+
+
+@pytest.mark.parametrize("batched", ["every row", "every other row"])
+def test_runs_of_memory_rows_replay_at_once_to_exactly_the_live_state(world, monkeypatch, batched):
+    """Inputs in several conversations at once retain their sources in the same ticks: runs of
+    MEMORY transfers, which a replay on the CPU writes to the memory table at once
+    (retention.replay_memory_run, MemoryTable.write_run); with every other row left to
+    `apply_memory` (`_batchable` refusing it), the runs interleave batches and single writes. The
+    replayed state is the live one, the memory table's rows, order and free rows included."""
+    mixed_journal(world)
+    spaces = [world.space("a", scope="room") for _ in range(4)]
+    chats = [world.mutate("a", "conversations.create", f"/spaces/{space}/conversations", {})[1]["target"]
+             for space in spaces]
+    for round_ in range(2):  # (admitted with no runner, the four are leased, and retained, in one tick)
+        runner, world.device.runner = world.device.runner, None
+        sent = [world.say("a", chat, f"all at once {round_} {i}", max_output_tokens=4)[1]
+                for i, chat in enumerate(chats)]
+        world.device.runner = runner
+        for receipt in sent:
+            world.pump(world.finished("a", receipt["operation"]))
+    world.pump(lambda: not world.device.executions.live and world.device.committer.all_saved)
+    live = snapshot(world.device)
+    runs = []
+    real_write_run = MemoryTable.write_run
+
+    def counted(self, items):
+        runs.append(len(items))
+        return real_write_run(self, items)
+    monkeypatch.setattr(MemoryTable, "write_run", counted)
+    if batched == "every other row":
+        real_batchable, turn = retention._batchable, itertools.count()
+        monkeypatch.setattr(retention, "_batchable",
+                            lambda table, r: real_batchable(table, r) and next(turn) % 2 == 0)
+    world.boot()
+    world.attach()
+    assert runs and (max(runs) >= 2 if batched == "every row" else max(runs) == 1), runs
+    assert_same(live, snapshot(world.device))
