@@ -84,7 +84,7 @@ def test_the_accelerator_paths_write_exactly_what_the_host_paths_do():
     for name in ("receipts", "spaces", "participants", "command_bytes", "conversations", "receipt_digests"):
         assert torch.equal(getattr(host, name), getattr(accelerator, name)), name
     assert host.receipt_digests[[9, 3]].numpy().tobytes() == digests.tobytes()
-    assert (Tables.take(host.receipts, rows) == Tables.array(host.receipts)[rows]).all()
+    assert (host.take(host.receipts, rows) == Tables.array(host.receipts)[rows]).all()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (scripts/gpu_check.sh runs it on a lent GPU)")
@@ -105,7 +105,25 @@ def test_tables_on_cuda_hold_what_host_tables_do():
         t.put_digest_block(np.array([9, 3]), digests)
     for name in ("receipts", "participants", "command_bytes", "conversations", "receipt_digests"):
         assert torch.equal(getattr(host, name), getattr(cuda, name).cpu()), name
-    assert (Tables.take(cuda.receipts, rows) == Tables.array(host.receipts)[rows]).all()
+    assert (cuda.take(cuda.receipts, rows) == Tables.array(host.receipts)[rows]).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.integers(0, 63), max_size=80), seed=st.integers(0, 1000))
+def test_a_cpu_tables_take_is_numpys_fancy_indexing(rows, seed):
+    """Tables.take on the CPU (jcodec.cpp `gather`, the rows' lines prefetched): the rows numpy's
+    indexing gives, repeated and in any order, as a writable array; a row past the table refused."""
+    t = Tables(CAPACITIES)
+    rng = np.random.default_rng(seed)
+    t.receipts.copy_(torch.from_numpy(rng.integers(-1 << 62, 1 << 62, tuple(t.receipts.shape))))
+    t.command_bytes.copy_(torch.from_numpy(rng.integers(0, 256, tuple(t.command_bytes.shape), dtype=np.uint8)))
+    at = np.array(rows, dtype=np.int64)
+    for table in (t.receipts, t.command_bytes):
+        taken = t.take(table, at)
+        assert taken.dtype == table.numpy().dtype and taken.flags.writeable
+        assert taken.shape == (len(rows), table.shape[1]) and (taken == table.numpy()[at]).all()
+    with pytest.raises(ValueError, match="outside the table"):
+        t.take(t.receipts, np.array([64], dtype=np.int64))
 
 
 def test_marking_a_fold_on_the_cpu_runs_no_torch_operator():
