@@ -120,6 +120,9 @@ bool parse_layout(Map* m, const char* layout) {
   return false;
 }
 
+// A slot's bytes for keys of `width` bytes: the stored value, then the key padded to 8.
+int stride_of(int width) { return 8 + (width + 7) / 8 * 8; }
+
 // The slots a map of `capacity` entries starts with: a power of two, at least twice the entries.
 uint64_t first_slots(Py_ssize_t capacity) {
   uint64_t slots = 8;
@@ -147,7 +150,7 @@ int map_init(PyObject* self, PyObject* args, PyObject* kwargs) {
     return -1;
   }
   if (!parse_capacity(capacity) || !parse_layout(m, layout)) return -1;
-  m->stride = 8 + (m->width + 7) / 8 * 8;
+  m->stride = stride_of(m->width);
   const uint64_t slots = first_slots(capacity);
   if (memory == Py_None) {
     if (used != 0) {
@@ -188,8 +191,7 @@ PyObject* map_table_bytes(PyObject*, PyObject* args) {
   Py_ssize_t capacity;
   if (!PyArg_ParseTuple(args, "sn", &layout, &capacity) || !parse_capacity(capacity) || !parse_layout(&probe, layout))
     return nullptr;
-  const uint64_t stride = 8 + (uint64_t(probe.width) + 7) / 8 * 8;
-  return PyLong_FromUnsignedLongLong(first_slots(capacity) * stride);
+  return PyLong_FromUnsignedLongLong(first_slots(capacity) * uint64_t(stride_of(probe.width)));
 }
 
 bool ready(const Map* m) {

@@ -103,7 +103,11 @@ def apply_memory(d: Journaling, payload: bytes, transfer: Transfer | None) -> Ca
     memory owner. At replay (a transfer given) it shows at once; live, what it returns shows it
     (and notes it in the input's receipt) once the transfer is saved. A retained interpretation
     also changes its turn's source object to the next version (`memory.interpreted`), when saved."""
-    retention = _read(d, payload, transfer)
+    return _apply(d, _read(d, payload, transfer), transfer)
+
+
+def _apply(d: Journaling, retention: _Retention, transfer: Transfer | None) -> Callable[[], None]:
+    """`apply_memory` of a transfer read already."""
     table = d.state.memory
     slot = -1
     if retention.row is not None:
@@ -135,8 +139,9 @@ def replay_memory_run(d: Journaling, transfers: Sequence[Transfer]) -> None:
     CPU: each read as `apply_memory` reads it, the memory table written for the run at once
     (`MemoryTable.write_run`: the same rows, taken in the same order), the receipts noted in
     order. A transfer the batch does not take as it is (a refusal, an interpretation, a payload or
-    embedding not of the table's sizes, the table full) goes through `apply_memory` in its place,
-    after the ones before it are written."""
+    embedding not of the table's sizes) is applied alone in its place, after the ones before it are
+    written; the batch is written whenever it holds as many rows as are free, so that the read of
+    the next one finds the table full where it is."""
     table = d.state.memory
     batch: list[_Retention] = []
 
@@ -147,14 +152,14 @@ def replay_memory_run(d: Journaling, transfers: Sequence[Transfer]) -> None:
                 _noted(d, retention)
             batch.clear()
     for transfer in transfers:
-        retention = None
-        if len(batch) < table.free_rows:
-            retention = _read(d, transfer.payload, transfer)
-        if retention is None or not _batchable(table, retention):
+        if len(batch) >= table.free_rows:
             flush()
-            apply_memory(d, transfer.payload, transfer)  # (which refuses what does not fit, as it did)
-        else:
+        retention = _read(d, transfer.payload, transfer)
+        if _batchable(table, retention):
             batch.append(retention)
+        else:
+            flush()
+            _apply(d, retention, transfer)
     flush()
 
 

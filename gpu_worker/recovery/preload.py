@@ -31,7 +31,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import native
 from ..columns import table_shapes
 from ..fixedmap import FixedMap, fixed_map, table_bytes
 from ..participant_index import ParticipantIndex
@@ -127,7 +126,6 @@ def start(capacities: dict[str, int], incarnation: bytes, saved: dict[str, Any] 
     child takes what they leave, and the parent's wait for it."""
     if threading.active_count() > 1:
         return None
-    native.load("jcodec")  # (imported here: the child imports nothing)
     tables, memories = {}, []
     for name, (shape, dtype) in table_shapes(capacities).items():
         count = shape[0] * shape[1]

@@ -9,8 +9,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from .. import native
 from ..columns import ROW_TABLES, C, R
+from ..packing import scatter_rows
 from .journal import ZERO_DIGEST
 
 STATE = "state/current"
@@ -80,12 +80,8 @@ def fill_tables(saved: dict[str, Any], tables: dict[str, np.ndarray]) -> bool:
     histories. The one way a load puts them in (storage/checkpoint.py `load_saved`, the child of
     recovery/preload.py). Returns whether a table was saved with fewer columns than it has now
     (`narrow_tables`). ValueError: rows wider than their table, bytes past their rows."""
-    scatter = native.load("jcodec").scatter
-
     def put(table: np.ndarray, rows: np.ndarray, lengths: np.ndarray, blob: bytes) -> None:
-        # (numpy's stubs declare ndarray.__buffer__ only for Python >= 3.12)
-        view = memoryview(table).cast("B")  # type: ignore[arg-type]
-        if scatter(view, table.shape[1], rows, np.ascontiguousarray(lengths), blob) != len(blob):
+        if scatter_rows(table, rows, lengths, blob) != len(blob):
             raise ValueError(f"state extent: {len(blob)} bytes given for rows holding fewer")
     narrow = narrow_tables(saved, tables)
     for name in ROW_TABLES:
