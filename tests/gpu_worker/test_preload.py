@@ -5,6 +5,8 @@ runs past its bound (killed), leaves the device filling them itself, to the same
 checkpoint the child backs the empty tables and maps the replay fills; a process that already runs
 other threads forks no child."""
 import functools
+import mmap
+import resource
 import threading
 
 import numpy as np
@@ -132,6 +134,35 @@ def test_without_a_checkpoint_the_child_backs_the_empty_tables_and_maps_the_repl
     assert_same(live, snapshot(world.device))
 
 
+def _faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def test_the_device_maps_the_pages_the_child_backed_in_a_fault_for_sixteen_and_writes_them_with_none(monkeypatch):
+    """Without a checkpoint the parent maps every page the child backed before the replay writes
+    them: with a read's populate, whose faults map sixteen pages each (the kernel's fault-around),
+    writable, so that the replay's writes then fault no more (a write's populate faults once a page;
+    none at all, once a page as the replay first writes it). Counted in the process's minor faults."""
+    monkeypatch.setattr(preload.threading, "active_count", lambda: 1)
+    capacities = {"participants": 64, "spaces": 4096, "members": 4096, "conversations": 4096, "receipts": 16384,
+                  "command_bytes": 512, "result_bytes": 256, "history_bytes": 512}
+    started = preload.start(capacities, bytes(16), None)
+    assert started is not None
+    pages = sum(-(-len(memory) // mmap.PAGESIZE) for memory in started.backed)
+    before = _faults()
+    filled = started.take()
+    mapped = _faults() - before
+    assert filled is not None and pages > 4096
+    before = _faults()
+    for table in filled.tables.values():
+        table.reshape(-1).view(np.uint8)[::mmap.PAGESIZE // table.itemsize * table.itemsize] = 1
+    for memory in started.maps.values():
+        np.frombuffer(memory, dtype=np.uint8)[::mmap.PAGESIZE] = 1
+    written = _faults() - before
+    assert mapped < pages / 4, (mapped, pages)
+    assert written < pages / 64, (written, pages)
+
+
 def test_no_child_is_forked_beside_other_threads():
     other = threading.Event()
     thread = threading.Thread(target=other.wait)
@@ -164,7 +195,7 @@ def test_without_populate_the_child_backs_the_pages_by_writing_them(world, filli
     mixed_journal(world)
     world.pump(lambda: not world.device.executions.live and world.device.committer.all_saved)
     live = snapshot(world.device)
-    monkeypatch.setattr(preload, "populate", lambda memory: False)
+    monkeypatch.setattr(preload, "populate", lambda memory, advice=None: False)
     world.boot()
     assert filling[0] is not None
     world.attach()
