@@ -60,11 +60,12 @@ inline uint64_t find(const Map* m, const unsigned char* key, uint64_t hash) {
   }
 }
 
-// The value of `key`, -1 when it is not there.
-inline int64_t get(const Map* m, const unsigned char* key) {
-  const uint64_t v = stored(slot(m, find(m, key, hash_of(m, key))));
-  return int64_t(v) - 1;
+// The value of `key`, its hash already known, -1 when it is not there.
+inline int64_t get_hashed(const Map* m, const unsigned char* key, uint64_t hash) {
+  return int64_t(stored(slot(m, find(m, key, hash)))) - 1;
 }
+
+inline int64_t get(const Map* m, const unsigned char* key) { return get_hashed(m, key, hash_of(m, key)); }
 
 // A table of `slots` empty slots (a power of two), or nullptr with MemoryError set: calloc's, whose
 // pages the kernel maps (zeroed) as they are first written. (2 MiB pages, faulted in when the map

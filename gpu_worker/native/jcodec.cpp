@@ -674,12 +674,14 @@ namespace fm = aotx::fixedmap;
 // A (lineage, id) key of a "b16b16" FixedMap.
 struct OwnedId {
   unsigned char key[32];
+  OwnedId() = default;
   OwnedId(const unsigned char* lineage, const unsigned char* id) { memcpy(key, lineage, 16), memcpy(key + 16, id, 16); }
 };
 
 // An (a, b) key of an "ii" FixedMap.
 struct IntPair {
   unsigned char key[16];
+  IntPair() = default;
   IntPair(int64_t a, int64_t b) { fm::put_int(key, a), fm::put_int(key + 8, b); }
 };
 
@@ -704,6 +706,54 @@ struct Owned {  // a new reference, released when it goes
   Owned(const Owned&) = delete;
   Owned& operator=(const Owned&) = delete;
 };
+
+// How many transfers a stretch reads ahead of the one it applies (replay_stretch).
+constexpr size_t STRETCH_AHEAD = 8;
+
+// One admission of a stretch, read (`read_admission`) before it is applied: its payload decoded,
+// its participant row and owner lineage found, its map keys made and hashed.
+struct Ahead {
+  long kind = 0;
+  long long seq = 0;
+  const char* digest = nullptr;  // 32 bytes (the transfer's)
+  Head h;
+  unsigned char id[16], space_lineage[16], space_id[16], member_raw[16];
+  int64_t scope = 0, rights = 0, prow = -1;
+  const unsigned char* owner = nullptr;  // the participant's lineage, 16 bytes
+  IntPair sequence_key;  // (participant row, sequence): by_sequence's key
+  OwnedId space_key, id_key;  // the space it names, the ID it makes
+  uint64_t sequence_hash = 0, space_hash = 0, id_hash = 0;
+};
+
+// Whether `transfer` is an admission of one of the three kinds, its payload whole in the layout
+// replay_stretch applies (into `a`): a stretch ends at the first that is not.
+bool read_admission(PyObject* transfer, PyObject* admission, long version, long space_code, long conversation_code,
+                    long member_code, size_t command_width, Ahead& a) {
+  if (!PyTuple_Check(transfer) || PyTuple_GET_SIZE(transfer) < 4 || PyTuple_GET_ITEM(transfer, 0) != admission)
+    return false;
+  PyObject *seq_object = PyTuple_GET_ITEM(transfer, 1), *payload = PyTuple_GET_ITEM(transfer, 2),
+           *digest = PyTuple_GET_ITEM(transfer, 3);
+  if (!PyBytes_Check(payload) || !PyBytes_Check(digest) || PyBytes_GET_SIZE(digest) != 32) return false;
+  const unsigned char* data = reinterpret_cast<const unsigned char*>(PyBytes_AS_STRING(payload));
+  if (PyBytes_GET_SIZE(payload) < 3) return false;
+  const long kind = data[2];
+  if (kind != space_code && kind != conversation_code && kind != member_code) return false;
+  a.seq = PyLong_AsLongLong(seq_object);
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  Reader r{data, data + PyBytes_GET_SIZE(payload)};
+  const bool read = admission_head(r, version, kind, a.h)
+                    && (kind == space_code          ? space_extra(r, a.id, &a.scope)
+                        : kind == conversation_code ? conversation_extra(r, a.space_lineage, a.space_id, a.id)
+                                                    : member_extra(r, a.space_lineage, a.space_id, a.member_raw,
+                                                                   &a.rights));
+  if (!read || r.p != r.end || a.h.sequence >= (int64_t(1) << 31) || a.h.length > command_width) return false;
+  a.kind = kind;
+  a.digest = PyBytes_AS_STRING(digest);
+  return true;
+}
 
 // replay_stretch(transfers, start, admission, version, codes, counter, fields, tables, indexes) -> applied
 //
@@ -776,53 +826,85 @@ PyObject* replay_stretch(PyObject*, PyObject* args) {
   }
   const int64_t receipt_rows = receipts.rows(8), participant_rows = participants.rows(8),
                 space_rows = spaces.rows(8), conversation_rows = conversations.rows(8), member_table = members.rows(8);
-  Py_ssize_t i = start;
-  for (; i < n; ++i) {
-    PyObject* transfer = PyList_GET_ITEM(transfers, i);
-    if (!PyTuple_Check(transfer) || PyTuple_GET_SIZE(transfer) < 4 || PyTuple_GET_ITEM(transfer, 0) != admission) break;
-    PyObject *seq_object = PyTuple_GET_ITEM(transfer, 1), *payload = PyTuple_GET_ITEM(transfer, 2),
-             *digest = PyTuple_GET_ITEM(transfer, 3);
-    if (!PyBytes_Check(payload) || !PyBytes_Check(digest) || PyBytes_GET_SIZE(digest) != 32) break;
-    const unsigned char* data = reinterpret_cast<const unsigned char*>(PyBytes_AS_STRING(payload));
-    if (PyBytes_GET_SIZE(payload) < 3) break;
-    const long kind = data[2];
-    if (kind != space_code && kind != conversation_code && kind != member_code) break;
-    const long long seq = PyLong_AsLongLong(seq_object);
-    if (PyErr_Occurred()) {
-      PyErr_Clear();
-      break;
+  // Each transfer is read STRETCH_AHEAD transfers before it is applied (`read_ahead`): its map
+  // keys hashed and their home slots prefetched, and the receipt row it will take, its command
+  // row and digests: a map of a million entries and the rows a retirement freed are cache (and TLB)
+  // misses each, which this many in flight at once overlap. Reading one needs nothing the ones
+  // before it write (the participants' principal map and lineages change in no stretch).
+  Ahead ring[STRETCH_AHEAD];
+  Py_ssize_t read_to = start;  // transfers[start:read_to] are read, in the ring
+  bool unread = false;  // the transfer at read_to is not one a stretch applies: the stretch ends there
+  auto read_ahead = [&](Py_ssize_t applying) {
+    for (; !unread && read_to < n && read_to < applying + Py_ssize_t(STRETCH_AHEAD); ++read_to) {
+      Ahead& a = ring[read_to % Py_ssize_t(STRETCH_AHEAD)];
+      if (!read_admission(PyList_GET_ITEM(transfers, read_to), admission, version, space_code, conversation_code,
+                          member_code, size_t(commands.width), a)) {
+        unread = true;
+        break;
+      }
+      a.prow = fm::get(by_principal, a.h.principal);
+      if (a.prow < 0 || a.prow >= participant_rows || a.prow >= PyList_GET_SIZE(lineage)) {
+        unread = true;
+        break;
+      }
+      PyObject* owner_lineage = PyList_GET_ITEM(lineage, a.prow);
+      if (!PyBytes_Check(owner_lineage) || PyBytes_GET_SIZE(owner_lineage) != 16) {
+        unread = true;
+        break;
+      }
+      a.owner = reinterpret_cast<const unsigned char*>(PyBytes_AS_STRING(owner_lineage));
+      a.sequence_key = IntPair(a.prow, a.h.sequence);
+      a.sequence_hash = fm::hash_of(by_sequence, a.sequence_key.key);
+      fm::prefetch(by_sequence, a.sequence_hash);
+      if (a.kind != space_code) {  // the space it names
+        a.space_key = OwnedId(a.space_lineage, a.space_id);
+        a.space_hash = fm::hash_of(spaces_by_id, a.space_key.key);
+        fm::prefetch(spaces_by_id, a.space_hash);
+      }
+      if (a.kind != member_code) {  // the ID it makes
+        fm::Map* made = a.kind == space_code ? spaces_by_id : conversations_by_id;
+        a.id_key = OwnedId(a.owner, a.id);
+        a.id_hash = fm::hash_of(made, a.id_key.key);
+        fm::prefetch(made, a.id_hash);
+      }
+      // the receipt row it takes: every transfer before it takes one, from the free list's end
+      const Py_ssize_t free = PyList_GET_SIZE(receipt_free), at = free - 1 - (read_to - applying);
+      if (at >= 0 && PyLong_CheckExact(PyList_GET_ITEM(receipt_free, at))) {
+        const long long rrow = PyLong_AsLongLong(PyList_GET_ITEM(receipt_free, at));
+        if (rrow >= 0 && rrow < receipt_rows && rrow < commands.rows(1) && rrow < digests.rows(1)) {
+          for (int64_t b = 0; b < receipts.width * 8; b += 64) __builtin_prefetch(receipts.bytes(rrow) + b, 1);
+          for (size_t b = 0; b < a.h.length; b += 64) __builtin_prefetch(commands.bytes(rrow) + b, 1);
+          __builtin_prefetch(digests.bytes(rrow), 1);
+        } else {
+          PyErr_Clear();
+        }
+      }
     }
-    // the payload, whole
-    Reader r{data, data + PyBytes_GET_SIZE(payload)};
-    Head h;
-    unsigned char id[16], space_lineage[16], space_id[16], member_raw[16];
-    int64_t scope = 0, rights = 0;
-    const bool read = admission_head(r, version, kind, h)
-                      && (kind == space_code          ? space_extra(r, id, &scope)
-                          : kind == conversation_code ? conversation_extra(r, space_lineage, space_id, id)
-                                                      : member_extra(r, space_lineage, space_id, member_raw, &rights));
-    if (!read || r.p != r.end || h.sequence >= (int64_t(1) << 31) || h.length > size_t(commands.width)) break;
+  };
+  Py_ssize_t i = start;
+  for (;; ++i) {
+    read_ahead(i);
+    if (i >= read_to) break;
+    const Ahead& a = ring[i % Py_ssize_t(STRETCH_AHEAD)];
+    const long kind = a.kind;
+    const Head& h = a.h;
+    const int64_t prow = a.prow;
     // everything it looks up and takes, before anything is written
-    const int64_t prow = fm::get(by_principal, h.principal);
-    if (prow < 0 || prow >= participant_rows || prow >= PyList_GET_SIZE(lineage)) break;
     const int64_t rrow = last_free(receipt_free);
     if (rrow < 0 || rrow >= receipt_rows || rrow >= commands.rows(1) || rrow >= digests.rows(1)) break;
-    PyObject* owner_lineage = PyList_GET_ITEM(lineage, prow);
-    if (!PyBytes_Check(owner_lineage) || PyBytes_GET_SIZE(owner_lineage) != 16) break;
-    const unsigned char* owner = reinterpret_cast<const unsigned char*>(PyBytes_AS_STRING(owner_lineage));
     int64_t srow = -1, krow = -1, member = -1;
     bool new_member = false;
     if (kind == space_code) {
       krow = last_free(space_free);
       if (krow < 0 || krow >= space_rows) break;
     } else {
-      srow = fm::get(spaces_by_id, OwnedId(space_lineage, space_id).key);
+      srow = fm::get_hashed(spaces_by_id, a.space_key.key, a.space_hash);
       if (srow < 0 || srow >= space_rows) break;
       if (kind == conversation_code) {
         krow = last_free(conversation_free);
         if (krow < 0 || krow >= conversation_rows) break;
       } else {
-        member = fm::get(by_raw, member_raw);
+        member = fm::get(by_raw, a.member_raw);
         if (member < 0) break;
         krow = fm::get(member_rows, IntPair(srow, member).key);
         if (krow < 0) {
@@ -836,18 +918,18 @@ PyObject* replay_stretch(PyObject*, PyObject* args) {
     const int64_t admitted = counter + 1;
     if (kind == space_code) {
       int64_t* row = spaces.row(krow);
-      row[0] = 1, row[1] = prow, row[2] = scope, memcpy(&row[3], id, 16), row[5] = admitted, memcpy(&row[6], h.op, 16);
-      if (!pop(space_free) || !fm::put(spaces_by_id, OwnedId(owner, id).key, krow)) return nullptr;
+      row[0] = 1, row[1] = prow, row[2] = a.scope, memcpy(&row[3], a.id, 16), row[5] = admitted, memcpy(&row[6], h.op, 16);
+      if (!pop(space_free) || !fm::put_hashed(spaces_by_id, a.id_key.key, a.id_hash, krow)) return nullptr;
     } else if (kind == conversation_code) {
       int64_t* row = conversations.row(krow);
-      row[0] = 1, row[1] = srow, row[2] = prow, memcpy(&row[3], id, 16), row[5] = admitted, memcpy(&row[6], h.op, 16);
-      if (!pop(conversation_free) || !fm::put(conversations_by_id, OwnedId(owner, id).key, krow)) return nullptr;
+      row[0] = 1, row[1] = srow, row[2] = prow, memcpy(&row[3], a.id, 16), row[5] = admitted, memcpy(&row[6], h.op, 16);
+      if (!pop(conversation_free) || !fm::put_hashed(conversations_by_id, a.id_key.key, a.id_hash, krow)) return nullptr;
     } else if (new_member) {
       int64_t* row = members.row(krow);
-      row[0] = 1, row[1] = srow, row[2] = member, row[3] = rights, row[4] = admitted;
+      row[0] = 1, row[1] = srow, row[2] = member, row[3] = a.rights, row[4] = admitted;
       if (!pop(member_free) || !fm::put(member_rows, IntPair(srow, member).key, krow)) return nullptr;
     } else {
-      members.row(krow)[3] = rights;
+      members.row(krow)[3] = a.rights;
     }
     // the receipt, whole, its command bytes and digests, its sequence entry; the next sequence
     const int64_t target = kind == member_code ? srow : krow;
@@ -856,14 +938,14 @@ PyObject* replay_stretch(PyObject*, PyObject* args) {
     row[0] = 1, row[1] = prow, row[2] = h.sequence, row[3] = kind;
     memcpy(&row[4], h.key, 16), memcpy(&row[6], h.op, 16);
     row[8] = target, row[9] = admitted, row[10] = int64_t(h.length), row[11] = 0, row[12] = 1;  // succeeded
-    for (int at : {13, 17}) row[at] = seq, row[at + 1] = boot, row[at + 2] = generation, row[at + 3] = source;
+    for (int at : {13, 17}) row[at] = a.seq, row[at + 1] = boot, row[at + 2] = generation, row[at + 3] = source;
     memcpy(commands.bytes(rrow), h.canonical, h.length);
     unsigned char* both = digests.bytes(rrow);
-    memcpy(both, PyBytes_AS_STRING(digest), 32), memcpy(both + 32, PyBytes_AS_STRING(digest), 32);
+    memcpy(both, a.digest, 32), memcpy(both + 32, a.digest, 32);
     participants.row(prow)[1] = h.sequence + 1;
     Owned rrow_object(PyLong_FromLongLong(rrow));
-    if (!pop(receipt_free) || !fm::put(by_sequence, IntPair(prow, h.sequence).key, rrow) || rrow_object.p == nullptr
-        || PyList_Append(noted, rrow_object.p) != 0)
+    if (!pop(receipt_free) || !fm::put_hashed(by_sequence, a.sequence_key.key, a.sequence_hash, rrow)
+        || rrow_object.p == nullptr || PyList_Append(noted, rrow_object.p) != 0)
       return nullptr;
     counter = admitted;
   }
