@@ -44,8 +44,9 @@ steps (retention, interpretation) pipeline/retention.py.
 from __future__ import annotations
 
 import functools
+import struct
 import time
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 import msgpack
 import numpy as np
@@ -60,7 +61,7 @@ from ..memory.rows import Kind as MemoryKind
 from ..memory import shared as memory
 from ..kinds import events, history, quotas
 from ..kinds.inputs import input_body, input_text, media_links
-from ..kinds.kind import Admitting, Context, Executing, Notifying, Rendering, Running, Tables
+from ..kinds.kind import Admitting, Context, Executing, Kind, Notifying, Rendering, Running, Tables
 from .prompt import fit_prompt
 from .retention import control_record, interpret, retain
 from .transfers import (actor_of, completion_payload, inconsistent, input_row, lease_payload, lease_revision,
@@ -84,6 +85,12 @@ FINISHES = {"stop": Finish.STOP, "length": Finish.LENGTH, "cancelled": Finish.CA
 TERMINAL_OF = {Finish.STOP: Terminal.SUCCEEDED, Finish.LENGTH: Terminal.SUCCEEDED,
                Finish.CANCELLED: Terminal.CANCELLED, Finish.DEADLINE: Terminal.DEADLINE_EXCEEDED,
                Finish.INTERRUPTED: Terminal.INTERRUPTED, Finish.FAILED: Terminal.FAILED}
+# a completion's finish code -> (its Finish, its terminal code), as plain ints (`replay_ends`)
+_ENDING = {int(finish): (int(finish), int(terminal)) for finish, terminal in TERMINAL_OF.items()}
+# a completion's columns from TERM_TRANSFER on, in one write: its save fields, its counts, its finish
+_ENDED = struct.Struct("<7q")
+_INPUT = int(Kind.INPUT)
+assert (R.TERM_SOURCE + 1, R.INPUT_TOKENS + 1, R.OUTPUT_TOKENS + 1) == (R.INPUT_TOKENS, R.OUTPUT_TOKENS, R.FINISH)
 
 
 # ---- building the model's input ----------------------------------------------------------
@@ -336,6 +343,68 @@ def apply_completion(d: Context, payload: bytes, transfer: Transfer, source: int
     d.executions.live.pop(rrow, None)
     d.executions.to_lease.finished(t.value(t.receipts, rrow, R.TARGET), rrow)  # its conversation's next
     events.terminal_saved(d, rrow)
+
+
+def replay_ends(d: Context, transfers: Sequence[Transfer], source: int) -> None:
+    """A run of OUTPUT and COMPLETION transfers at replay, on the CPU (a round's inputs end one
+    after another: an output, then its completion), in one loop: each checked and applied as
+    `apply_output` and `apply_completion` check and apply it, without their layers (the input's
+    row read once, its columns written through Tables' flat views, no events: a loading device has
+    no stream open; with one open, every transfer goes through its own path). `source`: the
+    replay's (DeviceState.replay_source; no transfer of the run changes it). A transfer it does
+    not take as it is (a payload in another layout, no such input, an offset that does not follow
+    the saved result, a finish it does not know) goes through its own path in its place, which
+    applies it or raises that path's error."""
+    state = d.state
+    t = state.tables
+    receipts = t.receipts
+    by_raw, at = state.participants.by_raw, state.receipts.at
+    capacity, boot, generation = state.capacities["result_bytes"], state.boot, state.save_generation
+    live, to_lease = d.executions.live, d.executions.to_lease
+    streams = d.subscriptions.count() > 0
+    for transfer in transfers:
+        fields = _fields(transfer.payload)
+        taken = False
+        if fields is not None and not streams:
+            prow = by_raw.get(fields[0])
+            rrow = at(prow, fields[1]) if prow is not None else None
+            row = t.row(receipts, rrow) if rrow is not None else None
+            if rrow is None or row is None or row[R.KIND] != _INPUT:
+                pass
+            elif transfer.kind is TransferKind.OUTPUT and len(fields) == 4:
+                offset, data = fields[2], fields[3]
+                if type(data) is bytes and offset == row[R.RESULT_LEN] and offset + len(data) <= capacity:
+                    t.put_bytes(t.result_bytes, rrow, data, offset)
+                    t.put_value(receipts, rrow, R.RESULT_LEN, offset + len(data))
+                    taken = True
+            elif transfer.kind is TransferKind.COMPLETION and len(fields) == 5:
+                ending, input_tokens, output_tokens = _ENDING.get(fields[2]), fields[3], fields[4]
+                if ending is not None and type(input_tokens) is int and type(output_tokens) is int:
+                    t.put_value(receipts, rrow, R.TERMINAL, ending[1])
+                    t.put_struct(receipts, rrow, R.TERM_TRANSFER, _ENDED, transfer.seq, boot, generation, source,
+                                 input_tokens, output_tokens, ending[0])
+                    t.put_digest(rrow, 1, transfer.digest)
+                    quotas.input_finished(d, row[R.PARTICIPANT], rrow)
+                    live.pop(rrow, None)
+                    to_lease.finished(row[R.TARGET], rrow)
+                    taken = True
+        if not taken:
+            if transfer.kind is TransferKind.OUTPUT:
+                apply_output(d, transfer.payload, transfer)
+            else:
+                apply_completion(d, transfer.payload, transfer, source)
+
+
+def _fields(payload: bytes) -> list[Any] | None:
+    """An OUTPUT's or a COMPLETION's fields as `replay_ends` takes them (a list whose first two
+    are a 16-byte actor and an int sequence), else None."""
+    try:
+        fields = msgpack.unpackb(payload)
+    except Exception:  # (its own path raises what it raises)
+        return None
+    if type(fields) is not list or len(fields) < 2 or type(fields[0]) is not bytes or type(fields[1]) is not int:
+        return None
+    return fields
 
 
 # ---- the engine's side ---------------------------------------------------------------------

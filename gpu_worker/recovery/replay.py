@@ -27,6 +27,7 @@ from .preload import Filled
 from .reading import EarlyRead, read_saved
 
 _INPUT = int(Kind.INPUT)
+_ENDS = (TransferKind.OUTPUT, TransferKind.COMPLETION)
 
 
 class Replayed(admission.Admitter, Protocol):
@@ -128,7 +129,8 @@ class Replay:
         create rows (spaces, conversations, member rows: admission.STRETCH_KINDS) by participants
         already registered natively (`admission.replay_stretch`, which finds them itself), every
         other transfer one at a time between them, but for runs of MEMORY transfers, whose rows go
-        into the memory table at once (`retention.replay_memory_run`). On an accelerator, each run
+        into the memory table at once (`retention.replay_memory_run`), and runs of OUTPUT and
+        COMPLETION transfers, applied in one loop (`execution.replay_ends`). On an accelerator, each run
         of admissions of one kind with runs as columns (`admission.replay_run`), every other
         transfer one at a time: a transfer's kind and principal are read at the head of its payload
         (kinds/kind.py HEAD_ARRAY) without decoding it."""
@@ -146,6 +148,12 @@ class Replay:
                     while end < n and piece[end].kind is TransferKind.MEMORY:
                         end += 1
                     retention.replay_memory_run(self.d, piece[done:end])
+                    done = end
+                elif done < n and piece[done].kind in _ENDS:  # (inputs' outputs and completions: in one loop)
+                    end = done + 1
+                    while end < n and piece[end].kind in _ENDS:
+                        end += 1
+                    execution.replay_ends(self.d, piece[done:end], self.d.state.replay_source)
                     done = end
                 elif done < n:  # (any other transfer, or one in another layout: the Python path)
                     self.transfer(piece[done])

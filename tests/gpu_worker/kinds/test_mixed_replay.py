@@ -11,11 +11,16 @@ however short, an accelerator's way) or each admission by itself."""
 import collections
 import itertools
 
+import msgpack
 import pytest
 import torch
 
+from gpu_worker.contract.grantfile import Grants
+from gpu_worker.device import Device
 from gpu_worker.memory.table import MemoryTable
-from gpu_worker.pipeline import admission, retention
+from gpu_worker.pipeline import admission, execution, retention
+from gpu_worker.storage.journal import JournalCorrupt, TransferKind
+from gpu_worker.storage.runtime_file import RuntimeFile
 from gpu_worker.kinds import conversations, history, members, spaces
 from gpu_worker.pack import pack_tiny
 from gpu_worker.state.tables import C, R
@@ -230,3 +235,77 @@ def test_runs_of_memory_rows_replay_at_once_to_exactly_the_live_state(world, mon
     world.attach()
     assert runs and (max(runs) >= 2 if batched == "every row" else max(runs) == 1), runs
     assert_same(live, snapshot(world.device))
+
+
+@pytest.mark.parametrize("taken", ["every transfer", "every other transfer"])
+def test_runs_of_outputs_and_completions_replay_in_one_loop_to_exactly_the_live_state(world, monkeypatch, taken):
+    """Inputs that end in the same ticks save their outputs and completions one after another:
+    runs that a replay on the CPU applies in one loop (execution.replay_ends); with every other
+    transfer left to its own path (apply_output, apply_completion), the runs interleave both. The
+    replayed state is the live one, receipts, result bytes and digests included."""
+    mixed_journal(world)
+    spaces_ = [world.space("a", scope="room") for _ in range(3)]
+    chats = [world.mutate("a", "conversations.create", f"/spaces/{space}/conversations", {})[1]["target"]
+             for space in spaces_]
+    runner, world.device.runner = world.device.runner, None  # (leased, run and ended in the same ticks)
+    sent = [world.say("a", chat, f"ends together {i}", max_output_tokens=4)[1] for i, chat in enumerate(chats)]
+    world.device.runner = runner
+    for receipt in sent:
+        world.pump(world.finished("a", receipt["operation"]))
+    world.pump(lambda: not world.device.executions.live and world.device.committer.all_saved)
+    live = snapshot(world.device)
+    runs, alone = [], collections.Counter()
+    real_ends, real_output, real_completion = execution.replay_ends, execution.apply_output, execution.apply_completion
+
+    def counted_ends(d, transfers, source):
+        runs.append(len(transfers))
+        return real_ends(d, transfers, source)
+
+    def output(d, payload, transfer):
+        alone["output"] += 1
+        return real_output(d, payload, transfer)
+
+    def completion(d, payload, transfer, source=None):
+        alone["completion"] += 1
+        return real_completion(d, payload, transfer, source)
+    monkeypatch.setattr(execution, "replay_ends", counted_ends)
+    monkeypatch.setattr(execution, "apply_output", output)
+    monkeypatch.setattr(execution, "apply_completion", completion)
+    if taken == "every other transfer":
+        real_fields, turn = execution._fields, itertools.count()
+        monkeypatch.setattr(execution, "_fields", lambda payload: real_fields(payload) if next(turn) % 2 else None)
+    world.boot()
+    ended = sum(runs)
+    assert runs and max(runs) >= 2 and ended >= 2 * 10, runs  # (every input's output and completion)
+    if taken == "every transfer":
+        assert not alone, alone
+    else:
+        assert sum(alone.values()) == (ended + 1) // 2, (alone, ended)  # (the first, the third, ...)
+    world.attach()
+    assert_same(live, snapshot(world.device))
+
+
+@pytest.mark.parametrize("forged", ["an offset past the saved result", "a sequence of no input"])
+def test_an_output_a_replay_cannot_apply_stops_it_with_the_error_of_its_own_path(world, forged):
+    """An OUTPUT transfer in a run that names no input, or whose offset does not follow the saved
+    result, fails the load closed, naming the journal file and offset, as `apply_output` alone does."""
+    mixed_journal(world)
+    world.pump(lambda: not world.device.executions.live and world.device.committer.all_saved)
+    d = world.device
+    t = d.state.tables
+    rrow = next(r for r in sorted(d.state.receipts.by_op.values())
+                if t.value(t.receipts, r, R.KIND) == 6 and t.value(t.receipts, r, R.RESULT_LEN) > 0)
+    row = t.row(t.receipts, rrow)
+    actor = next(raw for raw, prow in d.state.participants.by_raw.items() if prow == row[R.PARTICIPANT])
+    sequence = row[R.SEQUENCE] if forged == "an offset past the saved result" else row[R.SEQUENCE] + 10_000
+    d.append(TransferKind.OUTPUT, msgpack.packb([actor, sequence, row[R.RESULT_LEN] + 1, b"x"]))
+    d.append(TransferKind.OUTPUT, msgpack.packb([actor, row[R.SEQUENCE], row[R.RESULT_LEN], b"y"]))
+    d.committer.commit()
+    world.pump(lambda: world.device.committer.all_saved)
+    d.runner.stop()
+    d.runner = None
+    d.close()  # (closed again as the test ends: a device's close is idempotent)
+    reason = "does not follow the saved result" if forged == "an offset past the saved result" else \
+        f"output transfer names no input at sequence {sequence}"
+    with pytest.raises(JournalCorrupt, match=r"00000001\.journal: offset \d+: .*" + reason):
+        Device(RuntimeFile.open(world.runtime), world.journal, Grants(world.grants_path))
