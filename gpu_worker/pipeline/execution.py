@@ -90,6 +90,7 @@ _ENDING = {int(finish): (int(finish), int(terminal)) for finish, terminal in TER
 # a completion's columns from TERM_TRANSFER on, in one write: its save fields, its counts, its finish
 _ENDED = struct.Struct("<7q")
 _INPUT = int(Kind.INPUT)
+_INT64 = 1 << 63
 assert (R.TERM_SOURCE + 1, R.INPUT_TOKENS + 1, R.OUTPUT_TOKENS + 1) == (R.INPUT_TOKENS, R.OUTPUT_TOKENS, R.FINISH)
 
 
@@ -379,7 +380,8 @@ def replay_ends(d: Context, transfers: Sequence[Transfer], source: int) -> None:
                     taken = True
             elif transfer.kind is TransferKind.COMPLETION and len(fields) == 5:
                 ending, input_tokens, output_tokens = _ENDING.get(fields[2]), fields[3], fields[4]
-                if ending is not None and type(input_tokens) is int and type(output_tokens) is int:
+                if (ending is not None and type(input_tokens) is int and type(output_tokens) is int
+                        and 0 <= input_tokens < _INT64 and 0 <= output_tokens < _INT64):
                     t.put_value(receipts, rrow, R.TERMINAL, ending[1])
                     t.put_struct(receipts, rrow, R.TERM_TRANSFER, _ENDED, transfer.seq, boot, generation, source,
                                  input_tokens, output_tokens, ending[0])
