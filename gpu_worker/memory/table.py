@@ -82,7 +82,7 @@ class MemoryTable:
         order live and at replay alike."""
         slot = heapq.heappop(self.free)
         self.counter += 1
-        rows, owners, order, payloads, embeddings, provenances, expiries = self._writable
+        rows, owners, order, payloads, embeddings, provenances, _ = self._writable
         rows[slot] = self._bytes(row.pack())
         if provenance is not None:
             provenances[slot] = self._bytes(provenance.pack())
@@ -95,8 +95,7 @@ class MemoryTable:
             embeddings[slot] = embedding.numpy() if self._host else embedding
         order[slot] = self.counter
         if expires:
-            expiries[slot] = expires
-            self.soonest = expires if not self.soonest else min(self.soonest, expires)
+            self._expires(slot, expires)
         if visible:
             owners[slot] = owner
         else:
@@ -113,7 +112,7 @@ class MemoryTable:
         n = len(items)
         slots = [heapq.heappop(self.free) for _ in range(n)]
         at = np.array(slots, dtype=np.int64)
-        rows, owners, order, _, embeddings, _, expiries = self._writable
+        rows, owners, order, _, embeddings, _, _ = self._writable
         rows[at] = np.frombuffer(b"".join(row.pack() for row, *_ in items), dtype=np.uint8).reshape(n, -1)
         put_packed(self.payload, at, np.array([len(item[2]) for item in items], dtype=np.int64),
                    b"".join(item[2] for item in items))
@@ -123,10 +122,14 @@ class MemoryTable:
         owners[at] = [item[1] for item in items]
         for slot, (row, _, _, _, expires) in zip(slots, items):
             if expires:
-                expiries[slot] = expires
-                self.soonest = expires if not self.soonest else min(self.soonest, expires)
+                self._expires(slot, expires)
             self.by_id[row.object] = slot
         return slots
+
+    def _expires(self, slot: int, expires: int) -> None:
+        """A new row's expiry (ns), and the table's soonest."""
+        self._writable[6][slot] = expires
+        self.soonest = expires if not self.soonest else min(self.soonest, expires)
 
     def _bytes(self, data: bytes) -> Any:
         """Bytes as what a uint8 row of `_writable` takes."""

@@ -85,8 +85,8 @@ FINISHES = {"stop": Finish.STOP, "length": Finish.LENGTH, "cancelled": Finish.CA
 TERMINAL_OF = {Finish.STOP: Terminal.SUCCEEDED, Finish.LENGTH: Terminal.SUCCEEDED,
                Finish.CANCELLED: Terminal.CANCELLED, Finish.DEADLINE: Terminal.DEADLINE_EXCEEDED,
                Finish.INTERRUPTED: Terminal.INTERRUPTED, Finish.FAILED: Terminal.FAILED}
-# a completion's finish code -> (its Finish, its terminal code), as plain ints (`replay_ends`)
-_ENDING = {int(finish): (int(finish), int(terminal)) for finish, terminal in TERMINAL_OF.items()}
+# a completion's finish code -> its Finish, for those a completion may have (`replay_ends`)
+_FINISHES = {int(finish): finish for finish in TERMINAL_OF}
 # a completion's columns from TERM_TRANSFER on, in one write: its save fields, its counts, its finish
 _ENDED = struct.Struct("<7q")
 _INPUT = int(Kind.INPUT)
@@ -325,43 +325,57 @@ def apply_output(d: Notifying, payload: bytes, transfer: Transfer) -> None:
     if offset != t.value(t.receipts, rrow, R.RESULT_LEN) or offset + len(data) > d.state.capacities["result_bytes"]:
         raise inconsistent(d, transfer, f"output transfer seq {transfer.seq} at result offset {offset} does "
                                          "not follow the saved result")
-    t.put_bytes(t.result_bytes, rrow, data, offset)
-    t.write_row(t.receipts, rrow, {R.RESULT_LEN: offset + len(data)})
+    _output_written(d, rrow, offset, data)
     events.output_saved(d, rrow, offset, data)
+
+
+def _output_written(d: Tables, rrow: int, offset: int, data: bytes) -> None:
+    """An output's bytes after its input's saved result (checked to follow it), and the result's length."""
+    t = d.state.tables
+    t.put_bytes(t.result_bytes, rrow, data, offset)
+    t.put_value(t.receipts, rrow, R.RESULT_LEN, offset + len(data))
 
 
 def apply_completion(d: Context, payload: bytes, transfer: Transfer, source: int | None = None) -> None:
     """An input's completion is saved (live: `source` None) or replayed (the replay's source)."""
-    from .admission import record_save
+    from .admission import save_source
     actor, sequence, finish, input_tokens, output_tokens = msgpack.unpackb(payload)
     rrow = input_row(d, actor, sequence, transfer, "completion")
     t = d.state.tables
-    finish = Finish(finish)
-    t.write_row(t.receipts, rrow, {R.TERMINAL: TERMINAL_OF[finish], R.FINISH: finish, R.INPUT_TOKENS: input_tokens,
-                                   R.OUTPUT_TOKENS: output_tokens})
-    quotas.input_finished(d, t.value(t.receipts, rrow, R.PARTICIPANT), rrow)
-    record_save(d, rrow, transfer, (1,), source)
-    d.executions.live.pop(rrow, None)
-    d.executions.to_lease.finished(t.value(t.receipts, rrow, R.TARGET), rrow)  # its conversation's next
+    _completed(d, rrow, t.row(t.receipts, rrow), Finish(finish), input_tokens, output_tokens, transfer,
+               save_source(d, transfer.seq) if source is None else source)
     events.terminal_saved(d, rrow)
+
+
+def _completed(d: Context, rrow: int, row: list[int], finish: Finish, input_tokens: int, output_tokens: int,
+               transfer: Transfer, source: int) -> None:
+    """A completion's columns — its terminal; its save fields, counts and finish in one write; its
+    digest — and what the input's end releases: its quota, its execution, its conversation's turn
+    (the next input's, if it held it). `row`: the input's receipt row as it was read."""
+    state = d.state
+    t = state.tables
+    t.put_value(t.receipts, rrow, R.TERMINAL, TERMINAL_OF[finish])
+    t.put_struct(t.receipts, rrow, R.TERM_TRANSFER, _ENDED, transfer.seq, state.boot, state.save_generation, source,
+                 input_tokens, output_tokens, finish)
+    t.put_digest(rrow, 1, transfer.digest)
+    quotas.input_finished(d, row[R.PARTICIPANT], rrow)
+    d.executions.live.pop(rrow, None)
+    d.executions.to_lease.finished(row[R.TARGET], rrow)
 
 
 def replay_ends(d: Context, transfers: Sequence[Transfer], source: int) -> None:
     """A run of OUTPUT and COMPLETION transfers at replay, on the CPU (a round's inputs end one
-    after another: an output, then its completion), in one loop: each checked and applied as
-    `apply_output` and `apply_completion` check and apply it, without their layers (the input's
-    row read once, its columns written through Tables' flat views, no events: a loading device has
-    no stream open; with one open, every transfer goes through its own path). `source`: the
-    replay's (DeviceState.replay_source; no transfer of the run changes it). A transfer it does
-    not take as it is (a payload in another layout, no such input, an offset that does not follow
-    the saved result, a finish it does not know) goes through its own path in its place, which
-    applies it or raises that path's error."""
+    after another: an output, then its completion), in one loop: each checked as `apply_output`
+    and `apply_completion` check it and written by the same writers, without their layers (the
+    input's row read once, no events: a loading device has no stream open; with one open, every
+    transfer goes through its own path). `source`: the replay's (DeviceState.replay_source; no
+    transfer of the run changes it). A transfer it does not take as it is (a payload in another
+    layout, no such input, an offset that does not follow the saved result, a finish it does not
+    know) goes through its own path in its place, which applies it or raises that path's error."""
     state = d.state
     t = state.tables
-    receipts = t.receipts
     by_raw, at = state.participants.by_raw, state.receipts.at
-    capacity, boot, generation = state.capacities["result_bytes"], state.boot, state.save_generation
-    live, to_lease = d.executions.live, d.executions.to_lease
+    capacity = state.capacities["result_bytes"]
     streams = d.subscriptions.count() > 0
     for transfer in transfers:
         fields = _fields(transfer.payload)
@@ -369,26 +383,19 @@ def replay_ends(d: Context, transfers: Sequence[Transfer], source: int) -> None:
         if fields is not None and not streams:
             prow = by_raw.get(fields[0])
             rrow = at(prow, fields[1]) if prow is not None else None
-            row = t.row(receipts, rrow) if rrow is not None else None
+            row = t.row(t.receipts, rrow) if rrow is not None else None
             if rrow is None or row is None or row[R.KIND] != _INPUT:
                 pass
             elif transfer.kind is TransferKind.OUTPUT and len(fields) == 4:
                 offset, data = fields[2], fields[3]
                 if type(data) is bytes and offset == row[R.RESULT_LEN] and offset + len(data) <= capacity:
-                    t.put_bytes(t.result_bytes, rrow, data, offset)
-                    t.put_value(receipts, rrow, R.RESULT_LEN, offset + len(data))
+                    _output_written(d, rrow, offset, data)
                     taken = True
             elif transfer.kind is TransferKind.COMPLETION and len(fields) == 5:
-                ending, input_tokens, output_tokens = _ENDING.get(fields[2]), fields[3], fields[4]
-                if (ending is not None and type(input_tokens) is int and type(output_tokens) is int
+                finish, input_tokens, output_tokens = _FINISHES.get(fields[2]), fields[3], fields[4]
+                if (finish is not None and type(input_tokens) is int and type(output_tokens) is int
                         and 0 <= input_tokens < _INT64 and 0 <= output_tokens < _INT64):
-                    t.put_value(receipts, rrow, R.TERMINAL, ending[1])
-                    t.put_struct(receipts, rrow, R.TERM_TRANSFER, _ENDED, transfer.seq, boot, generation, source,
-                                 input_tokens, output_tokens, ending[0])
-                    t.put_digest(rrow, 1, transfer.digest)
-                    quotas.input_finished(d, row[R.PARTICIPANT], rrow)
-                    live.pop(rrow, None)
-                    to_lease.finished(row[R.TARGET], rrow)
+                    _completed(d, rrow, row, finish, input_tokens, output_tokens, transfer, source)
                     taken = True
         if not taken:
             if transfer.kind is TransferKind.OUTPUT:

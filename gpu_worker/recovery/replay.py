@@ -27,7 +27,16 @@ from .preload import Filled
 from .reading import EarlyRead, read_saved
 
 _INPUT = int(Kind.INPUT)
+_MEMORY = (TransferKind.MEMORY,)
 _ENDS = (TransferKind.OUTPUT, TransferKind.COMPLETION)
+
+
+def _run_end(piece: list[Transfer], start: int, kinds: tuple[TransferKind, ...]) -> int:
+    """Where the run of transfers of those kinds that starts at piece[start] ends."""
+    end = start + 1
+    while end < len(piece) and piece[end].kind in kinds:
+        end += 1
+    return end
 
 
 class Replayed(admission.Admitter, Protocol):
@@ -144,15 +153,11 @@ class Replay:
                 if piece[done].kind is TransferKind.ADMISSION:
                     done += admission.replay_stretch(self.d, piece, done, context)
                 if done < n and piece[done].kind is TransferKind.MEMORY:  # (a run of them: written at once)
-                    end = done + 1
-                    while end < n and piece[end].kind is TransferKind.MEMORY:
-                        end += 1
+                    end = _run_end(piece, done, _MEMORY)
                     retention.replay_memory_run(self.d, piece[done:end])
                     done = end
                 elif done < n and piece[done].kind in _ENDS:  # (inputs' outputs and completions: in one loop)
-                    end = done + 1
-                    while end < n and piece[end].kind in _ENDS:
-                        end += 1
+                    end = _run_end(piece, done, _ENDS)
                     execution.replay_ends(self.d, piece[done:end], self.d.state.replay_source)
                     done = end
                 elif done < n:  # (any other transfer, or one in another layout: the Python path)
